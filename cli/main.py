@@ -1,0 +1,74 @@
+"""Entry point and lazily loaded command group of the ``cmh`` command line."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from cmh import __version__
+
+# name -> (module under cmh.cli, attribute, one-line help shown by `cmh --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "stamp": ("format_commands", "stamp", "Stamp safetensors files with a CMH record."),
+    "verify": ("format_commands", "verify", "Verify stamped files; exit 1 on any failure."),
+    "inspect": ("format_commands", "inspect", "Show a file's record, manifests and tensors."),
+    "fingerprint": (
+        "format_commands",
+        "fingerprint",
+        "Print a file's root or a directory's identity.",
+    ),
+    "keygen": ("format_commands", "keygen", "Write a new Ed25519 key pair."),
+    "sign": ("format_commands", "sign", "Sign an already stamped file in place."),
+    "mirror": ("mirror_commands", "mirror", "Manage a mirror store (add, ls, scrub)."),
+    "serve": ("mirror_commands", "serve", "Serve a store through the Hub HTTP API."),
+    "pull": ("pull_command", "pull", "Resolve a repo into the local Hugging Face cache."),
+    "prune": ("prune_command", "prune", "Prune stale revisions from a cache or store."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module_name, attribute, _ = entry
+        try:
+            module = importlib.import_module(f"cmh.cli.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"cmh.cli.{module_name}":
+                raise
+            return None
+        command = getattr(module, attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cmh")
+def cli() -> None:
+    """cmh: trustworthy, cheap-to-refresh model weights.
+
+    Stamp and verify safetensors files, serve a Hub mirror, resolve and prune caches.
+    """
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry point."""
+    return cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="cmh")
+
+
+if __name__ == "__main__":
+    main()

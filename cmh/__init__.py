@@ -1,0 +1,118 @@
+"""cmh: the Cache Metadata Header for safetensors files.
+
+Stamp a file with a 64-byte record (expiry, SHA-256 fingerprint root, check)
+carried inside its ``__metadata__`` so every stock loader still loads it;
+verify it, inspect it, fingerprint it, load it verified.
+
+>>> import cmh
+>>> cmh.stamp("model.safetensors", ttl="30d")          # doctest: +SKIP
+>>> cmh.verify("model.safetensors").ok                 # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .carrier import user_metadata
+from .checkpoint import DirectoryIdentity, directory_identity, find_checkpoint
+from .duration import parse_duration, parse_size
+from .errors import (
+    CarrierError,
+    CMHError,
+    CorruptRecordError,
+    DurationError,
+    InvalidFileError,
+    KeyError_,
+    NotARecordError,
+    NotStampedError,
+    RecordError,
+    StampError,
+    UnsupportedVersionError,
+    VerificationError,
+)
+from .fingerprint import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
+from .header import Header, TensorEntry, read_header
+from .inspect import Inspection, inspect
+from .record import Record
+from .stamp import StampResult, sign, stamp
+from .verify import Outcome, Problem, VerifyResult, verify
+
+__version__ = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The v1 root of a file, or the identity of a checkpoint directory."""
+
+    path: str
+    kind: str  # "file" or "directory"
+    value: bytes
+    tensor_count: int
+    tensor_bytes: int
+    files: tuple[str, ...]
+
+    @property
+    def hex(self) -> str:
+        return self.value.hex()
+
+
+def fingerprint(
+    path: str | os.PathLike[str],
+    *,
+    threads: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> Fingerprint:
+    """Hash the tensors at ``path``: a file's root, or a directory's identity."""
+    target = os.fspath(path)
+    if os.path.isdir(target):
+        ident = directory_identity(target, threads=threads, progress=progress)
+        return Fingerprint(
+            target, "directory", ident.identity, ident.tensor_count, ident.tensor_bytes, ident.files
+        )
+    header = read_header(target)
+    digests = hash_tensors(target, header, threads=threads, progress=progress)
+    sha = [d.sha256 for d in digests if d.sha256 is not None]
+    root = file_root(root_entries(header.tensors, sha), user_metadata(header.metadata))
+    return Fingerprint(
+        target, "file", root, len(header.tensors), header.data_size, (os.path.basename(target),)
+    )
+
+
+__all__ = [
+    "CMHError",
+    "CarrierError",
+    "CorruptRecordError",
+    "DirectoryIdentity",
+    "DurationError",
+    "Fingerprint",
+    "Header",
+    "Inspection",
+    "InvalidFileError",
+    "KeyError_",
+    "NotARecordError",
+    "NotStampedError",
+    "Outcome",
+    "Problem",
+    "Record",
+    "RecordError",
+    "StampError",
+    "StampResult",
+    "TensorDigest",
+    "TensorEntry",
+    "UnsupportedVersionError",
+    "VerificationError",
+    "VerifyResult",
+    "__version__",
+    "directory_identity",
+    "find_checkpoint",
+    "fingerprint",
+    "inspect",
+    "parse_duration",
+    "parse_size",
+    "read_header",
+    "sign",
+    "stamp",
+    "verify",
+]

@@ -1,0 +1,174 @@
+"""Checkpoint directories: shards, the index file, and the directory identity."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .carrier import read_carrier, user_metadata
+from .errors import CMHError, InvalidFileError
+from .fingerprint import (
+    ProgressCallback,
+    RootEntry,
+    directory_root,
+    file_root,
+    hash_tensors,
+    root_entries,
+)
+from .header import Header, read_header
+
+INDEX_SUFFIX = ".safetensors.index.json"
+DEFAULT_INDEX = "model" + INDEX_SUFFIX
+MAX_INDEX_SIZE = 100_000_000
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The safetensors files that make up one checkpoint directory."""
+
+    directory: str
+    files: tuple[str, ...]
+    index: str | None
+    weight_map: dict[str, str] | None
+
+
+def find_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
+    """The shards named by the index file, else every top-level ``*.safetensors``."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise InvalidFileError("not a directory", str(root))
+    indexes = sorted(p.name for p in root.glob("*" + INDEX_SUFFIX) if p.is_file())
+    index = DEFAULT_INDEX if DEFAULT_INDEX in indexes else (indexes[0] if indexes else None)
+    if index is not None:
+        weight_map = _read_index(root / index)
+        files = tuple(sorted(set(weight_map.values())))
+        for name in files:
+            shard = (root / name).resolve()
+            if root.resolve() not in shard.parents:
+                raise InvalidFileError(f"index names a shard outside the directory: {name!r}")
+            if not shard.is_file():
+                raise InvalidFileError(f"index names a missing shard {name!r}", str(root / index))
+        return Checkpoint(str(root), files, index, weight_map)
+    files = tuple(sorted(p.name for p in root.glob("*.safetensors") if p.is_file()))
+    if not files:
+        raise InvalidFileError("directory holds no *.safetensors file", str(root))
+    return Checkpoint(str(root), files, None, None)
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    if path.stat().st_size > MAX_INDEX_SIZE:
+        raise InvalidFileError("index file is over 100 MB", str(path))
+    try:
+        obj = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidFileError(f"index is not valid JSON: {exc}", str(path)) from exc
+    weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise InvalidFileError("index has no weight_map of tensor name to file name", str(path))
+    return dict(weight_map)
+
+
+def read_headers(checkpoint: Checkpoint) -> dict[str, Header]:
+    """Headers of every shard, by file name."""
+    return {f: read_header(os.path.join(checkpoint.directory, f)) for f in checkpoint.files}
+
+
+def index_problems(checkpoint: Checkpoint, headers: dict[str, Header]) -> list[str]:
+    """Where the index and the shards disagree, and tensors named twice across shards."""
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for file, header in headers.items():
+        for t in header.tensors:
+            if t.name in seen:
+                problems.append(f"tensor {t.name!r} is in both {seen[t.name]} and {file}")
+            seen[t.name] = file
+    if checkpoint.weight_map is not None:
+        for name, file in sorted(checkpoint.weight_map.items()):
+            actual = seen.get(name)
+            if actual is None:
+                problems.append(f"index names tensor {name!r} in {file}, but no shard holds it")
+            elif actual != file:
+                problems.append(f"index puts tensor {name!r} in {file}, but it is in {actual}")
+        for name in sorted(seen.keys() - checkpoint.weight_map.keys()):
+            problems.append(f"tensor {name!r} in {seen[name]} is missing from the index")
+    return problems
+
+
+@dataclass(frozen=True)
+class DirectoryIdentity:
+    """The v1 directory identity of a checkpoint and what it covered."""
+
+    identity: bytes
+    files: tuple[str, ...]
+    tensor_count: int
+    tensor_bytes: int
+    hashed_files: tuple[str, ...]
+
+    @property
+    def hex(self) -> str:
+        return self.identity.hex()
+
+
+def claimed_digests(header: Header) -> list[bytes] | None:
+    """SHA-256 digests from a stamped header's manifest, if it agrees with its record.
+
+    No tensor byte is read: the manifest is trusted to describe the bytes, which
+    only a verification (hashing) confirms.
+    """
+    try:
+        carrier = read_carrier(header.metadata, len(header.tensors))
+    except CMHError:
+        return None
+    if carrier is None or carrier.sha256 is None:
+        return None
+    digests = list(carrier.sha256)
+    root = file_root(root_entries(header.tensors, digests), user_metadata(header.metadata))
+    return digests if root == carrier.record.fingerprint else None
+
+
+def directory_identity(
+    directory: str | os.PathLike[str],
+    *,
+    use_manifests: bool = False,
+    threads: int | None = None,
+    progress: ProgressCallback | None = None,
+    on_file: Callable[[str], None] | None = None,
+) -> DirectoryIdentity:
+    """The directory identity over the union of all shards' tensors.
+
+    With ``use_manifests``, stamped shards whose manifest agrees with their
+    record contribute their manifest digests without reading tensor bytes.
+    """
+    checkpoint = find_checkpoint(directory)
+    headers = read_headers(checkpoint)
+    problems = index_problems(checkpoint, headers)
+    if problems:
+        raise InvalidFileError("; ".join(problems[:5]), checkpoint.directory)
+    entries: list[RootEntry] = []
+    hashed: list[str] = []
+    for file, header in headers.items():
+        if on_file is not None:
+            on_file(file)
+        digests = claimed_digests(header) if use_manifests else None
+        if digests is None:
+            hashed.append(file)
+            computed = hash_tensors(
+                os.path.join(checkpoint.directory, file),
+                header,
+                threads=threads,
+                progress=progress,
+            )
+            digests = [d.sha256 for d in computed if d.sha256 is not None]
+        entries.extend(root_entries(header.tensors, digests))
+    return DirectoryIdentity(
+        identity=directory_root(entries),
+        files=checkpoint.files,
+        tensor_count=len(entries),
+        tensor_bytes=sum(t.nbytes for h in headers.values() for t in h.tensors),
+        hashed_files=tuple(hashed),
+    )

@@ -1,0 +1,274 @@
+"""Bounded, validating reader of the safetensors header (no tensor data read).
+
+A safetensors file is ``u64le N``, then ``N`` bytes of UTF-8 JSON (an object,
+possibly right-padded with spaces), then a byte buffer covered exactly by the
+tensors' ``data_offsets``. :func:`read_header` checks every rule the format
+sets and reports the first violation in plain words, as
+:class:`~cmh.errors.InvalidFileError`. It never allocates by an untrusted
+length: the header length is bounded by :data:`MAX_HEADER_SIZE` and by the
+file size before anything is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from .errors import InvalidFileError
+
+MAX_HEADER_SIZE = 100_000_000
+PREFIX_SIZE = 8
+METADATA_KEY = "__metadata__"
+
+#: Size in bits of one element of each dtype the format names.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
+
+_TENSOR_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor as the header describes it; offsets are relative to the buffer."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class Header:
+    """A validated safetensors header.
+
+    ``tensors`` is in ascending ``data_offsets`` order (ties, which only empty
+    tensors can have, broken by name). ``metadata`` is ``None`` when the file
+    has no ``__metadata__`` entry.
+    """
+
+    header_size: int
+    file_size: int
+    tensors: tuple[TensorEntry, ...]
+    metadata: dict[str, str] | None
+    raw: bytes = field(repr=False)
+
+    @property
+    def data_start(self) -> int:
+        """Absolute file offset of the first byte of the tensor buffer."""
+        return PREFIX_SIZE + self.header_size
+
+    @property
+    def data_size(self) -> int:
+        return self.file_size - self.data_start
+
+    def by_name(self) -> dict[str, TensorEntry]:
+        return {t.name: t for t in self.tensors}
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Read and validate the header of the safetensors file at ``path``."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            return read_header_from(f, os.fstat(f.fileno()).st_size, path=name)
+    except IsADirectoryError as exc:
+        raise InvalidFileError("is a directory, not a safetensors file", name) from exc
+    except OSError as exc:
+        raise InvalidFileError(f"cannot read file: {exc.strerror or exc}", name) from exc
+
+
+def read_header_from(f: BinaryIO, file_size: int, *, path: str | None = None) -> Header:
+    """Validate the header read from the open binary file ``f`` of ``file_size`` bytes."""
+    header_size = header_size_from_prefix(_read_exact(f, 0, PREFIX_SIZE, file_size, path), path)
+    _check_header_size(header_size, file_size, path)
+    raw = _read_exact(f, PREFIX_SIZE, header_size, file_size, path)
+    return parse_header(raw, file_size, path=path)
+
+
+def header_size_from_prefix(prefix: bytes, path: str | None = None) -> int:
+    """Decode the u64 little-endian header length from the first 8 bytes."""
+    if len(prefix) < PREFIX_SIZE:
+        raise InvalidFileError(
+            f"file is {len(prefix)} bytes long, too short to hold the 8-byte header length", path
+        )
+    (size,) = struct.unpack("<Q", prefix[:PREFIX_SIZE])
+    return int(size)
+
+
+def _check_header_size(header_size: int, file_size: int, path: str | None) -> None:
+    if header_size > MAX_HEADER_SIZE:
+        raise InvalidFileError(
+            f"header length {header_size} exceeds the {MAX_HEADER_SIZE}-byte limit", path
+        )
+    if header_size < 2:
+        raise InvalidFileError(f"header length {header_size} is too small for a JSON object", path)
+    if PREFIX_SIZE + header_size > file_size:
+        raise InvalidFileError(
+            f"header length {header_size} runs past the end of the file ({file_size} bytes)", path
+        )
+
+
+def _read_exact(f: BinaryIO, offset: int, size: int, file_size: int, path: str | None) -> bytes:
+    if offset + size > file_size:
+        size = max(0, file_size - offset)
+    f.seek(offset)
+    data = f.read(size)
+    if len(data) != size:
+        raise InvalidFileError("file changed or was truncated while it was read", path)
+    return data
+
+
+def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Header:
+    """Validate the ``N`` header bytes ``raw`` of a file of ``file_size`` bytes."""
+    header_size = len(raw)
+    _check_header_size(header_size, file_size, path)
+    if not raw.startswith(b"{"):
+        raise InvalidFileError("header does not start with '{'", path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidFileError(f"header is not valid UTF-8 (at byte {exc.start})", path) from exc
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKeyError as exc:
+        raise InvalidFileError(f"header has the key {exc.key!r} twice", path) from exc
+    except (ValueError, RecursionError) as exc:
+        raise InvalidFileError(f"header is not valid JSON: {exc}", path) from exc
+    if not isinstance(obj, dict):
+        raise InvalidFileError("header JSON is not an object", path)
+
+    metadata = _parse_metadata(obj.pop(METADATA_KEY, None), path)
+    data_size = file_size - PREFIX_SIZE - header_size
+    tensors = [_parse_tensor(name, info, path) for name, info in obj.items()]
+    tensors.sort(key=lambda t: (t.begin, t.end, t.name))
+    position = 0
+    for t in tensors:
+        if t.begin != position:
+            gap_or_overlap = "a gap" if t.begin > position else "an overlap"
+            raise InvalidFileError(
+                f"tensor {t.name!r} starts at byte {t.begin} of the buffer but the previous "
+                f"tensor ends at {position}: {gap_or_overlap} in data_offsets",
+                path,
+            )
+        position = t.end
+    if position != data_size:
+        raise InvalidFileError(
+            f"tensors cover {position} bytes but the buffer holds {data_size}: "
+            "the buffer must be covered exactly",
+            path,
+        )
+    return Header(
+        header_size=header_size,
+        file_size=file_size,
+        tensors=tuple(tensors),
+        metadata=metadata,
+        raw=raw,
+    )
+
+
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(key)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def _parse_metadata(value: object, path: str | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidFileError("__metadata__ is not a JSON object", path)
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise InvalidFileError(
+                f"__metadata__ value of {key!r} is {type(item).__name__}, not a string", path
+            )
+    return dict(value)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _parse_tensor(name: str, info: object, path: str | None) -> TensorEntry:
+    if not isinstance(info, Mapping):
+        raise InvalidFileError(f"entry for tensor {name!r} is not a JSON object", path)
+    missing = _TENSOR_FIELDS - info.keys()
+    if missing:
+        raise InvalidFileError(f"tensor {name!r} lacks {', '.join(sorted(missing))}", path)
+    extra = info.keys() - _TENSOR_FIELDS
+    if extra:
+        raise InvalidFileError(f"tensor {name!r} has unknown fields {sorted(extra)}", path)
+    dtype = info["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise InvalidFileError(f"tensor {name!r} has unknown dtype {dtype!r}", path)
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise InvalidFileError(
+            f"tensor {name!r} has an invalid shape {shape!r} (a list of non-negative integers)",
+            path,
+        )
+    offsets = info["data_offsets"]
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_count(o) for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise InvalidFileError(
+            f"tensor {name!r} has invalid data_offsets {offsets!r} (two integers, begin <= end)",
+            path,
+        )
+    begin, end = int(offsets[0]), int(offsets[1])
+    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    if bits % 8:
+        raise InvalidFileError(
+            f"tensor {name!r}: shape {shape} of {dtype} does not fill whole bytes", path
+        )
+    if bits // 8 != end - begin:
+        raise InvalidFileError(
+            f"tensor {name!r}: shape {shape} of {dtype} needs {bits // 8} bytes but "
+            f"data_offsets span {end - begin}",
+            path,
+        )
+    return TensorEntry(
+        name=name, dtype=dtype, shape=tuple(int(d) for d in shape), begin=begin, end=end
+    )

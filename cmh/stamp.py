@@ -1,0 +1,377 @@
+"""Writing CMH stamps (spec section "Write rules").
+
+First stamp: a new file is written beside the original (new header, then the
+byte buffer copied by the kernel), its tensors are hashed from the copy, the
+final ``cmh*`` values are written at their fixed widths, the copy is synced
+and renamed over the original. Later stamps overwrite only those fixed-width
+values in place: no JSON structure and no tensor byte moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .carrier import (
+    KEY_KEY_ID,
+    KEY_RECORD,
+    KEY_SIGNATURE,
+    carrier_values,
+    read_carrier,
+    user_metadata,
+)
+from .duration import TTL, ttl_seconds
+from .errors import CMHError, RecordError, StampError
+from .fingerprint import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
+from .header import METADATA_KEY, PREFIX_SIZE, Header, parse_header, read_header
+from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
+from .signing import key_id, sign_record
+
+_TMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.cmh-stamp\.(?P<pid>\d+)\.tmp$")
+
+
+@dataclass(frozen=True)
+class StampResult:
+    """What a stamp wrote."""
+
+    path: str
+    record: Record
+    digests: tuple[TensorDigest, ...]
+    in_place: bool
+    signer_key_id: str | None
+
+
+def stamp(
+    path: str | os.PathLike[str],
+    ttl: TTL | None = None,
+    *,
+    sign_key: Ed25519PrivateKey | None = None,
+    xxh3: bool = True,
+    now: float | None = None,
+    threads: int | None = None,
+    progress: ProgressCallback | None = None,
+    keep_ttl: bool = True,
+) -> StampResult:
+    """Stamp the safetensors file at ``path``; return the record written.
+
+    ``ttl`` is a duration (``"30d"``, seconds, ``timedelta``) or ``"never"``.
+    When ``ttl`` is ``None`` and ``keep_ttl`` is true, a restamp keeps the
+    file's previous lifetime (counted again from now); a first stamp never
+    expires. ``sign_key`` adds an Ed25519 signature. Restamping a signed file
+    without a key leaves the old signature in place, which then no longer
+    matches: verification reports it.
+    """
+    target = os.fspath(path)
+    stamped_at = int(now if now is not None else time.time())
+    header = read_header(target)
+    previous = _previous_record(header)
+    lifetime = ttl_seconds(ttl) if ttl is not None else None
+    if ttl is None and keep_ttl and previous is not None and previous.expires_at:
+        lifetime = max(0, previous.expires_at - previous.stamped_at)
+    expires_at = 0 if lifetime is None else stamped_at + lifetime
+    widths = _carrier_widths(len(header.tensors), xxh3)
+    if _fits_in_place(header, widths):
+        result = _stamp_in_place(
+            target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress
+        )
+    else:
+        result = _stamp_rewrite(
+            target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress
+        )
+    return result
+
+
+def _previous_record(header: Header) -> Record | None:
+    try:
+        carrier = read_carrier(header.metadata, len(header.tensors))
+    except (RecordError, CMHError):
+        return None
+    return carrier.record if carrier else None
+
+
+def _carrier_widths(tensor_count: int, xxh3: bool) -> dict[str, int]:
+    placeholder = Record(expires_at=0, fingerprint=bytes(32), flags=0, stamped_at=0)
+    values = carrier_values(
+        placeholder, [bytes(32)] * tensor_count, [bytes(16)] * tensor_count if xxh3 else None
+    )
+    return {k: len(v) for k, v in values.items()}
+
+
+def _fits_in_place(header: Header, widths: dict[str, int]) -> bool:
+    metadata = header.metadata or {}
+    return all(k in metadata and len(metadata[k]) == w for k, w in widths.items())
+
+
+def _new_values(
+    header: Header,
+    digests: list[TensorDigest],
+    expires_at: int,
+    stamped_at: int,
+    sign_key: Ed25519PrivateKey | None,
+    xxh3: bool,
+    old_signature: tuple[str, str] | None,
+) -> tuple[dict[str, str], Record, str | None]:
+    sha256 = [d.sha256 for d in digests if d.sha256 is not None]
+    root = file_root(root_entries(header.tensors, sha256), user_metadata(header.metadata))
+    flags = FLAG_SHA256 | (FLAG_XXH3 if xxh3 else 0)
+    keep_old_signature = sign_key is None and old_signature is not None
+    if sign_key is not None or keep_old_signature:
+        flags |= FLAG_SIGNED
+    record = Record(expires_at=expires_at, fingerprint=root, flags=flags, stamped_at=stamped_at)
+    signature: bytes | None = None
+    signer: str | None = None
+    if sign_key is not None:
+        signature = sign_record(record.to_bytes(), sign_key)
+        signer = key_id(sign_key.public_key())
+    xxh3_digests = [d.xxh3 for d in digests if d.xxh3 is not None] if xxh3 else None
+    values = carrier_values(record, sha256, xxh3_digests, signature, signer)
+    if keep_old_signature and old_signature is not None:
+        values[KEY_SIGNATURE], values[KEY_KEY_ID] = old_signature
+        signer = old_signature[1]
+    return values, record, signer
+
+
+def _old_signature(header: Header) -> tuple[str, str] | None:
+    metadata = header.metadata or {}
+    sig, kid = metadata.get(KEY_SIGNATURE), metadata.get(KEY_KEY_ID)
+    if sig is None or kid is None or set(sig) == {"0"}:
+        return None
+    return sig, kid
+
+
+# -- first stamp: write beside, then replace --------------------------------------------
+
+
+def _stamp_rewrite(
+    target: str,
+    header: Header,
+    expires_at: int,
+    stamped_at: int,
+    sign_key: Ed25519PrivateKey | None,
+    xxh3: bool,
+    threads: int | None,
+    progress: ProgressCallback | None,
+) -> StampResult:
+    directory = os.path.dirname(os.path.abspath(target))
+    _remove_dead_temporaries(directory, os.path.basename(target))
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.cmh-stamp.{os.getpid()}.tmp")
+    # The header is laid out with placeholder values of the final widths, so the
+    # tensors can be hashed from the copy itself before the values are filled in.
+    placeholder_record = Record(expires_at=0, fingerprint=bytes(32), flags=0, stamped_at=0)
+    count = len(header.tensors)
+    placeholders = carrier_values(
+        placeholder_record, [bytes(32)] * count, [bytes(16)] * count if xxh3 else None
+    )
+    metadata = {k: v for k, v in (header.metadata or {}).items() if k not in placeholders}
+    metadata.update(placeholders)
+    raw = _encode_header(header, metadata)
+    try:
+        with open(target, "rb") as src, open(tmp, "xb") as dst:
+            os.fchmod(dst.fileno(), os.stat(src.fileno()).st_mode & 0o7777)
+            dst.write(len(raw).to_bytes(PREFIX_SIZE, "little") + raw)
+            dst.flush()
+            _copy_range(src.fileno(), dst.fileno(), header.data_start, header.data_size)
+        new_header = parse_header(raw, PREFIX_SIZE + len(raw) + header.data_size, path=tmp)
+        digests = hash_tensors(tmp, new_header, xxh3=xxh3, threads=threads, progress=progress)
+        values, record, signer = _new_values(
+            new_header, digests, expires_at, stamped_at, sign_key, xxh3, None
+        )
+        final = _substitute(new_header, values)
+        with open(tmp, "r+b") as f:
+            os.pwrite(f.fileno(), final, PREFIX_SIZE)
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_directory(directory)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
+        raise
+    return StampResult(target, record, tuple(digests), in_place=False, signer_key_id=signer)
+
+
+def _encode_header(header: Header, metadata: dict[str, str]) -> bytes:
+    obj: dict[str, object] = {METADATA_KEY: metadata}
+    for t in header.tensors:
+        obj[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.begin, t.end]}
+    raw = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return raw + b" " * (-(PREFIX_SIZE + len(raw)) % 8)
+
+
+def _copy_range(src: int, dst: int, offset: int, size: int) -> None:
+    """Copy ``size`` bytes from ``src`` at ``offset`` to the end of ``dst``, in the kernel."""
+    out = os.lseek(dst, 0, os.SEEK_END)
+    done = 0
+    copy_file_range = getattr(os, "copy_file_range", None)
+    while done < size:
+        n = 0
+        if copy_file_range is not None:
+            try:
+                n = copy_file_range(src, dst, size - done, offset + done, out + done)
+            except OSError:
+                copy_file_range = None
+                continue
+        else:
+            chunk = os.pread(src, min(8 << 20, size - done), offset + done)
+            n = os.pwrite(dst, chunk, out + done) if chunk else 0
+        if n == 0:
+            raise StampError("source file shrank while it was copied")
+        done += n
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_dead_temporaries(directory: str, name: str) -> None:
+    """Remove temporaries of earlier stamps of ``name`` whose process is gone."""
+    for entry in Path(directory).glob(f".{name}.cmh-stamp.*.tmp"):
+        match = _TMP_PATTERN.match(entry.name)
+        if not match or match.group("name") != name:
+            continue
+        if not _process_alive(int(match.group("pid"))):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- later stamps: fixed-width values overwritten in place -----------------------------
+
+
+def _stamp_in_place(
+    target: str,
+    header: Header,
+    expires_at: int,
+    stamped_at: int,
+    sign_key: Ed25519PrivateKey | None,
+    xxh3: bool,
+    threads: int | None,
+    progress: ProgressCallback | None,
+) -> StampResult:
+    digests = hash_tensors(target, header, xxh3=xxh3, threads=threads, progress=progress)
+    values, record, signer = _new_values(
+        header, digests, expires_at, stamped_at, sign_key, xxh3, _old_signature(header)
+    )
+    try:
+        write_values_in_place(target, header, values)
+    except StampError:
+        # The values could not be located unambiguously: fall back to a full rewrite.
+        return _stamp_rewrite(
+            target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress
+        )
+    return StampResult(target, record, tuple(digests), in_place=True, signer_key_id=signer)
+
+
+def write_values_in_place(target: str, header: Header, values: dict[str, str]) -> None:
+    """Overwrite fixed-width ``cmh*`` values of ``target`` in place.
+
+    Manifests are written and synced first, the record and signature last, so
+    a torn write is caught by the record's check or by the root.
+    """
+    record_keys = {KEY_RECORD, KEY_SIGNATURE, KEY_KEY_ID}
+    first = _substitute(header, {k: v for k, v in values.items() if k not in record_keys})
+    final = _substitute(header, values)
+    with open(target, "r+b") as f:
+        current = os.pread(f.fileno(), header.header_size, PREFIX_SIZE)
+        if current != header.raw:
+            raise StampError(f"{target}: header changed while it was stamped; nothing written")
+        if first != header.raw:
+            os.pwrite(f.fileno(), first, PREFIX_SIZE)
+            os.fsync(f.fileno())
+        os.pwrite(f.fileno(), final, PREFIX_SIZE)
+        os.fsync(f.fileno())
+
+
+def _substitute(header: Header, values: dict[str, str]) -> bytes:
+    """The header bytes with each reserved value replaced by one of the same width."""
+    raw = header.raw
+    old = header.metadata or {}
+    for key, value in values.items():
+        previous = old.get(key)
+        if previous is None or len(previous) != len(value):
+            raise StampError(f"{key} has no slot of width {len(value)} to overwrite")
+        pattern = re.compile(
+            rb'"' + re.escape(key.encode()) + rb'"\s*:\s*"(' + re.escape(previous.encode()) + rb')"'
+        )
+        matches = list(pattern.finditer(raw))
+        if len(matches) != 1:
+            raise StampError(f"{key} cannot be located unambiguously in the header")
+        start, end = matches[0].span(1)
+        raw = raw[:start] + value.encode() + raw[end:]
+        old = {**old, key: value}
+    # Re-read what would be written: same tensors, same metadata but for the values.
+    check = parse_header(raw, header.file_size)
+    expected = {**(header.metadata or {}), **values}
+    if check.tensors != header.tensors or check.metadata != expected:
+        raise StampError("in-place substitution would change more than the reserved values")
+    return raw
+
+
+# -- signing an already stamped file ----------------------------------------------------
+
+
+def sign(path: str | os.PathLike[str], sign_key: Ed25519PrivateKey) -> StampResult:
+    """Sign the record of an already stamped file in place (no tensor byte is read).
+
+    The record keeps its fingerprint, expiry and stamp time; only the signed
+    flag, ``cmh.sig`` and ``cmh.key`` change. The manifest must agree with the
+    record (run ``verify`` to check the bytes themselves).
+    """
+    from .checkpoint import claimed_digests
+    from .errors import NotStampedError
+
+    target = os.fspath(path)
+    header = read_header(target)
+    carrier = read_carrier(header.metadata, len(header.tensors))
+    if carrier is None:
+        raise NotStampedError(
+            f"{target}: file is not stamped; stamp it first (cmh stamp --sign-key)"
+        )
+    if claimed_digests(header) is None:
+        raise StampError(
+            f"{target}: the manifest does not agree with the record; restamp before signing"
+        )
+    old = carrier.record
+    record = Record(
+        expires_at=old.expires_at,
+        fingerprint=old.fingerprint,
+        flags=old.flags | FLAG_SIGNED,
+        stamped_at=old.stamped_at,
+    )
+    signature = sign_record(record.to_bytes(), sign_key)
+    signer = key_id(sign_key.public_key())
+    values = {
+        KEY_RECORD: record.to_hex(),
+        KEY_SIGNATURE: signature.hex(),
+        KEY_KEY_ID: signer,
+    }
+    write_values_in_place(target, header, values)
+    return StampResult(target, record, (), in_place=True, signer_key_id=signer)

