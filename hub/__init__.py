@@ -1,1 +1,1 @@
-"""placeholder"""
+"""cmh.hub: mirror store and server, resolver, pruning (imported as ``cmh.hub``)."""

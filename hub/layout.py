@@ -1,0 +1,240 @@
+"""The stock Hugging Face cache layout, shared by the mirror store and the resolver.
+
+``{root}/{models|datasets|spaces}--{org}--{name}/`` holds ``blobs/{etag}``,
+``snapshots/{commit}/{path}`` (relative symlinks to ``../../blobs/{etag}``),
+``refs/{revision}`` (the commit as text), ``.no_exist/{commit}/{path}`` and
+``trees/{commit}.json``. Keeping this layout is what lets stock tools read what
+cmh writes and the other way round. cmh's own bookkeeping lives in
+``{repo}/.cmh/``, which the stock cache scanner ignores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
+PREFIX_REPO_TYPE = {v: k for k, v in REPO_TYPE_PREFIX.items()}
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class LayoutError(ValueError):
+    """A repo id, revision or path that cannot name anything inside a store."""
+
+
+def validate_repo_id(repo_id: str) -> str:
+    """Accept ``name`` or ``org/name`` made of letters, digits, ``.``, ``_``, ``-``."""
+    parts = repo_id.split("/")
+    if not 1 <= len(parts) <= 2 or not all(
+        _REPO_PART_RE.match(p) and ".." not in p and "--" not in p and len(p) <= 96 for p in parts
+    ):
+        raise LayoutError(f"invalid repo id {repo_id!r}")
+    return repo_id
+
+
+def validate_revision(revision: str) -> str:
+    """A branch, tag, ``refs/pr/N`` or commit: no empty, dot-dot or absolute parts."""
+    parts = revision.split("/")
+    if (
+        not revision
+        or len(revision) > 256
+        or any(p in {"", ".", ".."} for p in parts)
+        or any(c in revision for c in "\\\x00\n\r")
+    ):
+        raise LayoutError(f"invalid revision {revision!r}")
+    return revision
+
+
+def validate_relpath(path: str) -> str:
+    """A file path inside a repo: relative, ``/``-separated, no ``..``, backslash or NUL."""
+    parts = path.split("/")
+    if (
+        not path
+        or len(path) > 4096
+        or path.startswith("/")
+        or any(p in {"", ".", ".."} for p in parts)
+        or any(c in path for c in "\\\x00")
+    ):
+        raise LayoutError(f"invalid path {path!r}")
+    return path
+
+
+def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
+    """``models--org--name`` as the stock client names it."""
+    if repo_type not in REPO_TYPE_PREFIX:
+        raise LayoutError(f"invalid repo type {repo_type!r}")
+    return "--".join([REPO_TYPE_PREFIX[repo_type], *validate_repo_id(repo_id).split("/")])
+
+
+def parse_repo_folder(name: str) -> tuple[str, str] | None:
+    """``(repo_type, repo_id)`` of a repo folder name, or ``None`` if it is not one."""
+    prefix, sep, rest = name.partition("--")
+    if not sep or prefix not in PREFIX_REPO_TYPE:
+        return None
+    repo_id = rest.replace("--", "/")
+    try:
+        validate_repo_id(repo_id)
+    except LayoutError:
+        return None
+    return PREFIX_REPO_TYPE[prefix], repo_id
+
+
+@dataclass(frozen=True)
+class RepoLayout:
+    """Paths of one repo inside a cache or store rooted at ``root``."""
+
+    root: Path
+    repo_id: str
+    repo_type: str = "model"
+
+    @property
+    def folder_name(self) -> str:
+        return repo_folder_name(self.repo_id, self.repo_type)
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.folder_name
+
+    @property
+    def blobs(self) -> Path:
+        return self.path / "blobs"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.path / "snapshots"
+
+    @property
+    def refs(self) -> Path:
+        return self.path / "refs"
+
+    @property
+    def no_exist(self) -> Path:
+        return self.path / ".no_exist"
+
+    @property
+    def trees(self) -> Path:
+        return self.path / "trees"
+
+    @property
+    def cmh_dir(self) -> Path:
+        """cmh's own bookkeeping (usage records, partial downloads)."""
+        return self.path / ".cmh"
+
+    @property
+    def locks(self) -> Path:
+        """The stock client's lock folder for this repo: ``{root}/.locks/{folder}``."""
+        return self.root / ".locks" / self.folder_name
+
+    def blob_path(self, etag: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag):
+            raise LayoutError(f"invalid blob name {etag!r}")
+        return self.blobs / etag
+
+    def snapshot_dir(self, commit: str) -> Path:
+        if not COMMIT_RE.match(commit):
+            raise LayoutError(f"invalid commit {commit!r}")
+        return self.snapshots / commit
+
+    def snapshot_file(self, commit: str, relpath: str) -> Path:
+        return self.snapshot_dir(commit).joinpath(*validate_relpath(relpath).split("/"))
+
+    def ref_path(self, revision: str) -> Path:
+        return self.refs.joinpath(*validate_revision(revision).split("/"))
+
+    def read_ref(self, revision: str) -> str | None:
+        """The commit a ref names, or ``None`` when absent or not a commit."""
+        try:
+            text = self.ref_path(revision).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return text if COMMIT_RE.match(text) else None
+
+    def write_ref(self, revision: str, commit: str) -> None:
+        """Point ``refs/{revision}`` at ``commit`` atomically (temp file, fsync, rename)."""
+        if not COMMIT_RE.match(commit):
+            raise LayoutError(f"invalid commit {commit!r}")
+        path = self.ref_path(revision)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, commit.encode())
+
+    def refs_by_name(self) -> dict[str, str]:
+        """Every ref (``main``, ``refs/pr/1`` ...) and the commit it names."""
+        out: dict[str, str] = {}
+        if not self.refs.is_dir():
+            return out
+        for p in self.refs.rglob("*"):
+            if p.is_file() and not p.name.startswith("."):
+                name = p.relative_to(self.refs).as_posix()
+                commit = self.read_ref(name)
+                if commit:
+                    out[name] = commit
+        return out
+
+    def commits(self) -> list[str]:
+        """Commits that have a snapshot folder."""
+        if not self.snapshots.is_dir():
+            return []
+        return sorted(p.name for p in self.snapshots.iterdir() if COMMIT_RE.match(p.name))
+
+    def link_snapshot_file(self, commit: str, relpath: str, etag: str) -> Path:
+        """Make ``snapshots/{commit}/{relpath}`` a relative symlink to its blob, atomically."""
+        link = self.snapshot_file(commit, relpath)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        target = os.path.relpath(self.blob_path(etag), link.parent)
+        tmp = link.parent / f".{link.name}.cmh-link.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        return link
+
+    def snapshot_files(self, commit: str) -> dict[str, Path]:
+        """Files of a snapshot by repo path (symlinks not followed)."""
+        base = self.snapshot_dir(commit)
+        out: dict[str, Path] = {}
+        if not base.is_dir():
+            return out
+        for p in base.rglob("*"):
+            if p.is_symlink() or p.is_file():
+                out[p.relative_to(base).as_posix()] = p
+        return out
+
+
+def iter_repos(root: str | os.PathLike[str]) -> Iterator[RepoLayout]:
+    """Every repo folder under a cache or store root."""
+    base = Path(root)
+    if not base.is_dir():
+        return
+    for entry in sorted(base.iterdir()):
+        parsed = parse_repo_folder(entry.name) if entry.is_dir() else None
+        if parsed is not None:
+            yield RepoLayout(base, parsed[1], parsed[0])
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a synced temporary file and a rename."""
+    tmp = path.parent / f".{path.name}.cmh-tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def is_inside(path: Path, root: Path) -> bool:
+    """True when ``path``, with every symlink resolved, lies inside ``root``."""
+    try:
+        resolved = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    return resolved == root.resolve() or root.resolve() in resolved.parents

@@ -1,0 +1,85 @@
+"""Inter-process locks on a cache or store, shared by the resolver, mirror and pruner.
+
+All lock files live in ``{root}/.locks/{repo_folder}/``, the folder the stock
+client already uses, so the stock scanner ignores them. Locks are
+``fcntl.flock`` locks: released by the kernel when a process dies.
+
+- ``blob_lock``: exclusive, the stock client's own ``{etag}.lock``: one
+  downloader per blob, whether stock or cmh.
+- ``repo_lock``: shared by resolvers while they fill or swap a snapshot and by
+  the mirror while it reads; exclusive for a pruner while it deletes.
+- ``revision_lock``: shared by anyone using one commit's snapshot; exclusive
+  for a pruner deleting that commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .layout import RepoLayout
+
+
+class LockBusy(TimeoutError):
+    """The lock could not be taken within the time allowed."""
+
+
+@contextlib.contextmanager
+def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> Iterator[None]:
+    """Hold an ``flock`` on ``path`` (created if needed).
+
+    ``timeout=None`` waits forever, ``0`` tries once; :class:`LockBusy` otherwise.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        if timeout is None:
+            fcntl.flock(fd, mode)
+        else:
+            deadline = time.monotonic() + timeout
+            delay = 0.005
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise LockBusy(f"lock {path} is held by another process") from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def blob_lock(
+    repo: RepoLayout, etag: str, timeout: float | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """The stock client's per-blob download lock."""
+    return flock(repo.locks / f"{etag}.lock", timeout=timeout)
+
+
+def repo_lock(
+    repo: RepoLayout, *, shared: bool, timeout: float | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """Shared while filling or reading, exclusive while deleting."""
+    return flock(repo.locks / "cmh.repo.lock", shared=shared, timeout=timeout)
+
+
+def revision_lock(
+    repo: RepoLayout, commit: str, *, shared: bool, timeout: float | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """Shared while a commit's snapshot is in use, exclusive while it is deleted."""
+    repo.snapshot_dir(commit)  # validates the commit
+    return flock(repo.locks / f"cmh.rev.{commit}.lock", shared=shared, timeout=timeout)
