@@ -11,20 +11,22 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from pathlib import Path
 
 from .layout import RepoLayout
 
 RESOLUTION = 60.0
 
 
-def usage_path(repo: RepoLayout, commit: str) -> os.PathLike[str]:
+def usage_path(repo: RepoLayout, commit: str) -> Path:
+    """Where the last use of ``commit`` is recorded."""
     repo.snapshot_dir(commit)  # validates the commit
     return repo.cmh_dir / "used" / commit
 
 
 def record_use(repo: RepoLayout, commit: str, now: float | None = None) -> None:
     """Note that ``commit`` of ``repo`` was used at ``now`` (default: the clock)."""
-    path = repo.cmh_dir / "used" / commit
+    path = usage_path(repo, commit)
     at = time.time() if now is None else now
     try:
         previous = path.stat().st_mtime
@@ -41,6 +43,6 @@ def record_use(repo: RepoLayout, commit: str, now: float | None = None) -> None:
 def last_use(repo: RepoLayout, commit: str) -> float | None:
     """When ``commit`` was last used, or ``None`` if cmh never recorded a use."""
     try:
-        return (repo.cmh_dir / "used" / commit).stat().st_mtime
+        return usage_path(repo, commit).stat().st_mtime
     except OSError:
         return None
