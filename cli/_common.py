@@ -1,0 +1,316 @@
+"""Helpers shared by every ``cmh`` command module.
+
+Exit statuses, JSON output, stderr messages, a progress bar that only shows on
+a terminal, error mapping (no traceback ever reaches the user) and click
+parameter types for durations, sizes and points in time.
+
+Only the standard library and click are imported here; tqdm is imported when a
+bar is actually shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    _SecondsParam = click.ParamType[int | None]
+    _BytesParam = click.ParamType[int]
+    _TimeParam = click.ParamType[float]
+else:  # click < 8.2 has no generic ParamType at runtime
+    _SecondsParam = _BytesParam = _TimeParam = click.ParamType
+
+#: Every check passed.
+EXIT_OK = 0
+#: A check failed (mismatch, expired, bad or untrusted signature, unstamped, ...).
+EXIT_CHECK_FAILED = 1
+#: The command line was wrong (bad option, bad key file, bad duration, ...).
+EXIT_USAGE = 2
+#: An input could not be read, or is not a valid safetensors file.
+EXIT_UNREADABLE = 3
+
+#: Version of the ``--json`` documents; bumped only on an incompatible change.
+JSON_SCHEMA_VERSION = 1
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def emit_json(document: Any) -> None:
+    """Print one JSON document on stdout (UTF-8, sorted keys, two-space indent)."""
+    click.echo(json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def echo(message: str = "") -> None:
+    """A line of human output on stdout."""
+    click.echo(message)
+
+
+def warn(message: str) -> None:
+    """A warning on stderr, prefixed ``warning:``."""
+    click.echo(f"warning: {message}", err=True)
+
+
+def print_error(message: str) -> None:
+    """An error on stderr, prefixed ``error:``."""
+    click.echo(f"error: {message}", err=True)
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``; exact below 1 KiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def iso_utc(ts: float) -> str:
+    """Unix seconds as ``2025-01-31T12:00:00Z``."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- progress ----------------------------------------------------------------------------
+
+
+def stderr_is_terminal() -> bool:
+    """True when stderr is an interactive terminal."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]:
+    """Yield a callback ``advance(nbytes)`` that drives a byte progress bar.
+
+    The bar is a tqdm bar on stderr, shown only when stderr is a terminal;
+    otherwise the callback does nothing and tqdm is not imported. The callback
+    may be called from worker threads.
+    """
+    if total_bytes <= 0 or not stderr_is_terminal():
+        yield _no_progress
+        return
+    from tqdm import tqdm
+
+    lock = threading.Lock()
+    with tqdm(
+        total=total_bytes,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        leave=False,
+        dynamic_ncols=True,
+    ) as bar:
+
+        def advance(nbytes: int) -> None:
+            with lock:
+                bar.update(nbytes)
+
+        yield advance
+
+
+def _no_progress(nbytes: int) -> None:
+    del nbytes
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class CommandError(click.ClickException):
+    """A failure reported as ``error: <message>`` on stderr with a chosen exit status."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_CHECK_FAILED) -> None:
+        super().__init__(message)
+        # click declares exit_code a class variable; the instance value is what it exits with.
+        setattr(self, "exit_code", exit_code)  # noqa: B010
+
+    def show(self, file: Any = None) -> None:
+        print_error(self.format_message())
+
+
+def fail(message: str, exit_code: int = EXIT_CHECK_FAILED) -> NoReturn:
+    """Stop the command: print ``error: message`` on stderr and exit with ``exit_code``."""
+    raise CommandError(message, exit_code)
+
+
+def usage_error(message: str) -> NoReturn:
+    """Stop the command with a usage error (exit status 2)."""
+    raise CommandError(message, EXIT_USAGE)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit status for a library or OS error.
+
+    Unreadable or invalid inputs give 3, bad keys and durations 2, every other
+    cmh error 1.
+    """
+    from cmh.errors import DurationError, InvalidFileError, KeyError_
+
+    if isinstance(exc, (KeyError_, DurationError)):
+        return EXIT_USAGE
+    if isinstance(exc, (InvalidFileError, OSError)):
+        return EXIT_UNREADABLE
+    return EXIT_CHECK_FAILED
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``path: No such file or directory`` rather than ``[Errno 2] ...``."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a command callback: cmh and OS errors become a message and an exit status.
+
+    ``CMHError`` and ``OSError`` are mapped by :func:`exit_code_for`; Ctrl-C
+    exits 130. No traceback reaches the user.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from cmh.errors import CMHError
+
+        try:
+            return func(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except CMHError as exc:
+            raise CommandError(str(exc), exit_code_for(exc)) from None
+        except OSError as exc:
+            raise CommandError(describe_os_error(exc), EXIT_UNREADABLE) from None
+        except KeyboardInterrupt:
+            print_error("interrupted")
+            raise click.exceptions.Exit(130) from None
+
+    return wrapper
+
+
+# -- parameter types ---------------------------------------------------------------------
+
+
+class DurationType(_SecondsParam):
+    """A duration such as ``90s``, ``12h``, ``30d``, ``1d12h`` -> seconds (``int``).
+
+    With ``allow_never``, ``never`` is accepted and converts to ``None``.
+    """
+
+    name = "duration"
+
+    def __init__(self, allow_never: bool = False) -> None:
+        self.allow_never = allow_never
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value)
+        if self.allow_never and text.strip().lower() == "never":
+            return None
+        from cmh.duration import parse_duration
+        from cmh.errors import DurationError
+
+        try:
+            return parse_duration(text)
+        except DurationError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class SizeType(_BytesParam):
+    """A size such as ``500M``, ``20GB``, ``1.5GiB`` -> bytes (``int``)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        from cmh.duration import parse_size
+        from cmh.errors import DurationError
+
+        try:
+            return parse_size(str(value))
+        except DurationError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class TimeType(_TimeParam):
+    """A point in time -> Unix seconds (``float``).
+
+    Accepts Unix seconds (``1767225600``), ISO 8601 (``2026-01-01``,
+    ``2026-01-01T12:00:00Z``; no zone means UTC), ``now``, and an offset from
+    now (``+30d``, ``-12h``).
+    """
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, (int, float)):
+            return value
+        text = str(value).strip()
+        if text.lower() == "now":
+            return time.time()
+        if text[:1] in "+-" and len(text) > 1 and not text[1:].replace(".", "").isdigit():
+            from cmh.duration import parse_duration
+            from cmh.errors import DurationError
+
+            try:
+                offset = parse_duration(text[1:])
+            except DurationError as exc:
+                self.fail(str(exc), param, ctx)
+            return time.time() + (offset if text[0] == "+" else -offset)
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            self.fail(
+                f"invalid time {text!r}: use Unix seconds, ISO 8601 (2026-01-01T12:00:00Z), "
+                "now, or an offset like +30d",
+                param,
+                ctx,
+            )
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        return parsed.timestamp()
+
+
+#: Shared instances for ``type=`` in click options.
+DURATION = DurationType()
+TTL = DurationType(allow_never=True)
+SIZE = SizeType()
+TIME = TimeType()
+
+
+def json_option(func: Callable[P, R]) -> Callable[P, R]:
+    """The standard ``--json`` flag (parameter name ``as_json``)."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print one JSON document (schema in docs/cli.md) instead of text.",
+    )(func)
+
+
+def environ_flag(name: str) -> bool:
+    """True when environment variable ``name`` is set to a true-ish value."""
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
