@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 import click
 
 if TYPE_CHECKING:
-    _SecondsParam = click.ParamType[int | None]
+    _SecondsParam = click.ParamType[int | str | None]
     _BytesParam = click.ParamType[int]
     _TimeParam = click.ParamType[float]
 else:  # click < 8.2 has no generic ParamType at runtime
@@ -38,6 +38,9 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 #: An input could not be read, or is not a valid safetensors file.
 EXIT_UNREADABLE = 3
+
+#: What a ``DurationType(allow_never=True)`` option holds for "no expiry".
+NEVER = "never"
 
 #: Version of the ``--json`` documents; bumped only on an incompatible change.
 JSON_SCHEMA_VERSION = 1
@@ -211,7 +214,8 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
 class DurationType(_SecondsParam):
     """A duration such as ``90s``, ``12h``, ``30d``, ``1d12h`` -> seconds (``int``).
 
-    With ``allow_never``, ``never`` is accepted and converts to ``None``.
+    With ``allow_never``, ``never`` is accepted and converts to :data:`NEVER`
+    (the string ``"never"``), so "not given" (``None``) stays distinct.
     """
 
     name = "duration"
@@ -223,8 +227,8 @@ class DurationType(_SecondsParam):
         if value is None or isinstance(value, int):
             return value
         text = str(value)
-        if self.allow_never and text.strip().lower() == "never":
-            return None
+        if self.allow_never and text.strip().lower() == NEVER:
+            return NEVER
         from cmh.duration import parse_duration
         from cmh.errors import DurationError
 

@@ -1,0 +1,141 @@
+"""Keys for the command line: passphrases, signing keys, trusted keys, new key pairs.
+
+A passphrase is never a command-line argument: it comes from the
+``CMH_KEY_PASSPHRASE`` environment variable when set, else from a hidden
+prompt when stdin is a terminal; otherwise the command stops with a usage
+error that says how to give it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import click
+
+from ._common import usage_error
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from cmh.signing import TrustedKeys
+
+PASSPHRASE_ENV = "CMH_KEY_PASSPHRASE"
+
+
+def stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _passphrase(prompt: str, confirm: bool) -> bytes:
+    if PASSPHRASE_ENV in os.environ:
+        return os.environ[PASSPHRASE_ENV].encode()
+    if stdin_is_terminal():
+        text: str = click.prompt(
+            prompt, hide_input=True, confirmation_prompt=confirm, err=True, type=str
+        )
+        return text.encode()
+    usage_error(f"a passphrase is needed: set ${PASSPHRASE_ENV} or run from a terminal")
+
+
+def load_signing_key(path: str) -> Ed25519PrivateKey:
+    """Load an Ed25519 private key, asking for its passphrase when it is encrypted."""
+    from cmh.signing import load_private_key, private_key_is_encrypted
+
+    passphrase = None
+    if private_key_is_encrypted(path):
+        passphrase = _passphrase(f"Passphrase for {path}", confirm=False)
+    return load_private_key(path, passphrase)
+
+
+def load_trusted_keys(paths: Sequence[str]) -> TrustedKeys | None:
+    """Trusted public keys from PEM files or directories of them; ``None`` when none given."""
+    if not paths:
+        return None
+    from cmh.signing import TrustedKeys
+
+    return TrustedKeys.load(paths)
+
+
+@dataclass(frozen=True)
+class WrittenKeyPair:
+    private_path: str
+    public_path: str
+    key_id: str
+    encrypted: bool
+
+
+def write_keypair(prefix: str, *, force: bool, encrypt: bool) -> WrittenKeyPair:
+    """Write ``PREFIX.key`` (PEM, mode 0600) and ``PREFIX.pub`` (PEM, mode 0644).
+
+    Existing files are never overwritten without ``force``; both files are
+    written beside their final names first, so a failure leaves nothing behind.
+    """
+    from cmh.signing import generate_keypair
+
+    private_path, public_path = f"{prefix}.key", f"{prefix}.pub"
+    if not force:
+        existing = [p for p in (private_path, public_path) if os.path.lexists(p)]
+        if existing:
+            usage_error(f"{', '.join(existing)} already exist(s); pass --force to overwrite")
+    passphrase = _passphrase("Passphrase for the new key", confirm=True) if encrypt else None
+    if encrypt and not passphrase:
+        usage_error("an empty passphrase cannot encrypt a key")
+    private_pem, public_pem, kid = generate_keypair(passphrase)
+    directory = os.path.dirname(os.path.abspath(private_path))
+    os.makedirs(directory, exist_ok=True)
+    tmp_private = _write_temporary(private_path, private_pem, 0o600)
+    try:
+        tmp_public = _write_temporary(public_path, public_pem, 0o644)
+        try:
+            _install(tmp_private, private_path, force)
+            try:
+                _install(tmp_public, public_path, force)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(private_path)
+                raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_public)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_private)
+    return WrittenKeyPair(private_path, public_path, kid, encrypt)
+
+
+def _write_temporary(final: str, data: bytes, mode: int) -> str:
+    tmp = os.path.join(
+        os.path.dirname(os.path.abspath(final)), f".{os.path.basename(final)}.{os.getpid()}.tmp"
+    )
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)  # not widened or narrowed by the umask
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def _install(tmp: str, final: str, force: bool) -> None:
+    if force:
+        os.replace(tmp, final)
+        return
+    try:
+        os.link(tmp, final)  # fails if final appeared meanwhile: never overwrite
+    except FileExistsError:
+        usage_error(f"{final} already exists; pass --force to overwrite")
+    except OSError:  # a file system without hard links
+        if os.path.lexists(final):
+            usage_error(f"{final} already exists; pass --force to overwrite")
+        os.replace(tmp, final)
+        return
+    os.unlink(tmp)
