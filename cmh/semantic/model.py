@@ -1,0 +1,280 @@
+"""``ModelFingerprint``: content-derived ids of a model, cache keys and compatibility.
+
+A cache key is ``scope/type/id``: ``scope`` names the model that made the
+entry (the first 16 hex characters of its ``weights``), ``type`` the cache
+kind, ``id`` everything the entries depend on. Entries made under one
+fingerprint can serve another for a kind exactly when their ids for that
+kind are equal; the rule table is in ``spec/semantic.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import CacheKindError, FingerprintFormatError
+
+FORMAT = "cmh-semantic-v1"
+KEY_DOMAIN = b"CMH-SEM-KEY-v1\n"
+SCOPE_HEX = 16
+
+#: Cache kinds a runtime can ask keys for (the ``type`` part of a key).
+CACHE_KINDS: tuple[str, ...] = ("weights", "lora", "kv", "tokenizer", "graph", "quant_weight")
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def key_id(kind: str, *fields: str) -> str:
+    """SHA-256 (hex) of the key domain, the kind and length-prefixed UTF-8 fields."""
+    h = hashlib.sha256(KEY_DOMAIN)
+    for item in (kind, *fields):
+        data = item.encode()
+        h.update(struct.pack("<I", len(data)) + data)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    """Content-derived identity of a model or adapter directory.
+
+    ``graph``, ``weights``, ``tokenizer`` and ``config`` are 64 lowercase hex
+    characters (SHA-256); ``tokenizer``/``config`` are ``None`` when the files
+    are absent. An adapter has ``adapter_type`` (e.g. ``"LORA"``), the
+    ``base_model`` name it was trained on, and ``base``: the base model's
+    fingerprint when the caller supplied it (needed for ``kv``, ``graph`` and
+    ``quant_weight`` keys of an adapter).
+    """
+
+    arch: str | None
+    family: str | None
+    task: str | None
+    graph: str
+    weights: str
+    tokenizer: str | None
+    config: str | None
+    adapter_type: str | None = None
+    base_model: str | None = None
+    base: ModelFingerprint | None = None
+    tensor_count: int = 0
+    tensor_bytes: int = 0
+    files: tuple[str, ...] = ()
+    hashed_files: tuple[str, ...] = ()
+    scope: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("graph", "weights"):
+            _check_hex(name, getattr(self, name))
+        for name in ("tokenizer", "config"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_hex(name, value)
+        if self.base is not None:
+            if self.adapter_type is None:
+                raise FingerprintFormatError("only an adapter fingerprint has a base")
+            if self.base.adapter_type is not None:
+                raise FingerprintFormatError("the base of an adapter must be a full model")
+        object.__setattr__(self, "scope", self.weights[:SCOPE_HEX])
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.adapter_type is not None
+
+    @property
+    def effective_tokenizer(self) -> str | None:
+        """The tokenizer in use: the directory's own, else (adapter) the base's."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        return self.base.tokenizer if self.base is not None else None
+
+    def with_base(self, base: ModelFingerprint) -> ModelFingerprint:
+        """This adapter applied to ``base``: keys then cover the base model too."""
+        if not self.is_adapter:
+            raise CacheKindError("with_base applies to adapter fingerprints only")
+        if base.is_adapter:
+            raise CacheKindError("the base must be a full model, not an adapter")
+        return replace(self, base=base, arch=base.arch, family=base.family)
+
+    # -- keys ------------------------------------------------------------------------
+
+    def component(self, kind: str, *, variant: str = "") -> str:
+        """The ``id`` part of the key for ``kind`` (see :meth:`cache_key`)."""
+        _check_kind(kind)
+        if variant and kind != "quant_weight":
+            raise CacheKindError("a variant applies to quant_weight keys only")
+        if kind == "weights":
+            return self.weights
+        if kind == "tokenizer":
+            tokenizer = self.effective_tokenizer
+            if tokenizer is None:
+                raise CacheKindError("no tokenizer files: no tokenizer key")
+            return tokenizer
+        if kind == "lora":
+            if not self.is_adapter:
+                raise CacheKindError("lora keys exist for adapters only")
+            return key_id("lora", self.weights, self.config or "")
+        if not self.is_adapter:
+            return self._model_component(kind, variant)
+        base = self.base
+        if base is None:
+            raise CacheKindError(
+                f"a {kind} key of an adapter needs its base model's fingerprint "
+                "(fingerprint(adapter, base=...) or with_base)"
+            )
+        if kind == "quant_weight":
+            return base.component("quant_weight", variant=variant)
+        if kind == "kv":
+            return key_id(
+                "kv",
+                base.weights,
+                base.config or "",
+                self.effective_tokenizer or "",
+                self.component("lora"),
+            )
+        return key_id(
+            "graph",
+            base.arch or "",
+            base.family or "",
+            base.graph,
+            base.config or "",
+            self.graph,
+            self.config or "",
+        )
+
+    def _model_component(self, kind: str, variant: str) -> str:
+        if kind == "kv":
+            return key_id("kv", self.weights, self.config or "", self.tokenizer or "", "")
+        if kind == "graph":
+            return key_id(
+                "graph", self.arch or "", self.family or "", self.graph, self.config or "", "", ""
+            )
+        return key_id("quant_weight", self.weights, self.config or "", variant)
+
+    def cache_key(self, kind: str, *, variant: str = "") -> str:
+        """The ``scope/type/id`` key a runtime should use for a cache of ``kind``.
+
+        ``kind`` is one of :data:`CACHE_KINDS`. ``variant`` names the runtime's
+        quantization scheme for ``quant_weight`` (e.g. ``"int8"``). Raises
+        :class:`CacheKindError` when the kind does not apply (``lora`` of a full
+        model, ``tokenizer`` without tokenizer files, ``kv``/``graph``/
+        ``quant_weight`` of an adapter without its base).
+        """
+        return f"{self.scope}/{kind}/{self.component(kind, variant=variant)}"
+
+    def compatible(self, other: ModelFingerprint, kind: str, *, variant: str = "") -> bool:
+        """Whether cache entries of ``kind`` made under one can serve the other.
+
+        True exactly when both have a key id for ``kind`` and the ids are equal.
+        """
+        _check_kind(kind)
+        try:
+            return self.component(kind, variant=variant) == other.component(kind, variant=variant)
+        except CacheKindError:
+            return False
+
+    def keys(self) -> dict[str, str | None]:
+        """The key of every cache kind (``None`` where the kind does not apply)."""
+        out: dict[str, str | None] = {}
+        for kind in CACHE_KINDS:
+            try:
+                out[kind] = self.cache_key(kind)
+            except CacheKindError:
+                out[kind] = None
+        return out
+
+    # -- JSON ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: every field, plus ``format`` and the ``keys`` of every kind."""
+        return {
+            "format": FORMAT,
+            "scope": self.scope,
+            "arch": self.arch,
+            "family": self.family,
+            "task": self.task,
+            "graph": self.graph,
+            "weights": self.weights,
+            "tokenizer": self.tokenizer,
+            "config": self.config,
+            "adapter_type": self.adapter_type,
+            "base_model": self.base_model,
+            "base": self.base.to_dict() if self.base is not None else None,
+            "tensor_count": self.tensor_count,
+            "tensor_bytes": self.tensor_bytes,
+            "files": list(self.files),
+            "hashed_files": list(self.hashed_files),
+            "keys": self.keys(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelFingerprint:
+        """Rebuild a fingerprint from :meth:`to_dict` output; its derived parts are checked."""
+        if not isinstance(data, Mapping):
+            raise FingerprintFormatError("a fingerprint must be a JSON object")
+        if data.get("format") != FORMAT:
+            raise FingerprintFormatError(
+                f"format is {data.get('format')!r}, this library reads {FORMAT!r}"
+            )
+        base_data = data.get("base")
+        fp = cls(
+            arch=_opt_str(data, "arch"),
+            family=_opt_str(data, "family"),
+            task=_opt_str(data, "task"),
+            graph=_str(data, "graph"),
+            weights=_str(data, "weights"),
+            tokenizer=_opt_str(data, "tokenizer"),
+            config=_opt_str(data, "config"),
+            adapter_type=_opt_str(data, "adapter_type"),
+            base_model=_opt_str(data, "base_model"),
+            base=cls.from_dict(base_data) if base_data is not None else None,
+            tensor_count=_count(data, "tensor_count"),
+            tensor_bytes=_count(data, "tensor_bytes"),
+            files=_names(data, "files"),
+            hashed_files=_names(data, "hashed_files"),
+        )
+        if "scope" in data and data["scope"] != fp.scope:
+            raise FingerprintFormatError("scope does not match weights")
+        if "keys" in data and data["keys"] != fp.keys():
+            raise FingerprintFormatError("keys do not match the fingerprint's components")
+        return fp
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in CACHE_KINDS:
+        raise CacheKindError(f"unknown cache kind {kind!r}; one of {', '.join(CACHE_KINDS)}")
+
+
+def _check_hex(name: str, value: object) -> None:
+    if not isinstance(value, str) or not _HEX64.match(value):
+        raise FingerprintFormatError(f"{name} must be 64 lowercase hex characters, got {value!r}")
+
+
+def _str(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise FingerprintFormatError(f"{key} must be a string")
+    return value
+
+
+def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise FingerprintFormatError(f"{key} must be a string or null")
+    return value
+
+
+def _count(data: Mapping[str, Any], key: str) -> int:
+    value = data.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FingerprintFormatError(f"{key} must be a non-negative integer")
+    return value
+
+
+def _names(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise FingerprintFormatError(f"{key} must be a list of strings")
+    return tuple(value)
