@@ -114,6 +114,7 @@ def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]
     from tqdm import tqdm
 
     lock = threading.Lock()
+    columns, lines = _terminal_size()
     with tqdm(
         total=total_bytes,
         desc=desc,
@@ -122,7 +123,9 @@ def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]
         unit_divisor=1024,
         file=sys.stderr,
         leave=False,
-        dynamic_ncols=True,
+        ncols=columns or 80,
+        nrows=lines or 24,
+        dynamic_ncols=columns > 0,
     ) as bar:
 
         def advance(nbytes: int) -> None:
@@ -130,6 +133,15 @@ def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]
                 bar.update(nbytes)
 
         yield advance
+
+
+def _terminal_size() -> tuple[int, int]:
+    """Columns and lines of the terminal on stderr; 0 when it does not say (a fresh pty)."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return 0, 0
+    return size.columns, size.lines
 
 
 def _no_progress(nbytes: int) -> None:

@@ -1,0 +1,106 @@
+"""The helpers every command module shares (cli/_common.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+import pytest
+from click.testing import CliRunner
+from cmh.cli import _common as common
+
+from cmh.errors import DurationError, InvalidFileError, KeyError_, NotStampedError
+
+
+def test_exit_codes_are_the_documented_ones() -> None:
+    assert (common.EXIT_OK, common.EXIT_CHECK_FAILED, common.EXIT_USAGE) == (0, 1, 2)
+    assert common.EXIT_UNREADABLE == 3
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (InvalidFileError("bad header", "x.safetensors"), 3),
+        (FileNotFoundError(2, "No such file or directory", "x"), 3),
+        (KeyError_("x.key: not a PEM"), 2),
+        (DurationError("invalid duration"), 2),
+        (NotStampedError("x: not stamped"), 1),
+    ],
+)
+def test_handle_errors_maps_to_exit_codes(error: BaseException, code: int) -> None:
+    @click.command()
+    @common.handle_errors
+    def command() -> None:
+        raise error
+
+    result = CliRunner().invoke(command, [])
+    assert result.exit_code == code
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    assert result.stdout == ""
+    if isinstance(error, OSError):
+        assert result.stderr == "error: x: No such file or directory\n"
+
+
+def test_keyboard_interrupt_exits_130() -> None:
+    @click.command()
+    @common.handle_errors
+    def command() -> None:
+        raise KeyboardInterrupt
+
+    result = CliRunner().invoke(command, [])
+    assert result.exit_code == 130 and result.stderr == "error: interrupted\n"
+
+
+def _convert(param_type: click.ParamType, text: str) -> object:
+    return param_type.convert(text, None, None)
+
+
+def test_duration_and_size_types() -> None:
+    assert _convert(common.DURATION, "1d12h") == 129600
+    assert _convert(common.DURATION, "90") == 90
+    assert _convert(common.TTL, "never") == common.NEVER
+    assert _convert(common.TTL, "30d") == 30 * 86400
+    assert _convert(common.SIZE, "1.5GiB") == 1610612736
+    assert _convert(common.SIZE, "500M") == 500_000_000
+    for param_type, text in ((common.DURATION, "never"), (common.DURATION, "5 parsecs")):
+        with pytest.raises(click.BadParameter, match="invalid duration"):
+            _convert(param_type, text)
+    with pytest.raises(click.BadParameter, match="invalid size"):
+        _convert(common.SIZE, "lots")
+
+
+def test_time_type() -> None:
+    assert _convert(common.TIME, "1767225600") == 1767225600.0
+    assert _convert(common.TIME, "2026-01-01") == 1767225600.0
+    assert _convert(common.TIME, "2026-01-01T01:00:00Z") == 1767229200.0
+    assert _convert(common.TIME, "2026-01-01T03:00:00+02:00") == 1767229200.0
+    before = time.time()
+    ahead = _convert(common.TIME, "+2d")
+    assert isinstance(ahead, float) and before + 2 * 86400 <= ahead <= time.time() + 2 * 86400
+    behind = _convert(common.TIME, "-1h")
+    assert isinstance(behind, float) and behind < before
+    with pytest.raises(click.BadParameter, match="invalid time"):
+        _convert(common.TIME, "next tuesday")
+
+
+def test_emit_json_and_formatting() -> None:
+    @click.command()
+    def command() -> None:
+        common.emit_json({"b": 1, "a": "é"})
+
+    out = CliRunner().invoke(command, []).stdout
+    assert json.loads(out) == {"a": "é", "b": 1} and out.index('"a"') < out.index('"b"')
+    assert common.human_bytes(1023) == "1023 B"
+    assert common.human_bytes(1536) == "1.5 KiB"
+    assert common.human_bytes(2 * 1024**3) == "2.0 GiB"
+    assert common.iso_utc(0) == "1970-01-01T00:00:00Z"
+
+
+def test_progress_bar_is_a_no_op_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    with common.progress_bar(1 << 20, "hash") as advance:
+        advance(1 << 19)
+        advance(1 << 19)
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+    assert advance is common._no_progress
