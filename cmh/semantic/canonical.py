@@ -77,6 +77,12 @@ ADAPTER_CONFIG_DROPPED: frozenset[str] = frozenset(
     }
 )
 
+#: ``adapter_config.json`` members that PEFT stores from Python sets: a list of strings
+#: there is sorted, since its written order varies between processes.
+ADAPTER_CONFIG_SETS: frozenset[str] = frozenset(
+    {"target_modules", "modules_to_save", "exclude_modules", "target_parameters"}
+)
+
 #: Tokenizer files covered by the ``tokenizer`` hash (top level of the model directory).
 TOKENIZER_FILES: tuple[str, ...] = (
     "added_tokens.json",
@@ -209,6 +215,10 @@ def config_hash(config: Mapping[str, Any]) -> str:
 def adapter_config_hash(config: Mapping[str, Any]) -> str:
     """The ``config`` hash of an adapter, over ``adapter_config.json`` reduced."""
     reduced = {k: v for k, v in config.items() if k not in ADAPTER_CONFIG_DROPPED}
+    for key in ADAPTER_CONFIG_SETS & reduced.keys():
+        value = reduced[key]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            reduced[key] = sorted(value, key=lambda v: v.encode())
     return hashlib.sha256(ADAPTER_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
 
 
