@@ -1,0 +1,82 @@
+"""Hub-side fixtures: stores built with ``cmh.hub.store`` and a real ``cmh serve`` on 127.0.0.1.
+
+Fixtures for every hub-side test (mirror, resolver, pruner):
+
+- ``mirror_server_factory(store, tokens=None, workers=1, extra_args=())`` starts a
+  :class:`~mirror_support.MirrorServer` (``.url``, ``.count(route=..., method=...,
+  status=...)`` from ``/metrics``, ``.log(**fields)`` from the JSON access log,
+  ``.stop()``); every server started is stopped at teardown.
+- ``mirror_store``: a session-wide, read-only store holding the real MiniLM model as
+  ``sentence-transformers/all-MiniLM-L6-v2``, ``cmh-test/tiny`` (branches ``main``
+  and ``v1``, nested folders), the dataset ``cmh-test/data`` and the private
+  ``cmh-test/private`` (token :data:`PRIVATE_TOKEN`, in ``mirror_store.tokens``).
+- ``mirror``: one session-wide server over ``mirror_store`` (read-only: do not
+  change that store; build your own with ``add_folder`` for writes).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from mirror_support import MirrorServer, MirrorStore, build_mirror_store, write_tiny_repo
+
+
+@pytest.fixture(scope="session")
+def mirror_store(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> MirrorStore:
+    """The shared read-only test store."""
+    return build_mirror_store(tmp_path_factory.mktemp("mirror"), minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def mirror(
+    mirror_store: MirrorStore, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MirrorServer]:
+    """One ``cmh serve`` over ``mirror_store`` for the whole session."""
+    server = MirrorServer(
+        mirror_store.path, tmp_path_factory.mktemp("mirror-logs"), tokens=mirror_store.tokens
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mirror_server_factory(tmp_path: Path) -> Iterator[Callable[..., MirrorServer]]:
+    """Start ``cmh serve`` processes on 127.0.0.1 (stopped at teardown)."""
+    started: list[MirrorServer] = []
+
+    def start(
+        store: Path,
+        tokens: Path | None = None,
+        workers: int = 1,
+        extra_args: tuple[str, ...] = (),
+    ) -> MirrorServer:
+        server = MirrorServer(
+            store, tmp_path / "mirror-logs", tokens=tokens, workers=workers, extra_args=extra_args
+        )
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def tiny_src(tmp_path: Path) -> Path:
+    """A fresh copy of the tiny repo folder (version 1) to import or change."""
+    return write_tiny_repo(tmp_path / "tiny-src", 1)
+
+
+@pytest.fixture
+def copy_store(tmp_path: Path) -> Callable[[Path], Path]:
+    """Copy a store (keeping its symlinks) to a private writable folder."""
+
+    def copy(store: Path) -> Path:
+        dest = tmp_path / f"store-copy-{len(list(tmp_path.glob('store-copy-*')))}"
+        shutil.copytree(store, dest, symlinks=True)
+        return dest
+
+    return copy

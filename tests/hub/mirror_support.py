@@ -1,0 +1,271 @@
+"""A real ``cmh serve`` process on 127.0.0.1 for tests, and helpers to talk to it.
+
+Used through the fixtures of ``tests/hub/conftest.py``::
+
+    def test_x(mirror_server_factory, tmp_path):
+        store = tmp_path / "store"
+        add_folder(store, some_dir, "org/name")
+        server = mirror_server_factory(store)
+        ... HF_ENDPOINT=server.url ...
+        assert server.count(route="resolve", method="GET") == 3   # from /metrics
+        assert [r["target"] for r in server.log(route="resolve")]  # the JSON access log
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import urlopen
+
+from cmh.hub.store import ImportResult, add_folder
+
+START_TIMEOUT = 30.0
+_SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+class MirrorServer:
+    """A ``cmh serve`` subprocess bound to 127.0.0.1 on a free port."""
+
+    def __init__(
+        self,
+        store: Path,
+        log_dir: Path,
+        *,
+        tokens: Path | None = None,
+        workers: int = 1,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.store = store
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.access_log = log_dir / f"access-{uuid.uuid4().hex[:8]}.jsonl"
+        self.stderr_path = self.access_log.with_suffix(".stderr")
+        args = [
+            sys.executable, "-m", "cmh.cli.main", "serve", "--store", str(store),
+            "--host", "127.0.0.1", "--port", "0", "--workers", str(workers),
+            "--access-log", str(self.access_log), *extra_args,
+        ]  # fmt: skip
+        if tokens is not None:
+            args += ["--tokens", str(tokens)]
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True
+        )
+        self.url = self._wait_for_url()
+        parts = urlsplit(self.url)
+        self.host, self.port = parts.hostname or "127.0.0.1", int(parts.port or 80)
+
+    def _wait_for_url(self) -> str:
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if line:
+                break
+            if self.process.poll() is not None:
+                break
+        match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        if not match:
+            self.stop()
+            raise RuntimeError(f"cmh serve did not start: {line!r} {self.stderr_text()}")
+        return match.group(0)
+
+    def stderr_text(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # -- observation -------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Return once every request answered before this call is in the log and metrics."""
+        marker = uuid.uuid4().hex
+        with urlopen(f"{self.url}/health?sync={marker}", timeout=10) as r:
+            r.read()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if marker in self.access_log.read_text(errors="replace"):
+                return
+            time.sleep(0.01)
+        raise TimeoutError("access log did not catch up")
+
+    def log(self, **match: Any) -> list[dict[str, Any]]:
+        """Access-log entries (one per request, oldest first) whose fields equal ``match``."""
+        self.sync()
+        out = []
+        for line in self.access_log.read_text().splitlines():
+            entry = json.loads(line)
+            if all(entry.get(k) == v for k, v in match.items()):
+                out.append(entry)
+        return out
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Prometheus samples as ``{(name, sorted labels): value}``."""
+        self.sync()
+        with urlopen(f"{self.url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            m = _SAMPLE_RE.match(line)
+            if m:
+                labels = tuple(sorted(_LABEL_RE.findall(m.group(2))))
+                out[(m.group(1), labels)] = float(m.group(3))
+            elif line.strip():
+                name, _, value = line.rpartition(" ")
+                out[(name, ())] = float(value)
+        return out
+
+    def count(self, **labels: str) -> int:
+        """Requests counted by ``/metrics`` whose route/method/status labels equal ``labels``."""
+        total = 0.0
+        for (name, sample_labels), value in self.metrics().items():
+            if name != "cmh_mirror_requests_total":
+                continue
+            got = dict(sample_labels)
+            if all(got.get(k) == str(v) for k, v in labels.items()):
+                total += value
+        return int(total)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM the server and wait; returns its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self._stderr.close()
+        return self.process.returncode
+
+
+def raw_request(
+    host: str, port: int, request: bytes, timeout: float = 10.0
+) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes as one HTTP/1.1 request (it should say ``Connection: close``)."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(request)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(1 << 16)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    data = b"".join(chunks)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1]) if lines and lines[0].startswith("HTTP/") else 0
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return status, headers, body
+
+
+def hf_env(url: str, home: Path, token: str | None = None) -> dict[str, str]:
+    """Environment for a stock-client subprocess pointed at the mirror (and nowhere else)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(
+        HF_ENDPOINT=url,
+        HF_HOME=str(home),
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        TRANSFORMERS_VERBOSITY="error",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def run_python(code: str, env: dict[str, str], timeout: float = 300) -> Any:
+    """Run ``code`` in a fresh interpreter; it must print one JSON document last."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+MINILM_REPO = "sentence-transformers/all-MiniLM-L6-v2"
+TINY_REPO = "cmh-test/tiny"
+DATA_REPO = "cmh-test/data"
+PRIVATE_REPO = "cmh-test/private"
+PRIVATE_TOKEN = "hf_cmh_test_private_token_0001"
+
+
+@dataclass(frozen=True)
+class MirrorStore:
+    """A store built for tests and what was imported into it."""
+
+    path: Path
+    tokens: Path
+    imports: dict[str, ImportResult]  # "repo@revision" -> result
+    sources: dict[str, Path]  # "repo@revision" -> the folder imported
+
+
+def write_tiny_repo(root: Path, version: int) -> Path:
+    """A small repo with nested folders, a text file, a JSON file and an LFS-named binary."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(f'{{"model_type": "tiny", "version": {version}}}\n')
+    (root / "README.md").write_text(f"# tiny v{version}\n")
+    (root / "sub" / "deeper").mkdir(parents=True, exist_ok=True)
+    (root / "sub" / "notes.txt").write_text("notes\n" * 50)
+    (root / "sub" / "deeper" / "leaf.txt").write_text(f"leaf {version}\n")
+    data = bytes((i * 7 + version) % 256 for i in range(300_000))
+    (root / "weights.bin").write_bytes(data)
+    (root / "empty.txt").write_bytes(b"")
+    return root
+
+
+def build_mirror_store(base: Path, minilm_dir: Path) -> MirrorStore:
+    """The shared test store (see module docstring)."""
+    store = base / "store"
+    imports: dict[str, ImportResult] = {}
+    sources: dict[str, Path] = {}
+
+    def add(src: Path, repo: str, revision: str = "main", repo_type: str = "model") -> None:
+        key = f"{repo}@{revision}" if repo_type == "model" else f"datasets/{repo}@{revision}"
+        imports[key] = add_folder(store, src, repo, revision=revision, repo_type=repo_type)
+        sources[key] = src
+
+    add(minilm_dir, MINILM_REPO)
+    add(write_tiny_repo(base / "tiny-v1", 1), TINY_REPO, "v1")
+    add(write_tiny_repo(base / "tiny-v2", 2), TINY_REPO, "main")
+    data = base / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "part-0.csv").write_text("a,b\n1,2\n")
+    (data / "README.md").write_text("# data\n")
+    add(data, DATA_REPO, repo_type="dataset")
+    private = base / "private"
+    private.mkdir()
+    (private / "config.json").write_text('{"secret": true}\n')
+    add(private, PRIVATE_REPO)
+    tokens = base / "tokens.txt"
+    tokens.write_text(f"# test tokens\n{PRIVATE_TOKEN}  {PRIVATE_REPO}\n")
+    return MirrorStore(store, tokens, imports, sources)
