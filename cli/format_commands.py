@@ -21,6 +21,7 @@ from ._common import (
     EXIT_UNREADABLE,
     TIME,
     TTL,
+    CommandError,
     emit_json,
     handle_errors,
     human_bytes,
@@ -478,8 +479,11 @@ def _bytes_under(path: str) -> int:
 def _semantic_fingerprint(path: str, as_json: bool) -> None:
     import importlib
 
-    semantic = importlib.import_module("cmh.semantic")  # imports torch: only when asked
-    result = semantic.fingerprint(path)
+    semantic = importlib.import_module("cmh.semantic")  # loaded only when asked for
+    try:
+        result = semantic.fingerprint(path)
+    except semantic.NotAModelError as exc:
+        raise CommandError(str(exc), EXIT_UNREADABLE) from None
     fields: dict[str, Any] = dict(result.to_dict())
     if as_json:
         emit_json(
@@ -493,9 +497,19 @@ def _semantic_fingerprint(path: str, as_json: bool) -> None:
             )
         )
         return
-    click.echo(path)
+    click.echo(f"{path} (semantic fingerprint, {fields.get('format', 'unknown format')})")
     for name, value in fields.items():
-        click.echo(f"  {name}: {value}")
+        if value is None or name == "format":
+            continue
+        if isinstance(value, dict):
+            click.echo(f"  {name}:")
+            for sub, item in value.items():
+                if item is not None:
+                    click.echo(f"    {sub}: {item}")
+        elif isinstance(value, list):
+            click.echo(f"  {name}: {', '.join(str(v) for v in value) or '(none)'}")
+        else:
+            click.echo(f"  {name}: {value}")
 
 
 # -- keys ------------------------------------------------------------------------------

@@ -516,3 +516,38 @@ def test_version_and_help(run) -> None:
     r = run(["verify", "--help"])
     assert r.exit_code == 0 and "--require-signature" in r.stdout
     assert run(["no-such-command"]).exit_code == 2
+
+
+def test_fingerprint_semantic(run, minilm_dir: Path, garbage: Path) -> None:
+    from cmh import semantic
+
+    r = run(["fingerprint", minilm_dir, "--semantic", "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    check_envelope(doc, "fingerprint", 0)
+    assert doc["kind"] == "semantic"
+    expected = semantic.fingerprint(minilm_dir)
+    assert doc["semantic"] == json.loads(json.dumps(expected.to_dict()))
+    assert semantic.ModelFingerprint.from_dict(doc["semantic"]) == expected
+    text = run(["fingerprint", minilm_dir, "--semantic"]).stdout
+    assert f"  weights: {expected.to_dict()['weights']}" in text
+    r = run(["fingerprint", garbage, "--semantic"])
+    assert r.exit_code == 3 and r.stderr.startswith("error: ")
+
+
+@pytest.mark.slow
+def test_minilm_release_pipeline(run, minilm_copy: Path, keys) -> None:
+    """The real model: stamp and sign the directory, verify it, catch a changed byte."""
+    private, public, kid = keys["alice"]
+    r = run(["stamp", minilm_copy, "--ttl", "90d", "--sign-key", private, "--json"])
+    assert r.exit_code == 0, r.stdout
+    assert [Path(f["path"]).name for f in r.json()["files"]] == ["model.safetensors"]
+    r = run(["verify", minilm_copy, "--key", public, "--require-signature", "--json"])
+    assert r.exit_code == 0
+    doc = r.json()
+    assert doc["files"][0]["signer_key_id"] == kid
+    assert doc["checkpoints"][0]["identity"] == cmh.directory_identity(minilm_copy).hex
+    flip_tensor_byte(minilm_copy / "model.safetensors", "embeddings.word_embeddings.weight")
+    r = run(["verify", minilm_copy, "--key", public, "--json"])
+    assert r.exit_code == 1
+    assert r.json()["files"][0]["mismatched_tensors"] == ["embeddings.word_embeddings.weight"]
