@@ -24,7 +24,7 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from .layout import RepoLayout
+from .layout import LayoutError, RepoLayout, validate_relpath
 from .mirror_auth import AccessPolicy, bearer_token
 from .mirror_observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
 from .mirror_ranges import RangeNotSatisfiable, parse_range
@@ -384,8 +384,12 @@ async def _paths_info(request: web.Request, index: CommitIndex) -> web.Response:
     if len(paths) > MAX_PATHS_INFO:
         raise HubError(400, "BadRequest", f"at most {MAX_PATHS_INFO} paths")
     out = []
-    for p in dict.fromkeys(q.strip("/") for q in paths):
-        if p in index.files or (p and p in index.dir_oids):
+    for p in dict.fromkeys(q.rstrip("/") for q in paths):
+        try:
+            validate_relpath(p)
+        except LayoutError:
+            raise HubError(400, "BadRequest", "invalid path in paths") from None
+        if p in index.files or p in index.dir_oids:
             out.append(_tree_entry(index, p))
     return web.json_response(out, headers={"X-Repo-Commit": index.commit})
 
