@@ -58,8 +58,14 @@ def hash_tensors(
     xxh3: bool = False,
     threads: int | None = None,
     progress: ProgressCallback | None = None,
+    wait_until: Callable[[int], None] | None = None,
 ) -> list[TensorDigest]:
-    """Hash every tensor of the file at ``path``; results follow ``header.tensors``."""
+    """Hash every tensor of the file at ``path``; results follow ``header.tensors``.
+
+    ``wait_until(offset)``, when given, is called before each chunk with the
+    absolute file offset the chunk ends at and returns once those bytes are in
+    place: hashing then follows a writer (tensors in offset order).
+    """
     if not header.tensors:
         return []
     with open(path, "rb") as f:
@@ -74,9 +80,13 @@ def hash_tensors(
                 base = header.data_start
 
                 def work(t: TensorEntry) -> tuple[bytes | None, bytes | None]:
-                    return _digest_view(view[base + t.begin : base + t.end], sha256, xxh3, progress)
+                    return _digest_view(
+                        view, base + t.begin, base + t.end, sha256, xxh3, progress, wait_until
+                    )
 
-                order = sorted(range(len(header.tensors)), key=lambda i: -header.tensors[i].nbytes)
+                order = list(range(len(header.tensors)))
+                if wait_until is None:
+                    order.sort(key=lambda i: -header.tensors[i].nbytes)
                 results: dict[int, tuple[bytes | None, bytes | None]] = {}
                 workers = threads or default_threads()
                 if workers == 1:
@@ -99,12 +109,21 @@ def _digest_bytes(data: bytes, sha256: bool, xxh3: bool) -> tuple[bytes | None, 
 
 
 def _digest_view(
-    view: memoryview, sha256: bool, xxh3: bool, progress: ProgressCallback | None
+    view: memoryview,
+    begin: int,
+    end: int,
+    sha256: bool,
+    xxh3: bool,
+    progress: ProgressCallback | None,
+    wait_until: Callable[[int], None] | None,
 ) -> tuple[bytes | None, bytes | None]:
     sha = hashlib.sha256() if sha256 else None
     fast = xxhash.xxh3_128() if xxh3 else None
-    for start in range(0, len(view), CHUNK_SIZE):
-        chunk = view[start : start + CHUNK_SIZE]
+    for start in range(begin, end, CHUNK_SIZE):
+        stop = min(start + CHUNK_SIZE, end)
+        if wait_until is not None:
+            wait_until(stop)
+        chunk = view[start:stop]
         if sha is not None:
             sha.update(chunk)
         if fast is not None:
@@ -112,7 +131,6 @@ def _digest_view(
         if progress is not None:
             progress(len(chunk))
         chunk.release()
-    view.release()
     return (
         sha.digest() if sha is not None else None,
         fast.digest() if fast is not None else None,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ._filecopy import BackgroundCopy
 from .carrier import (
     KEY_KEY_ID,
     KEY_RECORD,
@@ -28,7 +29,7 @@ from .carrier import (
     user_metadata,
 )
 from .duration import TTL, ttl_seconds
-from .errors import CMHError, RecordError, StampError
+from .errors import CMHError, StampError
 from .fingerprint import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
 from .header import METADATA_KEY, PREFIX_SIZE, Header, parse_header, read_header
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
@@ -46,6 +47,8 @@ class StampResult:
     digests: tuple[TensorDigest, ...]
     in_place: bool
     signer_key_id: str | None
+    hash_seconds: float = 0.0
+    write_seconds: float = 0.0
 
 
 def stamp(
@@ -91,7 +94,7 @@ def stamp(
 def _previous_record(header: Header) -> Record | None:
     try:
         carrier = read_carrier(header.metadata, len(header.tensors))
-    except (RecordError, CMHError):
+    except CMHError:
         return None
     return carrier.record if carrier else None
 
@@ -139,11 +142,14 @@ def _new_values(
 
 
 def _old_signature(header: Header) -> tuple[str, str] | None:
-    metadata = header.metadata or {}
-    sig, kid = metadata.get(KEY_SIGNATURE), metadata.get(KEY_KEY_ID)
-    if sig is None or kid is None or set(sig) == {"0"}:
+    """The previous signature and key id, kept (now stale) by a restamp without a key."""
+    try:
+        carrier = read_carrier(header.metadata, len(header.tensors))
+    except CMHError:
         return None
-    return sig, kid
+    if carrier is None or not carrier.record.signed or carrier.signature is None:
+        return None
+    return carrier.signature.hex(), carrier.key_id or "0" * 16
 
 
 # -- first stamp: write beside, then replace --------------------------------------------
@@ -172,21 +178,41 @@ def _stamp_rewrite(
     metadata = {k: v for k, v in (header.metadata or {}).items() if k not in placeholders}
     metadata.update(placeholders)
     raw = _encode_header(header, metadata)
+    started = time.perf_counter()
+    hash_seconds = 0.0
     try:
         with open(target, "rb") as src, open(tmp, "xb") as dst:
             os.fchmod(dst.fileno(), os.stat(src.fileno()).st_mode & 0o7777)
             dst.write(len(raw).to_bytes(PREFIX_SIZE, "little") + raw)
             dst.flush()
-            _copy_range(src.fileno(), dst.fileno(), header.data_start, header.data_size)
-        new_header = parse_header(raw, PREFIX_SIZE + len(raw) + header.data_size, path=tmp)
-        digests = hash_tensors(tmp, new_header, xxh3=xxh3, threads=threads, progress=progress)
-        values, record, signer = _new_values(
-            new_header, digests, expires_at, stamped_at, sign_key, xxh3, None
-        )
-        final = _substitute(new_header, values)
-        with open(tmp, "r+b") as f:
-            os.pwrite(f.fileno(), final, PREFIX_SIZE)
-            os.fsync(f.fileno())
+            new_size = PREFIX_SIZE + len(raw) + header.data_size
+            os.ftruncate(dst.fileno(), new_size)
+            new_header = parse_header(raw, new_size, path=tmp)
+            # One pass: the kernel copies the buffer (and writes it back) while the
+            # source, whose pages are already cached, is hashed beside it.
+            before = os.fstat(src.fileno())
+            copy = BackgroundCopy(
+                src.fileno(),
+                dst.fileno(),
+                header.data_start,
+                new_header.data_start,
+                header.data_size,
+            ).start()
+            hash_started = time.perf_counter()
+            try:
+                digests = hash_tensors(
+                    target, header, xxh3=xxh3, threads=threads, progress=progress
+                )
+            finally:
+                copy.join()
+            if _changed(before, os.fstat(src.fileno())):
+                raise StampError(f"{target}: file changed while it was stamped; nothing written")
+            hash_seconds = time.perf_counter() - hash_started
+            values, record, signer = _new_values(
+                new_header, digests, expires_at, stamped_at, sign_key, xxh3, None
+            )
+            os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
+            os.fsync(dst.fileno())
         os.replace(tmp, target)
         _fsync_directory(directory)
     except BaseException as exc:
@@ -195,7 +221,16 @@ def _stamp_rewrite(
         if isinstance(exc, OSError):
             raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
         raise
-    return StampResult(target, record, tuple(digests), in_place=False, signer_key_id=signer)
+    write_seconds = time.perf_counter() - started - hash_seconds
+    return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)
+
+
+def _changed(before: os.stat_result, after: os.stat_result) -> bool:
+    return (before.st_size, before.st_mtime_ns, before.st_ino) != (
+        after.st_size,
+        after.st_mtime_ns,
+        after.st_ino,
+    )
 
 
 def _encode_header(header: Header, metadata: dict[str, str]) -> bytes:
@@ -204,27 +239,6 @@ def _encode_header(header: Header, metadata: dict[str, str]) -> bytes:
         obj[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.begin, t.end]}
     raw = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return raw + b" " * (-(PREFIX_SIZE + len(raw)) % 8)
-
-
-def _copy_range(src: int, dst: int, offset: int, size: int) -> None:
-    """Copy ``size`` bytes from ``src`` at ``offset`` to the end of ``dst``, in the kernel."""
-    out = os.lseek(dst, 0, os.SEEK_END)
-    done = 0
-    copy_file_range = getattr(os, "copy_file_range", None)
-    while done < size:
-        n = 0
-        if copy_file_range is not None:
-            try:
-                n = copy_file_range(src, dst, size - done, offset + done, out + done)
-            except OSError:
-                copy_file_range = None
-                continue
-        else:
-            chunk = os.pread(src, min(8 << 20, size - done), offset + done)
-            n = os.pwrite(dst, chunk, out + done) if chunk else 0
-        if n == 0:
-            raise StampError("source file shrank while it was copied")
-        done += n
 
 
 def _fsync_directory(directory: str) -> None:
@@ -276,7 +290,9 @@ def _stamp_in_place(
     threads: int | None,
     progress: ProgressCallback | None,
 ) -> StampResult:
+    hash_started = time.perf_counter()
     digests = hash_tensors(target, header, xxh3=xxh3, threads=threads, progress=progress)
+    hash_seconds = time.perf_counter() - hash_started
     values, record, signer = _new_values(
         header, digests, expires_at, stamped_at, sign_key, xxh3, _old_signature(header)
     )
@@ -287,7 +303,8 @@ def _stamp_in_place(
         return _stamp_rewrite(
             target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress
         )
-    return StampResult(target, record, tuple(digests), in_place=True, signer_key_id=signer)
+    write_seconds = time.perf_counter() - hash_started - hash_seconds
+    return StampResult(target, record, tuple(digests), True, signer, hash_seconds, write_seconds)
 
 
 def write_values_in_place(target: str, header: Header, values: dict[str, str]) -> None:

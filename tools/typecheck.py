@@ -7,6 +7,7 @@ symlinks in ``.typecheck/`` with the installed layout and checks it.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -29,9 +30,12 @@ def build_tree() -> None:
 
 
 def main() -> int:
-    build_tree()
-    cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "cmh"]
-    return subprocess.call(cmd, cwd=TREE)
+    # Several checkouts' tools may run at once: one tree, one run at a time.
+    with open(ROOT / ".typecheck.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build_tree()
+        cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "cmh"]
+        return subprocess.call(cmd, cwd=TREE)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,146 @@
+"""Verified loading into torch: each tensor's bytes are hashed as they are read.
+
+``load_file(path, verify=True)`` reads every tensor once into its own buffer,
+hashes that buffer (SHA-256, in threads that release the GIL) and checks the
+digests against the file's manifest and the manifest against the record, so
+verification costs no second read. Tensors are returned only when all match.
+torch is imported only when this module is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from .carrier import read_carrier, user_metadata
+from .errors import CMHError, NotStampedError, VerificationError
+from .fingerprint import default_threads, file_root, root_entries
+from .header import Header, TensorEntry, read_header
+from .verify import Outcome, Problem, VerifyResult
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "C64": torch.complex64,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3": torch.float8_e4m3fn,
+}
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    *,
+    verify: bool = True,
+    allow_expired: bool = False,
+    at: float | None = None,
+    threads: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Load a safetensors file like ``safetensors.torch.load_file``.
+
+    With ``verify`` (the default) the file must be stamped, its tensors must
+    match the SHA-256 manifest, the manifest must match the record, and the
+    record must be unexpired (unless ``allow_expired``); otherwise
+    :class:`~cmh.errors.VerificationError` is raised and nothing is returned.
+    """
+    target = os.fspath(path)
+    header = read_header(target)
+    expected = _expected_digests(target, header, allow_expired, at) if verify else None
+    buffers = _read_and_hash(target, header, threads, hash_bytes=verify)
+    if expected is not None:
+        bad = [
+            t.name
+            for t, (_, d) in zip(header.tensors, buffers, strict=True)
+            if d != expected[t.name]
+        ]
+        if bad:
+            shown = ", ".join(repr(n) for n in bad[:10])
+            result = VerifyResult(
+                target,
+                Outcome.TENSOR_MISMATCH,
+                (
+                    Problem(
+                        Outcome.TENSOR_MISMATCH, f"tensor bytes changed since stamping: {shown}"
+                    ),
+                ),
+                mismatched=tuple(bad),
+            )
+            raise VerificationError(f"{target}: refusing to load: {result.message}", result)
+    out: dict[str, torch.Tensor] = {}
+    for t, (buf, _) in zip(header.tensors, buffers, strict=True):
+        out[t.name] = _to_tensor(t, buf).to(device)
+    return out
+
+
+def _expected_digests(
+    path: str, header: Header, allow_expired: bool, at: float | None
+) -> dict[str, bytes]:
+    def refuse(outcome: Outcome, message: str) -> VerificationError:
+        result = VerifyResult(path, outcome, (Problem(outcome, message),))
+        return VerificationError(f"{path}: refusing to load: {message}", result)
+
+    try:
+        carrier = read_carrier(header.metadata, len(header.tensors))
+    except CMHError as exc:
+        raise refuse(Outcome.CORRUPT_RECORD, str(exc)) from exc
+    if carrier is None:
+        raise refuse(Outcome.UNSTAMPED, "file carries no CMH record") from NotStampedError(path)
+    if carrier.sha256 is None:
+        raise refuse(Outcome.MANIFEST_INCONSISTENT, "file has no SHA-256 manifest")
+    root = file_root(root_entries(header.tensors, carrier.sha256), user_metadata(header.metadata))
+    if root != carrier.record.fingerprint:
+        raise refuse(Outcome.ROOT_MISMATCH, "fingerprint root does not match the record")
+    now = time.time() if at is None else at
+    if carrier.record.is_expired(now) and not allow_expired:
+        raise refuse(Outcome.EXPIRED, f"expired at Unix time {carrier.record.expires_at}")
+    return {t.name: d for t, d in zip(header.tensors, carrier.sha256, strict=True)}
+
+
+def _read_and_hash(
+    path: str, header: Header, threads: int | None, *, hash_bytes: bool
+) -> list[tuple[bytearray, bytes | None]]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        def work(t: TensorEntry) -> tuple[bytearray, bytes | None]:
+            buf = bytearray(t.nbytes)
+            view = memoryview(buf)
+            done = 0
+            while done < t.nbytes:
+                n = os.preadv(fd, [view[done:]], header.data_start + t.begin + done)
+                if n == 0:
+                    raise VerificationError(f"{path}: file was truncated while it was read")
+                done += n
+            view.release()
+            return buf, hashlib.sha256(buf).digest() if hash_bytes else None
+
+        order = sorted(header.tensors, key=lambda t: -t.nbytes)
+        with ThreadPoolExecutor(max_workers=threads or default_threads()) as pool:
+            futures = {t.name: pool.submit(work, t) for t in order}
+            return [futures[t.name].result() for t in header.tensors]
+    finally:
+        os.close(fd)
+
+
+def _to_tensor(t: TensorEntry, buf: bytearray) -> torch.Tensor:
+    dtype = _TORCH_DTYPES.get(t.dtype)
+    if dtype is None:
+        raise CMHError(f"dtype {t.dtype} of tensor {t.name!r} has no torch equivalent")
+    if t.nbytes == 0:
+        return torch.empty(t.shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype).reshape(t.shape)

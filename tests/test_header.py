@@ -1,0 +1,167 @@
+"""The bounded safetensors header reader: each malformation gives a typed error."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import cmh
+from cmh.errors import InvalidFileError
+from cmh.header import MAX_HEADER_SIZE, read_header
+
+
+def build(header: object, data: bytes = b"", raw: bytes | None = None) -> bytes:
+    body = raw if raw is not None else json.dumps(header).encode()
+    return struct.pack("<Q", len(body)) + body + data
+
+
+def good_header() -> dict[str, object]:
+    return {
+        "__metadata__": {"format": "pt"},
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]},
+    }
+
+
+CASES: list[tuple[str, Callable[[], bytes], str]] = [
+    ("empty file", lambda: b"", "too short"),
+    ("truncated prefix", lambda: b"\x10\x00\x00", "too short"),
+    ("huge header length", lambda: struct.pack("<Q", 1 << 62) + b"{}", "exceeds"),
+    ("just over the limit", lambda: struct.pack("<Q", MAX_HEADER_SIZE + 1) + b"{}", "exceeds"),
+    ("length past end", lambda: struct.pack("<Q", 500) + b"{}", "past the end"),
+    ("truncated data", lambda: build(good_header(), bytes(11)), "buffer holds 11"),
+    ("trailing data", lambda: build(good_header(), bytes(13)), "buffer holds 13"),
+    ("bad json", lambda: build(None, bytes(12), raw=b'{"a": {"dtype": '), "not valid JSON"),
+    ("not an object", lambda: build(None, raw=b"[1, 2]  "), "start with"),
+    ("json array after brace", lambda: build(None, raw=b"{}]"), "not valid JSON"),
+    ("not utf-8", lambda: build(None, raw=b'{"\xff": 1}'), "UTF-8"),
+    (
+        "overlap",
+        lambda: build(
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            bytes(12),
+        ),
+        "overlap",
+    ),
+    (
+        "gap",
+        lambda: build(
+            {
+                "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+            },
+            bytes(12),
+        ),
+        "gap",
+    ),
+    (
+        "unknown dtype",
+        lambda: build({"a": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}}, bytes(16)),
+        "unknown dtype",
+    ),
+    (
+        "shape and size disagree",
+        lambda: build({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)),
+        "needs 12 bytes",
+    ),
+    (
+        "negative dim",
+        lambda: build({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, bytes(4)),
+        "invalid shape",
+    ),
+    (
+        "reversed offsets",
+        lambda: build({"a": {"dtype": "U8", "shape": [0], "data_offsets": [4, 0]}}, bytes(4)),
+        "data_offsets",
+    ),
+    (
+        "missing field",
+        lambda: build({"a": {"dtype": "U8", "shape": [4]}}, bytes(4)),
+        "lacks data_offsets",
+    ),
+    (
+        "metadata not strings",
+        lambda: build({"__metadata__": {"x": 1}}, b""),
+        "not a string",
+    ),
+    (
+        "duplicate names",
+        lambda: build(
+            None,
+            bytes(8),
+            raw=b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+            b'"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}',
+        ),
+        "twice",
+    ),
+    ("tensor not an object", lambda: build({"a": [1, 2]}, b""), "not a JSON object"),
+    (
+        "bool as offset",
+        lambda: build({"a": {"dtype": "U8", "shape": [1], "data_offsets": [False, True]}}, b"\x00"),
+        "data_offsets",
+    ),
+    (
+        "sub-byte dtype not filling bytes",
+        lambda: build({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, bytes(2)),
+        "whole bytes",
+    ),
+    (
+        "deeply nested",
+        lambda: build(None, raw=b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}"),
+        "not valid JSON",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "message"), CASES, ids=[c[0] for c in CASES])
+def test_malformed_files_raise_typed_errors(
+    tmp_path: Path, name: str, content: Callable[[], bytes], message: str
+) -> None:
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(content())
+    with pytest.raises(InvalidFileError, match=message) as info:
+        read_header(path)
+    assert str(path) in str(info.value)
+    # verify and inspect report the same without raising (verify) or typed (inspect)
+    assert cmh.verify(path).outcome is cmh.Outcome.INVALID_FILE
+    with pytest.raises(InvalidFileError):
+        cmh.inspect(path)
+
+
+def test_valid_header_is_read_in_offset_order(tmp_path: Path) -> None:
+    path = tmp_path / "ok.safetensors"
+    path.write_bytes(build(good_header(), bytes(12)))
+    header = read_header(path)
+    assert [t.name for t in header.tensors] == ["a", "b"]
+    assert header.metadata == {"format": "pt"}
+    assert header.data_start == 8 + header.header_size
+    assert header.data_size == 12
+
+
+def test_padding_with_spaces_is_accepted(tmp_path: Path) -> None:
+    body = json.dumps(good_header()).encode() + b"     "
+    path = tmp_path / "padded.safetensors"
+    path.write_bytes(struct.pack("<Q", len(body)) + body + bytes(12))
+    assert len(read_header(path).tensors) == 2
+
+
+def test_directory_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidFileError, match="directory"):
+        read_header(tmp_path)
+    with pytest.raises(InvalidFileError, match="cannot read"):
+        read_header(tmp_path / "missing.safetensors")
+
+
+def test_huge_length_is_refused_without_allocating(tmp_path: Path) -> None:
+    # A header length of ~2**63 must be refused from the 8 bytes alone.
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes(struct.pack("<Q", (1 << 63) - 1))
+    with pytest.raises(InvalidFileError, match="exceeds"):
+        read_header(path)

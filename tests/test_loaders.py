@@ -1,0 +1,110 @@
+"""Compatibility promise: stock loaders load stamped files with bit-identical tensors."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import safetensors.torch
+import torch
+from safetensors import safe_open
+
+import cmh
+import cmh.torch
+from tests.conftest import synthetic_tensors
+
+MakeFile = Callable[..., Path]
+
+
+def test_numpy_torch_and_safe_open_load_stamped_files(make_file: MakeFile, tmp_path: Path) -> None:
+    original = make_file(metadata={"format": "pt"})
+    stamped = tmp_path / "stamped.safetensors"
+    shutil.copyfile(original, stamped)
+    cmh.stamp(stamped, ttl="30d")
+    expected = safetensors.numpy.load_file(str(original))
+    got = safetensors.numpy.load_file(str(stamped))
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert got[name].tobytes() == expected[name].tobytes()
+        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape
+    expected_t = safetensors.torch.load_file(str(original))
+    got_t = safetensors.torch.load_file(str(stamped))
+    for name in expected_t:
+        assert torch.equal(got_t[name], expected_t[name])
+    with safe_open(str(stamped), framework="pt") as f:
+        metadata = f.metadata()
+        assert metadata["format"] == "pt" and len(metadata["cmh"]) == 128
+        for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+            assert torch.equal(f.get_tensor(name), expected_t[name])
+
+
+def test_torch_dtypes_survive_stamping(tmp_path: Path) -> None:
+    tensors = {
+        "bf16": torch.randn(4, 3).to(torch.bfloat16),
+        "f8": torch.randn(8).to(torch.float8_e4m3fn),
+        "f8b": torch.randn(8).to(torch.float8_e5m2),
+        "bool": torch.tensor([True, False, True]),
+        "i32": torch.arange(6, dtype=torch.int32).reshape(2, 3),
+    }
+    path = tmp_path / "t.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    cmh.stamp(path)
+    loaded = safetensors.torch.load_file(str(path))
+    verified = cmh.torch.load_file(path)
+    for name, value in tensors.items():
+        assert torch.equal(loaded[name].view(torch.uint8), value.view(torch.uint8))
+        assert torch.equal(verified[name].view(torch.uint8), value.view(torch.uint8))
+        assert verified[name].dtype == value.dtype
+
+
+def test_verified_loading_refuses_tampered_and_unstamped(make_file: MakeFile) -> None:
+    path = make_file(tensors={k: v for k, v in synthetic_tensors(2).items() if v.dtype != np.int8})
+    with pytest.raises(cmh.VerificationError, match="no CMH record"):
+        cmh.torch.load_file(path)
+    assert cmh.torch.load_file(path, verify=False).keys()
+    cmh.stamp(path, ttl="1h", now=1_000)
+    with pytest.raises(cmh.VerificationError, match="expired"):
+        cmh.torch.load_file(path)
+    assert cmh.torch.load_file(path, at=1_001)
+    header = cmh.read_header(path)
+    entry = header.by_name()["layer.1.weight"]
+    with open(path, "r+b") as f:
+        f.seek(header.data_start + entry.begin)
+        f.write(b"\x00\x00")
+    with pytest.raises(cmh.VerificationError, match=r"layer\.1\.weight") as info:
+        cmh.torch.load_file(path, at=1_001)
+    assert info.value.result.mismatched == ("layer.1.weight",)  # type: ignore[attr-defined]
+
+
+@pytest.mark.heavy
+def test_transformers_loads_the_stamped_minilm_bit_identically(
+    minilm_dir: Path, minilm_copy: Path
+) -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    weights = minilm_copy / "model.safetensors"
+    cmh.stamp(weights, ttl="30d")
+    assert cmh.verify(weights).ok
+    assert weights.read_bytes() != (minilm_dir / "model.safetensors").read_bytes()
+
+    original = safetensors.torch.load_file(str(minilm_dir / "model.safetensors"))
+    stamped = safetensors.torch.load_file(str(weights))
+    verified = cmh.torch.load_file(weights)
+    assert original.keys() == stamped.keys() == verified.keys()
+    for name in original:
+        assert torch.equal(original[name], stamped[name])
+        assert torch.equal(original[name], verified[name])
+
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
+    batch = tokenizer(["Stamped weights load everywhere."], return_tensors="pt")
+    embeddings = []
+    for folder in (minilm_dir, minilm_copy):
+        model = AutoModel.from_pretrained(str(folder))
+        model.eval()
+        with torch.no_grad():
+            embeddings.append(model(**batch).last_hidden_state.mean(dim=1))
+    assert torch.equal(embeddings[0], embeddings[1])

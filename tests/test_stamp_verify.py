@@ -1,0 +1,355 @@
+"""Stamping and verification: outcomes, in-place restamps, expiry, signatures."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import cmh
+from cmh import Outcome
+from cmh.carrier import KEY_RECORD, KEY_SHA256
+from cmh.signing import TrustedKeys, generate_keypair, load_private_key
+from tests.conftest import synthetic_tensors
+
+MakeFile = Callable[..., Path]
+
+
+def rewrite_header(path: Path, edit: Callable[[dict[str, object]], None]) -> None:
+    """Re-encode a file's header after ``edit``, keeping its tensor bytes."""
+    header = cmh.read_header(path)
+    obj = json.loads(header.raw)
+    edit(obj)
+    raw = json.dumps(obj).encode()
+    data = path.read_bytes()[header.data_start :]
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def flip_byte(path: Path, tensor: str, offset: int = 0) -> None:
+    header = cmh.read_header(path)
+    entry = header.by_name()[tensor]
+    with open(path, "r+b") as f:
+        f.seek(header.data_start + entry.begin + offset)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_stamp_then_verify_ok(make_file: MakeFile) -> None:
+    path = make_file()
+    result = cmh.stamp(path, ttl="30d", now=1_700_000_000)
+    assert not result.in_place
+    assert result.record.expires_at == 1_700_000_000 + 30 * 86400
+    verdict = cmh.verify(path, at=1_700_000_001)
+    assert verdict.ok, verdict.message
+    assert verdict.outcome is Outcome.OK
+
+
+def test_stamp_keeps_tensors_and_metadata(make_file: MakeFile) -> None:
+    tensors = synthetic_tensors(3)
+    path = make_file(tensors=tensors, metadata={"format": "pt", "note": "é"})
+    cmh.stamp(path)
+    loaded = load_file(str(path))
+    assert loaded.keys() == tensors.keys()
+    for name, value in tensors.items():
+        assert loaded[name].dtype == value.dtype
+        assert loaded[name].tobytes() == value.tobytes()
+    assert cmh.inspect(path).metadata == {"format": "pt", "note": "é"}
+
+
+def test_flipped_byte_names_the_tensor(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path)
+    flip_byte(path, "layer.2.weight", 5)
+    for fast in (False, True):
+        verdict = cmh.verify(path, fast=fast)
+        assert verdict.outcome is Outcome.TENSOR_MISMATCH
+        assert verdict.mismatched == ("layer.2.weight",)
+        assert "layer.2.weight" in verdict.message
+
+
+def test_changed_metadata_value_fails(make_file: MakeFile) -> None:
+    path = make_file(metadata={"format": "pt"})
+    cmh.stamp(path)
+
+    def edit(obj: dict[str, object]) -> None:
+        meta = obj["__metadata__"]
+        assert isinstance(meta, dict)
+        meta["format"] = "np"
+
+    rewrite_header(path, edit)
+    verdict = cmh.verify(path)
+    assert verdict.outcome is Outcome.ROOT_MISMATCH
+
+
+def test_renamed_tensor_fails(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path)
+    rewrite_header(path, lambda obj: obj.__setitem__("renamed", obj.pop("scalar")))
+    assert cmh.verify(path).outcome is Outcome.ROOT_MISMATCH
+
+
+def test_reordered_save_keeps_the_fingerprint(tmp_path: Path) -> None:
+    tensors = synthetic_tensors(1)
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file(tensors, str(a), {"x": "1", "y": "2"})
+    reordered = dict(reversed(list(tensors.items())))
+    # The reference writer sorts by dtype and name; force another byte layout by hand.
+    header: dict[str, object] = {"__metadata__": {"y": "2", "x": "1"}}
+    data = b""
+    for name, value in reordered.items():
+        raw = value.tobytes()
+        dtype = {"float32": "F32", "float16": "F16", "int64": "I64", "int8": "I8"}.get(
+            str(value.dtype), {"uint8": "U8", "float64": "F64"}.get(str(value.dtype))
+        )
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(value.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
+        data += raw
+    body = json.dumps(header).encode()
+    b.write_bytes(struct.pack("<Q", len(body)) + body + data)
+    assert a.read_bytes() != b.read_bytes()
+    assert cmh.fingerprint(a).value == cmh.fingerprint(b).value
+    cmh.stamp(a)
+    cmh.stamp(b)
+    assert cmh.inspect(a).record.fingerprint == cmh.inspect(b).record.fingerprint  # type: ignore[union-attr]
+
+
+def test_restamp_is_in_place_and_moves_no_byte(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path, ttl="1d", now=1_700_000_000)
+    before = path.read_bytes()
+    header = cmh.read_header(path)
+    result = cmh.stamp(path, ttl="2d", now=1_700_000_100)
+    after = path.read_bytes()
+    assert result.in_place
+    assert len(before) == len(after)
+    assert before[header.data_start :] == after[header.data_start :]
+    assert cmh.read_header(path).header_size == header.header_size
+    assert result.record.expires_at == 1_700_000_100 + 2 * 86400
+    assert cmh.verify(path, at=1_700_000_200).ok
+
+
+def test_restamp_without_ttl_keeps_the_lifetime(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path, ttl="12h", now=1_000)
+    result = cmh.stamp(path, now=5_000)
+    assert result.record.expires_at == 5_000 + 12 * 3600
+    assert cmh.stamp(path, ttl="never", now=6_000).record.expires_at == 0
+
+
+def test_restamp_after_in_place_content_change(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path)
+    flip_byte(path, "layer.0.weight")
+    assert not cmh.verify(path).ok
+    assert cmh.stamp(path).in_place
+    assert cmh.verify(path).ok
+
+
+def test_expiry_is_judged_at_the_given_time(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path, ttl="90s", now=1_000)
+    assert cmh.verify(path, at=1_089).ok
+    expired = cmh.verify(path, at=1_090)
+    assert expired.outcome is Outcome.EXPIRED
+    assert expired.expired and "expired at 1970-01-01T00:18:10Z" in expired.message
+    allowed = cmh.verify(path, at=1_090, allow_expired=True)
+    assert allowed.ok and allowed.expired
+
+
+def test_unstamped_file(make_file: MakeFile) -> None:
+    verdict = cmh.verify(make_file())
+    assert verdict.outcome is Outcome.UNSTAMPED
+    assert not verdict.ok
+
+
+def _set_metadata(path: Path, key: str, value: str) -> None:
+    def edit(obj: dict[str, object]) -> None:
+        meta = obj["__metadata__"]
+        assert isinstance(meta, dict)
+        meta[key] = value
+
+    rewrite_header(path, edit)
+
+
+def test_torn_record_is_corrupt(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path)
+    record = cmh.read_header(path).metadata[KEY_RECORD]  # type: ignore[index]
+    torn = record[:64] + "0" * 64  # second half of the record lost
+    _set_metadata(path, KEY_RECORD, torn)
+    assert cmh.verify(path).outcome is Outcome.CORRUPT_RECORD
+    # the stock loader still loads it
+    assert set(load_file(str(path))) == set(synthetic_tensors(0))
+
+
+def test_unsupported_version(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path)
+    record = bytearray(bytes.fromhex(cmh.read_header(path).metadata[KEY_RECORD]))  # type: ignore[index]
+    record[4] = 9
+    _set_metadata(path, KEY_RECORD, bytes(record).hex())
+    verdict = cmh.verify(path)
+    assert verdict.outcome is Outcome.UNSUPPORTED_VERSION
+    assert "9" in verdict.message
+
+
+def test_manifest_with_wrong_count_is_inconsistent(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path)
+    manifest = cmh.read_header(path).metadata[KEY_SHA256]  # type: ignore[index]
+    _set_metadata(path, KEY_SHA256, manifest.rsplit(",", 1)[0])
+    assert cmh.verify(path).outcome is Outcome.MANIFEST_INCONSISTENT
+
+
+def test_forged_manifest_is_a_root_mismatch(make_file: MakeFile) -> None:
+    path = make_file()
+    cmh.stamp(path)
+    flip_byte(path, "layer.1.weight")
+    # An attacker recomputes the manifest but cannot fix the record's root.
+    digests = {d.name: d.sha256 for d in cmh.hash_tensors(path, cmh.read_header(path))}
+    header = cmh.read_header(path)
+    _set_metadata(
+        path,
+        KEY_SHA256,
+        ",".join(digests[t.name].hex() for t in header.tensors),  # type: ignore[union-attr]
+    )
+    verdict = cmh.verify(path)
+    assert verdict.outcome is Outcome.ROOT_MISMATCH
+
+
+def test_no_metadata_empty_and_scalar_tensors(tmp_path: Path) -> None:
+    path = tmp_path / "edge.safetensors"
+    save_file({"s": np.array(1.0, dtype=np.float32), "e": np.zeros((0,), np.int8)}, str(path))
+    assert cmh.read_header(path).metadata is None
+    cmh.stamp(path)
+    assert cmh.verify(path).ok
+    assert load_file(str(path))["s"] == np.float32(1.0)
+
+
+def test_file_with_no_tensors(tmp_path: Path) -> None:
+    path = tmp_path / "none.safetensors"
+    save_file({}, str(path))
+    cmh.stamp(path)
+    assert cmh.verify(path).ok
+
+
+# -- signatures --------------------------------------------------------------------
+
+
+@pytest.fixture
+def keypair(tmp_path: Path) -> tuple[Path, Path, str]:
+    private_pem, public_pem, kid = generate_keypair()
+    priv, pub = tmp_path / "k.key", tmp_path / "k.pub"
+    priv.write_bytes(private_pem)
+    pub.write_bytes(public_pem)
+    return priv, pub, kid
+
+
+def test_signed_stamp_verifies_with_the_trusted_key(
+    make_file: MakeFile, keypair: tuple[Path, Path, str]
+) -> None:
+    priv, pub, kid = keypair
+    path = make_file()
+    result = cmh.stamp(path, sign_key=load_private_key(priv))
+    assert result.signer_key_id == kid
+    verdict = cmh.verify(path, trusted_keys=TrustedKeys.load([pub]), require_signature=True)
+    assert verdict.ok, verdict.message
+    assert verdict.signer_key_id == kid and verdict.signature_checked
+
+
+def test_untrusted_key_fails(
+    make_file: MakeFile, keypair: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    priv, _, _ = keypair
+    path = make_file()
+    cmh.stamp(path, sign_key=load_private_key(priv))
+    _, other_pub, _ = generate_keypair()
+    (tmp_path / "other.pub").write_bytes(other_pub)
+    verdict = cmh.verify(path, trusted_keys=TrustedKeys.load([tmp_path / "other.pub"]))
+    assert verdict.outcome is Outcome.SIGNATURE_UNTRUSTED
+
+
+def test_restamp_without_resigning_fails(
+    make_file: MakeFile, keypair: tuple[Path, Path, str]
+) -> None:
+    priv, pub, _ = keypair
+    path = make_file()
+    cmh.stamp(path, sign_key=load_private_key(priv))
+    cmh.stamp(path, ttl="1d")
+    verdict = cmh.verify(path, trusted_keys=TrustedKeys.load([pub]))
+    assert verdict.outcome is Outcome.SIGNATURE_INVALID
+
+
+def test_record_changed_after_signing_fails(
+    make_file: MakeFile, keypair: tuple[Path, Path, str]
+) -> None:
+    priv, pub, _ = keypair
+    path = make_file()
+    cmh.stamp(path, sign_key=load_private_key(priv))
+    record = bytearray(bytes.fromhex(cmh.read_header(path).metadata[KEY_RECORD]))  # type: ignore[index]
+    record[5:9] = struct.pack("<I", 4_000_000_000)  # extend the expiry
+    from cmh.record import Record
+
+    forged = Record.from_bytes(
+        bytes(record[:60])
+        + struct.pack("<I", __import__("xxhash").xxh32_intdigest(bytes(record[:60])))
+    )
+    _set_metadata(path, KEY_RECORD, forged.to_hex())
+    verdict = cmh.verify(path, trusted_keys=TrustedKeys.load([pub]))
+    assert verdict.outcome is Outcome.SIGNATURE_INVALID
+
+
+def test_sign_in_place_then_require(make_file: MakeFile, keypair: tuple[Path, Path, str]) -> None:
+    priv, pub, kid = keypair
+    path = make_file()
+    cmh.stamp(path, ttl="1d", now=1_000)
+    assert cmh.verify(path, require_signature=True, at=1_001).outcome is Outcome.SIGNATURE_MISSING
+    size = path.stat().st_size
+    cmh.sign(path, load_private_key(priv))
+    assert path.stat().st_size == size
+    verdict = cmh.verify(
+        path, trusted_keys=TrustedKeys.load([pub.parent]), require_signature=True, at=1_001
+    )
+    assert verdict.ok and verdict.signer_key_id == kid
+
+
+def test_signing_an_unstamped_file_is_refused(
+    make_file: MakeFile, keypair: tuple[Path, Path, str]
+) -> None:
+    priv, _, _ = keypair
+    with pytest.raises(cmh.NotStampedError):
+        cmh.sign(make_file(), load_private_key(priv))
+
+
+def test_encrypted_key_needs_a_passphrase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    private_pem, _, kid = generate_keypair(b"s3cret")
+    path = tmp_path / "enc.key"
+    path.write_bytes(private_pem)
+    monkeypatch.delenv("CMH_KEY_PASSPHRASE", raising=False)
+    with pytest.raises(cmh.KeyError_, match="encrypted"):
+        load_private_key(path)
+    with pytest.raises(cmh.KeyError_, match="wrong passphrase"):
+        load_private_key(path, b"nope")
+    monkeypatch.setenv("CMH_KEY_PASSPHRASE", "s3cret")
+    from cmh.signing import key_id
+
+    assert key_id(load_private_key(path).public_key()) == kid
+
+
+def test_dead_temporaries_are_cleaned(make_file: MakeFile) -> None:
+    path = make_file()
+    stale = path.parent / f".{path.name}.cmh-stamp.999999999.tmp"
+    stale.write_bytes(b"junk")
+    cmh.stamp(path)
+    assert not stale.exists()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
