@@ -320,6 +320,10 @@ def download_whole(
         try:
             if existing < remote.size:
                 received += _fetch_into(client, url, part, existing, check, progress)
+                if part.stat().st_size < remote.size:
+                    raise HubUnreachableError(
+                        f"body ended after {part.stat().st_size} of {remote.size} bytes"
+                    )
             check.finish()
         except HubUnreachableError as exc:
             last_error = exc

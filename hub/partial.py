@@ -88,7 +88,7 @@ def assembly_path(repo: RepoLayout, etag: str) -> Path:
 
 def fetch_header(client: HubClient, url: str, size: int) -> tuple[Header, bytes]:
     """The new file's header, from one or two Range requests; also the bytes read."""
-    first = client.fetch_range(url, 0, min(size, PREFETCH))
+    first = fetch_bytes(client, url, 0, min(size, PREFETCH))
     if len(first) < PREFIX_SIZE:
         raise PatchNotPossible("file too short for a safetensors header")
     (n,) = struct.unpack("<Q", first[:PREFIX_SIZE])
@@ -96,12 +96,25 @@ def fetch_header(client: HubClient, url: str, size: int) -> tuple[Header, bytes]
         raise PatchNotPossible("not a safetensors file")
     data = first
     if len(data) < PREFIX_SIZE + n:
-        data += client.fetch_range(url, len(data), PREFIX_SIZE + n)
+        data += fetch_bytes(client, url, len(data), PREFIX_SIZE + n)
     try:
         header = parse_header(data[PREFIX_SIZE : PREFIX_SIZE + n], size)
     except CMHError as exc:
         raise PatchNotPossible(f"new header invalid: {exc}") from exc
     return header, data
+
+
+def fetch_bytes(client: HubClient, url: str, begin: int, end: int) -> bytes:
+    """Bytes ``[begin, end)`` in memory, resuming after dropped connections."""
+    buf = bytearray()
+    last: Exception | None = None
+    for _ in range(RANGE_ATTEMPTS):
+        try:
+            client.stream(url, begin + len(buf), buf.extend, end=end)
+            return bytes(buf)
+        except HubUnreachableError as exc:
+            last = exc
+    raise HubUnreachableError(f"range {begin}-{end} failed after {RANGE_ATTEMPTS} attempts: {last}")
 
 
 def old_digests(old_blob: Path) -> tuple[Header, list[bytes]]:

@@ -238,7 +238,7 @@ class HubClient:
                     raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
                 expected = None if end is None else end - start
                 got = 0
-                for chunk in response.iter_raw(CHUNK):
+                for chunk in response.iter_raw():
                     if expected is not None and got + len(chunk) > expected:
                         raise HubProtocolError(f"{url}: more bytes than the range asked for")
                     got += len(chunk)

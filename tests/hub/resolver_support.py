@@ -1,0 +1,184 @@
+"""Helpers for the resolver tests: stamped checkpoints and a fault-injecting proxy.
+
+``write_checkpoint_repo(folder, version, ...)`` writes a small model repo whose
+``model.safetensors`` is stamped; ``version`` changes a chosen set of tensors
+only, so a new revision differs by a known number of tensor bytes.
+
+``FaultProxy(upstream)`` is a loopback aiohttp proxy in front of a mirror that
+forwards every request and, on ``GET .../resolve/...`` answers, can drop the
+connection after N bytes, truncate the body (a shorter, well-framed answer),
+or replace bytes (same length). It counts what it forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import ClientSession, web
+from safetensors.numpy import save_file
+
+import cmh
+
+
+def tensors_for(version: int, count: int = 8, elems: int = 96_000, changed: tuple[int, ...] = (3,)):
+    """``count`` float32 tensors of ``elems`` each; tensors in ``changed`` depend on ``version``."""
+    out: dict[str, np.ndarray] = {}
+    for i in range(count):
+        seed = 1000 * version + i if i in changed else i
+        rng = np.random.default_rng(seed)
+        out[f"layer.{i}.weight"] = rng.standard_normal(elems).astype(np.float32)
+    return out
+
+
+def write_checkpoint_repo(
+    folder: Path,
+    version: int,
+    *,
+    count: int = 8,
+    elems: int = 96_000,
+    changed: tuple[int, ...] = (3,),
+    ttl: str | None = "30d",
+    stamp: bool = True,
+) -> Path:
+    """A model folder: config.json, README.md and a (stamped) model.safetensors."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "toy", "count": count}) + "\n")
+    (folder / "README.md").write_text(f"# toy v{version}\n")
+    path = folder / "model.safetensors"
+    save_file(tensors_for(version, count, elems, changed), str(path), {"format": "np"})
+    if stamp:
+        cmh.stamp(path, ttl=ttl, now=1_700_000_000 if ttl is None else None)
+    return folder
+
+
+@dataclass
+class Fault:
+    """What to do to matching answers: ``kind`` is drop, truncate or corrupt."""
+
+    kind: str
+    times: int = 1  # how many answers to damage
+    at: int | None = None  # byte offset in the body (random if None)
+    path_contains: str = "model.safetensors"
+    seed: int = 0
+    applied: int = 0
+
+
+@dataclass
+class ProxyStats:
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, range
+    body_bytes: int = 0
+
+    def count(self, contains: str = "", method: str | None = None) -> int:
+        return sum(
+            1 for m, p, _ in self.requests if contains in p and (method is None or m == method)
+        )
+
+
+class FaultProxy:
+    """A loopback HTTP proxy in its own thread (``url``; ``stop()``)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.faults: list[Fault] = []
+        self.stats = ProxyStats()
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise RuntimeError("proxy did not start")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        sockets = site._server.sockets  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+        self._session = ClientSession(auto_decompress=False)
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for f in self.faults:
+                wanted = method == "GET" and "/resolve/" in path and f.path_contains in path
+                if wanted and f.applied < f.times:
+                    f.applied += 1
+                    return f
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path_qs
+        with self._lock:
+            self.stats.requests.append((request.method, request.path, request.headers.get("Range")))
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "content-length", "transfer-encoding", "connection")
+        }
+        body = await request.read()
+        async with self._session.request(
+            request.method, self.upstream + path, headers=headers, data=body or None,
+            allow_redirects=False,
+        ) as up:  # fmt: skip
+            payload = await up.read()
+            out_headers = {
+                k: v
+                for k, v in up.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection")
+            }
+            fault = self._take_fault(request.method, request.path) if up.status < 300 else None
+            with self._lock:
+                self.stats.body_bytes += len(payload)
+            if fault is None or not payload:
+                return web.Response(status=up.status, headers=out_headers, body=payload)
+            rng = random.Random(fault.seed + fault.applied)
+            at = fault.at if fault.at is not None else rng.randrange(1, len(payload))
+            at = max(0, min(at, len(payload) - 1))
+            if fault.kind == "corrupt":
+                damaged = bytearray(payload)
+                for i in range(at, min(len(payload), at + 64)):
+                    damaged[i] ^= 0xFF
+                return web.Response(status=up.status, headers=out_headers, body=bytes(damaged))
+            if fault.kind == "truncate":
+                out_headers.pop("Content-Range", None)
+                return web.Response(status=up.status, headers=out_headers, body=payload[:at])
+            # drop: announce the full length, send part of it, then cut the connection
+            response = web.StreamResponse(status=up.status, headers=out_headers)
+            response.content_length = len(payload)
+            await response.prepare(request)
+            await response.write(payload[:at])
+            transport = request.transport
+            if transport is not None:
+                transport.close()  # flush what was written, then end the connection early
+            return response
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            await self._session.close()
+            await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(15)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(15)
+        self._loop.close()
+
+
+def blob_files(cache: Path) -> dict[str, Any]:
+    """Every blob under a cache: name -> size."""
+    return {p.name: p.stat().st_size for p in cache.rglob("blobs/*") if p.is_file()}
