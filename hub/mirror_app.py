@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import os
 import re
-import tempfile
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -403,10 +401,10 @@ async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> 
 
 
 def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
-    """``cmh.semantic.fingerprint`` of a snapshot, computed once per commit.
+    """``cmh.semantic`` fingerprint of a commit, computed once per commit.
 
-    It runs on a private folder of links to the checked entries only, so a hostile
-    link in the store can never make it read outside the store.
+    It reads only the index's checked sources (blobs inside the store), through
+    ``fingerprint_files``, so a hostile link in a snapshot is never followed.
     """
     key = (f"{route.repo_type}:{route.repo_id}", index.commit)
     assert state.fingerprints is not None and state.fingerprint_lock is not None
@@ -414,21 +412,15 @@ def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dic
         cached = state.fingerprints.get(key)
         if cached is not None:
             return cached
+        from cmh.semantic import SemanticError, fingerprint_files
+
+        files = {path: entry.source for path, entry in index.files.items()}
         try:
-            from cmh import semantic
-        except ImportError:
-            raise HubError(501, "NotImplemented", "semantic fingerprints are unavailable") from None
-        with tempfile.TemporaryDirectory(prefix="cmh-fp-") as tmp:
-            for entry in index.files.values():
-                link = Path(tmp, *entry.path.split("/"))
-                link.parent.mkdir(parents=True, exist_ok=True)
-                os.symlink(entry.source, link)
-            try:
-                result = semantic.fingerprint(Path(tmp)).to_dict()
-            except Exception as exc:  # a snapshot that is not a loadable model
-                raise HubError(
-                    422, "NotAModel", f"cannot fingerprint this snapshot: {exc}"
-                ) from None
+            result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}").to_dict()
+        except SemanticError as exc:
+            raise HubError(422, "NotAModel", f"cannot fingerprint this snapshot: {exc}") from None
+        except OSError as exc:
+            raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
         body = {"repo": route.repo_id, "commit": index.commit, "fingerprint": result}
-        state.fingerprints[key] = json.loads(json.dumps(body))
+        state.fingerprints[key] = body
         return body

@@ -196,16 +196,16 @@ def add_folder(
         if parent is not None and resolve_revision(repo, parent) is None:
             parent = None  # a dangling ref: start a new history
         new_blobs = new_bytes = 0
+        repo.blobs.mkdir(parents=True, exist_ok=True)
+        for f in files:  # also repairs a missing or corrupt blob of an unchanged tree
+            if _store_blob(repo, f):
+                new_blobs += 1
+                new_bytes += f.size
         if parent is not None and _tree_of(repo, parent) == tree:
             commit, created = parent, False
         else:
             commit = commit_oid(tree, [parent] if parent else [])
             created = True
-            repo.blobs.mkdir(parents=True, exist_ok=True)
-            for f in files:
-                if _store_blob(repo, f):
-                    new_blobs += 1
-                    new_bytes += f.size
             for f in files:
                 repo.link_snapshot_file(commit, f.path, f.etag)
             _write_tree_cache(repo, commit, files)
