@@ -1,0 +1,121 @@
+"""``cmh pull``: resolve a repo into the local Hugging Face cache.
+
+Exit statuses: 0 resolved (including a stale snapshot served with a warning),
+1 refused by a check or the policy (content failed its ETag or manifest
+check, ``--strict`` and expired), 2 usage error (bad repo id or revision),
+3 the repo could not be obtained (not found, access refused, Hub unreachable
+with nothing cached, offline with nothing cached).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ._common import (
+    EXIT_CHECK_FAILED,
+    EXIT_UNREADABLE,
+    echo,
+    emit_json,
+    fail,
+    human_bytes,
+    json_option,
+    progress_bar,
+    usage_error,
+    warn,
+)
+
+
+@click.command("pull")
+@click.argument("repo_id")
+@click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
+@click.option(
+    "--repo-type",
+    type=click.Choice(["model", "dataset", "space"]),
+    default="model",
+    show_default=True,
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Cache folder (default: HF_HUB_CACHE, else HF_HOME/hub).",
+)
+@click.option("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT).")
+@click.option("--include", "patterns", multiple=True, help="Only files matching this pattern.")
+@click.option("--offline", is_flag=True, help="Never touch the network (also HF_HUB_OFFLINE=1).")
+@click.option("--strict", is_flag=True, help="Refuse expired or unverified content.")
+@click.option("--revalidate", is_flag=True, help="Ask the Hub even if the snapshot is fresh.")
+@json_option
+def pull(
+    repo_id: str,
+    revision: str,
+    repo_type: str,
+    cache_dir: str | None,
+    endpoint: str | None,
+    patterns: tuple[str, ...],
+    offline: bool,
+    strict: bool,
+    revalidate: bool,
+    as_json: bool,
+) -> None:
+    """Resolve REPO_ID into the local cache and print the snapshot folder."""
+    from cmh.hub.layout import LayoutError
+    from cmh.hub.resolution import (
+        IntegrityError,
+        Policy,
+        PolicyError,
+        ResolveError,
+    )
+    from cmh.hub.resolver import resolve
+
+    overrides: dict[str, Any] = {"strict": strict, "revalidate": revalidate}
+    if offline:
+        overrides["offline"] = True
+    policy = Policy.from_env(**overrides)
+    with contextlib.ExitStack() as stack:
+        advance: list[Callable[[int], None]] = []
+
+        def on_total(total: int) -> None:
+            if not as_json:
+                advance.append(stack.enter_context(progress_bar(total, f"pull {repo_id}")))
+
+        def progress(n: int) -> None:
+            if advance:
+                advance[0](n)
+
+        try:
+            res = resolve(
+                repo_id,
+                revision,
+                repo_type=repo_type,
+                cache_dir=cache_dir,
+                endpoint=endpoint,
+                allow_patterns=list(patterns) or None,
+                policy=policy,
+                progress=progress,
+                on_total=on_total,
+            )
+        except LayoutError as exc:
+            usage_error(str(exc))
+        except (IntegrityError, PolicyError) as exc:
+            fail(str(exc), EXIT_CHECK_FAILED)
+        except ResolveError as exc:
+            fail(str(exc), EXIT_UNREADABLE)
+    if as_json:
+        from ._documents import envelope
+
+        emit_json(envelope("pull", **res.to_json()))
+        return
+    for w in res.warnings:
+        warn(w)
+    echo(str(res.path))
+    click.echo(
+        f"{res.state.value}: commit {res.commit[:12]}, {res.requests} requests, "
+        f"{human_bytes(res.bytes_transferred)} transferred, "
+        f"{human_bytes(res.bytes_reused)} reused",
+        err=True,
+    )
