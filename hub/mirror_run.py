@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-SHUTDOWN_TIMEOUT = 5.0
+SHUTDOWN_TIMEOUT = 2.0
 
 
 class ServeError(Exception):
