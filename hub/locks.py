@@ -34,33 +34,69 @@ def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> 
     """Hold an ``flock`` on ``path`` (created if needed).
 
     ``timeout=None`` waits forever, ``0`` tries once; :class:`LockBusy` otherwise.
+    A holder may delete the lock file (:func:`unlink_held`): a process that was
+    waiting on the old file then locks the new one instead, so mutual exclusion
+    survives lock-file cleanup.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        if timeout is None:
-            fcntl.flock(fd, mode)
-        else:
-            deadline = time.monotonic() + timeout
-            delay = 0.005
-            while True:
-                try:
-                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                    if time.monotonic() >= deadline:
-                        raise LockBusy(f"lock {path} is held by another process") from None
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.1)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the lock folder was cleaned up in between: make it again
+            continue
+        try:
+            _acquire(fd, mode, deadline, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _still_linked(fd, path):
+            break
+        # A pruner removed (or replaced) the lock file while we waited: lock the new one.
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _acquire(fd: int, mode: int, deadline: float | None, path: Path) -> None:
+    if deadline is None:
+        fcntl.flock(fd, mode)
+        return
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if time.monotonic() >= deadline:
+                raise LockBusy(f"lock {path} is held by another process") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    """True when ``fd`` is still the file at ``path`` (not unlinked or replaced since opened)."""
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return held.st_nlink > 0 and (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
+
+
+def unlink_held(path: Path) -> None:
+    """Remove a lock file while holding it; waiters notice and lock a fresh file."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def blob_lock(
