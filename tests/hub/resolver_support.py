@@ -87,6 +87,7 @@ class FaultProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.faults: list[Fault] = []
+        self.delay = 0.0  # seconds slept per 64 KiB of file body (slows downloads down)
         self.stats = ProxyStats()
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -145,6 +146,15 @@ class FaultProxy:
             fault = self._take_fault(request.method, request.path) if up.status < 300 else None
             with self._lock:
                 self.stats.body_bytes += len(payload)
+            if fault is None and self.delay and "/resolve/" in request.path and payload:
+                response = web.StreamResponse(status=up.status, headers=out_headers)
+                response.content_length = len(payload)
+                await response.prepare(request)
+                for i in range(0, len(payload), 1 << 16):
+                    await response.write(payload[i : i + (1 << 16)])
+                    await asyncio.sleep(self.delay)
+                await response.write_eof()
+                return response
             if fault is None or not payload:
                 return web.Response(status=up.status, headers=out_headers, body=payload)
             rng = random.Random(fault.seed + fault.applied)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from pathlib import Path
 
+import cmh.hub as hub
 import numpy as np
 import pytest
-from resolver_support import FaultProxy, tensors_for, write_checkpoint_repo
-from safetensors.numpy import load_file
-
-import cmh.hub as hub
 from cmh.hub.layout import RepoLayout
 from cmh.hub.store import add_folder
+from resolver_support import FaultProxy, tensors_for, write_checkpoint_repo
+from safetensors.numpy import load_file
 
 REPO = "org/toy"
 
@@ -54,14 +52,12 @@ def test_missing_then_local_only_makes_zero_requests(toy):
     first = resolve(toy)
     assert first.state is hub.State.MISSING
     assert {f.path: f.action for f in first.files} == {
-        ".gitattributes": hub.Action.DOWNLOADED,
         "README.md": hub.Action.DOWNLOADED,
         "config.json": hub.Action.DOWNLOADED,
         "model.safetensors": hub.Action.DOWNLOADED,
-    } or all(f.action is hub.Action.DOWNLOADED for f in first.files)
+    }
     before = requests_at(toy.server)
     assert first.requests == before  # the resolver counts what the server saw
-    assert first.layout_ok if hasattr(first, "layout_ok") else True
     second = resolve(toy)
     assert second.state is hub.State.LOCAL_ONLY
     assert second.requests == 0 and second.bytes_transferred == 0
@@ -108,9 +104,7 @@ def test_etag_mismatch_fetches_only_changed_tensor_ranges(toy):
     header_room = 128 << 10
     assert weights.bytes_transferred <= 1.05 * changed_bytes + header_room
     assert weights.bytes_reused >= weights.size - weights.bytes_transferred - header_room
-    assert by_path["config.json"].action is hub.Action.KEPT or by_path["config.json"].action in (
-        hub.Action.LINKED,
-    )
+    assert by_path["config.json"].action is hub.Action.LINKED  # same blob, new commit
     # The assembled blob is the published file, byte for byte.
     published = toy.tmp / "v2" / "model.safetensors"
     assert sha256(res.path / "model.safetensors") == sha256(published)
@@ -340,7 +334,7 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = "import sys, cmh.hub; print(sorted(m for m in ('torch','transformers','httpx2') if m in sys.modules))"
+    heavy = "('torch', 'transformers', 'httpx2')"
+    code = f"import sys, cmh.hub; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-    assert os.environ.get("HF_HUB_OFFLINE") in (None, "", "0") or True
