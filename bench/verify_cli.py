@@ -1,0 +1,192 @@
+"""``cmh verify`` against sigstore ``model_signing``'s own ``verify key``, end to end, in one run.
+
+Writes (or reuses) the ~2 GiB synthetic benchmark file (``bench/_synthetic.py``,
+~200 tensors of mixed sizes), then makes two copies of it in
+``bench-work/verify-cli/``:
+
+- one stamped and signed by ``cmh stamp --sign-key`` (Ed25519);
+- one signed by ``model_signing sign key`` (its own CLI, an EC P-256 key).
+
+``model-signing`` and ``pyopenssl`` (which its CLI imports) are installed into a
+separate environment, ``bench-work/.venv-model-signing``, never into the
+project's. With the page cache warm, each command's wall time is measured as
+a subprocess, start to exit, alternating the two, ``--repeat`` times; the
+median of each and their ratio are printed (target: cmh at least 2x faster).
+
+Usage: ``.venv/bin/python bench/verify_cli.py [--size-gib 2] [--tensors 200] [--repeat 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _synthetic import GIB, make_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench-work"
+OUT = WORK / "verify-cli"
+MS_VENV = WORK / ".venv-model-signing"
+MS_PACKAGES = ["model-signing", "pyopenssl"]
+CMH = Path(sys.executable).parent / "cmh"
+TARGET = 2.0
+
+
+def model_signing_cli() -> Path:
+    """The ``model_signing`` script of the bench environment, created on first use."""
+    script = MS_VENV / "bin" / "model_signing"
+    if not script.exists():
+        print(f"creating {MS_VENV.relative_to(ROOT)} with {' '.join(MS_PACKAGES)} ...", flush=True)
+        venv.create(MS_VENV, with_pip=True, clear=True)
+        subprocess.run(
+            [str(MS_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", *MS_PACKAGES],
+            check=True,
+        )
+    return script
+
+
+def run(cmd: list[str | Path]) -> float:
+    """Wall seconds of ``cmd`` as a subprocess; it must succeed."""
+    start = time.perf_counter()
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return elapsed
+
+
+def copy(source: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
+
+
+def warm(*paths: Path) -> None:
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+
+
+def write_ec_keypair(private: Path, public: Path) -> None:
+    """An EC P-256 key pair in PEM, the kind ``model_signing sign key`` takes."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--size-gib", type=float, default=2.0)
+    parser.add_argument("--tensors", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    ms = model_signing_cli()
+    OUT.mkdir(parents=True, exist_ok=True)
+    source = make_checkpoint(WORK / "bench-2g.safetensors", int(args.size_gib * GIB), args.tensors)
+    size = source.stat().st_size
+
+    cmh_file = OUT / "cmh" / "model.safetensors"
+    ms_file = OUT / "model_signing" / "model.safetensors"
+    ms_sig = OUT / "model_signing.sig"
+    for stale in (cmh_file, ms_file, ms_sig):
+        stale.unlink(missing_ok=True)
+    copy(source, cmh_file)
+    copy(source, ms_file)
+
+    cmh_key = OUT / "cmh-release"
+    subprocess.run(
+        [str(CMH), "keygen", "--out", str(cmh_key), "--force"], check=True, capture_output=True
+    )
+    ec_private, ec_public = OUT / "ec-p256.key", OUT / "ec-p256.pub"
+    write_ec_keypair(ec_private, ec_public)
+
+    warm(cmh_file, ms_file)
+    stamp_s = run([CMH, "stamp", cmh_file, "--ttl", "30d", "--sign-key", f"{cmh_key}.key"])
+    sign_s = run([ms, "sign", "key", "--private_key", ec_private, "--signature", ms_sig, ms_file])
+
+    cmh_verify: list[str | Path] = [
+        CMH,
+        "verify",
+        cmh_file,
+        "--key",
+        f"{cmh_key}.pub",
+        "--require-signature",
+    ]
+    ms_verify: list[str | Path] = [
+        ms,
+        "verify",
+        "key",
+        "--public_key",
+        ec_public,
+        "--signature",
+        ms_sig,
+        ms_file,
+    ]
+    cmh_fast = [*cmh_verify, "--fast"]
+
+    warm(cmh_file, ms_file)
+    for cmd in (cmh_verify, ms_verify, cmh_fast):  # one untimed run each
+        run(cmd)
+    times: dict[str, list[float]] = {"cmh": [], "ms": [], "fast": []}
+    for _ in range(args.repeat):
+        times["cmh"].append(run(cmh_verify))
+        times["ms"].append(run(ms_verify))
+        times["fast"].append(run(cmh_fast))
+
+    # Both verifiers really check the bytes: each refuses the other's file.
+    refused = subprocess.run(
+        [str(c) for c in ms_verify[:-1]] + [str(cmh_file)], capture_output=True
+    ).returncode
+    assert refused != 0, "model_signing accepted a file it did not sign"
+
+    cmh_s, ms_s, fast_s = (statistics.median(times[k]) for k in ("cmh", "ms", "fast"))
+    ratio = ms_s / cmh_s
+    cores = os.cpu_count()
+    print(f"file: {size / GIB:.2f} GiB, {args.tensors} tensors, page cache warm, {cores} cores")
+    print(f"setup: cmh stamp --sign-key {stamp_s:.2f} s; model_signing sign key {sign_s:.2f} s")
+    print(f"median of {args.repeat} wall times, process start to exit:")
+    print(
+        f"  cmh verify --key --require-signature (SHA-256): {cmh_s:6.3f} s "
+        f"({size / GIB / cmh_s:.2f} GiB/s)   all: {', '.join(f'{t:.3f}' for t in times['cmh'])}"
+    )
+    print(
+        f"  model_signing verify key (SHA-256):             {ms_s:6.3f} s "
+        f"({size / GIB / ms_s:.2f} GiB/s)   all: {', '.join(f'{t:.3f}' for t in times['ms'])}"
+    )
+    print(
+        f"  cmh verify --fast (XXH3, corruption only):      {fast_s:6.3f} s "
+        f"({size / GIB / fast_s:.2f} GiB/s)"
+    )
+    verdict = "meets" if ratio >= TARGET else "falls short of"
+    print(f"ratio model_signing / cmh: {ratio:.2f}x ({verdict} the {TARGET:.0f}x target)")
+    print(f"ratio model_signing / cmh --fast: {ms_s / fast_s:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
