@@ -7,12 +7,12 @@ import struct
 import tempfile
 from pathlib import Path
 
+from format_support import synthetic_tensors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 import cmh
-from tests.conftest import synthetic_tensors
 
 
 def _seed_files() -> list[bytes]:

@@ -11,11 +11,11 @@ import pytest
 import safetensors.numpy
 import safetensors.torch
 import torch
+from format_support import synthetic_tensors
 from safetensors import safe_open
 
 import cmh
 import cmh.torch
-from tests.conftest import synthetic_tensors
 
 MakeFile = Callable[..., Path]
 

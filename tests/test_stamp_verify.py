@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from format_support import synthetic_tensors
 from safetensors.numpy import load_file, save_file
 
 import cmh
 from cmh import Outcome
 from cmh.carrier import KEY_RECORD, KEY_SHA256
 from cmh.signing import TrustedKeys, generate_keypair, load_private_key
-from tests.conftest import synthetic_tensors
 
 MakeFile = Callable[..., Path]
 

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import spec_reader
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 import cmh
 from cmh.signing import TrustedKeys
-from tests import spec_reader
 
 VECTORS = Path(__file__).parent / "fixtures" / "vectors"
 CASES = sorted(p for p in VECTORS.glob("*.json") if p.name != "sharded.json")
