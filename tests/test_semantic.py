@@ -491,3 +491,63 @@ def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
     (model / "model.safetensors").write_bytes(b"\x00" * 4)
     with pytest.raises(cmh.InvalidFileError):
         fingerprint(model)
+
+
+def test_spec_test_vectors(tmp_path: Path) -> None:
+    """The vectors of spec/semantic.md, computed from the spec's formulas and by the library."""
+    from cmh.header import TensorEntry
+    from cmh.semantic.canonical import config_hash, tokenizer_hash
+    from cmh.semantic.model import key_id
+    from cmh.semantic.tensors import graph_hash
+
+    spec = (ROOT / "spec" / "semantic.md").read_text()
+
+    def lp(data: bytes) -> bytes:
+        return struct.pack("<I", len(data)) + data
+
+    graph = hashlib.sha256(
+        b"CMH-SEM-GRAPH-v1\n"
+        + struct.pack("<Q", 2)
+        + lp(b"a")
+        + lp(b"F32")
+        + struct.pack("<IQ", 1, 2)
+        + lp(b"b")
+        + lp(b"F16")
+        + struct.pack("<I", 0)
+    ).hexdigest()
+    entries = [TensorEntry("b", "F16", (), 0, 2), TensorEntry("a", "F32", (2,), 2, 10)]
+    assert graph_hash(entries) == graph and graph in spec
+
+    reduced = b'{"hidden_size":8,"model_type":"toy","rope_theta":10000}'
+    config = hashlib.sha256(b"CMH-SEM-CONFIG-v1\n" + reduced).hexdigest()
+    source = {
+        "model_type": "toy",
+        "hidden_size": 8,
+        "rope_theta": 10000.0,
+        "_name_or_path": "x",
+        "use_cache": True,
+    }
+    assert config_hash(source) == config and config in spec
+
+    (tmp_path / "vocab.txt").write_bytes(b"[PAD]\n")
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"name_or_path": "x", "model_max_length": 512, "do_lower_case": true}'
+    )
+    canonical_tc = b'{"do_lower_case":true,"model_max_length":512}'
+    tokenizer = hashlib.sha256(
+        b"CMH-SEM-TOKENIZER-v1\n"
+        + struct.pack("<I", 2)
+        + lp(b"tokenizer_config.json")
+        + struct.pack("<Q", len(canonical_tc))
+        + canonical_tc
+        + lp(b"vocab.txt")
+        + struct.pack("<Q", 6)
+        + b"[PAD]\n"
+    ).hexdigest()
+    files = [(n, str(tmp_path / n)) for n in ("vocab.txt", "tokenizer_config.json")]
+    assert tokenizer_hash(files) == tokenizer and tokenizer in spec
+
+    kv = hashlib.sha256(
+        b"CMH-SEM-KEY-v1\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"")
+    ).hexdigest()
+    assert key_id("kv", "a" * 64, "", "", "") == kv and kv in spec
