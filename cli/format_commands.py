@@ -21,8 +21,10 @@ from ._common import (
     EXIT_UNREADABLE,
     TIME,
     TTL,
-    CommandError,
+    describe_os_error,
     emit_json,
+    exit_code_for,
+    fail,
     handle_errors,
     human_bytes,
     iso_utc,
@@ -443,30 +445,58 @@ def _print_inspection(doc: dict[str, Any], dtypes: dict[str, int], now: float) -
 @handle_errors
 def fingerprint(path: str, semantic: bool, threads: int | None, as_json: bool) -> None:
     """Print the v1 root of a file, or the identity of a checkpoint directory."""
-    if semantic:
-        _semantic_fingerprint(path, as_json)
-        return
+    from cmh.errors import CMHError
+
+    kind = "semantic" if semantic else ("directory" if os.path.isdir(path) else "file")
+    try:
+        fields = _semantic_fields(path) if semantic else _fingerprint_fields(path, threads)
+    except (CMHError, OSError) as exc:
+        code = EXIT_UNREADABLE if semantic and _not_a_model(exc) else exit_code_for(exc)
+        message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        if as_json:
+            emit_json(
+                envelope(
+                    "fingerprint", path=path, kind=kind, error=message, ok=False, exit_status=code
+                )
+            )
+        fail(message, code)
+    if as_json:
+        emit_json(
+            envelope(
+                "fingerprint",
+                path=path,
+                kind=kind,
+                **fields,
+                error=None,
+                ok=True,
+                exit_status=EXIT_OK,
+            )
+        )
+    elif semantic:
+        _print_semantic(path, fields["semantic"])
+    else:
+        click.echo(f"{fields['fingerprint']}  {path}")
+
+
+def _not_a_model(exc: BaseException) -> bool:
+    """The semantic reader's "not a model or adapter directory" (an unreadable input)."""
+    from cmh.semantic.errors import NotAModelError
+
+    return isinstance(exc, NotAModelError)
+
+
+def _fingerprint_fields(path: str, threads: int | None) -> dict[str, Any]:
     import cmh
 
     total = _bytes_under(path)
     with progress_bar(total, f"fingerprint {os.path.basename(path.rstrip('/'))}") as advance:
         fp = cmh.fingerprint(path, threads=threads, progress=advance)
-    if as_json:
-        emit_json(
-            envelope(
-                "fingerprint",
-                path=fp.path,
-                kind=fp.kind,
-                fingerprint=fp.hex,
-                tensor_count=fp.tensor_count,
-                tensor_bytes=fp.tensor_bytes,
-                files=list(fp.files),
-                ok=True,
-                exit_status=EXIT_OK,
-            )
-        )
-    else:
-        click.echo(f"{fp.hex}  {fp.path}")
+    return {
+        "fingerprint": fp.hex,
+        "tensor_count": fp.tensor_count,
+        "tensor_bytes": fp.tensor_bytes,
+        "files": list(fp.files),
+    }
 
 
 def _bytes_under(path: str) -> int:
@@ -476,27 +506,14 @@ def _bytes_under(path: str) -> int:
     return sum(data_size(f) for f in target.files)
 
 
-def _semantic_fingerprint(path: str, as_json: bool) -> None:
+def _semantic_fields(path: str) -> dict[str, Any]:
     import importlib
 
     semantic = importlib.import_module("cmh.semantic")  # loaded only when asked for
-    try:
-        result = semantic.fingerprint(path)
-    except semantic.NotAModelError as exc:
-        raise CommandError(str(exc), EXIT_UNREADABLE) from None
-    fields: dict[str, Any] = dict(result.to_dict())
-    if as_json:
-        emit_json(
-            envelope(
-                "fingerprint",
-                path=path,
-                kind="semantic",
-                semantic=fields,
-                ok=True,
-                exit_status=EXIT_OK,
-            )
-        )
-        return
+    return {"semantic": dict(semantic.fingerprint(path).to_dict())}
+
+
+def _print_semantic(path: str, fields: dict[str, Any]) -> None:
     click.echo(f"{path} (semantic fingerprint, {fields.get('format', 'unknown format')})")
     for name, value in fields.items():
         if value is None or name == "format":

@@ -401,6 +401,7 @@ def test_fingerprint_file_and_directory(run, model: Path, tmp_path: Path) -> Non
     doc = run(["fingerprint", model, "--json"]).json()
     check_envelope(doc, "fingerprint", 0)
     assert doc["fingerprint"] == expected == cmh.inspect(model).record.fingerprint.hex()
+    assert doc["error"] is None
     assert doc["kind"] == "file" and doc["tensor_count"] == 6
 
     state = tensors(6, count=8)
@@ -417,6 +418,9 @@ def test_fingerprint_errors(run, garbage: Path, tmp_path: Path) -> None:
     assert r.exit_code == 3 and r.stderr.startswith("error: ") and r.stdout == ""
     r = run(["fingerprint", tmp_path / "missing.safetensors", "--json"])
     assert r.exit_code == 3 and "No such file" in r.stderr
+    doc = r.json()
+    check_envelope(doc, "fingerprint", 3)
+    assert doc["kind"] == "file" and "No such file" in doc["error"]
     assert run(["fingerprint"]).exit_code == 2
 
 
@@ -533,6 +537,8 @@ def test_fingerprint_semantic(run, minilm_dir: Path, garbage: Path) -> None:
     assert f"  weights: {expected.to_dict()['weights']}" in text
     r = run(["fingerprint", garbage, "--semantic"])
     assert r.exit_code == 3 and r.stderr.startswith("error: ")
+    r = run(["fingerprint", garbage.parent / "nothing-here", "--semantic", "--json"])
+    assert r.exit_code == 3 and r.json()["kind"] == "semantic" and r.json()["error"]
 
 
 @pytest.mark.slow
