@@ -13,12 +13,12 @@ Two twins per size:
 - unstamped: the same tensors, not stamped (the fingerprint must hash them).
 
 Measured, in this run: ``cmh.semantic.fingerprint`` on both twins (best of
-``--repeat``), the bytes that process read through read() (``rchar`` of
+``--repeat``, sizes interleaved), the bytes that process read through read() (``rchar`` of
 /proc/self/io), and the bytes it mapped with ``mmap`` (the only way the
 format library reads tensor bytes). Printed: fingerprint time in ms, its
 ratio to the unstamped twin's (the baseline: hashing the same tensors), and
 the ratio of each size's time to the smallest size's (flat = ~1 while tensor
-bytes grow 10x). Usage: ``python bench/semantic.py [--sizes 1,2,4,10] [--repeat 5] [--keep]``.
+bytes grow 10x). Usage: ``python bench/semantic.py [--sizes 1,2,4,10] [--repeat 7] [--keep]``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import cmh
 from cmh.carrier import carrier_values
 from cmh.record import Record
-from cmh.semantic import fingerprint
+from cmh.semantic import ModelFingerprint, fingerprint
 
 GIB = 1 << 30
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "semantic"
@@ -179,13 +179,25 @@ def best_of(repeat: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
-def measured(directory: Path) -> tuple[cmh.semantic.ModelFingerprint, int, int]:
-    """One fingerprint, with the bytes read via read() and mapped via mmap meanwhile."""
+def measured(directory: Path) -> tuple[ModelFingerprint, float, int, int]:
+    """One fingerprint: its time, bytes read via read() and bytes mapped via mmap meanwhile."""
     with Counter() as counter:
         before = rchar()
+        start = time.perf_counter()
         fp = fingerprint(directory)
+        elapsed = time.perf_counter() - start
         read = rchar() - before
-    return fp, read, counter.mapped
+    return fp, elapsed, read, counter.mapped
+
+
+def drop_cache(directory: Path) -> None:
+    """Let the kernel drop the pages hashing left cached (best effort)."""
+    for path in directory.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def human(n: float) -> str:
@@ -199,61 +211,71 @@ def human(n: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,2,4,10", help="GiB-class sizes, comma-separated")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep bench-work/semantic/")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
-
     print(f"cores: {os.cpu_count()}, {SHARDS} shards, 291 BF16 tensors, sparse tensor bytes")
-    print(
-        f"{'size':>8} | {'setup: write':>12} {'stamp (hash once)':>17} | "
-        f"{'fingerprint stamped':>19} {'read()':>10} {'mmap':>6} | "
-        f"{'unstamped (hashes)':>18} {'mmap':>9} | {'speedup':>8} {'vs first':>8}"
-    )
-    first_ms: float | None = None
-    rows = []
+
+    # 1. setup: write both twins, stamp one (hashes every byte once).
+    dirs: dict[float, tuple[Path, Path, int]] = {}
     for size in sizes:
-        total = int(size * GIB)
         stamped_dir, plain_dir = WORK / f"{size:g}g-stamped", WORK / f"{size:g}g-unstamped"
         start = time.perf_counter()
-        tensor_bytes = write_checkpoint(stamped_dir, total, reserve=True)
-        write_checkpoint(plain_dir, total, reserve=False)
+        tensor_bytes = write_checkpoint(stamped_dir, int(size * GIB), reserve=True)
+        write_checkpoint(plain_dir, int(size * GIB), reserve=False)
         write_s = time.perf_counter() - start
         start = time.perf_counter()
         for shard in sorted(stamped_dir.glob("*.safetensors")):
-            result = cmh.stamp(shard)
-            assert result.in_place, "shards were laid out for an in-place stamp"
+            assert cmh.stamp(shard).in_place, "shards were laid out for an in-place stamp"
         stamp_s = time.perf_counter() - start
-
-        fp, read, mapped = measured(stamped_dir)
-        assert fp.hashed_files == (), fp.hashed_files
-        fp_s = best_of(args.repeat, lambda d=stamped_dir: fingerprint(d))  # type: ignore[misc]
-        base_fp, _, base_mapped = measured(plain_dir)
-        assert base_fp.weights == fp.weights and base_fp.graph == fp.graph
-        assert len(base_fp.hashed_files) == SHARDS
-        base_s = best_of(1, lambda d=plain_dir: fingerprint(d))  # type: ignore[misc]
-
-        fp_ms = fp_s * 1000
-        first_ms = first_ms if first_ms is not None else fp_ms
-        rows.append((size, tensor_bytes, fp_ms, read, mapped))
+        drop_cache(stamped_dir)
+        dirs[size] = (stamped_dir, plain_dir, tensor_bytes)
         print(
-            f"{human(tensor_bytes):>8} | {write_s:11.2f}s {stamp_s:16.2f}s | "
-            f"{fp_ms:16.2f} ms {human(read):>10} {human(mapped):>6} | "
-            f"{base_s:17.2f}s {human(base_mapped):>9} | "
-            f"{base_s / fp_s:7.0f}x {fp_ms / first_ms:7.2f}x"
+            f"setup {human(tensor_bytes):>9}: write {write_s:5.2f} s, "
+            f"stamp {stamp_s:6.2f} s ({tensor_bytes / stamp_s / 1e9:.2f} GB/s hashed once)"
         )
-    if len(rows) > 1:
-        (_, b0, t0, _, _), (_, b1, t1, _, _) = rows[0], rows[-1]
-        print(
-            f"tensor bytes grew {b1 / b0:.1f}x ({human(b0)} -> {human(b1)}); stamped fingerprint "
-            f"time changed {t1 / t0:.2f}x ({t0:.2f} ms -> {t1:.2f} ms)"
-        )
-    most_read = max(r[3] for r in rows)
-    most_mapped = max(r[4] for r in rows)
-    smallest = min(r[1] for r in rows)
+
+    # 2. stamped fingerprints, sizes interleaved so machine load hits all alike.
+    best = dict.fromkeys(sizes, float("inf"))
+    reads: dict[float, tuple[int, int]] = {}
+    reference: dict[float, ModelFingerprint] = {}
+    for _ in range(args.repeat):
+        for size in sizes:
+            fp, elapsed, read, mapped = measured(dirs[size][0])
+            assert fp.hashed_files == (), fp.hashed_files
+            best[size] = min(best[size], elapsed)
+            reads[size] = (
+                max(read, reads.get(size, (0, 0))[0]),
+                max(mapped, reads.get(size, (0, 0))[1]),
+            )
+            reference[size] = fp
+
+    # 3. baseline: the unstamped twin, which must be hashed.
     print(
-        f"stamped: at most {human(most_read)} read() and {human(most_mapped)} mapped per "
-        f"fingerprint, against {human(smallest)} of tensor bytes in the smallest checkpoint"
+        f"{'tensor bytes':>12} | {'stamped':>10} {'read()':>10} {'mmap':>6} | "
+        f"{'unstamped':>10} {'mmap':>10} | {'speedup':>8} {'vs first':>8}"
+    )
+    first = best[sizes[0]]
+    for size in sizes:
+        stamped_dir, plain_dir, tensor_bytes = dirs[size]
+        base, base_s, _, base_mapped = measured(plain_dir)
+        drop_cache(plain_dir)
+        assert (base.weights, base.graph) == (reference[size].weights, reference[size].graph)
+        assert len(base.hashed_files) == SHARDS
+        read, mapped = reads[size]
+        print(
+            f"{human(tensor_bytes):>12} | {best[size] * 1000:7.2f} ms {human(read):>10} "
+            f"{human(mapped):>6} | {base_s:8.2f} s {human(base_mapped):>10} | "
+            f"{base_s / best[size]:7.0f}x {best[size] / first:7.2f}x"
+        )
+    b0, b1 = dirs[sizes[0]][2], dirs[sizes[-1]][2]
+    last = best[sizes[-1]]
+    print(
+        f"tensor bytes grew {b1 / b0:.1f}x; stamped fingerprint time changed "
+        f"{last / first:.2f}x ({first * 1000:.2f} ms -> {last * 1000:.2f} ms); "
+        f"at most {human(max(r for r, _ in reads.values()))} read() and "
+        f"{human(max(m for _, m in reads.values()))} mapped per stamped fingerprint"
     )
     if not args.keep:
         shutil.rmtree(WORK, ignore_errors=True)

@@ -109,7 +109,9 @@ def _model(
         raise NotAModelError(
             f"{index_name or 'input'} names a missing shard {missing[0]!r}", source
         )
-    summary = summarize({n: top[n] for n in weight_files}, weight_map, threads=threads)
+    summary = summarize(
+        {n: top[n] for n in weight_files}, weight_map, threads=threads, source=source
+    )
     config: dict[str, Any] | None = None
     if CONFIG_FILE in top:
         config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
@@ -143,7 +145,9 @@ def _adapter(
             source,
         )
     adapter_config = read_json_object(top[ADAPTER_CONFIG_FILE], ADAPTER_CONFIG_FILE)
-    summary = summarize({ADAPTER_WEIGHTS_FILE: top[ADAPTER_WEIGHTS_FILE]}, threads=threads)
+    summary = summarize(
+        {ADAPTER_WEIGHTS_FILE: top[ADAPTER_WEIGHTS_FILE]}, threads=threads, source=source
+    )
     tokenizer_files = _tokenizer_files(top)
     peft_type = _nonempty_str(adapter_config, "peft_type")
     return ModelFingerprint(

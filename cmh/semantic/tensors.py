@@ -52,6 +52,7 @@ def summarize(
     weight_map: Mapping[str, str] | None = None,
     *,
     threads: int | None = None,
+    source: str | None = None,
 ) -> TensorSummary:
     """Read the headers of ``files`` (name -> path) and derive ``weights`` and ``graph``.
 
@@ -61,7 +62,7 @@ def summarize(
     checkpoint = Checkpoint("", tuple(headers), None, dict(weight_map) if weight_map else None)
     problems = index_problems(checkpoint, headers)
     if problems:
-        raise InvalidFileError("; ".join(problems[:5]))
+        raise InvalidFileError("; ".join(problems[:5]), source)
     entries: list[RootEntry] = []
     hashed: list[str] = []
     for name, header in headers.items():
