@@ -165,7 +165,14 @@ def _signature_problem(original: Any, params: tuple[str, ...]) -> str | None:
     return None
 
 
+#: Legacy arguments the stock functions accept and ignore (transformers still passes ``proxies``).
+IGNORED_KWARGS = frozenset(
+    {"proxies", "resume_download", "force_filename", "local_dir_use_symlinks"}
+)
+
+
 def _bind(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    kwargs = {k: v for k, v in kwargs.items() if k not in IGNORED_KWARGS}
     try:
         bound = inspect.signature(original).bind(*args, **kwargs)
     except TypeError:
