@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -551,3 +553,29 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         b"CMH-SEM-KEY-v1\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"")
     ).hexdigest()
     assert key_id("kv", "a" * 64, "", "", "") == kv and kv in spec
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    value=st.dictionaries(st.text(max_size=6), _json_values, max_size=6), indent=st.integers(0, 4)
+)
+def test_canonical_json_ignores_layout(value: dict[str, object], indent: int) -> None:
+    """Member order and whitespace never change the canonical bytes; values always do."""
+    reordered = json.loads(json.dumps(dict(reversed(list(value.items()))), indent=indent))
+    assert canonical_json(reordered) == canonical_json(value)
+    assert json.loads(canonical_json(value)) == json.loads(canonical_json(reordered))
+    changed = {**value, "\x00extra": 1}
+    assert canonical_json(changed) != canonical_json(value)
