@@ -80,15 +80,22 @@ def stamp(
         lifetime = max(0, previous.expires_at - previous.stamped_at)
     expires_at = 0 if lifetime is None else stamped_at + lifetime
     widths = _carrier_widths(len(header.tensors), xxh3)
-    if _fits_in_place(header, widths):
-        result = _stamp_in_place(
-            target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress
-        )
-    else:
-        result = _stamp_rewrite(
-            target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress
-        )
-    return result
+    job = _StampJob(target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress)
+    return _stamp_in_place(job) if _fits_in_place(header, widths) else _stamp_rewrite(job)
+
+
+@dataclass(frozen=True)
+class _StampJob:
+    """What one stamp writes, decided before any byte is written."""
+
+    target: str
+    header: Header
+    expires_at: int
+    stamped_at: int
+    sign_key: Ed25519PrivateKey | None
+    xxh3: bool
+    threads: int | None
+    progress: ProgressCallback | None
 
 
 def _previous_record(header: Header) -> Record | None:
@@ -113,14 +120,13 @@ def _fits_in_place(header: Header, widths: dict[str, int]) -> bool:
 
 
 def _new_values(
+    job: _StampJob,
     header: Header,
     digests: list[TensorDigest],
-    expires_at: int,
-    stamped_at: int,
-    sign_key: Ed25519PrivateKey | None,
-    xxh3: bool,
     old_signature: tuple[str, str] | None,
 ) -> tuple[dict[str, str], Record, str | None]:
+    """The ``cmh*`` values for ``header`` (the file as written) and its digests."""
+    expires_at, stamped_at, sign_key, xxh3 = job.expires_at, job.stamped_at, job.sign_key, job.xxh3
     sha256 = [d.sha256 for d in digests if d.sha256 is not None]
     root = file_root(root_entries(header.tensors, sha256), user_metadata(header.metadata))
     flags = FLAG_SHA256 | (FLAG_XXH3 if xxh3 else 0)
@@ -155,16 +161,8 @@ def _old_signature(header: Header) -> tuple[str, str] | None:
 # -- first stamp: write beside, then replace --------------------------------------------
 
 
-def _stamp_rewrite(
-    target: str,
-    header: Header,
-    expires_at: int,
-    stamped_at: int,
-    sign_key: Ed25519PrivateKey | None,
-    xxh3: bool,
-    threads: int | None,
-    progress: ProgressCallback | None,
-) -> StampResult:
+def _stamp_rewrite(job: _StampJob) -> StampResult:
+    target, header, xxh3 = job.target, job.header, job.xxh3
     directory = os.path.dirname(os.path.abspath(target))
     _remove_dead_temporaries(directory, os.path.basename(target))
     tmp = os.path.join(directory, f".{os.path.basename(target)}.cmh-stamp.{os.getpid()}.tmp")
@@ -201,16 +199,14 @@ def _stamp_rewrite(
             hash_started = time.perf_counter()
             try:
                 digests = hash_tensors(
-                    target, header, xxh3=xxh3, threads=threads, progress=progress
+                    target, header, xxh3=xxh3, threads=job.threads, progress=job.progress
                 )
             finally:
                 copy.join()
             if _changed(before, os.fstat(src.fileno())):
                 raise StampError(f"{target}: file changed while it was stamped; nothing written")
             hash_seconds = time.perf_counter() - hash_started
-            values, record, signer = _new_values(
-                new_header, digests, expires_at, stamped_at, sign_key, xxh3, None
-            )
+            values, record, signer = _new_values(job, new_header, digests, None)
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
             os.fsync(dst.fileno())
         os.replace(tmp, target)
@@ -290,29 +286,17 @@ def _process_alive(pid: int) -> bool:
 # -- later stamps: fixed-width values overwritten in place -----------------------------
 
 
-def _stamp_in_place(
-    target: str,
-    header: Header,
-    expires_at: int,
-    stamped_at: int,
-    sign_key: Ed25519PrivateKey | None,
-    xxh3: bool,
-    threads: int | None,
-    progress: ProgressCallback | None,
-) -> StampResult:
+def _stamp_in_place(job: _StampJob) -> StampResult:
+    target, header, xxh3 = job.target, job.header, job.xxh3
     hash_started = time.perf_counter()
-    digests = hash_tensors(target, header, xxh3=xxh3, threads=threads, progress=progress)
+    digests = hash_tensors(target, header, xxh3=xxh3, threads=job.threads, progress=job.progress)
     hash_seconds = time.perf_counter() - hash_started
-    values, record, signer = _new_values(
-        header, digests, expires_at, stamped_at, sign_key, xxh3, _old_signature(header)
-    )
+    values, record, signer = _new_values(job, header, digests, _old_signature(header))
     try:
         write_values_in_place(target, header, values)
     except StampError:
         # The values could not be located unambiguously: fall back to a full rewrite.
-        return _stamp_rewrite(
-            target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress
-        )
+        return _stamp_rewrite(job)
     write_seconds = time.perf_counter() - hash_started - hash_seconds
     return StampResult(target, record, tuple(digests), True, signer, hash_seconds, write_seconds)
 
