@@ -579,3 +579,12 @@ def test_canonical_json_ignores_layout(value: dict[str, object], indent: int) ->
     assert json.loads(canonical_json(value)) == json.loads(canonical_json(reordered))
     changed = {**value, "\x00extra": 1}
     assert canonical_json(changed) != canonical_json(value)
+
+
+def test_stamped_and_unstamped_copies_compare_equal(tmp_path: Path) -> None:
+    plain = write_model(tmp_path / "plain", tensors())
+    stamped = write_model(tmp_path / "stamped", tensors())
+    cmh.stamp(stamped / "model.safetensors")
+    a, b = fingerprint(plain), fingerprint(stamped)
+    assert (a.hashed_files, b.hashed_files) == (("model.safetensors",), ())
+    assert a == b and a.keys() == b.keys()

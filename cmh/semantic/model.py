@@ -46,7 +46,9 @@ class ModelFingerprint:
     are absent. An adapter has ``adapter_type`` (e.g. ``"LORA"``), the
     ``base_model`` name it was trained on, and ``base``: the base model's
     fingerprint when the caller supplied it (needed for ``kv``, ``graph`` and
-    ``quant_weight`` keys of an adapter).
+    ``quant_weight`` keys of an adapter). ``files`` (inputs read) and
+    ``hashed_files`` (weight files hashed, not stamped) say how it was read and
+    are left out of equality: a stamped and an unstamped copy compare equal.
     """
 
     arch: str | None
@@ -61,8 +63,8 @@ class ModelFingerprint:
     base: ModelFingerprint | None = None
     tensor_count: int = 0
     tensor_bytes: int = 0
-    files: tuple[str, ...] = ()
-    hashed_files: tuple[str, ...] = ()
+    files: tuple[str, ...] = field(default=(), compare=False)
+    hashed_files: tuple[str, ...] = field(default=(), compare=False)
     scope: str = field(init=False)
 
     def __post_init__(self) -> None:
