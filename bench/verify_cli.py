@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -54,13 +55,24 @@ def model_signing_cli() -> Path:
     return script
 
 
-def run(cmd: list[str | Path]) -> float:
-    """Wall seconds of ``cmd`` as a subprocess; it must succeed."""
+CPU: dict[str, list[float]] = {}
+
+
+def run(cmd: list[str | Path], label: str | None = None) -> float:
+    """Wall seconds of ``cmd`` as a subprocess; it must succeed.
+
+    With ``label``, the child's CPU seconds (user + system) are kept in ``CPU``.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[0]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    if label is not None:
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        CPU.setdefault(label, []).append(cpu)
     return elapsed
 
 
@@ -154,9 +166,9 @@ def main() -> int:
         run(cmd)
     times: dict[str, list[float]] = {"cmh": [], "ms": [], "fast": []}
     for _ in range(args.repeat):
-        times["cmh"].append(run(cmh_verify))
-        times["ms"].append(run(ms_verify))
-        times["fast"].append(run(cmh_fast))
+        times["cmh"].append(run(cmh_verify, "cmh"))
+        times["ms"].append(run(ms_verify, "ms"))
+        times["fast"].append(run(cmh_fast, "fast"))
 
     # Both verifiers really check the bytes: each refuses the other's file.
     refused = subprocess.run(
@@ -181,6 +193,11 @@ def main() -> int:
     print(
         f"  cmh verify --fast (XXH3, corruption only):      {fast_s:6.3f} s "
         f"({size / GIB / fast_s:.2f} GiB/s)"
+    )
+    print(
+        "  CPU seconds (median): "
+        + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in CPU.items())
+        + f"; load average at the end: {os.getloadavg()[0]:.1f}"
     )
     verdict = "meets" if ratio >= TARGET else "falls short of"
     print(f"ratio model_signing / cmh: {ratio:.2f}x ({verdict} the {TARGET:.0f}x target)")
