@@ -1,0 +1,200 @@
+"""``cmh prune``: remove stale revisions and leftovers from a cache or a mirror store."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ._common import (
+    DURATION,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    SIZE,
+    TIME,
+    echo,
+    emit_json,
+    fail,
+    handle_errors,
+    json_option,
+    usage_error,
+    warn,
+)
+
+
+def stdin_is_terminal() -> bool:
+    """True when stdin is an interactive terminal (someone can answer a question)."""
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A Hugging Face cache (e.g. ~/.cache/huggingface/hub).",
+)
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A mirror store (same layout).",
+)
+@click.option("--expired", is_flag=True, help="Revisions whose stamped files are past expires_at.")
+@click.option(
+    "--grace",
+    type=DURATION,
+    default=None,
+    help="With --expired: only once expired for this long (e.g. 7d).",
+)
+@click.option(
+    "--include-referenced",
+    is_flag=True,
+    help="With --expired: also revisions a ref points to.",
+)
+@click.option("--unreferenced", is_flag=True, help="Revisions no ref points to.")
+@click.option(
+    "--keep-latest",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Keep the N latest revisions of each repo; the older ones go.",
+)
+@click.option(
+    "--older-than",
+    type=DURATION,
+    default=None,
+    help="Revisions not used for this long (recorded use, else snapshot time).",
+)
+@click.option(
+    "--max-size",
+    type=SIZE,
+    default=None,
+    help="Evict least recently used revisions until the whole fits (e.g. 50GB).",
+)
+@click.option(
+    "--stale-incomplete",
+    type=DURATION,
+    default="1d",
+    show_default=True,
+    help="Age after which an interrupted download is removed.",
+)
+@click.option(
+    "--at",
+    "at",
+    type=TIME,
+    default=None,
+    help="With --dry-run: judge expiry and age as at this time (e.g. +30d).",
+)
+@click.option(
+    "--lock-timeout",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for a busy repo before skipping it.",
+)
+@click.option("--dry-run", is_flag=True, help="Show what would go; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before deleting.")
+@json_option
+@handle_errors
+def prune(
+    cache_dir: Path | None,
+    store: Path | None,
+    expired: bool,
+    grace: int | None,
+    include_referenced: bool,
+    unreferenced: bool,
+    keep_latest: int | None,
+    older_than: int | None,
+    max_size: int | None,
+    stale_incomplete: int,
+    at: float | None,
+    lock_timeout: float,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Prune stale revisions from a cache or store.
+
+    Policies combine: a revision goes when any of them names it, and the refs
+    that name it go with it. Always: orphan blobs, stale *.incomplete files,
+    dangling refs, and .no_exist/, trees/ and lock files of what is gone.
+    Anything touched in the last 10 minutes is left alone. Safe to run while
+    the mirror serves and resolvers run: busy repos and revisions in use are
+    skipped.
+    """
+    if (cache_dir is None) == (store is None):
+        usage_error(
+            "give exactly one of --cache-dir DIR (e.g. ~/.cache/huggingface/hub) or --store DIR"
+        )
+    if (grace is not None or include_referenced) and not expired:
+        usage_error("--grace and --include-referenced apply to --expired only")
+    if at is not None and not dry_run:
+        usage_error("--at judges the cache at another time: use it with --dry-run only")
+    root = cache_dir if cache_dir is not None else store
+    assert root is not None
+    kind = "cache" if cache_dir is not None else "store"
+    if not root.is_dir():
+        fail(f"{root}: no such directory", 3)
+
+    from cmh.hub.cache_scan import scan_cache
+    from cmh.hub.prune import PrunePolicy, plan_prune
+
+    from .prune_report import plan_document, plan_lines
+
+    policy = PrunePolicy(
+        expired=expired,
+        grace=float(grace or 0),
+        include_referenced=include_referenced,
+        unreferenced=unreferenced,
+        keep_latest=keep_latest,
+        older_than=None if older_than is None else float(older_than),
+        max_size=max_size,
+        stale_incomplete=float(stale_incomplete),
+    )
+    scan = scan_cache(root, read_expiry=expired, read_commit_times=keep_latest is not None)
+    plan = plan_prune(scan, policy, at if at is not None else time.time())
+
+    if dry_run or plan.empty:
+        if as_json:
+            emit_json(plan_document(plan, kind, dry_run))
+        else:
+            for line in plan_lines(plan, kind, dry_run=True):
+                echo(line)
+        return
+
+    if not yes:
+        if not stdin_is_terminal():
+            usage_error(
+                "refusing to delete without --yes: stdin is not a terminal "
+                "(use --dry-run to see what would go)"
+            )
+        for line in plan_lines(plan, kind, dry_run=False):
+            click.echo(line, err=as_json)
+        if not click.confirm("Delete these?", default=False, err=True):
+            fail("nothing deleted", EXIT_CHECK_FAILED)
+
+    _execute(plan, kind, lock_timeout, as_json)
+
+
+def _execute(plan: object, kind: str, lock_timeout: float, as_json: bool) -> None:
+    from cmh.hub.prune import PrunePlan
+    from cmh.hub.prune_exec import execute_plan
+
+    from .prune_report import report_document, report_lines
+
+    assert isinstance(plan, PrunePlan)
+    report = execute_plan(plan, lock_timeout=lock_timeout)
+    status = EXIT_CHECK_FAILED if report.all_errors else EXIT_OK
+    if as_json:
+        emit_json(report_document(report, kind, status))
+    else:
+        for line in report_lines(report, kind):
+            echo(line)
+    for skipped in report.skipped:
+        warn(f"{skipped.repo_id}: {skipped.skipped}")
+    if status != EXIT_OK:
+        raise click.exceptions.Exit(status)

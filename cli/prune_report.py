@@ -1,0 +1,195 @@
+"""Text and ``--json`` renderings of a prune plan and of what a prune did."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._common import human_bytes, iso_utc
+from ._documents import envelope
+
+if TYPE_CHECKING:
+    from cmh.hub.prune import ItemRemoval, PrunePlan, PrunePolicy, RevisionRemoval
+    from cmh.hub.prune_exec import PruneReport, RepoOutcome
+
+
+def policy_document(policy: PrunePolicy) -> dict[str, Any]:
+    return {
+        "expired": policy.expired,
+        "grace_seconds": policy.grace,
+        "include_referenced": policy.include_referenced,
+        "unreferenced": policy.unreferenced,
+        "keep_latest": policy.keep_latest,
+        "older_than_seconds": policy.older_than,
+        "max_size_bytes": policy.max_size,
+        "stale_incomplete_seconds": policy.stale_incomplete,
+        "in_flight_grace_seconds": policy.in_flight_grace,
+    }
+
+
+def _revision_document(rev: RevisionRemoval) -> dict[str, Any]:
+    return {
+        "commit": rev.commit,
+        "refs": list(rev.refs),
+        "reasons": list(rev.reasons),
+        "size": rev.size,
+        "freed": rev.freed,
+        "last_activity": rev.last_activity,
+        "expires_at": rev.expires_at,
+    }
+
+
+def _item_document(item: ItemRemoval) -> dict[str, Any]:
+    return {"kind": item.kind, "path": item.path, "reason": item.reason, "size": item.size}
+
+
+def plan_document(plan: PrunePlan, kind: str, dry_run: bool = True) -> dict[str, Any]:
+    """The ``--json`` document of a dry run (or of a prune that found nothing to do)."""
+    return envelope(
+        "prune",
+        root=str(plan.root),
+        kind=kind,
+        dry_run=dry_run,
+        at=plan.now,
+        at_iso=iso_utc(plan.now),
+        policy=policy_document(plan.policy),
+        repos=[
+            {
+                "repo_id": r.repo_id,
+                "repo_type": r.repo_type,
+                "folder": r.folder,
+                "remove_repo": r.remove_repo,
+                "revisions": [_revision_document(x) for x in r.revisions],
+                "items": [_item_document(i) for i in r.items],
+                "kept": list(r.kept),
+                "freed": r.freed,
+            }
+            for r in plan.changes
+        ],
+        root_items=[_item_document(i) for i in plan.root_items],
+        strays=list(plan.strays),
+        notes=list(plan.notes),
+        revisions=plan.revision_count,
+        size_before=plan.size_before,
+        size_after=plan.size_after,
+        freed=plan.freed,
+        ok=True,
+    )
+
+
+def report_document(report: PruneReport, kind: str, exit_status: int) -> dict[str, Any]:
+    """The ``--json`` document of a prune that ran."""
+    plan = report.plan
+    return envelope(
+        "prune",
+        root=str(plan.root),
+        kind=kind,
+        dry_run=False,
+        at=plan.now,
+        at_iso=iso_utc(plan.now),
+        policy=policy_document(plan.policy),
+        repos=[
+            {
+                "repo_id": o.repo_id,
+                "repo_type": o.repo_type,
+                "folder": o.folder,
+                "remove_repo": o.removed_repo,
+                "revisions": [_revision_document(x) for x in o.revisions],
+                "items": [_item_document(i) for i in o.items],
+                "skipped": o.skipped,
+                "kept_in_use": list(o.kept_in_use),
+                "errors": list(o.errors),
+                "freed": o.freed,
+            }
+            for o in report.repos
+        ],
+        root_items=[_item_document(i) for i in report.root_items],
+        strays=list(plan.strays),
+        notes=list(plan.notes),
+        revisions=sum(len(o.revisions) for o in report.repos),
+        planned_freed=plan.freed,
+        freed=report.freed,
+        errors=report.all_errors,
+        ok=exit_status == 0,
+        exit_status=exit_status,
+    )
+
+
+# -- text ------------------------------------------------------------------------------
+
+
+def _revision_line(rev: RevisionRemoval) -> str:
+    refs = f" [{', '.join(rev.refs)}]" if rev.refs else ""
+    why = ", ".join(rev.reasons)
+    if rev.expires_at:
+        why += f" (expires_at {iso_utc(rev.expires_at)})"
+    return f"  revision {rev.commit[:12]}{refs}: {why}; frees {human_bytes(rev.freed)}"
+
+
+def _item_lines(items: Sequence[ItemRemoval]) -> list[str]:
+    counts: Counter[tuple[str, str]] = Counter()
+    sizes: Counter[tuple[str, str]] = Counter()
+    for i in items:
+        counts[(i.kind, i.reason)] += 1
+        sizes[(i.kind, i.reason)] += i.size
+    return [
+        f"  {n} {kind} ({reason})"
+        + (f", {human_bytes(sizes[(kind, reason)])}" if sizes[(kind, reason)] else "")
+        for (kind, reason), n in sorted(counts.items())
+    ]
+
+
+def plan_lines(plan: PrunePlan, kind: str, *, dry_run: bool) -> list[str]:
+    """What would go, per repo and revision, with reasons and bytes."""
+    verb = "Would remove" if dry_run else "To remove"
+    lines = [f"{verb} from {kind} {plan.root} (judged at {iso_utc(plan.now)}):"]
+    if plan.empty:
+        lines.append("  nothing: every revision is kept and nothing is left over.")
+    for r in plan.changes:
+        whole = ": the whole repo (nothing left in it)" if r.remove_repo else ""
+        lines.append(f"{r.repo_type} {r.repo_id}{whole}")
+        lines += [_revision_line(x) for x in r.revisions]
+        lines += _item_lines(r.items)
+    if plan.root_items:
+        lines.append("cache root")
+        lines += _item_lines(plan.root_items)
+    lines.append(
+        f"Total: {plan.revision_count} revision(s), {human_bytes(plan.freed)} freed "
+        f"({human_bytes(plan.size_before)} -> {human_bytes(plan.size_after)})."
+    )
+    lines += _tail(plan)
+    return lines
+
+
+def report_lines(report: PruneReport, kind: str) -> list[str]:
+    """What went, per repo and revision; what was kept because it was busy or in use."""
+    lines = [f"Removed from {kind} {report.plan.root}:"]
+    for o in report.repos:
+        lines += _outcome_lines(o)
+    if report.root_items:
+        lines.append("cache root")
+        lines += _item_lines(report.root_items)
+    count = sum(len(o.revisions) for o in report.repos)
+    lines.append(f"Total: {count} revision(s), {human_bytes(report.freed)} freed.")
+    lines += _tail(report.plan)
+    return lines
+
+
+def _outcome_lines(o: RepoOutcome) -> list[str]:
+    whole = ": the whole repo" if o.removed_repo else ""
+    lines = [f"{o.repo_type} {o.repo_id}{whole}"]
+    if o.skipped:
+        lines.append(f"  skipped, {o.skipped}")
+    lines += [_revision_line(x) for x in o.revisions]
+    lines += _item_lines(o.items)
+    lines += [f"  kept revision {c[:12]}: in use (a reader holds its lock)" for c in o.kept_in_use]
+    lines += [f"  error: {e}" for e in o.errors]
+    return lines
+
+
+def _tail(plan: PrunePlan) -> list[str]:
+    lines = [f"Note: {n}" for n in plan.notes]
+    if plan.strays:
+        lines.append(f"Left alone (not cache entries): {', '.join(plan.strays)}")
+    return lines
