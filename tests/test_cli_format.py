@@ -257,6 +257,21 @@ def test_verify_signatures(run, model: Path, keys) -> None:
     entry = r.json()["files"][0]
     assert entry["outcome"] == "signature_untrusted" and alice_id in entry["problems"][0]["message"]
 
+    # The record changed after signing (a later expiry written in place, valid check):
+    # the signature no longer matches it.
+    from cmh.record import Record
+    from cmh.stamp import write_values_in_place
+
+    header = cmh.read_header(model)
+    old = cmh.inspect(model).record
+    extended = Record(old.expires_at + 365 * DAY, old.fingerprint, old.flags, old.stamped_at)
+    write_values_in_place(str(model), header, {"cmh": extended.to_hex()})
+    r = run(["verify", model, "--key", alice_pub, "--json"])
+    assert r.exit_code == 1
+    assert r.json()["files"][0]["outcome"] == "signature_invalid"
+    assert run(["sign", model, "--key", alice_key]).exit_code == 0
+    assert run(["verify", model, "--key", alice_pub]).exit_code == 0
+
     # Re-stamped without re-signing: the old signature no longer matches the record.
     r = run(["stamp", model, "--ttl", "60d"])
     assert r.exit_code == 0 and "old signature no longer matches" in r.stderr
