@@ -1,0 +1,199 @@
+"""Mirror throughput against nginx serving the same blob folder statically, in one run.
+
+Writes (or reuses) one large random file in bench-work/mirror/, imports it into
+a store with ``cmh mirror add``, then serves it twice on 127.0.0.1:
+
+- ``cmh serve --workers N`` at ``/{repo}/resolve/main/big.bin``;
+- nginx (Debian package; installed with apt-get if missing) with a generated
+  config in a temp folder, ``N`` worker processes, ``sendfile on``, serving the
+  store folder, at ``/models--bench--big/blobs/{sha256}``.
+
+Both keep an access log (a file). The clients are ``curl`` processes writing
+to /dev/null: one GET of the whole file, then 16 parallel GETs of the whole
+file; best of ``--repeat`` runs, alternating between the two servers so
+that other load on the machine hits both alike. Prints throughputs and the
+cmh/nginx ratio
+(target >= 0.7x). Usage: ``python bench/mirror.py [--size-mib 1024]
+[--workers 2] [--parallel 16] [--repeat 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORK = Path(__file__).resolve().parent.parent / "bench-work" / "mirror"
+REPO = "bench/big"
+TARGET = 0.7
+
+
+def ensure_nginx() -> str:
+    found = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
+    )
+    if found:
+        return found
+    print("nginx not found: installing the Debian package (apt-get install nginx-light)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for pkg in ("nginx-light", "nginx"):
+        if subprocess.run(["apt-get", "install", "-y", "-q", pkg], env=env).returncode == 0:
+            break
+    found = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(found):
+        sys.exit("nginx could not be installed; the comparison needs it")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-I", url], capture_output=True)
+        if r.returncode == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def make_source(size_mib: int) -> Path:
+    src = WORK / f"src-{size_mib}"
+    big = src / "big.bin"
+    if not big.exists() or big.stat().st_size != size_mib << 20:
+        src.mkdir(parents=True, exist_ok=True)
+        with open(big, "wb") as f:
+            for _ in range(size_mib):
+                f.write(os.urandom(1 << 20))
+    return src
+
+
+def timed_gets(url: str, parallel: int, size: int) -> float:
+    """Bytes/s of ``parallel`` concurrent whole-file GETs (each checked complete)."""
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", url],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(parallel)
+    ]
+    outs = [p.communicate()[0].split() for p in procs]
+    elapsed = time.perf_counter() - start
+    if any(o[0] != "200" or int(o[1]) != size for o in outs):
+        raise RuntimeError(f"GET {url}: incomplete answers {outs}")
+    return parallel * size / elapsed
+
+
+def compare(urls: dict[str, str], parallel: int, repeat: int, size: int) -> dict[str, float]:
+    """Best throughput of each server; runs alternate so machine load hits both alike."""
+    best = dict.fromkeys(urls, 0.0)
+    for _ in range(repeat):
+        for name, url in urls.items():
+            best[name] = max(best[name], timed_gets(url, parallel, size))
+    return best
+
+
+def start_cmh(store: Path, workers: int, log: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cmh.cli.main", "serve", "--store", str(store), "--port", "0",
+         "--workers", str(workers), "--access-log", str(log)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    match = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline())
+    if not match:
+        proc.terminate()
+        sys.exit("cmh serve did not start")
+    return proc, match.group(0)
+
+
+def start_nginx(
+    nginx: str, root: Path, workers: int, tmp: Path
+) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf = tmp / "nginx.conf"
+    conf.write_text(
+        f"{user}daemon off;\nworker_processes {workers};\npid {tmp}/nginx.pid;\n"
+        f"error_log {tmp}/error.log;\nevents {{ worker_connections 1024; }}\n"
+        f"http {{\n  access_log {tmp}/access.log;\n  sendfile on;\n  tcp_nopush on;\n"
+        f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
+        f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
+        f"  scgi_temp_path {tmp}/scgi;\n  default_type application/octet-stream;\n"
+        f"  server {{\n    listen 127.0.0.1:{port};\n    root {root};\n"
+        f"    location / {{ }}\n  }}\n}}\n"
+    )
+    proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)], text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--parallel", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    if shutil.which("curl") is None:
+        sys.exit("curl is needed as the HTTP client")
+    nginx = ensure_nginx()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from cmh.hub.layout import RepoLayout
+    from cmh.hub.store import add_folder
+    from cmh.hub.store_index import build_index
+
+    src = make_source(args.size_mib)
+    store = WORK / "store"
+    result = add_folder(store, src, REPO)
+    entry = build_index(RepoLayout(store, REPO), result.commit).files["big.bin"]
+    size = entry.size
+    with open(entry.source, "rb") as f:  # warm the page cache
+        while f.read(64 << 20):
+            pass
+    tmp = Path(tempfile.mkdtemp(prefix="cmh-bench-mirror-"))
+    os.chmod(tmp, 0o755)
+    cmh_proc, cmh_url = start_cmh(store, args.workers, tmp / "cmh-access.log")
+    ngx_proc, ngx_base = start_nginx(nginx, store, args.workers, tmp)
+    try:
+        cmh_file = f"{cmh_url}/{REPO}/resolve/main/big.bin"
+        ngx_file = f"{ngx_base}/{RepoLayout(store, REPO).folder_name}/blobs/{entry.etag}"
+        wait_ready(cmh_file)
+        wait_ready(ngx_file)
+        print(f"file: {size / (1 << 20):.0f} MiB, {args.workers} workers each, curl clients")
+        rows = []
+        for label, parallel in (("1 GET", 1), (f"{args.parallel} parallel GETs", args.parallel)):
+            best = compare({"cmh": cmh_file, "nginx": ngx_file}, parallel, args.repeat, size)
+            rows.append((label, best["cmh"], best["nginx"]))
+        for label, ours, ngx in rows:
+            ratio = ours / ngx
+            verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+            print(
+                f"{label:<18} cmh serve {ours / 1e9:6.2f} GB/s   nginx {ngx / 1e9:6.2f} GB/s   "
+                f"ratio {ratio:4.2f}x (target >= {TARGET}x: {verdict})"
+            )
+    finally:
+        for proc in (cmh_proc, ngx_proc):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
