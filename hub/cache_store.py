@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import queue
 import struct
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,8 @@ from .remote import HubClient, RemoteFile
 from .resolution import HubUnreachableError, IntegrityError
 
 READ_CHUNK = 8 << 20
+#: Files from this size are hashed for their ETag in a worker thread.
+THREADED_DIGEST_BYTES = 16 << 20
 Progress = Callable[[int], None]
 
 
@@ -73,7 +77,14 @@ class ContentCheck:
         self.reset()
 
     def reset(self) -> None:
-        self._digest = new_digest(self.etag, self.size)
+        old = getattr(self, "_digest", None)
+        if isinstance(old, _DigestThread):
+            old.abandon()
+        self._digest: _DigestThread | hashlib._Hash = (
+            _DigestThread(new_digest(self.etag, self.size))
+            if self.size >= THREADED_DIGEST_BYTES
+            else new_digest(self.etag, self.size)
+        )
         self._seen = 0
         self._head = bytearray()
         self.header: Header | None = None
@@ -87,7 +98,7 @@ class ContentCheck:
     def update(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         start = self._seen
-        self._digest.update(view)
+        self._digest.update(bytes(view) if isinstance(self._digest, _DigestThread) else view)
         self._seen += len(view)
         if not self.safetensors or self._header_failed:
             return
@@ -187,6 +198,38 @@ class ContentCheck:
             raise IntegrityError("not every tensor was checked against the CMH manifest")
         if self.strict and self.safetensors and self.warnings:
             raise IntegrityError("; ".join(self.warnings))
+
+
+class _DigestThread:
+    """A hash updated in a worker thread, so it runs beside the tensor hashes (2 cores)."""
+
+    def __init__(self, digest: hashlib._Hash) -> None:
+        self._digest = digest
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._result: str | None = None
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            self._digest.update(item)
+
+    def update(self, data: bytes) -> None:
+        self._queue.put(data)
+
+    def hexdigest(self) -> str:
+        if self._result is None:
+            self._queue.put(None)
+            self._thread.join()
+            self._result = self._digest.hexdigest()
+        return self._result
+
+    def abandon(self) -> None:
+        if self._result is None and self._thread.is_alive():
+            self._queue.put(None)
 
 
 def feed_file(check: ContentCheck, path: Path, limit: int | None = None) -> int:

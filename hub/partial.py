@@ -10,7 +10,9 @@ the cache, only the tensors whose SHA-256 changed are fetched:
 3. every new tensor whose digest exists in the old file is copied from the
    old blob (kernel copy); the others are byte ranges to fetch, merged when
    adjacent and across small gaps (total gap bytes under 3% of the changed
-   bytes plus 64 KiB), fetched in parallel and written in place;
+   bytes plus 64 KiB), fetched with multi-range requests (``multipart/byteranges``;
+   one range per request, in parallel, if the server does not do multi-range)
+   and written in place;
 4. the assembled file is hashed whole against the ETag (and the fetched
    tensors against the new manifest) before it is installed.
 
@@ -21,6 +23,7 @@ it was; the caller falls back to a whole download.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import struct
@@ -36,13 +39,17 @@ from cmh.header import PREFIX_SIZE, Header, parse_header, read_header
 
 from .cache_store import ContentCheck, Progress, feed_file, install_blob, partial_path
 from .layout import RepoLayout
-from .remote import HubClient, RemoteFile
+from .remote import HubClient, RangeNotSatisfied, RemoteFile
 from .resolution import HubProtocolError, HubUnreachableError, IntegrityError
 
 PREFETCH = 128 << 10
 GAP_FRACTION = 0.03
 GAP_FLOOR = 64 << 10
 RANGE_ATTEMPTS = 6
+#: Changed bytes from which ranges are split over two parallel requests.
+PARALLEL_BYTES = 256 << 20
+#: Ranges per multi-range request (the mirror accepts 64).
+MAX_RANGES_PER_REQUEST = 32
 
 
 class PatchNotPossible(Exception):
@@ -316,18 +323,7 @@ def patch_blob(
                 os.close(src_fd)
             log.add("copies")
         todo = [(b, e) for b, e in plan.ranges if f"range {b} {e}" not in log.done]
-        lock = threading.Lock()
-
-        def fetch(span: tuple[int, int]) -> int:
-            got = _fetch_range_into(client, url, fd, span, progress)
-            log.add(f"range {span[0]} {span[1]}")
-            return got
-
-        workers = max(1, min(max_workers, len(todo)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for n in pool.map(fetch, todo):
-                with lock:
-                    received += n
+        received += _fetch_ranges(client, url, fd, todo, log, max_workers, progress)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -349,6 +345,79 @@ def patch_blob(
         requests=client.requests - requests_before,
         warnings=tuple(check.warnings),
     )
+
+
+def _batches(ranges: list[tuple[int, int]], max_workers: int) -> list[list[tuple[int, int]]]:
+    """Split ranges into multi-range requests: one, or a few for large transfers."""
+    total = sum(e - b for b, e in ranges)
+    groups = 1 if total < PARALLEL_BYTES else max(1, min(max_workers, 2))
+    per = max(1, min(MAX_RANGES_PER_REQUEST, -(-len(ranges) // groups)))
+    return [ranges[i : i + per] for i in range(0, len(ranges), per)]
+
+
+def _fetch_ranges(
+    client: HubClient,
+    url: str,
+    fd: int,
+    ranges: list[tuple[int, int]],
+    log: _Log,
+    max_workers: int,
+    progress: Progress | None,
+) -> int:
+    """Fetch ``ranges`` into ``fd``: multi-range requests, else one request per range."""
+    if not ranges:
+        return 0
+    lock = threading.Lock()
+    got: dict[tuple[int, int], int] = dict.fromkeys(ranges, 0)
+    begins = sorted(ranges)
+    received = 0
+
+    def sink(offset: int, data: bytes) -> None:
+        nonlocal received
+        i = bisect.bisect_right(begins, (offset, float("inf"))) - 1
+        span = begins[i]
+        _pwrite_all(fd, data, offset)
+        with lock:
+            got[span] = offset + len(data) - span[0]
+            received += len(data)
+        if progress is not None:
+            progress(len(data))
+        if got[span] == span[1] - span[0]:
+            log.add(f"range {span[0]} {span[1]}")
+
+    def remaining(batch: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return [(b + got[(b, e)], e) for b, e in batch if got[(b, e)] < e - b]
+
+    def run_batch(batch: list[tuple[int, int]]) -> None:
+        last: Exception | None = None
+        for _ in range(RANGE_ATTEMPTS):
+            todo = remaining(batch)
+            if not todo:
+                return
+            try:
+                # Resumed parts start mid-range: map them back to their range.
+                client.stream_ranges(url, todo, sink)
+                return
+            except HubUnreachableError as exc:
+                last = exc
+        raise HubUnreachableError(f"ranges failed after {RANGE_ATTEMPTS} attempts: {last}")
+
+    batches = _batches(ranges, max_workers)
+    try:
+        with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+            list(pool.map(run_batch, batches))
+    except RangeNotSatisfied:
+        # The server does not do multi-range: one request per range, in parallel.
+        todo = [(b + got[(b, e)], e) for b, e in ranges if got[(b, e)] < e - b]
+
+        def one(span: tuple[int, int]) -> int:
+            return _fetch_range_into(client, url, fd, span, progress)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
+            received += sum(pool.map(one, todo))
+        for b, e in ranges:
+            log.add(f"range {b} {e}")
+    return received
 
 
 def _fetch_range_into(

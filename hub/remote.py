@@ -80,6 +80,30 @@ class RemoteRevision:
     files: dict[str, RemoteFile] | None
 
 
+_clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
+    """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup)."""
+    key = (token, timeout, os.getpid())
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            headers = {"User-Agent": f"cmh/{__version__}", "Accept-Encoding": "identity"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            client = httpx2.Client(
+                headers=headers,
+                follow_redirects=True,
+                trust_env=True,
+                timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
+                limits=httpx2.Limits(max_connections=32, max_keepalive_connections=8),
+            )
+            _clients[key] = client
+        return client
+
+
 class RangeNotSatisfied(HubProtocolError):
     """The server did not answer a Range request with the range asked for."""
 
@@ -95,15 +119,7 @@ class HubClient:
         timeout: float = 30.0,
     ) -> None:
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
-        headers = {"User-Agent": f"cmh/{__version__}", "Accept-Encoding": "identity"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx2.Client(
-            headers=headers,
-            follow_redirects=True,
-            trust_env=True,
-            timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
-        )
+        self._client = _shared_client(token, timeout)
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_received = 0
@@ -116,7 +132,7 @@ class HubClient:
             self.bytes_received += nbytes
 
     def close(self) -> None:
-        self._client.close()
+        """Nothing to release: connections are pooled per process (see ``_shared_client``)."""
 
     def __enter__(self) -> HubClient:
         return self
@@ -249,6 +265,137 @@ class HubClient:
                 return honoured
         except httpx2.TransportError as exc:
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+    def stream_ranges(
+        self,
+        url: str,
+        ranges: list[tuple[int, int]],
+        sink: Callable[[int, bytes], None],
+    ) -> None:
+        """Fetch several ``[begin, end)`` ranges in one request (``multipart/byteranges``).
+
+        ``sink(offset, data)`` receives the bytes with their absolute offset, in
+        the order the server sends them. :class:`RangeNotSatisfied` when the
+        server does not answer with exactly these ranges (e.g. a 200, or one
+        range only): nothing has been given to ``sink`` then, and the caller
+        fetches range by range. A single range is sent as a plain Range request.
+        """
+        if len(ranges) == 1:
+            b, e = ranges[0]
+            self.stream(url, b, _at(sink, b), end=e)
+            return
+        spec = ",".join(f"{b}-{e - 1}" for b, e in ranges)
+        self._count(requests=1)
+        try:
+            with self._client.stream("GET", url, headers={"Range": f"bytes={spec}"}) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise_for_status(response)
+                ctype = response.headers.get("Content-Type", "")
+                match = re.search(r"boundary=\"?([^\";]+)\"?", ctype)
+                if response.status_code != 206 or "multipart/byteranges" not in ctype or not match:
+                    raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
+                parser = _MultipartParser(match.group(1).encode(), set(ranges), sink)
+                for chunk in response.iter_raw():
+                    self._count(nbytes=len(chunk))
+                    parser.feed(chunk)
+                parser.close()
+        except httpx2.TransportError as exc:
+            raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], None]:
+    pos = start
+
+    def write(chunk: bytes) -> None:
+        nonlocal pos
+        sink(pos, chunk)
+        pos += len(chunk)
+
+    return write
+
+
+class _MultipartParser:
+    """Incremental parser of a ``multipart/byteranges`` body (RFC 9110, 14.6)."""
+
+    def __init__(
+        self, boundary: bytes, wanted: set[tuple[int, int]], sink: Callable[[int, bytes], None]
+    ) -> None:
+        self.delimiter = b"--" + boundary
+        self.wanted = wanted
+        self.sink = sink
+        self.buf = bytearray()
+        self.state = "boundary"
+        self.pos = 0
+        self.left = 0
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        if self.state == "data" and not self.buf:
+            data = self._data(memoryview(data))
+        self.buf += data
+        while self._step():
+            pass
+
+    def _data(self, view: memoryview) -> bytes:
+        n = min(self.left, len(view))
+        if n:
+            self.sink(self.pos, bytes(view[:n]))
+            self.pos += n
+            self.left -= n
+        if self.left == 0:
+            self.state = "after"
+        return bytes(view[n:])
+
+    def _step(self) -> bool:
+        if self.done:
+            if self.buf.strip():
+                raise HubProtocolError("bytes after the closing multipart boundary")
+            self.buf.clear()
+            return False
+        if self.state == "data":
+            rest = self._data(memoryview(bytes(self.buf)))
+            self.buf = bytearray(rest)
+            return self.state != "data"
+        if self.state in ("boundary", "after"):
+            at = self.buf.find(self.delimiter)
+            if at < 0:
+                if len(self.buf) > 4096:
+                    raise HubProtocolError("multipart boundary not found")
+                return False
+            if self.buf[:at].strip():
+                raise HubProtocolError("unexpected bytes between multipart parts")
+            tail = self.buf[at + len(self.delimiter) : at + len(self.delimiter) + 2]
+            if len(tail) < 2:
+                return False
+            if tail == b"--":
+                self.done = True
+                self.buf = self.buf[at + len(self.delimiter) + 2 :]
+                return True
+            self.buf = self.buf[at + len(self.delimiter) :]
+            self.state = "headers"
+            return True
+        # headers
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > 16384:
+                raise HubProtocolError("multipart part headers too long")
+            return False
+        head = bytes(self.buf[:end]).decode("latin-1")
+        self.buf = self.buf[end + 4 :]
+        match = re.search(r"(?im)^content-range:\s*bytes (\d+)-(\d+)/(\d+|\*)\s*$", head)
+        if not match:
+            raise HubProtocolError("multipart part without Content-Range")
+        begin, last = int(match.group(1)), int(match.group(2))
+        if (begin, last + 1) not in self.wanted:
+            raise HubProtocolError(f"server sent bytes {begin}-{last}, which were not asked for")
+        self.wanted.discard((begin, last + 1))
+        self.pos, self.left, self.state = begin, last + 1 - begin, "data"
+        return True
+
+    def close(self) -> None:
+        if not self.done or self.wanted:
+            raise HubUnreachableError("multipart answer ended before every range arrived")
 
 
 def _check_content_range(response: httpx2.Response, start: int, end: int | None) -> None:

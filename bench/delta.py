@@ -1,0 +1,203 @@
+"""Bytes, requests and wall time of ``cmh.hub.resolve`` against stock ``snapshot_download``.
+
+Both clients talk to the same ``cmh serve`` mirror on 127.0.0.1, each into its
+own empty cache, in one run. The repo holds a ~1 GiB stamped checkpoint plus
+two small files. Scenarios:
+
+- fresh: empty cache, fetch the repo;
+- revalidate: nothing changed upstream (cmh: default policy, then forced
+  revalidation);
+- update: a new revision changes about 5% of the tensor bytes (a few whole
+  tensors; cmh asked to revalidate, since the stamp says the old revision
+  is fresh for 30 days).
+
+Requests and bytes are counted at the server (its JSON access log). Target:
+cmh update bytes <= 1.05 x changed tensor bytes + headers, and fewer requests
+than stock in every scenario.
+
+    .venv/bin/python bench/delta.py [--size-mib 1024] [--changed 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _synthetic import make_checkpoint
+
+import cmh
+from cmh.header import read_header
+
+REPO = "bench/delta"
+WORK = Path(__file__).resolve().parent.parent / "bench-work" / "delta"
+
+
+class Server:
+    """``cmh serve`` on a free port of 127.0.0.1, with a JSON access log."""
+
+    def __init__(self, store: Path, log: Path) -> None:
+        self.log = log
+        log.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cmh.cli.main", "serve", "--store", str(store),
+             "--host", "127.0.0.1", "--port", "0", "--access-log", str(log)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        if not match:
+            self.stop()
+            raise SystemExit(f"cmh serve did not start: {line!r}")
+        self.url = match.group(0)
+
+    def entries(self) -> list[dict]:
+        time.sleep(0.2)  # let the log catch up
+        return [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(15)
+
+
+def make_versions(size: int, fraction: float) -> tuple[Path, Path, int, int]:
+    """v1 and v2 folders; v2 changes whole tensors worth ``fraction`` of the bytes."""
+    v1, v2 = WORK / "v1", WORK / "v2"
+    for d in (v1, v2):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text('{"model_type": "bench"}\n')
+    (v1 / "README.md").write_text("# bench v1\n")
+    (v2 / "README.md").write_text("# bench v2\n")
+    weights1 = v1 / "model.safetensors"
+    marker = WORK / f"v1-{size}.stamped"
+    if not marker.exists():
+        make_checkpoint(weights1, total_bytes=size, tensors=200, seed=7)
+        cmh.stamp(weights1, ttl="30d")
+        marker.touch()
+    header = read_header(weights1)
+    rng = random.Random(11)
+    order = list(header.tensors)
+    rng.shuffle(order)
+    chosen, total = [], 0
+    for t in order:
+        if total >= fraction * header.data_size:
+            break
+        if t.nbytes > 2 * fraction * header.data_size:
+            continue
+        chosen.append(t)
+        total += t.nbytes
+    weights2 = v2 / "model.safetensors"
+    shutil.copyfile(weights1, weights2)
+    with open(weights2, "r+b") as f:
+        for t in chosen:
+            f.seek(header.data_start + t.begin)
+            data = bytearray(f.read(t.nbytes))
+            for i in range(0, len(data), 4096):
+                data[i] ^= 0x5A
+            f.seek(header.data_start + t.begin)
+            f.write(data)
+    cmh.stamp(weights2, ttl="30d")
+    header2 = read_header(weights2)
+    return v1, v2, total, header2.data_start
+
+
+def counted(server: Server, run) -> tuple[float, int, int, object]:
+    before = len(server.entries())
+    t0 = time.perf_counter()
+    result = run()
+    wall = time.perf_counter() - t0
+    new = [e for e in server.entries()[before:] if e.get("route") not in ("health", "metrics")]
+    return wall, len(new), sum(int(e.get("bytes") or 0) for e in new), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--changed", type=float, default=0.05)
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    v1, v2, changed, header_bytes = make_versions(args.size_mib << 20, args.changed)
+    store, stock_cache, cmh_cache = WORK / "store", WORK / "cache-stock", WORK / "cache-cmh"
+    for d in (store, stock_cache, cmh_cache):
+        shutil.rmtree(d, ignore_errors=True)
+
+    import cmh.hub as hub
+    from cmh.hub.store import add_folder
+    from huggingface_hub import snapshot_download
+
+    add_folder(store, v1, REPO)
+    server = Server(store, WORK / "access.jsonl")
+    rows: list[tuple[str, str, float, int, int, str]] = []
+    try:
+
+        def stock() -> str:
+            return snapshot_download(REPO, cache_dir=stock_cache, endpoint=server.url)
+
+        def ours(**policy: object):
+            def run():
+                return hub.resolve(
+                    REPO, cache_dir=cmh_cache, endpoint=server.url, policy=hub.Policy(**policy)
+                )
+
+            return run
+
+        for name, stock_run, cmh_runs in (
+            ("fresh", stock, [("default", ours())]),
+            (
+                "revalidate",
+                stock,
+                [("default", ours()), ("revalidate=True", ours(revalidate=True))],
+            ),
+            ("update", stock, [("revalidate=True", ours(revalidate=True))]),
+        ):
+            if name == "update":
+                add_folder(store, v2, REPO)
+            wall, reqs, nbytes, _ = counted(server, stock_run)
+            rows.append((name, "stock snapshot_download", wall, reqs, nbytes, ""))
+            for label, run in cmh_runs:
+                wall, reqs, nbytes, res = counted(server, run)
+                rows.append((name, f"cmh resolve {label}", wall, reqs, nbytes, res.state.value))
+    finally:
+        server.stop()
+
+    print(f"checkpoint: {args.size_mib} MiB, changed tensor bytes in update: {changed:,} "
+          f"({changed / (args.size_mib << 20):.1%}), new header: {header_bytes:,} bytes")  # fmt: skip
+    print(
+        f"{'scenario':<11} {'client':<32} {'state':<14} {'requests':>8} {'bytes':>15} {'wall s':>8}"
+    )
+    for name, client, wall, reqs, nbytes, state in rows:
+        print(f"{name:<11} {client:<32} {state:<14} {reqs:>8} {nbytes:>15,} {wall:>8.2f}")
+    by = {(r[0], r[1]): r for r in rows}
+    print()
+    ok = True
+    for name in ("fresh", "revalidate", "update"):
+        stock_row = by[(name, "stock snapshot_download")]
+        mine = [r for r in rows if r[0] == name and r[1].startswith("cmh")]
+        for r in mine:
+            fewer = r[3] < stock_row[3]
+            print(f"{name:<11} {r[1]:<32} requests {r[3]} vs stock {stock_row[3]}: "
+                  f"{'fewer' if fewer else 'NOT fewer'}; bytes ratio {r[4] / max(stock_row[4], 1):.4f}; "
+                  f"time ratio {r[2] / max(stock_row[2], 1e-9):.2f}")  # fmt: skip
+        ok = ok and mine[0][3] < stock_row[3]
+    update = by[("update", "cmh resolve revalidate=True")]
+    limit = 1.05 * changed + header_bytes
+    print(f"update bytes {update[4]:,} vs target 1.05 x changed + header = {limit:,.0f}: "
+          f"{update[4] / limit:.3f} of the target ({'met' if update[4] <= limit else 'MISSED'})")  # fmt: skip
+    print(f"fewer requests than stock in every scenario (default policy): {'yes' if ok else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
