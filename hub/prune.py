@@ -530,7 +530,8 @@ class _RepoPlanner:
                 return False
         if self.repo.refs_is_file and not self.old(self.repo.mtime):
             return False
-        return self.old(self.repo.mtime)
+        # A folder with nothing in it at all goes only once it has been there a while.
+        return bool(self.removed or self.items) or self.old(self.repo.mtime)
 
 
 def _repo_size(repo: RepoScan) -> int:

@@ -114,9 +114,11 @@ class CacheBuilder:
     def file(self, rel: str, data: bytes = b"", *, mtime: float = NOW - DAY) -> Path:
         """Any file under the root (a partial download, a stray, a lock...)."""
         path = self.root / rel
+        created = [d for d in path.relative_to(self.root).parents if not (self.root / d).exists()]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        os.utime(path, (mtime, mtime))
+        for d in [path, *(self.root / d for d in created)]:  # as old as what they hold
+            os.utime(d, (mtime, mtime))
         return path
 
 
