@@ -1,0 +1,158 @@
+"""``cmh prune`` on the command line: options, --dry-run, asking, --yes, --json."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from cli_support import CMH, run_runner, run_subprocess
+from prune_support import (
+    DAY,
+    NOW,
+    CacheBuilder,
+    stock_revisions,
+    stock_warnings,
+    tree_state,
+    weights,
+)
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    commits = {
+        "expired": b.revision(
+            "org/a",
+            {"model.safetensors": weights(1, ttl=60, stamped_at=NOW - DAY)},
+            ref=None,
+            fetched=NOW - 2 * DAY,
+        ),
+        "main": b.revision("org/a", {"model.safetensors": weights(2, ttl=30 * DAY)}),
+    }
+    b.file("models--org--a/blobs/" + "a" * 64, b"orphan", mtime=NOW - 2 * DAY)
+    b.file("notes.txt", b"the user's own file")
+    return root, commits
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "exactly one of --cache-dir"),
+        (["--cache-dir", "X", "--store", "X"], "exactly one of --cache-dir"),
+        (["--cache-dir", "X", "--grace", "1d"], "apply to --expired only"),
+        (["--cache-dir", "X", "--at", "+30d"], "with --dry-run only"),
+        (["--cache-dir", "X", "--older-than", "soon"], "invalid duration"),
+        (["--cache-dir", "X", "--max-size", "lots"], "invalid size"),
+        (["--cache-dir", "X", "--keep-latest", "-1"], "-1"),
+    ],
+)
+def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    args = [str(tmp_path) if a == "X" else a for a in args]
+    run = run_runner(["prune", *args])
+    assert run.exit_code == 2
+    assert message in run.stderr
+
+
+def test_missing_directory_is_unreadable(tmp_path: Path) -> None:
+    run = run_runner(["prune", "--store", tmp_path / "nope", "--dry-run"])
+    assert run.exit_code == 3 and "no such directory" in run.stderr
+
+
+def test_dry_run_reports_and_changes_nothing(cache: tuple[Path, dict[str, str]]) -> None:
+    root, commits = cache
+    before = tree_state(root)
+    run = run_runner(["prune", "--cache-dir", root, "--expired", "--dry-run"])
+    assert run.exit_code == 0, run.stderr
+    assert f"revision {commits['expired'][:12]}: expired" in run.stdout
+    assert (
+        "1 blob (orphan)" in run.stdout
+        and "Left alone (not cache entries): notes.txt" in run.stdout
+    )
+    doc = run_runner(["prune", "--cache-dir", root, "--expired", "--dry-run", "--json"]).json()
+    assert doc["command"] == "prune" and doc["dry_run"] is True and doc["kind"] == "cache"
+    [repo] = doc["repos"]
+    assert [r["commit"] for r in repo["revisions"]] == [commits["expired"]]
+    assert repo["revisions"][0]["reasons"] == ["expired"]
+    assert doc["freed"] == repo["freed"] > 0
+    # Judged a year from now, the main revision is expired too (but a ref names it).
+    later = run_runner(
+        ["prune", "--cache-dir", root, "--expired", "--include-referenced", "--dry-run",
+         "--at", "+365d", "--json"]
+    ).json()  # fmt: skip
+    assert {r["commit"] for r in later["repos"][0]["revisions"]} == set(commits.values())
+    assert tree_state(root) == before
+
+
+def test_refuses_without_yes_when_stdin_is_not_a_terminal(
+    cache: tuple[Path, dict[str, str]],
+) -> None:
+    root, _ = cache
+    before = tree_state(root)
+    run = run_subprocess(["prune", "--cache-dir", root, "--expired"])
+    assert run.exit_code == 2 and "refusing to delete without --yes" in run.stderr
+    assert tree_state(root) == before
+
+
+def test_yes_deletes_and_reports_json(cache: tuple[Path, dict[str, str]]) -> None:
+    root, commits = cache
+    warnings_before = stock_warnings(root)
+    assert len(warnings_before) == 1  # notes.txt is not a repo: left alone, not new
+    run = run_subprocess(["prune", "--cache-dir", root, "--expired", "--yes", "--json"])
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()
+    assert doc["dry_run"] is False and doc["ok"] is True and doc["errors"] == []
+    assert [r["commit"] for r in doc["repos"][0]["revisions"]] == [commits["expired"]]
+    assert doc["freed"] == doc["planned_freed"] > 0
+    assert stock_revisions(root) == {"org/a": {commits["main"]}}
+    assert stock_warnings(root) == warnings_before
+    assert (root / "notes.txt").read_bytes() == b"the user's own file"
+    again = run_subprocess(["prune", "--cache-dir", root, "--expired", "--yes"])
+    assert again.exit_code == 0 and "nothing: every revision is kept" in again.stdout
+
+
+def _answer_on_a_terminal(args: list[str], answer: bytes) -> tuple[int, str]:
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            [str(CMH), *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        os.close(slave)
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"Delete these?" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                seen += os.read(master, 65536)
+        os.write(master, answer + b"\n")
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:
+                    break
+        return proc.wait(timeout=60), seen.decode(errors="replace")
+    finally:
+        os.close(master)
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_asks_on_a_terminal(cache: tuple[Path, dict[str, str]]) -> None:
+    root, commits = cache
+    before = tree_state(root)
+    status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"n")
+    assert status == 1 and "nothing deleted" in shown
+    assert f"revision {commits['expired'][:12]}: expired" in shown
+    assert tree_state(root) == before
+    status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"y")
+    assert status == 0 and "Removed from cache" in shown
+    assert stock_revisions(root) == {"org/a": {commits["main"]}}
