@@ -18,7 +18,7 @@ Measured, in this run: ``cmh.semantic.fingerprint`` on both twins (best of
 format library reads tensor bytes). Printed: fingerprint time in ms, its
 ratio to the unstamped twin's (the baseline: hashing the same tensors), and
 the ratio of each size's time to the smallest size's (flat = ~1 while tensor
-bytes grow 10x). Usage: ``python bench/semantic.py [--sizes 1,2,4,10] [--repeat 7] [--keep]``.
+bytes grow 10x). Usage: ``python bench/semantic.py [--sizes 1,2,4,10] [--repeat 20] [--keep]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import shutil
 import struct
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,15 +169,6 @@ def write_checkpoint(directory: Path, total_bytes: int, reserve: bool) -> int:
 # -- measuring -------------------------------------------------------------------------------
 
 
-def best_of(repeat: int, fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def measured(directory: Path) -> tuple[ModelFingerprint, float, int, int]:
     """One fingerprint: its time, bytes read via read() and bytes mapped via mmap meanwhile."""
     with Counter() as counter:
@@ -211,7 +201,7 @@ def human(n: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,2,4,10", help="GiB-class sizes, comma-separated")
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--keep", action="store_true", help="keep bench-work/semantic/")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]

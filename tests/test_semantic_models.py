@@ -65,7 +65,11 @@ def zoo(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Zoo:
     gpt2_tok = _bpe_tokenizer()
 
     torch.manual_seed(0)
-    small = {"num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 64}
+    small: dict[str, Any] = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 64,
+    }
     models: dict[str, tuple[Any, Any]] = {
         "bert": (
             BertForMaskedLM(
@@ -161,7 +165,7 @@ def test_fine_tuned_copy_same_graph_other_weights(zoo: Zoo, tmp_path: Path) -> N
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
     source = zoo.root / "gpt2"
-    model = GPT2LMHeadModel.from_pretrained(source)
+    model: Any = GPT2LMHeadModel.from_pretrained(source)
     with torch.no_grad():
         model.transformer.h[1].mlp.c_fc.weight.add_(0.01)
     tuned_dir = tmp_path / "gpt2-tuned"
@@ -198,7 +202,7 @@ def test_peft_lora_adapter(zoo: Zoo, tmp_path: Path) -> None:
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
     )
     adapter_dir = tmp_path / "lora"
-    peft_model.save_pretrained(adapter_dir)
+    peft_model.save_pretrained(str(adapter_dir))
     assert PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base_dir), adapter_dir)
 
     fp = fingerprint(adapter_dir)
