@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cmh.hub.layout import RepoLayout
+from cmh.hub.store import add_folder
 from mirror_support import write_tiny_repo
 from prune_support import (
     DAY,
@@ -26,9 +28,6 @@ from prune_support import (
     stock_warnings,
     tree_state,
 )
-
-from cmh.hub.layout import RepoLayout
-from cmh.hub.store import add_folder
 
 REPO = "org/tiny"
 HF = Path(sys.executable).parent / "hf"
