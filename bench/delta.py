@@ -92,10 +92,11 @@ def make_versions(size: int, fraction: float) -> tuple[Path, Path, int, int]:
     order = list(header.tensors)
     rng.shuffle(order)
     chosen, total = [], 0
-    for t in order:
-        if total >= fraction * header.data_size:
+    goal = fraction * header.data_size
+    for t in order:  # whole tensors, random ones, adding up to within 10% of the goal
+        if total >= 0.9 * goal:
             break
-        if t.nbytes > 2 * fraction * header.data_size:
+        if total + t.nbytes > 1.1 * goal:
             continue
         chosen.append(t)
         total += t.nbytes

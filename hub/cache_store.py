@@ -98,7 +98,11 @@ class ContentCheck:
     def update(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         start = self._seen
-        self._digest.update(bytes(view) if isinstance(self._digest, _DigestThread) else view)
+        digest = self._digest
+        if isinstance(digest, _DigestThread):
+            digest.update(data if isinstance(data, bytes) else bytes(view))
+        else:
+            digest.update(view)
         self._seen += len(view)
         if not self.safetensors or self._header_failed:
             return
