@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -163,8 +164,9 @@ def serve(
     from cmh.hub.mirror_run import serve as run
 
     def announce(url: str) -> None:
-        click.echo(f"Serving {store} on {url} ({workers} worker{'s' * (workers > 1)})")
-        click.get_text_stream("stdout").flush()
+        plural = "s" if workers > 1 else ""
+        click.echo(f"Serving {store} on {url} ({workers} worker{plural})")
+        sys.stdout.flush()
 
     config = ServeConfig(
         store=store,

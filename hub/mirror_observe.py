@@ -126,7 +126,7 @@ class Metrics:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         registry.register(self.store_collector)
         return generate_latest(registry)
 
