@@ -384,6 +384,10 @@ def test_key_kinds_and_variants(minilm_dir: Path) -> None:
     assert fp.compatible(fp, "quant_weight", variant="int8")
     with pytest.raises(CacheKindError, match="variant"):
         fp.cache_key("kv", variant="int8")
+    with pytest.raises(CacheKindError, match="variant"):
+        fp.compatible(fp, "kv", variant="int8")
+    with pytest.raises(SemanticError, match="adapter fingerprints only"):
+        fp.with_base(fp)
     assert set(fp.keys()) == set(CACHE_KINDS)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import CacheKindError, FingerprintFormatError
+from .errors import CacheKindError, FingerprintFormatError, SemanticError
 
 FORMAT = "cmh-semantic-v1"
 KEY_DOMAIN = b"CMH-SEM-KEY-v1\n"
@@ -95,18 +95,16 @@ class ModelFingerprint:
     def with_base(self, base: ModelFingerprint) -> ModelFingerprint:
         """This adapter applied to ``base``: keys then cover the base model too."""
         if not self.is_adapter:
-            raise CacheKindError("with_base applies to adapter fingerprints only")
+            raise SemanticError("with_base applies to adapter fingerprints only")
         if base.is_adapter:
-            raise CacheKindError("the base must be a full model, not an adapter")
+            raise SemanticError("the base must be a full model, not an adapter")
         return replace(self, base=base, arch=base.arch, family=base.family)
 
     # -- keys ------------------------------------------------------------------------
 
     def component(self, kind: str, *, variant: str = "") -> str:
         """The ``id`` part of the key for ``kind`` (see :meth:`cache_key`)."""
-        _check_kind(kind)
-        if variant and kind != "quant_weight":
-            raise CacheKindError("a variant applies to quant_weight keys only")
+        _check_request(kind, variant)
         if kind == "weights":
             return self.weights
         if kind == "tokenizer":
@@ -171,7 +169,7 @@ class ModelFingerprint:
 
         True exactly when both have a key id for ``kind`` and the ids are equal.
         """
-        _check_kind(kind)
+        _check_request(kind, variant)
         try:
             return self.component(kind, variant=variant) == other.component(kind, variant=variant)
         except CacheKindError:
@@ -244,9 +242,11 @@ class ModelFingerprint:
         return fp
 
 
-def _check_kind(kind: str) -> None:
+def _check_request(kind: str, variant: str) -> None:
     if kind not in CACHE_KINDS:
         raise CacheKindError(f"unknown cache kind {kind!r}; one of {', '.join(CACHE_KINDS)}")
+    if variant and kind != "quant_weight":
+        raise CacheKindError("a variant applies to quant_weight keys only")
 
 
 def _check_hex(name: str, value: object) -> None:
