@@ -490,12 +490,14 @@ def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     index["weight_map"] = {"ghost": "model-00001-of-00002.safetensors"}
     (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(cmh.InvalidFileError, match="ghost"):
+    with pytest.raises(NotAModelError, match="ghost") as info:
         fingerprint(sharded)
+    assert isinstance(info.value.__cause__, cmh.InvalidFileError)
     with pytest.raises(SemanticError, match="adapter directories only"):
         fingerprint(model, base=model)
+    (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"\x00" * 4)
-    with pytest.raises(cmh.InvalidFileError):
+    with pytest.raises(NotAModelError, match="too short"):
         fingerprint(model)
 
 

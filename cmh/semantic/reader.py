@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checkpoint import DEFAULT_INDEX, INDEX_SUFFIX
+from ..errors import CMHError
 from .canonical import (
     TOKENIZER_FILES,
     adapter_config_hash,
@@ -82,16 +83,27 @@ def fingerprint_files(
     ``"model-00001-of-00002.safetensors"``) to where its bytes are. Names with a
     ``/`` (files in subfolders) are ignored. ``weight_files`` restricts the
     tensors to those files (the index is then not used).
+
+    Every error about the input is a :class:`~cmh.semantic.SemanticError`
+    (an invalid safetensors file or index: :class:`NotAModelError`, with the
+    format library's error as its cause); an ``OSError`` means a file could
+    not be read while hashing.
     """
     top = {name: path for name, path in files.items() if "/" not in name}
-    if ADAPTER_CONFIG_FILE in top:
-        fp = _adapter(top, threads, source)
+    try:
+        if ADAPTER_CONFIG_FILE in top:
+            fp = _adapter(top, threads, source)
+            if base is not None:
+                base_fp = base if isinstance(base, ModelFingerprint) else fingerprint(base)
+                fp = fp.with_base(base_fp)
+            return fp
         if base is not None:
-            fp = fp.with_base(base if isinstance(base, ModelFingerprint) else fingerprint(base))
-        return fp
-    if base is not None:
-        raise SemanticError(f"{source or 'input'}: a base applies to adapter directories only")
-    return _model(top, threads, source, weight_files)
+            raise SemanticError(f"{source or 'input'}: a base applies to adapter directories only")
+        return _model(top, threads, source, weight_files)
+    except SemanticError:
+        raise
+    except CMHError as exc:  # an invalid weight file or index: not a readable model
+        raise NotAModelError(str(exc)) from exc
 
 
 def _model(
