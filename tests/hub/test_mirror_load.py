@@ -121,6 +121,7 @@ async def _load(base: str, files: dict[str, bytes], commit: str) -> tuple[dict[s
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:unread_data:DeprecationWarning")  # aiohttp client internals
 def test_64_clients_for_30_seconds_zero_errors(mirror_server_factory, tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     src = tmp_path / "src"
