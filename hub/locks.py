@@ -119,3 +119,20 @@ def revision_lock(
     """Shared while a commit's snapshot is in use, exclusive while it is deleted."""
     repo.snapshot_dir(commit)  # validates the commit
     return flock(repo.locks / f"cmh.rev.{commit}.lock", shared=shared, timeout=timeout)
+
+
+@contextlib.contextmanager
+def snapshot_in_use(
+    repo: RepoLayout, commit: str, *, timeout: float | None = None
+) -> Iterator[Path]:
+    """Hold ``commit``'s snapshot against pruning while it is read; yield its folder.
+
+    Raises :class:`FileNotFoundError` when the snapshot is already gone (pruned
+    before the lock was taken): resolve again. To leave no such window, take it
+    while the shared repo lock that covered the resolve is still held.
+    """
+    with revision_lock(repo, commit, shared=True, timeout=timeout):
+        folder = repo.snapshot_dir(commit)
+        if not folder.is_dir():
+            raise FileNotFoundError(2, "snapshot was pruned", str(folder))
+        yield folder

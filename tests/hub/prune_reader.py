@@ -1,0 +1,64 @@
+"""A reader process for the prune concurrency test.
+
+``python prune_reader.py CACHE ENDPOINT SECONDS SEED REPO@REV ...`` resolves a
+random repo and revision with ``cmh.hub.resolve`` in a loop, and reads every
+file of the resolved snapshot while holding it (``snapshot_in_use``, taken
+while the shared repo lock that covered the resolve is still held). Each file
+is checked against its blob name (SHA-256 or git blob SHA-1). Prints one JSON
+line: reads, files, failures (each a missing or wrong file seen while held).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+
+def content_matches(path: Path) -> bool:
+    etag = os.path.basename(os.readlink(path))
+    data = path.read_bytes()
+    if len(etag) == 64:
+        return hashlib.sha256(data).hexdigest() == etag
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == etag
+
+
+def main() -> None:
+    cache, endpoint, seconds, seed, *targets = sys.argv[1:]
+    import cmh.hub as hub
+    from cmh.hub.layout import RepoLayout
+    from cmh.hub.locks import repo_lock, snapshot_in_use
+
+    rng = random.Random(int(seed))
+    deadline = time.monotonic() + float(seconds)
+    reads = files = 0
+    failures: list[str] = []
+    while time.monotonic() < deadline:
+        repo_id, revision = rng.choice(targets).split("@")
+        layout = RepoLayout(Path(cache), repo_id)
+        with contextlib.ExitStack() as stack:
+            with repo_lock(layout, shared=True):
+                res = hub.resolve(repo_id, revision, cache_dir=cache, endpoint=endpoint)
+                folder = stack.enter_context(snapshot_in_use(layout, res.commit))
+            # The repo lock is released: a pruner may run now, but not on this snapshot.
+            for f in res.files:
+                path = folder / f.path
+                try:
+                    if not content_matches(path):
+                        failures.append(f"wrong bytes: {path}")
+                except OSError as exc:
+                    failures.append(f"{type(exc).__name__}: {path}")
+                files += 1
+                time.sleep(0.003)  # a loader takes its time: the pruner gets every chance
+        reads += 1
+        time.sleep(rng.random() * 0.02)
+    print(json.dumps({"reads": reads, "files": files, "failures": failures}))
+
+
+if __name__ == "__main__":
+    main()
