@@ -60,9 +60,11 @@ def decode_digests(text: str, width: int, count: int, key: str) -> tuple[bytes, 
     items = text.split(",") if text else []
     if len(items) != count:
         raise CarrierError(f"{key} lists {len(items)} digests for {count} tensors")
-    for i, item in enumerate(items):
-        if len(item) != width or not is_lower_hex(item):
-            raise CarrierError(f"{key} entry {i} is not {width} lowercase hex characters")
+    if not is_lower_hex(text.replace(",", "")) or any(len(item) != width for item in items):
+        bad = next(
+            i for i, item in enumerate(items) if len(item) != width or not is_lower_hex(item)
+        )
+        raise CarrierError(f"{key} entry {bad} is not {width} lowercase hex characters")
     return tuple(bytes.fromhex(item) for item in items)
 
 

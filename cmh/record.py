@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -109,6 +110,9 @@ class Record:
         return cls.from_bytes(bytes.fromhex(text))
 
 
+_LOWER_HEX = re.compile(r"[0-9a-f]*")
+
+
 def is_lower_hex(text: str) -> bool:
     """True when ``text`` is made only of ``0-9a-f``."""
-    return all(c in "0123456789abcdef" for c in text)
+    return _LOWER_HEX.fullmatch(text) is not None
