@@ -53,7 +53,25 @@ _EXPORTS = {
     "State": "resolution",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AccessError",
+    "Action",
+    "FileResult",
+    "HubProtocolError",
+    "HubUnreachableError",
+    "IntegrityError",
+    "NotFoundError",
+    "OfflineError",
+    "Policy",
+    "PolicyError",
+    "Resolution",
+    "ResolveError",
+    "State",
+    "install",
+    "installed",
+    "resolve",
+    "uninstall",
+]
 
 
 def __getattr__(name: str) -> Any:
