@@ -8,6 +8,7 @@ the environment (``HTTP(S)_PROXY``, ``NO_PROXY``), like the stock client.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -100,8 +101,17 @@ def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
                 timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
                 limits=httpx2.Limits(max_connections=32, max_keepalive_connections=8),
             )
+            if not _clients:
+                atexit.register(_close_clients)
             _clients[key] = client
         return client
+
+
+def _close_clients() -> None:
+    with _clients_lock:
+        for client in _clients.values():
+            client.close()
+        _clients.clear()
 
 
 class RangeNotSatisfied(HubProtocolError):
