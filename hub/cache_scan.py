@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .layout import COMMIT_RE, RepoLayout, iter_repos, parse_repo_folder
-from .usage import last_use
+from .usage import usage_path
 
 #: Names the stock scanner skips wherever they appear.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
@@ -223,16 +223,26 @@ def scan_repo(
     """Scan one repo folder (which need not be well formed)."""
     path = layout.path
     repo_stat = path.stat()
-    blobs, incomplete, blob_temps = _scan_blobs(layout.blobs)
-    refs_is_file = layout.refs.is_file()
-    refs = () if refs_is_file else _scan_refs(layout.refs)
-    has_snapshots = layout.snapshots.is_dir()
+    blobs_path, snapshots_path, refs_path, cmh_path = (
+        path / "blobs",
+        path / "snapshots",
+        path / "refs",
+        path / ".cmh",
+    )
+    blobs, incomplete, blob_temps = _scan_blobs(blobs_path)
+    refs_is_file = refs_path.is_file()
+    refs = () if refs_is_file else _scan_refs(refs_path)
+    has_snapshots = snapshots_path.is_dir()
+    used_records = _entries(_usage_dir(layout))
+    last_used = {e.name: e.mtime for e in used_records}
+    commit_meta = _entries(cmh_path / "commits")
+    with_meta = {e.name for e in commit_meta} if read_commit_times else set()
     revisions: list[RevisionScan] = []
     strays: list[Entry] = []
     expiry_cache: dict[str, int | None] = {}
     if has_snapshots:
-        blobs_dir = os.fspath(layout.blobs)
-        for entry in sorted(os.scandir(layout.snapshots), key=lambda e: e.name):
+        blobs_dir = os.fspath(blobs_path)
+        for entry in sorted(os.scandir(snapshots_path), key=lambda e: e.name):
             if entry.name in IGNORED_NAMES:
                 continue
             if not entry.is_dir():
@@ -244,11 +254,12 @@ def scan_repo(
             except FileNotFoundError:  # removed while we scanned
                 continue
             if read_expiry:
-                files = [_with_expiry(f, entry.path, layout, expiry_cache) for f in files]
-            is_commit = COMMIT_RE.match(entry.name) is not None
-            used = last_use(layout, entry.name) if is_commit else None
-            created = _commit_time(layout, entry.name) if read_commit_times and is_commit else None
-            revisions.append(RevisionScan(entry.name, tuple(files), mtime, used, created))
+                files = [_with_expiry(f, entry.path, blobs_dir, expiry_cache) for f in files]
+            name = entry.name
+            created = None
+            if f"{name}.json" in with_meta and COMMIT_RE.match(name):
+                created = _commit_time(cmh_path / "commits" / f"{name}.json")
+            revisions.append(RevisionScan(name, tuple(files), mtime, last_used.get(name), created))
     return RepoScan(
         layout=layout,
         mtime=repo_stat.st_mtime,
@@ -260,15 +271,20 @@ def scan_repo(
         blobs=blobs,
         incomplete=incomplete,
         blob_temps=blob_temps,
-        no_exist=_entries(layout.no_exist),
-        trees=_entries(layout.trees),
-        used_records=_entries(layout.cmh_dir / "used"),
-        trash=_entries(layout.path.joinpath(*REPO_TRASH)),
+        no_exist=_entries(path / ".no_exist"),
+        trees=_entries(path / "trees"),
+        used_records=used_records,
+        trash=_entries(path.joinpath(*REPO_TRASH)),
         lock_files=_entries(layout.locks),
-        partials=_entries(layout.cmh_dir / "partial"),
-        verified=_entries(layout.cmh_dir / "verified"),
-        commit_meta=_entries(layout.cmh_dir / "commits"),
+        partials=_entries(cmh_path / "partial"),
+        verified=_entries(cmh_path / "verified"),
+        commit_meta=commit_meta,
     )
+
+
+def _usage_dir(layout: RepoLayout) -> Path:
+    """The folder :mod:`cmh.hub.usage` records last uses in (one listing, not a stat per commit)."""
+    return usage_path(layout, "0" * 40).parent
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -384,13 +400,13 @@ def _scan_snapshot(snapshot: str, blobs_dir: str, blobs: dict[str, Entry]) -> li
 
 
 def _with_expiry(
-    f: SnapshotFile, snapshot: str, layout: RepoLayout, cache: dict[str, int | None]
+    f: SnapshotFile, snapshot: str, blobs_dir: str, cache: dict[str, int | None]
 ) -> SnapshotFile:
     if f.broken or f.temp or not f.path.endswith(".safetensors"):
         return f
-    key = f.blob if f.blob is not None else f"\0{f.path}"
+    key = f.blob if f.blob is not None else f"\0{snapshot}/{f.path}"
     if key not in cache:
-        target = layout.blobs / f.blob if f.blob is not None else Path(snapshot, f.path)
+        target = os.path.join(blobs_dir, f.blob) if f.blob is not None else f"{snapshot}/{f.path}"
         cache[key] = stamped_expiry(target)
     expires = cache[key]
     if expires is None:
@@ -403,30 +419,49 @@ def etag_of(name: str) -> str:
     return name.lstrip(".").split(".", 1)[0]
 
 
-def _commit_time(layout: RepoLayout, commit: str) -> float | None:
-    """A store's record of when it created ``commit`` (``created_at``), if any."""
+def _commit_time(path: Path) -> float | None:
+    """A store's record of when it created a commit (``created_at``), if readable."""
     import json
 
     try:
-        data = json.loads((layout.cmh_dir / "commits" / f"{commit}.json").read_bytes())
+        data = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
     value = data.get("created_at") if isinstance(data, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def stamped_expiry(path: Path) -> int | None:
-    """``expires_at`` of a stamped safetensors file from its header alone, else ``None``.
+def stamped_expiry(path: str | os.PathLike[str]) -> int | None:
+    """``expires_at`` of a stamped safetensors file, from its header's record alone.
 
-    Unreadable, invalid or unstamped files give ``None``: they never expire.
+    Reads the 8-byte length and the JSON header (bounded by the file size),
+    decodes ``__metadata__["cmh"]`` and checks the record; tensors and
+    manifests are not validated (a verifier does that). Unreadable, invalid
+    or unstamped files give ``None``: they never expire.
     """
-    from cmh.carrier import read_carrier
+    from cmh.carrier import KEY_RECORD
     from cmh.errors import CMHError
-    from cmh.header import read_header
+    from cmh.header import MAX_HEADER_SIZE, METADATA_KEY, PREFIX_SIZE, header_size_from_prefix
+    from cmh.record import Record
 
-    with contextlib.suppress(CMHError, OSError, ValueError):
-        header = read_header(path)
-        carrier = read_carrier(header.metadata, len(header.tensors))
-        if carrier is not None:
-            return carrier.record.expires_at
-    return None
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            length = header_size_from_prefix(f.read(PREFIX_SIZE))
+            if length > min(MAX_HEADER_SIZE, size - PREFIX_SIZE):
+                return None
+            header = _json_object(f.read(length))
+        metadata = header.get(METADATA_KEY) if header is not None else None
+        text = metadata.get(KEY_RECORD) if isinstance(metadata, dict) else None
+        if not isinstance(text, str):
+            return None
+        return Record.from_hex(text).expires_at
+    except (CMHError, OSError, ValueError):
+        return None
+
+
+def _json_object(raw: bytes) -> dict[str, object] | None:
+    import json
+
+    value = json.loads(raw.decode("utf-8"))
+    return value if isinstance(value, dict) else None
