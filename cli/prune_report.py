@@ -133,11 +133,11 @@ def _item_lines(items: Sequence[ItemRemoval]) -> list[str]:
     for i in items:
         counts[(i.kind, i.reason)] += 1
         sizes[(i.kind, i.reason)] += i.size
-    return [
-        f"  {n} {kind} ({reason})"
-        + (f", {human_bytes(sizes[(kind, reason)])}" if sizes[(kind, reason)] else "")
-        for (kind, reason), n in sorted(counts.items())
-    ]
+    lines = []
+    for (kind, reason), n in sorted(counts.items()):
+        size = sizes[(kind, reason)]
+        lines.append(f"  {kind} x{n} ({reason})" + (f", {human_bytes(size)}" if size else ""))
+    return lines
 
 
 def plan_lines(plan: PrunePlan, kind: str, *, dry_run: bool) -> list[str]:

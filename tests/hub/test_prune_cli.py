@@ -70,7 +70,7 @@ def test_dry_run_reports_and_changes_nothing(cache: tuple[Path, dict[str, str]])
     assert run.exit_code == 0, run.stderr
     assert f"revision {commits['expired'][:12]}: expired" in run.stdout
     assert (
-        "1 blob (orphan)" in run.stdout
+        "blob x1 (orphan), 6 B" in run.stdout
         and "Left alone (not cache entries): notes.txt" in run.stdout
     )
     doc = run_runner(["prune", "--cache-dir", root, "--expired", "--dry-run", "--json"]).json()
