@@ -52,7 +52,7 @@ def add(
     src_dir: Path, store: Path, repo_id: str, revision: str, repo_type: str, as_json: bool
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
-    from cmh.hub.store import StoreError, add_folder, scan_folder
+    from cmh.hub.store import InvalidNameError, StoreError, add_folder, scan_folder
 
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
@@ -60,8 +60,10 @@ def add(
             result = add_folder(
                 store, src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
             )
+    except InvalidNameError as exc:
+        fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
-        fail(str(exc), EXIT_USAGE if "invalid" in str(exc) else EXIT_CHECK_FAILED)
+        fail(str(exc), EXIT_CHECK_FAILED)
     if as_json:
         emit_json({"schema": JSON_SCHEMA_VERSION, **result.to_dict()})
         return

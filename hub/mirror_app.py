@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 
 from .layout import LayoutError, RepoLayout, validate_relpath
-from .mirror_auth import AccessPolicy, bearer_token
+from .mirror_auth import AccessPolicy, bearer_token, repo_key
 from .mirror_observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
 from .mirror_ranges import RangeNotSatisfiable, parse_range
 from .mirror_routes import BadTarget, NoRoute, Route, parse_target
@@ -264,8 +264,6 @@ def _repo_info(
                     "pointerSize": entry.pointer_size,
                 }
         siblings.append(sibling)
-    from .mirror_auth import repo_key
-
     author = route.repo_id.split("/")[0] if "/" in route.repo_id else None
     body: dict[str, Any] = {
         "_id": index.commit[:24],

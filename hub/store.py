@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gitobjects import blob_hasher, commit_oid, is_lfs, tree_oids
+from .gitobjects import blob_hasher, commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from .layout import (
     COMMIT_RE,
     LayoutError,
@@ -53,6 +53,10 @@ class StoreError(Exception):
     """An import or listing that cannot be done (bad source, bad name, failed check)."""
 
 
+class InvalidNameError(StoreError):
+    """A repo id, revision or repo type that cannot name anything in a store."""
+
+
 @dataclass(frozen=True)
 class SourceFile:
     """A file of the folder being imported and the ids it gets."""
@@ -70,8 +74,6 @@ class SourceFile:
 
     @property
     def tree_oid(self) -> str:
-        from .gitobjects import lfs_pointer_oid
-
         return lfs_pointer_oid(self.sha256, self.size) if self.lfs else self.git_oid
 
 
@@ -172,11 +174,13 @@ def add_folder(
         validate_repo_id(repo_id)
         validate_revision(revision)
     except LayoutError as exc:
-        raise StoreError(str(exc)) from None
+        raise InvalidNameError(str(exc)) from None
     if COMMIT_RE.match(revision):
-        raise StoreError(f"revision {revision!r} looks like a commit id: give a branch or tag")
+        raise InvalidNameError(
+            f"revision {revision!r} looks like a commit id: give a branch or tag"
+        )
     if repo_type not in ("model", "dataset"):
-        raise StoreError(f"invalid repo type {repo_type!r}: model or dataset")
+        raise InvalidNameError(f"invalid repo type {repo_type!r}: model or dataset")
     store.mkdir(parents=True, exist_ok=True)
     repo = RepoLayout(store, repo_id, repo_type)
     listed = scan_folder(src)

@@ -201,7 +201,7 @@ def test_cli_add_ls_scrub_and_serve_errors(tmp_path: Path, tiny_src: Path) -> No
     scrubbed = run("mirror", "scrub", "--store", str(store), "--json")
     assert scrubbed.returncode == 1 and json.loads(scrubbed.stdout)["bad"][0]["blob"] == blob.name
     bad_repo = run("mirror", "add", str(tiny_src), "--store", str(store), "--repo", "../x")
-    assert bad_repo.returncode != 0 and "invalid repo id" in bad_repo.stderr
+    assert bad_repo.returncode == 2 and "invalid repo id" in bad_repo.stderr
     assert "Traceback" not in bad_repo.stderr
     tokens = tmp_path / "tokens"
     tokens.write_text("short org/t\n")

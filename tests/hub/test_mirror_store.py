@@ -10,13 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from mirror_support import write_tiny_repo
-
 from cmh.hub.gitobjects import lfs_pointer_oid
 from cmh.hub.layout import RepoLayout
 from cmh.hub.scrub import QUARANTINE, scrub_store
 from cmh.hub.store import StoreError, add_folder, list_store
 from cmh.hub.store_index import build_index
+from mirror_support import write_tiny_repo
 
 REPO = "org/tiny"
 
@@ -93,7 +92,7 @@ def test_bad_sources_are_refused(tmp_path: Path, tiny_src: Path) -> None:
     store = tmp_path / "store"
     with pytest.raises(StoreError, match="invalid repo id"):
         add_folder(store, tiny_src, "../evil")
-    with pytest.raises(StoreError, match="looks like a commit"):
+    with pytest.raises(StoreError, match="is a commit id"):
         add_folder(store, tiny_src, REPO, revision="a" * 40)
     with pytest.raises(StoreError, match="no file"):
         (tmp_path / "empty").mkdir()
