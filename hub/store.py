@@ -176,9 +176,7 @@ def add_folder(
     except LayoutError as exc:
         raise InvalidNameError(str(exc)) from None
     if COMMIT_RE.match(revision):
-        raise InvalidNameError(
-            f"revision {revision!r} looks like a commit id: give a branch or tag"
-        )
+        raise InvalidNameError(f"revision {revision!r} is a commit id: give a branch or tag")
     if repo_type not in ("model", "dataset"):
         raise InvalidNameError(f"invalid repo type {repo_type!r}: model or dataset")
     store.mkdir(parents=True, exist_ok=True)
