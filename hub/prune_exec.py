@@ -227,9 +227,13 @@ class _RepoPruner:
 
         # 3. per-revision leftovers, strays, snapshot temporaries, trash.
         locks = {i.path: i for i in by_kind.pop(KIND_LOCK, [])}
-        per_blob = [
-            i for kind in _BLOB_KINDS for i in by_kind.pop(kind, []) if "/snapshots/" not in i.path
-        ]
+        per_blob: list[ItemRemoval] = []
+        for kind in _BLOB_KINDS:
+            for item in by_kind.pop(kind, []):
+                if "/snapshots/" in item.path:  # a temporary link inside a snapshot
+                    by_kind.setdefault(KIND_TEMP + "-link", []).append(item)
+                else:
+                    per_blob.append(item)
         for kind_items in by_kind.values():
             for item in kind_items:
                 if leftover_commit(item) not in failed:

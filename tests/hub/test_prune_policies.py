@@ -9,6 +9,7 @@ stock scanner and the stock client reading what is left.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,11 @@ def built(tmp_path: Path) -> Built:
     b.file(f"models--org--stamped/.no_exist/{main}/adapter_config.json")
     b.file(f"models--org--stamped/trees/{gone}.json", b"{}")
     b.file("models--org--stamped/refs/.main.cmh-tmp.999", b"half a ref")
+    # A temporary link a crashed writer left in a kept snapshot (points at the shared blob).
+    temp_link = b.layout("org/stamped").snapshot_dir(v2) / ".config.json.cmh-link.4242"
+    os.symlink(f"../../blobs/{shared}", temp_link)
+    os.utime(temp_link, (NOW - DAY, NOW - DAY), follow_symlinks=False)
+    os.utime(temp_link.parent, (NOW - 2 * DAY, NOW - 2 * DAY))
 
     # Half-broken repos the stock scanner gives up on.
     b.ref("org/dangling", "main", fake_commit("never fetched"))
@@ -140,6 +146,7 @@ def test_housekeeping_alone_repairs_what_the_stock_scanner_rejects(built: Built)
         stamped + f".no_exist/{fake_commit('gone')}",
         stamped + f"trees/{fake_commit('gone')}.json",
         stamped + "refs/.main.cmh-tmp.999",
+        stamped + f"snapshots/{built.stamped_v2}/.config.json.cmh-link.4242",
         ".locks/models--org--gone",
     }
     # Kept: every revision, the fresh orphan and the fresh partial download, .no_exist of main.
@@ -151,6 +158,8 @@ def test_housekeeping_alone_repairs_what_the_stock_scanner_rejects(built: Built)
     blobs = built.root / stamped / "blobs"
     assert (blobs / ("b" * 64)).exists() and (blobs / ("d" * 64 + ".incomplete")).exists()
     assert (built.root / stamped / ".no_exist" / built.stamped_main).is_dir()
+    temp_link = built.root / stamped / "snapshots" / built.stamped_v2 / ".config.json.cmh-link.4242"
+    assert not os.path.lexists(temp_link)
     for gone in ("gone", "broken", "dangling"):
         assert not (built.root / ".locks" / f"models--org--{gone}").exists()
     # old orphan 10, stale partial 50, tree 2, org/broken's other blob 2, org/dangling's partial 1
