@@ -84,7 +84,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def stock(mirror: MirrorServer, mirror_store: MirrorStore, tmp_path_factory) -> dict[str, Any]:
     """Run every stock-client call once against the mirror; tests check the results."""
-    env = hf_env(mirror.url, tmp_path_factory.mktemp("hf-home"))
+    home = tmp_path_factory.mktemp("hf-home")
+    env = hf_env(mirror.url, home)
     env.update(
         T_MINILM=MINILM_REPO,
         T_TINY=TINY_REPO,
@@ -93,6 +94,7 @@ def stock(mirror: MirrorServer, mirror_store: MirrorStore, tmp_path_factory) -> 
         T_TOKEN=PRIVATE_TOKEN,
     )
     result: dict[str, Any] = run_python(STOCK_CLIENT_SCRIPT, env)
+    result["_cache"] = {"ok": str(home / "hub")}
     return result
 
 
@@ -182,6 +184,24 @@ def test_requests_are_counted_and_logged(stock, mirror: MirrorServer) -> None:
     assert mirror.count(route="resolve", method="HEAD", status="404") >= 1
     assert mirror.count(route="resolve", method="GET", status="200") >= 10
     assert not [e for e in mirror.log() if e["status"] >= 500]
+
+
+def test_a_cache_filled_by_the_stock_client_is_served_as_is(
+    stock, mirror_server_factory, minilm_dir: Path, tmp_path: Path
+) -> None:
+    cache = Path(_ok(stock, "_cache"))
+    server = mirror_server_factory(cache)
+    code = (
+        "import json, os; from huggingface_hub import hf_hub_download, HfApi;"
+        "p = hf_hub_download(os.environ['T_REPO'], 'model.safetensors');"
+        "t = [e.path for e in HfApi().list_repo_tree(os.environ['T_REPO'], recursive=True)];"
+        "print(json.dumps([p, sorted(t)]))"
+    )
+    env = hf_env(server.url, tmp_path / "second-home")
+    env["T_REPO"] = MINILM_REPO
+    path, tree = run_python(code, env)
+    assert _sha256(Path(path)) == _sha256(minilm_dir / "model.safetensors")
+    assert "1_Pooling/config.json" in tree and "model.safetensors" in tree
 
 
 TRANSFORMERS_SCRIPT = r"""

@@ -1,0 +1,99 @@
+"""Pure parts of the mirror: target routing, bearer tokens and the tokens file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cmh.hub.mirror_auth import AccessPolicy, TokensFileError, bearer_token, load_tokens
+from cmh.hub.mirror_routes import BadTarget, NoRoute, Route, parse_target
+
+
+@pytest.mark.parametrize(
+    ("target", "route"),
+    [
+        ("/org/name/resolve/main/config.json",
+         Route("resolve", "model", "org/name", "main", "config.json")),
+        ("/name/resolve/v1.0/a/b.txt", Route("resolve", "model", "name", "v1.0", "a/b.txt")),
+        ("/org/name/resolve/refs%2Fpr%2F3/x",
+         Route("resolve", "model", "org/name", "refs/pr/3", "x")),
+        ("/org/name/resolve/refs/pr/3/x", Route("resolve", "model", "org/name", "refs/pr/3", "x")),
+        ("/datasets/org/d/resolve/main/t/p.csv",
+         Route("resolve", "dataset", "org/d", "main", "t/p.csv")),
+        ("/org/name/resolve/main/sp%20ace.txt",
+         Route("resolve", "model", "org/name", "main", "sp ace.txt")),
+        ("/api/models/org/name", Route("repo_info", "model", "org/name")),
+        ("/api/models/org/name?blobs=true",
+         Route("repo_info", "model", "org/name", query={"blobs": "true"})),
+        ("/api/datasets/org/d/revision/v2", Route("repo_info", "dataset", "org/d", "v2")),
+        ("/api/models/org/name/tree/main", Route("tree", "model", "org/name", "main", "")),
+        ("/api/models/org/name/tree/main/sub%2Fdeeper",
+         Route("tree", "model", "org/name", "main", "sub/deeper")),
+        ("/api/models/name/tree/main/", Route("tree", "model", "name", "main", "")),
+        ("/api/models/org/name/paths-info/main", Route("paths_info", "model", "org/name", "main")),
+        ("/api/cmh/fingerprint/org/name/main", Route("fingerprint", "model", "org/name", "main")),
+        ("/api/cmh/fingerprint/datasets/org/d/main",
+         Route("fingerprint", "dataset", "org/d", "main")),
+        ("/health", Route("health")),
+    ],
+)  # fmt: skip
+def test_routes(target: str, route: Route) -> None:
+    assert parse_target(target) == route
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "org/name/resolve/main/x", "//org/name/resolve/main/x", "/org/name/resolve/main/x#f",
+        "/org/name/resolve/main/a/../b", "/org/name/resolve/main/a%2F..%2Fb",
+        "/org/name/resolve/main/%2e", "/org/name/resolve/main/a%00", "/org/name/resolve/main/a%5cb",
+        "/org/name/resolve/..%2F../x", "/o--rg/name/resolve/main/x", "/.org/name/resolve/main/x",
+        "/org/name/resolve/main/%c3%28", "/api/models/org/name/tree/main/a/../..",
+        "/org/name/resolve/main/x?a=%ff", "/org/name/resolve/main/" + "a" * 9000,
+    ],
+)  # fmt: skip
+def test_bad_targets(target: str) -> None:
+    with pytest.raises(BadTarget):
+        parse_target(target)
+
+
+@pytest.mark.parametrize(
+    "target", ["/", "/metrics/x", "/org/name", "/org/name/blob/main/x", "/api/spaces/a/b"]
+)
+def test_unknown_targets(target: str) -> None:
+    with pytest.raises(NoRoute):
+        parse_target(target)
+
+
+def test_bearer_token() -> None:
+    assert bearer_token("Bearer hf_abcdefgh") == "hf_abcdefgh"
+    assert bearer_token("bearer   hf_abcdefgh ") == "hf_abcdefgh"
+    for bad in (None, "", "Basic hf_abcdefgh", "Bearer", "Bearer short", "Bearer a b c d e f g h"):
+        assert bearer_token(bad) is None
+
+
+def test_tokens_file(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(
+        "# comment\n\ntoken-alice-1 org/private datasets/org/data  # trailing comment\n"
+        "token-bob-22 org/private\n"
+    )
+    policy = load_tokens(path)
+    assert policy.private == {"org/private", "datasets/org/data"}
+    assert policy.can_read("model", "org/public", None)
+    assert not policy.can_read("model", "org/private", None)
+    assert policy.can_read("model", "org/private", "token-bob-22")
+    assert not policy.can_read("dataset", "org/data", "token-bob-22")
+    assert policy.can_read("dataset", "org/data", "token-alice-1")
+    assert not policy.can_read("model", "org/private", "token-alice-")
+    assert AccessPolicy().can_read("model", "org/private", None)
+
+
+@pytest.mark.parametrize(
+    "text", ["short org/x\n", "token-without-repos\n", "token-ok-123 ../evil\n", "\udcff"]
+)
+def test_bad_tokens_files(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "tokens"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(TokensFileError):
+        load_tokens(path)
