@@ -467,6 +467,10 @@ def test_keygen(run, tmp_path: Path) -> None:
     assert r.exit_code == 0 and "key id:" in r.stdout
     assert private.read_bytes() != before and stat.S_IMODE(private.stat().st_mode) == 0o600
     assert run(["keygen"]).exit_code == 2
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    r = run(["keygen", "--out", blocker / "release"])
+    assert r.exit_code == 3 and r.stderr.startswith("error: ") and r.stdout == ""
 
 
 def test_keygen_encrypted_and_sign_with_passphrase(run, model: Path, tmp_path: Path) -> None:
