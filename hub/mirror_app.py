@@ -162,6 +162,8 @@ async def _resolve(
     request: web.Request, state: MirrorState, route: Route, index: CommitIndex
 ) -> web.StreamResponse:
     entry = index.files.get(route.path)
+    if entry is None and route.path in index.unavailable:
+        raise HubError(503, "BlobUnavailable", "blob unavailable", {"Retry-After": "60"})
     if entry is None:
         raise HubError(
             404, "EntryNotFound", f"{route.path} does not exist on {route.revision}",

@@ -51,6 +51,7 @@ class CommitIndex:
     dir_oids: dict[str, str]  # "" is the root tree
     last_modified: float
     skipped: tuple[str, ...] = field(default=())  # entries refused (unsafe or broken)
+    unavailable: frozenset[str] = field(default=frozenset())  # links to a blob that is gone
 
     @property
     def tree(self) -> str:
@@ -142,6 +143,7 @@ def build_index(repo: RepoLayout, commit: str) -> CommitIndex:
     cached = _read_tree_cache(repo, commit)
     files: dict[str, FileEntry] = {}
     skipped: list[str] = []
+    unavailable: set[str] = set()
     real_repo = os.path.realpath(repo.path) + os.sep
     for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
         here = Path(dirpath)
@@ -155,7 +157,11 @@ def build_index(repo: RepoLayout, commit: str) -> CommitIndex:
             rel = full.relative_to(base).as_posix()
             if name.startswith(".") and ".cmh-" in name:
                 continue  # a temporary file of an import in progress
-            entry = _entry(repo, rel, full, cached.get(rel))
+            try:
+                entry = _entry(repo, rel, full, cached.get(rel))
+            except UnavailableEntry:
+                unavailable.add(rel)
+                continue
             if entry is not None and not os.path.realpath(entry.source).startswith(real_repo):
                 entry = None  # reached through a symlinked folder that leaves the repo
             if entry is None:
@@ -175,25 +181,44 @@ def build_index(repo: RepoLayout, commit: str) -> CommitIndex:
         dir_oids=tree_oids({p: f.oid for p, f in files.items()}),
         last_modified=float(created) if isinstance(created, (int, float)) else mtime,
         skipped=tuple(sorted(skipped)),
+        unavailable=frozenset(unavailable),
     )
+
+
+def _cached_size(cached: dict[str, object] | None) -> int | None:
+    size = cached.get("size") if cached else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
 
 
 def _entry(
     repo: RepoLayout, rel: str, full: Path, cached: dict[str, object] | None
 ) -> FileEntry | None:
+    """The entry of one snapshot file, or ``None`` when it must not be served.
+
+    A link to a blob that is missing or whose size differs from the recorded
+    listing still gives an entry (with the recorded size): serving it then
+    fails its size check and answers 503 instead of pretending the file is
+    absent. A broken link without a recorded size is reported as unavailable
+    through :class:`UnavailableEntry`.
+    """
     if os.path.islink(full):
         name = _blob_of_link(full, repo.blobs)
         if name is None:
             return None
         source = repo.blobs / name
+        lfs_sha = cached.get("lfs_sha256") if cached else None
+        if len(name) == 40 and isinstance(lfs_sha, str) and lfs_sha:
+            return None  # an LFS file must be named by its SHA-256
         size = _regular_size(source)
-        if size is None:
-            return None
+        if size is None and os.path.lexists(source):
+            return None  # a blob that is a link, folder or device is never served
+        recorded = _cached_size(cached)
+        if recorded is not None:
+            size = recorded
+        elif size is None:
+            raise UnavailableEntry(rel)
         if len(name) == 64:
             return FileEntry(rel, size, name, lfs_pointer_oid(name, size), name, source)
-        lfs_sha = cached.get("lfs_sha256") if cached else None
-        if isinstance(lfs_sha, str) and lfs_sha:
-            return None  # an LFS file must be named by its SHA-256
         return FileEntry(rel, size, name, name, None, source)
     size = _regular_size(full)
     if size is None:
@@ -202,6 +227,10 @@ def _entry(
     if is_lfs(rel, size):
         return FileEntry(rel, size, sha256, lfs_pointer_oid(sha256, size), sha256, full)
     return FileEntry(rel, size, git_oid, git_oid, None, full)
+
+
+class UnavailableEntry(LookupError):
+    """A snapshot link to a blob that is gone, with no recorded size to list it by."""
 
 
 def commit_meta_path(repo: RepoLayout, commit: str) -> Path:

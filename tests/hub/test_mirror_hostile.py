@@ -107,6 +107,8 @@ CASES: list[tuple[str, bytes]] = [
             b"paths=..%2F..%2Foutside%2Fsecret.txt",
         ),
     ),
+    ("tree bad cursor", _req(f"/api/models/{TINY}/tree/main?cursor=!!!")),
+    ("tree foreign cursor", _req(f"/api/models/{TINY}/tree/main?cursor=YWJjOjE")),
     ("fingerprint traversal", _req("/api/cmh/fingerprint/cmh-test/..%2F..%2Foutside/main")),
     ("info of a linked repo", _req("/api/models/evil/repo")),
     ("range past the end", _req(f"{R}/config.json", headers="Range: bytes=999999999-\r\n")),

@@ -222,3 +222,25 @@ def test_sigterm_during_a_download_exits_cleanly(
         server.process.send_signal(signal.SIGTERM)
         server.process.wait(timeout=20)
     assert server.process.returncode == 0
+
+
+def test_a_missing_or_tampered_blob_is_never_served(
+    mirror_server_factory, tmp_path: Path, tiny_src: Path
+) -> None:
+    from cmh.hub.layout import RepoLayout
+    from cmh.hub.store_index import build_index
+
+    store = tmp_path / "store"
+    commit = add_folder(store, tiny_src, "org/t").commit
+    files = build_index(RepoLayout(store, "org/t"), commit).files
+    server = mirror_server_factory(store)
+    files["weights.bin"].source.unlink()  # e.g. quarantined by scrub
+    os.chmod(files["README.md"].source, 0o644)
+    files["README.md"].source.write_text("longer than before\n")  # size no longer matches
+    for name in ("weights.bin", "README.md"):
+        for method in ("GET", "HEAD"):
+            status, headers, body = _get(f"{server.url}/org/t/resolve/main/{name}", method=method)
+            assert status == 503 and headers["X-Error-Code"] == "BlobUnavailable", name
+            assert b"longer" not in body
+    status, _, body = _get(f"{server.url}/org/t/resolve/main/config.json")
+    assert status == 200 and body == (tiny_src / "config.json").read_bytes()
