@@ -1,0 +1,53 @@
+"""``cmh prune --store`` on a mirror store built by ``cmh.hub.store.add_folder``: commits
+are ordered by the store's own creation records, and the store still serves what is
+left (the mirror's listing and the stock client through ``cmh serve``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from cli_support import run_runner
+from cmh.hub.layout import RepoLayout
+from cmh.hub.store import add_folder, list_store
+from mirror_support import write_tiny_repo
+from prune_support import stock_warnings
+
+REPO = "org/tiny"
+
+
+def test_keep_latest_on_a_store_uses_commit_records(tmp_path: Path, mirror_server_factory) -> None:
+    from huggingface_hub import hf_hub_download
+
+    store = tmp_path / "store"
+    commits = []
+    for version in (1, 2, 3):
+        src = write_tiny_repo(tmp_path / f"v{version}", version)
+        commits.append(add_folder(store, src, REPO).commit)
+    layout = RepoLayout(store, REPO)
+    # File times say the opposite of the commit records: the first commit looks newest.
+    now = os.stat(layout.snapshot_dir(commits[0])).st_mtime
+    for hours, commit in enumerate(commits):
+        t = now - 3600 * hours
+        os.utime(layout.snapshot_dir(commit), (t, t))
+    os.utime(layout.ref_path("main"), (now - 7200, now - 7200))
+
+    doc = run_runner(["prune", "--store", store, "--keep-latest", "1", "--yes", "--json"]).json()
+    [repo] = doc["repos"]
+    assert sorted(r["commit"] for r in repo["revisions"]) == sorted(commits[:2])
+    assert {r["commit"]: r["reasons"] for r in repo["revisions"]} == {
+        c: ["beyond-keep-latest"] for c in commits[:2]
+    }
+    assert layout.commits() == [commits[2]]
+    assert not (layout.cmh_dir / "commits" / f"{commits[0]}.json").exists()
+    assert not (layout.trees / f"{commits[0]}.json").exists()
+    meta = json.loads((layout.cmh_dir / "commits" / f"{commits[2]}.json").read_text())
+    assert meta["parents"] == [commits[1]]  # history kept as written; the parent is gone
+
+    [summary] = list_store(store)
+    assert [(r.name, r.commit) for r in summary.refs] == [("main", commits[2])]
+    assert stock_warnings(store) == []
+    server = mirror_server_factory(store)
+    path = hf_hub_download(REPO, "weights.bin", cache_dir=tmp_path / "cache", endpoint=server.url)
+    assert Path(path).read_bytes() == (tmp_path / "v3" / "weights.bin").read_bytes()
