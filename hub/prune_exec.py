@@ -143,6 +143,8 @@ class _RepoPruner:
                 self._run_locked()
         except LockBusy:
             self.out.skipped = "busy: a resolver or the mirror held the repo lock"
+        except OSError as exc:  # e.g. no permission on the lock folder: report, go on
+            self.out.errors.append(f"{exc.filename or self.layout.path}: {exc.strerror or exc}")
         return self.out
 
     def _run_locked(self) -> None:
