@@ -1,0 +1,67 @@
+"""Lock files may be deleted while held (the pruner cleans ``.locks/``): a process that
+was waiting on the deleted file must then lock the new one, never run beside its holder."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from cmh.hub.layout import RepoLayout
+from cmh.hub.locks import LockBusy, flock, snapshot_in_use
+
+
+def test_waiter_on_a_deleted_lock_file_locks_the_new_one(tmp_path: Path) -> None:
+    path = tmp_path / ".locks" / "x.lock"
+    events: list[str] = []
+    first_holds = threading.Event()
+    third_holds = threading.Event()
+    release_third = threading.Event()
+
+    def second() -> None:
+        first_holds.wait()
+        with flock(path):  # opens the old file, waits on it
+            events.append("second in")
+        events.append("second out")
+
+    def third() -> None:
+        with flock(path):  # the new file, made after the first holder deleted the old one
+            third_holds.set()
+            events.append("third in")
+            release_third.wait()
+            events.append("third out")
+
+    waiter = threading.Thread(target=second)
+    with flock(path):
+        first_holds.set()
+        waiter.start()
+        time.sleep(0.2)  # the second is now blocked on the old file
+        path.unlink()
+        newcomer = threading.Thread(target=third)
+        newcomer.start()
+        assert third_holds.wait(5)
+    time.sleep(0.3)  # the second wakes on the old file, sees it deleted, waits on the new one
+    assert "second in" not in events
+    release_third.set()
+    newcomer.join(5)
+    waiter.join(5)
+    assert events == ["third in", "third out", "second in", "second out"]
+
+
+def test_snapshot_in_use_blocks_a_pruner_and_reports_a_pruned_snapshot(tmp_path: Path) -> None:
+    layout = RepoLayout(tmp_path, "org/x")
+    commit = "c" * 40
+    layout.snapshot_dir(commit).mkdir(parents=True)
+    with snapshot_in_use(layout, commit) as folder:
+        assert folder == layout.snapshot_dir(commit)
+        try:
+            with flock(layout.locks / f"cmh.rev.{commit}.lock", timeout=0):
+                raise AssertionError("the pruner got a revision a reader holds")
+        except LockBusy:
+            pass
+    layout.snapshot_dir(commit).rmdir()
+    try:
+        with snapshot_in_use(layout, commit):
+            raise AssertionError("a pruned snapshot was handed out")
+    except FileNotFoundError:
+        pass
