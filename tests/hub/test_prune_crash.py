@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import cmh.hub as hub
 import pytest
 from cmh.hub.cache_scan import scan_cache
 from cmh.hub.layout import RepoLayout
@@ -132,6 +133,8 @@ def test_crash_at_every_step_leaves_a_readable_cache(
         _stock_reads(root, "org/a", "v2", "model.safetensors")
         _stock_reads(root, "org/c", "refs/pr/1", "w.bin")
         assert RepoLayout(root, "org/a").read_ref("v2") == commits["live_v2"]
+        res = hub.resolve("org/a", "v2", cache_dir=root, policy=hub.Policy(offline=True))
+        assert res.commit == commits["live_v2"] and (res.path / "model.safetensors").is_file()
 
         # A second prune finishes the job.
         report = execute_plan(plan_prune(scan_cache(root), POLICY, NOW))
