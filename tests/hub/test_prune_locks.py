@@ -11,6 +11,18 @@ from cmh.hub.layout import RepoLayout
 from cmh.hub.locks import LockBusy, flock, snapshot_in_use
 
 
+def _wait_for_a_blocked_flock(path: Path, timeout: float = 10.0) -> None:
+    """Return once the kernel lists a waiter blocked on ``path``'s flock (/proc/locks ``->``)."""
+    inode = f":{path.stat().st_ino} "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in Path("/proc/locks").read_text().splitlines():
+            if "->" in line and "FLOCK" in line and inode in line:
+                return
+        time.sleep(0.01)
+    raise AssertionError("no thread blocked on the lock in time")
+
+
 def test_waiter_on_a_deleted_lock_file_locks_the_new_one(tmp_path: Path) -> None:
     path = tmp_path / ".locks" / "x.lock"
     events: list[str] = []
@@ -35,7 +47,7 @@ def test_waiter_on_a_deleted_lock_file_locks_the_new_one(tmp_path: Path) -> None
     with flock(path):
         first_holds.set()
         waiter.start()
-        time.sleep(0.2)  # the second is now blocked on the old file
+        _wait_for_a_blocked_flock(path)  # the second is now blocked on the old file
         path.unlink()
         newcomer = threading.Thread(target=third)
         newcomer.start()
