@@ -365,6 +365,8 @@ def download_whole(
             existing = 0
             check.reset()
         try:
+            if remote.size == 0:
+                part.touch()  # an empty file needs no request, but a partial to install
             if existing < remote.size:
                 received += _fetch_into(client, url, part, existing, check, progress)
                 if part.stat().st_size < remote.size:

@@ -338,3 +338,17 @@ def test_import_is_light():
     code = f"import sys, cmh.hub; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_empty_files_are_resolved(tmp_path, mirror_server_factory):
+    """A zero-byte file (an empty __init__.py, say) installs without a body request."""
+    store = tmp_path / "store"
+    src = write_checkpoint_repo(tmp_path / "v1", 1)
+    (src / "empty.txt").write_bytes(b"")
+    add_folder(store, src, REPO)
+    server = mirror_server_factory(store)
+    res = hub.resolve(REPO, cache_dir=tmp_path / "cache", endpoint=server.url)
+    assert res.state is hub.State.MISSING
+    empty = res.path / "empty.txt"
+    assert empty.is_symlink() and empty.read_bytes() == b""
+    assert {f.path for f in res.files} >= {"empty.txt", "model.safetensors"}
