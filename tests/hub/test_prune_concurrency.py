@@ -37,8 +37,6 @@ def test_prune_loop_never_pulls_a_file_from_under_a_reader(
     store = tmp_path / "store"
     for version, revision in ((1, "v1"), (2, "main")):
         tiny = write_tiny_repo(tmp_path / f"tiny{version}", version)
-        # The resolver cannot fetch an empty file yet (reported on the resolver's issue).
-        (tiny / "empty.txt").unlink()
         add_folder(store, tiny, "org/tiny", revision=revision)
         src = write_checkpoint_repo(tmp_path / f"toy{version}", version, elems=20_000, ttl="1h")
         add_folder(store, src, "org/toy", revision=revision)
