@@ -28,8 +28,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) tools/typecheck.py
 
+# Every benchmark; each prints ratios against a baseline measured in the same run.
+BENCHES := fingerprint verify_cli mirror delta prune semantic
 bench: $(STAMP)
-	$(PY) bench/fingerprint.py
+	@for b in $(BENCHES); do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build .typecheck demo-work bench-work
