@@ -92,7 +92,15 @@ def main() -> int:
         print("\n(mirror step not available in this checkout)")
         return 0
     step("serve the stamped model from a cmh mirror and load it with HF_ENDPOINT set")
-    demo_mirror.run(WORK, stamped)
+    print(demo_mirror.run(WORK, stamped))
+
+    import demo_resolver
+
+    step("resolve it through the mirror, publish a one-tensor update, resolve again")
+    os.environ.pop("HF_HUB_OFFLINE")  # the resolver talks to the mirror on 127.0.0.1
+    store = WORK / "mirror-store"
+    with demo_mirror.serving(store, WORK / "resolver-access.log") as url:
+        demo_resolver.run(WORK, url, store, demo_mirror.REPO)
     print("\ndemo finished: every step passed")
     return 0
 

@@ -11,6 +11,7 @@ served, stops the server with SIGTERM, and returns a one-line summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 CMH = [sys.executable, "-m", "cmh.cli.main"]
@@ -64,6 +66,17 @@ def _start_server(store: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
         raise RuntimeError(f"cmh serve did not start: {line!r}")
     print(line.rstrip(), flush=True)
     return proc, match.group(0)
+
+
+@contextlib.contextmanager
+def serving(store: Path, log: Path) -> Iterator[str]:
+    """Run ``cmh serve`` on ``store`` (127.0.0.1, a free port); yield its URL; stop it."""
+    proc, url = _start_server(store, log)
+    try:
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def run(work_dir: Path, model_dir: Path) -> str:
