@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -77,6 +78,53 @@ def _finish(as_json: bool, document: dict[str, Any], status: int) -> None:
         raise click.exceptions.Exit(status)
 
 
+def _write_each(
+    paths: tuple[str, ...],
+    participle: str,
+    write: Callable[[str], tuple[dict[str, Any], str]],
+    as_json: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Run ``write`` on every file of ``paths``; return file and checkpoint documents, status.
+
+    A directory whose index disagrees with its shards is refused whole. ``write``
+    returns the document fields and the human line of a file it wrote, or raises.
+    """
+    from cmh.errors import CMHError, InvalidFileError, NotStampedError
+
+    files: list[dict[str, Any]] = []
+    checkpoints: list[dict[str, Any]] = []
+    status = EXIT_OK
+    for target in expand(paths):
+        checkpoint = target.argument if target.kind == "directory" else None
+        if checkpoint is not None:
+            checkpoints.append(checkpoint_document(target, target.consistent))
+            if not target.consistent:
+                code, why = _refuse_directory(target)
+                status = max(status, code)
+                if not as_json:
+                    click.echo(f"FAILED   {target.argument}: not {participle}: {why}")
+                continue
+        for path in target.files:
+            doc: dict[str, Any] = {"path": path, "checkpoint": checkpoint}
+            try:
+                fields, line = write(path)
+            except InvalidFileError as exc:
+                status = max(status, EXIT_UNREADABLE)
+                doc.update(outcome="invalid_file", ok=False, error=str(exc))
+            except NotStampedError as exc:
+                status = max(status, EXIT_CHECK_FAILED)
+                doc.update(outcome="unstamped", ok=False, error=str(exc))
+            except (CMHError, OSError) as exc:
+                status = max(status, EXIT_CHECK_FAILED)
+                doc.update(outcome="failed", ok=False, error=str(exc))
+            else:
+                doc.update(ok=True, error=None, **fields)
+            files.append(doc)
+            if not as_json:
+                click.echo(line if doc["ok"] else f"FAILED   {path}: {doc['error']}")
+    return files, checkpoints, status
+
+
 def _refuse_directory(target: Target) -> tuple[int, str]:
     """Exit status and a sentence for a directory that must not be written."""
     if target.error is not None:
@@ -118,59 +166,34 @@ def stamp(
     A directory whose index disagrees with its shards is not stamped (exit 1).
     """
     import cmh
-    from cmh.errors import CMHError, InvalidFileError
 
     from ._keys import load_signing_key
 
     key = load_signing_key(sign_key) if sign_key else None
-    files: list[dict[str, Any]] = []
-    checkpoints: list[dict[str, Any]] = []
-    status = EXIT_OK
-    for target in expand(paths):
-        checkpoint = target.argument if target.kind == "directory" else None
-        if checkpoint is not None:
-            checkpoints.append(checkpoint_document(target, target.consistent))
-            if not target.consistent:
-                code, why = _refuse_directory(target)
-                status = max(status, code)
-                if not as_json:
-                    click.echo(f"FAILED   {target.argument}: not stamped: {why}")
-                continue
-        for path in target.files:
-            doc: dict[str, Any] = {"path": path, "checkpoint": checkpoint}
-            try:
-                with progress_bar(data_size(path), f"stamp {os.path.basename(path)}") as advance:
-                    result = cmh.stamp(path, ttl, sign_key=key, threads=threads, progress=advance)
-            except InvalidFileError as exc:
-                status = max(status, EXIT_UNREADABLE)
-                doc.update(outcome="invalid_file", ok=False, error=str(exc))
-            except (CMHError, OSError) as exc:
-                status = max(status, EXIT_CHECK_FAILED)
-                doc.update(outcome="failed", ok=False, error=str(exc))
-            else:
-                now = time.time()
-                doc.update(
-                    outcome="stamped",
-                    ok=True,
-                    error=None,
-                    in_place=result.in_place,
-                    signer_key_id=result.signer_key_id,
-                    record=record_document(result.record, now),
-                )
-                if result.record.signed and key is None:
-                    warn(
-                        f"{path}: restamped without --sign-key: its old signature no longer "
-                        "matches; sign it again (cmh sign)"
-                    )
-                if not as_json:
-                    signer = f", signed by key {result.signer_key_id}" if key else ""
-                    click.echo(
-                        f"stamped  {path}  root {result.record.fingerprint.hex()[:16]}…, "
-                        f"{_expiry_words(result.record, now)}{signer}"
-                    )
-            files.append(doc)
-            if not as_json and not doc["ok"]:
-                click.echo(f"FAILED   {path}: {doc['error']}")
+
+    def write(path: str) -> tuple[dict[str, Any], str]:
+        with progress_bar(data_size(path), f"stamp {os.path.basename(path)}") as advance:
+            result = cmh.stamp(path, ttl, sign_key=key, threads=threads, progress=advance)
+        now = time.time()
+        if result.record.signed and key is None:
+            warn(
+                f"{path}: restamped without --sign-key: its old signature no longer "
+                "matches; sign it again (cmh sign)"
+            )
+        signer = f", signed by key {result.signer_key_id}" if key else ""
+        line = (
+            f"stamped  {path}  root {result.record.fingerprint.hex()[:16]}…, "
+            f"{_expiry_words(result.record, now)}{signer}"
+        )
+        fields = {
+            "outcome": "stamped",
+            "in_place": result.in_place,
+            "signer_key_id": result.signer_key_id,
+            "record": record_document(result.record, now),
+        }
+        return fields, line
+
+    files, checkpoints, status = _write_each(paths, "stamped", write, as_json)
     _finish(as_json, envelope("stamp", files=files, checkpoints=checkpoints), status)
 
 
@@ -589,49 +612,19 @@ def sign(paths: tuple[str, ...], key_path: str, as_json: bool) -> None:
     Signing does not check the tensor bytes: run cmh verify first when in doubt.
     """
     import cmh
-    from cmh.errors import CMHError, InvalidFileError, NotStampedError
 
     from ._keys import load_signing_key
 
     key = load_signing_key(key_path)
-    files: list[dict[str, Any]] = []
-    checkpoints: list[dict[str, Any]] = []
-    status = EXIT_OK
-    for target in expand(paths):
-        checkpoint = target.argument if target.kind == "directory" else None
-        if checkpoint is not None:
-            checkpoints.append(checkpoint_document(target, target.consistent))
-            if not target.consistent:
-                code, why = _refuse_directory(target)
-                status = max(status, code)
-                if not as_json:
-                    click.echo(f"FAILED   {target.argument}: not signed: {why}")
-                continue
-        for path in target.files:
-            doc: dict[str, Any] = {"path": path, "checkpoint": checkpoint}
-            try:
-                result = cmh.sign(path, key)
-            except InvalidFileError as exc:
-                status = max(status, EXIT_UNREADABLE)
-                doc.update(outcome="invalid_file", ok=False, error=str(exc))
-            except NotStampedError as exc:
-                status = max(status, EXIT_CHECK_FAILED)
-                doc.update(outcome="unstamped", ok=False, error=str(exc))
-            except (CMHError, OSError) as exc:
-                status = max(status, EXIT_CHECK_FAILED)
-                doc.update(outcome="failed", ok=False, error=str(exc))
-            else:
-                doc.update(
-                    outcome="signed",
-                    ok=True,
-                    error=None,
-                    signer_key_id=result.signer_key_id,
-                    record=record_document(result.record, time.time()),
-                )
-            files.append(doc)
-            if not as_json:
-                if doc["ok"]:
-                    click.echo(f"signed   {path}  by key {doc['signer_key_id']}")
-                else:
-                    click.echo(f"FAILED   {path}: {doc['error']}")
+
+    def write(path: str) -> tuple[dict[str, Any], str]:
+        result = cmh.sign(path, key)
+        fields = {
+            "outcome": "signed",
+            "signer_key_id": result.signer_key_id,
+            "record": record_document(result.record, time.time()),
+        }
+        return fields, f"signed   {path}  by key {result.signer_key_id}"
+
+    files, checkpoints, status = _write_each(paths, "signed", write, as_json)
     _finish(as_json, envelope("sign", files=files, checkpoints=checkpoints), status)
