@@ -22,25 +22,16 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import GIB, make_checkpoint
+from _timing import best_of
 
 import cmh
 
 WORK = Path(__file__).resolve().parent.parent / "bench-work"
-
-
-def best_of(repeat: int, fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def sha256_single_thread(path: Path) -> bytes:

@@ -28,10 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from _timing import best_of
 from cmh.hub.cache_scan import scan_cache
 from cmh.hub.layout import RepoLayout
 from cmh.hub.prune import PrunePolicy, plan_prune
@@ -47,15 +47,6 @@ POLICY_ARGS = [
     "--expired", "--unreferenced", "--keep-latest", "3", "--older-than", "30d",
     "--max-size", "5MB",
 ]  # fmt: skip
-
-
-def best_of(repeat: int, fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def stamped_templates(now: float) -> list[bytes]:
