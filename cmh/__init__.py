@@ -38,6 +38,7 @@ from .inspect import Inspection, inspect
 from .record import Record
 from .stamp import StampResult, sign, stamp
 from .verify import Outcome, Problem, VerifyResult, verify
+from .writer import SaveResult, save_file
 
 __version__ = "0.1.0"
 
@@ -97,6 +98,7 @@ __all__ = [
     "Problem",
     "Record",
     "RecordError",
+    "SaveResult",
     "StampError",
     "StampResult",
     "TensorDigest",
@@ -112,6 +114,7 @@ __all__ = [
     "parse_duration",
     "parse_size",
     "read_header",
+    "save_file",
     "sign",
     "stamp",
     "verify",

@@ -1,0 +1,165 @@
+"""Writing a stamped safetensors file in one pass (``save_file``-style).
+
+The digests come from tensors already in memory, so the file is written once,
+complete with its record and manifests, through a temporary file beside the
+target and an atomic rename. numpy and torch are never imported here: tensors
+are read through their ``dtype``, ``shape`` and buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .carrier import carrier_values, is_reserved
+from .duration import TTL, ttl_seconds
+from .errors import CMHError, StampError
+from .fingerprint import RootEntry, default_threads, file_root
+from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE
+from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
+from .signing import key_id, sign_record
+
+_NUMPY_DTYPES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64",
+    "int64": "I64", "uint64": "U64", "complex64": "C64",
+}  # fmt: skip
+_TORCH_DTYPES = {
+    "torch.bool": "BOOL", "torch.uint8": "U8", "torch.int8": "I8", "torch.int16": "I16",
+    "torch.uint16": "U16", "torch.float16": "F16", "torch.bfloat16": "BF16",
+    "torch.int32": "I32", "torch.uint32": "U32", "torch.float32": "F32",
+    "torch.float64": "F64", "torch.int64": "I64", "torch.uint64": "U64",
+    "torch.complex64": "C64", "torch.float8_e5m2": "F8_E5M2", "torch.float8_e4m3fn": "F8_E4M3",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: memoryview
+
+
+def _as_tensor(name: str, value: Any) -> _Tensor:
+    """The dtype name, shape and little-endian bytes of a numpy array or torch tensor."""
+    dtype = str(getattr(value, "dtype", ""))
+    shape = tuple(int(d) for d in getattr(value, "shape", ()))
+    if dtype in _TORCH_DTYPES:
+        import torch  # only reached for torch tensors
+
+        flat = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        return _Tensor(name, _TORCH_DTYPES[dtype], shape, memoryview(flat.numpy()).cast("B"))
+    numpy_name = getattr(getattr(value, "dtype", None), "name", None)
+    if numpy_name in _NUMPY_DTYPES and hasattr(value, "astype"):
+        array = value.astype(value.dtype.newbyteorder("<"), order="C", copy=False)
+        data = memoryview(array.reshape(-1)).cast("B")
+        return _Tensor(name, _NUMPY_DTYPES[numpy_name], shape, data)
+    raise CMHError(f"tensor {name!r}: unsupported type {type(value).__name__} with dtype {dtype!r}")
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What :func:`save_file` wrote."""
+
+    path: str
+    record: Record
+    signer_key_id: str | None
+
+
+def save_file(
+    tensors: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    ttl: TTL = None,
+    sign_key: Ed25519PrivateKey | None = None,
+    xxh3: bool = True,
+    now: float | None = None,
+    threads: int | None = None,
+) -> SaveResult:
+    """Write ``tensors`` (numpy arrays or torch tensors) as a stamped safetensors file.
+
+    One pass: every tensor is hashed from memory (in threads), the header is
+    written with its final record, then the bytes; the file appears at
+    ``path`` only once complete and synced.
+    """
+    target = os.fspath(path)
+    user = dict(metadata or {})
+    reserved = [k for k in user if is_reserved(k)]
+    if reserved:
+        raise CMHError(f"metadata keys {reserved} are reserved for the CMH format")
+    if any(not isinstance(v, str) for v in user.values()):
+        raise CMHError("metadata values must be strings")
+    items = sorted((_as_tensor(n, v) for n, v in tensors.items()), key=lambda t: t.name.encode())
+    for t in items:
+        if t.name == METADATA_KEY:
+            raise CMHError(f"{METADATA_KEY!r} cannot name a tensor")
+        bits = DTYPE_BITS[t.dtype]
+        count = 1
+        for d in t.shape:
+            count *= d
+        if count * bits != 8 * len(t.data):
+            raise CMHError(f"tensor {t.name!r}: shape {t.shape} does not match its bytes")
+
+    def digest(t: _Tensor) -> tuple[bytes, bytes | None]:
+        return hashlib.sha256(t.data).digest(), xxhash.xxh3_128_digest(t.data) if xxh3 else None
+
+    with ThreadPoolExecutor(max_workers=threads or default_threads()) as pool:
+        digests = list(pool.map(digest, items))
+    sha256 = [d[0] for d in digests]
+    entries = [RootEntry(t.name, t.dtype, t.shape, d) for t, d in zip(items, sha256, strict=True)]
+    root = file_root(entries, user)
+    lifetime = ttl_seconds(ttl)
+    stamped_at = int(time.time() if now is None else now)
+    flags = FLAG_SHA256 | (FLAG_XXH3 if xxh3 else 0) | (FLAG_SIGNED if sign_key else 0)
+    record = Record(
+        expires_at=0 if lifetime is None else stamped_at + lifetime,
+        fingerprint=root,
+        flags=flags,
+        stamped_at=stamped_at,
+    )
+    signature = sign_record(record.to_bytes(), sign_key) if sign_key else None
+    signer = key_id(sign_key.public_key()) if sign_key else None
+    xxh3_digests = [d[1] for d in digests if d[1] is not None] if xxh3 else None
+    header: dict[str, object] = {
+        METADATA_KEY: {**user, **carrier_values(record, sha256, xxh3_digests, signature, signer)}
+    }
+    offset = 0
+    for t in items:
+        header[t.name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(t.data)],
+        }
+        offset += len(t.data)
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-(PREFIX_SIZE + len(raw)) % 8)
+    directory = os.path.dirname(os.path.abspath(target))
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.cmh-save.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(len(raw).to_bytes(PREFIX_SIZE, "little"))
+            f.write(raw)
+            for t in items:
+                f.write(t.data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise StampError(f"{target}: could not write: {exc}") from exc
+        raise
+    return SaveResult(target, record, signer)
