@@ -31,10 +31,11 @@ if TYPE_CHECKING:
         ResolveError,
         State,
     )
-    from .resolver import resolve
+    from .resolver import hold, resolve
 
 _EXPORTS = {
     "resolve": "resolver",
+    "hold": "resolver",
     "install": "patch",
     "uninstall": "patch",
     "installed": "patch",
@@ -67,6 +68,7 @@ __all__ = [
     "Resolution",
     "ResolveError",
     "State",
+    "hold",
     "install",
     "installed",
     "resolve",

@@ -16,14 +16,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import housekeeping
 from .cache_store import blob_state, download_whole, partial_path
@@ -41,7 +42,7 @@ from .local_state import (
     write_tree,
     write_validation,
 )
-from .locks import blob_lock, repo_lock
+from .locks import blob_lock, repo_lock, snapshot_in_use
 from .partial import PatchNotPossible, patch_blob
 from .remote import HubClient, RemoteFile, default_token
 from .resolution import (
@@ -124,6 +125,30 @@ def resolve(
             return _answer_stale(repo, revision, local, policy, exc, client.requests)
         finally:
             client.close()
+
+
+@contextlib.contextmanager
+def hold(
+    repo_id: str,
+    revision: str = "main",
+    *,
+    repo_type: str = "model",
+    cache_dir: str | Path | None = None,
+    **options: Any,
+) -> Iterator[Resolution]:
+    """Resolve like :func:`resolve`, and keep the snapshot from being pruned in the block.
+
+    The snapshot's revision lock is taken while the shared repo lock that
+    covered the resolve is still held, so no pruner can slip in between;
+    ``cmh prune`` skips a held revision until the block ends.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    repo = RepoLayout(root, repo_id, repo_type)
+    with contextlib.ExitStack() as stack:
+        with repo_lock(repo, shared=True):
+            res = resolve(repo_id, revision, repo_type=repo_type, cache_dir=root, **options)
+            stack.enter_context(snapshot_in_use(repo, res.commit))
+        yield res
 
 
 # -- local inspection ----------------------------------------------------------------------

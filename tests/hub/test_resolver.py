@@ -352,3 +352,19 @@ def test_empty_files_are_resolved(tmp_path, mirror_server_factory):
     empty = res.path / "empty.txt"
     assert empty.is_symlink() and empty.read_bytes() == b""
     assert {f.path for f in res.files} >= {"empty.txt", "model.safetensors"}
+
+
+def test_hold_keeps_a_snapshot_from_being_pruned(toy):
+    from cmh.hub.cache_scan import scan_cache
+    from cmh.hub.prune import PrunePolicy, plan_prune
+    from cmh.hub.prune_exec import execute_plan
+
+    def prune_everything() -> None:
+        plan = plan_prune(scan_cache(toy.cache), PrunePolicy(max_size=0, include_referenced=True))
+        execute_plan(plan, lock_timeout=1)
+
+    with hub.hold(REPO, cache_dir=toy.cache, endpoint=toy.server.url) as res:
+        prune_everything()
+        assert (res.path / "model.safetensors").read_bytes()  # still there, whole
+    prune_everything()
+    assert not res.path.exists()
