@@ -1,16 +1,14 @@
 """A reader process for the prune concurrency test.
 
 ``python prune_reader.py CACHE ENDPOINT SECONDS SEED REPO@REV ...`` resolves a
-random repo and revision with ``cmh.hub.resolve`` in a loop, and reads every
-file of the resolved snapshot while holding it (``snapshot_in_use``, taken
-while the shared repo lock that covered the resolve is still held). Each file
+random repo and revision with ``cmh.hub.hold`` in a loop, and reads every
+file of the resolved snapshot while holding it against pruning. Each file
 is checked against its blob name (SHA-256 or git blob SHA-1). Prints one JSON
 line: reads, files, failures (each a missing or wrong file seen while held).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -31,8 +29,6 @@ def content_matches(path: Path) -> bool:
 def main() -> None:
     cache, endpoint, seconds, seed, *targets = sys.argv[1:]
     import cmh.hub as hub
-    from cmh.hub.layout import RepoLayout
-    from cmh.hub.locks import repo_lock, snapshot_in_use
 
     rng = random.Random(int(seed))
     deadline = time.monotonic() + float(seconds)
@@ -40,12 +36,9 @@ def main() -> None:
     failures: list[str] = []
     while time.monotonic() < deadline:
         repo_id, revision = rng.choice(targets).split("@")
-        layout = RepoLayout(Path(cache), repo_id)
-        with contextlib.ExitStack() as stack:
-            with repo_lock(layout, shared=True):
-                res = hub.resolve(repo_id, revision, cache_dir=cache, endpoint=endpoint)
-                folder = stack.enter_context(snapshot_in_use(layout, res.commit))
-            # The repo lock is released: a pruner may run now, but not on this snapshot.
+        with hub.hold(repo_id, revision, cache_dir=cache, endpoint=endpoint) as res:
+            # A pruner may run now, but not on this snapshot.
+            folder = res.path
             for f in res.files:
                 path = folder / f.path
                 try:
