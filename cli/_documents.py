@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from ._common import JSON_SCHEMA_VERSION, iso_utc
 
 if TYPE_CHECKING:
-    from cmh.inspect import Inspection
+    from cmh.inspection import Inspection
     from cmh.record import Record
-    from cmh.verify import VerifyResult
+    from cmh.verification import VerifyResult
 
     from ._targets import Target
 

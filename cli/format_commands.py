@@ -45,7 +45,7 @@ from ._targets import Target, data_size, expand
 
 if TYPE_CHECKING:
     from cmh.record import Record
-    from cmh.verify import VerifyResult
+    from cmh.verification import VerifyResult
 
 _PATHS = click.argument("paths", nargs=-1, required=True, metavar="PATH...")
 _THREADS = click.option(
@@ -247,7 +247,7 @@ def verify(
     not a readable safetensors file, 2 a usage error.
     """
     import cmh
-    from cmh.verify import Outcome
+    from cmh.verification import Outcome
 
     from ._keys import load_trusted_keys
 
@@ -276,7 +276,7 @@ def verify(
                         progress=advance,
                     )
                 except OSError as exc:
-                    from cmh.verify import Problem
+                    from cmh.verification import Problem
 
                     why = exc.strerror or str(exc)
                     result = cmh.VerifyResult(

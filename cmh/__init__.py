@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from .carrier import user_metadata
 from .checkpoint import DirectoryIdentity, directory_identity, find_checkpoint
+from .digests import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
 from .duration import parse_duration, parse_size
 from .errors import (
     CarrierError,
@@ -32,12 +33,11 @@ from .errors import (
     UnsupportedVersionError,
     VerificationError,
 )
-from .fingerprint import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
 from .header import Header, TensorEntry, read_header
-from .inspect import Inspection, inspect
+from .inspection import Inspection, inspect
 from .record import Record
-from .stamp import StampResult, sign, stamp
-from .verify import Outcome, Problem, VerifyResult, verify
+from .stamping import StampResult, sign, stamp
+from .verification import Outcome, Problem, VerifyResult, verify
 from .writer import SaveResult, save_file
 
 __version__ = "0.1.0"

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .carrier import read_carrier, user_metadata
-from .errors import CMHError, InvalidFileError
-from .fingerprint import (
+from .digests import (
     ProgressCallback,
     RootEntry,
     directory_root,
@@ -18,6 +17,7 @@ from .fingerprint import (
     hash_tensors,
     root_entries,
 )
+from .errors import CMHError, InvalidFileError
 from .header import Header, read_header
 
 INDEX_SUFFIX = ".safetensors.index.json"

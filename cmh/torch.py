@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from .carrier import read_carrier, user_metadata
+from .digests import default_threads, file_root, root_entries
 from .errors import CMHError, NotStampedError, VerificationError
-from .fingerprint import default_threads, file_root, root_entries
 from .header import Header, TensorEntry, read_header
-from .verify import Outcome, Problem, VerifyResult
+from .verification import Outcome, Problem, VerifyResult
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,

@@ -22,9 +22,9 @@ import xxhash
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .carrier import carrier_values, is_reserved
+from .digests import RootEntry, default_threads, file_root
 from .duration import TTL, ttl_seconds
 from .errors import CMHError, StampError
-from .fingerprint import RootEntry, default_threads, file_root
 from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
 from .signing import key_id, sign_record

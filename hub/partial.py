@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cmh.checkpoint import claimed_digests
+from cmh.digests import hash_tensors
 from cmh.errors import CMHError
-from cmh.fingerprint import hash_tensors
 from cmh.header import PREFIX_SIZE, Header, parse_header, read_header
 
 from .cache_store import ContentCheck, Progress, feed_file, install_blob, partial_path

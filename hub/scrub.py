@@ -78,8 +78,8 @@ def _label(repo: RepoLayout) -> str:
 def check_stamped(path: Path, threads: int | None) -> tuple[bool, tuple[str, ...]] | None:
     """Per-tensor check of a stamped safetensors file; ``None`` when it is not one."""
     from cmh.checkpoint import claimed_digests
+    from cmh.digests import hash_tensors
     from cmh.errors import CMHError
-    from cmh.fingerprint import hash_tensors
     from cmh.header import read_header
 
     try:

@@ -260,7 +260,7 @@ def test_verify_signatures(run, model: Path, keys) -> None:
     # The record changed after signing (a later expiry written in place, valid check):
     # the signature no longer matches it.
     from cmh.record import Record
-    from cmh.stamp import write_values_in_place
+    from cmh.stamping import write_values_in_place
 
     header = cmh.read_header(model)
     old = cmh.inspect(model).record

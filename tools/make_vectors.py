@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.numpy import save_file
 
 import cmh
-from cmh.fingerprint import hash_tensors
+from cmh.digests import hash_tensors
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vectors"
 STAMPED_AT = 1_767_225_600  # 2026-01-01T00:00:00Z

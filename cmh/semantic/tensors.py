@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, claimed_digests, index_problems
+from ..digests import RootEntry, directory_root, hash_tensors, root_entries
 from ..errors import InvalidFileError
-from ..fingerprint import RootEntry, directory_root, hash_tensors, root_entries
 from ..header import Header, TensorEntry, read_header
 
 GRAPH_DOMAIN = b"CMH-SEM-GRAPH-v1\n"

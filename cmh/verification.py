@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from .carrier import Carrier, read_carrier, user_metadata
+from .digests import ProgressCallback, file_root, hash_tensors, root_entries
 from .errors import (
     CarrierError,
     CorruptRecordError,
@@ -15,7 +16,6 @@ from .errors import (
     NotARecordError,
     UnsupportedVersionError,
 )
-from .fingerprint import ProgressCallback, file_root, hash_tensors, root_entries
 from .header import Header, read_header
 from .record import Record
 from .signing import TrustedKeys, signature_valid

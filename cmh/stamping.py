@@ -28,9 +28,9 @@ from .carrier import (
     read_carrier,
     user_metadata,
 )
+from .digests import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
 from .duration import TTL, ttl_seconds
 from .errors import CMHError, StampError
-from .fingerprint import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
 from .header import METADATA_KEY, PREFIX_SIZE, Header, parse_header, read_header
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
 from .signing import key_id, sign_record
