@@ -41,10 +41,11 @@ def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> 
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # the lock folder was cleaned up in between: make it again
+        except (FileNotFoundError, FileExistsError):
+            # A pruner removed the lock folder between our looks at it: make it again.
             continue
         try:
             _acquire(fd, mode, deadline, path)
