@@ -10,7 +10,7 @@ from ._common import human_bytes, iso_utc
 from ._documents import envelope
 
 if TYPE_CHECKING:
-    from cmh.hub.prune import ItemRemoval, PrunePlan, PrunePolicy, RevisionRemoval
+    from cmh.hub.prune import ItemRemoval, PrunePlan, PrunePolicy, RepoPlan, RevisionRemoval
     from cmh.hub.prune_exec import PruneReport, RepoOutcome
 
 
@@ -44,29 +44,37 @@ def _item_document(item: ItemRemoval) -> dict[str, Any]:
     return {"kind": item.kind, "path": item.path, "reason": item.reason, "size": item.size}
 
 
+def _plan_fields(plan: PrunePlan, kind: str, dry_run: bool) -> dict[str, Any]:
+    """Fields every prune document starts with: where, when, by which policy."""
+    return {
+        "root": str(plan.root),
+        "kind": kind,
+        "dry_run": dry_run,
+        "at": plan.now,
+        "at_iso": iso_utc(plan.now),
+        "policy": policy_document(plan.policy),
+    }
+
+
+def _repo_fields(r: RepoPlan | RepoOutcome, remove_repo: bool) -> dict[str, Any]:
+    """The part of a repo's entry that a plan and a report share."""
+    return {
+        "repo_id": r.repo_id,
+        "repo_type": r.repo_type,
+        "folder": r.folder,
+        "remove_repo": remove_repo,
+        "revisions": [_revision_document(x) for x in r.revisions],
+        "items": [_item_document(i) for i in r.items],
+        "freed": r.freed,
+    }
+
+
 def plan_document(plan: PrunePlan, kind: str, dry_run: bool = True) -> dict[str, Any]:
     """The ``--json`` document of a dry run (or of a prune that found nothing to do)."""
     return envelope(
         "prune",
-        root=str(plan.root),
-        kind=kind,
-        dry_run=dry_run,
-        at=plan.now,
-        at_iso=iso_utc(plan.now),
-        policy=policy_document(plan.policy),
-        repos=[
-            {
-                "repo_id": r.repo_id,
-                "repo_type": r.repo_type,
-                "folder": r.folder,
-                "remove_repo": r.remove_repo,
-                "revisions": [_revision_document(x) for x in r.revisions],
-                "items": [_item_document(i) for i in r.items],
-                "kept": list(r.kept),
-                "freed": r.freed,
-            }
-            for r in plan.changes
-        ],
+        **_plan_fields(plan, kind, dry_run),
+        repos=[{**_repo_fields(r, r.remove_repo), "kept": list(r.kept)} for r in plan.changes],
         root_items=[_item_document(i) for i in plan.root_items],
         strays=list(plan.strays),
         notes=list(plan.notes),
@@ -83,24 +91,13 @@ def report_document(report: PruneReport, kind: str, exit_status: int) -> dict[st
     plan = report.plan
     return envelope(
         "prune",
-        root=str(plan.root),
-        kind=kind,
-        dry_run=False,
-        at=plan.now,
-        at_iso=iso_utc(plan.now),
-        policy=policy_document(plan.policy),
+        **_plan_fields(plan, kind, dry_run=False),
         repos=[
             {
-                "repo_id": o.repo_id,
-                "repo_type": o.repo_type,
-                "folder": o.folder,
-                "remove_repo": o.removed_repo,
-                "revisions": [_revision_document(x) for x in o.revisions],
-                "items": [_item_document(i) for i in o.items],
+                **_repo_fields(o, o.removed_repo),
                 "skipped": o.skipped,
                 "kept_in_use": list(o.kept_in_use),
                 "errors": list(o.errors),
-                "freed": o.freed,
             }
             for o in report.repos
         ],
