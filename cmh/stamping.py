@@ -24,6 +24,7 @@ from .carrier import (
     KEY_KEY_ID,
     KEY_RECORD,
     KEY_SIGNATURE,
+    Carrier,
     carrier_values,
     read_carrier,
     user_metadata,
@@ -74,14 +75,16 @@ def stamp(
     target = os.fspath(path)
     stamped_at = int(now if now is not None else time.time())
     header = read_header(target)
-    previous = _previous_record(header)
+    carrier = _previous_carrier(header)
+    previous = carrier.record if carrier else None
     lifetime = ttl_seconds(ttl) if ttl is not None else None
     if ttl is None and keep_ttl and previous is not None and previous.expires_at:
         lifetime = max(0, previous.expires_at - previous.stamped_at)
     expires_at = 0 if lifetime is None else stamped_at + lifetime
-    widths = _carrier_widths(len(header.tensors), xxh3)
-    job = _StampJob(target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress)
-    return _stamp_in_place(job) if _fits_in_place(header, widths) else _stamp_rewrite(job)
+    job = _StampJob(
+        target, header, carrier, expires_at, stamped_at, sign_key, xxh3, threads, progress
+    )
+    return _stamp_in_place(job) if _fits_in_place(job) else _stamp_rewrite(job)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class _StampJob:
 
     target: str
     header: Header
+    previous: Carrier | None
     expires_at: int
     stamped_at: int
     sign_key: Ed25519PrivateKey | None
@@ -98,25 +102,25 @@ class _StampJob:
     progress: ProgressCallback | None
 
 
-def _previous_record(header: Header) -> Record | None:
+def _previous_carrier(header: Header) -> Carrier | None:
+    """The file's current ``cmh*`` values, or ``None`` when unstamped or unreadable."""
     try:
-        carrier = read_carrier(header.metadata, len(header.tensors))
+        return read_carrier(header.metadata, len(header.tensors))
     except CMHError:
         return None
-    return carrier.record if carrier else None
 
 
-def _carrier_widths(tensor_count: int, xxh3: bool) -> dict[str, int]:
-    placeholder = Record(expires_at=0, fingerprint=bytes(32), flags=0, stamped_at=0)
-    values = carrier_values(
-        placeholder, [bytes(32)] * tensor_count, [bytes(16)] * tensor_count if xxh3 else None
-    )
-    return {k: len(v) for k, v in values.items()}
+def _placeholders(job: _StampJob) -> dict[str, str]:
+    """``cmh*`` values of the final widths, all zero."""
+    count = len(job.header.tensors)
+    record = Record(expires_at=0, fingerprint=bytes(32), flags=0, stamped_at=0)
+    return carrier_values(record, [bytes(32)] * count, [bytes(16)] * count if job.xxh3 else None)
 
 
-def _fits_in_place(header: Header, widths: dict[str, int]) -> bool:
-    metadata = header.metadata or {}
-    return all(k in metadata and len(metadata[k]) == w for k, w in widths.items())
+def _fits_in_place(job: _StampJob) -> bool:
+    """True when every value this stamp writes has a slot of its width in the header."""
+    metadata = job.header.metadata or {}
+    return all(k in metadata and len(metadata[k]) == len(v) for k, v in _placeholders(job).items())
 
 
 def _new_values(
@@ -147,12 +151,8 @@ def _new_values(
     return values, record, signer
 
 
-def _old_signature(header: Header) -> tuple[str, str] | None:
+def _old_signature(carrier: Carrier | None) -> tuple[str, str] | None:
     """The previous signature and key id, kept (now stale) by a restamp without a key."""
-    try:
-        carrier = read_carrier(header.metadata, len(header.tensors))
-    except CMHError:
-        return None
     if carrier is None or not carrier.record.signed or carrier.signature is None:
         return None
     return carrier.signature.hex(), carrier.key_id or "0" * 16
@@ -166,13 +166,9 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
     directory = os.path.dirname(os.path.abspath(target))
     _remove_dead_temporaries(directory, os.path.basename(target))
     tmp = os.path.join(directory, f".{os.path.basename(target)}.cmh-stamp.{os.getpid()}.tmp")
-    # The header is laid out with placeholder values of the final widths, so the
-    # tensors can be hashed from the copy itself before the values are filled in.
-    placeholder_record = Record(expires_at=0, fingerprint=bytes(32), flags=0, stamped_at=0)
-    count = len(header.tensors)
-    placeholders = carrier_values(
-        placeholder_record, [bytes(32)] * count, [bytes(16)] * count if xxh3 else None
-    )
+    # The header is laid out with placeholder values of the final widths: the
+    # layout is fixed before hashing, and the values are filled in place after.
+    placeholders = _placeholders(job)
     metadata = {k: v for k, v in (header.metadata or {}).items() if k not in placeholders}
     metadata.update(placeholders)
     raw = _encode_header(header, metadata)
@@ -291,7 +287,7 @@ def _stamp_in_place(job: _StampJob) -> StampResult:
     hash_started = time.perf_counter()
     digests = hash_tensors(target, header, xxh3=xxh3, threads=job.threads, progress=job.progress)
     hash_seconds = time.perf_counter() - hash_started
-    values, record, signer = _new_values(job, header, digests, _old_signature(header))
+    values, record, signer = _new_values(job, header, digests, _old_signature(job.previous))
     try:
         write_values_in_place(target, header, values)
     except StampError:
