@@ -269,14 +269,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
-        if (
-            a is None
-            or a.get("local_dir") is not None
-            or a.get("force_download")
-            or a.get("dry_run")
-            or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
-            or a.get("headers")
-        ):
+        if a is None or _stock_only(a):
             return original(*args, **kwargs)
         repo_type = a.get("repo_type") or "model"
         filename = a["filename"]
@@ -315,15 +308,7 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def snapshot_download(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
-        if (
-            a is None
-            or a.get("local_dir") is not None
-            or a.get("force_download")
-            or a.get("dry_run")
-            or a.get("ignore_patterns")
-            or a.get("headers")
-            or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
-        ):
+        if a is None or _stock_only(a) or a.get("ignore_patterns"):
             return original(*args, **kwargs)
         patterns = a.get("allow_patterns")
         try:
@@ -345,6 +330,17 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
 
     snapshot_download.__cmh_original__ = original  # type: ignore[attr-defined]
     return snapshot_download
+
+
+def _stock_only(a: dict[str, Any]) -> bool:
+    """Arguments the resolver does not take over: the call goes to the stock function."""
+    return bool(
+        a.get("local_dir") is not None
+        or a.get("force_download")
+        or a.get("dry_run")
+        or a.get("headers")
+        or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
+    )
 
 
 def _revision(value: Any) -> str | None:
