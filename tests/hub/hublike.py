@@ -303,8 +303,7 @@ class HubLike:
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             self._runners.append(runner)
-            sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-            port = sockets[0].getsockname()[1]
+            port = int(runner.addresses[0][1])
             if origin == "hub":
                 self.url = f"http://127.0.0.1:{port}"
             else:
@@ -431,7 +430,9 @@ class HubLike:
             headers = _copy(head)
             size = head.headers.get("Content-Length")
         linked = headers.get("X-Linked-Etag", "").strip('"')
-        if head.status != 200:
+        if head.status != 200:  # errors keep the backend's typed answer (and JSON body)
+            if request.method == "GET":
+                return await self._forward(request)
             return web.Response(status=head.status, headers=headers)
         if _SHA256_RE.match(linked):
             return self._redirect(request, match, headers, linked)
@@ -524,8 +525,9 @@ class HubLike:
                     return web.Response(status=upstream.status, body=data, headers=_copy(upstream))
                 headers = _copy(upstream)
                 entries.extend(json.loads(data))
-                nxt = upstream.links.get("next", {}).get("url")
-                target = None if nxt is None else str(nxt).removeprefix(self.backend)
+                nxt = upstream.links.get("next")
+                url = None if nxt is None else nxt.get("url")
+                target = None if url is None else str(url).removeprefix(self.backend)
         headers.pop("Link", None)
         if self.xet_listing:
             entries = [_with_xet(e) for e in entries]

@@ -12,6 +12,7 @@ import math
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -24,9 +25,14 @@ from huggingface_hub import (
     hf_hub_url,
     snapshot_download,
 )
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+)
 from huggingface_hub.hf_api import RepoFile
 from mirror_support import (
+    DATA_REPO,
     MINILM_REPO,
     PRIVATE_TOKEN,
     TINY_REPO,
@@ -181,16 +187,45 @@ def test_snapshot_download_gives_the_store_bytes(
     _no_xet_headers(front)
 
 
+def test_dataset_repo_and_missing_file(
+    front: HubLike, mirror_store: MirrorStore, cache: Path
+) -> None:
+    src = mirror_store.sources[f"datasets/{DATA_REPO}@main"]
+    path = hf_hub_download(
+        DATA_REPO, "train/part-0.csv", repo_type="dataset", cache_dir=cache, endpoint=front.url
+    )
+    assert Path(path).read_bytes() == (src / "train" / "part-0.csv").read_bytes()
+    tree = HfApi(endpoint=front.url).list_repo_tree(DATA_REPO, repo_type="dataset", recursive=True)
+    assert {e.path for e in tree if isinstance(e, RepoFile)} == set(_files(src))
+    with pytest.raises(RemoteEntryNotFoundError):
+        hf_hub_download(TINY_REPO, "nope.txt", cache_dir=cache, endpoint=front.url)
+    commit = mirror_store.imports[f"{TINY_REPO}@main"].commit
+    assert (cache / "models--cmh-test--tiny" / ".no_exist" / commit / "nope.txt").exists()
+    missing = httpx2.get(hf_hub_url(TINY_REPO, "nope.txt", endpoint=front.url))
+    assert missing.status_code == 404 and missing.headers["x-error-code"] == "EntryNotFound"
+
+
+def test_backend_pages_are_followed_then_re_paginated(
+    mirror_store: MirrorStore, mirror_server_factory: Any, minilm_src: Path
+) -> None:
+    server = mirror_server_factory(mirror_store.path, extra_args=("--tree-page-size", "2"))
+    with running(server.url, page_size=5) as hub:
+        entries = list(HfApi(endpoint=hub.url).list_repo_tree(MINILM_REPO, recursive=True))
+        assert {e.path for e in entries if isinstance(e, RepoFile)} == set(_files(minilm_src))
+        assert len(hub.records(origin="hub", path="/tree/")) == math.ceil(len(entries) / 5)
+    assert server.count(route="tree", method="GET") > len(entries) // 2
+
+
 @pytest.fixture
 def private_front(
-    tmp_path: Path, tiny_main: Path, mirror_server_factory: object
+    tmp_path: Path, tiny_main: Path, mirror_server_factory: Any
 ) -> Iterator[tuple[HubLike, Path]]:
     """A store holding a private repo with an LFS file, its ``cmh serve`` and a front."""
     store = tmp_path / "private-store"
     add_folder(store, tiny_main, "cmh-test/secret")
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(f"{PRIVATE_TOKEN}  cmh-test/secret\n")
-    server = mirror_server_factory(store, tokens=tokens)  # type: ignore[operator]
+    server = mirror_server_factory(store, tokens=tokens)
     with running(server.url) as hub:
         yield hub, tiny_main
 
@@ -318,6 +353,15 @@ def test_fault_500_on_metadata_then_success(front: HubLike, tiny_main: Path, cac
     assert Path(path).read_bytes() == (tiny_main / "config.json").read_bytes()
     heads = front.records(origin="hub", method="HEAD")
     assert [r.status for r in heads] == [500, 500, 200]
+
+
+def test_fault_500_at_the_cdn_is_not_retried(front: HubLike, cache: Path) -> None:
+    front.fail(500, times=1, origin="cdn")
+    with pytest.raises(HfHubHTTPError) as err:
+        hf_hub_download(TINY_REPO, "weights.bin", cache_dir=cache, endpoint=front.url)
+    assert err.value.response.status_code == 500
+    hf_hub_download(TINY_REPO, "weights.bin", cache_dir=cache, endpoint=front.url)
+    assert [r.status for r in front.records(origin="cdn")] == [500, 200]
 
 
 def test_fault_wrong_bytes_pass_the_stock_client(
