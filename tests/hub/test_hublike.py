@@ -335,6 +335,24 @@ def test_fault_stall_times_the_client_out_and_it_resumes(
     assert second.headers["range"] == f"bytes={RESUME_AT}-" and second.status == 206
 
 
+def test_download_outliving_its_signed_url_fails_in_the_stock_client(
+    front: HubLike, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Expires is whole seconds: a 2 s lifetime leaves the URL valid 1 to 2 s. The
+    # client's read times out 1.5 s into the stall and it resumes 1 s later, past it.
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1.5)
+    front.url_lifetime = 2
+    front.stall(after_bytes=FAULT_AT, seconds=2.5)
+    with pytest.raises(HfHubHTTPError) as err:
+        hf_hub_download(MINILM_REPO, WEIGHTS, cache_dir=cache, endpoint=front.url)
+    assert err.value.response.status_code == 403
+    front.wait_idle()
+    first, second = front.records(origin="cdn", method="GET")
+    assert first.status == 200 and first.aborted
+    assert second.status == 403 and second.headers["range"] == f"bytes={RESUME_AT}-"
+    assert len(front.records(origin="hub", path="/resolve/")) == 1  # never asked again
+
+
 def test_fault_429_with_retry_after_then_success(
     front: HubLike, tiny_main: Path, cache: Path
 ) -> None:
