@@ -123,7 +123,6 @@ class _CdnEntry:
     commit: str
     path: str  # percent-encoded file path
     authorization: str | None
-    filename: str
 
 
 @dataclass
@@ -280,6 +279,7 @@ class HubLike:
             except BaseException as exc:  # reported to the starting thread
                 errors.append(exc)
                 started.set()
+                loop.close()
                 return
             started.set()
             loop.run_forever()
@@ -341,7 +341,10 @@ class HubLike:
                 seq = self._arrivals
             response: web.StreamResponse | None = None
             try:
-                response = await handler(request)
+                try:
+                    response = await handler(request)
+                except aiohttp.ClientError as exc:  # cmh serve unreachable or gone
+                    response = web.Response(status=502, text=f"backend: {exc}")
                 return response
             finally:
                 entry = Record(
@@ -466,7 +469,7 @@ class HubLike:
         filename = path.rsplit("/", 1)[-1]
         with self._lock:
             self._cdn[sha] = _CdnEntry(
-                match.group("prefix"), commit, path, request.headers.get("Authorization"), filename
+                match.group("prefix"), commit, path, request.headers.get("Authorization")
             )
         cdn_path = f"/repos/{sha[:2]}/{sha[2:4]}/{sha}"
         expires = math.floor(time.time() + self.url_lifetime)

@@ -338,11 +338,11 @@ def test_fault_stall_times_the_client_out_and_it_resumes(
 def test_download_outliving_its_signed_url_fails_in_the_stock_client(
     front: HubLike, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Expires is whole seconds: a 2 s lifetime leaves the URL valid 1 to 2 s. The
-    # client's read times out 1.5 s into the stall and it resumes 1 s later, past it.
-    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1.5)
-    front.url_lifetime = 2
-    front.stall(after_bytes=FAULT_AT, seconds=2.5)
+    # Expires is whole seconds: a 3 s lifetime leaves the URL valid 2 to 3 s. The
+    # client's read times out 2.5 s into the stall and it resumes 1 s later, past it.
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 2.5)
+    front.url_lifetime = 3
+    front.stall(after_bytes=FAULT_AT, seconds=3.0)
     with pytest.raises(HfHubHTTPError) as err:
         hf_hub_download(MINILM_REPO, WEIGHTS, cache_dir=cache, endpoint=front.url)
     assert err.value.response.status_code == 403
@@ -425,3 +425,12 @@ def test_stop_frees_the_ports_and_the_thread(mirror: MirrorServer) -> None:
     for port in ports:
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_unreachable_backend_is_a_502() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with running(f"http://127.0.0.1:{port}") as hub:
+        assert httpx2.get(f"{hub.url}/api/models/{TINY_REPO}").status_code == 502
+        assert [r.status for r in hub.records()] == [502]
