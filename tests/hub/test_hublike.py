@@ -274,6 +274,10 @@ def test_cdn_serves_one_range_206_and_many_ranges_200_whole(
     assert "multipart" not in many.headers.get("content-type", "")
     past = httpx2.get(location, headers={"Range": f"bytes={len(data)}-"})
     assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{len(data)}"
+    followed = httpx2.get(
+        hf_hub_url(TINY_REPO, "weights.bin", endpoint=front.url), follow_redirects=True
+    )
+    assert [r.status_code for r in followed.history] == [302] and followed.content == data
 
 
 # -- fault knobs, each observed by the stock client ------------------------------------------
