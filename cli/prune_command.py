@@ -140,8 +140,7 @@ def prune(
     if not root.is_dir():
         fail(f"{root}: no such directory", 3)
 
-    from cmh.hub.cache_scan import scan_cache
-    from cmh.hub.prune import PrunePolicy, plan_prune
+    from cmh.hub.prune import PrunePolicy, plan_prune, scan_cache
 
     from .prune_report import plan_document, plan_lines
 
@@ -181,8 +180,7 @@ def prune(
 
 
 def _execute(plan: object, kind: str, lock_timeout: float, as_json: bool) -> None:
-    from cmh.hub.prune import PrunePlan
-    from cmh.hub.prune_exec import execute_plan
+    from cmh.hub.prune import PrunePlan, execute_plan
 
     from .prune_report import report_document, report_lines
 

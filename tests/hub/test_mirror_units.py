@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cmh.hub.mirror_auth import AccessPolicy, TokensFileError, bearer_token, load_tokens
-from cmh.hub.mirror_routes import BadTarget, NoRoute, Route, parse_target
+from cmh.hub.mirror.auth import AccessPolicy, TokensFileError, bearer_token, load_tokens
+from cmh.hub.mirror.routes import BadTarget, NoRoute, Route, parse_target
 
 
 @pytest.mark.parametrize(

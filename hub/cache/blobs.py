@@ -1,11 +1,11 @@
-"""Blobs in a stock cache: check, resumable whole download, atomic install.
+"""Blobs in a stock cache: hashing, checks, atomic install.
 
 A blob is named by its ETag: the SHA-256 of the content for LFS files, the git
 blob SHA-1 otherwise. Nothing enters ``blobs/`` before its bytes hash to its
 name (and, for a stamped safetensors file, before every tensor matches the
 CMH manifest). A whole download in progress lives in ``blobs/{etag}.incomplete``
-(always a prefix of the blob, the name the stock client used to resume), so a
-rerun after a crash, or another process, continues it with ``Range``. A blob
+(always a prefix of the blob, the name the stock client used to resume; see
+:mod:`cmh.hub.resolver.fetch`). A blob
 once checked gets a marker in ``.cmh/verified/{etag}`` holding its size,
 mtime, ctime and inode: while those are unchanged it is not hashed again.
 """
@@ -18,18 +18,18 @@ import os
 import queue
 import struct
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
+from cmh._atomic import fsync_dir
 from cmh.carrier import read_carrier
 from cmh.checkpoint import claimed_digests
 from cmh.errors import CMHError
 from cmh.header import PREFIX_SIZE, Header, parse_header
 
+from ..resolver.types import IntegrityError
 from .layout import RepoLayout
-from .remote import HubClient, RemoteFile
-from .resolution import HubUnreachableError, IntegrityError
 
 READ_CHUNK = 8 << 20
 #: Files from this size are hashed for their ETag in a worker thread.
@@ -50,13 +50,64 @@ def _stat_key(st: os.stat_result) -> str:
     return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}"
 
 
-def new_digest(etag: str, size: int) -> hashlib._Hash:
-    """The hash whose hex digest names a blob: SHA-256, or git's blob SHA-1."""
-    if len(etag) == 64:
-        return hashlib.sha256()
+def git_blob_hasher(size: int) -> hashlib._Hash:
+    """A SHA-1 primed with the git blob header of a ``size``-byte blob; feed it the content."""
     digest = hashlib.sha1(usedforsecurity=False)
     digest.update(b"blob %d\0" % size)
     return digest
+
+
+def new_digest(etag: str, size: int) -> hashlib._Hash:
+    """The hash whose hex digest names a blob: SHA-256 (LFS), or git's blob SHA-1."""
+    return hashlib.sha256() if len(etag) == 64 else git_blob_hasher(size)
+
+
+class Sink(Protocol):
+    """Anything fed bytes in order: a hash, a :class:`ContentCheck`."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+def hash_file(
+    path: Path, *sinks: Sink, limit: int | None = None, copy_to: BinaryIO | None = None
+) -> int:
+    """Feed the first ``limit`` bytes (default: all) of ``path`` to every sink, in one read.
+
+    ``copy_to`` also receives the bytes (an import that hashes while it copies).
+    Returns the number of bytes read.
+    """
+    fed = 0
+    with open(path, "rb") as f:
+        while limit is None or fed < limit:
+            data = f.read(READ_CHUNK if limit is None else min(READ_CHUNK, limit - fed))
+            if not data:
+                break
+            for sink in sinks:
+                sink.update(data)
+            if copy_to is not None:
+                copy_to.write(data)
+            fed += len(data)
+    return fed
+
+
+def hash_blob(path: Path, size: int, copy_to: BinaryIO | None = None) -> tuple[int, str, str]:
+    """``(bytes read, sha256, git blob sha1)`` of a file of ``size`` bytes, in one read."""
+    sha, git = hashlib.sha256(), git_blob_hasher(size)
+    read = hash_file(path, sha, git, copy_to=copy_to)
+    return read, sha.hexdigest(), git.hexdigest()
+
+
+def blob_matches(path: Path, etag: str, size: int) -> bool:
+    """True when the regular file at ``path`` has ``size`` bytes whose hash is ``etag``."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not os.path.isfile(path) or os.path.islink(path) or st.st_size != size:
+        return False
+    digest = new_digest(etag, size)
+    hash_file(path, digest)
+    return digest.hexdigest() == etag
 
 
 class ContentCheck:
@@ -238,16 +289,7 @@ class _DigestThread:
 
 def feed_file(check: ContentCheck, path: Path, limit: int | None = None) -> int:
     """Feed the first ``limit`` bytes (default: all) of ``path`` to ``check``."""
-    fed = 0
-    with open(path, "rb") as f:
-        while limit is None or fed < limit:
-            want = READ_CHUNK if limit is None else min(READ_CHUNK, limit - fed)
-            data = f.read(want)
-            if not data:
-                break
-            check.update(data)
-            fed += len(data)
-    return fed
+    return hash_file(path, check, limit=limit)
 
 
 def check_file(path: Path, etag: str, size: int, *, strict: bool = False) -> list[str]:
@@ -310,122 +352,3 @@ def install_blob(repo: RepoLayout, etag: str, source: Path) -> None:
     os.replace(source, target)
     fsync_dir(target.parent)
     mark_verified(repo, etag)
-
-
-def fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def download_whole(
-    client: HubClient,
-    repo: RepoLayout,
-    remote: RemoteFile,
-    url: str,
-    *,
-    strict: bool = False,
-    attempts: int = 6,
-    progress: Progress | None = None,
-) -> tuple[int, bool, list[str]]:
-    """Fetch blob ``remote.etag`` whole into the cache, resuming any partial.
-
-    The caller holds the blob lock. Returns (bytes received, resumed, warnings).
-    Transfer failures are retried with ``Range`` from where the partial ends;
-    content that fails its check is discarded and fetched once more from
-    byte 0, then refused with :class:`IntegrityError`.
-    """
-    part = partial_path(repo, remote.etag)
-    part.parent.mkdir(parents=True, exist_ok=True)
-    check = ContentCheck(
-        remote.etag, remote.size, safetensors=remote.path.endswith(".safetensors"), strict=strict
-    )
-    received = 0
-    resumed = False
-    integrity_failures = 0
-    last_error: Exception | None = None
-    for attempt in range(attempts):
-        check.reset()
-        try:
-            existing = part.stat().st_size
-        except FileNotFoundError:
-            existing = 0
-        if existing > remote.size:
-            part.unlink()
-            existing = 0
-        try:
-            if existing:
-                feed_file(check, part, existing)
-                resumed = resumed or attempt == 0
-        except IntegrityError:
-            part.unlink()
-            existing = 0
-            check.reset()
-        try:
-            if remote.size == 0:
-                part.touch()  # an empty file needs no request, but a partial to install
-            if existing < remote.size:
-                received += _fetch_into(client, url, part, existing, check, progress)
-                if part.stat().st_size < remote.size:
-                    raise HubUnreachableError(
-                        f"body ended after {part.stat().st_size} of {remote.size} bytes"
-                    )
-            check.finish()
-        except HubUnreachableError as exc:
-            last_error = exc
-            time.sleep(min(0.05 * 2**attempt, 1.0))
-            continue
-        except IntegrityError as exc:
-            last_error = exc
-            with contextlib.suppress(FileNotFoundError):
-                part.unlink()
-            integrity_failures += 1
-            if integrity_failures >= 2:
-                raise IntegrityError(f"{remote.path}: {exc}; refused, nothing installed") from None
-            continue
-        install_blob(repo, remote.etag, part)
-        return received, resumed, check.warnings
-    assert last_error is not None
-    if isinstance(last_error, IntegrityError):
-        raise IntegrityError(f"{remote.path}: {last_error}; refused, nothing installed")
-    raise HubUnreachableError(
-        f"{remote.path}: download failed after {attempts} attempts ({last_error}); "
-        f"{part.name} kept for resuming"
-    )
-
-
-def _fetch_into(
-    client: HubClient,
-    url: str,
-    part: Path,
-    existing: int,
-    check: ContentCheck,
-    progress: Progress | None,
-) -> int:
-    received = 0
-    mode = "r+b" if part.exists() else "w+b"
-    with open(part, mode) as f:
-        f.seek(existing)
-        f.truncate()
-
-        def sink(chunk: bytes) -> None:
-            nonlocal received
-            f.write(chunk)
-            check.update(chunk)
-            received += len(chunk)
-            if progress is not None:
-                progress(len(chunk))
-
-        def restart() -> None:
-            f.seek(0)
-            f.truncate()
-            check.reset()
-
-        try:
-            client.stream(url, existing, sink, on_restart=restart)
-        finally:
-            f.flush()
-    return received

@@ -1,8 +1,8 @@
 """Prune policies and the plan they make: what goes from a cache or store, and why.
 
-:func:`plan_prune` is a pure function of a :class:`~cmh.hub.cache_scan.CacheScan`,
+:func:`plan_prune` is a pure function of a :class:`~cmh.hub.prune.scan.CacheScan`,
 a :class:`PrunePolicy` and a clock: it reads no file and changes nothing.
-:mod:`cmh.hub.prune_exec` carries a plan out under the repo and revision locks.
+:mod:`cmh.hub.prune.execute` carries a plan out under the repo and revision locks.
 
 Policies select revisions; a revision goes when any selected policy names it
 (reasons accumulate). Removing a revision removes the refs that name it, its
@@ -20,8 +20,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cache_scan import REPO_TRASH, ROOT_TRASH, CacheScan, RepoScan, etag_of
-from .layout import COMMIT_RE
+from ..cache.layout import COMMIT_RE
+from .scan import REPO_TRASH, ROOT_TRASH, CacheScan, RepoScan, etag_of
 
 DAY = 86400.0
 
@@ -45,26 +45,6 @@ BLOB_GONE = "blob-gone"
 REPO_GONE = "repo-gone"
 LEFTOVER = "leftover"
 EMPTY = "empty"
-
-REASONS: dict[str, str] = {
-    EXPIRED: "stamped files are past expires_at",
-    UNREFERENCED: "no ref names this revision",
-    BEYOND_KEEP_LATEST: "older than the N latest revisions of the repo",
-    UNUSED: "not used for longer than --older-than",
-    OVER_SIZE: "least recently used while the store is over --max-size",
-    BROKEN: "a file's blob is missing (the stock scanner skips the whole repo)",
-    ORPHAN: "no snapshot links to this blob",
-    UNLINKED: "only removed revisions linked to this blob",
-    STALE: "interrupted download older than --stale-incomplete",
-    DANGLING: "ref names a commit that has no snapshot",
-    INVALID: "not a ref (no commit inside)",
-    NOT_EXACT: "ref has text around the commit (the stock scanner rejects it)",
-    REVISION_GONE: "belongs to a revision that is gone",
-    BLOB_GONE: "belongs to a blob that is gone",
-    REPO_GONE: "belongs to a repo that is gone",
-    LEFTOVER: "left behind by an interrupted prune or write",
-    EMPTY: "nothing left in the repo",
-}
 
 # Kinds of housekeeping items (each path relative to the cache root).
 KIND_BLOB = "blob"
@@ -114,16 +94,6 @@ class PrunePolicy:
             raise ValueError("older_than cannot be negative")
         if self.max_size is not None and self.max_size < 0:
             raise ValueError("max_size cannot be negative")
-
-    @property
-    def selects_revisions(self) -> bool:
-        return (
-            self.expired
-            or self.unreferenced
-            or self.keep_latest is not None
-            or self.older_than is not None
-            or self.max_size is not None
-        )
 
 
 @dataclass(frozen=True)

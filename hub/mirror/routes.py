@@ -3,7 +3,7 @@
 Routing works on the raw target, never on a normalised path: each ``/``
 segment is percent-decoded once, strictly (UTF-8), and a decoded segment
 holding a NUL, a backslash or a control character is refused. Repo ids,
-revisions and file paths are then checked by :mod:`cmh.hub.layout`, which
+revisions and file paths are then checked by :mod:`cmh.hub.cache.layout`, which
 refuses ``.``/``..`` parts, empty parts and absolute paths, so no target can
 name anything outside a repo's snapshot.
 """
@@ -14,11 +14,16 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote
 
-from .layout import LayoutError, validate_relpath, validate_repo_id, validate_revision
+from ..cache.layout import (
+    REPO_PART_RE,
+    LayoutError,
+    validate_relpath,
+    validate_repo_id,
+    validate_revision,
+)
 
 MAX_TARGET = 8192
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\\]")
-_REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 API_KEYWORDS = ("revision", "tree", "paths-info")
 
 
@@ -54,7 +59,7 @@ def _decode(segment: str) -> str:
 
 def _repo(parts: list[str]) -> str:
     for p in parts:
-        if not _REPO_PART_RE.match(p):
+        if not REPO_PART_RE.match(p):
             raise BadTarget("invalid repo id")
     try:
         return validate_repo_id("/".join(parts))

@@ -26,11 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import housekeeping
-from .cache_store import blob_state, download_whole, partial_path
-from .layout import COMMIT_RE, RepoLayout, validate_repo_id, validate_revision
-from .local_state import (
+from ..cache import housekeeping
+from ..cache.blobs import blob_state, partial_path
+from ..cache.layout import (
+    COMMIT_RE,
+    RepoLayout,
     default_cache_dir,
+    validate_repo_id,
+    validate_revision,
+)
+from ..cache.locks import blob_lock, repo_lock, snapshot_in_use
+from ..cache.usage import record_use
+from .credentials import default_token
+from .fetch import download_whole
+from .http import HubClient
+from .local import (
     find_old_version,
     linked_etag,
     read_tree,
@@ -42,10 +52,8 @@ from .local_state import (
     write_tree,
     write_validation,
 )
-from .locks import blob_lock, repo_lock, snapshot_in_use
 from .partial import PatchNotPossible, patch_blob
-from .remote import HubClient, RemoteFile, default_token
-from .resolution import (
+from .types import (
     Action,
     FileResult,
     HubProtocolError,
@@ -55,10 +63,10 @@ from .resolution import (
     OfflineError,
     Policy,
     PolicyError,
+    RemoteFile,
     Resolution,
     State,
 )
-from .usage import record_use
 
 logger = logging.getLogger("cmh.hub")
 

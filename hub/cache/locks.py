@@ -24,6 +24,10 @@ from pathlib import Path
 
 from .layout import RepoLayout
 
+#: Lock files are group-writable, like the stock client's (``FileLock(mode=0o664)``),
+#: so a cache shared by a group can be locked by every member.
+LOCK_FILE_MODE = 0o664
+
 
 class LockBusy(TimeoutError):
     """The lock could not be taken within the time allowed."""
@@ -43,10 +47,12 @@ def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> 
     while True:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_FILE_MODE)
         except (FileNotFoundError, FileExistsError):
             # A pruner removed the lock folder between our looks at it: make it again.
             continue
+        with contextlib.suppress(PermissionError):  # another user's lock file: keep its mode
+            os.fchmod(fd, LOCK_FILE_MODE)  # not narrowed by the umask, as the stock client does
         try:
             _acquire(fd, mode, deadline, path)
         except BaseException:

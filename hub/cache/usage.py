@@ -2,7 +2,7 @@
 
 Each use of a snapshot (a resolve, a mirror read) touches
 ``{repo}/.cmh/used/{commit}``; its mtime is the last use. Touches closer than
-:data:`RESOLUTION` seconds to the previous one are skipped, so a busy mirror
+:data:`DEBOUNCE_SECONDS` to the previous one are skipped, so a busy mirror
 does not write once per request.
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .layout import RepoLayout
 
-RESOLUTION = 60.0
+#: Uses closer than this to the recorded one are not written again.
+DEBOUNCE_SECONDS = 60.0
 
 
 def usage_path(repo: RepoLayout, commit: str) -> Path:
@@ -32,17 +33,9 @@ def record_use(repo: RepoLayout, commit: str, now: float | None = None) -> None:
         previous = path.stat().st_mtime
     except FileNotFoundError:
         previous = None
-    if previous is not None and abs(at - previous) < RESOLUTION:
+    if previous is not None and abs(at - previous) < DEBOUNCE_SECONDS:
         return
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
         os.utime(path, (at, at))
-
-
-def last_use(repo: RepoLayout, commit: str) -> float | None:
-    """When ``commit`` was last used, or ``None`` if cmh never recorded a use."""
-    try:
-        return usage_path(repo, commit).stat().st_mtime
-    except OSError:
-        return None

@@ -9,12 +9,13 @@ the environment (``HTTP(S)_PROXY``, ``NO_PROXY``), like the stock client.
 from __future__ import annotations
 
 import atexit
+import email.utils
 import json
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -22,64 +23,17 @@ import httpx2
 
 from cmh import __version__
 
-from .layout import COMMIT_RE, REPO_TYPE_PREFIX, validate_relpath
-from .resolution import (
+from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, validate_relpath
+from .credentials import default_endpoint
+from .multipart import MultipartParser
+from .types import (
     AccessError,
     HubProtocolError,
     HubUnreachableError,
     NotFoundError,
+    RemoteFile,
+    RemoteRevision,
 )
-
-DEFAULT_ENDPOINT = "https://huggingface.co"
-CHUNK = 1 << 20
-_ETAG_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
-
-
-def default_endpoint() -> str:
-    """``HF_ENDPOINT`` read now (not at import), else huggingface.co."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-
-
-def default_token() -> str | None:
-    """``HF_TOKEN`` (or the stock client's token file), as the stock client finds it."""
-    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
-    if token and token.strip():
-        return token.strip()
-    try:
-        from huggingface_hub import get_token
-
-        found = get_token()
-    except Exception:  # no token file, OIDC not configured, ...
-        return None
-    return found or None
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    """One file of a commit as the Hub lists it; ``etag`` names its blob."""
-
-    path: str
-    size: int
-    etag: str
-    lfs: bool
-    blob_id: str
-
-    def tree_entry(self) -> dict[str, Any]:
-        """The stock ``trees/{commit}.json`` entry for this file."""
-        entry: dict[str, Any] = {"size": self.size, "blob_id": self.blob_id}
-        if self.lfs:
-            entry["lfs_sha256"] = self.etag
-            entry["lfs_size"] = self.size
-        return entry
-
-
-@dataclass(frozen=True)
-class RemoteRevision:
-    """A revision resolved to a commit; ``files`` when the answer listed blobs."""
-
-    commit: str
-    files: dict[str, RemoteFile] | None
-
 
 _clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
 _clients_lock = threading.Lock()
@@ -213,12 +167,6 @@ class HubClient:
             url, params = (str(response.url.join(nxt)), None) if nxt else (None, None)
         return files
 
-    def fetch_range(self, url: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of ``url``; :class:`RangeNotSatisfied` unless a 206 for them."""
-        chunks: list[bytes] = []
-        self.stream(url, start, chunks.append, end=end)
-        return b"".join(chunks)
-
     def stream(
         self,
         url: str,
@@ -305,7 +253,7 @@ class HubClient:
                 match = re.search(r"boundary=\"?([^\";]+)\"?", ctype)
                 if response.status_code != 206 or "multipart/byteranges" not in ctype or not match:
                     raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
-                parser = _MultipartParser(match.group(1).encode(), set(ranges), sink)
+                parser = MultipartParser(match.group(1).encode(), set(ranges), sink)
                 for chunk in response.iter_raw():
                     self._count(nbytes=len(chunk))
                     parser.feed(chunk)
@@ -323,89 +271,6 @@ def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], Non
         pos += len(chunk)
 
     return write
-
-
-class _MultipartParser:
-    """Incremental parser of a ``multipart/byteranges`` body (RFC 9110, 14.6)."""
-
-    def __init__(
-        self, boundary: bytes, wanted: set[tuple[int, int]], sink: Callable[[int, bytes], None]
-    ) -> None:
-        self.delimiter = b"--" + boundary
-        self.wanted = wanted
-        self.sink = sink
-        self.buf = bytearray()
-        self.state = "boundary"
-        self.pos = 0
-        self.left = 0
-        self.done = False
-
-    def feed(self, data: bytes) -> None:
-        if self.state == "data" and not self.buf:
-            data = self._data(memoryview(data))
-        self.buf += data
-        while self._step():
-            pass
-
-    def _data(self, view: memoryview) -> bytes:
-        n = min(self.left, len(view))
-        if n:
-            self.sink(self.pos, bytes(view[:n]))
-            self.pos += n
-            self.left -= n
-        if self.left == 0:
-            self.state = "after"
-        return bytes(view[n:])
-
-    def _step(self) -> bool:
-        if self.done:
-            if self.buf.strip():
-                raise HubProtocolError("bytes after the closing multipart boundary")
-            self.buf.clear()
-            return False
-        if self.state == "data":
-            rest = self._data(memoryview(bytes(self.buf)))
-            self.buf = bytearray(rest)
-            return self.state != "data"
-        if self.state in ("boundary", "after"):
-            at = self.buf.find(self.delimiter)
-            if at < 0:
-                if len(self.buf) > 4096:
-                    raise HubProtocolError("multipart boundary not found")
-                return False
-            if self.buf[:at].strip():
-                raise HubProtocolError("unexpected bytes between multipart parts")
-            tail = self.buf[at + len(self.delimiter) : at + len(self.delimiter) + 2]
-            if len(tail) < 2:
-                return False
-            if tail == b"--":
-                self.done = True
-                self.buf = self.buf[at + len(self.delimiter) + 2 :]
-                return True
-            self.buf = self.buf[at + len(self.delimiter) :]
-            self.state = "headers"
-            return True
-        # headers
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buf) > 16384:
-                raise HubProtocolError("multipart part headers too long")
-            return False
-        head = bytes(self.buf[:end]).decode("latin-1")
-        self.buf = self.buf[end + 4 :]
-        match = re.search(r"(?im)^content-range:\s*bytes (\d+)-(\d+)/(\d+|\*)\s*$", head)
-        if not match:
-            raise HubProtocolError("multipart part without Content-Range")
-        begin, last = int(match.group(1)), int(match.group(2))
-        if (begin, last + 1) not in self.wanted:
-            raise HubProtocolError(f"server sent bytes {begin}-{last}, which were not asked for")
-        self.wanted.discard((begin, last + 1))
-        self.pos, self.left, self.state = begin, last + 1 - begin, "data"
-        return True
-
-    def close(self) -> None:
-        if not self.done or self.wanted:
-            raise HubUnreachableError("multipart answer ended before every range arrived")
 
 
 def _check_content_range(response: httpx2.Response, start: int, end: int | None) -> None:
@@ -436,12 +301,30 @@ def raise_for_status(response: httpx2.Response) -> None:
     if code == "GatedRepo" or status in (401, 403):
         raise AccessError(f"access refused ({status}): {url}")
     if status == 429 or status >= 500:
-        raise HubUnreachableError(f"{url}: server error {status}")
+        raise HubUnreachableError(
+            f"{url}: server error {status}", retry_after=retry_after(response.headers)
+        )
     if status == 404:
         raise HubProtocolError(f"{url}: 404 without X-Error-Code (not a Hub endpoint?)")
     if status == 416:
         raise RangeNotSatisfied(f"{url}: 416 range not satisfiable")
     raise HubProtocolError(f"{url}: unexpected status {status}")
+
+
+def retry_after(headers: httpx2.Headers) -> float | None:
+    """Seconds ``Retry-After`` asks to wait (delay-seconds or an HTTP date), else ``None``."""
+    value = headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
@@ -450,7 +333,7 @@ def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
         if isinstance(oid, str) and re.fullmatch(r"[0-9a-f]{64}", oid):
             return oid, True
         return None
-    if isinstance(blob_id, str) and _ETAG_RE.match(blob_id):
+    if isinstance(blob_id, str) and ETAG_RE.match(blob_id):
         return blob_id, False
     return None
 

@@ -1,9 +1,9 @@
 """Mirror observability: Prometheus metrics and one JSON access-log line per request.
 
 With several worker processes, metrics use ``prometheus_client``'s
-multiprocess mode: :func:`enable_multiprocess` must run before
-``prometheus_client`` is first imported, and ``/metrics`` then aggregates
-every worker's values.
+multiprocess mode: :mod:`cmh.hub.mirror.run` sets ``PROMETHEUS_MULTIPROC_DIR``
+before the workers start, and ``/metrics`` then aggregates every worker's
+values.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .layout import iter_repos
+from ..cache.layout import iter_repos
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,12 +34,6 @@ ROUTE_KEY = "cmh_route"
 BYTES_KEY = "cmh_bytes"
 RANGE_KEY = "cmh_range"
 INFO_KEY = "cmh_info"
-
-
-def enable_multiprocess(directory: Path) -> None:
-    """Switch ``prometheus_client`` to multiprocess mode (call before importing it)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    os.environ[MULTIPROC_ENV] = str(directory)
 
 
 class StoreSizeCollector(Collector):

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .layout import LayoutError, validate_repo_id
+from ..cache.layout import LayoutError, validate_repo_id
 
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}$")
 

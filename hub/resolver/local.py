@@ -18,31 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from cmh._atomic import atomic_write
 from cmh.carrier import read_carrier
 from cmh.errors import CMHError
 from cmh.header import read_header
 
-from .layout import COMMIT_RE, LayoutError, RepoLayout, atomic_write
-from .remote import RemoteFile
+from ..cache.layout import COMMIT_RE, LayoutError, RepoLayout
+from .types import RemoteFile
 
 TREE_FORMAT_VERSION = 1
-
-
-def default_cache_dir() -> Path:
-    """The stock cache folder, from the environment as it is now.
-
-    ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``
-    (``HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface`` or
-    ``~/.cache/huggingface``), as ``huggingface_hub.constants`` computes it.
-    """
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(os.path.expandvars(os.path.expanduser(explicit)))
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "huggingface",
-    )
-    return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
 
 
 def select(paths: Iterable[str], allow_patterns: Sequence[str] | str | None) -> list[str]:

@@ -40,13 +40,6 @@ def object_id(kind: str, payload: bytes) -> str:
     return hashlib.sha1(f"{kind} {len(payload)}\0".encode() + payload).hexdigest()
 
 
-def blob_hasher(size: int) -> hashlib._Hash:
-    """A SHA-1 primed with the git blob header of a ``size``-byte blob; feed it the content."""
-    h = hashlib.sha1()
-    h.update(f"blob {size}\0".encode())
-    return h
-
-
 def lfs_pointer(sha256: str, size: int) -> bytes:
     """The git-lfs pointer file of a content with this SHA-256 and size."""
     return (

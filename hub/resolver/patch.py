@@ -38,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .layout import COMMIT_RE, RepoLayout
-from .resolution import IntegrityError, NotFoundError, Policy, PolicyError, ResolveError, State
+from ..cache.layout import COMMIT_RE, RepoLayout
+from .types import IntegrityError, NotFoundError, Policy, PolicyError, ResolveError, State
 
 DEFAULT_WINDOW = 10.0
 
@@ -195,7 +195,7 @@ def _token(value: Any) -> str | None:
 
 
 def _cache_root(cache_dir: Any) -> Path:
-    from .local_state import default_cache_dir
+    from ..cache.layout import default_cache_dir
 
     return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
@@ -211,8 +211,8 @@ def _route(
     local_files_only: bool,
 ) -> Any:
     """Resolve through the per-process revalidation window."""
-    from .remote import default_endpoint
-    from .resolver import resolve
+    from .credentials import default_endpoint
+    from .negotiate import resolve
 
     revision = revision or "main"
     root = _cache_root(cache_dir)

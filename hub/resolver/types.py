@@ -1,4 +1,4 @@
-"""What a resolve decided and did: states, policy, per-file actions, errors.
+"""The resolver's data model: remote files, states, policy, per-file actions, errors.
 
 Pure data, no I/O: imported by ``cmh.hub`` without pulling in the HTTP stack.
 """
@@ -66,6 +66,33 @@ class Policy:
 def env_true(name: str) -> bool:
     """The stock client's reading of a boolean environment variable."""
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a commit as the Hub lists it; ``etag`` names its blob."""
+
+    path: str
+    size: int
+    etag: str
+    lfs: bool
+    blob_id: str
+
+    def tree_entry(self) -> dict[str, Any]:
+        """The stock ``trees/{commit}.json`` entry for this file."""
+        entry: dict[str, Any] = {"size": self.size, "blob_id": self.blob_id}
+        if self.lfs:
+            entry["lfs_sha256"] = self.etag
+            entry["lfs_size"] = self.size
+        return entry
+
+
+@dataclass(frozen=True)
+class RemoteRevision:
+    """A revision resolved to a commit; ``files`` when the answer listed blobs."""
+
+    commit: str
+    files: dict[str, RemoteFile] | None
 
 
 @dataclass(frozen=True)
@@ -147,7 +174,14 @@ class ResolveError(CMHError):
 
 
 class HubUnreachableError(ResolveError):
-    """The Hub could not be reached (connection, timeout, 5xx)."""
+    """The Hub could not be reached (connection, timeout, 429, 5xx).
+
+    ``retry_after``: the seconds the server asked to wait (``Retry-After``), if it said.
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class NotFoundError(ResolveError):

@@ -70,10 +70,11 @@ def parse_range(header: str | None, size: int) -> list[ByteRange] | None:
         ranges.append(ByteRange(start, min(end, size - 1)))
     if not ranges:
         raise RangeNotSatisfiable("no range overlaps the file")
-    return _coalesce(ranges)
+    return _merge_touching(ranges)
 
 
-def _coalesce(ranges: list[ByteRange]) -> list[ByteRange]:
+def _merge_touching(ranges: list[ByteRange]) -> list[ByteRange]:
+    """Overlapping or adjacent ranges merged (RFC 9110, 14.2); disjoint ones kept as sent."""
     ordered = sorted(ranges, key=lambda r: r.start)
     if all(a.end + 1 < b.start for a, b in itertools.pairwise(ordered)):
         return ranges

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .mirror_ranges import ByteRange
+from .ranges import ByteRange
 
 _FALLBACK_CHUNK = 1 << 20
 

@@ -71,7 +71,7 @@ def serve(config: ServeConfig) -> int:
     if not config.store.is_dir():
         raise ServeError(f"{config.store}: store folder not found")
     if config.tokens is not None:
-        from .mirror_auth import TokensFileError, load_tokens
+        from .auth import TokensFileError, load_tokens
 
         try:
             load_tokens(config.tokens)  # fail before any worker starts
@@ -93,9 +93,9 @@ def _log_stream(config: ServeConfig) -> IO[str]:
 def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[], None]) -> int:
     from aiohttp import web
 
-    from .mirror_app import MirrorState, make_app
-    from .mirror_auth import AccessPolicy, load_tokens
-    from .mirror_observe import AccessLogger, Metrics, configure
+    from .app import MirrorState, make_app
+    from .auth import AccessPolicy, load_tokens
+    from .observe import AccessLogger, Metrics, configure
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
     metrics = Metrics(config.store)

@@ -1,9 +1,9 @@
 """The mirror's HTTP application: Hub API handlers over a store (aiohttp).
 
-Transport only: routing lives in :mod:`~cmh.hub.mirror_routes`, ranges in
-:mod:`~cmh.hub.mirror_ranges`, access control in :mod:`~cmh.hub.mirror_auth`,
-the store's read side in :mod:`~cmh.hub.store_index`, byte sending in
-:mod:`~cmh.hub.mirror_send`. No handler ever sends a Xet header.
+Transport only: routing lives in :mod:`~cmh.hub.mirror.routes`, ranges in
+:mod:`~cmh.hub.mirror.ranges`, access control in :mod:`~cmh.hub.mirror.auth`,
+the store's read side in :mod:`~cmh.hub.mirror.index`, byte sending in
+:mod:`~cmh.hub.mirror.send`. No handler ever sends a Xet header.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from .layout import LayoutError, RepoLayout, validate_relpath
-from .mirror_auth import AccessPolicy, bearer_token, repo_key
-from .mirror_observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
-from .mirror_ranges import RangeNotSatisfiable, parse_range
-from .mirror_routes import BadTarget, NoRoute, Route, parse_target
-from .mirror_send import BlobUnavailable, multipart, open_blob, send_body
-from .store_index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
-from .usage import record_use
+from ..cache.layout import LayoutError, RepoLayout, validate_relpath
+from ..cache.usage import record_use
+from .auth import AccessPolicy, bearer_token, repo_key
+from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
+from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
+from .ranges import RangeNotSatisfiable, parse_range
+from .routes import BadTarget, NoRoute, Route, parse_target
+from .send import BlobUnavailable, multipart, open_blob, send_body
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50

@@ -16,14 +16,14 @@ import contextlib
 import os
 import re
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .layout import COMMIT_RE, RepoLayout
+from .layout import COMMIT_RE, ETAG_PATTERN, RepoLayout
 from .locks import LockBusy, blob_lock
-from .remote import RemoteFile
 
-_ORPHAN_RE = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.[0-9a-f]+\.incomplete$")
+_ORPHAN_RE = re.compile(rf"^({ETAG_PATTERN})\.[0-9a-f]+\.incomplete$")
 
 
 @dataclass
@@ -81,10 +81,10 @@ def _adopt(repo: RepoLayout, etag: str, orphans: list[Path], report: Housekeepin
 def clean_no_exist(
     repo: RepoLayout,
     commit: str | None = None,
-    files: dict[str, RemoteFile] | None = None,
+    files: Collection[str] | None = None,
     report: HousekeepingReport | None = None,
 ) -> HousekeepingReport:
-    """Remove ``.no_exist`` entries contradicted by ``files`` of ``commit``, and dead commits'."""
+    """Remove ``.no_exist`` entries of ``commit`` naming paths in ``files``, and dead commits'."""
     report = report if report is not None else HousekeepingReport()
     base = repo.no_exist
     if not base.is_dir():
@@ -102,19 +102,4 @@ def clean_no_exist(
         if COMMIT_RE.match(folder.name) and folder.name not in live and folder.is_dir():
             shutil.rmtree(folder, ignore_errors=True)
             report.removed.append(str(folder))
-    return report
-
-
-def clean_repo(repo: RepoLayout) -> HousekeepingReport:
-    """One full pass over a repo: orphans, stale ``.no_exist``, finished assemblies."""
-    report = adopt_orphans(repo)
-    clean_no_exist(repo, report=report)
-    partial = repo.cmh_dir / "partial"
-    if partial.is_dir():
-        for entry in partial.iterdir():
-            etag = entry.name.split(".", 1)[0]
-            with contextlib.suppress(Exception):
-                if repo.blob_path(etag).exists():
-                    entry.unlink()
-                    report.removed.append(str(entry))
     return report

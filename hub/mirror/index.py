@@ -10,20 +10,16 @@ the index, so it can never be listed or served.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import re
 import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gitobjects import blob_hasher, is_lfs, lfs_pointer, lfs_pointer_oid, tree_oids
-from .layout import COMMIT_RE, LayoutError, RepoLayout, validate_revision
-
-_BLOB_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_CHUNK = 1 << 20
+from ..cache.blobs import hash_blob
+from ..cache.layout import COMMIT_RE, ETAG_RE, LayoutError, RepoLayout, validate_revision
+from .gitobjects import is_lfs, lfs_pointer, lfs_pointer_oid, tree_oids
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,7 @@ def _blob_of_link(link: Path, blobs: Path) -> str | None:
         return None
     resolved = os.path.normpath(os.path.join(os.path.dirname(link), target))
     head, name = os.path.split(resolved)
-    if head != os.path.normpath(blobs) or not _BLOB_RE.fullmatch(name):
+    if head != os.path.normpath(blobs) or not ETAG_RE.match(name):
         return None
     return name
 
@@ -114,17 +110,6 @@ def _regular_size(path: Path) -> int | None:
     except OSError:
         return None
     return st.st_size if stat.S_ISREG(st.st_mode) else None
-
-
-def _hash_file(path: Path, size: int) -> tuple[str, str]:
-    """``(sha256, git blob sha1)`` of a file."""
-    sha = hashlib.sha256()
-    git = blob_hasher(size)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            sha.update(chunk)
-            git.update(chunk)
-    return sha.hexdigest(), git.hexdigest()
 
 
 def _read_tree_cache(repo: RepoLayout, commit: str) -> dict[str, dict[str, object]]:
@@ -223,7 +208,7 @@ def _entry(
     size = _regular_size(full)
     if size is None:
         return None
-    sha256, git_oid = _hash_file(full, size)
+    _, sha256, git_oid = hash_blob(full, size)
     if is_lfs(rel, size):
         return FileEntry(rel, size, sha256, lfs_pointer_oid(sha256, size), sha256, full)
     return FileEntry(rel, size, git_oid, git_oid, None, full)
@@ -265,10 +250,6 @@ class IndexCache:
         with self._lock:
             self._entries[key] = (stamp, index)
         return index
-
-    def forget(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
     @staticmethod
     def _stamp(repo: RepoLayout, commit: str) -> tuple[int, int]:

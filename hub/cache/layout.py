@@ -10,17 +10,22 @@ cmh writes and the other way round. cmh's own bookkeeping lives in
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from cmh._atomic import atomic_symlink, atomic_write
+
 REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
 PREFIX_REPO_TYPE = {v: k for k, v in REPO_TYPE_PREFIX.items()}
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-_REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: A blob name (ETag): the git blob SHA-1 of a regular file, the SHA-256 of an LFS file.
+ETAG_PATTERN = r"[0-9a-f]{40}|[0-9a-f]{64}"
+ETAG_RE = re.compile(rf"^(?:{ETAG_PATTERN})$")
+#: One part of a repo id (``org`` or ``name``).
+REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class LayoutError(ValueError):
@@ -31,7 +36,7 @@ def validate_repo_id(repo_id: str) -> str:
     """Accept ``name`` or ``org/name`` made of letters, digits, ``.``, ``_``, ``-``."""
     parts = repo_id.split("/")
     if not 1 <= len(parts) <= 2 or not all(
-        _REPO_PART_RE.match(p) and ".." not in p and "--" not in p and len(p) <= 96 for p in parts
+        REPO_PART_RE.match(p) and ".." not in p and "--" not in p and len(p) <= 96 for p in parts
     ):
         raise LayoutError(f"invalid repo id {repo_id!r}")
     return repo_id
@@ -131,7 +136,7 @@ class RepoLayout:
         return self.root / ".locks" / self.folder_name
 
     def blob_path(self, etag: str) -> Path:
-        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag):
+        if not ETAG_RE.match(etag):
             raise LayoutError(f"invalid blob name {etag!r}")
         return self.blobs / etag
 
@@ -185,12 +190,7 @@ class RepoLayout:
         """Make ``snapshots/{commit}/{relpath}`` a relative symlink to its blob, atomically."""
         link = self.snapshot_file(commit, relpath)
         link.parent.mkdir(parents=True, exist_ok=True)
-        target = os.path.relpath(self.blob_path(etag), link.parent)
-        tmp = link.parent / f".{link.name}.cmh-link.{os.getpid()}"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        os.symlink(target, tmp)
-        os.replace(tmp, link)
+        atomic_symlink(link, os.path.relpath(self.blob_path(etag), link.parent))
         return link
 
     def snapshot_files(self, commit: str) -> dict[str, Path]:
@@ -205,6 +205,23 @@ class RepoLayout:
         return out
 
 
+def default_cache_dir() -> Path:
+    """The stock cache folder, from the environment as it is now.
+
+    ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``
+    (``HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface`` or
+    ``~/.cache/huggingface``), as ``huggingface_hub.constants`` computes it.
+    """
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(os.path.expanduser(explicit)))
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface",
+    )
+    return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
+
+
 def iter_repos(root: str | os.PathLike[str]) -> Iterator[RepoLayout]:
     """Every repo folder under a cache or store root."""
     base = Path(root)
@@ -216,25 +233,20 @@ def iter_repos(root: str | os.PathLike[str]) -> Iterator[RepoLayout]:
             yield RepoLayout(base, parsed[1], parsed[0])
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a synced temporary file and a rename."""
-    tmp = path.parent / f".{path.name}.cmh-tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-
-
-def is_inside(path: Path, root: Path) -> bool:
-    """True when ``path``, with every symlink resolved, lies inside ``root``."""
-    try:
-        resolved = path.resolve(strict=True)
-    except (OSError, RuntimeError):
-        return False
-    return resolved == root.resolve() or root.resolve() in resolved.parents
+__all__ = [
+    "COMMIT_RE",
+    "ETAG_PATTERN",
+    "ETAG_RE",
+    "PREFIX_REPO_TYPE",
+    "REPO_PART_RE",
+    "REPO_TYPE_PREFIX",
+    "LayoutError",
+    "RepoLayout",
+    "default_cache_dir",
+    "iter_repos",
+    "parse_repo_folder",
+    "repo_folder_name",
+    "validate_relpath",
+    "validate_repo_id",
+    "validate_revision",
+]

@@ -30,10 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cache_scan import REPO_TRASH, ROOT_TRASH, RepoScan, etag_of, scan_repo
-from .layout import RepoLayout, parse_repo_folder
-from .locks import LockBusy, blob_lock, flock, repo_lock, revision_lock
-from .prune import (
+from ..cache.layout import RepoLayout, parse_repo_folder
+from ..cache.locks import LockBusy, blob_lock, flock, repo_lock, revision_lock
+from .plan import (
     KIND_BLOB,
     KIND_INCOMPLETE,
     KIND_LOCK,
@@ -51,6 +50,7 @@ from .prune import (
     RevisionRemoval,
     plan_repo,
 )
+from .scan import REPO_TRASH, ROOT_TRASH, RepoScan, etag_of, scan_repo
 
 #: Called with a short action name and the path just before each change on disk.
 ChangeHook = Callable[[str, Path], None]

@@ -14,20 +14,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .layout import RepoLayout, atomic_write, iter_repos
-from .locks import blob_lock
-from .store import blob_matches
-from .store_index import build_index
+from cmh._atomic import atomic_write
+
+from ..cache.blobs import blob_matches
+from ..cache.layout import ETAG_RE, RepoLayout, iter_repos
+from ..cache.locks import blob_lock
+from .index import build_index
 
 QUARANTINE = ".quarantine"
-_BLOB_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 ProgressCallback = Callable[[int], None]
 
@@ -139,9 +139,7 @@ def scrub_store(
         names: list[str] = []
         with contextlib.suppress(OSError), os.scandir(repo.blobs) as it:
             names = sorted(
-                e.name
-                for e in it
-                if _BLOB_RE.fullmatch(e.name) and e.is_file(follow_symlinks=False)
+                e.name for e in it if ETAG_RE.match(e.name) and e.is_file(follow_symlinks=False)
             )
         stamped = [n for n in names if len(n) == 64 and not full and _looks_safetensors(repo, n)]
         others = [n for n in names if n not in set(stamped)]

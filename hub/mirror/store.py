@@ -1,14 +1,14 @@
 """A mirror store: import a local folder as a new commit of a repo, and list what a store holds.
 
 The store is a directory in the stock Hugging Face cache layout (see
-:mod:`cmh.hub.layout`), so a cache filled by any tool can be served as it is
+:mod:`cmh.hub.cache.layout`), so a cache filled by any tool can be served as it is
 and content is stored once per blob whatever the number of revisions.
 
 Import rules (normative text in ``spec/hub-mirror.md``):
 
 - every regular file under the source folder becomes a repo file (``.git/``
   is skipped; symlinks are followed only when they stay inside the folder);
-- LFS files (name pattern or >= 10 MB, see :func:`~cmh.hub.gitobjects.is_lfs`)
+- LFS files (name pattern or >= 10 MB, see :func:`~cmh.hub.mirror.gitobjects.is_lfs`)
   are named by their SHA-256, the others by their git blob SHA-1, as the Hub
   does; each blob is re-read and checked against its name before it is kept;
 - the commit id is the git id of a commit of the tree with the current head of
@@ -20,30 +20,29 @@ Import rules (normative text in ``spec/hub-mirror.md``):
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gitobjects import blob_hasher, commit_oid, is_lfs, lfs_pointer_oid, tree_oids
-from .layout import (
+from cmh._atomic import atomic_write, temp_path
+
+from ..cache.blobs import blob_matches, hash_blob
+from ..cache.layout import (
     COMMIT_RE,
     LayoutError,
     RepoLayout,
-    atomic_write,
     iter_repos,
     validate_relpath,
     validate_repo_id,
     validate_revision,
 )
-from .locks import blob_lock, repo_lock
-from .store_index import build_index, commit_meta_path, resolve_revision
+from ..cache.locks import blob_lock, repo_lock
+from .gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
+from .index import build_index, commit_meta_path, resolve_revision
 
-_CHUNK = 1 << 20
 SKIPPED_DIRS = frozenset({".git"})
 
 ProgressCallback = Callable[[int], None]
@@ -100,32 +99,10 @@ class ImportResult:
 def hash_source(path: Path) -> tuple[int, str, str]:
     """``(size, sha256, git blob sha1)`` of a file, in one read."""
     size = os.stat(path).st_size
-    sha = hashlib.sha256()
-    git = blob_hasher(size)
-    read = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            sha.update(chunk)
-            git.update(chunk)
-            read += len(chunk)
+    read, sha256, git_oid = hash_blob(path, size)
     if read != size:
         raise StoreError(f"{path} changed size while it was read")
-    return size, sha.hexdigest(), git.hexdigest()
-
-
-def blob_matches(path: Path, etag: str, size: int) -> bool:
-    """True when the regular file at ``path`` has ``size`` bytes whose hash is ``etag``."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not os.path.isfile(path) or os.path.islink(path) or st.st_size != size:
-        return False
-    h = hashlib.sha256() if len(etag) == 64 else blob_hasher(size)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest() == etag
+    return size, sha256, git_oid
 
 
 def scan_folder(src: Path) -> list[tuple[str, Path]]:
@@ -260,18 +237,13 @@ def _store_blob(repo: RepoLayout, f: SourceFile) -> bool:
     with blob_lock(repo, f.etag):
         if blob_matches(dest, f.etag, f.size):
             return False
-        tmp = repo.blobs / f".{f.etag}.cmh-incoming.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        tmp = Path(temp_path(dest, "incoming"))
         try:
-            sha = hashlib.sha256()
-            git = blob_hasher(f.size)
-            with open(f.source, "rb") as src, open(tmp, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    sha.update(chunk)
-                    git.update(chunk)
-                    out.write(chunk)
+            with open(tmp, "wb") as out:
+                _, sha256, git_oid = hash_blob(f.source, f.size, copy_to=out)
                 out.flush()
                 os.fsync(out.fileno())
-            if (sha.hexdigest(), git.hexdigest()) != (f.sha256, f.git_oid):
+            if (sha256, git_oid) != (f.sha256, f.git_oid):
                 raise StoreError(f"{f.source} changed while it was imported")
             if not blob_matches(tmp, f.etag, f.size):
                 raise StoreError(f"blob {f.etag} of {f.path} failed its check after writing")

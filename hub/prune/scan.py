@@ -7,8 +7,8 @@ about. It reads each directory once with ``os.scandir``, stats each blob once,
 and reads the safetensors header of each stamped blob once (only when asked),
 never tensor data.
 
-Nothing here writes to the disk; :mod:`cmh.hub.prune` turns a scan into a
-plan and :mod:`cmh.hub.prune_exec` carries it out.
+Nothing here writes to the disk; :mod:`cmh.hub.prune.plan` turns a scan into a
+plan and :mod:`cmh.hub.prune.execute` carries it out.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .layout import COMMIT_RE, RepoLayout, iter_repos, parse_repo_folder
-from .usage import usage_path
+from ..cache.layout import COMMIT_RE, RepoLayout, iter_repos, parse_repo_folder
+from ..cache.usage import usage_path
 
 #: Names the stock scanner skips wherever they appear.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
@@ -283,7 +283,7 @@ def scan_repo(
 
 
 def _usage_dir(layout: RepoLayout) -> Path:
-    """The folder :mod:`cmh.hub.usage` records last uses in (one listing, not a stat per commit)."""
+    """The folder of :mod:`cmh.hub.cache.usage` records (one listing, not a stat per commit)."""
     return usage_path(layout, "0" * 40).parent
 
 

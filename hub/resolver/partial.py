@@ -37,15 +37,15 @@ from cmh.digests import hash_tensors
 from cmh.errors import CMHError
 from cmh.header import PREFIX_SIZE, Header, parse_header, read_header
 
-from .cache_store import ContentCheck, Progress, feed_file, install_blob, partial_path
-from .layout import RepoLayout
-from .remote import HubClient, RangeNotSatisfied, RemoteFile
-from .resolution import HubProtocolError, HubUnreachableError, IntegrityError
+from ..cache.blobs import ContentCheck, Progress, feed_file, install_blob, partial_path
+from ..cache.layout import RepoLayout
+from .http import HubClient, RangeNotSatisfied
+from .retry import DEFAULT_RETRY
+from .types import HubProtocolError, IntegrityError, RemoteFile
 
 PREFETCH = 128 << 10
 GAP_FRACTION = 0.03
 GAP_FLOOR = 64 << 10
-RANGE_ATTEMPTS = 6
 #: Changed bytes from which ranges are split over two parallel requests.
 PARALLEL_BYTES = 256 << 20
 #: Ranges per multi-range request (the mirror accepts 64).
@@ -114,14 +114,12 @@ def fetch_header(client: HubClient, url: str, size: int) -> tuple[Header, bytes]
 def fetch_bytes(client: HubClient, url: str, begin: int, end: int) -> bytes:
     """Bytes ``[begin, end)`` in memory, resuming after dropped connections."""
     buf = bytearray()
-    last: Exception | None = None
-    for _ in range(RANGE_ATTEMPTS):
-        try:
-            client.stream(url, begin + len(buf), buf.extend, end=end)
-            return bytes(buf)
-        except HubUnreachableError as exc:
-            last = exc
-    raise HubUnreachableError(f"range {begin}-{end} failed after {RANGE_ATTEMPTS} attempts: {last}")
+
+    def step() -> bytes:
+        client.stream(url, begin + len(buf), buf.extend, end=end)
+        return bytes(buf)
+
+    return DEFAULT_RETRY.run(step, f"range {begin}-{end}")
 
 
 def old_digests(old_blob: Path) -> tuple[Header, list[bytes]]:
@@ -150,7 +148,7 @@ def plan_patch(new: Header, prefix: bytes, old: Header, old_sha: list[bytes]) ->
         items.append((base + t.begin, t.nbytes, where.get(d), i))
     ranges = _merge([(dst, dst + n) for dst, n, src, _ in items if src is None])
     changed = sum(e - b for b, e in ranges)
-    ranges = _coalesce(ranges, int(changed * GAP_FRACTION) + GAP_FLOOR)
+    ranges = _join_across_gaps(ranges, int(changed * GAP_FRACTION) + GAP_FLOOR)
     # Bytes already in the prefix need no fetch.
     have = len(prefix)
     ranges = [(max(b, have), e) for b, e in ranges if e > have]
@@ -187,7 +185,7 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _coalesce(ranges: list[tuple[int, int]], allowance: int) -> list[tuple[int, int]]:
+def _join_across_gaps(ranges: list[tuple[int, int]], allowance: int) -> list[tuple[int, int]]:
     """Join neighbouring ranges across the smallest gaps while the gaps fit ``allowance``."""
     if len(ranges) < 2:
         return ranges
@@ -389,18 +387,13 @@ def _fetch_ranges(
         return [(b + got[(b, e)], e) for b, e in batch if got[(b, e)] < e - b]
 
     def run_batch(batch: list[tuple[int, int]]) -> None:
-        last: Exception | None = None
-        for _ in range(RANGE_ATTEMPTS):
+        def step() -> None:
             todo = remaining(batch)
-            if not todo:
-                return
-            try:
+            if todo:
                 # Resumed parts start mid-range: map them back to their range.
                 client.stream_ranges(url, todo, sink)
-                return
-            except HubUnreachableError as exc:
-                last = exc
-        raise HubUnreachableError(f"ranges failed after {RANGE_ATTEMPTS} attempts: {last}")
+
+        DEFAULT_RETRY.run(step, "ranges")
 
     batches = _batches(ranges, max_workers)
     try:
@@ -427,25 +420,20 @@ def _fetch_range_into(
     begin, end = span
     pos = begin
     received = 0
-    last: Exception | None = None
-    for _ in range(RANGE_ATTEMPTS):
-        start = pos
 
-        def sink(chunk: bytes) -> None:
-            nonlocal pos, received
-            _pwrite_all(fd, chunk, pos)
-            pos += len(chunk)
-            received += len(chunk)
-            if progress is not None:
-                progress(len(chunk))
+    def sink(chunk: bytes) -> None:
+        nonlocal pos, received
+        _pwrite_all(fd, chunk, pos)
+        pos += len(chunk)
+        received += len(chunk)
+        if progress is not None:
+            progress(len(chunk))
 
-        try:
-            client.stream(url, start, sink, end=end)
-            return received
-        except HubUnreachableError as exc:
-            last = exc
-            continue
-    raise HubUnreachableError(f"range {begin}-{end} failed after {RANGE_ATTEMPTS} attempts: {last}")
+    def step() -> int:
+        client.stream(url, pos, sink, end=end)
+        return received
+
+    return DEFAULT_RETRY.run(step, f"range {begin}-{end}")
 
 
 def _keep_prefix(repo: RepoLayout, etag: str, prefix: bytes) -> None:
