@@ -6,8 +6,8 @@ checks), :mod:`cmh.hub.resolver` (resolve, hold, the HTTP client, downloads,
 the transformers hook), :mod:`cmh.hub.mirror` (store import, index, scrub,
 the ``cmh serve`` app) and :mod:`cmh.hub.prune` (scan, plan, execute).
 
-The resolver's public API is exported here lazily, so ``import cmh.hub`` stays
-light (no HTTP stack, no torch, no transformers):
+The resolver's public API is exported here, lazily, so ``import cmh.hub``
+stays light (no HTTP stack, no torch, no transformers):
 
 >>> import cmh.hub
 >>> res = cmh.hub.resolve("org/model")                    # doctest: +SKIP
@@ -19,49 +19,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import resolver
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .resolver import (
-        AccessError,
-        Action,
-        FileResult,
-        HubProtocolError,
-        HubUnreachableError,
-        IntegrityError,
-        NotFoundError,
-        OfflineError,
-        Policy,
-        PolicyError,
-        Resolution,
-        ResolveError,
-        State,
-        hold,
-        install,
-        installed,
-        resolve,
-        uninstall,
-    )
+    # Typed view of the lazy exports below.
+    from .resolver import *  # noqa: F403
+    from .resolver.types import *  # noqa: F403
 
-__all__ = [
-    "AccessError",
-    "Action",
-    "FileResult",
-    "HubProtocolError",
-    "HubUnreachableError",
-    "IntegrityError",
-    "NotFoundError",
-    "OfflineError",
-    "Policy",
-    "PolicyError",
-    "Resolution",
-    "ResolveError",
-    "State",
-    "hold",
-    "install",
-    "installed",
-    "resolve",
-    "uninstall",
-]
+__all__: list[str] = []
+__all__ += resolver.__all__
 
 __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, "resolver"), globals())

@@ -20,7 +20,7 @@ from .layout import (
     validate_repo_id,
     validate_revision,
 )
-from .locks import LockBusy, blob_lock, repo_lock, revision_lock
+from .locks import LockBusy, blob_lock, repo_lock, revision_lock, snapshot_in_use
 from .usage import record_use
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "repo_folder_name",
     "repo_lock",
     "revision_lock",
+    "snapshot_in_use",
     "validate_relpath",
     "validate_repo_id",
     "validate_revision",

@@ -44,29 +44,24 @@ def validate_repo_id(repo_id: str) -> str:
 
 def validate_revision(revision: str) -> str:
     """A branch, tag, ``refs/pr/N`` or commit: no empty, dot-dot or absolute parts."""
-    parts = revision.split("/")
-    if (
-        not revision
-        or len(revision) > 256
-        or any(p in {"", ".", ".."} for p in parts)
-        or any(c in revision for c in "\\\x00\n\r")
-    ):
-        raise LayoutError(f"invalid revision {revision!r}")
-    return revision
+    return _slash_path(revision, "revision", 256, "\\\x00\n\r")
 
 
 def validate_relpath(path: str) -> str:
     """A file path inside a repo: relative, ``/``-separated, no ``..``, backslash or NUL."""
-    parts = path.split("/")
+    return _slash_path(path, "path", 4096, "\\\x00")
+
+
+def _slash_path(value: str, what: str, max_length: int, forbidden: str) -> str:
+    """``value`` if it is ``/``-separated parts, none empty, ``.`` or ``..`` (so not absolute)."""
     if (
-        not path
-        or len(path) > 4096
-        or path.startswith("/")
-        or any(p in {"", ".", ".."} for p in parts)
-        or any(c in path for c in "\\\x00")
+        not value
+        or len(value) > max_length
+        or any(p in {"", ".", ".."} for p in value.split("/"))
+        or any(c in value for c in forbidden)
     ):
-        raise LayoutError(f"invalid path {path!r}")
-    return path
+        raise LayoutError(f"invalid {what} {value!r}")
+    return value
 
 
 def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
@@ -89,6 +84,16 @@ def parse_repo_folder(name: str) -> tuple[str, str] | None:
     return PREFIX_REPO_TYPE[prefix], repo_id
 
 
+class _RepoFolder:
+    """A folder of the repo, as a read-only attribute: ``repo.blobs`` is ``repo.path / "blobs"``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, repo: RepoLayout, owner: type | None = None) -> Path:
+        return repo.path / self.name
+
+
 @dataclass(frozen=True)
 class RepoLayout:
     """Paths of one repo inside a cache or store rooted at ``root``."""
@@ -105,30 +110,14 @@ class RepoLayout:
     def path(self) -> Path:
         return self.root / self.folder_name
 
-    @property
-    def blobs(self) -> Path:
-        return self.path / "blobs"
-
-    @property
-    def snapshots(self) -> Path:
-        return self.path / "snapshots"
-
-    @property
-    def refs(self) -> Path:
-        return self.path / "refs"
-
-    @property
-    def no_exist(self) -> Path:
-        return self.path / ".no_exist"
-
-    @property
-    def trees(self) -> Path:
-        return self.path / "trees"
-
-    @property
-    def cmh_dir(self) -> Path:
-        """cmh's own bookkeeping (usage records, partial downloads)."""
-        return self.path / ".cmh"
+    #: ``blobs/``, ``snapshots/``, ``refs/``, ``.no_exist/``, ``trees/`` and cmh's own
+    #: bookkeeping (usage records, partial downloads) in ``.cmh/``.
+    blobs = _RepoFolder("blobs")
+    snapshots = _RepoFolder("snapshots")
+    refs = _RepoFolder("refs")
+    no_exist = _RepoFolder(".no_exist")
+    trees = _RepoFolder("trees")
+    cmh_dir = _RepoFolder(".cmh")
 
     @property
     def locks(self) -> Path:

@@ -1,7 +1,8 @@
 """The resolver: negotiate the local cache with a Hub (resolve, hold), download, install the hook.
 
-Exported lazily: ``import cmh.hub.resolver`` (and :mod:`cmh.hub.resolver.types`)
-stays free of the HTTP stack until :func:`resolve` or :func:`hold` is used.
+The data model (:mod:`cmh.hub.resolver.types`) is imported here directly; the
+functions are exported lazily, so ``import cmh.hub.resolver`` stays free of
+the HTTP stack until :func:`resolve`, :func:`hold` or :func:`install` is used.
 """
 
 from __future__ import annotations
@@ -9,71 +10,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
+from . import types
+from .types import *  # noqa: F403  (the data model is light: no I/O)
 
 if TYPE_CHECKING:
     from .negotiate import hold, resolve
     from .patch import install, installed, uninstall
-    from .types import (
-        AccessError,
-        Action,
-        FileResult,
-        HubProtocolError,
-        HubUnreachableError,
-        IntegrityError,
-        NotFoundError,
-        OfflineError,
-        Policy,
-        PolicyError,
-        RemoteFile,
-        Resolution,
-        ResolveError,
-        State,
-    )
 
-_TYPES = (
-    "AccessError",
-    "Action",
-    "FileResult",
-    "HubProtocolError",
-    "HubUnreachableError",
-    "IntegrityError",
-    "NotFoundError",
-    "OfflineError",
-    "Policy",
-    "PolicyError",
-    "RemoteFile",
-    "Resolution",
-    "ResolveError",
-    "State",
-)
-_EXPORTS = {
-    "resolve": "negotiate",
+_FUNCTIONS = {
     "hold": "negotiate",
     "install": "patch",
-    "uninstall": "patch",
     "installed": "patch",
-    **dict.fromkeys(_TYPES, "types"),
+    "resolve": "negotiate",
+    "uninstall": "patch",
 }
-__all__ = [
-    "AccessError",
-    "Action",
-    "FileResult",
-    "HubProtocolError",
-    "HubUnreachableError",
-    "IntegrityError",
-    "NotFoundError",
-    "OfflineError",
-    "Policy",
-    "PolicyError",
-    "RemoteFile",
-    "Resolution",
-    "ResolveError",
-    "State",
-    "hold",
-    "install",
-    "installed",
-    "resolve",
-    "uninstall",
-]
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__all__ = ["hold", "install", "installed", "resolve", "uninstall"]
+__all__ += types.__all__
+
+__getattr__, __dir__ = lazy_exports(__name__, _FUNCTIONS, globals())

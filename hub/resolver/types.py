@@ -211,3 +211,21 @@ class OfflineError(ResolveError):
 
 class PolicyError(ResolveError):
     """The policy refuses what is available (expired or unverified under ``strict``)."""
+
+
+__all__ = [
+    "AccessError",
+    "Action",
+    "FileResult",
+    "HubProtocolError",
+    "HubUnreachableError",
+    "IntegrityError",
+    "NotFoundError",
+    "OfflineError",
+    "Policy",
+    "PolicyError",
+    "RemoteFile",
+    "Resolution",
+    "ResolveError",
+    "State",
+]
