@@ -57,6 +57,8 @@ def atomic_file(
     left as it was.
     """
     tmp = temp_path(target, tag, suffix)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a dead process whose pid and thread id we now have
     try:
         with open(tmp, "xb") as f:
             yield f

@@ -2,20 +2,18 @@
 
 Transport only: routing lives in :mod:`~cmh.hub.mirror.routes`, ranges in
 :mod:`~cmh.hub.mirror.ranges`, access control in :mod:`~cmh.hub.mirror.auth`,
-the store's read side in :mod:`~cmh.hub.mirror.index`, byte sending in
+the store's read side in :mod:`~cmh.hub.mirror.index`, the Hub's JSON
+documents and cursors in :mod:`~cmh.hub.mirror.documents`, the fingerprint
+cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
 :mod:`~cmh.hub.mirror.send`. No handler ever sends a Xet header.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import os
 import re
-import threading
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -24,7 +22,9 @@ from aiohttp import web
 
 from ..cache.layout import LayoutError, RepoLayout, validate_relpath
 from ..cache.usage import record_use
+from . import documents
 from .auth import AccessPolicy, bearer_token, repo_key
+from .fingerprints import FingerprintCache
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
 from .ranges import RangeNotSatisfiable, parse_range
@@ -60,14 +60,11 @@ class MirrorState:
     metrics: Metrics
     page_size: int = DEFAULT_PAGE_SIZE
     indexes: IndexCache | None = None
-    fingerprints: dict[tuple[str, str], dict[str, Any]] | None = None
-    fingerprint_lock: threading.Lock | None = None
+    fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
         self.indexes = self.indexes or IndexCache()
-        self.fingerprints = {} if self.fingerprints is None else self.fingerprints
-        self.fingerprint_lock = self.fingerprint_lock or threading.Lock()
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
@@ -115,7 +112,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         if route.kind == "resolve":
             return await _resolve(request, state, route, index)
         if route.kind == "repo_info":
-            return _repo_info(state, route, index, token)
+            return _repo_info(state, route, index)
         if route.kind == "tree":
             return _tree(request, route, index)
         if route.kind == "paths_info":
@@ -245,88 +242,15 @@ def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
 # -- repo info, tree, paths-info ------------------------------------------------------------
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-
-
-def _repo_info(
-    state: MirrorState, route: Route, index: CommitIndex, token: str | None
-) -> web.Response:
-    blobs = route.query.get("blobs", "").lower() in _TRUE
-    siblings: list[dict[str, Any]] = []
-    for entry in index.files.values():
-        sibling: dict[str, Any] = {"rfilename": entry.path}
-        if blobs:
-            sibling["size"] = entry.size
-            sibling["blobId"] = entry.oid
-            if entry.lfs_sha256:
-                sibling["lfs"] = {
-                    "sha256": entry.lfs_sha256,
-                    "size": entry.size,
-                    "pointerSize": entry.pointer_size,
-                }
-        siblings.append(sibling)
-    author = route.repo_id.split("/")[0] if "/" in route.repo_id else None
-    body: dict[str, Any] = {
-        "_id": index.commit[:24],
-        "id": route.repo_id,
-        "author": author,
-        "sha": index.commit,
-        "lastModified": _iso(index.last_modified),
-        "createdAt": _iso(index.last_modified),
-        "private": repo_key(route.repo_type, route.repo_id) in state.policy.private,
-        "disabled": False,
-        "gated": False,
-        "downloads": 0,
-        "likes": 0,
-        "tags": [],
-        "siblings": siblings,
-        "usedStorage": index.total_size,
-    }
-    if route.repo_type == "model":
-        body["modelId"] = route.repo_id
+def _repo_info(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    body = documents.repo_info(
+        route.repo_type,
+        route.repo_id,
+        index,
+        private=repo_key(route.repo_type, route.repo_id) in state.policy.private,
+        blobs=route.query.get("blobs", "").lower() in _TRUE,
+    )
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
-
-
-def _tree_entry(index: CommitIndex, path: str) -> dict[str, Any]:
-    entry = index.files.get(path)
-    if entry is None:
-        return {"type": "directory", "oid": index.dir_oids[path], "size": 0, "path": path}
-    out: dict[str, Any] = {"type": "file", "oid": entry.oid, "size": entry.size, "path": path}
-    if entry.lfs_sha256:
-        out["lfs"] = {
-            "oid": entry.lfs_sha256,
-            "size": entry.size,
-            "pointerSize": entry.pointer_size,
-        }
-    return out
-
-
-def _children(index: CommitIndex, directory: str, recursive: bool) -> list[str]:
-    prefix = f"{directory}/" if directory else ""
-    names = [p for p in index.dir_oids if p and p.startswith(prefix)]
-    names += [p for p in index.files if p.startswith(prefix)]
-    if not recursive:
-        names = [p for p in names if "/" not in p[len(prefix) :]]
-    dirs = sorted(p for p in names if p in index.dir_oids)
-    files = sorted(p for p in names if p not in index.dir_oids)
-    return dirs + files if not recursive else sorted(names)
-
-
-def _encode_cursor(commit: str, offset: int) -> str:
-    return base64.urlsafe_b64encode(f"{commit}:{offset}".encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str, commit: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        at, _, offset = raw.partition(":")
-        value = int(offset)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise HubError(400, "BadRequest", "invalid cursor") from None
-    if at != commit or value < 0:
-        raise HubError(400, "BadRequest", "cursor does not belong to this listing")
-    return value
 
 
 def _base_url(request: web.Request) -> str:
@@ -347,9 +271,12 @@ def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Respons
     expand = route.query.get("expand", "").lower() in _TRUE
     state = request.app[STORE_KEY]
     page_size = min(state.page_size, EXPAND_PAGE_SIZE) if expand else state.page_size
-    names = _children(index, route.path, recursive)
+    names = documents.children(index, route.path, recursive)
     cursor = route.query.get("cursor")
-    start = _decode_cursor(cursor, index.commit) if cursor else 0
+    try:
+        start = documents.decode_cursor(cursor, index.commit) if cursor else 0
+    except documents.BadCursor as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
     page = names[start : start + page_size]
     headers = {"X-Repo-Commit": index.commit}
     if start + page_size < len(names):
@@ -357,11 +284,11 @@ def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Respons
         path = f"/{quote(route.path, safe='')}" if route.path else ""
         query = urlencode(
             {"recursive": str(recursive).lower(), "expand": str(expand).lower(),
-             "cursor": _encode_cursor(index.commit, start + page_size)}
+             "cursor": documents.encode_cursor(index.commit, start + page_size)}
         )  # fmt: skip
         url = f"{_base_url(request)}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
         headers["Link"] = f'<{url}>; rel="next"'
-    return web.json_response([_tree_entry(index, p) for p in page], headers=headers)
+    return web.json_response([documents.tree_entry(index, p) for p in page], headers=headers)
 
 
 async def _paths_info(request: web.Request, index: CommitIndex) -> web.Response:
@@ -388,7 +315,7 @@ async def _paths_info(request: web.Request, index: CommitIndex) -> web.Response:
         except LayoutError:
             raise HubError(400, "BadRequest", "invalid path in paths") from None
         if p in index.files or p in index.dir_oids:
-            out.append(_tree_entry(index, p))
+            out.append(documents.tree_entry(index, p))
     return web.json_response(out, headers={"X-Repo-Commit": index.commit})
 
 
@@ -406,14 +333,9 @@ def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dic
     It reads only the index's checked sources (blobs inside the store), through
     ``fingerprint_files``, so a hostile link in a snapshot is never followed.
     """
-    key = (f"{route.repo_type}:{route.repo_id}", index.commit)
-    assert state.fingerprints is not None and state.fingerprint_lock is not None
-    with state.fingerprint_lock:
-        cached = state.fingerprints.get(key)
-        if cached is not None:
-            return cached
-        from cmh.semantic import SemanticError, fingerprint_files
+    from cmh.semantic import SemanticError, fingerprint_files
 
+    def compute() -> dict[str, Any]:
         files = {path: entry.source for path, entry in index.files.items()}
         try:
             result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}").to_dict()
@@ -421,6 +343,6 @@ def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dic
             raise HubError(422, "NotAModel", f"cannot fingerprint this snapshot: {exc}") from None
         except OSError as exc:
             raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
-        body = {"repo": route.repo_id, "commit": index.commit, "fingerprint": result}
-        state.fingerprints[key] = body
-        return body
+        return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result}
+
+    return state.fingerprints.get((f"{route.repo_type}:{route.repo_id}", index.commit), compute)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cmh._atomic import atomic_write, temp_path
+from cmh._atomic import atomic_file, atomic_write
 
 from ..cache.blobs import blob_matches, hash_blob
 from ..cache.layout import (
@@ -237,21 +237,14 @@ def _store_blob(repo: RepoLayout, f: SourceFile) -> bool:
     with blob_lock(repo, f.etag):
         if blob_matches(dest, f.etag, f.size):
             return False
-        tmp = Path(temp_path(dest, "incoming"))
-        try:
-            with open(tmp, "wb") as out:
-                _, sha256, git_oid = hash_blob(f.source, f.size, copy_to=out)
-                out.flush()
-                os.fsync(out.fileno())
+        with atomic_file(dest, tag="incoming") as out:
+            _, sha256, git_oid = hash_blob(f.source, f.size, copy_to=out)
+            out.flush()
             if (sha256, git_oid) != (f.sha256, f.git_oid):
                 raise StoreError(f"{f.source} changed while it was imported")
-            if not blob_matches(tmp, f.etag, f.size):
+            if not blob_matches(Path(out.name), f.etag, f.size):
                 raise StoreError(f"blob {f.etag} of {f.path} failed its check after writing")
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            os.chmod(out.name, 0o444)
     return True
 
 

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cmh._atomic import atomic_write
 from cmh.checkpoint import claimed_digests
 from cmh.digests import hash_tensors
 from cmh.errors import CMHError
@@ -442,9 +443,7 @@ def _keep_prefix(repo: RepoLayout, etag: str, prefix: bytes) -> None:
     with contextlib.suppress(OSError):
         if not part.exists() or part.stat().st_size < len(prefix):
             part.parent.mkdir(parents=True, exist_ok=True)
-            tmp = part.with_name(part.name + ".cmh-tmp")
-            tmp.write_bytes(prefix)
-            os.replace(tmp, part)
+            atomic_write(part, prefix)
 
 
 def _discard(*paths: Path) -> None:
