@@ -330,7 +330,7 @@ def retry_after(headers: httpx2.Headers) -> float | None:
 def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
     if isinstance(lfs, dict):
         oid = lfs.get("sha256") or lfs.get("oid")
-        if isinstance(oid, str) and re.fullmatch(r"[0-9a-f]{64}", oid):
+        if isinstance(oid, str) and len(oid) == 64 and ETAG_RE.match(oid):  # an LFS ETag: SHA-256
             return oid, True
         return None
     if isinstance(blob_id, str) and ETAG_RE.match(blob_id):
