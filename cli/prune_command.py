@@ -47,7 +47,6 @@ def stdin_is_terminal() -> bool:
 @click.option(
     "--grace",
     type=DURATION,
-    default=None,
     help="With --expired: only once expired for this long (e.g. 7d).",
 )
 @click.option(
@@ -59,20 +58,17 @@ def stdin_is_terminal() -> bool:
 @click.option(
     "--keep-latest",
     type=click.IntRange(min=0),
-    default=None,
     metavar="N",
     help="Keep the N latest revisions of each repo; the older ones go.",
 )
 @click.option(
     "--older-than",
     type=DURATION,
-    default=None,
     help="Revisions not used for this long (recorded use, else snapshot time).",
 )
 @click.option(
     "--max-size",
     type=SIZE,
-    default=None,
     help="Evict least recently used revisions until the whole fits (e.g. 50GB).",
 )
 @click.option(
@@ -84,9 +80,7 @@ def stdin_is_terminal() -> bool:
 )
 @click.option(
     "--at",
-    "at",
     type=TIME,
-    default=None,
     help="With --dry-run: judge expiry and age as at this time (e.g. +30d).",
 )
 @click.option(
