@@ -336,9 +336,9 @@ def test_encrypted_key_needs_a_passphrase(tmp_path: Path, monkeypatch: pytest.Mo
     path = tmp_path / "enc.key"
     path.write_bytes(private_pem)
     monkeypatch.delenv("CMH_KEY_PASSPHRASE", raising=False)
-    with pytest.raises(cmh.KeyError_, match="encrypted"):
+    with pytest.raises(cmh.SigningKeyError, match="encrypted"):
         load_private_key(path)
-    with pytest.raises(cmh.KeyError_, match="wrong passphrase"):
+    with pytest.raises(cmh.SigningKeyError, match="wrong passphrase"):
         load_private_key(path, b"nope")
     monkeypatch.setenv("CMH_KEY_PASSPHRASE", "s3cret")
     from cmh.signing import key_id
