@@ -279,15 +279,19 @@ def test_untrusted_key_fails(
     assert verdict.outcome is Outcome.SIGNATURE_UNTRUSTED
 
 
-def test_restamp_without_resigning_fails(
+def test_restamp_without_resigning_removes_the_signature(
     make_file: MakeFile, keypair: tuple[Path, Path, str]
 ) -> None:
-    priv, pub, _ = keypair
+    priv, pub, kid = keypair
     path = make_file()
     cmh.stamp(path, sign_key=load_private_key(priv))
-    cmh.stamp(path, ttl="1d")
-    verdict = cmh.verify(path, trusted_keys=TrustedKeys.load([pub]))
-    assert verdict.outcome is Outcome.SIGNATURE_INVALID
+    result = cmh.stamp(path, ttl="1d")
+    assert result.removed_signature_key_id == kid and not result.record.signed
+    info = cmh.inspect(path)
+    assert not info.signed and info.signer_key_id is None
+    keys = TrustedKeys.load([pub])
+    assert cmh.verify(path, trusted_keys=keys).outcome is Outcome.SIGNATURE_MISSING
+    assert cmh.verify(path, trusted_keys=keys, require_signature=False).ok
 
 
 def test_record_changed_after_signing_fails(
