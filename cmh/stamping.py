@@ -87,9 +87,7 @@ def stamp(
     if ttl is None and keep_ttl and previous is not None and previous.expires_at:
         lifetime = max(0, previous.expires_at - previous.stamped_at)
     expires_at = 0 if lifetime is None else stamped_at + lifetime
-    job = _StampJob(
-        target, header, carrier, expires_at, stamped_at, sign_key, xxh3, threads, progress
-    )
+    job = _StampJob(target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress)
     result = _stamp_in_place(job) if _fits_in_place(job) else _stamp_rewrite(job)
     removed = _removed_signer(carrier, sign_key)
     return dataclasses.replace(result, removed_signature_key_id=removed) if removed else result
@@ -108,7 +106,6 @@ class _StampJob:
 
     target: str
     header: Header
-    previous: Carrier | None
     expires_at: int
     stamped_at: int
     sign_key: Ed25519PrivateKey | None
