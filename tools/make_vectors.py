@@ -179,14 +179,13 @@ class Vector:
     expires_at: int = 0
     extra: list[dict[str, Any]] = field(default_factory=list)
     details: dict[str, Any] | None = None
+    made_to_fail_with_key: bool = False
 
     @property
     def negative(self) -> bool:
         """Made to fail: in full or fast mode, or with the signing key as the trusted one."""
-        return "ok" not in (self.full, self.fast or self.full) or self.signature in (
-            "invalid",
-            "other",
-        )
+        failing_signature = self.signature in ("invalid", "other") or self.made_to_fail_with_key
+        return "ok" not in (self.full, self.fast or self.full) or failing_signature
 
     def _with_key(self, base: str, trusted: str, required: bool) -> str:
         """Section 9's order: a signature outcome comes after base's early outcomes."""
@@ -756,6 +755,21 @@ def contents_and_signatures(b: Builder) -> None:
         "ok",
         signature="invalid",
         expires_at=STAMPED_AT + 365 * 86400,
+    )
+    # The signature stripped: bit1 cleared, cmh.sig and cmh.key zeroed, check recomputed.
+    stripped = patched(record, 0x29, bytes([record[0x29] & ~0x02]))
+    rewrite(
+        b.file("signed"),
+        b.file("signature-stripped"),
+        set_metadata(cmh=stripped.hex(), cmh_sig="0" * 128, cmh_key="0" * 16),
+    )
+    b.add(
+        "signature-stripped",
+        "a signed file with its signature removed",
+        "7, 9",
+        "ok",
+        expires_at=expiry_of(b.file("signed")),
+        made_to_fail_with_key=True,
     )
     b.stamped("signature-untrusted", arrays({"w": grid((3,), np.float32)}), None, sign=b.other)
     b.add("signature-untrusted", "signed by the other key", "7, 9", "ok", signature="other")
