@@ -20,7 +20,7 @@ import shutil
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,10 @@ def rewrite(src: Path, dst: Path, edit: Callable[[dict[str, Any]], None]) -> Pat
 
 
 def set_metadata(**values: str | None) -> Callable[[dict[str, Any]], None]:
-    """An edit that sets (or, for ``None``, deletes) ``__metadata__`` entries."""
+    """An edit that sets (or, for ``None``, deletes) ``__metadata__`` entries.
+
+    Keyword ``cmh_sha256`` stands for the key ``cmh.sha256`` (and so on).
+    """
 
     def edit(obj: dict[str, Any]) -> None:
         meta = obj["__metadata__"]
@@ -177,7 +180,6 @@ class Vector:
     fast: str | None = None
     signature: str | None = None  # None, "valid", "invalid" (record changed), "other" (other key)
     expires_at: int = 0
-    extra: list[dict[str, Any]] = field(default_factory=list)
     details: dict[str, Any] | None = None
     made_to_fail_with_key: bool = False
 
@@ -236,7 +238,7 @@ class Vector:
                 ("at-expiry", ["--at", str(self.expires_at)], "expired"),
             ]
         checks = [{"mode": m, "args": a, "outcome": o} for m, a, o in out]
-        return checks + self.extra
+        return checks
 
     def entry(self) -> dict[str, Any]:
         out: dict[str, Any] = {
