@@ -540,6 +540,7 @@ def unstamped_and_containers(b: Builder) -> None:
         ),
         ("offsets-float", one("[4]", "[0,4.0]"), buf, "an offset written 4.0", "2.5"),
         ("offsets-exponent", one("[4]", "[0,4e0]"), buf, "an offset written 4e0", "2.5"),
+        ("offsets-negative", one("[0]", "[-1,0]"), buf[:0], "an offset written -1", "2.5"),
         ("offsets-minus-zero", one("[4]", "[-0,4]"), buf, "an offset written -0", "2.5"),
         (
             "offsets-over-u64",
