@@ -335,6 +335,10 @@ def verify(
     _finish(as_json, document, status)
 
 
+#: The outcome of a checkpoint directory whose index and shards disagree (spec section 6).
+INDEX_INCONSISTENT = "index_inconsistent"
+
+
 def checkpoint_outcome(target: Target, results: list[VerifyResult]) -> str:
     """One outcome name for a checkpoint directory (spec section 6).
 
@@ -351,10 +355,6 @@ def checkpoint_outcome(target: Target, results: list[VerifyResult]) -> str:
     order = list(Outcome)
     failed = sorted((r.outcome for r in results if not r.ok), key=order.index)
     return failed[0].value if failed else Outcome.OK.value
-
-
-#: The outcome of a checkpoint directory whose index and shards disagree.
-INDEX_INCONSISTENT = "index_inconsistent"
 
 
 def _identity_from_manifests(target: Target) -> str | None:
