@@ -10,7 +10,7 @@ from .carrier import read_carrier, user_metadata
 from .errors import CMHError
 from .header import read_header
 from .record import Record
-from .signing import TrustedKeys, signature_valid
+from .signing import TrustedKeys, signature_status
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,8 @@ def inspect(path: str | os.PathLike[str], trusted_keys: TrustedKeys | None = Non
     if carrier is not None:
         record = carrier.record
         if record.signed and carrier.signature is not None:
-            key = trusted_keys.keys.get(carrier.key_id or "") if trusted_keys else None
-            if not trusted_keys:
-                signature = "unchecked"
-            elif key is None:
-                signature = "untrusted"
-            else:
-                valid = signature_valid(record.to_bytes(), carrier.signature, key)
-                signature = "valid" if valid else "invalid"
+            signer = carrier.key_id or ""
+            signature = signature_status(record.to_bytes(), carrier.signature, signer, trusted_keys)
     return Inspection(
         path=target,
         file_size=header.file_size,

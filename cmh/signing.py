@@ -69,6 +69,23 @@ class TrustedKeys:
         return bool(self.keys)
 
 
+def signature_status(
+    record: bytes, signature: bytes, signer: str, trusted_keys: TrustedKeys | None
+) -> str:
+    """What a verifier holding ``trusted_keys`` knows of a record's signature (spec section 7).
+
+    ``"unchecked"`` with no trusted key; ``"untrusted"`` when the key id is not
+    among them (the key id decides first: the signature is then not checked);
+    else ``"valid"`` or ``"invalid"`` (the record changed after signing).
+    """
+    if not trusted_keys:
+        return "unchecked"
+    key = trusted_keys.keys.get(signer)
+    if key is None:
+        return "untrusted"
+    return "valid" if signature_valid(record, signature, key) else "invalid"
+
+
 def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
     """Load an Ed25519 public key from a PEM file (a private key also yields its public half)."""
     data = _read(path)

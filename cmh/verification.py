@@ -18,7 +18,7 @@ from .errors import (
 )
 from .header import Header, read_header
 from .record import Record
-from .signing import TrustedKeys, signature_valid
+from .signing import TrustedKeys, signature_status
 
 
 class Outcome(str, enum.Enum):
@@ -244,7 +244,8 @@ def _judge_signature(
             problems.append(_p(Outcome.SIGNATURE_MISSING, "file is not signed"))
         return None, False
     signer = carrier.key_id
-    if not trusted_keys:
+    status = signature_status(record.to_bytes(), carrier.signature, signer or "", trusted_keys)
+    if status == "unchecked":
         if require_signature:
             problems.append(
                 _p(Outcome.SIGNATURE_UNTRUSTED, f"signed by key {signer}, but no trusted key given")
@@ -252,21 +253,19 @@ def _judge_signature(
         else:
             notes.append(f"signed by key {signer}; signature not checked (no trusted key given)")
         return signer, False
-    key = trusted_keys.keys.get(signer or "")
-    if key is None:
+    if status == "untrusted":
         problems.append(
             _p(Outcome.SIGNATURE_UNTRUSTED, f"signed by key {signer}, which is not trusted")
         )
         return signer, False
-    if not signature_valid(record.to_bytes(), carrier.signature, key):
+    if status == "invalid":
         problems.append(
             _p(
                 Outcome.SIGNATURE_INVALID,
                 f"signature by key {signer} does not match the record "
-                "(the record changed after signing, or the file was re-stamped without re-signing)",
+                "(the record changed after signing)",
             )
         )
-        return signer, True
     return signer, True
 
 
