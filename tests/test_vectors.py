@@ -123,6 +123,9 @@ def test_the_runner_reports_a_reader_that_disagrees() -> None:
     assert "FAIL tensor-mismatch [full]: expected tensor_mismatch, got ok" in out.getvalue()
     results = conformance.run_checks(broken, checks)
     assert all(r.found.startswith("error: ValueError") for r in results)
+    silent = conformance.command_reader([sys.executable, "-c", "import sys; sys.exit(4)"])
+    (result,) = conformance.run_checks(silent, checks[:1])
+    assert result.found.startswith("error: ValueError: exit 4, no JSON on stdout")
 
 
 POSITIVE = [v for v in INDEX["vectors"] if v["kind"] == "file" and "details" in v]

@@ -97,7 +97,11 @@ def command_reader(command: list[str], timeout: float = 120.0) -> Reader:
         proc = subprocess.run(
             [*command, *args], capture_output=True, text=True, timeout=timeout, check=False
         )
-        document = json.loads(proc.stdout)
+        try:
+            document = json.loads(proc.stdout)
+        except ValueError:
+            why = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise ValueError(f"exit {proc.returncode}, no JSON on stdout: {why[0]}") from None
         if not isinstance(document, dict):
             raise ValueError(f"printed {type(document).__name__}, not one JSON object")
         return document
