@@ -517,7 +517,12 @@ def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
 def test_spec_test_vectors(tmp_path: Path) -> None:
     """The vectors of spec/semantic.md, computed from the spec's formulas and by the library."""
     from cmh.header import TensorEntry
-    from cmh.semantic.canonical import config_hash, tokenizer_hash
+    from cmh.semantic.canonical import (
+        adapter_config_hash,
+        config_hash,
+        kv_config_hash,
+        tokenizer_hash,
+    )
     from cmh.semantic.model import key_id
     from cmh.semantic.tensors import graph_hash
 
@@ -540,18 +545,36 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     assert graph_hash(entries) == graph and graph in spec
 
     reduced = (
-        b'{"hidden_size":8,"model_type":"toy",'
+        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"toy",'
         b'"rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
     )
     config = hashlib.sha256(b"CMH-SEM-CONFIG-v2\n" + reduced).hexdigest()
+    kv_reduced = reduced.replace(b'"eos_token_id":2,', b"")
+    kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v2\n" + kv_reduced).hexdigest()
     source = {
         "model_type": "toy",
         "hidden_size": 8,
         "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16",
         "_name_or_path": "x",
         "use_cache": True,
+        "eos_token_id": 2,
+        "id2label": {"0": "A"},
     }
     assert config_hash(source) == config and config in spec
+    assert kv_config_hash(source) == kv_config and kv_config in spec
+
+    adapter_reduced = b'{"lora_alpha":16,"peft_type":"LORA","target_modules":["q_proj","v_proj"]}'
+    adapter = hashlib.sha256(b"CMH-SEM-ADAPTER-CONFIG-v2\n" + adapter_reduced).hexdigest()
+    adapter_source = {
+        "peft_type": "LORA",
+        "r": 8,
+        "lora_alpha": 16,
+        "target_modules": ["v_proj", "q_proj"],
+        "use_dora": False,
+        "lora_dropout": 0.1,
+    }
+    assert adapter_config_hash(adapter_source) == adapter and adapter in spec
 
     (tmp_path / "vocab.txt").write_bytes(b"[PAD]\n")
     (tmp_path / "tokenizer_config.json").write_text(
