@@ -191,7 +191,7 @@ class ModelFingerprint:
             )
         return self.base
 
-    def key_scope(self, kind: str) -> str:
+    def key_scope(self, kind: str, *, variant: str = "") -> str:
         """The ``scope`` part of the key for ``kind``.
 
         ``weights``, ``lora``: this directory's weights (:attr:`scope`);
@@ -200,9 +200,11 @@ class ModelFingerprint:
         entries of every adapter over it; ``tokenizer``, ``graph`` (shared by
         every model with equal ids): the first 16 hex characters of the id.
         """
+        return self._scope(kind, self.component(kind, variant=variant))
+
+    def _scope(self, kind: str, identity: str) -> str:
         if kind in SHARED_KINDS:
-            return self.component(kind)[:SCOPE_HEX]
-        self.component(kind)  # the kind must apply
+            return identity[:SCOPE_HEX]
         if kind in ("weights", "lora"):
             return self.scope
         return self._model_for(kind).scope
@@ -218,7 +220,7 @@ class ModelFingerprint:
         any kind but ``weights``/``lora`` of an adapter without its base).
         """
         identity = self.component(kind, variant=variant)
-        return f"{self.key_scope(kind)}/{kind}/{identity}"
+        return f"{self._scope(kind, identity)}/{kind}/{identity}"
 
     def compatible(self, other: ModelFingerprint, kind: str, *, variant: str = "") -> bool:
         """Whether cache entries of ``kind`` made under one can serve the other.
