@@ -215,6 +215,11 @@ def test_single_file_wins_over_a_stale_index(zoo: Zoo, tmp_path: Path) -> None:
     # The other way round: only the index and its shards are loaded.
     sharded = fingerprint(zoo / "llama-sharded")
     assert "model.safetensors.index.json" in sharded.files
+    # A stale index whose shards are gone: transformers loads the single file, and so do we.
+    for shard in mixed.glob("model-*.safetensors"):
+        shard.unlink()
+    assert max_diff(k_cache(mixed), loaded) == 0.0
+    assert fingerprint(mixed).keys() == fp.keys()
 
 
 def test_unused_consolidated_file_is_ignored(zoo: Zoo, tmp_path: Path) -> None:
@@ -471,6 +476,32 @@ def test_tokenizer_files_outside_the_old_list_change_the_id(
     assert first.tokenizer != second.tokenizer
     assert not first.compatible(second, "tokenizer")
     assert not first.compatible(second, "kv_text")
+
+
+def test_tokenizer_file_outside_the_old_list_changes_encodings(tmp_path: Path) -> None:
+    """RoCBert reads word_shape.json (not in the v1 list): its ids are model inputs."""
+    from transformers import AutoTokenizer, RoCBertTokenizer
+
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n你\n好\n")
+    (source / "word_shape.json").write_text(json.dumps({"你": 3, "好": 4, "[UNK]": 0}))
+    (source / "word_pronunciation.json").write_text(json.dumps({"你": 5, "好": 6, "[UNK]": 0}))
+    tokenizer = RoCBertTokenizer(
+        str(source / "vocab.txt"),
+        str(source / "word_shape.json"),
+        str(source / "word_pronunciation.json"),
+    )
+    model = write_model(tmp_path / "a", tensors())
+    tokenizer.save_pretrained(model)
+    other = copy_model(model, tmp_path / "b")
+    (other / "word_shape.json").write_text(json.dumps({"你": 4, "好": 3, "[UNK]": 0}))
+    encodings = [AutoTokenizer.from_pretrained(d)("你好") for d in (model, other)]
+    assert encodings[0]["input_ids"] == encodings[1]["input_ids"]
+    assert encodings[0]["input_shape_ids"] != encodings[1]["input_shape_ids"]
+    a, b = fingerprint(model), fingerprint(other)
+    assert "word_shape.json" in a.files
+    assert not a.compatible(b, "tokenizer") and not a.compatible(b, "kv_text")
 
 
 def test_adapter_with_partial_tokenizer_keeps_its_base_tokenizer(tmp_path: Path) -> None:
@@ -734,13 +765,55 @@ def test_cli_base_and_threads(zoo: Zoo, tmp_path: Path) -> None:
     assert bad_threads.exit_code == 2
 
 
-# -- property: ids equal exactly when the K cache is ------------------------------------------
+# -- property: ids equal exactly when the outputs are -------------------------------------------
+
+TEXT = "the cache key weights"
+
+
+def _tiny_gpt2(seed: int) -> Any:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(
+        GPT2Config(vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=64)
+    )
+
+
+def _tiny_qwen2(seed: int) -> Any:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        )
+    )
+
+
+#: Tiny models the property draws from: name -> builder(seed).
+ARCHITECTURES: dict[str, Callable[[int], Any]] = {
+    "llama": _tiny_llama,
+    "gpt2": _tiny_gpt2,
+    "qwen2": _tiny_qwen2,
+}
+#: Per architecture: the config names of the norm epsilon and the activation.
+EPS = {"llama": "rms_norm_eps", "gpt2": "layer_norm_epsilon", "qwen2": "rms_norm_eps"}
+ACT = {"llama": "hidden_act", "gpt2": "activation_function", "qwen2": "hidden_act"}
+HAS_ROPE = {"llama": True, "gpt2": False, "qwen2": True}
 
 #: Perturbations of a saved model: each rewrites the directory in place.
-Perturbation = Callable[[Path], None]
+Perturbation = Callable[[Path, str], None]
 
 
-def _resave_sharded(d: Path) -> None:
+def _resave_sharded(d: Path, arch: str) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(d)
@@ -748,36 +821,61 @@ def _resave_sharded(d: Path) -> None:
     model.save_pretrained(d, max_shard_size="8KB")
 
 
-def _stamp(d: Path) -> None:
+def _stamp(d: Path, arch: str) -> None:
     for path in d.glob("*.safetensors"):
         cmh.stamp(path)
 
 
-def _nudge_weight(d: Path) -> None:
+def _nudge_weight(d: Path, arch: str) -> None:
+    """Add 0.25 to one value of the first layer-0 tensor (its K, or the next layer's, moves)."""
     from safetensors.torch import load_file, save_file
 
-    path = d / "model.safetensors"
-    state = load_file(str(path))
-    state["model.layers.1.self_attn.k_proj.weight"][0, 0] += 0.25
-    save_file(state, str(path), {"format": "pt"})
+    files = sorted(d.glob("*.safetensors"))
+    for path in files:
+        state = load_file(str(path))
+        names = sorted(n for n in state if ".0." in n)
+        if names:
+            state[names[0]].view(-1)[0] += 0.25
+            save_file(state, str(path), {"format": "pt"})
+            return
+    raise AssertionError("no layer-0 tensor")
+
+
+def _v4_rope(d: Path, arch: str) -> None:
+    config = json.loads((d / "config.json").read_text())
+    rope = config.get("rope_parameters")
+    if rope:
+        edit_config(d, rope_parameters=None, rope_theta=rope["rope_theta"], rope_scaling=None)
+
+
+def _swap_vocabulary(d: Path, arch: str) -> None:
+    """Swap the ids of two words in the saved tokenizer.json."""
+    path = d / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["the"], vocab["cache"] = vocab["cache"], vocab["the"]
+    path.write_text(json.dumps(tokenizer))
 
 
 PERTURBATIONS: dict[str, Perturbation] = {
     "resave-sharded": _resave_sharded,
     "stamp": _stamp,
     "nudge-weight": _nudge_weight,
-    "rope-theta": lambda d: edit_config(
-        d, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
+    "rope-theta": lambda d, arch: (
+        edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+        if HAS_ROPE[arch]
+        else None
     ),
-    "rms-eps": lambda d: edit_config(d, rms_norm_eps=1e-2),
-    "hidden-act": lambda d: edit_config(d, hidden_act="gelu"),
-    "eos-id": lambda d: edit_config(d, eos_token_id=7),
-    "labels": lambda d: edit_config(d, id2label={"0": "x"}, label2id={"x": 0}),
-    "provenance": lambda d: edit_config(d, _name_or_path="/elsewhere", transformers_version="4.0"),
-    "v4-spelling": lambda d: edit_config(d, torch_dtype="float32", dtype=None),
-    "tokenizer": lambda d: (d / "vocab.txt").write_text("[PAD]\n[UNK]\nother\n"),
+    "eps": lambda d, arch: edit_config(d, **{EPS[arch]: 1e-2}),
+    "act": lambda d, arch: edit_config(d, **{ACT[arch]: "relu"}),
+    "eos-id": lambda d, arch: edit_config(d, eos_token_id=7, bos_token_id=6),
+    "labels": lambda d, arch: edit_config(d, id2label={"0": "x"}, label2id={"x": 0}),
+    "generation": lambda d, arch: edit_config(d, task_specific_params={"x": {"num_beams": 2}}),
+    "provenance": lambda d, arch: edit_config(d, _name_or_path="/x", transformers_version="4.0"),
+    "v4-dtype": lambda d, arch: edit_config(d, torch_dtype="float32", dtype=None),
+    "v4-rope": _v4_rope,
+    "vocabulary": _swap_vocabulary,
 }
-
 
 #: Whether each perturbation alone changes the K cache (checked with torch below).
 CHANGES_K: dict[str, bool] = {
@@ -785,45 +883,105 @@ CHANGES_K: dict[str, bool] = {
     "stamp": False,
     "nudge-weight": True,
     "rope-theta": True,
-    "rms-eps": True,
-    "hidden-act": True,
+    "eps": True,
+    "act": True,
     "eos-id": False,
     "labels": False,
+    "generation": False,
     "provenance": False,
-    "v4-spelling": False,
-    "tokenizer": False,
+    "v4-dtype": False,
+    "v4-rope": False,
+    "vocabulary": False,
 }
 
 
-@pytest.mark.parametrize("name", sorted(PERTURBATIONS))
-def test_each_perturbation(property_base: tuple[Path, Any, str], tmp_path: Path, name: str) -> None:
-    """Each perturbation alone: the K cache changes as listed, and the kv id with it."""
-    base, base_k, base_kv = property_base
-    directory = copy_model(base, tmp_path / "m")
-    PERTURBATIONS[name](directory)
-    changed = max_diff(k_cache(directory), base_k) > 0.0
-    assert changed == CHANGES_K[name]
-    assert (kv_id(directory) != base_kv) == changed
+@dataclass(frozen=True)
+class Outputs:
+    """What the keys promise, computed: the K cache of IDS, the token ids of TEXT.
+
+    ``saved_class`` is false when AutoTokenizer did not load the tokenizer class
+    that was saved (transformers 5 picks ``Qwen2Tokenizer`` for a ``qwen2`` config
+    whatever ``tokenizer_class`` says): its ids then ignore the saved files.
+    """
+
+    k: Any
+    token_ids: list[int]
+    saved_class: bool
+
+
+def outputs(directory: Path) -> Outputs:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    saved = json.loads((directory / "tokenizer_config.json").read_text())["tokenizer_class"]
+    return Outputs(
+        k_cache(directory),
+        tokenizer(TEXT)["input_ids"],
+        type(tokenizer).__name__.removesuffix("Fast") == saved.removesuffix("Fast"),
+    )
 
 
 @pytest.fixture(scope="module")
-def property_base(zoo: Zoo) -> tuple[Path, Any, str]:
-    return zoo / "llama", k_cache(zoo / "llama"), kv_id(zoo / "llama")
+def property_models(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, Outputs, ModelFingerprint]]:
+    root = tmp_path_factory.mktemp("property")
+    out = {}
+    for name, build in ARCHITECTURES.items():
+        directory = root / name
+        build(0).save_pretrained(directory)
+        _word_tokenizer(directory, TEXT.split())
+        out[name] = (directory, outputs(directory), fingerprint(directory))
+    return out
+
+
+def _check_promises(base: tuple[Path, Outputs, ModelFingerprint], directory: Path) -> bool:
+    """Assert each key is equal exactly when its output is; return whether K changed."""
+    _, before, base_fp = base
+    after, fp = outputs(directory), fingerprint(directory)
+    k_changed = max_diff(after.k, before.k) > 0.0
+    tokens_changed = after.token_ids != before.token_ids
+    assert fp.compatible(base_fp, "kv") == (not k_changed)
+    if after.saved_class:
+        assert fp.compatible(base_fp, "tokenizer") == (not tokens_changed)
+        assert fp.compatible(base_fp, "kv_text") == (not k_changed and not tokens_changed)
+    else:  # the loaded tokenizer ignores the files: only "other ids, other keys" holds
+        assert not tokens_changed or not fp.compatible(base_fp, "tokenizer")
+        assert not k_changed or not fp.compatible(base_fp, "kv_text")
+    return k_changed
+
+
+@pytest.mark.parametrize("name", sorted(PERTURBATIONS))
+def test_each_perturbation(
+    property_models: dict[str, tuple[Path, Outputs, ModelFingerprint]], tmp_path: Path, name: str
+) -> None:
+    """Each perturbation alone, on Llama: the K cache changes as listed, the ids with it."""
+    base = property_models["llama"]
+    directory = copy_model(base[0], tmp_path / "m")
+    PERTURBATIONS[name](directory, "llama")
+    assert _check_promises(base, directory) == CHANGES_K[name]
 
 
 @settings(
-    max_examples=14,
+    max_examples=16,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(names=st.lists(st.sampled_from(sorted(PERTURBATIONS)), min_size=1, max_size=2, unique=True))
-def test_kv_ids_equal_exactly_when_k_caches_are(
-    property_base: tuple[Path, Any, str], tmp_path_factory: pytest.TempPathFactory, names: list[str]
+@given(
+    arch=st.sampled_from(sorted(ARCHITECTURES)),
+    names=st.lists(st.sampled_from(sorted(PERTURBATIONS)), min_size=1, max_size=3, unique=True),
+)
+def test_ids_equal_exactly_when_outputs_are(
+    property_models: dict[str, tuple[Path, Outputs, ModelFingerprint]],
+    tmp_path_factory: pytest.TempPathFactory,
+    arch: str,
+    names: list[str],
 ) -> None:
-    base, base_k, base_kv = property_base
+    """Over tiny models of three architectures and combined perturbations: kv, tokenizer
+    and kv_text ids are equal exactly when the K cache and the token ids are."""
+    base = property_models[arch]
     directory = tmp_path_factory.mktemp("perturbed") / "m"
-    shutil.copytree(base, directory)
+    shutil.copytree(base[0], directory)
     for name in names:
-        PERTURBATIONS[name](directory)
-    same_k = max_diff(k_cache(directory), base_k) == 0.0
-    assert (kv_id(directory) == base_kv) == same_k, names
+        PERTURBATIONS[name](directory, arch)
+    _check_promises(base, directory)
