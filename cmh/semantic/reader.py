@@ -106,7 +106,11 @@ def fingerprint_files(
         if ADAPTER_CONFIG_FILE in top:
             fp = _adapter(top, threads, source)
             if base is not None:
-                base_fp = base if isinstance(base, ModelFingerprint) else fingerprint(base)
+                base_fp = (
+                    base
+                    if isinstance(base, ModelFingerprint)
+                    else fingerprint(base, threads=threads)
+                )
                 fp = fp.with_base(base_fp)
             return fp
         if base is not None:
