@@ -31,7 +31,7 @@ PROCESSOR_DOMAIN = b"CMH-SEM-PROCESSOR-v1\n"
 CODE_DOMAIN = b"CMH-SEM-CODE-v1\n"
 
 MAX_JSON_SIZE = 64 << 20
-MAX_TOKENIZER_FILE_SIZE = 512 << 20
+MAX_SMALL_FILE_SIZE = 512 << 20
 SAFE_INTEGER = (1 << 53) - 1
 
 #: ``config.json`` fields that do not change what the model computes at inference.
@@ -267,7 +267,7 @@ TOKENIZER_DROPPED: frozenset[str] = frozenset(
     }
 )
 
-_TOKENIZER_JSON_DROPS: dict[str, frozenset[str]] = {
+_LOADER_JSON_DROPS: dict[str, frozenset[str]] = {
     "tokenizer_config.json": TOKENIZER_DROPPED,
     "special_tokens_map.json": TOKENIZER_DROPPED,
     **dict.fromkeys(PROCESSOR_FILES, TOKENIZER_DROPPED),
@@ -442,12 +442,12 @@ def adapter_config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(ADAPTER_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
 
 
-def tokenizer_file_content(path: str | os.PathLike[str], name: str) -> bytes:
+def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
     """The canonical content of one small file: canonical JSON, else the raw bytes."""
     if not name.endswith(".json"):
-        return _read_small(path, name, MAX_TOKENIZER_FILE_SIZE)
+        return _read_small(path, name, MAX_SMALL_FILE_SIZE)
     value = read_json(path, name)
-    dropped = _TOKENIZER_JSON_DROPS.get(name)
+    dropped = _LOADER_JSON_DROPS.get(name)
     if dropped is not None and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in dropped}
     return canonical_json(value)
@@ -476,7 +476,7 @@ def files_hash(domain: bytes, files: Iterable[tuple[str, str | os.PathLike[str]]
     h = hashlib.sha256(domain)
     h.update(struct.pack("<I", len(items)))
     for encoded, name, path in items:
-        content = tokenizer_file_content(path, name)
+        content = small_file_content(path, name)
         h.update(struct.pack("<I", len(encoded)) + encoded)
         h.update(struct.pack("<Q", len(content)) + content)
     return h.hexdigest()
