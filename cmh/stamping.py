@@ -205,7 +205,7 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             values, record, signer = _new_values(job, new_header, digests, None)
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
             os.fsync(dst.fileno())
-        _set_mtime_to_stamp(tmp, job.stamped_at)
+        set_mtime_to_stamp(tmp, job.stamped_at)
         os.replace(tmp, target)
         _fsync_directory(directory)
     except BaseException as exc:
@@ -218,9 +218,9 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
     return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)
 
 
-def _set_mtime_to_stamp(path: str, stamped_at: int) -> None:
-    """Set the file's mtime to ``stamped_at``: a later write is then visible as a later
-    mtime (the trust rule of spec/semantic.md 2.1)."""
+def set_mtime_to_stamp(path: str, stamped_at: int) -> None:
+    """Set a just-stamped file's mtime to ``stamped_at``: a later write is then visible
+    as a later mtime (the stamp trust rule of spec/semantic.md 2.1)."""
     os.utime(path, ns=(time.time_ns(), stamped_at * 1_000_000_000))
 
 
@@ -300,7 +300,7 @@ def _stamp_in_place(job: _StampJob) -> StampResult:
     except StampError:
         # The values could not be located unambiguously: fall back to a full rewrite.
         return _stamp_rewrite(job)
-    _set_mtime_to_stamp(target, job.stamped_at)
+    set_mtime_to_stamp(target, job.stamped_at)
     write_seconds = time.perf_counter() - hash_started - hash_seconds
     return StampResult(target, record, tuple(digests), True, signer, hash_seconds, write_seconds)
 

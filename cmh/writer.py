@@ -28,6 +28,7 @@ from .errors import CMHError, StampError
 from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
 from .signing import key_id, sign_record
+from .stamping import set_mtime_to_stamp
 
 _NUMPY_DTYPES = {
     "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
@@ -155,6 +156,7 @@ def save_file(
                 f.write(t.data)
             f.flush()
             os.fsync(f.fileno())
+        set_mtime_to_stamp(tmp, stamped_at)
         os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):

@@ -633,3 +633,23 @@ def test_stamped_and_unstamped_copies_compare_equal(tmp_path: Path) -> None:
     a, b = fingerprint(plain), fingerprint(stamped)
     assert (a.hashed_files, b.hashed_files) == (("model.safetensors",), ())
     assert a == b and a.keys() == b.keys()
+
+
+def test_every_stamp_writer_leaves_a_trusted_stamp(tmp_path: Path) -> None:
+    """cmh.stamp (first and in place) and cmh.save_file set the mtime to stamped_at."""
+    first = write_model(tmp_path / "first", tensors())
+    path = first / "model.safetensors"
+    record = cmh.stamp(path).record
+    assert path.stat().st_mtime_ns == record.stamped_at * 1_000_000_000
+    assert fingerprint(first).hashed_files == ()
+    again = cmh.stamp(path, now=record.stamped_at + 5)
+    assert again.in_place
+    assert path.stat().st_mtime_ns == (record.stamped_at + 5) * 1_000_000_000
+    assert fingerprint(first).hashed_files == ()
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text(json.dumps(CONFIG))
+    cmh.save_file(tensors(), saved / "model.safetensors", {"format": "pt"}, ttl="30d")
+    fp = fingerprint(saved)
+    assert fp.hashed_files == () and fp.weights == fingerprint(first).weights
