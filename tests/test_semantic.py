@@ -653,3 +653,24 @@ def test_every_stamp_writer_leaves_a_trusted_stamp(tmp_path: Path) -> None:
     cmh.save_file(tensors(), saved / "model.safetensors", {"format": "pt"}, ttl="30d")
     fp = fingerprint(saved)
     assert fp.hashed_files == () and fp.weights == fingerprint(first).weights
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"rope_parameters": {"rope_type": ["yarn"], "rope_theta": "x"}},
+        {"rope_scaling": "linear", "rope_theta": [1]},
+        {"rope_parameters": {"full": {"rope_theta": 1}}, "layer_types": 5},
+        {"rope_parameters": {"full": {"rope_theta": 1}}, "layer_types": ["full"]},
+        {"torch_dtype": {"nested": True}, "dtype": None},
+        {"text_config": {"model_type": "t", "rope_scaling": {"type": 3}, "torch_dtype": 1}},
+    ],
+)
+def test_odd_config_values_are_hashed_not_crashed_on(
+    tmp_path: Path, fields: dict[str, object]
+) -> None:
+    """Normalization never fails on values of unexpected types: they are hashed as they are."""
+    directory = write_model(tmp_path / "m", tensors())
+    (directory / "config.json").write_text(json.dumps({**CONFIG, **fields}))
+    fp = fingerprint(directory)
+    assert fp.config is not None and fp.kv_config is not None

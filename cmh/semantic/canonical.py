@@ -400,7 +400,8 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     params.setdefault("rope_type", params.get("type", "default"))
     if params.get("type") == params["rope_type"]:
         del params["type"]
-    if params["rope_type"] in ROPE_WITH_ORIGINAL_LENGTH:
+    rope_type = params["rope_type"]
+    if isinstance(rope_type, str) and rope_type in ROPE_WITH_ORIGINAL_LENGTH:
         original = out.get("original_max_position_embeddings", out.get("max_position_embeddings"))
         if original is not None:
             params.setdefault("original_max_position_embeddings", original)
