@@ -376,14 +376,21 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _tiny_whisper(tmp_path_factory.mktemp("whisper") / "base")
 
 
-def test_processor_files_are_covered(whisper: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"n_fft": 320},
+        # Half the hop over half the window: still the 3000 frames the encoder takes.
+        {"hop_length": 80, "chunk_length": 15, "n_samples": 240000},
+    ],
+    ids=["n_fft", "hop_length"],
+)
+def test_processor_files_are_covered(whisper: Path, tmp_path: Path, change: dict[str, int]) -> None:
     """Issue case 3: a feature-extractor setting changes cross-attention K: other ids."""
     other = tmp_path / "other"
     shutil.copytree(whisper, other)
     path = other / "preprocessor_config.json"
-    settings_ = json.loads(path.read_text())
-    settings_["n_fft"] = 320
-    path.write_text(json.dumps(settings_))
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
     assert max_diff(cross_attention_k(whisper), cross_attention_k(other)) > 1e-4
     a, b = fingerprint(whisper), fingerprint(other)
     assert a.processor is not None and a.processor != b.processor
