@@ -47,9 +47,9 @@ def fingerprint(
     A directory (a model directory or a Hub cache snapshot) is read as
     transformers loads it: ``model.safetensors`` if present, else the shards of
     ``model.safetensors.index.json`` (the full rule is in ``spec/semantic.md``
-    1.1), with ``config.json``, the tokenizer, processor and code files. A path to one
-    ``.safetensors`` file takes the tensors of that file only, and the JSON
-    files beside it. A directory with ``adapter_config.json`` is an adapter;
+    1.1), with ``config.json``, the tokenizer, processor and code files. A
+    path to one ``.safetensors`` file takes the tensors of that file only, and
+    the small files beside it. A directory with ``adapter_config.json`` is an adapter;
     ``base`` (a path or a fingerprint) is the model it applies to.
 
     Only headers and small files are read when every weight file carries a
