@@ -9,6 +9,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -642,10 +643,14 @@ def test_every_stamp_writer_leaves_a_trusted_stamp(tmp_path: Path) -> None:
     record = cmh.stamp(path).record
     assert path.stat().st_mtime_ns == record.stamped_at * 1_000_000_000
     assert fingerprint(first).hashed_files == ()
-    again = cmh.stamp(path, now=record.stamped_at + 5)
+    again = cmh.stamp(path, now=record.stamped_at - 5)
     assert again.in_place
-    assert path.stat().st_mtime_ns == (record.stamped_at + 5) * 1_000_000_000
+    assert path.stat().st_mtime_ns == (record.stamped_at - 5) * 1_000_000_000
     assert fingerprint(first).hashed_files == ()
+    cmh.stamp(path, now=time.time() + 3600)  # a clock an hour ahead
+    ahead = fingerprint(first)
+    assert ahead.hashed_files == ("model.safetensors",)
+    assert "stamped in the future" in dict(ahead.untrusted_stamps)["model.safetensors"]
 
     saved = tmp_path / "saved"
     saved.mkdir()

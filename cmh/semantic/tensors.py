@@ -54,7 +54,8 @@ def stamp_trust(path: str | os.PathLike[str], header: Header, now: float) -> Sta
 
     The rule (``spec/semantic.md`` 2.1): the file is stamped with a SHA-256
     manifest that agrees with its record, the record has not expired at
-    ``now``, and the file was not modified after it was stamped (its mtime is
+    ``now`` and is not dated after ``now``, and the file was not modified
+    after it was stamped (its mtime is
     not later than the record's ``stamped_at``; ``cmh stamp`` sets the mtime to
     ``stamped_at``). Otherwise ``digests`` is ``None``: ``reason`` says why,
     or is ``None`` for an unstamped file.
@@ -73,6 +74,10 @@ def stamp_trust(path: str | os.PathLike[str], header: Header, now: float) -> Sta
     record = carrier.record
     if record.is_expired(now):
         return StampTrust(None, f"stamp expired at Unix time {record.expires_at}")
+    if record.stamped_at > now:
+        return StampTrust(
+            None, f"stamped in the future (stamped_at {record.stamped_at} > now {int(now)})"
+        )
     mtime_ns = os.stat(path).st_mtime_ns
     if mtime_ns > record.stamped_at * NS:
         return StampTrust(
