@@ -531,16 +531,30 @@ def _signature_words(doc: dict[str, Any]) -> str:
     is_flag=True,
     help="The semantic fingerprint (what the weights compute), from cmh.semantic.",
 )
+@click.option(
+    "--base",
+    metavar="DIR",
+    default=None,
+    help="With --semantic and an adapter PATH: the base model it applies to (its keys need it).",
+)
 @_THREADS
 @json_option
 @handle_errors
-def fingerprint(path: str, semantic: bool, threads: int | None, as_json: bool) -> None:
+def fingerprint(
+    path: str, semantic: bool, base: str | None, threads: int | None, as_json: bool
+) -> None:
     """Print the v1 root of a file, or the identity of a checkpoint directory."""
     from cmh.errors import CMHError
 
+    if base is not None and not semantic:
+        usage_error("--base applies to --semantic only")
     kind = "semantic" if semantic else ("directory" if os.path.isdir(path) else "file")
     try:
-        fields = _semantic_fields(path) if semantic else _fingerprint_fields(path, threads)
+        fields = (
+            _semantic_fields(path, base, threads)
+            if semantic
+            else _fingerprint_fields(path, threads)
+        )
     except (CMHError, OSError) as exc:
         code = EXIT_UNREADABLE if semantic and _not_a_model(exc) else exit_code_for(exc)
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
@@ -597,11 +611,11 @@ def _bytes_under(path: str) -> int:
     return sum(data_size(f) for f in target.files)
 
 
-def _semantic_fields(path: str) -> dict[str, Any]:
+def _semantic_fields(path: str, base: str | None, threads: int | None) -> dict[str, Any]:
     import importlib
 
     semantic = importlib.import_module("cmh.semantic")  # loaded only when asked for
-    return {"semantic": dict(semantic.fingerprint(path).to_dict())}
+    return {"semantic": dict(semantic.fingerprint(path, base=base, threads=threads).to_dict())}
 
 
 def _print_semantic(path: str, fields: dict[str, Any]) -> None:

@@ -206,12 +206,19 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             hash_seconds = time.perf_counter() - hash_started
             values, record, signer = _new_values(job, new_header, digests)
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
+            set_mtime_to_stamp(tmp, job.stamped_at)
     except BaseException as exc:
         if isinstance(exc, OSError):
             raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
         raise
     write_seconds = time.perf_counter() - started - hash_seconds
     return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)
+
+
+def set_mtime_to_stamp(path: str, stamped_at: int) -> None:
+    """Set a just-stamped file's mtime to ``stamped_at``: a later write is then visible
+    as a later mtime (the stamp trust rule of spec/semantic.md 2.1)."""
+    os.utime(path, ns=(time.time_ns(), stamped_at * 1_000_000_000))
 
 
 def _changed(before: os.stat_result, after: os.stat_result) -> bool:
@@ -277,6 +284,7 @@ def _stamp_in_place(job: _StampJob) -> StampResult:
     except StampError:
         # The values could not be located unambiguously: fall back to a full rewrite.
         return _stamp_rewrite(job)
+    set_mtime_to_stamp(target, job.stamped_at)
     write_seconds = time.perf_counter() - hash_started - hash_seconds
     return StampResult(target, record, tuple(digests), True, signer, hash_seconds, write_seconds)
 
