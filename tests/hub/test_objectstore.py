@@ -116,6 +116,41 @@ def test_settings_environment_order(aws_env: Path, monkeypatch: pytest.MonkeyPat
     assert S3Settings.from_environment().region == "ap-south-1"
 
 
+def test_settings_from_variables_alone_skip_botocore(aws_env: Path) -> None:
+    """Keys, endpoint and region in variables: the answer needs no botocore import."""
+    code = (
+        "import sys\nfrom cmh.hub.mirror.objectstore import S3Settings\n"
+        "s = S3Settings.from_environment()\n"
+        "print(s.endpoint, s.region, s.source, 'botocore' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        os.environ["AWS_ENDPOINT_URL"],
+        "us-east-1",
+        "environment",
+        "False",
+    ]
+
+
+def test_settings_endpoint_from_config_file_with_keys_in_variables(
+    seaweed_bucket: SeaweedBucket, aws_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys in variables, endpoint and region only in the default profile's config."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.delenv("AWS_REGION")
+    config = aws_env / "config"
+    config.write_text(f"[default]\nregion = eu-north-1\nendpoint_url = {seaweed_bucket.endpoint}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    settings = S3Settings.from_environment()
+    assert (settings.endpoint, settings.region) == (seaweed_bucket.endpoint, "eu-north-1")
+    assert settings.source == "the default AWS settings (env)"
+    store = ObjectStore(S3Location.parse(seaweed_bucket.url), settings)
+    etag = store.put("k", b"v")
+    assert store.head("k").etag == etag
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    assert S3Settings.from_environment().endpoint is None
+
+
 def test_settings_from_profile_reach_the_storage(
     seaweed_bucket: SeaweedBucket, aws_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
