@@ -166,8 +166,9 @@ class S3Settings:
         ``endpoint_url`` (its ``services`` section first; none when
         ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true``); none means AWS itself. Region:
         ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's ``region``, then
-        ``us-east-1``. Credentials: botocore's chain (environment variables first, then
-        the profile ``profile`` or ``AWS_PROFILE``, SSO, container and instance roles).
+        ``us-east-1``. Credentials: botocore's chain (the key variables first, then the
+        profile ``AWS_PROFILE``, SSO, container and instance roles); an explicit
+        ``profile`` uses that profile only, as ``aws --profile`` does.
 
         When the environment variables alone decide everything (keys set, no profile
         named, and no config file or both endpoint and region set), botocore is not
@@ -183,13 +184,18 @@ class S3Settings:
         if chosen is None and key and secret and decided:
             static = Credentials(key, secret, env.get("AWS_SESSION_TOKEN") or None)
             return cls(endpoint, region or DEFAULT_REGION, lambda: static, "environment")
-        return cls._from_botocore(chosen, endpoint, region)
+        return cls._from_botocore(profile, chosen, endpoint, region)
 
     @classmethod
     def _from_botocore(
-        cls, profile: str | None, endpoint: str | None, region: str | None
+        cls, profile: str | None, chosen: str | None, endpoint: str | None, region: str | None
     ) -> S3Settings:
-        """The settings as botocore resolves them (profiles, SSO, roles)."""
+        """The settings as botocore resolves them (profiles, SSO, roles).
+
+        Only an explicit ``profile`` is handed to botocore: it then ignores the key
+        variables, as ``aws --profile`` does; ``AWS_PROFILE`` is read by botocore
+        itself, and the key variables still come first, as in the AWS CLI.
+        """
         try:
             import botocore.configprovider
             import botocore.exceptions
@@ -197,7 +203,7 @@ class S3Settings:
         except ImportError as exc:  # pragma: no cover - depends on the installation
             raise SettingsError(_EXTRA_HINT) from exc
         session = botocore.session.Session(profile=profile)
-        where = f"profile {profile!r}" if profile else "the default AWS settings"
+        where = f"profile {chosen!r}" if chosen else "the default AWS settings"
         ignore_configured = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "")
         try:
             scoped = session.get_scoped_config()

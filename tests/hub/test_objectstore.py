@@ -176,6 +176,16 @@ def test_settings_from_profile_reach_the_storage(
     assert store.head("hello").etag == etag
     with pytest.raises(SettingsError, match="nope"):
         S3Settings.from_environment(profile="nope")
+    # Key variables come before AWS_PROFILE (as in the AWS CLI); an explicit profile wins.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-variables")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-variables-secret")
+    settings = S3Settings.from_environment()
+    assert settings.credentials is not None
+    assert settings.credentials().access_key_id == "from-variables"
+    assert settings.endpoint == seaweed_bucket.endpoint  # still the profile's
+    settings = S3Settings.from_environment(profile="weed")
+    assert settings.credentials is not None
+    assert settings.credentials().access_key_id == ACCESS_KEY
 
 
 def test_credentials_never_printed(seaweed_bucket: SeaweedBucket, aws_env: Path) -> None:
