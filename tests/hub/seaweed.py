@@ -190,7 +190,9 @@ class SeaweedServer:
         raise SeaweedError(f"S3 endpoint not ready after {START_TIMEOUT:.0f} s ({last}): "
                            f"{self.log_tail()}")  # fmt: skip
 
-    def _request(self, method: str, path: str, body: bytes | None = None) -> int:
+    def _request(
+        self, method: str, path: str, body: bytes | None = None, timeout: float = 10.0
+    ) -> int:
         """One request signed as :data:`ACCESS_KEY`; the status."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
@@ -202,13 +204,13 @@ class SeaweedServer:
         S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", REGION).add_auth(signed)
         req = Request(self.endpoint + path, data=body, method=method,
                       headers=dict(signed.headers.items()))  # fmt: skip
-        with urlopen(req, timeout=300) as resp:
+        with urlopen(req, timeout=timeout) as resp:
             resp.read()
             return int(resp.status)
 
     def put_object(self, key: str, body: bytes) -> None:
         """Write ``body`` as ``key`` in :attr:`bucket`."""
-        self._request("PUT", f"/{self.bucket}/{key}", body)
+        self._request("PUT", f"/{self.bucket}/{key}", body, timeout=300.0)
 
     def presigned_url(self, key: str, expires_in: int = 3600) -> str:
         """A presigned GET URL of ``key`` in :attr:`bucket`."""
