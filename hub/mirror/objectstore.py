@@ -4,7 +4,8 @@ What a bucket-backed mirror store needs from the storage, and nothing more: a
 location parsed from ``s3://bucket/prefix``, settings from the standard AWS sources,
 and on one :class:`ObjectStore`:
 
-- reads: :meth:`~ObjectStore.head` (size, ETag), :meth:`~ObjectStore.get` (whole),
+- reads: :meth:`~ObjectStore.head` (size, ETag), :meth:`~ObjectStore.get` (whole;
+  :meth:`~ObjectStore.get_with_info` with its ETag),
   :meth:`~ObjectStore.get_range` (one byte range), :meth:`~ObjectStore.iter_chunks`
   (streamed in chunks); async twins for the server (``*_async``);
 - writes: :meth:`~ObjectStore.put` (bytes), :meth:`~ObjectStore.put_file` (multipart
@@ -426,6 +427,18 @@ class ObjectStore:
         key = self.location.key(name)
         try:
             return obstore.get(self._store, key).bytes().to_bytes()
+        except self._errors() as exc:
+            self._fail("GET", name, exc)
+
+    def get_with_info(self, name: str) -> tuple[bytes, ObjectInfo]:
+        """The whole object and its info from one request, so the ETag is that of these
+        bytes (what a compare-and-swap with :meth:`put_if_match` starts from)."""
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            result = obstore.get(self._store, key)
+            return result.bytes().to_bytes(), self._info(name, result.meta)
         except self._errors() as exc:
             self._fail("GET", name, exc)
 

@@ -387,6 +387,72 @@ def test_two_processes_racing_a_create_only_put(
         assert store.get(f"race/{i}") == (b"writer-a" if i in won_a else b"writer-b")
 
 
+APPENDER = """
+import sys
+from cmh.hub.mirror.objectstore import ObjectNotFound, ObjectStore, PreconditionFailed
+store = ObjectStore.open(sys.argv[1])
+me, count = sys.argv[2], int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+refused = 0
+for i in range(count):
+    while True:  # read the ref and its ETag, append, compare-and-swap; retry when refused
+        try:
+            body, info = store.get_with_info("refs/main")
+        except ObjectNotFound:
+            body, info = b"", None
+        line = f"{me}-{i}\\n".encode()
+        try:
+            if info is None:
+                store.put_if_absent("refs/main", line)
+            else:
+                store.put_if_match("refs/main", body + line, info.etag)
+            break
+        except PreconditionFailed:
+            refused += 1
+print(refused, flush=True)
+"""
+
+
+def test_two_writers_moving_one_ref_by_compare_and_swap_lose_nothing(
+    store: ObjectStore, seaweed_bucket: SeaweedBucket, aws_env: Path
+) -> None:
+    """The rule a bucket store relies on, on SeaweedFS: two processes each append 25
+    lines to one object by read + If-Match (create-only when absent), retrying when
+    refused; at the end every line of both is there, each writer's in its order."""
+    count = 25
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", APPENDER, seaweed_bucket.url, name, str(count)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for p in procs:  # both start at once
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    lines = store.get("refs/main").decode().splitlines()
+    assert len(lines) == 2 * count
+    for name in ("a", "b"):
+        assert [line for line in lines if line.startswith(name)] == [
+            f"{name}-{i}" for i in range(count)
+        ]
+
+
 # -- listing and presigned URLs -------------------------------------------------------
 
 
