@@ -229,6 +229,7 @@ def test_put_head_get_delete(store: ObjectStore) -> None:
     assert etag.strip('"') == hashlib.md5(data).hexdigest()  # a single-part ETag is the MD5
     assert store.get("blobs/a") == data
     assert asyncio.run(store.head_async("blobs/a")) == info
+    assert store.get_with_info("blobs/a") == (data, info)
     replaced = store.put("blobs/a", b"other")
     assert replaced != etag and store.get("blobs/a") == b"other"
     store.delete("blobs/a")
@@ -274,6 +275,7 @@ def test_missing_object_is_typed(store: ObjectStore, seaweed_bucket: SeaweedBuck
     calls = [
         lambda: store.head("no/such"),
         lambda: store.get("no/such"),
+        lambda: store.get_with_info("no/such"),
         lambda: store.get_range("no/such", 0, 10),
         lambda: list(store.iter_chunks("no/such")),
         lambda: asyncio.run(store.head_async("no/such")),
