@@ -13,7 +13,8 @@ and on one :class:`ObjectStore`:
   :meth:`~ObjectStore.put_if_match` (``If-Match``: compare-and-swap), both raising
   :class:`PreconditionFailed` when the storage refuses;
 - :meth:`~ObjectStore.list` (by prefix, paginated by the storage, streamed),
-  :meth:`~ObjectStore.delete`, :meth:`~ObjectStore.presigned_get_url`.
+  :meth:`~ObjectStore.copy` (server-side), :meth:`~ObjectStore.delete`,
+  :meth:`~ObjectStore.presigned_get_url`.
 
 Names are relative to the location's prefix. Every failure is an
 :class:`ObjectStoreError` (:class:`ObjectNotFound`, :class:`PreconditionFailed`,
@@ -545,6 +546,17 @@ class ObjectStore:
             return self._put("PUT (if match)", name, data, mode={"e_tag": etag})
         except ObjectNotFound as exc:  # AWS answers 404 when the object is gone
             raise PreconditionFailed(f"{exc}: it was deleted", name) from None
+
+    def copy(self, source: str, target: str) -> None:
+        """Copy an object inside the bucket, done by the storage (no bytes through this
+        process); replaces ``target`` if it exists. For moving a blob to quarantine."""
+        import obstore
+
+        from_key, to_key = self.location.key(source), self.location.key(target)
+        try:
+            obstore.copy(self._store, from_key, to_key, overwrite=True)
+        except self._errors() as exc:
+            self._fail(f"COPY to {self.location}{target} from", source, exc)
 
     def delete(self, name: str) -> None:
         """Delete an object (deleting a missing object is not an error, as in S3)."""

@@ -238,6 +238,17 @@ def test_put_head_get_delete(store: ObjectStore) -> None:
     store.delete("blobs/a")  # deleting a missing object is fine, as in S3
 
 
+def test_server_side_copy(store: ObjectStore) -> None:
+    data = random_bytes(50_000, seed=5)
+    store.put("blobs/c", data)
+    store.put(".quarantine/c.1", b"older")
+    store.copy("blobs/c", ".quarantine/c.1")
+    assert store.get(".quarantine/c.1") == data and store.get("blobs/c") == data
+    with pytest.raises(ObjectNotFound) as info:
+        store.copy("blobs/none", ".quarantine/none.1")
+    assert info.value.name == "blobs/none"
+
+
 def test_byte_ranges(store: ObjectStore) -> None:
     data = random_bytes(3000, seed=1)
     store.put("r", data)
