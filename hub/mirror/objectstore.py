@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -528,6 +528,38 @@ class ObjectStore:
             "PUT", name, path, use_multipart=size > self.part_size, chunk_size=self.part_size
         )
 
+    def put_stream(self, name: str, chunks: Iterable[bytes]) -> str:
+        """Write an object from an iterable of chunks (multipart, parts of ``part_size``).
+
+        An exception raised by ``chunks`` aborts the upload: no object is created (or
+        replaced), and the exception propagates as it was raised. Returns the ETag.
+        """
+        import obstore
+
+        key = self.location.key(name)
+        failure: list[BaseException] = []
+
+        def guarded() -> Iterator[bytes]:
+            try:
+                yield from chunks
+            except BaseException as exc:  # kept, so the caller sees its own error
+                failure.append(exc)
+                raise
+
+        try:
+            result = obstore.put(
+                self._store, key, guarded(), use_multipart=True, chunk_size=self.part_size
+            )
+        except self._errors() as exc:
+            if failure:
+                raise failure[0] from None
+            self._fail("PUT", name, exc)
+        except Exception:
+            if failure:
+                raise failure[0] from None
+            raise
+        return str(result["e_tag"] or "")
+
     def put_if_absent(self, name: str, data: bytes) -> str:
         """Create an object only if no object has that name (``If-None-Match: *``).
 
@@ -584,6 +616,20 @@ class ObjectStore:
                     yield self._info(meta["path"][len(self.location.prefix) :], meta)
         except self._errors() as exc:
             self._fail("LIST", prefix, exc)
+
+    def list_folders(self, prefix: str = "") -> tuple[str, ...]:
+        """The names of the folders directly under ``prefix`` ("" for the top), one
+        delimited listing (every page)."""
+        import obstore
+
+        full = self.location.prefix
+        if prefix:
+            full += _check_relpath(prefix.rstrip("/"), "list prefix", InvalidObjectName) + "/"
+        try:
+            result = obstore.list_with_delimiter(self._store, full.rstrip("/") or None)
+        except self._errors() as exc:
+            self._fail("LIST", prefix, exc)
+        return tuple(sorted(p[len(full) :].rstrip("/") for p in result["common_prefixes"]))
 
     def presigned_get_url(self, name: str, expires_in: timedelta = timedelta(minutes=15)) -> str:
         """A URL that GETs the object (any single ``Range`` allowed) without credentials
