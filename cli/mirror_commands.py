@@ -21,12 +21,13 @@ from ._common import (
     progress_bar,
     usage_error,
 )
+from .store_location import STORE, StoreLocation, open_bucket_or_fail
 
 STORE_OPTION = click.option(
     "--store",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Store folder (stock Hugging Face cache layout).",
+    type=STORE,
+    help="Store folder (stock Hugging Face cache layout), or s3://BUCKET/PREFIX.",
 )
 
 
@@ -49,7 +50,7 @@ def mirror() -> None:
 @json_option
 @handle_errors
 def add(
-    src_dir: Path, store: Path, repo_id: str, revision: str, repo_type: str, as_json: bool
+    src_dir: Path, store: StoreLocation, repo_id: str, revision: str, repo_type: str, as_json: bool
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
     from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
@@ -57,9 +58,13 @@ def add(
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
         with progress_bar(total * 2, f"import {repo_id}") as advance:
-            result = add_folder(
-                store, src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
-            )
+            if isinstance(store, str):
+                result = open_bucket_or_fail(store).add_folder(
+                    src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
+                )
+            else:
+                result = add_folder(store, src_dir, repo_id, revision=revision,
+                                    repo_type=repo_type, progress=advance)  # fmt: skip
     except InvalidNameError as exc:
         fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
@@ -79,13 +84,16 @@ def add(
 @STORE_OPTION
 @json_option
 @handle_errors
-def ls(store: Path, as_json: bool) -> None:
+def ls(store: StoreLocation, as_json: bool) -> None:
     """List the repos of a store, their refs and sizes."""
     from cmh.hub.mirror import list_store
 
-    if not store.is_dir():
+    if isinstance(store, str):
+        repos = open_bucket_or_fail(store).list_store()
+    elif not store.is_dir():
         fail(f"{store}: store folder not found", EXIT_USAGE)
-    repos = list_store(store)
+    else:
+        repos = list_store(store)
     if as_json:
         emit_json({"schema": JSON_SCHEMA_VERSION, "repos": [r.to_dict() for r in repos]})
         return
@@ -105,21 +113,29 @@ def ls(store: Path, as_json: bool) -> None:
 @click.option("--threads", type=click.IntRange(1, 64), default=None, help="Hashing threads.")
 @json_option
 @handle_errors
-def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_json: bool) -> None:
+def scrub(
+    store: StoreLocation, full: bool, no_quarantine: bool, threads: int | None, as_json: bool
+) -> None:
     """Re-check every blob against its name; quarantine bad ones (exit 1 if any)."""
     from cmh.hub.cache import iter_repos
     from cmh.hub.mirror import scrub_store
 
-    if not store.is_dir():
-        fail(f"{store}: store folder not found", EXIT_USAGE)
-    total = 0
-    for repo in iter_repos(store):
-        if repo.blobs.is_dir():
-            total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
-    with progress_bar(total, "scrub") as advance:
-        report = scrub_store(
-            store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
-        )
+    if isinstance(store, str):
+        from cmh.hub.mirror.bucket_scrub import scrub_bucket
+
+        bucket = open_bucket_or_fail(store)  # every blob is streamed and hashed whole
+        report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
+    else:
+        if not store.is_dir():
+            fail(f"{store}: store folder not found", EXIT_USAGE)
+        total = 0
+        for repo in iter_repos(store):
+            if repo.blobs.is_dir():
+                total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
+        with progress_bar(total, "scrub") as advance:
+            report = scrub_store(
+                store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
+            )
     if as_json:
         emit_json({"schema": JSON_SCHEMA_VERSION, **report.to_dict()})
     else:

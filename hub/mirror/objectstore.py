@@ -488,13 +488,18 @@ class ObjectStore:
         start: int = 0,
         end: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        if_match: str | None = None,
     ) -> AsyncIterator[bytes]:
-        """:meth:`iter_chunks` without blocking the event loop."""
+        """:meth:`iter_chunks` without blocking the event loop; with ``if_match`` (an ETag
+        as :meth:`head` gave it) only from that version of the object, else
+        :class:`PreconditionFailed`."""
         import obstore
 
         self._check_range(start, end)
         key = self.location.key(name)
         options: Any = {} if start == 0 and end is None else {"range": self._range(start, end)}
+        if if_match is not None:
+            options["if_match"] = if_match
         try:
             result = await obstore.get_async(self._store, key, options=options)
             async for chunk in result.stream(chunk_size):

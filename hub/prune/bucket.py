@@ -21,9 +21,10 @@ writers stop waiting for the lease.
 Policies, as for a local store (:class:`~cmh.hub.prune.plan.PrunePolicy`):
 ``unreferenced``, ``keep_latest`` and ``older_than`` (by the commit's creation
 time: a bucket has no use records). ``expired`` and ``max_size`` are not
-supported on a bucket (:class:`UnsupportedPolicy`). Objects newer than
-``in_flight_grace`` (storage time against this machine's clock) are left alone,
-which spares uploads in progress some work; correctness does not depend on it.
+supported on a bucket (:class:`UnsupportedPolicy`). Unlike a local store, there is
+no "recently touched" grace: it would compare the storage's clock with this
+machine's, and the lease already keeps every import's commit whole (an import
+waiting for the lease uploads again whatever was pruned meanwhile).
 """
 
 from __future__ import annotations
@@ -182,16 +183,12 @@ def _prune_repo(
         newest = sorted(trees, key=lambda c: (trees[c].created_at, c), reverse=True)
         for commit in newest[policy.keep_latest :]:
             reasons.setdefault(commit, []).append("beyond-keep-latest")
-    fresh = clock - policy.in_flight_grace
-    doomed = {c for c in reasons if tree_infos[c].last_modified.timestamp() < fresh}
+    doomed = set(reasons)
     out.commits = {c: reasons[c] for c in sorted(doomed)}
     out.refs = sorted(n for n, r in refs.items() if r.commit in doomed or r.commit not in trees)
     out.trees = sorted(doomed)
     keep = {f.etag for c, t in trees.items() if c not in doomed for f in t.files}
-    out.blobs = sorted(
-        e for e, info in blob_infos.items()
-        if e not in keep and info.last_modified.timestamp() < fresh
-    )  # fmt: skip
+    out.blobs = sorted(e for e in blob_infos if e not in keep)
     steps = (
         [(store.ref_name(folder, n), ref_sizes.get(store.ref_name(folder, n), 0)) for n in out.refs]
         + [(store.tree_name(folder, c), tree_infos[c].size) for c in out.trees]

@@ -290,7 +290,7 @@ def test_prune_frees_what_it_reports_blobs_last(bucket: BucketStore, tmp_path: P
     second = bucket.add_folder(sample(tmp_path / "b", "b"), REPO)
     bucket.add_folder(sample(tmp_path / "c", "c"), REPO, revision="old")
     bucket.objects.put(bucket.ref_name(FOLDER, "gone"), b"f" * 40 + b"\n")  # dangling
-    policy = PrunePolicy(keep_latest=1, in_flight_grace=0)
+    policy = PrunePolicy(keep_latest=1)
     plan = prune_bucket(bucket, policy, dry_run=True)
     before = total_bytes(bucket)
     assert total_bytes(bucket) == before  # a dry run changes nothing
@@ -323,7 +323,7 @@ def test_prune_skips_a_repo_whose_lease_is_held(bucket: BucketStore, tmp_path: P
     bucket.add_folder(sample(tmp_path / "a"), REPO)
     bucket.add_folder(sample(tmp_path / "b", "b"), REPO)
     bucket.objects.put_if_absent(bucket.lease_name(FOLDER), b"{}")
-    report = prune_bucket(bucket, PrunePolicy(keep_latest=1, in_flight_grace=0), settle=0)
+    report = prune_bucket(bucket, PrunePolicy(keep_latest=1), settle=0)
     assert report.repos[0].skipped and report.freed == 0
     assert len(bucket.tree_infos(FOLDER)) == 2
 
@@ -355,7 +355,7 @@ def test_writers_racing_a_pruner_never_leave_a_ref_to_missing_blobs(
     try:
         for _ in range(3):
             # settle > the writers' window (5 s) + their request time here
-            prune_bucket(bucket, PrunePolicy(keep_latest=1, in_flight_grace=0), settle=6.0)
+            prune_bucket(bucket, PrunePolicy(keep_latest=1), settle=6.0)
             assert not dangling(bucket, FOLDER, refs_only=True)
     finally:
         stop.set()
@@ -364,3 +364,87 @@ def test_writers_racing_a_pruner_never_leave_a_ref_to_missing_blobs(
     assert not errors
     assert not dangling(bucket, FOLDER)
     assert bucket.resolve_revision(FOLDER, "main") is not None
+
+
+def cmh(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", *args],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=300,
+    )  # fmt: skip
+
+
+def test_cli_two_mirror_add_processes_at_once_then_ls_scrub_prune(
+    bucket: BucketStore, seaweed_bucket: SeaweedBucket, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    url = seaweed_bucket.url
+    srcs = [sample(tmp_path / f"s{k}", f"s{k}") for k in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cmh.cli.main",
+                "mirror",
+                "add",
+                str(src),
+                "--store",
+                url,
+                "--repo",
+                REPO,
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **aws_env},
+        )
+        for src in srcs
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    commits = {json.loads(o)["commit"] for o, _ in outs}
+    head = bucket.read_ref(FOLDER, "main")
+    assert len(commits) == 2 and head is not None and head.commit in commits
+    other = (commits - {head.commit}).pop()
+    tree = bucket.read_tree(FOLDER, head.commit)
+    # the two imports are serialised by the ref's compare-and-swap: one builds on the other
+    # (or both started from no ref and the loser rebased onto the winner)
+    assert tree is not None and tree.parents == (other,)
+    assert not dangling(bucket, FOLDER)
+
+    ls = cmh(aws_env, "mirror", "ls", "--store", url, "--json")
+    assert ls.returncode == 0, ls.stderr
+    (repo,) = json.loads(ls.stdout)["repos"]
+    assert repo["repo_id"] == REPO and [r["commit"] for r in repo["refs"]] == [head.commit]
+    assert sorted(repo["commits"]) == sorted(commits)
+
+    victim = next(f for f in tree.files if f.path == "config.json")
+    bucket.objects.put(bucket.blob_name(FOLDER, victim.etag), b"x" * victim.size)
+    scrub = cmh(aws_env, "mirror", "scrub", "--store", url, "--json")
+    assert scrub.returncode == 1, scrub.stderr
+    bad = json.loads(scrub.stdout)["bad"]
+    assert [b["blob"] for b in bad] == [victim.etag] and bad[0]["quarantined_to"]
+
+    before = total_bytes(bucket)
+    dry = cmh(aws_env, "prune", "--store", url, "--keep-latest", "1", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert total_bytes(bucket) == before
+    done = cmh(aws_env, "prune", "--store", url, "--keep-latest", "1", "--settle", "0.2",
+               "--yes", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    freed = json.loads(done.stdout)["freed"]
+    assert freed == json.loads(dry.stdout)["freed"] > 0
+    assert before - total_bytes(bucket) == freed
+    assert list(bucket.tree_infos(FOLDER)) == [head.commit]
+
+
+def test_cli_bucket_errors_are_clear(aws_env: dict[str, str], tmp_path: Path) -> None:
+    src = sample(tmp_path / "src")
+    missing = cmh(aws_env, "mirror", "ls", "--store", "s3://no-such-bucket-cmh/x")
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert "no-such-bucket-cmh" in missing.stderr
+    bad = cmh(aws_env, "mirror", "add", str(src), "--store", "s3://Bad_Bucket/x", "--repo", REPO)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    unsupported = cmh(aws_env, "prune", "--store", "s3://cmh-test/x", "--max-size", "1GB",
+                      "--dry-run")  # fmt: skip
+    assert unsupported.returncode == 2 and "not supported on a bucket" in unsupported.stderr
