@@ -166,15 +166,34 @@ def scrub(
     default=None,
     help="Append JSON access-log lines here (default: stderr).",
 )
+@click.option(
+    "--blob-delivery",
+    type=click.Choice(["proxy", "redirect", "x-accel"]),
+    default="proxy",
+    show_default=True,
+    help="proxy: cmh sends the bytes (sendfile, or streamed from the bucket); redirect: "
+    "302 to a presigned URL (bucket stores); x-accel: nginx sends the file named in "
+    "X-Accel-Redirect (local stores).",
+)
+@click.option(
+    "--ref-ttl",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Bucket stores: seconds a replica trusts a ref it read (a new commit is "
+    "served by every replica at most this long after it is added).",
+)
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
 def serve(
-    store: Path,
+    store: StoreLocation,
     host: str,
     port: int,
     tokens: Path | None,
     workers: int,
     access_log: Path | None,
+    blob_delivery: str,
+    ref_ttl: float,
     tree_page_size: int,
 ) -> None:
     """Serve a store through the Hub HTTP API (stops cleanly on SIGTERM)."""
@@ -195,6 +214,8 @@ def serve(
         access_log=access_log,
         page_size=tree_page_size,
         announce=announce,
+        blob_delivery=blob_delivery,
+        ref_ttl=ref_ttl,
     )
     try:
         code = run(config)

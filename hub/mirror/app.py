@@ -15,21 +15,25 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from ..cache.layout import LayoutError, RepoLayout, validate_relpath
+from ..cache.layout import LayoutError, RepoLayout, repo_folder_name, validate_relpath
 from ..cache.usage import record_use
 from . import documents
 from .auth import AccessPolicy, bearer_token, repo_key
 from .fingerprints import FingerprintCache
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
-from .ranges import RangeNotSatisfiable, parse_range
+from .ranges import ByteRange, RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
 from .send import BlobUnavailable, multipart, open_blob, send_body
+
+if TYPE_CHECKING:
+    from .bucket_read import BucketReader
+    from .bucket_send import ObjectVerifier
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
@@ -61,6 +65,11 @@ class MirrorState:
     page_size: int = DEFAULT_PAGE_SIZE
     indexes: IndexCache | None = None
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
+    #: A bucket store (``store`` is then not used): its reader and how bytes travel.
+    bucket: BucketReader | None = None
+    delivery: str = "proxy"  # proxy | redirect (buckets) | x-accel (local stores)
+    x_accel_prefix: str = "/_cmh_blobs/"
+    object_verifier: ObjectVerifier | None = None
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
@@ -128,6 +137,8 @@ async def _run(func: Any, *args: Any) -> Any:
 
 def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:
     """The index of the commit a route names; RepoNotFound also for a closed private repo."""
+    if state.bucket is not None:
+        return _lookup_bucket(state, state.bucket, route, token)
     repo = RepoLayout(state.store, route.repo_id, route.repo_type)
     if not state.policy.can_read(route.repo_type, route.repo_id, token) or not repo_exists(repo):
         raise HubError(404, "RepoNotFound", "Repository not found")
@@ -139,6 +150,29 @@ def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> 
     index = state.indexes.get(repo, commit)
     if used:
         record_use(repo, commit)
+    return index
+
+
+def _lookup_bucket(
+    state: MirrorState, bucket: BucketReader, route: Route, token: str | None
+) -> CommitIndex:
+    """:func:`_lookup` for a bucket store; a storage that fails answers 503."""
+    from .bucket import BucketError
+    from .objectstore import ObjectStoreError
+
+    folder = repo_folder_name(route.repo_id, route.repo_type)
+    revision = route.revision or "main"
+    try:
+        if not state.policy.can_read(route.repo_type, route.repo_id, token) or (
+            not bucket.repo_exists(folder)
+        ):
+            raise HubError(404, "RepoNotFound", "Repository not found")
+        index = bucket.resolve(folder, revision)
+    except (ObjectStoreError, BucketError) as exc:
+        raise HubError(503, "StoreUnavailable", f"store unavailable: {exc}",
+                       {"Retry-After": "5"}) from None  # fmt: skip
+    if index is None:
+        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
     return index
 
 
@@ -193,6 +227,8 @@ async def _resolve(
             416, "RangeNotSatisfiable", str(exc),
             {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
         ) from None  # fmt: skip
+    if state.bucket is not None or state.delivery == "x-accel":
+        return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
     try:
         f = await _run(_open_checked, state, entry)
     except BlobUnavailable as exc:
@@ -230,6 +266,55 @@ async def _resolve(
         return response
     finally:
         f.close()
+
+
+async def _resolve_elsewhere(
+    request: web.Request,
+    state: MirrorState,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[ByteRange] | None,
+    range_header: str | None,
+) -> web.StreamResponse:
+    """A body sent by someone else than this process's sendfile: from a bucket (proxied
+    or redirected to), or by nginx (``X-Accel-Redirect``)."""
+    from . import bucket_send
+
+    if ranges is None:
+        if range_header is not None:
+            request[RANGE_KEY] = "full"
+    else:
+        request[RANGE_KEY] = "single" if len(ranges) == 1 else "multi"
+    try:
+        if state.bucket is None:
+            return await _x_accel(state, entry, headers)
+        if state.delivery == bucket_send.REDIRECT:
+            request[BYTES_KEY] = 0
+            return await bucket_send.redirect(request, state.bucket, entry, headers)
+        assert state.object_verifier is not None
+        response, sent, cut = await bucket_send.proxy(
+            request, state.bucket, state.object_verifier, entry, headers, ranges
+        )
+    except BlobUnavailable as exc:
+        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+    request[BYTES_KEY] = sent
+    if cut:
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
+    return response
+
+
+async def _x_accel(state: MirrorState, entry: FileEntry, headers: dict[str, str]) -> web.Response:
+    """Hand the body to nginx: ``X-Accel-Redirect`` to the blob under the internal prefix.
+
+    The blob is opened and checked here first (inside the store, a regular file of the
+    right size), so nginx is only ever sent to a file cmh would have served.
+    """
+    f = await _run(_open_checked, state, entry)
+    f.close()
+    rel = os.path.relpath(os.path.realpath(entry.source), state.store)
+    out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
+    out["X-Accel-Redirect"] = state.x_accel_prefix + quote(rel.replace(os.sep, "/"))
+    return web.Response(status=200, headers=out)
 
 
 def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
@@ -323,6 +408,8 @@ async def _paths_info(request: web.Request, index: CommitIndex) -> web.Response:
 
 
 async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    if state.bucket is not None:
+        raise HubError(501, "NotImplemented", "fingerprints are not served from a bucket store")
     body = await _run(_fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 

@@ -46,16 +46,6 @@ PROXY_CHUNK = 1 << 20
 MAX_REMEMBERED = 65536
 
 
-class ProxyCut(ConnectionResetError):
-    """A proxied body was cut before its last byte (its check failed, or the storage
-    stopped answering); ``sent`` bytes went out."""
-
-    def __init__(self, sent: int, reason: str) -> None:
-        super().__init__(f"body cut: {reason}")
-        self.sent = sent
-        self.reason = reason
-
-
 class ObjectVerifier:
     """Which object versions hash to their blob names (one per worker process)."""
 
@@ -157,11 +147,11 @@ async def proxy(
     entry: FileEntry,
     headers: dict[str, str],
     ranges: list[ByteRange] | None,
-) -> tuple[web.StreamResponse, int]:
-    """Stream the entry's blob (or its ranges) from the storage; the response and the
-    body bytes sent. Raises :class:`BlobUnavailable` before anything is sent when the
-    blob is missing, of the wrong size, or known bad; :class:`ProxyCut` when the body
-    had to be cut."""
+) -> tuple[web.StreamResponse, int, str | None]:
+    """Stream the entry's blob (or its ranges) from the storage: the response, the body
+    bytes sent, and why the body was cut (``None`` when it was not). Raises
+    :class:`BlobUnavailable` before anything is sent when the blob is missing, of the
+    wrong size, or known bad. A cut body's connection is aborted before its last byte."""
     info = await _blob(reader, entry)
     key = (info.name, info.etag)
     ok = verifier.known(key)
@@ -171,7 +161,7 @@ async def proxy(
     if request.method == "HEAD":
         await response.prepare(request)
         await response.write_eof()
-        return response, 0
+        return response, 0, None
     hasher: hashlib._Hash | None = None
     pending: asyncio.Task[bool] | None = None
     if ok is None:
@@ -199,7 +189,7 @@ async def proxy(
             held = chunk
     except ObjectStoreError as exc:
         reader.forget_blob(info.name)
-        _cut(request, sent, f"storage read failed: {exc}")
+        return response, sent, _cut(request, f"storage read failed: {exc}")
     if held is not None:
         if hasher is not None:
             hasher.update(held[1])
@@ -213,13 +203,13 @@ async def proxy(
         else:
             good = True
         if not good:
-            _cut(request, sent, "blob does not match its name")
+            return response, sent, _cut(request, "blob does not match its name")
         sent += await _write(response, held, None)
     if tail:
         await response.write(tail)
         sent += len(tail)
     await response.write_eof()
-    return response, sent
+    return response, sent, None
 
 
 async def _pieces(
@@ -251,8 +241,9 @@ async def _write(
     return len(prefix) + len(data)
 
 
-def _cut(request: web.Request, sent: int, reason: str) -> None:
+def _cut(request: web.Request, reason: str) -> str:
+    """Abort the connection before the body's last byte; the reason, for the log."""
     transport = request.transport
     if transport is not None:
         transport.abort()
-    raise ProxyCut(sent, reason)
+    return reason

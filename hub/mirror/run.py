@@ -20,7 +20,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .bucket_read import BucketReader
 
 SHUTDOWN_TIMEOUT = 2.0
 
@@ -33,7 +36,7 @@ class ServeError(Exception):
 class ServeConfig:
     """How to run the mirror."""
 
-    store: Path
+    store: Path | str  # a folder, or a bucket store's s3:// URL
     host: str = "127.0.0.1"
     port: int = 8080
     tokens: Path | None = None
@@ -41,6 +44,8 @@ class ServeConfig:
     access_log: Path | None = None
     page_size: int = 1000
     announce: Callable[[str], None] = field(default=print)
+    blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel (local store)
+    ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
 
 
 def _socket(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -68,8 +73,7 @@ def _url(sock: socket.socket) -> str:
 
 def serve(config: ServeConfig) -> int:
     """Serve until SIGTERM or SIGINT; return the exit status."""
-    if not config.store.is_dir():
-        raise ServeError(f"{config.store}: store folder not found")
+    _check_store(config)
     if config.tokens is not None:
         from .auth import TokensFileError, load_tokens
 
@@ -82,6 +86,41 @@ def serve(config: ServeConfig) -> int:
         sock.listen(1024)
         return _run_worker(config, sock, lambda: config.announce(_url(sock)))
     return _run_workers(config)
+
+
+def _check_store(config: ServeConfig) -> None:
+    """Refuse a store that cannot be served, or a delivery it cannot do, before listening."""
+    bucket = isinstance(config.store, str)
+    allowed = ("proxy", "redirect") if bucket else ("proxy", "x-accel")
+    if config.blob_delivery not in allowed:
+        kind = "a bucket store" if bucket else "a local store"
+        raise ServeError(
+            f"--blob-delivery {config.blob_delivery} does not apply to {kind} "
+            f"(use {' or '.join(allowed)})"
+        )
+    if isinstance(config.store, str):
+        from .objectstore import InvalidLocation, S3Location
+
+        try:
+            S3Location.parse(config.store)  # opened by each worker: the S3 client is not
+        except InvalidLocation as exc:  # safe to use across fork()
+            raise ServeError(str(exc)) from None
+    elif not config.store.is_dir():
+        raise ServeError(f"{config.store}: store folder not found")
+
+
+def _open_bucket(url: str, ref_ttl: float) -> BucketReader:
+    """A worker's reader of a bucket store, checked reachable (the bucket exists)."""
+    from .bucket import BucketError, open_bucket
+    from .bucket_read import BucketReader
+    from .objectstore import ObjectStoreError
+
+    try:
+        reader = BucketReader(open_bucket(url), ref_ttl=ref_ttl)
+        reader.store.objects.list_folders("")
+    except (BucketError, ObjectStoreError) as exc:
+        raise ServeError(str(exc)) from None
+    return reader
 
 
 def _log_stream(config: ServeConfig) -> IO[str]:
@@ -98,10 +137,18 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     from .observe import AccessLogger, Metrics, configure
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
-    metrics = Metrics(config.store)
+    local = config.store if isinstance(config.store, Path) else None
+    metrics = Metrics(local)
     stream = _log_stream(config)
     configure(metrics, stream)
-    state = MirrorState(config.store, policy, metrics, page_size=config.page_size)
+    # A bucket store has no folder: an empty placeholder that can hold nothing.
+    state = MirrorState(local or Path(os.devnull), policy, metrics, page_size=config.page_size)
+    state.delivery = config.blob_delivery
+    if isinstance(config.store, str):  # each worker has its own client and caches
+        from .bucket_send import ObjectVerifier
+
+        state.bucket = _open_bucket(config.store, config.ref_ttl)
+        state.object_verifier = ObjectVerifier()
 
     async def main() -> None:
         runner = web.AppRunner(
@@ -148,6 +195,8 @@ def _run_workers(config: ServeConfig) -> int:
                     sock = _socket(config.host, port, reuse_port=True)
                     sock.listen(1024)
                     code = _run_worker(config, sock, lambda: _signal_ready(ready_w))
+                except ServeError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
                 finally:
                     os._exit(code)
             children.append(pid)
