@@ -287,6 +287,7 @@ async def _resolve_elsewhere(
         request[RANGE_KEY] = "single" if len(ranges) == 1 else "multi"
     try:
         if state.bucket is None:
+            request[BYTES_KEY] = 0  # nginx sends the body
             return await _x_accel(state, entry, headers)
         if state.delivery == bucket_send.REDIRECT:
             request[BYTES_KEY] = 0
