@@ -49,14 +49,18 @@ class _Connection:
 class ConnectionGuard:
     """Tracks the connections of one worker and enforces the limits."""
 
-    def __init__(self, max_connections: int, header_timeout: float, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        header_timeout: float,
+        idle_timeout: float,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
+        self.on_drop = on_drop  # told each drop's reason: refused|evicted|header_timeout|idle
         self._conns: dict[asyncio.BaseTransport, _Connection] = {}  # oldest first
-        self.refused = 0
-        self.evicted = 0
-        self.timed_out = 0
 
     def __len__(self) -> int:
         return len(self._conns)
@@ -73,12 +77,16 @@ class ConnectionGuard:
         if len(self._conns) >= self.max_connections:
             victim = next((c for c in self._conns.values() if not c.busy), None)
             if victim is None:
-                self.refused += 1
+                self._tell("refused")
                 return False
-            self.evicted += 1
+            self._tell("evicted")
             self._drop(victim.transport)
         self._conns[transport] = _Connection(transport, self._now())
         return True
+
+    def _tell(self, reason: str) -> None:
+        if self.on_drop is not None:
+            self.on_drop(reason)
 
     def _drop(self, transport: asyncio.BaseTransport) -> None:
         self._conns.pop(transport, None)
@@ -115,9 +123,10 @@ class ConnectionGuard:
                 continue
             if conn.reading_since is not None:
                 if now - conn.reading_since > self.header_timeout:
-                    self.timed_out += 1
+                    self._tell("header_timeout")
                     self._drop(conn.transport)
             elif now - conn.since > self.idle_timeout:
+                self._tell("idle")
                 self._conns.pop(conn.transport, None)
                 conn.transport.close()
 

@@ -107,6 +107,12 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.dropped = Counter(
+            "cmh_mirror_connections_dropped",
+            "Connections closed by the limits, by reason (refused, evicted, header_timeout, idle)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "cmh_mirror_request_duration_seconds",
             "Time from request to last byte handed to the kernel, by route",
@@ -126,6 +132,9 @@ class Metrics:
         self.latency.labels(route).observe(seconds)
         if range_kind:
             self.ranges.labels(range_kind).inc()
+
+    def connection_dropped(self, reason: str) -> None:
+        self.dropped.labels(reason).inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text of every worker's metrics and the store size."""

@@ -151,7 +151,12 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     stream = _log_stream(config)
     configure(metrics, stream)
     assert config.max_connections is not None
-    guard = ConnectionGuard(config.max_connections, config.header_timeout, config.idle_timeout)
+    guard = ConnectionGuard(
+        config.max_connections,
+        config.header_timeout,
+        config.idle_timeout,
+        on_drop=metrics.connection_dropped,
+    )
     state = MirrorState(
         config.store,
         policy,
@@ -167,7 +172,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
             make_app(state),
             access_log_class=AccessLogger,
             shutdown_timeout=SHUTDOWN_TIMEOUT,
-            keepalive_timeout=config.idle_timeout,
+            keepalive_timeout=2 * config.idle_timeout,  # a backstop: the guard closes first
         )
         await runner.setup()
         assert runner.server is not None

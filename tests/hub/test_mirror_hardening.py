@@ -474,6 +474,12 @@ def test_slow_and_idle_clients_cannot_starve_the_server(
         assert _wait_all_closed([*slow, *silent, keep], within=30) == []
         assert _wait_all_closed(dribble, within=30, poke=True) == []
         assert get(f"{url}/health")[0] == 200
+        metrics = get(f"{url}/metrics")[2].decode()
+        for reason in ("evicted", "header_timeout", "idle"):
+            match = re.search(
+                rf'cmh_mirror_connections_dropped_total{{reason="{reason}"}} ([0-9.e+]+)', metrics
+            )
+            assert match and float(match.group(1)) > 0, reason
     finally:
         for s in [*slow, *silent, *dribble]:
             s.close()
