@@ -11,6 +11,7 @@ cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import struct
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revi
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
 from .ranges import RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
-from .send import BlobUnavailable, BodyCut, multipart, open_blob, send_body
+from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
 from .verify import BlobVerifier, FileVersion
 
 DEFAULT_PAGE_SIZE = 1000
@@ -91,7 +92,10 @@ def _error(err: HubError) -> web.Response:
     if err.code:
         headers["X-Error-Code"] = err.code
     headers["X-Error-Message"] = err.message
-    return web.json_response({"error": err.message}, status=err.status, headers=headers)
+    response = web.json_response({"error": err.message}, status=err.status, headers=headers)
+    if headers.get("Connection") == "close":
+        response.force_close()  # at once: no lingering read of a body that does not come
+    return response
 
 
 async def dispatch(request: web.Request) -> web.StreamResponse:
@@ -260,7 +264,9 @@ def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
     return open_blob(Path(folder) / entry.source.name, entry.size)
 
 
-async def _verified(request: web.Request, state: MirrorState, entry: FileEntry, f: Any) -> Any:
+async def _verified(
+    request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO
+) -> Gate:
     """Make sure the open blob hashes to its ETag; the gate for its body's last byte.
 
     A version checked before is known at once. Otherwise its check starts (or
@@ -268,7 +274,6 @@ async def _verified(request: web.Request, state: MirrorState, entry: FileEntry, 
     answers 503. A check still running after that goes on while the body is
     sent, and the gate waits for it.
     """
-    assert state.verifier is not None
     verifier = state.verifier
     version = FileVersion.of(f.fileno())
     outcome = verifier.known(version, entry.etag)

@@ -173,6 +173,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
             access_log_class=AccessLogger,
             shutdown_timeout=SHUTDOWN_TIMEOUT,
             keepalive_timeout=2 * config.idle_timeout,  # a backstop: the guard closes first
+            lingering_time=config.header_timeout,  # unread body after an answer: bounded alike
         )
         await runner.setup()
         assert runner.server is not None

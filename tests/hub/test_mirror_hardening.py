@@ -488,6 +488,23 @@ def test_slow_and_idle_clients_cannot_starve_the_server(
             s.close()
 
 
+def test_a_request_body_that_never_arrives_gets_408(
+    served: Callable[..., tuple[str, Path]], tmp_path: Path
+) -> None:
+    store = _small_store(tmp_path)
+    url, _ = served(store, "--header-timeout", "1")
+    with socket.create_connection(_host_port(url), timeout=30) as s:
+        s.sendall(
+            f"POST /api/models/{REPO}/paths-info/main HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\n"
+            "Content-Length: 100\r\n\r\npaths=con".encode()
+        )  # and never the rest of the body
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
 def test_default_connection_cap_fits_the_open_file_limit(
     served: Callable[..., tuple[str, Path]], tmp_path: Path
 ) -> None:
