@@ -361,10 +361,10 @@ def test_three_threads_resolve_one_repo_in_one_process(toy):
 
 
 def test_three_threads_under_install_never_fall_back_to_stock(toy):
-    pytest.importorskip("huggingface_hub")
-    from huggingface_hub import hf_hub_download
-
+    huggingface_hub = pytest.importorskip("huggingface_hub")
     assert hub.install(window=0.0)
+    hf_hub_download = huggingface_hub.hf_hub_download  # the wrapper, looked up after install()
+    assert hasattr(hf_hub_download, "__cmh_original__")
     try:
         for round_ in range(3):
             cache = toy.tmp / f"cache-install-{round_}"
@@ -401,12 +401,14 @@ def test_three_threads_under_install_never_fall_back_to_stock(toy):
 
 
 def test_token_false_sends_no_token(toy, monkeypatch):
-    pytest.importorskip("huggingface_hub")
-    from huggingface_hub import hf_hub_download, snapshot_download
-
+    huggingface_hub = pytest.importorskip("huggingface_hub")
     monkeypatch.setenv("HF_TOKEN", "hf_environment_token_must_not_leak")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert hub.install()
+    # The wrappers, looked up after install() as code imported later gets them.
+    hf_hub_download = huggingface_hub.hf_hub_download
+    snapshot_download = huggingface_hub.snapshot_download
+    assert hasattr(hf_hub_download, "__cmh_original__")
     try:
         hf_hub_download(
             REPO, "config.json", cache_dir=str(toy.cache), endpoint=toy.proxy.url, token=False
