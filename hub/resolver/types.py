@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cmh.errors import CMHError
+from cmh.errors import CMHError, InvalidFileError
 
 
 class State(str, enum.Enum):
@@ -213,13 +213,23 @@ class PolicyError(ResolveError):
     """The policy refuses what is available (expired or unverified under ``strict``)."""
 
 
+class DiskFullError(ResolveError):
+    """The cache's filesystem is full (or a file size limit was hit); the partial was removed."""
+
+
+class InvalidRemoteFileError(ResolveError, InvalidFileError):
+    """A ``*.safetensors`` file the Hub serves has a header no reader accepts; not installed."""
+
+
 __all__ = [
     "AccessError",
     "Action",
+    "DiskFullError",
     "FileResult",
     "HubProtocolError",
     "HubUnreachableError",
     "IntegrityError",
+    "InvalidRemoteFileError",
     "NotFoundError",
     "OfflineError",
     "Policy",

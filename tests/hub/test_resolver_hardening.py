@@ -24,8 +24,8 @@ import cmh.hub as hub
 import numpy as np
 import pytest
 from cli_support import CMH, run_runner, run_subprocess
-from cmh.hub.layout import RepoLayout
-from cmh.hub.store import add_folder
+from cmh.hub.cache.layout import RepoLayout
+from cmh.hub.mirror.store import add_folder
 from hostile_proxy import HostileProxy
 from resolver_support import tensors_for, write_checkpoint_repo
 from safetensors.numpy import load_file, save_file
