@@ -17,6 +17,7 @@ import signal
 import struct
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -548,3 +549,47 @@ def test_pull_of_an_unencodable_header_on_a_fresh_cache(toy):
     assert run.json()["error_kind"] == "invalid_file"
     assert toy.layout.read_ref("main") is None
     assert not toy.layout.snapshot_file(bad, WEIGHTS).exists()
+
+
+# -- the same faults through a Hub-shaped front (302 to a CDN, signed URLs) ------------------
+
+
+def test_listing_lie_is_caught_through_the_hubs_cdn_redirect(toy):
+    """Item 1a where LFS ``resolve`` answers are 302s to a CDN: the 302's headers confirm."""
+    from hublike import running
+
+    # xet_listing off: cmh still refuses tree entries that carry xetHash (not this issue).
+    with running(toy.server.url, xet_listing=False) as front:
+        c1 = hub.resolve(REPO, cache_dir=toy.cache, endpoint=front.url).commit
+        c2 = toy.publish(2)
+        old = toy.sources[c1] / WEIGHTS
+
+        def lie(kind: str, path: str, doc: Any) -> Any:
+            if kind == "repo_info":
+                doc = siblings_rewrite(WEIGHTS, sha256=sha256(old), size=old.stat().st_size)(doc)
+            return doc
+
+        front.edit_json = lie
+        res = hub.resolve(
+            REPO, cache_dir=toy.cache, endpoint=front.url, policy=hub.Policy(revalidate=True)
+        )
+        heads = front.records(origin="hub", method="HEAD", path=f"/resolve/{c2}/{WEIGHTS}")
+        cdn_heads = front.records(origin="cdn", method="HEAD")
+    assert res.commit == c2 and toy.snapshot_sha(c2) == toy.published(c2)
+    assert [r.status for r in heads] == [302]  # confirmed from the redirect's own headers
+    assert cdn_heads == []
+
+
+def test_stall_at_the_cdn_is_detected_and_resumed(toy, monkeypatch):
+    from hublike import running
+
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")
+    with running(toy.server.url) as front:
+        front.stall(1 << 20, STALL_SECONDS, origin="cdn")
+        started = time.monotonic()
+        res = hub.resolve(REPO, cache_dir=toy.cache, endpoint=front.url)
+        took = time.monotonic() - started
+        gets = front.records(origin="cdn", method="GET")
+    assert toy.snapshot_sha(res.commit) == toy.published(res.commit)
+    assert any("range" in r.headers for r in gets), "the download resumed with Range"
+    assert took < STALL_SECONDS / 2  # gave up on the stalled body long before it would resume
