@@ -164,7 +164,7 @@ class HubClient:
                 response = self._client.get(url, params=params, timeout=metadata_timeout())
             except httpx2.TransportError as exc:
                 self._count(requests=1)
-                raise HubUnreachableError(f"cannot reach {self.endpoint}: {exc}") from exc
+                raise _unreachable(self.endpoint, exc) from exc
             self._count(requests=1, nbytes=len(response.content))
             raise_for_status(response)
             try:
@@ -191,7 +191,7 @@ class HubClient:
                         target, follow_redirects=False, timeout=metadata_timeout()
                     )
                 except httpx2.TransportError as exc:
-                    raise HubUnreachableError(f"cannot reach {self.endpoint}: {exc}") from exc
+                    raise _unreachable(self.endpoint, exc) from exc
                 headers = response.headers
                 etag = headers.get("X-Linked-Etag") or headers.get("ETag")
                 if response.is_redirect and not etag and "Location" in headers:
@@ -333,6 +333,16 @@ class HubClient:
                 parser.close()
         except httpx2.TransportError as exc:
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _unreachable(endpoint: str, exc: httpx2.TransportError) -> HubUnreachableError:
+    """A failed metadata request: retried, unless no connection could be made at all.
+
+    Like the stock client, a Hub that cannot be connected to (offline, refused,
+    no such host) is not asked again: the caller falls back to the cache at once.
+    """
+    transient = not isinstance(exc, httpx2.ConnectError)
+    return HubUnreachableError(f"cannot reach {endpoint}: {exc}", transient=transient)
 
 
 def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], None]:

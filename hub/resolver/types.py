@@ -177,10 +177,15 @@ class HubUnreachableError(ResolveError):
     """The Hub could not be reached (connection, timeout, 429, 5xx).
 
     ``retry_after``: the seconds the server asked to wait (``Retry-After``), if it said.
+    ``transient``: whether trying again soon may help (``False``: no connection
+    could be made for a metadata request, as when offline; not retried).
     """
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None = None, *, transient: bool = True
+    ) -> None:
         self.retry_after = retry_after
+        self.transient = transient
         super().__init__(message)
 
 

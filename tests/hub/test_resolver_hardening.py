@@ -227,6 +227,14 @@ def test_retry_after_is_honoured_on_429(toy):
     assert min(gaps) >= 0.95, gaps  # the server asked for one second
 
 
+def test_refused_connection_is_not_retried(toy):
+    """No connection at all (offline, Hub down): no retries, the cache answers at once."""
+    toy.resolve()
+    toy.server.stop()
+    res = toy.resolve(endpoint=toy.server.url, policy=hub.Policy(revalidate=True))
+    assert res.state is hub.State.STALE_OFFLINE and res.requests == 1
+
+
 def test_transient_errors_on_the_api_are_retried(toy):
     toy.proxy.fail("/revision/", 500, 1)
     toy.proxy.fail("/revision/", 429, 1, {"Retry-After": "1"})
