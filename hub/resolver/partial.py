@@ -293,9 +293,12 @@ def patch_blob(
 
     The caller holds the blob lock of ``remote.etag``. Raises
     :class:`PatchNotPossible` when the file must be fetched whole instead
-    (the prefix already fetched is then left as ``{etag}.incomplete``), and
-    :class:`IntegrityError` when the assembled file fails its check (the
-    assembly is discarded).
+    (the prefix already fetched is then left as ``{etag}.incomplete``),
+    :class:`HubProtocolError` when the server does not answer ranges as asked,
+    :class:`IntegrityError` when the assembled file fails its check,
+    :class:`InvalidRemoteFileError` when its header cannot be read, and
+    :class:`DiskFullError` when it does not fit (in these four cases the
+    assembly is discarded; after a dropped transfer it is kept for resuming).
     """
     requests_before = client.requests
     old_blob = repo.blob_path(old_etag)
@@ -324,6 +327,11 @@ def patch_blob(
             raise
         _discard(target, log_path)
         raise disk_full_error(exc, f"{remote.path}: assembling {target.name}") from None
+    except HubProtocolError:
+        # The server does not answer ranges as asked: the caller fetches the file whole,
+        # so the (mostly copied, full-size) assembly would only take room.
+        _discard(target, log_path)
+        raise
 
     check = ContentCheck(
         remote.etag, remote.size, safetensors=True, strict=strict, name=remote.path

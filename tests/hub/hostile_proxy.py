@@ -7,7 +7,8 @@ Knobs, each off by default and changeable while it runs:
 - ``rewrite_revision``: a function applied to the JSON of every
   ``/api/.../revision/...`` answer (a lying listing);
 - ``ignore_range``: ``Range`` and ``If-Range`` are dropped from ``resolve``
-  requests, so the mirror answers 200 with the whole file;
+  requests, so the mirror answers 200 with the whole file (``honour_ranges``:
+  except the first N ranged requests);
 - ``fail(contains, status, times, headers)``: the next ``times`` requests whose
   path contains ``contains`` get ``status`` with ``headers`` (429 with
   ``Retry-After``, a transient 500) instead of being forwarded;
@@ -68,6 +69,8 @@ class HostileProxy:
         self.upstream = upstream.rstrip("/")
         self.rewrite_revision: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self.ignore_range = False
+        self.honour_ranges = 0
+        self._ranged = 0
         self.seen: list[Seen] = []
         self._failures: list[_Failure] = []
         self._stalls: list[_Stall] = []
@@ -155,8 +158,13 @@ class HostileProxy:
             seen.status = failure.status
             return web.Response(status=failure.status, headers=failure.headers, text="injected")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        if self.ignore_range and "/resolve/" in request.path:
-            headers = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-range")}
+        if self.ignore_range and "/resolve/" in request.path and "Range" in request.headers:
+            with self._lock:
+                self._ranged += 1
+                ignore = self._ranged > self.honour_ranges
+            if ignore:
+                dropped = ("range", "if-range")
+                headers = {k: v for k, v in headers.items() if k.lower() not in dropped}
         body = await request.read()
         async with self._session.request(
             request.method, self.upstream + request.path_qs, headers=headers,

@@ -204,6 +204,17 @@ def test_server_that_ignores_range_still_gets_the_update(toy):
     assert toy.snapshot_sha(c2) == toy.published(c2)
 
 
+def test_ranges_ignored_after_the_header_leave_no_assembly(toy):
+    """The header range is answered, the tensor ranges are not: whole download, no leftovers."""
+    toy.resolve()
+    c2 = toy.publish(2)
+    toy.proxy.ignore_range, toy.proxy.honour_ranges = True, 1
+    res = toy.resolve(policy=hub.Policy(revalidate=True))
+    assert res.state is hub.State.ETAG_MISMATCH and res.commit == c2
+    assert toy.snapshot_sha(c2) == toy.published(c2)
+    assert partials(toy.cache) == []
+
+
 # -- item 3: Retry-After and transient API errors ----------------------------------------
 
 
