@@ -86,6 +86,7 @@ def pull(
                     repo_id=repo_id,
                     revision=revision,
                     ok=False,
+                    exit_status=exit_code,
                     error_kind=error_kind(exc),
                     error=message,
                 )
@@ -128,7 +129,8 @@ def pull(
     if as_json:
         from ._documents import envelope
 
-        emit_json(envelope("pull", ok=True, error_kind=None, error=None, **res.to_json()))
+        document = envelope("pull", ok=True, exit_status=0, error_kind=None, error=None)
+        emit_json({**document, **res.to_json()})
         return
     for w in res.warnings:
         warn(w)

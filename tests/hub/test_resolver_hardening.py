@@ -313,6 +313,7 @@ def test_disk_full_is_a_typed_error_on_a_real_full_filesystem(toy):
         assert run.exit_code == 3, (run.exit_code, run.stdout, run.stderr)
         doc = run.json()
         assert doc["ok"] is False and doc["error_kind"] == "disk_full", doc
+        assert doc["exit_status"] == 3 and doc["command"] == "pull"
         assert "space" in doc["error"].lower()
         assert partials(toy.cache) == []
         assert shutil.disk_usage(small).used <= before + (256 << 10)
