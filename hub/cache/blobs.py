@@ -289,13 +289,19 @@ class ContentCheck:
         return self._manifest is not None
 
     def finish(self) -> None:
-        """Raise :class:`IntegrityError` unless everything fed is the blob named by the ETag."""
+        """Raise :class:`IntegrityError` unless everything fed is the blob named by the ETag.
+
+        Then, for a file named ``*.safetensors`` whose header cannot be read,
+        :class:`InvalidRemoteFileError` (the bytes are the blob: fetching them
+        again cannot help).
+        """
         if self._seen != self.size:
             raise IntegrityError(f"got {self._seen} bytes, expected {self.size}")
         if self._digest.hexdigest() != self.etag:
             raise IntegrityError(f"content does not hash to its ETag {self.etag}")
-        if self.invalid is not None and self.name is not None:
-            raise InvalidRemoteFileError(f"not a valid safetensors file: {self.invalid}", self.name)
+        if self.name is not None and self.safetensors and self.header is None:
+            reason = self.invalid or "the file ends before its header does"
+            raise InvalidRemoteFileError(f"not a valid safetensors file: {reason}", self.name)
         while self._manifest is not None and self._span < len(self._spans):
             t_begin, t_end, index = self._spans[self._span]
             if t_begin != t_end:

@@ -516,7 +516,16 @@ def test_pinned_commit_past_its_stamp_warns_once(tmp_path, mirror_server_factory
 
 
 def hostile_weights(path: Path, kind: str) -> None:
-    """A stamped file whose header was then edited to hold what no encoder accepts."""
+    """A stamped file whose header was then edited to hold what no encoder accepts.
+
+    ``too_short`` and ``not_json`` are plainer invalid files: no reader accepts them either.
+    """
+    if kind == "too_short":
+        path.write_bytes(b"\x05\x00\x00")
+        return
+    if kind == "not_json":
+        path.write_bytes(struct.pack("<Q", 8) + b"not json" + b"\0" * 64)
+        return
     save_file(
         {
             "a": np.zeros(4, np.float32),
@@ -540,7 +549,9 @@ def hostile_weights(path: Path, kind: str) -> None:
     path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
 
 
-@pytest.mark.parametrize("kind", ["surrogate_name", "surrogate_metadata", "huge_dimension"])
+@pytest.mark.parametrize(
+    "kind", ["surrogate_name", "surrogate_metadata", "huge_dimension", "too_short", "not_json"]
+)
 def test_pull_of_a_file_with_an_unencodable_header_is_invalid_file(toy, kind):
     c1 = toy.resolve().commit
     src = write_checkpoint_repo(toy.tmp / f"bad-{kind}", 1)
