@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..cache.blobs import new_digest
 from .bucket import QUARANTINE, BucketError, BucketStore
 from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
-from .scrub import BlobCheck, ScrubReport
+from .scrub import UNREADABLE, BlobCheck, ScrubReport
 
 ProgressCallback = Callable[[int], None]
 
@@ -40,6 +40,8 @@ def check_blob(store: BucketStore, label: str, info: ObjectInfo, etag: str) -> B
             read += len(chunk)
     except ObjectNotFound:
         return BlobCheck(label, etag, info.size, method, True, (), "gone before it was read")
+    except ObjectStoreError as exc:  # neither good nor bad: reported, never quarantined
+        return BlobCheck(label, etag, info.size, method, False, (), str(exc), error=UNREADABLE)
     ok = read == info.size and digest.hexdigest() == etag
     return BlobCheck(label, etag, read, method, ok, (), "" if ok else f"{method} mismatch")
 
@@ -86,7 +88,7 @@ def scrub_bucket(
         for check in results:
             if progress is not None:
                 progress(check.size)
-            if not check.ok and do_quarantine:
+            if not check.ok and check.error is None and do_quarantine:
                 where = quarantine_blob(store, folder, check)
                 check = BlobCheck(**{**check.__dict__, "quarantined_to": where})
             report.checks.append(check)
