@@ -49,7 +49,7 @@ def stdin_is_terminal() -> bool:
     type=click.FloatRange(min=0),
     default=None,
     help="Bucket stores: seconds to wait after taking a repo's lease (default: the "
-    "writers' window + request timeout, 70 s; lower only when no import runs).",
+    "writers' window + the S3 client's longest try, 250 s; lower only when no import runs).",
 )
 @click.option("--expired", is_flag=True, help="Revisions whose stamped files are past expires_at.")
 @click.option(

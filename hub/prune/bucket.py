@@ -38,9 +38,9 @@ from ..mirror.bucket import BucketError, BucketStore, TreeObject
 from ..mirror.objectstore import ObjectStoreError, PreconditionFailed
 from .plan import PrunePolicy
 
-#: The request timeout of cmh's S3 client (``ObjectStore``'s default), which a write
-#: is assumed to be applied within or not at all.
-REQUEST_TIMEOUT = 60.0
+#: The longest cmh's S3 client keeps trying one request (``ObjectStore``'s defaults: a
+#: 60 s timeout, 3 retries): a write is assumed applied within this or not at all.
+REQUEST_TIMEOUT = 60.0 * (3 + 1)
 
 
 class UnsupportedPolicy(ValueError):
