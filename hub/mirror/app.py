@@ -36,7 +36,7 @@ from .verify import BlobVerifier, FileVersion
 
 if TYPE_CHECKING:
     from .bucket_read import BucketReader
-    from .bucket_send import ObjectVerifier
+    from .bucket_send import ObjectFetcher, ObjectVerifier
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
@@ -79,6 +79,7 @@ class MirrorState:
     delivery: str = "proxy"  # proxy | redirect (buckets) | x-accel (local stores)
     x_accel_prefix: str = "/_cmh_blobs/"
     object_verifier: ObjectVerifier | None = None
+    object_fetcher: ObjectFetcher | None = None
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
@@ -93,6 +94,13 @@ def make_app(state: MirrorState) -> web.Application:
     app = web.Application(client_max_size=1 << 20)
     app[STORE_KEY] = state
     app.router.add_route("*", "/{tail:.*}", dispatch)
+    if state.object_fetcher is not None:
+        fetcher = state.object_fetcher
+
+        async def close_fetcher(app: web.Application) -> None:
+            await fetcher.close()
+
+        app.on_cleanup.append(close_fetcher)
     return app
 
 
@@ -316,10 +324,11 @@ async def _resolve_elsewhere(
         if state.delivery == bucket_send.REDIRECT:
             request[BYTES_KEY] = 0
             return await bucket_send.redirect(request, state.bucket, entry, headers)
-        assert state.object_verifier is not None
+        assert state.object_verifier is not None and state.object_fetcher is not None
         response, sent, cut = await bucket_send.proxy(
-            request, state.bucket, state.object_verifier, entry, headers, ranges
-        )
+            request, state.bucket, state.object_fetcher, state.object_verifier, entry,
+            headers, ranges,
+        )  # fmt: skip
     except BlobUnavailable as exc:
         raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
     request[BYTES_KEY] = sent

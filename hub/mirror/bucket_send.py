@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import aiohttp
 from aiohttp import web
 
 from ..cache.blobs import new_digest
@@ -42,8 +43,60 @@ REDIRECT = "redirect"
 X_ACCEL = "x-accel"
 DELIVERIES = (PROXY, REDIRECT, X_ACCEL)
 REDIRECT_EXPIRY = timedelta(minutes=15)
-PROXY_CHUNK = 1 << 20
+SIGNED_FOR = timedelta(minutes=5)  # presigned URLs the proxy itself uses
 MAX_REMEMBERED = 65536
+
+
+class ObjectFetcher:
+    """Ranged GETs of blob objects for the proxy, through presigned URLs and aiohttp's
+    client (one session per worker).
+
+    Why not obstore's own stream: with 16 concurrent readers here it spent 0.78-0.87
+    CPU s/GiB against 0.47-0.57 for aiohttp's client on the same objects, and CPU is
+    what a proxy runs out of first. The requests are still signed by obstore.
+    """
+
+    def __init__(self, reader: BucketReader) -> None:
+        self.reader = reader
+        self._session: aiohttp.ClientSession | None = None
+
+    async def chunks(
+        self, name: str, start: int, end: int | None, etag: str
+    ) -> AsyncIterator[bytes]:
+        """Bytes ``[start, end)`` (to the end with ``None``) of the object version
+        ``etag``; :class:`PreconditionFailed` when the object is another version,
+        :class:`ObjectNotFound` when it is gone, :class:`ObjectStoreError` otherwise."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60),
+                connector=aiohttp.TCPConnector(limit=0),
+                auto_decompress=False,
+            )
+        url = self.reader.store.objects.presigned_get_url(name, SIGNED_FOR)
+        headers = {"If-Match": etag}
+        if start or end is not None:
+            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        where = f"GET {self.reader.store.url}{name}"
+        try:
+            async with self._session.get(url, headers=headers) as r:
+                if r.status == 412:
+                    raise PreconditionFailed(f"{where}: precondition failed (412)", name)
+                if r.status == 404:
+                    raise ObjectNotFound(f"{where}: no such object", name)
+                if r.status != (200 if "Range" not in headers else 206):
+                    raise ObjectStoreError(f"{where}: {r.status} {r.reason}")
+                while True:
+                    chunk = await r.content.readany()
+                    if not chunk:
+                        break
+                    yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ObjectStoreError(f"{where}: {type(exc).__name__}: {exc}") from None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class ObjectVerifier:
@@ -66,7 +119,9 @@ class ObjectVerifier:
             while len(self._known) > self.max_remembered:
                 self._known.popitem(last=False)
 
-    def check(self, reader: BucketReader, info: ObjectInfo, entry: FileEntry) -> asyncio.Task[bool]:
+    def check(
+        self, fetcher: ObjectFetcher, info: ObjectInfo, entry: FileEntry
+    ) -> asyncio.Task[bool]:
         """The (shared) check of one object version: read it whole and hash it."""
         key = (info.name, info.etag)
         running = self._running.get(key)
@@ -77,9 +132,7 @@ class ObjectVerifier:
             try:
                 digest = new_digest(entry.etag, entry.size)
                 read = 0
-                async for chunk in reader.store.objects.iter_chunks_async(
-                    info.name, chunk_size=PROXY_CHUNK, if_match=info.etag
-                ):
+                async for chunk in fetcher.chunks(info.name, 0, None, info.etag):
                     digest.update(chunk)
                     read += len(chunk)
                 ok = read == entry.size and digest.hexdigest() == entry.etag
@@ -143,6 +196,7 @@ async def redirect(
 async def proxy(
     request: web.Request,
     reader: BucketReader,
+    fetcher: ObjectFetcher,
     verifier: ObjectVerifier,
     entry: FileEntry,
     headers: dict[str, str],
@@ -168,8 +222,8 @@ async def proxy(
         if ranges is None:
             hasher = new_digest(entry.etag, entry.size)  # the body is the whole object
         else:
-            pending = verifier.check(reader, info, entry)
-    chunks = _pieces(reader, info, pieces)
+            pending = verifier.check(fetcher, info, entry)
+    chunks = _pieces(fetcher, info, pieces)
     try:
         first = await chunks.__anext__()  # the storage answered before any header goes out
     except StopAsyncIteration:
@@ -213,7 +267,7 @@ async def proxy(
 
 
 async def _pieces(
-    reader: BucketReader, info: ObjectInfo, pieces: list[tuple[bytes, int, int]]
+    fetcher: ObjectFetcher, info: ObjectInfo, pieces: list[tuple[bytes, int, int]]
 ) -> AsyncIterator[tuple[bytes, bytes]]:
     """``(prefix, data)`` chunks of every piece (a part's header rides with its first
     chunk), each piece one ranged GET of the checked object version."""
@@ -222,8 +276,8 @@ async def _pieces(
             continue
         whole = start == 0 and length == info.size
         first = True
-        async for data in reader.store.objects.iter_chunks_async(
-            info.name, start, None if whole else start + length, PROXY_CHUNK, info.etag
+        async for data in fetcher.chunks(
+            info.name, start, None if whole else start + length, info.etag
         ):
             yield (prefix if first else b"", data)
             first = False

@@ -209,10 +209,11 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     )
     state.delivery = config.blob_delivery
     if isinstance(config.store, str):  # each worker has its own client and caches
-        from .bucket_send import ObjectVerifier
+        from .bucket_send import ObjectFetcher, ObjectVerifier
 
         state.bucket = _open_bucket(config.store, config.ref_ttl)
         state.object_verifier = ObjectVerifier()
+        state.object_fetcher = ObjectFetcher(state.bucket)
 
     async def main() -> None:
         runner = web.AppRunner(
