@@ -21,8 +21,8 @@ Throughput is the best of ``--repeat`` runs (runs alternate so machine load hits
 alike); ratios are against the baseline measured in the same run. Targets (issue 15):
 redirect >= 0.9x direct, proxy >= 0.7x direct, x-accel >= 0.9x nginx.
 
-Usage: ``python bench/scaleout.py [--size-mib 64] [--files 2] [--clients 16]
-[--repeat 2] [--workers 1]``. Needs curl and nginx (Debian ``nginx-light``).
+Usage: ``python bench/scaleout.py [--size-mib 128] [--files 2] [--clients 16]
+[--repeat 3] [--workers 1]``. Needs curl and nginx (Debian ``nginx-light``).
 """
 
 from __future__ import annotations
@@ -242,10 +242,10 @@ def measure(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mib", type=int, default=64)
+    parser.add_argument("--size-mib", type=int, default=128)
     parser.add_argument("--files", type=int, default=2)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=1, help="workers per cmh replica")
     args = parser.parse_args()
     nginx = find_nginx()

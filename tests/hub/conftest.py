@@ -23,6 +23,10 @@ from pathlib import Path
 import pytest
 from mirror_support import MirrorServer, MirrorStore, build_mirror_store, write_tiny_repo
 
+# One SeaweedFS for the whole session: defined here once (a module importing the
+# fixture itself would get a server of its own, alive until the session ends).
+from seaweed import seaweed_bucket_fixture, seaweed_fixture  # noqa: F401 (fixtures)
+
 
 @pytest.fixture(scope="session")
 def mirror_store(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> MirrorStore:

@@ -25,7 +25,7 @@ from cmh.hub.mirror.bucket import (
 from cmh.hub.mirror.index import build_index
 from cmh.hub.mirror.objectstore import ObjectNotFound, ObjectStore
 from cmh.hub.mirror.store import InvalidNameError, add_folder
-from seaweed import SeaweedBucket, seaweed_bucket_fixture, seaweed_fixture  # noqa: F401
+from seaweed import SeaweedBucket
 
 REPO = "cmh-test/bucket"
 FOLDER = "models--cmh-test--bucket"

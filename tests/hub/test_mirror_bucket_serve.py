@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
 import signal
 import threading
@@ -24,7 +25,7 @@ from urllib.request import Request, urlopen
 import pytest
 from cmh.hub.mirror.bucket import BucketStore
 from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
-from seaweed import SeaweedBucket, SeaweedServer, seaweed_fixture  # noqa: F401
+from seaweed import SeaweedBucket, SeaweedServer
 
 MODES = ("proxy", "redirect")
 REF_TTL = 1.0
@@ -301,3 +302,74 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
         assert log[0].get("cut") == "blob does not match its name"
     finally:
         server.stop()
+
+
+STOCK_LOAD_SCRIPT = r"""
+import json, os, sys, threading, time, hashlib
+from huggingface_hub import hf_hub_download
+urls, repo, base = json.loads(os.environ["T_URLS"]), os.environ["T_MINILM"], os.environ["T_BASE"]
+files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
+want = json.loads(os.environ["T_SHA"])
+results = {u: [] for u in urls}
+stop = time.monotonic() + float(os.environ["T_SECONDS"])
+def client(k):
+    url = urls[k % 2]
+    i = 0
+    while time.monotonic() < stop:
+        name = files[(k + i) % len(files)]
+        try:
+            path = hf_hub_download(repo, name, endpoint=url, cache_dir=f"{base}/{k}-{i}", force_download=True, etag_timeout=30)
+            ok = hashlib.sha256(open(path, "rb").read()).hexdigest() == want[name]
+            results[url].append("ok" if ok else "wrong bytes")
+        except Exception as exc:
+            results[url].append(f"{type(exc).__name__}: {exc}"[:300])
+        i += 1
+threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stock_clients_keep_loading_from_one_replica_while_the_other_is_killed(
+    mode: str,
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    minilm_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """16 stock huggingface_hub clients (threads), 8 per replica, downloading in a loop;
+    one replica is SIGKILLed mid-run: every download from the other one succeeds."""
+    import subprocess
+    import sys
+
+    _, where, env = served_bucket
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        pair = [MirrorServer(where.url, tmp_path,  # type: ignore[arg-type]
+                             extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
+    client_env = hf_env(pair[0].url, tmp_path / "home")
+    client_env.update(
+        T_URLS=json.dumps([s.url for s in pair]), T_MINILM=MINILM_REPO,
+        T_BASE=str(tmp_path / "caches"), T_SECONDS="8",
+        T_SHA=json.dumps({f: _sha256(minilm_dir / f) for f in files}),
+    )  # fmt: skip
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", STOCK_LOAD_SCRIPT], env=client_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(4.0)
+        os.kill(pair[0].process.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        for server in pair:
+            server.stop()
+    results = json.loads(out.strip().splitlines()[-1])
+    killed, survivor = results[pair[0].url], results[pair[1].url]
+    assert len(survivor) >= 8 and [r for r in survivor if r != "ok"] == []
+    assert "ok" in killed and any(r != "ok" for r in killed)  # it served, then went away
