@@ -448,3 +448,20 @@ def test_cli_bucket_errors_are_clear(aws_env: dict[str, str], tmp_path: Path) ->
     unsupported = cmh(aws_env, "prune", "--store", "s3://cmh-test/x", "--max-size", "1GB",
                       "--dry-run")  # fmt: skip
     assert unsupported.returncode == 2 and "not supported on a bucket" in unsupported.stderr
+
+
+def test_serve_refuses_a_missing_bucket_and_a_delivery_the_store_cannot_do(
+    aws_env: dict[str, str], seaweed_bucket: SeaweedBucket, tmp_path: Path
+) -> None:
+    for workers in ("1", "2"):
+        missing = cmh(aws_env, "serve", "--store", "s3://no-such-bucket-cmh/x", "--port", "0",
+                      "--workers", workers)  # fmt: skip
+        assert missing.returncode == 2 and "no-such-bucket-cmh" in missing.stderr
+        assert "Traceback" not in missing.stderr
+    xaccel = cmh(aws_env, "serve", "--store", seaweed_bucket.url, "--port", "0",
+                 "--blob-delivery", "x-accel")  # fmt: skip
+    assert xaccel.returncode == 2 and "does not apply to a bucket store" in xaccel.stderr
+    (tmp_path / "store").mkdir()
+    redirect = cmh(aws_env, "serve", "--store", str(tmp_path / "store"), "--port", "0",
+                   "--blob-delivery", "redirect")  # fmt: skip
+    assert redirect.returncode == 2 and "does not apply to a local store" in redirect.stderr
