@@ -136,7 +136,7 @@ def main() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
     import cmh.hub as hub
-    from cmh.hub.store import add_folder
+    from cmh.hub.mirror import add_folder
     from huggingface_hub import snapshot_download
 
     add_folder(store, v1, REPO)

@@ -151,9 +151,9 @@ def main() -> int:
         sys.exit("curl is needed as the HTTP client")
     nginx = ensure_nginx()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from cmh.hub.layout import RepoLayout
-    from cmh.hub.store import add_folder
-    from cmh.hub.store_index import build_index
+    from cmh.hub.cache import RepoLayout
+    from cmh.hub.mirror import add_folder
+    from cmh.hub.mirror.index import build_index
 
     src = make_source(args.size_mib)
     store = WORK / "store"

@@ -32,9 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from _timing import best_of
-from cmh.hub.cache_scan import scan_cache
-from cmh.hub.layout import RepoLayout
-from cmh.hub.prune import PrunePolicy, plan_prune
+from cmh.hub.cache import RepoLayout
+from cmh.hub.prune import PrunePolicy, plan_prune, scan_cache
 from safetensors.numpy import save_file
 
 import cmh

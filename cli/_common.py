@@ -325,8 +325,3 @@ def json_option(func: Callable[P, R]) -> Callable[P, R]:
         is_flag=True,
         help="Print one JSON document (schema in docs/cli.md) instead of text.",
     )(func)
-
-
-def environ_flag(name: str) -> bool:
-    """True when environment variable ``name`` is set to a true-ish value."""
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}

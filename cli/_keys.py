@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from cmh._atomic import temp_path, write_new
+
 from ._common import usage_error
 
 if TYPE_CHECKING:
@@ -112,16 +114,8 @@ def write_keypair(prefix: str, *, force: bool, encrypt: bool) -> WrittenKeyPair:
 
 
 def _write_temporary(final: str, data: bytes, mode: int) -> str:
-    tmp = os.path.join(
-        os.path.dirname(os.path.abspath(final)), f".{os.path.basename(final)}.{os.getpid()}.tmp"
-    )
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.fchmod(fd, mode)  # not widened or narrowed by the umask
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    tmp = temp_path(final, "key", ".tmp")
+    write_new(tmp, data, mode)
     return tmp
 
 

@@ -52,7 +52,7 @@ def add(
     src_dir: Path, store: Path, repo_id: str, revision: str, repo_type: str, as_json: bool
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
-    from cmh.hub.store import InvalidNameError, StoreError, add_folder, scan_folder
+    from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
 
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
@@ -81,7 +81,7 @@ def add(
 @handle_errors
 def ls(store: Path, as_json: bool) -> None:
     """List the repos of a store, their refs and sizes."""
-    from cmh.hub.store import list_store
+    from cmh.hub.mirror import list_store
 
     if not store.is_dir():
         fail(f"{store}: store folder not found", EXIT_USAGE)
@@ -107,8 +107,8 @@ def ls(store: Path, as_json: bool) -> None:
 @handle_errors
 def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_json: bool) -> None:
     """Re-check every blob against its name; quarantine bad ones (exit 1 if any)."""
-    from cmh.hub.layout import iter_repos
-    from cmh.hub.scrub import scrub_store
+    from cmh.hub.cache import iter_repos
+    from cmh.hub.mirror import scrub_store
 
     if not store.is_dir():
         fail(f"{store}: store folder not found", EXIT_USAGE)
@@ -162,8 +162,8 @@ def serve(
     tree_page_size: int,
 ) -> None:
     """Serve a store through the Hub HTTP API (stops cleanly on SIGTERM)."""
-    from cmh.hub.mirror_run import ServeConfig, ServeError
-    from cmh.hub.mirror_run import serve as run
+    from cmh.hub.mirror import ServeConfig, ServeError
+    from cmh.hub.mirror import serve as run
 
     def announce(url: str) -> None:
         plural = "s" if workers > 1 else ""

@@ -47,7 +47,6 @@ def stdin_is_terminal() -> bool:
 @click.option(
     "--grace",
     type=DURATION,
-    default=None,
     help="With --expired: only once expired for this long (e.g. 7d).",
 )
 @click.option(
@@ -59,20 +58,17 @@ def stdin_is_terminal() -> bool:
 @click.option(
     "--keep-latest",
     type=click.IntRange(min=0),
-    default=None,
     metavar="N",
     help="Keep the N latest revisions of each repo; the older ones go.",
 )
 @click.option(
     "--older-than",
     type=DURATION,
-    default=None,
     help="Revisions not used for this long (recorded use, else snapshot time).",
 )
 @click.option(
     "--max-size",
     type=SIZE,
-    default=None,
     help="Evict least recently used revisions until the whole fits (e.g. 50GB).",
 )
 @click.option(
@@ -84,9 +80,7 @@ def stdin_is_terminal() -> bool:
 )
 @click.option(
     "--at",
-    "at",
     type=TIME,
-    default=None,
     help="With --dry-run: judge expiry and age as at this time (e.g. +30d).",
 )
 @click.option(
@@ -140,8 +134,7 @@ def prune(
     if not root.is_dir():
         fail(f"{root}: no such directory", 3)
 
-    from cmh.hub.cache_scan import scan_cache
-    from cmh.hub.prune import PrunePolicy, plan_prune
+    from cmh.hub.prune import PrunePolicy, plan_prune, scan_cache
 
     from .prune_report import plan_document, plan_lines
 
@@ -181,8 +174,7 @@ def prune(
 
 
 def _execute(plan: object, kind: str, lock_timeout: float, as_json: bool) -> None:
-    from cmh.hub.prune import PrunePlan
-    from cmh.hub.prune_exec import execute_plan
+    from cmh.hub.prune import PrunePlan, execute_plan
 
     from .prune_report import report_document, report_lines
 

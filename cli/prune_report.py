@@ -10,8 +10,15 @@ from ._common import human_bytes, iso_utc
 from ._documents import envelope
 
 if TYPE_CHECKING:
-    from cmh.hub.prune import ItemRemoval, PrunePlan, PrunePolicy, RepoPlan, RevisionRemoval
-    from cmh.hub.prune_exec import PruneReport, RepoOutcome
+    from cmh.hub.prune import (
+        ItemRemoval,
+        PrunePlan,
+        PrunePolicy,
+        PruneReport,
+        RepoOutcome,
+        RepoPlan,
+        RevisionRemoval,
+    )
 
 
 def policy_document(policy: PrunePolicy) -> dict[str, Any]:

@@ -63,14 +63,14 @@ def pull(
     as_json: bool,
 ) -> None:
     """Resolve REPO_ID into the local cache and print the snapshot folder."""
-    from cmh.hub.layout import LayoutError
-    from cmh.hub.resolution import (
+    from cmh.hub.cache import LayoutError
+    from cmh.hub.resolver import (
         IntegrityError,
         Policy,
         PolicyError,
         ResolveError,
+        resolve,
     )
-    from cmh.hub.resolver import resolve
 
     overrides: dict[str, Any] = {"strict": strict, "revalidate": revalidate}
     if offline:

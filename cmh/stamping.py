@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ._atomic import atomic_file
 from ._filecopy import BackgroundCopy
 from .carrier import (
     KEY_KEY_ID,
@@ -36,7 +37,7 @@ from .header import METADATA_KEY, PREFIX_SIZE, Header, parse_header, read_header
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
 from .signing import key_id, sign_record
 
-_TMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.cmh-stamp\.(?P<pid>\d+)\.tmp$")
+_TMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.cmh-stamp\.(?P<pid>\d+)(?:\.\d+)?\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,6 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
     target, header, xxh3 = job.target, job.header, job.xxh3
     directory = os.path.dirname(os.path.abspath(target))
     _remove_dead_temporaries(directory, os.path.basename(target))
-    tmp = os.path.join(directory, f".{os.path.basename(target)}.cmh-stamp.{os.getpid()}.tmp")
     # The header is laid out with placeholder values of the final widths: the
     # layout is fixed before hashing, and the values are filled in place after.
     placeholders = _placeholders(job)
@@ -175,7 +175,8 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
     started = time.perf_counter()
     hash_seconds = 0.0
     try:
-        with open(target, "rb") as src, open(tmp, "xb") as dst:
+        with open(target, "rb") as src, atomic_file(target, tag="stamp", suffix=".tmp") as dst:
+            tmp = dst.name
             os.fchmod(dst.fileno(), os.stat(src.fileno()).st_mode & 0o7777)
             dst.write(len(raw).to_bytes(PREFIX_SIZE, "little") + raw)
             dst.flush()
@@ -204,12 +205,7 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             hash_seconds = time.perf_counter() - hash_started
             values, record, signer = _new_values(job, new_header, digests, None)
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
-            os.fsync(dst.fileno())
-        os.replace(tmp, target)
-        _fsync_directory(directory)
     except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
         if isinstance(exc, OSError):
             raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
         raise
@@ -241,19 +237,6 @@ def _encode_header(header: Header, metadata: dict[str, str]) -> bytes:
     else:
         pad = -(PREFIX_SIZE + len(raw)) % 8
     return raw + b" " * pad
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _remove_dead_temporaries(directory: str, name: str) -> None:

@@ -8,7 +8,6 @@ are read through their ``dtype``, ``shape`` and buffer.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from typing import Any
 import xxhash
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ._atomic import atomic_file
 from .carrier import carrier_values, is_reserved
 from .digests import RootEntry, default_threads, file_root
 from .duration import TTL, ttl_seconds
@@ -145,20 +145,13 @@ def save_file(
         offset += len(t.data)
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-(PREFIX_SIZE + len(raw)) % 8)
-    directory = os.path.dirname(os.path.abspath(target))
-    tmp = os.path.join(directory, f".{os.path.basename(target)}.cmh-save.{os.getpid()}.tmp")
     try:
-        with open(tmp, "xb") as f:
+        with atomic_file(target, tag="save", suffix=".tmp") as f:
             f.write(len(raw).to_bytes(PREFIX_SIZE, "little"))
             f.write(raw)
             for t in items:
                 f.write(t.data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
     except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
         if isinstance(exc, OSError):
             raise StampError(f"{target}: could not write: {exc}") from exc
         raise

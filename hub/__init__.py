@@ -1,7 +1,13 @@
 """cmh.hub: mirror store and server, resolver, pruning (imported as ``cmh.hub``).
 
-The resolver's public API is exported lazily, so ``import cmh.hub`` stays
-light (no HTTP stack, no torch, no transformers):
+Four subpackages over one cache core (docs/architecture.md):
+:mod:`cmh.hub.cache` (the stock cache layout, locks, usage records, blob
+checks), :mod:`cmh.hub.resolver` (resolve, hold, the HTTP client, downloads,
+the transformers hook), :mod:`cmh.hub.mirror` (store import, index, scrub,
+the ``cmh serve`` app) and :mod:`cmh.hub.prune` (scan, plan, execute).
+
+The resolver's public API is exported here, lazily, so ``import cmh.hub``
+stays light (no HTTP stack, no torch, no transformers):
 
 >>> import cmh.hub
 >>> res = cmh.hub.resolve("org/model")                    # doctest: +SKIP
@@ -11,79 +17,17 @@ light (no HTTP stack, no torch, no transformers):
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from . import resolver
+from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .patch import install, installed, uninstall
-    from .resolution import (
-        AccessError,
-        Action,
-        FileResult,
-        HubProtocolError,
-        HubUnreachableError,
-        IntegrityError,
-        NotFoundError,
-        OfflineError,
-        Policy,
-        PolicyError,
-        Resolution,
-        ResolveError,
-        State,
-    )
-    from .resolver import hold, resolve
+    # Typed view of the lazy exports below.
+    from .resolver import *  # noqa: F403
+    from .resolver.types import *  # noqa: F403
 
-_EXPORTS = {
-    "resolve": "resolver",
-    "hold": "resolver",
-    "install": "patch",
-    "uninstall": "patch",
-    "installed": "patch",
-    "AccessError": "resolution",
-    "Action": "resolution",
-    "FileResult": "resolution",
-    "HubProtocolError": "resolution",
-    "HubUnreachableError": "resolution",
-    "IntegrityError": "resolution",
-    "NotFoundError": "resolution",
-    "OfflineError": "resolution",
-    "Policy": "resolution",
-    "PolicyError": "resolution",
-    "Resolution": "resolution",
-    "ResolveError": "resolution",
-    "State": "resolution",
-}
+__all__: list[str] = []
+__all__ += resolver.__all__
 
-__all__ = [
-    "AccessError",
-    "Action",
-    "FileResult",
-    "HubProtocolError",
-    "HubUnreachableError",
-    "IntegrityError",
-    "NotFoundError",
-    "OfflineError",
-    "Policy",
-    "PolicyError",
-    "Resolution",
-    "ResolveError",
-    "State",
-    "hold",
-    "install",
-    "installed",
-    "resolve",
-    "uninstall",
-]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cmh.hub' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, "resolver"), globals())

@@ -7,7 +7,7 @@ Called by ``tools/demo.py`` after the mirror step::
 
 ``store_dir`` is the store the running mirror at ``endpoint`` serves; the new
 revision is imported into it with the mirror's import API
-(:func:`cmh.hub.store.add_folder`), as a publisher would.
+(:func:`cmh.hub.mirror.add_folder`), as a publisher would.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _human(n: int) -> str:
 def run(work_dir: Path, endpoint: str, store_dir: Path, repo_id: str) -> None:
     """Resolve, publish a one-tensor update, resolve again; print the bytes saved."""
     import cmh.hub as hub
-    from cmh.hub.store import add_folder
+    from cmh.hub.mirror import add_folder
     from safetensors.numpy import load_file, save_file
 
     import cmh

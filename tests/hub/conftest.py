@@ -1,4 +1,4 @@
-"""Hub-side fixtures: stores built with ``cmh.hub.store`` and a real ``cmh serve`` on 127.0.0.1.
+"""Hub-side fixtures: stores built with ``cmh.hub.mirror`` and a real ``cmh serve`` on 127.0.0.1.
 
 Fixtures for every hub-side test (mirror, resolver, pruner):
 

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import urlopen
 
-from cmh.hub.store import ImportResult, add_folder
+from cmh.hub.mirror.store import ImportResult, add_folder
 
 START_TIMEOUT = 30.0
 _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")

@@ -16,6 +16,7 @@ import asyncio
 import json
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,11 @@ def write_checkpoint_repo(
 
 @dataclass
 class Fault:
-    """What to do to matching answers: ``kind`` is drop, truncate or corrupt."""
+    """What to do to matching answers: ``kind`` is drop, truncate, corrupt or status.
+
+    ``status``: answer ``status_code`` (with ``Retry-After: retry_after`` when set)
+    instead of the upstream's answer.
+    """
 
     kind: str
     times: int = 1  # how many answers to damage
@@ -68,11 +73,14 @@ class Fault:
     path_contains: str = "model.safetensors"
     seed: int = 0
     applied: int = 0
+    status_code: int = 503
+    retry_after: str | None = None
 
 
 @dataclass
 class ProxyStats:
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, range
+    arrived: list[float] = field(default_factory=list)  # time.monotonic() of each request
     body_bytes: int = 0
 
     def count(self, contains: str = "", method: str | None = None) -> int:
@@ -127,6 +135,7 @@ class FaultProxy:
         path = request.path_qs
         with self._lock:
             self.stats.requests.append((request.method, request.path, request.headers.get("Range")))
+            self.stats.arrived.append(time.monotonic())
         headers = {
             k: v
             for k, v in request.headers.items()
@@ -155,6 +164,9 @@ class FaultProxy:
                     await asyncio.sleep(self.delay)
                 await response.write_eof()
                 return response
+            if fault is not None and fault.kind == "status":
+                extra = {} if fault.retry_after is None else {"Retry-After": fault.retry_after}
+                return web.Response(status=fault.status_code, headers=extra, text="busy")
             if fault is None or not payload:
                 return web.Response(status=up.status, headers=out_headers, body=payload)
             rng = random.Random(fault.seed + fault.applied)

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from cmh.hub.gitobjects import lfs_pointer_oid
-from cmh.hub.layout import RepoLayout
-from cmh.hub.scrub import QUARANTINE, scrub_store
-from cmh.hub.store import StoreError, add_folder, list_store
-from cmh.hub.store_index import build_index
+from cmh.hub.cache.layout import RepoLayout
+from cmh.hub.mirror.gitobjects import lfs_pointer_oid
+from cmh.hub.mirror.index import build_index
+from cmh.hub.mirror.scrub import QUARANTINE, scrub_store
+from cmh.hub.mirror.store import StoreError, add_folder, list_store
 from mirror_support import write_tiny_repo
 
 REPO = "org/tiny"

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cmh.hub.mirror_auth import AccessPolicy, TokensFileError, bearer_token, load_tokens
-from cmh.hub.mirror_routes import BadTarget, NoRoute, Route, parse_target
+from cmh.hub.mirror.auth import AccessPolicy, TokensFileError, bearer_token, load_tokens
+from cmh.hub.mirror.documents import BadCursor, decode_cursor, encode_cursor
+from cmh.hub.mirror.fingerprints import FingerprintCache
+from cmh.hub.mirror.routes import BadTarget, NoRoute, Route, parse_target
 
 
 @pytest.mark.parametrize(
@@ -97,3 +99,47 @@ def test_bad_tokens_files(tmp_path: Path, text: str) -> None:
     path.write_bytes(text.encode("utf-8", "surrogateescape"))
     with pytest.raises(TokensFileError):
         load_tokens(path)
+
+
+def test_fingerprint_cache_computes_once_and_keeps_the_most_recent():
+    cache = FingerprintCache(max_entries=2)
+    calls: list[str] = []
+
+    def compute(commit: str):
+        def run() -> dict[str, str]:
+            calls.append(commit)
+            return {"commit": commit}
+
+        return run
+
+    key = {c: ("model:org/m", c) for c in "abc"}
+    assert cache.get(key["a"], compute("a")) == {"commit": "a"}
+    assert cache.get(key["a"], compute("a")) == {"commit": "a"}
+    cache.get(key["b"], compute("b"))
+    cache.get(key["a"], compute("a"))  # a is now the most recent
+    cache.get(key["c"], compute("c"))  # evicts b, the least recent
+    assert len(cache) == 2
+    cache.get(key["a"], compute("a"))
+    cache.get(key["b"], compute("b"))
+    assert calls == ["a", "b", "c", "b"]
+
+
+def test_fingerprint_cache_keeps_nothing_when_compute_fails():
+    cache = FingerprintCache()
+
+    def fail() -> dict[str, str]:
+        raise OSError("blob gone")
+
+    with pytest.raises(OSError):
+        cache.get(("model:org/m", "a"), fail)
+    assert len(cache) == 0
+
+
+def test_cursors_round_trip_and_refuse_other_listings():
+    commit, other = "a" * 40, "b" * 40
+    cursor = encode_cursor(commit, 1000)
+    assert decode_cursor(cursor, commit) == 1000
+    with pytest.raises(BadCursor, match="does not belong"):
+        decode_cursor(cursor, other)
+    with pytest.raises(BadCursor, match="invalid cursor"):
+        decode_cursor("!!not base64!!", commit)

@@ -3,12 +3,14 @@ was waiting on the deleted file must then lock the new one, never run beside its
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from pathlib import Path
 
-from cmh.hub.layout import RepoLayout
-from cmh.hub.locks import LockBusy, flock, snapshot_in_use
+from cmh.hub.cache.layout import RepoLayout
+from cmh.hub.cache.locks import LockBusy, flock, snapshot_in_use
 
 
 def _wait_for_a_blocked_flock(path: Path, timeout: float = 10.0) -> None:
@@ -77,3 +79,14 @@ def test_snapshot_in_use_blocks_a_pruner_and_reports_a_pruned_snapshot(tmp_path:
             raise AssertionError("a pruned snapshot was handed out")
     except FileNotFoundError:
         pass
+
+
+def test_lock_files_are_group_writable_like_the_stock_clients(tmp_path):
+    path = tmp_path / ".locks" / "models--org--m" / "x.lock"
+    old = os.umask(0o022)  # a umask that would narrow a plain create to 0644
+    try:
+        with flock(path):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o664

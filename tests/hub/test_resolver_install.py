@@ -33,7 +33,7 @@ mark("done")
 print(json.dumps(results))
 """
 
-INSTALL = "import cmh.hub as hub, cmh.hub.patch as patch; assert hub.install()"
+INSTALL = "import cmh.hub as hub, cmh.hub.resolver.patch as patch; assert hub.install()"
 NEW_PROCESS = "patch._recent.clear()  # as in a new process: no revalidation window"
 
 
@@ -116,7 +116,8 @@ def test_install_uninstall_and_fail_safe(monkeypatch):
 def test_branch_revalidation_is_one_request_per_repo(tmp_path, mirror_server_factory):
     """Stock ``hf_hub_download(revision="main")`` HEADs every file; installed, one request."""
     import cmh.hub as hub
-    from cmh.hub.store import add_folder
+    import cmh.hub.resolver.patch as hub_patch
+    from cmh.hub.mirror.store import add_folder
     from huggingface_hub import file_download
     from resolver_support import write_checkpoint_repo
 
@@ -143,7 +144,7 @@ def test_branch_revalidation_is_one_request_per_repo(tmp_path, mirror_server_fac
     hub.install()
     try:
         fetch_all(tmp_path / "ours")
-        hub.patch._recent.clear()  # a new process: nothing remembered
+        hub_patch._recent.clear()  # a new process: nothing remembered
         paths, ours_warm = fetch_all(tmp_path / "ours")
     finally:
         hub.uninstall()

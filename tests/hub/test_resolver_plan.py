@@ -8,9 +8,10 @@ import cmh.hub as hub
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.partial import PatchNotPossible, _coalesce, old_digests, plan_patch
-from cmh.hub.remote import HubProtocolError, _MultipartParser
-from cmh.hub.store import add_folder
+from cmh.hub.mirror.store import add_folder
+from cmh.hub.resolver.multipart import MultipartParser
+from cmh.hub.resolver.partial import PatchNotPossible, _join_across_gaps, old_digests, plan_patch
+from cmh.hub.resolver.types import HubProtocolError
 from resolver_support import write_checkpoint_repo
 
 from cmh.header import read_header
@@ -18,9 +19,9 @@ from cmh.header import read_header
 
 def test_coalesce_joins_smallest_gaps_within_allowance():
     ranges = [(0, 10), (12, 20), (100, 110), (111, 120)]
-    assert _coalesce(ranges, 3) == [(0, 20), (100, 120)]
-    assert _coalesce(ranges, 1) == [(0, 10), (12, 20), (100, 120)]
-    assert _coalesce(ranges, 0) == ranges
+    assert _join_across_gaps(ranges, 3) == [(0, 20), (100, 120)]
+    assert _join_across_gaps(ranges, 1) == [(0, 10), (12, 20), (100, 120)]
+    assert _join_across_gaps(ranges, 0) == ranges
 
 
 def test_plan_fetches_only_changed_tensors(tmp_path):
@@ -57,13 +58,13 @@ def test_multipart_parser_streams_parts_and_rejects_strays():
         b"\r\n--XX\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes 0-2/10\r\n\r\n"
         b"abc\r\n--XX\r\nContent-Range: bytes 7-9/10\r\n\r\nhij\r\n--XX--\r\n"
     )
-    parser = _MultipartParser(b"XX", {(0, 3), (7, 10)}, lambda o, d: got.append((o, d)))
+    parser = MultipartParser(b"XX", {(0, 3), (7, 10)}, lambda o, d: got.append((o, d)))
     for i in range(0, len(body), 5):  # arrives in small pieces
         parser.feed(body[i : i + 5])
     parser.close()
     assert b"".join(d for o, d in got if o < 3) == b"abc"
     assert b"".join(d for o, d in got if o >= 7) == b"hij"
-    stray = _MultipartParser(b"XX", {(0, 3)}, lambda o, d: None)
+    stray = MultipartParser(b"XX", {(0, 3)}, lambda o, d: None)
     with pytest.raises(HubProtocolError):
         stray.feed(b"--XX\r\nContent-Range: bytes 4-6/10\r\n\r\nxyz\r\n--XX--\r\n")
 

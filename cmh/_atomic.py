@@ -1,0 +1,95 @@
+"""Atomic file replacement: the one temp-file + fsync + rename helper of the package.
+
+A file is written under a temporary name in the target's folder, synced, and
+renamed over the target; the folder is synced after the rename so the new
+name survives a crash. Temporary names carry the process id and the thread's
+native id, so two processes or two threads writing the same target never
+share a temporary. The format (``cmh``), the CLI and the hub all use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import BinaryIO
+
+
+def temp_path(target: str | os.PathLike[str], tag: str = "tmp", suffix: str = "") -> str:
+    """``.{name}.cmh-{tag}.{pid}.{thread}{suffix}`` beside ``target``, unique per thread."""
+    directory, name = os.path.split(os.path.abspath(target))
+    unique = f"{os.getpid()}.{threading.get_native_id()}"
+    return os.path.join(directory, f".{name}.cmh-{tag}.{unique}{suffix}")
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Sync a folder so a rename in it survives a crash (best effort: some file systems refuse)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_new(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    """Create ``path`` (which must not exist) with ``data`` and ``mode`` exactly, synced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)  # not widened or narrowed by the umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(
+    target: str | os.PathLike[str], *, tag: str = "tmp", suffix: str = ""
+) -> Iterator[BinaryIO]:
+    """A new file (opened ``xb``) that replaces ``target`` when the block ends without error.
+
+    On success the file is flushed and synced, renamed over ``target`` and the
+    folder synced; on any error the temporary is removed and ``target`` is
+    left as it was.
+    """
+    tmp = temp_path(target, tag, suffix)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a dead process whose pid and thread id we now have
+    try:
+        with open(tmp, "xb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(target)))
+
+
+def atomic_write(target: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``target`` with ``data`` through a synced temporary file and a rename."""
+    with atomic_file(target) as f:
+        f.write(data)
+
+
+def atomic_symlink(link: str | os.PathLike[str], target: str) -> None:
+    """Make ``link`` a symlink to ``target``, replacing what was there in one rename."""
+    tmp = temp_path(link, "link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+__all__ = ["atomic_file", "atomic_symlink", "atomic_write", "fsync_dir", "temp_path", "write_new"]

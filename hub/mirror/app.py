@@ -1,0 +1,348 @@
+"""The mirror's HTTP application: Hub API handlers over a store (aiohttp).
+
+Transport only: routing lives in :mod:`~cmh.hub.mirror.routes`, ranges in
+:mod:`~cmh.hub.mirror.ranges`, access control in :mod:`~cmh.hub.mirror.auth`,
+the store's read side in :mod:`~cmh.hub.mirror.index`, the Hub's JSON
+documents and cursors in :mod:`~cmh.hub.mirror.documents`, the fingerprint
+cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
+:mod:`~cmh.hub.mirror.send`. No handler ever sends a Xet header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from aiohttp import web
+
+from ..cache.layout import LayoutError, RepoLayout, validate_relpath
+from ..cache.usage import record_use
+from . import documents
+from .auth import AccessPolicy, bearer_token, repo_key
+from .fingerprints import FingerprintCache
+from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
+from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
+from .ranges import RangeNotSatisfiable, parse_range
+from .routes import BadTarget, NoRoute, Route, parse_target
+from .send import BlobUnavailable, multipart, open_blob, send_body
+
+DEFAULT_PAGE_SIZE = 1000
+EXPAND_PAGE_SIZE = 50
+MAX_PATHS_INFO = 1000
+_HOST_RE = re.compile(r"^[A-Za-z0-9.\-]{1,253}(:\d{1,5})?$|^\[[0-9A-Fa-f:.]{2,45}\](:\d{1,5})?$")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class HubError(Exception):
+    """An error answered the way the Hub does: status, ``X-Error-Code``, JSON body."""
+
+    def __init__(
+        self, status: int, code: str | None, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+@dataclass
+class MirrorState:
+    """Everything the handlers share in one worker process."""
+
+    store: Path
+    policy: AccessPolicy
+    metrics: Metrics
+    page_size: int = DEFAULT_PAGE_SIZE
+    indexes: IndexCache | None = None
+    fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
+
+    def __post_init__(self) -> None:
+        self.store = self.store.resolve()
+        self.indexes = self.indexes or IndexCache()
+
+
+STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
+
+
+def make_app(state: MirrorState) -> web.Application:
+    """The aiohttp application serving ``state.store``."""
+    app = web.Application(client_max_size=1 << 20)
+    app[STORE_KEY] = state
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    return app
+
+
+def _error(err: HubError) -> web.Response:
+    headers = dict(err.headers)
+    if err.code:
+        headers["X-Error-Code"] = err.code
+    headers["X-Error-Message"] = err.message
+    return web.json_response({"error": err.message}, status=err.status, headers=headers)
+
+
+async def dispatch(request: web.Request) -> web.StreamResponse:
+    """Route one request and turn every refusal into a typed 4xx answer."""
+    request[ROUTE_KEY] = "invalid"
+    state = request.app[STORE_KEY]
+    try:
+        try:
+            route = parse_target(request.raw_path)
+        except BadTarget as exc:
+            raise HubError(400, "BadRequest", str(exc)) from None
+        except NoRoute as exc:
+            raise HubError(404, None, str(exc)) from None
+        request[ROUTE_KEY] = route.kind
+        allowed = ("POST",) if route.kind == "paths_info" else ("GET", "HEAD")
+        if request.method not in allowed:
+            raise HubError(405, None, "method not allowed", {"Allow": ", ".join(allowed)})
+        if route.kind == "health":
+            return web.json_response({"status": "ok", "pid": os.getpid()})
+        if route.kind == "metrics":
+            body = await asyncio.get_running_loop().run_in_executor(None, state.metrics.exposition)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        token = bearer_token(request.headers.get("Authorization"))
+        index = await _run(_lookup, state, route, token, route.kind == "resolve")
+        request[INFO_KEY] = {"repo": route.repo_id, "commit": index.commit}
+        if route.kind == "resolve":
+            return await _resolve(request, state, route, index)
+        if route.kind == "repo_info":
+            return _repo_info(state, route, index)
+        if route.kind == "tree":
+            return _tree(request, route, index)
+        if route.kind == "paths_info":
+            return await _paths_info(request, index)
+        return await _fingerprint(state, route, index)
+    except HubError as err:
+        return _error(err)
+
+
+async def _run(func: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, func, *args)
+
+
+def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:
+    """The index of the commit a route names; RepoNotFound also for a closed private repo."""
+    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not repo_exists(repo):
+        raise HubError(404, "RepoNotFound", "Repository not found")
+    revision = route.revision or "main"
+    commit = resolve_revision(repo, revision)
+    if commit is None:
+        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+    assert state.indexes is not None
+    index = state.indexes.get(repo, commit)
+    if used:
+        record_use(repo, commit)
+    return index
+
+
+# -- resolve -----------------------------------------------------------------------------
+
+
+def _etag_in(header: str | None, etag: str) -> bool:
+    if header is None:
+        return False
+    for item in header.split(","):
+        tag = item.strip()
+        if tag == "*" or tag.removeprefix("W/").strip('"') == etag:
+            return True
+    return False
+
+
+async def _resolve(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> web.StreamResponse:
+    entry = index.files.get(route.path)
+    if entry is None and route.path in index.unavailable:
+        raise HubError(503, "BlobUnavailable", "blob unavailable", {"Retry-After": "60"})
+    if entry is None:
+        raise HubError(
+            404, "EntryNotFound", f"{route.path} does not exist on {route.revision}",
+            {"X-Repo-Commit": index.commit},
+        )  # fmt: skip
+    headers = {
+        "X-Repo-Commit": index.commit,
+        "ETag": f'"{entry.etag}"',
+        "X-Linked-Etag": f'"{entry.etag}"',
+        "X-Linked-Size": str(entry.size),
+        "Accept-Ranges": "bytes",
+        "Content-Type": "application/octet-stream",
+        "Content-Disposition": f"inline; filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",
+    }
+    if _etag_in(request.headers.get("If-None-Match"), entry.etag):
+        response = web.StreamResponse(status=304, headers=headers)
+        await response.prepare(request)
+        await response.write_eof()
+        return response
+    range_header = request.headers.get("Range")
+    if_range = request.headers.get("If-Range")
+    if range_header is not None and if_range is not None and not _etag_in(if_range, entry.etag):
+        range_header = None
+        request[RANGE_KEY] = "full"
+    try:
+        ranges = parse_range(range_header, entry.size)
+    except RangeNotSatisfiable as exc:
+        request[RANGE_KEY] = "unsatisfiable"
+        raise HubError(
+            416, "RangeNotSatisfiable", str(exc),
+            {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
+        ) from None  # fmt: skip
+    try:
+        f = await _run(_open_checked, state, entry)
+    except BlobUnavailable as exc:
+        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+    try:
+        if ranges is None:
+            if range_header is not None:
+                request[RANGE_KEY] = "full"
+            pieces = [(b"", 0, entry.size)]
+            response = web.StreamResponse(status=200, headers=headers)
+            response.content_length = entry.size
+            tail = b""
+        elif len(ranges) == 1:
+            request[RANGE_KEY] = "single"
+            r = ranges[0]
+            pieces = [(b"", r.start, r.length)]
+            response = web.StreamResponse(status=206, headers=headers)
+            response.headers["Content-Range"] = r.content_range(entry.size)
+            response.content_length = r.length
+            tail = b""
+        else:
+            request[RANGE_KEY] = "multi"
+            mp = multipart(ranges, entry.size, "application/octet-stream")
+            pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
+            response = web.StreamResponse(status=206, headers=headers)
+            response.headers["Content-Type"] = mp.content_type
+            response.content_length = mp.content_length
+            tail = mp.tail
+        await response.prepare(request)
+        if request.method == "HEAD":
+            await response.write_eof()
+            request[BYTES_KEY] = 0
+            return response
+        request[BYTES_KEY] = await send_body(request, response, f, pieces, tail)
+        return response
+    finally:
+        f.close()
+
+
+def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
+    real = os.path.realpath(entry.source)
+    if not real.startswith(str(state.store) + os.sep):
+        raise BlobUnavailable("blob lies outside the store")
+    return open_blob(Path(real), entry.size)
+
+
+# -- repo info, tree, paths-info ------------------------------------------------------------
+
+
+def _repo_info(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    body = documents.repo_info(
+        route.repo_type,
+        route.repo_id,
+        index,
+        private=repo_key(route.repo_type, route.repo_id) in state.policy.private,
+        blobs=route.query.get("blobs", "").lower() in _TRUE,
+    )
+    return web.json_response(body, headers={"X-Repo-Commit": index.commit})
+
+
+def _base_url(request: web.Request) -> str:
+    host = request.headers.get("Host", "")
+    if not _HOST_RE.match(host):
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        host = f"{sock[0]}:{sock[1]}" if sock else "127.0.0.1"
+    return f"http://{host}"
+
+
+def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Response:
+    if route.path and not index.is_dir(route.path):
+        raise HubError(
+            404, "EntryNotFound", f"{route.path} is not a folder of {route.revision}",
+            {"X-Repo-Commit": index.commit},
+        )  # fmt: skip
+    recursive = route.query.get("recursive", "").lower() in _TRUE
+    expand = route.query.get("expand", "").lower() in _TRUE
+    state = request.app[STORE_KEY]
+    page_size = min(state.page_size, EXPAND_PAGE_SIZE) if expand else state.page_size
+    names = documents.children(index, route.path, recursive)
+    cursor = route.query.get("cursor")
+    try:
+        start = documents.decode_cursor(cursor, index.commit) if cursor else 0
+    except documents.BadCursor as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+    page = names[start : start + page_size]
+    headers = {"X-Repo-Commit": index.commit}
+    if start + page_size < len(names):
+        kind = f"{route.repo_type}s"
+        path = f"/{quote(route.path, safe='')}" if route.path else ""
+        query = urlencode(
+            {"recursive": str(recursive).lower(), "expand": str(expand).lower(),
+             "cursor": documents.encode_cursor(index.commit, start + page_size)}
+        )  # fmt: skip
+        url = f"{_base_url(request)}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
+        headers["Link"] = f'<{url}>; rel="next"'
+    return web.json_response([documents.tree_entry(index, p) for p in page], headers=headers)
+
+
+async def _paths_info(request: web.Request, index: CommitIndex) -> web.Response:
+    paths: list[str] = []
+    if request.content_type == "application/json":
+        try:
+            data = await request.json()
+        except ValueError:
+            raise HubError(400, "BadRequest", "body is not JSON") from None
+        raw = data.get("paths") if isinstance(data, dict) else None
+        paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
+    else:
+        try:
+            form = await request.post()
+        except (ValueError, UnicodeDecodeError):
+            raise HubError(400, "BadRequest", "malformed form body") from None
+        paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
+    if len(paths) > MAX_PATHS_INFO:
+        raise HubError(400, "BadRequest", f"at most {MAX_PATHS_INFO} paths")
+    out = []
+    for p in dict.fromkeys(q.rstrip("/") for q in paths):
+        try:
+            validate_relpath(p)
+        except LayoutError:
+            raise HubError(400, "BadRequest", "invalid path in paths") from None
+        if p in index.files or p in index.dir_oids:
+            out.append(documents.tree_entry(index, p))
+    return web.json_response(out, headers={"X-Repo-Commit": index.commit})
+
+
+# -- fingerprint (cmh extension) ---------------------------------------------------------
+
+
+async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    body = await _run(_fingerprint_of, state, route, index)
+    return web.json_response(body, headers={"X-Repo-Commit": index.commit})
+
+
+def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
+    """``cmh.semantic`` fingerprint of a commit, computed once per commit.
+
+    It reads only the index's checked sources (blobs inside the store), through
+    ``fingerprint_files``, so a hostile link in a snapshot is never followed.
+    """
+    from cmh.semantic import SemanticError, fingerprint_files
+
+    def compute() -> dict[str, Any]:
+        files = {path: entry.source for path, entry in index.files.items()}
+        try:
+            result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}").to_dict()
+        except SemanticError as exc:
+            raise HubError(422, "NotAModel", f"cannot fingerprint this snapshot: {exc}") from None
+        except OSError as exc:
+            raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
+        return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result}
+
+    return state.fingerprints.get((f"{route.repo_type}:{route.repo_id}", index.commit), compute)

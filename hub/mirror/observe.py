@@ -1,0 +1,179 @@
+"""Mirror observability: Prometheus metrics and one JSON access-log line per request.
+
+With several worker processes, metrics use ``prometheus_client``'s
+multiprocess mode: :mod:`cmh.hub.mirror.run` sets ``PROMETHEUS_MULTIPROC_DIR``
+before the workers start, and ``/metrics`` then aggregates every worker's
+values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web import BaseRequest, StreamResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..cache.layout import iter_repos
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# Keys a handler sets on the request for the access log and metrics.
+ROUTE_KEY = "cmh_route"
+BYTES_KEY = "cmh_bytes"
+RANGE_KEY = "cmh_range"
+INFO_KEY = "cmh_info"
+
+
+class StoreSizeCollector(Collector):
+    """``cmh_mirror_store_bytes`` and ``cmh_mirror_store_repos``, measured at most every 10 s."""
+
+    def __init__(self, store: Path, max_age: float = 10.0) -> None:
+        self.store = store
+        self.max_age = max_age
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._value = (0, 0)
+
+    def _measure(self) -> tuple[int, int]:
+        total = repos = 0
+        for repo in iter_repos(self.store):
+            repos += 1
+            try:
+                with os.scandir(repo.blobs) as it:
+                    for entry in it:
+                        if entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+        return total, repos
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            if time.monotonic() - self._at > self.max_age:
+                self._value = self._measure()
+                self._at = time.monotonic()
+            size, repos = self._value
+        yield GaugeMetricFamily("cmh_mirror_store_bytes", "Bytes of blobs in the store", size)
+        yield GaugeMetricFamily("cmh_mirror_store_repos", "Repos in the store", repos)
+
+
+class Metrics:
+    """The mirror's request metrics."""
+
+    def __init__(self, store: Path) -> None:
+        self.registry = CollectorRegistry()
+        self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+        self.requests = Counter(
+            "cmh_mirror_requests",
+            "Requests by route, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.bytes_sent = Counter(
+            "cmh_mirror_response_bytes",
+            "Response body bytes sent, by route",
+            ["route"],
+            registry=self.registry,
+        )
+        self.ranges = Counter(
+            "cmh_mirror_range_requests",
+            "Requests carrying a Range header, by outcome (single, multi, full, unsatisfiable)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "cmh_mirror_request_duration_seconds",
+            "Time from request to last byte handed to the kernel, by route",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.store_collector = StoreSizeCollector(store)
+        if not self.multiprocess:
+            self.registry.register(self.store_collector)
+
+    def observe(
+        self, route: str, method: str, status: int, nbytes: int, seconds: float, range_kind: str
+    ) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.bytes_sent.labels(route).inc(nbytes)
+        self.latency.labels(route).observe(seconds)
+        if range_kind:
+            self.ranges.labels(range_kind).inc()
+
+    def exposition(self) -> bytes:
+        """The Prometheus text of every worker's metrics and the store size."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(self.store_collector)
+        return generate_latest(registry)
+
+
+_metrics: Metrics | None = None
+_log_stream: IO[str] = sys.stderr
+
+
+def configure(metrics: Metrics, log_stream: IO[str]) -> None:
+    """Set the metrics and log stream the access logger of this process writes to."""
+    global _metrics, _log_stream
+    _metrics, _log_stream = metrics, log_stream
+
+
+def _clip(value: str | None, limit: int = 512) -> str | None:
+    return None if value is None else value[:limit]
+
+
+class AccessLogger(AbstractAccessLogger):
+    """aiohttp access logger: records metrics and writes one JSON line per request."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        try:
+            route = str(request.get(ROUTE_KEY, "invalid"))
+            nbytes = request.get(BYTES_KEY)
+            if not isinstance(nbytes, int):
+                nbytes = response.body_length
+            range_kind = str(request.get(RANGE_KEY, ""))
+            info: dict[str, Any] = dict(request.get(INFO_KEY) or {})
+        except Exception:
+            route, nbytes, range_kind, info = "invalid", 0, "", {}
+        if _metrics is not None:
+            _metrics.observe(route, request.method, response.status, nbytes, time, range_kind)
+        line = {
+            "ts": round(_now(), 3),
+            "pid": os.getpid(),
+            "remote": request.remote,
+            "method": request.method,
+            "target": _clip(request.raw_path, 2048),
+            "route": route,
+            "status": response.status,
+            "bytes": nbytes,
+            "duration_ms": round(time * 1000, 3),
+            "range": _clip(request.headers.get("Range"), 256),
+            "user_agent": _clip(request.headers.get("User-Agent"), 256),
+            **info,
+        }
+        try:
+            _log_stream.write(json.dumps(line, ensure_ascii=True) + "\n")
+            _log_stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _now() -> float:
+    return time.time()

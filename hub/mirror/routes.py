@@ -1,0 +1,154 @@
+"""Map a raw HTTP request target to a typed mirror route, refusing anything unsafe.
+
+Routing works on the raw target, never on a normalised path: each ``/``
+segment is percent-decoded once, strictly (UTF-8), and a decoded segment
+holding a NUL, a backslash or a control character is refused. Repo ids,
+revisions and file paths are then checked by :mod:`cmh.hub.cache.layout`, which
+refuses ``.``/``..`` parts, empty parts and absolute paths, so no target can
+name anything outside a repo's snapshot.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote
+
+from ..cache.layout import (
+    REPO_PART_RE,
+    LayoutError,
+    validate_relpath,
+    validate_repo_id,
+    validate_revision,
+)
+
+MAX_TARGET = 8192
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\\]")
+API_KEYWORDS = ("revision", "tree", "paths-info")
+
+
+class BadTarget(ValueError):
+    """A malformed or unsafe request target (answered 400)."""
+
+
+class NoRoute(LookupError):
+    """A well-formed target the mirror does not serve (answered 404)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a request asks for."""
+
+    kind: str  # resolve | repo_info | tree | paths_info | fingerprint | health | metrics
+    repo_type: str = "model"
+    repo_id: str = ""
+    revision: str | None = None
+    path: str = ""
+    query: dict[str, str] = field(default_factory=dict)
+
+
+def _decode(segment: str) -> str:
+    try:
+        text = unquote(segment, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise BadTarget("request target is not valid UTF-8") from None
+    if _CONTROL_RE.search(text):
+        raise BadTarget("request target holds a control character or backslash")
+    return text
+
+
+def _repo(parts: list[str]) -> str:
+    for p in parts:
+        if not REPO_PART_RE.match(p):
+            raise BadTarget("invalid repo id")
+    try:
+        return validate_repo_id("/".join(parts))
+    except LayoutError:
+        raise BadTarget("invalid repo id") from None
+
+
+def _revision(text: str) -> str:
+    try:
+        return validate_revision(text)
+    except LayoutError:
+        raise BadTarget("invalid revision") from None
+
+
+def _relpath(parts: list[str]) -> str:
+    try:
+        return validate_relpath("/".join(parts))
+    except LayoutError:
+        raise BadTarget("invalid file path") from None
+
+
+def parse_target(target: str) -> Route:
+    """The route of a raw request target such as ``/org/name/resolve/main/config.json``."""
+    if len(target) > MAX_TARGET:
+        raise BadTarget("request target too long")
+    if not target.startswith("/") or target.startswith("//") or "#" in target:
+        raise BadTarget("request target must be an absolute path")
+    raw_path, _, raw_query = target.partition("?")
+    try:
+        query = dict(parse_qsl(raw_query, keep_blank_values=True, errors="strict"))
+    except (UnicodeDecodeError, ValueError):
+        raise BadTarget("malformed query string") from None
+    if any(_CONTROL_RE.search(k + v) for k, v in query.items()):
+        raise BadTarget("query string holds a control character")
+    segs = [_decode(s) for s in raw_path.split("/")[1:]]
+    if segs == ["health"]:
+        return Route("health", query=query)
+    if segs == ["metrics"]:
+        return Route("metrics", query=query)
+    if segs[:1] == ["api"]:
+        return _api_route(segs[1:], query)
+    repo_type = "model"
+    if segs[:1] == ["datasets"]:
+        repo_type, segs = "dataset", segs[1:]
+    for n in (2, 1):
+        if len(segs) > n + 2 and segs[n] == "resolve" and all("/" not in s for s in segs[:n]):
+            rest = segs[n + 1 :]
+            if rest[0] == "refs" and len(rest) > 3 and rest[1] == "pr":
+                revision, path_parts = "/".join(rest[:3]), rest[3:]
+            else:
+                revision, path_parts = rest[0], rest[1:]
+            return Route(
+                "resolve",
+                repo_type,
+                _repo(segs[:n]),
+                _revision(revision),
+                _relpath([p for part in path_parts for p in part.split("/")]),
+                query,
+            )
+    raise NoRoute("no such endpoint")
+
+
+def _api_route(segs: list[str], query: dict[str, str]) -> Route:
+    if segs[:2] == ["cmh", "fingerprint"]:
+        rest = segs[2:]
+        repo_type = "model"
+        if rest[:1] == ["datasets"] and len(rest) >= 3:
+            repo_type, rest = "dataset", rest[1:]
+        if len(rest) not in (2, 3):
+            raise NoRoute("no such endpoint")
+        return Route("fingerprint", repo_type, _repo(rest[:-1]), _revision(rest[-1]), "", query)
+    if not segs or segs[0] not in ("models", "datasets"):
+        raise NoRoute("no such endpoint")
+    repo_type = "model" if segs[0] == "models" else "dataset"
+    rest = segs[1:]
+    if len(rest) in (1, 2) and all(rest):
+        return Route("repo_info", repo_type, _repo(rest), None, "", query)
+    for n in (2, 1):
+        if len(rest) > n + 1 and rest[n] in API_KEYWORDS:
+            repo_id, keyword, tail = _repo(rest[:n]), rest[n], rest[n + 1 :]
+            revision = _revision(tail[0])
+            if keyword == "revision" and len(tail) == 1:
+                return Route("repo_info", repo_type, repo_id, revision, "", query)
+            if keyword == "paths-info" and len(tail) == 1:
+                return Route("paths_info", repo_type, repo_id, revision, "", query)
+            if keyword == "tree":
+                path_parts = [p for part in tail[1:] for p in part.split("/")]
+                if path_parts and path_parts[-1] == "":
+                    path_parts = path_parts[:-1]  # tolerate one trailing slash
+                path = _relpath(path_parts) if path_parts else ""
+                return Route("tree", repo_type, repo_id, revision, path, query)
+    raise NoRoute("no such endpoint")

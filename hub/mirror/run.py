@@ -1,0 +1,209 @@
+"""Run the mirror: listening sockets, worker processes, signals.
+
+One worker serves in the calling process. ``workers > 1`` forks that many
+processes, each with its own listening socket on the same address
+(``SO_REUSEPORT``: the kernel spreads connections across them); the parent
+only reserves the port, forwards SIGTERM/SIGINT and reaps the workers. The
+URL is printed once every worker listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+SHUTDOWN_TIMEOUT = 2.0
+
+
+class ServeError(Exception):
+    """The server cannot start (bad address, store or tokens file)."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How to run the mirror."""
+
+    store: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tokens: Path | None = None
+    workers: int = 1
+    access_log: Path | None = None
+    page_size: int = 1000
+    announce: Callable[[str], None] = field(default=print)
+
+
+def _socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    if not infos:
+        raise ServeError(f"cannot resolve {host!r}")
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(config: ServeConfig) -> int:
+    """Serve until SIGTERM or SIGINT; return the exit status."""
+    if not config.store.is_dir():
+        raise ServeError(f"{config.store}: store folder not found")
+    if config.tokens is not None:
+        from .auth import TokensFileError, load_tokens
+
+        try:
+            load_tokens(config.tokens)  # fail before any worker starts
+        except TokensFileError as exc:
+            raise ServeError(str(exc)) from None
+    if config.workers <= 1:
+        sock = _socket(config.host, config.port, reuse_port=False)
+        sock.listen(1024)
+        return _run_worker(config, sock, lambda: config.announce(_url(sock)))
+    return _run_workers(config)
+
+
+def _log_stream(config: ServeConfig) -> IO[str]:
+    if config.access_log is None:
+        return sys.stderr
+    return open(config.access_log, "a", buffering=1, encoding="utf-8")
+
+
+def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[], None]) -> int:
+    from aiohttp import web
+
+    from .app import MirrorState, make_app
+    from .auth import AccessPolicy, load_tokens
+    from .observe import AccessLogger, Metrics, configure
+
+    policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
+    metrics = Metrics(config.store)
+    stream = _log_stream(config)
+    configure(metrics, stream)
+    state = MirrorState(config.store, policy, metrics, page_size=config.page_size)
+
+    async def main() -> None:
+        runner = web.AppRunner(
+            make_app(state), access_log_class=AccessLogger, shutdown_timeout=SHUTDOWN_TIMEOUT
+        )
+        await runner.setup()
+        site = web.SockSite(runner, sock)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        on_ready()
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    finally:
+        sock.close()
+        if stream is not sys.stderr:
+            stream.close()
+    return 0
+
+
+def _run_workers(config: ServeConfig) -> int:
+    metrics_dir = Path(tempfile.mkdtemp(prefix="cmh-mirror-metrics-"))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    reserve = _socket(config.host, config.port, reuse_port=True)  # bound, never listening
+    port = reserve.getsockname()[1]
+    ready_r, ready_w = os.pipe()
+    children: list[int] = []
+    try:
+        for _ in range(config.workers):
+            pid = os.fork()
+            if pid == 0:  # worker
+                code = 1
+                try:
+                    os.close(ready_r)
+                    reserve.close()
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    sock = _socket(config.host, port, reuse_port=True)
+                    sock.listen(1024)
+                    code = _run_worker(config, sock, lambda: _signal_ready(ready_w))
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        os.close(ready_w)
+        ready = 0
+        while ready < config.workers:
+            chunk = os.read(ready_r, config.workers)
+            if not chunk:
+                raise ServeError("a worker failed to start")
+            ready += len(chunk)
+        config.announce(_url(reserve))
+        return _reap(children)
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(ready_r)
+        reserve.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _signal_ready(fd: int) -> None:
+    os.write(fd, b"1")
+    os.close(fd)
+
+
+def _reap(children: list[int]) -> int:
+    """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death."""
+    stopping = False
+
+    def forward(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    alive = set(children)
+    status = 0
+    while alive:
+        try:
+            pid, code = os.wait()
+        except ChildProcessError:
+            break
+        alive.discard(pid)
+        if not stopping:
+            print(f"error: mirror worker {pid} exited; stopping", file=sys.stderr)
+            status = 1
+            forward(signal.SIGTERM, None)
+        elif os.waitstatus_to_exitcode(code) not in (0, -signal.SIGTERM):
+            status = 1
+    children.clear()
+    return status

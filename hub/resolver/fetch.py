@@ -1,0 +1,129 @@
+"""Whole downloads into a stock cache: resumable, checked, installed atomically.
+
+A whole download in progress lives in ``blobs/{etag}.incomplete`` (always a
+prefix of the blob, the name the stock client used to resume), so a rerun
+after a crash, or another process, continues it with ``Range``. Nothing is
+installed before :class:`~cmh.hub.cache.blobs.ContentCheck` accepts every byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from ..cache.blobs import ContentCheck, Progress, feed_file, install_blob, partial_path
+from ..cache.layout import RepoLayout
+from .http import HubClient
+from .retry import DEFAULT_RETRY, RetryPolicy
+from .types import HubUnreachableError, IntegrityError, RemoteFile
+
+
+def download_whole(
+    client: HubClient,
+    repo: RepoLayout,
+    remote: RemoteFile,
+    url: str,
+    *,
+    strict: bool = False,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    progress: Progress | None = None,
+) -> tuple[int, bool, list[str]]:
+    """Fetch blob ``remote.etag`` whole into the cache, resuming any partial.
+
+    The caller holds the blob lock. Returns (bytes received, resumed, warnings).
+    Transfer failures are retried under ``retry`` (backoff with jitter,
+    ``Retry-After`` honoured) with ``Range`` from where the partial ends;
+    content that fails its check is discarded and fetched once more from
+    byte 0, then refused with :class:`IntegrityError`.
+    """
+    part = partial_path(repo, remote.etag)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    check = ContentCheck(
+        remote.etag, remote.size, safetensors=remote.path.endswith(".safetensors"), strict=strict
+    )
+    received = 0
+    resumed = False
+    integrity_failures = 0
+    last_error: Exception | None = None
+    for attempt in retry.tries():
+        check.reset()
+        try:
+            existing = part.stat().st_size
+        except FileNotFoundError:
+            existing = 0
+        if existing > remote.size:
+            part.unlink()
+            existing = 0
+        try:
+            if existing:
+                feed_file(check, part, existing)
+                resumed = resumed or attempt == 0
+        except IntegrityError:
+            part.unlink()
+            existing = 0
+            check.reset()
+        try:
+            if remote.size == 0:
+                part.touch()  # an empty file needs no request, but a partial to install
+            if existing < remote.size:
+                received += _fetch_into(client, url, part, existing, check, progress)
+                if part.stat().st_size < remote.size:
+                    raise HubUnreachableError(
+                        f"body ended after {part.stat().st_size} of {remote.size} bytes"
+                    )
+            check.finish()
+        except HubUnreachableError as exc:
+            last_error = exc
+            retry.wait(attempt, exc)
+            continue
+        except IntegrityError as exc:
+            last_error = exc
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()
+            integrity_failures += 1
+            if integrity_failures >= 2:
+                raise IntegrityError(f"{remote.path}: {exc}; refused, nothing installed") from None
+            continue
+        install_blob(repo, remote.etag, part)
+        return received, resumed, check.warnings
+    assert last_error is not None
+    if isinstance(last_error, IntegrityError):
+        raise IntegrityError(f"{remote.path}: {last_error}; refused, nothing installed")
+    raise HubUnreachableError(
+        f"{remote.path}: download failed after {retry.attempts} attempts ({last_error}); "
+        f"{part.name} kept for resuming"
+    )
+
+
+def _fetch_into(
+    client: HubClient,
+    url: str,
+    part: Path,
+    existing: int,
+    check: ContentCheck,
+    progress: Progress | None,
+) -> int:
+    received = 0
+    mode = "r+b" if part.exists() else "w+b"
+    with open(part, mode) as f:
+        f.seek(existing)
+        f.truncate()
+
+        def sink(chunk: bytes) -> None:
+            nonlocal received
+            f.write(chunk)
+            check.update(chunk)
+            received += len(chunk)
+            if progress is not None:
+                progress(len(chunk))
+
+        def restart() -> None:
+            f.seek(0)
+            f.truncate()
+            check.reset()
+
+        try:
+            client.stream(url, existing, sink, on_restart=restart)
+        finally:
+            f.flush()
+    return received

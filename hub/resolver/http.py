@@ -1,0 +1,376 @@
+"""HTTP transport to a Hub (the real one or a ``cmh serve`` mirror).
+
+Only talks HTTP and decodes answers: which requests to make, and when, is the
+resolver's business. Every request and every body byte received is counted so
+that a :class:`~cmh.hub.Resolution` can report what it cost. Proxies come from
+the environment (``HTTP(S)_PROXY``, ``NO_PROXY``), like the stock client.
+"""
+
+from __future__ import annotations
+
+import atexit
+import email.utils
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx2
+
+from cmh import __version__
+
+from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, validate_relpath
+from .credentials import default_endpoint
+from .multipart import MultipartParser
+from .types import (
+    AccessError,
+    HubProtocolError,
+    HubUnreachableError,
+    NotFoundError,
+    RemoteFile,
+    RemoteRevision,
+)
+
+_clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
+    """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup)."""
+    key = (token, timeout, os.getpid())
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            headers = {"User-Agent": f"cmh/{__version__}", "Accept-Encoding": "identity"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            client = httpx2.Client(
+                headers=headers,
+                follow_redirects=True,
+                trust_env=True,
+                timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
+                limits=httpx2.Limits(max_connections=32, max_keepalive_connections=8),
+            )
+            if not _clients:
+                atexit.register(_close_clients)
+            _clients[key] = client
+        return client
+
+
+def _close_clients() -> None:
+    with _clients_lock:
+        for client in _clients.values():
+            client.close()
+        _clients.clear()
+
+
+class RangeNotSatisfied(HubProtocolError):
+    """The server did not answer a Range request with the range asked for."""
+
+
+class HubClient:
+    """A counting HTTP client for one endpoint."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self.endpoint = (endpoint or default_endpoint()).rstrip("/")
+        self._client = _shared_client(token, timeout)
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.bytes_received = 0
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _count(self, requests: int = 0, nbytes: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes_received += nbytes
+
+    def close(self) -> None:
+        """Nothing to release: connections are pooled per process (see ``_shared_client``)."""
+
+    def __enter__(self) -> HubClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- URLs ----------------------------------------------------------------------------
+
+    def api_url(self, repo_id: str, repo_type: str, *parts: str) -> str:
+        base = f"{self.endpoint}/api/{REPO_TYPE_PREFIX[repo_type]}/{repo_id}"
+        return "/".join([base, *parts])
+
+    def file_url(self, repo_id: str, repo_type: str, commit: str, path: str) -> str:
+        """The ``resolve`` URL of ``path`` at ``commit``."""
+        prefix = "" if repo_type == "model" else f"{REPO_TYPE_PREFIX[repo_type]}/"
+        return (
+            f"{self.endpoint}/{prefix}{repo_id}/resolve/{quote(commit, safe='')}/"
+            f"{quote(validate_relpath(path))}"
+        )
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _get_json(
+        self, url: str, params: dict[str, str] | None = None
+    ) -> tuple[Any, httpx2.Response]:
+        try:
+            response = self._client.get(url, params=params)
+        except httpx2.TransportError as exc:
+            self._count(requests=1)
+            raise HubUnreachableError(f"cannot reach {self.endpoint}: {exc}") from exc
+        self._count(requests=1, nbytes=len(response.content))
+        raise_for_status(response)
+        try:
+            return json.loads(response.content), response
+        except ValueError as exc:
+            raise HubProtocolError(f"{url} did not answer JSON") from exc
+
+    def revision(self, repo_id: str, repo_type: str, revision: str) -> RemoteRevision:
+        """Resolve ``revision`` to a commit (one request); lists blobs if the Hub does."""
+        url = self.api_url(repo_id, repo_type, "revision", quote(revision, safe=""))
+        obj, _ = self._get_json(url, params={"blobs": "true"})
+        if not isinstance(obj, dict) or not isinstance(obj.get("sha"), str):
+            raise HubProtocolError(f"{url}: answer has no commit 'sha'")
+        commit = obj["sha"]
+        if not COMMIT_RE.match(commit):
+            raise HubProtocolError(f"{url}: {commit!r} is not a commit")
+        return RemoteRevision(commit, _files_from_siblings(obj.get("siblings")))
+
+    def tree(self, repo_id: str, repo_type: str, commit: str) -> dict[str, RemoteFile]:
+        """Every file of ``commit`` (follows ``Link: rel="next"`` pages)."""
+        url: str | None = self.api_url(repo_id, repo_type, "tree", commit)
+        params: dict[str, str] | None = {"recursive": "true"}
+        files: dict[str, RemoteFile] = {}
+        pages = 0
+        while url is not None:
+            pages += 1
+            if pages > 10_000:
+                raise HubProtocolError("tree listing does not end")
+            obj, response = self._get_json(url, params=params)
+            if not isinstance(obj, list):
+                raise HubProtocolError(f"{url}: tree answer is not a list")
+            for entry in obj:
+                remote = _file_from_tree_entry(entry)
+                if remote is not None:
+                    files[remote.path] = remote
+            nxt = response.links.get("next", {}).get("url")
+            url, params = (str(response.url.join(nxt)), None) if nxt else (None, None)
+        return files
+
+    def stream(
+        self,
+        url: str,
+        start: int,
+        sink: Callable[[bytes], None],
+        *,
+        end: int | None = None,
+        on_restart: Callable[[], None] | None = None,
+    ) -> bool:
+        """Send the body of ``url`` from ``start`` (to ``end``, exclusive) to ``sink``.
+
+        Returns ``True`` when the server honoured the range (206, or 200 for a
+        request from 0 to the end), ``False`` when it answered a ranged request
+        with the whole body (200): the sink then received the file from byte 0.
+        ``on_restart`` is called before the first byte in that case. Only a
+        request with ``end`` set raises :class:`RangeNotSatisfied` for that.
+        Network failures mid-body raise :class:`HubUnreachableError`; what
+        arrived before the failure has been given to ``sink``.
+        """
+        headers: dict[str, str] = {}
+        if start or end is not None:
+            last = "" if end is None else str(end - 1)
+            headers["Range"] = f"bytes={start}-{last}"
+        self._count(requests=1)
+        try:
+            with self._client.stream("GET", url, headers=headers) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise_for_status(response)
+                honoured = True
+                if headers:
+                    if response.status_code == 206:
+                        _check_content_range(response, start, end)
+                    elif response.status_code == 200:
+                        if end is not None:
+                            raise RangeNotSatisfied(f"{url}: Range ignored (200 instead of 206)")
+                        honoured = start == 0
+                        if not honoured and on_restart is not None:
+                            on_restart()
+                    else:
+                        raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
+                elif response.status_code != 200:
+                    raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
+                expected = None if end is None else end - start
+                got = 0
+                for chunk in response.iter_raw():
+                    if expected is not None and got + len(chunk) > expected:
+                        raise HubProtocolError(f"{url}: more bytes than the range asked for")
+                    got += len(chunk)
+                    self._count(nbytes=len(chunk))
+                    sink(chunk)
+                if expected is not None and got != expected:
+                    raise HubUnreachableError(f"{url}: range ended after {got} of {expected} bytes")
+                return honoured
+        except httpx2.TransportError as exc:
+            raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+    def stream_ranges(
+        self,
+        url: str,
+        ranges: list[tuple[int, int]],
+        sink: Callable[[int, bytes], None],
+    ) -> None:
+        """Fetch several ``[begin, end)`` ranges in one request (``multipart/byteranges``).
+
+        ``sink(offset, data)`` receives the bytes with their absolute offset, in
+        the order the server sends them. :class:`RangeNotSatisfied` when the
+        server does not answer with exactly these ranges (e.g. a 200, or one
+        range only): nothing has been given to ``sink`` then, and the caller
+        fetches range by range. A single range is sent as a plain Range request.
+        """
+        if len(ranges) == 1:
+            b, e = ranges[0]
+            self.stream(url, b, _at(sink, b), end=e)
+            return
+        spec = ",".join(f"{b}-{e - 1}" for b, e in ranges)
+        self._count(requests=1)
+        try:
+            with self._client.stream("GET", url, headers={"Range": f"bytes={spec}"}) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise_for_status(response)
+                ctype = response.headers.get("Content-Type", "")
+                match = re.search(r"boundary=\"?([^\";]+)\"?", ctype)
+                if response.status_code != 206 or "multipart/byteranges" not in ctype or not match:
+                    raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
+                parser = MultipartParser(match.group(1).encode(), set(ranges), sink)
+                for chunk in response.iter_raw():
+                    self._count(nbytes=len(chunk))
+                    parser.feed(chunk)
+                parser.close()
+        except httpx2.TransportError as exc:
+            raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], None]:
+    pos = start
+
+    def write(chunk: bytes) -> None:
+        nonlocal pos
+        sink(pos, chunk)
+        pos += len(chunk)
+
+    return write
+
+
+def _check_content_range(response: httpx2.Response, start: int, end: int | None) -> None:
+    value = response.headers.get("Content-Range", "")
+    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", value.strip())
+    if not match:
+        raise RangeNotSatisfied(f"206 without a valid Content-Range ({value!r})")
+    first, last = int(match.group(1)), int(match.group(2))
+    if first != start or (end is not None and last != end - 1):
+        raise RangeNotSatisfied(
+            f"asked bytes {start}-{'' if end is None else end - 1}, got {value}"
+        )
+
+
+def raise_for_status(response: httpx2.Response) -> None:
+    """Map an error answer to a typed error (``X-Error-Code`` first, then the status)."""
+    status = response.status_code
+    if status < 400:
+        return
+    code = response.headers.get("X-Error-Code", "")
+    url = str(response.request.url)
+    if code == "RepoNotFound":
+        raise NotFoundError(f"repository not found: {url}", "repo")
+    if code == "RevisionNotFound":
+        raise NotFoundError(f"revision not found: {url}", "revision")
+    if code == "EntryNotFound":
+        raise NotFoundError(f"file not found: {url}", "entry")
+    if code == "GatedRepo" or status in (401, 403):
+        raise AccessError(f"access refused ({status}): {url}")
+    if status == 429 or status >= 500:
+        raise HubUnreachableError(
+            f"{url}: server error {status}", retry_after=retry_after(response.headers)
+        )
+    if status == 404:
+        raise HubProtocolError(f"{url}: 404 without X-Error-Code (not a Hub endpoint?)")
+    if status == 416:
+        raise RangeNotSatisfied(f"{url}: 416 range not satisfiable")
+    raise HubProtocolError(f"{url}: unexpected status {status}")
+
+
+def retry_after(headers: httpx2.Headers) -> float | None:
+    """Seconds ``Retry-After`` asks to wait (delay-seconds or an HTTP date), else ``None``."""
+    value = headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
+    if isinstance(lfs, dict):
+        oid = lfs.get("sha256") or lfs.get("oid")
+        if isinstance(oid, str) and len(oid) == 64 and ETAG_RE.match(oid):  # an LFS ETag: SHA-256
+            return oid, True
+        return None
+    if isinstance(blob_id, str) and ETAG_RE.match(blob_id):
+        return blob_id, False
+    return None
+
+
+def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
+    if not isinstance(entry, dict) or entry.get("type") != "file":
+        return None
+    path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
+    if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
+        raise HubProtocolError(f"malformed tree entry {entry!r}")
+    if entry.get("xetHash"):
+        raise HubProtocolError(f"{path}: Xet-only entry, not servable over plain HTTP")
+    etag = _etag_of(oid, entry.get("lfs"))
+    if etag is None:
+        raise HubProtocolError(f"{path}: tree entry has no usable oid")
+    lfs = entry.get("lfs")
+    if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
+        size = lfs["size"]
+    return RemoteFile(validate_relpath(path), size, etag[0], etag[1], str(oid))
+
+
+def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
+    """Blob data from ``siblings`` when every entry carries it, else ``None``."""
+    if not isinstance(siblings, list):
+        return None
+    files: dict[str, RemoteFile] = {}
+    for s in siblings:
+        if not isinstance(s, dict):
+            return None
+        path, size, blob_id = s.get("rfilename"), s.get("size"), s.get("blobId")
+        if not isinstance(path, str) or not isinstance(size, int) or not isinstance(blob_id, str):
+            return None
+        etag = _etag_of(blob_id, s.get("lfs"))
+        if etag is None:
+            return None
+        lfs = s.get("lfs")
+        if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
+            size = lfs["size"]
+        files[validate_relpath(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+    return files

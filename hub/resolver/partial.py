@@ -1,0 +1,464 @@
+"""Tensor-level partial download of a changed stamped safetensors file.
+
+When a new version of a stamped file is published and an older version is in
+the cache, only the tensors whose SHA-256 changed are fetched:
+
+1. fetch the new header with a Range request (one speculative read of
+   :data:`PREFETCH` bytes, a second one only if the header is longer);
+2. take the per-tensor digests from both manifests (the old file's are
+   computed locally if it is unstamped; the old blob is a checked blob);
+3. every new tensor whose digest exists in the old file is copied from the
+   old blob (kernel copy); the others are byte ranges to fetch, merged when
+   adjacent and across small gaps (total gap bytes under 3% of the changed
+   bytes plus 64 KiB), fetched with multi-range requests (``multipart/byteranges``;
+   one range per request, in parallel, if the server does not do multi-range)
+   and written in place;
+4. the assembled file is hashed whole against the ETag (and the fetched
+   tensors against the new manifest) before it is installed.
+
+The assembly lives in ``.cmh/partial/{etag}.assembly`` with a log of finished
+segments beside it, so a rerun resumes it. Any failure leaves the cache as
+it was; the caller falls back to a whole download.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cmh._atomic import atomic_write
+from cmh.checkpoint import claimed_digests
+from cmh.digests import hash_tensors
+from cmh.errors import CMHError
+from cmh.header import PREFIX_SIZE, Header, parse_header, read_header
+
+from ..cache.blobs import ContentCheck, Progress, feed_file, install_blob, partial_path
+from ..cache.layout import RepoLayout
+from .http import HubClient, RangeNotSatisfied
+from .retry import DEFAULT_RETRY
+from .types import HubProtocolError, IntegrityError, RemoteFile
+
+PREFETCH = 128 << 10
+GAP_FRACTION = 0.03
+GAP_FLOOR = 64 << 10
+#: Changed bytes from which ranges are split over two parallel requests.
+PARALLEL_BYTES = 256 << 20
+#: Ranges per multi-range request (the mirror accepts 64).
+MAX_RANGES_PER_REQUEST = 32
+
+
+class PatchNotPossible(Exception):
+    """The file cannot be patched (unstamped, no usable old version); fetch it whole."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """``length`` bytes from offset ``src`` of the old blob to ``dst`` of the new file."""
+
+    src: int
+    dst: int
+    length: int
+
+
+@dataclass
+class PatchPlan:
+    """Where every byte of the new file comes from."""
+
+    size: int
+    header_bytes: bytes  # the first bytes of the new file, as fetched
+    copies: list[Copy]
+    ranges: list[tuple[int, int]]  # [begin, end) to fetch
+    trusted: frozenset[int]  # tensor indexes whose bytes come from the checked old blob
+    copied_bytes: int = 0
+    fetch_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    bytes_received: int
+    bytes_reused: int
+    requests: int
+    warnings: tuple[str, ...]
+
+
+def assembly_path(repo: RepoLayout, etag: str) -> Path:
+    """Where the new file is assembled (holes allowed, unlike ``{etag}.incomplete``)."""
+    repo.blob_path(etag)  # validates the name
+    return repo.cmh_dir / "partial" / f"{etag}.assembly"
+
+
+def fetch_header(client: HubClient, url: str, size: int) -> tuple[Header, bytes]:
+    """The new file's header, from one or two Range requests; also the bytes read."""
+    first = fetch_bytes(client, url, 0, min(size, PREFETCH))
+    if len(first) < PREFIX_SIZE:
+        raise PatchNotPossible("file too short for a safetensors header")
+    (n,) = struct.unpack("<Q", first[:PREFIX_SIZE])
+    if n > 100_000_000 or PREFIX_SIZE + n > size:
+        raise PatchNotPossible("not a safetensors file")
+    data = first
+    if len(data) < PREFIX_SIZE + n:
+        data += fetch_bytes(client, url, len(data), PREFIX_SIZE + n)
+    try:
+        header = parse_header(data[PREFIX_SIZE : PREFIX_SIZE + n], size)
+    except CMHError as exc:
+        raise PatchNotPossible(f"new header invalid: {exc}") from exc
+    return header, data
+
+
+def fetch_bytes(client: HubClient, url: str, begin: int, end: int) -> bytes:
+    """Bytes ``[begin, end)`` in memory, resuming after dropped connections."""
+    buf = bytearray()
+
+    def step() -> bytes:
+        client.stream(url, begin + len(buf), buf.extend, end=end)
+        return bytes(buf)
+
+    return DEFAULT_RETRY.run(step, f"range {begin}-{end}")
+
+
+def old_digests(old_blob: Path) -> tuple[Header, list[bytes]]:
+    """Per-tensor SHA-256 of a checked local blob: its manifest, else hashed here."""
+    header = read_header(old_blob)
+    digests = claimed_digests(header)
+    if digests is None:
+        digests = [d.sha256 for d in hash_tensors(old_blob, header) if d.sha256 is not None]
+    return header, digests
+
+
+def plan_patch(new: Header, prefix: bytes, old: Header, old_sha: list[bytes]) -> PatchPlan:
+    """Decide which bytes to copy from the old blob and which to fetch."""
+    new_sha = claimed_digests(new)
+    if new_sha is None:
+        raise PatchNotPossible("new version is not stamped with a consistent SHA-256 manifest")
+    where: dict[bytes, int] = {}
+    for t, d in zip(old.tensors, old_sha, strict=True):
+        if t.nbytes:
+            where.setdefault(d, old.data_start + t.begin)
+    base = new.data_start
+    items: list[tuple[int, int, int | None, int]] = []  # (dst, len, src or None, index)
+    for i, (t, d) in enumerate(zip(new.tensors, new_sha, strict=True)):
+        if t.nbytes == 0:
+            continue
+        items.append((base + t.begin, t.nbytes, where.get(d), i))
+    ranges = _merge([(dst, dst + n) for dst, n, src, _ in items if src is None])
+    changed = sum(e - b for b, e in ranges)
+    ranges = _join_across_gaps(ranges, int(changed * GAP_FRACTION) + GAP_FLOOR)
+    # Bytes already in the prefix need no fetch.
+    have = len(prefix)
+    ranges = [(max(b, have), e) for b, e in ranges if e > have]
+    covered = _Cover(ranges)
+    copies: list[Copy] = []
+    trusted = {i for i, t in enumerate(new.tensors) if t.nbytes == 0}
+    for dst, n, src, i in items:
+        if src is not None and not covered.overlaps(dst, dst + n):
+            copies.append(Copy(src, dst, n))
+            trusted.add(i)
+    plan = PatchPlan(
+        size=new.file_size,
+        header_bytes=prefix,
+        copies=copies,
+        ranges=ranges,
+        trusted=frozenset(trusted),
+    )
+    plan.copied_bytes = sum(c.length for c in copies)
+    plan.fetch_bytes = sum(e - b for b, e in ranges)
+    # Every byte of the new file is in the prefix, copied, or fetched.
+    spans = _merge([(0, have), *((c.dst, c.dst + c.length) for c in copies), *ranges])
+    if spans != [(0, new.file_size)]:
+        raise PatchNotPossible("plan does not cover the file")
+    return plan
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for b, e in sorted(ranges):
+        if out and b <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((b, e))
+    return out
+
+
+def _join_across_gaps(ranges: list[tuple[int, int]], allowance: int) -> list[tuple[int, int]]:
+    """Join neighbouring ranges across the smallest gaps while the gaps fit ``allowance``."""
+    if len(ranges) < 2:
+        return ranges
+    gaps = sorted((ranges[i + 1][0] - ranges[i][1], i) for i in range(len(ranges) - 1))
+    join: set[int] = set()
+    spent = 0
+    for gap, i in gaps:
+        if spent + gap > allowance:
+            break
+        spent += gap
+        join.add(i)
+    out = [ranges[0]]
+    for i in range(1, len(ranges)):
+        if i - 1 in join:
+            out[-1] = (out[-1][0], ranges[i][1])
+        else:
+            out.append(ranges[i])
+    return out
+
+
+class _Cover:
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = ranges
+
+    def overlaps(self, b: int, e: int) -> bool:
+        return any(rb < e and b < re for rb, re in self.ranges)
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _copy(src_fd: int, dst_fd: int, c: Copy) -> None:
+    done = 0
+    while done < c.length:
+        try:
+            n = os.copy_file_range(src_fd, dst_fd, c.length - done, c.src + done, c.dst + done)
+        except OSError:
+            n = 0
+        if n <= 0:
+            chunk = os.pread(src_fd, min(8 << 20, c.length - done), c.src + done)
+            if not chunk:
+                raise OSError("old blob is shorter than its header says")
+            _pwrite_all(dst_fd, chunk, c.dst + done)
+            n = len(chunk)
+        done += n
+
+
+class _Log:
+    """Append-only record of finished segments, so a rerun skips them."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path = path
+        self.key = key
+        self._lock = threading.Lock()
+        self.done: set[str] = set()
+
+    def load(self) -> bool:
+        """True when an earlier log for the same plan was found (entries loaded)."""
+        try:
+            lines = self.path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            return False
+        if not lines or lines[0] != self.key:
+            return False
+        self.done = set(lines[1:])
+        return True
+
+    def start(self) -> None:
+        self.path.write_text(self.key + "\n")
+        self.done = set()
+
+    def add(self, entry: str) -> None:
+        with self._lock:
+            with open(self.path, "a") as f:
+                f.write(entry + "\n")
+            self.done.add(entry)
+
+
+def patch_blob(
+    client: HubClient,
+    repo: RepoLayout,
+    remote: RemoteFile,
+    url: str,
+    old_etag: str,
+    *,
+    strict: bool = False,
+    max_workers: int = 4,
+    progress: Progress | None = None,
+) -> PatchResult:
+    """Assemble blob ``remote.etag`` from blob ``old_etag`` plus fetched ranges.
+
+    The caller holds the blob lock of ``remote.etag``. Raises
+    :class:`PatchNotPossible` when the file must be fetched whole instead
+    (the prefix already fetched is then left as ``{etag}.incomplete``), and
+    :class:`IntegrityError` when the assembled file fails its check (the
+    assembly is discarded).
+    """
+    requests_before = client.requests
+    old_blob = repo.blob_path(old_etag)
+    header, prefix = fetch_header(client, url, remote.size)
+    received = len(prefix)
+    try:
+        old_header, old_sha = old_digests(old_blob)
+        plan = plan_patch(header, prefix, old_header, old_sha)
+    except (PatchNotPossible, CMHError) as exc:
+        _keep_prefix(repo, remote.etag, prefix)
+        raise PatchNotPossible(str(exc)) from exc
+    if progress is not None:
+        progress(len(prefix))
+
+    target = assembly_path(repo, remote.etag)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log = _Log(target.with_name(target.name + ".log"), f"cmh-assembly v1 {old_etag} {remote.size}")
+    resuming = target.exists() and target.stat().st_size == remote.size and log.load()
+    if not resuming:
+        log.start()
+    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not resuming:
+            os.ftruncate(fd, remote.size)
+        _pwrite_all(fd, prefix, 0)
+        if "copies" not in log.done:
+            src_fd = os.open(old_blob, os.O_RDONLY)
+            try:
+                for c in plan.copies:
+                    _copy(src_fd, fd, c)
+            finally:
+                os.close(src_fd)
+            log.add("copies")
+        todo = [(b, e) for b, e in plan.ranges if f"range {b} {e}" not in log.done]
+        received += _fetch_ranges(client, url, fd, todo, log, max_workers, progress)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+    check = ContentCheck(remote.etag, remote.size, safetensors=True, strict=strict)
+    check.trusted = plan.trusted
+    try:
+        feed_file(check, target)
+        check.finish()
+    except IntegrityError:
+        _discard(target, log.path)
+        raise
+    install_blob(repo, remote.etag, target)
+    with contextlib.suppress(FileNotFoundError):
+        log.path.unlink()
+    return PatchResult(
+        bytes_received=received,
+        bytes_reused=plan.copied_bytes,
+        requests=client.requests - requests_before,
+        warnings=tuple(check.warnings),
+    )
+
+
+def _batches(ranges: list[tuple[int, int]], max_workers: int) -> list[list[tuple[int, int]]]:
+    """Split ranges into multi-range requests: one, or a few for large transfers."""
+    total = sum(e - b for b, e in ranges)
+    groups = 1 if total < PARALLEL_BYTES else max(1, min(max_workers, 2))
+    per = max(1, min(MAX_RANGES_PER_REQUEST, -(-len(ranges) // groups)))
+    return [ranges[i : i + per] for i in range(0, len(ranges), per)]
+
+
+def _fetch_ranges(
+    client: HubClient,
+    url: str,
+    fd: int,
+    ranges: list[tuple[int, int]],
+    log: _Log,
+    max_workers: int,
+    progress: Progress | None,
+) -> int:
+    """Fetch ``ranges`` into ``fd``: multi-range requests, else one request per range."""
+    if not ranges:
+        return 0
+    lock = threading.Lock()
+    got: dict[tuple[int, int], int] = dict.fromkeys(ranges, 0)
+    begins = sorted(ranges)
+    received = 0
+
+    def sink(offset: int, data: bytes) -> None:
+        nonlocal received
+        i = bisect.bisect_right(begins, (offset, float("inf"))) - 1
+        span = begins[i]
+        _pwrite_all(fd, data, offset)
+        with lock:
+            got[span] = offset + len(data) - span[0]
+            received += len(data)
+        if progress is not None:
+            progress(len(data))
+        if got[span] == span[1] - span[0]:
+            log.add(f"range {span[0]} {span[1]}")
+
+    def remaining(batch: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return [(b + got[(b, e)], e) for b, e in batch if got[(b, e)] < e - b]
+
+    def run_batch(batch: list[tuple[int, int]]) -> None:
+        def step() -> None:
+            todo = remaining(batch)
+            if todo:
+                # Resumed parts start mid-range: map them back to their range.
+                client.stream_ranges(url, todo, sink)
+
+        DEFAULT_RETRY.run(step, "ranges")
+
+    batches = _batches(ranges, max_workers)
+    try:
+        with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+            list(pool.map(run_batch, batches))
+    except RangeNotSatisfied:
+        # The server does not do multi-range: one request per range, in parallel.
+        todo = [(b + got[(b, e)], e) for b, e in ranges if got[(b, e)] < e - b]
+
+        def one(span: tuple[int, int]) -> int:
+            return _fetch_range_into(client, url, fd, span, progress)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
+            received += sum(pool.map(one, todo))
+        for b, e in ranges:
+            log.add(f"range {b} {e}")
+    return received
+
+
+def _fetch_range_into(
+    client: HubClient, url: str, fd: int, span: tuple[int, int], progress: Progress | None
+) -> int:
+    """Fetch ``[begin, end)`` into ``fd`` at the same offsets, resuming after drops."""
+    begin, end = span
+    pos = begin
+    received = 0
+
+    def sink(chunk: bytes) -> None:
+        nonlocal pos, received
+        _pwrite_all(fd, chunk, pos)
+        pos += len(chunk)
+        received += len(chunk)
+        if progress is not None:
+            progress(len(chunk))
+
+    def step() -> int:
+        client.stream(url, pos, sink, end=end)
+        return received
+
+    return DEFAULT_RETRY.run(step, f"range {begin}-{end}")
+
+
+def _keep_prefix(repo: RepoLayout, etag: str, prefix: bytes) -> None:
+    """Leave the fetched prefix as the start of a whole download."""
+    part = partial_path(repo, etag)
+    with contextlib.suppress(OSError):
+        if not part.exists() or part.stat().st_size < len(prefix):
+            part.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(part, prefix)
+
+
+def _discard(*paths: Path) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+__all__ = [
+    "HubProtocolError",
+    "PatchNotPossible",
+    "PatchPlan",
+    "PatchResult",
+    "assembly_path",
+    "fetch_header",
+    "patch_blob",
+    "plan_patch",
+]

@@ -1,0 +1,351 @@
+"""``install()``: route the downloads of unchanged user code through the resolver.
+
+Patched (huggingface_hub 2.x, transformers 4.40+/5.x), only while installed:
+
+- ``huggingface_hub.file_download.hf_hub_download`` and
+  ``huggingface_hub._snapshot_download.snapshot_download`` (where they are
+  defined; ``HfApi.hf_hub_download``/``HfApi.snapshot_download`` import them
+  from there at call time);
+- the re-exports ``huggingface_hub.hf_hub_download`` and
+  ``huggingface_hub.snapshot_download`` (so code imported later, such as
+  ``from huggingface_hub import hf_hub_download``, gets the wrapper);
+- every attribute of an already imported module that is bound to one of the
+  two original functions (``transformers.utils.hub.hf_hub_download`` and
+  ``.snapshot_download`` imported by name, sentence-transformers, ...).
+
+Fail safe: before patching, the signature of each original is checked for the
+parameters the wrapper reads; if one is missing the function is left alone and
+a :class:`RuntimeWarning` says so. At call time, anything the resolver does
+not handle (``local_dir``, ``dry_run``, ``force_download``, ``ignore_patterns``,
+unknown arguments, an unsupported repo type, errors other than integrity or
+policy refusals) goes to the original function unchanged.
+
+Within one process, a branch resolved less than ``window`` seconds ago is used
+at the commit it named then, so a ``from_pretrained`` asking for ten files
+costs one revalidation request, not ten.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..cache.layout import COMMIT_RE, RepoLayout
+from .types import IntegrityError, NotFoundError, Policy, PolicyError, ResolveError, State
+
+DEFAULT_WINDOW = 10.0
+
+HF_HUB_DOWNLOAD_PARAMS = (
+    "repo_id",
+    "filename",
+    "subfolder",
+    "repo_type",
+    "revision",
+    "cache_dir",
+    "local_dir",
+    "force_download",
+    "token",
+    "local_files_only",
+    "endpoint",
+)
+SNAPSHOT_DOWNLOAD_PARAMS = (
+    "repo_id",
+    "repo_type",
+    "revision",
+    "cache_dir",
+    "local_dir",
+    "allow_patterns",
+    "ignore_patterns",
+    "force_download",
+    "token",
+    "local_files_only",
+    "endpoint",
+)
+
+_lock = threading.RLock()
+_patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
+_recent: dict[tuple[str, ...], tuple[str, float]] = {}
+_window = DEFAULT_WINDOW
+_policy: Policy | None = None
+
+
+def installed() -> bool:
+    """True while the resolver is installed."""
+    return bool(_patched)
+
+
+def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> bool:
+    """Patch the stock download functions; returns ``False`` if nothing could be patched.
+
+    ``policy`` overrides :meth:`Policy.from_env` for routed calls (the
+    ``local_files_only`` argument still forces offline).
+    """
+    global _window, _policy
+    with _lock:
+        if _patched:
+            return True
+        _window, _policy = window, policy
+        from huggingface_hub import _snapshot_download, file_download
+
+        targets = [
+            (file_download, "hf_hub_download", HF_HUB_DOWNLOAD_PARAMS, _wrap_hf_hub_download),
+            (_snapshot_download, "snapshot_download", SNAPSHOT_DOWNLOAD_PARAMS, _wrap_snapshot),
+        ]
+        import huggingface_hub
+
+        for module, name, params, make in targets:
+            original = getattr(module, name, None)
+            problem = _signature_problem(original, params)
+            if problem is not None:
+                warnings.warn(
+                    f"cmh.hub.install: {module.__name__}.{name} left unpatched: {problem}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            assert original is not None
+            wrapper = make(original)
+            for owner in _owners_of(original):
+                _patched.append((owner, name, original, wrapper))
+                setattr(owner, name, wrapper)
+            if name not in huggingface_hub.__dict__:  # lazy re-export not loaded yet
+                _patched.append((huggingface_hub, name, _Absent, wrapper))
+                setattr(huggingface_hub, name, wrapper)
+        return bool(_patched)
+
+
+class _Absent:
+    """Marks an attribute that did not exist before install (deleted on uninstall)."""
+
+
+def uninstall() -> None:
+    """Restore every patched attribute that still holds the wrapper."""
+    with _lock:
+        for owner, attr, original, wrapper in reversed(_patched):
+            if owner.__dict__.get(attr) is wrapper:
+                if original is _Absent:
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, original)
+        _patched.clear()
+        _recent.clear()
+
+
+def _owners_of(original: Any) -> list[Any]:
+    """Modules holding ``original`` under its own name."""
+    name = original.__name__
+    owners = []
+    for module in list(sys.modules.values()):
+        try:
+            if module is not None and module.__dict__.get(name) is original:
+                owners.append(module)
+        except Exception:  # exotic modules without a usable __dict__
+            continue
+    return owners
+
+
+def _signature_problem(original: Any, params: tuple[str, ...]) -> str | None:
+    if original is None or not callable(original):
+        return "function not found"
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError) as exc:
+        return f"signature unreadable ({exc})"
+    missing = [p for p in params if p not in signature.parameters]
+    if missing:
+        return f"parameters {', '.join(missing)} are gone (signature changed)"
+    return None
+
+
+#: Legacy arguments the stock functions accept and ignore (transformers still passes ``proxies``).
+IGNORED_KWARGS = frozenset(
+    {"proxies", "resume_download", "force_filename", "local_dir_use_symlinks"}
+)
+
+
+def _bind(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    kwargs = {k: v for k, v in kwargs.items() if k not in IGNORED_KWARGS}
+    try:
+        bound = inspect.signature(original).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _policy_for(local_files_only: bool) -> Policy:
+    base = _policy if _policy is not None else Policy.from_env()
+    if local_files_only and not base.offline:
+        from dataclasses import replace
+
+        return replace(base, offline=True)
+    return base
+
+
+def _token(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _cache_root(cache_dir: Any) -> Path:
+    from ..cache.layout import default_cache_dir
+
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
+def _route(
+    repo_id: str,
+    revision: str | None,
+    repo_type: str,
+    cache_dir: Any,
+    endpoint: str | None,
+    token: Any,
+    patterns: list[str] | str | None,
+    local_files_only: bool,
+) -> Any:
+    """Resolve through the per-process revalidation window."""
+    from .credentials import default_endpoint
+    from .negotiate import resolve
+
+    revision = revision or "main"
+    root = _cache_root(cache_dir)
+    key = (str(root), endpoint or default_endpoint(), repo_type, repo_id, revision)
+    use = revision
+    with _lock:
+        hit = _recent.get(key)
+    if hit is not None and time.monotonic() - hit[1] < _window and not local_files_only:
+        use = hit[0]
+    policy = _policy_for(local_files_only)
+    try:
+        res = resolve(
+            repo_id,
+            use,
+            repo_type=repo_type,
+            cache_dir=root,
+            endpoint=endpoint,
+            token=_token(token),
+            allow_patterns=patterns,
+            policy=policy,
+        )
+    except NotFoundError as exc:
+        if exc.commit is not None and use == revision and not COMMIT_RE.match(revision):
+            with _lock:
+                _recent[key] = (exc.commit, time.monotonic())
+        raise
+    if use == revision and not COMMIT_RE.match(revision) and res.state is not State.STALE_OFFLINE:
+        with _lock:
+            _recent[key] = (res.commit, time.monotonic())
+    return res
+
+
+def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) -> Exception:
+    """The stock client's answer to a missing file: ``.no_exist`` entry and its error type."""
+    if commit is not None:
+        marker = repo.no_exist / commit / path
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass
+    import httpx2
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    response = httpx2.Response(
+        404,
+        headers={"X-Error-Code": "EntryNotFound", **({"X-Repo-Commit": commit} if commit else {})},
+        request=httpx2.Request("HEAD", url),
+    )
+    return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
+
+
+def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(original, args, kwargs)
+        if a is None or _stock_only(a):
+            return original(*args, **kwargs)
+        repo_type = a.get("repo_type") or "model"
+        filename = a["filename"]
+        if a.get("subfolder"):
+            filename = f"{a['subfolder']}/{filename}"
+        try:
+            res = _route(
+                a["repo_id"],
+                _revision(a.get("revision")),
+                repo_type,
+                a.get("cache_dir"),
+                a.get("endpoint"),
+                a.get("token"),
+                [filename],
+                bool(a.get("local_files_only")),
+            )
+        except NotFoundError as exc:
+            if exc.kind != "entry" or exc.commit is None:
+                return original(*args, **kwargs)
+            repo = RepoLayout(_cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
+            raise _entry_not_found(repo, exc.commit, filename, filename) from None
+        except (IntegrityError, PolicyError):
+            raise
+        except (ResolveError, OSError):
+            return original(*args, **kwargs)
+        target = res.path / filename
+        if not os.path.isfile(target):
+            return original(*args, **kwargs)
+        return str(target)
+
+    hf_hub_download.__cmh_original__ = original  # type: ignore[attr-defined]
+    return hf_hub_download
+
+
+def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def snapshot_download(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(original, args, kwargs)
+        if a is None or _stock_only(a) or a.get("ignore_patterns"):
+            return original(*args, **kwargs)
+        patterns = a.get("allow_patterns")
+        try:
+            res = _route(
+                a["repo_id"],
+                _revision(a.get("revision")),
+                a.get("repo_type") or "model",
+                a.get("cache_dir"),
+                a.get("endpoint"),
+                a.get("token"),
+                list(patterns) if isinstance(patterns, (list, tuple)) else patterns,
+                bool(a.get("local_files_only")),
+            )
+        except (IntegrityError, PolicyError):
+            raise
+        except (ResolveError, OSError):
+            return original(*args, **kwargs)
+        return str(res.path)
+
+    snapshot_download.__cmh_original__ = original  # type: ignore[attr-defined]
+    return snapshot_download
+
+
+def _stock_only(a: dict[str, Any]) -> bool:
+    """Arguments the resolver does not take over: the call goes to the stock function."""
+    return bool(
+        a.get("local_dir") is not None
+        or a.get("force_download")
+        or a.get("dry_run")
+        or a.get("headers")
+        or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
+    )
+
+
+def _revision(value: Any) -> str | None:
+    """A plain string revision (``ResolvedRevision`` carries the commit in ``.resolved``)."""
+    if value is None:
+        return None
+    resolved = getattr(value, "resolved", None)
+    return resolved if isinstance(resolved, str) else str(value)

@@ -1,0 +1,115 @@
+"""The resolver's one retry policy against a real ``cmh serve`` behind a loopback proxy.
+
+The proxy answers chosen requests with 429/503 (with or without ``Retry-After``);
+the policy must wait what the server asks, capped, and otherwise back off with
+jitter. Waits are recorded through the policy's ``sleep`` (the delays it chose);
+one case checks at the proxy that a real resolve did wait.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import time
+
+import cmh.hub as hub
+import pytest
+from cmh.hub.mirror import add_folder
+from cmh.hub.resolver.http import HubClient
+from cmh.hub.resolver.retry import RetryPolicy
+from resolver_support import Fault, FaultProxy, write_checkpoint_repo
+
+REPO = "org/toy"
+
+
+class Recorder:
+    """A ``sleep`` that records the delays asked for and does not wait."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+@pytest.fixture
+def proxied(tmp_path, mirror_server_factory):
+    store = tmp_path / "store"
+    src = write_checkpoint_repo(tmp_path / "v1", 1)
+    add_folder(store, src, REPO)
+    proxy = FaultProxy(mirror_server_factory(store).url)
+    proxy.source = src / "model.safetensors"
+    yield proxy
+    proxy.stop()
+
+
+def fetch_with(policy: RetryPolicy, proxy: FaultProxy) -> bytes:
+    client = HubClient(proxy.url)
+    commit = client.revision(REPO, "model", "main").commit
+    url = client.file_url(REPO, "model", commit, "model.safetensors")
+    body = bytearray()
+
+    def step() -> bytes:
+        body.clear()
+        client.stream(url, 0, body.extend)
+        return bytes(body)
+
+    return policy.run(step, "model.safetensors")
+
+
+def model_gets(proxy: FaultProxy) -> list[float]:
+    return [
+        at
+        for (method, path, _), at in zip(proxy.stats.requests, proxy.stats.arrived, strict=True)
+        if method == "GET" and path.endswith("/model.safetensors")
+    ]
+
+
+def test_resolve_waits_what_a_429_asks(proxied, tmp_path):
+    proxied.faults.append(Fault("status", status_code=429, retry_after="1"))
+    res = hub.resolve(REPO, endpoint=proxied.url, cache_dir=tmp_path / "cache")
+    model = res.path / "model.safetensors"
+    assert (
+        hashlib.sha256(model.read_bytes()).digest()
+        == hashlib.sha256(proxied.source.read_bytes()).digest()
+    )
+    first, second = model_gets(proxied)
+    assert second - first >= 1.0  # before: retried after 0.05 s, whatever the server asked
+
+
+def test_retry_after_is_capped_and_http_dates_are_read(proxied):
+    later = email.utils.formatdate(time.time() + 3, usegmt=True)
+    proxied.faults += [
+        Fault("status", status_code=429, retry_after="3600"),
+        Fault("status", status_code=503, retry_after=later),
+    ]
+    recorder = Recorder()
+    body = fetch_with(RetryPolicy(max_retry_after=5.0, sleep=recorder), proxied)
+    assert body == proxied.source.read_bytes()
+    assert recorder.delays[0] == 5.0  # an hour asked, the cap given
+    assert 1.0 < recorder.delays[1] <= 3.0  # an HTTP date about 3 s ahead
+    assert len(recorder.delays) == 2
+
+
+def test_backoff_without_retry_after_is_exponential_with_jitter(proxied):
+    runs = []
+    for _ in range(2):
+        proxied.faults.append(Fault("status", status_code=503, times=4))
+        recorder = Recorder()
+        policy = RetryPolicy(base_delay=0.05, max_delay=0.2, sleep=recorder)
+        assert fetch_with(policy, proxied) == proxied.source.read_bytes()
+        assert len(recorder.delays) == 4
+        for attempt, delay in enumerate(recorder.delays):
+            ceiling = min(0.2, 0.05 * 2**attempt)
+            assert ceiling / 2 <= delay <= ceiling
+        runs.append(recorder.delays)
+    assert runs[0] != runs[1]  # jitter: two clients failing together come back apart
+
+
+def test_retries_run_out_with_a_typed_error(proxied):
+    proxied.faults.append(Fault("status", status_code=503, times=10))
+    recorder = Recorder()
+    with pytest.raises(hub.HubUnreachableError, match="failed after 3 attempts"):
+        fetch_with(RetryPolicy(attempts=3, sleep=recorder), proxied)
+    assert len(recorder.delays) == 2  # no wait after the last try
+    assert len(model_gets(proxied)) == 3
