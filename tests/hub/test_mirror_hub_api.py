@@ -487,7 +487,7 @@ def test_list_models_search_author_filter_sort_limit(hub: HubApiStore) -> None:
     assert {m.id for m in api.list_models(pipeline_tag="text-classification")} == {MIXED}
     assert {m.id for m in api.list_models(search="mixed", author="other-org")} == set()
     # newest first, as the Hub sorts
-    by_modified = list(api.list_models(sort="last_modified"))
+    by_modified = list(api.list_models(sort="last_modified", expand=["lastModified"]))
     stamps = [m.last_modified for m in by_modified]
     assert len(stamps) == len(PUBLIC_MODELS) and None not in stamps
     assert stamps == sorted(stamps, reverse=True)  # type: ignore[type-var]
