@@ -581,3 +581,71 @@ def test_unknown_endpoints_answer_a_json_404(hub: HubApiStore, method: str, path
     assert isinstance(document.get("error"), str) and document["error"]
     assert headers["X-Error-Message"] == document["error"]
     assert "X-Error-Code" not in headers  # not a repo, revision or entry the client would cache
+
+
+# -- hostile cards and weight files ---------------------------------------------------------
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """YAML whose aliases stand for 10**levels strings once written out."""
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for n in range(1, levels):
+        lines.append(f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]")
+    return "---\n" + "\n".join(lines) + "\nlicense: mit\n---\n# bomb\n"
+
+
+def test_hostile_cards_and_weight_files_are_ignored(tmp_path: Path, mirror_server_factory) -> None:
+    store = tmp_path / "store"
+    cards = {
+        "cmh-test/alias-bomb": _alias_bomb(),
+        "cmh-test/deep": "---\nx: " + "[" * 5000 + "]" * 5000 + "\n---\n",
+        "cmh-test/a-list": "---\n- a\n- b\n---\n",
+        "cmh-test/no-block": "# just text\nlicense: mit\n",
+    }
+    for repo, card in cards.items():
+        _add(store, _write(tmp_path / repo.replace("/", "--"), {"README.md": card}), repo)
+    latin = tmp_path / "latin"
+    latin.mkdir()
+    (latin / "README.md").write_bytes(b"---\nlicense: mit\n---\n\xff\xfe not UTF-8 \xe9\n")
+    _add(store, latin, "cmh-test/latin")
+    bad = _write(tmp_path / "bad", {"README.md": "# weights that are not safetensors\n"})
+    (bad / "model.safetensors").write_bytes(b"\xff" * 64)
+    _add(store, bad, "cmh-test/bad-weights")
+    sharded = _write(tmp_path / "sharded", {"README.md": "# shards\n"})
+    save_file({"w": np.zeros((4, 4), np.float32)}, str(sharded / "part-a.safetensors"))
+    save_file({"v": np.zeros((3,), np.float16)}, str(sharded / "part-b.safetensors"))
+    save_file({"stray": np.zeros((99,), np.float32)}, str(sharded / "other.safetensors"))
+    weight_map = {"w": "part-a.safetensors", "v": "part-b.safetensors"}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _add(store, sharded, "cmh-test/sharded")
+    server = mirror_server_factory(store)
+    api = HfApi(endpoint=server.url, token=False)
+    for repo in cards:
+        info = api.model_info(repo)
+        assert (info.card_data, info.tags) == (None, []), repo
+    assert api.model_info("cmh-test/latin").tags == ["license:mit"]  # bad bytes after the block
+    assert api.model_info("cmh-test/bad-weights").safetensors is None
+    sharded_info = api.model_info("cmh-test/sharded").safetensors
+    assert sharded_info is not None  # the shards the index names, not the stray file
+    assert (sharded_info.parameters, sharded_info.total) == ({"F16": 3, "F32": 16}, 19)
+    assert {m.id for m in api.list_models(filter="license:mit")} == {"cmh-test/latin"}
+
+
+def test_a_card_whose_blob_is_gone_comes_back_with_it(
+    hub: HubApiStore, tmp_path: Path, mirror_server_factory
+) -> None:
+    """A README blob that is quarantined gives no card, and nothing of that is remembered."""
+    store = tmp_path / "store"
+    folder = "models--cmh-test--mixed"
+    shutil.copytree(hub.server.store / folder, store / folder, symlinks=True)
+    server = mirror_server_factory(store)
+    api = HfApi(endpoint=server.url, token=False)
+    readme = store / folder / "snapshots" / hub.commits[f"{MIXED}@main"] / "README.md"
+    blob = readme.resolve()
+    kept = tmp_path / "kept-blob"
+    blob.rename(kept)
+    assert api.model_info(MIXED).card_data is None
+    assert api.model_info(MIXED).sha == hub.commits[f"{MIXED}@main"]
+    kept.rename(blob)
+    info = api.model_info(MIXED)
+    assert info.card_data is not None and info.pipeline_tag == "text-classification"
