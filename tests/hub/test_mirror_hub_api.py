@@ -396,6 +396,10 @@ def test_list_repo_commits(hub: HubApiStore) -> None:
     v1 = [c.commit_id for c in api.list_repo_commits(HISTORY, revision="v1")]
     assert v1 == [hub.commits[f"{HISTORY}@v1"], c3, c2, c1]
     assert [c.commit_id for c in api.list_repo_commits(HISTORY, revision=c2)] == [c2, c1]
+    pr = [c.commit_id for c in api.list_repo_commits(HISTORY, revision="refs/pr/1")]
+    assert pr == [hub.commits[f"{HISTORY}@refs/pr/1"], c3, c2, c1]  # a PR starts from main
+    corpus = api.list_repo_commits(CORPUS, repo_type="dataset")
+    assert [c.commit_id for c in corpus] == [hub.commits[f"datasets/{CORPUS}@main"]]
     formatted = api.list_repo_commits(HISTORY, formatted=True)
     assert all(c.formatted_title == "cmh mirror add" for c in formatted)
     with pytest.raises(RevisionNotFoundError):
