@@ -7,9 +7,10 @@ Both are pure functions of blob bytes, so each is computed once per blob
   stock client's :data:`huggingface_hub.repocard.REGEX_YAML_BLOCK` finds, read
   from the first :data:`MAX_CARD_BYTES` bytes, parsed by PyYAML's safe loader)
   gives ``cardData``, ``pipeline_tag``, ``library_name`` and the ``tags`` the
-  Hub computes from it.
+  Hub computes from it. The whole card is hashed against its ETag first.
 - **safetensors**: parameters per dtype summed over the weight files'
-  headers (read by :func:`cmh.header.read_header_from`, never the tensors).
+  headers (read by :func:`cmh.header.read_header_from`, never the tensors;
+  the weights are not hashed for this: ``cmh mirror scrub`` checks them).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from huggingface_hub.repocard import REGEX_YAML_BLOCK
 from cmh.errors import CMHError
 from cmh.header import read_header_from
 
+from ..cache.blobs import new_digest
 from .index import CommitIndex, FileEntry
 
 CARD_FILE = "README.md"
@@ -43,6 +45,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
 MAX_INDEX_BYTES = 16 << 20
 MAX_ENTRIES = 1024
+_CHUNK = 1 << 20
 
 #: Card keys whose values become ``key:value`` tags: for models (the Hub's
 #: ``license:``, ``dataset:``, ``base_model:`` tags) and datasets.
@@ -184,7 +187,7 @@ class DerivedCache:
             return NO_CARD
 
         def compute() -> CardFields:
-            raw = _read(entry, opener, MAX_CARD_BYTES)
+            raw = _read_checked(entry, opener, MAX_CARD_BYTES)
             return card_fields(front_matter(raw.decode("utf-8-sig", errors="replace")), repo_type)
 
         try:
@@ -227,6 +230,22 @@ def _read(entry: FileEntry, opener: Opener, limit: int) -> bytes:
             return f.read(limit)
     except OSError as exc:
         raise Unreadable(str(exc)) from None
+
+
+def _read_checked(entry: FileEntry, opener: Opener, limit: int) -> bytes:
+    """The first ``limit`` bytes of a blob whose whole content hashes to its ETag."""
+    digest = new_digest(entry.etag, entry.size)
+    head = bytearray()
+    try:
+        with opener(entry) as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                head += chunk[: max(0, limit - len(head))]
+    except OSError as exc:
+        raise Unreadable(str(exc)) from None
+    if digest.hexdigest() != entry.etag:
+        raise Unreadable("blob does not match its name")
+    return bytes(head)
 
 
 def _count(entry: FileEntry, opener: Opener) -> dict[str, int] | None:

@@ -635,10 +635,11 @@ def test_hostile_cards_and_weight_files_are_ignored(tmp_path: Path, mirror_serve
     assert {m.id for m in api.list_models(filter="license:mit")} == {"cmh-test/latin"}
 
 
-def test_a_card_whose_blob_is_gone_comes_back_with_it(
+def test_a_card_whose_blob_is_gone_or_wrong_comes_back_with_it(
     hub: HubApiStore, tmp_path: Path, mirror_server_factory
 ) -> None:
-    """A README blob that is quarantined gives no card, and nothing of that is remembered."""
+    """A README blob that is quarantined, or whose bytes do not match its name, gives no
+    card; nothing of that is remembered, so the card is back with the good bytes."""
     store = tmp_path / "store"
     folder = "models--cmh-test--mixed"
     shutil.copytree(hub.server.store / folder, store / folder, symlinks=True)
@@ -646,10 +647,17 @@ def test_a_card_whose_blob_is_gone_comes_back_with_it(
     api = HfApi(endpoint=server.url, token=False)
     readme = store / folder / "snapshots" / hub.commits[f"{MIXED}@main"] / "README.md"
     blob = readme.resolve()
+    good = blob.read_bytes()
     kept = tmp_path / "kept-blob"
     blob.rename(kept)
     assert api.model_info(MIXED).card_data is None
     assert api.model_info(MIXED).sha == hub.commits[f"{MIXED}@main"]
     kept.rename(blob)
+    blob.chmod(0o644)
+    wrong = good.replace(b"text-classification", b"text-clazzification")
+    assert len(wrong) == len(good) and wrong != good
+    blob.write_bytes(wrong)
+    assert api.model_info(MIXED).pipeline_tag is None
+    blob.write_bytes(good)
     info = api.model_info(MIXED)
     assert info.card_data is not None and info.pipeline_tag == "text-classification"
