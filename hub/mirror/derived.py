@@ -77,7 +77,11 @@ class _TooLarge(ValueError):
 
 
 def _plain(value: Any, budget: list[int], depth: int = 0) -> Any:
-    """``value`` as JSON data: dates as ISO text, keys as strings, bounded in size."""
+    """``value`` as JSON data: dates as ISO text, keys as strings, bounded in size.
+
+    Written here rather than ``json.dumps(default=str)``, which would follow
+    shared YAML nodes without bound and write non-finite floats as invalid JSON.
+    """
     budget[0] -= 1
     if budget[0] < 0 or depth > MAX_CARD_DEPTH:
         raise _TooLarge
