@@ -661,3 +661,20 @@ def test_a_card_whose_blob_is_gone_or_wrong_comes_back_with_it(
     blob.write_bytes(good)
     info = api.model_info(MIXED)
     assert info.card_data is not None and info.pipeline_tag == "text-classification"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    ["/refs", "/refs?include_prs=1", "/commits/main", "/auth-check", "/auth-check/write",
+     "/tree/main?expand=true", "?expand=safetensors"],
+)  # fmt: skip
+def test_a_private_repo_answers_the_new_endpoints_like_a_missing_one(
+    hub: HubApiStore, tail: str
+) -> None:
+    answers = []
+    for repo in (SECRET, "cmh-test/no-such-repo"):
+        status, headers, body = _raw(f"{hub.server.url}/api/models/{repo}{tail}")
+        headers.pop("Date", None)
+        answers.append((status, headers, body))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 404 and answers[0][1]["X-Error-Code"] == "RepoNotFound"
