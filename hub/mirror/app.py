@@ -418,29 +418,35 @@ async def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.R
     return web.json_response(entries, headers=headers)
 
 
+async def _read_paths_body(request: web.Request) -> tuple[list[str], object]:
+    """The ``paths`` and ``expand`` fields of a paths-info body (JSON or form)."""
+    paths: list[str] = []
+    expand: object = False
+    if request.content_type == "application/json":
+        try:
+            data = await request.json()
+        except ValueError:
+            raise HubError(400, "BadRequest", "body is not JSON") from None
+        raw = data.get("paths") if isinstance(data, dict) else None
+        paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
+        expand = data.get("expand", False) if isinstance(data, dict) else False
+    else:
+        try:
+            form = await request.post()
+        except (ValueError, UnicodeDecodeError):
+            raise HubError(400, "BadRequest", "malformed form body") from None
+        paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
+        expand = form.get("expand", "false")
+    return paths, expand
+
+
 async def _paths_info(
     request: web.Request, state: MirrorState, route: Route, index: CommitIndex
 ) -> web.Response:
-    paths: list[str] = []
-    expand: object = False
     try:
-        async with asyncio.timeout(state.body_timeout):
-            if request.content_type == "application/json":
-                try:
-                    data = await request.json()
-                except ValueError:
-                    raise HubError(400, "BadRequest", "body is not JSON") from None
-                raw = data.get("paths") if isinstance(data, dict) else None
-                paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
-                expand = data.get("expand", False) if isinstance(data, dict) else False
-            else:
-                try:
-                    form = await request.post()
-                except (ValueError, UnicodeDecodeError):
-                    raise HubError(400, "BadRequest", "malformed form body") from None
-                paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
-                expand = form.get("expand", "false")
-    except TimeoutError:
+        # wait_for, not asyncio.timeout: the package supports Python 3.10.
+        paths, expand = await asyncio.wait_for(_read_paths_body(request), state.body_timeout)
+    except asyncio.TimeoutError:
         raise HubError(408, None, "request body too slow", {"Connection": "close"}) from None
     except web.HTTPRequestEntityTooLarge as exc:
         raise HubError(413, None, f"request body too large: {exc.text}") from None
