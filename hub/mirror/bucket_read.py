@@ -17,15 +17,17 @@ of the bucket, rebuilt from it at will.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
-from .bucket import BucketStore
-from .index import CommitIndex
-from .objectstore import ObjectInfo, ObjectNotFound
+from .bucket import BucketStore, TreeObject
+from .history import MAX_HISTORY, CommitRecord
+from .index import CommitIndex, FileEntry
+from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
 
 DEFAULT_REF_TTL = 2.0
 DEFAULT_BLOB_TTL = 60.0
@@ -82,24 +84,83 @@ class BucketReader:
         self._refs: _TimedCache[str | None] = _TimedCache(ref_ttl, MAX_REFS)
         self._exists: _TimedCache[bool] = _TimedCache(ref_ttl, MAX_REFS)
         self._indexes: _TimedCache[CommitIndex | None] = _TimedCache(None, max_trees)
+        self._trees: _TimedCache[TreeObject | None] = _TimedCache(None, max_trees)
         self._blobs: _TimedCache[ObjectInfo] = _TimedCache(blob_ttl, MAX_REFS)
 
     def repo_exists(self, folder: str) -> bool:
         """True when the repo has a ref or a tree object (cached for ``ref_ttl``)."""
         return self._exists.get(folder, lambda: self.store.repo_exists(folder))
 
+    def tree(self, folder: str, commit: str) -> TreeObject | None:
+        """The tree object of a commit, or ``None`` when it has none."""
+        key = f"{folder}/{commit}"
+        found = self._trees.get(key, lambda: self.store.read_tree(folder, commit))
+        if found is None:
+            self._trees.drop(key)  # a tree written later must be found at once
+        return found
+
     def index(self, folder: str, commit: str) -> CommitIndex | None:
         """The index of a commit from its tree object, or ``None`` when it has none."""
 
         def load() -> CommitIndex | None:
-            tree = self.store.read_tree(folder, commit)
+            tree = self.tree(folder, commit)
             return None if tree is None else self.store.index(folder, tree)
 
         key = f"{folder}/{commit}"
         found = self._indexes.get(key, load)
         if found is None:
-            self._indexes.drop(key)  # a tree written later must be found at once
+            self._indexes.drop(key)
         return found
+
+    def refs(self, folder: str) -> dict[str, str]:
+        """Every ref of a repo whose commit has a tree object (read now, not cached)."""
+        return {
+            name: ref.commit
+            for name, ref in self.store.refs(folder).items()
+            if ref.commit and self.tree(folder, ref.commit) is not None
+        }
+
+    def history(
+        self, folder: str, head: CommitIndex, limit: int = MAX_HISTORY
+    ) -> list[CommitRecord]:
+        """``head`` then its first parents, newest first, while tree objects exist."""
+        chain: list[CommitRecord] = []
+        seen: set[str] = set()
+        commit: str | None = head.commit
+        while commit is not None and commit not in seen and len(chain) < limit:
+            tree = self.tree(folder, commit)
+            if tree is None:
+                break
+            parent = tree.parents[0] if tree.parents else None
+            chain.append(CommitRecord(commit, parent, tree.created_at, True))
+            seen.add(commit)
+            commit = parent
+        return chain or [CommitRecord(head.commit, None, head.last_modified, False)]
+
+    def last_commits(
+        self, folder: str, head: CommitIndex, paths: list[str]
+    ) -> dict[str, CommitRecord]:
+        """The commit that last changed each of ``paths`` (as :func:`history.last_commits`)."""
+        chain = self.history(folder, head)
+        pending = {p: oid for p in paths if (oid := path_oid(head, p)) is not None}
+        out: dict[str, CommitRecord] = {}
+        reached = chain[0]
+        for parent in chain[1:]:
+            older = self.index(folder, parent.commit) if pending else None
+            if older is None:
+                break
+            for path, oid in list(pending.items()):
+                if path_oid(older, path) != oid:
+                    out[path] = reached
+                    del pending[path]
+            reached = parent
+        out.update(dict.fromkeys(pending, reached))
+        return out
+
+    def opener(self, entry: FileEntry) -> BinaryIO:
+        """A buffered, seekable reader of an entry's blob object (ranged GETs as it
+        reads); for the documents derived from files (card, safetensors header)."""
+        return io.BufferedReader(_ObjectReader(self.store, entry), buffer_size=1 << 20)
 
     def resolve(self, folder: str, revision: str) -> CommitIndex | None:
         """The index of the commit a revision names (a commit id, or a ref read at most
@@ -125,6 +186,47 @@ class BucketReader:
     def forget_blob(self, name: str) -> None:
         """Drop what is known of a blob (its read failed: replaced, quarantined, pruned)."""
         self._blobs.drop(name)
+
+
+def path_oid(index: CommitIndex, path: str) -> str | None:
+    """The tree-listing oid of a file or folder of a commit (as ``history`` compares)."""
+    entry = index.files.get(path)
+    return entry.oid if entry is not None else index.dir_oids.get(path)
+
+
+class _ObjectReader(io.RawIOBase):
+    """A read-only, seekable raw stream over one blob object of a known size."""
+
+    def __init__(self, store: BucketStore, entry: FileEntry) -> None:
+        self._store, self._name, self._size = store, entry.source.as_posix(), entry.size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._size, self._pos + len(view))
+        if end <= self._pos:
+            return 0
+        try:
+            data = self._store.objects.get_range(self._name, self._pos, end)
+        except ObjectStoreError as exc:
+            raise OSError(f"blob unavailable: {exc}") from None
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 __all__ = ["BucketReader", "ObjectNotFound"]

@@ -95,7 +95,14 @@ out["config"] = sha256(hf_hub_download(repo, "config.json"))
 out["weights"] = sha256(hf_hub_download(repo, "model.safetensors"))
 snap = snapshot_download(os.environ["T_TINY"])
 out["tiny"] = sorted(os.path.relpath(os.path.join(d, f), snap) for d, _, fs in os.walk(snap) for f in fs)
-out["sha"] = HfApi().model_info(repo).sha
+api = HfApi()
+info = api.model_info(repo)
+out["sha"] = info.sha
+out["card"] = bool(info.card_data) and info.card_data.get("license")
+out["refs"] = sorted(b.name for b in api.list_repo_refs(repo).branches)
+out["commits"] = [c.commit_id for c in api.list_repo_commits(os.environ["T_TINY"])]
+out["models"] = sorted(m.id for m in api.list_models())
+out["last"] = sorted({e.last_commit.oid for e in api.list_repo_tree(os.environ["T_TINY"], expand=True)})
 url = os.environ["HF_ENDPOINT"] + f"/{repo}/resolve/main/model.safetensors"
 r = httpx2.get(url, headers={"Range": "bytes=8-1031"}, follow_redirects=True)
 out["range"] = [r.status_code, hashlib.sha256(r.content).hexdigest(), r.headers.get("Content-Range")]
@@ -117,7 +124,8 @@ def test_stock_client_loads_through_each_of_two_replicas(
 ) -> None:
     store, _, _ = served_bucket
     commit = store.read_ref("models--sentence-transformers--all-MiniLM-L6-v2", "main")
-    assert commit is not None
+    tiny = store.read_ref("models--cmh-test--tiny", "main")
+    assert commit is not None and tiny is not None
     weights = (minilm_dir / "model.safetensors").read_bytes()
     for i, server in enumerate(replicas[mode]):
         env = hf_env(server.url, tmp_path / f"home-{i}")
@@ -127,6 +135,9 @@ def test_stock_client_loads_through_each_of_two_replicas(
         assert out["weights"] == hashlib.sha256(weights).hexdigest()
         assert "sub/deeper/leaf.txt" in out["tiny"] and "weights.bin" in out["tiny"]
         assert out["sha"] == commit.commit
+        assert out["card"] == "apache-2.0"  # the card read from the bucket's README blob
+        assert out["refs"] == ["main"] and out["commits"] == out["last"] == [tiny.commit]
+        assert {MINILM_REPO, TINY_REPO} <= set(out["models"])
         assert out["range"] == [206, hashlib.sha256(weights[8:1032]).hexdigest(),
                                 f"bytes 8-1031/{len(weights)}"]  # fmt: skip
         gets = server.log(route="resolve", method="GET")
