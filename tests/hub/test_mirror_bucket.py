@@ -416,7 +416,9 @@ def test_cli_two_mirror_add_processes_at_once_then_ls_scrub_prune(
     assert ls.returncode == 0, ls.stderr
     (repo,) = json.loads(ls.stdout)["repos"]
     assert repo["repo_id"] == REPO and [r["commit"] for r in repo["refs"]] == [head.commit]
-    assert sorted(repo["commits"]) == sorted(commits)
+    # a writer that lost the race may leave its first tree object behind, unreferenced
+    # (whole: `dangling` checked every tree's blobs above); prune --unreferenced takes it
+    assert commits <= set(repo["commits"]) and len(repo["commits"]) <= 3
 
     victim = next(f for f in tree.files if f.path == "config.json")
     bucket.objects.put(bucket.blob_name(FOLDER, victim.etag), b"x" * victim.size)
