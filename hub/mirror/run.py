@@ -40,6 +40,8 @@ class ServeConfig:
     workers: int = 1
     access_log: Path | None = None
     page_size: int = 1000
+    admin_tokens: Path | None = None  # the web pages' operator tokens
+    keys: tuple[Path, ...] = ()  # trusted public keys for the web pages' stamp details
     announce: Callable[[str], None] = field(default=print)
 
 
@@ -77,11 +79,23 @@ def serve(config: ServeConfig) -> int:
             load_tokens(config.tokens)  # fail before any worker starts
         except TokensFileError as exc:
             raise ServeError(str(exc)) from None
+    _pages(config)  # fail on a bad admin tokens or key file before any worker starts
     if config.workers <= 1:
         sock = _socket(config.host, config.port, reuse_port=False)
         sock.listen(1024)
         return _run_worker(config, sock, lambda: config.announce(_url(sock)))
     return _run_workers(config)
+
+
+def _pages(config: ServeConfig) -> object:
+    from cmh.errors import CMHError
+
+    from .web import AdminTokensError, web_options
+
+    try:
+        return web_options(config.admin_tokens, config.keys, config.access_log)
+    except (AdminTokensError, CMHError, OSError) as exc:
+        raise ServeError(str(exc)) from None
 
 
 def _log_stream(config: ServeConfig) -> IO[str]:
@@ -105,7 +119,9 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     async def main() -> None:
         runner = web.AppRunner(
-            make_app(state), access_log_class=AccessLogger, shutdown_timeout=SHUTDOWN_TIMEOUT
+            make_app(state, _pages(config)),
+            access_log_class=AccessLogger,
+            shutdown_timeout=SHUTDOWN_TIMEOUT,
         )
         await runner.setup()
         site = web.SockSite(runner, sock)
