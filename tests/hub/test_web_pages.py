@@ -334,3 +334,24 @@ def test_serve_refuses_a_bad_admin_tokens_file(tmp_path: Path, web_store: WebSto
     assert proc.returncode == 2
     assert "a token is 8-512 printable characters" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_grafana_dashboard_queries_metrics_the_mirror_exports(web_server: MirrorServer) -> None:
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana-mirror.json").read_text())
+    fetch(web_server, f"/{TINY}/resolve/main/config.json", headers={"Range": "bytes=0-3"})
+    fetch(web_server, "/")
+    samples = web_server.metrics()
+    labels_of: dict[str, set[str]] = {}
+    for name, labels in samples:
+        labels_of.setdefault(name, set()).update(k for k, _ in labels)
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) >= 8
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    for expr in exprs:
+        names = re.findall(r"\bcmh_mirror_[a-z_]+", expr)
+        assert names, expr
+        for name in names:
+            assert name in labels_of, (name, sorted(labels_of))
+            for group in re.findall(r"by \(([^)]*)\)", expr):
+                for label in (g.strip() for g in group.split(",")):
+                    assert label in labels_of[name], (label, name)

@@ -9,20 +9,19 @@ blob headers once per blob version (:class:`StampCache`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...cache.layout import RepoLayout, iter_repos
+from ...cache.layout import COMMIT_RE, RepoLayout, parse_repo_folder
 from ..auth import AccessPolicy, repo_key
-from ..index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
+from ..index import CommitIndex, FileEntry, IndexCache, resolve_revision
 from ..scrub_history import ScrubView, scrub_view
 from .session import Viewer
 
@@ -134,41 +133,59 @@ class StampCache:
 
 
 def read_stamp(path: Path, trusted_keys: Any = None) -> FileStamp:
-    """Stamp details of one safetensors file (``cmh.inspect``: no tensor byte is read)."""
+    """Stamp details of one safetensors file; no tensor byte is read.
+
+    What ``cmh.inspect`` reports, plus the manifest's per-tensor digests, from
+    one read of the header (``cmh.inspect`` would read it a second time: the
+    repo list reads every weight file's header once on a cold start).
+    """
+    from collections import Counter
+
     from cmh.carrier import read_carrier
     from cmh.errors import CMHError
     from cmh.header import read_header
-    from cmh.inspection import inspect
+    from cmh.signing import signature_status
 
     try:
-        info = inspect(path, trusted_keys)
         header = read_header(path)
     except (CMHError, OSError) as exc:
         return FileStamp(stamped=False, error=str(exc))
-    digests: list[bytes] | None = None
-    with contextlib.suppress(CMHError):
-        carrier = read_carrier(header.metadata, len(header.tensors))
-        if carrier is not None and carrier.sha256 is not None:
-            digests = list(carrier.sha256)
-    rows = tuple(
-        TensorRow(t.name, t.dtype, t.shape, t.nbytes, digests[i].hex() if digests else None)
-        for i, t in enumerate(header.tensors[:MAX_TENSORS_SHOWN])
+    base = FileStamp(
+        stamped=False,
+        tensor_count=len(header.tensors),
+        tensor_bytes=header.data_size,
+        dtypes=dict(Counter(t.dtype for t in header.tensors)),
+        tensors=tuple(
+            TensorRow(t.name, t.dtype, t.shape, t.nbytes, None)
+            for t in header.tensors[:MAX_TENSORS_SHOWN]
+        ),
     )
-    record = info.record
-    return FileStamp(
-        stamped=record is not None,
-        error=info.record_error,
-        expires_at=record.expires_at if record else None,
-        stamped_at=record.stamped_at if record else None,
-        signed=info.signed,
-        signer_key_id=info.signer_key_id,
-        signature=info.signature,
-        has_sha256=info.has_sha256_manifest,
-        has_xxh3=info.has_xxh3_manifest,
-        tensor_count=info.tensor_count,
-        tensor_bytes=info.tensor_bytes,
-        dtypes=dict(info.dtypes),
-        tensors=rows,
+    try:
+        carrier = read_carrier(header.metadata, len(header.tensors))
+    except CMHError as exc:
+        return replace(base, error=str(exc))
+    if carrier is None:
+        return base
+    record = carrier.record
+    signature = None
+    if record.signed and carrier.signature is not None:
+        signer = carrier.key_id or ""
+        signature = signature_status(record.to_bytes(), carrier.signature, signer, trusted_keys)
+    digests = list(carrier.sha256) if carrier.sha256 is not None else None
+    return replace(
+        base,
+        stamped=True,
+        expires_at=record.expires_at,
+        stamped_at=record.stamped_at,
+        signed=record.signed,
+        signer_key_id=carrier.key_id,
+        signature=signature,
+        has_sha256=carrier.sha256 is not None,
+        has_xxh3=carrier.xxh3 is not None,
+        tensors=tuple(
+            replace(row, sha256=digests[i].hex() if digests else None)
+            for i, row in enumerate(base.tensors)
+        ),
     )
 
 
@@ -236,19 +253,37 @@ class RepoRow:
 def visible_repos(
     store: Path, policy: AccessPolicy, viewer: Viewer, query: str = "", repo_type: str = ""
 ) -> list[RepoLayout]:
-    """Repos of the store this viewer may see, filtered by a name substring and type."""
+    """Repos of the store this viewer may see, filtered by a name substring and type.
+
+    A repo is listed when its folder is a real directory holding at least one
+    snapshot. Read with one ``scandir`` per repo (the list is read on every
+    request, so it stays cheap for thousands of repos).
+    """
     needle = query.strip().lower()
     out = []
-    for repo in iter_repos(store):
-        if repo.repo_type not in ("model", "dataset"):
+    try:
+        with os.scandir(store) as it:
+            folders = sorted((e.name, e.path) for e in it if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+    for name, path in folders:
+        parsed = parse_repo_folder(name)
+        if parsed is None or parsed[0] not in ("model", "dataset"):
             continue
-        if repo_type and repo.repo_type != repo_type:
+        kind, repo_id = parsed
+        if (repo_type and kind != repo_type) or (needle and needle not in repo_id.lower()):
             continue
-        if needle and needle not in repo.repo_id.lower():
-            continue
-        if viewer.can_read(policy, repo.repo_type, repo.repo_id) and repo_exists(repo):
-            out.append(repo)
+        if viewer.can_read(policy, kind, repo_id) and _has_snapshot(path):
+            out.append(RepoLayout(store, repo_id, kind))
     return out
+
+
+def _has_snapshot(folder: str) -> bool:
+    try:
+        with os.scandir(os.path.join(folder, "snapshots")) as it:
+            return any(COMMIT_RE.match(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+    except OSError:
+        return False
 
 
 def default_revision(repo: RepoLayout) -> tuple[str | None, str | None]:
@@ -533,7 +568,7 @@ class Bar:
 
 
 #: Width of the bars' area and height of one bar in the SVG chart (user units).
-CHART_WIDTH = 600.0
+CHART_WIDTH = 540.0
 BAR_HEIGHT = 22.0
 
 
