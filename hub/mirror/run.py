@@ -90,7 +90,8 @@ def serve(config: ServeConfig) -> int:
 def _pages(config: ServeConfig) -> object:
     from cmh.errors import CMHError
 
-    from .web import AdminTokensError, web_options
+    from .web.options import web_options
+    from .web.session import AdminTokensError
 
     try:
         return web_options(config.admin_tokens, config.keys, config.access_log)

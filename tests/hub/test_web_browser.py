@@ -58,6 +58,16 @@ def all_css(driver: Any, selector: str) -> list[Any]:
     return list(driver.find_elements(By.CSS_SELECTOR, selector))
 
 
+def follow(driver: Any, element: Any) -> None:
+    """Click ``element`` and wait until the browser has left the current page."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = by_css(driver, "html")
+    element.click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(old))
+
+
 def repo_names(driver: Any) -> set[str]:
     return {a.text for a in all_css(driver, "#repos tbody td:first-child a")}
 
@@ -65,7 +75,7 @@ def repo_names(driver: Any) -> set[str]:
 def login(driver: Any, url: str, token: str) -> None:
     driver.get(url + "/-/login")
     by_css(driver, "#token").send_keys(token)
-    by_css(driver, "#login").click()
+    follow(driver, by_css(driver, "#login"))
 
 
 def test_browse_repo_then_file_then_stamp_details(
@@ -75,19 +85,19 @@ def test_browse_repo_then_file_then_stamp_details(
     assert repo_names(page) == {MINILM, TINY, EVIL, DATA}
     row = by_css(page, f'tr[data-name="{MINILM.lower()}"]')
     assert "stamped · signed" in row.text
-    by_css(page, f'a[href="/-/models/{MINILM}"]').click()
+    follow(page, by_css(page, f'a[href="/-/models/{MINILM}"]'))
     assert by_css(page, "h1.repo-title").text.startswith(f"model {MINILM}")
     assert "license: apache-2.0" in by_css(page, "#tags").text
     assert by_css(page, "#card h1, #card h2").is_displayed()
     assert f"HF_ENDPOINT={web_server.url}" in by_css(page, "#snippet").text
     assert "bert" in by_css(page, "#fingerprint").text
-    by_css(page, "a.file[href*='path=model.safetensors']").click()
+    follow(page, by_css(page, "a.file[href*='path=model.safetensors']"))
     assert by_css(page, "#file-name").text == "model.safetensors"
     assert by_css(page, "#signer").text == web_store.key_id
     assert "valid (trusted key)" in by_css(page, "#signature").text
     assert "2 days" not in by_css(page, "#expires").text and "in " in by_css(page, "#expires").text
     assert len(all_css(page, "#tensors tbody tr")) == 104
-    by_css(page, "#verify").click()
+    follow(page, by_css(page, "#verify"))
     assert "every tensor matches the manifest" in by_css(page, "#verified").text
 
 
@@ -100,12 +110,12 @@ def test_login_with_a_token_shows_the_private_repo(page: Any, web_server: Mirror
     token_cookie = page.get_cookie("cmh_token")
     assert token_cookie["httpOnly"] is True and token_cookie["sameSite"] == "Strict"
     assert page.execute_script("return document.cookie").find("cmh_token") == -1
-    by_css(page, f'a[href="/-/models/{PRIVATE}"]').click()
+    follow(page, by_css(page, f'a[href="/-/models/{PRIVATE}"]'))
     assert "Only for acme." in by_css(page, "#card").text
     page.get(web_server.url + "/-/operator")
     assert "needs an admin token" in page.page_source  # a repo token is not an admin token
     page.get(web_server.url + "/-/login")
-    by_css(page, "#logout").click()
+    follow(page, by_css(page, "#logout"))
     assert PRIVATE not in repo_names(page)
 
 
@@ -133,7 +143,7 @@ def test_hostile_model_card_runs_nothing(page: Any, web_server: MirrorServer) ->
 
 def test_operator_page_for_an_admin(page: Any, web_server: MirrorServer) -> None:
     login(page, web_server.url, ADMIN_TOKEN)
-    by_css(page, 'a[href="/-/operator"]').click()
+    follow(page, by_css(page, 'a[href="/-/operator"]'))
     assert by_css(page, "h1").text == "Operator"
     bars = all_css(page, "#size-chart rect")
     assert len(bars) == 5
@@ -153,9 +163,9 @@ def test_search_works_with_and_without_javascript(
         driver.get(web_server.url + "/")
         assert repo_names(driver) == {MINILM, TINY, EVIL, DATA}
         by_css(driver, "#q").send_keys("tiny")
-        by_css(driver, "form.search button").click()
+        follow(driver, by_css(driver, "form.search button"))
         assert repo_names(driver) == {TINY}
-        by_css(driver, f'a[href="/-/models/{TINY}"]').click()
+        follow(driver, by_css(driver, f'a[href="/-/models/{TINY}"]'))
         assert "version 2" in by_css(driver, "#card").text
     finally:
         driver.quit()

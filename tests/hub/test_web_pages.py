@@ -355,3 +355,17 @@ def test_grafana_dashboard_queries_metrics_the_mirror_exports(web_server: Mirror
             for group in re.findall(r"by \(([^)]*)\)", expr):
                 for label in (g.strip() for g in group.split(",")):
                     assert label in labels_of[name], (label, name)
+
+
+def test_reading_the_web_options_imports_no_server_stack(web_store: WebStore) -> None:
+    """cmh serve reads them before the workers' shared metrics are set up."""
+    code = (
+        "import sys; from pathlib import Path; from cmh.hub.mirror.web.options import web_options; "
+        f"web_options(Path({str(web_store.admin_tokens)!r}), "
+        f"(Path({str(web_store.public_key)!r}),)); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'aiohttp', 'prometheus_client', 'jinja2', 'markdown_it', 'yaml'}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ..index import CommitIndex, repo_exists, resolve_revision
 from ..observe import ROUTE_KEY
 from . import views
 from .cards import Card, read_card
+from .options import WebOptions
 from .render import render
 from .session import (
     COOKIE_MAX_AGE,
@@ -60,16 +60,6 @@ PAGE_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 _TYPES = {"models": "model", "datasets": "dataset"}
-
-
-@dataclass(frozen=True)
-class WebOptions:
-    """What the pages need beyond the API's state."""
-
-    admin_tokens: frozenset[str] = frozenset()
-    trusted_keys: Any = None  # cmh.signing.TrustedKeys or None
-    access_log: Path | None = None
-    stamps: views.StampCache = field(default_factory=views.StampCache)
 
 
 WEB_KEY = web.AppKey("cmh_web_options", WebOptions)
