@@ -127,6 +127,18 @@ def test_login_sets_an_httponly_strict_cookie(web_server: MirrorServer) -> None:
     assert PRIVATE in listed(body)
 
 
+def test_login_behind_a_tls_proxy_sets_a_secure_cookie(web_server: MirrorServer) -> None:
+    cookie, field = _login_form(web_server)
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Forwarded-Proto": "https",
+               "Origin": web_server.url.replace("http://", "https://")}  # fmt: skip
+    data = urlencode({"token": ADMIN_TOKEN, "csrf": field}).encode()
+    status, answer, _ = fetch(
+        web_server, "/-/login", cookie=f"cmh_csrf={cookie}", headers=headers, data=data
+    )
+    assert status == 303
+    assert "Secure" in answer["set-cookie"] and "SameSite=Strict" in answer["set-cookie"]
+
+
 @pytest.mark.parametrize(
     "case", ["no form token", "wrong form token", "foreign origin", "null origin"]
 )

@@ -148,12 +148,21 @@ def _base(request: web.Request, who: Viewer, message: str = "") -> dict[str, Any
     return {"viewer": who, "message": message, "path": request.path}
 
 
+def _https(request: web.Request) -> bool:
+    """Served over https, here or by a TLS-terminating proxy in front."""
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+
+
 def origin(request: web.Request) -> str:
     """This server's origin as the browser sees it (``scheme://host``)."""
     from ..app import _base_url
 
     base = _base_url(request)
-    return base.replace("http://", "https://", 1) if request.secure else base
+    return base.replace("http://", "https://", 1) if _https(request) else base
+
+
+def _host(request: web.Request) -> str:
+    return origin(request).split("://", 1)[1]
 
 
 async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> web.Response:
@@ -336,7 +345,7 @@ def _operator_page(request: web.Request, who: Viewer, ctx: dict[str, Any]) -> by
 
 
 def _cookie_args(request: web.Request) -> dict[str, Any]:
-    return {"httponly": True, "samesite": "Strict", "secure": request.secure, "path": "/"}
+    return {"httponly": True, "samesite": "Strict", "secure": _https(request), "path": "/"}
 
 
 async def _login(request: web.Request, who: Viewer) -> web.StreamResponse:
@@ -347,7 +356,7 @@ async def _login(request: web.Request, who: Viewer) -> web.StreamResponse:
             request.cookies.get(CSRF_COOKIE),
             field if isinstance(field, str) else None,
             request.headers.get("Origin"),
-            origin(request),
+            _host(request),
         ):
             raise PageError(403, "this form was not sent from this site's login page")
         raw = form.get("token")
@@ -388,7 +397,7 @@ async def _logout(request: web.Request) -> web.StreamResponse:
         request.cookies.get(CSRF_COOKIE),
         field if isinstance(field, str) else None,
         request.headers.get("Origin"),
-        origin(request),
+        _host(request),
     ):
         raise PageError(403, "this form was not sent from this site")
     response = web.Response(status=303, headers={"Location": "/"})

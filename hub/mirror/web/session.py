@@ -10,7 +10,8 @@ the ``--admin-tokens`` file) also open the operator page.
 A login or logout is a POST that must carry the form token set by the page
 that showed the form (a random value in the ``cmh_csrf`` cookie, also
 SameSite=Strict, and in a hidden field: another site can read neither), and,
-when the browser sends ``Origin``, an origin equal to this server's.
+when the browser sends ``Origin``, an origin naming this server's host (``http``
+or ``https``: behind a TLS-terminating proxy the server itself sees plain http).
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def new_csrf_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-def csrf_ok(cookie: str | None, field: str | None, origin: str | None, own_origin: str) -> bool:
+def csrf_ok(cookie: str | None, field: str | None, origin: str | None, own_host: str) -> bool:
     """True when a form post comes from this site (see the module docstring)."""
     if not cookie or not field or not hmac.compare_digest(cookie.encode(), field.encode()):
         return False
-    return origin is None or origin == own_origin
+    return origin is None or origin in (f"http://{own_host}", f"https://{own_host}")
