@@ -159,6 +159,21 @@ def test_login_cannot_be_posted_cross_site(web_server: MirrorServer, case: str) 
     assert "not sent from this site" in body
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [("multipart/form-data; boundary=zz", b"garbage"),
+     ("application/x-www-form-urlencoded", b"token=\xff\xfe&csrf=\x89")],
+)  # fmt: skip
+def test_malformed_login_forms_are_refused(
+    web_server: MirrorServer, content_type: str, body: bytes
+) -> None:
+    for target in ("/-/login", "/-/logout"):
+        status, _, page = fetch(
+            web_server, target, headers={"Content-Type": content_type}, data=body
+        )
+        assert status == 400 and "malformed form" in page
+
+
 def test_login_refuses_an_unknown_token(web_server: MirrorServer) -> None:
     cookie, field = _login_form(web_server)
     status, headers, body = _post_login(web_server, "hf_unknown_token_x", cookie, field, None)

@@ -348,9 +348,17 @@ def _cookie_args(request: web.Request) -> dict[str, Any]:
     return {"httponly": True, "samesite": "Strict", "secure": _https(request), "path": "/"}
 
 
+async def _form(request: web.Request) -> Any:
+    """The posted form; a malformed body is a 400 page, not a server error."""
+    try:
+        return await request.post()
+    except (ValueError, UnicodeDecodeError):
+        raise PageError(400, "malformed form") from None
+
+
 async def _login(request: web.Request, who: Viewer) -> web.StreamResponse:
     if request.method == "POST":
-        form = await request.post()
+        form = await _form(request)
         field = form.get(CSRF_FIELD)
         if not csrf_ok(
             request.cookies.get(CSRF_COOKIE),
@@ -391,7 +399,7 @@ def _login_form(request: web.Request, who: Viewer, message: str, status: int = 2
 async def _logout(request: web.Request) -> web.StreamResponse:
     if request.method != "POST":
         raise PageError(405, "log out with the form's button (POST)")
-    form = await request.post()
+    form = await _form(request)
     field = form.get(CSRF_FIELD)
     if not csrf_ok(
         request.cookies.get(CSRF_COOKIE),
