@@ -18,7 +18,7 @@ from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 import pytest
 from cmh.hub.mirror.web.cards import card_tags, render_markdown, safe_link, split_front_matter
-from cmh.hub.mirror.web.session import AdminTokensError, load_admin_tokens
+from cmh.hub.mirror.web.session import AdminTokensError, csrf_ok, load_admin_tokens
 from mirror_support import MirrorServer
 from web_support import (
     ADMIN_TOKEN,
@@ -174,6 +174,14 @@ def test_malformed_login_forms_are_refused(
         assert status == 400 and "malformed form" in page
 
 
+def test_csrf_check() -> None:
+    assert csrf_ok("t", "t", None, "h:1")
+    assert csrf_ok("t", "t", "https://h:1", "h:1") and csrf_ok("t", "t", "http://h:1", "h:1")
+    assert not csrf_ok("t", "t", "http://h:2", "h:1")
+    assert not csrf_ok("t", "t", "http://", "")
+    assert not csrf_ok("t", "u", None, "h:1") and not csrf_ok(None, None, None, "h:1")
+
+
 def test_login_refuses_an_unknown_token(web_server: MirrorServer) -> None:
     cookie, field = _login_form(web_server)
     status, headers, body = _post_login(web_server, "hf_unknown_token_x", cookie, field, None)
@@ -235,6 +243,13 @@ def test_repo_page_shows_card_tags_tree_refs_snippet_fingerprint(
     assert weights_key in fingerprint  # the same computation as the API's
 
 
+def test_snippet_names_the_address_the_browser_used(web_server: MirrorServer) -> None:
+    _, _, body = fetch(web_server, f"/-/models/{TINY}", headers={"Host": "mirror.example:8080"})
+    assert "export HF_ENDPOINT=http://mirror.example:8080\n" in body
+    _, _, body = fetch(web_server, f"/-/models/{TINY}", headers={"Host": 'a"b<c>'})
+    assert f"export HF_ENDPOINT={web_server.url}\n" in body  # a malformed Host is not echoed
+
+
 def test_tree_folders_revisions_and_datasets(web_server: MirrorServer, web_store: WebStore) -> None:
     status, _, body = fetch(web_server, f"/-/models/{TINY}?path=docs")
     assert status == 200 and "notes.md" in body and "model.safetensors" not in body
@@ -250,18 +265,24 @@ def test_tree_folders_revisions_and_datasets(web_server: MirrorServer, web_store
 def test_file_page_stamp_details_and_verification(
     web_server: MirrorServer, web_store: WebStore
 ) -> None:
-    path = f"/-/files/models/{MINILM}?path=model.safetensors"
-    status, _, body = fetch(web_server, path)
+    # Each stamped blob is verified by one test only (the outcome is kept per blob):
+    # MiniLM's by the browser test, tiny's main here; tiny's first commit by nobody.
+    status, _, body = fetch(web_server, f"/-/files/models/{MINILM}?path=model.safetensors")
     assert status == 200
     assert f'id="signer">{web_store.key_id}<' in body
     assert "valid (trusted key)" in body
     assert "104 tensors" in body
-    status, _, body = fetch(web_server, path + "&verify=1")
+    first = web_store.commits[f"{TINY}@first"]
+    _, _, body = fetch(web_server, f"/-/files/models/{TINY}?rev={first}&path=model.safetensors")
+    assert 'id="stamp-state"><span class="badge good">stamped' in body
+    assert 'id="verify"' in body  # not verified yet: a link to do it
+    path = f"/-/files/models/{TINY}?path=model.safetensors"
+    _, _, body = fetch(web_server, path)
+    assert 'id="stamp-state"><span class="badge bad">expired' in body
+    _, _, body = fetch(web_server, path + "&verify=1")
     verified = body.split('id="verified">', 1)[1].split("</dd>", 1)[0]
     assert "verified</span> every tensor matches the manifest" in verified
-    _, _, body = fetch(web_server, f"/-/files/models/{TINY}?path=model.safetensors")
-    assert 'id="stamp-state"><span class="badge bad">expired' in body
-    assert 'id="verify"' in body  # nobody verified this blob: a link to do it
+    assert "signature is valid" not in verified  # not signed
     _, _, body = fetch(web_server, f"/-/files/models/{EVIL}?path=model.safetensors")
     assert 'id="stamp-state">unstamped' in body
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -153,22 +154,43 @@ def _https(request: web.Request) -> bool:
     return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
-def origin(request: web.Request) -> str:
-    """This server's origin as the browser sees it (``scheme://host``)."""
-    from ..app import _base_url
+#: A ``Host`` header worth echoing in a snippet: a name or address and an optional port.
+_HOST_RE = re.compile(r"^[A-Za-z0-9.\-]{1,253}(:\d{1,5})?$|^\[[0-9A-Fa-f:.]{2,45}\](:\d{1,5})?$")
 
-    base = _base_url(request)
-    return base.replace("http://", "https://", 1) if _https(request) else base
+
+def mirror_url(request: web.Request) -> str:
+    """The URL to put in the page's snippet (``HF_ENDPOINT``).
+
+    The server's public URL when it has one (``--public-url``), else the
+    address the browser used (``Host``, when well formed), else the address
+    this connection reached.
+    """
+    from ..app import STORE_KEY
+
+    public = getattr(request.app[STORE_KEY], "public_url", None)  # where the server has one
+    if isinstance(public, str) and public:
+        return public.rstrip("/")
+    scheme = "https" if _https(request) else "http"
+    host = request.headers.get("Host", "")
+    if _HOST_RE.match(host):
+        return f"{scheme}://{host}"
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sock:
+        return f"{scheme}://127.0.0.1"
+    return (
+        f"{scheme}://[{sock[0]}]:{sock[1]}" if ":" in sock[0] else f"{scheme}://{sock[0]}:{sock[1]}"
+    )
 
 
 def _host(request: web.Request) -> str:
-    return origin(request).split("://", 1)[1]
+    """The ``Host`` the browser sent: a form post's ``Origin`` must name it."""
+    return request.headers.get("Host", "")
 
 
 async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> web.Response:
     loop = asyncio.get_running_loop()
     context = _base(request, who)
-    context["origin"] = origin(request)
+    context["endpoint"] = mirror_url(request)
     body = await loop.run_in_executor(None, partial(build, request, who, context, *args))
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)
 

@@ -105,4 +105,6 @@ def csrf_ok(cookie: str | None, field: str | None, origin: str | None, own_host:
     """True when a form post comes from this site (see the module docstring)."""
     if not cookie or not field or not hmac.compare_digest(cookie.encode(), field.encode()):
         return False
-    return origin is None or origin in (f"http://{own_host}", f"https://{own_host}")
+    if origin is None:
+        return True
+    return bool(own_host) and origin in (f"http://{own_host}", f"https://{own_host}")
