@@ -101,10 +101,14 @@ class MirrorState:
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
 
 
-def make_app(state: MirrorState) -> web.Application:
-    """The aiohttp application serving ``state.store``."""
+def make_app(state: MirrorState, pages: Any = None) -> web.Application:
+    """The aiohttp application serving ``state.store`` (``pages``: the web pages' options)."""
+    from .web import WebOptions, add_routes
+
     app = web.Application(client_max_size=1 << 20, client_max_fields=MAX_FORM_FIELDS)
     app[STORE_KEY] = state
+    if state.bucket is None:  # the web pages read a local store; not offered for a bucket
+        add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     if state.object_fetcher is not None:
         fetcher = state.object_fetcher
@@ -497,7 +501,7 @@ def _properties(
     )  # fmt: skip
 
 
-def _base_url(request: web.Request, state: MirrorState) -> str:
+def base_url(request: web.Request, state: MirrorState) -> str:
     """The configured public URL, else the address this connection reached (never ``Host``)."""
     if state.public_url is not None:
         return state.public_url
@@ -533,7 +537,7 @@ async def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.R
             {"recursive": str(recursive).lower(), "expand": str(expand).lower(),
              "cursor": documents.encode_cursor(index.commit, start + page_size)}
         )  # fmt: skip
-        base = _base_url(request, state)
+        base = base_url(request, state)
         url = f"{base}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
         headers["Link"] = f'<{url}>; rel="next"'
     entries = [documents.tree_entry(index, p) for p in page]
@@ -613,7 +617,7 @@ def _next_link(
     request: web.Request, state: MirrorState, path: str, pairs: list[tuple[str, str]], cursor: str
 ) -> str:
     query = urlencode([(k, v) for k, v in pairs if k != "cursor"] + [("cursor", cursor)])
-    return f'<{_base_url(request, state)}{path}?{query}>; rel="next"'
+    return f'<{base_url(request, state)}{path}?{query}>; rel="next"'
 
 
 def _page_start(route: Route, pinned: str) -> int:
@@ -743,11 +747,11 @@ def _listing(
 async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
     if state.bucket is not None:
         raise HubError(501, "NotImplemented", "fingerprints are not served from a bucket store")
-    body = await _run(_fingerprint_of, state, route, index)
+    body = await _run(fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 
 
-def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
+def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
     """``cmh.semantic`` fingerprint of a commit, computed once per commit.
 
     It reads only the index's checked sources (blobs inside the store), through

@@ -1,6 +1,6 @@
 """A mirror store kept in an S3-compatible bucket (``s3://bucket/prefix``).
 
-The bucket layout (normative text in ``spec/hub-mirror.md`` section 6); names are
+The bucket layout (normative text in ``spec/hub-mirror.md`` section 7); names are
 relative to the store URL's prefix, ``{repo}`` is the stock folder name
 (``models--org--name``):
 
@@ -352,7 +352,7 @@ class BucketStore:
         repo_type: str = "model",
         progress: ProgressCallback | None = None,
     ) -> ImportResult:
-        """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 6.2)."""
+        """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2)."""
         try:
             validate_repo_id(repo_id)
             validate_revision(revision)
