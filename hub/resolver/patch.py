@@ -28,6 +28,7 @@ costs one revalidation request, not ten.
 from __future__ import annotations
 
 import functools
+import glob
 import inspect
 import os
 import sys
@@ -265,6 +266,30 @@ def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) 
     return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
 
 
+def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
+    """The file the stock ``hf_hub_download`` asks for, and the path it returns under the snapshot.
+
+    The stock client joins ``subfolder/filename`` with a ``/`` (an empty
+    subfolder counts as none), puts that in the ``resolve`` URL, whose ``.``
+    segments the HTTP client removes, and joins the unchanged segments under
+    the snapshot folder (``subfolder="."`` reads ``modules.json`` and returns
+    ``snapshots/{commit}/./modules.json``). Returns ``(repo path, local
+    relative path)``, or ``None`` for a name the resolver leaves to the stock
+    function (which rejects ``..`` and absolute names, and sends empty
+    segments to the server as they are).
+    """
+    if not isinstance(filename, str) or not isinstance(subfolder, (str, type(None))):
+        return None
+    joined = f"{subfolder}/{filename}" if subfolder else filename
+    segments = joined.split("/")
+    if joined.startswith("/") or any(s == ".." or "\\" in s or ":" in s for s in segments):
+        return None  # refused by the stock function, with its own error
+    kept = [s for s in segments if s != "."]
+    if not kept or any(s == "" for s in kept):
+        return None
+    return "/".join(kept), os.path.join(*segments)
+
+
 def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
@@ -272,9 +297,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         if a is None or _stock_only(a):
             return original(*args, **kwargs)
         repo_type = a.get("repo_type") or "model"
-        filename = a["filename"]
-        if a.get("subfolder"):
-            filename = f"{a['subfolder']}/{filename}"
+        names = repo_filename(a["filename"], a.get("subfolder"))
+        if names is None:
+            return original(*args, **kwargs)
+        filename, relative = names
         try:
             res = _route(
                 a["repo_id"],
@@ -283,7 +309,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
                 a.get("cache_dir"),
                 a.get("endpoint"),
                 a.get("token"),
-                [filename],
+                [glob.escape(filename)],  # a name, not a pattern: "a[1].txt" is itself
                 bool(a.get("local_files_only")),
             )
         except NotFoundError as exc:
@@ -295,10 +321,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except (ResolveError, OSError):
             return original(*args, **kwargs)
-        target = res.path / filename
+        target = os.path.join(str(res.path), relative)
         if not os.path.isfile(target):
             return original(*args, **kwargs)
-        return str(target)
+        return target
 
     hf_hub_download.__cmh_original__ = original  # type: ignore[attr-defined]
     return hf_hub_download
