@@ -299,7 +299,8 @@ def raise_for_status(response: httpx2.Response) -> None:
     if code == "EntryNotFound":
         raise NotFoundError(f"file not found: {url}", "entry")
     if code == "GatedRepo" or status in (401, 403):
-        raise AccessError(f"access refused ({status}): {url}")
+        said = hub_message(response)
+        raise AccessError(f"access refused ({status}): {url}" + (f": {said}" if said else ""))
     if status == 429 or status >= 500:
         raise HubUnreachableError(
             f"{url}: server error {status}", retry_after=retry_after(response.headers)
@@ -309,6 +310,19 @@ def raise_for_status(response: httpx2.Response) -> None:
     if status == 416:
         raise RangeNotSatisfied(f"{url}: 416 range not satisfiable")
     raise HubProtocolError(f"{url}: unexpected status {status}")
+
+
+def hub_message(response: httpx2.Response) -> str:
+    """What the Hub says about an error: ``X-Error-Message``, else the JSON body's ``error``."""
+    said = response.headers.get("X-Error-Message", "").strip()
+    if said:
+        return said
+    try:
+        body = json.loads(response.content)
+    except (ValueError, httpx2.ResponseNotRead):
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.strip() if isinstance(error, str) else ""
 
 
 def retry_after(headers: httpx2.Headers) -> float | None:
@@ -344,8 +358,8 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
         raise HubProtocolError(f"malformed tree entry {entry!r}")
-    if entry.get("xetHash"):
-        raise HubProtocolError(f"{path}: Xet-only entry, not servable over plain HTTP")
+    # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
+    # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
     etag = _etag_of(oid, entry.get("lfs"))
     if etag is None:
         raise HubProtocolError(f"{path}: tree entry has no usable oid")

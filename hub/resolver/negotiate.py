@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -65,6 +65,7 @@ from .types import (
     PolicyError,
     RemoteFile,
     Resolution,
+    SnapshotPath,
     State,
 )
 
@@ -234,7 +235,7 @@ def _result(
         repo_type=repo.repo_type,
         revision=revision,
         commit=commit,
-        path=repo.snapshot_dir(commit),
+        path=SnapshotPath(repo.snapshot_dir(commit)),
         state=state,
         files=files,
         requests=requests,
@@ -458,9 +459,7 @@ def _answer_online(
         path, remote = item
         return fetcher.ensure(commit, path, remote, prefer, remote.etag in corrupt_etags)
 
-    workers = max(1, min(policy.max_workers, len(plans)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = tuple(pool.map(work, plans))
+    results = _fetch_all(work, plans, max(1, min(policy.max_workers, len(plans))))
 
     # Swap: every file is linked to a checked blob; only now does the ref move.
     previous = repo.read_ref(revision) if not pinned else None
@@ -507,6 +506,40 @@ def _answer_online(
         previous=previous if previous != commit else None,
         warnings=warnings,
     )
+
+
+def _fetch_all(
+    work: Callable[[tuple[str, RemoteFile]], FileResult],
+    plans: list[tuple[str, RemoteFile]],
+    workers: int,
+) -> tuple[FileResult, ...]:
+    """``work`` over every plan; the first error cancels the files not yet started.
+
+    A refusal (a gated repo) or a missing commit is the same for every file:
+    only the requests already in flight (at most ``workers``) are made.
+    """
+    failed = threading.Event()
+
+    def guarded(plan: tuple[str, RemoteFile]) -> FileResult | None:
+        if failed.is_set():
+            return None  # an earlier file failed: not started
+        try:
+            return work(plan)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(guarded, plan) for plan in plans]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:
+            error = future.exception() if future.done() else None
+            if error is not None:
+                for other in futures:
+                    other.cancel()
+                raise error
+        results = tuple(future.result() for future in futures)
+    return tuple(r for r in results if r is not None)
 
 
 def _stamp_expired(repo: RepoLayout, commit: str, path: str) -> bool:

@@ -51,9 +51,13 @@ def test_missing_file_under_dot_subfolder_is_entry_not_found(mirror, tmp_path, i
 
     stock = installed.__cmh_original__
     with pytest.raises(RemoteEntryNotFoundError):
-        stock(TINY_REPO, "modules.json", subfolder=".", cache_dir=tmp_path / "s", endpoint=mirror.url)
+        stock(
+            TINY_REPO, "modules.json", subfolder=".", cache_dir=tmp_path / "s", endpoint=mirror.url
+        )
     with pytest.raises(RemoteEntryNotFoundError):
-        installed(TINY_REPO, "modules.json", subfolder=".", cache_dir=tmp_path / "o", endpoint=mirror.url)
+        installed(
+            TINY_REPO, "modules.json", subfolder=".", cache_dir=tmp_path / "o", endpoint=mirror.url
+        )
     for root in ("s", "o"):
         markers = [p.name for p in (tmp_path / root).rglob(".no_exist/*/*")]
         assert markers == ["modules.json"], root
@@ -62,7 +66,9 @@ def test_missing_file_under_dot_subfolder_is_entry_not_found(mirror, tmp_path, i
 def test_refused_names_get_the_stock_error(mirror, tmp_path, installed):
     for filename, subfolder in [("../x", None), ("x", ".."), ("/etc/passwd", None)]:
         with pytest.raises(ValueError):
-            installed(TINY_REPO, filename, subfolder=subfolder, cache_dir=tmp_path, endpoint=mirror.url)
+            installed(
+                TINY_REPO, filename, subfolder=subfolder, cache_dir=tmp_path, endpoint=mirror.url
+            )
 
 
 def test_glob_characters_in_a_name_are_the_name(tmp_path, mirror_server_factory, installed):
