@@ -17,7 +17,9 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -648,3 +650,32 @@ class _Fetcher:
 
     def _patchable(self, path: str, remote: RemoteFile) -> bool:
         return path.endswith(".safetensors") and remote.lfs and remote.size >= PATCH_MIN_BYTES
+
+
+def fresh_commit(repo: RepoLayout, revision: str, policy: Policy | None = None) -> str | None:
+    """The commit ``revision`` names when its local snapshot may be used without the Hub.
+
+    The rule by which :func:`resolve` answers LOCAL_ONLY (spec/resolver.md
+    §3), for the selection of the files the snapshot holds: the commit's
+    listing is cached, each of those files is linked to its listed blob,
+    checked, and the selection is fresh (a commit id: whatever its expiry).
+    ``None`` otherwise, or when the policy says ``revalidate``. No request.
+    """
+    policy = policy if policy is not None else Policy.from_env()
+    if policy.revalidate:
+        return None
+    pinned = bool(COMMIT_RE.match(revision))
+    commit = revision if pinned else repo.read_ref(revision)
+    tree = read_tree(repo, commit) if commit is not None else None
+    if commit is None or tree is None:
+        return None
+    present = [p for p in tree if os.path.lexists(repo.snapshot_file(commit, p))]
+    if not present:
+        return None
+    local = _inspect_local(repo, revision, [glob.escape(p) for p in present], pinned)
+    if local.commit is None or local.tree is None or not local.complete or local.corrupt:
+        return None
+    if pinned:
+        return local.commit
+    expiry = _expiry(repo, revision, local.commit, local.selection, policy)
+    return local.commit if time.time() < expiry else None
