@@ -225,10 +225,12 @@ def _result(
     files: tuple[FileResult, ...],
     *,
     requests: int = 0,
+    received: int | None = None,
     expires_at: float | None = None,
     previous: str | None = None,
     warnings: Sequence[str] = (),
 ) -> Resolution:
+    """The answer; ``received``: body bytes that came over the wire (default: the files')."""
     record_use(repo, commit)
     for w in warnings:
         logger.warning("%s: %s", repo.repo_id, w)
@@ -241,7 +243,9 @@ def _result(
         state=state,
         files=files,
         requests=requests,
-        bytes_transferred=sum(f.bytes_transferred for f in files),
+        bytes_transferred=(
+            received if received is not None else sum(f.bytes_transferred for f in files)
+        ),
         bytes_reused=sum(f.bytes_reused for f in files),
         expires_at=expires_at,
         previous_commit=previous,
@@ -504,6 +508,7 @@ def _answer_online(
         state,
         results,
         requests=client.requests,
+        received=client.bytes_received,
         expires_at=_finite(expiry),
         previous=previous if previous != commit else None,
         warnings=warnings,

@@ -111,3 +111,44 @@ def test_tiny_repo_by_branch_through_the_front(front, mirror_store: MirrorStore,
     for f in src.rglob("*"):
         if f.is_file():
             assert (res.path / f.relative_to(src).as_posix()).read_bytes() == f.read_bytes()
+
+
+def _wire_totals(front: HubLike) -> tuple[int, int]:
+    front.wait_idle()
+    records = [r for r in front.records() if not r.path.startswith("/health")]
+    return len(records), sum(r.bytes_sent for r in records)
+
+
+def test_requests_and_bytes_are_what_went_over_the_wire(front, tmp_path):
+    """A 302 and its CDN GET are two requests; an aborted answer's bytes count."""
+    import cmh.hub as hub
+
+    front.cut(after_bytes=3_000_000, origin="cdn")  # the weights, cut once, then resumed
+    res = hub.resolve(MINILM_REPO, cache_dir=tmp_path, endpoint=front.url)
+    requests, sent = _wire_totals(front)
+    assert any(r.aborted for r in front.records(origin="cdn"))
+    assert len(front.records(origin="hub", path="/resolve/")) > 0
+    assert res.requests == requests
+    aborted = sum(r.bytes_sent for r in front.records(origin="cdn") if r.aborted)
+    assert aborted >= 3_000_000
+    # Everything the front sent is counted, the aborted answer included; the front
+    # records no body size for the JSON answers it relays (a few KiB here).
+    assert sent <= res.bytes_transferred <= sent + 16_384
+
+
+def test_small_files_are_asked_compressed(front, mirror_store: MirrorStore, tmp_path):
+    import cmh.hub as hub
+
+    res = hub.resolve(MINILM_REPO, cache_dir=tmp_path, endpoint=front.url)
+    vocab = next(
+        r for r in front.records(origin="hub", method="GET") if r.path.endswith("/vocab.txt")
+    )
+    assert "gzip" in vocab.headers.get("accept-encoding", "")
+    assert vocab.response_headers.get("content-encoding") == "gzip"
+    size = (mirror_store.sources[f"{MINILM_REPO}@main"] / "vocab.txt").stat().st_size
+    assert vocab.bytes_sent < size / 2  # what crossed the wire: compressed
+    assert (res.path / "vocab.txt").stat().st_size == size  # what was installed: the file
+    # Ranged requests (the weights at the CDN) ask for identity.
+    for r in front.records(origin="cdn"):
+        if "range" in r.headers:
+            assert r.headers.get("accept-encoding") == "identity"
