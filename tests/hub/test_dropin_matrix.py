@@ -22,6 +22,7 @@ revalidate in every column. ``hf download`` is another process, where
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,7 @@ class Sources:
     adapter_stamped: Path
     parquet: Path
     csv: Path
+    st_only: Path  # MiniLM without the files no loader reads (.gitattributes, data_config.json)
 
 
 def _write_adapter(folder: Path, base_dir: Path, base_repo: str) -> None:
@@ -116,7 +118,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Sourc
     cmh.stamp(adapter_stamped / "adapter_model.safetensors", ttl="30d")
     parquet, csv = base / "parquet", base / "csv"
     _write_tables(parquet, csv)
-    return Sources(minilm_dir, stamped, adapter, adapter_stamped, parquet, csv)
+    st_only = base / "minilm-st"
+    shutil.copytree(minilm_dir, st_only, ignore=shutil.ignore_patterns(".gitattributes", "data_*"))
+    return Sources(minilm_dir, stamped, adapter, adapter_stamped, parquet, csv, st_only)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +134,7 @@ def server(sources: Sources, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     add_folder(store, sources.adapter_stamped, "org/adapter-stamped")
     add_folder(store, sources.parquet, "org/table-parquet", repo_type="dataset")
     add_folder(store, sources.csv, "org/table-csv", repo_type="dataset")
+    add_folder(store, sources.st_only, "org/minilm-st")
     mirror = MirrorServer(store, tmp_path_factory.mktemp("dropin-logs"))
     yield mirror
     mirror.stop()
@@ -270,19 +275,38 @@ def _summary(label: str, table: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: Columns run by default (the suite's time budget); ``CMH_DROPIN_MATRIX=full`` runs all
+#: eight (each server x install/stock x stamped/unstamped).
+DEFAULT_COLUMNS = {
+    ("mirror", True, True),
+    ("mirror", True, False),
+    ("mirror", False, False),
+    ("hublike", True, True),
+}
+FULL = os.environ.get("CMH_DROPIN_MATRIX") == "full"
 COLUMNS = [
     pytest.param(
+        where,
         install,
         stamped,
-        id=f"{'install' if install else 'stock'}-{'stamped' if stamped else 'unstamped'}",
+        id=f"{where}-{'install' if install else 'stock'}-{'stamped' if stamped else 'unstamped'}",
+        marks=[]
+        if FULL or (where, install, stamped) in DEFAULT_COLUMNS
+        else [pytest.mark.skip(reason="CMH_DROPIN_MATRIX=full runs every column")],
     )
+    for where in ("mirror", "hublike")
     for install in (True, False)
     for stamped in (True, False)
 ]
+REPOS = ("minilm-stamped", "minilm", "adapter-stamped", "adapter", "table-parquet", "table-csv")
 
 
-@pytest.mark.parametrize(("install", "stamped"), COLUMNS)
-@pytest.mark.parametrize("where", ["mirror", "hublike"])
+def _repo_of(request: str) -> str | None:
+    path = request.split(" ", 1)[-1].split("?", 1)[0] + "/"
+    return next((r for r in REPOS if f"/org/{r}/" in path), None)
+
+
+@pytest.mark.parametrize(("where", "install", "stamped"), COLUMNS)
 def test_matrix(where, install, stamped, server, reference, tmp_path, record_property):
     want = reference["stamped" if stamped else "unstamped"]
     label = f"{where} {'install' if install else 'stock'} {'stamped' if stamped else 'unstamped'}"
@@ -304,7 +328,60 @@ def test_matrix(where, install, stamped, server, reference, tmp_path, record_pro
     # Offline: nothing goes to the network, in every column.
     offline = {r: c["requests"] for r, c in table["offline"].items() if c["requests"]}
     assert not offline, offline
+    if install:
+        # Stale or unstamped: one revalidation request per repo for the whole run.
+        per_repo: dict[str | None, int] = {}
+        for row in ROWS:
+            if row == "hf download":  # another process, not installed
+                continue
+            for request in table["fresh"][row]["requests"]:
+                per_repo[_repo_of(request)] = per_repo.get(_repo_of(request), 0) + 1
+        assert all(n <= 1 for n in per_repo.values()), per_repo
     if install and stamped:
         # A fresh stamped snapshot costs nothing, whatever library asks.
         fresh = {r: table["fresh"][r]["requests"] for r in STAMPED_ROWS}
         assert all(not v for v in fresh.values()), fresh
+
+
+def test_sentence_transformers_cache_passes_hf_cache_verify(server, reference, tmp_path):
+    """Under install(), the same embeddings and a cache that stock ``hf cache verify`` passes.
+
+    The repo holds exactly the files sentence-transformers reads, so a stock load
+    leaves a complete snapshot; before the fix, install() left 7 of them out.
+    """
+    hf = Path(sys.executable).parent / "hf"
+    snapshots = {}
+    for install in (False, True):
+        home = tmp_path / ("ours" if install else "stock")
+        env = hf_env(server.url, home)
+        got = _run_rows(
+            {
+                "rows": ["SentenceTransformer"],
+                "repos": {"model": "org/minilm-st"},
+                "install": install,
+            },
+            env,
+        )
+        assert got["SentenceTransformer"] == {
+            "output": reference["unstamped"]["SentenceTransformer"]
+        }
+        verify = subprocess.run(
+            [str(hf), "cache", "verify", "org/minilm-st", "--fail-on-missing-files"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert verify.returncode == 0, (install, verify.stdout, verify.stderr)
+        folder = next((home / "hub" / "models--org--minilm-st" / "snapshots").iterdir())
+        snapshots[install] = sorted(
+            p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+        )
+        no_exist = home / "hub" / "models--org--minilm-st" / ".no_exist"
+        markers = {
+            p.relative_to(no_exist).as_posix().split("/", 1)[1]
+            for p in no_exist.rglob("*")
+            if p.is_file()
+        }
+        assert not markers & set(snapshots[install]), markers  # no false "does not exist"
+    assert snapshots[True] == snapshots[False]
