@@ -176,12 +176,12 @@ def usage_error(message: str) -> NoReturn:
 def exit_code_for(exc: BaseException) -> int:
     """The exit status for a library or OS error.
 
-    Unreadable or invalid inputs give 3, bad keys and durations 2, every other
+    Unreadable or invalid inputs give 3, bad keys, durations and sizes 2, every other
     cmh error 1.
     """
-    from cmh.errors import DurationError, InvalidFileError, KeyError_
+    from cmh.errors import InputValueError, InvalidFileError, SigningKeyError
 
-    if isinstance(exc, (KeyError_, DurationError)):
+    if isinstance(exc, (SigningKeyError, InputValueError)):
         return EXIT_USAGE
     if isinstance(exc, (InvalidFileError, OSError)):
         return EXIT_UNREADABLE
@@ -259,11 +259,11 @@ class SizeType(_BytesParam):
         if value is None or isinstance(value, int):
             return value
         from cmh.duration import parse_size
-        from cmh.errors import DurationError
+        from cmh.errors import SizeError
 
         try:
             return parse_size(str(value))
-        except DurationError as exc:
+        except SizeError as exc:
             self.fail(str(exc), param, ctx)
 
 

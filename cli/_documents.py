@@ -80,6 +80,7 @@ def inspection_document(insp: Inspection, now: float) -> dict[str, Any]:
         "xxh3_manifest": insp.has_xxh3_manifest,
         "signed": insp.signed,
         "signer_key_id": insp.signer_key_id if insp.signed else None,
+        "signature": insp.signature,
     }
 
 

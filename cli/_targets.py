@@ -62,12 +62,10 @@ def _expand_one(argument: str) -> Target:
 
 
 def _index_problems(checkpoint: Checkpoint) -> list[str]:
-    """Index disagreements; empty when there is no index or a shard is unreadable.
+    """Index disagreements and tensors in two shards; empty when a shard is unreadable.
 
     An unreadable shard is reported by the command that reads it, as an invalid file.
     """
-    if checkpoint.index is None:
-        return []
     headers: dict[str, Header] = {}
     for name in checkpoint.files:
         try:

@@ -175,10 +175,11 @@ def stamp(
         with progress_bar(data_size(path), f"stamp {os.path.basename(path)}") as advance:
             result = cmh.stamp(path, ttl, sign_key=key, threads=threads, progress=advance)
         now = time.time()
-        if result.record.signed and key is None:
+        if result.removed_signature_key_id is not None:
             warn(
-                f"{path}: restamped without --sign-key: its old signature no longer "
-                "matches; sign it again (cmh sign)"
+                f"{path}: restamped without --sign-key: the signature by key "
+                f"{result.removed_signature_key_id} was removed (it would no longer match); "
+                "sign it again (cmh sign)"
             )
         signer = f", signed by key {result.signer_key_id}" if key else ""
         line = (
@@ -189,6 +190,7 @@ def stamp(
             "outcome": "stamped",
             "in_place": result.in_place,
             "signer_key_id": result.signer_key_id,
+            "removed_signature_key_id": result.removed_signature_key_id,
             "record": record_document(result.record, now),
         }
         return fields, line
@@ -212,7 +214,12 @@ def stamp(
 @click.option(
     "--require-signature",
     is_flag=True,
-    help="Fail unless each file is signed by a trusted key (needs --key).",
+    help="Fail unless each file is signed by a trusted key (needs --key; the default with --key).",
+)
+@click.option(
+    "--allow-unsigned",
+    is_flag=True,
+    help="With --key: accept files that carry no signature (a signature present is still checked).",
 )
 @click.option("--allow-expired", is_flag=True, help="Report expiry as a note, not a failure.")
 @click.option(
@@ -234,6 +241,7 @@ def verify(
     paths: tuple[str, ...],
     keys: tuple[str, ...],
     require_signature: bool,
+    allow_unsigned: bool,
     allow_expired: bool,
     at: float | None,
     fast: bool,
@@ -241,6 +249,10 @@ def verify(
     as_json: bool,
 ) -> None:
     """Verify each PATH (a file, or a checkpoint directory: every shard and the index).
+
+    With --key, every file must carry a signature by a trusted key, unless
+    --allow-unsigned; a signature is then checked, so --fast hashes with
+    SHA-256 anyway (the XXH3 manifest is not covered by the signature).
 
     Exit status: 0 every file ok, 1 any check failed (mismatch, expired, bad or
     untrusted signature, unstamped, index and shards disagree), 3 an input is
@@ -253,12 +265,18 @@ def verify(
 
     if require_signature and not keys:
         usage_error("--require-signature needs at least one --key to check signatures against")
+    if allow_unsigned and not keys:
+        usage_error("--allow-unsigned only applies with --key")
+    if allow_unsigned and require_signature:
+        usage_error("--allow-unsigned and --require-signature contradict each other")
     trusted = load_trusted_keys(keys)
+    required = bool(keys) and not allow_unsigned
     now = time.time() if at is None else at
     files: list[dict[str, Any]] = []
     checkpoints: list[dict[str, Any]] = []
     status = EXIT_OK
     counts = {"ok": 0, "failed": 0}
+    outcomes: list[str] = []
     for target in expand(paths):
         checkpoint = target.argument if target.kind == "directory" else None
         results: list[VerifyResult] = []
@@ -270,7 +288,7 @@ def verify(
                         at=now,
                         fast=fast,
                         trusted_keys=trusted,
-                        require_signature=require_signature,
+                        require_signature=required,
                         allow_expired=allow_expired,
                         threads=threads,
                         progress=advance,
@@ -285,6 +303,8 @@ def verify(
                         (Problem(Outcome.INVALID_FILE, f"cannot read file: {why}"),),
                     )
             results.append(result)
+            if checkpoint is None:
+                outcomes.append(result.outcome.value)
             files.append(verify_document(result, now, checkpoint))
             counts["ok" if result.ok else "failed"] += 1
             if result.outcome is Outcome.INVALID_FILE:
@@ -296,7 +316,9 @@ def verify(
         if checkpoint is not None:
             ok = target.consistent and all(r.ok for r in results)
             identity = _identity_from_manifests(target) if ok else None
-            checkpoints.append(checkpoint_document(target, ok, identity))
+            outcome = checkpoint_outcome(target, results)
+            outcomes.append(outcome)
+            checkpoints.append({**checkpoint_document(target, ok, identity), "outcome": outcome})
             if target.error is not None:
                 status = max(status, EXIT_UNREADABLE)
             elif target.problems:
@@ -308,7 +330,31 @@ def verify(
         click.echo(
             f"{total} file{'s' if total != 1 else ''}: {counts['ok']} ok, {counts['failed']} failed"
         )
-    _finish(as_json, envelope("verify", files=files, checkpoints=checkpoints), status)
+    overall = next((o for o in outcomes if o != Outcome.OK.value), Outcome.OK.value)
+    document = envelope("verify", outcome=overall, files=files, checkpoints=checkpoints)
+    _finish(as_json, document, status)
+
+
+#: The outcome of a checkpoint directory whose index and shards disagree (spec section 6).
+INDEX_INCONSISTENT = "index_inconsistent"
+
+
+def checkpoint_outcome(target: Target, results: list[VerifyResult]) -> str:
+    """One outcome name for a checkpoint directory (spec section 6).
+
+    ``invalid_file`` when the directory is not a usable checkpoint or a shard is
+    not a valid file, ``index_inconsistent`` when the index and the shards
+    disagree, else the first failing shard's outcome in section 9's order.
+    """
+    from cmh.verification import Outcome
+
+    if target.error is not None or any(r.outcome is Outcome.INVALID_FILE for r in results):
+        return Outcome.INVALID_FILE.value
+    if target.problems:
+        return INDEX_INCONSISTENT
+    order = list(Outcome)
+    failed = sorted((r.outcome for r in results if not r.ok), key=order.index)
+    return failed[0].value if failed else Outcome.OK.value
 
 
 def _identity_from_manifests(target: Target) -> str | None:
@@ -328,6 +374,8 @@ def _print_verdict(result: VerifyResult, now: float) -> None:
         details = [f"root {record.fingerprint.hex()[:16]}…", _expiry_words(record, now)]
         if result.signer_key_id and result.signature_checked:
             details.append(f"signed by trusted key {result.signer_key_id}")
+        elif result.signer_key_id:
+            details.append(f"signed by key {result.signer_key_id}, NOT checked (no --key)")
         mode = " (fast: XXH3)" if result.mode == "fast" else ""
         click.echo(f"ok       {result.path}{mode}: {', '.join(details)}")
     else:
@@ -350,7 +398,7 @@ def _print_checkpoint(target: Target, ok: bool, identity: str | None) -> None:
         return
     click.echo(f"FAILED   {target.argument}/ ({len(target.files)} files, {index})")
     for problem in target.problems:
-        click.echo(f"         - index_inconsistent: {problem}")
+        click.echo(f"         - {INDEX_INCONSISTENT}: {problem}")
 
 
 # -- inspect ---------------------------------------------------------------------------
@@ -358,9 +406,17 @@ def _print_checkpoint(target: Target, ok: bool, identity: str | None) -> None:
 
 @click.command()
 @click.argument("path", metavar="PATH")
+@click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    metavar="FILE",
+    help="A trusted public key (PEM) or a directory of them: check a signature against "
+    "its record (no tensor is read). Repeatable.",
+)
 @json_option
 @handle_errors
-def inspect(path: str, as_json: bool) -> None:
+def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
     """Show what PATH says about itself (no tensor is hashed); works on unstamped files.
 
     PATH may be a checkpoint directory: every shard is shown.
@@ -368,6 +424,9 @@ def inspect(path: str, as_json: bool) -> None:
     import cmh
     from cmh.errors import InvalidFileError
 
+    from ._keys import load_trusted_keys
+
+    trusted = load_trusted_keys(keys)
     target = expand([path])[0]
     now = time.time()
     status = EXIT_OK
@@ -376,7 +435,7 @@ def inspect(path: str, as_json: bool) -> None:
         status = EXIT_UNREADABLE
     for file in target.files:
         try:
-            insp = cmh.inspect(file)
+            insp = cmh.inspect(file, trusted)
         except InvalidFileError as exc:
             status = EXIT_UNREADABLE
             files.append({"path": file, "error": str(exc)})
@@ -444,13 +503,22 @@ def _print_inspection(doc: dict[str, Any], dtypes: dict[str, int], now: float) -
             f"  manifests:   SHA-256 {'present' if doc['sha256_manifest'] else 'absent'}, "
             f"XXH3 {'present' if doc['xxh3_manifest'] else 'absent'}"
         )
-        signer = doc["signer_key_id"]
-        lines.append(
-            f"  signature:   by key {signer} (checked by cmh verify --key)"
-            if doc["signed"]
-            else "  signature:   none"
-        )
+        lines.append(f"  signature:   {_signature_words(doc)}")
     click.echo("\n".join(lines))
+
+
+_SIGNATURE_WORDS = {
+    "unchecked": "NOT checked (give --key to check it against the record)",
+    "valid": "valid, matches the record",
+    "invalid": "does NOT match the record (changed after signing)",
+    "untrusted": "key not among the trusted keys given",
+}
+
+
+def _signature_words(doc: dict[str, Any]) -> str:
+    if not doc["signed"]:
+        return "none"
+    return f"by key {doc['signer_key_id']}: {_SIGNATURE_WORDS[doc['signature']]}"
 
 
 # -- fingerprint -----------------------------------------------------------------------
@@ -463,16 +531,30 @@ def _print_inspection(doc: dict[str, Any], dtypes: dict[str, int], now: float) -
     is_flag=True,
     help="The semantic fingerprint (what the weights compute), from cmh.semantic.",
 )
+@click.option(
+    "--base",
+    metavar="DIR",
+    default=None,
+    help="With --semantic and an adapter PATH: the base model it applies to (its keys need it).",
+)
 @_THREADS
 @json_option
 @handle_errors
-def fingerprint(path: str, semantic: bool, threads: int | None, as_json: bool) -> None:
+def fingerprint(
+    path: str, semantic: bool, base: str | None, threads: int | None, as_json: bool
+) -> None:
     """Print the v1 root of a file, or the identity of a checkpoint directory."""
     from cmh.errors import CMHError
 
+    if base is not None and not semantic:
+        usage_error("--base applies to --semantic only")
     kind = "semantic" if semantic else ("directory" if os.path.isdir(path) else "file")
     try:
-        fields = _semantic_fields(path) if semantic else _fingerprint_fields(path, threads)
+        fields = (
+            _semantic_fields(path, base, threads)
+            if semantic
+            else _fingerprint_fields(path, threads)
+        )
     except (CMHError, OSError) as exc:
         code = EXIT_UNREADABLE if semantic and _not_a_model(exc) else exit_code_for(exc)
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
@@ -529,11 +611,11 @@ def _bytes_under(path: str) -> int:
     return sum(data_size(f) for f in target.files)
 
 
-def _semantic_fields(path: str) -> dict[str, Any]:
+def _semantic_fields(path: str, base: str | None, threads: int | None) -> dict[str, Any]:
     import importlib
 
     semantic = importlib.import_module("cmh.semantic")  # loaded only when asked for
-    return {"semantic": dict(semantic.fingerprint(path).to_dict())}
+    return {"semantic": dict(semantic.fingerprint(path, base=base, threads=threads).to_dict())}
 
 
 def _print_semantic(path: str, fields: dict[str, Any]) -> None:

@@ -89,14 +89,19 @@ def read_carrier(metadata: Mapping[str, str] | None, tensor_count: int) -> Carri
         raise CarrierError("cmh.key is not 16 lowercase hex characters")
     signed = bool(record.flags & FLAG_SIGNED)
     zero_sig = signature_hex == "0" * SIGNATURE_HEX
+    zero_key = key_id == "0" * KEY_ID_HEX
     if signed and zero_sig:
         raise CarrierError("the record says signed but cmh.sig is zero-filled")
+    if signed and zero_key:
+        raise CarrierError("the record says signed but cmh.key is zero-filled")
+    if not signed and not (zero_sig and zero_key):
+        raise CarrierError("the record says unsigned but cmh.sig or cmh.key is not zero-filled")
     return Carrier(
         record=record,
         sha256=sha256,
         xxh3=xxh3,
         signature=None if zero_sig else bytes.fromhex(signature_hex),
-        key_id=None if key_id == "0" * KEY_ID_HEX else key_id,
+        key_id=None if zero_key else key_id,
     )
 
 

@@ -27,21 +27,33 @@ MAX_INDEX_SIZE = 100_000_000
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """The safetensors files that make up one checkpoint directory."""
+    """The safetensors files that make up one checkpoint directory.
+
+    ``other_indexes`` are further index files beside ``index``, and
+    ``unindexed`` the top-level ``*.safetensors`` files the index does not
+    name: both make the checkpoint ambiguous (see :func:`index_problems`).
+    """
 
     directory: str
     files: tuple[str, ...]
     index: str | None
     weight_map: dict[str, str] | None
+    other_indexes: tuple[str, ...] = ()
+    unindexed: tuple[str, ...] = ()
 
 
 def find_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
-    """The shards named by the index file, else every top-level ``*.safetensors``."""
+    """The shards named by the index file, else every top-level ``*.safetensors``.
+
+    With several index files, ``model.safetensors.index.json`` (else the first
+    by name) is read and the others are listed in ``other_indexes``.
+    """
     root = Path(directory)
     if not root.is_dir():
         raise InvalidFileError("not a directory", str(root))
     indexes = sorted(p.name for p in root.glob("*" + INDEX_SUFFIX) if p.is_file())
     index = DEFAULT_INDEX if DEFAULT_INDEX in indexes else (indexes[0] if indexes else None)
+    top_level = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
     if index is not None:
         weight_map = _read_index(root / index)
         files = tuple(sorted(set(weight_map.values())))
@@ -51,8 +63,15 @@ def find_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
                 raise InvalidFileError(f"index names a shard outside the directory: {name!r}")
             if not shard.is_file():
                 raise InvalidFileError(f"index names a missing shard {name!r}", str(root / index))
-        return Checkpoint(str(root), files, index, weight_map)
-    files = tuple(sorted(p.name for p in root.glob("*.safetensors") if p.is_file()))
+        return Checkpoint(
+            str(root),
+            files,
+            index,
+            weight_map,
+            other_indexes=tuple(i for i in indexes if i != index),
+            unindexed=tuple(f for f in top_level if f not in files),
+        )
+    files = tuple(top_level)
     if not files:
         raise InvalidFileError("directory holds no *.safetensors file", str(root))
     return Checkpoint(str(root), files, None, None)
@@ -79,8 +98,17 @@ def read_headers(checkpoint: Checkpoint) -> dict[str, Header]:
 
 
 def index_problems(checkpoint: Checkpoint, headers: dict[str, Header]) -> list[str]:
-    """Where the index and the shards disagree, and tensors named twice across shards."""
+    """Where the index and the shards disagree, and tensors named twice across shards.
+
+    Several index files, and a top-level ``*.safetensors`` the index does not
+    name, are disagreements too: which files make the checkpoint is ambiguous.
+    """
     problems: list[str] = []
+    if checkpoint.other_indexes:
+        names = ", ".join((checkpoint.index or "", *checkpoint.other_indexes))
+        problems.append(f"several index files ({names}): which one describes the checkpoint")
+    for name in checkpoint.unindexed:
+        problems.append(f"{name} is not named by the index {checkpoint.index}")
     seen: dict[str, str] = {}
     for file, header in headers.items():
         for t in header.tensors:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from .errors import DurationError
+from .errors import DurationError, SizeError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _PART = re.compile(r"(\d+)([smhdw])")
@@ -61,7 +61,7 @@ def parse_size(text: str) -> int:
     """Bytes in ``text`` (``500M``, ``20GB``, ``1.5GiB``; decimal units unless ``iB``)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise DurationError(f"invalid size {text!r}: use e.g. 500M, 20GB or 1.5GiB")
+        raise SizeError(f"invalid size {text!r}: use e.g. 500M, 20GB or 1.5GiB")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 

@@ -48,11 +48,19 @@ class NotStampedError(CMHError):
     """The file carries no CMH record."""
 
 
-class DurationError(CMHError, ValueError):
+class InputValueError(CMHError, ValueError):
+    """A value a user typed (a duration, a size) could not be parsed."""
+
+
+class DurationError(InputValueError):
     """A TTL or duration string could not be parsed."""
 
 
-class KeyError_(CMHError):
+class SizeError(InputValueError):
+    """A size string (``500M``, ``20GB``, ``1.5GiB``) could not be parsed."""
+
+
+class SigningKeyError(CMHError):
     """A signing or verification key could not be loaded."""
 
 

@@ -24,6 +24,8 @@ from .errors import InvalidFileError
 MAX_HEADER_SIZE = 100_000_000
 PREFIX_SIZE = 8
 METADATA_KEY = "__metadata__"
+#: Largest value of a dimension or an offset: they are u64 in the fingerprint.
+MAX_U64 = 2**64 - 1
 
 #: Size in bits of one element of each dtype the format names.
 DTYPE_BITS: dict[str, int] = {
@@ -71,8 +73,8 @@ class TensorEntry:
 class Header:
     """A validated safetensors header.
 
-    ``tensors`` is in ascending ``data_offsets`` order (ties, which only empty
-    tensors can have, broken by name). ``metadata`` is ``None`` when the file
+    ``tensors`` is in manifest order: ascending ``(begin, end)``, ties (which
+    only empty tensors can have) broken by UTF-8 name bytes. ``metadata`` is ``None`` when the file
     has no ``__metadata__`` entry.
     """
 
@@ -159,18 +161,30 @@ def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Head
     except UnicodeDecodeError as exc:
         raise InvalidFileError(f"header is not valid UTF-8 (at byte {exc.start})", path) from exc
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates)
+        obj = json.loads(
+            text,
+            object_pairs_hook=_checked_object,
+            parse_int=_parse_json_integer,
+            parse_constant=_reject_constant,
+        )
     except _DuplicateKeyError as exc:
         raise InvalidFileError(f"header has the key {exc.key!r} twice", path) from exc
+    except _LoneSurrogateError as exc:
+        raise InvalidFileError(
+            f"header string {exc.text!r} holds an unpaired UTF-16 surrogate escape "
+            "(not a Unicode scalar value)",
+            path,
+        ) from exc
     except (ValueError, RecursionError) as exc:
         raise InvalidFileError(f"header is not valid JSON: {exc}", path) from exc
     if not isinstance(obj, dict):
         raise InvalidFileError("header JSON is not an object", path)
 
-    metadata = _parse_metadata(obj.pop(METADATA_KEY, None), path)
+    metadata = _parse_metadata(obj.pop(METADATA_KEY, _ABSENT), path)
     data_size = file_size - PREFIX_SIZE - header_size
     tensors = [_parse_tensor(name, info, path) for name, info in obj.items()]
-    tensors.sort(key=lambda t: (t.begin, t.end, t.name))
+    # Names hold no surrogate (checked above), so they encode; bytewise is the spec's order.
+    tensors.sort(key=lambda t: (t.begin, t.end, t.name.encode("utf-8")))
     position = 0
     for t in tensors:
         if t.begin != position:
@@ -202,17 +216,58 @@ class _DuplicateKeyError(ValueError):
         super().__init__(key)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+class _LoneSurrogateError(ValueError):
+    def __init__(self, text: str) -> None:
+        self.text = text
+        super().__init__(text)
+
+
+class _SignedInteger:
+    """A JSON integer written with a sign (``-0``, ``-5``): never a count or an offset."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_ABSENT = object()
+
+
+def _check_scalar_values(text: str) -> None:
+    """Raise when ``text`` holds a surrogate (JSON lets ``\\ud800`` escape one alone)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _LoneSurrogateError(text) from exc
+
+
+def _checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Build one JSON object: no key twice, no unpaired surrogate in a key or string value."""
     out: dict[str, Any] = {}
     for key, value in pairs:
+        _check_scalar_values(key)
+        if isinstance(value, str):
+            _check_scalar_values(value)
         if key in out:
             raise _DuplicateKeyError(key)
         out[key] = value
     return out
 
 
+def _parse_json_integer(text: str) -> int | _SignedInteger:
+    # json gives "-0" and "-5" as ints; the format allows no sign in a count or offset.
+    return _SignedInteger(text) if text.startswith("-") else int(text)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _parse_metadata(value: object, path: str | None) -> dict[str, str] | None:
-    if value is None:
+    if value is _ABSENT:
         return None
     if not isinstance(value, Mapping):
         raise InvalidFileError("__metadata__ is not a JSON object", path)
@@ -225,7 +280,8 @@ def _parse_metadata(value: object, path: str | None) -> dict[str, str] | None:
 
 
 def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A JSON integer without sign, fraction or exponent, at most 2^64-1."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_U64
 
 
 def _parse_tensor(name: str, info: object, path: str | None) -> TensorEntry:
@@ -243,7 +299,8 @@ def _parse_tensor(name: str, info: object, path: str | None) -> TensorEntry:
     shape = info["shape"]
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise InvalidFileError(
-            f"tensor {name!r} has an invalid shape {shape!r} (a list of non-negative integers)",
+            f"tensor {name!r} has an invalid shape {shape!r} (a list of integers from 0 to "
+            "2^64-1, without sign, fraction or exponent)",
             path,
         )
     offsets = info["data_offsets"]
@@ -254,7 +311,8 @@ def _parse_tensor(name: str, info: object, path: str | None) -> TensorEntry:
         or offsets[0] > offsets[1]
     ):
         raise InvalidFileError(
-            f"tensor {name!r} has invalid data_offsets {offsets!r} (two integers, begin <= end)",
+            f"tensor {name!r} has invalid data_offsets {offsets!r} (two integers from 0 to "
+            "2^64-1, without sign, fraction or exponent, begin <= end)",
             path,
         )
     begin, end = int(offsets[0]), int(offsets[1])

@@ -10,6 +10,7 @@ from .carrier import read_carrier, user_metadata
 from .errors import CMHError
 from .header import read_header
 from .record import Record
+from .signing import TrustedKeys, signature_status
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,10 @@ class Inspection:
     """A summary of a safetensors file and of its CMH record, if any.
 
     ``record_error`` explains why a present record could not be read.
+    ``signature`` says what is known of a signature: ``None`` when unsigned,
+    ``"unchecked"`` when no trusted key was given, else ``"valid"``,
+    ``"invalid"`` (it does not match the record) or ``"untrusted"`` (its key
+    id is not among the trusted keys).
     """
 
     path: str
@@ -33,10 +38,14 @@ class Inspection:
     has_xxh3_manifest: bool
     signed: bool
     signer_key_id: str | None
+    signature: str | None = None
 
 
-def inspect(path: str | os.PathLike[str]) -> Inspection:
-    """Summarize the file at ``path``; raises :class:`~cmh.errors.InvalidFileError` if invalid."""
+def inspect(path: str | os.PathLike[str], trusted_keys: TrustedKeys | None = None) -> Inspection:
+    """Summarize the file at ``path``; raises :class:`~cmh.errors.InvalidFileError` if invalid.
+
+    With ``trusted_keys``, a signature is checked against the record (no tensor is read).
+    """
     target = os.fspath(path)
     header = read_header(target)
     record = None
@@ -47,8 +56,12 @@ def inspect(path: str | os.PathLike[str]) -> Inspection:
         carrier = read_carrier(header.metadata, len(header.tensors))
     except CMHError as exc:
         error = str(exc)
+    signature: str | None = None
     if carrier is not None:
         record = carrier.record
+        if record.signed and carrier.signature is not None:
+            signer = carrier.key_id or ""
+            signature = signature_status(record.to_bytes(), carrier.signature, signer, trusted_keys)
     return Inspection(
         path=target,
         file_size=header.file_size,
@@ -64,4 +77,5 @@ def inspect(path: str | os.PathLike[str]) -> Inspection:
         has_xxh3_manifest=bool(carrier and carrier.xxh3 is not None),
         signed=bool(record and record.signed),
         signer_key_id=carrier.key_id if carrier else None,
+        signature=signature,
     )

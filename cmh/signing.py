@@ -16,7 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import KeyError_
+from .errors import SigningKeyError
 
 SIGNATURE_DOMAIN = b"CMH-SIG-v1\x00"
 PASSPHRASE_ENV = "CMH_KEY_PASSPHRASE"
@@ -59,7 +59,7 @@ class TrustedKeys:
                 else [p]
             )
             if p.is_dir() and not files:
-                raise KeyError_(f"{p}: directory holds no .pem or .pub key files")
+                raise SigningKeyError(f"{p}: directory holds no .pem or .pub key files")
             for f in files:
                 key = load_public_key(f)
                 keys[key_id(key)] = key
@@ -67,6 +67,23 @@ class TrustedKeys:
 
     def __bool__(self) -> bool:
         return bool(self.keys)
+
+
+def signature_status(
+    record: bytes, signature: bytes, signer: str, trusted_keys: TrustedKeys | None
+) -> str:
+    """What a verifier holding ``trusted_keys`` knows of a record's signature (spec section 7).
+
+    ``"unchecked"`` with no trusted key; ``"untrusted"`` when the key id is not
+    among them (the key id decides first: the signature is then not checked);
+    else ``"valid"`` or ``"invalid"`` (the record changed after signing).
+    """
+    if not trusted_keys:
+        return "unchecked"
+    key = trusted_keys.keys.get(signer)
+    if key is None:
+        return "untrusted"
+    return "valid" if signature_valid(record, signature, key) else "invalid"
 
 
 def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
@@ -78,12 +95,12 @@ def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
         try:
             private = serialization.load_pem_private_key(data, password=None)
         except (TypeError, ValueError) as exc:
-            raise KeyError_(f"{path}: not a PEM Ed25519 public key") from exc
+            raise SigningKeyError(f"{path}: not a PEM Ed25519 public key") from exc
         if not isinstance(private, Ed25519PrivateKey):
-            raise KeyError_(f"{path}: not an Ed25519 key") from None
+            raise SigningKeyError(f"{path}: not an Ed25519 key") from None
         return private.public_key()
     if not isinstance(key, Ed25519PublicKey):
-        raise KeyError_(f"{path}: not an Ed25519 public key")
+        raise SigningKeyError(f"{path}: not an Ed25519 public key")
     return key
 
 
@@ -93,7 +110,7 @@ def load_private_key(
     """Load an Ed25519 private key from PEM.
 
     An encrypted key takes ``passphrase``, else the ``CMH_KEY_PASSPHRASE``
-    environment variable; :class:`~cmh.errors.KeyError_` says which is missing.
+    environment variable; :class:`~cmh.errors.SigningKeyError` says which is missing.
     """
     data = _read(path)
     if passphrase is None and PASSPHRASE_ENV in os.environ:
@@ -102,14 +119,14 @@ def load_private_key(
         key = serialization.load_pem_private_key(data, password=passphrase)
     except TypeError as exc:
         if passphrase is None:
-            raise KeyError_(
+            raise SigningKeyError(
                 f"{path}: key is encrypted; give its passphrase (prompt or ${PASSPHRASE_ENV})"
             ) from exc
-        raise KeyError_(f"{path}: key is not encrypted, but a passphrase was given") from exc
+        raise SigningKeyError(f"{path}: key is not encrypted, but a passphrase was given") from exc
     except ValueError as exc:
-        raise KeyError_(f"{path}: not a PEM private key, or wrong passphrase") from exc
+        raise SigningKeyError(f"{path}: not a PEM private key, or wrong passphrase") from exc
     if not isinstance(key, Ed25519PrivateKey):
-        raise KeyError_(f"{path}: not an Ed25519 private key")
+        raise SigningKeyError(f"{path}: not an Ed25519 private key")
     return key
 
 
@@ -142,4 +159,4 @@ def _read(path: str | os.PathLike[str]) -> bytes:
         with open(path, "rb") as f:
             return f.read(1 << 20)
     except OSError as exc:
-        raise KeyError_(f"{path}: cannot read key file: {exc.strerror or exc}") from exc
+        raise SigningKeyError(f"{path}: cannot read key file: {exc.strerror or exc}") from exc

@@ -3,13 +3,17 @@
 First stamp: a new file is written beside the original (new header, then the
 byte buffer copied by the kernel), its tensors are hashed from the copy, the
 final ``cmh*`` values are written at their fixed widths, the copy is synced
-and renamed over the original. Later stamps overwrite only those fixed-width
-values in place: no JSON structure and no tensor byte moves.
+and renamed over the original. A later stamp overwrites only those fixed-width
+values in place (no JSON structure and no tensor byte moves) when every value
+it writes has a slot of its width, else it rewrites the file as a first stamp
+does. A stamp without a key removes a previous signature: it would no longer
+match the new record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -51,6 +55,8 @@ class StampResult:
     signer_key_id: str | None
     hash_seconds: float = 0.0
     write_seconds: float = 0.0
+    #: Key id of the signature this stamp removed (a signed file restamped without a key).
+    removed_signature_key_id: str | None = None
 
 
 def stamp(
@@ -70,8 +76,8 @@ def stamp(
     When ``ttl`` is ``None`` and ``keep_ttl`` is true, a restamp keeps the
     file's previous lifetime (counted again from now); a first stamp never
     expires. ``sign_key`` adds an Ed25519 signature. Restamping a signed file
-    without a key leaves the old signature in place, which then no longer
-    matches: verification reports it.
+    without a key removes its signature (it would no longer match the new
+    record); ``removed_signature_key_id`` then names the key that had signed.
     """
     target = os.fspath(path)
     stamped_at = int(now if now is not None else time.time())
@@ -82,10 +88,17 @@ def stamp(
     if ttl is None and keep_ttl and previous is not None and previous.expires_at:
         lifetime = max(0, previous.expires_at - previous.stamped_at)
     expires_at = 0 if lifetime is None else stamped_at + lifetime
-    job = _StampJob(
-        target, header, carrier, expires_at, stamped_at, sign_key, xxh3, threads, progress
-    )
-    return _stamp_in_place(job) if _fits_in_place(job) else _stamp_rewrite(job)
+    job = _StampJob(target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress)
+    result = _stamp_in_place(job) if _fits_in_place(job) else _stamp_rewrite(job)
+    removed = _removed_signer(carrier, sign_key)
+    return dataclasses.replace(result, removed_signature_key_id=removed) if removed else result
+
+
+def _removed_signer(previous: Carrier | None, sign_key: Ed25519PrivateKey | None) -> str | None:
+    """Key id of the signature a stamp without a key drops."""
+    if sign_key is not None or previous is None or not previous.record.signed:
+        return None
+    return previous.key_id
 
 
 @dataclass(frozen=True)
@@ -94,7 +107,6 @@ class _StampJob:
 
     target: str
     header: Header
-    previous: Carrier | None
     expires_at: int
     stamped_at: int
     sign_key: Ed25519PrivateKey | None
@@ -125,18 +137,17 @@ def _fits_in_place(job: _StampJob) -> bool:
 
 
 def _new_values(
-    job: _StampJob,
-    header: Header,
-    digests: list[TensorDigest],
-    old_signature: tuple[str, str] | None,
+    job: _StampJob, header: Header, digests: list[TensorDigest]
 ) -> tuple[dict[str, str], Record, str | None]:
-    """The ``cmh*`` values for ``header`` (the file as written) and its digests."""
+    """The ``cmh*`` values for ``header`` (the file as written) and its digests.
+
+    Signed only with the job's key: a previous signature is never carried over.
+    """
     expires_at, stamped_at, sign_key, xxh3 = job.expires_at, job.stamped_at, job.sign_key, job.xxh3
     sha256 = [d.sha256 for d in digests if d.sha256 is not None]
     root = file_root(root_entries(header.tensors, sha256), user_metadata(header.metadata))
     flags = FLAG_SHA256 | (FLAG_XXH3 if xxh3 else 0)
-    keep_old_signature = sign_key is None and old_signature is not None
-    if sign_key is not None or keep_old_signature:
+    if sign_key is not None:
         flags |= FLAG_SIGNED
     record = Record(expires_at=expires_at, fingerprint=root, flags=flags, stamped_at=stamped_at)
     signature: bytes | None = None
@@ -146,17 +157,7 @@ def _new_values(
         signer = key_id(sign_key.public_key())
     xxh3_digests = [d.xxh3 for d in digests if d.xxh3 is not None] if xxh3 else None
     values = carrier_values(record, sha256, xxh3_digests, signature, signer)
-    if keep_old_signature and old_signature is not None:
-        values[KEY_SIGNATURE], values[KEY_KEY_ID] = old_signature
-        signer = old_signature[1]
     return values, record, signer
-
-
-def _old_signature(carrier: Carrier | None) -> tuple[str, str] | None:
-    """The previous signature and key id, kept (now stale) by a restamp without a key."""
-    if carrier is None or not carrier.record.signed or carrier.signature is None:
-        return None
-    return carrier.signature.hex(), carrier.key_id or "0" * 16
 
 
 # -- first stamp: write beside, then replace --------------------------------------------
@@ -203,14 +204,21 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             if _changed(before, os.fstat(src.fileno())):
                 raise StampError(f"{target}: file changed while it was stamped; nothing written")
             hash_seconds = time.perf_counter() - hash_started
-            values, record, signer = _new_values(job, new_header, digests, None)
+            values, record, signer = _new_values(job, new_header, digests)
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
+            set_mtime_to_stamp(tmp, job.stamped_at)
     except BaseException as exc:
         if isinstance(exc, OSError):
             raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
         raise
     write_seconds = time.perf_counter() - started - hash_seconds
     return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)
+
+
+def set_mtime_to_stamp(path: str, stamped_at: int) -> None:
+    """Set a just-stamped file's mtime to ``stamped_at``: a later write is then visible
+    as a later mtime (the stamp trust rule of spec/semantic.md 2.1)."""
+    os.utime(path, ns=(time.time_ns(), stamped_at * 1_000_000_000))
 
 
 def _changed(before: os.stat_result, after: os.stat_result) -> bool:
@@ -270,12 +278,13 @@ def _stamp_in_place(job: _StampJob) -> StampResult:
     hash_started = time.perf_counter()
     digests = hash_tensors(target, header, xxh3=xxh3, threads=job.threads, progress=job.progress)
     hash_seconds = time.perf_counter() - hash_started
-    values, record, signer = _new_values(job, header, digests, _old_signature(job.previous))
+    values, record, signer = _new_values(job, header, digests)
     try:
         write_values_in_place(target, header, values)
     except StampError:
         # The values could not be located unambiguously: fall back to a full rewrite.
         return _stamp_rewrite(job)
+    set_mtime_to_stamp(target, job.stamped_at)
     write_seconds = time.perf_counter() - hash_started - hash_seconds
     return StampResult(target, record, tuple(digests), True, signer, hash_seconds, write_seconds)
 

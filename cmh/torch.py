@@ -16,9 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .carrier import read_carrier, user_metadata
+from .carrier import Carrier, read_carrier, user_metadata
 from .digests import default_threads, file_root, root_entries
-from .errors import CMHError, NotStampedError, VerificationError
+from .errors import (
+    CarrierError,
+    CMHError,
+    NotStampedError,
+    UnsupportedVersionError,
+    VerificationError,
+)
 from .header import Header, TensorEntry, read_header
 from .verification import Outcome, Problem, VerifyResult
 
@@ -57,12 +63,22 @@ def load_file(
     match the SHA-256 manifest, the manifest must match the record, and the
     record must be unexpired (unless ``allow_expired``); otherwise
     :class:`~cmh.errors.VerificationError` is raised and nothing is returned.
+    A file without a SHA-256 manifest (flags bit0 clear) has its root checked
+    from the bytes read instead.
     """
     target = os.fspath(path)
     header = read_header(target)
-    expected = _expected_digests(target, header, allow_expired, at) if verify else None
+    carrier = _checked_carrier(target, header, allow_expired, at) if verify else None
     buffers = _read_and_hash(target, header, threads, hash_bytes=verify)
-    if expected is not None:
+    if carrier is not None and carrier.sha256 is None:
+        digests = [d for _, d in buffers if d is not None]
+        root = file_root(root_entries(header.tensors, digests), user_metadata(header.metadata))
+        if root != carrier.record.fingerprint:
+            raise _refusal(
+                target, Outcome.ROOT_MISMATCH, "fingerprint root does not match the record"
+            )
+    if carrier is not None and carrier.sha256 is not None:
+        expected = dict(zip((t.name for t in header.tensors), carrier.sha256, strict=True))
         bad = [
             t.name
             for t, (_, d) in zip(header.tensors, buffers, strict=True)
@@ -87,28 +103,38 @@ def load_file(
     return out
 
 
-def _expected_digests(
-    path: str, header: Header, allow_expired: bool, at: float | None
-) -> dict[str, bytes]:
-    def refuse(outcome: Outcome, message: str) -> VerificationError:
-        result = VerifyResult(path, outcome, (Problem(outcome, message),))
-        return VerificationError(f"{path}: refusing to load: {message}", result)
+_ROOT_MISMATCH = "fingerprint root does not match the record"
 
+
+def _refusal(path: str, outcome: Outcome, message: str) -> VerificationError:
+    result = VerifyResult(path, outcome, (Problem(outcome, message),))
+    return VerificationError(f"{path}: refusing to load: {message}", result)
+
+
+def _checked_carrier(path: str, header: Header, allow_expired: bool, at: float | None) -> Carrier:
+    """The file's carrier, its manifest root checked against the record, unexpired."""
     try:
         carrier = read_carrier(header.metadata, len(header.tensors))
+    except UnsupportedVersionError as exc:
+        raise _refusal(path, Outcome.UNSUPPORTED_VERSION, str(exc)) from exc
+    except CarrierError as exc:
+        raise _refusal(path, Outcome.MANIFEST_INCONSISTENT, str(exc)) from exc
     except CMHError as exc:
-        raise refuse(Outcome.CORRUPT_RECORD, str(exc)) from exc
+        raise _refusal(path, Outcome.CORRUPT_RECORD, str(exc)) from exc
     if carrier is None:
-        raise refuse(Outcome.UNSTAMPED, "file carries no CMH record") from NotStampedError(path)
-    if carrier.sha256 is None:
-        raise refuse(Outcome.MANIFEST_INCONSISTENT, "file has no SHA-256 manifest")
-    root = file_root(root_entries(header.tensors, carrier.sha256), user_metadata(header.metadata))
-    if root != carrier.record.fingerprint:
-        raise refuse(Outcome.ROOT_MISMATCH, "fingerprint root does not match the record")
+        message = "file carries no CMH record"
+        raise _refusal(path, Outcome.UNSTAMPED, message) from NotStampedError(path)
+    if carrier.sha256 is not None:
+        entries = root_entries(header.tensors, carrier.sha256)
+        if file_root(entries, user_metadata(header.metadata)) != carrier.record.fingerprint:
+            raise _refusal(
+                path, Outcome.ROOT_MISMATCH, "fingerprint root does not match the record"
+            )
     now = time.time() if at is None else at
     if carrier.record.is_expired(now) and not allow_expired:
-        raise refuse(Outcome.EXPIRED, f"expired at Unix time {carrier.record.expires_at}")
-    return {t.name: d for t, d in zip(header.tensors, carrier.sha256, strict=True)}
+        message = f"expired at Unix time {carrier.record.expires_at}"
+        raise _refusal(path, Outcome.EXPIRED, message)
+    return carrier
 
 
 def _read_and_hash(

@@ -18,7 +18,7 @@ from .errors import (
 )
 from .header import Header, read_header
 from .record import Record
-from .signing import TrustedKeys, signature_valid
+from .signing import TrustedKeys, signature_status
 
 
 class Outcome(str, enum.Enum):
@@ -80,7 +80,7 @@ def verify(
     at: float | None = None,
     fast: bool = False,
     trusted_keys: TrustedKeys | None = None,
-    require_signature: bool = False,
+    require_signature: bool | None = None,
     allow_expired: bool = False,
     threads: int | None = None,
     progress: ProgressCallback | None = None,
@@ -89,9 +89,15 @@ def verify(
 
     ``fast`` checks tensor bytes against the XXH3 manifest (accidental
     corruption) instead of SHA-256; the root is still checked against the
-    SHA-256 manifest. Expiry is judged at ``at`` (Unix seconds), else now.
+    SHA-256 manifest. The XXH3 manifest is covered by neither the root nor the
+    signature, so whenever a signature is checked or required the verification
+    is full, whatever ``fast`` says. ``require_signature`` defaults to "when
+    ``trusted_keys`` are given": pass ``False`` to accept unsigned files then.
+    Expiry is judged at ``at`` (Unix seconds), else now.
     """
     target = os.fspath(path)
+    if require_signature is None:
+        require_signature = bool(trusted_keys)
     mode = "fast" if fast else "full"
     try:
         header = read_header(target)
@@ -149,9 +155,11 @@ def _judge(
     notes: list[str] = []
     mismatched: list[str] = []
     mode = "fast" if fast else "full"
-    if fast and carrier.xxh3 is None:
-        notes.append("no XXH3 manifest: fast mode fell back to SHA-256")
-        fast, mode = False, "full"
+    if fast:
+        fallback = _full_instead_of_fast(carrier, bool(trusted_keys) or require_signature)
+        if fallback is not None:
+            notes.append(fallback)
+            fast, mode = False, "full"
     digests = hash_tensors(
         path, header, sha256=not fast, xxh3=fast, threads=threads, progress=progress
     )
@@ -209,6 +217,20 @@ def _judge(
 _ORDER = list(Outcome)
 
 
+def _full_instead_of_fast(carrier: Carrier, checks_signature: bool) -> str | None:
+    """Why a fast verification must hash with SHA-256 instead, or ``None``."""
+    if checks_signature:
+        return (
+            "a signature is checked: fast mode fell back to SHA-256 (the XXH3 manifest is "
+            "covered by neither the root nor the signature)"
+        )
+    if carrier.sha256 is None:
+        return "no SHA-256 manifest to check the root against: fast mode fell back to SHA-256"
+    if carrier.xxh3 is None:
+        return "no XXH3 manifest: fast mode fell back to SHA-256"
+    return None
+
+
 def _judge_signature(
     carrier: Carrier,
     trusted_keys: TrustedKeys | None,
@@ -222,7 +244,8 @@ def _judge_signature(
             problems.append(_p(Outcome.SIGNATURE_MISSING, "file is not signed"))
         return None, False
     signer = carrier.key_id
-    if not trusted_keys:
+    status = signature_status(record.to_bytes(), carrier.signature, signer or "", trusted_keys)
+    if status == "unchecked":
         if require_signature:
             problems.append(
                 _p(Outcome.SIGNATURE_UNTRUSTED, f"signed by key {signer}, but no trusted key given")
@@ -230,21 +253,19 @@ def _judge_signature(
         else:
             notes.append(f"signed by key {signer}; signature not checked (no trusted key given)")
         return signer, False
-    key = trusted_keys.keys.get(signer or "")
-    if key is None:
+    if status == "untrusted":
         problems.append(
             _p(Outcome.SIGNATURE_UNTRUSTED, f"signed by key {signer}, which is not trusted")
         )
         return signer, False
-    if not signature_valid(record.to_bytes(), carrier.signature, key):
+    if status == "invalid":
         problems.append(
             _p(
                 Outcome.SIGNATURE_INVALID,
                 f"signature by key {signer} does not match the record "
-                "(the record changed after signing, or the file was re-stamped without re-signing)",
+                "(the record changed after signing)",
             )
         )
-        return signer, True
     return signer, True
 
 

@@ -10,7 +10,13 @@ import pytest
 from click.testing import CliRunner
 from cmh.cli import _common as common
 
-from cmh.errors import DurationError, InvalidFileError, KeyError_, NotStampedError
+from cmh.errors import (
+    DurationError,
+    InvalidFileError,
+    NotStampedError,
+    SigningKeyError,
+    SizeError,
+)
 
 
 def test_exit_codes_are_the_documented_ones() -> None:
@@ -23,8 +29,9 @@ def test_exit_codes_are_the_documented_ones() -> None:
     [
         (InvalidFileError("bad header", "x.safetensors"), 3),
         (FileNotFoundError(2, "No such file or directory", "x"), 3),
-        (KeyError_("x.key: not a PEM"), 2),
+        (SigningKeyError("x.key: not a PEM"), 2),
         (DurationError("invalid duration"), 2),
+        (SizeError("invalid size"), 2),
         (NotStampedError("x: not stamped"), 1),
     ],
 )
@@ -104,3 +111,26 @@ def test_progress_bar_is_a_no_op_off_a_terminal(capsys: pytest.CaptureFixture[st
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
     assert advance is common._no_progress
+
+
+def test_sizes_have_their_own_error() -> None:
+    from cmh.duration import parse_duration, parse_size
+    from cmh.errors import InputValueError
+
+    with pytest.raises(SizeError, match="invalid size") as caught:
+        parse_size("12 parsecs")
+    assert not isinstance(caught.value, DurationError)
+    assert isinstance(caught.value, InputValueError)
+    with pytest.raises(DurationError) as late:
+        parse_duration("soon")
+    assert not isinstance(late.value, SizeError)
+
+
+def test_no_public_name_shadows_a_builtin() -> None:
+    import builtins
+
+    import cmh
+    import cmh.errors
+
+    names = set(cmh.__all__) | {n for n in vars(cmh.errors) if not n.startswith("_")}
+    assert not {n.rstrip("_") for n in names} & set(dir(builtins))

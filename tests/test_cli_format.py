@@ -272,12 +272,12 @@ def test_verify_signatures(run, model: Path, keys) -> None:
     assert run(["sign", model, "--key", alice_key]).exit_code == 0
     assert run(["verify", model, "--key", alice_pub]).exit_code == 0
 
-    # Re-stamped without re-signing: the old signature no longer matches the record.
+    # Re-stamped without re-signing: the signature, which would no longer match, is removed.
     r = run(["stamp", model, "--ttl", "60d"])
-    assert r.exit_code == 0 and "old signature no longer matches" in r.stderr
+    assert r.exit_code == 0 and f"signature by key {alice_id} was removed" in r.stderr
     r = run(["verify", model, "--key", alice_pub, "--json"])
     assert r.exit_code == 1
-    assert r.json()["files"][0]["outcome"] == "signature_invalid"
+    assert r.json()["files"][0]["outcome"] == "signature_missing"
 
 
 def test_verify_usage_errors(run, model: Path, tmp_path: Path) -> None:

@@ -108,3 +108,24 @@ def test_transformers_loads_the_stamped_minilm_bit_identically(
         with torch.no_grad():
             embeddings.append(model(**batch).last_hidden_state.mean(dim=1))
     assert torch.equal(embeddings[0], embeddings[1])
+
+
+def test_verified_load_of_a_file_without_sha256_manifest_checks_the_root_from_bytes(
+    tmp_path: Path,
+) -> None:
+    """Spec section 4: flags bit0 clear is valid; the root is then checked from the bytes."""
+    from cmh.errors import VerificationError
+    from cmh.torch import load_file
+    from cmh.verification import Outcome
+
+    vectors = Path(__file__).resolve().parent.parent / "fixtures" / "vectors"
+    good = load_file(vectors / "no-sha256-manifest.safetensors", allow_expired=True)
+    assert sorted(good) == ["bias", "weight"]
+    bad = tmp_path / "bad.safetensors"
+    shutil.copyfile(vectors / "root-mismatch-no-sha256.safetensors", bad)
+    with pytest.raises(VerificationError) as caught:
+        load_file(bad, allow_expired=True)
+    assert caught.value.result.outcome is Outcome.ROOT_MISMATCH  # type: ignore[attr-defined]
+    with pytest.raises(VerificationError) as unsupported:
+        load_file(vectors / "record-version-2.safetensors", allow_expired=True)
+    assert unsupported.value.result.outcome is Outcome.UNSUPPORTED_VERSION  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,9 @@ from cmh.semantic import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-KEY = re.compile(r"^[0-9a-f]{16}/(weights|lora|kv|tokenizer|graph|quant_weight)/[0-9a-f]{64}$")
+KEY = re.compile(
+    r"^[0-9a-f]{16}/(weights|lora|kv|kv_text|tokenizer|graph|quant_weight)/[0-9a-f]{64}$"
+)
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -158,10 +161,13 @@ def test_minilm_fields(minilm_dir: Path) -> None:
     assert fp.tensor_count == 104
     assert "vocab.txt" in fp.files and "tokenizer.json" in fp.files
     assert not fp.is_adapter and fp.base is None
-    for kind in ("weights", "kv", "tokenizer", "graph", "quant_weight"):
+    for kind in ("weights", "kv", "kv_text", "tokenizer", "graph", "quant_weight"):
         assert KEY.match(fp.cache_key(kind)), kind
     assert fp.cache_key("weights") == f"{fp.scope}/weights/{fp.weights}"
-    assert fp.cache_key("tokenizer") == f"{fp.scope}/tokenizer/{fp.tokenizer}"
+    # Shared kinds are scoped by their own content, weight-bound kinds by the weights.
+    assert fp.cache_key("tokenizer") == f"{fp.tokenizer[:16]}/tokenizer/{fp.tokenizer}"
+    for kind in ("kv", "kv_text", "quant_weight"):
+        assert fp.cache_key(kind).startswith(f"{fp.scope}/{kind}/")
     with pytest.raises(CacheKindError, match="adapters only"):
         fp.cache_key("lora")
     data = json.loads(json.dumps(fp.to_dict()))
@@ -217,7 +223,8 @@ def test_minilm_tokenizer_canonical_content(minilm_copy: Path) -> None:
     assert changed.tokenizer != before.tokenizer
     assert changed.compatible(before, "weights")
     assert not changed.compatible(before, "tokenizer")
-    assert not changed.compatible(before, "kv")
+    assert not changed.compatible(before, "kv_text")  # text-keyed K/V: tokenizer matters
+    assert changed.compatible(before, "kv")  # K/V for given token ids do not change
     assert changed.compatible(before, "graph")  # tokenizer files are not the graph
 
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
@@ -228,23 +235,24 @@ def test_minilm_tokenizer_canonical_content(minilm_copy: Path) -> None:
         bare.cache_key("tokenizer")
     assert not bare.compatible(bare, "tokenizer")
     assert KEY.match(bare.cache_key("kv"))
+    with pytest.raises(CacheKindError, match="no tokenizer"):
+        bare.cache_key("kv_text")
 
 
 def test_stamped_weights_come_from_headers_only(minilm_copy: Path) -> None:
-    """Stamp, then change tensor bytes without restamping: the claim is what is read."""
+    """A fresh stamp is trusted (no tensor byte read); a file written after it is hashed."""
     path = minilm_copy / "model.safetensors"
     hashed = fingerprint(minilm_copy)
     cmh.stamp(path)
     stamped = fingerprint(minilm_copy)
-    assert stamped.hashed_files == ()
+    assert stamped.hashed_files == () and stamped.untrusted_stamps == ()
     assert stamped.weights == hashed.weights  # the stamp claims the same identity
 
     overwrite_tensor_bytes(path, "embeddings.word_embeddings.weight")
-    after = fingerprint(minilm_copy)
-    assert after.weights == stamped.weights  # no tensor byte was read
-    assert after.hashed_files == ()
-    # The bytes did change: hashing (the format library) and verify see it.
-    assert cmh.directory_identity(minilm_copy).hex != stamped.weights
+    after = fingerprint(minilm_copy)  # the write left a later mtime: the stamp is not used
+    assert after.hashed_files == ("model.safetensors",)
+    assert "modified after it was stamped" in dict(after.untrusted_stamps)["model.safetensors"]
+    assert after.weights == cmh.directory_identity(minilm_copy).hex != stamped.weights
     assert not cmh.verify(path).ok
 
 
@@ -292,8 +300,9 @@ def test_fine_tuned_copy_same_graph_new_weights(tmp_path: Path) -> None:
     assert not tuned.compatible(base, "weights")
     assert not tuned.compatible(base, "kv")
     assert not tuned.compatible(base, "quant_weight")
-    # Same graph, so the graph key's id part is equal though the scopes differ.
-    assert tuned.cache_key("graph").split("/")[2] == base.cache_key("graph").split("/")[2]
+    # Same graph id, so the same key: a runtime keying by the whole string shares it.
+    assert tuned.cache_key("graph") == base.cache_key("graph")
+    assert tuned.cache_key("kv").split("/")[0] == tuned.scope != base.scope
 
 
 def test_mapping_form_matches_directory(tmp_path: Path, minilm_dir: Path) -> None:
@@ -394,12 +403,13 @@ def test_key_kinds_and_variants(minilm_dir: Path) -> None:
 def test_from_dict_rejects_inconsistent_input(minilm_dir: Path) -> None:
     data = fingerprint(minilm_dir).to_dict()
     for key, value, message in [
-        ("format", "cmh-semantic-v0", "format"),
+        ("format", "cmh-semantic-v1", "format"),
         ("weights", "XYZ", "weights"),
         ("scope", "0" * 16, "scope"),
         ("tensor_count", -1, "tensor_count"),
         ("files", "model.safetensors", "files"),
-        ("base", {"format": "cmh-semantic-v1"}, "graph"),
+        ("untrusted_stamps", ["model.safetensors"], "untrusted_stamps"),
+        ("base", {"format": "cmh-semantic-v2"}, "graph"),
     ]:
         with pytest.raises(FingerprintFormatError, match=message):
             ModelFingerprint.from_dict({**data, key: value})
@@ -427,12 +437,12 @@ def test_config_dropped_fields_in_subconfigs(tmp_path: Path) -> None:
     a = write_model(tmp_path / "a", state)
     b = write_model(tmp_path / "b", state)
     sub = {"model_type": "toy_text", "hidden_size": 8, "_name_or_path": "x", "dropout": 0.1}
-    labels = {"dropout": 0, "use_cache": 1}  # data, not fields: kept whole
-    for directory, sub_extra, label in [(a, {}, labels), (b, {"_name_or_path": "y"}, labels)]:
-        config = {**CONFIG, "text_config": {**sub, **sub_extra}, "label2id": label}
+    quant = {"dropout": 0, "use_cache": 1}  # data, not fields: kept whole
+    for directory, sub_extra, label in [(a, {}, quant), (b, {"_name_or_path": "y"}, quant)]:
+        config = {**CONFIG, "text_config": {**sub, **sub_extra}, "quantization_config": label}
         (directory / "config.json").write_text(json.dumps(config))
     assert fingerprint(a).config == fingerprint(b).config
-    config = {**CONFIG, "text_config": sub, "label2id": {"dropout": 0, "other": 1}}
+    config = {**CONFIG, "text_config": sub, "quantization_config": {"dropout": 0, "other": 1}}
     (b / "config.json").write_text(json.dumps(config))
     assert fingerprint(a).config != fingerprint(b).config
 
@@ -456,14 +466,18 @@ def test_task_from_class(family: str | None, task: str | None) -> None:
     assert task_from_class(family) == task
 
 
-def test_problem_type_wins(tmp_path: Path) -> None:
+def test_problem_type_is_not_a_task(tmp_path: Path) -> None:
+    """``problem_type`` names a training loss: neither the task nor any id depends on it."""
     directory = write_model(tmp_path / "m", tensors())
     config = {**CONFIG, "architectures": ["ToyForSequenceClassification"]}
     (directory / "config.json").write_text(json.dumps(config))
-    assert fingerprint(directory).task == "sequence-classification"
-    config["problem_type"] = "multi_label_classification"
+    before = fingerprint(directory)
+    assert before.task == "sequence-classification"
+    config["problem_type"] = "single_label_classification"
     (directory / "config.json").write_text(json.dumps(config))
-    assert fingerprint(directory).task == "multi_label_classification"
+    after = fingerprint(directory)
+    assert after.task == "sequence-classification"
+    assert after.keys() == before.keys()
 
 
 def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
@@ -504,7 +518,12 @@ def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
 def test_spec_test_vectors(tmp_path: Path) -> None:
     """The vectors of spec/semantic.md, computed from the spec's formulas and by the library."""
     from cmh.header import TensorEntry
-    from cmh.semantic.canonical import config_hash, tokenizer_hash
+    from cmh.semantic.canonical import (
+        adapter_config_hash,
+        config_hash,
+        kv_config_hash,
+        tokenizer_hash,
+    )
     from cmh.semantic.model import key_id
     from cmh.semantic.tensors import graph_hash
 
@@ -526,16 +545,37 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     entries = [TensorEntry("b", "F16", (), 0, 2), TensorEntry("a", "F32", (2,), 2, 10)]
     assert graph_hash(entries) == graph and graph in spec
 
-    reduced = b'{"hidden_size":8,"model_type":"toy","rope_theta":10000}'
-    config = hashlib.sha256(b"CMH-SEM-CONFIG-v1\n" + reduced).hexdigest()
+    reduced = (
+        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"toy",'
+        b'"rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
+    )
+    config = hashlib.sha256(b"CMH-SEM-CONFIG-v2\n" + reduced).hexdigest()
+    kv_reduced = reduced.replace(b'"eos_token_id":2,', b"")
+    kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v2\n" + kv_reduced).hexdigest()
     source = {
         "model_type": "toy",
         "hidden_size": 8,
         "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16",
         "_name_or_path": "x",
         "use_cache": True,
+        "eos_token_id": 2,
+        "id2label": {"0": "A"},
     }
     assert config_hash(source) == config and config in spec
+    assert kv_config_hash(source) == kv_config and kv_config in spec
+
+    adapter_reduced = b'{"lora_alpha":16,"peft_type":"LORA","target_modules":["q_proj","v_proj"]}'
+    adapter = hashlib.sha256(b"CMH-SEM-ADAPTER-CONFIG-v2\n" + adapter_reduced).hexdigest()
+    adapter_source = {
+        "peft_type": "LORA",
+        "r": 8,
+        "lora_alpha": 16,
+        "target_modules": ["v_proj", "q_proj"],
+        "use_dora": False,
+        "lora_dropout": 0.1,
+    }
+    assert adapter_config_hash(adapter_source) == adapter and adapter in spec
 
     (tmp_path / "vocab.txt").write_bytes(b"[PAD]\n")
     (tmp_path / "tokenizer_config.json").write_text(
@@ -556,9 +596,9 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     assert tokenizer_hash(files) == tokenizer and tokenizer in spec
 
     kv = hashlib.sha256(
-        b"CMH-SEM-KEY-v1\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"")
+        b"CMH-SEM-KEY-v2\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"") + lp(b"")
     ).hexdigest()
-    assert key_id("kv", "a" * 64, "", "", "") == kv and kv in spec
+    assert key_id("kv", "a" * 64, "", "", "", "") == kv and kv in spec
 
 
 _json_values = st.recursive(
@@ -594,3 +634,48 @@ def test_stamped_and_unstamped_copies_compare_equal(tmp_path: Path) -> None:
     a, b = fingerprint(plain), fingerprint(stamped)
     assert (a.hashed_files, b.hashed_files) == (("model.safetensors",), ())
     assert a == b and a.keys() == b.keys()
+
+
+def test_every_stamp_writer_leaves_a_trusted_stamp(tmp_path: Path) -> None:
+    """cmh.stamp (first and in place) and cmh.save_file set the mtime to stamped_at."""
+    first = write_model(tmp_path / "first", tensors())
+    path = first / "model.safetensors"
+    record = cmh.stamp(path).record
+    assert path.stat().st_mtime_ns == record.stamped_at * 1_000_000_000
+    assert fingerprint(first).hashed_files == ()
+    again = cmh.stamp(path, now=record.stamped_at - 5)
+    assert again.in_place
+    assert path.stat().st_mtime_ns == (record.stamped_at - 5) * 1_000_000_000
+    assert fingerprint(first).hashed_files == ()
+    cmh.stamp(path, now=time.time() + 3600)  # a clock an hour ahead
+    ahead = fingerprint(first)
+    assert ahead.hashed_files == ("model.safetensors",)
+    assert "stamped in the future" in dict(ahead.untrusted_stamps)["model.safetensors"]
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text(json.dumps(CONFIG))
+    cmh.save_file(tensors(), saved / "model.safetensors", {"format": "pt"}, ttl="30d")
+    fp = fingerprint(saved)
+    assert fp.hashed_files == () and fp.weights == fingerprint(first).weights
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"rope_parameters": {"rope_type": ["yarn"], "rope_theta": "x"}},
+        {"rope_scaling": "linear", "rope_theta": [1]},
+        {"rope_parameters": {"full": {"rope_theta": 1}}, "layer_types": 5},
+        {"rope_parameters": {"full": {"rope_theta": 1}}, "layer_types": ["full"]},
+        {"torch_dtype": {"nested": True}, "dtype": None},
+        {"text_config": {"model_type": "t", "rope_scaling": {"type": 3}, "torch_dtype": 1}},
+    ],
+)
+def test_odd_config_values_are_hashed_not_crashed_on(
+    tmp_path: Path, fields: dict[str, object]
+) -> None:
+    """Normalization never fails on values of unexpected types: they are hashed as they are."""
+    directory = write_model(tmp_path / "m", tensors())
+    (directory / "config.json").write_text(json.dumps({**CONFIG, **fields}))
+    fp = fingerprint(directory)
+    assert fp.config is not None and fp.kv_config is not None

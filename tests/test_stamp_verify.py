@@ -279,15 +279,19 @@ def test_untrusted_key_fails(
     assert verdict.outcome is Outcome.SIGNATURE_UNTRUSTED
 
 
-def test_restamp_without_resigning_fails(
+def test_restamp_without_resigning_removes_the_signature(
     make_file: MakeFile, keypair: tuple[Path, Path, str]
 ) -> None:
-    priv, pub, _ = keypair
+    priv, pub, kid = keypair
     path = make_file()
     cmh.stamp(path, sign_key=load_private_key(priv))
-    cmh.stamp(path, ttl="1d")
-    verdict = cmh.verify(path, trusted_keys=TrustedKeys.load([pub]))
-    assert verdict.outcome is Outcome.SIGNATURE_INVALID
+    result = cmh.stamp(path, ttl="1d")
+    assert result.removed_signature_key_id == kid and not result.record.signed
+    info = cmh.inspect(path)
+    assert not info.signed and info.signer_key_id is None
+    keys = TrustedKeys.load([pub])
+    assert cmh.verify(path, trusted_keys=keys).outcome is Outcome.SIGNATURE_MISSING
+    assert cmh.verify(path, trusted_keys=keys, require_signature=False).ok
 
 
 def test_record_changed_after_signing_fails(
@@ -336,9 +340,9 @@ def test_encrypted_key_needs_a_passphrase(tmp_path: Path, monkeypatch: pytest.Mo
     path = tmp_path / "enc.key"
     path.write_bytes(private_pem)
     monkeypatch.delenv("CMH_KEY_PASSPHRASE", raising=False)
-    with pytest.raises(cmh.KeyError_, match="encrypted"):
+    with pytest.raises(cmh.SigningKeyError, match="encrypted"):
         load_private_key(path)
-    with pytest.raises(cmh.KeyError_, match="wrong passphrase"):
+    with pytest.raises(cmh.SigningKeyError, match="wrong passphrase"):
         load_private_key(path, b"nope")
     monkeypatch.setenv("CMH_KEY_PASSPHRASE", "s3cret")
     from cmh.signing import key_id
@@ -353,3 +357,30 @@ def test_dead_temporaries_are_cleaned(make_file: MakeFile) -> None:
     cmh.stamp(path)
     assert not stale.exists()
     assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_buffer_alignment_of_a_first_stamp(tmp_path: Path) -> None:
+    """Spec 8.5: an aligned buffer keeps its offset modulo 4096; an unaligned one moves to 8."""
+    header = json.dumps({"u": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]}}).encode()
+    odd = tmp_path / "odd.safetensors"
+    odd.write_bytes(struct.pack("<Q", len(header)) + header + b"abc")
+    assert (8 + len(header)) % 8 != 0
+    cmh.stamp(odd)
+    assert cmh.read_header(odd).data_start % 8 == 0
+    assert cmh.verify(odd).ok
+
+    aligned = tmp_path / "aligned.safetensors"
+    save_file({"w": np.arange(6, dtype=np.float32)}, str(aligned))
+    before = cmh.read_header(aligned).data_start
+    cmh.stamp(aligned)
+    assert cmh.read_header(aligned).data_start % 4096 == before % 4096
+
+
+def test_a_later_stamp_rewrites_when_a_value_has_no_slot(make_file: MakeFile) -> None:
+    """Spec 8.2: in place only when every value has a slot of its width; else a rewrite."""
+    path = make_file()
+    cmh.stamp(path, xxh3=False)
+    assert cmh.stamp(path, xxh3=False).in_place
+    grown = cmh.stamp(path, xxh3=True)  # cmh.xxh3 has no slot yet
+    assert not grown.in_place and cmh.inspect(path).has_xxh3_manifest
+    assert cmh.verify(path, fast=True).ok

@@ -1,106 +1,162 @@
-"""The CMH v1 test vectors: checked by the library and by an independent spec reader."""
+"""The CMH v1 conformance vectors (fixtures/vectors/) and their runner (tools/conformance.py).
+
+cmh and the independent spec reader (tests/spec_reader.py, written from the
+spec alone) must report the outcome the index declares, in every mode, on
+every vector; the vectors must be reproducible byte for byte.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 import spec_reader
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from click.testing import CliRunner
 
 import cmh
-from cmh.signing import TrustedKeys
+from cmh.verification import Outcome
 
-VECTORS = Path(__file__).parent / "fixtures" / "vectors"
-CASES = sorted(p for p in VECTORS.glob("*.json") if p.name != "sharded.json")
-
-
-def public_key() -> Ed25519PublicKey:
-    key = serialization.load_pem_public_key((VECTORS / "signing-key.pub").read_bytes())
-    assert isinstance(key, Ed25519PublicKey)
-    return key
+ROOT = Path(__file__).resolve().parent.parent
+VECTORS = ROOT / "fixtures" / "vectors"
+INDEX = json.loads((VECTORS / "index.json").read_text(encoding="utf-8"))
+BY_NAME = {v["name"]: v for v in INDEX["vectors"]}
 
 
-def test_there_are_vectors_for_every_listed_edge_case() -> None:
-    names = {p.stem for p in CASES}
-    assert names >= {
-        "basic", "no-metadata", "empty-and-scalar", "non-ascii-names", "one-tensor",
-        "many-tensors", "bool-and-f8", "signed", "expired", "no-tensors",
-    }  # fmt: skip
-    assert json.loads((VECTORS / "many-tensors.json").read_text())["tensor_count"] == 10_000
+def load_tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
-@pytest.mark.parametrize("case", CASES, ids=[p.stem for p in CASES])
-def test_spec_reader_agrees_with_the_vector(case: Path) -> None:
-    expected = json.loads(case.read_text())
-    found = spec_reader.check_file(VECTORS / expected["file"], public_key())
-    assert found["root"] == expected["root"] == expected["record"]["fingerprint"]
-    assert found["record_hex"] == expected["record_hex"]
-    assert found["expires_at"] == expected["expires_at"]
-    assert found["flags"] == expected["record"]["flags"]
-    assert found["key_id"] == expected["signed_by_key_id"]
-    by_name = {t["name"]: t for t in expected["tensors"]}
-    parsed = spec_reader.parse((VECTORS / expected["file"]).read_bytes())
-    for (name, *_), sha, fast in zip(
-        parsed.tensors, found["sha256"], found["xxh3_128"], strict=True
-    ):  # type: ignore[call-overload]
-        if name in by_name:
-            assert by_name[name]["sha256"] == sha
-            assert by_name[name]["xxh3_128"] == fast
+conformance = load_tool("conformance")
 
 
-@pytest.mark.parametrize("case", CASES, ids=[p.stem for p in CASES])
-def test_library_agrees_with_the_vector(case: Path) -> None:
-    expected = json.loads(case.read_text())
-    path = VECTORS / expected["file"]
+def cmh_reader(args: list[str]) -> dict[str, Any]:
+    """``cmh verify --json`` in this process (a subprocess per check would take minutes)."""
+    from cmh.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["verify", "--json", *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    document = json.loads(result.stdout)
+    assert isinstance(document, dict)
+    return document
+
+
+def test_vectors_regenerate_byte_for_byte(tmp_path: Path) -> None:
+    make_vectors = load_tool("make_vectors")
+    make_vectors.write_vectors(tmp_path / "v")
+    committed = {p.relative_to(VECTORS): p for p in VECTORS.rglob("*") if p.is_file()}
+    rebuilt = {p.relative_to(tmp_path / "v"): p for p in (tmp_path / "v").rglob("*") if p.is_file()}
+    assert sorted(rebuilt) == sorted(committed)
+    changed = [str(n) for n, p in committed.items() if p.read_bytes() != rebuilt[n].read_bytes()]
+    assert changed == []
+
+
+def test_the_index_covers_every_outcome_and_rule() -> None:
+    vectors = INDEX["vectors"]
+    assert len(vectors) >= 40
+    assert sum(v["negative"] for v in vectors) >= 25
+    outcomes = {c["outcome"] for v in vectors for c in v["checks"]}
+    assert outcomes == {o.value for o in Outcome} | {"index_inconsistent"}
+    # Every outcome other than ok is some vector's outcome in full or fast mode, or with a key.
+    primary = {c["outcome"] for v in vectors for c in v["checks"] if c["mode"] in ("full", "key")}
+    assert primary >= outcomes - {"ok"}
+    modes = {c["mode"] for v in vectors for c in v["checks"]}
+    assert modes >= {"full", "fast", "key", "require-signature", "before-expiry", "at-expiry"}
+    listed = {v["path"] for v in vectors} | {"index.json", "signing-key.pub", "other-key.pub"}
+    assert {p.name for p in VECTORS.iterdir()} == listed
+    # no-metadata really has no __metadata__ entry.
+    data = (VECTORS / "no-metadata.safetensors").read_bytes()
+    assert b"__metadata__" not in data
+    assert cmh.read_header(VECTORS / "no-metadata.safetensors").metadata is None
+
+
+def test_cmh_agrees_on_every_check() -> None:
+    results = conformance.run_checks(cmh_reader, conformance.load_checks(VECTORS))
+    disagreements = [(r.check.vector, r.check.mode, r.check.expected, r.found) for r in results]
+    assert [d for d in disagreements if d[2] != d[3]] == []
+    assert len(results) == sum(len(v["checks"]) for v in INDEX["vectors"])
+
+
+def test_spec_reader_agrees_on_every_check() -> None:
+    results = conformance.run_checks(spec_reader.run, conformance.load_checks(VECTORS))
+    disagreements = [(r.check.vector, r.check.mode, r.check.expected, r.found) for r in results]
+    assert [d for d in disagreements if d[2] != d[3]] == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [str(Path(sys.executable).parent / "cmh"), "verify", "--json"],
+        [sys.executable, str(ROOT / "tests" / "spec_reader.py")],
+    ],
+    ids=["cmh", "spec_reader"],
+)
+def test_the_runner_drives_real_commands(command: list[str], capsys: Any) -> None:
+    chosen = "signed,tensor-mismatch,record-version-2-bad-check,dir-stray-shard"
+    status = conformance.main(["--only", chosen, "--mode", "full,key", "--", *command])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "7/7 checks agree (4 vectors)" in out
+
+
+def test_the_runner_reports_a_reader_that_disagrees() -> None:
+    checks = conformance.load_checks(VECTORS, only=["basic", "tensor-mismatch"], modes=["full"])
+
+    def always_ok(args: list[str]) -> dict[str, Any]:
+        return {"outcome": "ok"}
+
+    def broken(args: list[str]) -> dict[str, Any]:
+        raise ValueError("no JSON")
+
+    out = io.StringIO()
+    assert conformance.report(conformance.run_checks(always_ok, checks), out) is False
+    assert "FAIL tensor-mismatch [full]: expected tensor_mismatch, got ok" in out.getvalue()
+    results = conformance.run_checks(broken, checks)
+    assert all(r.found.startswith("error: ValueError") for r in results)
+    silent = conformance.command_reader([sys.executable, "-c", "import sys; sys.exit(4)"])
+    (result,) = conformance.run_checks(silent, checks[:1])
+    assert result.found.startswith("error: ValueError: exit 4, no JSON on stdout")
+
+
+POSITIVE = [v for v in INDEX["vectors"] if v["kind"] == "file" and "details" in v]
+
+
+@pytest.mark.parametrize("vector", POSITIVE, ids=[v["name"] for v in POSITIVE])
+def test_record_root_and_digests_match_the_details(vector: dict[str, Any]) -> None:
+    details = vector["details"]
+    path = VECTORS / vector["path"]
+    parsed = spec_reader.parse(path.read_bytes())
+    record = spec_reader.record(parsed.metadata["cmh"])  # type: ignore[index]
+    assert record.raw.hex() == details["record_hex"]
+    assert spec_reader.root(parsed).hex() == details["root"] == details["record"]["fingerprint"]
     info = cmh.inspect(path)
-    assert info.record is not None
-    assert info.record.to_hex() == expected["record_hex"]
-    assert cmh.fingerprint(path).hex == expected["root"]
-    keys = TrustedKeys.load([VECTORS / "signing-key.pub"])
-    verdict = cmh.verify(path, at=expected["stamped_at"], trusted_keys=keys)
-    assert verdict.ok, verdict.message
-    assert verdict.signer_key_id == expected["signed_by_key_id"]
-    if expected["expires_at"]:
-        late = cmh.verify(path, at=expected["expires_at"], trusted_keys=keys)
-        assert late.outcome is cmh.Outcome.EXPIRED
+    assert info.record is not None and info.record.to_hex() == details["record_hex"]
+    assert cmh.fingerprint(path).hex == details["root"]
+    assert info.signer_key_id == details["signed_by_key_id"]
+    sha = dict(zip([t[0] for t in parsed.tensors], spec_reader.sha256_digests(parsed), strict=True))
     digests = {d.name: d for d in cmh.hash_tensors(path, cmh.read_header(path), xxh3=True)}
-    for t in expected["tensors"]:
+    for t in details["tensors"]:
+        assert sha[t["name"]].hex() == t["sha256"]
         assert digests[t["name"]].sha256.hex() == t["sha256"]  # type: ignore[union-attr]
         assert digests[t["name"]].xxh3.hex() == t["xxh3_128"]  # type: ignore[union-attr]
 
 
 def test_sharded_identity_matches_single_file_and_spec_reader() -> None:
-    expected = json.loads((VECTORS / "sharded.json").read_text())
-    sharded = VECTORS / expected["directory"]
-    assert cmh.directory_identity(sharded).hex == expected["identity"]
-    assert (
-        cmh.directory_identity(VECTORS / expected["same_identity_as"]).hex == expected["identity"]
-    )
-    shards = [spec_reader.parse(p.read_bytes()) for p in sorted(sharded.glob("*.safetensors"))]
-    assert spec_reader.directory_identity(shards).hex() == expected["identity"]
-
-
-def test_vectors_are_reproducible(tmp_path: Path) -> None:
-    """tools/make_vectors.py writes the same vectors again.
-
-    The stock writer does not keep metadata key order across processes, so
-    file bytes may differ; records, roots and every expectation may not.
-    """
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "make_vectors", Path(__file__).parent.parent / "tools" / "make_vectors.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.write_vectors(tmp_path / "v")
-    for committed in sorted(VECTORS.glob("*.json")):
-        rebuilt = tmp_path / "v" / committed.name
-        assert json.loads(rebuilt.read_text()) == json.loads(committed.read_text()), committed.name
-    for committed in sorted(VECTORS.rglob("*.safetensors")):
-        rebuilt = tmp_path / "v" / committed.relative_to(VECTORS)
-        assert cmh.inspect(rebuilt).record == cmh.inspect(committed).record, committed.name
+    identity = BY_NAME["sharded"]["details"]["identity"]
+    assert cmh.directory_identity(VECTORS / "sharded").hex == identity
+    assert cmh.directory_identity(VECTORS / "unsharded-dir").hex == identity
+    shards = [
+        spec_reader.parse(p.read_bytes())
+        for p in sorted((VECTORS / "sharded").glob("*.safetensors"))
+    ]
+    assert spec_reader.directory_identity(shards).hex() == identity

@@ -1,9 +1,10 @@
 """Semantic fingerprints: content-derived keys for the caches of inference runtimes.
 
-KV/prefix caches need the exact weights and tokenizer, tokenization caches only
-the tokenizer, compiled-graph caches only the architecture and shapes.
-:func:`fingerprint` reads a model or adapter directory (headers and small JSON
-files only, when every weight file is stamped) and returns a
+KV/prefix caches need the exact weights and config (and processor, code),
+tokenization caches only the tokenizer, compiled-graph caches the architecture,
+shapes and config. :func:`fingerprint` reads a model or adapter directory
+(headers and small files only, when every weight file carries a stamp that may
+be trusted) and returns a
 :class:`ModelFingerprint` whose :meth:`~ModelFingerprint.cache_key` and
 :meth:`~ModelFingerprint.compatible` give runtimes keys that change when the
 content behind a model name changes. Normative text: ``spec/semantic.md``.
@@ -17,24 +18,34 @@ from __future__ import annotations
 
 from .canonical import (
     ADAPTER_CONFIG_DROPPED,
+    CODE_PATTERNS,
     CONFIG_DROPPED,
+    KV_CONFIG_DROPPED,
+    LORA_DEFAULTS,
+    PROCESSOR_FILES,
     TOKENIZER_DROPPED,
     TOKENIZER_FILES,
+    TOKENIZER_PATTERNS,
     canonical_json,
 )
 from .errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
 from .model import CACHE_KINDS, FORMAT, ModelFingerprint
 from .reader import fingerprint, fingerprint_files
 from .task import task_from_class
-from .tensors import graph_hash
+from .tensors import graph_hash, stamp_trust
 
 __all__ = [
     "ADAPTER_CONFIG_DROPPED",
     "CACHE_KINDS",
+    "CODE_PATTERNS",
     "CONFIG_DROPPED",
     "FORMAT",
+    "KV_CONFIG_DROPPED",
+    "LORA_DEFAULTS",
+    "PROCESSOR_FILES",
     "TOKENIZER_DROPPED",
     "TOKENIZER_FILES",
+    "TOKENIZER_PATTERNS",
     "CacheKindError",
     "FingerprintFormatError",
     "ModelFingerprint",
@@ -44,5 +55,6 @@ __all__ = [
     "fingerprint",
     "fingerprint_files",
     "graph_hash",
+    "stamp_trust",
     "task_from_class",
 ]

@@ -10,6 +10,7 @@ strings. Fields that do not change what a model computes are dropped first
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import math
@@ -22,12 +23,15 @@ import rfc8785
 
 from .errors import NotAModelError
 
-CONFIG_DOMAIN = b"CMH-SEM-CONFIG-v1\n"
-ADAPTER_CONFIG_DOMAIN = b"CMH-SEM-ADAPTER-CONFIG-v1\n"
+CONFIG_DOMAIN = b"CMH-SEM-CONFIG-v2\n"
+KV_CONFIG_DOMAIN = b"CMH-SEM-KV-CONFIG-v2\n"
+ADAPTER_CONFIG_DOMAIN = b"CMH-SEM-ADAPTER-CONFIG-v2\n"
 TOKENIZER_DOMAIN = b"CMH-SEM-TOKENIZER-v1\n"
+PROCESSOR_DOMAIN = b"CMH-SEM-PROCESSOR-v1\n"
+CODE_DOMAIN = b"CMH-SEM-CODE-v1\n"
 
 MAX_JSON_SIZE = 64 << 20
-MAX_TOKENIZER_FILE_SIZE = 512 << 20
+MAX_SMALL_FILE_SIZE = 512 << 20
 SAFE_INTEGER = (1 << 53) - 1
 
 #: ``config.json`` fields that do not change what the model computes at inference.
@@ -61,8 +65,69 @@ CONFIG_DROPPED: frozenset[str] = frozenset(
         "layerdrop",
         "encoder_layerdrop",
         "decoder_layerdrop",
+        "dropout_rate",
+        # training only: SpecAugment masking (off in eval mode)
+        "apply_spec_augment",
+        "mask_time_prob",
+        "mask_time_length",
+        "mask_time_min_masks",
+        "mask_feature_prob",
+        "mask_feature_length",
+        "mask_feature_min_masks",
+        # label names and the training loss: no forward value depends on them
+        "id2label",
+        "label2id",
+        "problem_type",
     }
 )
+
+#: Further fields dropped for the ``kv`` id only: token ids that forward passes read only
+#: to pool an output head on a token (CLIP's text pooler, BART's classifier) or to build
+#: decoder inputs the caller did not pass, and generation settings. K/V for given token
+#: ids do not depend on them; a compiled graph or a head may (they are plain names some
+#: models reuse), so ``graph`` and ``quant_weight`` keep them. ``pad_token_id`` and
+#: ``sep_token_id`` are kept: RoBERTa derives position ids from the padding id,
+#: Longformer its global attention from SEP.
+KV_CONFIG_DROPPED: frozenset[str] = frozenset(
+    {
+        "bos_token_id",
+        "eos_token_id",
+        "decoder_start_token_id",
+        # pipeline and generate() defaults: read by the decoding loop, and by a few
+        # models' output heads (TAPAS's temperature), never by the layers that make K/V
+        "task_specific_params",
+        "max_length",
+        "min_length",
+        "do_sample",
+        "early_stopping",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "typical_p",
+        "repetition_penalty",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "bad_words_ids",
+        "num_return_sequences",
+        "output_scores",
+        "return_dict_in_generate",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+    }
+)
+
+#: Top-level config members that transformers 5 moves into ``rope_parameters``.
+ROPE_MOVED: tuple[str, ...] = ("rope_scaling", "rope_theta", "partial_rotary_factor")
+#: RoPE types whose parameters carry ``original_max_position_embeddings``.
+ROPE_WITH_ORIGINAL_LENGTH: frozenset[str] = frozenset({"llama3", "yarn", "longrope"})
 
 #: ``adapter_config.json`` fields that do not change what the adapted model computes.
 #: The base model is named by ``base_model`` on the fingerprint instead.
@@ -77,28 +142,104 @@ ADAPTER_CONFIG_DROPPED: frozenset[str] = frozenset(
     }
 )
 
+#: LoRA fields of ``adapter_config.json`` with PEFT's default values. Older PEFT versions
+#: do not write fields added later, and a field absent means its default, so a LoRA
+#: config drops every member equal to its default here before hashing. Checked against
+#: PEFT's own ``LoraConfig`` by the tests.
+LORA_DEFAULTS: dict[str, Any] = {
+    "alora_invocation_tokens": None,
+    "alpha_pattern": {},
+    "arrow_config": None,
+    "auto_mapping": None,
+    "bias": "none",
+    "corda_config": None,
+    "ensure_weight_tying": False,
+    "eva_config": None,
+    "exclude_modules": None,
+    "fan_in_fan_out": False,
+    "kasa_config": None,
+    "layer_replication": None,
+    "layers_pattern": None,
+    "layers_to_transform": None,
+    "loftq_config": {},
+    "lora_alpha": 8,
+    "lora_bias": False,
+    "lora_ga_config": None,
+    "megatron_config": None,
+    "megatron_core": "megatron.core",
+    "modules_to_save": None,
+    "monteclora_config": None,
+    "qalora_group_size": 16,
+    "r": 8,
+    "rank_pattern": {},
+    "target_parameters": None,
+    "trainable_token_indices": None,
+    "use_bdlora": None,
+    "use_dora": False,
+    "use_qalora": False,
+    "use_rslora": False,
+    "velora_config": None,
+}
+
 #: ``adapter_config.json`` members that PEFT stores from Python sets: a list of strings
 #: there is sorted, since its written order varies between processes.
 ADAPTER_CONFIG_SETS: frozenset[str] = frozenset(
     {"target_modules", "modules_to_save", "exclude_modules", "target_parameters"}
 )
 
-#: Tokenizer files covered by the ``tokenizer`` hash (top level of the model directory).
+#: Tokenizer files covered by the ``tokenizer`` hash (top level of the model directory):
+#: the union of transformers' ``VOCAB_FILES_NAMES`` tables over every tokenizer class,
+#: and the files every tokenizer reads (``tokenizer_config.json``,
+#: ``special_tokens_map.json``, ``added_tokens.json``). The tests check that no name in
+#: the installed transformers' tables is missing here.
 TOKENIZER_FILES: tuple[str, ...] = (
     "added_tokens.json",
     "bpe.codes",
+    "byte_maps.json",
+    "dict.txt",
+    "emoji.json",
+    "entity_vocab.json",
     "merges.txt",
+    "normalizer.json",
+    "prophetnet.tokenizer",
     "sentencepiece.bpe.model",
+    "sentencepiece.model",
     "source.spm",
     "special_tokens_map.json",
     "spiece.model",
+    "spm.model",
+    "spm_char.model",
     "target.spm",
+    "target_vocab.json",
     "tokenizer.json",
     "tokenizer.model",
     "tokenizer_config.json",
+    "vocab-src.json",
+    "vocab-tgt.json",
     "vocab.json",
     "vocab.txt",
+    "word_pronunciation.json",
+    "word_shape.json",
 )
+
+#: Name patterns of tokenizer files beyond the fixed names: tiktoken vocabularies
+#: (``qwen.tiktoken``) and the tokenizer code that ``trust_remote_code`` runs.
+TOKENIZER_PATTERNS: tuple[str, ...] = ("*.tiktoken", "tokenization_*.py")
+
+#: Files of the processors that turn audio, images or video into model inputs
+#: (transformers' ``FEATURE_EXTRACTOR_NAME``/``IMAGE_PROCESSOR_NAME``,
+#: ``PROCESSOR_NAME``, ``VIDEO_PROCESSOR_NAME``, ``AUDIO_TOKENIZER_NAME``).
+PROCESSOR_FILES: tuple[str, ...] = (
+    "audio_tokenizer_config.json",
+    "feature_extractor_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
+
+#: Code files: Python modules at top level, which ``trust_remote_code`` imports
+#: (``modeling_*.py``, ``configuration_*.py``, ...).
+CODE_PATTERNS: tuple[str, ...] = ("*.py",)
 
 #: Top-level members dropped from ``tokenizer_config.json`` and ``special_tokens_map.json``:
 #: where the tokenizer was loaded from, loader options, and the chat template (which
@@ -126,10 +267,31 @@ TOKENIZER_DROPPED: frozenset[str] = frozenset(
     }
 )
 
-_TOKENIZER_JSON_DROPS: dict[str, frozenset[str]] = {
+_LOADER_JSON_DROPS: dict[str, frozenset[str]] = {
     "tokenizer_config.json": TOKENIZER_DROPPED,
     "special_tokens_map.json": TOKENIZER_DROPPED,
+    **dict.fromkeys(PROCESSOR_FILES, TOKENIZER_DROPPED),
 }
+
+
+def matches_any(name: str, patterns: Iterable[str]) -> bool:
+    """True when ``name`` matches one of the shell ``patterns`` (case-sensitive)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def tokenizer_file_names(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that are tokenizer files, sorted."""
+    return sorted(n for n in names if n in TOKENIZER_FILES or matches_any(n, TOKENIZER_PATTERNS))
+
+
+def processor_file_names(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that are processor files, sorted."""
+    return sorted(n for n in names if n in PROCESSOR_FILES)
+
+
+def code_file_names(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that are Python code files, sorted."""
+    return sorted(n for n in names if matches_any(n, CODE_PATTERNS))
 
 
 def canonical_json(value: Any) -> bytes:
@@ -188,23 +350,70 @@ def _read_small(path: str | os.PathLike[str], name: str, limit: int) -> bytes:
         raise NotAModelError(f"cannot read {name}: {exc.strerror or exc}", os.fspath(path)) from exc
 
 
-def drop_config_fields(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` without :data:`CONFIG_DROPPED`, at top level and in nested sub-configs.
+def drop_config_fields(
+    config: Mapping[str, Any], dropped: frozenset[str] = CONFIG_DROPPED
+) -> dict[str, Any]:
+    """``config`` normalized, without ``dropped``, at top level and in nested sub-configs.
 
     A nested object is a sub-config when it has a ``model_type`` member (as
-    ``text_config`` or ``encoder`` do); other objects (``id2label``, ...) are kept whole.
+    ``text_config`` or ``encoder`` do); other objects are kept whole. Each
+    (sub-)config is first brought to transformers 5 spelling (:func:`normalize_config`).
     """
-    return {k: _drop_in_subconfigs(v) for k, v in config.items() if k not in CONFIG_DROPPED}
+    normalized = normalize_config(config)
+    return {k: _drop_in_subconfigs(v, dropped) for k, v in normalized.items() if k not in dropped}
 
 
-def _drop_in_subconfigs(value: Any) -> Any:
+def _drop_in_subconfigs(value: Any, dropped: frozenset[str]) -> Any:
     if isinstance(value, dict):
         if "model_type" in value:
-            return drop_config_fields(value)
-        return {k: _drop_in_subconfigs(v) for k, v in value.items()}
+            return drop_config_fields(value, dropped)
+        return {k: _drop_in_subconfigs(v, dropped) for k, v in value.items()}
     if isinstance(value, list):
-        return [_drop_in_subconfigs(v) for v in value]
+        return [_drop_in_subconfigs(v, dropped) for v in value]
     return value
+
+
+def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Rewrite transformers 4 spellings of one config object as transformers 5 reads them.
+
+    - ``torch_dtype`` is ``dtype`` (transformers 5 takes ``dtype`` when both are set);
+    - RoPE: ``rope_parameters`` is ``rope_scaling`` if set, else ``rope_parameters``,
+      with the top-level ``rope_theta`` and ``partial_rotary_factor`` moved in when
+      absent there, ``rope_type`` defaulting to ``type``, else ``"default"`` (a ``type``
+      equal to it is dropped), and ``original_max_position_embeddings`` defaulting to
+      the top-level one, else ``max_position_embeddings``, for ``llama3``, ``yarn`` and
+      ``longrope``. Parameters nested by layer type are left as they are.
+    """
+    out = dict(config)
+    torch_dtype = out.pop("torch_dtype", None)
+    if out.get("dtype") is None and torch_dtype is not None:
+        out["dtype"] = torch_dtype
+    if not any(out.get(k) is not None for k in (*ROPE_MOVED, "rope_parameters")):
+        return out
+    source = out.get("rope_scaling") or out.get("rope_parameters") or {}
+    if not isinstance(source, dict) or _nested_by_layer(out, source):
+        return out
+    params = dict(source)
+    for key in ROPE_MOVED[1:]:
+        if out.get(key) is not None:
+            params.setdefault(key, out[key])
+    params.setdefault("rope_type", params.get("type", "default"))
+    if params.get("type") == params["rope_type"]:
+        del params["type"]
+    rope_type = params["rope_type"]
+    if isinstance(rope_type, str) and rope_type in ROPE_WITH_ORIGINAL_LENGTH:
+        original = out.get("original_max_position_embeddings", out.get("max_position_embeddings"))
+        if original is not None:
+            params.setdefault("original_max_position_embeddings", original)
+    for key in ROPE_MOVED:
+        out.pop(key, None)
+    out["rope_parameters"] = params
+    return out
+
+
+def _nested_by_layer(config: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    labels = config.get("layer_types")
+    return isinstance(labels, list) and any(key in labels for key in params)
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -212,9 +421,21 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(CONFIG_DOMAIN + canonical_json(drop_config_fields(config))).hexdigest()
 
 
+def kv_config_hash(config: Mapping[str, Any]) -> str:
+    """The ``kv_config`` hash: the reduced config without :data:`KV_CONFIG_DROPPED` too."""
+    reduced = drop_config_fields(config, CONFIG_DROPPED | KV_CONFIG_DROPPED)
+    return hashlib.sha256(KV_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
+
+
 def adapter_config_hash(config: Mapping[str, Any]) -> str:
     """The ``config`` hash of an adapter, over ``adapter_config.json`` reduced."""
     reduced = {k: v for k, v in config.items() if k not in ADAPTER_CONFIG_DROPPED}
+    if reduced.get("peft_type") == "LORA":
+        reduced = {
+            k: v
+            for k, v in reduced.items()
+            if not (k in LORA_DEFAULTS and canonical_json(v) == canonical_json(LORA_DEFAULTS[k]))
+        }
     for key in ADAPTER_CONFIG_SETS & reduced.keys():
         value = reduced[key]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -222,12 +443,12 @@ def adapter_config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(ADAPTER_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
 
 
-def tokenizer_file_content(path: str | os.PathLike[str], name: str) -> bytes:
-    """The canonical content of one tokenizer file: canonical JSON, else the raw bytes."""
+def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
+    """The canonical content of one small file: canonical JSON, else the raw bytes."""
     if not name.endswith(".json"):
-        return _read_small(path, name, MAX_TOKENIZER_FILE_SIZE)
+        return _read_small(path, name, MAX_SMALL_FILE_SIZE)
     value = read_json(path, name)
-    dropped = _TOKENIZER_JSON_DROPS.get(name)
+    dropped = _LOADER_JSON_DROPS.get(name)
     if dropped is not None and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in dropped}
     return canonical_json(value)
@@ -235,13 +456,28 @@ def tokenizer_file_content(path: str | os.PathLike[str], name: str) -> bytes:
 
 def tokenizer_hash(files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
     """The ``tokenizer`` hash over ``(name, path)`` pairs of tokenizer files; ``None`` if none."""
+    return files_hash(TOKENIZER_DOMAIN, files)
+
+
+def processor_hash(files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
+    """The ``processor`` hash over ``(name, path)`` pairs of processor files; ``None`` if none."""
+    return files_hash(PROCESSOR_DOMAIN, files)
+
+
+def code_hash(files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
+    """The ``code`` hash over ``(name, path)`` pairs of Python files; ``None`` if none."""
+    return files_hash(CODE_DOMAIN, files)
+
+
+def files_hash(domain: bytes, files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
+    """SHA-256 of ``domain``, the file count and each file's name and canonical content."""
     items = sorted(((name.encode(), name, path) for name, path in files), key=lambda x: x[0])
     if not items:
         return None
-    h = hashlib.sha256(TOKENIZER_DOMAIN)
+    h = hashlib.sha256(domain)
     h.update(struct.pack("<I", len(items)))
     for encoded, name, path in items:
-        content = tokenizer_file_content(path, name)
+        content = small_file_content(path, name)
         h.update(struct.pack("<I", len(encoded)) + encoded)
         h.update(struct.pack("<Q", len(content)) + content)
     return h.hexdigest()

@@ -1,10 +1,11 @@
 """``ModelFingerprint``: content-derived ids of a model, cache keys and compatibility.
 
-A cache key is ``scope/type/id``: ``scope`` names the model that made the
-entry (the first 16 hex characters of its ``weights``), ``type`` the cache
-kind, ``id`` everything the entries depend on. Entries made under one
-fingerprint can serve another for a kind exactly when their ids for that
-kind are equal; the rule table is in ``spec/semantic.md``.
+A cache key is ``scope/type/id``: ``type`` is the cache kind, ``id`` hashes
+everything the entries depend on, and ``scope`` names what the entries belong
+to: the (base) model's weights for kinds that depend on weights, the content
+itself for kinds shared across models (``tokenizer``, ``graph``). Two
+fingerprints' keys for a kind are equal exactly when their ids are; the rule
+table is in ``spec/semantic.md``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,25 @@ from typing import Any
 
 from .errors import CacheKindError, FingerprintFormatError, SemanticError
 
-FORMAT = "cmh-semantic-v1"
-KEY_DOMAIN = b"CMH-SEM-KEY-v1\n"
+FORMAT = "cmh-semantic-v2"
+KEY_DOMAIN = b"CMH-SEM-KEY-v2\n"
 SCOPE_HEX = 16
 
 #: Cache kinds a runtime can ask keys for (the ``type`` part of a key).
-CACHE_KINDS: tuple[str, ...] = ("weights", "lora", "kv", "tokenizer", "graph", "quant_weight")
+CACHE_KINDS: tuple[str, ...] = (
+    "weights",
+    "lora",
+    "kv",
+    "kv_text",
+    "tokenizer",
+    "graph",
+    "quant_weight",
+)
+#: Kinds whose entries are shared across models: their scope is their own id's prefix.
+SHARED_KINDS: frozenset[str] = frozenset({"tokenizer", "graph"})
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_OPTIONAL_IDS = ("tokenizer", "config", "kv_config", "processor", "code")
 
 
 def key_id(kind: str, *fields: str) -> str:
@@ -41,14 +53,15 @@ def key_id(kind: str, *fields: str) -> str:
 class ModelFingerprint:
     """Content-derived identity of a model or adapter directory.
 
-    ``graph``, ``weights``, ``tokenizer`` and ``config`` are 64 lowercase hex
-    characters (SHA-256); ``tokenizer``/``config`` are ``None`` when the files
-    are absent. An adapter has ``adapter_type`` (e.g. ``"LORA"``), the
-    ``base_model`` name it was trained on, and ``base``: the base model's
-    fingerprint when the caller supplied it (needed for ``kv``, ``graph`` and
-    ``quant_weight`` keys of an adapter). ``files`` (inputs read) and
-    ``hashed_files`` (weight files hashed, not stamped) say how it was read and
-    are left out of equality: a stamped and an unstamped copy compare equal.
+    ``graph``, ``weights`` and the optional ids (``tokenizer``, ``config``,
+    ``kv_config``, ``processor``, ``code``; ``None`` when their files are
+    absent) are 64 lowercase hex characters (SHA-256). An adapter has
+    ``adapter_type`` (e.g. ``"LORA"``), the ``base_model`` name it was trained
+    on, and ``base``: the base model's fingerprint when the caller supplied it
+    (needed for every key but ``weights`` and ``lora``). ``files`` (inputs
+    read), ``hashed_files`` (weight files hashed) and ``untrusted_stamps``
+    (stamped files hashed anyway, with the reason) say how it was read and are
+    left out of equality: a stamped and an unstamped copy compare equal.
     """
 
     arch: str | None
@@ -58,6 +71,9 @@ class ModelFingerprint:
     weights: str
     tokenizer: str | None
     config: str | None
+    kv_config: str | None = None
+    processor: str | None = None
+    code: str | None = None
     adapter_type: str | None = None
     base_model: str | None = None
     base: ModelFingerprint | None = None
@@ -65,12 +81,13 @@ class ModelFingerprint:
     tensor_bytes: int = 0
     files: tuple[str, ...] = field(default=(), compare=False)
     hashed_files: tuple[str, ...] = field(default=(), compare=False)
+    untrusted_stamps: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     scope: str = field(init=False)
 
     def __post_init__(self) -> None:
         for name in ("graph", "weights"):
             _check_hex(name, getattr(self, name))
-        for name in ("tokenizer", "config"):
+        for name in _OPTIONAL_IDS:
             value = getattr(self, name)
             if value is not None:
                 _check_hex(name, value)
@@ -87,10 +104,26 @@ class ModelFingerprint:
 
     @property
     def effective_tokenizer(self) -> str | None:
-        """The tokenizer in use: the directory's own, else (adapter) the base's."""
-        if self.tokenizer is not None:
-            return self.tokenizer
-        return self.base.tokenizer if self.base is not None else None
+        """The id of the tokenizer in use (the ``tokenizer`` key's id), or ``None``.
+
+        A model's own. For an adapter applied to a base: the base's when the
+        adapter has no tokenizer files, else both combined (an adapter may ship
+        only part of a tokenizer, e.g. ``tokenizer_config.json``, and the rest
+        comes from the base). ``None`` for an adapter without its base.
+        """
+        return self._effective("tokenizer")
+
+    def _effective(self, name: str) -> str | None:
+        """``tokenizer``, ``processor`` or ``code`` in use: see :attr:`effective_tokenizer`."""
+        own: str | None = getattr(self, name)
+        if not self.is_adapter:
+            return own
+        if self.base is None:
+            return None
+        inherited: str | None = getattr(self.base, name)
+        if own is None:
+            return inherited
+        return key_id(name, inherited or "", own)
 
     def with_base(self, base: ModelFingerprint) -> ModelFingerprint:
         """This adapter applied to ``base``: keys then cover the base model too."""
@@ -107,62 +140,87 @@ class ModelFingerprint:
         _check_request(kind, variant)
         if kind == "weights":
             return self.weights
+        if kind == "lora":
+            if not self.is_adapter:
+                raise CacheKindError("lora keys exist for adapters only")
+            return key_id("lora", self.weights, self.config or "")
+        model = self._model_for(kind)
         if kind == "tokenizer":
             tokenizer = self.effective_tokenizer
             if tokenizer is None:
                 raise CacheKindError("no tokenizer files: no tokenizer key")
             return tokenizer
-        if kind == "lora":
-            if not self.is_adapter:
-                raise CacheKindError("lora keys exist for adapters only")
-            return key_id("lora", self.weights, self.config or "")
+        if kind == "kv_text":
+            return key_id("kv_text", self.component("kv"), self.component("tokenizer"))
+        if kind == "quant_weight":
+            return key_id(
+                "quant_weight", model.weights, model.config or "", model.code or "", variant
+            )
+        processor = self._effective("processor") or ""
+        code = self._effective("code") or ""
+        adapter = self if self.is_adapter else None
+        if kind == "kv":
+            return key_id(
+                "kv",
+                model.weights,
+                model.kv_config or "",
+                processor,
+                code,
+                adapter.component("lora") if adapter is not None else "",
+            )
+        return key_id(
+            "graph",
+            model.arch or "",
+            model.family or "",
+            model.graph,
+            model.config or "",
+            processor,
+            code,
+            adapter.graph if adapter is not None else "",
+            adapter.config or "" if adapter is not None else "",
+        )
+
+    def _model_for(self, kind: str) -> ModelFingerprint:
+        """The full model whose files a ``kind`` key covers: self, or an adapter's base."""
         if not self.is_adapter:
-            return self._model_component(kind, variant)
-        base = self.base
-        if base is None:
+            return self
+        if self.base is None:
             raise CacheKindError(
                 f"a {kind} key of an adapter needs its base model's fingerprint "
                 "(fingerprint(adapter, base=...) or with_base)"
             )
-        if kind == "quant_weight":
-            return base.component("quant_weight", variant=variant)
-        if kind == "kv":
-            return key_id(
-                "kv",
-                base.weights,
-                base.config or "",
-                self.effective_tokenizer or "",
-                self.component("lora"),
-            )
-        return key_id(
-            "graph",
-            base.arch or "",
-            base.family or "",
-            base.graph,
-            base.config or "",
-            self.graph,
-            self.config or "",
-        )
+        return self.base
 
-    def _model_component(self, kind: str, variant: str) -> str:
-        if kind == "kv":
-            return key_id("kv", self.weights, self.config or "", self.tokenizer or "", "")
-        if kind == "graph":
-            return key_id(
-                "graph", self.arch or "", self.family or "", self.graph, self.config or "", "", ""
-            )
-        return key_id("quant_weight", self.weights, self.config or "", variant)
+    def key_scope(self, kind: str, *, variant: str = "") -> str:
+        """The ``scope`` part of the key for ``kind``.
+
+        ``weights``, ``lora``: this directory's weights (:attr:`scope`);
+        ``kv``, ``kv_text``, ``quant_weight``: the weights of the full model
+        (an adapter's base), so evicting a base model by its scope removes the
+        entries of every adapter over it; ``tokenizer``, ``graph`` (shared by
+        every model with equal ids): the first 16 hex characters of the id.
+        """
+        return self._scope(kind, self.component(kind, variant=variant))
+
+    def _scope(self, kind: str, identity: str) -> str:
+        if kind in SHARED_KINDS:
+            return identity[:SCOPE_HEX]
+        if kind in ("weights", "lora"):
+            return self.scope
+        return self._model_for(kind).scope
 
     def cache_key(self, kind: str, *, variant: str = "") -> str:
         """The ``scope/type/id`` key a runtime should use for a cache of ``kind``.
 
         ``kind`` is one of :data:`CACHE_KINDS`. ``variant`` names the runtime's
-        quantization scheme for ``quant_weight`` (e.g. ``"int8"``). Raises
-        :class:`CacheKindError` when the kind does not apply (``lora`` of a full
-        model, ``tokenizer`` without tokenizer files, ``kv``/``graph``/
-        ``quant_weight`` of an adapter without its base).
+        quantization scheme for ``quant_weight`` (e.g. ``"int8"``). Two
+        fingerprints' keys are equal exactly when :meth:`compatible` is true.
+        Raises :class:`CacheKindError` when the kind does not apply (``lora``
+        of a full model, ``tokenizer``/``kv_text`` without tokenizer files,
+        any kind but ``weights``/``lora`` of an adapter without its base).
         """
-        return f"{self.scope}/{kind}/{self.component(kind, variant=variant)}"
+        identity = self.component(kind, variant=variant)
+        return f"{self._scope(kind, identity)}/{kind}/{identity}"
 
     def compatible(self, other: ModelFingerprint, kind: str, *, variant: str = "") -> bool:
         """Whether cache entries of ``kind`` made under one can serve the other.
@@ -199,6 +257,9 @@ class ModelFingerprint:
             "weights": self.weights,
             "tokenizer": self.tokenizer,
             "config": self.config,
+            "kv_config": self.kv_config,
+            "processor": self.processor,
+            "code": self.code,
             "adapter_type": self.adapter_type,
             "base_model": self.base_model,
             "base": self.base.to_dict() if self.base is not None else None,
@@ -206,6 +267,7 @@ class ModelFingerprint:
             "tensor_bytes": self.tensor_bytes,
             "files": list(self.files),
             "hashed_files": list(self.hashed_files),
+            "untrusted_stamps": dict(self.untrusted_stamps),
             "keys": self.keys(),
         }
 
@@ -227,6 +289,9 @@ class ModelFingerprint:
             weights=_str(data, "weights"),
             tokenizer=_opt_str(data, "tokenizer"),
             config=_opt_str(data, "config"),
+            kv_config=_opt_str(data, "kv_config"),
+            processor=_opt_str(data, "processor"),
+            code=_opt_str(data, "code"),
             adapter_type=_opt_str(data, "adapter_type"),
             base_model=_opt_str(data, "base_model"),
             base=cls.from_dict(base_data) if base_data is not None else None,
@@ -234,6 +299,7 @@ class ModelFingerprint:
             tensor_bytes=_count(data, "tensor_bytes"),
             files=_names(data, "files"),
             hashed_files=_names(data, "hashed_files"),
+            untrusted_stamps=_reasons(data, "untrusted_stamps"),
         )
         if "scope" in data and data["scope"] != fp.scope:
             raise FingerprintFormatError("scope does not match weights")
@@ -280,3 +346,12 @@ def _names(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise FingerprintFormatError(f"{key} must be a list of strings")
     return tuple(value)
+
+
+def _reasons(data: Mapping[str, Any], key: str) -> tuple[tuple[str, str], ...]:
+    value = data.get(key, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise FingerprintFormatError(f"{key} must be an object of file name to reason")
+    return tuple(value.items())

@@ -9,10 +9,15 @@ from typing import Any
 from ..checkpoint import DEFAULT_INDEX, INDEX_SUFFIX
 from ..errors import CMHError
 from .canonical import (
-    TOKENIZER_FILES,
     adapter_config_hash,
+    code_file_names,
+    code_hash,
     config_hash,
+    kv_config_hash,
+    processor_file_names,
+    processor_hash,
     read_json_object,
+    tokenizer_file_names,
     tokenizer_hash,
 )
 from .errors import NotAModelError, SemanticError
@@ -23,6 +28,10 @@ from .tensors import summarize
 CONFIG_FILE = "config.json"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+#: transformers' ``SAFE_WEIGHTS_NAME``: loaded in preference to any index.
+SINGLE_WEIGHTS_FILE = "model.safetensors"
+#: Mistral's native single file, read only by Mistral's own loaders.
+CONSOLIDATED_PREFIX = "consolidated"
 
 PathLike = str | os.PathLike[str]
 
@@ -35,16 +44,19 @@ def fingerprint(
 ) -> ModelFingerprint:
     """Fingerprint the model or adapter at ``path_or_snapshot``.
 
-    A directory (a model directory or a Hub cache snapshot) is read whole: its
-    shards (``*.safetensors.index.json`` if present, else every top-level
-    ``*.safetensors``), ``config.json`` and tokenizer files. A path to one
-    ``.safetensors`` file takes the tensors of that file only, and the JSON
-    files beside it. A directory with ``adapter_config.json`` is an adapter;
+    A directory (a model directory or a Hub cache snapshot) is read as
+    transformers loads it: ``model.safetensors`` if present, else the shards of
+    ``model.safetensors.index.json`` (the full rule is in ``spec/semantic.md``
+    1.1), with ``config.json``, the tokenizer, processor and code files. A
+    path to one ``.safetensors`` file takes the tensors of that file only, and
+    the small files beside it. A directory with ``adapter_config.json`` is an adapter;
     ``base`` (a path or a fingerprint) is the model it applies to.
 
-    Only headers and small JSON files are read when every weight file is
-    stamped with a manifest that agrees with its record; other weight files
-    are hashed (named in ``hashed_files``).
+    Only headers and small files are read when every weight file carries a
+    stamp that may be trusted (``spec/semantic.md`` 2.1: manifest agrees with
+    the record, not expired, not modified since stamped); other weight files
+    are hashed (named in ``hashed_files``; ``untrusted_stamps`` says why a
+    stamp was not used).
     """
     target = os.fspath(path_or_snapshot)
     if os.path.isdir(target):
@@ -94,7 +106,11 @@ def fingerprint_files(
         if ADAPTER_CONFIG_FILE in top:
             fp = _adapter(top, threads, source)
             if base is not None:
-                base_fp = base if isinstance(base, ModelFingerprint) else fingerprint(base)
+                base_fp = (
+                    base
+                    if isinstance(base, ModelFingerprint)
+                    else fingerprint(base, threads=threads)
+                )
                 fp = fp.with_base(base_fp)
             return fp
         if base is not None:
@@ -128,8 +144,8 @@ def _model(
     if CONFIG_FILE in top:
         config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
     family = _family(config)
-    tokenizer_files = _tokenizer_files(top)
-    read = [*weight_files, *([index_name] if index_name else []), *tokenizer_files]
+    small = _SmallFiles(top)
+    read = [*weight_files, *([index_name] if index_name else []), *small.names]
     if config is not None:
         read.append(CONFIG_FILE)
     return ModelFingerprint(
@@ -138,12 +154,16 @@ def _model(
         task=model_task(config or {}, family),
         graph=summary.graph,
         weights=summary.weights,
-        tokenizer=tokenizer_hash((n, top[n]) for n in tokenizer_files),
+        tokenizer=small.tokenizer,
         config=config_hash(config) if config is not None else None,
+        kv_config=kv_config_hash(config) if config is not None else None,
+        processor=small.processor,
+        code=small.code,
         tensor_count=summary.tensor_count,
         tensor_bytes=summary.tensor_bytes,
         files=tuple(sorted(read)),
         hashed_files=summary.hashed_files,
+        untrusted_stamps=summary.untrusted_stamps,
     )
 
 
@@ -160,7 +180,7 @@ def _adapter(
     summary = summarize(
         {ADAPTER_WEIGHTS_FILE: top[ADAPTER_WEIGHTS_FILE]}, threads=threads, source=source
     )
-    tokenizer_files = _tokenizer_files(top)
+    small = _SmallFiles(top)
     peft_type = _nonempty_str(adapter_config, "peft_type")
     return ModelFingerprint(
         arch=None,
@@ -168,22 +188,52 @@ def _adapter(
         task=adapter_task(adapter_config),
         graph=summary.graph,
         weights=summary.weights,
-        tokenizer=tokenizer_hash((n, top[n]) for n in tokenizer_files),
+        tokenizer=small.tokenizer,
         config=adapter_config_hash(adapter_config),
+        processor=small.processor,
+        code=small.code,
         adapter_type=peft_type or "unknown",
         base_model=_nonempty_str(adapter_config, "base_model_name_or_path"),
         tensor_count=summary.tensor_count,
         tensor_bytes=summary.tensor_bytes,
-        files=tuple(sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, *tokenizer_files])),
+        files=tuple(sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, *small.names])),
         hashed_files=summary.hashed_files,
+        untrusted_stamps=summary.untrusted_stamps,
     )
+
+
+class _SmallFiles:
+    """The tokenizer, processor and code files of a directory and their hashes."""
+
+    def __init__(self, top: Mapping[str, PathLike]) -> None:
+        tokenizer = tokenizer_file_names(top)
+        processor = processor_file_names(top)
+        code = code_file_names(top)
+        self.names = sorted({*tokenizer, *processor, *code})
+        self.tokenizer = tokenizer_hash((n, top[n]) for n in tokenizer)
+        self.processor = processor_hash((n, top[n]) for n in processor)
+        self.code = code_hash((n, top[n]) for n in code)
 
 
 def _select_weights(
     top: Mapping[str, PathLike], source: str | None
 ) -> tuple[tuple[str, ...], str | None, dict[str, str] | None]:
-    """The format library's rule: the index's shards, else every top-level ``*.safetensors``."""
+    """The weight files a loader reads, in transformers' order of precedence.
+
+    ``model.safetensors``, else the shards of ``model.safetensors.index.json``,
+    else the shards of the only other ``*.safetensors.index.json``, else every
+    top-level ``*.safetensors`` but Mistral's ``consolidated*.safetensors``
+    (taken only when nothing else is there).
+    """
+    if SINGLE_WEIGHTS_FILE in top:
+        return (SINGLE_WEIGHTS_FILE,), None, None
     indexes = sorted(name for name in top if name.endswith(INDEX_SUFFIX))
+    if DEFAULT_INDEX not in indexes and len(indexes) > 1:
+        raise NotAModelError(
+            f"several safetensors indexes and none is {DEFAULT_INDEX}: "
+            f"{', '.join(indexes)}; which one is loaded is not known",
+            source,
+        )
     if indexes:
         index = DEFAULT_INDEX if DEFAULT_INDEX in indexes else indexes[0]
         obj = read_json_object(top[index], index)
@@ -193,14 +243,11 @@ def _select_weights(
         ):
             raise NotAModelError(f"{index} has no weight_map of tensor name to file name", source)
         return tuple(sorted(set(weight_map.values()))), index, dict(weight_map)
-    shards = tuple(sorted(name for name in top if name.endswith(".safetensors")))
+    shards = sorted(name for name in top if name.endswith(".safetensors"))
+    loaded = [name for name in shards if not name.startswith(CONSOLIDATED_PREFIX)]
     if not shards:
         raise NotAModelError("no *.safetensors weights and no safetensors index", source)
-    return shards, None, None
-
-
-def _tokenizer_files(top: Mapping[str, PathLike]) -> list[str]:
-    return [name for name in TOKENIZER_FILES if name in top]
+    return tuple(loaded or shards), None, None
 
 
 def _nonempty_str(obj: Mapping[str, Any] | None, key: str) -> str | None:

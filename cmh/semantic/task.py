@@ -1,4 +1,4 @@
-"""The ``task`` of a model: ``problem_type``, else inferred from its class name."""
+"""The ``task`` of a model, inferred from its class name (``architectures[0]``)."""
 
 from __future__ import annotations
 
@@ -25,30 +25,48 @@ def kebab(name: str) -> str:
     return "-".join(word.lower() for word in _WORD.findall(name))
 
 
+#: Class-name endings whose task the ``For<Head>`` rule cannot read, first match wins.
+#: Checked against transformers' auto-model tables by the tests.
+SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
+    ("EncoderDecoderModel", "conditional-generation"),  # (Vision|Speech)EncoderDecoderModel
+    ("MTModel", "conditional-generation"),  # MarianMTModel: translation
+    ("DoubleHeadsModel", "causal-lm"),  # GPT2DoubleHeadsModel: LM head + choice head
+    ("LMHeadModel", "causal-lm"),  # GPT2LMHeadModel
+    ("ModelWithLMHead", "causal-lm"),  # ReformerModelWithLMHead
+    ("WithProjection", "feature-extraction"),  # CLIPTextModelWithProjection
+    ("Reader", "question-answering"),  # DPRReader
+    ("Encoder", "feature-extraction"),  # DPRQuestionEncoder, T5EncoderModel's kin
+    ("Model", "feature-extraction"),  # BertModel
+)
+
+
 def task_from_class(family: str | None) -> str | None:
     """Infer a task from an architecture class name.
 
     ``...For<Head>`` gives the head in kebab case (``BertForMaskedLM`` ->
-    ``masked-lm``); ``...LMHeadModel`` gives ``causal-lm``; a bare ``...Model``
-    gives ``feature-extraction``; anything else ``None``.
+    ``masked-lm``); otherwise the first ending of :data:`SUFFIX_TASKS` that
+    the name has (``MarianMTModel`` -> ``conditional-generation``,
+    ``GPT2LMHeadModel`` -> ``causal-lm``, ``BertModel`` ->
+    ``feature-extraction``); anything else ``None``.
     """
     if not family:
         return None
     heads = list(_HEAD.finditer(family))
     if heads:
         return kebab(family[heads[-1].end() :])
-    if family.endswith("LMHeadModel"):
-        return "causal-lm"
-    if family.endswith("Model"):
-        return "feature-extraction"
+    for suffix, task in SUFFIX_TASKS:
+        if family.endswith(suffix):
+            return task
     return None
 
 
 def model_task(config: Mapping[str, Any], family: str | None) -> str | None:
-    """``problem_type`` when the config sets one, else :func:`task_from_class`."""
-    problem = config.get("problem_type")
-    if isinstance(problem, str) and problem:
-        return problem
+    """The task of a model: :func:`task_from_class` of its family.
+
+    ``problem_type`` is not a task: it names the training loss of a
+    classification head (``single_label_classification``).
+    """
+    del config  # the task is read from the class name only
     return task_from_class(family)
 
 

@@ -1,8 +1,9 @@
 """``weights`` and ``graph`` of a set of safetensors files, from their headers.
 
 ``weights`` is the v1 directory identity of the format spec. A stamped file
-whose SHA-256 manifest agrees with its record contributes its manifest
-digests, so no tensor byte is read; any other file is hashed.
+contributes its manifest digests, so no tensor byte is read, only while there
+is cheap evidence that it is the file that was stamped (:func:`stamp_trust`);
+any other file is hashed.
 ``graph`` hashes the same tensor entries without any digest: names, dtypes
 and shapes only.
 """
@@ -12,13 +13,17 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..carrier import read_carrier
 from ..checkpoint import Checkpoint, claimed_digests, index_problems
 from ..digests import RootEntry, directory_root, hash_tensors, root_entries
-from ..errors import InvalidFileError
+from ..errors import CMHError, InvalidFileError
 from ..header import Header, TensorEntry, read_header
+
+NS = 1_000_000_000
 
 GRAPH_DOMAIN = b"CMH-SEM-GRAPH-v1\n"
 
@@ -32,6 +37,55 @@ class TensorSummary:
     tensor_count: int
     tensor_bytes: int
     hashed_files: tuple[str, ...]
+    #: Stamped files that were hashed anyway, each with the reason its stamp was not trusted.
+    untrusted_stamps: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class StampTrust:
+    """Whether a file's stamp may stand for its bytes: the digests, else why not."""
+
+    digests: list[bytes] | None
+    reason: str | None
+
+
+def stamp_trust(path: str | os.PathLike[str], header: Header, now: float) -> StampTrust:
+    """The manifest digests of a stamped file, when its stamp may be taken as its identity.
+
+    The rule (``spec/semantic.md`` 2.1): the file is stamped with a SHA-256
+    manifest that agrees with its record, the record has not expired at
+    ``now`` and is not dated after ``now``, and the file was not modified
+    after it was stamped (its mtime is
+    not later than the record's ``stamped_at``; ``cmh stamp`` sets the mtime to
+    ``stamped_at``). Otherwise ``digests`` is ``None``: ``reason`` says why,
+    or is ``None`` for an unstamped file.
+    """
+    try:
+        carrier = read_carrier(header.metadata, len(header.tensors))
+    except CMHError as exc:
+        return StampTrust(None, f"unreadable stamp: {exc}")
+    if carrier is None:
+        return StampTrust(None, None)
+    if carrier.sha256 is None:
+        return StampTrust(None, "stamp has no SHA-256 manifest")
+    digests = claimed_digests(header)
+    if digests is None:
+        return StampTrust(None, "the manifest does not agree with the record")
+    record = carrier.record
+    if record.is_expired(now):
+        return StampTrust(None, f"stamp expired at Unix time {record.expires_at}")
+    if record.stamped_at > now:
+        return StampTrust(
+            None, f"stamped in the future (stamped_at {record.stamped_at} > now {int(now)})"
+        )
+    mtime_ns = os.stat(path).st_mtime_ns
+    if mtime_ns > record.stamped_at * NS:
+        return StampTrust(
+            None,
+            f"modified after it was stamped (mtime {mtime_ns / NS:.3f} > stamped_at "
+            f"{record.stamped_at})",
+        )
+    return StampTrust(digests, None)
 
 
 def graph_hash(tensors: Iterable[TensorEntry]) -> str:
@@ -58,6 +112,7 @@ def summarize(
 
     ``weight_map`` is the index's tensor -> file map, checked against the shards.
     """
+    now = time.time()
     headers: dict[str, Header] = {name: read_header(path) for name, path in sorted(files.items())}
     checkpoint = Checkpoint("", tuple(headers), None, dict(weight_map) if weight_map else None)
     problems = index_problems(checkpoint, headers)
@@ -65,8 +120,12 @@ def summarize(
         raise InvalidFileError("; ".join(problems[:5]), source)
     entries: list[RootEntry] = []
     hashed: list[str] = []
+    untrusted: list[tuple[str, str]] = []
     for name, header in headers.items():
-        digests = claimed_digests(header)
+        trust = stamp_trust(files[name], header, now)
+        digests = trust.digests
+        if trust.reason is not None:
+            untrusted.append((name, trust.reason))
         if digests is None:
             hashed.append(name)
             computed = hash_tensors(files[name], header, threads=threads)
@@ -79,4 +138,5 @@ def summarize(
         tensor_count=len(all_tensors),
         tensor_bytes=sum(t.nbytes for t in all_tensors),
         hashed_files=tuple(hashed),
+        untrusted_stamps=tuple(untrusted),
     )
