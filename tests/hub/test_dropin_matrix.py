@@ -279,7 +279,6 @@ def _summary(label: str, table: dict[str, dict[str, Any]]) -> str:
 #: eight (each server x install/stock x stamped/unstamped).
 DEFAULT_COLUMNS = {
     ("mirror", True, True),
-    ("mirror", True, False),
     ("mirror", False, False),
     ("hublike", True, True),
 }
