@@ -85,7 +85,8 @@ def row_pipeline(r: dict[str, str]) -> str:
     import numpy as np
     from transformers import pipeline
 
-    # The task is given: the mirror's repo info has no pipeline_tag yet (issue 13, mirror API part).
+    # The task is given: without it transformers reads the repo info and refuses a model whose
+    # library_name is sentence-transformers (as it does on huggingface.co for this model).
     out = pipeline("feature-extraction", model=r["model"])(TEXTS[0])
     return _sha(np.asarray(out, dtype=np.float32).tobytes())
 
