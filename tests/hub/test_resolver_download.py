@@ -247,3 +247,41 @@ def test_connections_setting(monkeypatch):
     assert hub.Policy().connections == 8
     with pytest.raises(ValueError):
         hub.Policy(connections=0)
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_pull_shows_bytes_and_rate_on_a_terminal(repo):
+    import select
+    import subprocess
+    import sys
+    import time
+
+    master, slave = os.openpty()
+    env = {**os.environ, "COLUMNS": "120", "HF_HUB_CACHE": str(repo.cache)}
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cmh.cli.main", "pull", REPO, "--endpoint", repo.server.url,
+             "--connections", "4"],
+            stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        os.close(slave)
+        terminal = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                terminal += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=60) == 0
+    finally:
+        os.close(master)
+    text = terminal.decode(errors="replace")
+    assert f"pull {REPO} (4 conn)" in text and "B/s" in text
+    assert sha256(repo.layout.blob_path(repo.etag)) == repo.etag
