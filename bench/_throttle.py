@@ -30,7 +30,10 @@ import contextlib
 import sys
 import time
 
-CHUNK = 64 << 10
+#: Largest piece relayed at once (fewer, larger writes keep the proxy's own CPU cost low).
+CHUNK = 256 << 10
+#: Stream buffer limit (asyncio's default of 64 KiB makes many small reads).
+LIMIT = 1 << 20
 
 
 async def _pipe(
@@ -42,13 +45,15 @@ async def _pipe(
     buffer_bytes: int,
 ) -> None:
     """Relay ``reader`` to ``writer`` through a delay line, paced to ``rate`` bytes/s."""
+    # Pieces of at most 10 ms at the capped rate, so pacing stays smooth.
+    piece = CHUNK if rate is None else max(16 << 10, min(CHUNK, int(rate / 100)))
     queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(
-        maxsize=max(4, buffer_bytes // CHUNK)
+        maxsize=max(4, buffer_bytes // piece)
     )
 
     async def receive() -> None:
         try:
-            while data := await reader.read(CHUNK):
+            while data := await reader.read(piece):
                 await queue.put((time.monotonic() + delay, data))
         except (ConnectionError, OSError):
             pass
@@ -88,7 +93,7 @@ async def serve(
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
             await asyncio.sleep(rtt)  # the handshake
-            server_r, server_w = await asyncio.open_connection(*upstream)
+            server_r, server_w = await asyncio.open_connection(*upstream, limit=LIMIT)
         except OSError:
             client_w.close()
             return
@@ -103,7 +108,7 @@ async def serve(
                 with contextlib.suppress(Exception):
                     await w.wait_closed()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=256)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=256, limit=LIMIT)
     ready.set_result(int(server.sockets[0].getsockname()[1]))
     async with server:
         await server.serve_forever()

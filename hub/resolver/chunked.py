@@ -45,6 +45,8 @@ LOG_VERSION = "cmh-chunks v1"
 MIN_CHUNK = 4 << 20
 #: A file is cut into about this many chunks when they would be smaller than the policy's size.
 PIECES = 8
+#: Bytes of a chunk in flight handed to the check at once.
+FEED_STEP = 1 << 20
 #: Bytes written between two background syncs.
 SYNC_EVERY = 128 << 20
 
@@ -276,12 +278,14 @@ def download_chunked(
     received = 0
     resumed = False
     integrity_failures = 0
+    check = ContentCheck(
+        remote.etag, size, safetensors=remote.path.endswith(".safetensors"), strict=strict
+    )
     while True:
         done = _prepare(repo, remote, path, log, chunk)
         resumed = resumed or (bool(done) and integrity_failures == 0)
-        check = ContentCheck(
-            remote.etag, size, safetensors=remote.path.endswith(".safetensors"), strict=strict
-        )
+        if integrity_failures:
+            check.reset()
         try:
             received += _transfer(
                 client, url, path, log, size, chunk, done, check, connections, retry, progress
@@ -359,10 +363,10 @@ def _transfer(
         if stop.is_set():
             raise _Stop
         begin, end = index * chunk, min(size, (index + 1) * chunk)
-        pos = begin
+        pos = shown = begin
 
         def sink(data: bytes) -> None:
-            nonlocal pos, received
+            nonlocal pos, shown, received
             if stop.is_set() or feed.failed:
                 raise _Stop
             view = memoryview(data)
@@ -370,6 +374,9 @@ def _transfer(
                 n = os.pwrite(fd, view, pos)
                 view = view[n:]
                 pos += n
+            if pos - shown >= FEED_STEP:  # the check follows the chunk as it arrives
+                feed.mark_ready(shown, pos)
+                shown = pos
             with lock:
                 received += len(data)
             if progress is not None:
