@@ -114,7 +114,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="64 MiB checkpoint (< 60 s)")
     parser.add_argument("--size-mib", type=int, default=None, help="checkpoint size (1024)")
     parser.add_argument("--changed", type=float, default=0.05)
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row; best is kept")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per row; best is kept, ranges printed"
+    )
     args = parser.parse_args()
     size_mib = args.size_mib or (64 if args.quick else 1024)
     aria2c = ensure_aria2c()
@@ -138,6 +140,7 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="cmh-bench-download-", dir=WORK))
     load_before = os.getloadavg()
     results: dict[tuple[str, str, str], float] = {}
+    every: dict[tuple[str, str, str], list[float]] = {}  # each run's time
     try:
         for i, link in enumerate(LINKS):
             branch = f"row{i}"
@@ -197,6 +200,7 @@ def main() -> int:
                     times[("update", "cmh")] = timed(lambda: ours(revalidate=True))
                     for key, value in times.items():
                         best[key] = min(best.get(key, float("inf")), value)
+                        every.setdefault((link.name, *key), []).append(value)
                     for cache in caches.values():
                         shutil.rmtree(cache, ignore_errors=True)
                 for (scenario, client), value in best.items():
@@ -230,43 +234,24 @@ def main() -> int:
             print(line)
     lo, mid = LINKS[0].name, LINKS[1].name
 
-    def judge(label: str, value: float, target: float, higher: bool) -> None:
+    def judge(label: str, link: str, scenario: str, over: str, under: str, target: float) -> None:
+        """Ratio ``time(over) / time(under)`` of the best runs, and its per-run range."""
+        value = results[(link, scenario, over)] / results[(link, scenario, under)]
+        higher = over != "cmh"  # a throughput ratio: cmh's time is the denominator
         ok = value >= target if higher else value <= target
         sign = ">=" if higher else "<="
+        pairs = zip(every[(link, scenario, over)], every[(link, scenario, under)], strict=True)
+        ratios = [a / b for a, b in pairs]
+        spread = f", range {min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
         verdicts.append(
-            f"{label}: {value:.2f}x (target {sign} {target}x: {'met' if ok else 'MISSED'})"
+            f"{label}: {value:.2f}x{spread} (target {sign} {target}x: {'met' if ok else 'MISSED'})"
         )
 
-    judge(
-        "loopback fresh, time vs stock",
-        results[(lo, "fresh", "cmh")] / results[(lo, "fresh", "stock")],
-        1.0,
-        False,
-    )
-    judge(
-        "loopback update, time vs stock",
-        results[(lo, "update", "cmh")] / results[(lo, "update", "stock")],
-        0.5,
-        False,
-    )
-    judge(
-        "50 MB/s fresh, throughput vs stock",
-        results[(mid, "fresh", "stock")] / results[(mid, "fresh", "cmh")],
-        4.0,
-        True,
-    )
-    judge(
-        "50 MB/s fresh, throughput vs aria2c",
-        results[(mid, "fresh", "aria2c")] / results[(mid, "fresh", "cmh")],
-        0.9,
-        True,
-    )
-    judge(
-        "50 MB/s update, time vs stock",
-        results[(mid, "update", "cmh")] / results[(mid, "update", "stock")],
-        0.1,
-        False,
-    )
+    judge("loopback fresh, time vs stock", lo, "fresh", "cmh", "stock", 1.0)
+    judge("loopback update, time vs stock", lo, "update", "cmh", "stock", 0.5)
+    judge("50 MB/s fresh, throughput vs stock", mid, "fresh", "stock", "cmh", 4.0)
+    judge("50 MB/s fresh, throughput vs aria2c", mid, "fresh", "aria2c", "cmh", 0.9)
+    judge("50 MB/s update, time vs stock", mid, "update", "cmh", "stock", 0.1)
     print()
     for v in verdicts:
         print(v)
