@@ -10,6 +10,7 @@ import click
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
+    EXIT_UNREADABLE,
     EXIT_USAGE,
     JSON_SCHEMA_VERSION,
     echo,
@@ -20,6 +21,7 @@ from ._common import (
     json_option,
     progress_bar,
     usage_error,
+    warn,
 )
 
 STORE_OPTION = click.option(
@@ -75,38 +77,82 @@ def add(
     )
 
 
+TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
+
+
 @mirror.command("ls")
 @STORE_OPTION
+@click.option(
+    "--tokens",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The tokens file of `cmh serve`: mark private repos, warn about names the store lacks.",
+)
 @json_option
 @handle_errors
-def ls(store: Path, as_json: bool) -> None:
+def ls(store: Path, tokens: Path | None, as_json: bool) -> None:
     """List the repos of a store, their refs and sizes."""
     from cmh.hub.mirror import list_store
+    from cmh.hub.mirror.auth import (
+        AccessPolicy,
+        TokensFileError,
+        load_tokens,
+        repo_key,
+        unserved_grants,
+    )
 
     if not store.is_dir():
         fail(f"{store}: store folder not found", EXIT_USAGE)
+    policy: AccessPolicy | None = None
+    if tokens is not None:
+        try:
+            policy = load_tokens(tokens)
+        except TokensFileError as exc:
+            fail(str(exc), EXIT_USAGE)
     repos = list_store(store)
+    grants = unserved_grants(policy, store) if policy is not None else []
+    for grant in grants:
+        warn(grant.message)
+
+    def private(repo_type: str, repo_id: str) -> bool | None:
+        return None if policy is None else repo_key(repo_type, repo_id) in policy.private
+
     if as_json:
-        emit_json({"schema": JSON_SCHEMA_VERSION, "repos": [r.to_dict() for r in repos]})
+        emit_json(
+            {
+                "schema": JSON_SCHEMA_VERSION,
+                "repos": [
+                    {**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos
+                ],
+                "warnings": [g.to_dict() for g in grants],
+            }
+        )
         return
     if not repos:
         echo("(empty store)")
     for r in repos:
         prefix = "" if r.repo_type == "model" else f"{r.repo_type}s/"
-        echo(f"{prefix}{r.repo_id}  {r.blobs} blobs, {human_bytes(r.blob_bytes)}")
+        mark = "  (private)" if private(r.repo_type, r.repo_id) else ""
+        echo(f"{prefix}{r.repo_id}  {r.blobs} blobs, {human_bytes(r.blob_bytes)}{mark}")
         for ref in r.refs:
             echo(f"  {ref.name:<20} {ref.commit}  {ref.files} files, {human_bytes(ref.bytes)}")
 
 
 @mirror.command("scrub")
 @STORE_OPTION
-@click.option("--full", is_flag=True, help="Hash whole files even when a CMH manifest exists.")
+@click.option(
+    "--full", is_flag=True, help="Kept for compatibility: every blob is always hashed whole."
+)
 @click.option("--no-quarantine", is_flag=True, help="Report bad blobs without moving them.")
 @click.option("--threads", type=click.IntRange(1, 64), default=None, help="Hashing threads.")
 @json_option
 @handle_errors
 def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_json: bool) -> None:
-    """Re-check every blob against its name; quarantine bad ones (exit 1 if any)."""
+    """Re-check every blob against its name; quarantine bad ones.
+
+    Exit 1 if a blob is bad, else 3 if one is an invalid safetensors file or
+    cannot be read, else 0.
+    """
     from cmh.hub.cache import iter_repos
     from cmh.hub.mirror import scrub_store
 
@@ -128,9 +174,17 @@ def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_
             where = f" -> quarantined to {c.quarantined_to}" if c.quarantined_to else ""
             tensors = f" (tensors: {', '.join(c.bad_tensors[:5])})" if c.bad_tensors else ""
             echo(f"BAD {c.repo} blob {c.blob}: {c.message}{tensors}{where}")
+        for c in report.errors:
+            echo(f"ERROR {c.repo} blob {c.blob}: {c.error}: {c.message}")
         for link in report.broken_links:
             echo(f"unsafe or dangling snapshot entry (not served): {link}")
-    raise click.exceptions.Exit(EXIT_CHECK_FAILED if report.bad else EXIT_OK)
+    if report.bad:
+        code = EXIT_CHECK_FAILED
+    elif report.errors:
+        code = EXIT_UNREADABLE
+    else:
+        code = EXIT_OK
+    raise click.exceptions.Exit(code)
 
 
 @click.command("serve")
@@ -141,7 +195,7 @@ def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_
     "--tokens",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="Tokens file: private repos and the bearer tokens that open them.",
+    help=TOKENS_HELP,
 )
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True)
 @click.option(
@@ -149,6 +203,31 @@ def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Append JSON access-log lines here (default: stderr).",
+)
+@click.option(
+    "--public-url",
+    default=None,
+    help="URL clients reach the mirror by, for links it sends (default: the bound address).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help="Open connections per worker (default: 1000, or what the open-file limit allows).",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=20.0,
+    show_default=True,
+    help="Seconds a client may take to send a request's headers.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds an idle (keep-alive) connection stays open.",
 )
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
@@ -159,6 +238,10 @@ def serve(
     tokens: Path | None,
     workers: int,
     access_log: Path | None,
+    public_url: str | None,
+    max_connections: int | None,
+    header_timeout: float,
+    idle_timeout: float,
     tree_page_size: int,
 ) -> None:
     """Serve a store through the Hub HTTP API (stops cleanly on SIGTERM)."""
@@ -178,7 +261,12 @@ def serve(
         workers=workers,
         access_log=access_log,
         page_size=tree_page_size,
+        public_url=public_url,
+        max_connections=max_connections,
+        header_timeout=header_timeout,
+        idle_timeout=idle_timeout,
         announce=announce,
+        warn=warn,
     )
     try:
         code = run(config)

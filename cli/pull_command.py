@@ -4,20 +4,23 @@ Exit statuses: 0 resolved (including a stale snapshot served with a warning),
 1 refused by a check or the policy (content failed its ETag or manifest
 check, ``--strict`` and expired), 2 usage error (bad repo id or revision),
 3 the repo could not be obtained (not found, access refused, Hub unreachable
-with nothing cached, offline with nothing cached).
+with nothing cached, offline with nothing cached, a served safetensors file
+with an invalid header, no space left in the cache). With ``--json`` a
+failure (1 or 3) prints one document too: ``ok`` false, ``error_kind``, ``error``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_UNREADABLE,
+    describe_os_error,
     echo,
     emit_json,
     fail,
@@ -79,6 +82,24 @@ def pull(
         resolve,
     )
 
+    def refuse(exc: Exception, exit_code: int) -> NoReturn:
+        message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        if as_json:
+            from ._documents import envelope
+
+            emit_json(
+                envelope(
+                    "pull",
+                    repo_id=repo_id,
+                    revision=revision,
+                    ok=False,
+                    exit_status=exit_code,
+                    error_kind=error_kind(exc),
+                    error=message,
+                )
+            )
+        fail(message, exit_code)
+
     overrides: dict[str, Any] = {"strict": strict, "revalidate": revalidate}
     if offline:
         overrides["offline"] = True
@@ -115,13 +136,14 @@ def pull(
         except LayoutError as exc:
             usage_error(str(exc))
         except (IntegrityError, PolicyError) as exc:
-            fail(str(exc), EXIT_CHECK_FAILED)
-        except ResolveError as exc:
-            fail(str(exc), EXIT_UNREADABLE)
+            refuse(exc, EXIT_CHECK_FAILED)
+        except (ResolveError, OSError) as exc:
+            refuse(exc, EXIT_UNREADABLE)
     if as_json:
         from ._documents import envelope
 
-        emit_json(envelope("pull", **res.to_json()))
+        document = envelope("pull", ok=True, exit_status=0, error_kind=None, error=None)
+        emit_json({**document, **res.to_json()})
         return
     for w in res.warnings:
         warn(w)
@@ -132,3 +154,25 @@ def pull(
         f"{human_bytes(res.bytes_reused)} reused",
         err=True,
     )
+
+
+#: ``error_kind`` of a failed ``cmh pull --json``, by error class name (most specific first).
+ERROR_KINDS = (
+    ("InvalidRemoteFileError", "invalid_file"),
+    ("DiskFullError", "disk_full"),
+    ("IntegrityError", "integrity"),
+    ("PolicyError", "policy"),
+    ("NotFoundError", "not_found"),
+    ("AccessError", "access"),
+    ("OfflineError", "offline"),
+    ("HubUnreachableError", "unreachable"),
+    ("HubProtocolError", "protocol"),
+    ("ResolveError", "resolve"),
+    ("OSError", "os_error"),
+)
+
+
+def error_kind(exc: BaseException) -> str:
+    """The stable ``error_kind`` name of a failure (docs/resolver.md)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return next((kind for name, kind in ERROR_KINDS if name in names), "error")

@@ -13,6 +13,7 @@ mtime, ctime and inode: while those are unchanged it is not hashed again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import queue
@@ -25,16 +26,40 @@ from typing import BinaryIO, Protocol
 from cmh._atomic import fsync_dir
 from cmh.carrier import read_carrier
 from cmh.checkpoint import claimed_digests
-from cmh.errors import CMHError
+from cmh.errors import CMHError, InvalidFileError
 from cmh.header import PREFIX_SIZE, Header, parse_header
 
-from ..resolver.types import IntegrityError
+from ..resolver.types import DiskFullError, IntegrityError, InvalidRemoteFileError
 from .layout import RepoLayout
 
 READ_CHUNK = 8 << 20
 #: Files from this size are hashed for their ETag in a worker thread.
 THREADED_DIGEST_BYTES = 16 << 20
 Progress = Callable[[int], None]
+
+#: What reading a hostile safetensors header may raise: the format library's typed error,
+#: and what a header it does not reject makes Python raise (a lone surrogate cannot be
+#: encoded, a dimension of 2**64 or more cannot be packed).
+INVALID_HEADER = (InvalidFileError, ValueError, struct.error, OverflowError, RecursionError)
+#: The same, plus every other error of the format library (a header that cannot be used).
+UNREADABLE_HEADER = (CMHError, ValueError, struct.error, OverflowError, RecursionError)
+
+#: errno values that mean "no room for the bytes": disk full, quota, file size limit.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` that says the bytes do not fit (ENOSPC, EDQUOT, EFBIG)."""
+    return isinstance(exc, OSError) and exc.errno in _NO_ROOM
+
+
+def disk_full_error(exc: OSError, what: str) -> DiskFullError:
+    """The typed error for ``exc`` while writing ``what`` (the partial is already removed)."""
+    reason = exc.strerror or str(exc)
+    return DiskFullError(
+        f"{what}: {reason} (no space left for the download in the cache, or a file size "
+        "limit); the partial download was removed and the previous snapshot is kept"
+    )
 
 
 def partial_path(repo: RepoLayout, etag: str) -> Path:
@@ -118,11 +143,24 @@ class ContentCheck:
     ``trusted`` (indexes in data order) hashes to its manifest digest.
     """
 
-    def __init__(self, etag: str, size: int, *, safetensors: bool, strict: bool = False) -> None:
+    def __init__(
+        self,
+        etag: str,
+        size: int,
+        *,
+        safetensors: bool,
+        strict: bool = False,
+        name: str | None = None,
+    ) -> None:
         self.etag = etag
         self.size = size
         self.safetensors = safetensors
         self.strict = strict
+        #: A file named ``*.safetensors`` (``name``) must have a valid header: otherwise
+        #: :meth:`finish` raises :class:`InvalidRemoteFileError` once the bytes are known
+        #: to be the blob (so bytes damaged in transit stay an :class:`IntegrityError`). A
+        #: file only sniffed as safetensors is just not checked tensor by tensor then.
+        self.name = name
         self.trusted: frozenset[int] = frozenset()
         self.warnings: list[str] = []
         self.reset()
@@ -144,6 +182,7 @@ class ContentCheck:
         self._span = 0
         self._tensor_hash: hashlib._Hash | None = None
         self._header_failed = False
+        self.invalid: str | None = None  # why the header cannot be read
         self.warnings = []
 
     def update(self, data: bytes | memoryview) -> None:
@@ -168,15 +207,14 @@ class ContentCheck:
             return
         (n,) = struct.unpack("<Q", bytes(self._head[:PREFIX_SIZE]))
         if n > 100_000_000 or PREFIX_SIZE + n > self.size:
-            self._header_failed = True
+            self._invalid(f"header length {n} does not fit a {self.size}-byte file", quiet=True)
             return
         if len(self._head) < PREFIX_SIZE + n:
             return
         try:
             self.header = parse_header(bytes(self._head[PREFIX_SIZE : PREFIX_SIZE + n]), self.size)
-        except CMHError as exc:
-            self._header_failed = True
-            self.warnings.append(f"not a valid safetensors file: {exc}")
+        except UNREADABLE_HEADER as exc:
+            self._invalid(str(exc))
             return
         self._set_manifest(self.header)
         rest = bytes(self._head[PREFIX_SIZE + n :])
@@ -184,15 +222,27 @@ class ContentCheck:
         if rest:
             self._route(memoryview(rest), PREFIX_SIZE + n)
 
+    def _invalid(self, reason: str, *, quiet: bool = False) -> None:
+        """The header cannot be read: no tensor checks; :meth:`finish` decides what it means."""
+        self.header = None
+        self._manifest = None
+        self._header_failed = True
+        self.invalid = reason
+        if not quiet and self.name is None:
+            self.warnings.append(f"not a valid safetensors file: {reason}")
+
     def _set_manifest(self, header: Header) -> None:
         try:
             carrier = read_carrier(header.metadata, len(header.tensors))
+            digests = None if carrier is None else claimed_digests(header)
+        except INVALID_HEADER as exc:
+            self._invalid(str(exc) or type(exc).__name__)
+            return
         except CMHError as exc:
             self.warnings.append(f"CMH record unusable: {exc}")
             return
         if carrier is None:
             return
-        digests = claimed_digests(header)
         if digests is None:
             self.warnings.append("CMH manifest does not agree with its record")
             return
@@ -239,11 +289,19 @@ class ContentCheck:
         return self._manifest is not None
 
     def finish(self) -> None:
-        """Raise :class:`IntegrityError` unless everything fed is the blob named by the ETag."""
+        """Raise :class:`IntegrityError` unless everything fed is the blob named by the ETag.
+
+        Then, for a file named ``*.safetensors`` whose header cannot be read,
+        :class:`InvalidRemoteFileError` (the bytes are the blob: fetching them
+        again cannot help).
+        """
         if self._seen != self.size:
             raise IntegrityError(f"got {self._seen} bytes, expected {self.size}")
         if self._digest.hexdigest() != self.etag:
             raise IntegrityError(f"content does not hash to its ETag {self.etag}")
+        if self.name is not None and self.safetensors and self.header is None:
+            reason = self.invalid or "the file ends before its header does"
+            raise InvalidRemoteFileError(f"not a valid safetensors file: {reason}", self.name)
         while self._manifest is not None and self._span < len(self._spans):
             t_begin, t_end, index = self._spans[self._span]
             if t_begin != t_end:

@@ -11,8 +11,9 @@ cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
 from __future__ import annotations
 
 import asyncio
+import io
 import os
-import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,17 +25,21 @@ from ..cache.layout import LayoutError, RepoLayout, validate_relpath
 from ..cache.usage import record_use
 from . import documents
 from .auth import AccessPolicy, bearer_token, repo_key
+from .connections import ConnectionGuard
 from .fingerprints import FingerprintCache
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
 from .ranges import RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
-from .send import BlobUnavailable, multipart, open_blob, send_body
+from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
+from .verify import BlobVerifier, FileVersion
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
 MAX_PATHS_INFO = 1000
-_HOST_RE = re.compile(r"^[A-Za-z0-9.\-]{1,253}(:\d{1,5})?$|^\[[0-9A-Fa-f:.]{2,45}\](:\d{1,5})?$")
+#: Seconds a request waits for the first check of a blob before its headers are sent;
+#: a longer check goes on while the body streams, and gates the body's last byte.
+VERIFY_WAIT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -59,7 +64,11 @@ class MirrorState:
     policy: AccessPolicy
     metrics: Metrics
     page_size: int = DEFAULT_PAGE_SIZE
+    public_url: str | None = None  # base of links sent; None: each connection's local address
+    guard: ConnectionGuard | None = None
+    body_timeout: float = 20.0  # seconds to receive a request body (paths-info)
     indexes: IndexCache | None = None
+    verifier: BlobVerifier = field(default_factory=BlobVerifier)
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
 
     def __post_init__(self) -> None:
@@ -83,13 +92,23 @@ def _error(err: HubError) -> web.Response:
     if err.code:
         headers["X-Error-Code"] = err.code
     headers["X-Error-Message"] = err.message
-    return web.json_response({"error": err.message}, status=err.status, headers=headers)
+    response = web.json_response({"error": err.message}, status=err.status, headers=headers)
+    if headers.get("Connection") == "close":
+        response.force_close()  # at once: no lingering read of a body that does not come
+    return response
 
 
 async def dispatch(request: web.Request) -> web.StreamResponse:
     """Route one request and turn every refusal into a typed 4xx answer."""
-    request[ROUTE_KEY] = "invalid"
     state = request.app[STORE_KEY]
+    if state.guard is None:
+        return await _dispatch(request, state)
+    with state.guard.answering(request.transport):
+        return await _dispatch(request, state)
+
+
+async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamResponse:
+    request[ROUTE_KEY] = "invalid"
     try:
         try:
             route = parse_target(request.raw_path)
@@ -116,7 +135,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         if route.kind == "tree":
             return _tree(request, route, index)
         if route.kind == "paths_info":
-            return await _paths_info(request, index)
+            return await _paths_info(request, state, index)
         return await _fingerprint(state, route, index)
     except HubError as err:
         return _error(err)
@@ -198,6 +217,7 @@ async def _resolve(
     except BlobUnavailable as exc:
         raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
     try:
+        gate = await _verified(request, state, entry, f)
         if ranges is None:
             if range_header is not None:
                 request[RANGE_KEY] = "full"
@@ -226,17 +246,64 @@ async def _resolve(
             await response.write_eof()
             request[BYTES_KEY] = 0
             return response
-        request[BYTES_KEY] = await send_body(request, response, f, pieces, tail)
+        try:
+            request[BYTES_KEY] = await send_body(request, response, f, pieces, tail, gate)
+        except BodyCut as cut:
+            request[BYTES_KEY] = cut.sent
+            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
         return response
     finally:
         f.close()
 
 
 def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
-    real = os.path.realpath(entry.source)
-    if not real.startswith(str(state.store) + os.sep):
+    """Open an entry's file; its folder may be reached through links, the file itself not."""
+    folder = os.path.realpath(entry.source.parent)
+    if not (folder + os.sep).startswith(str(state.store) + os.sep):
         raise BlobUnavailable("blob lies outside the store")
-    return open_blob(Path(real), entry.size)
+    return open_blob(Path(folder) / entry.source.name, entry.size)
+
+
+async def _verified(
+    request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO
+) -> Gate:
+    """Make sure the open blob hashes to its ETag; the gate for its body's last byte.
+
+    A version checked before is known at once. Otherwise its check starts (or
+    is joined) and is waited for up to :data:`VERIFY_WAIT`; a blob known bad
+    answers 503. A check still running after that goes on while the body is
+    sent, and the gate waits for it.
+    """
+    verifier = state.verifier
+    version = FileVersion.of(f.fileno())
+    outcome = verifier.known(version, entry.etag)
+    pending = None
+    if outcome is None:
+        pending = verifier.check(f.fileno(), entry.etag, version)
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(pending), VERIFY_WAIT)
+        except TimeoutError:
+            outcome = None
+        except Exception as exc:  # the check could not read the blob
+            raise HubError(
+                503, "BlobUnavailable", f"blob unavailable: {exc}", {"Retry-After": "60"}
+            ) from None
+    if outcome is False:
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "blob": "mismatch"}
+        raise HubError(
+            503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"}
+        )
+
+    async def gate() -> bool:
+        if pending is not None:
+            try:
+                if not await asyncio.shield(pending):
+                    return False
+            except Exception:  # the check could not read the blob: never complete the body
+                return False
+        return FileVersion.of(f.fileno()) == version
+
+    return gate
 
 
 # -- repo info, tree, paths-info ------------------------------------------------------------
@@ -253,12 +320,15 @@ def _repo_info(state: MirrorState, route: Route, index: CommitIndex) -> web.Resp
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 
 
-def _base_url(request: web.Request) -> str:
-    host = request.headers.get("Host", "")
-    if not _HOST_RE.match(host):
-        sock = request.transport.get_extra_info("sockname") if request.transport else None
-        host = f"{sock[0]}:{sock[1]}" if sock else "127.0.0.1"
-    return f"http://{host}"
+def _base_url(request: web.Request, state: MirrorState) -> str:
+    """The configured public URL, else the address this connection reached (never ``Host``)."""
+    if state.public_url is not None:
+        return state.public_url
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sock:
+        return "http://127.0.0.1"
+    host = f"[{sock[0]}]" if ":" in sock[0] else sock[0]
+    return f"http://{host}:{sock[1]}"
 
 
 def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Response:
@@ -286,26 +356,31 @@ def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Respons
             {"recursive": str(recursive).lower(), "expand": str(expand).lower(),
              "cursor": documents.encode_cursor(index.commit, start + page_size)}
         )  # fmt: skip
-        url = f"{_base_url(request)}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
+        base = _base_url(request, state)
+        url = f"{base}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
         headers["Link"] = f'<{url}>; rel="next"'
     return web.json_response([documents.tree_entry(index, p) for p in page], headers=headers)
 
 
-async def _paths_info(request: web.Request, index: CommitIndex) -> web.Response:
+async def _paths_info(request: web.Request, state: MirrorState, index: CommitIndex) -> web.Response:
     paths: list[str] = []
-    if request.content_type == "application/json":
-        try:
-            data = await request.json()
-        except ValueError:
-            raise HubError(400, "BadRequest", "body is not JSON") from None
-        raw = data.get("paths") if isinstance(data, dict) else None
-        paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
-    else:
-        try:
-            form = await request.post()
-        except (ValueError, UnicodeDecodeError):
-            raise HubError(400, "BadRequest", "malformed form body") from None
-        paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
+    try:
+        async with asyncio.timeout(state.body_timeout):
+            if request.content_type == "application/json":
+                try:
+                    data = await request.json()
+                except ValueError:
+                    raise HubError(400, "BadRequest", "body is not JSON") from None
+                raw = data.get("paths") if isinstance(data, dict) else None
+                paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
+            else:
+                try:
+                    form = await request.post()
+                except (ValueError, UnicodeDecodeError):
+                    raise HubError(400, "BadRequest", "malformed form body") from None
+                paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
+    except TimeoutError:
+        raise HubError(408, None, "request body too slow", {"Connection": "close"}) from None
     if len(paths) > MAX_PATHS_INFO:
         raise HubError(400, "BadRequest", f"at most {MAX_PATHS_INFO} paths")
     out = []
@@ -333,14 +408,21 @@ def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dic
     It reads only the index's checked sources (blobs inside the store), through
     ``fingerprint_files``, so a hostile link in a snapshot is never followed.
     """
+    from cmh.errors import InvalidFileError
     from cmh.semantic import SemanticError, fingerprint_files
 
     def compute() -> dict[str, Any]:
         files = {path: entry.source for path, entry in index.files.items()}
         try:
             result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}").to_dict()
+        except InvalidFileError as exc:
+            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
         except SemanticError as exc:
+            if isinstance(exc.__cause__, InvalidFileError):
+                raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
             raise HubError(422, "NotAModel", f"cannot fingerprint this snapshot: {exc}") from None
+        except (ValueError, OverflowError, struct.error) as exc:  # a header no layer typed
+            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
         except OSError as exc:
             raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
         return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result}

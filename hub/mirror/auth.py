@@ -9,7 +9,10 @@ spaces; ``#`` starts a comment. Models are named ``org/name``, datasets
     s3cr3t-bob-91c0             acme/private-model
 
 A private repo answers only to ``Authorization: Bearer <token>`` with a token
-that opens it; to anyone else it looks exactly like a missing repo.
+that opens it; to anyone else it looks exactly like a missing repo. A repo
+named in the file that the store does not hold (a typo, another case) protects
+nothing: :func:`unserved_grants` finds them, and ``cmh serve`` and
+``cmh mirror ls --tokens`` warn about each.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.layout import LayoutError, validate_repo_id
+from ..cache.layout import LayoutError, iter_repos, validate_repo_id
 
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}$")
 
@@ -93,3 +96,35 @@ def load_tokens(path: Path) -> AccessPolicy:
                 raise TokensFileError(f"{path}:{number}: invalid repo {repo!r}") from None
             grants.setdefault(token, set()).add(repo)
     return AccessPolicy({t: frozenset(r) for t, r in grants.items()})
+
+
+@dataclass(frozen=True)
+class UnservedGrant:
+    """A repo the tokens file names but the store does not hold."""
+
+    repo: str  # as the tokens file writes it
+    similar: str | None  # a public repo of the store with that name in another case
+
+    @property
+    def message(self) -> str:
+        """A one-line warning for the operator."""
+        text = f"the tokens file names {self.repo}, which the store does not hold"
+        if self.similar is not None:
+            return f"{text}; {self.similar} (another case) is served publicly"
+        return f"{text} (a typo?)"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"repo": self.repo, "similar": self.similar, "message": self.message}
+
+
+def unserved_grants(policy: AccessPolicy, store: Path) -> list[UnservedGrant]:
+    """Repos named in the tokens file that ``store`` does not hold, sorted by name."""
+    from .index import repo_exists
+
+    held = {repo_key(r.repo_type, r.repo_id) for r in iter_repos(store) if repo_exists(r)}
+    by_folded = {key.casefold(): key for key in sorted(held)}
+    out = []
+    for key in sorted(policy.private - held):
+        near = by_folded.get(key.casefold())
+        out.append(UnservedGrant(key, near if near not in policy.private else None))
+    return out

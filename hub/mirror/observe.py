@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import unquote_plus
 
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
@@ -24,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..cache.layout import iter_repos
+from .auth import repo_key
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -37,11 +40,18 @@ INFO_KEY = "cmh_info"
 
 
 class StoreSizeCollector(Collector):
-    """``cmh_mirror_store_bytes`` and ``cmh_mirror_store_repos``, measured at most every 10 s."""
+    """``cmh_mirror_store_bytes`` and ``cmh_mirror_store_repos``, measured at most every 10 s.
 
-    def __init__(self, store: Path, max_age: float = 10.0) -> None:
+    Only public repos are counted: ``/metrics`` answers anyone, and a private
+    repo must not show even by its size.
+    """
+
+    def __init__(
+        self, store: Path, max_age: float = 10.0, private: frozenset[str] = frozenset()
+    ) -> None:
         self.store = store
         self.max_age = max_age
+        self.private = private
         self._lock = threading.Lock()
         self._at = 0.0
         self._value = (0, 0)
@@ -49,6 +59,8 @@ class StoreSizeCollector(Collector):
     def _measure(self) -> tuple[int, int]:
         total = repos = 0
         for repo in iter_repos(self.store):
+            if repo_key(repo.repo_type, repo.repo_id) in self.private:
+                continue
             repos += 1
             try:
                 with os.scandir(repo.blobs) as it:
@@ -65,14 +77,16 @@ class StoreSizeCollector(Collector):
                 self._value = self._measure()
                 self._at = time.monotonic()
             size, repos = self._value
-        yield GaugeMetricFamily("cmh_mirror_store_bytes", "Bytes of blobs in the store", size)
-        yield GaugeMetricFamily("cmh_mirror_store_repos", "Repos in the store", repos)
+        yield GaugeMetricFamily(
+            "cmh_mirror_store_bytes", "Bytes of blobs of the public repos in the store", size
+        )
+        yield GaugeMetricFamily("cmh_mirror_store_repos", "Public repos in the store", repos)
 
 
 class Metrics:
     """The mirror's request metrics."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, private: frozenset[str] = frozenset()) -> None:
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         self.requests = Counter(
@@ -93,6 +107,12 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.dropped = Counter(
+            "cmh_mirror_connections_dropped",
+            "Connections closed by the limits, by reason (refused, evicted, header_timeout, idle)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "cmh_mirror_request_duration_seconds",
             "Time from request to last byte handed to the kernel, by route",
@@ -100,7 +120,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.store_collector = StoreSizeCollector(store)
+        self.store_collector = StoreSizeCollector(store, private=private)
         if not self.multiprocess:
             self.registry.register(self.store_collector)
 
@@ -112,6 +132,9 @@ class Metrics:
         self.latency.labels(route).observe(seconds)
         if range_kind:
             self.ranges.labels(range_kind).inc()
+
+    def connection_dropped(self, reason: str) -> None:
+        self.dropped.labels(reason).inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text of every worker's metrics and the store size."""
@@ -133,6 +156,26 @@ def configure(metrics: Metrics, log_stream: IO[str]) -> None:
     """Set the metrics and log stream the access logger of this process writes to."""
     global _metrics, _log_stream
     _metrics, _log_stream = metrics, log_stream
+
+
+#: Query parameters whose values never reach the access log: any whose decoded name
+#: holds one of these words (credentials, signed-URL signatures, sessions).
+_SECRET_PARAM_RE = re.compile(r"token|key|secret|passw|auth|sig|credential|session|cookie", re.I)
+REDACTED = "REDACTED"
+
+
+def redact_target(target: str) -> str:
+    """``target`` with the value of every secret-looking query parameter replaced."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target
+    items = []
+    for item in query.split("&"):
+        name, eq, _ = item.partition("=")
+        if eq and _SECRET_PARAM_RE.search(unquote_plus(name, errors="replace")):
+            item = f"{name}={REDACTED}"
+        items.append(item)
+    return f"{path}?{'&'.join(items)}"
 
 
 def _clip(value: str | None, limit: int = 512) -> str | None:
@@ -159,7 +202,7 @@ class AccessLogger(AbstractAccessLogger):
             "pid": os.getpid(),
             "remote": request.remote,
             "method": request.method,
-            "target": _clip(request.raw_path, 2048),
+            "target": _clip(redact_target(request.raw_path), 2048),
             "route": route,
             "status": response.status,
             "bytes": nbytes,

@@ -5,6 +5,11 @@ processes, each with its own listening socket on the same address
 (``SO_REUSEPORT``: the kernel spreads connections across them); the parent
 only reserves the port, forwards SIGTERM/SIGINT and reaps the workers. The
 URL is printed once every worker listens.
+
+Each worker caps its connections and times out slow headers and idle
+connections (:mod:`cmh.hub.mirror.connections`); the cap defaults to what the
+open-file limit allows. Links the mirror sends (tree pagination) use the
+configured public URL, else the bound address, never a request's ``Host``.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 SHUTDOWN_TIMEOUT = 2.0
 
@@ -40,7 +46,34 @@ class ServeConfig:
     workers: int = 1
     access_log: Path | None = None
     page_size: int = 1000
+    public_url: str | None = None  # e.g. https://mirror.example.org/hf
+    max_connections: int | None = None  # per worker; None: derived from RLIMIT_NOFILE
+    header_timeout: float = 20.0
+    idle_timeout: float = 30.0
     announce: Callable[[str], None] = field(default=print)
+    warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
+
+
+def public_url(text: str) -> str:
+    """A ``--public-url`` checked and without its trailing ``/`` (``ServeError`` if unusable)."""
+    url = text.strip().rstrip("/")
+    try:
+        parts = urlsplit(url)
+        usable = (
+            parts.scheme in ("http", "https")
+            and bool(parts.hostname)
+            and parts.port != 0  # reading .port raises ValueError for a malformed one
+            and not (parts.query or parts.fragment or parts.username is not None)
+            and not any(c.isspace() for c in url)
+        )
+    except ValueError:
+        usable = False
+    if not usable:
+        raise ServeError(
+            f"invalid public URL {text!r}: give http(s)://host[:port][/path], "
+            "without query, fragment or credentials"
+        )
+    return url
 
 
 def _socket(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -68,15 +101,30 @@ def _url(sock: socket.socket) -> str:
 
 def serve(config: ServeConfig) -> int:
     """Serve until SIGTERM or SIGINT; return the exit status."""
+    from .connections import DEFAULT_MAX_CONNECTIONS, connection_cap_limit
+
     if not config.store.is_dir():
         raise ServeError(f"{config.store}: store folder not found")
+    if config.public_url is not None:
+        config = replace(config, public_url=public_url(config.public_url))
     if config.tokens is not None:
-        from .auth import TokensFileError, load_tokens
+        from .auth import TokensFileError, load_tokens, unserved_grants
 
         try:
-            load_tokens(config.tokens)  # fail before any worker starts
+            policy = load_tokens(config.tokens)  # fail before any worker starts
         except TokensFileError as exc:
             raise ServeError(str(exc)) from None
+        for grant in unserved_grants(policy, config.store):
+            config.warn(grant.message)
+    limit = connection_cap_limit()
+    cap = config.max_connections or min(DEFAULT_MAX_CONNECTIONS, limit)
+    if cap > limit:
+        config.warn(
+            f"--max-connections {cap} does not fit the open-file limit "
+            f"(ulimit -n); using {limit} per worker"
+        )
+        cap = limit
+    config = replace(config, max_connections=cap)
     if config.workers <= 1:
         sock = _socket(config.host, config.port, reuse_port=False)
         sock.listen(1024)
@@ -95,29 +143,52 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     from .app import MirrorState, make_app
     from .auth import AccessPolicy, load_tokens
+    from .connections import ConnectionGuard
     from .observe import AccessLogger, Metrics, configure
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
-    metrics = Metrics(config.store)
+    metrics = Metrics(config.store, private=policy.private)
     stream = _log_stream(config)
     configure(metrics, stream)
-    state = MirrorState(config.store, policy, metrics, page_size=config.page_size)
+    assert config.max_connections is not None
+    guard = ConnectionGuard(
+        config.max_connections,
+        config.header_timeout,
+        config.idle_timeout,
+        on_drop=metrics.connection_dropped,
+    )
+    state = MirrorState(
+        config.store,
+        policy,
+        metrics,
+        page_size=config.page_size,
+        public_url=config.public_url or _bound_url(sock),
+        guard=guard,
+        body_timeout=config.header_timeout,
+    )
 
     async def main() -> None:
         runner = web.AppRunner(
-            make_app(state), access_log_class=AccessLogger, shutdown_timeout=SHUTDOWN_TIMEOUT
+            make_app(state),
+            access_log_class=AccessLogger,
+            shutdown_timeout=SHUTDOWN_TIMEOUT,
+            keepalive_timeout=2 * config.idle_timeout,  # a backstop: the guard closes first
+            lingering_time=config.header_timeout,  # unread body after an answer: bounded alike
         )
         await runner.setup()
-        site = web.SockSite(runner, sock)
-        await site.start()
-        stop = asyncio.Event()
+        assert runner.server is not None
         loop = asyncio.get_running_loop()
+        server = await loop.create_server(guard.wrap(runner.server), sock=sock, backlog=1024)
+        sweeper = asyncio.create_task(guard.run())
+        stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         on_ready()
         try:
             await stop.wait()
         finally:
+            sweeper.cancel()
+            server.close()
             await runner.cleanup()
 
     try:
@@ -127,6 +198,14 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         if stream is not sys.stderr:
             stream.close()
     return 0
+
+
+def _bound_url(sock: socket.socket) -> str | None:
+    """``http://host:port`` of a socket bound to one address; None for a wildcard bind."""
+    host = sock.getsockname()[0]
+    if host in ("0.0.0.0", "::"):
+        return None  # each connection's own local address is used instead
+    return _url(sock)
 
 
 def _run_workers(config: ServeConfig) -> int:

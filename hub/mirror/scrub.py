@@ -1,12 +1,18 @@
 """Re-check every blob of a store against its name and quarantine the bad ones.
 
-A blob named by a SHA-256 that is a stamped safetensors file whose manifest
-agrees with its record is checked tensor by tensor against the CMH manifest
-(hashed in parallel, and the bad tensors are named); with ``full=True``, or
-for any other blob, the whole file is hashed and compared with its name
-(SHA-256, or the git blob SHA-1 for small files). Bad blobs are moved to
-``{store}/.quarantine/{repo folder}/`` with a note, where the mirror never
-looks: a file whose blob is quarantined answers 503 until it is imported again.
+Every blob is hashed whole and compared with its name (SHA-256, or the git
+blob SHA-1 for small files); blobs are hashed in parallel. A blob that is a
+stamped safetensors file whose manifest agrees with its record is also
+checked tensor by tensor against the CMH manifest (hashed in parallel, and the
+bad tensors are named), so a blob replaced by another valid, re-stamped file
+under the old name is caught by its name, and a tensor that differs is named.
+Bad blobs are moved to ``{store}/.quarantine/{repo folder}/`` with a note,
+where the mirror never looks: a file whose blob is quarantined answers 503
+until it is imported again.
+
+Problems are per blob: a blob that looks like a safetensors file but whose
+header cannot be used is reported as ``invalid_file`` (and still compared with
+its name), a blob that cannot be read as ``unreadable``; the scrub goes on.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,11 +46,18 @@ class BlobCheck:
     repo: str
     blob: str
     size: int
-    method: str  # tensors | sha256 | sha1
-    ok: bool
+    method: str  # tensors (manifest and name) | sha256 | sha1
+    ok: bool  # the bytes hash to the name (and match the manifest, for "tensors")
     bad_tensors: tuple[str, ...] = ()
     message: str = ""
     quarantined_to: str | None = None
+    error: str | None = None  # invalid_file | unreadable
+
+
+#: ``BlobCheck.error`` of a blob that looks like safetensors but whose header cannot be used.
+INVALID_FILE = "invalid_file"
+#: ``BlobCheck.error`` of a blob that could not be read (it is neither good nor quarantined).
+UNREADABLE = "unreadable"
 
 
 @dataclass
@@ -55,7 +69,13 @@ class ScrubReport:
 
     @property
     def bad(self) -> list[BlobCheck]:
-        return [c for c in self.checks if not c.ok]
+        """Blobs read whole whose bytes differ from their name or manifest."""
+        return [c for c in self.checks if not c.ok and c.error != UNREADABLE]
+
+    @property
+    def errors(self) -> list[BlobCheck]:
+        """Blobs that are invalid safetensors files or could not be read."""
+        return [c for c in self.checks if c.error is not None]
 
     @property
     def bytes_checked(self) -> int:
@@ -66,8 +86,9 @@ class ScrubReport:
             "blobs": len(self.checks),
             "bytes": self.bytes_checked,
             "bad": [c.__dict__ for c in self.bad],
+            "errors": [c.__dict__ for c in self.errors],
             "broken_links": self.broken_links,
-            "ok": not self.bad,
+            "ok": not self.bad and not self.errors,
         }
 
 
@@ -76,36 +97,78 @@ def _label(repo: RepoLayout) -> str:
 
 
 def check_stamped(path: Path, threads: int | None) -> tuple[bool, tuple[str, ...]] | None:
-    """Per-tensor check of a stamped safetensors file; ``None`` when it is not one."""
+    """Per-tensor check of a stamped safetensors file; ``None`` when it is not stamped.
+
+    Raises :class:`~cmh.errors.InvalidFileError` when the header cannot be
+    parsed or used (a lone surrogate in a name, a dimension of 2**64 or more),
+    whichever layer notices it.
+    """
     from cmh.checkpoint import claimed_digests
     from cmh.digests import hash_tensors
-    from cmh.errors import CMHError
+    from cmh.errors import CMHError, InvalidFileError
     from cmh.header import read_header
 
     try:
         header = read_header(path)
-    except (CMHError, OSError, ValueError):
-        return None
-    claimed = claimed_digests(header)
-    if claimed is None:
-        return None
-    digests = hash_tensors(path, header, threads=threads)
+        claimed = claimed_digests(header)
+        if claimed is None:
+            return None
+        digests = hash_tensors(path, header, threads=threads)
+    except InvalidFileError:
+        raise
+    except CMHError:
+        return None  # a carrier or record that does not apply: not a usable manifest
+    except (ValueError, OverflowError, struct.error) as exc:  # UnicodeError is a ValueError
+        raise InvalidFileError(f"header cannot be used: {exc}", str(path)) from exc
     bad = tuple(d.name for d, want in zip(digests, claimed, strict=True) if d.sha256 != want)
     return not bad, bad
 
 
-def _check(repo: RepoLayout, name: str, full: bool, threads: int | None) -> BlobCheck:
+def _check(repo: RepoLayout, name: str, threads: int | None) -> BlobCheck:
+    """Compare one blob with its name and, when stamped, with its manifest."""
+    from cmh.errors import InvalidFileError
+
     path = repo.blobs / name
-    size = os.lstat(path).st_size
-    if len(name) == 64 and not full:
-        stamped = check_stamped(path, threads)
-        if stamped is not None:
-            ok, bad = stamped
-            msg = "" if ok else f"{len(bad)} tensor(s) differ from the CMH manifest"
-            return BlobCheck(_label(repo), name, size, "tensors", ok, bad, msg)
     method = "sha256" if len(name) == 64 else "sha1"
-    ok = blob_matches(path, name, size)
-    return BlobCheck(_label(repo), name, size, method, ok, (), "" if ok else f"{method} mismatch")
+    try:
+        size = os.lstat(path).st_size
+    except OSError as exc:
+        return BlobCheck(_label(repo), name, 0, method, False, (), _why(exc), None, UNREADABLE)
+    stamped: tuple[bool, tuple[str, ...]] | None = None
+    error: str | None = None
+    notes: list[str] = []
+    try:
+        if len(name) == 64 and _looks_safetensors(path):
+            try:
+                stamped = check_stamped(path, threads)
+            except InvalidFileError as exc:
+                error = INVALID_FILE
+                notes.append(f"not a valid safetensors file: {exc}")
+        named = blob_matches(path, name, size)
+    except OSError as exc:
+        return BlobCheck(_label(repo), name, size, method, False, (), _why(exc), None, UNREADABLE)
+    bad_tensors: tuple[str, ...] = ()
+    if stamped is not None:
+        method = "tensors"
+        tensors_ok, bad_tensors = stamped
+        if not tensors_ok:
+            notes.append(f"{len(bad_tensors)} tensor(s) differ from the CMH manifest")
+    if not named:
+        kind = "sha256" if len(name) == 64 else "sha1"
+        also = (
+            " (its tensors agree with its own manifest: replaced or re-stamped)"
+            if stamped is not None and stamped[0]
+            else ""
+        )
+        notes.insert(0, f"{kind} mismatch: the bytes differ from the blob's name{also}")
+    ok = named and (stamped is None or stamped[0])
+    return BlobCheck(
+        _label(repo), name, size, method, ok, bad_tensors, "; ".join(notes), None, error
+    )
+
+
+def _why(exc: OSError) -> str:
+    return f"cannot read the blob: {exc.strerror or exc}"
 
 
 def quarantine(store: Path, repo: RepoLayout, check: BlobCheck) -> str:
@@ -128,7 +191,11 @@ def scrub_store(
     threads: int | None = None,
     progress: ProgressCallback | None = None,
 ) -> ScrubReport:
-    """Check every blob of every repo of ``store``; quarantine the bad ones unless told not to."""
+    """Check every blob of every repo of ``store``; quarantine the bad ones unless told not to.
+
+    ``full`` is kept for compatibility: every blob is hashed whole anyway.
+    """
+    del full
     report = ScrubReport()
     workers = threads or max(1, min(8, os.cpu_count() or 1))
     for repo in iter_repos(store):
@@ -141,30 +208,29 @@ def scrub_store(
             names = sorted(
                 e.name for e in it if ETAG_RE.match(e.name) and e.is_file(follow_symlinks=False)
             )
-        stamped = [n for n in names if len(n) == 64 and not full and _looks_safetensors(repo, n)]
+        stamped = [n for n in names if len(n) == 64 and _looks_safetensors(repo.blobs / n)]
         others = [n for n in names if n not in set(stamped)]
-        results = [_check(repo, n, full, workers) for n in stamped]
+        results = [_check(repo, n, workers) for n in stamped]  # threads inside each file
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            results += list(
-                pool.map(
-                    _check, [repo] * len(others), others, [full] * len(others), [1] * len(others)
-                )
-            )
+            results += list(pool.map(_check, [repo] * len(others), others, [1] * len(others)))
         for check in results:
             if progress is not None:
                 progress(check.size)
-            if not check.ok and do_quarantine:
-                check = BlobCheck(
-                    **{**check.__dict__, "quarantined_to": quarantine(store, repo, check)}
-                )
+            if not check.ok and check.error != UNREADABLE and do_quarantine:
+                try:
+                    where: str | None = quarantine(store, repo, check)
+                    message = check.message
+                except OSError as exc:
+                    where, message = None, f"{check.message}; not quarantined: {_why(exc)}"
+                check = BlobCheck(**{**check.__dict__, "quarantined_to": where, "message": message})
             report.checks.append(check)
     return report
 
 
-def _looks_safetensors(repo: RepoLayout, name: str) -> bool:
+def _looks_safetensors(path: Path) -> bool:
     """A cheap sniff: an 8-byte header length followed by ``{``."""
     try:
-        with open(repo.blobs / name, "rb") as f:
+        with open(path, "rb") as f:
             head = f.read(9)
     except OSError:
         return False

@@ -4,6 +4,11 @@ The headers are prepared by the caller; this module only moves bytes. Bodies go
 through ``loop.sendfile`` (``os.sendfile`` on a plain TCP transport), with a
 chunked read fallback when the transport cannot do it. Several ranges are sent
 as ``multipart/byteranges`` (RFC 9110 section 14.6), each part by sendfile.
+
+A *gate* (an async check) may guard the last byte of a body: it runs once
+everything else is sent, and when it fails the connection is cut, so the
+client holds an incomplete body (which it discards) rather than a complete
+one that differs from its ETag (see :mod:`cmh.hub.mirror.verify`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import io
 import os
 import secrets
 import stat
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +29,20 @@ from .ranges import ByteRange
 _FALLBACK_CHUNK = 1 << 20
 
 
+#: Checked before the last byte of a body is sent; False cuts the connection.
+Gate = Callable[[], Awaitable[bool]]
+
+
 class BlobUnavailable(OSError):
     """The blob is missing, not a regular file, or not the size the index says."""
+
+
+class BodyCut(ConnectionResetError):
+    """The gate failed: the connection was cut before the body's last byte."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__("the blob changed while it was sent: connection cut")
+        self.sent = sent
 
 
 def open_blob(path: Path, size: int) -> io.FileIO:
@@ -76,36 +94,71 @@ async def send_body(
     f: io.FileIO,
     ranges: list[tuple[bytes, int, int]],
     tail: bytes = b"",
+    gate: Gate | None = None,
 ) -> int:
     """Write ``(prefix, offset, count)`` pieces then ``tail``; return the bytes sent.
 
-    ``response`` must already be prepared (headers sent).
+    ``response`` must already be prepared (headers sent). With a ``gate``,
+    the last byte (of the tail if any, else of the last piece) is sent only
+    if the gate passes; otherwise the connection is aborted and
+    :class:`BodyCut` raised.
     """
-    loop = asyncio.get_running_loop()
-    sent = 0
-    use_sendfile = True
-    for prefix, offset, count in ranges:
+    sender = _Sender(request, response, f)
+    last = max((i for i, (_, _, count) in enumerate(ranges) if count > 0), default=None)
+    for i, (prefix, offset, count) in enumerate(ranges):
         if prefix:
             await response.write(prefix)
-            sent += len(prefix)
+            sender.sent += len(prefix)
         if count == 0:
             continue
-        transport = request.transport
+        if gate is not None and not tail and i == last:
+            await sender.file(offset, count - 1)
+            await sender.through(gate)
+            await sender.file(offset + count - 1, 1)
+        else:
+            await sender.file(offset, count)
+    if tail:
+        if gate is not None:
+            await sender.through(gate)
+        await response.write(tail)
+        sender.sent += len(tail)
+    await response.write_eof()
+    return sender.sent
+
+
+class _Sender:
+    """Moves file bytes to one response: sendfile, or reads when the transport cannot."""
+
+    def __init__(self, request: web.BaseRequest, response: web.StreamResponse, f: io.FileIO):
+        self.request = request
+        self.response = response
+        self.f = f
+        self.sent = 0
+        self.use_sendfile = True
+
+    async def file(self, offset: int, count: int) -> None:
+        if count == 0:
+            return
+        transport = self.request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client went away")
-        if use_sendfile:
+        loop = asyncio.get_running_loop()
+        if self.use_sendfile:
             try:
-                await loop.sendfile(transport, f, offset, count, fallback=False)
-                sent += count
-                continue
+                await loop.sendfile(transport, self.f, offset, count, fallback=False)
+                self.sent += count
+                return
             except (NotImplementedError, asyncio.SendfileNotAvailableError):
-                use_sendfile = False
-        sent += await _copy(loop, response, f, offset, count)
-    if tail:
-        await response.write(tail)
-        sent += len(tail)
-    await response.write_eof()
-    return sent
+                self.use_sendfile = False
+        self.sent += await _copy(loop, self.response, self.f, offset, count)
+
+    async def through(self, gate: Gate) -> None:
+        if await gate():
+            return
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()
+        raise BodyCut(self.sent)
 
 
 async def _copy(

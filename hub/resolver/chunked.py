@@ -38,7 +38,7 @@ from ..cache.blobs import READ_CHUNK, ContentCheck, Progress, install_blob, part
 from ..cache.layout import RepoLayout
 from .http import HubClient
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .types import HubUnreachableError, IntegrityError, RemoteFile
+from .types import HubUnreachableError, IntegrityError, InvalidRemoteFileError, RemoteFile
 
 LOG_VERSION = "cmh-chunks v1"
 #: The smallest chunk a file is cut into (unless the policy asks for smaller ones).
@@ -278,8 +278,9 @@ def download_chunked(
     received = 0
     resumed = False
     integrity_failures = 0
+    weights = remote.path.endswith(".safetensors")
     check = ContentCheck(
-        remote.etag, size, safetensors=remote.path.endswith(".safetensors"), strict=strict
+        remote.etag, size, safetensors=weights, strict=strict, name=remote.path if weights else None
     )
     while True:
         done = _prepare(repo, remote, path, log, chunk)
@@ -291,6 +292,9 @@ def download_chunked(
                 client, url, path, log, size, chunk, done, check, connections, retry, progress
             )
             check.finish()
+        except InvalidRemoteFileError:
+            discard(repo, remote.etag)
+            raise
         except IntegrityError as exc:
             discard(repo, remote.etag)
             integrity_failures += 1

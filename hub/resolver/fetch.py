@@ -11,12 +11,25 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from ..cache.blobs import ContentCheck, Progress, feed_file, install_blob, partial_path
+from ..cache.blobs import (
+    ContentCheck,
+    Progress,
+    disk_full_error,
+    feed_file,
+    install_blob,
+    is_disk_full,
+    partial_path,
+)
 from ..cache.layout import RepoLayout
 from . import chunked
 from .http import HubClient, RangeNotSatisfied
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .types import HubUnreachableError, IntegrityError, RemoteFile
+from .types import (
+    HubUnreachableError,
+    IntegrityError,
+    InvalidRemoteFileError,
+    RemoteFile,
+)
 
 
 def download_whole(
@@ -40,7 +53,10 @@ def download_whole(
     Transfer failures are retried under ``retry`` (backoff with jitter,
     ``Retry-After`` honoured) with ``Range`` from where the partial ends;
     content that fails its check is discarded and fetched once more from
-    byte 0, then refused with :class:`IntegrityError`.
+    byte 0, then refused with :class:`IntegrityError`. A ``*.safetensors``
+    file whose header cannot be read is refused with
+    :class:`InvalidRemoteFileError`, and a write that finds no room raises
+    :class:`DiskFullError`; both remove the partial.
     """
     if chunked.applies(remote.size, connections, chunk_bytes):
         try:
@@ -50,10 +66,50 @@ def download_whole(
             )  # fmt: skip
         except RangeNotSatisfied:
             chunked.discard(repo, remote.etag)  # the server ignores Range: one connection
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            chunked.discard(repo, remote.etag)
+            raise disk_full_error(exc, f"{remote.path}: writing its chunks") from None
+        except InvalidRemoteFileError:
+            chunked.discard(repo, remote.etag)
+            raise
     part = partial_path(repo, remote.etag)
     part.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _download_whole(client, repo, remote, url, part, strict, retry, progress)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        _remove(part)
+        raise disk_full_error(exc, f"{remote.path}: writing {part.name}") from None
+    except InvalidRemoteFileError:
+        _remove(part)
+        raise
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _download_whole(
+    client: HubClient,
+    repo: RepoLayout,
+    remote: RemoteFile,
+    url: str,
+    part: Path,
+    strict: bool,
+    retry: RetryPolicy,
+    progress: Progress | None,
+) -> tuple[int, bool, list[str]]:
+    weights = remote.path.endswith(".safetensors")
     check = ContentCheck(
-        remote.etag, remote.size, safetensors=remote.path.endswith(".safetensors"), strict=strict
+        remote.etag,
+        remote.size,
+        safetensors=weights,
+        strict=strict,
+        name=remote.path if weights else None,
     )
     received = 0
     resumed = False

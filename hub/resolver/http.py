@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -26,6 +27,7 @@ from cmh import __version__
 from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, validate_relpath
 from .credentials import default_endpoint
 from .multipart import MultipartParser
+from .retry import DEFAULT_RETRY, RetryPolicy
 from .types import (
     AccessError,
     HubProtocolError,
@@ -37,6 +39,34 @@ from .types import (
 
 _clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
 _clients_lock = threading.Lock()
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment, read now (else ``default``)."""
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def download_timeout() -> float:
+    """``HF_HUB_DOWNLOAD_TIMEOUT`` (default 10 s): how long a transfer may stay silent."""
+    return env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0)
+
+
+def metadata_timeout() -> float:
+    """``HF_HUB_ETAG_TIMEOUT`` (default 10 s): how long a metadata request may take."""
+    return env_seconds("HF_HUB_ETAG_TIMEOUT", 10.0)
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    """What ``resolve`` of one path at one commit says the file is (headers of a HEAD)."""
+
+    etag: str | None  # X-Linked-Etag, else ETag (quotes and W/ removed); None if absent
+    size: int | None  # X-Linked-Size, else Content-Length
+    commit: str | None  # X-Repo-Commit
 
 
 def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
@@ -80,10 +110,14 @@ class HubClient:
         endpoint: str | None = None,
         token: str | None = None,
         *,
-        timeout: float = 30.0,
+        timeout: float | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
-        self._client = _shared_client(token, timeout)
+        # A transfer silent this long fails (read timeout) and is resumed by its caller.
+        self.timeout = timeout if timeout is not None else download_timeout()
+        self.retry = retry
+        self._client = _shared_client(token, self.timeout)
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_received = 0
@@ -123,17 +157,56 @@ class HubClient:
     def _get_json(
         self, url: str, params: dict[str, str] | None = None
     ) -> tuple[Any, httpx2.Response]:
-        try:
-            response = self._client.get(url, params=params)
-        except httpx2.TransportError as exc:
-            self._count(requests=1)
-            raise HubUnreachableError(f"cannot reach {self.endpoint}: {exc}") from exc
-        self._count(requests=1, nbytes=len(response.content))
-        raise_for_status(response)
-        try:
-            return json.loads(response.content), response
-        except ValueError as exc:
-            raise HubProtocolError(f"{url} did not answer JSON") from exc
+        """GET an API answer, tried again under the retry policy (429, 5xx, network)."""
+
+        def once() -> tuple[Any, httpx2.Response]:
+            try:
+                response = self._client.get(url, params=params, timeout=metadata_timeout())
+            except httpx2.TransportError as exc:
+                self._count(requests=1)
+                raise _unreachable(self.endpoint, exc) from exc
+            self._count(requests=1, nbytes=len(response.content))
+            raise_for_status(response)
+            try:
+                return json.loads(response.content), response
+            except ValueError as exc:
+                raise HubProtocolError(f"{url} did not answer JSON") from exc
+
+        return self.retry.run(once, f"GET {url}")
+
+    def served(self, url: str) -> ServedFile:
+        """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is.
+
+        A redirect that carries the file's ETag is not followed (the Hub's 302
+        to its CDN does, and the CDN is not asked); others are, up to 5.
+        Tried again under the retry policy.
+        """
+
+        def once() -> ServedFile:
+            target = url
+            for _ in range(6):
+                self._count(requests=1)
+                try:
+                    response = self._client.head(
+                        target, follow_redirects=False, timeout=metadata_timeout()
+                    )
+                except httpx2.TransportError as exc:
+                    raise _unreachable(self.endpoint, exc) from exc
+                headers = response.headers
+                etag = headers.get("X-Linked-Etag") or headers.get("ETag")
+                if response.is_redirect and not etag and "Location" in headers:
+                    target = str(response.url.join(headers["Location"]))
+                    continue
+                raise_for_status(response)
+                size = headers.get("X-Linked-Size") or headers.get("Content-Length")
+                return ServedFile(
+                    etag=etag.strip().removeprefix("W/").strip('"') if etag else None,
+                    size=int(size) if size and size.isdigit() else None,
+                    commit=headers.get("X-Repo-Commit"),
+                )
+            raise HubProtocolError(f"{url}: too many redirects")
+
+        return self.retry.run(once, f"HEAD {url}")
 
     def revision(self, repo_id: str, repo_type: str, revision: str) -> RemoteRevision:
         """Resolve ``revision`` to a commit (one request); lists blobs if the Hub does."""
@@ -260,6 +333,16 @@ class HubClient:
                 parser.close()
         except httpx2.TransportError as exc:
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _unreachable(endpoint: str, exc: httpx2.TransportError) -> HubUnreachableError:
+    """A failed metadata request: retried, unless no connection could be made at all.
+
+    Like the stock client, a Hub that cannot be connected to (offline, refused,
+    no such host) is not asked again: the caller falls back to the cache at once.
+    """
+    transient = not isinstance(exc, httpx2.ConnectError)
+    return HubUnreachableError(f"cannot reach {endpoint}: {exc}", transient=transient)
 
 
 def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], None]:

@@ -20,9 +20,9 @@ from urllib.parse import quote
 
 from cmh._atomic import atomic_write
 from cmh.carrier import read_carrier
-from cmh.errors import CMHError
 from cmh.header import read_header
 
+from ..cache.blobs import UNREADABLE_HEADER
 from ..cache.layout import COMMIT_RE, LayoutError, RepoLayout
 from .types import RemoteFile
 
@@ -67,10 +67,12 @@ def read_tree(repo: RepoLayout, commit: str) -> dict[str, LocalEntry] | None:
         return None
 
 
-def write_tree(repo: RepoLayout, commit: str, files: dict[str, RemoteFile]) -> None:
-    """Write the stock tree listing of ``commit`` (atomic; kept if already there)."""
+def write_tree(
+    repo: RepoLayout, commit: str, files: dict[str, RemoteFile], *, replace: bool = False
+) -> None:
+    """Write the stock listing of ``commit`` atomically (kept if present, unless ``replace``)."""
     path = repo.trees / f"{commit}.json"
-    if read_tree(repo, commit) is not None:
+    if not replace and read_tree(repo, commit) is not None:
         return
     data = {
         "format_version": TREE_FORMAT_VERSION,
@@ -78,6 +80,13 @@ def write_tree(repo: RepoLayout, commit: str, files: dict[str, RemoteFile]) -> N
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(data, indent=1).encode())
+
+
+def discard_tree(repo: RepoLayout, commit: str) -> None:
+    """Forget the cached listing of ``commit`` (it led to a failed check: fetch it again)."""
+    if COMMIT_RE.match(commit):
+        with contextlib.suppress(FileNotFoundError):
+            (repo.trees / f"{commit}.json").unlink()
 
 
 def remote_files_from_tree(entries: dict[str, LocalEntry]) -> dict[str, RemoteFile]:
@@ -162,7 +171,7 @@ def stamped_expiry(path: Path) -> int | None:
     try:
         header = read_header(path)
         carrier = read_carrier(header.metadata, len(header.tensors))
-    except CMHError:
+    except UNREADABLE_HEADER:
         return None
     return None if carrier is None else carrier.record.expires_at
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..cache import housekeeping
-from ..cache.blobs import blob_state, partial_path
+from ..cache.blobs import blob_state, disk_full_error, is_disk_full, partial_path
 from ..cache.layout import (
     COMMIT_RE,
     RepoLayout,
@@ -42,6 +42,8 @@ from .credentials import default_token
 from .fetch import download_whole
 from .http import HubClient
 from .local import (
+    LocalEntry,
+    discard_tree,
     find_old_version,
     linked_etag,
     read_tree,
@@ -96,7 +98,7 @@ def resolve(
     repo_type: str = "model",
     cache_dir: str | Path | None = None,
     endpoint: str | None = None,
-    token: str | None = None,
+    token: str | bool | None = None,
     allow_patterns: Sequence[str] | str | None = None,
     policy: Policy | None = None,
     progress: Progress | None = None,
@@ -108,6 +110,8 @@ def resolve(
     folder (``from_pretrained(resolution.path)``). ``policy`` defaults to
     :meth:`Policy.from_env` (offline under ``HF_HUB_OFFLINE``). ``progress``
     receives byte counts as they arrive, ``on_total`` the bytes to fetch.
+    ``token`` as in the stock client: a string is sent, ``False`` sends no
+    token at all, ``None`` or ``True`` sends ``HF_TOKEN`` (or the token file).
     Raises a :class:`~cmh.hub.ResolveError` subclass; the cache is then left
     with its previous snapshot intact.
     """
@@ -125,15 +129,28 @@ def resolve(
             fresh = _local_answer(repo, revision, local, policy, pinned)
             if fresh is not None:
                 return fresh
-        client = HubClient(endpoint, token if token is not None else default_token())
+        client = HubClient(endpoint, _token_to_send(token))
         try:
             return _answer_online(
                 client, repo, revision, local, policy, allow_patterns, pinned, progress, on_total
             )
         except (HubUnreachableError, HubProtocolError) as exc:
             return _answer_stale(repo, revision, local, policy, exc, client.requests)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(exc, f"{repo.repo_id}: writing the cache") from None
+            raise
         finally:
             client.close()
+
+
+def _token_to_send(token: str | bool | None) -> str | None:
+    """The stock meaning of ``token``: ``False`` refuses any token, ``None``/``True`` finds one."""
+    if token is False:
+        return None
+    if isinstance(token, str):
+        return token or None
+    return default_token()
 
 
 @contextlib.contextmanager
@@ -195,6 +212,9 @@ def _inspect_local(
 def _expiry(
     repo: RepoLayout, revision: str, commit: str, paths: list[str], policy: Policy
 ) -> float:
+    if COMMIT_RE.match(revision):
+        # A commit id is immutable: only a stamped expiry can pass (unstamped: never).
+        return snapshot_expiry(repo, commit, paths, validated_at=float("inf"), default_lifetime=0.0)
     validation = read_validation(repo, revision)
     validated_at = validation.at if validation is not None and validation.commit == commit else None
     return snapshot_expiry(
@@ -228,8 +248,6 @@ def _result(
     warnings: Sequence[str] = (),
 ) -> Resolution:
     record_use(repo, commit)
-    for w in warnings:
-        logger.warning("%s: %s", repo.repo_id, w)
     return Resolution(
         repo_id=repo.repo_id,
         repo_type=repo.repo_type,
@@ -440,28 +458,48 @@ def _answer_online(
         files = listed
     else:
         files = client.tree(repo.repo_id, repo.repo_type, commit)
-    write_tree(repo, commit, files)  # a commit's listing never changes
-    selection = select(files, patterns)
-    if patterns is not None and not selection:
-        raise NotFoundError(
-            f"{repo.repo_id}@{revision}: no file matches {patterns!r}", "entry", commit
-        )
-
+    fetched = cached is None
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
-    prefer = [c for c in (local.commit, local.last_good) if c]
-    corrupt_etags = {old_tree[p].etag for p in local.corrupt} if old_tree else set()
-    fetcher = _Fetcher(client, repo, policy, progress)
-    plans = [(p, files[p]) for p in selection]
-    if on_total is not None:
-        on_total(sum(f.size for _, f in plans if blob_state(repo, f.etag, f.size) != "ok"))
+    try:
+        selection, results, fetcher = _bring_in(
+            client, repo, revision, commit, files, local, old_tree, policy, patterns,
+            progress, on_total,
+        )  # fmt: skip
+    except _ListingDisagrees as first:
+        # What the listing claims for this commit is not what resolve serves for it:
+        # drop the listing and ask for it again (the tree endpoint, not the one that lied).
+        logger.info("%s@%s: %s; listing fetched again", repo.repo_id, commit[:12], first)
+        discard_tree(repo, commit)
+        files = client.tree(repo.repo_id, repo.repo_type, commit)
+        fetched = True
+        try:
+            selection, results, fetcher = _bring_in(
+                client, repo, revision, commit, files, local, old_tree, policy, patterns,
+                progress, on_total,
+            )  # fmt: skip
+        except _ListingDisagrees as again:
+            raise HubProtocolError(
+                f"{repo.repo_id}@{commit[:12]}: {again}, also in a listing fetched again; "
+                "nothing installed"
+            ) from None
+    except IntegrityError:
+        discard_tree(repo, commit)  # a listing that led to a failed check is not kept
+        raise
 
-    def work(item: tuple[str, RemoteFile]) -> FileResult:
-        path, remote = item
-        return fetcher.ensure(commit, path, remote, prefer, remote.etag in corrupt_etags)
-
-    workers = max(1, min(policy.max_workers, len(plans)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = tuple(pool.map(work, plans))
+    # Decide before acting: a strict refusal leaves snapshots, refs and validations as they were.
+    if policy.strict:
+        expired = [p for p in selection if _stamp_expired(repo.blob_path(files[p].etag), p)]
+        if expired:
+            raise PolicyError(
+                f"{repo.repo_id}@{revision}: {', '.join(expired)} past its CMH expiry "
+                "(strict policy)"
+            )
+    # Every selected blob is installed and holds what resolve serves for this commit:
+    # keep the listing, then link the snapshot.
+    write_tree(repo, commit, files, replace=fetched)
+    for r in results:
+        if r.action is not Action.KEPT:
+            repo.link_snapshot_file(commit, r.path, r.etag)
 
     # Swap: every file is linked to a checked blob; only now does the ref move.
     previous = repo.read_ref(revision) if not pinned else None
@@ -489,14 +527,6 @@ def _answer_online(
     else:
         state = State.ETAG_MISMATCH
     expiry = _expiry(repo, revision, commit, selection, policy)
-    if policy.strict:
-        expired = [p for p in selection if _stamp_expired(repo, commit, p)]
-        if expired:
-            raise PolicyError(
-                f"{repo.repo_id}@{revision}: {', '.join(expired)} past its CMH expiry "
-                "(strict policy)"
-            )
-    warnings = list(fetcher.warnings)
     return _result(
         repo,
         revision,
@@ -506,19 +536,60 @@ def _answer_online(
         requests=client.requests,
         expires_at=_finite(expiry),
         previous=previous if previous != commit else None,
-        warnings=warnings,
+        warnings=list(fetcher.warnings),
     )
 
 
-def _stamp_expired(repo: RepoLayout, commit: str, path: str) -> bool:
+def _bring_in(
+    client: HubClient,
+    repo: RepoLayout,
+    revision: str,
+    commit: str,
+    files: dict[str, RemoteFile],
+    local: _Local,
+    old_tree: dict[str, LocalEntry] | None,
+    policy: Policy,
+    patterns: Sequence[str] | str | None,
+    progress: Progress | None,
+    on_total: Callable[[int], None] | None,
+) -> tuple[list[str], tuple[FileResult, ...], _Fetcher]:
+    """Install a checked blob for every selected file of ``commit`` as ``files`` lists it."""
+    selection = select(files, patterns)
+    if patterns is not None and not selection:
+        raise NotFoundError(
+            f"{repo.repo_id}@{revision}: no file matches {patterns!r}", "entry", commit
+        )
+    prefer = [c for c in (local.commit, local.last_good) if c]
+    old = old_tree or {}
+    corrupt_etags = {old[p].etag for p in local.corrupt if p in old}
+    fetcher = _Fetcher(client, repo, policy, progress)
+    plans = [(p, files[p]) for p in selection]
+    if on_total is not None:
+        on_total(sum(f.size for _, f in plans if blob_state(repo, f.etag, f.size) != "ok"))
+
+    def work(item: tuple[str, RemoteFile]) -> FileResult:
+        path, remote = item
+        return fetcher.ensure(commit, path, remote, prefer, remote.etag in corrupt_etags)
+
+    workers = max(1, min(policy.max_workers, len(plans)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = tuple(pool.map(work, plans))
+    return selection, results, fetcher
+
+
+class _ListingDisagrees(Exception):
+    """The listing names another blob for a path than ``resolve`` serves for the commit."""
+
+
+def _stamp_expired(blob: Path, path: str) -> bool:
     if not path.endswith(".safetensors"):
         return False
-    value = stamped_expiry(repo.snapshot_file(commit, path))
+    value = stamped_expiry(blob)
     return value is not None and value != 0 and time.time() >= value
 
 
 class _Fetcher:
-    """Brings one file of a commit into the cache and links it."""
+    """Brings the blob of one file of a commit into the cache (linking is the caller's)."""
 
     def __init__(
         self, client: HubClient, repo: RepoLayout, policy: Policy, progress: Progress | None
@@ -542,23 +613,52 @@ class _Fetcher:
         state = blob_state(repo, remote.etag, remote.size, recheck=was_corrupt)
         if state == "ok":
             if not linked:
-                repo.link_snapshot_file(commit, path, remote.etag)
+                self._confirm(commit, path, remote)
             action = Action.KEPT if linked else Action.LINKED
             return FileResult(path, action, remote.etag, remote.size, 0, remote.size)
         with blob_lock(repo, remote.etag):
             # Another process may have installed it while we waited.
             state = blob_state(repo, remote.etag, remote.size, recheck=was_corrupt)
             if state == "ok":
-                repo.link_snapshot_file(commit, path, remote.etag)
+                self._confirm(commit, path, remote)
                 return FileResult(path, Action.LINKED, remote.etag, remote.size, 0, remote.size)
             corrupt = state == "corrupt" or was_corrupt
             if corrupt:
                 self._warn(
                     f"{path}: cached blob {remote.etag[:12]} failed its check; fetched again"
                 )
-            result = self._fetch(commit, path, remote, prefer, corrupt)
-            repo.link_snapshot_file(commit, path, remote.etag)
+            try:
+                result = self._fetch(commit, path, remote, prefer, corrupt)
+            except IntegrityError:
+                # Wrong bytes, or a listing that names a blob the commit does not serve?
+                self._confirm(commit, path, remote)
+                raise
             return result
+
+    def _confirm(self, commit: str, path: str, remote: RemoteFile) -> None:
+        """Check the listed blob against what ``resolve`` answers for ``path`` at ``commit``.
+
+        A file whose bytes are fetched is confirmed by them (they hash to the
+        listed ETag or are refused); a file linked to a blob already cached is
+        confirmed here, with one HEAD request.
+        """
+        repo = self.repo
+        url = self.client.file_url(repo.repo_id, repo.repo_type, commit, path)
+        try:
+            served = self.client.served(url)
+        except NotFoundError as exc:
+            if exc.kind != "entry":
+                raise
+            raise _ListingDisagrees(f"{path} is listed but resolve has no such file") from None
+        if served.etag is None:
+            raise HubProtocolError(f"{url}: answer has no ETag")
+        if served.commit is not None and served.commit != commit:
+            raise _ListingDisagrees(f"{path}: resolve answered for commit {served.commit[:12]}")
+        if served.etag != remote.etag or (served.size is not None and served.size != remote.size):
+            raise _ListingDisagrees(
+                f"{path} is listed as blob {remote.etag[:12]} ({remote.size} bytes) but resolve "
+                f"serves {served.etag[:12]} ({served.size} bytes)"
+            )
 
     def _fetch(
         self, commit: str, path: str, remote: RemoteFile, prefer: list[str], corrupt: bool
@@ -582,7 +682,9 @@ class _Fetcher:
                             chunk_bytes=self.policy.chunk_bytes,
                             progress=self.progress,
                         )
-                    except PatchNotPossible as exc:
+                    except (PatchNotPossible, HubProtocolError) as exc:
+                        # Not stamped, no usable old version, or a server that does not
+                        # answer ranges as asked (e.g. ignores Range): fetch it whole.
                         logger.info("%s: fetched whole (%s)", path, exc)
                     except IntegrityError as exc:
                         self._warn(

@@ -36,15 +36,22 @@ from pathlib import Path
 from cmh._atomic import atomic_write
 from cmh.checkpoint import claimed_digests
 from cmh.digests import hash_tensors
-from cmh.errors import CMHError
 from cmh.header import PREFIX_SIZE, Header, parse_header, read_header
 
-from ..cache.blobs import ContentCheck, Progress, install_blob, partial_path
+from ..cache.blobs import (
+    UNREADABLE_HEADER,
+    ContentCheck,
+    Progress,
+    disk_full_error,
+    install_blob,
+    is_disk_full,
+    partial_path,
+)
 from ..cache.layout import RepoLayout
 from .chunked import BackgroundSync, OrderedFeed, chunk_size
 from .http import HubClient, RangeNotSatisfied
 from .retry import DEFAULT_RETRY
-from .types import HubProtocolError, IntegrityError, RemoteFile
+from .types import HubProtocolError, IntegrityError, InvalidRemoteFileError, RemoteFile
 
 PREFETCH = 128 << 10
 GAP_FRACTION = 0.03
@@ -109,7 +116,7 @@ def fetch_header(client: HubClient, url: str, size: int) -> tuple[Header, bytes]
         data += fetch_bytes(client, url, len(data), PREFIX_SIZE + n)
     try:
         header = parse_header(data[PREFIX_SIZE : PREFIX_SIZE + n], size)
-    except CMHError as exc:
+    except UNREADABLE_HEADER as exc:
         raise PatchNotPossible(f"new header invalid: {exc}") from exc
     return header, data
 
@@ -294,31 +301,90 @@ def patch_blob(
     fetched tensors (the copied ones match digests of a checked blob).
     Raises :class:`PatchNotPossible` when the file must be fetched whole
     instead (the prefix already fetched is then left as ``{etag}.incomplete``),
-    and :class:`IntegrityError` when the assembled file fails its check (the
-    assembly is discarded).
+    :class:`HubProtocolError` when the server does not answer ranges as asked,
+    :class:`IntegrityError` when the assembled file fails its check,
+    :class:`InvalidRemoteFileError` when its header cannot be read, and
+    :class:`DiskFullError` when it does not fit (in these four cases the
+    assembly is discarded; after a dropped transfer it is kept for resuming).
     """
     requests_before = client.requests
     old_blob = repo.blob_path(old_etag)
     header, prefix = fetch_header(client, url, remote.size)
     received = len(prefix)
     try:
-        old_header, old_sha = old_digests(old_blob)
-        plan = plan_patch(header, prefix, old_header, old_sha)
-    except (PatchNotPossible, CMHError) as exc:
+        try:
+            old_header, old_sha = old_digests(old_blob)
+            plan = plan_patch(header, prefix, old_header, old_sha)
+        except UNREADABLE_HEADER as exc:
+            raise PatchNotPossible(str(exc) or type(exc).__name__) from exc
+    except PatchNotPossible:
         _keep_prefix(repo, remote.etag, prefix)
-        raise PatchNotPossible(str(exc)) from exc
+        raise
     if progress is not None:
         progress(len(prefix))
 
     target = assembly_path(repo, remote.etag)
+    log_path = target.with_name(target.name + ".log")
+    check = ContentCheck(
+        remote.etag, remote.size, safetensors=True, strict=strict, name=remote.path
+    )
+    check.trusted = plan.trusted
+    try:
+        received += _assemble(
+            client, url, remote, old_etag, old_blob, target, log_path, plan, check,
+            connections, chunk_bytes, progress,
+        )  # fmt: skip
+        check.finish()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        _discard(target, log_path)
+        raise disk_full_error(exc, f"{remote.path}: assembling {target.name}") from None
+    except HubProtocolError:
+        # The server does not answer ranges as asked: the caller fetches the file whole,
+        # so the (mostly copied, full-size) assembly would only take room.
+        _discard(target, log_path)
+        raise
+    except (IntegrityError, InvalidRemoteFileError):
+        _discard(target, log_path)
+        raise
+    install_blob(repo, remote.etag, target)
+    with contextlib.suppress(FileNotFoundError):
+        log_path.unlink()
+    return PatchResult(
+        bytes_received=received,
+        bytes_reused=plan.copied_bytes,
+        requests=client.requests - requests_before,
+        warnings=tuple(check.warnings),
+    )
+
+
+def _assemble(
+    client: HubClient,
+    url: str,
+    remote: RemoteFile,
+    old_etag: str,
+    old_blob: Path,
+    target: Path,
+    log_path: Path,
+    plan: PatchPlan,
+    check: ContentCheck,
+    connections: int,
+    chunk_bytes: int,
+    progress: Progress | None,
+) -> int:
+    """Write the prefix, the copies and the fetched ranges into ``target``; bytes fetched.
+
+    ``check`` is fed the file in order as its bytes fall into place; its error
+    (the first tensor that does not match) is raised once the transfer stopped.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
-    log = _Log(target.with_name(target.name + ".log"), f"cmh-assembly v1 {old_etag} {remote.size}")
+    log = _Log(log_path, f"cmh-assembly v1 {old_etag} {remote.size}")
     resuming = target.exists() and target.stat().st_size == remote.size and log.load()
     if not resuming:
         log.start()
     pieces = split_ranges(plan.ranges, chunk_size(plan.fetch_bytes, chunk_bytes))
-    check = ContentCheck(remote.etag, remote.size, safetensors=True, strict=strict)
-    check.trusted = plan.trusted
+    received = 0
     fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
     feed = OrderedFeed(check.update, fd, remote.size).start()
     sync = BackgroundSync(fd)
@@ -330,46 +396,30 @@ def patch_blob(
     try:
         if not resuming:
             os.ftruncate(fd, remote.size)
-        _pwrite_all(fd, prefix, 0)
-        feed.mark_ready(0, len(prefix))
+        _pwrite_all(fd, plan.header_bytes, 0)
+        feed.mark_ready(0, len(plan.header_bytes))
         copier = _Copier(old_blob, fd, plan.copies, log, ready).start()
-        done = [(b, e) for b, e in pieces if f"range {b} {e}" in log.done]
-        for b, e in done:
-            feed.mark_ready(b, e)
+        for b, e in pieces:
+            if f"range {b} {e}" in log.done:
+                feed.mark_ready(b, e)
         todo = [(b, e) for b, e in pieces if f"range {b} {e}" not in log.done]
         try:
             received += _fetch_ranges(
                 client, url, fd, todo, log, connections, progress, ready, lambda: feed.failed
             )
+        except _Stop:
+            feed.join()  # the check refused fetched bytes: its error is the cause
+            raise
         finally:
             copier.join()
         feed.join()
-        check.finish()
-    except IntegrityError:
-        _discard(target, log.path)
-        raise
-    except _Stop:
-        try:
-            feed.join()  # the check refused fetched bytes: its error is the cause
-        except IntegrityError:
-            _discard(target, log.path)
-            raise
-        raise
     finally:
         feed.stop()
         with contextlib.suppress(Exception):
             feed.join()
         sync.close()
         os.close(fd)
-    install_blob(repo, remote.etag, target)
-    with contextlib.suppress(FileNotFoundError):
-        log.path.unlink()
-    return PatchResult(
-        bytes_received=received,
-        bytes_reused=plan.copied_bytes,
-        requests=client.requests - requests_before,
-        warnings=tuple(check.warnings),
-    )
+    return received
 
 
 class _Stop(Exception):

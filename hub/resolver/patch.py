@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 import sys
 import threading
@@ -39,9 +40,24 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.layout import COMMIT_RE, RepoLayout
-from .types import IntegrityError, NotFoundError, Policy, PolicyError, ResolveError, State
+from .types import (
+    DiskFullError,
+    IntegrityError,
+    InvalidRemoteFileError,
+    NotFoundError,
+    Policy,
+    PolicyError,
+    ResolveError,
+    State,
+)
+
+#: Resolver errors raised to the caller instead of handing the call to the stock function:
+#: refused content is never returned, and a full disk is full for the stock client too.
+RAISED = (IntegrityError, PolicyError, InvalidRemoteFileError, DiskFullError)
 
 DEFAULT_WINDOW = 10.0
+
+logger = logging.getLogger("cmh.hub")
 
 HF_HUB_DOWNLOAD_PARAMS = (
     "repo_id",
@@ -190,7 +206,10 @@ def _policy_for(local_files_only: bool) -> Policy:
     return base
 
 
-def _token(value: Any) -> str | None:
+def _token(value: Any) -> str | bool | None:
+    """The caller's ``token`` as the stock client reads it: a string, ``False``, else ``None``."""
+    if value is False:
+        return False
     return value if isinstance(value, str) and value else None
 
 
@@ -242,7 +261,14 @@ def _route(
     if use == revision and not COMMIT_RE.match(revision) and res.state is not State.STALE_OFFLINE:
         with _lock:
             _recent[key] = (res.commit, time.monotonic())
+    for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
+        logger.warning("%s: %s", repo_id, w)
     return res
+
+
+def _fall_back(what: str, exc: BaseException) -> None:
+    """Say why a call goes to the stock function after the resolver failed."""
+    logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 
 
 def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) -> Exception:
@@ -291,9 +317,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
                 return original(*args, **kwargs)
             repo = RepoLayout(_cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
             raise _entry_not_found(repo, exc.commit, filename, filename) from None
-        except (IntegrityError, PolicyError):
+        except RAISED:
             raise
-        except (ResolveError, OSError):
+        except (ResolveError, OSError) as exc:
+            _fall_back(f"{a['repo_id']}/{filename}", exc)
             return original(*args, **kwargs)
         target = res.path / filename
         if not os.path.isfile(target):
@@ -322,9 +349,10 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
                 list(patterns) if isinstance(patterns, (list, tuple)) else patterns,
                 bool(a.get("local_files_only")),
             )
-        except (IntegrityError, PolicyError):
+        except RAISED:
             raise
-        except (ResolveError, OSError):
+        except (ResolveError, OSError) as exc:
+            _fall_back(str(a["repo_id"]), exc)
             return original(*args, **kwargs)
         return str(res.path)
 

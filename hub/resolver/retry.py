@@ -51,12 +51,15 @@ class RetryPolicy:
             self.sleep(self.delay(attempt, error))
 
     def run(self, step: Callable[[], T], what: str) -> T:
-        """``step()``, tried again on :class:`HubUnreachableError` until the attempts run out."""
+        """``step()``, tried again on a transient :class:`HubUnreachableError` until the
+        attempts run out (one that is not ``transient`` is raised at once)."""
         last: HubUnreachableError | None = None
         for attempt in self.tries():
             try:
                 return step()
             except HubUnreachableError as exc:
+                if not exc.transient:
+                    raise
                 last = exc
                 self.wait(attempt, exc)
         raise HubUnreachableError(f"{what} failed after {self.attempts} attempts: {last}") from last

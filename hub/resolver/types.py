@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cmh.errors import CMHError
+from cmh.errors import CMHError, InvalidFileError
 
 
 class State(str, enum.Enum):
@@ -196,10 +196,15 @@ class HubUnreachableError(ResolveError):
     """The Hub could not be reached (connection, timeout, 429, 5xx).
 
     ``retry_after``: the seconds the server asked to wait (``Retry-After``), if it said.
+    ``transient``: whether trying again soon may help (``False``: no connection
+    could be made for a metadata request, as when offline; not retried).
     """
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None = None, *, transient: bool = True
+    ) -> None:
         self.retry_after = retry_after
+        self.transient = transient
         super().__init__(message)
 
 
@@ -232,13 +237,23 @@ class PolicyError(ResolveError):
     """The policy refuses what is available (expired or unverified under ``strict``)."""
 
 
+class DiskFullError(ResolveError):
+    """The cache's filesystem is full (or a file size limit was hit); the partial was removed."""
+
+
+class InvalidRemoteFileError(ResolveError, InvalidFileError):
+    """A ``*.safetensors`` file the Hub serves has a header no reader accepts; not installed."""
+
+
 __all__ = [
     "AccessError",
     "Action",
+    "DiskFullError",
     "FileResult",
     "HubProtocolError",
     "HubUnreachableError",
     "IntegrityError",
+    "InvalidRemoteFileError",
     "NotFoundError",
     "OfflineError",
     "Policy",

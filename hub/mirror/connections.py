@@ -1,0 +1,179 @@
+"""Connection limits of one mirror worker: a cap, a header-read timeout, an idle timeout.
+
+aiohttp has an idle (keep-alive) timeout but no header-read timeout and no
+cap on connections, so a few hundred clients that never finish their headers
+hold every file descriptor. :class:`ConnectionGuard` wraps the protocol of
+each accepted connection (a thin proxy in front of aiohttp's own) and knows,
+per connection, whether a request is being answered (*busy*), headers are
+arriving (*reading*, since the first byte of a request) or nothing happens
+(*idle*, since the last answer or the connection). A sweep every fraction of a
+second aborts connections reading for longer than the header timeout and
+closes those idle for longer than the idle timeout. At the cap, a new
+connection evicts the oldest connection that is not busy, so a normal request
+still gets in while slow clients hold the cap; when every connection is busy,
+the new one is refused (closed at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+from collections.abc import Callable, Iterator
+
+#: File descriptors kept free for blobs being sent, logs and the runtime.
+FD_RESERVE = 32
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_HEADER_TIMEOUT = 20.0
+DEFAULT_IDLE_TIMEOUT = 30.0
+
+
+def connection_cap_limit() -> int:
+    """The most connections the open-file limit allows (each busy one may hold a blob too)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, (soft - FD_RESERVE) // 2)
+
+
+class _Connection:
+    __slots__ = ("busy", "reading_since", "since", "transport")
+
+    def __init__(self, transport: asyncio.Transport, now: float) -> None:
+        self.transport = transport
+        self.busy = 0  # requests being answered (aiohttp answers one at a time)
+        self.reading_since: float | None = None
+        self.since = now
+
+
+class ConnectionGuard:
+    """Tracks the connections of one worker and enforces the limits."""
+
+    def __init__(
+        self,
+        max_connections: int,
+        header_timeout: float,
+        idle_timeout: float,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.idle_timeout = idle_timeout
+        self.on_drop = on_drop  # told each drop's reason: refused|evicted|header_timeout|idle
+        self._conns: dict[asyncio.BaseTransport, _Connection] = {}  # oldest first
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory for ``loop.create_server`` around aiohttp's."""
+        return lambda: _GuardedProtocol(self, factory)
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def admit(self, transport: asyncio.Transport) -> bool:
+        """Register a new connection; False when it must be refused."""
+        if len(self._conns) >= self.max_connections:
+            victim = next((c for c in self._conns.values() if not c.busy), None)
+            if victim is None:
+                self._tell("refused")
+                return False
+            self._tell("evicted")
+            self._drop(victim.transport)
+        self._conns[transport] = _Connection(transport, self._now())
+        return True
+
+    def _tell(self, reason: str) -> None:
+        if self.on_drop is not None:
+            self.on_drop(reason)
+
+    def _drop(self, transport: asyncio.BaseTransport) -> None:
+        self._conns.pop(transport, None)
+        transport.abort()  # type: ignore[attr-defined]
+
+    def closed(self, transport: asyncio.BaseTransport) -> None:
+        self._conns.pop(transport, None)
+
+    def received(self, transport: asyncio.BaseTransport) -> None:
+        conn = self._conns.get(transport)
+        if conn is not None and not conn.busy and conn.reading_since is None:
+            conn.reading_since = self._now()
+
+    @contextlib.contextmanager
+    def answering(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
+        """Mark the connection busy while a request is answered."""
+        conn = self._conns.get(transport) if transport is not None else None
+        if conn is None:
+            yield
+            return
+        conn.busy += 1
+        try:
+            yield
+        finally:
+            conn.busy -= 1
+            conn.reading_since = None
+            conn.since = self._now()
+
+    def sweep(self) -> None:
+        """Abort connections slow with their headers; close idle ones."""
+        now = self._now()
+        for conn in list(self._conns.values()):
+            if conn.busy:
+                continue
+            if conn.reading_since is not None:
+                if now - conn.reading_since > self.header_timeout:
+                    self._tell("header_timeout")
+                    self._drop(conn.transport)
+            elif now - conn.since > self.idle_timeout:
+                self._tell("idle")
+                self._conns.pop(conn.transport, None)
+                conn.transport.close()
+
+    async def run(self) -> None:
+        """Sweep until cancelled."""
+        interval = max(0.05, min(1.0, self.header_timeout / 4, self.idle_timeout / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep()
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """Forwards every event to aiohttp's protocol, telling the guard what happens."""
+
+    def __init__(self, guard: ConnectionGuard, factory: Callable[[], asyncio.Protocol]) -> None:
+        self._guard = guard
+        self._factory = factory
+        self._inner: asyncio.Protocol | None = None
+        self._transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        if not self._guard.admit(transport):  # type: ignore[arg-type]
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        self._inner = self._factory()
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self._guard.closed(self._transport)
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            if self._transport is not None:
+                self._guard.received(self._transport)
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
