@@ -285,3 +285,31 @@ def test_pull_shows_bytes_and_rate_on_a_terminal(repo):
     text = terminal.decode(errors="replace")
     assert f"pull {REPO} (4 conn)" in text and "B/s" in text
     assert sha256(repo.layout.blob_path(repo.etag)) == repo.etag
+
+
+def test_a_file_size_limit_is_a_typed_error_and_leaves_no_chunks(repo):
+    """RLIMIT_FSIZE (EFBIG) on a chunked download: DiskFullError, chunk file and log removed."""
+    import json
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+
+    env = {**os.environ, "CMH_DOWNLOAD_CONNECTIONS": "4"}
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "pull", REPO, "--cache-dir", str(repo.cache),
+         "--endpoint", repo.server.url, "--json"],
+        capture_output=True, text=True, env=env, timeout=120, preexec_fn=limit,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and doc["error_kind"] == "disk_full", doc
+    partial = chunks_path(repo.layout, repo.etag)
+    assert not partial.exists() and not partial.with_name(partial.name + ".log").exists()
+    assert not repo.layout.blob_path(repo.etag).exists()
