@@ -92,7 +92,9 @@ class OrderedFeed:
 
     A worker thread reads each ready span from ``fd`` (the page cache: the
     bytes were just written) and gives it to ``sink``; :meth:`mark_ready`
-    says which bytes are in place. An exception from the sink (a tensor that
+    says which bytes are in place, :meth:`map_source` which are copies of
+    another file's bytes (read from there, so the check need not wait for
+    the copy). An exception from the sink (a tensor that
     does not match its manifest) stops the feed and is raised by :meth:`join`;
     :attr:`failed` lets writers stop early.
     """
@@ -102,6 +104,7 @@ class OrderedFeed:
         self._fd = fd
         self._size = size
         self._ready: list[tuple[int, int]] = []  # merged [begin, end) spans
+        self._sources: list[tuple[int, int, int, int]] = []  # (begin, end, fd, src begin)
         self._cond = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
@@ -133,6 +136,27 @@ class OrderedFeed:
             self._ready = merged
             self._cond.notify_all()
 
+    def map_source(self, begin: int, end: int, fd: int, src_begin: int) -> None:
+        """Bytes ``[begin, end)`` are those at ``src_begin`` of ``fd`` (a checked blob
+        they are being copied from): ready now, read from there."""
+        if end <= begin:
+            return
+        with self._cond:
+            i = bisect.bisect_left(self._sources, (begin,))
+            self._sources.insert(i, (begin, end, fd, src_begin))
+        self.mark_ready(begin, end)
+
+    def _source(self, pos: int, end: int) -> tuple[int, int, int]:
+        """Where to read byte ``pos``: (fd, offset in it, end of that stretch)."""
+        with self._cond:
+            i = bisect.bisect_right(self._sources, (pos, float("inf"))) - 1
+            if i >= 0:
+                begin, stop, fd, src = self._sources[i]
+                if begin <= pos < stop:
+                    return fd, src + pos - begin, min(end, stop)
+            nxt = self._sources[i + 1][0] if i + 1 < len(self._sources) else end
+            return self._fd, pos, min(end, max(nxt, pos + 1))
+
     def _ready_until(self, pos: int) -> int | None:
         i = bisect.bisect_right(self._ready, (pos, float("inf"))) - 1
         if i >= 0:
@@ -151,7 +175,8 @@ class OrderedFeed:
                     if end is None:
                         return
                 while pos < end:
-                    data = os.pread(self._fd, min(READ_CHUNK, end - pos), pos)
+                    fd, at, limit = self._source(pos, end)
+                    data = os.pread(fd, min(READ_CHUNK, limit - pos), at)
                     if not data:
                         raise IntegrityError(f"file ends at byte {pos} of {self._size}")
                     self._sink(data)

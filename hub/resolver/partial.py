@@ -386,6 +386,7 @@ def _assemble(
     pieces = split_ranges(plan.ranges, chunk_size(plan.fetch_bytes, chunk_bytes))
     received = 0
     fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+    old_fd = os.open(old_blob, os.O_RDONLY)
     feed = OrderedFeed(check.update, fd, remote.size).start()
     sync = BackgroundSync(fd)
 
@@ -398,7 +399,10 @@ def _assemble(
             os.ftruncate(fd, remote.size)
         _pwrite_all(fd, plan.header_bytes, 0)
         feed.mark_ready(0, len(plan.header_bytes))
-        copier = _Copier(old_blob, fd, plan.copies, log, ready).start()
+        # The check reads the copied tensors from the checked old blob, beside the copy.
+        for c in plan.copies:
+            feed.map_source(c.dst, c.dst + c.length, old_fd, c.src)
+        copier = _Copier(old_blob, fd, plan.copies, log, sync.wrote).start()
         for b, e in pieces:
             if f"range {b} {e}" in log.done:
                 feed.mark_ready(b, e)
@@ -419,6 +423,7 @@ def _assemble(
             feed.join()
         sync.close()
         os.close(fd)
+        os.close(old_fd)
     return received
 
 
@@ -435,10 +440,10 @@ class _Copier:
         fd: int,
         copies: list[Copy],
         log: _Log,
-        ready: Callable[[int, int], None],
+        wrote: Callable[[int], None],
     ) -> None:
         self._old_blob, self._fd, self._copies = old_blob, fd, copies
-        self._log, self._ready = log, ready
+        self._log, self._wrote = log, wrote
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="cmh-copy", daemon=True)
 
@@ -449,14 +454,12 @@ class _Copier:
     def _run(self) -> None:
         try:
             if "copies" in self._log.done:
-                for c in self._copies:
-                    self._ready(c.dst, c.dst + c.length)
                 return
             src_fd = os.open(self._old_blob, os.O_RDONLY)
             try:
                 for c in self._copies:
                     _copy(src_fd, self._fd, c)
-                    self._ready(c.dst, c.dst + c.length)
+                    self._wrote(c.length)
             finally:
                 os.close(src_fd)
             self._log.add("copies")
