@@ -357,7 +357,8 @@ def _prepare(repo: RepoLayout, remote: RemoteFile, path: Path, log: _Log, chunk:
         if 0 < have <= size:
             # A whole download's prefix (ours, or a stock client's): its full chunks count.
             os.replace(prefix, path)
-            done = {i for i in range(have // chunk)} | ({have // chunk} if have == size else set())
+            count = -(-size // chunk)
+            done = set(range(count)) if have == size else set(range(have // chunk))
     with open(path, "ab") as f:
         f.truncate(size)
     log.start(done)
