@@ -39,6 +39,7 @@ from ..cache.layout import (
 )
 from ..cache.locks import blob_lock, repo_lock, snapshot_in_use
 from ..cache.usage import record_use
+from . import chunked
 from .credentials import default_token
 from .fetch import download_whole
 from .http import HubClient
@@ -717,7 +718,8 @@ class _Fetcher:
                             url,
                             old,
                             strict=self.policy.strict,
-                            max_workers=self.policy.max_workers,
+                            connections=self.policy.connections,
+                            chunk_bytes=self.policy.chunk_bytes,
                             progress=self.progress,
                         )
                     except (PatchNotPossible, HubProtocolError) as exc:
@@ -740,10 +742,13 @@ class _Fetcher:
                             patched.bytes_reused,
                         )
         resumable = partial_path(repo, remote.etag)
-        had_partial = resumable.exists() and resumable.stat().st_size > 0
-        received, resumed, warnings = download_whole(
-            client, repo, remote, url, strict=self.policy.strict, progress=self.progress
+        had_partial = (resumable.exists() and resumable.stat().st_size > 0) or chunked.has_partial(
+            repo, remote.etag
         )
+        received, resumed, warnings = download_whole(
+            client, repo, remote, url, strict=self.policy.strict, progress=self.progress,
+            connections=self.policy.connections, chunk_bytes=self.policy.chunk_bytes,
+        )  # fmt: skip
         for w in warnings:
             self._warn(f"{path}: {w}")
         if corrupt:

@@ -45,6 +45,9 @@ class Policy:
     network. ``stale_if_error``: serve an expired snapshot, with a warning,
     when the Hub is unreachable. ``strict``: refuse expired or unverified
     content. ``revalidate``: ask the Hub even when the snapshot is fresh.
+    ``connections``: parallel range connections for one large file (default
+    ``CMH_DOWNLOAD_CONNECTIONS``, else 8; 1 = one connection per file).
+    ``chunk_bytes``: the largest range one such request asks for (16 MiB).
     """
 
     default_lifetime: float = 0.0
@@ -53,6 +56,12 @@ class Policy:
     strict: bool = False
     revalidate: bool = False
     max_workers: int = 4
+    connections: int = field(default_factory=lambda: default_connections())
+    chunk_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        if self.connections < 1 or self.chunk_bytes < 1 or self.max_workers < 1:
+            raise ValueError("connections, chunk_bytes and max_workers must be at least 1")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Policy:
@@ -61,6 +70,16 @@ class Policy:
         values: dict[str, Any] = {"offline": offline}
         values.update(overrides)
         return cls(**values)
+
+
+def default_connections() -> int:
+    """``CMH_DOWNLOAD_CONNECTIONS`` (1 to 64), else 8."""
+    value = os.environ.get("CMH_DOWNLOAD_CONNECTIONS", "").strip()
+    if not value:
+        return 8
+    if not value.isdigit() or not 1 <= int(value) <= 64:
+        raise ValueError(f"CMH_DOWNLOAD_CONNECTIONS={value!r}: a whole number from 1 to 64")
+    return int(value)
 
 
 def env_true(name: str) -> bool:
