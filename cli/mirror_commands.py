@@ -23,12 +23,13 @@ from ._common import (
     usage_error,
     warn,
 )
+from .store_location import STORE, StoreLocation, open_bucket_or_fail
 
 STORE_OPTION = click.option(
     "--store",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Store folder (stock Hugging Face cache layout).",
+    type=STORE,
+    help="Store folder (stock Hugging Face cache layout), or s3://BUCKET/PREFIX.",
 )
 
 
@@ -51,7 +52,7 @@ def mirror() -> None:
 @json_option
 @handle_errors
 def add(
-    src_dir: Path, store: Path, repo_id: str, revision: str, repo_type: str, as_json: bool
+    src_dir: Path, store: StoreLocation, repo_id: str, revision: str, repo_type: str, as_json: bool
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
     from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
@@ -59,9 +60,13 @@ def add(
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
         with progress_bar(total * 2, f"import {repo_id}") as advance:
-            result = add_folder(
-                store, src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
-            )
+            if isinstance(store, str):
+                result = open_bucket_or_fail(store).add_folder(
+                    src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
+                )
+            else:
+                result = add_folder(store, src_dir, repo_id, revision=revision,
+                                    repo_type=repo_type, progress=advance)  # fmt: skip
     except InvalidNameError as exc:
         fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
@@ -90,7 +95,7 @@ TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
 )
 @json_option
 @handle_errors
-def ls(store: Path, tokens: Path | None, as_json: bool) -> None:
+def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     """List the repos of a store, their refs and sizes."""
     from cmh.hub.mirror import list_store
     from cmh.hub.mirror.auth import (
@@ -101,16 +106,20 @@ def ls(store: Path, tokens: Path | None, as_json: bool) -> None:
         unserved_grants,
     )
 
-    if not store.is_dir():
-        fail(f"{store}: store folder not found", EXIT_USAGE)
     policy: AccessPolicy | None = None
     if tokens is not None:
         try:
             policy = load_tokens(tokens)
         except TokensFileError as exc:
             fail(str(exc), EXIT_USAGE)
-    repos = list_store(store)
-    grants = unserved_grants(policy, store) if policy is not None else []
+    if isinstance(store, str):
+        repos = open_bucket_or_fail(store).list_store()
+        grants = []  # names the tokens file has and the store lacks: local stores only
+    else:
+        if not store.is_dir():
+            fail(f"{store}: store folder not found", EXIT_USAGE)
+        repos = list_store(store)
+        grants = unserved_grants(policy, store) if policy is not None else []
     for grant in grants:
         warn(grant.message)
 
@@ -147,7 +156,9 @@ def ls(store: Path, tokens: Path | None, as_json: bool) -> None:
 @click.option("--threads", type=click.IntRange(1, 64), default=None, help="Hashing threads.")
 @json_option
 @handle_errors
-def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_json: bool) -> None:
+def scrub(
+    store: StoreLocation, full: bool, no_quarantine: bool, threads: int | None, as_json: bool
+) -> None:
     """Re-check every blob against its name; quarantine bad ones.
 
     Exit 1 if a blob is bad, else 3 if one is an invalid safetensors file or
@@ -156,19 +167,25 @@ def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_
     from cmh.hub.cache import iter_repos
     from cmh.hub.mirror import scrub_store
 
-    if not store.is_dir():
-        fail(f"{store}: store folder not found", EXIT_USAGE)
-    total = 0
-    for repo in iter_repos(store):
-        if repo.blobs.is_dir():
-            total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
-    with progress_bar(total, "scrub") as advance:
-        report = scrub_store(
-            store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
-        )
-    from cmh.hub.mirror.scrub_history import record_scrub
+    if isinstance(store, str):
+        from cmh.hub.mirror.bucket_scrub import scrub_bucket
 
-    record_scrub(store, report.to_dict())  # shown on the web operator page
+        bucket = open_bucket_or_fail(store)  # every blob is streamed and hashed whole
+        report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
+    else:
+        if not store.is_dir():
+            fail(f"{store}: store folder not found", EXIT_USAGE)
+        total = 0
+        for repo in iter_repos(store):
+            if repo.blobs.is_dir():
+                total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
+        with progress_bar(total, "scrub") as advance:
+            report = scrub_store(
+                store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
+            )
+        from cmh.hub.mirror.scrub_history import record_scrub
+
+        record_scrub(store, report.to_dict())  # shown on the web operator page
     if as_json:
         emit_json({"schema": JSON_SCHEMA_VERSION, **report.to_dict()})
     else:
@@ -245,10 +262,27 @@ def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_
     type=click.Path(exists=True, path_type=Path),
     help="Trusted public key (PEM) or folder of keys: web pages check signatures. Repeatable.",
 )
+@click.option(
+    "--blob-delivery",
+    type=click.Choice(["proxy", "redirect", "x-accel"]),
+    default="proxy",
+    show_default=True,
+    help="proxy: cmh sends the bytes (sendfile, or streamed from the bucket); redirect: "
+    "302 to a presigned URL (bucket stores); x-accel: nginx sends the file named in "
+    "X-Accel-Redirect (local stores).",
+)
+@click.option(
+    "--ref-ttl",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Bucket stores: seconds a replica trusts a ref it read (a new commit is "
+    "served by every replica at most this long after it is added).",
+)
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
 def serve(
-    store: Path,
+    store: StoreLocation,
     host: str,
     port: int,
     tokens: Path | None,
@@ -260,6 +294,8 @@ def serve(
     idle_timeout: float,
     admin_tokens: Path | None,
     keys: tuple[Path, ...],
+    blob_delivery: str,
+    ref_ttl: float,
     tree_page_size: int,
 ) -> None:
     """Serve a store through the Hub HTTP API and web pages (stops cleanly on SIGTERM)."""
@@ -287,6 +323,8 @@ def serve(
         keys=keys,
         announce=announce,
         warn=warn,
+        blob_delivery=blob_delivery,
+        ref_ttl=ref_ttl,
     )
     try:
         code = run(config)

@@ -22,6 +22,7 @@ from ._common import (
     usage_error,
     warn,
 )
+from .store_location import STORE, StoreLocation
 
 
 def stdin_is_terminal() -> bool:
@@ -40,8 +41,15 @@ def stdin_is_terminal() -> bool:
 )
 @click.option(
     "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="A mirror store (same layout).",
+    type=STORE,
+    help="A mirror store (same layout), or a bucket store s3://BUCKET/PREFIX.",
+)
+@click.option(
+    "--settle",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Bucket stores: seconds to wait after taking a repo's lease (default: the "
+    "writers' window + the S3 client's longest try, 250 s; lower only when no import runs).",
 )
 @click.option("--expired", is_flag=True, help="Revisions whose stamped files are past expires_at.")
 @click.option(
@@ -96,7 +104,8 @@ def stdin_is_terminal() -> bool:
 @handle_errors
 def prune(
     cache_dir: Path | None,
-    store: Path | None,
+    store: StoreLocation | None,
+    settle: float | None,
     expired: bool,
     grace: int | None,
     include_referenced: bool,
@@ -128,10 +137,12 @@ def prune(
         usage_error("--grace and --include-referenced apply to --expired only")
     if at is not None and not dry_run:
         usage_error("--at judges the cache at another time: use it with --dry-run only")
+    if settle is not None and not isinstance(store, str):
+        usage_error("--settle applies to a bucket store (--store s3://...) only")
     root = cache_dir if cache_dir is not None else store
     assert root is not None
     kind = "cache" if cache_dir is not None else "store"
-    if not root.is_dir():
+    if not isinstance(root, str) and not root.is_dir():
         fail(f"{root}: no such directory", 3)
 
     from cmh.hub.prune import PrunePolicy, plan_prune, scan_cache
@@ -148,6 +159,12 @@ def prune(
         max_size=max_size,
         stale_incomplete=float(stale_incomplete),
     )
+    if isinstance(root, str):
+        from .prune_bucket import prune_bucket_store
+
+        prune_bucket_store(root, policy, dry_run=dry_run, yes=yes, settle=settle, at=at,
+                           as_json=as_json, interactive=stdin_is_terminal())  # fmt: skip
+        return
     scan = scan_cache(root, read_expiry=expired, read_commit_times=keep_latest is not None)
     plan = plan_prune(scan, policy, at if at is not None else time.time())
 

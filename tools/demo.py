@@ -9,6 +9,9 @@
 5. Resolve it through the mirror with cmh.hub, publish a revision with one
    tensor changed, resolve again and print the bytes saved
    (tools/demo_resolver.py).
+6. Scale out: import it into a bucket store on a local SeaweedFS, serve it from
+   two replicas (redirect and proxy delivery), load it through each, kill one and
+   load again through the other (tools/demo_scaleout.py).
 
 Nothing is fetched from the internet: the mirror runs on 127.0.0.1.
 """
@@ -101,6 +104,11 @@ def main() -> int:
     store = WORK / "mirror-store"
     with demo_mirror.serving(store, WORK / "resolver-access.log") as url:
         demo_resolver.run(WORK, url, store, demo_mirror.REPO)
+
+    import demo_scaleout
+
+    step("scale out: two stateless replicas over one SeaweedFS bucket, one of them killed")
+    print(demo_scaleout.run(WORK, stamped))
     print("\ndemo finished: every step passed")
     return 0
 

@@ -14,18 +14,20 @@ the fingerprint cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from ..cache.layout import LayoutError, RepoLayout, iter_repos, validate_relpath
+from ..cache.layout import LayoutError, RepoLayout, iter_repos, repo_folder_name, validate_relpath
 from ..cache.usage import record_use
 from . import catalog, documents, hub_documents
 from .auth import AccessPolicy, bearer_token, repo_key
@@ -35,10 +37,14 @@ from .fingerprints import FingerprintCache
 from .history import history, last_commits
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
-from .ranges import RangeNotSatisfiable, parse_range
+from .ranges import ByteRange, RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
 from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
 from .verify import BlobVerifier, FileVersion
+
+if TYPE_CHECKING:
+    from .bucket_read import BucketReader
+    from .bucket_send import ObjectFetcher, ObjectVerifier
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
@@ -80,6 +86,12 @@ class MirrorState:
     verifier: BlobVerifier = field(default_factory=BlobVerifier)
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
     derived: DerivedCache = field(default_factory=DerivedCache)
+    #: A bucket store (``store`` is then not used): its reader and how bytes travel.
+    bucket: BucketReader | None = None
+    delivery: str = "proxy"  # proxy | redirect (buckets) | x-accel (local stores)
+    x_accel_prefix: str = "/_cmh_blobs/"
+    object_verifier: ObjectVerifier | None = None
+    object_fetcher: ObjectFetcher | None = None
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
@@ -95,8 +107,16 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
 
     app = web.Application(client_max_size=1 << 20, client_max_fields=MAX_FORM_FIELDS)
     app[STORE_KEY] = state
-    add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
+    if state.bucket is None:  # the web pages read a local store; not offered for a bucket
+        add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
+    if state.object_fetcher is not None:
+        fetcher = state.object_fetcher
+
+        async def close_fetcher(app: web.Application) -> None:
+            await fetcher.close()
+
+        app.on_cleanup.append(close_fetcher)
     return app
 
 
@@ -178,6 +198,8 @@ def _readable(state: MirrorState, route: Route, token: str | None) -> RepoLayout
 
 def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:
     """The index of the commit a route names; RepoNotFound also for a closed private repo."""
+    if state.bucket is not None:
+        return _lookup_bucket(state, state.bucket, route, token)
     repo = _readable(state, route, token)
     revision = route.revision or "main"
     commit = resolve_revision(repo, revision)
@@ -187,6 +209,43 @@ def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> 
     index = state.indexes.get(repo, commit)
     if used:
         record_use(repo, commit)
+    return index
+
+
+@contextlib.contextmanager
+def _store_errors() -> Iterator[None]:
+    """A bucket store's storage that fails (or holds an invalid tree) answers 503."""
+    from .bucket import BucketError
+    from .objectstore import ObjectStoreError
+
+    try:
+        yield
+    except (ObjectStoreError, BucketError) as exc:
+        raise HubError(503, "StoreUnavailable", f"store unavailable: {exc}",
+                       {"Retry-After": "5"}) from None  # fmt: skip
+
+
+def _bucket_readable(
+    state: MirrorState, bucket: BucketReader, route: Route, token: str | None
+) -> str:
+    """:func:`_readable` for a bucket store: the repo's folder name."""
+    folder = repo_folder_name(route.repo_id, route.repo_type)
+    with _store_errors():
+        exists = bucket.repo_exists(folder)
+    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not exists:
+        raise HubError(404, "RepoNotFound", "Repository not found")
+    return folder
+
+
+def _lookup_bucket(
+    state: MirrorState, bucket: BucketReader, route: Route, token: str | None
+) -> CommitIndex:
+    """:func:`_lookup` for a bucket store; a storage that fails answers 503."""
+    revision = route.revision or "main"
+    with _store_errors():
+        index = bucket.resolve(_bucket_readable(state, bucket, route, token), revision)
+    if index is None:
+        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
     return index
 
 
@@ -241,6 +300,8 @@ async def _resolve(
             416, "RangeNotSatisfiable", str(exc),
             {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
         ) from None  # fmt: skip
+    if state.bucket is not None or state.delivery == "x-accel":
+        return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
     try:
         f = await _run(_open_checked, state, entry)
     except BlobUnavailable as exc:
@@ -283,6 +344,70 @@ async def _resolve(
         return response
     finally:
         f.close()
+
+
+async def _resolve_elsewhere(
+    request: web.Request,
+    state: MirrorState,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[ByteRange] | None,
+    range_header: str | None,
+) -> web.StreamResponse:
+    """A body sent by someone else than this process's sendfile: from a bucket (proxied
+    or redirected to), or by nginx (``X-Accel-Redirect``)."""
+    from . import bucket_send
+
+    if ranges is None:
+        if range_header is not None:
+            request[RANGE_KEY] = "full"
+    else:
+        request[RANGE_KEY] = "single" if len(ranges) == 1 else "multi"
+    try:
+        if state.bucket is None:
+            request[BYTES_KEY] = 0  # nginx sends the body
+            return await _x_accel(request, state, entry, headers)
+        if state.delivery == bucket_send.REDIRECT:
+            request[BYTES_KEY] = 0
+            return await bucket_send.redirect(request, state.bucket, entry, headers)
+        assert state.object_verifier is not None and state.object_fetcher is not None
+        response, sent, cut = await bucket_send.proxy(
+            request, state.bucket, state.object_fetcher, state.object_verifier, entry,
+            headers, ranges,
+        )  # fmt: skip
+    except BlobUnavailable as exc:
+        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+    request[BYTES_KEY] = sent
+    if cut:
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
+    return response
+
+
+async def _x_accel(
+    request: web.Request, state: MirrorState, entry: FileEntry, headers: dict[str, str]
+) -> web.Response:
+    """Hand the body to nginx: ``X-Accel-Redirect`` to the blob under the internal prefix.
+
+    The blob is opened and checked first as for any body cmh sends (inside the store,
+    a regular file of the right size, its bytes hashing to its name: the check is
+    waited for, since nginx's bytes cannot be held back), so nginx is only ever sent
+    to a file version cmh would have served. A change to the file after that is not
+    seen (see docs/object-storage.md, "What each delivery trusts").
+    """
+    f = await _run(_open_checked, state, entry)
+    try:
+        gate = await _verified(request, state, entry, f)
+        if not await gate():
+            raise HubError(
+                503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"}
+            )
+    finally:
+        f.close()
+    real = os.path.join(os.path.realpath(entry.source.parent), entry.source.name)
+    rel = os.path.relpath(real, state.store)
+    out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
+    out["X-Accel-Redirect"] = state.x_accel_prefix + quote(rel.replace(os.sep, "/"))
+    return web.Response(status=200, headers=out)
 
 
 def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
@@ -366,7 +491,7 @@ def _properties(
     safetensors: bool,
 ) -> dict[str, Any]:
     """Every repo-info property of a repo at ``index``'s commit (card and weights read once)."""
-    opener = functools.partial(_open_checked, state)
+    opener: Any = state.bucket.opener if state.bucket else functools.partial(_open_checked, state)
     return hub_documents.repo_properties(
         repo_type, repo_id, index,
         private=repo_key(repo_type, repo_id) in state.policy.private,
@@ -475,9 +600,15 @@ def _add_last_commits(
     state: MirrorState, route: Route, index: CommitIndex, entries: list[dict[str, Any]]
 ) -> None:
     """Give each tree or paths-info entry its ``lastCommit`` (``expand``)."""
-    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
-    assert state.indexes is not None
-    found = last_commits(repo, index, [e["path"] for e in entries], state.indexes)
+    paths = [e["path"] for e in entries]
+    if state.bucket is not None:
+        folder = repo_folder_name(route.repo_id, route.repo_type)
+        with _store_errors():
+            found = state.bucket.last_commits(folder, index, paths)
+    else:
+        repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+        assert state.indexes is not None
+        found = last_commits(repo, index, paths, state.indexes)
     for entry in entries:
         entry["lastCommit"] = hub_documents.last_commit(found[entry["path"]])
 
@@ -500,8 +631,12 @@ def _page_start(route: Route, pinned: str) -> int:
 async def _commits(
     request: web.Request, state: MirrorState, route: Route, index: CommitIndex
 ) -> web.Response:
-    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
-    chain = await _run(history, repo, index)
+    if state.bucket is not None:
+        folder = repo_folder_name(route.repo_id, route.repo_type)
+        with _store_errors():
+            chain = await _run(state.bucket.history, folder, index)
+    else:
+        chain = await _run(history, RepoLayout(state.store, route.repo_id, route.repo_type), index)
     formatted = "formatted" in route.query.getall("expand")
     page_size = min(state.page_size, COMMITS_PAGE_SIZE)
     start = _page_start(route, index.commit)
@@ -515,18 +650,25 @@ async def _commits(
 
 
 def _refs(state: MirrorState, route: Route, token: str | None) -> web.Response:
+    include_prs = route.query.get("include_prs", "").lower() in _TRUE
+    if state.bucket is not None:
+        folder = _bucket_readable(state, state.bucket, route, token)
+        with _store_errors():
+            return web.json_response(hub_documents.refs(state.bucket.refs(folder), include_prs))
     repo = _readable(state, route, token)
     named = {
         name: commit
         for name, commit in repo.refs_by_name().items()
         if resolve_revision(repo, commit) is not None
     }
-    include_prs = route.query.get("include_prs", "").lower() in _TRUE
     return web.json_response(hub_documents.refs(named, include_prs))
 
 
 def _auth_check(state: MirrorState, route: Route, token: str | None) -> web.Response:
-    _readable(state, route, token)
+    if state.bucket is not None:
+        _bucket_readable(state, state.bucket, route, token)
+    else:
+        _readable(state, route, token)
     if route.path == "write":
         raise HubError(403, None, "the mirror is read-only: no token may write to it")
     return web.json_response({})
@@ -562,7 +704,19 @@ def _listing(
     """Every item of a listing, in order: readable repos of ``repo_type`` whose main matches."""
     assert state.indexes is not None
     rows: list[tuple[float, dict[str, Any]]] = []
-    for repo in iter_repos(state.store):
+    if state.bucket is not None:
+        with _store_errors():
+            for kind, repo_id, folder in state.bucket.store.repos():
+                if kind != repo_type or not state.policy.can_read(repo_type, repo_id, token):
+                    continue
+                index = state.bucket.resolve(folder, "main")
+                if index is None:
+                    continue
+                properties = _properties(state, repo_type, repo_id, index, blobs=False,
+                                         safetensors="safetensors" in expand)  # fmt: skip
+                if catalog.matches(query, properties):
+                    rows.append((index.last_modified, properties))
+    for repo in iter_repos(state.store) if state.bucket is None else ():
         if repo.repo_type != repo_type or not repo_exists(repo):
             continue
         if not state.policy.can_read(repo_type, repo.repo_id, token):
@@ -591,6 +745,8 @@ def _listing(
 
 
 async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    if state.bucket is not None:
+        raise HubError(501, "NotImplemented", "fingerprints are not served from a bucket store")
     body = await _run(fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -488,13 +488,18 @@ class ObjectStore:
         start: int = 0,
         end: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        if_match: str | None = None,
     ) -> AsyncIterator[bytes]:
-        """:meth:`iter_chunks` without blocking the event loop."""
+        """:meth:`iter_chunks` without blocking the event loop; with ``if_match`` (an ETag
+        as :meth:`head` gave it) only from that version of the object, else
+        :class:`PreconditionFailed`."""
         import obstore
 
         self._check_range(start, end)
         key = self.location.key(name)
         options: Any = {} if start == 0 and end is None else {"range": self._range(start, end)}
+        if if_match is not None:
+            options["if_match"] = if_match
         try:
             result = await obstore.get_async(self._store, key, options=options)
             async for chunk in result.stream(chunk_size):
@@ -527,6 +532,38 @@ class ObjectStore:
         return self._put(
             "PUT", name, path, use_multipart=size > self.part_size, chunk_size=self.part_size
         )
+
+    def put_stream(self, name: str, chunks: Iterable[bytes]) -> str:
+        """Write an object from an iterable of chunks (multipart, parts of ``part_size``).
+
+        An exception raised by ``chunks`` aborts the upload: no object is created (or
+        replaced), and the exception propagates as it was raised. Returns the ETag.
+        """
+        import obstore
+
+        key = self.location.key(name)
+        failure: list[BaseException] = []
+
+        def guarded() -> Iterator[bytes]:
+            try:
+                yield from chunks
+            except BaseException as exc:  # kept, so the caller sees its own error
+                failure.append(exc)
+                raise
+
+        try:
+            result = obstore.put(
+                self._store, key, guarded(), use_multipart=True, chunk_size=self.part_size
+            )
+        except self._errors() as exc:
+            if failure:
+                raise failure[0] from None
+            self._fail("PUT", name, exc)
+        except Exception:
+            if failure:
+                raise failure[0] from None
+            raise
+        return str(result["e_tag"] or "")
 
     def put_if_absent(self, name: str, data: bytes) -> str:
         """Create an object only if no object has that name (``If-None-Match: *``).
@@ -584,6 +621,20 @@ class ObjectStore:
                     yield self._info(meta["path"][len(self.location.prefix) :], meta)
         except self._errors() as exc:
             self._fail("LIST", prefix, exc)
+
+    def list_folders(self, prefix: str = "") -> tuple[str, ...]:
+        """The names of the folders directly under ``prefix`` ("" for the top), one
+        delimited listing (every page)."""
+        import obstore
+
+        full = self.location.prefix
+        if prefix:
+            full += _check_relpath(prefix.rstrip("/"), "list prefix", InvalidObjectName) + "/"
+        try:
+            result = obstore.list_with_delimiter(self._store, full.rstrip("/") or None)
+        except self._errors() as exc:
+            self._fail("LIST", prefix, exc)
+        return tuple(sorted(p[len(full) :].rstrip("/") for p in result["common_prefixes"]))
 
     def presigned_get_url(self, name: str, expires_in: timedelta = timedelta(minutes=15)) -> str:
         """A URL that GETs the object (any single ``Range`` allowed) without credentials

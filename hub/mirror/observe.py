@@ -86,7 +86,9 @@ class StoreSizeCollector(Collector):
 class Metrics:
     """The mirror's request metrics."""
 
-    def __init__(self, store: Path, private: frozenset[str] = frozenset()) -> None:
+    def __init__(self, store: Path | None, private: frozenset[str] = frozenset()) -> None:
+        """``store`` is the local store folder whose size is reported (``None``: a bucket
+        store, whose size is not measured by the replicas)."""
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         self.requests = Counter(
@@ -120,8 +122,10 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.store_collector = StoreSizeCollector(store, private=private)
-        if not self.multiprocess:
+        self.store_collector = (
+            StoreSizeCollector(store, private=private) if store is not None else None
+        )
+        if not self.multiprocess and self.store_collector is not None:
             self.registry.register(self.store_collector)
 
     def observe(
@@ -144,7 +148,8 @@ class Metrics:
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        registry.register(self.store_collector)
+        if self.store_collector is not None:
+            registry.register(self.store_collector)
         return generate_latest(registry)
 
 

@@ -25,8 +25,11 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from .bucket_read import BucketReader
 
 SHUTDOWN_TIMEOUT = 2.0
 
@@ -39,7 +42,7 @@ class ServeError(Exception):
 class ServeConfig:
     """How to run the mirror."""
 
-    store: Path
+    store: Path | str  # a folder, or a bucket store's s3:// URL
     host: str = "127.0.0.1"
     port: int = 8080
     tokens: Path | None = None
@@ -54,6 +57,8 @@ class ServeConfig:
     keys: tuple[Path, ...] = ()  # trusted public keys for the web pages' stamp details
     announce: Callable[[str], None] = field(default=print)
     warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
+    blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel (local store)
+    ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
 
 
 def public_url(text: str) -> str:
@@ -105,8 +110,7 @@ def serve(config: ServeConfig) -> int:
     """Serve until SIGTERM or SIGINT; return the exit status."""
     from .connections import DEFAULT_MAX_CONNECTIONS, connection_cap_limit
 
-    if not config.store.is_dir():
-        raise ServeError(f"{config.store}: store folder not found")
+    _check_store(config)
     if config.public_url is not None:
         config = replace(config, public_url=public_url(config.public_url))
     if config.tokens is not None:
@@ -116,8 +120,9 @@ def serve(config: ServeConfig) -> int:
             policy = load_tokens(config.tokens)  # fail before any worker starts
         except TokensFileError as exc:
             raise ServeError(str(exc)) from None
-        for grant in unserved_grants(policy, config.store):
-            config.warn(grant.message)
+        if isinstance(config.store, Path):  # a bucket's repos are not listed at start-up
+            for grant in unserved_grants(policy, config.store):
+                config.warn(grant.message)
     limit = connection_cap_limit()
     cap = config.max_connections or min(DEFAULT_MAX_CONNECTIONS, limit)
     if cap > limit:
@@ -133,6 +138,41 @@ def serve(config: ServeConfig) -> int:
         sock.listen(1024)
         return _run_worker(config, sock, lambda: config.announce(_url(sock)))
     return _run_workers(config)
+
+
+def _check_store(config: ServeConfig) -> None:
+    """Refuse a store that cannot be served, or a delivery it cannot do, before listening."""
+    bucket = isinstance(config.store, str)
+    allowed = ("proxy", "redirect") if bucket else ("proxy", "x-accel")
+    if config.blob_delivery not in allowed:
+        kind = "a bucket store" if bucket else "a local store"
+        raise ServeError(
+            f"--blob-delivery {config.blob_delivery} does not apply to {kind} "
+            f"(use {' or '.join(allowed)})"
+        )
+    if isinstance(config.store, str):
+        from .objectstore import InvalidLocation, S3Location
+
+        try:
+            S3Location.parse(config.store)  # opened by each worker: the S3 client is not
+        except InvalidLocation as exc:  # safe to use across fork()
+            raise ServeError(str(exc)) from None
+    elif not config.store.is_dir():
+        raise ServeError(f"{config.store}: store folder not found")
+
+
+def _open_bucket(url: str, ref_ttl: float) -> BucketReader:
+    """A worker's reader of a bucket store, checked reachable (the bucket exists)."""
+    from .bucket import BucketError, open_bucket
+    from .bucket_read import BucketReader
+    from .objectstore import ObjectStoreError
+
+    try:
+        reader = BucketReader(open_bucket(url), ref_ttl=ref_ttl)
+        reader.store.objects.list_folders("")
+    except (BucketError, ObjectStoreError) as exc:
+        raise ServeError(str(exc)) from None
+    return reader
 
 
 def _pages(config: ServeConfig) -> object:
@@ -162,7 +202,8 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     from .observe import AccessLogger, Metrics, configure
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
-    metrics = Metrics(config.store, private=policy.private)
+    local = config.store if isinstance(config.store, Path) else None
+    metrics = Metrics(local, private=policy.private)
     stream = _log_stream(config)
     configure(metrics, stream)
     assert config.max_connections is not None
@@ -173,7 +214,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         on_drop=metrics.connection_dropped,
     )
     state = MirrorState(
-        config.store,
+        local or Path(os.devnull),  # a bucket store: a placeholder that holds nothing
         policy,
         metrics,
         page_size=config.page_size,
@@ -181,6 +222,13 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         guard=guard,
         body_timeout=config.header_timeout,
     )
+    state.delivery = config.blob_delivery
+    if isinstance(config.store, str):  # each worker has its own client and caches
+        from .bucket_send import ObjectFetcher, ObjectVerifier
+
+        state.bucket = _open_bucket(config.store, config.ref_ttl)
+        state.object_verifier = ObjectVerifier()
+        state.object_fetcher = ObjectFetcher(state.bucket)
 
     async def main() -> None:
         runner = web.AppRunner(
@@ -242,6 +290,8 @@ def _run_workers(config: ServeConfig) -> int:
                     sock = _socket(config.host, port, reuse_port=True)
                     sock.listen(1024)
                     code = _run_worker(config, sock, lambda: _signal_ready(ready_w))
+                except ServeError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
                 finally:
                     os._exit(code)
             children.append(pid)

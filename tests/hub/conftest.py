@@ -24,6 +24,10 @@ from pathlib import Path
 
 import pytest
 from mirror_support import MirrorServer, MirrorStore, build_mirror_store, write_tiny_repo
+
+# One SeaweedFS for the whole session: defined here once (a module importing the
+# fixture itself would get a server of its own, alive until the session ends).
+from seaweed import seaweed_bucket_fixture, seaweed_fixture  # noqa: F401 (fixtures)
 from web_support import WebStore, build_web_store
 
 

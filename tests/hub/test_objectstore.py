@@ -35,14 +35,7 @@ from cmh.hub.mirror.objectstore import (
     S3Settings,
     SettingsError,
 )
-from seaweed import (  # noqa: F401 (fixtures)
-    ACCESS_KEY,
-    SECRET_KEY,
-    SeaweedBucket,
-    _free_ports,
-    seaweed_bucket_fixture,
-    seaweed_fixture,
-)
+from seaweed import ACCESS_KEY, SECRET_KEY, SeaweedBucket, _free_ports
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from seaweed import SeaweedServer, find_weed, seaweed_fixture  # noqa: F401 (fixture)
+from seaweed import SeaweedServer, find_weed
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc to see sockets and processes"

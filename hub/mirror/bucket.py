@@ -1,0 +1,563 @@
+"""A mirror store kept in an S3-compatible bucket (``s3://bucket/prefix``).
+
+The bucket layout (normative text in ``spec/hub-mirror.md`` section 7); names are
+relative to the store URL's prefix, ``{repo}`` is the stock folder name
+(``models--org--name``):
+
+```
+{repo}/blobs/{etag}            content, named as the Hub names it (SHA-256 or git blob SHA-1)
+{repo}/trees/{commit}.json     one immutable tree object per commit (cmh-tree/1)
+{repo}/refs/{revision}         40 hex + "\\n"; moved last, by compare-and-swap
+{repo}/.cmh/lease              held by a pruner while it works on the repo
+.quarantine/{repo}/{etag}.{t}  a blob removed by scrub, and {etag}.{t}.json its note
+```
+
+No symlinks and no renames: a tree object maps each path to its blob, so any
+replica serves a commit from the tree object alone, with no local state.
+
+Writing a commit (:meth:`BucketStore.add_folder`): blobs first (each hashed while
+it is uploaded; an upload whose bytes do not hash to the name is aborted, so no
+wrong object is ever created), then the tree object with ``If-None-Match: *``,
+then, after a check that no pruner holds the repo's lease, every blob and the tree
+are confirmed present, and the ref is moved with ``If-Match`` on the ETag it had
+when read (``If-None-Match: *`` when new). A writer that loses the race re-reads
+the ref and makes its commit a child of the winner's, so no commit is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..cache.blobs import READ_CHUNK, git_blob_hasher
+from ..cache.layout import (
+    COMMIT_RE,
+    ETAG_RE,
+    LayoutError,
+    parse_repo_folder,
+    repo_folder_name,
+    validate_relpath,
+    validate_repo_id,
+    validate_revision,
+)
+from .gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
+from .index import CommitIndex, FileEntry
+from .objectstore import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
+)
+from .store import (
+    ImportResult,
+    InvalidNameError,
+    RefSummary,
+    RepoSummary,
+    SourceFile,
+    StoreError,
+    hash_source,
+    scan_folder,
+)
+
+TREE_FORMAT = "cmh-tree/1"
+QUARANTINE = ".quarantine"
+URL_SCHEME = "s3://"
+#: Longest a writer lets pass between finding no lease and sending its ref move.
+WRITE_WINDOW = 10.0
+#: A lease seen unchanged this long is taken as abandoned by writers (a pruner stops
+#: deleting well before: see :mod:`cmh.hub.mirror.bucket_prune`).
+LEASE_TTL = 600.0
+LEASE_POLL = 1.0
+MAX_REF_ATTEMPTS = 50
+MAX_TREE_BYTES = 64 << 20
+
+ProgressCallback = Callable[[int], None]
+
+
+def is_bucket_url(text: str) -> bool:
+    """True when ``text`` names a bucket store (``s3://...``)."""
+    return text.startswith(URL_SCHEME)
+
+
+class BucketError(StoreError):
+    """A bucket store that cannot be read or written as asked."""
+
+
+@dataclass(frozen=True)
+class TreeFile:
+    """One file of a tree object."""
+
+    path: str
+    size: int
+    etag: str
+    oid: str
+    lfs_sha256: str | None
+
+
+@dataclass(frozen=True)
+class TreeObject:
+    """``{repo}/trees/{commit}.json``: a commit and every file it holds."""
+
+    commit: str
+    tree: str
+    parents: tuple[str, ...]
+    created_at: float
+    files: tuple[TreeFile, ...]
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "format": TREE_FORMAT,
+            "commit": self.commit,
+            "tree": self.tree,
+            "parents": list(self.parents),
+            "created_at": self.created_at,
+            "entries": [
+                {"type": "file", "path": f.path, "size": f.size, "oid": f.oid, "etag": f.etag,
+                 **({"lfs": {"oid": f.lfs_sha256, "size": f.size}} if f.lfs_sha256 else {})}
+                for f in self.files
+            ],
+        }  # fmt: skip
+        return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, commit: str) -> TreeObject:
+        """Parse and check a tree object (:class:`BucketError` when it is not one)."""
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format") != TREE_FORMAT:
+                raise ValueError("not a cmh-tree/1 object")
+            if doc.get("commit") != commit:
+                raise ValueError(f"names commit {doc.get('commit')!r}")
+            files = tuple(_tree_file(e) for e in doc["entries"])
+            parents = tuple(str(p) for p in doc.get("parents", []))
+            if not all(COMMIT_RE.match(p) for p in parents):
+                raise ValueError("bad parent id")
+            tree = str(doc["tree"])
+            if tree_oids({f.path: f.oid for f in files})[""] != tree:
+                raise ValueError("its entries do not give its tree id")
+            return cls(commit, tree, parents, float(doc.get("created_at", 0.0)), files)
+        except (ValueError, KeyError, TypeError, LayoutError) as exc:
+            raise BucketError(f"tree object of commit {commit} is invalid: {exc}") from None
+
+
+def _tree_file(entry: Any) -> TreeFile:
+    path = validate_relpath(str(entry["path"]))
+    size, etag, oid = entry["size"], str(entry["etag"]), str(entry["oid"])
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"bad size for {path}")
+    if not ETAG_RE.match(etag):
+        raise ValueError(f"bad blob name for {path}")
+    lfs = entry.get("lfs")
+    if len(etag) == 64:
+        if (
+            not isinstance(lfs, dict)
+            or lfs.get("oid") != etag
+            or oid != lfs_pointer_oid(etag, size)
+        ):
+            raise ValueError(f"bad LFS entry for {path}")
+        return TreeFile(path, size, etag, oid, etag)
+    if lfs is not None or oid != etag:
+        raise ValueError(f"bad entry for {path}")
+    return TreeFile(path, size, etag, oid, None)
+
+
+@dataclass(frozen=True)
+class RefState:
+    """A ref as read: the commit it names and the object's ETag (for compare-and-swap)."""
+
+    commit: str
+    etag: str
+
+
+class BucketStore:
+    """A mirror store in a bucket: read by any number of replicas, written by any number
+    of importers, maintained by scrub and prune (:mod:`cmh.hub.mirror.bucket_prune`)."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        *,
+        write_window: float = WRITE_WINDOW,
+        lease_ttl: float = LEASE_TTL,
+        lease_poll: float = LEASE_POLL,
+    ) -> None:
+        self.objects = objects
+        self.write_window = write_window
+        self.lease_ttl = lease_ttl
+        self.lease_poll = lease_poll
+
+    @classmethod
+    def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
+        """Open ``s3://bucket/prefix`` with the standard AWS settings."""
+        return cls(ObjectStore.open(url, profile=profile), **options)
+
+    @property
+    def url(self) -> str:
+        return str(self.objects.location)
+
+    def __repr__(self) -> str:
+        return f"BucketStore({self.url!r})"
+
+    # -- names --------------------------------------------------------------------------
+
+    @staticmethod
+    def folder(repo_id: str, repo_type: str) -> str:
+        """The repo's folder name (``models--org--name``), checked."""
+        try:
+            return repo_folder_name(repo_id, repo_type)
+        except LayoutError as exc:
+            raise InvalidNameError(str(exc)) from None
+
+    @staticmethod
+    def blob_name(folder: str, etag: str) -> str:
+        return f"{folder}/blobs/{etag}"
+
+    @staticmethod
+    def tree_name(folder: str, commit: str) -> str:
+        return f"{folder}/trees/{commit}.json"
+
+    @staticmethod
+    def ref_name(folder: str, revision: str) -> str:
+        return f"{folder}/refs/{validate_revision(revision)}"
+
+    @staticmethod
+    def lease_name(folder: str) -> str:
+        return f"{folder}/.cmh/lease"
+
+    # -- reads --------------------------------------------------------------------------
+
+    def read_ref(self, folder: str, revision: str) -> RefState | None:
+        """The commit ``refs/{revision}`` names, or ``None`` (absent or not a commit id)."""
+        try:
+            data, info = self.objects.get_with_info(self.ref_name(folder, revision))
+        except ObjectNotFound:
+            return None
+        commit = data.decode("ascii", "replace").strip()
+        return RefState(commit, info.etag) if COMMIT_RE.match(commit) else RefState("", info.etag)
+
+    def read_tree(self, folder: str, commit: str) -> TreeObject | None:
+        """The tree object of ``commit``, or ``None`` when there is none."""
+        if not COMMIT_RE.match(commit):
+            return None
+        name = self.tree_name(folder, commit)
+        try:
+            info = self.objects.head(name)
+            if info.size > MAX_TREE_BYTES:
+                raise BucketError(f"tree object {name} is too large ({info.size} bytes)")
+            return TreeObject.from_bytes(self.objects.get(name), commit)
+        except ObjectNotFound:
+            return None
+
+    def resolve_revision(self, folder: str, revision: str) -> str | None:
+        """The commit a branch, tag, ``refs/pr/N`` or commit id names, if its tree exists."""
+        try:
+            validate_revision(revision)
+        except LayoutError:
+            return None
+        if COMMIT_RE.match(revision):
+            try:
+                self.objects.head(self.tree_name(folder, revision))
+                return revision
+            except ObjectNotFound:
+                pass
+        ref = self.read_ref(folder, revision)
+        if ref is None or not ref.commit:
+            return None
+        try:
+            self.objects.head(self.tree_name(folder, ref.commit))
+        except ObjectNotFound:
+            return None
+        return ref.commit
+
+    def repo_exists(self, folder: str) -> bool:
+        """True when the repo has at least one ref or tree object."""
+        for prefix in (f"{folder}/refs", f"{folder}/trees"):
+            for _ in self.objects.list(prefix):
+                return True
+        return False
+
+    def repos(self) -> list[tuple[str, str, str]]:
+        """``(repo_type, repo_id, folder)`` of every repo folder in the bucket, sorted."""
+        out = []
+        for name in self.objects.list_folders(""):
+            parsed = parse_repo_folder(name)
+            if parsed is not None:
+                out.append((parsed[0], parsed[1], name))
+        return sorted(out, key=lambda r: r[2])
+
+    def refs(self, folder: str) -> dict[str, RefState]:
+        """Every ref of a repo by revision name (``refs/pr/N`` nests)."""
+        out: dict[str, RefState] = {}
+        base = f"{folder}/refs/"
+        for info in self.objects.list(f"{folder}/refs"):
+            revision = info.name[len(base) :]
+            state = self.read_ref(folder, revision)
+            if state is not None:
+                out[revision] = state
+        return out
+
+    def tree_infos(self, folder: str) -> dict[str, ObjectInfo]:
+        """Tree objects of a repo by commit id."""
+        base = f"{folder}/trees/"
+        out = {}
+        for info in self.objects.list(f"{folder}/trees"):
+            commit = info.name[len(base) :].removesuffix(".json")
+            if COMMIT_RE.match(commit) and info.name.endswith(".json"):
+                out[commit] = info
+        return out
+
+    def blob_infos(self, folder: str) -> dict[str, ObjectInfo]:
+        """Blobs of a repo by name (only names that are ETags)."""
+        base = f"{folder}/blobs/"
+        out = {}
+        for info in self.objects.list(f"{folder}/blobs"):
+            etag = info.name[len(base) :]
+            if ETAG_RE.match(etag):
+                out[etag] = info
+        return out
+
+    def index(self, folder: str, tree: TreeObject) -> CommitIndex:
+        """The commit index the mirror's documents are built from.
+
+        Each entry's ``source`` is the blob's object name under the store's prefix
+        (not a local path): the bucket server reads it through :attr:`objects`.
+        """
+        files = {
+            f.path: FileEntry(f.path, f.size, f.etag, f.oid, f.lfs_sha256,
+                              Path(self.blob_name(folder, f.etag)))
+            for f in sorted(tree.files, key=lambda f: f.path)
+        }  # fmt: skip
+        return CommitIndex(
+            commit=tree.commit,
+            files=files,
+            dir_oids=tree_oids({p: f.oid for p, f in files.items()}),
+            last_modified=tree.created_at,
+        )
+
+    # -- import -------------------------------------------------------------------------
+
+    def add_folder(
+        self,
+        src: Path,
+        repo_id: str,
+        *,
+        revision: str = "main",
+        repo_type: str = "model",
+        progress: ProgressCallback | None = None,
+    ) -> ImportResult:
+        """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2)."""
+        try:
+            validate_repo_id(repo_id)
+            validate_revision(revision)
+        except LayoutError as exc:
+            raise InvalidNameError(str(exc)) from None
+        if COMMIT_RE.match(revision):
+            raise InvalidNameError(f"revision {revision!r} is a commit id: give a branch or tag")
+        if repo_type not in ("model", "dataset"):
+            raise InvalidNameError(f"invalid repo type {repo_type!r}: model or dataset")
+        folder = self.folder(repo_id, repo_type)
+        files: list[SourceFile] = []
+        for rel, path in scan_folder(src):
+            size, sha256, git_oid = hash_source(path)
+            files.append(SourceFile(rel, path, size, sha256, git_oid, is_lfs(rel, size)))
+            if progress is not None:
+                progress(size)
+        tree = tree_oids({f.path: f.tree_oid for f in files})[""]
+        new_blobs = new_bytes = 0
+        for f in files:
+            if self._store_blob(folder, f):
+                new_blobs += 1
+                new_bytes += f.size
+        commit, parent, created, moved = self._commit(folder, revision, tree, files)
+        return ImportResult(
+            repo_id=repo_id,
+            repo_type=repo_type,
+            revision=revision,
+            commit=commit,
+            parent=parent,
+            created=created,
+            ref_moved=moved,
+            files=len(files),
+            total_bytes=sum(f.size for f in files),
+            new_blobs=new_blobs,
+            new_bytes=new_bytes,
+        )
+
+    def _commit(
+        self, folder: str, revision: str, tree: str, files: list[SourceFile]
+    ) -> tuple[str, str | None, bool, bool]:
+        """Write the tree object and move the ref; ``(commit, parent, created, moved)``."""
+        created_commits: set[str] = set()
+        for _ in range(MAX_REF_ATTEMPTS):
+            head = self.read_ref(folder, revision)
+            base = head.commit if head is not None and head.commit else None
+            if base is None and revision != "main":
+                main = self.read_ref(folder, "main")
+                base = main.commit if main is not None and main.commit else None
+            base_tree = self.read_tree(folder, base) if base else None
+            parent = base if base_tree is not None else None  # a dangling ref: new history
+            if base_tree is not None and base_tree.tree == tree:
+                commit, created = base_tree.commit, False
+                obj = base_tree
+            else:
+                commit = commit_oid(tree, [parent] if parent else [])
+                obj = TreeObject(commit, tree, (parent,) if parent else (), time.time(),
+                                 tuple(_tree_files(files)))  # fmt: skip
+                created = True
+                self._put_tree(folder, obj)
+                created_commits.add(commit)
+            checked_at = self._wait_for_no_lease(folder)
+            self._put_tree(folder, obj)  # a pruner may have removed it meanwhile
+            for f in files:
+                self._store_blob(folder, f)  # likewise (a HEAD when it is there)
+            if time.monotonic() - checked_at > self.write_window:
+                continue  # too slow since the lease check: check again
+            if head is not None and head.commit == commit:
+                return commit, parent if created else _first(obj.parents), created, False
+            try:
+                if head is None:
+                    self.objects.put_if_absent(
+                        self.ref_name(folder, revision), f"{commit}\n".encode()
+                    )
+                else:
+                    self.objects.put_if_match(
+                        self.ref_name(folder, revision), f"{commit}\n".encode(), head.etag
+                    )
+            except PreconditionFailed:
+                continue  # another writer moved it: build on its commit
+            return commit, _first(obj.parents), created or commit in created_commits, True
+        raise BucketError(
+            f"{folder}/refs/{revision} kept moving: gave up after {MAX_REF_ATTEMPTS} attempts"
+        )
+
+    def _put_tree(self, folder: str, obj: TreeObject) -> None:
+        # A 412 means the same commit id: the same tree on the same parent.
+        with contextlib.suppress(PreconditionFailed):
+            self.objects.put_if_absent(self.tree_name(folder, obj.commit), obj.to_bytes())
+
+    def _wait_for_no_lease(self, folder: str) -> float:
+        """Wait while a pruner holds the repo's lease; the monotonic time of the check
+        that found none (or found one abandoned: unchanged for :attr:`lease_ttl`)."""
+        seen: tuple[str, float] | None = None
+        while True:
+            try:
+                info = self.objects.head(self.lease_name(folder))
+            except ObjectNotFound:
+                return time.monotonic()
+            now = time.monotonic()
+            if seen is None or seen[0] != info.etag:
+                seen = (info.etag, now)
+            elif now - seen[1] > self.lease_ttl:
+                return now
+            time.sleep(self.lease_poll)
+
+    def _store_blob(self, folder: str, f: SourceFile) -> bool:
+        """Make ``blobs/{etag}`` hold ``f``'s bytes; True when it was uploaded.
+
+        A blob already there with the right size is kept (scrub checks stored bytes).
+        The upload hashes the bytes it sends and aborts before completing when they
+        differ from the name (the source changed), so a wrong blob is never created.
+        """
+        name = self.blob_name(folder, f.etag)
+        try:
+            if self.objects.head(name).size == f.size:
+                return False
+        except ObjectNotFound:
+            pass
+        if f.size <= self.objects.part_size:
+            data = f.source.read_bytes()
+            if _digests(data, f.size) != (f.sha256, f.git_oid):
+                raise StoreError(f"{f.source} changed while it was imported")
+            self.objects.put(name, data)
+        else:
+            self.objects.put_stream(name, _checked_chunks(f))
+        return True
+
+    # -- listing ------------------------------------------------------------------------
+
+    def list_store(self) -> list[RepoSummary]:
+        """Every repo with its refs (file count and size of each) and blob usage."""
+        out: list[RepoSummary] = []
+        for repo_type, repo_id, folder in self.repos():
+            refs: list[RefSummary] = []
+            for name, state in sorted(self.refs(folder).items()):
+                tree = self.read_tree(folder, state.commit) if state.commit else None
+                if tree is not None:
+                    refs.append(
+                        RefSummary(name, tree.commit, len(tree.files),
+                                   sum(f.size for f in tree.files))
+                    )  # fmt: skip
+            blobs = self.blob_infos(folder)
+            out.append(
+                RepoSummary(repo_id, repo_type, refs, sorted(self.tree_infos(folder)),
+                            len(blobs), sum(b.size for b in blobs.values()))
+            )  # fmt: skip
+        return out
+
+
+def _first(parents: tuple[str, ...]) -> str | None:
+    return parents[0] if parents else None
+
+
+def _tree_files(files: list[SourceFile]) -> Iterator[TreeFile]:
+    for f in sorted(files, key=lambda f: f.path):
+        yield TreeFile(f.path, f.size, f.etag, f.tree_oid, f.sha256 if f.lfs else None)
+
+
+def _digests(data: bytes, size: int) -> tuple[str, str]:
+    git = git_blob_hasher(size)
+    git.update(data)
+    return hashlib.sha256(data).hexdigest(), git.hexdigest()
+
+
+class SourceChanged(BucketError):
+    """A file's bytes changed between hashing and upload (the upload was aborted)."""
+
+
+def _checked_chunks(f: SourceFile) -> Iterator[bytes]:
+    """The file's bytes in chunks, hashed on the way; raises before the last chunk is
+    handed over when they differ from ``f``'s hashes, which aborts the upload."""
+    sha, git = hashlib.sha256(), git_blob_hasher(f.size)
+    sent = 0
+    pending: bytes | None = None
+    with open(f.source, "rb") as fh:
+        while True:
+            chunk = fh.read(READ_CHUNK)
+            if not chunk:
+                break
+            sha.update(chunk)
+            git.update(chunk)
+            sent += len(chunk)
+            if pending is not None:
+                yield pending
+            pending = chunk
+    if sent != f.size or (sha.hexdigest(), git.hexdigest()) != (f.sha256, f.git_oid):
+        raise SourceChanged(f"{f.source} changed while it was imported")
+    if pending is not None:
+        yield pending
+
+
+def open_bucket(url: str, **options: Any) -> BucketStore:
+    """Open a bucket store, turning settings problems into :class:`BucketError`."""
+    try:
+        return BucketStore.open(url, **options)
+    except ObjectStoreError as exc:
+        raise BucketError(str(exc)) from None
+
+
+__all__ = [
+    "BucketError",
+    "BucketStore",
+    "RefState",
+    "TreeFile",
+    "TreeObject",
+    "is_bucket_url",
+    "open_bucket",
+]

@@ -1,0 +1,232 @@
+"""What one replica of ``cmh serve --store s3://...`` knows of the bucket.
+
+A replica keeps no state that another replica needs: everything here is a cache
+of the bucket, rebuilt from it at will.
+
+- A ref (branch, tag, ``refs/pr/N``) is read from the bucket at most once every
+  ``ref_ttl`` seconds (misses too), so a ref moved by ``cmh mirror add`` is seen by
+  every replica at most ``ref_ttl`` seconds (plus one request) after the move.
+- A tree object never changes once written (its name is its commit id), so it is
+  kept (least recently used out past ``max_trees``) with the commit index built
+  from it. A tree that is gone (pruned) is noticed through its blobs: a blob read
+  that fails drops what is known of that blob.
+- A blob's size and storage ETag are kept for ``blob_ttl`` seconds; the server reads
+  the bytes with ``If-Match`` on that ETag, so a replaced object is never mixed with
+  the one that was checked.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, BinaryIO, Generic, TypeVar
+
+from .bucket import BucketStore, TreeObject
+from .history import MAX_HISTORY, CommitRecord
+from .index import CommitIndex, FileEntry
+from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
+
+DEFAULT_REF_TTL = 2.0
+DEFAULT_BLOB_TTL = 60.0
+MAX_TREES = 4096
+MAX_REFS = 65536
+
+T = TypeVar("T")
+
+
+class _TimedCache(Generic[T]):
+    """A bounded map whose entries expire ``ttl`` seconds (monotonic) after they were put."""
+
+    def __init__(self, ttl: float | None, size: int) -> None:
+        self.ttl, self.size = ttl, size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, tuple[float, T]] = OrderedDict()
+
+    def get(self, key: str, load: Callable[[], T]) -> T:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None and (self.ttl is None or now - hit[0] < self.ttl):
+                self._items.move_to_end(key)
+                return hit[1]
+        value = load()
+        with self._lock:
+            self._items[key] = (now, value)
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+
+class BucketReader:
+    """Refs, tree objects and blob infos of one bucket store, cached as described above.
+
+    Safe to call from several threads (the server runs reads in its thread pool).
+    """
+
+    def __init__(
+        self,
+        store: BucketStore,
+        *,
+        ref_ttl: float = DEFAULT_REF_TTL,
+        blob_ttl: float = DEFAULT_BLOB_TTL,
+        max_trees: int = MAX_TREES,
+    ) -> None:
+        self.store = store
+        self.ref_ttl = ref_ttl
+        self._refs: _TimedCache[str | None] = _TimedCache(ref_ttl, MAX_REFS)
+        self._exists: _TimedCache[bool] = _TimedCache(ref_ttl, MAX_REFS)
+        self._indexes: _TimedCache[CommitIndex | None] = _TimedCache(None, max_trees)
+        self._trees: _TimedCache[TreeObject | None] = _TimedCache(None, max_trees)
+        self._blobs: _TimedCache[ObjectInfo] = _TimedCache(blob_ttl, MAX_REFS)
+
+    def repo_exists(self, folder: str) -> bool:
+        """True when the repo has a ref or a tree object (cached for ``ref_ttl``)."""
+        return self._exists.get(folder, lambda: self.store.repo_exists(folder))
+
+    def tree(self, folder: str, commit: str) -> TreeObject | None:
+        """The tree object of a commit, or ``None`` when it has none."""
+        key = f"{folder}/{commit}"
+        found = self._trees.get(key, lambda: self.store.read_tree(folder, commit))
+        if found is None:
+            self._trees.drop(key)  # a tree written later must be found at once
+        return found
+
+    def index(self, folder: str, commit: str) -> CommitIndex | None:
+        """The index of a commit from its tree object, or ``None`` when it has none."""
+
+        def load() -> CommitIndex | None:
+            tree = self.tree(folder, commit)
+            return None if tree is None else self.store.index(folder, tree)
+
+        key = f"{folder}/{commit}"
+        found = self._indexes.get(key, load)
+        if found is None:
+            self._indexes.drop(key)
+        return found
+
+    def refs(self, folder: str) -> dict[str, str]:
+        """Every ref of a repo whose commit has a tree object (read now, not cached)."""
+        return {
+            name: ref.commit
+            for name, ref in self.store.refs(folder).items()
+            if ref.commit and self.tree(folder, ref.commit) is not None
+        }
+
+    def history(
+        self, folder: str, head: CommitIndex, limit: int = MAX_HISTORY
+    ) -> list[CommitRecord]:
+        """``head`` then its first parents, newest first, while tree objects exist."""
+        chain: list[CommitRecord] = []
+        seen: set[str] = set()
+        commit: str | None = head.commit
+        while commit is not None and commit not in seen and len(chain) < limit:
+            tree = self.tree(folder, commit)
+            if tree is None:
+                break
+            parent = tree.parents[0] if tree.parents else None
+            chain.append(CommitRecord(commit, parent, tree.created_at, True))
+            seen.add(commit)
+            commit = parent
+        return chain or [CommitRecord(head.commit, None, head.last_modified, False)]
+
+    def last_commits(
+        self, folder: str, head: CommitIndex, paths: list[str]
+    ) -> dict[str, CommitRecord]:
+        """The commit that last changed each of ``paths`` (as :func:`history.last_commits`)."""
+        chain = self.history(folder, head)
+        pending = {p: oid for p in paths if (oid := path_oid(head, p)) is not None}
+        out: dict[str, CommitRecord] = {}
+        reached = chain[0]
+        for parent in chain[1:]:
+            older = self.index(folder, parent.commit) if pending else None
+            if older is None:
+                break
+            for path, oid in list(pending.items()):
+                if path_oid(older, path) != oid:
+                    out[path] = reached
+                    del pending[path]
+            reached = parent
+        out.update(dict.fromkeys(pending, reached))
+        return out
+
+    def opener(self, entry: FileEntry) -> BinaryIO:
+        """A buffered, seekable reader of an entry's blob object (ranged GETs as it
+        reads); for the documents derived from files (card, safetensors header)."""
+        return io.BufferedReader(_ObjectReader(self.store, entry), buffer_size=1 << 20)
+
+    def resolve(self, folder: str, revision: str) -> CommitIndex | None:
+        """The index of the commit a revision names (a commit id, or a ref read at most
+        ``ref_ttl`` seconds ago)."""
+        from ..cache.layout import COMMIT_RE
+
+        if COMMIT_RE.match(revision):
+            found = self.index(folder, revision)
+            if found is not None:
+                return found
+
+        def load() -> str | None:
+            ref = self.store.read_ref(folder, revision)
+            return ref.commit if ref is not None and ref.commit else None
+
+        commit = self._refs.get(f"{folder}/{revision}", load)
+        return self.index(folder, commit) if commit else None
+
+    def blob_info(self, name: str) -> ObjectInfo:
+        """Size and storage ETag of a blob object (:class:`ObjectNotFound` when absent)."""
+        return self._blobs.get(name, lambda: self.store.objects.head(name))
+
+    def forget_blob(self, name: str) -> None:
+        """Drop what is known of a blob (its read failed: replaced, quarantined, pruned)."""
+        self._blobs.drop(name)
+
+
+def path_oid(index: CommitIndex, path: str) -> str | None:
+    """The tree-listing oid of a file or folder of a commit (as ``history`` compares)."""
+    entry = index.files.get(path)
+    return entry.oid if entry is not None else index.dir_oids.get(path)
+
+
+class _ObjectReader(io.RawIOBase):
+    """A read-only, seekable raw stream over one blob object of a known size."""
+
+    def __init__(self, store: BucketStore, entry: FileEntry) -> None:
+        self._store, self._name, self._size = store, entry.source.as_posix(), entry.size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._size, self._pos + len(view))
+        if end <= self._pos:
+            return 0
+        try:
+            data = self._store.objects.get_range(self._name, self._pos, end)
+        except ObjectStoreError as exc:
+            raise OSError(f"blob unavailable: {exc}") from None
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+__all__ = ["BucketReader", "ObjectNotFound"]

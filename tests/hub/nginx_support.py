@@ -1,0 +1,77 @@
+"""A real nginx on a free 127.0.0.1 port with its own config and prefix in a tmp folder.
+
+Used by the x-accel tests: nginx in front of ``cmh serve --blob-delivery x-accel``,
+configured with :func:`cmh.hub.mirror.xaccel.nginx_server`. A test is skipped, with a
+message saying so, only when nginx is not installed (Debian: ``nginx-light``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from cmh.hub.mirror.xaccel import nginx_server
+
+
+def find_nginx() -> str | None:
+    return shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Nginx:
+    """nginx in front of a cmh server (``upstream`` is ``host:port``) for ``store``."""
+
+    def __init__(self, store: Path, upstream: str, tmp: Path) -> None:
+        nginx = find_nginx()
+        if nginx is None:
+            pytest.skip("nginx is not installed (apt-get install nginx-light)")
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        conf = tmp / "nginx.conf"
+        conf.write_text(
+            f"{user}daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\n"
+            f"error_log {tmp}/error.log;\nevents {{ worker_connections 1024; }}\n"
+            f"http {{\n  access_log {tmp}/access.log;\n  sendfile on;\n"
+            f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
+            f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
+            f"  scgi_temp_path {tmp}/scgi;\n"
+            + nginx_server(store, f"127.0.0.1:{self.port}", upstream)
+            + "}\n"
+        )
+        self.process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)],
+                                        stderr=subprocess.PIPE)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nginx exited: {self.process.stderr.read()!r}")  # type: ignore[union-attr]
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("nginx did not listen")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

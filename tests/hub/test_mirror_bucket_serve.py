@@ -1,0 +1,397 @@
+# ruff: noqa: E501  (the client scripts below are kept one call per line)
+"""``cmh serve --store s3://...``: replicas over one SeaweedFS bucket, stock clients.
+
+Everything is real: SeaweedFS (tests/hub/seaweed.py), ``cmh serve`` processes, the
+stock huggingface_hub and transformers clients in fresh interpreters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.request import Request, urlopen
+
+import pytest
+from cmh.hub.mirror.bucket import BucketStore
+from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
+from seaweed import SeaweedBucket, SeaweedServer
+
+MODES = ("proxy", "redirect")
+REF_TTL = 1.0
+
+
+@pytest.fixture(scope="module")
+def served_bucket(
+    seaweed: SeaweedServer, minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BucketStore, SeaweedBucket, dict[str, str]]]:
+    """A bucket store holding MiniLM and the tiny repo, and the AWS settings to reach it."""
+    where = SeaweedBucket(seaweed, seaweed.bucket, f"serve-{uuid.uuid4().hex[:10]}/")
+    tmp = tmp_path_factory.mktemp("bucket-serve")
+    env = {
+        **where.aws_env(),
+        "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                mp.delenv(name)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        store = BucketStore.open(where.url)
+        store.add_folder(minilm_dir, MINILM_REPO)
+        store.add_folder(write_tiny_repo(tmp / "tiny", 1), TINY_REPO)
+        yield store, where, env
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, list[MirrorServer]]]:
+    """Two ``cmh serve`` replicas per delivery mode over the one bucket."""
+    _, where, env = served_bucket
+    servers: dict[str, list[MirrorServer]] = {}
+    logs = tmp_path_factory.mktemp("replica-logs")
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        for mode in MODES:
+            servers[mode] = [
+                MirrorServer(where.url, logs,  # type: ignore[arg-type]
+                             extra_args=("--blob-delivery", mode, "--ref-ttl", str(REF_TTL)))
+                for _ in range(2)
+            ]  # fmt: skip
+        yield servers
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for group in servers.values():
+            for server in group:
+                server.stop()
+
+
+STOCK_SCRIPT = r"""
+import json, os, hashlib
+import httpx2
+from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+def sha256(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+repo = os.environ["T_MINILM"]
+out = {}
+out["config"] = sha256(hf_hub_download(repo, "config.json"))
+out["weights"] = sha256(hf_hub_download(repo, "model.safetensors"))
+snap = snapshot_download(os.environ["T_TINY"])
+out["tiny"] = sorted(os.path.relpath(os.path.join(d, f), snap) for d, _, fs in os.walk(snap) for f in fs)
+api = HfApi()
+info = api.model_info(repo)
+out["sha"] = info.sha
+out["card"] = bool(info.card_data) and info.card_data.get("license")
+out["refs"] = sorted(b.name for b in api.list_repo_refs(repo).branches)
+out["commits"] = [c.commit_id for c in api.list_repo_commits(os.environ["T_TINY"])]
+out["models"] = sorted(m.id for m in api.list_models())
+out["last"] = sorted({e.last_commit.oid for e in api.list_repo_tree(os.environ["T_TINY"], expand=True)})
+url = os.environ["HF_ENDPOINT"] + f"/{repo}/resolve/main/model.safetensors"
+r = httpx2.get(url, headers={"Range": "bytes=8-1031"}, follow_redirects=True)
+out["range"] = [r.status_code, hashlib.sha256(r.content).hexdigest(), r.headers.get("Content-Range")]
+print(json.dumps(out))
+"""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stock_client_loads_through_each_of_two_replicas(
+    mode: str,
+    replicas: dict[str, list[MirrorServer]],
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    minilm_dir: Path,
+    tmp_path: Path,
+) -> None:
+    store, _, _ = served_bucket
+    commit = store.read_ref("models--sentence-transformers--all-MiniLM-L6-v2", "main")
+    tiny = store.read_ref("models--cmh-test--tiny", "main")
+    assert commit is not None and tiny is not None
+    weights = (minilm_dir / "model.safetensors").read_bytes()
+    for i, server in enumerate(replicas[mode]):
+        env = hf_env(server.url, tmp_path / f"home-{i}")
+        env.update(T_MINILM=MINILM_REPO, T_TINY=TINY_REPO)
+        out = run_python(STOCK_SCRIPT, env)
+        assert out["config"] == _sha256(minilm_dir / "config.json")
+        assert out["weights"] == hashlib.sha256(weights).hexdigest()
+        assert "sub/deeper/leaf.txt" in out["tiny"] and "weights.bin" in out["tiny"]
+        assert out["sha"] == commit.commit
+        assert out["card"] == "apache-2.0"  # the card read from the bucket's README blob
+        assert out["refs"] == ["main"] and out["commits"] == out["last"] == [tiny.commit]
+        assert {MINILM_REPO, TINY_REPO} <= set(out["models"])
+        assert out["range"] == [206, hashlib.sha256(weights[8:1032]).hexdigest(),
+                                f"bytes 8-1031/{len(weights)}"]  # fmt: skip
+        gets = server.log(route="resolve", method="GET")
+        statuses = {e["status"] for e in gets}
+        if mode == "redirect":  # the bytes came from the storage, not the replica
+            assert statuses == {302}
+        else:
+            assert statuses <= {200, 206} and 206 in statuses
+            assert sum(e["bytes"] for e in gets) >= len(weights)
+
+
+TRANSFORMERS_SCRIPT = r"""
+import json, os, torch
+from transformers import AutoModel, AutoTokenizer
+repo = os.environ["T_MINILM"]
+tok = AutoTokenizer.from_pretrained(repo)
+model = AutoModel.from_pretrained(repo)
+local = AutoModel.from_pretrained(os.environ["T_LOCAL"])
+same = all(torch.equal(p, q) for p, q in zip(model.state_dict().values(), local.state_dict().values()))
+print(json.dumps({"model": type(model).__name__, "same_weights": same}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.parametrize("mode", MODES)
+def test_transformers_loads_through_a_replica(
+    mode: str, replicas: dict[str, list[MirrorServer]], minilm_dir: Path, tmp_path: Path
+) -> None:
+    server = replicas[mode][1]
+    before = len(server.log(route="resolve"))
+    env = hf_env(server.url, tmp_path / "home")
+    env.update(T_MINILM=MINILM_REPO, T_LOCAL=str(minilm_dir))
+    result = run_python(TRANSFORMERS_SCRIPT, env)
+    assert result == {"model": "BertModel", "same_weights": True}
+    statuses = {e["status"] for e in server.log(route="resolve")[before:]}
+    # it came through this replica (404s: files transformers probes for and the repo lacks)
+    assert statuses - {404} == ({302} if mode == "redirect" else {200})
+
+
+def _commit_at(server: MirrorServer, repo: str) -> str:
+    """``X-Repo-Commit`` of a HEAD (a redirect is not followed)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        conn.request("HEAD", f"/{repo}/resolve/main/config.json")
+        response = conn.getresponse()
+        assert response.status in (200, 302), response.status
+        return str(response.getheader("X-Repo-Commit"))
+    finally:
+        conn.close()
+
+
+def test_a_new_commit_is_served_by_every_replica_within_the_ref_ttl(
+    replicas: dict[str, list[MirrorServer]],
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    store, _, _ = served_bucket
+    every = [s for group in replicas.values() for s in group]
+    repo = "cmh-test/fresh"
+    first = store.add_folder(write_tiny_repo(tmp_path / "v1", 1), repo)
+    time.sleep(REF_TTL + 0.5)
+    assert {_commit_at(s, repo) for s in every} == {first.commit}  # cached now
+    second = store.add_folder(write_tiny_repo(tmp_path / "v2", 2), repo)
+    time.sleep(REF_TTL + 0.5)  # the documented bound: ref_ttl after the ref moved
+    assert {_commit_at(s, repo) for s in every} == {second.commit}
+
+
+def _get(url: str, rng: tuple[int, int] | None) -> bytes:
+    headers = {"Range": f"bytes={rng[0]}-{rng[1]}"} if rng else {}
+    with urlopen(Request(url, headers=headers), timeout=30) as r:
+        return bytes(r.read())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_killing_one_replica_fails_no_request_at_the_other(
+    mode: str,
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    minilm_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """16 clients, 8 per replica, each fetching ranges and whole files in a loop; one
+    replica is SIGKILLed mid-run. Every request sent to the other one succeeds."""
+    _, where, env = served_bucket
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        pair = [MirrorServer(where.url, tmp_path,  # type: ignore[arg-type]
+                             extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    weights = (minilm_dir / "model.safetensors").read_bytes()
+    config = (minilm_dir / "config.json").read_bytes()
+    stop = threading.Event()
+    results: dict[int, list[str]] = {0: [], 1: []}
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        server = pair[k % 2]
+        i = 0
+        while not stop.is_set():
+            i += 1
+            start = (k * 7919 * i) % (len(weights) - 4096)
+            try:
+                if i % 4 == 0:
+                    ok = (
+                        _get(f"{server.url}/{MINILM_REPO}/resolve/main/config.json", None) == config
+                    )
+                else:
+                    got = _get(f"{server.url}/{MINILM_REPO}/resolve/main/model.safetensors",
+                               (start, start + 4095))  # fmt: skip
+                    ok = got == weights[start : start + 4096]
+                outcome = "ok" if ok else "wrong bytes"
+            except Exception as exc:  # counted below: any failure at the survivor fails the test
+                outcome = f"{type(exc).__name__}: {exc}"
+            with lock:
+                results[k % 2].append(outcome)
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(client, k) for k in range(16)]
+            time.sleep(1.5)
+            before_kill = len(results[0])
+            os.kill(pair[0].process.pid, signal.SIGKILL)
+            time.sleep(2.0)
+            stop.set()
+            for f in futures:
+                f.result()
+    finally:
+        for server in pair:
+            server.stop()
+    survivor = results[1]
+    assert before_kill > 0 and len(survivor) > 50
+    assert [r for r in survivor if r != "ok"] == []  # zero failed requests at the survivor
+    assert any(r != "ok" for r in results[0])  # the killed one really went away mid-run
+
+
+def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]], tmp_path: Path
+) -> None:
+    store, where, env = served_bucket
+    repo = "cmh-test/corrupt"
+    src = write_tiny_repo(tmp_path / "src", 3)
+    result = store.add_folder(src, repo)
+    tree = store.read_tree("models--cmh-test--corrupt", result.commit)
+    assert tree is not None
+    blob = next(f for f in tree.files if f.path == "weights.bin")
+    name = store.blob_name("models--cmh-test--corrupt", blob.etag)
+    data = bytearray(store.objects.get(name))
+    data[-1] ^= 0xFF  # same size, last byte differs
+    store.objects.put(name, bytes(data))
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        server = MirrorServer(where.url, tmp_path, extra_args=())  # type: ignore[arg-type]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        url = f"{server.url}/{repo}/resolve/main/weights.bin"
+        outcomes: list[Any] = []
+        for rng in ((0, 999), None, None):  # a range first (checked beside it), then whole
+            try:
+                outcomes.append(len(_get(url, rng)))
+            except urllib.error.HTTPError as exc:
+                outcomes.append(exc.code)
+            except Exception as exc:  # an incomplete body: the connection was cut
+                outcomes.append(type(exc).__name__)
+        # the range is cut before its last byte; once known bad the blob answers 503
+        assert outcomes[0] != 1000 and outcomes[1:] == [503, 503], outcomes
+        log = server.log(route="resolve")
+        assert log[0].get("cut") == "blob does not match its name"
+        # a whole body of a version not checked yet is hashed as it goes: cut too
+        notes = next(f for f in tree.files if f.path == "sub/notes.txt")
+        other = store.blob_name("models--cmh-test--corrupt", notes.etag)
+        store.objects.put(other, b"X" * notes.size)
+        whole = f"{server.url}/{repo}/resolve/main/sub/notes.txt"
+        with pytest.raises(Exception) as cut:  # an incomplete read, whatever its type
+            _get(whole, None)
+        assert not isinstance(cut.value, urllib.error.HTTPError)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(whole, None)
+        assert refused.value.code == 503
+    finally:
+        server.stop()
+
+
+STOCK_LOAD_SCRIPT = r"""
+import json, os, sys, threading, time, hashlib
+from huggingface_hub import hf_hub_download
+urls, repo, base = json.loads(os.environ["T_URLS"]), os.environ["T_MINILM"], os.environ["T_BASE"]
+files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
+want = json.loads(os.environ["T_SHA"])
+results = {u: [] for u in urls}
+stop = time.monotonic() + float(os.environ["T_SECONDS"])
+def client(k):
+    url = urls[k % 2]
+    i = 0
+    while time.monotonic() < stop:
+        name = files[(k + i) % len(files)]
+        try:
+            path = hf_hub_download(repo, name, endpoint=url, cache_dir=f"{base}/{k}-{i}", force_download=True, etag_timeout=30)
+            ok = hashlib.sha256(open(path, "rb").read()).hexdigest() == want[name]
+            results[url].append("ok" if ok else "wrong bytes")
+        except Exception as exc:
+            results[url].append(f"{type(exc).__name__}: {exc}"[:300])
+        i += 1
+threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stock_clients_keep_loading_from_one_replica_while_the_other_is_killed(
+    mode: str,
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    minilm_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """16 stock huggingface_hub clients (threads), 8 per replica, downloading in a loop;
+    one replica is SIGKILLed mid-run: every download from the other one succeeds."""
+    import subprocess
+    import sys
+
+    _, where, env = served_bucket
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        pair = [MirrorServer(where.url, tmp_path,  # type: ignore[arg-type]
+                             extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
+    client_env = hf_env(pair[0].url, tmp_path / "home")
+    client_env.update(
+        T_URLS=json.dumps([s.url for s in pair]), T_MINILM=MINILM_REPO,
+        T_BASE=str(tmp_path / "caches"), T_SECONDS="8",
+        T_SHA=json.dumps({f: _sha256(minilm_dir / f) for f in files}),
+    )  # fmt: skip
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", STOCK_LOAD_SCRIPT], env=client_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(4.0)
+        os.kill(pair[0].process.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        for server in pair:
+            server.stop()
+    results = json.loads(out.strip().splitlines()[-1])
+    killed, survivor = results[pair[0].url], results[pair[1].url]
+    assert len(survivor) >= 8 and [r for r in survivor if r != "ok"] == []
+    assert "ok" in killed and any(r != "ok" for r in killed)  # it served, then went away
