@@ -16,7 +16,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
@@ -32,7 +32,12 @@ from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Me
 from .ranges import RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
 from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
+from .upstream import UpstreamError
 from .verify import BlobVerifier, FileVersion
+
+if TYPE_CHECKING:
+    from .filling import Fills
+    from .upstream import Upstream
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
@@ -70,6 +75,8 @@ class MirrorState:
     indexes: IndexCache | None = None
     verifier: BlobVerifier = field(default_factory=BlobVerifier)
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
+    upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
+    fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
@@ -77,6 +84,7 @@ class MirrorState:
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
+STALE_KEY = "cmh_stale_warning"  # request key: the Warning of an answer served stale
 
 
 def make_app(state: MirrorState) -> web.Application:
@@ -126,19 +134,43 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
             body = await asyncio.get_running_loop().run_in_executor(None, state.metrics.exposition)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
         token = bearer_token(request.headers.get("Authorization"))
+        if state.upstream is not None:
+            await _pull(request, state, route, token)
         index = await _run(_lookup, state, route, token, route.kind == "resolve")
         request[INFO_KEY] = {"repo": route.repo_id, "commit": index.commit}
         if route.kind == "resolve":
             return await _resolve(request, state, route, index)
         if route.kind == "repo_info":
-            return _repo_info(state, route, index)
-        if route.kind == "tree":
-            return _tree(request, route, index)
-        if route.kind == "paths_info":
-            return await _paths_info(request, state, index)
-        return await _fingerprint(state, route, index)
+            answer = _repo_info(state, route, index)
+        elif route.kind == "tree":
+            answer = _tree(request, route, index)
+        elif route.kind == "paths_info":
+            answer = await _paths_info(request, state, index)
+        else:
+            answer = await _fingerprint(state, route, index)
+        if request.get(STALE_KEY):
+            answer.headers["Warning"] = request[STALE_KEY]
+        return answer
     except HubError as err:
         return _error(err)
+
+
+async def _pull(request: web.Request, state: MirrorState, route: Route, token: str | None) -> None:
+    """Pull-through: make the route's revision answerable from the store (upstream.py).
+
+    Only for a reader the mirror's own tokens admit; the client's credentials
+    are never passed on.
+    """
+    assert state.upstream is not None
+    if not state.policy.can_read(route.repo_type, route.repo_id, token):
+        return
+    try:
+        note = await _run(
+            state.upstream.prepare, route.repo_type, route.repo_id, route.revision or "main"
+        )
+    except UpstreamError as exc:
+        raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
+    request[STALE_KEY] = note
 
 
 async def _run(func: Any, *args: Any) -> Any:
@@ -194,6 +226,8 @@ async def _resolve(
         "Content-Type": "application/octet-stream",
         "Content-Disposition": f"inline; filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",
     }
+    if request.get(STALE_KEY):
+        headers["Warning"] = request[STALE_KEY]
     if _etag_in(request.headers.get("If-None-Match"), entry.etag):
         response = web.StreamResponse(status=304, headers=headers)
         await response.prepare(request)
@@ -215,32 +249,14 @@ async def _resolve(
     try:
         f = await _run(_open_checked, state, entry)
     except BlobUnavailable as exc:
+        if state.fills is not None and not os.path.lexists(entry.source):
+            return await _resolve_filling(
+                request, state, route, index, entry, headers, ranges, range_header
+            )
         raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
     try:
         gate = await _verified(request, state, entry, f)
-        if ranges is None:
-            if range_header is not None:
-                request[RANGE_KEY] = "full"
-            pieces = [(b"", 0, entry.size)]
-            response = web.StreamResponse(status=200, headers=headers)
-            response.content_length = entry.size
-            tail = b""
-        elif len(ranges) == 1:
-            request[RANGE_KEY] = "single"
-            r = ranges[0]
-            pieces = [(b"", r.start, r.length)]
-            response = web.StreamResponse(status=206, headers=headers)
-            response.headers["Content-Range"] = r.content_range(entry.size)
-            response.content_length = r.length
-            tail = b""
-        else:
-            request[RANGE_KEY] = "multi"
-            mp = multipart(ranges, entry.size, "application/octet-stream")
-            pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
-            response = web.StreamResponse(status=206, headers=headers)
-            response.headers["Content-Type"] = mp.content_type
-            response.content_length = mp.content_length
-            tail = mp.tail
+        response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
         await response.prepare(request)
         if request.method == "HEAD":
             await response.write_eof()
@@ -254,6 +270,76 @@ async def _resolve(
         return response
     finally:
         f.close()
+
+
+def _framing(
+    request: web.Request,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[Any] | None,
+    range_header: str | None,
+) -> tuple[web.StreamResponse, list[tuple[bytes, int, int]], bytes]:
+    """The response (status, length, type) and the ``(prefix, offset, count)`` pieces to send."""
+    if ranges is None:
+        if range_header is not None:
+            request[RANGE_KEY] = "full"
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = entry.size
+        return response, [(b"", 0, entry.size)], b""
+    if len(ranges) == 1:
+        request[RANGE_KEY] = "single"
+        r = ranges[0]
+        response = web.StreamResponse(status=206, headers=headers)
+        response.headers["Content-Range"] = r.content_range(entry.size)
+        response.content_length = r.length
+        return response, [(b"", r.start, r.length)], b""
+    request[RANGE_KEY] = "multi"
+    mp = multipart(ranges, entry.size, "application/octet-stream")
+    pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
+    response = web.StreamResponse(status=206, headers=headers)
+    response.headers["Content-Type"] = mp.content_type
+    response.content_length = mp.content_length
+    return response, pieces, mp.tail
+
+
+async def _resolve_filling(
+    request: web.Request,
+    state: MirrorState,
+    route: Route,
+    index: CommitIndex,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[Any] | None,
+    range_header: str | None,
+) -> web.StreamResponse:
+    """Pull-through: a listed file whose blob the store lacks, sent while it is filled."""
+    from ..cache.blobs import partial_path
+    from .filling import FillFailed, send_filling
+
+    assert state.fills is not None
+    if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
+        raise HubError(
+            503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
+            {"Retry-After": "30"},
+        )  # fmt: skip
+    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    fill = state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
+    response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
+    response.headers["X-Cmh-Filling"] = "1"
+    await response.prepare(request)
+    if request.method == "HEAD":
+        await response.write_eof()
+        request[BYTES_KEY] = 0
+        return response
+    try:
+        request[BYTES_KEY] = await send_filling(
+            request, response, fill, entry.source, partial_path(repo, entry.etag),
+            entry.etag, entry.size, pieces, tail,
+        )  # fmt: skip
+    except (BodyCut, FillFailed) as cut:
+        request[BYTES_KEY] = getattr(cut, "sent", 0)
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}
+    return response
 
 
 def _open_checked(state: MirrorState, entry: FileEntry) -> Any:

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
+from .upstream import UpstreamConfig
+
 SHUTDOWN_TIMEOUT = 2.0
 
 
@@ -50,6 +52,7 @@ class ServeConfig:
     max_connections: int | None = None  # per worker; None: derived from RLIMIT_NOFILE
     header_timeout: float = 20.0
     idle_timeout: float = 30.0
+    upstream: UpstreamConfig | None = None  # pull-through: fill from this Hub (upstream.py)
     announce: Callable[[str], None] = field(default=print)
     warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
 
@@ -107,6 +110,12 @@ def serve(config: ServeConfig) -> int:
         raise ServeError(f"{config.store}: store folder not found")
     if config.public_url is not None:
         config = replace(config, public_url=public_url(config.public_url))
+    if config.upstream is not None:
+        try:
+            url = public_url(config.upstream.url)
+        except ServeError as exc:
+            raise ServeError(str(exc).replace("public URL", "upstream URL")) from None
+        config = replace(config, upstream=replace(config.upstream, url=url))
     if config.tokens is not None:
         from .auth import TokensFileError, load_tokens, unserved_grants
 
@@ -166,6 +175,13 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         guard=guard,
         body_timeout=config.header_timeout,
     )
+    if config.upstream is not None:
+        from .filling import Fills
+        from .upstream import Upstream
+
+        state.upstream = Upstream(state.store, config.upstream)
+        state.upstream.on_traffic = metrics.upstream_traffic
+        state.fills = Fills(state.upstream)
 
     async def main() -> None:
         runner = web.AppRunner(
