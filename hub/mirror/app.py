@@ -11,6 +11,7 @@ cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import struct
@@ -46,6 +47,8 @@ MAX_PATHS_INFO = 1000
 #: a longer check goes on while the body streams, and gates the body's last byte.
 VERIFY_WAIT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
+#: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
+MANIFEST_FILL_WAIT = 8.0
 
 
 class HubError(Exception):
@@ -146,6 +149,8 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
             answer = _tree(request, route, index)
         elif route.kind == "paths_info":
             answer = await _paths_info(request, state, index)
+        elif route.kind == "manifest":
+            answer = await _manifest(state, route, index)
         else:
             answer = await _fingerprint(state, route, index)
         if request.get(STALE_KEY):
@@ -478,6 +483,39 @@ async def _paths_info(request: web.Request, state: MirrorState, index: CommitInd
         if p in index.files or p in index.dir_oids:
             out.append(documents.tree_entry(index, p))
     return web.json_response(out, headers={"X-Repo-Commit": index.commit})
+
+
+# -- tensor manifest (cmh extension) -----------------------------------------------------
+
+
+async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    """Per-tensor SHA-256 and v1 root of one safetensors file (manifests.py)."""
+    from .manifests import ManifestError, load_or_compute
+
+    entry = index.files.get(route.path)
+    commit = {"X-Repo-Commit": index.commit}
+    if entry is None:
+        raise HubError(404, "EntryNotFound", f"{route.path} does not exist", commit)
+    if not entry.path.endswith(".safetensors") or entry.lfs_sha256 is None:
+        raise HubError(422, "NotSafetensors", f"{route.path} is not a safetensors file", commit)
+    if not os.path.lexists(entry.source) and state.fills is not None:
+        # Pull-through: fill it (or join its fill) and wait a while; the manifest follows.
+        fill = state.fills.start(
+            route.repo_type, route.repo_id, index.commit, entry.path, entry.source
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(fill), MANIFEST_FILL_WAIT)
+    if not os.path.lexists(entry.source):
+        raise HubError(503, "BlobUnavailable", "blob not in the store yet", {"Retry-After": "30"})
+    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    try:
+        doc = await _run(load_or_compute, repo, entry.etag, entry.source)
+    except ManifestError as exc:
+        raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}", commit) from None
+    except OSError as exc:
+        raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
+    body = {"repo": route.repo_id, "commit": index.commit, "path": entry.path, **doc}
+    return web.json_response(body, headers=commit)
 
 
 # -- fingerprint (cmh extension) ---------------------------------------------------------

@@ -237,7 +237,14 @@ class Upstream:
 
     def fill(self, repo_type: str, repo_id: str, commit: str, path: str) -> None:
         """Bring the blob of ``path`` at ``commit`` into the store (blocking; resolver code)."""
-        self._resolve(RepoLayout(self.store, repo_id, repo_type), commit, [path])
+        from ..resolver.local import read_tree
+        from .manifests import keep_for
+
+        repo = RepoLayout(self.store, repo_id, repo_type)
+        self._resolve(repo, commit, [path])
+        entry = (read_tree(repo, commit) or {}).get(path)
+        if entry is not None:
+            keep_for(repo, entry.etag, path)  # the tensor manifest, for resolvers downstream
 
     def _resolve(self, repo: RepoLayout, commit: str, paths: list[str]) -> None:
         from ..resolver.negotiate import resolve

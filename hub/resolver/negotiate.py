@@ -679,6 +679,9 @@ class _Fetcher:
                             strict=self.policy.strict,
                             max_workers=self.policy.max_workers,
                             progress=self.progress,
+                            manifest=lambda: client.tensor_manifest(
+                                repo.repo_id, repo.repo_type, commit, path
+                            ),
                         )
                     except (PatchNotPossible, HubProtocolError) as exc:
                         # Not stamped, no usable old version, or a server that does not
