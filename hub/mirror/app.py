@@ -3,8 +3,11 @@
 Transport only: routing lives in :mod:`~cmh.hub.mirror.routes`, ranges in
 :mod:`~cmh.hub.mirror.ranges`, access control in :mod:`~cmh.hub.mirror.auth`,
 the store's read side in :mod:`~cmh.hub.mirror.index`, the Hub's JSON
-documents and cursors in :mod:`~cmh.hub.mirror.documents`, the fingerprint
-cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
+documents and cursors in :mod:`~cmh.hub.mirror.documents` and
+:mod:`~cmh.hub.mirror.hub_documents`, card fields and parameter counts in
+:mod:`~cmh.hub.mirror.derived`, commit history in
+:mod:`~cmh.hub.mirror.history`, repo listings in :mod:`~cmh.hub.mirror.catalog`,
+the fingerprint cache in :mod:`~cmh.hub.mirror.fingerprints`, byte sending in
 :mod:`~cmh.hub.mirror.send`. No handler ever sends a Xet header.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import os
 import struct
@@ -22,12 +26,14 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from ..cache.layout import LayoutError, RepoLayout, validate_relpath
+from ..cache.layout import LayoutError, RepoLayout, iter_repos, validate_relpath
 from ..cache.usage import record_use
-from . import documents
+from . import catalog, documents, hub_documents
 from .auth import AccessPolicy, bearer_token, repo_key
 from .connections import ConnectionGuard
+from .derived import DerivedCache
 from .fingerprints import FingerprintCache
+from .history import history, last_commits
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
 from .ranges import RangeNotSatisfiable, parse_range
@@ -42,7 +48,10 @@ if TYPE_CHECKING:
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
+COMMITS_PAGE_SIZE = 50
 MAX_PATHS_INFO = 1000
+#: Form fields a paths-info body may hold: the paths and a few flags (``expand``).
+MAX_FORM_FIELDS = MAX_PATHS_INFO + 8
 #: Seconds a request waits for the first check of a blob before its headers are sent;
 #: a longer check goes on while the body streams, and gates the body's last byte.
 VERIFY_WAIT = 2.0
@@ -78,6 +87,7 @@ class MirrorState:
     indexes: IndexCache | None = None
     verifier: BlobVerifier = field(default_factory=BlobVerifier)
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
+    derived: DerivedCache = field(default_factory=DerivedCache)
     upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
 
@@ -92,7 +102,7 @@ STALE_KEY = "cmh_stale_warning"  # request key: the Warning of an answer served 
 
 def make_app(state: MirrorState) -> web.Application:
     """The aiohttp application serving ``state.store``."""
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, client_max_fields=MAX_FORM_FIELDS)
     app[STORE_KEY] = state
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
@@ -137,6 +147,13 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
             body = await asyncio.get_running_loop().run_in_executor(None, state.metrics.exposition)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
         token = bearer_token(request.headers.get("Authorization"))
+        if route.kind == "list_repos":
+            return await _list_repos(request, state, route, token)
+        if route.kind in ("refs", "auth_check"):
+            request[INFO_KEY] = {"repo": route.repo_id}
+            handler = _refs if route.kind == "refs" else _auth_check
+            answer: web.Response = await _run(handler, state, route, token)
+            return answer
         if state.upstream is not None:
             await _pull(request, state, route, token)
         index = await _run(_lookup, state, route, token, route.kind == "resolve")
@@ -144,11 +161,13 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         if route.kind == "resolve":
             return await _resolve(request, state, route, index)
         if route.kind == "repo_info":
-            answer = _repo_info(state, route, index)
+            answer = await _run(_repo_info, state, route, index)
         elif route.kind == "tree":
-            answer = _tree(request, route, index)
+            answer = await _tree(request, route, index)
         elif route.kind == "paths_info":
-            answer = await _paths_info(request, state, index)
+            answer = await _paths_info(request, state, route, index)
+        elif route.kind == "commits":
+            answer = await _commits(request, state, route, index)
         elif route.kind == "manifest":
             answer = await _manifest(state, route, index)
         else:
@@ -182,11 +201,17 @@ async def _run(func: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, func, *args)
 
 
-def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:
-    """The index of the commit a route names; RepoNotFound also for a closed private repo."""
+def _readable(state: MirrorState, route: Route, token: str | None) -> RepoLayout:
+    """The repo a route names; RepoNotFound when it is missing or private and not opened."""
     repo = RepoLayout(state.store, route.repo_id, route.repo_type)
     if not state.policy.can_read(route.repo_type, route.repo_id, token) or not repo_exists(repo):
         raise HubError(404, "RepoNotFound", "Repository not found")
+    return repo
+
+
+def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:
+    """The index of the commit a route names; RepoNotFound also for a closed private repo."""
+    repo = _readable(state, route, token)
     revision = route.revision or "main"
     commit = resolve_revision(repo, revision)
     if commit is None:
@@ -401,14 +426,41 @@ async def _verified(
 
 
 def _repo_info(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
-    body = documents.repo_info(
-        route.repo_type,
-        route.repo_id,
-        index,
-        private=repo_key(route.repo_type, route.repo_id) in state.policy.private,
+    expand = _expand(route)
+    properties = _properties(
+        state, route.repo_type, route.repo_id, index,
         blobs=route.query.get("blobs", "").lower() in _TRUE,
-    )
+        safetensors=not expand or "safetensors" in expand,
+    )  # fmt: skip
+    body = hub_documents.repo_info(properties, expand)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
+
+
+def _expand(route: Route) -> list[str]:
+    try:
+        return hub_documents.check_expand(route.repo_type, route.query.getall("expand"))
+    except hub_documents.BadExpand as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+
+
+def _properties(
+    state: MirrorState,
+    repo_type: str,
+    repo_id: str,
+    index: CommitIndex,
+    *,
+    blobs: bool,
+    safetensors: bool,
+) -> dict[str, Any]:
+    """Every repo-info property of a repo at ``index``'s commit (card and weights read once)."""
+    opener = functools.partial(_open_checked, state)
+    return hub_documents.repo_properties(
+        repo_type, repo_id, index,
+        private=repo_key(repo_type, repo_id) in state.policy.private,
+        blobs=blobs,
+        card=state.derived.card(index, repo_type, opener),
+        safetensors=state.derived.safetensors(index, opener) if safetensors else None,
+    )  # fmt: skip
 
 
 def _base_url(request: web.Request, state: MirrorState) -> str:
@@ -422,7 +474,7 @@ def _base_url(request: web.Request, state: MirrorState) -> str:
     return f"http://{host}:{sock[1]}"
 
 
-def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Response:
+async def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Response:
     if route.path and not index.is_dir(route.path):
         raise HubError(
             404, "EntryNotFound", f"{route.path} is not a folder of {route.revision}",
@@ -450,28 +502,44 @@ def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Respons
         base = _base_url(request, state)
         url = f"{base}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
         headers["Link"] = f'<{url}>; rel="next"'
-    return web.json_response([documents.tree_entry(index, p) for p in page], headers=headers)
+    entries = [documents.tree_entry(index, p) for p in page]
+    if expand:
+        await _run(_add_last_commits, state, route, index, entries)
+    return web.json_response(entries, headers=headers)
 
 
-async def _paths_info(request: web.Request, state: MirrorState, index: CommitIndex) -> web.Response:
+async def _read_paths_body(request: web.Request) -> tuple[list[str], object]:
+    """The ``paths`` and ``expand`` fields of a paths-info body (JSON or form)."""
     paths: list[str] = []
+    expand: object = False
+    if request.content_type == "application/json":
+        try:
+            data = await request.json()
+        except ValueError:
+            raise HubError(400, "BadRequest", "body is not JSON") from None
+        raw = data.get("paths") if isinstance(data, dict) else None
+        paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
+        expand = data.get("expand", False) if isinstance(data, dict) else False
+    else:
+        try:
+            form = await request.post()
+        except (ValueError, UnicodeDecodeError):
+            raise HubError(400, "BadRequest", "malformed form body") from None
+        paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
+        expand = form.get("expand", "false")
+    return paths, expand
+
+
+async def _paths_info(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> web.Response:
     try:
-        async with asyncio.timeout(state.body_timeout):
-            if request.content_type == "application/json":
-                try:
-                    data = await request.json()
-                except ValueError:
-                    raise HubError(400, "BadRequest", "body is not JSON") from None
-                raw = data.get("paths") if isinstance(data, dict) else None
-                paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
-            else:
-                try:
-                    form = await request.post()
-                except (ValueError, UnicodeDecodeError):
-                    raise HubError(400, "BadRequest", "malformed form body") from None
-                paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
-    except TimeoutError:
+        # wait_for, not asyncio.timeout: the package supports Python 3.10.
+        paths, expand = await asyncio.wait_for(_read_paths_body(request), state.body_timeout)
+    except asyncio.TimeoutError:
         raise HubError(408, None, "request body too slow", {"Connection": "close"}) from None
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise HubError(413, None, f"request body too large: {exc.text}") from None
     if len(paths) > MAX_PATHS_INFO:
         raise HubError(400, "BadRequest", f"at most {MAX_PATHS_INFO} paths")
     out = []
@@ -482,7 +550,128 @@ async def _paths_info(request: web.Request, state: MirrorState, index: CommitInd
             raise HubError(400, "BadRequest", "invalid path in paths") from None
         if p in index.files or p in index.dir_oids:
             out.append(documents.tree_entry(index, p))
+    if expand is True or (isinstance(expand, str) and expand.lower() in _TRUE):
+        await _run(_add_last_commits, state, route, index, out)
     return web.json_response(out, headers={"X-Repo-Commit": index.commit})
+
+
+# -- history, refs, access check, listings ------------------------------------------------
+
+
+def _add_last_commits(
+    state: MirrorState, route: Route, index: CommitIndex, entries: list[dict[str, Any]]
+) -> None:
+    """Give each tree or paths-info entry its ``lastCommit`` (``expand``)."""
+    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    assert state.indexes is not None
+    found = last_commits(repo, index, [e["path"] for e in entries], state.indexes)
+    for entry in entries:
+        entry["lastCommit"] = hub_documents.last_commit(found[entry["path"]])
+
+
+def _next_link(
+    request: web.Request, state: MirrorState, path: str, pairs: list[tuple[str, str]], cursor: str
+) -> str:
+    query = urlencode([(k, v) for k, v in pairs if k != "cursor"] + [("cursor", cursor)])
+    return f'<{_base_url(request, state)}{path}?{query}>; rel="next"'
+
+
+def _page_start(route: Route, pinned: str) -> int:
+    cursor = route.query.get("cursor")
+    try:
+        return documents.decode_cursor(cursor, pinned) if cursor else 0
+    except documents.BadCursor as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+
+
+async def _commits(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> web.Response:
+    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    chain = await _run(history, repo, index)
+    formatted = "formatted" in route.query.getall("expand")
+    page_size = min(state.page_size, COMMITS_PAGE_SIZE)
+    start = _page_start(route, index.commit)
+    page = [hub_documents.commit_item(r, formatted) for r in chain[start : start + page_size]]
+    headers = {"X-Repo-Commit": index.commit}
+    if start + page_size < len(chain):
+        path = f"/api/{route.repo_type}s/{route.repo_id}/commits/{index.commit}"
+        cursor = documents.encode_cursor(index.commit, start + page_size)
+        headers["Link"] = _next_link(request, state, path, list(route.query.pairs), cursor)
+    return web.json_response(page, headers=headers)
+
+
+def _refs(state: MirrorState, route: Route, token: str | None) -> web.Response:
+    repo = _readable(state, route, token)
+    named = {
+        name: commit
+        for name, commit in repo.refs_by_name().items()
+        if resolve_revision(repo, commit) is not None
+    }
+    include_prs = route.query.get("include_prs", "").lower() in _TRUE
+    return web.json_response(hub_documents.refs(named, include_prs))
+
+
+def _auth_check(state: MirrorState, route: Route, token: str | None) -> web.Response:
+    _readable(state, route, token)
+    if route.path == "write":
+        raise HubError(403, None, "the mirror is read-only: no token may write to it")
+    return web.json_response({})
+
+
+async def _list_repos(
+    request: web.Request, state: MirrorState, route: Route, token: str | None
+) -> web.Response:
+    try:
+        query = catalog.parse_query(route.query.pairs)
+    except catalog.BadQuery as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+    expand = _expand(route)
+    items = await _run(_listing, state, route.repo_type, token, query, expand)
+    listing = f"{route.repo_type}s"
+    page_size = min(state.page_size, query.limit or state.page_size)
+    start = _page_start(route, listing)
+    headers = {}
+    if start + page_size < len(items):
+        cursor = documents.encode_cursor(listing, start + page_size)
+        link_path = f"/api/{listing}"
+        headers["Link"] = _next_link(request, state, link_path, list(route.query.pairs), cursor)
+    return web.json_response(items[start : start + page_size], headers=headers)
+
+
+def _listing(
+    state: MirrorState,
+    repo_type: str,
+    token: str | None,
+    query: catalog.ListingQuery,
+    expand: list[str],
+) -> list[dict[str, Any]]:
+    """Every item of a listing, in order: readable repos of ``repo_type`` whose main matches."""
+    assert state.indexes is not None
+    rows: list[tuple[float, dict[str, Any]]] = []
+    for repo in iter_repos(state.store):
+        if repo.repo_type != repo_type or not repo_exists(repo):
+            continue
+        if not state.policy.can_read(repo_type, repo.repo_id, token):
+            continue
+        commit = resolve_revision(repo, "main")
+        if commit is None:
+            continue
+        try:
+            index = state.indexes.get(repo, commit)
+        except (OSError, LayoutError):
+            continue  # a snapshot removed since: the repo is not listed this time
+        properties = _properties(
+            state, repo_type, repo.repo_id, index, blobs=False, safetensors="safetensors" in expand
+        )
+        if catalog.matches(query, properties):
+            rows.append((index.last_modified, properties))
+    return [
+        hub_documents.listing_item(
+            repo_type, p, full=query.full, card_data=query.card_data, expand=expand
+        )
+        for p in catalog.order(query, rows)
+    ]
 
 
 # -- tensor manifest (cmh extension) -----------------------------------------------------

@@ -24,7 +24,9 @@ from ..cache.layout import (
 
 MAX_TARGET = 8192
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\\]")
-API_KEYWORDS = ("revision", "tree", "paths-info")
+API_KEYWORDS = ("revision", "tree", "paths-info", "commits")
+#: Last segments naming an endpoint of a repo rather than a repo (``/api/models/{repo}/refs``).
+REPO_ENDPOINTS = {"refs": "refs", "auth-check": "auth_check"}
 
 
 class BadTarget(ValueError):
@@ -35,16 +37,30 @@ class NoRoute(LookupError):
     """A well-formed target the mirror does not serve (answered 404)."""
 
 
+class Query(dict[str, str]):
+    """Query parameters: the last value of each name, and every value with :meth:`getall`."""
+
+    def __init__(self, pairs: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(pairs or [])
+        self.pairs = tuple(pairs or [])
+
+    def getall(self, name: str) -> list[str]:
+        """Every value of ``name`` and of ``name[]``, in request order."""
+        return [v for k, v in self.pairs if k in (name, f"{name}[]")]
+
+
 @dataclass(frozen=True)
 class Route:
     """What a request asks for."""
 
-    kind: str  # resolve | repo_info | tree | paths_info | fingerprint | manifest | health | metrics
+    # resolve | repo_info | tree | paths_info | fingerprint | manifest | health | metrics
+    # | list_repos | refs | commits | auth_check (path "write" for the write check)
+    kind: str
     repo_type: str = "model"
     repo_id: str = ""
     revision: str | None = None
     path: str = ""
-    query: dict[str, str] = field(default_factory=dict)
+    query: Query = field(default_factory=Query)
 
 
 def _decode(segment: str) -> str:
@@ -89,10 +105,10 @@ def parse_target(target: str) -> Route:
         raise BadTarget("request target must be an absolute path")
     raw_path, _, raw_query = target.partition("?")
     try:
-        query = dict(parse_qsl(raw_query, keep_blank_values=True, errors="strict"))
+        query = Query(parse_qsl(raw_query, keep_blank_values=True, errors="strict"))
     except (UnicodeDecodeError, ValueError):
         raise BadTarget("malformed query string") from None
-    if any(_CONTROL_RE.search(k + v) for k, v in query.items()):
+    if any(_CONTROL_RE.search(k + v) for k, v in query.pairs):
         raise BadTarget("query string holds a control character")
     segs = [_decode(s) for s in raw_path.split("/")[1:]]
     if segs == ["health"]:
@@ -107,7 +123,7 @@ def parse_target(target: str) -> Route:
     return _file_route("resolve", segs, repo_type, query)
 
 
-def _file_route(kind: str, segs: list[str], repo_type: str, query: dict[str, str]) -> Route:
+def _file_route(kind: str, segs: list[str], repo_type: str, query: Query) -> Route:
     """``{repo}/resolve/{revision}/{path}`` (decoded segments) as a route of ``kind``."""
     for n in (2, 1):
         if len(segs) > n + 2 and segs[n] == "resolve" and all("/" not in s for s in segs[:n]):
@@ -127,7 +143,7 @@ def _file_route(kind: str, segs: list[str], repo_type: str, query: dict[str, str
     raise NoRoute("no such endpoint")
 
 
-def _api_route(segs: list[str], query: dict[str, str]) -> Route:
+def _api_route(segs: list[str], query: Query) -> Route:
     if segs[:2] == ["cmh", "manifest"]:  # /api/cmh/manifest/[datasets/]{repo}/resolve/{rev}/{path}
         rest = segs[2:]
         if rest[:1] == ["datasets"]:
@@ -145,6 +161,14 @@ def _api_route(segs: list[str], query: dict[str, str]) -> Route:
         raise NoRoute("no such endpoint")
     repo_type = "model" if segs[0] == "models" else "dataset"
     rest = segs[1:]
+    if not rest:
+        return Route("list_repos", repo_type, query=query)
+    write = rest[-2:-1] == ["auth-check"] and rest[-1] == "write"
+    last = rest[-2] if write else rest[-1]
+    repo_parts = rest[: -2 if write else -1]
+    if last in REPO_ENDPOINTS and len(repo_parts) in (1, 2):
+        path = "write" if write else ""
+        return Route(REPO_ENDPOINTS[last], repo_type, _repo(repo_parts), None, path, query)
     if len(rest) in (1, 2) and all(rest):
         return Route("repo_info", repo_type, _repo(rest), None, "", query)
     for n in (2, 1):
@@ -153,6 +177,8 @@ def _api_route(segs: list[str], query: dict[str, str]) -> Route:
             revision = _revision(tail[0])
             if keyword == "revision" and len(tail) == 1:
                 return Route("repo_info", repo_type, repo_id, revision, "", query)
+            if keyword == "commits" and len(tail) == 1:
+                return Route("commits", repo_type, repo_id, revision, "", query)
             if keyword == "paths-info" and len(tail) == 1:
                 return Route("paths_info", repo_type, repo_id, revision, "", query)
             if keyword == "tree":
