@@ -31,11 +31,15 @@ another origin (the Hub's CDN).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cmh._atomic import atomic_write
 
 from ..cache.layout import COMMIT_RE, RepoLayout
 from ..cache.locks import repo_lock
@@ -93,6 +97,12 @@ def _typed(exc: Exception) -> UpstreamError:
 def fnmatch_literal(path: str) -> str:
     """An ``fnmatch`` pattern that matches exactly ``path``."""
     return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
+
+
+def upstream_record_path(repo: RepoLayout, commit: str) -> Path:
+    """``.cmh/upstream/{commit}.json``: when a pull-through commit's freshness ends."""
+    repo.snapshot_dir(commit)  # validates the commit
+    return repo.cmh_dir / "upstream" / f"{commit}.json"
 
 
 class Upstream:
@@ -213,7 +223,21 @@ class Upstream:
             if repo.read_ref(revision) != commit:
                 repo.write_ref(revision, commit)
             write_validation(repo, revision, commit)
+        self._record_freshness(repo, revision, commit)
         return None
+
+    def _record_freshness(self, repo: RepoLayout, revision: str, commit: str) -> None:
+        """Keep when ``commit``'s upstream freshness ends, for ``cmh prune --expired``."""
+        if COMMIT_RE.match(revision):
+            until = time.time() + self.config.fresh_for
+        else:
+            until = self.expiry(repo, revision, commit)
+        if until == float("inf"):
+            return
+        path = upstream_record_path(repo, commit)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps({"fresh_until": until, "at": time.time()}).encode())
 
     def _install_listing(self, repo: RepoLayout, commit: str, files: dict[str, Any]) -> None:
         """Keep the listing; link absent blobs (filled on demand), confirm present ones."""

@@ -377,3 +377,24 @@ def test_mirror_sync_fills_a_store_for_an_air_gapped_mirror(
         cli, ["mirror", "sync", "nobody/nothing", "--store", str(store), "--from", front.url]
     )
     assert missing.exit_code != 0 and "Traceback" not in missing.output
+
+
+def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshness(
+    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    store = tmp_path / "pull"
+    pull = _pull_server(mirror_server_factory, store, front.url, "--fresh-for", "2s")
+    answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+    commit = answer.headers["X-Repo-Commit"]
+    snapshot = store / "models--cmh-test--tiny" / "snapshots" / commit
+    assert (snapshot / "weights.bin").is_symlink()  # listed, not filled: not a broken revision
+    prune = ["prune", "--store", str(store), "--expired", "--include-referenced", "--yes"]
+    kept = CliRunner().invoke(cli, prune)
+    assert kept.exit_code == 0, kept.output
+    assert snapshot.is_dir()
+    time.sleep(2.2)
+    gone = CliRunner().invoke(cli, prune)
+    assert gone.exit_code == 0, gone.output
+    assert not snapshot.exists()
+    again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")  # filled again
+    assert again.status_code == 200 and again.content == answer.content
