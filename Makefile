@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean venv
+.PHONY: demo test lint typecheck bench clean venv browser
 
 venv: $(STAMP)
 
@@ -18,8 +18,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# Headless Chromium for the web-page tests (Debian packages; Selenium never downloads a browser).
+# Installed with apt when missing; if that fails the browser tests skip and say why.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif ( $$( [ "$$(id -u)" = 0 ] || echo sudo -n ) apt-get update -qq && \
+	       DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo -n ) \
+	       apt-get install -y -qq chromium chromium-driver ) >/dev/null 2>&1; then \
+	  echo "installed chromium and chromium-driver"; \
+	else echo "warning: cannot apt-get install chromium chromium-driver: browser tests will be skipped"; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -29,7 +39,7 @@ typecheck: $(STAMP)
 	$(PY) tools/typecheck.py
 
 # Every benchmark; each prints ratios against a baseline measured in the same run.
-BENCHES := fingerprint verify_cli mirror delta prune semantic
+BENCHES := fingerprint verify_cli mirror delta prune semantic web
 bench: $(STAMP)
 	@for b in $(BENCHES); do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
 

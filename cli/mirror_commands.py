@@ -167,6 +167,9 @@ def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_
         report = scrub_store(
             store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
         )
+    from cmh.hub.mirror.scrub_history import record_scrub
+
+    record_scrub(store, report.to_dict())  # shown on the web operator page
     if as_json:
         emit_json({"schema": JSON_SCHEMA_VERSION, **report.to_dict()})
     else:
@@ -256,6 +259,19 @@ def scrub(store: Path, full: bool, no_quarantine: bool, threads: int | None, as_
     show_default=True,
     help="How long past freshness stale content is served when the upstream fails.",
 )
+@click.option(
+    "--admin-tokens",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="File of admin tokens (one a line): they open the web operator page.",
+)
+@click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Trusted public key (PEM) or folder of keys: web pages check signatures. Repeatable.",
+)
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
 def serve(
@@ -273,9 +289,11 @@ def serve(
     upstream_token_file: Path | None,
     fresh_for: int,
     stale_if_error: int,
+    admin_tokens: Path | None,
+    keys: tuple[Path, ...],
     tree_page_size: int,
 ) -> None:
-    """Serve a store through the Hub HTTP API (stops cleanly on SIGTERM)."""
+    """Serve a store through the Hub HTTP API and web pages (stops cleanly on SIGTERM)."""
     from cmh.hub.mirror import ServeConfig, ServeError
     from cmh.hub.mirror import serve as run
     from cmh.hub.mirror.upstream import UpstreamConfig
@@ -306,6 +324,8 @@ def serve(
         header_timeout=header_timeout,
         idle_timeout=idle_timeout,
         upstream=pull,
+        admin_tokens=admin_tokens,
+        keys=keys,
         announce=announce,
         warn=warn,
     )

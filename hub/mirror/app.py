@@ -100,10 +100,13 @@ STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
 STALE_KEY = "cmh_stale_warning"  # request key: the Warning of an answer served stale
 
 
-def make_app(state: MirrorState) -> web.Application:
-    """The aiohttp application serving ``state.store``."""
+def make_app(state: MirrorState, pages: Any = None) -> web.Application:
+    """The aiohttp application serving ``state.store`` (``pages``: the web pages' options)."""
+    from .web import WebOptions, add_routes
+
     app = web.Application(client_max_size=1 << 20, client_max_fields=MAX_FORM_FIELDS)
     app[STORE_KEY] = state
+    add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
 
@@ -711,11 +714,11 @@ async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web
 
 
 async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
-    body = await _run(_fingerprint_of, state, route, index)
+    body = await _run(fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 
 
-def _fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
+def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
     """``cmh.semantic`` fingerprint of a commit, computed once per commit.
 
     It reads only the index's checked sources (blobs inside the store), through

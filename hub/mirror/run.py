@@ -53,6 +53,8 @@ class ServeConfig:
     header_timeout: float = 20.0
     idle_timeout: float = 30.0
     upstream: UpstreamConfig | None = None  # pull-through: fill from this Hub (upstream.py)
+    admin_tokens: Path | None = None  # the web pages' operator tokens
+    keys: tuple[Path, ...] = ()  # trusted public keys for the web pages' stamp details
     announce: Callable[[str], None] = field(default=print)
     warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
 
@@ -134,11 +136,24 @@ def serve(config: ServeConfig) -> int:
         )
         cap = limit
     config = replace(config, max_connections=cap)
+    _pages(config)  # fail on a bad admin tokens or key file before any worker starts
     if config.workers <= 1:
         sock = _socket(config.host, config.port, reuse_port=False)
         sock.listen(1024)
         return _run_worker(config, sock, lambda: config.announce(_url(sock)))
     return _run_workers(config)
+
+
+def _pages(config: ServeConfig) -> object:
+    from cmh.errors import CMHError
+
+    from .web.options import web_options
+    from .web.session import AdminTokensError
+
+    try:
+        return web_options(config.admin_tokens, config.keys, config.access_log)
+    except (AdminTokensError, CMHError, OSError) as exc:
+        raise ServeError(str(exc)) from None
 
 
 def _log_stream(config: ServeConfig) -> IO[str]:
@@ -185,7 +200,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     async def main() -> None:
         runner = web.AppRunner(
-            make_app(state),
+            make_app(state, _pages(config)),
             access_log_class=AccessLogger,
             shutdown_timeout=SHUTDOWN_TIMEOUT,
             keepalive_timeout=2 * config.idle_timeout,  # a backstop: the guard closes first

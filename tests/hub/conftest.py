@@ -12,6 +12,8 @@ Fixtures for every hub-side test (mirror, resolver, pruner):
   ``cmh-test/private`` (token :data:`PRIVATE_TOKEN`, in ``mirror_store.tokens``).
 - ``mirror``: one session-wide server over ``mirror_store`` (read-only: do not
   change that store; build your own with ``add_folder`` for writes).
+- ``web_store`` / ``web_server``: the web pages' store and one server over it
+  (tokens, admin tokens, trusted key); see ``web_support``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from mirror_support import MirrorServer, MirrorStore, build_mirror_store, write_tiny_repo
+from web_support import WebStore, build_web_store
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +83,26 @@ def copy_store(tmp_path: Path) -> Callable[[Path], Path]:
         return dest
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def web_store(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> WebStore:
+    """The web pages' test store (see ``web_support``): public, private, expired, hostile card."""
+    return build_web_store(tmp_path_factory.mktemp("web"), minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def web_server(
+    web_store: WebStore, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MirrorServer]:
+    """One ``cmh serve`` over ``web_store`` with tokens, admin tokens and the signer's key."""
+    server = MirrorServer(
+        web_store.path,
+        tmp_path_factory.mktemp("web-logs"),
+        tokens=web_store.tokens,
+        extra_args=(
+            "--admin-tokens", str(web_store.admin_tokens), "--key", str(web_store.public_key),
+        ),
+    )  # fmt: skip
+    yield server
+    server.stop()

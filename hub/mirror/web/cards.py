@@ -1,0 +1,116 @@
+"""Model cards: YAML front matter and Markdown, rendered so that no card can run a script.
+
+A card is untrusted input. It is rendered by markdown-it-py with raw HTML
+turned off (``html=False``: every ``<tag>`` in the card is shown as text) and a
+link check that keeps only ``http``, ``https`` and ``mailto`` URLs and relative
+ones: ``javascript:``, ``vbscript:``, ``data:`` and every other scheme never
+become a link or an image. The result holds no element with an event handler
+and no URL that runs code, so no HTML sanitizer is needed on top; the pages
+also send a Content-Security-Policy that allows no inline script.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+#: Cards larger than this are shown cut (a card is text; this bounds rendering time).
+MAX_CARD_BYTES = 512 * 1024
+#: Front-matter keys shown as tags, in this order (the Hub's usual card metadata).
+TAG_KEYS = (
+    "license",
+    "pipeline_tag",
+    "library_name",
+    "language",
+    "base_model",
+    "datasets",
+    "tags",
+)
+_SAFE_SCHEMES = frozenset({"http", "https", "mailto"})
+_SCHEME_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*):")
+_FRONT_RE = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Card:
+    """A rendered model card: body HTML (safe), front matter, tags, and what went wrong."""
+
+    html: str
+    front_matter: dict[str, Any] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def safe_link(url: str) -> bool:
+    """True for relative URLs and ``http``/``https``/``mailto`` ones (markdown-it's link check)."""
+    match = _SCHEME_RE.match(url)
+    return match is None or match.group(1).lower() in _SAFE_SCHEMES
+
+
+@lru_cache(maxsize=1)
+def _renderer() -> Any:
+    from markdown_it import MarkdownIt
+
+    class CardMarkdown(MarkdownIt):
+        """CommonMark plus tables and strikethrough; links checked by :func:`safe_link`."""
+
+        def validateLink(self, url: str) -> bool:
+            return safe_link(url)
+
+    md = CardMarkdown("commonmark", {"html": False, "linkify": False, "typographer": False})
+    return md.enable(["table", "strikethrough"])
+
+
+def render_markdown(text: str) -> str:
+    """Markdown to HTML with raw HTML shown as text and only safe links (module docstring)."""
+    return str(_renderer().render(text))
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
+    """``(front matter, body, problem)``: YAML between leading ``---`` lines, parsed safely."""
+    match = _FRONT_RE.match(text)
+    if match is None:
+        return {}, text, None
+    import yaml
+
+    body = text[match.end() :]
+    try:
+        data = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return {}, body, "the card's front matter is not valid YAML"
+    if data is None:
+        return {}, body, None
+    if not isinstance(data, dict):
+        return {}, body, "the card's front matter is not a mapping"
+    return {str(k): v for k, v in data.items()}, body, None
+
+
+def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
+    """Tags to show for a card's front matter: ``key: value`` for the known keys, then ``tags``."""
+    out: list[str] = []
+    for key in TAG_KEYS:
+        value = front.get(key)
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, (str, int, float)) and not isinstance(item, bool):
+                text = str(item)[:100]
+                out.append(text if key == "tags" else f"{key}: {text}")
+    return tuple(dict.fromkeys(out))[:60]
+
+
+def read_card(path: Path) -> Card:
+    """Read and render the card at ``path`` (a README.md blob)."""
+    notes: list[str] = []
+    with open(path, "rb") as f:
+        raw = f.read(MAX_CARD_BYTES + 1)
+    if len(raw) > MAX_CARD_BYTES:
+        raw = raw[:MAX_CARD_BYTES]
+        notes.append(f"the card is longer than {MAX_CARD_BYTES // 1024} KiB: shown cut")
+    text = raw.decode("utf-8", errors="replace")
+    front, body, problem = split_front_matter(text)
+    if problem:
+        notes.append(problem)
+    return Card(render_markdown(body), front, card_tags(front), tuple(notes))

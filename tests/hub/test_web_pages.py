@@ -1,0 +1,419 @@
+"""The mirror's web pages over HTTP: access rules shared with the API, login, safety, content.
+
+Every test talks to a real ``cmh serve`` (``web_server``) over the store of
+``web_support`` (browser tests are in ``test_web_browser.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.error import HTTPError
+from urllib.parse import urlencode
+from urllib.request import HTTPRedirectHandler, Request, build_opener
+
+import pytest
+from cmh.hub.mirror.web.cards import card_tags, render_markdown, safe_link, split_front_matter
+from cmh.hub.mirror.web.session import AdminTokensError, csrf_ok, load_admin_tokens
+from mirror_support import MirrorServer
+from web_support import (
+    ADMIN_TOKEN,
+    DATA,
+    EVIL,
+    EVIL_CARD,
+    MINILM,
+    PRIVATE,
+    PRIVATE_TOKEN,
+    TINY,
+    WebStore,
+)
+
+REPOS = [("model", MINILM), ("model", TINY), ("model", PRIVATE), ("model", EVIL), ("dataset", DATA)]
+
+
+class _NoRedirect(HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None
+
+
+def fetch(
+    server: MirrorServer,
+    path: str,
+    *,
+    cookie: str | None = None,
+    headers: dict[str, str] | None = None,
+    data: bytes | None = None,
+) -> tuple[int, dict[str, str], str]:
+    """``(status, headers, body)`` of one request; redirects are not followed."""
+    all_headers = dict(headers or {})
+    if cookie is not None:
+        all_headers["Cookie"] = cookie
+    request = Request(server.url + path, data=data, headers=all_headers)
+    try:
+        with build_opener(_NoRedirect).open(request, timeout=60) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read().decode()
+    except HTTPError as exc:
+        hdrs = {k.lower(): v for k, v in exc.headers.items()}
+        return exc.code, hdrs, exc.read().decode()
+
+
+def listed(body: str) -> set[str]:
+    """Repo ids on a list page."""
+    return set(
+        re.findall(r'<tr data-name="[^"]*">\s*<td><a href="/-/(?:model|dataset)s/([^"]+)"', body)
+    )
+
+
+def api_status(server: MirrorServer, repo_type: str, repo_id: str, token: str | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return fetch(server, f"/api/{repo_type}s/{repo_id}", headers=headers)[0]
+
+
+@pytest.mark.parametrize("token", [None, PRIVATE_TOKEN, ADMIN_TOKEN, "not-a-known-token"])
+def test_pages_and_api_agree_on_every_repo(web_server: MirrorServer, token: str | None) -> None:
+    cookie = f"cmh_token={token}" if token else None
+    _, _, body = fetch(web_server, "/", cookie=cookie)
+    shown = listed(body)
+    for repo_type, repo_id in REPOS:
+        api = api_status(web_server, repo_type, repo_id, token)
+        page = fetch(web_server, f"/-/{repo_type}s/{repo_id}", cookie=cookie)[0]
+        assert page == api, (repo_id, token)
+        assert (repo_id in shown) == (api == 200), (repo_id, token)
+    assert (PRIVATE in shown) == (token == PRIVATE_TOKEN)
+
+
+def test_private_repo_answers_like_a_missing_one(web_server: MirrorServer) -> None:
+    private = fetch(web_server, f"/-/models/{PRIVATE}")
+    missing = fetch(web_server, "/-/models/acme/no-such-model")
+    assert private[0] == missing[0] == 404
+    assert private[2] == missing[2]
+    file_page = fetch(web_server, f"/-/files/models/{PRIVATE}?path=README.md")
+    assert file_page[0] == 404
+
+
+def _login_form(server: MirrorServer) -> tuple[str, str]:
+    status, headers, body = fetch(server, "/-/login")
+    assert status == 200
+    match = re.search(r"cmh_csrf=([^;]+)", headers["set-cookie"])
+    field = re.search(r'name="csrf" value="([^"]+)"', body)
+    assert match and field
+    return match.group(1), field.group(1)
+
+
+def _post_login(
+    server: MirrorServer, token: str, csrf_cookie: str, csrf_field: str, origin: str | None
+) -> tuple[int, dict[str, str], str]:
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    if origin is not None:
+        headers["Origin"] = origin
+    data = urlencode({"token": token, "csrf": csrf_field}).encode()
+    return fetch(server, "/-/login", cookie=f"cmh_csrf={csrf_cookie}", headers=headers, data=data)
+
+
+def test_login_sets_an_httponly_strict_cookie(web_server: MirrorServer) -> None:
+    cookie, field = _login_form(web_server)
+    status, headers, _ = _post_login(web_server, PRIVATE_TOKEN, cookie, field, web_server.url)
+    assert status == 303 and headers["location"] == "/"
+    set_cookie = headers["set-cookie"]
+    assert set_cookie.startswith(f"cmh_token={PRIVATE_TOKEN};")
+    assert "HttpOnly" in set_cookie
+    assert "SameSite=Strict" in set_cookie
+    assert "Secure" not in set_cookie  # served over plain http here
+    _, _, body = fetch(web_server, "/", cookie=f"cmh_token={PRIVATE_TOKEN}")
+    assert PRIVATE in listed(body)
+
+
+def test_login_behind_a_tls_proxy_sets_a_secure_cookie(web_server: MirrorServer) -> None:
+    cookie, field = _login_form(web_server)
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Forwarded-Proto": "https",
+               "Origin": web_server.url.replace("http://", "https://")}  # fmt: skip
+    data = urlencode({"token": ADMIN_TOKEN, "csrf": field}).encode()
+    status, answer, _ = fetch(
+        web_server, "/-/login", cookie=f"cmh_csrf={cookie}", headers=headers, data=data
+    )
+    assert status == 303
+    assert "Secure" in answer["set-cookie"] and "SameSite=Strict" in answer["set-cookie"]
+
+
+@pytest.mark.parametrize(
+    "case", ["no form token", "wrong form token", "foreign origin", "null origin"]
+)
+def test_login_cannot_be_posted_cross_site(web_server: MirrorServer, case: str) -> None:
+    cookie, field = _login_form(web_server)
+    origin: str | None = web_server.url
+    if case == "no form token":
+        field = ""
+    elif case == "wrong form token":
+        field = field[::-1]
+    elif case == "foreign origin":
+        origin = "http://evil.example"
+    else:
+        origin = "null"
+    status, headers, body = _post_login(web_server, PRIVATE_TOKEN, cookie, field, origin)
+    assert status == 403
+    assert "cmh_token" not in headers.get("set-cookie", "")
+    assert "not sent from this site" in body
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [("multipart/form-data; boundary=zz", b"garbage"),
+     ("application/x-www-form-urlencoded", b"token=\xff\xfe&csrf=\x89")],
+)  # fmt: skip
+def test_malformed_login_forms_are_refused(
+    web_server: MirrorServer, content_type: str, body: bytes
+) -> None:
+    for target in ("/-/login", "/-/logout"):
+        status, _, page = fetch(
+            web_server, target, headers={"Content-Type": content_type}, data=body
+        )
+        assert status == 400 and "malformed form" in page
+
+
+def test_csrf_check() -> None:
+    assert csrf_ok("t", "t", None, "h:1")
+    assert csrf_ok("t", "t", "https://h:1", "h:1") and csrf_ok("t", "t", "http://h:1", "h:1")
+    assert not csrf_ok("t", "t", "http://h:2", "h:1")
+    assert not csrf_ok("t", "t", "http://", "")
+    assert not csrf_ok("t", "u", None, "h:1") and not csrf_ok(None, None, None, "h:1")
+
+
+def test_login_refuses_an_unknown_token(web_server: MirrorServer) -> None:
+    cookie, field = _login_form(web_server)
+    status, headers, body = _post_login(web_server, "hf_unknown_token_x", cookie, field, None)
+    assert status == 403
+    assert "cmh_token=" not in headers.get("set-cookie", "")
+    assert "unknown token" in body
+
+
+def test_operator_page_only_for_an_admin_token(web_server: MirrorServer) -> None:
+    assert fetch(web_server, "/-/operator")[0] == 403
+    assert fetch(web_server, "/-/operator", cookie=f"cmh_token={PRIVATE_TOKEN}")[0] == 403
+    status, _, body = fetch(web_server, "/-/operator", cookie=f"cmh_token={ADMIN_TOKEN}")
+    assert status == 200
+    assert 'id="size-chart"' in body and "<rect" in body
+
+
+def test_operator_page_shows_expired_stale_prune_and_scrub(
+    web_server: MirrorServer, web_store: WebStore
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "mirror", "scrub", "--store", str(web_store.path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for _ in range(3):
+        fetch(web_server, f"/{TINY}/resolve/main/config.json")
+    _, _, body = fetch(web_server, "/-/operator", cookie=f"cmh_token={ADMIN_TOKEN}")
+    expired = body.split('id="expired"', 1)[1].split("</table>", 1)[0]
+    assert web_store.commits[f"{TINY}@main"][:12] in expired
+    stale = body.split('id="stale"', 1)[1].split("</table>", 1)[0]
+    assert web_store.commits[f"{TINY}@first"][:12] in stale
+    prune = body.split('id="prune"', 1)[1].split("</section>", 1)[0]
+    assert "cmh prune --store STORE</code> would free" in prune
+    assert "Nothing is removed from this page" in prune
+    scrub = body.split('id="scrub"', 1)[1].split("</section>", 1)[0]
+    assert "all good" in scrub
+    traffic = body.split('id="traffic"', 1)[1].split("</section>", 1)[0]
+    assert TINY in traffic.split('id="busiest"', 1)[1]
+    requests = int(re.search(r'id="requests">(\d+)<', traffic).group(1))  # type: ignore[union-attr]
+    assert requests >= 3
+    assert web_store.path.joinpath(".quarantine", "last-scrub.json").is_file()
+
+
+def test_repo_page_shows_card_tags_tree_refs_snippet_fingerprint(
+    web_server: MirrorServer, web_store: WebStore
+) -> None:
+    status, _, body = fetch(web_server, f"/-/models/{MINILM}")
+    assert status == 200
+    assert "license: apache-2.0" in body and "pipeline_tag: sentence-similarity" in body
+    assert '<article class="card" id="card">' in body
+    assert web_store.commits[f"{MINILM}@main"] in body
+    assert 'class="badge lfs">LFS' in body
+    assert f"export HF_ENDPOINT={web_server.url}" in body
+    assert f"cmh pull {MINILM} --revision main" in body
+    fingerprint = body.split('id="fingerprint"', 1)[1].split("</dl>", 1)[0]
+    assert "bert" in fingerprint and "weights key" in fingerprint
+    _, _, api = fetch(web_server, f"/api/cmh/fingerprint/{MINILM}/main")
+    weights_key = json.loads(api)["fingerprint"]["keys"]["weights"]
+    assert weights_key in fingerprint  # the same computation as the API's
+
+
+def test_snippet_names_the_address_the_browser_used(web_server: MirrorServer) -> None:
+    _, _, body = fetch(web_server, f"/-/models/{TINY}", headers={"Host": "mirror.example:8080"})
+    assert "export HF_ENDPOINT=http://mirror.example:8080\n" in body
+    _, _, body = fetch(web_server, f"/-/models/{TINY}", headers={"Host": 'a"b<c>'})
+    assert f"export HF_ENDPOINT={web_server.url}\n" in body  # a malformed Host is not echoed
+
+
+def test_tree_folders_revisions_and_datasets(web_server: MirrorServer, web_store: WebStore) -> None:
+    status, _, body = fetch(web_server, f"/-/models/{TINY}?path=docs")
+    assert status == 200 and "notes.md" in body and "model.safetensors" not in body
+    first = web_store.commits[f"{TINY}@first"]
+    status, _, body = fetch(web_server, f"/-/models/{TINY}?rev={first}")
+    assert status == 200 and "version 1" in body
+    status, _, body = fetch(web_server, f"/-/datasets/{DATA}")
+    assert status == 200 and "train.csv" in body and "--repo-type dataset" in body
+    assert fetch(web_server, f"/-/models/{TINY}?rev=no-such-branch")[0] == 404
+    assert fetch(web_server, f"/-/models/{TINY}?path=nowhere")[0] == 404
+
+
+def test_file_page_stamp_details_and_verification(
+    web_server: MirrorServer, web_store: WebStore
+) -> None:
+    # Each stamped blob is verified by one test only (the outcome is kept per blob):
+    # MiniLM's by the browser test, tiny's main here; tiny's first commit by nobody.
+    status, _, body = fetch(web_server, f"/-/files/models/{MINILM}?path=model.safetensors")
+    assert status == 200
+    assert f'id="signer">{web_store.key_id}<' in body
+    assert "valid (trusted key)" in body
+    assert "104 tensors" in body
+    first = web_store.commits[f"{TINY}@first"]
+    _, _, body = fetch(web_server, f"/-/files/models/{TINY}?rev={first}&path=model.safetensors")
+    assert 'id="stamp-state"><span class="badge good">stamped' in body
+    assert 'id="verify"' in body  # not verified yet: a link to do it
+    path = f"/-/files/models/{TINY}?path=model.safetensors"
+    _, _, body = fetch(web_server, path)
+    assert 'id="stamp-state"><span class="badge bad">expired' in body
+    _, _, body = fetch(web_server, path + "&verify=1")
+    verified = body.split('id="verified">', 1)[1].split("</dd>", 1)[0]
+    assert "verified</span> every tensor matches the manifest" in verified
+    assert "signature is valid" not in verified  # not signed
+    _, _, body = fetch(web_server, f"/-/files/models/{EVIL}?path=model.safetensors")
+    assert 'id="stamp-state">unstamped' in body
+
+
+def test_hub_api_paths_unchanged_and_pages_refuse_hostile_targets(
+    web_server: MirrorServer,
+) -> None:
+    status, headers, body = fetch(web_server, f"/api/models/{TINY}")
+    assert status == 200 and json.loads(body)["id"] == TINY
+    status, headers, _ = fetch(web_server, f"/{TINY}/resolve/main/config.json")
+    assert status == 200 and headers["content-type"] == "application/octet-stream"
+    status, headers, _ = fetch(web_server, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    for target in (
+        "/-/models/..%2F..%2Fetc/passwd",
+        f"/-/files/models/{TINY}?path=../../../etc/passwd",
+        f"/-/files/models/{TINY}?path=%00",
+        f"/-/models/{TINY}?rev=..%2F..",
+        "/-/static/..%2Fpages.py",
+        "/-/static/%2e%2e",
+        "/-/models/a/b/c",
+        "/-/%ff",
+        "/-/nowhere",
+    ):
+        status = fetch(web_server, target)[0]
+        assert 400 <= status < 500, target
+
+
+def test_pages_send_a_strict_content_security_policy(web_server: MirrorServer) -> None:
+    _, headers, _ = fetch(web_server, f"/-/models/{EVIL}")
+    csp = headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["cache-control"] == "no-store"
+
+
+class _Collect(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, attrs))
+
+
+def test_hostile_card_renders_to_inert_html() -> None:
+    front, body, problem = split_front_matter(EVIL_CARD)
+    assert problem is None and front["license"] == "mit"
+    parser = _Collect()
+    parser.feed(render_markdown(body))
+    names = {tag for tag, _ in parser.tags}
+    assert "script" not in names and "img" not in names
+    for _, attrs in parser.tags:
+        for key, value in attrs:
+            assert not key.startswith("on")
+            if key in ("href", "src"):
+                assert value is not None and value.startswith("https://"), value
+    assert ("a", [("href", "https://example.org/docs")]) in parser.tags
+
+
+@pytest.mark.parametrize(
+    ("url", "ok"),
+    [("https://x.org", True), ("http://x", True), ("mailto:a@b.c", True), ("docs/a.md", True),
+     ("#top", True), ("javascript:alert(1)", False), (" JavaScript:alert(1)", False),
+     ("vbscript:x", False), ("data:text/html,x", False), ("file:///etc/passwd", False)],
+)  # fmt: skip
+def test_safe_link(url: str, ok: bool) -> None:
+    assert safe_link(url) is ok
+
+
+def test_front_matter_tags_and_broken_front_matter() -> None:
+    front, body, problem = split_front_matter("---\nlicense: mit\ntags: [a, b]\n---\n# T\n")
+    assert card_tags(front) == ("license: mit", "a", "b") and body == "# T\n" and problem is None
+    _, body, problem = split_front_matter("---\n: : [\n---\n# T\n")
+    assert problem is not None and body == "# T\n"
+    assert split_front_matter("# no front matter\n") == ({}, "# no front matter\n", None)
+
+
+def test_admin_tokens_file(tmp_path: Path) -> None:
+    good = tmp_path / "admin"
+    good.write_text("# ops\nadmin-token-0001  # alice\n\n")
+    assert load_admin_tokens(good) == frozenset({"admin-token-0001"})
+    for text in ("short\n", "# nothing\n"):
+        good.write_text(text)
+        with pytest.raises(AdminTokensError):
+            load_admin_tokens(good)
+
+
+def test_serve_refuses_a_bad_admin_tokens_file(tmp_path: Path, web_store: WebStore) -> None:
+    bad = tmp_path / "admin"
+    bad.write_text("x\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "serve", "--store", str(web_store.path),
+         "--port", "0", "--admin-tokens", str(bad)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "a token is 8-512 printable characters" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_grafana_dashboard_queries_metrics_the_mirror_exports(web_server: MirrorServer) -> None:
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana-mirror.json").read_text())
+    fetch(web_server, f"/{TINY}/resolve/main/config.json", headers={"Range": "bytes=0-3"})
+    fetch(web_server, "/")
+    samples = web_server.metrics()
+    labels_of: dict[str, set[str]] = {}
+    for name, labels in samples:
+        labels_of.setdefault(name, set()).update(k for k, _ in labels)
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) >= 8
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    for expr in exprs:
+        names = re.findall(r"\bcmh_mirror_[a-z_]+", expr)
+        assert names, expr
+        for name in names:
+            assert name in labels_of, (name, sorted(labels_of))
+            for group in re.findall(r"by \(([^)]*)\)", expr):
+                for label in (g.strip() for g in group.split(",")):
+                    assert label in labels_of[name], (label, name)
+
+
+def test_reading_the_web_options_imports_no_server_stack(web_store: WebStore) -> None:
+    """cmh serve reads them before the workers' shared metrics are set up."""
+    code = (
+        "import sys; from pathlib import Path; from cmh.hub.mirror.web.options import web_options; "
+        f"web_options(Path({str(web_store.admin_tokens)!r}), "
+        f"(Path({str(web_store.public_key)!r}),)); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'aiohttp', 'prometheus_client', 'jinja2', 'markdown_it', 'yaml'}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
