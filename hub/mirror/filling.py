@@ -11,11 +11,12 @@ A filling answer sends its headers at once and then tails the partial file:
 each byte is sent as soon as it is on disk, so a client's read timeout never
 fires while the upstream is sending. Range requests are answered from what
 arrived (waiting for the bytes they ask for). The last byte of every body
-waits for the fill's outcome and a check of what was sent: the SHA-256 (or
-git blob id) of a whole body must be the ETag, and each range sent must equal
-the same range of the installed, checked blob. Otherwise the connection is
-cut before that byte, so no client ever holds a complete body that fails the
-blob's check, and the store holds nothing.
+waits for a check of what was sent: the SHA-256 (or git blob id) of a whole
+body, computed while it is sent, must be the ETag; each range sent must equal
+the same range of the installed, checked blob (so a range waits for the
+fill). Otherwise the connection is cut before that byte, so no client ever
+holds a complete body that fails the blob's check; and the fill (the
+resolver) installs nothing unchecked.
 
 Reads of the partial file are ``os.pread`` calls of at most 1 MiB on the event
 loop: the bytes were just written, so they come from the page cache, and a
@@ -153,7 +154,7 @@ async def send_filling(
     source = _Tail(blob, partial, fill)
     whole = len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == size and not tail
     digest = new_digest(etag, size) if whole else None
-    sent_ranges: list[tuple[int, int, hashlib._Hash]] = []
+    sent_ranges: list[tuple[int, int, hashlib._Hash]] = []  # h: SHA-256 of each range sent
     last = max((i for i, (_, _, count) in enumerate(pieces) if count > 0), default=None)
     sent = 0
     try:
@@ -167,16 +168,12 @@ async def send_filling(
             while pos < end - held:
                 data = await source.read(pos, min(CHUNK, end - held - pos))
                 await response.write(data)
-                h.update(data)
-                if digest is not None:
-                    digest.update(data)
+                await _hash(data, h if digest is None else digest)
                 pos += len(data)
                 sent += len(data)
             if held:
                 data = await source.read(pos, 1)
-                h.update(data)
-                if digest is not None:
-                    digest.update(data)
+                await _hash(data, h if digest is None else digest)
                 sent_ranges.append((offset, count, h))
                 await _gate(request, fill, blob, digest, etag, sent_ranges, sent)
                 await response.write(data)
@@ -196,6 +193,14 @@ async def send_filling(
     return sent
 
 
+async def _hash(data: bytes, digest: hashlib._Hash) -> None:
+    """Feed ``digest`` in a worker thread (hashlib releases the GIL): the loop keeps sending."""
+    if len(data) < 1 << 16:
+        digest.update(data)
+    else:
+        await asyncio.get_running_loop().run_in_executor(None, digest.update, data)
+
+
 def _cut(request: web.BaseRequest) -> None:
     if request.transport is not None:
         request.transport.abort()
@@ -210,15 +215,20 @@ async def _gate(
     sent_ranges: list[tuple[int, int, hashlib._Hash]],
     sent: int,
 ) -> None:
-    """Wait for the fill; cut the connection unless what was sent is the checked blob's."""
-    try:
-        await asyncio.shield(fill)
-    except Exception:  # the fill failed: nothing was installed
-        _cut(request)
-        raise BodyCut(sent) from None
+    """Cut the connection unless what was sent is the blob's.
+
+    A whole body is decided by its own digest (the ETag): no need to wait for
+    the fill's install. Ranges are compared with the installed, checked blob,
+    so they wait for the fill.
+    """
     if digest is not None:
         good = digest.hexdigest() == etag
     else:
+        try:
+            await asyncio.shield(fill)
+        except Exception:  # the fill failed: nothing was installed
+            _cut(request)
+            raise BodyCut(sent) from None
         loop = asyncio.get_running_loop()
         good = await loop.run_in_executor(None, _ranges_match, blob, sent_ranges)
     if not good:
