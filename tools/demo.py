@@ -9,6 +9,9 @@
 5. Resolve it through the mirror with cmh.hub, publish a revision with one
    tensor changed, resolve again and print the bytes saved
    (tools/demo_resolver.py).
+6. Put a pull-through mirror (``cmh serve --upstream``) in front of that
+   mirror and load the model through it from two empty caches: the second
+   load costs the upstream nothing (tools/demo_pullthrough.py).
 
 Nothing is fetched from the internet: the mirror runs on 127.0.0.1.
 """
@@ -101,6 +104,11 @@ def main() -> int:
     store = WORK / "mirror-store"
     with demo_mirror.serving(store, WORK / "resolver-access.log") as url:
         demo_resolver.run(WORK, url, store, demo_mirror.REPO)
+
+        import demo_pullthrough
+
+        step("a pull-through mirror in front of that mirror: two clients, one fill")
+        demo_pullthrough.run(WORK, url, demo_mirror.REPO)
     print("\ndemo finished: every step passed")
     return 0
 

@@ -282,11 +282,16 @@ async def _resolve(
     try:
         f = await _run(_open_checked, state, entry)
     except BlobUnavailable as exc:
-        if state.fills is not None and not os.path.lexists(entry.source):
+        if state.fills is None:
+            raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+        if not os.path.lexists(entry.source):
             return await _resolve_filling(
                 request, state, route, index, entry, headers, ranges, range_header
             )
-        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+        try:  # a fill installed it between the open and the look
+            f = await _run(_open_checked, state, entry)
+        except BlobUnavailable as again:
+            raise HubError(503, "BlobUnavailable", str(again), {"Retry-After": "60"}) from None
     try:
         gate = await _verified(request, state, entry, f)
         response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
