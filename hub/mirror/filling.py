@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +55,7 @@ class Fills:
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
-        self._pool = ThreadPoolExecutor(MAX_FILLS, thread_name_prefix="cmh-fill")
+        self._slots = threading.BoundedSemaphore(MAX_FILLS)
         self._running: dict[Path, asyncio.Future[None]] = {}
 
     def start(
@@ -66,7 +66,29 @@ class Fills:
         if running is not None:
             return running
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, self.upstream.fill, repo_type, repo_id, commit, path)
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+        def work() -> None:
+            # A daemon thread, not an executor's: a server told to stop must not wait for
+            # a transfer in flight; its partial file stays and the next fill resumes it.
+            error: BaseException | None = None
+            with self._slots:
+                try:
+                    self.upstream.fill(repo_type, repo_id, commit, path)
+                except BaseException as exc:  # every waiter hears the outcome
+                    error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=work, name="cmh-fill", daemon=True).start()
         self._running[blob] = fut
 
         def done(f: asyncio.Future[None]) -> None:

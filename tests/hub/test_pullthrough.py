@@ -351,9 +351,18 @@ def test_wrong_upstream_bytes_cut_every_client_and_nothing_is_stored(
             assert r.status_code == 200
             for _ in r.iter_bytes():
                 pass
-    blobs = tmp_path / "pull" / "models--cmh-test--big" / "blobs"
-    assert not (blobs / etag).exists()
-    assert not list(blobs.glob(f"{etag}*"))
+        # The client was cut by its own check; the fill goes on (fetched again once) and
+        # ends refused: wait for it while the upstream still runs.
+        blobs = tmp_path / "pull" / "models--cmh-test--big" / "blobs"
+        deadline = time.monotonic() + 30
+        while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the resolver fetches a blob that failed its check once more
+        hub.wait_idle()
+        assert len(hub.records(origin="cdn")) == 2
+        while list(blobs.glob(f"{etag}*")) and time.monotonic() < deadline:
+            assert not (blobs / etag).exists()
+            time.sleep(0.1)
+        assert not list(blobs.glob(f"{etag}*"))  # neither the blob nor a partial is left
 
 
 def test_mirror_sync_fills_a_store_for_an_air_gapped_mirror(
