@@ -4,7 +4,8 @@
 about ``total_bytes`` split over ``tensors`` tensors of mixed sizes (a few
 large, many small, as in real models). Bytes come from a seeded generator,
 written in large blocks, so a 2 GiB file takes seconds. An existing file of
-the same parameters is reused.
+the same parameters is reused. ``make_versions(work, size, fraction)`` writes two
+stamped revisions of a small repo whose checkpoints differ in a few whole tensors.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import struct
 from pathlib import Path
 
@@ -73,3 +75,59 @@ def drop_page_cache_hint(path: str | os.PathLike[str]) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def make_versions(work: Path, size: int, fraction: float) -> tuple[Path, Path, int, int]:
+    """Folders ``work/v1`` and ``work/v2`` (stamped checkpoint, config, README).
+
+    v2 changes whole tensors worth about ``fraction`` of the tensor bytes.
+    Returns (v1, v2, changed tensor bytes, v2's header size).
+    """
+    import cmh
+    from cmh.header import read_header
+
+    v1, v2 = work / "v1", work / "v2"
+    for d in (v1, v2):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text('{"model_type": "bench"}\n')
+    (v1 / "README.md").write_text("# bench v1\n")
+    (v2 / "README.md").write_text("# bench v2\n")
+    weights1 = v1 / "model.safetensors"
+    marker = work / f"v1-{size}.stamped"
+    if not marker.exists() or marker.read_text() != str(_size_of(weights1)):
+        make_checkpoint(weights1, total_bytes=size, tensors=200, seed=7)
+        cmh.stamp(weights1, ttl="30d")
+        marker.write_text(str(_size_of(weights1)))
+    header = read_header(weights1)
+    rng = random.Random(11)
+    order = list(header.tensors)
+    rng.shuffle(order)
+    chosen, total = [], 0
+    goal = fraction * header.data_size
+    for t in order:  # whole tensors, random ones, adding up to within 10% of the goal
+        if total >= 0.9 * goal:
+            break
+        if total + t.nbytes > 1.1 * goal:
+            continue
+        chosen.append(t)
+        total += t.nbytes
+    weights2 = v2 / "model.safetensors"
+    shutil.copyfile(weights1, weights2)
+    with open(weights2, "r+b") as f:
+        for t in chosen:
+            f.seek(header.data_start + t.begin)
+            data = bytearray(f.read(t.nbytes))
+            for i in range(0, len(data), 4096):
+                data[i] ^= 0x5A
+            f.seek(header.data_start + t.begin)
+            f.write(data)
+    cmh.stamp(weights2, ttl="30d")
+    header2 = read_header(weights2)
+    return v1, v2, total, header2.data_start
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -36,10 +35,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _synthetic import make_checkpoint
-
-import cmh
-from cmh.header import read_header
+from _synthetic import make_versions
 
 REPO = "bench/delta"
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "delta"
@@ -73,48 +69,6 @@ class Server:
         self.proc.wait(15)
 
 
-def make_versions(size: int, fraction: float) -> tuple[Path, Path, int, int]:
-    """v1 and v2 folders; v2 changes whole tensors worth ``fraction`` of the bytes."""
-    v1, v2 = WORK / "v1", WORK / "v2"
-    for d in (v1, v2):
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "config.json").write_text('{"model_type": "bench"}\n')
-    (v1 / "README.md").write_text("# bench v1\n")
-    (v2 / "README.md").write_text("# bench v2\n")
-    weights1 = v1 / "model.safetensors"
-    marker = WORK / f"v1-{size}.stamped"
-    if not marker.exists():
-        make_checkpoint(weights1, total_bytes=size, tensors=200, seed=7)
-        cmh.stamp(weights1, ttl="30d")
-        marker.touch()
-    header = read_header(weights1)
-    rng = random.Random(11)
-    order = list(header.tensors)
-    rng.shuffle(order)
-    chosen, total = [], 0
-    goal = fraction * header.data_size
-    for t in order:  # whole tensors, random ones, adding up to within 10% of the goal
-        if total >= 0.9 * goal:
-            break
-        if total + t.nbytes > 1.1 * goal:
-            continue
-        chosen.append(t)
-        total += t.nbytes
-    weights2 = v2 / "model.safetensors"
-    shutil.copyfile(weights1, weights2)
-    with open(weights2, "r+b") as f:
-        for t in chosen:
-            f.seek(header.data_start + t.begin)
-            data = bytearray(f.read(t.nbytes))
-            for i in range(0, len(data), 4096):
-                data[i] ^= 0x5A
-            f.seek(header.data_start + t.begin)
-            f.write(data)
-    cmh.stamp(weights2, ttl="30d")
-    header2 = read_header(weights2)
-    return v1, v2, total, header2.data_start
-
-
 def counted(server: Server, run) -> tuple[float, int, int, object]:
     before = len(server.entries())
     t0 = time.perf_counter()
@@ -130,7 +84,7 @@ def main() -> None:
     parser.add_argument("--changed", type=float, default=0.05)
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    v1, v2, changed, header_bytes = make_versions(args.size_mib << 20, args.changed)
+    v1, v2, changed, header_bytes = make_versions(WORK, args.size_mib << 20, args.changed)
     store, stock_cache, cmh_cache = WORK / "store", WORK / "cache-stock", WORK / "cache-cmh"
     for d in (store, stock_cache, cmh_cache):
         shutil.rmtree(d, ignore_errors=True)

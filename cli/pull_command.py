@@ -52,6 +52,12 @@ from ._common import (
 @click.option("--offline", is_flag=True, help="Never touch the network (also HF_HUB_OFFLINE=1).")
 @click.option("--strict", is_flag=True, help="Refuse expired or unverified content.")
 @click.option("--revalidate", is_flag=True, help="Ask the Hub even if the snapshot is fresh.")
+@click.option(
+    "--connections",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Parallel range connections per large file (default: CMH_DOWNLOAD_CONNECTIONS, else 8).",
+)
 @json_option
 def pull(
     repo_id: str,
@@ -63,6 +69,7 @@ def pull(
     offline: bool,
     strict: bool,
     revalidate: bool,
+    connections: int | None,
     as_json: bool,
 ) -> None:
     """Resolve REPO_ID into the local cache and print the snapshot folder."""
@@ -96,13 +103,19 @@ def pull(
     overrides: dict[str, Any] = {"strict": strict, "revalidate": revalidate}
     if offline:
         overrides["offline"] = True
-    policy = Policy.from_env(**overrides)
+    if connections is not None:
+        overrides["connections"] = connections
+    try:
+        policy = Policy.from_env(**overrides)
+    except ValueError as exc:  # CMH_DOWNLOAD_CONNECTIONS out of range
+        usage_error(str(exc))
     with contextlib.ExitStack() as stack:
         advance: list[Callable[[int], None]] = []
 
         def on_total(total: int) -> None:
             if not as_json:
-                advance.append(stack.enter_context(progress_bar(total, f"pull {repo_id}")))
+                desc = f"pull {repo_id} ({policy.connections} conn)"
+                advance.append(stack.enter_context(progress_bar(total, desc)))
 
         def progress(n: int) -> None:
             if advance:

@@ -1,9 +1,11 @@
 """Writing a stamped safetensors file in one pass (``save_file``-style).
 
 The digests come from tensors already in memory, so the file is written once,
-complete with its record and manifests, through a temporary file beside the
-target and an atomic rename. numpy and torch are never imported here: tensors
-are read through their ``dtype``, ``shape`` and buffer.
+through a temporary file beside the target and an atomic rename: the tensor
+bytes go to disk while they are hashed (the header's size does not depend on
+the digests), then the header is written with its record and manifests.
+numpy and torch are never imported here: tensors are read through their
+``dtype``, ``shape`` and buffer.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -91,9 +94,9 @@ def save_file(
 ) -> SaveResult:
     """Write ``tensors`` (numpy arrays or torch tensors) as a stamped safetensors file.
 
-    One pass: every tensor is hashed from memory (in threads), the header is
-    written with its final record, then the bytes; the file appears at
-    ``path`` only once complete and synced.
+    One pass: every tensor is hashed from memory (in threads) while its bytes
+    are written and written back to disk, then the header is written with its
+    final record; the file appears at ``path`` only once complete and synced.
     """
     target = os.fspath(path)
     user = dict(metadata or {})
@@ -116,42 +119,85 @@ def save_file(
     def digest(t: _Tensor) -> tuple[bytes, bytes | None]:
         return hashlib.sha256(t.data).digest(), xxhash.xxh3_128_digest(t.data) if xxh3 else None
 
-    with ThreadPoolExecutor(max_workers=threads or default_threads()) as pool:
-        digests = list(pool.map(digest, items))
-    sha256 = [d[0] for d in digests]
-    entries = [RootEntry(t.name, t.dtype, t.shape, d) for t, d in zip(items, sha256, strict=True)]
-    root = file_root(entries, user)
     lifetime = ttl_seconds(ttl)
     stamped_at = int(time.time() if now is None else now)
     flags = FLAG_SHA256 | (FLAG_XXH3 if xxh3 else 0) | (FLAG_SIGNED if sign_key else 0)
-    record = Record(
-        expires_at=0 if lifetime is None else stamped_at + lifetime,
-        fingerprint=root,
-        flags=flags,
-        stamped_at=stamped_at,
-    )
-    signature = sign_record(record.to_bytes(), sign_key) if sign_key else None
+    expires_at = 0 if lifetime is None else stamped_at + lifetime
     signer = key_id(sign_key.public_key()) if sign_key else None
-    xxh3_digests = [d[1] for d in digests if d[1] is not None] if xxh3 else None
-    header: dict[str, object] = {
-        METADATA_KEY: {**user, **carrier_values(record, sha256, xxh3_digests, signature, signer)}
-    }
-    offset = 0
-    for t in items:
-        header[t.name] = {
-            "dtype": t.dtype,
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + len(t.data)],
+
+    def header_bytes(
+        fingerprint: bytes, sha256: list[bytes], fast: list[bytes] | None, signature: bytes | None
+    ) -> tuple[Record, bytes]:
+        record = Record(
+            expires_at=expires_at, fingerprint=fingerprint, flags=flags, stamped_at=stamped_at
+        )
+        header: dict[str, object] = {
+            METADATA_KEY: {**user, **carrier_values(record, sha256, fast, signature, signer)}
         }
-        offset += len(t.data)
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    raw += b" " * (-(PREFIX_SIZE + len(raw)) % 8)
+        offset = 0
+        for t in items:
+            header[t.name] = {
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "data_offsets": [offset, offset + len(t.data)],
+            }
+            offset += len(t.data)
+        raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        raw += b" " * (-(PREFIX_SIZE + len(raw)) % 8)
+        return record, len(raw).to_bytes(PREFIX_SIZE, "little") + raw
+
+    # Every carrier value has its final width whatever the digests, so the header's
+    # size is known before hashing: the tensor bytes are written (and written back to
+    # disk) while the digests are computed, and the header is filled in last.
+    _, placeholder = header_bytes(
+        bytes(32),
+        [bytes(32)] * len(items),
+        [bytes(16)] * len(items) if xxh3 else None,
+        bytes(64) if sign_key else None,
+    )
     try:
-        with atomic_file(target, tag="save", suffix=".tmp") as f:
-            f.write(len(raw).to_bytes(PREFIX_SIZE, "little"))
-            f.write(raw)
+        with (
+            ThreadPoolExecutor(max_workers=threads or default_threads()) as pool,
+            atomic_file(target, tag="save", suffix=".tmp") as f,
+        ):
+            futures = [pool.submit(digest, t) for t in items]
+            f.write(placeholder)
             for t in items:
                 f.write(t.data)
+            f.flush()
+            failed: list[OSError] = []
+
+            def write_back(fd: int = f.fileno()) -> None:
+                try:
+                    os.fdatasync(fd)
+                except OSError as exc:  # raised below: a later fsync may not report it again
+                    failed.append(exc)
+
+            writeback = threading.Thread(target=write_back, name="cmh-writeback")
+            writeback.start()
+            digests = [fut.result() for fut in futures]
+            sha256 = [d[0] for d in digests]
+            entries = [
+                RootEntry(t.name, t.dtype, t.shape, d) for t, d in zip(items, sha256, strict=True)
+            ]
+            root = file_root(entries, user)
+            unsigned = Record(
+                expires_at=expires_at, fingerprint=root, flags=flags, stamped_at=stamped_at
+            )
+            signature = sign_record(unsigned.to_bytes(), sign_key) if sign_key else None
+            xxh3_digests = [d[1] for d in digests if d[1] is not None] if xxh3 else None
+            record, final = header_bytes(root, sha256, xxh3_digests, signature)
+            writeback.join()
+            if failed:
+                raise failed[0]
+            f.seek(0)
+            if len(final) != len(placeholder):  # pragma: no cover - widths are fixed
+                f.truncate()
+                f.write(final)
+                for t in items:
+                    f.write(t.data)
+            else:
+                f.write(final)
             f.flush()  # nothing may be written after the mtime is set
             set_mtime_to_stamp(f.name, stamped_at)
     except BaseException as exc:

@@ -471,7 +471,7 @@ def _properties(
     )  # fmt: skip
 
 
-def _base_url(request: web.Request, state: MirrorState) -> str:
+def base_url(request: web.Request, state: MirrorState) -> str:
     """The configured public URL, else the address this connection reached (never ``Host``)."""
     if state.public_url is not None:
         return state.public_url
@@ -507,7 +507,7 @@ async def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.R
             {"recursive": str(recursive).lower(), "expand": str(expand).lower(),
              "cursor": documents.encode_cursor(index.commit, start + page_size)}
         )  # fmt: skip
-        base = _base_url(request, state)
+        base = base_url(request, state)
         url = f"{base}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
         headers["Link"] = f'<{url}>; rel="next"'
     entries = [documents.tree_entry(index, p) for p in page]
@@ -581,7 +581,7 @@ def _next_link(
     request: web.Request, state: MirrorState, path: str, pairs: list[tuple[str, str]], cursor: str
 ) -> str:
     query = urlencode([(k, v) for k, v in pairs if k != "cursor"] + [("cursor", cursor)])
-    return f'<{_base_url(request, state)}{path}?{query}>; rel="next"'
+    return f'<{base_url(request, state)}{path}?{query}>; rel="next"'
 
 
 def _page_start(route: Route, pinned: str) -> int:

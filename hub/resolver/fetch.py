@@ -21,7 +21,8 @@ from ..cache.blobs import (
     partial_path,
 )
 from ..cache.layout import RepoLayout
-from .http import HubClient
+from . import chunked
+from .http import HubClient, RangeNotSatisfied
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .types import (
     HubUnreachableError,
@@ -40,10 +41,15 @@ def download_whole(
     strict: bool = False,
     retry: RetryPolicy = DEFAULT_RETRY,
     progress: Progress | None = None,
+    connections: int = 1,
+    chunk_bytes: int = chunked.MIN_CHUNK,
 ) -> tuple[int, bool, list[str]]:
     """Fetch blob ``remote.etag`` whole into the cache, resuming any partial.
 
     The caller holds the blob lock. Returns (bytes received, resumed, warnings).
+    A file of more than one chunk is fetched over ``connections`` parallel
+    range connections (:mod:`cmh.hub.resolver.chunked`), unless the server
+    ignores ``Range``; then, and for smaller files, over one connection.
     Transfer failures are retried under ``retry`` (backoff with jitter,
     ``Retry-After`` honoured) with ``Range`` from where the partial ends;
     content that fails its check is discarded and fetched once more from
@@ -52,6 +58,22 @@ def download_whole(
     :class:`InvalidRemoteFileError`, and a write that finds no room raises
     :class:`DiskFullError`; both remove the partial.
     """
+    if chunked.applies(remote.size, connections, chunk_bytes):
+        try:
+            return chunked.download_chunked(
+                client, repo, remote, url, connections=connections, chunk_bytes=chunk_bytes,
+                strict=strict, retry=retry, progress=progress,
+            )  # fmt: skip
+        except RangeNotSatisfied:
+            chunked.discard(repo, remote.etag)  # the server ignores Range: one connection
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            chunked.discard(repo, remote.etag)
+            raise disk_full_error(exc, f"{remote.path}: writing its chunks") from None
+        except InvalidRemoteFileError:
+            chunked.discard(repo, remote.etag)
+            raise
     part = partial_path(repo, remote.etag)
     part.parent.mkdir(parents=True, exist_ok=True)
     try:

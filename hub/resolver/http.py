@@ -75,7 +75,7 @@ def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            headers = {"User-Agent": f"cmh/{__version__}", "Accept-Encoding": "identity"}
+            headers = {"User-Agent": f"cmh/{__version__}"}
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             client = httpx2.Client(
@@ -96,6 +96,22 @@ def _close_clients() -> None:
         for client in _clients.values():
             client.close()
         _clients.clear()
+
+
+#: Compression where the body is not range-addressed (API answers, whole small files);
+#: ``identity`` where offsets matter (ranges, resumes, multi-range).
+COMPRESSED = {"Accept-Encoding": "gzip"}
+IDENTITY = {"Accept-Encoding": "identity"}
+
+
+def _wire(response: httpx2.Response) -> tuple[int, int]:
+    """Requests sent and body bytes received for ``response``, redirects included.
+
+    A redirect (a 302 to a CDN) and the request it leads to are two requests;
+    bytes are counted as they came over the wire (compressed, if they were).
+    """
+    chain = [*response.history, response]
+    return len(chain), sum(r.num_bytes_downloaded for r in chain)
 
 
 class RangeNotSatisfied(HubProtocolError):
@@ -129,6 +145,13 @@ class HubClient:
             self.requests += requests
             self.bytes_received += nbytes
 
+    def _count_answer(self, response: httpx2.Response) -> None:
+        """Count the request of a streamed answer and the redirects before it (with bodies)."""
+        self._count(
+            requests=len(response.history) + 1,
+            nbytes=sum(r.num_bytes_downloaded for r in response.history),
+        )
+
     def close(self) -> None:
         """Nothing to release: connections are pooled per process (see ``_shared_client``)."""
 
@@ -161,11 +184,14 @@ class HubClient:
 
         def once() -> tuple[Any, httpx2.Response]:
             try:
-                response = self._client.get(url, params=params, timeout=metadata_timeout())
+                response = self._client.get(
+                    url, params=params, headers=COMPRESSED, timeout=metadata_timeout()
+                )
             except httpx2.TransportError as exc:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
-            self._count(requests=1, nbytes=len(response.content))
+            sent, received = _wire(response)
+            self._count(requests=sent, nbytes=received)
             raise_for_status(response)
             try:
                 return json.loads(response.content), response
@@ -293,18 +319,23 @@ class HubClient:
         Network failures mid-body raise :class:`HubUnreachableError`; what
         arrived before the failure has been given to ``sink``.
         """
-        headers: dict[str, str] = {}
-        if start or end is not None:
+        headers: dict[str, str] = dict(COMPRESSED)
+        ranged = bool(start or end is not None)
+        if ranged:
             last = "" if end is None else str(end - 1)
-            headers["Range"] = f"bytes={start}-{last}"
-        self._count(requests=1)
+            headers = {**IDENTITY, "Range": f"bytes={start}-{last}"}
+        counted = 0
+        answered = False
         try:
             with self._client.stream("GET", url, headers=headers) as response:
+                answered = True
+                self._count_answer(response)
                 if response.status_code >= 400:
                     response.read()
+                    self._count(nbytes=response.num_bytes_downloaded)
                     raise_for_status(response)
                 honoured = True
-                if headers:
+                if ranged:
                     if response.status_code == 206:
                         _check_content_range(response, start, end)
                     elif response.status_code == 200:
@@ -319,17 +350,24 @@ class HubClient:
                     raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
                 expected = None if end is None else end - start
                 got = 0
-                for chunk in response.iter_raw():
+                # A compressed answer (asked for only without Range) is decoded for the sink.
+                encoded = response.headers.get("Content-Encoding", "identity") != "identity"
+                for chunk in response.iter_bytes() if encoded else response.iter_raw():
                     if expected is not None and got + len(chunk) > expected:
                         raise HubProtocolError(f"{url}: more bytes than the range asked for")
                     got += len(chunk)
-                    self._count(nbytes=len(chunk))
+                    self._count(nbytes=response.num_bytes_downloaded - counted)
+                    counted = response.num_bytes_downloaded
                     sink(chunk)
                 if expected is not None and got != expected:
                     raise HubUnreachableError(f"{url}: range ended after {got} of {expected} bytes")
                 return honoured
         except httpx2.TransportError as exc:
+            if not answered:
+                self._count(requests=1)
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+        except httpx2.DecodingError as exc:
+            raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc
 
     def stream_ranges(
         self,
@@ -350,11 +388,16 @@ class HubClient:
             self.stream(url, b, _at(sink, b), end=e)
             return
         spec = ",".join(f"{b}-{e - 1}" for b, e in ranges)
-        self._count(requests=1)
+        answered = False
         try:
-            with self._client.stream("GET", url, headers={"Range": f"bytes={spec}"}) as response:
+            with self._client.stream(
+                "GET", url, headers={**IDENTITY, "Range": f"bytes={spec}"}
+            ) as response:
+                answered = True
+                self._count_answer(response)
                 if response.status_code >= 400:
                     response.read()
+                    self._count(nbytes=response.num_bytes_downloaded)
                     raise_for_status(response)
                 ctype = response.headers.get("Content-Type", "")
                 match = re.search(r"boundary=\"?([^\";]+)\"?", ctype)
@@ -366,6 +409,8 @@ class HubClient:
                     parser.feed(chunk)
                 parser.close()
         except httpx2.TransportError as exc:
+            if not answered:
+                self._count(requests=1)
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
 
 
@@ -416,7 +461,8 @@ def raise_for_status(response: httpx2.Response) -> None:
     if code == "EntryNotFound":
         raise NotFoundError(f"file not found: {url}", "entry")
     if code == "GatedRepo" or status in (401, 403):
-        raise AccessError(f"access refused ({status}): {url}")
+        said = hub_message(response)
+        raise AccessError(f"access refused ({status}): {url}" + (f": {said}" if said else ""))
     if status == 429 or status >= 500:
         raise HubUnreachableError(
             f"{url}: server error {status}", retry_after=retry_after(response.headers)
@@ -426,6 +472,19 @@ def raise_for_status(response: httpx2.Response) -> None:
     if status == 416:
         raise RangeNotSatisfied(f"{url}: 416 range not satisfiable")
     raise HubProtocolError(f"{url}: unexpected status {status}")
+
+
+def hub_message(response: httpx2.Response) -> str:
+    """What the Hub says about an error: ``X-Error-Message``, else the JSON body's ``error``."""
+    said = response.headers.get("X-Error-Message", "").strip()
+    if said:
+        return said
+    try:
+        body = json.loads(response.content)
+    except (ValueError, httpx2.ResponseNotRead):
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.strip() if isinstance(error, str) else ""
 
 
 def retry_after(headers: httpx2.Headers) -> float | None:
@@ -461,8 +520,8 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
         raise HubProtocolError(f"malformed tree entry {entry!r}")
-    if entry.get("xetHash"):
-        raise HubProtocolError(f"{path}: Xet-only entry, not servable over plain HTTP")
+    # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
+    # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
     etag = _etag_of(oid, entry.get("lfs"))
     if etag is None:
         raise HubProtocolError(f"{path}: tree entry has no usable oid")

@@ -17,11 +17,13 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -37,6 +39,7 @@ from ..cache.layout import (
 )
 from ..cache.locks import blob_lock, repo_lock, snapshot_in_use
 from ..cache.usage import record_use
+from . import chunked
 from .credentials import default_token
 from .fetch import download_whole
 from .http import HubClient
@@ -67,6 +70,7 @@ from .types import (
     PolicyError,
     RemoteFile,
     Resolution,
+    SnapshotPath,
     State,
 )
 
@@ -242,21 +246,25 @@ def _result(
     files: tuple[FileResult, ...],
     *,
     requests: int = 0,
+    received: int | None = None,
     expires_at: float | None = None,
     previous: str | None = None,
     warnings: Sequence[str] = (),
 ) -> Resolution:
+    """The answer; ``received``: body bytes that came over the wire (default: the files')."""
     record_use(repo, commit)
     return Resolution(
         repo_id=repo.repo_id,
         repo_type=repo.repo_type,
         revision=revision,
         commit=commit,
-        path=repo.snapshot_dir(commit),
+        path=SnapshotPath(repo.snapshot_dir(commit)),
         state=state,
         files=files,
         requests=requests,
-        bytes_transferred=sum(f.bytes_transferred for f in files),
+        bytes_transferred=(
+            received if received is not None else sum(f.bytes_transferred for f in files)
+        ),
         bytes_reused=sum(f.bytes_reused for f in files),
         expires_at=expires_at,
         previous_commit=previous,
@@ -533,10 +541,45 @@ def _answer_online(
         state,
         results,
         requests=client.requests,
+        received=client.bytes_received,
         expires_at=_finite(expiry),
         previous=previous if previous != commit else None,
         warnings=list(fetcher.warnings),
     )
+
+
+def _fetch_all(
+    work: Callable[[tuple[str, RemoteFile]], FileResult],
+    plans: list[tuple[str, RemoteFile]],
+    workers: int,
+) -> tuple[FileResult, ...]:
+    """``work`` over every plan; the first error cancels the files not yet started.
+
+    A refusal (a gated repo) or a missing commit is the same for every file:
+    only the requests already in flight (at most ``workers``) are made.
+    """
+    failed = threading.Event()
+
+    def guarded(plan: tuple[str, RemoteFile]) -> FileResult | None:
+        if failed.is_set():
+            return None  # an earlier file failed: not started
+        try:
+            return work(plan)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(guarded, plan) for plan in plans]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:
+            error = future.exception() if future.done() else None
+            if error is not None:
+                for other in futures:
+                    other.cancel()
+                raise error
+        results = tuple(future.result() for future in futures)
+    return tuple(r for r in results if r is not None)
 
 
 def _bring_in(
@@ -570,9 +613,7 @@ def _bring_in(
         path, remote = item
         return fetcher.ensure(commit, path, remote, prefer, remote.etag in corrupt_etags)
 
-    workers = max(1, min(policy.max_workers, len(plans)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = tuple(pool.map(work, plans))
+    results = _fetch_all(work, plans, max(1, min(policy.max_workers, len(plans))))
     return selection, results, fetcher
 
 
@@ -677,7 +718,8 @@ class _Fetcher:
                             url,
                             old,
                             strict=self.policy.strict,
-                            max_workers=self.policy.max_workers,
+                            connections=self.policy.connections,
+                            chunk_bytes=self.policy.chunk_bytes,
                             progress=self.progress,
                             manifest=lambda: client.tensor_manifest(
                                 repo.repo_id, repo.repo_type, commit, path
@@ -703,10 +745,13 @@ class _Fetcher:
                             patched.bytes_reused,
                         )
         resumable = partial_path(repo, remote.etag)
-        had_partial = resumable.exists() and resumable.stat().st_size > 0
-        received, resumed, warnings = download_whole(
-            client, repo, remote, url, strict=self.policy.strict, progress=self.progress
+        had_partial = (resumable.exists() and resumable.stat().st_size > 0) or chunked.has_partial(
+            repo, remote.etag
         )
+        received, resumed, warnings = download_whole(
+            client, repo, remote, url, strict=self.policy.strict, progress=self.progress,
+            connections=self.policy.connections, chunk_bytes=self.policy.chunk_bytes,
+        )  # fmt: skip
         for w in warnings:
             self._warn(f"{path}: {w}")
         if corrupt:
@@ -720,3 +765,32 @@ class _Fetcher:
 
     def _patchable(self, path: str, remote: RemoteFile) -> bool:
         return path.endswith(".safetensors") and remote.lfs and remote.size >= PATCH_MIN_BYTES
+
+
+def fresh_commit(repo: RepoLayout, revision: str, policy: Policy | None = None) -> str | None:
+    """The commit ``revision`` names when its local snapshot may be used without the Hub.
+
+    The rule by which :func:`resolve` answers LOCAL_ONLY (spec/resolver.md
+    §3), for the selection of the files the snapshot holds: the commit's
+    listing is cached, each of those files is linked to its listed blob,
+    checked, and the selection is fresh (a commit id: whatever its expiry).
+    ``None`` otherwise, or when the policy says ``revalidate``. No request.
+    """
+    policy = policy if policy is not None else Policy.from_env()
+    if policy.revalidate:
+        return None
+    pinned = bool(COMMIT_RE.match(revision))
+    commit = revision if pinned else repo.read_ref(revision)
+    tree = read_tree(repo, commit) if commit is not None else None
+    if commit is None or tree is None:
+        return None
+    present = [p for p in tree if os.path.lexists(repo.snapshot_file(commit, p))]
+    if not present:
+        return None
+    local = _inspect_local(repo, revision, [glob.escape(p) for p in present], pinned)
+    if local.commit is None or local.tree is None or not local.complete or local.corrupt:
+        return None
+    if pinned:
+        return local.commit
+    expiry = _expiry(repo, revision, local.commit, local.selection, policy)
+    return local.commit if time.time() < expiry else None

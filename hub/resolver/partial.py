@@ -44,12 +44,12 @@ from ..cache.blobs import (
     ContentCheck,
     Progress,
     disk_full_error,
-    feed_file,
     install_blob,
     is_disk_full,
     partial_path,
 )
 from ..cache.layout import RepoLayout
+from .chunked import BackgroundSync, OrderedFeed, chunk_size
 from .http import HubClient, RangeNotSatisfied
 from .retry import DEFAULT_RETRY
 from .types import HubProtocolError, IntegrityError, InvalidRemoteFileError, RemoteFile
@@ -57,8 +57,8 @@ from .types import HubProtocolError, IntegrityError, InvalidRemoteFileError, Rem
 PREFETCH = 128 << 10
 GAP_FRACTION = 0.03
 GAP_FLOOR = 64 << 10
-#: Changed bytes from which ranges are split over two parallel requests.
-PARALLEL_BYTES = 256 << 20
+#: The fewest changed bytes one extra parallel connection is opened for.
+MIN_GROUP_BYTES = 1 << 20
 #: Ranges per multi-range request (the mirror accepts 64).
 MAX_RANGES_PER_REQUEST = 32
 
@@ -309,15 +309,21 @@ def patch_blob(
     old_etag: str,
     *,
     strict: bool = False,
-    max_workers: int = 4,
+    connections: int = 8,
+    chunk_bytes: int = 16 << 20,
     progress: Progress | None = None,
     manifest: Callable[[], list[dict[str, Any]] | None] | None = None,
 ) -> PatchResult:
     """Assemble blob ``remote.etag`` from blob ``old_etag`` plus fetched ranges.
 
-    The caller holds the blob lock of ``remote.etag``. Raises
-    :class:`PatchNotPossible` when the file must be fetched whole instead
-    (the prefix already fetched is then left as ``{etag}.incomplete``),
+    The caller holds the blob lock of ``remote.etag``. The unchanged tensors
+    are copied in the kernel while the changed ranges arrive over up to
+    ``connections`` connections, and the assembled file is checked in order
+    as its bytes fall into place (:class:`~cmh.hub.resolver.chunked.OrderedFeed`):
+    the whole-file digest covers every byte, the manifest digests only the
+    fetched tensors (the copied ones match digests of a checked blob).
+    Raises :class:`PatchNotPossible` when the file must be fetched whole
+    instead (the prefix already fetched is then left as ``{etag}.incomplete``),
     :class:`HubProtocolError` when the server does not answer ranges as asked,
     :class:`IntegrityError` when the assembled file fails its check,
     :class:`InvalidRemoteFileError` when its header cannot be read, and
@@ -347,10 +353,16 @@ def patch_blob(
 
     target = assembly_path(repo, remote.etag)
     log_path = target.with_name(target.name + ".log")
+    check = ContentCheck(
+        remote.etag, remote.size, safetensors=True, strict=strict, name=remote.path
+    )
+    check.trusted = plan.trusted
     try:
         received += _assemble(
-            client, url, remote, old_etag, old_blob, target, log_path, plan, max_workers, progress
-        )
+            client, url, remote, old_etag, old_blob, target, log_path, plan, check,
+            connections, chunk_bytes, progress,
+        )  # fmt: skip
+        check.finish()
     except OSError as exc:
         if not is_disk_full(exc):
             raise
@@ -361,14 +373,6 @@ def patch_blob(
         # so the (mostly copied, full-size) assembly would only take room.
         _discard(target, log_path)
         raise
-
-    check = ContentCheck(
-        remote.etag, remote.size, safetensors=True, strict=strict, name=remote.path
-    )
-    check.trusted = plan.trusted
-    try:
-        feed_file(check, target)
-        check.finish()
     except (IntegrityError, InvalidRemoteFileError):
         _discard(target, log_path)
         raise
@@ -392,43 +396,139 @@ def _assemble(
     target: Path,
     log_path: Path,
     plan: PatchPlan,
-    max_workers: int,
+    check: ContentCheck,
+    connections: int,
+    chunk_bytes: int,
     progress: Progress | None,
 ) -> int:
-    """Write the prefix, the copies and the fetched ranges into ``target``; bytes fetched."""
+    """Write the prefix, the copies and the fetched ranges into ``target``; bytes fetched.
+
+    ``check`` is fed the file in order as its bytes fall into place; its error
+    (the first tensor that does not match) is raised once the transfer stopped.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     log = _Log(log_path, f"cmh-assembly v1 {old_etag} {remote.size}")
     resuming = target.exists() and target.stat().st_size == remote.size and log.load()
     if not resuming:
         log.start()
+    pieces = split_ranges(plan.ranges, chunk_size(plan.fetch_bytes, chunk_bytes))
     received = 0
     fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+    old_fd = os.open(old_blob, os.O_RDONLY)
+    feed = OrderedFeed(check.update, fd, remote.size).start()
+    sync = BackgroundSync(fd)
+
+    def ready(begin: int, end: int) -> None:
+        feed.mark_ready(begin, end)
+        sync.wrote(end - begin)
+
     try:
         if not resuming:
             os.ftruncate(fd, remote.size)
         _pwrite_all(fd, plan.header_bytes, 0)
-        if "copies" not in log.done:
-            src_fd = os.open(old_blob, os.O_RDONLY)
-            try:
-                for c in plan.copies:
-                    _copy(src_fd, fd, c)
-            finally:
-                os.close(src_fd)
-            log.add("copies")
-        todo = [(b, e) for b, e in plan.ranges if f"range {b} {e}" not in log.done]
-        received += _fetch_ranges(client, url, fd, todo, log, max_workers, progress)
-        os.fsync(fd)
+        feed.mark_ready(0, len(plan.header_bytes))
+        # The check reads the copied tensors from the checked old blob, beside the copy.
+        for c in plan.copies:
+            feed.map_source(c.dst, c.dst + c.length, old_fd, c.src)
+        copier = _Copier(old_blob, fd, plan.copies, log, sync.wrote).start()
+        for b, e in pieces:
+            if f"range {b} {e}" in log.done:
+                feed.mark_ready(b, e)
+        todo = [(b, e) for b, e in pieces if f"range {b} {e}" not in log.done]
+        try:
+            received += _fetch_ranges(
+                client, url, fd, todo, log, connections, progress, ready, lambda: feed.failed
+            )
+        except _Stop:
+            feed.join()  # the check refused fetched bytes: its error is the cause
+            raise
+        finally:
+            copier.join()
+        feed.join()
     finally:
+        feed.stop()
+        with contextlib.suppress(Exception):
+            feed.join()
+        sync.close()
         os.close(fd)
+        os.close(old_fd)
     return received
 
 
-def _batches(ranges: list[tuple[int, int]], max_workers: int) -> list[list[tuple[int, int]]]:
-    """Split ranges into multi-range requests: one, or a few for large transfers."""
+class _Stop(Exception):
+    """The check already refused the file: stop fetching."""
+
+
+class _Copier:
+    """Copies the unchanged tensors from the old blob in the kernel, on a thread of its own."""
+
+    def __init__(
+        self,
+        old_blob: Path,
+        fd: int,
+        copies: list[Copy],
+        log: _Log,
+        wrote: Callable[[int], None],
+    ) -> None:
+        self._old_blob, self._fd, self._copies = old_blob, fd, copies
+        self._log, self._wrote = log, wrote
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="cmh-copy", daemon=True)
+
+    def start(self) -> _Copier:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            if "copies" in self._log.done:
+                return
+            src_fd = os.open(self._old_blob, os.O_RDONLY)
+            try:
+                for c in self._copies:
+                    _copy(src_fd, self._fd, c)
+                    self._wrote(c.length)
+            finally:
+                os.close(src_fd)
+            self._log.add("copies")
+        except BaseException as exc:  # raised again by join()
+            self._error = exc
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def split_ranges(ranges: list[tuple[int, int]], piece: int) -> list[tuple[int, int]]:
+    """``ranges`` cut into pieces of at most ``piece`` bytes (each resumable on its own)."""
+    out: list[tuple[int, int]] = []
+    for b, e in ranges:
+        out.extend((p, min(e, p + piece)) for p in range(b, e, piece))
+    return out
+
+
+def _batches(ranges: list[tuple[int, int]], connections: int) -> list[list[tuple[int, int]]]:
+    """Spread ranges over up to ``connections`` groups of similar byte counts, in file order.
+
+    A group is sent as multi-range requests of at most :data:`MAX_RANGES_PER_REQUEST` ranges.
+    """
     total = sum(e - b for b, e in ranges)
-    groups = 1 if total < PARALLEL_BYTES else max(1, min(max_workers, 2))
-    per = max(1, min(MAX_RANGES_PER_REQUEST, -(-len(ranges) // groups)))
-    return [ranges[i : i + per] for i in range(0, len(ranges), per)]
+    groups = max(1, min(connections, len(ranges), total // MIN_GROUP_BYTES or 1))
+    share = -(-total // groups)
+    out: list[list[tuple[int, int]]] = [[]]
+    filled = 0
+    for span in ranges:
+        if filled >= share and len(out) < groups:
+            out.append([])
+            filled = 0
+        out[-1].append(span)
+        filled += span[1] - span[0]
+    return [
+        g[i : i + MAX_RANGES_PER_REQUEST]
+        for g in out
+        for i in range(0, len(g), MAX_RANGES_PER_REQUEST)
+    ]
 
 
 def _fetch_ranges(
@@ -437,10 +537,16 @@ def _fetch_ranges(
     fd: int,
     ranges: list[tuple[int, int]],
     log: _Log,
-    max_workers: int,
+    connections: int,
     progress: Progress | None,
+    ready: Callable[[int, int], None],
+    refused: Callable[[], bool],
 ) -> int:
-    """Fetch ``ranges`` into ``fd``: multi-range requests, else one request per range."""
+    """Fetch ``ranges`` into ``fd``: multi-range requests, else one request per range.
+
+    ``ready(begin, end)`` is told of every range once it is in place;
+    ``refused()`` true stops the transfer (the check already failed).
+    """
     if not ranges:
         return 0
     lock = threading.Lock()
@@ -450,16 +556,20 @@ def _fetch_ranges(
 
     def sink(offset: int, data: bytes) -> None:
         nonlocal received
+        if refused():
+            raise _Stop
         i = bisect.bisect_right(begins, (offset, float("inf"))) - 1
         span = begins[i]
         _pwrite_all(fd, data, offset)
         with lock:
             got[span] = offset + len(data) - span[0]
             received += len(data)
+            finished = got[span] == span[1] - span[0]
         if progress is not None:
             progress(len(data))
-        if got[span] == span[1] - span[0]:
+        if finished:
             log.add(f"range {span[0]} {span[1]}")
+            ready(*span)
 
     def remaining(batch: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return [(b + got[(b, e)], e) for b, e in batch if got[(b, e)] < e - b]
@@ -473,26 +583,34 @@ def _fetch_ranges(
 
         DEFAULT_RETRY.run(step, "ranges")
 
-    batches = _batches(ranges, max_workers)
+    batches = _batches(ranges, connections)
     try:
-        with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(connections, len(batches)))) as pool:
             list(pool.map(run_batch, batches))
     except RangeNotSatisfied:
         # The server does not do multi-range: one request per range, in parallel.
         todo = [(b + got[(b, e)], e) for b, e in ranges if got[(b, e)] < e - b]
+        spans = {(b + got[(b, e)], e): (b, e) for b, e in ranges if got[(b, e)] < e - b}
 
-        def one(span: tuple[int, int]) -> int:
-            return _fetch_range_into(client, url, fd, span, progress)
+        def one(part: tuple[int, int]) -> int:
+            n = _fetch_range_into(client, url, fd, part, progress, refused)
+            whole = spans[part]
+            log.add(f"range {whole[0]} {whole[1]}")
+            ready(*whole)
+            return n
 
-        with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(connections, len(todo)))) as pool:
             received += sum(pool.map(one, todo))
-        for b, e in ranges:
-            log.add(f"range {b} {e}")
     return received
 
 
 def _fetch_range_into(
-    client: HubClient, url: str, fd: int, span: tuple[int, int], progress: Progress | None
+    client: HubClient,
+    url: str,
+    fd: int,
+    span: tuple[int, int],
+    progress: Progress | None,
+    refused: Callable[[], bool],
 ) -> int:
     """Fetch ``[begin, end)`` into ``fd`` at the same offsets, resuming after drops."""
     begin, end = span
@@ -501,6 +619,8 @@ def _fetch_range_into(
 
     def sink(chunk: bytes) -> None:
         nonlocal pos, received
+        if refused():
+            raise _Stop
         _pwrite_all(fd, chunk, pos)
         pos += len(chunk)
         received += len(chunk)

@@ -27,7 +27,9 @@ costs one revalidation request, not ten.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
 import inspect
 import logging
 import os
@@ -135,7 +137,35 @@ def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> 
             if name not in huggingface_hub.__dict__:  # lazy re-export not loaded yet
                 _patched.append((huggingface_hub, name, _Absent, wrapper))
                 setattr(huggingface_hub, name, wrapper)
+        _install_client_hook()
         return bool(_patched)
+
+
+def _install_client_hook() -> None:
+    """Put :class:`~cmh.hub.resolver.session.FreshCacheTransport` in huggingface_hub's client."""
+    from huggingface_hub.utils import _http
+
+    from .session import client_factory
+
+    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
+    set_factory = getattr(_http, "set_client_factory", None)
+    if not callable(previous) or not callable(set_factory):
+        warnings.warn(
+            "cmh.hub.install: huggingface_hub has no client factory hook; Hub API calls "
+            "of fresh snapshots still go to the network",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    set_factory(client_factory(previous))
+    _patched.append((_http, "_GLOBAL_CLIENT_FACTORY", previous, _FactoryRestore(set_factory)))
+
+
+class _FactoryRestore:
+    """Marks the client factory entry of ``_patched``: uninstall restores it through the hook."""
+
+    def __init__(self, set_factory: Callable[[Any], None]) -> None:
+        self.set_factory = set_factory
 
 
 class _Absent:
@@ -146,6 +176,9 @@ def uninstall() -> None:
     """Restore every patched attribute that still holds the wrapper."""
     with _lock:
         for owner, attr, original, wrapper in reversed(_patched):
+            if isinstance(wrapper, _FactoryRestore):
+                wrapper.set_factory(original)  # closes the client built with the hook
+                continue
             if owner.__dict__.get(attr) is wrapper:
                 if original is _Absent:
                     delattr(owner, attr)
@@ -198,7 +231,7 @@ def _bind(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
 
 
 def _policy_for(local_files_only: bool) -> Policy:
-    base = _policy if _policy is not None else Policy.from_env()
+    base = current_policy()
     if local_files_only and not base.offline:
         from dataclasses import replace
 
@@ -230,17 +263,23 @@ def _route(
     local_files_only: bool,
 ) -> Any:
     """Resolve through the per-process revalidation window."""
-    from .credentials import default_endpoint
     from .negotiate import resolve
 
     revision = revision or "main"
     root = _cache_root(cache_dir)
-    key = (str(root), endpoint or default_endpoint(), repo_type, repo_id, revision)
+    key = _window_key(root, endpoint, repo_type, repo_id, revision)
     use = revision
-    with _lock:
-        hit = _recent.get(key)
-    if hit is not None and time.monotonic() - hit[1] < _window and not local_files_only:
-        use = hit[0]
+    if not local_files_only:
+        use = recent_commit(root, endpoint, repo_type, repo_id, revision) or revision
+    if use == revision and not local_files_only and not COMMIT_RE.match(revision):
+        # A fresh snapshot (its stamps) vouches for its commit, whichever file is asked.
+        from .negotiate import fresh_commit
+
+        with contextlib.suppress(OSError, ValueError):
+            use = (
+                fresh_commit(RepoLayout(root, repo_id, repo_type), revision, current_policy())
+                or use
+            )
     policy = _policy_for(local_files_only)
     try:
         res = resolve(
@@ -264,6 +303,44 @@ def _route(
     for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
         logger.warning("%s: %s", repo_id, w)
     return res
+
+
+def _window_key(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+) -> tuple[str, ...]:
+    from .credentials import default_endpoint
+
+    where = (endpoint or default_endpoint()).rstrip("/")
+    return (str(Path(root).expanduser()), where, repo_type, repo_id, revision)
+
+
+def recent_commit(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+) -> str | None:
+    """The commit the Hub named for ``revision`` less than ``window`` seconds ago, if it did."""
+    with _lock:
+        hit = _recent.get(_window_key(root, endpoint, repo_type, repo_id, revision))
+    if hit is not None and time.monotonic() - hit[1] < _window:
+        return hit[0]
+    return None
+
+
+def remember_commit(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
+) -> None:
+    """Record that the Hub named ``commit`` for ``revision`` now (opens the window)."""
+    if COMMIT_RE.match(revision):
+        return
+    with _lock:
+        _recent[_window_key(root, endpoint, repo_type, repo_id, revision)] = (
+            commit,
+            time.monotonic(),
+        )
+
+
+def current_policy() -> Policy:
+    """The policy routed calls use (``install(policy=...)``, else from the environment)."""
+    return _policy if _policy is not None else Policy.from_env()
 
 
 def _fall_back(what: str, exc: BaseException) -> None:
@@ -291,6 +368,30 @@ def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) 
     return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
 
 
+def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
+    """The file the stock ``hf_hub_download`` asks for, and the path it returns under the snapshot.
+
+    The stock client joins ``subfolder/filename`` with a ``/`` (an empty
+    subfolder counts as none), puts that in the ``resolve`` URL, whose ``.``
+    segments the HTTP client removes, and joins the unchanged segments under
+    the snapshot folder (``subfolder="."`` reads ``modules.json`` and returns
+    ``snapshots/{commit}/./modules.json``). Returns ``(repo path, local
+    relative path)``, or ``None`` for a name the resolver leaves to the stock
+    function (which rejects ``..`` and absolute names, and sends empty
+    segments to the server as they are).
+    """
+    if not isinstance(filename, str) or not isinstance(subfolder, (str, type(None))):
+        return None
+    joined = f"{subfolder}/{filename}" if subfolder else filename
+    segments = joined.split("/")
+    if joined.startswith("/") or any(s == ".." or "\\" in s or ":" in s for s in segments):
+        return None  # refused by the stock function, with its own error
+    kept = [s for s in segments if s != "."]
+    if not kept or any(s == "" for s in kept):
+        return None
+    return "/".join(kept), os.path.join(*segments)
+
+
 def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
@@ -298,9 +399,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         if a is None or _stock_only(a):
             return original(*args, **kwargs)
         repo_type = a.get("repo_type") or "model"
-        filename = a["filename"]
-        if a.get("subfolder"):
-            filename = f"{a['subfolder']}/{filename}"
+        names = repo_filename(a["filename"], a.get("subfolder"))
+        if names is None:
+            return original(*args, **kwargs)
+        filename, relative = names
         try:
             res = _route(
                 a["repo_id"],
@@ -309,7 +411,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
                 a.get("cache_dir"),
                 a.get("endpoint"),
                 a.get("token"),
-                [filename],
+                [glob.escape(filename)],  # a name, not a pattern: "a[1].txt" is itself
                 bool(a.get("local_files_only")),
             )
         except NotFoundError as exc:
@@ -322,10 +424,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         except (ResolveError, OSError) as exc:
             _fall_back(f"{a['repo_id']}/{filename}", exc)
             return original(*args, **kwargs)
-        target = res.path / filename
+        target = os.path.join(str(res.path), relative)
         if not os.path.isfile(target):
             return original(*args, **kwargs)
-        return str(target)
+        return target
 
     hf_hub_download.__cmh_original__ = original  # type: ignore[attr-defined]
     return hf_hub_download

@@ -45,6 +45,9 @@ class Policy:
     network. ``stale_if_error``: serve an expired snapshot, with a warning,
     when the Hub is unreachable. ``strict``: refuse expired or unverified
     content. ``revalidate``: ask the Hub even when the snapshot is fresh.
+    ``connections``: parallel range connections for one large file (default
+    ``CMH_DOWNLOAD_CONNECTIONS``, else 8; 1 = one connection per file).
+    ``chunk_bytes``: the largest range one such request asks for (16 MiB).
     """
 
     default_lifetime: float = 0.0
@@ -53,6 +56,12 @@ class Policy:
     strict: bool = False
     revalidate: bool = False
     max_workers: int = 4
+    connections: int = field(default_factory=lambda: default_connections())
+    chunk_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        if self.connections < 1 or self.chunk_bytes < 1 or self.max_workers < 1:
+            raise ValueError("connections, chunk_bytes and max_workers must be at least 1")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Policy:
@@ -61,6 +70,16 @@ class Policy:
         values: dict[str, Any] = {"offline": offline}
         values.update(overrides)
         return cls(**values)
+
+
+def default_connections() -> int:
+    """``CMH_DOWNLOAD_CONNECTIONS`` (1 to 64), else 8."""
+    value = os.environ.get("CMH_DOWNLOAD_CONNECTIONS", "").strip()
+    if not value:
+        return 8
+    if not value.isdigit() or not 1 <= int(value) <= 64:
+        raise ValueError(f"CMH_DOWNLOAD_CONNECTIONS={value!r}: a whole number from 1 to 64")
+    return int(value)
 
 
 def env_true(name: str) -> bool:
@@ -107,11 +126,34 @@ class FileResult:
     bytes_reused: int = 0
 
 
+class SnapshotPath(str):
+    """A snapshot folder: a ``str`` for every loader, with the :class:`~pathlib.Path` API besides.
+
+    Loaders differ in what they accept (sentence-transformers tests ``"/" in
+    name``, which a :class:`~pathlib.Path` refuses), so the folder is a string;
+    ``path / "config.json"`` gives a :class:`~pathlib.Path`, and ``Path``
+    attributes a ``str`` lacks (``exists()``, ``name``, ``iterdir()``, ...)
+    are those of ``Path(path)``.
+    """
+
+    __slots__ = ()
+
+    def __truediv__(self, other: str | os.PathLike[str]) -> Path:
+        return Path(self) / other
+
+    def __fspath__(self) -> str:
+        return str.__str__(self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(Path(self), name)
+
+
 @dataclass
 class Resolution:
     """The outcome of :func:`cmh.hub.resolve`.
 
-    ``path`` is the snapshot directory (``from_pretrained(resolution.path)``).
+    ``path`` is the snapshot directory (``from_pretrained(resolution.path)``), a
+    :class:`SnapshotPath`: a ``str`` that also offers the ``Path`` API.
     ``requests`` and ``bytes_transferred`` count what this call asked of the
     Hub; ``bytes_reused`` counts file bytes taken from the local cache.
     """
@@ -120,7 +162,7 @@ class Resolution:
     repo_type: str
     revision: str
     commit: str
-    path: Path
+    path: SnapshotPath
     state: State
     files: tuple[FileResult, ...]
     requests: int = 0
@@ -130,14 +172,27 @@ class Resolution:
     previous_commit: str | None = None
     warnings: tuple[str, ...] = ()
     _fingerprint: Any = field(default=None, repr=False, compare=False)
+    _fingerprinted: bool = field(default=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, SnapshotPath):
+            self.path = SnapshotPath(self.path)
 
     @property
     def fingerprint(self) -> Any:
-        """The semantic fingerprint of the snapshot, computed on first access."""
-        if self._fingerprint is None:
+        """The semantic fingerprint of the snapshot, computed on first access.
+
+        ``None`` when the snapshot holds no model or adapter this can read (a
+        dataset, a space, a selection without weights).
+        """
+        if not self._fingerprinted:
             from cmh import semantic  # type: ignore[attr-defined,unused-ignore]
 
-            self._fingerprint = semantic.fingerprint(self.path)
+            try:
+                self._fingerprint = semantic.fingerprint(self.path)
+            except semantic.NotAModelError:
+                self._fingerprint = None
+            self._fingerprinted = True
         return self._fingerprint
 
     def to_json(self) -> dict[str, Any]:
@@ -155,6 +210,7 @@ class Resolution:
             "bytes_reused": self.bytes_reused,
             "expires_at": self.expires_at,
             "warnings": list(self.warnings),
+            "fingerprint": None if self.fingerprint is None else self.fingerprint.to_dict(),
             "files": [
                 {
                     "path": f.path,
@@ -242,5 +298,6 @@ __all__ = [
     "RemoteFile",
     "Resolution",
     "ResolveError",
+    "SnapshotPath",
     "State",
 ]

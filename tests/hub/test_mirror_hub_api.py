@@ -572,7 +572,6 @@ def _raw(
         ("POST", "/api/models/cmh-test/history/commit/main"),
         ("DELETE", "/api/repos/delete"),
         ("GET", "/cmh-test/history/raw/main/a.txt"),
-        ("GET", "/"),
         ("PUT", "/api/unknown"),
     ],
 )

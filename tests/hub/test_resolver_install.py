@@ -43,6 +43,7 @@ def _phases(server, count: int) -> list[list[str]]:
     start = max(i for i, e in enumerate(entries) if "sync=load-0" in (e.get("target") or ""))
     phases: list[list[str]] = [[] for _ in range(count)]
     current = -1
+    chunked: set[tuple[int, str]] = set()  # (phase, target) fetched as ranged chunks
     for e in entries[start:]:
         target = e.get("target") or ""
         if "sync=load-" in target:
@@ -50,6 +51,11 @@ def _phases(server, count: int) -> list[list[str]]:
         elif "sync=done" in target:
             break
         elif e["route"] != "health":
+            if e.get("range") and e["method"] == "GET":
+                # A large file comes as parallel chunks: one logical GET of the file.
+                if (current, target) in chunked:
+                    continue
+                chunked.add((current, target))
             phases[current].append(f"{e['method']} {e['route']}")
     return phases
 

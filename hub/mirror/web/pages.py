@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from functools import partial
 from pathlib import Path
@@ -154,32 +153,16 @@ def _https(request: web.Request) -> bool:
     return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
-#: A ``Host`` header worth echoing in a snippet: a name or address and an optional port.
-_HOST_RE = re.compile(r"^[A-Za-z0-9.\-]{1,253}(:\d{1,5})?$|^\[[0-9A-Fa-f:.]{2,45}\](:\d{1,5})?$")
-
-
 def mirror_url(request: web.Request) -> str:
-    """The URL to put in the page's snippet (``HF_ENDPOINT``).
+    """The URL to put in the page's snippet (``HF_ENDPOINT``): the API's own base URL.
 
-    The server's public URL when it has one (``--public-url``), else the
-    address the browser used (``Host``, when well formed), else the address
-    this connection reached.
+    That is ``--public-url`` when given, else the address this connection
+    reached; never the ``Host`` header (spec/hub-mirror.md: links the mirror
+    sends never reflect an arbitrary ``Host``).
     """
-    from ..app import STORE_KEY
+    from ..app import STORE_KEY, base_url
 
-    public = getattr(request.app[STORE_KEY], "public_url", None)  # where the server has one
-    if isinstance(public, str) and public:
-        return public.rstrip("/")
-    scheme = "https" if _https(request) else "http"
-    host = request.headers.get("Host", "")
-    if _HOST_RE.match(host):
-        return f"{scheme}://{host}"
-    sock = request.transport.get_extra_info("sockname") if request.transport else None
-    if not sock:
-        return f"{scheme}://127.0.0.1"
-    return (
-        f"{scheme}://[{sock[0]}]:{sock[1]}" if ":" in sock[0] else f"{scheme}://{sock[0]}:{sock[1]}"
-    )
+    return base_url(request, request.app[STORE_KEY]).rstrip("/")
 
 
 def _host(request: web.Request) -> str:

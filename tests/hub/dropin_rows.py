@@ -1,0 +1,204 @@
+"""The rows of the drop-in matrix, run in a fresh interpreter (``python dropin_rows.py CONFIG``).
+
+CONFIG is a JSON document: ``repos`` (row inputs: ``model``, ``adapter``,
+``parquet``, ``csv`` as repo ids, or as local folders for the reference run),
+``rows`` (names to run), ``install`` (call ``cmh.hub.install()`` first),
+``marker`` (a URL prefix: ``GET {marker}?sync=row-NAME`` is sent before each
+row and ``?sync=done`` after the last, so the caller can split its request
+log by row). Prints one JSON document: ``{row: {"output": sha256} or
+{"error": text}}``. Each output is a SHA-256 over what the library loaded
+(tensor bytes, token ids, rows, file bytes): equal outputs are bit-identical
+loads. The environment (``HF_HOME``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``)
+comes from the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import traceback
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+TEXTS = ["cheap fresh weights", "a drop-in without surprises"]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tensor_sha(tensor: Any) -> str:
+    return _sha(tensor.detach().cpu().contiguous().numpy().tobytes())
+
+
+def _tree_sha(folder: Path) -> str:
+    """Every file under ``folder`` (names and bytes), stock ``.cache`` folders left out."""
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.relative_to(folder).parts
+    )
+    return _sha(
+        json.dumps({p.relative_to(folder).as_posix(): _sha(p.read_bytes()) for p in files}).encode()
+    )
+
+
+def _is_local(name: str) -> bool:
+    return os.path.isdir(name)
+
+
+def row_config(r: dict[str, str]) -> str:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(r["model"]).to_dict()
+    config.pop("_name_or_path", None)
+    return _sha(json.dumps(config, sort_keys=True, default=str).encode())
+
+
+def row_tokenizer(r: dict[str, str]) -> str:
+    from transformers import AutoTokenizer
+
+    return _sha(json.dumps(AutoTokenizer.from_pretrained(r["model"])(TEXTS)["input_ids"]).encode())
+
+
+def _embed(model: Any, name: str) -> str:
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name)
+    with torch.no_grad():
+        out = model(**tok(TEXTS, return_tensors="pt", padding=True)).last_hidden_state
+    return _tensor_sha(out)
+
+
+def row_model(r: dict[str, str]) -> str:
+    from transformers import AutoModel
+
+    return _embed(AutoModel.from_pretrained(r["model"]), r["model"])
+
+
+def row_pipeline(r: dict[str, str]) -> str:
+    import numpy as np
+    from transformers import pipeline
+
+    # The task is given: without it transformers reads the repo info and refuses a model whose
+    # library_name is sentence-transformers (as it does on huggingface.co for this model).
+    out = pipeline("feature-extraction", model=r["model"])(TEXTS[0])
+    return _sha(np.asarray(out, dtype=np.float32).tobytes())
+
+
+def row_sentence_transformers(r: dict[str, str]) -> str:
+    from sentence_transformers import SentenceTransformer
+
+    return _sha(SentenceTransformer(r["model"], device="cpu").encode(TEXTS).tobytes())
+
+
+def _dataset_sha(name: str, kind: str) -> str:
+    from datasets import load_dataset
+
+    if _is_local(name):
+        files = sorted(str(p) for p in Path(name).rglob(f"*.{kind}"))
+        ds = load_dataset(kind, data_files=files, split="train")
+    else:
+        ds = load_dataset(name, split="train")
+    return _sha(json.dumps(ds.to_list(), sort_keys=True).encode())
+
+
+def row_datasets_parquet(r: dict[str, str]) -> str:
+    return _dataset_sha(r["parquet"], "parquet")
+
+
+def row_datasets_csv(r: dict[str, str]) -> str:
+    return _dataset_sha(r["csv"], "csv")
+
+
+def row_peft(r: dict[str, str]) -> str:
+    from peft import PeftModel
+    from transformers import AutoModel
+
+    base = AutoModel.from_pretrained(r["model"])
+    return _embed(PeftModel.from_pretrained(base, r["adapter"]), r["model"])
+
+
+def row_hf_hub_download(r: dict[str, str]) -> str:
+    if _is_local(r["model"]):
+        return _sha((Path(r["model"]) / "config.json").read_bytes())
+    from huggingface_hub import hf_hub_download
+
+    return _sha(Path(hf_hub_download(r["model"], "config.json")).read_bytes())
+
+
+def row_snapshot_download(r: dict[str, str]) -> str:
+    if _is_local(r["model"]):
+        return _tree_sha(Path(r["model"]))
+    from huggingface_hub import snapshot_download
+
+    return _tree_sha(Path(snapshot_download(r["model"])))
+
+
+def row_hffs(r: dict[str, str]) -> str:
+    if _is_local(r["model"]):
+        return _sha((Path(r["model"]) / "tokenizer_config.json").read_bytes())
+    from huggingface_hub import HfFileSystem
+
+    return _sha(HfFileSystem().read_bytes(f"{r['model']}/tokenizer_config.json"))
+
+
+def row_hf_cli(r: dict[str, str]) -> str:
+    if _is_local(r["model"]):
+        return _tree_sha(Path(r["model"]))
+    hf = Path(sys.executable).parent / "hf"
+    proc = subprocess.run(
+        [str(hf), "download", "--quiet", r["model"]], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"hf download failed: {proc.stderr[-2000:]}")
+    return _tree_sha(Path(proc.stdout.strip().splitlines()[-1]))
+
+
+ROWS: dict[str, Callable[[dict[str, str]], str]] = {
+    "AutoConfig": row_config,
+    "AutoTokenizer": row_tokenizer,
+    "AutoModel": row_model,
+    "pipeline": row_pipeline,
+    "SentenceTransformer": row_sentence_transformers,
+    "load_dataset parquet": row_datasets_parquet,
+    "load_dataset csv": row_datasets_csv,
+    "PeftModel": row_peft,
+    "hf_hub_download": row_hf_hub_download,
+    "snapshot_download": row_snapshot_download,
+    "HfFileSystem": row_hffs,
+    "hf download": row_hf_cli,
+}
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    if config.get("install"):
+        import cmh.hub
+
+        assert cmh.hub.install()
+
+    def mark(name: str) -> None:
+        if config.get("marker"):
+            url = f"{config['marker']}?sync={quote(name, safe='')}"
+            urllib.request.urlopen(url, timeout=30).read()
+
+    results: dict[str, dict[str, str]] = {}
+    for name in config["rows"]:
+        mark(f"row-{name}")
+        try:
+            results[name] = {"output": ROWS[name](config["repos"])}
+        except Exception as exc:  # reported per cell; the caller asserts
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            traceback.print_exc()
+    mark("done")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""install()'s client hook: huggingface_hub's own calls answered from a fresh cache (issue 13)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from resolver_support import write_checkpoint_repo
+
+REPO = "org/hooked"
+
+
+@pytest.fixture
+def toy(tmp_path: Path, mirror_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A stamped repo on its own ``cmh serve``; the default cache points at ``tmp_path``."""
+    from cmh.hub.mirror.store import add_folder
+    from huggingface_hub import constants
+
+    src = write_checkpoint_repo(tmp_path / "src", 1, ttl="30d")
+    (src / "sub").mkdir()
+    (src / "sub" / "notes.txt").write_text("notes\n" * 100)
+    store = tmp_path / "store"
+    add_folder(store, src, REPO)
+    server = mirror_server_factory(store)
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        server.url + "/{repo_id}/resolve/{revision}/{filename}",
+    )
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    class Toy:
+        pass
+
+    toy = Toy()
+    toy.src, toy.server, toy.cache = src, server, cache  # type: ignore[attr-defined]
+    return toy
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    import cmh.hub as hub
+    import cmh.hub.resolver.patch as patch
+
+    assert hub.install()
+    patch._recent.clear()
+    try:
+        yield
+    finally:
+        hub.uninstall()
+
+
+def _requests(server: Any, since: int) -> list[str]:
+    return [
+        f"{e['method']} {e.get('target')}"
+        for e in server.log()[since:]
+        if e["route"] not in ("health", "metrics")
+    ]
+
+
+def test_parse_target() -> None:
+    from cmh.hub.resolver.session import Target, parse_target
+
+    def parse(url: str) -> Target | None:
+        return parse_target(httpx2.URL("http://h" + url))
+
+    assert parse("/api/models/a/b") == Target("info", "model", "a/b", "main", "")
+    assert parse("/api/models/gpt2/revision/v1") == Target("info", "model", "gpt2", "v1", "")
+    assert parse("/api/datasets/a/b/tree/main/x/y?recursive=true") == Target(
+        "tree", "dataset", "a/b", "main", "x/y"
+    )
+    assert parse("/a/b/resolve/refs%2Fpr%2F1/sub/f.txt") == Target(
+        "resolve", "model", "a/b", "refs/pr/1", "sub/f.txt"
+    )
+    assert parse("/spaces/a/b/resolve/main/app.py") == Target(
+        "resolve", "space", "a/b", "main", "app.py"
+    )
+    for other in ("/api/models/a/b/paths-info/main", "/api/whoami-v2", "/a/b/blob/main/x", "/"):
+        assert parse(other) is None, other
+
+
+def test_fresh_snapshot_answers_stock_calls_without_requests(toy: Any, installed: None) -> None:
+    """The stock functions themselves (not the patched ones) make no request when fresh."""
+    import cmh.hub as hub
+    import cmh.hub.resolver.patch as patch
+    from huggingface_hub import HfApi, HfFileSystem, file_download
+
+    hub.resolve(REPO)  # the snapshot, fresh for 30 days (stamped)
+    stock_download = file_download.hf_hub_download.__cmh_original__
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def calls() -> None:
+        assert HfApi().model_info(REPO).sha == hub.resolve(REPO).commit
+        path = stock_download(REPO, "config.json")
+        assert Path(path).read_bytes() == (toy.src / "config.json").read_bytes()
+        with HfFileSystem(skip_instance_cache=True).open(f"{REPO}/model.safetensors", "rb") as f:
+            f.seek(100)  # a ranged read of the blob
+            assert f.read(50) == (toy.src / "model.safetensors").read_bytes()[100:150]
+        with pytest.raises(EntryNotFoundError):
+            stock_download(REPO, "missing.json")
+
+    first = len(toy.server.log())
+    calls()
+    # The first time, API answers are asked at the commit and stored; no file is asked.
+    assert not [r for r in _requests(toy.server, first) if "/resolve/" in r]
+    patch._recent.clear()  # as in a new process
+    mark = len(toy.server.log())
+    calls()
+    assert _requests(toy.server, mark) == []
+
+
+def test_stale_snapshot_revalidates_once_per_repo(toy: Any, installed: None) -> None:
+    import cmh.hub as hub
+    from huggingface_hub import HfApi, file_download
+
+    unstamped = write_checkpoint_repo(toy.src.parent / "v2", 1, stamp=False)
+    from cmh.hub.mirror.store import add_folder
+
+    add_folder(toy.server.store, unstamped, "org/plain")
+    hub.resolve("org/plain")
+    api = HfApi()
+    mark = len(toy.server.log())
+    for _ in range(3):
+        api.model_info("org/plain")
+        file_download.hf_hub_download("org/plain", "config.json")
+        file_download.hf_hub_download.__cmh_original__("org/plain", "README.md")
+        api.list_repo_tree("org/plain", recursive=True).__iter__().__next__()
+    asked = _requests(toy.server, mark)
+    revalidations = [r for r in asked if r.split("?")[0] == "GET /api/models/org/plain"]
+    assert len(revalidations) == 1, asked
+    assert not [r for r in asked if "/resolve/" in r], asked
+
+
+def test_uninstall_restores_the_users_client_factory(toy: Any) -> None:
+    import cmh.hub as hub
+    from huggingface_hub import get_session, set_client_factory
+    from huggingface_hub.utils import _http
+
+    def mine() -> httpx2.Client:
+        return httpx2.Client(headers={"X-Mine": "1"}, follow_redirects=True)
+
+    original = _http._GLOBAL_CLIENT_FACTORY
+    set_client_factory(mine)
+    try:
+        assert hub.install()
+        try:
+            client = get_session()
+            assert client.headers["X-Mine"] == "1"  # the user's client, behind cmh's transport
+            assert type(client._transport).__name__ == "FreshCacheTransport"
+        finally:
+            hub.uninstall()
+        assert _http._GLOBAL_CLIENT_FACTORY is mine
+        assert type(get_session()._transport).__name__ != "FreshCacheTransport"
+    finally:
+        set_client_factory(original)
+
+
+def test_answers_served_from_the_cache_match_the_hub(toy: Any, installed: None) -> None:
+    """HEAD metadata from the cache equals what the server says (ETag, commit, size)."""
+    import cmh.hub as hub
+    import cmh.hub.resolver.patch as patch
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    hub.resolve(REPO)
+    for name in ("model.safetensors", "sub/notes.txt"):
+        url = hf_hub_url(REPO, name)
+        local = get_hf_file_metadata(url)
+        patch._recent.clear()
+        with httpx2.Client() as plain:
+            remote = plain.head(url, follow_redirects=False)
+        etag = remote.headers.get("X-Linked-Etag") or remote.headers["ETag"]
+        assert local.etag == etag.strip('"')
+        assert local.commit_hash == remote.headers["X-Repo-Commit"]
+        data = (toy.src / name).read_bytes()
+        assert local.size == len(data)
+        if len(local.etag) == 64:
+            assert local.etag == hashlib.sha256(data).hexdigest()

@@ -1,0 +1,387 @@
+"""The drop-in matrix (issue 13): real libraries, with and without ``install()``.
+
+Rows (``dropin_rows.py``): transformers AutoConfig / AutoTokenizer / AutoModel /
+pipeline, sentence-transformers, datasets ``load_dataset`` (parquet, csv), peft
+``PeftModel.from_pretrained``, huggingface_hub ``hf_hub_download`` /
+``snapshot_download`` / ``HfFileSystem``, the ``hf download`` CLI.
+
+Columns: the server (``cmh serve``, or the Hub-faithful front over it: LFS
+answered by a 302 to a signed CDN URL that serves one range only, ``xetHash``
+in listings, tree pages of 3 entries), ``install()`` or stock, stamped or
+unstamped model repos, and three phases run in fresh interpreters on one
+cache: ``cold`` (empty cache, online), ``fresh`` (online again) and
+``offline`` (``HF_HUB_OFFLINE=1``). Every cell must load exactly what loading
+the local folder loads (a SHA-256 over tensors, token ids, rows or bytes), and
+its requests are counted per row from the server's own log.
+
+The dataset repos hold no safetensors, so they carry no CMH stamp: their rows
+revalidate in every column. ``hf download`` is another process, where
+``install()`` is not called: its row is the stock client in every column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from hublike import HubLike, running
+from mirror_support import MirrorServer, hf_env
+
+import cmh
+
+ROWS_SCRIPT = Path(__file__).with_name("dropin_rows.py")
+ROWS = [
+    "AutoConfig",
+    "AutoTokenizer",
+    "AutoModel",
+    "pipeline",
+    "SentenceTransformer",
+    "load_dataset parquet",
+    "load_dataset csv",
+    "PeftModel",
+    "hf_hub_download",
+    "snapshot_download",
+    "HfFileSystem",
+    "hf download",
+]
+#: Rows of stamped repos: zero requests when fresh under install().
+STAMPED_ROWS = [r for r in ROWS if not r.startswith("load_dataset") and r != "hf download"]
+PHASES = ("cold", "fresh", "offline")
+#: Rows the stock library cannot run offline (``HfFileSystem`` lists through the API,
+#: which ``HF_HUB_OFFLINE`` refuses): the cell must fail as stock does.
+OFFLINE_UNSUPPORTED = {"HfFileSystem"}
+#: huggingface_hub asks ``/api/agent-harnesses`` once per process until an answer is
+#: cached: not a repo request (the mirror does not serve it yet); counted apart.
+HARNESSES = "(agent-harnesses)"
+
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+
+
+@dataclass(frozen=True)
+class Sources:
+    minilm: Path
+    minilm_stamped: Path
+    adapter: Path
+    adapter_stamped: Path
+    parquet: Path
+    csv: Path
+    st_only: Path  # MiniLM without the files no loader reads (.gitattributes, data_config.json)
+
+
+def _write_adapter(folder: Path, base_dir: Path, base_repo: str) -> None:
+    """A LoRA adapter for MiniLM with non-zero weights (so it changes the output)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, target_modules=["query", "value"], init_lora_weights=False)
+    model = get_peft_model(AutoModel.from_pretrained(base_dir), config)
+    model.save_pretrained(folder)
+    adapter_config = json.loads((folder / "adapter_config.json").read_text())
+    adapter_config["base_model_name_or_path"] = base_repo
+    (folder / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+
+
+def _write_tables(parquet: Path, csv: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = {"text": [f"row {i}" for i in range(40)], "label": [i % 3 for i in range(40)]}
+    (parquet / "data").mkdir(parents=True)
+    pq.write_table(pa.table(rows), parquet / "data" / "train-00000-of-00001.parquet")
+    (csv / "data").mkdir(parents=True)
+    lines = ["text,label"] + [f"{t},{n}" for t, n in zip(rows["text"], rows["label"], strict=True)]
+    (csv / "data" / "train.csv").write_text("\n".join(lines) + "\n")
+    for folder in (parquet, csv):
+        (folder / "README.md").write_text("# table\n")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Sources:
+    base = tmp_path_factory.mktemp("dropin-src")
+    stamped = base / "minilm-stamped"
+    shutil.copytree(minilm_dir, stamped)
+    cmh.stamp(stamped / "model.safetensors", ttl="30d")
+    adapter, adapter_stamped = base / "adapter", base / "adapter-stamped"
+    _write_adapter(adapter, minilm_dir, "org/minilm")
+    _write_adapter(adapter_stamped, minilm_dir, "org/minilm-stamped")
+    cmh.stamp(adapter_stamped / "adapter_model.safetensors", ttl="30d")
+    parquet, csv = base / "parquet", base / "csv"
+    _write_tables(parquet, csv)
+    st_only = base / "minilm-st"
+    shutil.copytree(minilm_dir, st_only, ignore=shutil.ignore_patterns(".gitattributes", "data_*"))
+    return Sources(minilm_dir, stamped, adapter, adapter_stamped, parquet, csv, st_only)
+
+
+@pytest.fixture(scope="module")
+def server(sources: Sources, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MirrorServer]:
+    from cmh.hub.mirror.store import add_folder
+
+    store = tmp_path_factory.mktemp("dropin-store") / "store"
+    add_folder(store, sources.minilm, "org/minilm")
+    add_folder(store, sources.minilm_stamped, "org/minilm-stamped")
+    add_folder(store, sources.adapter, "org/adapter")
+    add_folder(store, sources.adapter_stamped, "org/adapter-stamped")
+    add_folder(store, sources.parquet, "org/table-parquet", repo_type="dataset")
+    add_folder(store, sources.csv, "org/table-csv", repo_type="dataset")
+    add_folder(store, sources.st_only, "org/minilm-st")
+    mirror = MirrorServer(store, tmp_path_factory.mktemp("dropin-logs"))
+    yield mirror
+    mirror.stop()
+
+
+def _repos(stamped: bool) -> dict[str, str]:
+    suffix = "-stamped" if stamped else ""
+    return {
+        "model": f"org/minilm{suffix}",
+        "adapter": f"org/adapter{suffix}",
+        "parquet": "org/table-parquet",
+        "csv": "org/table-csv",
+    }
+
+
+def _run_rows(config: dict[str, Any], env: dict[str, str]) -> dict[str, dict[str, str]]:
+    proc = subprocess.run(
+        [sys.executable, str(ROWS_SCRIPT), json.dumps(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result: dict[str, dict[str, str]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(sources: Sources, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What loading the local folders gives, per stamped-ness (no server involved)."""
+    home = tmp_path_factory.mktemp("dropin-ref-home")
+    env = dict(hf_env("http://127.0.0.1:9", home), HF_HUB_OFFLINE="1")
+    out: dict[str, Any] = {}
+    for stamped in (False, True):
+        local = {
+            "model": str(sources.minilm_stamped if stamped else sources.minilm),
+            "adapter": str(sources.adapter_stamped if stamped else sources.adapter),
+            "parquet": str(sources.parquet),
+            "csv": str(sources.csv),
+        }
+        got = _run_rows({"rows": ROWS, "repos": local}, env)
+        errors = {k: v["error"] for k, v in got.items() if "error" in v}
+        assert not errors, errors
+        out["stamped" if stamped else "unstamped"] = {k: v["output"] for k, v in got.items()}
+    return out
+
+
+def _split_by_row(paths: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """Requests between the ``row-NAME`` markers, by row (``health`` markers left out)."""
+    rows: dict[str, list[str]] = {}
+    current: str | None = None
+    for method, target in paths:
+        if "sync=row-" in target:
+            current = unquote(target.split("sync=row-", 1)[1].split("&")[0])
+            rows[current] = []
+        elif "sync=done" in target:
+            current = None
+        elif target.startswith("/api/agent-harnesses"):
+            rows.setdefault(HARNESSES, []).append(f"{method} {target}")
+        elif current is not None and not target.startswith("/health"):
+            rows[current].append(f"{method} {target}")
+    return rows
+
+
+def _run_column(
+    *,
+    server: MirrorServer,
+    front: HubLike | None,
+    home: Path,
+    install: bool,
+    stamped: bool,
+) -> dict[str, dict[str, Any]]:
+    """The three phases of one column; ``{phase: {row: {output|error, requests}}}``."""
+    url = front.url if front is not None else server.url
+    out: dict[str, dict[str, Any]] = {}
+    for phase in PHASES:
+        # A token, so that the front can show it never reaches the CDN origin.
+        env = hf_env(url, home, token="hf_cmh_dropin_matrix_token")
+        if phase == "offline":
+            env["HF_HUB_OFFLINE"] = "1"
+        config = {
+            "rows": ROWS,
+            "repos": _repos(stamped),
+            "install": install,
+            "marker": f"{url}/health",
+        }
+        if front is not None:
+            front.clear_records()
+        else:
+            mark = len(server.log())
+        results = _run_rows(config, env)
+        if front is not None:
+            front.wait_idle()
+            seen = sorted(front.records(), key=lambda r: r.seq)
+            requests = [
+                (
+                    r.method,
+                    r.path
+                    + ("?" + "&".join(f"{k}={v}" for k, v in r.query.items()) if r.query else ""),
+                )
+                for r in seen
+            ]
+        else:
+            requests = [(e["method"], e.get("target") or "") for e in server.log()[mark:]]
+        by_row = _split_by_row(requests)
+        for row, cell in results.items():
+            cell["requests"] = by_row.get(row, [])
+        results[HARNESSES] = {"requests": by_row.get(HARNESSES, [])}
+        out[phase] = results
+    return out
+
+
+def _check(table: dict[str, dict[str, Any]], want: dict[str, str], label: str) -> list[str]:
+    problems = []
+    for phase, rows in table.items():
+        for row, cell in rows.items():
+            if row == HARNESSES:
+                continue
+            if phase == "offline" and row in OFFLINE_UNSUPPORTED:
+                if "OfflineModeIsEnabled" not in cell.get("error", ""):
+                    problems.append(f"{label} {phase} {row}: expected the stock offline error")
+                continue
+            if "error" in cell:
+                problems.append(f"{label} {phase} {row}: {cell['error']}")
+            elif cell["output"] != want[row]:
+                problems.append(f"{label} {phase} {row}: output differs from the local folder")
+    return problems
+
+
+def _summary(label: str, table: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{label}:"]
+    for row in [*ROWS, HARNESSES]:
+        counts = [str(len(table[p][row]["requests"])) for p in PHASES]
+        lines.append(f"  {row:22s} cold/fresh/offline requests {'/'.join(counts)}")
+        if table["fresh"][row]["requests"]:
+            lines.append(f"      fresh: {table['fresh'][row]['requests']}")
+    return "\n".join(lines)
+
+
+#: Columns run by default (the suite's time budget); ``CMH_DROPIN_MATRIX=full`` runs all
+#: eight (each server x install/stock x stamped/unstamped).
+DEFAULT_COLUMNS = {
+    ("mirror", True, True),
+    ("mirror", False, False),
+    ("hublike", True, True),
+}
+FULL = os.environ.get("CMH_DROPIN_MATRIX") == "full"
+COLUMNS = [
+    pytest.param(
+        where,
+        install,
+        stamped,
+        id=f"{where}-{'install' if install else 'stock'}-{'stamped' if stamped else 'unstamped'}",
+        marks=[]
+        if FULL or (where, install, stamped) in DEFAULT_COLUMNS
+        else [pytest.mark.skip(reason="CMH_DROPIN_MATRIX=full runs every column")],
+    )
+    for where in ("mirror", "hublike")
+    for install in (True, False)
+    for stamped in (True, False)
+]
+REPOS = ("minilm-stamped", "minilm", "adapter-stamped", "adapter", "table-parquet", "table-csv")
+
+
+def _repo_of(request: str) -> str | None:
+    path = request.split(" ", 1)[-1].split("?", 1)[0] + "/"
+    return next((r for r in REPOS if f"/org/{r}/" in path), None)
+
+
+@pytest.mark.parametrize(("where", "install", "stamped"), COLUMNS)
+def test_matrix(where, install, stamped, server, reference, tmp_path, record_property):
+    want = reference["stamped" if stamped else "unstamped"]
+    label = f"{where} {'install' if install else 'stock'} {'stamped' if stamped else 'unstamped'}"
+    if where == "hublike":
+        with running(server.url) as front:
+            table = _run_column(
+                server=server, front=front, home=tmp_path, install=install, stamped=stamped
+            )
+            assert not front.cdn_saw_authorization
+    else:
+        table = _run_column(
+            server=server, front=None, home=tmp_path, install=install, stamped=stamped
+        )
+    print(_summary(label, table))
+    record_property(
+        "matrix", json.dumps({r: [len(table[p][r]["requests"]) for p in PHASES] for r in ROWS})
+    )
+    assert not _check(table, want, label), _check(table, want, label)
+    # Offline: nothing goes to the network, in every column.
+    offline = {r: c["requests"] for r, c in table["offline"].items() if c["requests"]}
+    assert not offline, offline
+    if install:
+        # Stale or unstamped: at most one revalidation request per repo for each row
+        # (a row is one library call; the window is 10 s, so a long script may ask again).
+        for row in ROWS:
+            if row == "hf download":  # another process, not installed
+                continue
+            per_repo: dict[str | None, int] = {}
+            for request in table["fresh"][row]["requests"]:
+                per_repo[_repo_of(request)] = per_repo.get(_repo_of(request), 0) + 1
+            assert all(n <= 1 for n in per_repo.values()), (row, per_repo)
+    if install and stamped:
+        # A fresh stamped snapshot costs nothing, whatever library asks.
+        fresh = {r: table["fresh"][r]["requests"] for r in STAMPED_ROWS}
+        assert all(not v for v in fresh.values()), fresh
+
+
+def test_sentence_transformers_cache_passes_hf_cache_verify(server, reference, tmp_path):
+    """Under install(), the same embeddings and a cache that stock ``hf cache verify`` passes.
+
+    The repo holds exactly the files sentence-transformers reads, so a stock load
+    leaves a complete snapshot; before the fix, install() left 7 of them out.
+    """
+    hf = Path(sys.executable).parent / "hf"
+    snapshots = {}
+    for install in (False, True):
+        home = tmp_path / ("ours" if install else "stock")
+        env = hf_env(server.url, home)
+        got = _run_rows(
+            {
+                "rows": ["SentenceTransformer"],
+                "repos": {"model": "org/minilm-st"},
+                "install": install,
+            },
+            env,
+        )
+        assert got["SentenceTransformer"] == {
+            "output": reference["unstamped"]["SentenceTransformer"]
+        }
+        verify = subprocess.run(
+            [str(hf), "cache", "verify", "org/minilm-st", "--fail-on-missing-files"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert verify.returncode == 0, (install, verify.stdout, verify.stderr)
+        folder = next((home / "hub" / "models--org--minilm-st" / "snapshots").iterdir())
+        snapshots[install] = sorted(
+            p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+        )
+        no_exist = home / "hub" / "models--org--minilm-st" / ".no_exist"
+        markers = {
+            p.relative_to(no_exist).as_posix().split("/", 1)[1]
+            for p in no_exist.rglob("*")
+            if p.is_file()
+        }
+        assert not markers & set(snapshots[install]), markers  # no false "does not exist"
+    assert snapshots[True] == snapshots[False]

@@ -1,0 +1,315 @@
+"""Downloads at link speed: parallel range connections, checks while receiving, kernel copies.
+
+The Hub is ``cmh serve`` behind the Hub-like front (``hublike.py``: 302 to a CDN
+origin that serves one range per request); small chunk sizes make a few-MB
+checkpoint span many chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+from pathlib import Path
+
+import cmh.hub as hub
+import pytest
+from cmh.hub.cache.layout import RepoLayout
+from cmh.hub.mirror.store import add_folder
+from cmh.hub.resolver.chunked import OrderedFeed, chunk_size, chunks_path
+from hublike import running
+from resolver_support import write_checkpoint_repo
+
+REPO = "org/fast"
+CHUNK = 256 << 10
+WEIGHTS = "model.safetensors"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def repo(tmp_path, mirror_server_factory):
+    """A store with org/fast v1 (a 6.4 MB stamped checkpoint) and ``cmh serve`` on it."""
+    store = tmp_path / "store"
+    src = write_checkpoint_repo(tmp_path / "v1", 1, count=8, elems=200_000)
+    add_folder(store, src, REPO)
+    server = mirror_server_factory(store)
+
+    class Repo:
+        pass
+
+    r = Repo()
+    r.store, r.server, r.src, r.tmp = store, server, src, tmp_path
+    r.cache = tmp_path / "cache"
+    r.layout = RepoLayout(r.cache, REPO)
+    r.weights = src / WEIGHTS
+    r.etag = sha256(r.weights)
+    r.size = r.weights.stat().st_size
+    return r
+
+
+def policy(**kw) -> hub.Policy:
+    kw.setdefault("connections", 4)
+    kw.setdefault("chunk_bytes", CHUNK)
+    return hub.Policy(**kw)
+
+
+def weight_gets(front) -> list:
+    return [r for r in front.records(origin="cdn", method="GET") if r.status in (200, 206)]
+
+
+def range_start(record) -> int:
+    value = record.headers["range"]
+    return int(value.removeprefix("bytes=").split("-")[0])
+
+
+def test_large_file_comes_over_parallel_ranges(repo):
+    with running(repo.server.url) as front:
+        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        gets = weight_gets(front)
+    by_path = {f.path: f for f in res.files}
+    assert by_path[WEIGHTS].action is hub.Action.DOWNLOADED
+    assert by_path[WEIGHTS].bytes_transferred == repo.size
+    assert sha256(res.path / WEIGHTS) == repo.etag
+    count = -(-repo.size // CHUNK)
+    assert sorted(range_start(r) for r in gets) == [i * CHUNK for i in range(count)]
+    assert all(r.status == 206 for r in gets)
+    assert not chunks_path(repo.layout, repo.etag).exists()
+    assert not list(chunks_path(repo.layout, repo.etag).parent.glob("*.log"))
+
+
+def test_same_blob_as_one_connection(repo):
+    one = repo.tmp / "cache-one"
+    with running(repo.server.url) as front:
+        a = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        b = hub.resolve(REPO, cache_dir=one, endpoint=front.url, policy=policy(connections=1))
+        single = weight_gets(front)[-1]
+    assert "range" not in single.headers  # one plain GET
+    assert (a.path / WEIGHTS).read_bytes() == (b.path / WEIGHTS).read_bytes()
+    assert os.path.realpath(a.path / WEIGHTS).endswith(repo.etag)
+
+
+def test_chunks_resume_one_by_one_after_a_cut(repo):
+    """Connections cut mid-download: finished chunks are kept; the rerun fetches only the rest."""
+    with running(repo.server.url) as front:
+        seen = 0
+        armed = threading.Event()
+
+        def progress(n: int) -> None:
+            nonlocal seen
+            seen += n
+            if seen >= 3 * CHUNK and not armed.is_set():
+                armed.set()  # from now on every CDN answer is cut after 1000 bytes
+                front.cut(1000, times=100_000, origin="cdn")
+
+        with pytest.raises(hub.HubUnreachableError, match="chunks kept for resuming"):
+            hub.resolve(
+                REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(connections=2),
+                progress=progress,
+            )  # fmt: skip
+        front.wait_idle()
+    log = chunks_path(repo.layout, repo.etag).with_name(f"{repo.etag}.chunks.log")
+    kept = {int(line.split()[1]) for line in log.read_text().splitlines()[1:]}
+    count = -(-repo.size // CHUNK)
+    assert 3 <= len(kept) < count
+    assert repo.layout.read_ref("main") is None  # nothing half-done is visible
+
+    with running(repo.server.url) as front:
+        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        starts = sorted(range_start(r) for r in weight_gets(front))
+    missing = sorted(set(range(count)) - kept)
+    assert starts == [i * CHUNK for i in missing]
+    by_path = {f.path: f for f in res.files}
+    assert by_path[WEIGHTS].action is hub.Action.RESUMED
+    kept_bytes = sum(min(repo.size, (i + 1) * CHUNK) - i * CHUNK for i in kept)
+    assert by_path[WEIGHTS].bytes_transferred == repo.size - kept_bytes
+    assert sha256(res.path / WEIGHTS) == repo.etag
+    assert not log.exists()
+
+
+def test_cut_mid_chunk_resumes_within_the_chunk(repo):
+    with running(repo.server.url) as front:
+        front.cut(CHUNK // 2, times=3, origin="cdn")
+        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        gets = weight_gets(front)
+    assert sha256(res.path / WEIGHTS) == repo.etag
+    resumed = [r for r in gets if range_start(r) % CHUNK == CHUNK // 2]
+    assert len(resumed) == 3  # each cut chunk continued from its byte, not from its start
+
+
+def test_wrong_bytes_are_refused_and_nothing_is_installed(repo):
+    with running(repo.server.url) as front:
+        front.corrupt(repo.etag)
+        with pytest.raises(hub.IntegrityError, match="refused, nothing installed"):
+            hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+    assert not repo.layout.blob_path(repo.etag).exists()
+    assert not chunks_path(repo.layout, repo.etag).exists()
+    assert repo.layout.read_ref("main") is None
+
+
+def test_a_server_that_ignores_range_gets_one_connection(repo):
+    with running(repo.server.url) as front:
+        front.ignore_range = True
+        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+    assert sha256(res.path / WEIGHTS) == repo.etag
+    assert not chunks_path(repo.layout, repo.etag).exists()
+
+
+def test_stock_partial_is_adopted_as_whole_chunks(repo):
+    """A whole download's prefix (``blobs/{etag}.incomplete``) counts for the chunks it covers."""
+    data = repo.weights.read_bytes()
+    repo.layout.blobs.mkdir(parents=True)
+    have = 5 * CHUNK + 1000
+    (repo.layout.blobs / f"{repo.etag}.incomplete").write_bytes(data[:have])
+    with running(repo.server.url) as front:
+        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        starts = sorted(range_start(r) for r in weight_gets(front))
+    assert starts[0] == 5 * CHUNK
+    assert {f.path: f for f in res.files}[WEIGHTS].action is hub.Action.RESUMED
+    assert sha256(res.path / WEIGHTS) == repo.etag
+    assert not list(repo.layout.blobs.glob("*.incomplete"))
+
+
+def test_update_copies_unchanged_tensors_and_fetches_ranges_in_parallel(repo):
+    with running(repo.server.url) as front:
+        hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        # v1 wrote tensor 3 from its version too: four tensors change.
+        v2 = write_checkpoint_repo(repo.tmp / "v2", 2, count=8, elems=200_000, changed=(1, 3, 4, 6))
+        add_folder(repo.store, v2, REPO)
+        front.clear_records()
+        res = hub.resolve(
+            REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(revalidate=True)
+        )
+        gets = weight_gets(front)
+    f = {x.path: x for x in res.files}[WEIGHTS]
+    assert f.action is hub.Action.PATCHED
+    assert sha256(res.path / WEIGHTS) == sha256(v2 / WEIGHTS)
+    tensor = 200_000 * 4
+    assert f.bytes_reused >= 4 * tensor  # four unchanged tensors copied from the old blob
+    assert f.bytes_transferred < 4 * tensor + (256 << 10)
+    # Four changed tensors of 800 kB in 256 KiB pieces, one range per request (the CDN
+    # does not answer multi-range requests with multipart).
+    assert len([r for r in gets if "range" in r.headers]) >= 4 * (tensor // CHUNK)
+
+
+def test_update_refuses_a_fetched_tensor_with_wrong_bytes(repo):
+    """Kernel copies and in-order checking keep every check: wrong fetched bytes never install."""
+    with running(repo.server.url) as front:
+        first = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        v2 = write_checkpoint_repo(repo.tmp / "v2", 2, count=8, elems=200_000, changed=(2,))
+        add_folder(repo.store, v2, REPO)
+        new_etag = sha256(v2 / WEIGHTS)
+        front.corrupt(new_etag)
+        with pytest.raises(hub.IntegrityError):
+            hub.resolve(
+                REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(revalidate=True)
+            )
+    assert not repo.layout.blob_path(new_etag).exists()
+    assert repo.layout.read_ref("main") == first.commit
+
+
+def test_ordered_feed_gives_bytes_in_order_whatever_order_they_land(tmp_path):
+    data = random.Random(3).randbytes(3 << 20)
+    path = tmp_path / "f"
+    path.write_bytes(bytes(len(data)))
+    fd = os.open(path, os.O_RDWR)
+    got = hashlib.sha256()
+    try:
+        feed = OrderedFeed(got.update, fd, len(data)).start()
+        spans = [(b, min(len(data), b + 100_000)) for b in range(0, len(data), 100_000)]
+        random.Random(4).shuffle(spans)
+        for b, e in spans:
+            os.pwrite(fd, data[b:e], b)
+            feed.mark_ready(b, e)
+        feed.join()
+    finally:
+        os.close(fd)
+    assert got.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_chunk_size_depends_on_size_and_policy_only():
+    assert chunk_size(1 << 30, 16 << 20) == 16 << 20
+    assert chunk_size(64 << 20, 16 << 20) == 8 << 20  # about eight pieces
+    assert chunk_size(10 << 20, 16 << 20) == 4 << 20  # never below 4 MiB by default
+    assert chunk_size(10 << 20, CHUNK) == CHUNK
+
+
+def test_connections_setting(monkeypatch):
+    monkeypatch.setenv("CMH_DOWNLOAD_CONNECTIONS", "3")
+    assert hub.Policy().connections == 3
+    monkeypatch.setenv("CMH_DOWNLOAD_CONNECTIONS", "many")
+    with pytest.raises(ValueError, match="CMH_DOWNLOAD_CONNECTIONS"):
+        hub.Policy()
+    monkeypatch.delenv("CMH_DOWNLOAD_CONNECTIONS")
+    assert hub.Policy().connections == 8
+    with pytest.raises(ValueError):
+        hub.Policy(connections=0)
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_pull_shows_bytes_and_rate_on_a_terminal(repo):
+    import select
+    import subprocess
+    import sys
+    import time
+
+    master, slave = os.openpty()
+    env = {**os.environ, "COLUMNS": "120", "HF_HUB_CACHE": str(repo.cache)}
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cmh.cli.main", "pull", REPO, "--endpoint", repo.server.url,
+             "--connections", "4"],
+            stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        os.close(slave)
+        terminal = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                terminal += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=60) == 0
+    finally:
+        os.close(master)
+    text = terminal.decode(errors="replace")
+    assert f"pull {REPO} (4 conn)" in text and "B/s" in text
+    assert sha256(repo.layout.blob_path(repo.etag)) == repo.etag
+
+
+def test_a_file_size_limit_is_a_typed_error_and_leaves_no_chunks(repo):
+    """RLIMIT_FSIZE (EFBIG) on a chunked download: DiskFullError, chunk file and log removed."""
+    import json
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+
+    env = {**os.environ, "CMH_DOWNLOAD_CONNECTIONS": "4"}
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "pull", REPO, "--cache-dir", str(repo.cache),
+         "--endpoint", repo.server.url, "--json"],
+        capture_output=True, text=True, env=env, timeout=120, preexec_fn=limit,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and doc["error_kind"] == "disk_full", doc
+    partial = chunks_path(repo.layout, repo.etag)
+    assert not partial.exists() and not partial.with_name(partial.name + ".log").exists()
+    assert not repo.layout.blob_path(repo.etag).exists()
