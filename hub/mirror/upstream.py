@@ -283,7 +283,9 @@ class Upstream:
                 endpoint=self.url,
                 token=self.config.token or False,
                 allow_patterns=[fnmatch_literal(p) for p in paths],
-                policy=Policy(stale_if_error=False),
+                # One connection: the fill then writes blobs/{etag}.incomplete in order, which
+                # the clients of a filling blob read as it grows (filling.py).
+                policy=Policy(stale_if_error=False, connections=1),
             )
         except (NotFoundError, AccessError) as exc:
             raise _typed(exc) from None
