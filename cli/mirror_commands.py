@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ._common import (
+    DURATION,
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_UNREADABLE,
@@ -250,6 +251,32 @@ def scrub(
     help="Seconds an idle (keep-alive) connection stays open.",
 )
 @click.option(
+    "--upstream",
+    default=None,
+    metavar="URL",
+    help="Pull-through: fill what the store lacks from this Hub (huggingface.co or a mirror).",
+)
+@click.option(
+    "--upstream-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the mirror's own token for the upstream (gated or private repos).",
+)
+@click.option(
+    "--fresh-for",
+    type=DURATION,
+    default="5m",
+    show_default=True,
+    help="How long a branch stays fresh after a revalidation (unstamped files).",
+)
+@click.option(
+    "--stale-if-error",
+    type=DURATION,
+    default="1d",
+    show_default=True,
+    help="How long past freshness stale content is served when the upstream fails.",
+)
+@click.option(
     "--admin-tokens",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
@@ -292,6 +319,10 @@ def serve(
     max_connections: int | None,
     header_timeout: float,
     idle_timeout: float,
+    upstream: str | None,
+    upstream_token_file: Path | None,
+    fresh_for: int,
+    stale_if_error: int,
     admin_tokens: Path | None,
     keys: tuple[Path, ...],
     blob_delivery: str,
@@ -301,6 +332,15 @@ def serve(
     """Serve a store through the Hub HTTP API and web pages (stops cleanly on SIGTERM)."""
     from cmh.hub.mirror import ServeConfig, ServeError
     from cmh.hub.mirror import serve as run
+    from cmh.hub.mirror.upstream import UpstreamConfig
+
+    pull = None
+    if upstream is not None:
+        pull = UpstreamConfig(
+            upstream, _read_token(upstream_token_file), float(fresh_for), float(stale_if_error)
+        )
+    elif upstream_token_file is not None:
+        usage_error("--upstream-token-file needs --upstream")
 
     def announce(url: str) -> None:
         plural = "s" if workers > 1 else ""
@@ -319,6 +359,7 @@ def serve(
         max_connections=max_connections,
         header_timeout=header_timeout,
         idle_timeout=idle_timeout,
+        upstream=pull,
         admin_tokens=admin_tokens,
         keys=keys,
         announce=announce,
@@ -331,3 +372,78 @@ def serve(
     except ServeError as exc:
         usage_error(str(exc))
     raise click.exceptions.Exit(code)
+
+
+def _read_token(path: Path | None) -> str | None:
+    """The token in a token file (first non-empty line), or ``None`` without a file."""
+    if path is None:
+        return None
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as exc:
+        usage_error(f"{path}: cannot read the token file ({exc})")
+    token = next((line for line in lines if line), "")
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        usage_error(f"{path}: the token file must hold one token on its first line")
+    return token
+
+
+@mirror.command("sync")
+@click.argument("repo_ids", metavar="REPO...", nargs=-1, required=True)
+@STORE_OPTION
+@click.option("--from", "upstream", required=True, metavar="URL", help="The Hub to fill from.")
+@click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
+@click.option(
+    "--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the token for the upstream (gated or private repos).",
+)
+@json_option
+@handle_errors
+def sync(
+    repo_ids: tuple[str, ...],
+    store: Path,
+    upstream: str,
+    revision: str,
+    repo_type: str,
+    token_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Fill a store from a Hub ahead of time, with the resolver's checks (for air gaps)."""
+    import cmh.hub as hub
+    from cmh.hub.cache.layout import LayoutError
+
+    token = _read_token(token_file)
+    store.mkdir(parents=True, exist_ok=True)
+    results = []
+    for repo_id in repo_ids:
+        try:
+            res = hub.resolve(
+                repo_id,
+                revision,
+                repo_type=repo_type,
+                cache_dir=store,
+                endpoint=upstream,
+                token=token or False,
+                policy=hub.Policy(stale_if_error=False),
+            )
+        except LayoutError as exc:
+            usage_error(f"{repo_id}@{revision}: {exc}")
+        results.append(res)
+        if not as_json:
+            echo(
+                f"{repo_id}@{revision} -> {res.commit} ({res.state.value}); "
+                f"{len(res.files)} files, {human_bytes(res.bytes_transferred)} fetched"
+            )
+    if as_json:
+        emit_json(
+            {
+                "schema": JSON_SCHEMA_VERSION,
+                "command": "mirror sync",
+                "repos": [r.to_json() for r in results],
+            }
+        )

@@ -9,7 +9,10 @@
 5. Resolve it through the mirror with cmh.hub, publish a revision with one
    tensor changed, resolve again and print the bytes saved
    (tools/demo_resolver.py).
-6. Scale out: import it into a bucket store on a local SeaweedFS, serve it from
+6. Put a pull-through mirror (``cmh serve --upstream``) in front of that
+   mirror and load the model through it from two empty caches: the second
+   load costs the upstream nothing (tools/demo_pullthrough.py).
+7. Scale out: import it into a bucket store on a local SeaweedFS, serve it from
    two replicas (redirect and proxy delivery), load it through each, kill one and
    load again through the other (tools/demo_scaleout.py).
 
@@ -104,6 +107,11 @@ def main() -> int:
     store = WORK / "mirror-store"
     with demo_mirror.serving(store, WORK / "resolver-access.log") as url:
         demo_resolver.run(WORK, url, store, demo_mirror.REPO)
+
+        import demo_pullthrough
+
+        step("a pull-through mirror in front of that mirror: two clients, one fill")
+        demo_pullthrough.run(WORK, url, demo_mirror.REPO)
 
     import demo_scaleout
 

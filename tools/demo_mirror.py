@@ -54,8 +54,10 @@ def _cmh(*args: str) -> str:
     return out
 
 
-def _start_server(store: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
-    args = ["serve", "--store", str(store), "--port", "0", "--access-log", str(log)]
+def _start_server(
+    store: Path, log: Path, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], str]:
+    args = ["serve", "--store", str(store), "--port", "0", "--access-log", str(log), *extra]
     print("$ cmh " + " ".join(args) + " &", flush=True)
     proc = subprocess.Popen([*CMH, *args], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -69,9 +71,9 @@ def _start_server(store: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
 
 
 @contextlib.contextmanager
-def serving(store: Path, log: Path) -> Iterator[str]:
+def serving(store: Path, log: Path, extra: tuple[str, ...] = ()) -> Iterator[str]:
     """Run ``cmh serve`` on ``store`` (127.0.0.1, a free port); yield its URL; stop it."""
-    proc, url = _start_server(store, log)
+    proc, url = _start_server(store, log, extra)
     try:
         yield url
     finally:

@@ -40,11 +40,14 @@ from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Me
 from .ranges import ByteRange, RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
 from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
+from .upstream import UpstreamError
 from .verify import BlobVerifier, FileVersion
 
 if TYPE_CHECKING:
     from .bucket_read import BucketReader
     from .bucket_send import ObjectFetcher, ObjectVerifier
+    from .filling import Fills
+    from .upstream import Upstream
 
 DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
@@ -56,6 +59,8 @@ MAX_FORM_FIELDS = MAX_PATHS_INFO + 8
 #: a longer check goes on while the body streams, and gates the body's last byte.
 VERIFY_WAIT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
+#: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
+MANIFEST_FILL_WAIT = 8.0
 
 
 class HubError(Exception):
@@ -92,6 +97,8 @@ class MirrorState:
     x_accel_prefix: str = "/_cmh_blobs/"
     object_verifier: ObjectVerifier | None = None
     object_fetcher: ObjectFetcher | None = None
+    upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
+    fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
@@ -99,6 +106,7 @@ class MirrorState:
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
+STALE_KEY = "cmh_stale_warning"  # request key: the Warning of an answer served stale
 
 
 def make_app(state: MirrorState, pages: Any = None) -> web.Application:
@@ -166,22 +174,47 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
             handler = _refs if route.kind == "refs" else _auth_check
             answer: web.Response = await _run(handler, state, route, token)
             return answer
+        if state.upstream is not None:
+            await _pull(request, state, route, token)
         index = await _run(_lookup, state, route, token, route.kind == "resolve")
         request[INFO_KEY] = {"repo": route.repo_id, "commit": index.commit}
         if route.kind == "resolve":
             return await _resolve(request, state, route, index)
         if route.kind == "repo_info":
-            info: web.Response = await _run(_repo_info, state, route, index)
-            return info
-        if route.kind == "tree":
-            return await _tree(request, route, index)
-        if route.kind == "paths_info":
-            return await _paths_info(request, state, route, index)
-        if route.kind == "commits":
-            return await _commits(request, state, route, index)
-        return await _fingerprint(state, route, index)
+            answer = await _run(_repo_info, state, route, index)
+        elif route.kind == "tree":
+            answer = await _tree(request, route, index)
+        elif route.kind == "paths_info":
+            answer = await _paths_info(request, state, route, index)
+        elif route.kind == "commits":
+            answer = await _commits(request, state, route, index)
+        elif route.kind == "manifest":
+            answer = await _manifest(state, route, index)
+        else:
+            answer = await _fingerprint(state, route, index)
+        if request.get(STALE_KEY):
+            answer.headers["Warning"] = request[STALE_KEY]
+        return answer
     except HubError as err:
         return _error(err)
+
+
+async def _pull(request: web.Request, state: MirrorState, route: Route, token: str | None) -> None:
+    """Pull-through: make the route's revision answerable from the store (upstream.py).
+
+    Only for a reader the mirror's own tokens admit; the client's credentials
+    are never passed on.
+    """
+    assert state.upstream is not None
+    if not state.policy.can_read(route.repo_type, route.repo_id, token):
+        return
+    try:
+        note = await _run(
+            state.upstream.prepare, route.repo_type, route.repo_id, route.revision or "main"
+        )
+    except UpstreamError as exc:
+        raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
+    request[STALE_KEY] = note
 
 
 async def _run(func: Any, *args: Any) -> Any:
@@ -282,6 +315,8 @@ async def _resolve(
         "Content-Type": "application/octet-stream",
         "Content-Disposition": f"inline; filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",
     }
+    if request.get(STALE_KEY):
+        headers["Warning"] = request[STALE_KEY]
     if _etag_in(request.headers.get("If-None-Match"), entry.etag):
         response = web.StreamResponse(status=304, headers=headers)
         await response.prepare(request)
@@ -305,32 +340,19 @@ async def _resolve(
     try:
         f = await _run(_open_checked, state, entry)
     except BlobUnavailable as exc:
-        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+        if state.fills is None:
+            raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+        if not os.path.lexists(entry.source):
+            return await _resolve_filling(
+                request, state, route, index, entry, headers, ranges, range_header
+            )
+        try:  # a fill installed it between the open and the look
+            f = await _run(_open_checked, state, entry)
+        except BlobUnavailable as again:
+            raise HubError(503, "BlobUnavailable", str(again), {"Retry-After": "60"}) from None
     try:
         gate = await _verified(request, state, entry, f)
-        if ranges is None:
-            if range_header is not None:
-                request[RANGE_KEY] = "full"
-            pieces = [(b"", 0, entry.size)]
-            response = web.StreamResponse(status=200, headers=headers)
-            response.content_length = entry.size
-            tail = b""
-        elif len(ranges) == 1:
-            request[RANGE_KEY] = "single"
-            r = ranges[0]
-            pieces = [(b"", r.start, r.length)]
-            response = web.StreamResponse(status=206, headers=headers)
-            response.headers["Content-Range"] = r.content_range(entry.size)
-            response.content_length = r.length
-            tail = b""
-        else:
-            request[RANGE_KEY] = "multi"
-            mp = multipart(ranges, entry.size, "application/octet-stream")
-            pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
-            response = web.StreamResponse(status=206, headers=headers)
-            response.headers["Content-Type"] = mp.content_type
-            response.content_length = mp.content_length
-            tail = mp.tail
+        response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
         await response.prepare(request)
         if request.method == "HEAD":
             await response.write_eof()
@@ -408,6 +430,76 @@ async def _x_accel(
     out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
     out["X-Accel-Redirect"] = state.x_accel_prefix + quote(rel.replace(os.sep, "/"))
     return web.Response(status=200, headers=out)
+
+
+def _framing(
+    request: web.Request,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[Any] | None,
+    range_header: str | None,
+) -> tuple[web.StreamResponse, list[tuple[bytes, int, int]], bytes]:
+    """The response (status, length, type) and the ``(prefix, offset, count)`` pieces to send."""
+    if ranges is None:
+        if range_header is not None:
+            request[RANGE_KEY] = "full"
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = entry.size
+        return response, [(b"", 0, entry.size)], b""
+    if len(ranges) == 1:
+        request[RANGE_KEY] = "single"
+        r = ranges[0]
+        response = web.StreamResponse(status=206, headers=headers)
+        response.headers["Content-Range"] = r.content_range(entry.size)
+        response.content_length = r.length
+        return response, [(b"", r.start, r.length)], b""
+    request[RANGE_KEY] = "multi"
+    mp = multipart(ranges, entry.size, "application/octet-stream")
+    pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
+    response = web.StreamResponse(status=206, headers=headers)
+    response.headers["Content-Type"] = mp.content_type
+    response.content_length = mp.content_length
+    return response, pieces, mp.tail
+
+
+async def _resolve_filling(
+    request: web.Request,
+    state: MirrorState,
+    route: Route,
+    index: CommitIndex,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[Any] | None,
+    range_header: str | None,
+) -> web.StreamResponse:
+    """Pull-through: a listed file whose blob the store lacks, sent while it is filled."""
+    from ..cache.blobs import partial_path
+    from .filling import FillFailed, send_filling
+
+    assert state.fills is not None
+    if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
+        raise HubError(
+            503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
+            {"Retry-After": "30"},
+        )  # fmt: skip
+    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    fill = state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
+    response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
+    response.headers["X-Cmh-Filling"] = "1"
+    await response.prepare(request)
+    if request.method == "HEAD":
+        await response.write_eof()
+        request[BYTES_KEY] = 0
+        return response
+    try:
+        request[BYTES_KEY] = await send_filling(
+            request, response, fill, entry.source, partial_path(repo, entry.etag),
+            entry.etag, entry.size, pieces, tail,
+        )  # fmt: skip
+    except (BodyCut, FillFailed) as cut:
+        request[BYTES_KEY] = getattr(cut, "sent", 0)
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}
+    return response
 
 
 def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
@@ -739,6 +831,39 @@ def _listing(
         )
         for p in catalog.order(query, rows)
     ]
+
+
+# -- tensor manifest (cmh extension) -----------------------------------------------------
+
+
+async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    """Per-tensor SHA-256 and v1 root of one safetensors file (manifests.py)."""
+    from .manifests import ManifestError, load_or_compute
+
+    entry = index.files.get(route.path)
+    commit = {"X-Repo-Commit": index.commit}
+    if entry is None:
+        raise HubError(404, "EntryNotFound", f"{route.path} does not exist", commit)
+    if not entry.path.endswith(".safetensors") or entry.lfs_sha256 is None:
+        raise HubError(422, "NotSafetensors", f"{route.path} is not a safetensors file", commit)
+    if not os.path.lexists(entry.source) and state.fills is not None:
+        # Pull-through: fill it (or join its fill) and wait a while; the manifest follows.
+        fill = state.fills.start(
+            route.repo_type, route.repo_id, index.commit, entry.path, entry.source
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(fill), MANIFEST_FILL_WAIT)
+    if not os.path.lexists(entry.source):
+        raise HubError(503, "BlobUnavailable", "blob not in the store yet", {"Retry-After": "30"})
+    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    try:
+        doc = await _run(load_or_compute, repo, entry.etag, entry.source)
+    except ManifestError as exc:
+        raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}", commit) from None
+    except OSError as exc:
+        raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
+    body = {"repo": route.repo_id, "commit": index.commit, "path": entry.path, **doc}
+    return web.json_response(body, headers=commit)
 
 
 # -- fingerprint (cmh extension) ---------------------------------------------------------

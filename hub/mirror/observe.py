@@ -122,6 +122,16 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.upstream_requests = Counter(
+            "cmh_mirror_upstream_requests",
+            "Requests a pull-through mirror made to its upstream",
+            registry=self.registry,
+        )
+        self.upstream_bytes = Counter(
+            "cmh_mirror_upstream_bytes",
+            "Body bytes a pull-through mirror received from its upstream",
+            registry=self.registry,
+        )
         self.store_collector = (
             StoreSizeCollector(store, private=private) if store is not None else None
         )
@@ -139,6 +149,11 @@ class Metrics:
 
     def connection_dropped(self, reason: str) -> None:
         self.dropped.labels(reason).inc()
+
+    def upstream_traffic(self, requests: int, nbytes: int) -> None:
+        """Count what a pull-through fill or revalidation cost the upstream."""
+        self.upstream_requests.inc(requests)
+        self.upstream_bytes.inc(nbytes)
 
     def exposition(self) -> bytes:
         """The Prometheus text of every worker's metrics and the store size."""

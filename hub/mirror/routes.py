@@ -53,7 +53,7 @@ class Query(dict[str, str]):
 class Route:
     """What a request asks for."""
 
-    # resolve | repo_info | tree | paths_info | fingerprint | health | metrics
+    # resolve | repo_info | tree | paths_info | fingerprint | manifest | health | metrics
     # | list_repos | refs | commits | auth_check (path "write" for the write check)
     kind: str
     repo_type: str = "model"
@@ -120,6 +120,11 @@ def parse_target(target: str) -> Route:
     repo_type = "model"
     if segs[:1] == ["datasets"]:
         repo_type, segs = "dataset", segs[1:]
+    return _file_route("resolve", segs, repo_type, query)
+
+
+def _file_route(kind: str, segs: list[str], repo_type: str, query: Query) -> Route:
+    """``{repo}/resolve/{revision}/{path}`` (decoded segments) as a route of ``kind``."""
     for n in (2, 1):
         if len(segs) > n + 2 and segs[n] == "resolve" and all("/" not in s for s in segs[:n]):
             rest = segs[n + 1 :]
@@ -128,7 +133,7 @@ def parse_target(target: str) -> Route:
             else:
                 revision, path_parts = rest[0], rest[1:]
             return Route(
-                "resolve",
+                kind,
                 repo_type,
                 _repo(segs[:n]),
                 _revision(revision),
@@ -139,6 +144,11 @@ def parse_target(target: str) -> Route:
 
 
 def _api_route(segs: list[str], query: Query) -> Route:
+    if segs[:2] == ["cmh", "manifest"]:  # /api/cmh/manifest/[datasets/]{repo}/resolve/{rev}/{path}
+        rest = segs[2:]
+        if rest[:1] == ["datasets"]:
+            return _file_route("manifest", rest[1:], "dataset", query)
+        return _file_route("manifest", rest, "model", query)
     if segs[:2] == ["cmh", "fingerprint"]:
         rest = segs[2:]
         repo_type = "model"

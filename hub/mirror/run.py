@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from .bucket_read import BucketReader
+from .upstream import UpstreamConfig
 
 SHUTDOWN_TIMEOUT = 2.0
 
@@ -53,6 +54,7 @@ class ServeConfig:
     max_connections: int | None = None  # per worker; None: derived from RLIMIT_NOFILE
     header_timeout: float = 20.0
     idle_timeout: float = 30.0
+    upstream: UpstreamConfig | None = None  # pull-through: fill from this Hub (upstream.py)
     admin_tokens: Path | None = None  # the web pages' operator tokens
     keys: tuple[Path, ...] = ()  # trusted public keys for the web pages' stamp details
     announce: Callable[[str], None] = field(default=print)
@@ -113,6 +115,16 @@ def serve(config: ServeConfig) -> int:
     _check_store(config)
     if config.public_url is not None:
         config = replace(config, public_url=public_url(config.public_url))
+    if config.upstream is not None:
+        if isinstance(config.store, str):
+            raise ServeError(
+                "--upstream needs a local store (pull-through into a bucket is not supported yet)"
+            )
+        try:
+            url = public_url(config.upstream.url)
+        except ServeError as exc:
+            raise ServeError(str(exc).replace("public URL", "upstream URL")) from None
+        config = replace(config, upstream=replace(config.upstream, url=url))
     if config.tokens is not None:
         from .auth import TokensFileError, load_tokens, unserved_grants
 
@@ -229,6 +241,13 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         state.bucket = _open_bucket(config.store, config.ref_ttl)
         state.object_verifier = ObjectVerifier()
         state.object_fetcher = ObjectFetcher(state.bucket)
+    if config.upstream is not None:
+        from .filling import Fills
+        from .upstream import Upstream
+
+        state.upstream = Upstream(state.store, config.upstream)
+        state.upstream.on_traffic = metrics.upstream_traffic
+        state.fills = Fills(state.upstream)
 
     async def main() -> None:
         runner = web.AppRunner(

@@ -42,6 +42,7 @@ from ..cache.layout import (
 from ..cache.locks import blob_lock, repo_lock
 from .gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from .index import build_index, commit_meta_path, resolve_revision
+from .manifests import keep_for as keep_manifest
 
 SKIPPED_DIRS = frozenset({".git"})
 
@@ -180,6 +181,7 @@ def add_folder(
             if _store_blob(repo, f):
                 new_blobs += 1
                 new_bytes += f.size
+            keep_manifest(repo, f.etag, f.path)  # tensor manifest of a safetensors blob
         if parent is not None and _tree_of(repo, parent) == tree:
             commit, created = parent, False
         else:

@@ -63,6 +63,7 @@ KIND_TRASH = "trash"
 KIND_PARTIAL = "partial"
 KIND_VERIFIED = "verified"
 KIND_COMMIT_META = "commit-meta"
+KIND_UPSTREAM = "upstream-record"
 
 #: Kinds whose size counts as freed (blobs and partial downloads hold the bytes).
 _SIZED_KINDS = frozenset(
@@ -247,9 +248,12 @@ def select_revisions(
         reasons.setdefault(commit, []).append(reason)
 
     for commit, rev in sorted(commits.items()):
-        if rev.broken:
+        if rev.broken and rev.upstream_until is None:  # a pull-through fills those on demand
             select(commit, BROKEN)
-        exp = rev.expires_at
+        stamped = rev.expires_at
+        exp = stamped if rev.upstream_until is None else rev.upstream_until
+        if stamped is not None and rev.upstream_until is not None:
+            exp = min(stamped, rev.upstream_until)
         expired = policy.expired and exp is not None and now >= exp + policy.grace
         if expired and (policy.include_referenced or commit not in referenced):
             select(commit, EXPIRED)
@@ -412,6 +416,7 @@ class _RepoPlanner:
             (KIND_TREE, self.repo.trees, "trees/"),
             (KIND_USAGE, self.repo.used_records, ".cmh/used/"),
             (KIND_COMMIT_META, self.repo.commit_meta, ".cmh/commits/"),
+            (KIND_UPSTREAM, self.repo.upstream_records, ".cmh/upstream/"),
         ):
             for e in entries:
                 commit = e.name.split(".", 1)[0]

@@ -71,6 +71,9 @@ class RevisionScan:
     mtime: float
     last_used: float | None
     created_at: float | None = None
+    #: A pull-through mirror's record (``.cmh/upstream/{commit}.json``): when its upstream
+    #: freshness ends; its links to blobs not yet filled are then not broken.
+    upstream_until: float | None = None
 
     @property
     def is_commit(self) -> bool:
@@ -135,6 +138,7 @@ class RepoScan:
     partials: tuple[Entry, ...] = ()
     verified: tuple[Entry, ...] = ()
     commit_meta: tuple[Entry, ...] = ()
+    upstream_records: tuple[Entry, ...] = ()
 
     @property
     def repo_id(self) -> str:
@@ -237,6 +241,8 @@ def scan_repo(
     last_used = {e.name: e.mtime for e in used_records}
     commit_meta = _entries(cmh_path / "commits")
     with_meta = {e.name for e in commit_meta} if read_commit_times else set()
+    upstream_records = _entries(cmh_path / "upstream")
+    with_upstream = {e.name for e in upstream_records}
     revisions: list[RevisionScan] = []
     strays: list[Entry] = []
     expiry_cache: dict[str, int | None] = {}
@@ -259,7 +265,12 @@ def scan_repo(
             created = None
             if f"{name}.json" in with_meta and COMMIT_RE.match(name):
                 created = _commit_time(cmh_path / "commits" / f"{name}.json")
-            revisions.append(RevisionScan(name, tuple(files), mtime, last_used.get(name), created))
+            until = None
+            if f"{name}.json" in with_upstream and COMMIT_RE.match(name):
+                until = _record_number(cmh_path / "upstream" / f"{name}.json", "fresh_until")
+            revisions.append(
+                RevisionScan(name, tuple(files), mtime, last_used.get(name), created, until)
+            )
     return RepoScan(
         layout=layout,
         mtime=repo_stat.st_mtime,
@@ -279,6 +290,7 @@ def scan_repo(
         partials=_entries(cmh_path / "partial"),
         verified=_entries(cmh_path / "verified"),
         commit_meta=commit_meta,
+        upstream_records=upstream_records,
     )
 
 
@@ -421,14 +433,21 @@ def etag_of(name: str) -> str:
 
 def _commit_time(path: Path) -> float | None:
     """A store's record of when it created a commit (``created_at``), if readable."""
+    return _record_number(path, "created_at")
+
+
+def _record_number(path: Path, key: str) -> float | None:
+    """The number under ``key`` in a small JSON record, if readable."""
     import json
 
     try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
-    value = data.get("created_at") if isinstance(data, dict) else None
-    return float(value) if isinstance(value, (int, float)) else None
+    value = data.get(key) if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
 
 
 def stamped_expiry(path: str | os.PathLike[str]) -> int | None:

@@ -266,6 +266,40 @@ class HubClient:
             url, params = (str(response.url.join(nxt)), None) if nxt else (None, None)
         return files
 
+    def tensor_manifest(
+        self, repo_id: str, repo_type: str, commit: str, path: str
+    ) -> list[dict[str, Any]] | None:
+        """A cmh mirror's tensor manifest of ``path`` at ``commit`` (spec/hub-mirror.md 2.9).
+
+        One request, not retried: any failure (another Hub, no manifest yet)
+        answers ``None``. The entries are ``{"name", "begin", "end", "sha256"}``.
+        """
+        prefix = "" if repo_type == "model" else f"{REPO_TYPE_PREFIX[repo_type]}/"
+        url = (
+            f"{self.endpoint}/api/cmh/manifest/{prefix}{repo_id}/resolve/"
+            f"{quote(commit, safe='')}/{quote(validate_relpath(path))}"
+        )
+        self._count(requests=1)
+        try:
+            response = self._client.get(url, timeout=metadata_timeout())
+        except httpx2.TransportError:
+            return None
+        self._count(nbytes=len(response.content))
+        if response.status_code != 200:
+            return None
+        try:
+            doc = json.loads(response.content)
+            tensors = doc["tensors"]
+            if doc.get("schema") != "cmh-tensor-manifest/1" or not isinstance(tensors, list):
+                return None
+            return [
+                {"name": str(t["name"]), "begin": int(t["begin"]), "end": int(t["end"]),
+                 "sha256": bytes.fromhex(t["sha256"])}
+                for t in tensors
+            ]  # fmt: skip
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def stream(
         self,
         url: str,

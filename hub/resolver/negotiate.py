@@ -721,6 +721,9 @@ class _Fetcher:
                             connections=self.policy.connections,
                             chunk_bytes=self.policy.chunk_bytes,
                             progress=self.progress,
+                            manifest=lambda: client.tensor_manifest(
+                                repo.repo_id, repo.repo_type, commit, path
+                            ),
                         )
                     except (PatchNotPossible, HubProtocolError) as exc:
                         # Not stamped, no usable old version, or a server that does not

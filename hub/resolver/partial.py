@@ -32,6 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cmh._atomic import atomic_write
 from cmh.checkpoint import claimed_digests
@@ -132,6 +133,16 @@ def fetch_bytes(client: HubClient, url: str, begin: int, end: int) -> bytes:
     return DEFAULT_RETRY.run(step, f"range {begin}-{end}")
 
 
+def served_digests(header: Header, manifest: list[dict[str, Any]] | None) -> list[bytes] | None:
+    """The SHA-256 list of a mirror's tensor manifest if it describes exactly ``header``."""
+    if manifest is None or len(manifest) != len(header.tensors):
+        return None
+    for t, m in zip(header.tensors, manifest, strict=True):
+        if (m["name"], m["begin"], m["end"]) != (t.name, t.begin, t.end) or len(m["sha256"]) != 32:
+            return None
+    return [m["sha256"] for m in manifest]
+
+
 def old_digests(old_blob: Path) -> tuple[Header, list[bytes]]:
     """Per-tensor SHA-256 of a checked local blob: its manifest, else hashed here."""
     header = read_header(old_blob)
@@ -141,9 +152,20 @@ def old_digests(old_blob: Path) -> tuple[Header, list[bytes]]:
     return header, digests
 
 
-def plan_patch(new: Header, prefix: bytes, old: Header, old_sha: list[bytes]) -> PatchPlan:
-    """Decide which bytes to copy from the old blob and which to fetch."""
-    new_sha = claimed_digests(new)
+def plan_patch(
+    new: Header,
+    prefix: bytes,
+    old: Header,
+    old_sha: list[bytes],
+    served: list[bytes] | None = None,
+) -> PatchPlan:
+    """Decide which bytes to copy from the old blob and which to fetch.
+
+    The new file's per-tensor digests come from its CMH manifest, else from
+    ``served`` (a cmh mirror's tensor manifest, :func:`served_digests`): either
+    only decides what to fetch, the assembled file is checked whole.
+    """
+    new_sha = claimed_digests(new) or served
     if new_sha is None:
         raise PatchNotPossible("new version is not stamped with a consistent SHA-256 manifest")
     where: dict[bytes, int] = {}
@@ -290,6 +312,7 @@ def patch_blob(
     connections: int = 8,
     chunk_bytes: int = 16 << 20,
     progress: Progress | None = None,
+    manifest: Callable[[], list[dict[str, Any]] | None] | None = None,
 ) -> PatchResult:
     """Assemble blob ``remote.etag`` from blob ``old_etag`` plus fetched ranges.
 
@@ -306,6 +329,8 @@ def patch_blob(
     :class:`InvalidRemoteFileError` when its header cannot be read, and
     :class:`DiskFullError` when it does not fit (in these four cases the
     assembly is discarded; after a dropped transfer it is kept for resuming).
+    ``manifest`` fetches a cmh mirror's tensor manifest, used when the new
+    version is unstamped.
     """
     requests_before = client.requests
     old_blob = repo.blob_path(old_etag)
@@ -314,7 +339,10 @@ def patch_blob(
     try:
         try:
             old_header, old_sha = old_digests(old_blob)
-            plan = plan_patch(header, prefix, old_header, old_sha)
+            served = None
+            if manifest is not None and claimed_digests(header) is None:
+                served = served_digests(header, manifest())  # unstamped: ask the mirror
+            plan = plan_patch(header, prefix, old_header, old_sha, served)
         except UNREADABLE_HEADER as exc:
             raise PatchNotPossible(str(exc) or type(exc).__name__) from exc
     except PatchNotPossible:

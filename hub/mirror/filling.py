@@ -1,0 +1,281 @@
+"""Serve a blob while the pull-through mirror fills it: one upstream transfer, bytes as they arrive.
+
+The first request for a blob the store lacks starts its fill
+(:meth:`~cmh.hub.mirror.upstream.Upstream.fill`, the resolver's whole
+download into ``blobs/{etag}.incomplete``, renamed into place once checked).
+Every request for that blob in this worker joins the same fill; a fill run by
+another worker or process is joined through the blob lock the resolver
+holds, and its bytes are read from the same partial file.
+
+A filling answer sends its headers at once and then tails the partial file:
+each byte is sent as soon as it is on disk, so a client's read timeout never
+fires while the upstream is sending. Range requests are answered from what
+arrived (waiting for the bytes they ask for). The last byte of every body
+waits for a check of what was sent: the SHA-256 (or git blob id) of a whole
+body, computed while it is sent, must be the ETag; each range sent must equal
+the same range of the installed, checked blob (so a range waits for the
+fill). Otherwise the connection is cut before that byte, so no client ever
+holds a complete body that fails the blob's check; and the fill (the
+resolver) installs nothing unchecked.
+
+Reads of the partial file are ``os.pread`` calls of at most 1 MiB on the event
+loop: the bytes were just written, so they come from the page cache, and a
+thread hop per chunk would cost more than the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..cache.blobs import new_digest
+from .send import BodyCut
+
+if TYPE_CHECKING:
+    from .upstream import Upstream
+
+CHUNK = 1 << 20
+POLL = 0.02  # seconds between looks at a partial file that has not grown
+MAX_FILLS = 16  # fills running at once in one worker (each holds a thread while it transfers)
+
+
+class FillFailed(OSError):
+    """The fill ended without installing the blob, or the bytes sent are not the blob's."""
+
+
+class Fills:
+    """The fills running in one worker: one per blob, shared by every request for it."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self._slots = threading.BoundedSemaphore(MAX_FILLS)
+        self._running: dict[Path, asyncio.Future[None]] = {}
+
+    def start(
+        self, repo_type: str, repo_id: str, commit: str, path: str, blob: Path
+    ) -> asyncio.Future[None]:
+        """The fill of ``blob`` (started now unless one is running); await it shielded."""
+        running = self._running.get(blob)
+        if running is not None:
+            return running
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+        def work() -> None:
+            # A daemon thread, not an executor's: a server told to stop must not wait for
+            # a transfer in flight; its partial file stays and the next fill resumes it.
+            error: BaseException | None = None
+            with self._slots:
+                try:
+                    self.upstream.fill(repo_type, repo_id, commit, path)
+                except BaseException as exc:  # every waiter hears the outcome
+                    error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=work, name="cmh-fill", daemon=True).start()
+        self._running[blob] = fut
+
+        def done(f: asyncio.Future[None]) -> None:
+            if self._running.get(blob) is f:
+                del self._running[blob]
+            if not f.cancelled():
+                f.exception()  # retrieved: a failure is reported to each waiter, not logged
+
+        fut.add_done_callback(done)
+        return fut
+
+
+class _Tail:
+    """Reads a blob being filled: the installed blob if it is there, else its partial file."""
+
+    def __init__(self, blob: Path, partial: Path, fill: asyncio.Future[None]) -> None:
+        self.blob = blob
+        self.partial = partial
+        self.fill = fill
+        self.fd: int | None = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _open(self) -> None:
+        for path in (self.blob, self.partial):
+            with contextlib.suppress(OSError):
+                self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                return
+
+    def _replaced(self) -> bool:
+        """True when the file we read is no longer the partial nor the blob (restarted fill)."""
+        assert self.fd is not None
+        mine = os.fstat(self.fd)
+        for path in (self.blob, self.partial):
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    return False
+        return True
+
+    async def read(self, pos: int, count: int) -> bytes:
+        """At most ``count`` bytes at ``pos``, waiting until they are on disk."""
+        finished_once = False
+        while True:
+            if self.fd is None:
+                self._open()
+            if self.fd is not None:
+                data = os.pread(self.fd, count, pos)
+                if data:
+                    return data
+                if self._replaced():
+                    self.close()
+                    continue
+            if self.fill.done():
+                if self.fill.exception() is not None:
+                    raise FillFailed(f"fill failed: {self.fill.exception()}")
+                if finished_once:
+                    raise FillFailed("the filled blob is shorter than listed")
+                finished_once = True
+                self.close()  # read the installed blob from now on
+                continue
+            await asyncio.wait([self.fill], timeout=POLL)
+
+
+async def send_filling(
+    request: web.BaseRequest,
+    response: web.StreamResponse,
+    fill: asyncio.Future[None],
+    blob: Path,
+    partial: Path,
+    etag: str,
+    size: int,
+    pieces: list[tuple[bytes, int, int]],
+    tail: bytes = b"",
+) -> int:
+    """Send ``(prefix, offset, count)`` pieces of a filling blob, then ``tail``; bytes sent.
+
+    ``response`` is prepared. The last byte is sent only once the fill has
+    installed the blob and what was sent is checked against it; otherwise the
+    connection is aborted and :class:`~cmh.hub.mirror.send.BodyCut` raised.
+    """
+    source = _Tail(blob, partial, fill)
+    whole = len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == size and not tail
+    digest = new_digest(etag, size) if whole else None
+    sent_ranges: list[tuple[int, int, hashlib._Hash]] = []  # h: SHA-256 of each range sent
+    last = max((i for i, (_, _, count) in enumerate(pieces) if count > 0), default=None)
+    sent = 0
+    try:
+        for i, (prefix, offset, count) in enumerate(pieces):
+            if prefix:
+                await response.write(prefix)
+                sent += len(prefix)
+            held = 1 if (i == last and not tail) else 0
+            h = hashlib.sha256()
+            pos, end = offset, offset + count
+            while pos < end - held:
+                data = await source.read(pos, min(CHUNK, end - held - pos))
+                await response.write(data)
+                await _hash(data, h if digest is None else digest)
+                pos += len(data)
+                sent += len(data)
+            if held:
+                data = await source.read(pos, 1)
+                await _hash(data, h if digest is None else digest)
+                sent_ranges.append((offset, count, h))
+                await _gate(request, fill, blob, digest, etag, sent_ranges, sent)
+                await response.write(data)
+                sent += 1
+            elif count:
+                sent_ranges.append((offset, count, h))
+        if tail:
+            await _gate(request, fill, blob, digest, etag, sent_ranges, sent)
+            await response.write(tail)
+            sent += len(tail)
+    except FillFailed:
+        _cut(request)
+        raise BodyCut(sent) from None
+    finally:
+        source.close()
+    await response.write_eof()
+    return sent
+
+
+async def _hash(data: bytes, digest: hashlib._Hash) -> None:
+    """Feed ``digest`` in a worker thread (hashlib releases the GIL): the loop keeps sending."""
+    if len(data) < 1 << 16:
+        digest.update(data)
+    else:
+        await asyncio.get_running_loop().run_in_executor(None, digest.update, data)
+
+
+def _cut(request: web.BaseRequest) -> None:
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _gate(
+    request: web.BaseRequest,
+    fill: asyncio.Future[None],
+    blob: Path,
+    digest: hashlib._Hash | None,
+    etag: str,
+    sent_ranges: list[tuple[int, int, hashlib._Hash]],
+    sent: int,
+) -> None:
+    """Cut the connection unless what was sent is the blob's.
+
+    A whole body is decided by its own digest (the ETag): no need to wait for
+    the fill's install. Ranges are compared with the installed, checked blob,
+    so they wait for the fill.
+    """
+    if digest is not None:
+        good = digest.hexdigest() == etag
+    else:
+        try:
+            await asyncio.shield(fill)
+        except Exception:  # the fill failed: nothing was installed
+            _cut(request)
+            raise BodyCut(sent) from None
+        loop = asyncio.get_running_loop()
+        good = await loop.run_in_executor(None, _ranges_match, blob, sent_ranges)
+    if not good:
+        _cut(request)
+        raise BodyCut(sent)
+
+
+def _ranges_match(blob: Path, sent_ranges: list[tuple[int, int, hashlib._Hash]]) -> bool:
+    """True when each ``(offset, count, sha256 of what was sent)`` is the installed blob's."""
+    try:
+        fd = os.open(blob, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        for offset, count, sent in sent_ranges:
+            h = hashlib.sha256()
+            pos = offset
+            while pos < offset + count:
+                data = os.pread(fd, min(CHUNK * 8, offset + count - pos), pos)
+                if not data:
+                    return False
+                h.update(data)
+                pos += len(data)
+            if h.digest() != sent.digest():
+                return False
+        return True
+    finally:
+        os.close(fd)

@@ -1,0 +1,409 @@
+# ruff: noqa: E501  (the client scripts below are kept one call per line)
+"""Pull-through mirror: ``cmh serve --upstream URL`` in front of the Hub-like front.
+
+The chain is: stock client -> pull-through ``cmh serve`` (empty store, its own
+process) -> ``tests/hub/hublike.py`` (302 to a signed CDN origin) -> the
+session's ``cmh serve``. The front runs with ``xet_listing=False`` until the
+resolver's Xet listing handling (branch ``dropin``) is on main.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from click.testing import CliRunner
+from cmh.cli.main import cli
+from cmh.hub.mirror.store import add_folder
+from hublike import HubLike, running
+from mirror_support import (
+    MINILM_REPO,
+    PRIVATE_REPO,
+    PRIVATE_TOKEN,
+    TINY_REPO,
+    MirrorServer,
+    MirrorStore,
+    hf_env,
+    run_python,
+)
+
+STOCK_SCRIPT = r"""
+import json, os, hashlib
+from huggingface_hub import hf_hub_download, snapshot_download
+from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+def kind(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return type(exc).__name__
+    return "ok"
+
+out = {}
+snap = snapshot_download(os.environ["T_REPO"])
+out["files"] = {os.path.relpath(os.path.join(d, f), snap): sha256(os.path.join(d, f))
+                for d, _, fs in os.walk(snap) for f in fs}
+out["missing_file"] = kind(lambda: hf_hub_download(os.environ["T_REPO"], "no-such-file.txt"))
+out["missing_repo"] = kind(lambda: hf_hub_download("nobody/nothing-here", "config.json"))
+out["missing_revision"] = kind(lambda: hf_hub_download(os.environ["T_REPO"], "config.json", revision="no-such-branch"))
+print(json.dumps(out))
+"""
+
+TRANSFORMERS_SCRIPT = r"""
+import json, os, torch
+from transformers import AutoModel, AutoTokenizer
+repo = os.environ["T_MINILM"]
+tok = AutoTokenizer.from_pretrained(repo)
+model = AutoModel.from_pretrained(repo)
+local = AutoModel.from_pretrained(os.environ["T_LOCAL"])
+same = all(torch.equal(p, q) for p, q in zip(model.state_dict().values(), local.state_dict().values()))
+print(json.dumps({"model": type(model).__name__, "same_weights": same}))
+"""
+
+
+def _sha256_tree(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and ".git" not in p.parts:
+            out[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _pull_server(
+    factory: Callable[..., MirrorServer], store: Path, upstream: str, *extra: str
+) -> MirrorServer:
+    store.mkdir(parents=True, exist_ok=True)
+    return factory(store, extra_args=("--upstream", upstream, *extra))
+
+
+def _upstream_requests(front: HubLike) -> int:
+    return len(front.records(origin="hub")) + len(front.records(origin="cdn"))
+
+
+@pytest.fixture
+def front(mirror: MirrorServer) -> Any:
+    with running(mirror.url, xet_listing=False) as hub:
+        yield hub
+
+
+def test_stock_client_through_pullthrough_is_bit_identical_and_a_second_client_is_free(
+    front: HubLike,
+    mirror_server_factory: Callable[..., MirrorServer],
+    mirror_store: MirrorStore,
+    tmp_path: Path,
+) -> None:
+    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1h")
+    env = hf_env(pull.url, tmp_path / "home-1")
+    env["T_REPO"] = TINY_REPO
+    first = run_python(STOCK_SCRIPT, env)
+    assert first["files"] == _sha256_tree(mirror_store.sources[f"{TINY_REPO}@main"])
+    assert first["missing_file"] == "RemoteEntryNotFoundError"
+    assert first["missing_repo"] == "RepositoryNotFoundError"
+    assert first["missing_revision"] == "RevisionNotFoundError"
+    assert len(front.records(origin="cdn")) == 1  # weights.bin: one transfer, by 302 to the CDN
+    assert not front.cdn_saw_authorization
+    front.wait_idle()
+    before = _upstream_requests(front)
+    env = hf_env(pull.url, tmp_path / "home-2")
+    env["T_REPO"] = TINY_REPO
+    second = run_python(STOCK_SCRIPT, env)
+    assert second["files"] == first["files"]
+    upstream_paths = [r.path for r in front.records()][before:]
+    # Only the never-cached answers go upstream again (absent repo and revision).
+    assert all("nobody" in p or "no-such-branch" in p for p in upstream_paths), upstream_paths
+    metrics = pull.metrics()
+    assert any(name == "cmh_mirror_upstream_requests_total" for name, _ in metrics)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_transformers_loads_minilm_through_pullthrough(
+    front: HubLike,
+    mirror_server_factory: Callable[..., MirrorServer],
+    minilm_dir: Path,
+    tmp_path: Path,
+) -> None:
+    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1h")
+    env = hf_env(pull.url, tmp_path / "home")
+    env.update(T_MINILM=MINILM_REPO, T_LOCAL=str(minilm_dir))
+    result = run_python(TRANSFORMERS_SCRIPT, env)
+    assert result == {"model": "BertModel", "same_weights": True}
+    blobs = tmp_path / "pull" / "models--sentence-transformers--all-MiniLM-L6-v2" / "blobs"
+    weights = hashlib.sha256((minilm_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert (blobs / weights).is_file()
+    front.wait_idle()
+    before = _upstream_requests(front)
+    result = run_python(TRANSFORMERS_SCRIPT, hf_env(pull.url, tmp_path / "home-2") | {
+        "T_MINILM": MINILM_REPO, "T_LOCAL": str(minilm_dir)})  # fmt: skip
+    assert result["same_weights"]
+    assert _upstream_requests(front) == before  # the second client costs the upstream nothing
+
+
+def test_after_fresh_for_one_revalidation_request(
+    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "2s")
+    url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+    assert httpx2.get(url).status_code == 200
+    front.wait_idle()
+    before = front.records()
+    assert httpx2.get(url).status_code == 200  # fresh: nothing asked
+    assert front.records() == before
+    time.sleep(2.2)
+    for _ in range(3):
+        assert httpx2.get(url).status_code == 200
+    front.wait_idle()
+    new = front.records()[len(before) :]
+    assert [(r.method, r.path) for r in new] == [("GET", f"/api/models/{TINY_REPO}/revision/main")]
+
+
+def test_commit_pinned_request_never_revalidates(
+    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1s")
+    first = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/README.md")
+    commit = first.headers["X-Repo-Commit"]
+    front.wait_idle()
+    time.sleep(1.2)
+    before = len(front.records())
+    again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md")
+    assert again.status_code == 200 and again.content == first.content
+    assert len(front.records()) == before
+
+
+def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with running(mirror.url, xet_listing=False) as hub:
+        pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url, "--fresh-for", "1s")
+        cached = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+        assert cached.status_code == 200 and "Warning" not in cached.headers
+    time.sleep(1.2)  # the front is stopped and the revision is past its freshness
+    stale = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+    assert stale.status_code == 200 and stale.content == cached.content
+    assert stale.headers["Warning"].startswith("110 ")
+    listed_not_cached = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/weights.bin")
+    assert listed_not_cached.status_code == 503
+    assert listed_not_cached.headers["X-Error-Code"] == "UpstreamUnavailable"
+    never_seen = httpx2.get(f"{pull.url}/{MINILM_REPO}/resolve/main/config.json")
+    assert never_seen.status_code == 503
+    assert never_seen.headers["X-Error-Code"] == "UpstreamUnavailable"
+
+
+def test_stale_if_error_is_bounded(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with running(mirror.url, xet_listing=False) as hub:
+        pull = _pull_server(
+            mirror_server_factory, tmp_path / "pull", hub.url,
+            "--fresh-for", "1s", "--stale-if-error", "1s",
+        )  # fmt: skip
+        assert httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json").status_code == 200
+    time.sleep(2.2)
+    late = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+    assert late.status_code == 503 and late.headers["X-Error-Code"] == "UpstreamUnavailable"
+
+
+def test_tokens_the_client_sends_never_reach_upstream_and_the_mirror_token_opens_private(
+    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    token_file = tmp_path / "upstream-token"
+    token_file.write_text(PRIVATE_TOKEN + "\n")
+    pull = _pull_server(
+        mirror_server_factory,
+        tmp_path / "pull",
+        front.url,
+        "--upstream-token-file",
+        str(token_file),
+    )
+    client = {"Authorization": "Bearer client-secret-never-forwarded"}
+    answer = httpx2.get(f"{pull.url}/{PRIVATE_REPO}/resolve/main/config.json", headers=client)
+    assert answer.status_code == 200 and answer.json() == {"secret": True}
+    got = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/weights.bin", headers=client)
+    assert got.status_code == 200
+    front.wait_idle()
+    seen = [r.headers.get("authorization") for r in front.records()]
+    assert "Bearer client-secret-never-forwarded" not in seen
+    assert f"Bearer {PRIVATE_TOKEN}" in seen
+    assert not front.cdn_saw_authorization  # the mirror's token stays on the Hub's origin
+
+    plain = _pull_server(mirror_server_factory, tmp_path / "pull-2", front.url)
+    refused = httpx2.get(f"{plain.url}/{PRIVATE_REPO}/resolve/main/config.json", headers=client)
+    assert refused.status_code == 404 and refused.headers["X-Error-Code"] == "RepoNotFound"
+
+
+def test_the_mirrors_own_tokens_decide_who_reads(
+    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"local-reader-token-1 {TINY_REPO}\n")
+    store = tmp_path / "pull"
+    store.mkdir()
+    pull = mirror_server_factory(store, tokens=tokens, extra_args=("--upstream", front.url))
+    url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+    assert httpx2.get(url).status_code == 404
+    assert front.records() == []  # a reader the mirror refuses causes no upstream request
+    ok = httpx2.get(url, headers={"Authorization": "Bearer local-reader-token-1"})
+    assert ok.status_code == 200
+
+
+def test_tiers_mirror_to_mirror_to_hublike(
+    front: HubLike,
+    mirror_server_factory: Callable[..., MirrorServer],
+    mirror_store: MirrorStore,
+    tmp_path: Path,
+) -> None:
+    region = _pull_server(mirror_server_factory, tmp_path / "region", front.url)
+    site = _pull_server(mirror_server_factory, tmp_path / "site", region.url)
+    env = hf_env(site.url, tmp_path / "home")
+    env["T_REPO"] = TINY_REPO
+    result = run_python(STOCK_SCRIPT, env)
+    assert result["files"] == _sha256_tree(mirror_store.sources[f"{TINY_REPO}@main"])
+    assert result["missing_repo"] == "RepositoryNotFoundError"
+    assert len(front.records(origin="cdn")) == 1
+
+
+def _big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    src = tmp_path / "big-src"
+    src.mkdir()
+    data = os.urandom(size)
+    (src / "big.bin").write_bytes(data)
+    (src / "config.json").write_text("{}\n")
+    store = tmp_path / "upstream-store"
+    add_folder(store, src, "cmh-test/big")
+    return store, data
+
+
+def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    size = 64 << 20
+    store, data = _big_store(tmp_path, size)
+    backend = mirror_server_factory(store)
+    with running(backend.url, xet_listing=False) as hub:
+        pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url)
+        hub.stall(after_bytes=16 << 20, seconds=4.0, times=1, origin="cdn")
+        url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
+        bodies: list[bytes] = [b""] * 8
+        first_byte_while_transfer_open: list[bool] = [False] * 8
+        errors: list[BaseException] = []
+
+        def client(i: int) -> None:
+            try:
+                with httpx2.stream("GET", url, timeout=10.0) as response:
+                    assert response.status_code == 200
+                    chunks = []
+                    for chunk in response.iter_bytes():
+                        if not chunks:
+                            # The upstream transfer is still open: no CDN answer is recorded yet.
+                            first_byte_while_transfer_open[i] = not hub.records(origin="cdn")
+                        chunks.append(chunk)
+                    bodies[i] = b"".join(chunks)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        ranged = httpx2.get(url, headers={"Range": "bytes=1000-1999"}, timeout=10.0)
+        for t in threads:
+            t.join(60)
+        hub.wait_idle()
+        assert not errors, errors
+        assert ranged.status_code == 206 and ranged.content == data[1000:2000]
+        assert all(b == data for b in bodies)
+        assert all(first_byte_while_transfer_open)
+        cdn = hub.records(origin="cdn")
+        assert [(r.method, r.status) for r in cdn] == [("GET", 200)]  # one upstream transfer
+        blob = (
+            tmp_path / "pull" / "models--cmh-test--big" / "blobs" / hashlib.sha256(data).hexdigest()
+        )
+        assert blob.stat().st_size == size
+
+
+def test_wrong_upstream_bytes_cut_every_client_and_nothing_is_stored(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    store, data = _big_store(tmp_path, 4 << 20)
+    etag = hashlib.sha256(data).hexdigest()
+    backend = mirror_server_factory(store)
+    with running(backend.url, xet_listing=False) as hub:
+        hub.corrupt(etag)
+        pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url)
+        url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
+        # The body ends before its last byte: the client sees a broken transfer.
+        with pytest.raises(httpx2.HTTPError), httpx2.stream("GET", url) as r:
+            assert r.status_code == 200
+            for _ in r.iter_bytes():
+                pass
+        # The client was cut by its own check; the fill goes on (fetched again once) and
+        # ends refused: wait for it while the upstream still runs.
+        blobs = tmp_path / "pull" / "models--cmh-test--big" / "blobs"
+        deadline = time.monotonic() + 30
+        while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the resolver fetches a blob that failed its check once more
+        hub.wait_idle()
+        assert len(hub.records(origin="cdn")) == 2
+        while list(blobs.glob(f"{etag}*")) and time.monotonic() < deadline:
+            assert not (blobs / etag).exists()
+            time.sleep(0.1)
+        assert not list(blobs.glob(f"{etag}*"))  # neither the blob nor a partial is left
+
+
+def test_mirror_sync_fills_a_store_for_an_air_gapped_mirror(
+    front: HubLike,
+    mirror_server_factory: Callable[..., MirrorServer],
+    mirror_store: MirrorStore,
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "carried"
+    result = CliRunner().invoke(
+        cli, ["mirror", "sync", TINY_REPO, "--store", str(store), "--from", front.url]
+    )
+    assert result.exit_code == 0, result.output
+    assert "cmh-test/tiny@main ->" in result.output
+    offline = mirror_server_factory(store)  # no upstream: the carried store alone
+    env = hf_env(offline.url, tmp_path / "home")
+    env["T_REPO"] = TINY_REPO
+    got = run_python(STOCK_SCRIPT, env)
+    assert got["files"] == _sha256_tree(mirror_store.sources[f"{TINY_REPO}@main"])
+    missing = CliRunner().invoke(
+        cli, ["mirror", "sync", "nobody/nothing", "--store", str(store), "--from", front.url]
+    )
+    assert missing.exit_code != 0 and "Traceback" not in missing.output
+
+
+def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshness(
+    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    store = tmp_path / "pull"
+    pull = _pull_server(mirror_server_factory, store, front.url, "--fresh-for", "2s")
+    answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+    commit = answer.headers["X-Repo-Commit"]
+    snapshot = store / "models--cmh-test--tiny" / "snapshots" / commit
+    assert (snapshot / "weights.bin").is_symlink()  # listed, not filled: not a broken revision
+    prune = ["prune", "--store", str(store), "--expired", "--include-referenced", "--yes"]
+    kept = CliRunner().invoke(cli, prune)
+    assert kept.exit_code == 0, kept.output
+    assert snapshot.is_dir()
+    time.sleep(2.2)
+    gone = CliRunner().invoke(cli, prune)
+    assert gone.exit_code == 0, gone.output
+    assert not snapshot.exists()
+    again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")  # filled again
+    assert again.status_code == 200 and again.content == answer.content
