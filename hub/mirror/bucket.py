@@ -43,7 +43,6 @@ from ..cache.layout import (
     parse_repo_folder,
     repo_folder_name,
     validate_relpath,
-    validate_repo_id,
     validate_revision,
 )
 from .gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
@@ -62,6 +61,7 @@ from .store import (
     RepoSummary,
     SourceFile,
     StoreError,
+    check_import_names,
     hash_source,
     scan_folder,
 )
@@ -353,15 +353,7 @@ class BucketStore:
         progress: ProgressCallback | None = None,
     ) -> ImportResult:
         """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2)."""
-        try:
-            validate_repo_id(repo_id)
-            validate_revision(revision)
-        except LayoutError as exc:
-            raise InvalidNameError(str(exc)) from None
-        if COMMIT_RE.match(revision):
-            raise InvalidNameError(f"revision {revision!r} is a commit id: give a branch or tag")
-        if repo_type not in ("model", "dataset"):
-            raise InvalidNameError(f"invalid repo type {repo_type!r}: model or dataset")
+        check_import_names(repo_id, revision, repo_type)
         folder = self.folder(repo_id, repo_type)
         files: list[SourceFile] = []
         for rel, path in scan_folder(src):

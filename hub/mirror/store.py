@@ -138,6 +138,19 @@ def scan_folder(src: Path) -> list[tuple[str, Path]]:
     return out
 
 
+def check_import_names(repo_id: str, revision: str, repo_type: str) -> None:
+    """Refuse names an import may not use (:class:`InvalidNameError`): any store, any backend."""
+    try:
+        validate_repo_id(repo_id)
+        validate_revision(revision)
+    except LayoutError as exc:
+        raise InvalidNameError(str(exc)) from None
+    if COMMIT_RE.match(revision):
+        raise InvalidNameError(f"revision {revision!r} is a commit id: give a branch or tag")
+    if repo_type not in ("model", "dataset"):
+        raise InvalidNameError(f"invalid repo type {repo_type!r}: model or dataset")
+
+
 def add_folder(
     store: Path,
     src: Path,
@@ -148,15 +161,7 @@ def add_folder(
     progress: ProgressCallback | None = None,
 ) -> ImportResult:
     """Import ``src`` as a new commit of ``repo_id`` at ``revision`` in ``store``."""
-    try:
-        validate_repo_id(repo_id)
-        validate_revision(revision)
-    except LayoutError as exc:
-        raise InvalidNameError(str(exc)) from None
-    if COMMIT_RE.match(revision):
-        raise InvalidNameError(f"revision {revision!r} is a commit id: give a branch or tag")
-    if repo_type not in ("model", "dataset"):
-        raise InvalidNameError(f"invalid repo type {repo_type!r}: model or dataset")
+    check_import_names(repo_id, revision, repo_type)
     store.mkdir(parents=True, exist_ok=True)
     repo = RepoLayout(store, repo_id, repo_type)
     listed = scan_folder(src)
