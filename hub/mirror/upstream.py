@@ -180,7 +180,7 @@ class Upstream:
         return self.expiry(repo, revision, commit)
 
     def _prepare_locked(self, repo: RepoLayout, revision: str) -> str | None:
-        from ..resolver.local import read_tree, remote_files_from_tree
+        from ..resolver.negotiate import revision_listing
         from ..resolver.types import AccessError, NotFoundError, ResolveError
 
         pinned = bool(COMMIT_RE.match(revision))
@@ -195,18 +195,7 @@ class Upstream:
             expiry = float("-inf")
         client = self._client()
         try:
-            if pinned:
-                commit, listed = revision, None
-            else:
-                remote = client.revision(repo.repo_id, repo.repo_type, revision)
-                commit, listed = remote.commit, remote.files
-            cached = read_tree(repo, commit)
-            if cached is not None:
-                files = remote_files_from_tree(cached)
-            elif listed is not None:
-                files = listed
-            else:
-                files = client.tree(repo.repo_id, repo.repo_type, commit)
+            commit, files, _ = revision_listing(client, repo, revision, pinned)
         except (NotFoundError, AccessError) as exc:
             raise _typed(exc) from None
         except ResolveError as exc:

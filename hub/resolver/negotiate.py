@@ -441,6 +441,25 @@ def _answer_stale(
 # -- online --------------------------------------------------------------------------------
 
 
+def revision_listing(
+    client: HubClient, repo: RepoLayout, revision: str, pinned: bool
+) -> tuple[str, dict[str, RemoteFile], bool]:
+    """The commit ``revision`` names and its file list: the cached tree when there is one,
+    else the revision answer's list, else the tree endpoint. The flag says whether the list
+    came from the Hub (not from the cache). A pinned commit costs no revision request."""
+    if pinned:
+        commit, listed = revision, None
+    else:
+        remote_rev = client.revision(repo.repo_id, repo.repo_type, revision)
+        commit, listed = remote_rev.commit, remote_rev.files
+    cached = read_tree(repo, commit)
+    if cached is not None:
+        return commit, remote_files_from_tree(cached), False
+    if listed is not None:
+        return commit, listed, True
+    return commit, client.tree(repo.repo_id, repo.repo_type, commit), True
+
+
 def _answer_online(
     client: HubClient,
     repo: RepoLayout,
@@ -453,19 +472,7 @@ def _answer_online(
     on_total: Callable[[int], None] | None,
 ) -> Resolution:
     housekeeping.adopt_orphans(repo)
-    if pinned:
-        commit, listed = revision, None
-    else:
-        remote_rev = client.revision(repo.repo_id, repo.repo_type, revision)
-        commit, listed = remote_rev.commit, remote_rev.files
-    cached = read_tree(repo, commit)
-    if cached is not None:
-        files = remote_files_from_tree(cached)
-    elif listed is not None:
-        files = listed
-    else:
-        files = client.tree(repo.repo_id, repo.repo_type, commit)
-    fetched = cached is None
+    commit, files, fetched = revision_listing(client, repo, revision, pinned)
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
     try:
         selection, results, fetcher = _bring_in(
