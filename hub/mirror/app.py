@@ -41,7 +41,7 @@ from .ranges import ByteRange, RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
 from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
 from .upstream import UpstreamError
-from .verify import BlobVerifier, FileVersion
+from .verify import BlobVerifier, FileVersion, record_path
 
 if TYPE_CHECKING:
     from .bucket_read import BucketReader
@@ -522,10 +522,12 @@ async def _verified(
     """
     verifier = state.verifier
     version = FileVersion.of(f.fileno())
-    outcome = verifier.known(version, entry.etag)
+    blob = Path(os.path.realpath(entry.source.parent)) / entry.source.name
+    record = record_path(blob, entry.etag)
+    outcome = verifier.known(version, entry.etag, record)
     pending = None
     if outcome is None:
-        pending = verifier.check(f.fileno(), entry.etag, version)
+        pending = verifier.check(f.fileno(), entry.etag, version, record)
         try:
             outcome = await asyncio.wait_for(asyncio.shield(pending), VERIFY_WAIT)
         except TimeoutError:

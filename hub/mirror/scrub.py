@@ -33,6 +33,7 @@ from ..cache.blobs import blob_matches
 from ..cache.layout import ETAG_RE, RepoLayout, iter_repos
 from ..cache.locks import blob_lock
 from .index import build_index
+from .verify import forget_record
 
 QUARANTINE = ".quarantine"
 
@@ -216,6 +217,10 @@ def scrub_store(
         for check in results:
             if progress is not None:
                 progress(check.size)
+            if not check.ok:
+                # A bad blob loses the server's record of a good check (bit rot keeps the
+                # file's version): workers started after this scrub hash it again.
+                forget_record(repo.blobs / check.blob, check.blob)
             if not check.ok and check.error != UNREADABLE and do_quarantine:
                 try:
                     where: str | None = quarantine(store, repo, check)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..cache.blobs import READ_CHUNK, ContentCheck, Progress, install_blob, partial_path
 from ..cache.layout import RepoLayout
-from .http import HubClient
+from .http import HubClient, Located
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .types import HubUnreachableError, IntegrityError, InvalidRemoteFileError, RemoteFile
 
@@ -307,6 +307,7 @@ def download_chunked(
     check = ContentCheck(
         remote.etag, size, safetensors=weights, strict=strict, name=remote.path if weights else None
     )
+    located = Located(url)  # after the first redirect, chunks go straight where it led
     while True:
         done = _prepare(repo, remote, path, log, chunk)
         resumed = resumed or (bool(done) and integrity_failures == 0)
@@ -314,7 +315,7 @@ def download_chunked(
             check.reset()
         try:
             received += _transfer(
-                client, url, path, log, size, chunk, done, check, connections, retry, progress
+                client, located, path, log, size, chunk, done, check, connections, retry, progress
             )
             check.finish()
         except InvalidRemoteFileError:
@@ -367,7 +368,7 @@ def _prepare(repo: RepoLayout, remote: RemoteFile, path: Path, log: _Log, chunk:
 
 def _transfer(
     client: HubClient,
-    url: str,
+    url: Located,
     path: Path,
     log: _Log,
     size: int,

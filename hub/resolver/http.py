@@ -9,13 +9,14 @@ the environment (``HTTP(S)_PROXY``, ``NO_PROXY``), like the stock client.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import email.utils
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -114,6 +115,45 @@ def _wire(response: httpx2.Response) -> tuple[int, int]:
     return len(chain), sum(r.num_bytes_downloaded for r in chain)
 
 
+def _origin(url: str | httpx2.URL) -> tuple[str, str, int | None]:
+    parsed = httpx2.URL(url)
+    return parsed.scheme, parsed.host, parsed.port
+
+
+class Located:
+    """A ``resolve`` URL and, once an answer to it came through a redirect, where it led.
+
+    The chunks and ranges of one file are then asked from there (the Hub's
+    signed CDN URL) instead of costing a redirect each. The Hub's token is
+    never sent to that URL when it lies on another origin than the endpoint
+    (as when the redirect is followed); a failure there (an expired
+    signature) sends the next try through the ``resolve`` URL again.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._direct: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> str:
+        """The URL the next request goes to."""
+        with self._lock:
+            return self._direct or self.url
+
+    def landed(self, final: str) -> None:
+        """An answer to :attr:`url` came from ``final`` after redirects."""
+        with self._lock:
+            if self._direct is None and final != self.url:
+                self._direct = final
+
+    def forget(self, used: str) -> None:
+        """``used`` failed: go through :attr:`url` again."""
+        with self._lock:
+            if self._direct == used:
+                self._direct = None
+
+
 class RangeNotSatisfied(HubProtocolError):
     """The server did not answer a Range request with the range asked for."""
 
@@ -160,6 +200,25 @@ class HubClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def _open(self, url: str, headers: dict[str, str]) -> Iterator[httpx2.Response]:
+        """A streamed GET of ``url``; the token goes to the endpoint's origin only."""
+        request = self._client.build_request("GET", url, headers=headers)
+        if _origin(url) != _origin(self.endpoint):
+            request.headers.pop("Authorization", None)
+        response = self._client.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            response.close()
+
+    def _landed(self, located: Located | None, target: str, response: httpx2.Response) -> None:
+        """Remember where a redirected answer of ``located`` came from (another origin only)."""
+        if located is not None and target == located.url and response.history:
+            final = str(response.url)
+            if _origin(final) != _origin(self.endpoint):
+                located.landed(final)
 
     # -- URLs ----------------------------------------------------------------------------
 
@@ -302,7 +361,7 @@ class HubClient:
 
     def stream(
         self,
-        url: str,
+        url: str | Located,
         start: int,
         sink: Callable[[bytes], None],
         *,
@@ -317,8 +376,29 @@ class HubClient:
         ``on_restart`` is called before the first byte in that case. Only a
         request with ``end`` set raises :class:`RangeNotSatisfied` for that.
         Network failures mid-body raise :class:`HubUnreachableError`; what
-        arrived before the failure has been given to ``sink``.
+        arrived before the failure has been given to ``sink``. A
+        :class:`Located` URL is asked where an earlier answer led; a failure
+        there is transient (the next try goes through the ``resolve`` URL).
         """
+        located = url if isinstance(url, Located) else None
+        target = url.current if isinstance(url, Located) else url
+        try:
+            return self._stream(located, target, start, sink, end, on_restart)
+        except (AccessError, NotFoundError, HubProtocolError, HubUnreachableError) as exc:
+            if located is None or target == located.url or isinstance(exc, RangeNotSatisfied):
+                raise
+            located.forget(target)
+            raise HubUnreachableError(f"{exc} (from the redirected URL; asking again)") from exc
+
+    def _stream(
+        self,
+        located: Located | None,
+        url: str,
+        start: int,
+        sink: Callable[[bytes], None],
+        end: int | None,
+        on_restart: Callable[[], None] | None,
+    ) -> bool:
         headers: dict[str, str] = dict(COMPRESSED)
         ranged = bool(start or end is not None)
         if ranged:
@@ -327,13 +407,14 @@ class HubClient:
         counted = 0
         answered = False
         try:
-            with self._client.stream("GET", url, headers=headers) as response:
+            with self._open(url, headers) as response:
                 answered = True
                 self._count_answer(response)
                 if response.status_code >= 400:
                     response.read()
                     self._count(nbytes=response.num_bytes_downloaded)
                     raise_for_status(response)
+                self._landed(located, url, response)
                 honoured = True
                 if ranged:
                     if response.status_code == 206:
@@ -371,7 +452,7 @@ class HubClient:
 
     def stream_ranges(
         self,
-        url: str,
+        url: str | Located,
         ranges: list[tuple[int, int]],
         sink: Callable[[int, bytes], None],
     ) -> None:
@@ -382,17 +463,33 @@ class HubClient:
         server does not answer with exactly these ranges (e.g. a 200, or one
         range only): nothing has been given to ``sink`` then, and the caller
         fetches range by range. A single range is sent as a plain Range request.
+        A :class:`Located` URL is used as by :meth:`stream`.
         """
         if len(ranges) == 1:
             b, e = ranges[0]
             self.stream(url, b, _at(sink, b), end=e)
             return
+        located = url if isinstance(url, Located) else None
+        target = url.current if isinstance(url, Located) else url
+        try:
+            self._stream_ranges(located, target, ranges, sink)
+        except (AccessError, NotFoundError, HubProtocolError, HubUnreachableError) as exc:
+            if located is None or target == located.url or isinstance(exc, RangeNotSatisfied):
+                raise
+            located.forget(target)
+            raise HubUnreachableError(f"{exc} (from the redirected URL; asking again)") from exc
+
+    def _stream_ranges(
+        self,
+        located: Located | None,
+        url: str,
+        ranges: list[tuple[int, int]],
+        sink: Callable[[int, bytes], None],
+    ) -> None:
         spec = ",".join(f"{b}-{e - 1}" for b, e in ranges)
         answered = False
         try:
-            with self._client.stream(
-                "GET", url, headers={**IDENTITY, "Range": f"bytes={spec}"}
-            ) as response:
+            with self._open(url, {**IDENTITY, "Range": f"bytes={spec}"}) as response:
                 answered = True
                 self._count_answer(response)
                 if response.status_code >= 400:
@@ -403,6 +500,7 @@ class HubClient:
                 match = re.search(r"boundary=\"?([^\";]+)\"?", ctype)
                 if response.status_code != 206 or "multipart/byteranges" not in ctype or not match:
                     raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
+                self._landed(located, url, response)
                 parser = MultipartParser(match.group(1).encode(), set(ranges), sink)
                 for chunk in response.iter_raw():
                     self._count(nbytes=len(chunk))

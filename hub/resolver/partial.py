@@ -50,7 +50,7 @@ from ..cache.blobs import (
 )
 from ..cache.layout import RepoLayout
 from .chunked import BackgroundSync, OrderedFeed, chunk_size
-from .http import HubClient, RangeNotSatisfied
+from .http import HubClient, Located, RangeNotSatisfied
 from .retry import DEFAULT_RETRY
 from .types import HubProtocolError, IntegrityError, InvalidRemoteFileError, RemoteFile
 
@@ -104,7 +104,7 @@ def assembly_path(repo: RepoLayout, etag: str) -> Path:
     return repo.cmh_dir / "partial" / f"{etag}.assembly"
 
 
-def fetch_header(client: HubClient, url: str, size: int) -> tuple[Header, bytes]:
+def fetch_header(client: HubClient, url: str | Located, size: int) -> tuple[Header, bytes]:
     """The new file's header, from one or two Range requests; also the bytes read."""
     first = fetch_bytes(client, url, 0, min(size, PREFETCH))
     if len(first) < PREFIX_SIZE:
@@ -122,7 +122,7 @@ def fetch_header(client: HubClient, url: str, size: int) -> tuple[Header, bytes]
     return header, data
 
 
-def fetch_bytes(client: HubClient, url: str, begin: int, end: int) -> bytes:
+def fetch_bytes(client: HubClient, url: str | Located, begin: int, end: int) -> bytes:
     """Bytes ``[begin, end)`` in memory, resuming after dropped connections."""
     buf = bytearray()
 
@@ -334,7 +334,8 @@ def patch_blob(
     """
     requests_before = client.requests
     old_blob = repo.blob_path(old_etag)
-    header, prefix = fetch_header(client, url, remote.size)
+    located = Located(url)  # after the first redirect, ranges go straight where it led
+    header, prefix = fetch_header(client, located, remote.size)
     received = len(prefix)
     try:
         try:
@@ -359,7 +360,7 @@ def patch_blob(
     check.trusted = plan.trusted
     try:
         received += _assemble(
-            client, url, remote, old_etag, old_blob, target, log_path, plan, check,
+            client, located, remote, old_etag, old_blob, target, log_path, plan, check,
             connections, chunk_bytes, progress,
         )  # fmt: skip
         check.finish()
@@ -389,7 +390,7 @@ def patch_blob(
 
 def _assemble(
     client: HubClient,
-    url: str,
+    url: Located,
     remote: RemoteFile,
     old_etag: str,
     old_blob: Path,
@@ -533,7 +534,7 @@ def _batches(ranges: list[tuple[int, int]], connections: int) -> list[list[tuple
 
 def _fetch_ranges(
     client: HubClient,
-    url: str,
+    url: Located,
     fd: int,
     ranges: list[tuple[int, int]],
     log: _Log,
@@ -606,7 +607,7 @@ def _fetch_ranges(
 
 def _fetch_range_into(
     client: HubClient,
-    url: str,
+    url: Located,
     fd: int,
     span: tuple[int, int],
     progress: Progress | None,

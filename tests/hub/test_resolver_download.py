@@ -11,6 +11,7 @@ import hashlib
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import cmh.hub as hub
@@ -313,3 +314,48 @@ def test_a_file_size_limit_is_a_typed_error_and_leaves_no_chunks(repo):
     partial = chunks_path(repo.layout, repo.etag)
     assert not partial.exists() and not partial.with_name(partial.name + ".log").exists()
     assert not repo.layout.blob_path(repo.etag).exists()
+
+
+def test_chunks_follow_one_redirect_and_the_token_never_reaches_the_cdn(repo):
+    """One ``resolve`` request per file: the chunks go straight to the signed CDN URL it led
+    to, without the Hub token (which only the Hub origin receives)."""
+    with running(repo.server.url) as front:
+        res = hub.resolve(
+            REPO, cache_dir=repo.cache, endpoint=front.url, token="hf_secret", policy=policy()
+        )
+        hub_gets = front.records(origin="hub", method="GET", path=f"/resolve/.*/{WEIGHTS}$")
+        gets = weight_gets(front)
+        saw_token = front.cdn_saw_authorization
+    assert sha256(res.path / WEIGHTS) == repo.etag
+    count = -(-repo.size // CHUNK)
+    assert len(gets) == count  # every chunk once
+    # One redirect per connection at most (the first requests race), not one per chunk.
+    assert 1 <= len(hub_gets) <= 4 < count
+    assert not saw_token
+    assert res.requests <= count + 4 + 8  # chunks, redirects, metadata and the small files
+
+
+def test_an_expired_cdn_url_sends_the_chunk_back_through_the_hub(repo):
+    """The signed URL expires mid-download: the next chunk asks the Hub again, and lands right."""
+    with running(repo.server.url, url_lifetime=2) as front:  # the first URLs last 1 to 2 s
+        deadline: list[float] = []
+        lock = threading.Lock()
+
+        def progress(n: int) -> None:
+            with lock:
+                if not deadline:
+                    deadline.append(time.monotonic() + 2.2)
+            # Every connection waits until the URLs issued so far have expired ...
+            time.sleep(max(0.0, deadline[0] - time.monotonic()))
+            front.url_lifetime = 3600  # ... and those issued from now on last.
+
+        res = hub.resolve(
+            REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(connections=2),
+            progress=progress,
+        )  # fmt: skip
+        refused = [r for r in front.records(origin="cdn") if r.status == 403]
+        hub_gets = front.records(origin="hub", method="GET", path=f"/resolve/.*/{WEIGHTS}$")
+    assert sha256(res.path / WEIGHTS) == repo.etag
+    assert {f.path: f for f in res.files}[WEIGHTS].action is hub.Action.DOWNLOADED
+    assert refused  # the reused URL was refused once it expired ...
+    assert len(hub_gets) > 2  # ... and the next chunks asked the Hub again

@@ -1,0 +1,177 @@
+"""A mirror's good blob checks are recorded and reused, never for another file version.
+
+spec/hub-mirror.md 2.1: a good check of a version not changed within the racy
+window is written to ``{repo}/.cmh/checked/{etag}``; any worker (or a later run)
+that opens the same version takes it without hashing; any change to the file
+(in place, renamed over, hard-linked) is a new version that is hashed again;
+``cmh mirror scrub`` removes the record of a blob it finds bad.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.error import HTTPError
+from urllib.request import urlopen
+
+import pytest
+from cmh.hub.mirror import verify
+from cmh.hub.mirror.verify import BlobVerifier, FileVersion, read_record, record_path
+from mirror_support import MirrorServer
+
+REPO = "org/records"
+
+
+def _store_with_blob(tmp_path: Path, data: bytes) -> tuple[Path, Path]:
+    """A store holding ``data`` as ``weights.bin`` of REPO; (store, blob path)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(data)
+    store = tmp_path / "store"
+    done = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "mirror", "add", str(src), "--store", str(store),
+         "--repo", REPO],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    blob = store / "models--org--records" / "blobs" / hashlib.sha256(data).hexdigest()
+    assert blob.is_file()
+    return store, blob
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urlopen(url, timeout=30) as answer:
+            return answer.status, answer.read()
+    except HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _check(verifier: BlobVerifier, blob: Path) -> bool:
+    """Run one check the way the server does (known first, then a check)."""
+
+    async def run() -> bool:
+        fd = os.open(blob, os.O_RDONLY)
+        try:
+            version = FileVersion.of(fd)
+            record = record_path(blob, blob.name)
+            known = verifier.known(version, blob.name, record)
+            if known is not None:
+                return known
+            return await verifier.check(fd, blob.name, version, record)
+        finally:
+            os.close(fd)
+
+    return asyncio.run(run())
+
+
+def test_a_good_check_is_recorded_and_another_worker_takes_it_without_hashing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, blob = _store_with_blob(tmp_path, os.urandom(1 << 20))
+    fd = os.open(blob, os.O_RDONLY)
+    version = FileVersion.of(fd)
+    os.close(fd)
+    time.sleep(verify.racy_seconds(version) + 0.05)
+    record = record_path(blob, blob.name)
+    assert record is not None and not record.exists()
+    assert _check(BlobVerifier(), blob) is True
+    assert read_record(record) == version
+
+    hashed: list[str] = []
+    real = verify.hash_matches
+
+    def counting(fd: int, etag: str, version: FileVersion) -> bool:
+        hashed.append(etag)
+        return real(fd, etag, version)
+
+    monkeypatch.setattr(verify, "hash_matches", counting)
+    assert _check(BlobVerifier(), blob) is True  # a new worker: the record answers
+    assert hashed == []
+
+
+@pytest.mark.parametrize("how", ["in-place", "rename", "hardlink"])
+def test_a_changed_blob_is_hashed_again_whatever_its_record_says(tmp_path: Path, how: str) -> None:
+    data = os.urandom(1 << 20)
+    _, blob = _store_with_blob(tmp_path, data)
+    time.sleep(0.25)
+    assert _check(BlobVerifier(), blob) is True
+    record = record_path(blob, blob.name)
+    assert record is not None and record.exists()
+    other = bytes(reversed(data))  # same size, other bytes
+    if how == "in-place":
+        st = os.stat(blob)
+        os.chmod(blob, 0o644)
+        with open(blob, "r+b") as f:
+            f.write(other)
+        os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # hide the change from mtime
+    elif how == "rename":
+        tmp = blob.with_name("tmp")
+        tmp.write_bytes(other)
+        os.replace(tmp, blob)
+    else:
+        twin = tmp_path / "twin"
+        twin.write_bytes(other)
+        blob.unlink()
+        os.link(twin, blob)
+    assert _check(BlobVerifier(), blob) is False
+
+
+def test_a_version_changed_within_the_racy_window_is_not_recorded(tmp_path: Path) -> None:
+    _, blob = _store_with_blob(tmp_path, os.urandom(1 << 16))
+    os.utime(blob)  # changed just now
+    assert _check(BlobVerifier(), blob) is True
+    record = record_path(blob, blob.name)
+    assert record is not None and not record.exists()
+
+
+def test_scrub_removes_the_record_of_a_rotten_blob(tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    store, blob = _store_with_blob(tmp_path, data)
+    time.sleep(0.25)
+    assert _check(BlobVerifier(), blob) is True
+    record = record_path(blob, blob.name)
+    assert record is not None and record.exists()
+    # Bit rot keeps the file's version: make the record match the rotten file.
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xff" * 16)
+    fd = os.open(blob, os.O_RDONLY)
+    verify.write_record(record, FileVersion.of(fd))
+    os.close(fd)
+    done = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "mirror", "scrub", "--store", str(store),
+         "--no-quarantine", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert not record.exists()
+    assert _check(BlobVerifier(), blob) is False
+
+
+def test_a_restarted_server_serves_a_recorded_blob_at_once_and_refuses_a_changed_one(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    data = os.urandom(4 << 20)
+    store, blob = _store_with_blob(tmp_path, data)
+    time.sleep(0.25)
+    path = f"/{REPO}/resolve/main/weights.bin"
+    first = mirror_server_factory(store)
+    assert _get(first.url + path) == (200, data)
+    record = record_path(blob, blob.name)
+    assert record is not None and read_record(record) is not None
+    first.stop()
+    second = mirror_server_factory(store)
+    assert _get(second.url + path) == (200, data)
+    tmp = blob.with_name("tmp")
+    tmp.write_bytes(bytes(reversed(data)))
+    os.replace(tmp, blob)
+    status, _ = _get(second.url + path)
+    assert status == 503
