@@ -158,6 +158,21 @@ class RangeNotSatisfied(HubProtocolError):
     """The server did not answer a Range request with the range asked for."""
 
 
+@contextlib.contextmanager
+def _asking(url: str | Located) -> Iterator[tuple[Located | None, str]]:
+    """(the :class:`Located`, the URL to ask now); a failure at a reused redirect target
+    forgets it and becomes transient, so the retry goes through the ``resolve`` URL."""
+    located = url if isinstance(url, Located) else None
+    target = located.current if located is not None else str(url)
+    try:
+        yield located, target
+    except (AccessError, NotFoundError, HubProtocolError, HubUnreachableError) as exc:
+        if located is None or target == located.url or isinstance(exc, RangeNotSatisfied):
+            raise
+        located.forget(target)
+        raise HubUnreachableError(f"{exc} (from the redirected URL; asking again)") from exc
+
+
 class HubClient:
     """A counting HTTP client for one endpoint."""
 
@@ -380,15 +395,8 @@ class HubClient:
         :class:`Located` URL is asked where an earlier answer led; a failure
         there is transient (the next try goes through the ``resolve`` URL).
         """
-        located = url if isinstance(url, Located) else None
-        target = url.current if isinstance(url, Located) else url
-        try:
+        with _asking(url) as (located, target):
             return self._stream(located, target, start, sink, end, on_restart)
-        except (AccessError, NotFoundError, HubProtocolError, HubUnreachableError) as exc:
-            if located is None or target == located.url or isinstance(exc, RangeNotSatisfied):
-                raise
-            located.forget(target)
-            raise HubUnreachableError(f"{exc} (from the redirected URL; asking again)") from exc
 
     def _stream(
         self,
@@ -469,15 +477,8 @@ class HubClient:
             b, e = ranges[0]
             self.stream(url, b, _at(sink, b), end=e)
             return
-        located = url if isinstance(url, Located) else None
-        target = url.current if isinstance(url, Located) else url
-        try:
+        with _asking(url) as (located, target):
             self._stream_ranges(located, target, ranges, sink)
-        except (AccessError, NotFoundError, HubProtocolError, HubUnreachableError) as exc:
-            if located is None or target == located.url or isinstance(exc, RangeNotSatisfied):
-                raise
-            located.forget(target)
-            raise HubUnreachableError(f"{exc} (from the redirected URL; asking again)") from exc
 
     def _stream_ranges(
         self,

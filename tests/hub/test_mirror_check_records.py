@@ -45,6 +45,16 @@ def _store_with_blob(tmp_path: Path, data: bytes) -> tuple[Path, Path]:
     return store, blob
 
 
+def _checked_store(tmp_path: Path, data: bytes) -> tuple[Path, Path, Path]:
+    """A store whose blob of ``data`` had a good, recorded check; (store, blob, record)."""
+    store, blob = _store_with_blob(tmp_path, data)
+    time.sleep(0.25)  # past the racy window
+    assert _check(BlobVerifier(), blob) is True
+    record = record_path(blob, blob.name)
+    assert record is not None and record.exists()
+    return store, blob, record
+
+
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urlopen(url, timeout=30) as answer:
@@ -99,11 +109,7 @@ def test_a_good_check_is_recorded_and_another_worker_takes_it_without_hashing(
 @pytest.mark.parametrize("how", ["in-place", "rename", "hardlink"])
 def test_a_changed_blob_is_hashed_again_whatever_its_record_says(tmp_path: Path, how: str) -> None:
     data = os.urandom(1 << 20)
-    _, blob = _store_with_blob(tmp_path, data)
-    time.sleep(0.25)
-    assert _check(BlobVerifier(), blob) is True
-    record = record_path(blob, blob.name)
-    assert record is not None and record.exists()
+    _, blob, _ = _checked_store(tmp_path, data)
     other = bytes(reversed(data))  # same size, other bytes
     if how == "in-place":
         st = os.stat(blob)
@@ -132,12 +138,7 @@ def test_a_version_changed_within_the_racy_window_is_not_recorded(tmp_path: Path
 
 
 def test_scrub_removes_the_record_of_a_rotten_blob(tmp_path: Path) -> None:
-    data = os.urandom(1 << 20)
-    store, blob = _store_with_blob(tmp_path, data)
-    time.sleep(0.25)
-    assert _check(BlobVerifier(), blob) is True
-    record = record_path(blob, blob.name)
-    assert record is not None and record.exists()
+    store, blob, record = _checked_store(tmp_path, os.urandom(1 << 20))
     # Bit rot keeps the file's version: make the record match the rotten file.
     os.chmod(blob, 0o644)
     with open(blob, "r+b") as f:
