@@ -164,6 +164,9 @@ def main() -> int:
     with open(entry.source, "rb") as f:  # warm the page cache
         while f.read(64 << 20):
             pass
+    # The first GET below is to pay the check of the blob: forget a check an earlier run
+    # recorded (a restarted server would serve the blob at once from that record).
+    shutil.rmtree(RepoLayout(store, REPO).path / ".cmh" / "checked", ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix="cmh-bench-mirror-"))
     os.chmod(tmp, 0o755)
     cmh_proc, cmh_url = start_cmh(store, args.workers, tmp / "cmh-access.log")
@@ -179,7 +182,7 @@ def main() -> int:
         print(
             f"{'first GET':<18} cmh serve {first['cmh'] / 1e9:6.2f} GB/s   "
             f"nginx {first['nginx'] / 1e9:6.2f} GB/s   ratio {first['cmh'] / first['nginx']:4.2f}x "
-            "(once per blob version and worker: includes hashing the blob)"
+            "(once per blob version: includes hashing the blob, recorded for later runs)"
         )
         rows = []
         for label, parallel in (("1 GET", 1), (f"{args.parallel} parallel GETs", args.parallel)):

@@ -1,4 +1,4 @@
-"""Kernel-side copy of a byte range on a background thread, synced as it goes.
+"""Kernel-side copy of a byte range on a background thread, written back as it goes.
 
 Hashing can follow the copy (``wait_until``) and writeback to disk runs
 beside both, so a first stamp costs about one pass over the data instead of
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
+from ._atomic import start_writeback
 from .errors import StampError
 
 COPY_CHUNK = 64 << 20
@@ -90,10 +91,12 @@ class BackgroundCopy:
                     while not self._done and self._copied - synced < SYNC_EVERY:
                         self._cond.wait()
                     target, finished = self._copied, self._done
-                os.fdatasync(self._dst)
-                synced = target
                 if finished:
+                    os.fdatasync(self._dst)  # one flush, once every byte is queued
                     return
+                # Queue the new bytes for writeback without a flush per step.
+                start_writeback(self._dst, self._dst_offset + synced, target - synced)
+                synced = target
         except OSError as exc:
             with self._cond:
                 self._error = self._error or exc

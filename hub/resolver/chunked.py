@@ -34,6 +34,8 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from cmh._atomic import start_writeback
+
 from ..cache.blobs import READ_CHUNK, ContentCheck, Progress, install_blob, partial_path
 from ..cache.layout import RepoLayout
 from .http import HubClient, Located
@@ -199,7 +201,9 @@ class OrderedFeed:
 
 
 class BackgroundSync:
-    """Writes a file back to disk while it fills: ``fdatasync`` every :data:`SYNC_EVERY` bytes."""
+    """Writes a file back to disk while it fills: writeback is started every
+    :data:`SYNC_EVERY` bytes (:func:`cmh._atomic.start_writeback`, no flush), so the
+    install's ``fsync`` finds little left to do."""
 
     def __init__(self, fd: int, every: int = SYNC_EVERY) -> None:
         self._fd = fd
@@ -226,7 +230,7 @@ class BackgroundSync:
                     return
                 target = self._written
             with contextlib.suppress(OSError):  # the install's fsync reports real failures
-                os.fdatasync(self._fd)
+                start_writeback(self._fd)
             with self._cond:
                 self._synced = target
 
