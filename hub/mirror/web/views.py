@@ -278,12 +278,33 @@ def visible_repos(
     return out
 
 
+#: Whether a repo folder holds a snapshot, by the mtime of its ``snapshots/`` folder:
+#: every list page reads every repo, and a ``stat`` is cheaper than a ``scandir``.
+_snapshot_seen: dict[str, tuple[int, bool]] = {}
+#: A ``snapshots/`` folder changed this recently is read again (its mtime may not
+#: yet show a change made within the same clock tick).
+SNAPSHOT_SETTLE_NS = 2_000_000_000
+
+
 def _has_snapshot(folder: str) -> bool:
+    snapshots = os.path.join(folder, "snapshots")
     try:
-        with os.scandir(os.path.join(folder, "snapshots")) as it:
-            return any(COMMIT_RE.match(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+        mtime = os.stat(snapshots).st_mtime_ns
     except OSError:
         return False
+    seen = _snapshot_seen.get(folder)
+    if seen is not None and seen[0] == mtime:
+        return seen[1]
+    try:
+        with os.scandir(snapshots) as it:
+            found = any(COMMIT_RE.match(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+    except OSError:
+        return False
+    if time.time_ns() - mtime > SNAPSHOT_SETTLE_NS:
+        if len(_snapshot_seen) > 100_000:
+            _snapshot_seen.clear()
+        _snapshot_seen[folder] = (mtime, found)
+    return found
 
 
 def default_revision(repo: RepoLayout) -> tuple[str | None, str | None]:
