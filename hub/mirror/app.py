@@ -33,6 +33,7 @@ from . import catalog, documents, hub_documents
 from .auth import AccessPolicy, bearer_token, repo_key
 from .connections import ConnectionGuard
 from .derived import DerivedCache
+from .errors import HubError
 from .fingerprints import FingerprintCache
 from .history import history, last_commits
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
@@ -61,19 +62,6 @@ VERIFY_WAIT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
 #: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
 MANIFEST_FILL_WAIT = 8.0
-
-
-class HubError(Exception):
-    """An error answered the way the Hub does: status, ``X-Error-Code``, JSON body."""
-
-    def __init__(
-        self, status: int, code: str | None, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
 
 
 @dataclass

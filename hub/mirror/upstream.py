@@ -43,6 +43,7 @@ from cmh._atomic import atomic_write
 
 from ..cache.layout import COMMIT_RE, RepoLayout
 from ..cache.locks import repo_lock
+from .errors import HubError
 
 #: The ``Warning`` header of an answer served stale because the upstream failed (RFC 7234).
 STALE_WARNING = '110 cmh "Response is stale"'
@@ -59,17 +60,8 @@ class UpstreamConfig:
     stale_for: float = 86400.0  # seconds past freshness stale content may be served on error
 
 
-class UpstreamError(Exception):
+class UpstreamError(HubError):
     """An answer the upstream decided: status, Hub ``X-Error-Code``, message, headers."""
-
-    def __init__(
-        self, status: int, code: str | None, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
 
 
 def unavailable(message: str) -> UpstreamError:

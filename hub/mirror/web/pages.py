@@ -282,7 +282,8 @@ def _crumbs(directory: str) -> list[tuple[str, str]]:
 
 def _fingerprint(request: web.Request, repo: RepoLayout, index: CommitIndex) -> dict[str, Any]:
     """The semantic fingerprint summary: the API's own computation and cache."""
-    from ..app import STORE_KEY, HubError, fingerprint_of
+    from ..app import STORE_KEY, fingerprint_of
+    from ..errors import HubError
     from ..routes import Route
 
     state = request.app[STORE_KEY]
