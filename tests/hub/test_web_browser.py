@@ -59,13 +59,30 @@ def all_css(driver: Any, selector: str) -> list[Any]:
 
 
 def follow(driver: Any, element: Any) -> None:
-    """Click ``element`` and wait until the browser has left the current page."""
-    from selenium.webdriver.support import expected_conditions
+    """Click ``element``; wait until the browser has left the page and loaded the next one.
+
+    Selenium's ``staleness_of`` only counts ``StaleElementReferenceException``;
+    mid-navigation Chromium may instead answer "Node with given id does not
+    belong to the document" (a plain ``WebDriverException``), which also means
+    the old page is gone.
+    """
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = by_css(driver, "html")
     element.click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(old))
+
+    def left(_: Any) -> bool:
+        try:
+            old.is_enabled()
+        except WebDriverException:
+            return True
+        return False
+
+    WebDriverWait(driver, 30).until(left)
+    WebDriverWait(driver, 30, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
 
 
 def repo_names(driver: Any) -> set[str]:
