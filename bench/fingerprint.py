@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import GIB, make_checkpoint
-from _timing import runs
+from _timing import durable_write, runs
 
 import cmh
 
@@ -57,20 +56,6 @@ def warm(path: Path) -> None:
 def spread(ratios: list[float]) -> str:
     """``best (range lo-hi over n runs)`` of per-run ratios."""
     return f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} runs"
-
-
-def durable_write(source: Path, target: Path) -> None:
-    """Copy ``source`` with ``dd conv=fsync`` (the durable-write floor), or its Python twin."""
-    if shutil.which("dd"):
-        subprocess.run(
-            ["dd", f"if={source}", f"of={target}", "bs=64M", "conv=fsync", "status=none"],
-            check=True,
-        )
-        return
-    with open(source, "rb", buffering=0) as src, open(target, "wb", buffering=0) as dst:
-        while data := src.read(64 << 20):
-            dst.write(data)
-        os.fsync(dst.fileno())
 
 
 def main() -> int:
