@@ -84,6 +84,10 @@ def parse_repo_folder(name: str) -> tuple[str, str] | None:
     return PREFIX_REPO_TYPE[prefix], repo_id
 
 
+#: where a mirror records, per repo, the blobs it found to hash to their names
+CHECK_RECORDS = ".cmh/checked"
+
+
 class _RepoFolder:
     """A folder of the repo, as a read-only attribute: ``repo.blobs`` is ``repo.path / "blobs"``."""
 

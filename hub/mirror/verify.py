@@ -38,6 +38,7 @@ from pathlib import Path
 from cmh._atomic import atomic_write
 
 from ..cache.blobs import new_digest
+from ..cache.layout import CHECK_RECORDS
 
 RACY_SECONDS = 2.0
 #: The racy window where file times have sub-second resolution.
@@ -72,7 +73,7 @@ def record_path(blob: Path, etag: str) -> Path | None:
     """Where the good check of ``{repo}/blobs/{etag}`` is recorded (None: not a blob)."""
     if blob.parent.name != "blobs" or blob.name != etag:
         return None
-    return blob.parent.parent / ".cmh" / "checked" / etag
+    return blob.parent.parent / CHECK_RECORDS / etag
 
 
 def read_record(path: Path) -> FileVersion | None:

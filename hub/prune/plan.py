@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.layout import COMMIT_RE
+from ..cache.layout import CHECK_RECORDS, COMMIT_RE
 from .scan import REPO_TRASH, ROOT_TRASH, CacheScan, RepoScan, etag_of
 
 DAY = 86400.0
@@ -62,6 +62,7 @@ KIND_LOCK_DIR = "lock-dir"
 KIND_TRASH = "trash"
 KIND_PARTIAL = "partial"
 KIND_VERIFIED = "verified"
+KIND_CHECKED = "checked"  # a mirror's record of a good blob check (spec/hub-mirror.md 2.1)
 KIND_COMMIT_META = "commit-meta"
 KIND_UPSTREAM = "upstream-record"
 
@@ -442,9 +443,13 @@ class _RepoPlanner:
 
     def _per_blob(self) -> None:
         surviving = self._surviving_etags()
-        for e in self.repo.verified:
-            if e.name not in surviving and (e.name in self.freed_blobs or self.old(e.mtime)):
-                self.item(KIND_VERIFIED, f".cmh/verified/{e.name}", BLOB_GONE)
+        for kind, folder, entries in (
+            (KIND_VERIFIED, ".cmh/verified", self.repo.verified),
+            (KIND_CHECKED, CHECK_RECORDS, self.repo.checked),
+        ):
+            for e in entries:
+                if e.name not in surviving and (e.name in self.freed_blobs or self.old(e.mtime)):
+                    self.item(kind, f"{folder}/{e.name}", BLOB_GONE)
 
     def _locks(self) -> list[ItemRemoval]:
         surviving = self._surviving_etags()

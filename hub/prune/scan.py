@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.layout import COMMIT_RE, RepoLayout, iter_repos, parse_repo_folder
+from ..cache.layout import CHECK_RECORDS, COMMIT_RE, RepoLayout, iter_repos, parse_repo_folder
 from ..cache.usage import usage_path
 
 #: Names the stock scanner skips wherever they appear.
@@ -137,6 +137,7 @@ class RepoScan:
     lock_files: tuple[Entry, ...]
     partials: tuple[Entry, ...] = ()
     verified: tuple[Entry, ...] = ()
+    checked: tuple[Entry, ...] = ()
     commit_meta: tuple[Entry, ...] = ()
     upstream_records: tuple[Entry, ...] = ()
 
@@ -289,6 +290,7 @@ def scan_repo(
         lock_files=_entries(layout.locks),
         partials=_entries(cmh_path / "partial"),
         verified=_entries(cmh_path / "verified"),
+        checked=_entries(path / CHECK_RECORDS),
         commit_meta=commit_meta,
         upstream_records=upstream_records,
     )

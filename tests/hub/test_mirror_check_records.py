@@ -4,7 +4,8 @@ spec/hub-mirror.md 2.1: a good check of a version not changed within the racy
 window is written to ``{repo}/.cmh/checked/{etag}``; any worker (or a later run)
 that opens the same version takes it without hashing; any change to the file
 (in place, renamed over, hard-linked) is a new version that is hashed again;
-``cmh mirror scrub`` removes the record of a blob it finds bad.
+``cmh mirror scrub`` removes the record of a blob it finds bad, ``cmh prune``
+the record of a blob it removes.
 """
 
 from __future__ import annotations
@@ -176,3 +177,26 @@ def test_a_restarted_server_serves_a_recorded_blob_at_once_and_refuses_a_changed
     os.replace(tmp, blob)
     status, _ = _get(second.url + path)
     assert status == 503
+
+
+def test_prune_removes_the_record_with_the_blob(tmp_path: Path) -> None:
+    from cmh.hub.prune.execute import execute_plan
+    from cmh.hub.prune.plan import PrunePolicy, plan_prune
+    from cmh.hub.prune.scan import scan_cache
+
+    store, blob, record = _checked_store(tmp_path, os.urandom(1 << 20))
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "weights.bin").write_bytes(os.urandom(1 << 20))
+    done = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "mirror", "add", str(newer), "--store", str(store),
+         "--repo", REPO],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    later = time.time() + 86400  # past the 10 minutes in which prune leaves things alone
+    policy = PrunePolicy(unreferenced=True)
+    outcome = execute_plan(plan_prune(scan_cache(store, read_commit_times=True), policy, later))
+    assert not outcome.all_errors
+    assert not blob.exists()
+    assert not record.exists()
