@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import GIB, make_checkpoint
-from _timing import durable_write, runs
+from _timing import durable_write, runs, warm
 
 import cmh
 
@@ -45,12 +45,6 @@ def sha256_single_thread(path: Path) -> bytes:
         while n := f.readinto(buf):
             h.update(view[:n])
     return h.digest()
-
-
-def warm(path: Path) -> None:
-    with open(path, "rb", buffering=0) as f:
-        while f.read(64 << 20):
-            pass
 
 
 def spread(ratios: list[float]) -> str:

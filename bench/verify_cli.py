@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import GIB, make_checkpoint
+from _timing import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench-work"
@@ -83,13 +84,6 @@ def copy(source: Path, dest: Path) -> None:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.copyfile(source, tmp)
     os.replace(tmp, dest)
-
-
-def warm(*paths: Path) -> None:
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(64 << 20):
-                pass
 
 
 def write_ec_keypair(private: Path, public: Path) -> None:
