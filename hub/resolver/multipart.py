@@ -9,7 +9,13 @@ from .types import HubProtocolError, HubUnreachableError
 
 
 class MultipartParser:
-    """Incremental parser of a ``multipart/byteranges`` body (RFC 9110, 14.6)."""
+    """Incremental parser of a ``multipart/byteranges`` body (RFC 9110, 14.6).
+
+    Each part must answer asked ranges exactly: one of them, or a run of
+    adjacent ones that the server coalesced. ``sink(offset, data)`` gets the
+    bytes with their absolute offsets; a coalesced part's bytes may run across
+    the boundary between two asked ranges.
+    """
 
     def __init__(
         self, boundary: bytes, wanted: set[tuple[int, int]], sink: Callable[[int, bytes], None]
@@ -80,11 +86,29 @@ class MultipartParser:
         if not match:
             raise HubProtocolError("multipart part without Content-Range")
         begin, last = int(match.group(1)), int(match.group(2))
-        if (begin, last + 1) not in self.wanted:
+        covered = self._covered(begin, last + 1)
+        if covered is None:
             raise HubProtocolError(f"server sent bytes {begin}-{last}, which were not asked for")
-        self.wanted.discard((begin, last + 1))
+        self.wanted.difference_update(covered)
         self.pos, self.left, self.state = begin, last + 1 - begin, "data"
         return True
+
+    def _covered(self, begin: int, end: int) -> list[tuple[int, int]] | None:
+        """The asked ranges that part ``[begin, end)`` answers, or None if it answers none exactly.
+
+        A server may coalesce adjacent asked ranges into one part (RFC 9110,
+        14.2): the part must then be exactly a run of adjacent asked ranges.
+        """
+        covered: list[tuple[int, int]] = []
+        at = begin
+        ends = {b: e for b, e in self.wanted}
+        while at < end:
+            stop = ends.get(at)
+            if stop is None or stop > end:
+                return None
+            covered.append((at, stop))
+            at = stop
+        return covered if covered and at == end else None
 
     def close(self) -> None:
         if not self.done or self.wanted:

@@ -559,18 +559,23 @@ def _fetch_ranges(
         nonlocal received
         if refused():
             raise _Stop
-        i = bisect.bisect_right(begins, (offset, float("inf"))) - 1
-        span = begins[i]
         _pwrite_all(fd, data, offset)
-        with lock:
-            got[span] = offset + len(data) - span[0]
-            received += len(data)
-            finished = got[span] == span[1] - span[0]
         if progress is not None:
             progress(len(data))
-        if finished:
-            log.add(f"range {span[0]} {span[1]}")
-            ready(*span)
+        # A coalesced part (adjacent ranges answered as one) runs across ranges.
+        end = offset + len(data)
+        while offset < end:
+            i = bisect.bisect_right(begins, (offset, float("inf"))) - 1
+            span = begins[i]
+            upto = min(end, span[1])
+            with lock:
+                got[span] = upto - span[0]
+                received += upto - offset
+                finished = got[span] == span[1] - span[0]
+            if finished:
+                log.add(f"range {span[0]} {span[1]}")
+                ready(*span)
+            offset = upto
 
     def remaining(batch: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return [(b + got[(b, e)], e) for b, e in batch if got[(b, e)] < e - b]

@@ -69,6 +69,23 @@ def test_multipart_parser_streams_parts_and_rejects_strays():
         stray.feed(b"--XX\r\nContent-Range: bytes 4-6/10\r\n\r\nxyz\r\n--XX--\r\n")
 
 
+def test_multipart_parser_takes_coalesced_adjacent_ranges_only_whole():
+    got: list[tuple[int, bytes]] = []
+    body = b"--XX\r\nContent-Range: bytes 2-7/10\r\n\r\ncdefgh\r\n--XX--\r\n"
+    parser = MultipartParser(b"XX", {(2, 4), (4, 6), (6, 8)}, lambda o, d: got.append((o, d)))
+    parser.feed(body)
+    parser.close()
+    assert got == [(2, b"cdefgh")]
+    for part, wanted in (
+        ("2-5", {(2, 4), (4, 8)}),  # ends inside an asked range
+        ("2-7", {(2, 4), (5, 8)}),  # covers a byte not asked for
+        ("3-7", {(2, 4), (4, 8)}),  # starts inside an asked range
+    ):
+        stray = MultipartParser(b"XX", wanted, lambda o, d: None)
+        with pytest.raises(HubProtocolError):
+            stray.feed(f"--XX\r\nContent-Range: bytes {part}/10\r\n\r\n".encode())
+
+
 def test_pull_command(tmp_path, mirror_server_factory):
     store = tmp_path / "store"
     add_folder(store, write_checkpoint_repo(tmp_path / "v1", 1), "org/toy")
