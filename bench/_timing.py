@@ -45,3 +45,27 @@ def warm(*paths: Path) -> None:
         with open(path, "rb", buffering=0) as f:
             while f.read(64 << 20):
                 pass
+
+
+def durable_kernel_copy(source: Path, target: Path) -> None:
+    """Copy ``source`` in the kernel (``copy_file_range``) and ``fsync`` the copy.
+
+    What a tensor-level update must at least do on a filesystem without reflink:
+    write the whole new file durably, its unchanged bytes by a kernel copy.
+    """
+    size = source.stat().st_size
+    src = os.open(source, os.O_RDONLY)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            done = 0
+            while done < size:
+                n = os.copy_file_range(src, dst, min(64 << 20, size - done), done, done)
+                if n == 0:
+                    raise OSError(f"{source} shrank while it was copied")
+                done += n
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
