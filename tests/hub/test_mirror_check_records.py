@@ -29,18 +29,22 @@ from mirror_support import MirrorServer
 REPO = "org/records"
 
 
-def _store_with_blob(tmp_path: Path, data: bytes) -> tuple[Path, Path]:
-    """A store holding ``data`` as ``weights.bin`` of REPO; (store, blob path)."""
-    src = tmp_path / "src"
+def _add(store: Path, src: Path, data: bytes) -> None:
+    """``cmh mirror add`` of ``data`` as ``weights.bin`` of REPO (a new revision)."""
     src.mkdir()
     (src / "weights.bin").write_bytes(data)
-    store = tmp_path / "store"
     done = subprocess.run(
         [sys.executable, "-m", "cmh.cli.main", "mirror", "add", str(src), "--store", str(store),
          "--repo", REPO],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def _store_with_blob(tmp_path: Path, data: bytes) -> tuple[Path, Path]:
+    """A store holding ``data`` as ``weights.bin`` of REPO; (store, blob path)."""
+    store = tmp_path / "store"
+    _add(store, tmp_path / "src", data)
     blob = store / "models--org--records" / "blobs" / hashlib.sha256(data).hexdigest()
     assert blob.is_file()
     return store, blob
@@ -185,15 +189,7 @@ def test_prune_removes_the_record_with_the_blob(tmp_path: Path) -> None:
     from cmh.hub.prune.scan import scan_cache
 
     store, blob, record = _checked_store(tmp_path, os.urandom(1 << 20))
-    newer = tmp_path / "newer"
-    newer.mkdir()
-    (newer / "weights.bin").write_bytes(os.urandom(1 << 20))
-    done = subprocess.run(
-        [sys.executable, "-m", "cmh.cli.main", "mirror", "add", str(newer), "--store", str(store),
-         "--repo", REPO],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    _add(store, tmp_path / "newer", os.urandom(1 << 20))  # the blob is now unreferenced
     later = time.time() + 86400  # past the 10 minutes in which prune leaves things alone
     policy = PrunePolicy(unreferenced=True)
     outcome = execute_plan(plan_prune(scan_cache(store, read_commit_times=True), policy, later))
