@@ -31,6 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import warm
+
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "mirror"
 REPO = "bench/big"
 TARGET = 0.7
@@ -153,6 +156,7 @@ def main() -> int:
     nginx = ensure_nginx()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from cmh.hub.cache import RepoLayout
+    from cmh.hub.cache.layout import CHECK_RECORDS
     from cmh.hub.mirror import add_folder
     from cmh.hub.mirror.index import build_index
 
@@ -161,12 +165,10 @@ def main() -> int:
     result = add_folder(store, src, REPO)
     entry = build_index(RepoLayout(store, REPO), result.commit).files["big.bin"]
     size = entry.size
-    with open(entry.source, "rb") as f:  # warm the page cache
-        while f.read(64 << 20):
-            pass
+    warm(entry.source)
     # The first GET below is to pay the check of the blob: forget a check an earlier run
     # recorded (a restarted server would serve the blob at once from that record).
-    shutil.rmtree(RepoLayout(store, REPO).path / ".cmh" / "checked", ignore_errors=True)
+    shutil.rmtree(RepoLayout(store, REPO).path / CHECK_RECORDS, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix="cmh-bench-mirror-"))
     os.chmod(tmp, 0o755)
     cmh_proc, cmh_url = start_cmh(store, args.workers, tmp / "cmh-access.log")
