@@ -112,6 +112,7 @@ class _Fault:
 @dataclass
 class _BodyPlan:
     flip: bool = False
+    flip_at: int | None = None  # one byte of the body inverted at this offset
     stall_at: int | None = None
     stall_seconds: float = 0.0
     cut_at: int | None = None
@@ -161,6 +162,7 @@ class HubLike:
     _records: list[Record] = field(default_factory=list)
     _faults: list[_Fault] = field(default_factory=list)
     _corrupt: set[str] = field(default_factory=set)
+    _flip_once: dict[str, list[int]] = field(default_factory=dict)  # etag -> [times, offset]
     _cdn: dict[str, _CdnEntry] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -214,6 +216,11 @@ class HubLike:
         """Serve the blob whose ETag is ``etag`` with every byte inverted (same length)."""
         with self._lock:
             self._corrupt.add(etag)
+
+    def flip_byte(self, etag: str, offset: int, times: int = 1) -> None:
+        """Invert the byte at ``offset`` of the next ``times`` GET bodies of ``etag``."""
+        with self._lock:
+            self._flip_once[etag] = [times, offset]
 
     def _add(self, fault: _Fault) -> None:
         with self._lock:
@@ -643,6 +650,10 @@ class HubLike:
         plan = _BodyPlan()
         with self._lock:
             plan.flip = etag in self._corrupt
+            once = self._flip_once.get(etag)
+            if once is not None and once[0] > 0 and request.method == "GET":
+                once[0] -= 1
+                plan.flip_at = once[1]
         stall = self._take("stall", origin, request.method, request.path)
         if stall is not None:
             plan.stall_at, plan.stall_seconds = stall.after_bytes, stall.seconds
@@ -683,6 +694,10 @@ class HubLike:
         """Write one chunk; True when the connection was cut on purpose."""
         if plan.flip:
             chunk = chunk.translate(_FLIP)
+        at = plan.flip_at
+        if at is not None and exchange.bytes_sent <= at < exchange.bytes_sent + len(chunk):
+            i = at - exchange.bytes_sent
+            chunk = chunk[:i] + chunk[i : i + 1].translate(_FLIP) + chunk[i + 1 :]
         if plan.stall_at is not None and exchange.bytes_sent + len(chunk) > plan.stall_at:
             head = max(0, plan.stall_at - exchange.bytes_sent)
             await response.write(chunk[:head])
