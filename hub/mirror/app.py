@@ -32,13 +32,13 @@ from ..cache.usage import record_use
 from . import catalog, documents, hub_documents
 from .auth import AccessPolicy, bearer_token, repo_key
 from .connections import ConnectionGuard
+from .cuts import CutLedger
 from .derived import DerivedCache
 from .errors import HubError
 from .fingerprints import FingerprintCache
 from .history import history, last_commits
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
-from .cuts import CutLedger
 from .ranges import ByteRange, RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
 from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
