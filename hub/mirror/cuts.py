@@ -35,7 +35,7 @@ class CutLedger:
         return repo_path / ".cmh" / "cuts" / etag
 
     def record(self, repo_path: Path, etag: str) -> None:
-        """Note that a body of ``etag`` was cut now (best effort: a store that refuses is skipped)."""
+        """Note that a body of ``etag`` was cut now (best effort: a refused write is skipped)."""
         marker = self._marker(repo_path, etag)
         with contextlib.suppress(OSError):
             marker.parent.mkdir(parents=True, exist_ok=True)
