@@ -30,7 +30,7 @@ from aiohttp import web
 from ..cache.layout import LayoutError, RepoLayout, iter_repos, repo_folder_name, validate_relpath
 from ..cache.usage import record_use
 from . import catalog, documents, hub_documents
-from .auth import AccessPolicy, bearer_token, repo_key
+from .auth import AccessPolicy, bearer_token
 from .connections import ConnectionGuard
 from .cuts import CutLedger
 from .derived import DerivedCache
@@ -590,7 +590,7 @@ def _properties(
     opener: Any = state.bucket.opener if state.bucket else functools.partial(_open_checked, state)
     return hub_documents.repo_properties(
         repo_type, repo_id, index,
-        private=repo_key(repo_type, repo_id) in state.policy.private,
+        private=state.policy.is_private(repo_type, repo_id),
         blobs=blobs,
         card=state.derived.card(index, repo_type, opener),
         safetensors=state.derived.safetensors(index, opener) if safetensors else None,

@@ -24,6 +24,14 @@ upstream cannot be asked, a revision that was fresh less than ``stale_for``
 seconds ago is served with a stale warning; otherwise the answer is a typed
 503. The upstream's refusals map to the Hub's typed errors.
 
+Access: a repo the upstream answers as ``private`` or ``gated`` is recorded
+(``.cmh/upstream/access.json``) and is private at the mirror
+(:func:`restricted_at_upstream`, used by the server's access policy) unless
+the operator chose ``--public-upstream-repos``. For such a repo the upstream
+is also asked ``auth-check`` with the mirror's token; a refusal is answered
+with the upstream's own status, ``X-Error-Code`` and message, and no listing
+is kept (so ``HEAD`` and ``GET`` are refused alike).
+
 The client's ``Authorization`` is never used here: only the mirror's own
 upstream token is sent, and the HTTP client drops it on a redirect to
 another origin (the Hub's CDN).
@@ -58,6 +66,8 @@ class UpstreamConfig:
     token: str | None = None  # the mirror's own token for the upstream (never a client's)
     fresh_for: float = 300.0  # seconds an unstamped branch stays fresh after a validation
     stale_for: float = 86400.0  # seconds past freshness stale content may be served on error
+    #: Serve repos the upstream marks private or gated to anyone (``--public-upstream-repos``).
+    public_repos: bool = False
 
 
 class UpstreamError(HubError):
@@ -80,15 +90,38 @@ def _typed(exc: Exception) -> UpstreamError:
             return UpstreamError(404, "RevisionNotFound", "Invalid rev id (upstream)")
         return UpstreamError(404, "EntryNotFound", "Entry not found (upstream)")
     if isinstance(exc, AccessError):
-        return UpstreamError(
-            403, "GatedRepo", "the upstream refuses this repo to the mirror's upstream token"
-        )
+        said = exc.said or "the upstream refuses this repo to the mirror's upstream token"
+        return UpstreamError(exc.status, exc.code, f"{said} (upstream)")
     return unavailable(f"upstream unavailable: {exc}")
 
 
 def fnmatch_literal(path: str) -> str:
     """An ``fnmatch`` pattern that matches exactly ``path``."""
     return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
+
+
+def access_record_path(repo: RepoLayout) -> Path:
+    """``.cmh/upstream/access.json``: present while the upstream marks the repo private/gated."""
+    return repo.cmh_dir / "upstream" / "access.json"
+
+
+def restricted_at_upstream(store: Path, repo_type: str, repo_id: str) -> bool:
+    """True when the upstream last said the repo is private or gated (private at the mirror)."""
+    try:
+        repo = RepoLayout(store, repo_id, repo_type)
+    except ValueError:
+        return False
+    return access_record_path(repo).exists()
+
+
+def _record_access(repo: RepoLayout, private: bool, gated: bool) -> None:
+    path = access_record_path(repo)
+    if not (private or gated):
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"private": private, "gated": gated, "at": time.time()}).encode())
 
 
 def upstream_record_path(repo: RepoLayout, commit: str) -> Path:
@@ -172,7 +205,6 @@ class Upstream:
         return self.expiry(repo, revision, commit)
 
     def _prepare_locked(self, repo: RepoLayout, revision: str) -> str | None:
-        from ..resolver.negotiate import revision_listing
         from ..resolver.types import AccessError, NotFoundError, ResolveError
 
         pinned = bool(COMMIT_RE.match(revision))
@@ -187,7 +219,7 @@ class Upstream:
             expiry = float("-inf")
         client = self._client()
         try:
-            commit, files, _ = revision_listing(client, repo, revision, pinned)
+            commit, files = self._listing(client, repo, revision)
         except (NotFoundError, AccessError) as exc:
             raise _typed(exc) from None
         except ResolveError as exc:
@@ -206,6 +238,25 @@ class Upstream:
             write_validation(repo, revision, commit)
         self._record_freshness(repo, revision, commit)
         return None
+
+    def _listing(self, client: Any, repo: RepoLayout, revision: str) -> tuple[str, dict[str, Any]]:
+        """The commit and listing of ``revision``, after the upstream's word on access.
+
+        Unlike the resolver, a pinned commit is asked too: its answer says whether the
+        repo is private or gated, which decides who reads it here.
+        """
+        from ..resolver.local import read_tree, remote_files_from_tree
+
+        remote = client.revision(repo.repo_id, repo.repo_type, revision)
+        _record_access(repo, remote.private, remote.gated)
+        if remote.private or remote.gated:
+            client.auth_check(repo.repo_id, repo.repo_type)  # refused: the upstream's answer
+        cached = read_tree(repo, remote.commit)
+        if cached is not None:
+            return remote.commit, remote_files_from_tree(cached)
+        if remote.files is not None:
+            return remote.commit, remote.files
+        return remote.commit, client.tree(repo.repo_id, repo.repo_type, remote.commit)
 
     def _record_freshness(self, repo: RepoLayout, revision: str, commit: str) -> None:
         """Keep when ``commit``'s upstream freshness ends, for ``cmh prune --expired``."""

@@ -317,7 +317,17 @@ class HubClient:
         commit = obj["sha"]
         if not COMMIT_RE.match(commit):
             raise HubProtocolError(f"{url}: {commit!r} is not a commit")
-        return RemoteRevision(commit, _files_from_siblings(obj.get("siblings")))
+        return RemoteRevision(
+            commit,
+            _files_from_siblings(obj.get("siblings")),
+            private=obj.get("private") is True,
+            gated=obj.get("gated") not in (None, False, "false", "False"),
+        )
+
+    def auth_check(self, repo_id: str, repo_type: str) -> None:
+        """``GET .../auth-check``: returns when the token may read the repo's files, else
+        raises the Hub's refusal (:class:`AccessError` with its status, code and message)."""
+        self._get_json(self.api_url(repo_id, repo_type, "auth-check"))
 
     def tree(self, repo_id: str, repo_type: str, commit: str) -> dict[str, RemoteFile]:
         """Every file of ``commit`` (follows ``Link: rel="next"`` pages)."""
@@ -561,7 +571,12 @@ def raise_for_status(response: httpx2.Response) -> None:
         raise NotFoundError(f"file not found: {url}", "entry")
     if code == "GatedRepo" or status in (401, 403):
         said = hub_message(response)
-        raise AccessError(f"access refused ({status}): {url}" + (f": {said}" if said else ""))
+        raise AccessError(
+            f"access refused ({status}): {url}" + (f": {said}" if said else ""),
+            status if status in (401, 403) else 403,
+            code or None,
+            said,
+        )
     if status == 429 or status >= 500:
         raise HubUnreachableError(
             f"{url}: server error {status}", retry_after=retry_after(response.headers)

@@ -112,6 +112,9 @@ class RemoteRevision:
 
     commit: str
     files: dict[str, RemoteFile] | None
+    #: What the answer says of access: ``private``, and ``gated`` (any value but false).
+    private: bool = False
+    gated: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,15 @@ class NotFoundError(ResolveError):
 
 
 class AccessError(ResolveError):
-    """The Hub refused access (401/403, gated repo)."""
+    """The Hub refused access (401/403, gated repo): its status, ``X-Error-Code`` and message."""
+
+    def __init__(
+        self, message: str, status: int = 403, code: str | None = "GatedRepo", said: str = ""
+    ) -> None:
+        self.status = status
+        self.code = code
+        self.said = said
+        super().__init__(message)
 
 
 class HubProtocolError(ResolveError):

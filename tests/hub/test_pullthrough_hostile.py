@@ -10,9 +10,17 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx2
 from cmh.hub.mirror.store import add_folder
 from hublike import running
-from mirror_support import MirrorServer, hf_env, run_python
+from mirror_support import (
+    PRIVATE_REPO,
+    PRIVATE_TOKEN,
+    TINY_REPO,
+    MirrorServer,
+    hf_env,
+    run_python,
+)
 
 FLIP_RESUME_SCRIPT = r"""
 import hashlib, json, os
@@ -56,3 +64,107 @@ def test_flip_and_resume_stock_client_ends_with_the_etags_bytes(
     assert gets[0].get("cut") == "fill failed"  # the first body was cut...
     assert gets[1]["range"] == f"bytes={20 << 20}-"  # the stock client resumed...
     assert gets[1]["status"] == 200  # ...and was told to start again
+
+
+def test_private_upstream_repo_is_private_at_the_mirror_unless_granted(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """High 2: the mirror's upstream token reads a private repo; the mirror must not make
+    it public: 404 anonymous, 200 with a token ``--tokens`` grants, absent from listings."""
+    token_file = tmp_path / "upstream-token"
+    token_file.write_text(PRIVATE_TOKEN + "\n")
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"reader-token-0001 {PRIVATE_REPO}\nother-token-0002 {TINY_REPO}\n")
+    with running(mirror.url, xet_listing=False) as hub:
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(
+            tmp_path / "pull",
+            tokens=tokens,
+            extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
+        )
+        file_url = f"{pull.url}/{PRIVATE_REPO}/resolve/main/config.json"
+        granted = {"Authorization": "Bearer reader-token-0001"}
+        other = {"Authorization": "Bearer other-token-0002"}
+        anonymous = httpx2.get(file_url)
+        assert anonymous.status_code == 404
+        assert anonymous.headers["X-Error-Code"] == "RepoNotFound"
+        assert httpx2.head(file_url).status_code == 404
+        assert httpx2.get(file_url, headers=other).status_code == 404
+        ok = httpx2.get(file_url, headers=granted)
+        assert ok.status_code == 200 and ok.json() == {"secret": True}
+        assert httpx2.get(file_url).status_code == 404  # still, once the blob is stored
+        info = httpx2.get(f"{pull.url}/api/models/{PRIVATE_REPO}", headers=granted)
+        assert info.status_code == 200 and info.json()["private"] is True
+        assert httpx2.get(f"{pull.url}/api/models/{PRIVATE_REPO}").status_code == 404
+        listed = [m["id"] for m in httpx2.get(f"{pull.url}/api/models").json()]
+        assert PRIVATE_REPO not in listed
+        listed = [m["id"] for m in httpx2.get(f"{pull.url}/api/models", headers=granted).json()]
+        assert PRIVATE_REPO in listed
+        assert PRIVATE_REPO not in httpx2.get(f"{pull.url}/").text
+        assert "private or gated only to tokens that" in pull.stderr_text()
+
+        # The operator's explicit opt-out serves it to anyone, and says so at start.
+        (tmp_path / "open").mkdir()
+        opened = mirror_server_factory(
+            tmp_path / "open",
+            extra_args=(
+                "--upstream", hub.url, "--upstream-token-file", str(token_file),
+                "--public-upstream-repos",
+            ),
+        )  # fmt: skip
+        assert (
+            httpx2.get(f"{opened.url}/{PRIVATE_REPO}/resolve/main/config.json").status_code == 200
+        )
+        assert "WARNING" in opened.stderr_text()
+
+
+def test_gated_upstream_repo_gives_the_hubs_403_at_head_and_get(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Issue 26 item 2 (and high 2 for gated repos): a gated repo the mirror's upstream
+    token cannot read. Anonymous: 404 (private at the mirror); a granted reader: the
+    Hub's own ``403 GatedRepo`` and message at HEAD and GET alike, never 200 then a cut."""
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"reader-token-0001 {TINY_REPO}\n")
+    with running(mirror.url, xet_listing=False) as hub:
+        hub.gate(TINY_REPO)
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(
+            tmp_path / "pull", tokens=tokens, extra_args=("--upstream", hub.url)
+        )
+        url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+        assert httpx2.get(url).status_code == 404
+        granted = {"Authorization": "Bearer reader-token-0001"}
+        for method in ("HEAD", "GET", "HEAD"):
+            answer = httpx2.request(method, url, headers=granted)
+            assert answer.status_code == 403, (method, answer.status_code)
+            assert answer.headers["X-Error-Code"] == "GatedRepo"
+            assert "Access to model cmh-test/tiny is restricted" in answer.headers.get(
+                "X-Error-Message", ""
+            )
+        out = run_python(GATED_SCRIPT, hf_env(pull.url, tmp_path / "home", "reader-token-0001"))
+        assert out == {"error": "GatedRepoError"}
+        # The upstream grants the mirror's token: the granted reader gets the bytes.
+        hub.gate(TINY_REPO, frozenset({f"Bearer {PRIVATE_TOKEN}"}))
+        token_file = tmp_path / "upstream-token"
+        token_file.write_text(PRIVATE_TOKEN + "\n")
+        (tmp_path / "pull-2").mkdir()
+        with_token = mirror_server_factory(
+            tmp_path / "pull-2",
+            tokens=tokens,
+            extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
+        )
+        url = f"{with_token.url}/{TINY_REPO}/resolve/main/config.json"
+        assert httpx2.get(url).status_code == 404
+        assert httpx2.get(url, headers=granted).status_code == 200
+
+
+GATED_SCRIPT = r"""
+import json
+from huggingface_hub import hf_hub_download
+try:
+    hf_hub_download("cmh-test/tiny", "config.json")
+    print(json.dumps({"error": None}))
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__}))
+"""

@@ -265,7 +265,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], repo: Rep
             card = None
     ctx.update(
         repo=repo, key=repo_key(repo.repo_type, repo.repo_id), revision=revision, index=index,
-        private=repo_key(repo.repo_type, repo.repo_id) in state.policy.private,
+        private=state.policy.is_private(repo.repo_type, repo.repo_id),
         directory=directory, crumbs=_crumbs(directory),
         rows=views.tree(index, directory, options.stamps), refs=refs, commits=commits,
         card=card, stamp=views.stamp_state(index, options.stamps, time.time()),
