@@ -79,6 +79,17 @@ def unavailable(message: str) -> UpstreamError:
     return UpstreamError(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
 
 
+def failed(exc: Exception, doing: str) -> UpstreamError:
+    """The answer for an upstream that could not be used: ``502 UpstreamProtocolError``
+    when it broke the protocol or a limit (a refused redirect, a listing too long...),
+    else the typed 503."""
+    from ..resolver.types import HubProtocolError
+
+    if isinstance(exc, HubProtocolError):
+        return UpstreamError(502, "UpstreamProtocolError", f"upstream {doing}: {exc}")
+    return unavailable(f"upstream {doing}: {exc}")
+
+
 def _typed(exc: Exception) -> UpstreamError:
     """The Hub's typed error for a resolver error raised by asking the upstream."""
     from ..resolver.types import AccessError, NotFoundError
@@ -92,7 +103,7 @@ def _typed(exc: Exception) -> UpstreamError:
     if isinstance(exc, AccessError):
         said = exc.said or "the upstream refuses this repo to the mirror's upstream token"
         return UpstreamError(exc.status, exc.code, f"{said} (upstream)")
-    return unavailable(f"upstream unavailable: {exc}")
+    return failed(exc, "unavailable")
 
 
 def fnmatch_literal(path: str) -> str:
@@ -226,7 +237,7 @@ class Upstream:
             usable = local is not None and expiry != float("-inf")
             if usable and time.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
-            raise unavailable(f"upstream unavailable and nothing usable cached: {exc}") from None
+            raise failed(exc, "unusable and nothing usable cached") from None
         finally:
             self._count(client.requests, client.bytes_received)
         self._install_listing(repo, commit, files)
@@ -322,5 +333,5 @@ class Upstream:
         except (NotFoundError, AccessError) as exc:
             raise _typed(exc) from None
         except ResolveError as exc:
-            raise unavailable(f"upstream fill failed: {exc}") from None
+            raise failed(exc, "fill failed") from None
         self._count(res.requests, res.bytes_transferred)

@@ -28,6 +28,7 @@ from cmh import __version__
 from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, validate_relpath
 from .credentials import default_endpoint
 from .multipart import MultipartParser
+from .origins import MAX_REDIRECTS, OriginRule, UnsafeRedirect
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .types import (
     AccessError,
@@ -70,17 +71,51 @@ class ServedFile:
     commit: str | None  # X-Repo-Commit
 
 
+#: The request extension holding a request's :class:`_Chain` (kept across its redirects).
+_CHAIN = "cmh_chain"
+
+
+class _Chain:
+    """One request and the redirects it leads to: the rule, the token, the last URL."""
+
+    def __init__(self, rule: OriginRule, token: str | None, file_request: bool) -> None:
+        self.rule = rule
+        self.token = token
+        self.file_request = file_request
+        self.last: str | None = None
+        self.hops = 0
+
+
+def _apply_rule(request: httpx2.Request) -> None:
+    """The client's request hook, run for every request and every redirect it follows:
+    refuse a hop the rule forbids; ``Authorization`` only to the endpoint's origin."""
+    chain = request.extensions.get(_CHAIN)
+    request.headers.pop("Authorization", None)
+    if not isinstance(chain, _Chain):
+        return
+    url = str(request.url)
+    if chain.last is not None:
+        chain.hops += 1
+        if chain.hops > MAX_REDIRECTS:
+            raise UnsafeRedirect(f"{url}: more than {MAX_REDIRECTS} redirects")
+        chain.rule.hop(chain.last, url, chain.file_request)
+    chain.last = url
+    if chain.token and chain.rule.carries_token(url):
+        request.headers["Authorization"] = f"Bearer {chain.token}"
+
+
 def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
-    """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup)."""
+    """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup).
+
+    The token is not a default header: :func:`_apply_rule` adds it per request."""
     key = (token, timeout, os.getpid())
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
             headers = {"User-Agent": f"cmh/{__version__}"}
-            if token:
-                headers["Authorization"] = f"Bearer {token}"
             client = httpx2.Client(
                 headers=headers,
+                event_hooks={"request": [_apply_rule]},
                 follow_redirects=True,
                 trust_env=True,
                 timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
@@ -188,12 +223,18 @@ class HubClient:
         # A transfer silent this long fails (read timeout) and is resumed by its caller.
         self.timeout = timeout if timeout is not None else download_timeout()
         self.retry = retry
+        self.token = token or None
+        self.rule = OriginRule(self.endpoint)  # where redirects may lead (origins.py)
         self._client = _shared_client(token, self.timeout)
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_received = 0
 
     # -- bookkeeping ---------------------------------------------------------------------
+
+    def _chain(self, file_request: bool) -> dict[str, Any]:
+        """The extensions of a request that carries the credential rule (origins.py)."""
+        return {_CHAIN: _Chain(self.rule, self.token, file_request)}
 
     def _count(self, requests: int = 0, nbytes: int = 0) -> None:
         with self._lock:
@@ -219,9 +260,9 @@ class HubClient:
     @contextlib.contextmanager
     def _open(self, url: str, headers: dict[str, str]) -> Iterator[httpx2.Response]:
         """A streamed GET of ``url``; the token goes to the endpoint's origin only."""
-        request = self._client.build_request("GET", url, headers=headers)
-        if _origin(url) != _origin(self.endpoint):
-            request.headers.pop("Authorization", None)
+        request = self._client.build_request(
+            "GET", url, headers=headers, extensions=self._chain(True)
+        )
         response = self._client.send(request, stream=True)
         try:
             yield response
@@ -259,7 +300,11 @@ class HubClient:
         def once() -> tuple[Any, httpx2.Response]:
             try:
                 response = self._client.get(
-                    url, params=params, headers=COMPRESSED, timeout=metadata_timeout()
+                    url,
+                    params=params,
+                    headers=COMPRESSED,
+                    timeout=metadata_timeout(),
+                    extensions=self._chain(False),
                 )
             except httpx2.TransportError as exc:
                 self._count(requests=1)
@@ -284,11 +329,12 @@ class HubClient:
 
         def once() -> ServedFile:
             target = url
-            for _ in range(6):
+            chain = self._chain(True)  # one chain across the hops followed here
+            for _ in range(MAX_REDIRECTS + 1):
                 self._count(requests=1)
                 try:
                     response = self._client.head(
-                        target, follow_redirects=False, timeout=metadata_timeout()
+                        target, follow_redirects=False, timeout=metadata_timeout(), extensions=chain
                     )
                 except httpx2.TransportError as exc:
                     raise _unreachable(self.endpoint, exc) from exc
@@ -348,6 +394,8 @@ class HubClient:
                     files[remote.path] = remote
             nxt = response.links.get("next", {}).get("url")
             url, params = (str(response.url.join(nxt)), None) if nxt else (None, None)
+            if url is not None:
+                self.rule.link(str(response.url), url)
         return files
 
     def tensor_manifest(
@@ -365,8 +413,10 @@ class HubClient:
         )
         self._count(requests=1)
         try:
-            response = self._client.get(url, timeout=metadata_timeout())
-        except httpx2.TransportError:
+            response = self._client.get(
+                url, timeout=metadata_timeout(), extensions=self._chain(False)
+            )
+        except (httpx2.TransportError, UnsafeRedirect):
             return None
         self._count(nbytes=len(response.content))
         if response.status_code != 200:

@@ -9,9 +9,14 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx2
+import pytest
+from click.testing import CliRunner
+from cmh.cli.main import cli
 from cmh.hub.mirror.store import add_folder
+from hostile_upstream import COMMIT, HostileHub, Recorder
 from hublike import running
 from mirror_support import (
     PRIVATE_REPO,
@@ -168,3 +173,116 @@ try:
 except Exception as exc:
     print(json.dumps({"error": type(exc).__name__}))
 """
+
+
+# -- one rule for credentials (medium: the token goes to other origins; low: any host) ----
+
+SECRET = "hf_secret_token_never_elsewhere_01"
+
+
+def _pull(hub: HostileHub, tmp_path: Path) -> Any:
+    env = {"HF_TOKEN": SECRET, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_XET": "1"}
+    args = ["pull", hub.repo_id, "--endpoint", hub.url, "--cache-dir", str(tmp_path / "cache")]
+    return CliRunner().invoke(cli, args, env=env)
+
+
+def _serve(factory: Callable[..., MirrorServer], hub: HostileHub, tmp_path: Path) -> MirrorServer:
+    token_file = tmp_path / "upstream-token"
+    token_file.write_text(SECRET + "\n")
+    store = tmp_path / "pull-store"
+    store.mkdir(exist_ok=True)
+    return factory(
+        store, extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file))
+    )
+
+
+def test_a_resolve_redirect_to_another_origin_never_carries_the_token(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with Recorder() as thief, HostileHub() as hub:
+        hub.resolve_redirect = lambda method, path: f"{thief.url}/cdn/{path}"
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 0, result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        assert answer.status_code == 200 and answer.content == b"{}\n"
+        # The blob is held now: a second store's confirmation HEAD follows the redirect too.
+        assert thief.seen  # the CDN was asked...
+        assert all(s.authorization is None for s in thief.seen), thief.seen  # ...never with it
+        assert any(s.authorization == f"Bearer {SECRET}" for s in hub.seen)
+
+
+def test_a_head_redirect_without_etag_does_not_carry_the_token(tmp_path: Path) -> None:
+    """The HEAD that confirms a blob (``served``) follows redirects by hand."""
+    from cmh.hub.resolver.http import HubClient
+
+    with Recorder() as thief, HostileHub() as hub:
+        hub.resolve_redirect = lambda method, path: f"{thief.url}/cdn/{path}"
+        client = HubClient(hub.url, SECRET)
+        served = client.served(client.file_url(hub.repo_id, "model", COMMIT, "config.json"))
+        assert served.etag is not None
+        assert thief.seen and all(s.authorization is None for s in thief.seen), thief.seen
+
+
+def test_a_next_page_on_another_origin_is_refused(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with Recorder() as thief, HostileHub(siblings=False) as hub:
+        hub.next_link = f"{thief.url}/api/models/{hub.repo_id}/tree/{COMMIT}?cursor=x"
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 3, result.output
+        assert "another origin refused" in result.output
+        assert "Traceback" not in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        assert answer.status_code == 502, answer.status_code
+        assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+        assert thief.seen == []
+
+
+def test_redirect_loops_and_unconfigured_local_targets_are_refused(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with Recorder("127.0.0.2") as local, HostileHub() as hub:
+        loop = f"{hub.url}/{hub.repo_id}/resolve/{COMMIT}/config.json"
+        hub.resolve_redirect = lambda method, path: loop
+        result = _pull(hub, tmp_path / "a")
+        assert result.exit_code == 3, result.output
+        assert "redirects" in result.output and "Traceback" not in result.output
+        hub.resolve_redirect = lambda method, path: f"{local.url}/cdn/{path}"
+        result = _pull(hub, tmp_path / "b")
+        assert result.exit_code == 3, result.output
+        assert "local address refused" in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        try:
+            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            assert answer.status_code >= 500, answer.status_code
+        except httpx2.HTTPError:
+            pass  # headers sent while filling, then cut before the last byte: refused
+        assert local.seen == []
+
+
+def test_the_origin_rule() -> None:
+    from cmh.hub.resolver.origins import OriginRule, UnsafeRedirect
+
+    rule = OriginRule("https://hub.example")
+    assert rule.carries_token("https://hub.example/api/x")
+    assert not rule.carries_token("http://hub.example/api/x")  # another scheme: another origin
+    assert not rule.carries_token("https://hub.example:8443/api/x")
+    with pytest.raises(UnsafeRedirect, match="HTTPS to HTTP"):
+        rule.hop("https://hub.example/m/resolve/c/f", "http://cdn.example/f", True)
+    rule.hop("https://hub.example/m/resolve/c/f", "https://cdn.example/f", True)  # a CDN
+    rule.hop("https://cdn.example/f", "https://cdn.example/g", False)  # known from now on
+    with pytest.raises(UnsafeRedirect, match="another origin"):
+        rule.hop("https://hub.example/api/x", "https://elsewhere.example/x", False)
+    with pytest.raises(UnsafeRedirect, match="another origin"):
+        rule.hop("https://cdn.example/f", "https://elsewhere.example/x", True)
+    for local in ("127.0.0.1", "localhost", "169.254.169.254", "[::1]", "0.0.0.0"):
+        with pytest.raises(UnsafeRedirect, match="local address"):
+            rule.hop("https://hub.example/m/resolve/c/f", f"https://{local}/f", True)
+    with pytest.raises(UnsafeRedirect, match="another origin"):
+        rule.link("https://hub.example/api/tree", "https://cdn.example/api/tree?cursor=1")
+    with pytest.raises(UnsafeRedirect):
+        rule.hop("https://hub.example/m/resolve/c/f", "file:///etc/passwd", True)
+    loopback = OriginRule("http://127.0.0.1:8080")  # the operator configured this host
+    loopback.hop("http://127.0.0.1:8080/m/resolve/c/f", "http://127.0.0.1:9000/f", True)
