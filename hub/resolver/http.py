@@ -25,19 +25,28 @@ import httpx2
 
 from cmh import __version__
 
-from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, validate_relpath
+from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, LayoutError, validate_relpath
 from .credentials import default_endpoint
 from .multipart import MultipartParser
 from .origins import MAX_REDIRECTS, OriginRule, UnsafeRedirect
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .types import (
     AccessError,
+    AnswerTooLarge,
     HubProtocolError,
     HubUnreachableError,
+    InvalidListing,
     NotFoundError,
     RemoteFile,
     RemoteRevision,
 )
+
+#: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
+#: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
+MAX_API_BYTES = 32 << 20
+MAX_LISTED_FILES = 100_000
+MAX_PATH_BYTES = 4096
+MAX_SEGMENT_BYTES = 255
 
 _clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
 _clients_lock = threading.Lock()
@@ -298,24 +307,34 @@ class HubClient:
         """GET an API answer, tried again under the retry policy (429, 5xx, network)."""
 
         def once() -> tuple[Any, httpx2.Response]:
+            request = self._client.build_request(
+                "GET",
+                url,
+                params=params,
+                headers=COMPRESSED,
+                timeout=metadata_timeout(),
+                extensions=self._chain(False),
+            )
             try:
-                response = self._client.get(
-                    url,
-                    params=params,
-                    headers=COMPRESSED,
-                    timeout=metadata_timeout(),
-                    extensions=self._chain(False),
-                )
+                response = self._client.send(request, stream=True)
             except httpx2.TransportError as exc:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
-            sent, received = _wire(response)
-            self._count(requests=sent, nbytes=received)
+            try:
+                body = _read_capped(response, url)
+            except httpx2.TransportError as exc:
+                raise _unreachable(self.endpoint, exc) from exc
+            finally:
+                response.close()
+                sent, received = _wire(response)
+                self._count(requests=sent, nbytes=received)
             raise_for_status(response)
             try:
-                return json.loads(response.content), response
+                return json.loads(body), response
             except ValueError as exc:
                 raise HubProtocolError(f"{url} did not answer JSON") from exc
+            finally:
+                del body
 
         return self.retry.run(once, f"GET {url}")
 
@@ -392,10 +411,13 @@ class HubClient:
                 remote = _file_from_tree_entry(entry)
                 if remote is not None:
                     files[remote.path] = remote
+            if len(files) > MAX_LISTED_FILES:
+                raise InvalidListing(f"{url}: more than {MAX_LISTED_FILES} files listed")
             nxt = response.links.get("next", {}).get("url")
             url, params = (str(response.url.join(nxt)), None) if nxt else (None, None)
             if url is not None:
                 self.rule.link(str(response.url), url)
+        check_listing(files)
         return files
 
     def tensor_manifest(
@@ -442,8 +464,13 @@ class HubClient:
         *,
         end: int | None = None,
         on_restart: Callable[[], None] | None = None,
+        limit: int | None = None,
     ) -> bool:
         """Send the body of ``url`` from ``start`` (to ``end``, exclusive) to ``sink``.
+
+        ``limit`` is the file's listed size: a body that would pass it raises
+        :class:`~cmh.hub.resolver.types.AnswerTooLarge` before the byte past it
+        reaches ``sink`` (the transfer stops there).
 
         Returns ``True`` when the server honoured the range (206, or 200 for a
         request from 0 to the end), ``False`` when it answered a ranged request
@@ -456,7 +483,7 @@ class HubClient:
         there is transient (the next try goes through the ``resolve`` URL).
         """
         with _asking(url) as (located, target):
-            return self._stream(located, target, start, sink, end, on_restart)
+            return self._stream(located, target, start, sink, end, on_restart, limit)
 
     def _stream(
         self,
@@ -466,6 +493,7 @@ class HubClient:
         sink: Callable[[bytes], None],
         end: int | None,
         on_restart: Callable[[], None] | None,
+        limit: int | None = None,
     ) -> bool:
         headers: dict[str, str] = dict(COMPRESSED)
         ranged = bool(start or end is not None)
@@ -498,12 +526,15 @@ class HubClient:
                 elif response.status_code != 200:
                     raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
                 expected = None if end is None else end - start
+                allowed = None if limit is None else limit - (start if honoured else 0)
                 got = 0
                 # A compressed answer (asked for only without Range) is decoded for the sink.
                 encoded = response.headers.get("Content-Encoding", "identity") != "identity"
                 for chunk in response.iter_bytes() if encoded else response.iter_raw():
                     if expected is not None and got + len(chunk) > expected:
                         raise HubProtocolError(f"{url}: more bytes than the range asked for")
+                    if allowed is not None and got + len(chunk) > allowed:
+                        raise AnswerTooLarge(f"{url}: body longer than the listed {limit} bytes")
                     got += len(chunk)
                     self._count(nbytes=response.num_bytes_downloaded - counted)
                     counted = response.num_bytes_downloaded
@@ -678,12 +709,55 @@ def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
     return None
 
 
+def _read_capped(response: httpx2.Response, url: str) -> bytes:
+    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES`."""
+    parts: list[bytes] = []
+    total = 0
+    try:
+        for chunk in response.iter_bytes():
+            total += len(chunk)
+            if total > MAX_API_BYTES:
+                raise AnswerTooLarge(f"{url}: answer over {MAX_API_BYTES >> 20} MiB once decoded")
+            parts.append(chunk)
+    except httpx2.DecodingError as exc:
+        raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc
+    return b"".join(parts)
+
+
+def listed_path(path: str) -> str:
+    """A listed file name checked as a cache path, else :class:`InvalidListing`."""
+    try:
+        checked = validate_relpath(path)
+    except LayoutError as exc:
+        raise InvalidListing(f"the Hub lists an unusable file name {path[:300]!r}: {exc}") from None
+    encoded = checked.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_PATH_BYTES or any(
+        len(s) > MAX_SEGMENT_BYTES for s in encoded.split(b"/")
+    ):
+        raise InvalidListing(f"the Hub lists a file name too long for a cache: {path[:300]!r}")
+    return checked
+
+
+def check_listing(files: dict[str, RemoteFile]) -> None:
+    """Refuse a listing too long or with a name that is a file and a folder at once."""
+    if len(files) > MAX_LISTED_FILES:
+        raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
+    for path in files:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in files:
+                raise InvalidListing(f"the Hub lists {folder!r} as a file and as a folder")
+
+
 def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     if not isinstance(entry, dict) or entry.get("type") != "file":
         return None
     path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
-        raise HubProtocolError(f"malformed tree entry {entry!r}")
+        raise InvalidListing(f"malformed tree entry {str(entry)[:300]}")
+    if size < 0:
+        raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
     # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
     # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
     etag = _etag_of(oid, entry.get("lfs"))
@@ -692,7 +766,7 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     lfs = entry.get("lfs")
     if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
         size = lfs["size"]
-    return RemoteFile(validate_relpath(path), size, etag[0], etag[1], str(oid))
+    return RemoteFile(listed_path(path), size, etag[0], etag[1], str(oid))
 
 
 def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
@@ -712,5 +786,10 @@ def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
         lfs = s.get("lfs")
         if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
             size = lfs["size"]
-        files[validate_relpath(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+        if size < 0:
+            raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
+        files[listed_path(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+        if len(files) > MAX_LISTED_FILES:
+            raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
+    check_listing(files)
     return files

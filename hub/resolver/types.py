@@ -273,6 +273,16 @@ class HubProtocolError(ResolveError):
     """The Hub answered something the protocol does not allow."""
 
 
+class InvalidListing(HubProtocolError):
+    """The Hub listed a file name no cache can hold (absolute, ``..``, NUL, too long, a
+    file that is also a folder), or more files than the resolver accepts."""
+
+
+class AnswerTooLarge(HubProtocolError):
+    """A Hub answer past a limit: a body longer than the listed size, an API answer
+    over :data:`~cmh.hub.resolver.http.MAX_API_BYTES` once decoded."""
+
+
 class IntegrityError(ResolveError):
     """Content failed its check (ETag, size or CMH manifest) and was not installed."""
 

@@ -12,7 +12,9 @@ their own event loop thread; use them as context managers.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -112,7 +114,14 @@ class HostileHub(_Loop):
     resolve_redirect: Callable[[str, str], str | None] | None = None
     tree_entries: list[dict[str, Any]] | None = None
     revision_extra: dict[str, Any] = field(default_factory=dict)
+    #: Extra body bytes after each file's listed ones (a body longer than listed).
+    overlong: int = 0
+    #: Pad the revision answer with this many spaces, sent gzip-compressed (a gzip bomb).
+    gzip_bomb: int = 0
+    #: Tree pages: ``(pages, entries each)`` of generated files, chained by same-origin Links.
+    tree_pages: tuple[int, int] | None = None
     seen: list[Seen] = field(default_factory=list)
+    _bomb: bytes | None = None
 
     def __post_init__(self) -> None:
         super().__init__("127.0.0.1")
@@ -137,7 +146,26 @@ class HostileHub(_Loop):
                     for e in self._entries()
                 ]
             doc.update(self.revision_extra)
+            if self.gzip_bomb:
+                if self._bomb is None:  # compressing 400 MiB takes seconds: once
+                    raw = json.dumps(doc).encode()[:-1] + b" " * self.gzip_bomb + b"}"
+                    self._bomb = gzip.compress(raw, 6)
+                return web.Response(
+                    body=self._bomb,
+                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+                )
             return web.json_response(doc)
+        if path.startswith(api + "tree/") and self.tree_pages is not None:
+            pages, each = self.tree_pages
+            page = int(request.query.get("page", "0"))
+            entries = [
+                {"type": "file", "path": f"f/{page}/{i}.txt", "oid": "0" * 40, "size": 1}
+                for i in range(each)
+            ]
+            headers = {}
+            if page + 1 < pages:
+                headers["Link"] = f'<{self.url}{path}?page={page + 1}>; rel="next"'
+            return web.json_response(entries, headers=headers)
         if path.startswith(api + "tree/"):
             headers = {"Link": f'<{self.next_link}>; rel="next"'} if self.next_link else {}
             return web.json_response(self._entries(), headers=headers)
@@ -152,5 +180,14 @@ class HostileHub(_Loop):
             if data is None:
                 return web.Response(status=404, headers={"X-Error-Code": "EntryNotFound"})
             headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": COMMIT}
-            return web.Response(body=data, headers=headers)
+            if request.method == "HEAD" or not self.overlong:
+                return web.Response(body=data, headers=headers)
+            response = web.StreamResponse(headers=headers)
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(data)
+            for _ in range(self.overlong >> 16):
+                await response.write(b"x" * (1 << 16))
+            await response.write_eof()
+            return response
         return web.Response(status=404, headers={"X-Error-Code": "RepoNotFound"})

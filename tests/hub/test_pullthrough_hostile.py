@@ -187,6 +187,7 @@ def _pull(hub: HostileHub, tmp_path: Path) -> Any:
 
 
 def _serve(factory: Callable[..., MirrorServer], hub: HostileHub, tmp_path: Path) -> MirrorServer:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     token_file = tmp_path / "upstream-token"
     token_file.write_text(SECRET + "\n")
     store = tmp_path / "pull-store"
@@ -286,3 +287,87 @@ def test_the_origin_rule() -> None:
         rule.hop("https://hub.example/m/resolve/c/f", "file:///etc/passwd", True)
     loopback = OriginRule("http://127.0.0.1:8080")  # the operator configured this host
     loopback.hop("http://127.0.0.1:8080/m/resolve/c/f", "http://127.0.0.1:9000/f", True)
+
+
+# -- bounds on everything remote (medium: nothing bounds what a Hub sends) ---------------
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_body_longer_than_listed_is_stopped_and_refused(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with HostileHub(files={"config.json": b"thirteen byte"}, overlong=8 << 20) as hub:
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 3, result.output
+        assert "longer than the listed 13 bytes" in result.output
+        assert "Traceback" not in result.output
+        leftovers = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+        assert all(p.stat().st_size <= 13 for p in leftovers), leftovers
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        try:  # never more than the listed bytes; the right ones, or an error / a cut
+            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            assert answer.status_code >= 500 or answer.content == b"thirteen byte"
+        except httpx2.HTTPError:
+            pass  # cut before the last byte: the fill was refused
+        blobs = list((tmp_path / "pull-store").rglob("blobs/*"))
+        assert all(p.stat().st_size <= 13 for p in blobs), blobs
+
+
+def test_a_gzip_bomb_and_a_huge_listing_are_refused_and_memory_returns(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with HostileHub(gzip_bomb=400 << 20) as hub:  # 400 MiB of spaces, ~0.4 MB on the wire
+        result = _pull(hub, tmp_path / "a")
+        assert result.exit_code == 3, result.output
+        assert "MiB once decoded" in result.output and "Traceback" not in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        assert answer.status_code == 502 and "MiB once decoded" in answer.text
+        assert _rss_mb(pull.process.pid) < 200
+
+    with HostileHub(siblings=False, tree_pages=(101, 1000)) as hub:  # 101,000 files
+        result = _pull(hub, tmp_path / "b")
+        assert result.exit_code == 3, result.output
+        assert "more than 100000 files" in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path / "c")
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        answer = httpx2.get(url, timeout=60)
+        assert answer.status_code == 502
+        assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+        assert _rss_mb(pull.process.pid) < 200
+        assert not list((tmp_path / "c" / "pull-store").rglob("snapshots/*/*"))
+
+
+HOSTILE_NAMES = [
+    "../escape.txt",
+    "/etc/absolute.txt",
+    "nul\x00byte.txt",
+    "back\\slash.txt",
+    "empty//segment.txt",
+    "x" * 256 + ".txt",
+]
+
+
+def test_hostile_listing_names_are_a_typed_error_never_a_500(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    cases = [[{"type": "file", "path": n, "oid": "0" * 40, "size": 1}] for n in HOSTILE_NAMES]
+    clash = [
+        {"type": "file", "path": "a", "oid": "0" * 40, "size": 1},
+        {"type": "file", "path": "a/b", "oid": "0" * 40, "size": 1},
+    ]
+    for i, entries in enumerate([*cases, clash]):
+        with HostileHub(siblings=False, tree_entries=entries) as hub:
+            result = _pull(hub, tmp_path / f"p{i}")
+            assert result.exit_code == 3, (entries, result.output)
+            assert "Traceback" not in result.output and "lists" in result.output
+            pull = _serve(mirror_server_factory, hub, tmp_path / f"s{i}")
+            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            assert answer.status_code == 502, (entries, answer.status_code, answer.text)
+            assert "Traceback" not in pull.stderr_text()
