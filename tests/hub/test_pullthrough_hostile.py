@@ -371,3 +371,16 @@ def test_hostile_listing_names_are_a_typed_error_never_a_500(
             answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
             assert answer.status_code == 502, (entries, answer.status_code, answer.text)
             assert "Traceback" not in pull.stderr_text()
+
+
+def test_every_answer_of_the_origin_is_nosniff_with_a_csp(mirror: MirrorServer) -> None:
+    """Low: API errors echo the path (``<script>``) with no ``nosniff``/CSP."""
+    for url in (
+        f"{mirror.url}/api/models/%3Cscript%3Ealert(1)%3C%2Fscript%3E/x",
+        f"{mirror.url}/{TINY_REPO}/resolve/main/config.json",
+        f"{mirror.url}/api/models/{TINY_REPO}",
+        f"{mirror.url}/health",
+    ):
+        answer = httpx2.get(url)
+        assert answer.headers.get("X-Content-Type-Options") == "nosniff", url
+        assert "default-src 'none'" in answer.headers.get("Content-Security-Policy", ""), url
