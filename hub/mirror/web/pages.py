@@ -44,6 +44,7 @@ from .session import (
     valid_token,
     viewer,
 )
+from .snippet import use_snippet
 
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
@@ -271,6 +272,10 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], repo: Rep
         card=card, stamp=views.stamp_state(index, options.stamps, time.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
         now=time.time(),
+    )  # fmt: skip
+    ctx["snippet"] = use_snippet(
+        ctx["endpoint"], repo.repo_type, repo.repo_id, revision,
+        ctx["key"] if ctx["private"] else None,
     )  # fmt: skip
     return render("repo.html", ctx)
 
