@@ -367,6 +367,8 @@ async def _resolve(
             request[BYTES_KEY] = cut.sent
             request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
             await _run(state.cuts.record, _repo_path(state, route), entry.etag)
+        except ConnectionError:  # the client went away mid-body: nothing to report
+            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
         return response
     finally:
         f.close()
@@ -511,6 +513,10 @@ async def _resolve_filling(
     except (BodyCut, FillFailed) as cut:
         request[BYTES_KEY] = getattr(cut, "sent", 0)
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}
+        await _run(state.cuts.record, repo.path, entry.etag)
+    except ConnectionError:  # the client went away mid-body; the fill goes on
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
+        # What it holds was sent unchecked: its resume must start again too (cuts.py).
         await _run(state.cuts.record, repo.path, entry.etag)
     return response
 

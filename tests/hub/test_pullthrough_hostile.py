@@ -384,3 +384,24 @@ def test_every_answer_of_the_origin_is_nosniff_with_a_csp(mirror: MirrorServer) 
         answer = httpx2.get(url)
         assert answer.headers.get("X-Content-Type-Options") == "nosniff", url
         assert "default-src 'none'" in answer.headers.get("Content-Security-Policy", ""), url
+
+
+def test_a_client_dropping_mid_download_leaves_no_traceback(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Low: ``cmh serve`` printed a ``BrokenPipeError`` traceback when a client dropped."""
+    import socket
+
+    store, _ = _big_store(tmp_path, 32 << 20)
+    server = mirror_server_factory(store)
+    host, port = server.url.removeprefix("http://").split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"GET /cmh-test/big/resolve/main/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.recv(65536)
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+    server.sync()
+    assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
+    assert "BrokenPipe" not in server.stderr_text()
