@@ -103,7 +103,11 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
     """The aiohttp application serving ``state.store`` (``pages``: the web pages' options)."""
     from .web import WebOptions, add_routes
 
-    app = web.Application(client_max_size=1 << 20, client_max_fields=MAX_FORM_FIELDS)
+    app = web.Application(
+        client_max_size=1 << 20,
+        client_max_fields=MAX_FORM_FIELDS,
+        middlewares=[_busy] if state.guard is not None else [],
+    )
     app[STORE_KEY] = state
     if state.bucket is None:  # the web pages read a local store; not offered for a bucket
         add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
@@ -117,6 +121,15 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
 
         app.on_cleanup.append(close_fetcher)
     return app
+
+
+@web.middleware
+async def _busy(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every route (the web pages too) counts as busy in the connection guard while it works."""
+    state = request.app[STORE_KEY]
+    assert state.guard is not None
+    with state.guard.answering(request.transport):
+        return await handler(request)  # type: ignore[no-any-return]
 
 
 #: Every answer of the origin (API, files, errors): nothing is sniffed as a document, and

@@ -405,3 +405,43 @@ def test_a_client_dropping_mid_download_leaves_no_traceback(
     server.sync()
     assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
     assert "BrokenPipe" not in server.stderr_text()
+
+
+# -- hostile model cards (medium: one card breaks the listing; rendering as CPU DoS) -----
+
+
+def test_hostile_cards_never_break_listings_info_or_pages(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    from cmh.hub.mirror.web import cards
+
+    store = tmp_path / "cards-store"
+    cases = {
+        "digits": "---\nlicense: 1" + "0" * 5000 + "\n---\n# digits\n",
+        "nested": "---\nlicense: mit\n---\n" + "[" * 3000 + "x" + "]" * 3000 + "\n",
+        "quotes": "> " * 3000 + "deep\n",
+        "brackets": "[" * (512 * 1024 - 10) + "\n",
+        "deep-yaml": "---\nx: " + "[" * 3000 + "]" * 3000 + "\n---\nbody\n",
+    }
+    for name, text in cases.items():
+        src = tmp_path / f"src-{name}"
+        src.mkdir()
+        (src / "README.md").write_text(text)
+        (src / "config.json").write_text("{}\n")
+        add_folder(store, src, f"cards/{name}")
+    server = mirror_server_factory(store)
+    listing = httpx2.get(f"{server.url}/api/models", params={"full": "true"}, timeout=60)
+    assert listing.status_code == 200
+    assert {m["id"] for m in listing.json()} == {f"cards/{n}" for n in cases}
+    for name in cases:
+        info = httpx2.get(f"{server.url}/api/models/cards/{name}", timeout=60)
+        assert info.status_code == 200, (name, info.text)
+        page = httpx2.get(f"{server.url}/-/models/cards/{name}", timeout=60)
+        assert page.status_code == 200, (name, page.status_code)
+    page = httpx2.get(f"{server.url}/-/models/cards/brackets", timeout=60)
+    assert "shown as text" in page.text
+    assert "not valid YAML" in httpx2.get(f"{server.url}/-/models/cards/digits", timeout=60).text
+    assert "Traceback" not in server.stderr_text()
+    # Rendered once per blob: the second read of a card is the cached object.
+    readme = next(p for p in (store / "models--cards--nested" / "snapshots").rglob("README.md"))
+    assert cards.read_card(readme) is cards.read_card(readme)
