@@ -510,6 +510,14 @@ async def _resolve_filling(
             {"Retry-After": "30"},
         )  # fmt: skip
     repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    failed = state.fills.recent_failure(entry.source)
+    if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
+        if isinstance(failed, UpstreamError):
+            raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
+        raise HubError(
+            502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
+            {"Retry-After": "10"},
+        )  # fmt: skip
     fill = state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
     response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
     response.headers["X-Cmh-Filling"] = "1"

@@ -53,6 +53,10 @@ from ..cache.layout import COMMIT_RE, RepoLayout
 from ..cache.locks import repo_lock
 from .errors import HubError
 
+#: Seconds the outcome of a failed revalidation (an upstream error, or "served stale") or a
+#: failed fill is remembered: requests meanwhile share it instead of asking again.
+NEGATIVE_FOR = 10.0
+
 #: The ``Warning`` header of an answer served stale because the upstream failed (RFC 7234).
 STALE_WARNING = '110 cmh "Response is stale"'
 REVALIDATION_FAILED = '111 cmh "Revalidation failed"'
@@ -81,11 +85,12 @@ def unavailable(message: str) -> UpstreamError:
 
 def failed(exc: Exception, doing: str) -> UpstreamError:
     """The answer for an upstream that could not be used: ``502 UpstreamProtocolError``
-    when it broke the protocol or a limit (a refused redirect, a listing too long...),
+    when it broke the protocol or a limit (a refused redirect, a listing too long...) or
+    sent bytes that fail their check,
     else the typed 503."""
-    from ..resolver.types import HubProtocolError
+    from ..resolver.types import HubProtocolError, IntegrityError
 
-    if isinstance(exc, HubProtocolError):
+    if isinstance(exc, (HubProtocolError, IntegrityError)):
         return UpstreamError(502, "UpstreamProtocolError", f"upstream {doing}: {exc}")
     return unavailable(f"upstream {doing}: {exc}")
 
@@ -154,6 +159,8 @@ class Upstream:
         self.requests = 0  # requests made to the upstream by this worker
         self.bytes = 0  # body bytes received from the upstream by this worker
         self.on_traffic: Any = None  # callable(requests, nbytes), set by the server for metrics
+        self.clock: Any = time.monotonic  # for the negative cache (a test may inject one)
+        self._failed: dict[tuple[str, str, str], tuple[float, UpstreamError | str]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -205,8 +212,24 @@ class Upstream:
             commit = repo.read_ref(revision)
             if commit is not None and time.time() < self._known_expiry(repo, revision, commit):
                 return None
-        with self._key_lock((repo_type, repo_id, revision)):
-            return self._prepare_locked(repo, revision)
+        key = (repo_type, repo_id, revision)
+        with self._key_lock(key):
+            # One retry cycle per revision: who waited for a failed one shares its outcome.
+            failed = self._failed.get(key)
+            if failed is not None and self.clock() - failed[0] < NEGATIVE_FOR:
+                if isinstance(failed[1], UpstreamError):
+                    raise failed[1]
+                return failed[1]
+            try:
+                note = self._prepare_locked(repo, revision)
+            except UpstreamError as exc:
+                self._failed[key] = (self.clock(), exc)
+                raise
+            if note is None:
+                self._failed.pop(key, None)
+            else:
+                self._failed[key] = (self.clock(), note)
+            return note
 
     def _known_expiry(self, repo: RepoLayout, revision: str, commit: str) -> float:
         from ..resolver.local import read_tree

@@ -445,3 +445,68 @@ def test_hostile_cards_never_break_listings_info_or_pages(
     # Rendered once per blob: the second read of a card is the cached object.
     readme = next(p for p in (store / "models--cards--nested" / "snapshots").rglob("README.md"))
     assert cards.read_card(readme) is cards.read_card(readme)
+
+
+# -- upstream trouble is cheap ------------------------------------------------------------
+
+
+def test_one_retry_cycle_per_revision_shared_by_waiting_clients(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: 4 clients each ran the whole retry cycle, one after the other."""
+    import threading
+
+    with running(mirror.url, xet_listing=False) as hub:
+        hub.fail(503, times=1000, path=r"/api/models/cmh-test/tiny/revision")
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
+        url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+        statuses: list[int] = []
+
+        def client() -> None:
+            statuses.append(httpx2.get(url, timeout=60).status_code)
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert statuses == [503] * 4
+        # The negative cache: a fifth client within its time asks nothing.
+        before = len(hub.records(path="revision"))
+        assert httpx2.get(url, timeout=60).status_code == 503
+        hub.wait_idle()
+        asked = hub.records(path="revision")
+    assert len(asked) == before <= 6  # one cycle (the resolver's 6 tries), not 4 x 6
+
+
+def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: a lying upstream was not remembered: 4 clients caused 10 full transfers."""
+    store, data = _big_store(tmp_path, 1 << 20)
+    etag = hashlib.sha256(data).hexdigest()
+    backend = mirror_server_factory(store)
+    with running(backend.url, xet_listing=False) as hub:
+        hub.corrupt(etag)
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
+        url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
+        import contextlib
+        import time
+
+        with contextlib.suppress(httpx2.HTTPError):
+            httpx2.get(url, timeout=30)  # cut before its last byte
+
+        deadline = time.monotonic() + 30
+        while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the fill's second try
+        hub.wait_idle()
+        time.sleep(0.3)  # the fill's failure reaches the event loop
+        transfers = len(hub.records(origin="cdn"))
+        for _ in range(4):
+            answer = httpx2.get(url, timeout=30)
+            assert answer.status_code == 502, answer.status_code
+            assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+        hub.wait_idle()
+        assert len(hub.records(origin="cdn")) == transfers
