@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import email.utils
 import json
+import logging
 import os
 import re
 import threading
@@ -47,6 +48,11 @@ MAX_API_BYTES = 32 << 20
 MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
+
+#: Seconds without an answer before a metadata request says so on the terminal.
+WAIT_NOTICE = 3.0
+
+logger = logging.getLogger("cmh.hub")
 
 _clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
 _clients_lock = threading.Lock()
@@ -157,6 +163,24 @@ def _wire(response: httpx2.Response) -> tuple[int, int]:
     """
     chain = [*response.history, response]
     return len(chain), sum(r.num_bytes_downloaded for r in chain)
+
+
+@contextlib.contextmanager
+def _noticed(endpoint: str, budget: float) -> Iterator[None]:
+    """Warn (logger ``cmh.hub``) when a metadata request has had no answer for
+    :data:`WAIT_NOTICE` seconds, so a terminal user knows what the wait is."""
+    timer = threading.Timer(
+        WAIT_NOTICE,
+        logger.warning,
+        ("no answer from %s for %g s; giving up %g s after the first try", endpoint,
+         WAIT_NOTICE, budget),
+    )  # fmt: skip
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _origin(url: str | httpx2.URL) -> tuple[str, str, int | None]:
@@ -304,7 +328,10 @@ class HubClient:
     def _get_json(
         self, url: str, params: dict[str, str] | None = None
     ) -> tuple[Any, httpx2.Response]:
-        """GET an API answer, tried again under the retry policy (429, 5xx, network)."""
+        """GET an API answer, tried again under the retry policy (429, 5xx, network), all
+        tries within one ``HF_HUB_ETAG_TIMEOUT`` (a blackholed Hub costs 10 s, not 60)."""
+        budget = metadata_timeout()
+        deadline = time.monotonic() + budget
 
         def once() -> tuple[Any, httpx2.Response]:
             request = self._client.build_request(
@@ -312,11 +339,12 @@ class HubClient:
                 url,
                 params=params,
                 headers=COMPRESSED,
-                timeout=metadata_timeout(),
+                timeout=max(0.1, min(budget, deadline - time.monotonic())),
                 extensions=self._chain(False),
             )
             try:
-                response = self._client.send(request, stream=True)
+                with _noticed(self.endpoint, budget):
+                    response = self._client.send(request, stream=True)
             except httpx2.TransportError as exc:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
@@ -336,7 +364,7 @@ class HubClient:
             finally:
                 del body
 
-        return self.retry.run(once, f"GET {url}")
+        return self.retry.run(once, f"GET {url}", deadline)
 
     def served(self, url: str) -> ServedFile:
         """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is.
@@ -346,15 +374,22 @@ class HubClient:
         Tried again under the retry policy.
         """
 
+        budget = metadata_timeout()
+        deadline = time.monotonic() + budget
+
         def once() -> ServedFile:
             target = url
             chain = self._chain(True)  # one chain across the hops followed here
             for _ in range(MAX_REDIRECTS + 1):
                 self._count(requests=1)
                 try:
-                    response = self._client.head(
-                        target, follow_redirects=False, timeout=metadata_timeout(), extensions=chain
-                    )
+                    with _noticed(self.endpoint, budget):
+                        response = self._client.head(
+                            target,
+                            follow_redirects=False,
+                            timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                            extensions=chain,
+                        )
                 except httpx2.TransportError as exc:
                     raise _unreachable(self.endpoint, exc) from exc
                 headers = response.headers
@@ -371,7 +406,7 @@ class HubClient:
                 )
             raise HubProtocolError(f"{url}: too many redirects")
 
-        return self.retry.run(once, f"HEAD {url}")
+        return self.retry.run(once, f"HEAD {url}", deadline)
 
     def revision(self, repo_id: str, repo_type: str, revision: str) -> RemoteRevision:
         """Resolve ``revision`` to a commit (one request); lists blobs if the Hub does."""

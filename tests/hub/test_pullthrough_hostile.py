@@ -510,3 +510,48 @@ def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
             assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
         hub.wait_idle()
         assert len(hub.records(origin="cdn")) == transfers
+
+
+def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: Path) -> None:
+    """Was: ``cmh pull`` waited 61-62 s (six tries of 10 s) in silence. Now one budget of
+    ``HF_HUB_ETAG_TIMEOUT`` (10 s) for all tries, and a line on the terminal meanwhile."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+
+    def hold() -> None:  # accept and read, never answer
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=hold, daemon=True).start()
+    port = listener.getsockname()[1]
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "home"), "HF_HUB_DISABLE_XET": "1"}
+    env.pop("HF_HUB_ETAG_TIMEOUT", None)
+    cmh = str(Path(sys.executable).parent / "cmh")
+    args = [cmh, "pull", "org/model", "--endpoint", f"http://127.0.0.1:{port}"]
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [*args, "--cache-dir", str(tmp_path / "c")], env=env, capture_output=True, text=True
+        )
+    finally:
+        elapsed = time.monotonic() - started
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert result.returncode == 3, result.stderr
+    assert "gave up after" in result.stderr and "Traceback" not in result.stderr
+    assert "no answer from" in result.stderr  # said while it waited
+    assert elapsed < 15, elapsed  # one 10 s budget (a loaded machine gets some slack)
