@@ -238,7 +238,8 @@ async def _run(func: Any, *args: Any) -> Any:
 def _readable(state: MirrorState, route: Route, token: str | None) -> RepoLayout:
     """The repo a route names; RepoNotFound when it is missing or private and not opened."""
     repo = RepoLayout(state.store, route.repo_id, route.repo_type)
-    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not repo_exists(repo):
+    exists = repo_exists(repo)  # always looked at: a refused name answers as fast as a missing one
+    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
     return repo
 
