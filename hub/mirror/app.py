@@ -61,6 +61,9 @@ MAX_FORM_FIELDS = MAX_PATHS_INFO + 8
 #: a longer check goes on while the body streams, and gates the body's last byte.
 VERIFY_WAIT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
+#: Seconds a pull-through request waits for a revalidation before a usable stale copy
+#: answers (the revalidation goes on; spec/hub-mirror.md 8.2).
+STALE_AFTER = 3.0
 #: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
 MANIFEST_FILL_WAIT = 8.0
 
@@ -222,13 +225,30 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     assert state.upstream is not None
     if not state.policy.can_read(route.repo_type, route.repo_id, token):
         return
+    revision = route.revision or "main"
+    loop = asyncio.get_running_loop()
+    pending = loop.run_in_executor(
+        None, state.upstream.prepare, route.repo_type, route.repo_id, revision
+    )
     try:
-        note = await _run(
-            state.upstream.prepare, route.repo_type, route.repo_id, route.revision or "main"
-        )
+        note = await asyncio.wait_for(asyncio.shield(pending), STALE_AFTER)
+    except TimeoutError:
+        # A stalled upstream: answer from a usable stale copy while the revalidation goes on.
+        note = await _run(state.upstream.stale_note, route.repo_type, route.repo_id, revision)
+        if note is None:
+            note = await _settled(pending)
+        else:
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
     request[STALE_KEY] = note
+
+
+async def _settled(pending: asyncio.Future[Any]) -> Any:
+    try:
+        return await pending
+    except UpstreamError as exc:
+        raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
 
 
 async def _run(func: Any, *args: Any) -> Any:

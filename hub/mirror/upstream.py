@@ -231,6 +231,18 @@ class Upstream:
                 self._failed[key] = (self.clock(), note)
             return note
 
+    def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
+        """The ``Warning`` for answering ``revision`` from the store while its revalidation
+        is still under way (a stalled upstream), or ``None`` when no usable copy is held."""
+        repo = RepoLayout(self.store, repo_id, repo_type)
+        local = revision if COMMIT_RE.match(revision) else repo.read_ref(revision)
+        if local is None:
+            return None
+        expiry = self._known_expiry(repo, revision, local)
+        if expiry == float("-inf") or time.time() >= expiry + self.config.stale_for:
+            return None
+        return STALE_WARNING
+
     def _known_expiry(self, repo: RepoLayout, revision: str, commit: str) -> float:
         from ..resolver.local import read_tree
 

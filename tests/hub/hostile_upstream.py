@@ -120,6 +120,8 @@ class HostileHub(_Loop):
     gzip_bomb: int = 0
     #: Tree pages: ``(pages, entries each)`` of generated files, chained by same-origin Links.
     tree_pages: tuple[int, int] | None = None
+    #: Seconds the revision answer waits before it is sent (a stalled upstream).
+    revision_delay: float = 0.0
     seen: list[Seen] = field(default_factory=list)
     _bomb: bytes | None = None
 
@@ -139,6 +141,8 @@ class HostileHub(_Loop):
         path = request.path
         api = f"/api/models/{self.repo_id}/"
         if path.startswith(api + "revision/"):
+            if self.revision_delay:
+                await asyncio.sleep(self.revision_delay)
             doc: dict[str, Any] = {"id": self.repo_id, "sha": COMMIT, "private": False}
             if self.siblings:
                 doc["siblings"] = [

@@ -555,3 +555,25 @@ def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: P
     assert "gave up after" in result.stderr and "Traceback" not in result.stderr
     assert "no answer from" in result.stderr  # said while it waited
     assert elapsed < 15, elapsed  # one 10 s budget (a loaded machine gets some slack)
+
+
+def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: every request waited 61 s on a stalled upstream, also those a stale copy
+    could answer. Now the stale copy answers after 3 s while the revalidation goes on."""
+    import time
+
+    with HostileHub() as hub:
+        store = tmp_path / "pull"
+        store.mkdir()
+        pull = mirror_server_factory(store, extra_args=("--upstream", hub.url, "--fresh-for", "1s"))
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        assert httpx2.get(url, timeout=10).content == b"{}\n"
+        time.sleep(1.2)  # past --fresh-for (1 s)
+        hub.revision_delay = 6.0
+        started = time.monotonic()
+        answer = httpx2.get(url, timeout=5.5)  # fails if it waits for the stalled upstream
+        assert answer.status_code == 200 and answer.content == b"{}\n"
+        assert "110" in answer.headers.get("Warning", "")
+        assert time.monotonic() - started < 5.5
