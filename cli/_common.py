@@ -88,7 +88,9 @@ def _utf8_strings(value: Any) -> Any:
     if isinstance(value, str):
         return utf8_text(value)
     if isinstance(value, dict):
-        return {utf8_text(k) if isinstance(k, str) else k: _utf8_strings(v) for k, v in value.items()}
+        return {
+            utf8_text(k) if isinstance(k, str) else k: _utf8_strings(v) for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [_utf8_strings(v) for v in value]
     return value

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,7 +140,9 @@ def shard_name_problem(name: str) -> str | None:
         return "a shard name must end in .safetensors"
     for char, what in (("/", "a slash"), ("\\", "a backslash"), ("\0", "a NUL character")):
         if char in name:
-            return f"a shard name must be a plain file name, without {what} (names are not normalised)"
+            return (
+                f"a shard name must be a plain file name, without {what} (names are not normalised)"
+            )
     return None
 
 

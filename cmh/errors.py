@@ -26,7 +26,9 @@ class IndexInconsistentError(CMHError):
     def __init__(self, directory: str, problems: tuple[str, ...]) -> None:
         self.directory = directory
         self.problems = problems
-        shown = "; ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
+        shown = "; ".join(problems[:5]) + (
+            f" and {len(problems) - 5} more" if len(problems) > 5 else ""
+        )
         super().__init__(f"{directory}: index and shards disagree: {shown}")
 
 
