@@ -506,7 +506,9 @@ def test_the_cmh_command_prints_utf8_json_and_no_traceback(seeds: Seeds, tmp_pat
         ["fingerprint", "--json", str(nul)],
     ]
     for args in runs:
-        proc = subprocess.run([exe, *args], capture_output=True, timeout=60, check=False)
+        # A strict UTF-8 stdout, as under a UTF-8 locale other than C: names must not crash it.
+        env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+        proc = subprocess.run([exe, *args], capture_output=True, timeout=60, check=False, env=env)
         assert b"Traceback" not in proc.stderr, proc.stderr
         assert proc.returncode in (1, 3), (args, proc.returncode, proc.stderr)
         if "--json" in args:
