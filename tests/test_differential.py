@@ -448,6 +448,8 @@ def test_cmh_and_the_spec_reader_agree_on_hostile_inputs(seeds: Seeds, tmp_path:
         folder = tmp_path / f"d{i}"
         hostile_directory(rng, seeds, folder, lambda: hostile_file(rng, seeds))
         cases.append(("directory", folder))
+    (tmp_path / "empty").mkdir()  # git keeps no empty directory, so no vector has one
+    cases.append(("directory", tmp_path / "empty"))
     disagreements = []
     seen: dict[str, int] = {}
     for kind, path in cases:
