@@ -17,6 +17,8 @@ from ..derived import CardFields
 
 #: The list's facets: query parameter, heading.
 FACETS = (("task", "Task"), ("library", "Library"), ("license", "License"))
+#: The list's filters: the facets, and any tag of the Hub's ``tags`` (what chips link to).
+FILTERS = (*(name for name, _ in FACETS), "tag")
 #: Values shown per facet on the list page (the most frequent first).
 FACET_VALUES = 12
 #: Plain tags shown on a repo page before "more".

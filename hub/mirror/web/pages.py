@@ -37,7 +37,16 @@ from ..observe import ROUTE_KEY
 from . import views
 from .card_images import foreign_images
 from .cards import Card, read_card
-from .facets import FACETS, RepoFacets, facet_counts, human_count, matches, repo_facets, tag_groups
+from .facets import (
+    FACETS,
+    FILTERS,
+    RepoFacets,
+    facet_counts,
+    human_count,
+    matches,
+    repo_facets,
+    tag_groups,
+)
 from .options import WebOptions
 from .preview import MAX_PREVIEW_BYTES, Preview, highlight_css, text_preview
 from .render import render
@@ -284,7 +293,7 @@ class ListFilters:
 def _filters(request: web.Request, kind: str | None) -> ListFilters:
     q = request.query
     asked = kind if kind is not None else q.get("type", "")
-    facets = tuple((name, q.get(name, "")[:200]) for name, _ in FACETS if q.get(name))
+    facets = tuple((name, q.get(name, "")[:200]) for name in FILTERS if q.get(name))
     return ListFilters(q.get("q", "")[:200], asked if asked in ("model", "dataset") else "",
                        q.get("page", "1"), facets)  # fmt: skip
 
