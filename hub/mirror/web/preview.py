@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 #: The most bytes of a file a preview shows (and Pygments lexes).
 MAX_PREVIEW_BYTES = 256 * 1024
@@ -34,7 +34,7 @@ class Preview:
     reason: str | None = None  # why there is no preview
 
 
-def _formatter() -> object:
+def _formatter() -> Any:
     from pygments.formatters import HtmlFormatter
 
     return HtmlFormatter(cssclass="highlight", wrapcode=True)
@@ -62,7 +62,7 @@ def text_preview(name: str, f: BinaryIO) -> Preview:
         lexer = get_lexer_for_filename(name.rsplit("/", 1)[-1], stripnl=False)
     except ClassNotFound:
         lexer = TextLexer(stripnl=False)
-    html = highlight(text, lexer, _formatter())  # type: ignore[arg-type]
+    html = highlight(text, lexer, _formatter())
     return Preview(html, lexer.name, cut)
 
 
