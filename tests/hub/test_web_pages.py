@@ -610,6 +610,10 @@ def test_text_preview_unit() -> None:
     assert text_preview("l1.txt", io.BytesIO(b"\xff\xfe")).html is None
     unknown = text_preview("LICENSE-weird.zzz", io.BytesIO(b"plain words"))
     assert unknown.language == "Text only" and "plain words" in (unknown.html or "")
+    html = text_preview("page.html", io.BytesIO(b"<b>x</b>"))  # a lexer not picked: plain text
+    assert html.language == "Text only" and "&lt;b&gt;" in (html.html or "")
+    fenced = text_preview("README.md", io.BytesIO(b"# T\n\n```python\nimport os\n```\n"))
+    assert fenced.language == "Markdown" and 'class="kn"' not in (fenced.html or "")
 
 
 def test_download_buttons_fetch_the_file(web_server: MirrorServer) -> None:
