@@ -248,7 +248,7 @@ def sized(browser: Any, page: Any) -> Iterator[Any]:
 
 
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
-@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("width", [360, 390, 1280])
 def test_layout_fits_every_width_in_light_and_dark(
     sized: Any, web_server: MirrorServer, width: int, dark: bool
 ) -> None:

@@ -498,6 +498,10 @@ def test_hub_style_urls_open_the_pages(web_server: MirrorServer, web_store: WebS
         assert text in body, target
     _, _, body = fetch(web_server, "/datasets")
     assert listed(body) == {DATA}
+    head = Request(web_server.url + f"/{TINY}/tree/main", method="HEAD")
+    with build_opener(_NoRedirect).open(head, timeout=60) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+        assert r.read() == b""
     for target, status in {
         f"/{TINY}/tree/no-such-branch": 404,
         f"/{TINY}/blob/main/nowhere.txt": 404,
