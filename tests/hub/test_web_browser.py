@@ -336,3 +336,21 @@ def test_download_button_and_preview_in_the_browser(page: Any, web_server: Mirro
     assert href.endswith("/config.json?download=true")
     follow(page, by_css(page, "#commits-tab"))
     assert "cmh mirror add" in by_css(page, "#history").text
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+def test_operator_login_and_error_pages_fit_a_phone(
+    sized: Any, web_server: MirrorServer, dark: bool
+) -> None:
+    sized.set_window_size(390, 900)
+    scheme(sized, dark)
+    sized.get(web_server.url + "/acme/no-such-model")
+    assert "Repository not found" in by_css(sized, ".error").text
+    pages = ["/acme/no-such-model", "/-/login"]
+    login(sized, web_server.url, ADMIN_TOKEN)
+    pages += ["/-/operator", f"/{PRIVATE}"]  # an admin token is not a repo token
+    for path in pages:
+        sized.get(web_server.url + path)
+        viewport = sized.execute_script("return document.documentElement.clientWidth")
+        scroll = sized.execute_script("return document.documentElement.scrollWidth")
+        assert scroll <= viewport, f"{path}: {scroll} px wide"
