@@ -655,6 +655,8 @@ def test_facets_filter_the_list(web_server: MirrorServer) -> None:
         assert listed(body) == repos, query
     _, _, body = fetch(web_server, "/?license=mit")
     assert 'class="chip on"' in body and 'href="/"' in body  # the chosen filter, removable
+    _, _, api = fetch(web_server, "/api/models?pipeline_tag=sentence-similarity")
+    assert [m["id"] for m in json.loads(api)] == [MINILM]  # the API's filter agrees
 
 
 def test_repo_page_chips_link_to_facets_and_fold_long_lists(web_server: MirrorServer) -> None:
