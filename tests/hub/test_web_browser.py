@@ -86,7 +86,7 @@ def follow(driver: Any, element: Any) -> None:
 
 
 def repo_names(driver: Any) -> set[str]:
-    return {a.text for a in all_css(driver, "#repos tbody td:first-child a")}
+    return {a.text for a in all_css(driver, "#repos tbody td.name > a:first-child")}
 
 
 def login(driver: Any, url: str, token: str) -> None:

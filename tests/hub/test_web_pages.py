@@ -589,6 +589,13 @@ def test_text_previews_are_highlighted_and_bounded(web_server: MirrorServer) -> 
     assert 'style="' not in preview  # classes only: the CSP allows no inline style
     _, _, body = fetch(web_server, f"/{MINILM}/blob/main/README.md")
     assert 'id="preview-note">Markdown' in body
+    rendered = body.split('id="rendered">', 1)[1].split("</article>", 1)[0]
+    assert "<h1>all-MiniLM-L6-v2</h1>" in rendered and "datasets:" not in rendered
+    _, _, body = fetch(web_server, f"/{EVIL}/blob/main/README.md")  # rendered as safely as a card
+    rendered = body.split('id="rendered">', 1)[1].split("</article>", 1)[0]
+    assert "<script" not in rendered and "&lt;script&gt;" in rendered
+    _, _, body = fetch(web_server, f"/{TINY}/blob/main/README.md")
+    assert "This file shows 1 image from other sites (images.example.org)" in body
     _, _, body = fetch(web_server, f"/{MINILM}/blob/main/model.safetensors")
     assert 'id="preview"' not in body and 'id="tensors"' in body
     status, headers, css = fetch(web_server, "/-/static/highlight.css")

@@ -36,7 +36,7 @@ from ..index import CommitIndex, repo_exists, resolve_revision
 from ..observe import ROUTE_KEY
 from . import views
 from .card_images import foreign_images
-from .cards import Card, read_card
+from .cards import Card, read_card, render_markdown, split_front_matter
 from .facets import (
     FACETS,
     FILTERS,
@@ -498,10 +498,14 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
                 preview = text_preview(entry.path, f)
         except OSError:
             preview = Preview(None, reason="the blob cannot be read now")
+    rendered = None
+    if preview is not None and preview.html is not None and path.lower().endswith(".md"):
+        rendered = render_markdown(split_front_matter(preview.text)[1])  # as a card (cards.py)
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
     ctx.update(_repo_context(request, where, revision, index))
     ctx.update(
         entry=entry, stamp=stamp, verification=verification, parent=parent, preview=preview,
+        rendered=rendered, images=foreign_images(rendered) if rendered else None,
         crumbs=_crumbs(parent), trusted_keys=bool(options.trusted_keys),
         max_preview=MAX_PREVIEW_BYTES,
     )  # fmt: skip

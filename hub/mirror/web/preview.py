@@ -40,6 +40,7 @@ class Preview:
     language: str | None = None
     cut: bool = False  # the file is longer than what is shown
     reason: str | None = None  # why there is no preview
+    text: str = ""  # the text shown
 
 
 def _formatter() -> Any:
@@ -75,7 +76,7 @@ def text_preview(name: str, f: BinaryIO) -> Preview:
     elif lexer.aliases[0] == "markdown":
         lexer = get_lexer_for_filename("x.md", stripnl=False, handlecodeblocks=False)
     html = highlight(text, lexer, _formatter())
-    return Preview(html, lexer.name, cut)
+    return Preview(html, lexer.name, cut, text=text)
 
 
 @lru_cache(maxsize=1)
