@@ -268,6 +268,8 @@ def verify_file(path: Path, options: Options) -> str:
         return _verify(parse(path.read_bytes()), options)
     except Verdict as verdict:
         return verdict.outcome
+    except OSError:  # no file to read is no valid file
+        return "invalid_file"
 
 
 def _verify(parsed: Parsed, options: Options) -> str:
