@@ -1176,6 +1176,14 @@ def more_directories(
     aliased(
         "dir-shard-not-safetensors", first[:-12] + ".bin", "a shard name not ending in .safetensors"
     )
+    # Names are bytes, never normalised: the index's NFC name does not name the NFD file.
+    index = {n: ("caf\u00e9.safetensors" if f == first else f) for n, f in mapping(halves).items()}
+    folder = with_index(
+        "dir-shard-nfd",
+        json.dumps({"weight_map": index}).encode(),
+        "the index names caf\u00e9 (NFC), the file on disk is cafe\u0301 (NFD): a missing shard",
+    )
+    (folder / first).rename(folder / "cafe\u0301.safetensors")
     # An escaped lone surrogate does not name the file FF on disk: the index is invalid.
     folder = with_index(
         "dir-shard-escaped-surrogate",
