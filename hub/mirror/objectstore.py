@@ -547,6 +547,8 @@ class ObjectStore:
         def guarded() -> Iterator[bytes]:
             try:
                 yield from chunks
+            except GeneratorExit:  # the client stopped reading (the upload failed): not ours
+                raise
             except BaseException as exc:  # kept, so the caller sees its own error
                 failure.append(exc)
                 raise
@@ -555,12 +557,16 @@ class ObjectStore:
             result = obstore.put(
                 self._store, key, guarded(), use_multipart=True, chunk_size=self.part_size
             )
-        except self._errors() as exc:
+        except Exception as exc:
             if failure:
                 raise failure[0] from None
-            self._fail("PUT", name, exc)
-        except Exception:
-            if failure:
+            if isinstance(exc, self._errors()):
+                self._fail("PUT", name, exc)
+            raise ObjectStoreError(
+                f"PUT {self.location}{name}: upload failed ({type(exc).__name__}: {exc})"
+            ) from None
+        except BaseException:
+            if failure:  # e.g. Ctrl-C while reading the source
                 raise failure[0] from None
             raise
         return str(result["e_tag"] or "")
