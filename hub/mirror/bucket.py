@@ -229,6 +229,7 @@ class BucketStore:
         self.clock = clock
         self.on_notice = on_notice
         self._conditional_writes_checked = False
+        self._leases: dict[str, str] = {}  # folder -> ETag of a lease this store holds
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
@@ -540,11 +541,11 @@ class BucketStore:
     def take_lease(self, folder: str, owner: str) -> bool:
         """Create the repo's lease (``If-None-Match: *``), or take over an expired one
         (``If-Match`` on its ETag, so one taker wins); False when another holds it."""
-        doc = json.dumps({"owner": owner, "ttl": self.lease_ttl}).encode()
+        doc = self._lease_doc(owner)
         name = self.lease_name(folder)
         for _ in range(3):
             try:
-                self.objects.put_if_absent(name, doc)
+                self._leases[folder] = self.objects.put_if_absent(name, doc)
                 return True
             except PreconditionFailed:
                 pass
@@ -554,16 +555,38 @@ class BucketStore:
             if state.age <= self.lease_ttl:
                 return False
             try:
-                self.objects.put_if_match(name, doc, state.etag)
-                self._notice(f"{self.url}{folder}: took over the expired lease of {state.owner}")
-                return True
+                self._leases[folder] = self.objects.put_if_match(name, doc, state.etag)
             except PreconditionFailed:
                 return False  # someone else took it over first
+            self._notice(
+                f"{self.url}{folder}: took over the lease {state.owner} left "
+                f"{state.age:.0f} s ago (expired after {self.lease_ttl:.0f} s)"
+            )
+            return True
         return False
 
+    def renew_lease(self, folder: str, owner: str) -> bool:
+        """Rewrite a lease this store holds (``If-Match``), so its lifetime starts again;
+        False when it is no longer ours (it expired and was taken over)."""
+        etag = self._leases.get(folder)
+        if etag is None:
+            return False
+        try:
+            self._leases[folder] = self.objects.put_if_match(
+                self.lease_name(folder), self._lease_doc(owner), etag
+            )
+            return True
+        except PreconditionFailed:
+            del self._leases[folder]
+            return False
+
     def release_lease(self, folder: str) -> None:
-        """Delete the repo's lease."""
-        self.objects.delete(self.lease_name(folder))
+        """Delete the repo's lease if this store still holds it."""
+        if self._leases.pop(folder, None) is not None:
+            self.objects.delete(self.lease_name(folder))
+
+    def _lease_doc(self, owner: str) -> bytes:
+        return json.dumps({"owner": owner, "ttl": self.lease_ttl}).encode()
 
     def ensure_conditional_writes(self) -> None:
         """Refuse a storage that ignores conditional writes, before anything is written.
