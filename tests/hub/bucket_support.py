@@ -41,14 +41,19 @@ def open_store(bucket: Bucket, **options: Any) -> BucketStore:
     return BucketStore.open(bucket.url, **options)
 
 
-def history(store: BucketStore, folder: str, revision: str = "main") -> list[str]:
-    """Every commit from the ref back to the root, newest first."""
+def history(
+    store: BucketStore, folder: str, revision: str = "main", *, pruned: bool = False
+) -> list[str]:
+    """Every commit from the ref back to the root, newest first (with ``pruned``, back to
+    the first whose parent's tree object a prune removed)."""
     ref = store.read_ref(folder, revision)
     out: list[str] = []
     commit = ref.commit if ref is not None else ""
     while commit:
-        out.append(commit)
         tree = store.read_tree(folder, commit)
+        if tree is None and pruned and out:
+            break
+        out.append(commit)
         assert tree is not None, f"{commit} in the history of {revision} has no tree object"
         commit = tree.parents[0] if tree.parents else ""
     return out

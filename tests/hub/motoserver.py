@@ -66,10 +66,12 @@ class MotoServer:
             try:
                 urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
                 return
-            except OSError:
+            except OSError as exc:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"moto_server did not start: {log.read_text()[-2000:]}"
+                    ) from exc
                 time.sleep(0.2)
 
     @property

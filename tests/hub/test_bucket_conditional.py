@@ -9,6 +9,8 @@ the missing feature.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -108,16 +110,14 @@ def test_racing_cli_imports_lose_no_commit(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**__import__("os").environ, **env},
-        )  # fmt: skip
+            env={**os.environ, **env},
+        )
         for src in sources
     ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     store = open_store(conformant)
     kept = history(store, store.folder("cmh-test/cli-race", "model"))
-    import json
-
     commits = [json.loads(out)["commit"] for out, _ in outs]
     assert set(commits) <= set(kept) and len(set(commits)) == 2
 
@@ -129,7 +129,7 @@ def test_storage_without_conditional_writes_is_refused(
     src = write_src(tmp_path / "src", "x")
     proc = subprocess.run(
         [str(CMH), "mirror", "add", str(src), "--store", no_cas_bucket.url, "--repo", "o/n"],
-        capture_output=True, text=True, env={**__import__("os").environ, **env}, timeout=120,
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
