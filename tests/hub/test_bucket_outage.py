@@ -9,6 +9,7 @@ is exact); the relay then refuses connections, as a dead storage does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -66,10 +67,8 @@ class Relay:
     def close(self) -> None:
         self.tripped.set()
         for s in [self.listener, *self.sockets]:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
 
 

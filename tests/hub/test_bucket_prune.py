@@ -84,12 +84,12 @@ def test_leftover_tree_and_a_clock_ahead_never_cost_the_served_commit(
             store.add_folder(src(tmp_path / "v3", "v3"), REPO)
     trees = store.tree_infos(folder)
     (leftover,) = set(trees) - {old.commit, served.commit}
-    assert (
-        store.read_tree(folder, leftover).created_at
-        > store.read_tree(folder, served.commit).created_at
-    )  # type: ignore[union-attr]
+    leftover_tree = store.read_tree(folder, leftover)
+    served_tree = store.read_tree(folder, served.commit)
+    assert leftover_tree is not None and served_tree is not None
+    assert leftover_tree.created_at > served_tree.created_at
 
-    plan, report = prune_bucket(store, PrunePolicy(keep_latest=1), settle=0, clock=FakeClock())
+    _, report = prune_bucket(store, PrunePolicy(keep_latest=1), settle=0, clock=FakeClock())
     assert report is not None and not report.all_errors
     gone = {r.commit for r in report.repos[0].revisions}
     assert gone == {old.commit, leftover}
