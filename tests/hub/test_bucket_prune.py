@@ -216,3 +216,59 @@ def test_prune_of_100_repos_with_nothing_to_delete_settles_once(
         folder = store.folder(repo, "model")
         with pytest.raises(ObjectNotFound):
             store.objects.head(store.lease_name(folder))
+
+
+def test_expired_and_max_size_on_a_bucket_use_the_one_planner(
+    seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
+) -> None:
+    """``--expired`` reads the stamp from the blob's header by range requests;
+    ``--max-size`` evicts deepest in ref history first and never a served commit."""
+    import numpy as np
+
+    from cmh import save_file
+
+    store = open_store(seaweed_bucket)
+    folder = store.folder(REPO, "model")
+    stamped = tmp_path / "stamped"
+    stamped.mkdir()
+    save_file({"w": np.arange(64, dtype=np.float32)}, stamped / "model.safetensors", ttl="1d")
+    expiring = store.add_folder(stamped, REPO, revision="exp")
+    kept = [store.add_folder(src(tmp_path / f"k{i}", f"k{i}"), REPO) for i in range(3)]
+    later = time.time() + 3 * 86400
+    plan, _ = prune_bucket(store, PrunePolicy(expired=True, include_referenced=True),
+                           dry_run=True, now=later)  # fmt: skip
+    (repo,) = plan.repos
+    assert [(r.commit, r.reasons) for r in repo.revisions] == [(expiring.commit, ("expired",))]
+    assert repo.revisions[0].expires_at is not None
+    plan, _ = prune_bucket(store, PrunePolicy(expired=True), dry_run=True, now=later)
+    assert plan.repos[0].revisions == ()  # referenced: only with --include-referenced
+
+    # --max-size 0: everything that may go goes, deepest first; both ref heads stay.
+    plan, report = prune_bucket(store, PrunePolicy(max_size=0), settle=0, clock=FakeClock())
+    assert report is not None and not report.all_errors
+    gone = {r.commit for r in report.repos[0].revisions}
+    assert gone == {kept[0].commit, kept[1].commit}
+    assert store.resolve_revision(folder, "main") == kept[2].commit
+    assert store.resolve_revision(folder, "exp") == expiring.commit
+    assert any("still" in n for n in plan.notes)  # served commits keep it over the size
+
+
+def test_cli_mirror_add_says_it_waits_on_a_lease(
+    seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
+) -> None:
+    store = open_store(seaweed_bucket)
+    folder = store.folder(REPO, "model")
+    store.add_folder(src(tmp_path / "a", "a"), REPO)
+    store.objects.put(store.lease_name(folder), b'{"owner": "cmh prune pid 7 on host-x"}')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cmh.cli.main", "mirror", "add", str(src(tmp_path / "b", "b")),
+         "--store", seaweed_bucket.url, "--repo", REPO],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
+    )  # fmt: skip
+    time.sleep(4)  # time to hash, upload and reach the lease check (not a TTL)
+    assert proc.poll() is None  # still waiting
+    store.objects.delete(store.lease_name(folder))  # the pruner finishes
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "waiting for cmh prune pid 7 on host-x" in err
+    assert "(new commit)" in out
