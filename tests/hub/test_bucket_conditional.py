@@ -158,3 +158,22 @@ def test_no_silent_success_without_conditional_writes(
     successes = [r for r in results if not isinstance(r, ConditionalWritesUnsupported)]
     assert successes == []
     assert list(ObjectStore.open(no_cas_bucket.url).list("")) == []
+
+
+def test_prune_refuses_a_storage_without_conditional_writes(
+    no_cas_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = use_bucket(no_cas_bucket, tmp_path, monkeypatch)
+    store = open_store(no_cas_bucket)
+    store._conditional_writes_checked = True  # to build a repo there at all (test only)
+    for tag in ("a", "b"):
+        store.add_folder(write_src(tmp_path / tag, tag), "o/n")
+    before = sorted(i.name for i in store.objects.list(""))
+    proc = subprocess.run(
+        [str(CMH), "prune", "--store", no_cas_bucket.url, "--keep-latest", "1", "--settle", "0",
+         "--yes"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "does not honour conditional writes" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(i.name for i in store.objects.list("")) == before  # nothing deleted
