@@ -425,6 +425,7 @@ class BucketStore:
         self, folder: str, revision: str, tree: str, files: list[SourceFile]
     ) -> tuple[str, str | None, bool, bool]:
         """Write the tree object and move the ref; ``(commit, parent, created, moved)``."""
+        self.ensure_conditional_writes()  # whatever path writes, never on a storage without
         created_commits: set[str] = set()
         for _ in range(MAX_REF_ATTEMPTS):
             head = self.read_ref(folder, revision)
@@ -631,6 +632,7 @@ class BucketStore:
         The upload hashes the bytes it sends and aborts before completing when they
         differ from the name (the source changed), so a wrong blob is never created.
         """
+        self.ensure_conditional_writes()
         name = self.blob_name(folder, f.etag)
         try:
             if self.objects.head(name).size == f.size:
