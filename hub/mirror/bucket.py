@@ -587,7 +587,9 @@ class BucketStore:
             self.objects.delete(self.lease_name(folder))
 
     def _lease_doc(self, owner: str) -> bytes:
-        return json.dumps({"owner": owner, "ttl": self.lease_ttl}).encode()
+        # A fresh nonce each write, so each renewal has a new ETag (writers go by ETags).
+        doc = {"owner": owner, "ttl": self.lease_ttl, "nonce": uuid.uuid4().hex}
+        return json.dumps(doc).encode()
 
     def ensure_conditional_writes(self) -> None:
         """Refuse a storage that ignores conditional writes, before anything is written.

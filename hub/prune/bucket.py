@@ -214,7 +214,7 @@ class _Leases:
         """Renew the leases written more than a quarter of their lifetime ago (one lost
         to a taker is dropped: its repo is then skipped)."""
         for folder, at in list(self.renewed.items()):
-            if self.clock.monotonic() - at > self.store.lease_ttl / 4:
+            if self.clock.monotonic() - at >= self.store.lease_ttl / 4:
                 if self.store.renew_lease(folder, self.owner):
                     self.renewed[folder] = self.clock.monotonic()
                 else:

@@ -272,3 +272,48 @@ def test_cli_mirror_add_says_it_waits_on_a_lease(
     assert proc.returncode == 0, err
     assert "waiting for cmh prune pid 7 on host-x" in err
     assert "(new commit)" in out
+
+
+class JumpyClock(FakeClock):
+    """A clock that moves ``step`` seconds forward each time it is read."""
+
+    def __init__(self, step: float) -> None:
+        super().__init__()
+        self.step = step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_a_long_settle_renews_the_leases_and_a_slow_repo_stops_in_time(
+    seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
+) -> None:
+    store = open_store(seaweed_bucket)
+    folder = store.folder(REPO, "model")
+    first = store.add_folder(src(tmp_path / "a", "a"), REPO)
+    store.add_folder(src(tmp_path / "b", "b"), REPO)
+    etags: list[str] = []
+    real_renew = store.renew_lease
+
+    def renew(folder: str, owner: str) -> bool:
+        ok = real_renew(folder, owner)
+        etags.append(store.objects.head(store.lease_name(folder)).etag)
+        return ok
+
+    store.renew_lease = renew  # type: ignore[method-assign]
+    plan = plan_prune(scan_bucket(store), PrunePolicy(keep_latest=1))
+    report = execute_bucket_plan(store, plan, settle=1000.0, clock=FakeClock())
+    assert len(etags) >= 1000 // (store.lease_ttl / 4)  # every 150 s of the 1000 s
+    assert len(set(etags)) == len(etags)  # each renewal is a new ETag: writers see it
+    assert {r.commit for r in report.repos[0].revisions} == {first.commit}
+
+    # A repo whose work outlasts half the lease's lifetime stops deleting, reported.
+    store.add_folder(src(tmp_path / "c", "c"), REPO)
+    plan = plan_prune(scan_bucket(store), PrunePolicy(keep_latest=1))
+    assert plan.repos[0].revisions
+    report = execute_bucket_plan(store, plan, settle=0.0, clock=JumpyClock(store.lease_ttl / 2 + 1))
+    assert any("outlasted half the lease" in e for e in report.all_errors)
+    assert report.repos[0].revisions == []
+    with pytest.raises(ObjectNotFound):
+        store.objects.head(store.lease_name(folder))
