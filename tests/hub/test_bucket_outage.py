@@ -103,6 +103,7 @@ def test_storage_killed_mid_upload_is_a_typed_error(tmp_path: Path, trip_mib: in
         assert proc.returncode == 3, proc.stderr
         assert proc.stderr.count("\n") <= 2, proc.stderr  # one line, not a dump
         assert "PUT" in proc.stderr and f"s3://{server.bucket}/outage/" in proc.stderr
+        assert endpoint in proc.stderr  # which storage failed
         relay.close()
     finally:
         server.stop()
@@ -141,3 +142,5 @@ def test_an_upload_the_client_abandons_is_a_typed_error_not_generator_exit(
         store.put_stream("blob", iter([b"a" * 10, b"b" * 10]))
     assert "PUT s3://bucket-x/p/blob" in str(info.value)
     assert "connection closed" in str(info.value)
+    assert (info.value.operation, info.value.endpoint) == ("PUT", "http://127.0.0.1:9")
+    assert "http://127.0.0.1:9" in str(info.value)
