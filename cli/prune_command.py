@@ -199,7 +199,7 @@ def _open_target(root: StoreLocation) -> PruneTarget:
     from cmh.hub.prune.targets import open_target
 
     try:
-        return open_target(root, on_notice=warn)
+        return open_target(root, on_notice=lambda text: click.echo(text, err=True))
     except BucketError as exc:
         fail(str(exc), EXIT_USAGE)
     except NotADirectoryError:

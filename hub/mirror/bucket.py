@@ -495,20 +495,21 @@ class BucketStore:
             now = self.clock.monotonic()
             remaining = self.lease_ttl - (seen.age + now - seen_at)
             if remaining <= 0:
-                self._notice(
+                self.notice(
                     f"{self.url}{folder}: the lease of {seen.owner} expired "
                     f"(held over {self.lease_ttl:.0f} s): going on without it"
                 )
                 return now
             if not told:
-                self._notice(
+                self.notice(
                     f"{self.url}{folder}: waiting for {seen.owner} to release the repo's "
                     f"lease (a prune is working on it); taken as abandoned in {remaining:.0f} s"
                 )
                 told = True
             self.clock.sleep(min(self.lease_poll, remaining))
 
-    def _notice(self, text: str) -> None:
+    def notice(self, text: str) -> None:
+        """Tell :attr:`on_notice` (the terminal, for the CLI) what is being waited for."""
         if self.on_notice is not None:
             self.on_notice(text)
 
@@ -559,7 +560,7 @@ class BucketStore:
                 self._leases[folder] = self.objects.put_if_match(name, doc, state.etag)
             except PreconditionFailed:
                 return False  # someone else took it over first
-            self._notice(
+            self.notice(
                 f"{self.url}{folder}: took over the lease {state.owner} left "
                 f"{state.age:.0f} s ago (expired after {self.lease_ttl:.0f} s)"
             )

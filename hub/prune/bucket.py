@@ -177,7 +177,12 @@ def execute_bucket_plan(
         except ObjectStoreError as exc:
             outcome.errors.append(str(exc))
     if leased:
-        leases.wait(default_settle(store) if settle is None else settle)
+        wait = default_settle(store) if settle is None else settle
+        store.notice(
+            f"{store.url}: holding the leases of {len(leased)} repo(s); waiting {wait:.0f} s "
+            "(--settle, once for the run) for imports in flight before deleting"
+        )
+        leases.wait(wait)
     for repo_plan, outcome in leased:
         try:
             leases.keep_alive()
