@@ -16,11 +16,12 @@ the lease below, not a grace period, keeps an import in flight whole.
    taken over with ``If-Match``; a live one makes the repo skipped);
 2. wait ``settle`` seconds, once for the whole run: a writer that found no lease
    moves its ref within its write window, so after the settle every such move is
-   visible; later writers wait for the lease;
-3. per repo: renew the lease, scan the repo again, re-plan it restricted to the
-   revisions shown, and delete only what both plans name (a subset of what was
-   shown, never more): refs, then tree objects, then blobs; stop (reported) once
-   the work on a repo outlasts half the lease's lifetime; release the lease.
+   visible; later writers wait for the lease. Every held lease is rewritten (a new
+   ETag) each quarter of its lifetime, while waiting and while working;
+3. per repo: scan the repo again, re-plan it restricted to the revisions shown,
+   and delete only what both plans name (a subset of what was shown, never
+   more): refs, then tree objects, then blobs; stop (reported) once half the
+   lease's lifetime has passed since it was last rewritten; release the lease.
 
 Repos with nothing to delete get no lease, and a run with nothing to delete no wait.
 """
