@@ -215,8 +215,9 @@ def usage_error(message: str) -> NoReturn:
 def exit_code_for(exc: BaseException) -> int:
     """The exit status for a library or OS error.
 
-    Unreadable or invalid inputs give 3, bad keys, durations and sizes 2, every other
-    cmh error 1.
+    Unreadable or invalid inputs and storage errors (``ObjectStoreError``: the storage
+    failed or cannot be reached) give 3, bad keys, durations, sizes and store URLs 2,
+    every other cmh error 1.
     """
     from cmh.errors import InputValueError, InvalidFileError, SigningKeyError
 
@@ -224,6 +225,9 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_USAGE
     if isinstance(exc, (InvalidFileError, OSError)):
         return EXIT_UNREADABLE
+    objectstore = sys.modules.get("cmh.hub.mirror.objectstore")  # loaded if it can be one
+    if objectstore is not None and isinstance(exc, objectstore.ObjectStoreError):
+        return EXIT_USAGE if isinstance(exc, objectstore.InvalidLocation) else EXIT_UNREADABLE
     return EXIT_CHECK_FAILED
 
 
