@@ -329,7 +329,9 @@ def test_a_gzip_bomb_and_a_huge_listing_are_refused_and_memory_returns(
         pull = _serve(mirror_server_factory, hub, tmp_path)
         answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
         assert answer.status_code == 502 and "MiB once decoded" in answer.text
-        assert _rss_mb(pull.process.pid) < 200
+        rss = _rss_mb(pull.process.pid)
+        print(f"mirror worker RSS after the gzip bomb: {rss:.0f} MB")
+        assert rss < 200
 
     with HostileHub(siblings=False, tree_pages=(101, 1000)) as hub:  # 101,000 files
         result = _pull(hub, tmp_path / "b")
@@ -340,7 +342,9 @@ def test_a_gzip_bomb_and_a_huge_listing_are_refused_and_memory_returns(
         answer = httpx2.get(url, timeout=60)
         assert answer.status_code == 502
         assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
-        assert _rss_mb(pull.process.pid) < 200
+        rss = _rss_mb(pull.process.pid)
+        print(f"mirror worker RSS after the 101,000-entry listing: {rss:.0f} MB")
+        assert rss < 200
         assert not list((tmp_path / "c" / "pull-store").rglob("snapshots/*/*"))
 
 
