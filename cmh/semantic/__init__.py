@@ -18,15 +18,18 @@ from __future__ import annotations
 
 from .canonical import (
     ADAPTER_CONFIG_DROPPED,
-    CODE_PATTERNS,
     CONFIG_DROPPED,
     KV_CONFIG_DROPPED,
     LORA_DEFAULTS,
     PROCESSOR_FILES,
     TOKENIZER_DROPPED,
-    TOKENIZER_FILES,
-    TOKENIZER_PATTERNS,
     canonical_json,
+)
+from .files import (
+    CODE_PATTERNS,
+    INERT_PATTERNS,
+    SENTENCE_TRANSFORMERS_PATTERNS,
+    TOKENIZER_ONLY_PATTERNS,
 )
 from .errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
 from .model import CACHE_KINDS, FORMAT, ModelFingerprint
@@ -43,9 +46,10 @@ __all__ = [
     "KV_CONFIG_DROPPED",
     "LORA_DEFAULTS",
     "PROCESSOR_FILES",
+    "INERT_PATTERNS",
+    "SENTENCE_TRANSFORMERS_PATTERNS",
     "TOKENIZER_DROPPED",
-    "TOKENIZER_FILES",
-    "TOKENIZER_PATTERNS",
+    "TOKENIZER_ONLY_PATTERNS",
     "CacheKindError",
     "FingerprintFormatError",
     "ModelFingerprint",
