@@ -229,6 +229,7 @@ def test_minilm_tokenizer_canonical_content(minilm_copy: Path) -> None:
 
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (minilm_copy / name).unlink()
+    (minilm_copy / "data_config.json").unlink()  # unknown files count for the tokenizer too
     bare = fingerprint(minilm_copy)
     assert bare.tokenizer is None
     with pytest.raises(CacheKindError, match="no tokenizer"):
@@ -409,7 +410,7 @@ def test_from_dict_rejects_inconsistent_input(minilm_dir: Path) -> None:
         ("tensor_count", -1, "tensor_count"),
         ("files", "model.safetensors", "files"),
         ("untrusted_stamps", ["model.safetensors"], "untrusted_stamps"),
-        ("base", {"format": "cmh-semantic-v2"}, "graph"),
+        ("base", {"format": "cmh-semantic-v3"}, "graph"),
     ]:
         with pytest.raises(FingerprintFormatError, match=message):
             ModelFingerprint.from_dict({**data, key: value})
@@ -521,8 +522,9 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     from cmh.semantic.canonical import (
         adapter_config_hash,
         config_hash,
+        TOKENIZER_DOMAIN,
+        files_hash,
         kv_config_hash,
-        tokenizer_hash,
     )
     from cmh.semantic.model import key_id
     from cmh.semantic.tensors import graph_hash
@@ -549,9 +551,8 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"toy",'
         b'"rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
     )
-    config = hashlib.sha256(b"CMH-SEM-CONFIG-v2\n" + reduced).hexdigest()
-    kv_reduced = reduced.replace(b'"eos_token_id":2,', b"")
-    kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v2\n" + kv_reduced).hexdigest()
+    config = hashlib.sha256(b"CMH-SEM-CONFIG-v3\n" + reduced).hexdigest()
+    kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v3\n" + reduced).hexdigest()  # eos kept
     source = {
         "model_type": "toy",
         "hidden_size": 8,
@@ -565,8 +566,11 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     assert config_hash(source) == config and config in spec
     assert kv_config_hash(source) == kv_config and kv_config in spec
 
-    adapter_reduced = b'{"lora_alpha":16,"peft_type":"LORA","target_modules":["q_proj","v_proj"]}'
-    adapter = hashlib.sha256(b"CMH-SEM-ADAPTER-CONFIG-v2\n" + adapter_reduced).hexdigest()
+    adapter_reduced = (
+        b'{"init_lora_weights":"pissa","lora_alpha":16,"peft_type":"LORA",'
+        b'"target_modules":["q_proj","v_proj"]}'
+    )
+    adapter = hashlib.sha256(b"CMH-SEM-ADAPTER-CONFIG-v3\n" + adapter_reduced).hexdigest()
     adapter_source = {
         "peft_type": "LORA",
         "r": 8,
@@ -574,6 +578,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         "target_modules": ["v_proj", "q_proj"],
         "use_dora": False,
         "lora_dropout": 0.1,
+        "init_lora_weights": "pissa",
     }
     assert adapter_config_hash(adapter_source) == adapter and adapter in spec
 
@@ -583,7 +588,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     )
     canonical_tc = b'{"do_lower_case":true,"model_max_length":512}'
     tokenizer = hashlib.sha256(
-        b"CMH-SEM-TOKENIZER-v1\n"
+        b"CMH-SEM-TOKENIZER-v3\n"
         + struct.pack("<I", 2)
         + lp(b"tokenizer_config.json")
         + struct.pack("<Q", len(canonical_tc))
@@ -593,10 +598,10 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         + b"[PAD]\n"
     ).hexdigest()
     files = [(n, str(tmp_path / n)) for n in ("vocab.txt", "tokenizer_config.json")]
-    assert tokenizer_hash(files) == tokenizer and tokenizer in spec
+    assert files_hash(TOKENIZER_DOMAIN, files) == tokenizer and tokenizer in spec
 
     kv = hashlib.sha256(
-        b"CMH-SEM-KEY-v2\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"") + lp(b"")
+        b"CMH-SEM-KEY-v3\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"") + lp(b"")
     ).hexdigest()
     assert key_id("kv", "a" * 64, "", "", "", "") == kv and kv in spec
 
