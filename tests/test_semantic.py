@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import struct
@@ -250,9 +251,9 @@ def test_stamped_weights_come_from_headers_only(minilm_copy: Path) -> None:
     assert stamped.weights == hashed.weights  # the stamp claims the same identity
 
     overwrite_tensor_bytes(path, "embeddings.word_embeddings.weight")
-    after = fingerprint(minilm_copy)  # the write left a later mtime: the stamp is not used
+    after = fingerprint(minilm_copy)  # another file version than the checked one: hashed
     assert after.hashed_files == ("model.safetensors",)
-    assert "modified after it was stamped" in dict(after.untrusted_stamps)["model.safetensors"]
+    assert "written since it was checked" in dict(after.untrusted_stamps)["model.safetensors"]
     assert after.weights == cmh.directory_identity(minilm_copy).hex != stamped.weights
     assert not cmh.verify(path).ok
 
@@ -642,7 +643,8 @@ def test_stamped_and_unstamped_copies_compare_equal(tmp_path: Path) -> None:
 
 
 def test_every_stamp_writer_leaves_a_trusted_stamp(tmp_path: Path) -> None:
-    """cmh.stamp (first and in place) and cmh.save_file set the mtime to stamped_at."""
+    """cmh.stamp (first and in place) and cmh.save_file leave a check record (and the mtime
+    at stamped_at); a clock running ahead does not matter, an edit does."""
     first = write_model(tmp_path / "first", tensors())
     path = first / "model.safetensors"
     record = cmh.stamp(path).record
@@ -652,10 +654,17 @@ def test_every_stamp_writer_leaves_a_trusted_stamp(tmp_path: Path) -> None:
     assert again.in_place
     assert path.stat().st_mtime_ns == (record.stamped_at - 5) * 1_000_000_000
     assert fingerprint(first).hashed_files == ()
-    cmh.stamp(path, now=time.time() + 3600)  # a clock an hour ahead
-    ahead = fingerprint(first)
-    assert ahead.hashed_files == ("model.safetensors",)
-    assert "stamped in the future" in dict(ahead.untrusted_stamps)["model.safetensors"]
+    cmh.stamp(path, now=time.time() + 3600)  # a clock an hour ahead: the stamper checked
+    ahead = fingerprint(first)  # the bytes, so its record stands whatever the clock said
+    assert ahead.hashed_files == ()
+    with open(path, "r+b") as f:  # an edit inside that hour, mtime set back
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)[0]
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last ^ 1]))
+    os.utime(path, ns=(path.stat().st_atime_ns, (record.stamped_at - 5) * 1_000_000_000))
+    edited = fingerprint(first)
+    assert edited.hashed_files == ("model.safetensors",)
 
     saved = tmp_path / "saved"
     saved.mkdir()

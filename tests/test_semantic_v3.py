@@ -285,7 +285,7 @@ def test_case6_code_outside_the_directory_gives_no_key(tmp_path: Path, module: s
     fp = fingerprint(d)
     assert fp.missing_code and "auto_map AutoModel" in fp.missing_code[0]
     for kind in ("kv", "kv_text", "graph", "quant_weight", "embedding"):
-        with pytest.raises(CacheKindError, match="no .* key"):
+        with pytest.raises(CacheKindError, match=r"no .* key"):
             fp.cache_key(kind)
         assert fp.keys()[kind] is None
     assert fp.keys()["weights"] is not None
@@ -305,7 +305,9 @@ def test_case7_init_lora_weights_changes_lora_and_kv(tmp_path: Path) -> None:
     torch.manual_seed(3)
     peft_model = get_peft_model(
         AutoModelForCausalLM.from_pretrained(base),
-        LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+        LoraConfig(
+            r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        ),
     )
     plain = tmp_path / "plain"
     peft_model.save_pretrained(str(plain))
@@ -390,7 +392,9 @@ def test_case8_sentence_transformers_configs_change_the_embedding_key(
 # -- invalid text --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "preprocessor_config.json"])
+@pytest.mark.parametrize(
+    "name", ["config.json", "tokenizer_config.json", "preprocessor_config.json"]
+)
 def test_lone_surrogate_is_a_typed_error_exit_3(llama_dir: Path, tmp_path: Path, name: str) -> None:
     from cli_support import run_runner
 

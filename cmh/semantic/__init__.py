@@ -25,13 +25,13 @@ from .canonical import (
     TOKENIZER_DROPPED,
     canonical_json,
 )
+from .errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
 from .files import (
     CODE_PATTERNS,
     INERT_PATTERNS,
     SENTENCE_TRANSFORMERS_PATTERNS,
     TOKENIZER_ONLY_PATTERNS,
 )
-from .errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
 from .model import CACHE_KINDS, FORMAT, ModelFingerprint
 from .reader import fingerprint, fingerprint_files
 from .task import task_from_class
@@ -43,10 +43,10 @@ __all__ = [
     "CODE_PATTERNS",
     "CONFIG_DROPPED",
     "FORMAT",
+    "INERT_PATTERNS",
     "KV_CONFIG_DROPPED",
     "LORA_DEFAULTS",
     "PROCESSOR_FILES",
-    "INERT_PATTERNS",
     "SENTENCE_TRANSFORMERS_PATTERNS",
     "TOKENIZER_DROPPED",
     "TOKENIZER_ONLY_PATTERNS",

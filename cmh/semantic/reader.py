@@ -23,6 +23,7 @@ from .canonical import (
     read_json_object,
     tokenizer_view_of_config,
 )
+from .errors import NotAModelError, SemanticError
 from .files import (
     ADAPTER_CONFIG_FILE,
     CONFIG_FILE,
@@ -30,7 +31,6 @@ from .files import (
     auto_map_references,
     group_files,
 )
-from .errors import NotAModelError, SemanticError
 from .model import ModelFingerprint
 from .task import adapter_task, model_task
 from .tensors import summarize
