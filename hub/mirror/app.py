@@ -38,7 +38,6 @@ from .fingerprints import FingerprintCache
 from .history import history, last_commits
 from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
-from .cuts import CutLedger
 from .ranges import ByteRange, RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
 from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
@@ -88,7 +87,6 @@ class MirrorState:
     object_fetcher: ObjectFetcher | None = None
     upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
-    cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
@@ -325,8 +323,6 @@ async def _resolve(
             416, "RangeNotSatisfiable", str(exc),
             {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
         ) from None  # fmt: skip
-    if ranges is not None and state.bucket is None and _recently_cut(state, route, entry):
-        ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
     if state.bucket is not None or state.delivery == "x-accel":
         return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
     try:
@@ -355,18 +351,9 @@ async def _resolve(
         except BodyCut as cut:
             request[BYTES_KEY] = cut.sent
             request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
-            await _run(state.cuts.record, _repo_path(state, route), entry.etag)
         return response
     finally:
         f.close()
-
-
-def _repo_path(state: MirrorState, route: Route) -> Path:
-    return RepoLayout(state.store, route.repo_id, route.repo_type).path
-
-
-def _recently_cut(state: MirrorState, route: Route, entry: FileEntry) -> bool:
-    return state.cuts.recent(_repo_path(state, route), entry.etag)
 
 
 async def _resolve_elsewhere(
@@ -500,7 +487,6 @@ async def _resolve_filling(
     except (BodyCut, FillFailed) as cut:
         request[BYTES_KEY] = getattr(cut, "sent", 0)
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}
-        await _run(state.cuts.record, repo.path, entry.etag)
     return response
 
 
