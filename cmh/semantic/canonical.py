@@ -302,6 +302,14 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     source = out.get("rope_scaling") or out.get("rope_parameters") or {}
     if not isinstance(source, dict) or _nested_by_layer(out, source):
         return out
+    both = out.get("rope_scaling"), out.get("rope_parameters")
+    if all(both) and both[0] != both[1]:
+        return out  # two different spellings: which one a model reads is not known
+    if any(
+        out.get(key) is not None and key in source and source[key] != out[key]
+        for key in ROPE_MOVED[1:]
+    ):
+        return out  # a top-level value that disagrees with the parameters: both kept
     params = dict(source)
     for key in ROPE_MOVED[1:]:
         if out.get(key) is not None:
