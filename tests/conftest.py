@@ -18,7 +18,9 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 
 
 @pytest.fixture(autouse=True)
-def _private_check_records(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _private_check_records(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stamp check records (cmh.checks) of files outside a Hub cache go to a folder per
     test, never to the user's ~/.cache."""
     monkeypatch.setenv("CMH_CHECKS_DIR", str(tmp_path_factory.mktemp("stamp-checks")))

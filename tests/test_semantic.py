@@ -521,9 +521,9 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     """The vectors of spec/semantic.md, computed from the spec's formulas and by the library."""
     from cmh.header import TensorEntry
     from cmh.semantic.canonical import (
+        TOKENIZER_DOMAIN,
         adapter_config_hash,
         config_hash,
-        TOKENIZER_DOMAIN,
         files_hash,
         kv_config_hash,
     )
