@@ -97,6 +97,43 @@ def test_case2_tokenizer_vocabularies_of_any_name_change_the_tokenizer_key(
     assert fa.compatible(fb, "kv")
 
 
+def _tekken(directory: Path, merged: list[bytes]) -> Path:
+    """A Mistral tekken.json (byte-level BPE ranks) and no tokenizer.json."""
+    import base64
+
+    directory.mkdir()
+    vocab = [bytes([i]) for i in range(256)] + merged
+    document = {
+        "config": {"pattern": r"[^\s]+|\s+", "default_vocab_size": None,
+                   "default_num_special_tokens": 3, "version": "v7"},
+        "vocab": [
+            {"rank": r, "token_bytes": base64.b64encode(b).decode(), "token_str": None}
+            for r, b in enumerate(vocab)
+        ],
+        "special_tokens": [
+            {"rank": i, "token_str": t, "is_control": True}
+            for i, t in enumerate(["<unk>", "<s>", "</s>"])
+        ],
+    }  # fmt: skip
+    (directory / "tekken.json").write_text(json.dumps(document))
+    (directory / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
+    return directory
+
+
+def test_case2_tekken_json_is_hashed(tmp_path: Path) -> None:
+    """transformers builds the tokenizer from tekken.json when there is no tokenizer.json."""
+    a = _tekken(tmp_path / "a", [b"th", b"the", b"ca", b"cac", b"cach", b"cache"])
+    b = _tekken(tmp_path / "b", [b"th", b"ca", b"the", b"cac", b"cach", b"cache"])
+    for d in (a, b):
+        _tiny_llama(0).save_pretrained(d)
+    ids_a, ids_b = _ids(a), _ids(b)
+    assert ids_a != ids_b
+    fa, fb = fingerprint(a), fingerprint(b)
+    assert "tekken.json" in fa.files
+    assert not fa.compatible(fb, "tokenizer") and not fa.compatible(fb, "kv_text")
+    assert fa.compatible(fb, "kv")  # a tokenizer-only file: K/V for given ids unchanged
+
+
 def test_case3_fast_tokenizer_files_are_hashed(llama_dir: Path, tmp_path: Path) -> None:
     """tokenizer_config.json's fast_tokenizer_files: a versioned tokenizer.json is loaded."""
     a = copy_model(llama_dir, tmp_path / "a")
