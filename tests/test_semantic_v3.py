@@ -285,37 +285,28 @@ def _subfolder_code_model(directory: Path, activation: str, module: str) -> Path
 
 
 def test_case6_code_in_a_subfolder_is_hashed(tmp_path: Path) -> None:
+    """auto_map names code/modeling_ext.py; transformers imports it (trust_remote_code)."""
     import torch
+    from transformers import AutoModel
 
-    module = "code.modeling_ext.ExtModel"
-    relu = _subfolder_code_model(tmp_path / "relu", "relu", module)
-    tanh = _subfolder_code_model(tmp_path / "tanh", "tanh", module)
+    module = "code/modeling_ext.ExtModel"
+    relu = _subfolder_code_model(tmp_path / f"relu_{tmp_path.name}", "relu", module)
+    tanh = _subfolder_code_model(tmp_path / f"tanh_{tmp_path.name}", "tanh", module)
     outs = []
     for d in (relu, tanh):
-        code = (d / "code" / "modeling_ext.py").read_text()
-        namespace: dict[str, Any] = {"ExtConfig": __import__("transformers").PretrainedConfig}
-        exec(  # the module as trust_remote_code would import it (relative import resolved)
-            code.replace("from .configuration_ext import ExtConfig", ""), namespace
-        )
-        from safetensors.torch import load_file
-
-        config = json.loads((d / "config.json").read_text())
-        cls = namespace["ExtModel"]
-        cls.config_class = __import__("transformers").PretrainedConfig
-        model = cls(__import__("transformers").PretrainedConfig(**config)).eval()
-        model.load_state_dict(load_file(str(d / "model.safetensors")))
+        model: Any = AutoModel.from_pretrained(d, trust_remote_code=True).eval()
         with torch.no_grad():
             outs.append(model(torch.tensor(IDS)))
     assert max_diff(outs[0], outs[1]) > 0.1
     a, b = fingerprint(relu), fingerprint(tanh)
-    assert "code/modeling_ext.py" in a.files
+    assert "code/modeling_ext.py" in a.files and a.missing_code == ()
     assert (a.weights, a.config) == (b.weights, b.config)
     for kind in ("kv", "graph", "quant_weight"):
         assert not a.compatible(b, kind), kind
 
 
 @pytest.mark.parametrize(
-    "module", ["other-repo--modeling_ext.ExtModel", "missing.modeling_ext.ExtModel"]
+    "module", ["other-repo--modeling_ext.ExtModel", "missing/modeling_ext.ExtModel"]
 )
 def test_case6_code_outside_the_directory_gives_no_key(tmp_path: Path, module: str) -> None:
     d = _subfolder_code_model(tmp_path / "m", "relu", module)
