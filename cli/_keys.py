@@ -47,10 +47,27 @@ def _passphrase(prompt: str, confirm: bool) -> bytes:
     usage_error(f"a passphrase is needed: set ${PASSPHRASE_ENV} or run from a terminal")
 
 
+def _warn_if_readable_by_others(path: str) -> None:
+    """Warn (as ssh does) when a private key file is readable by its group or others."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # the load reports it
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        click.echo(
+            f"warning: {path}: private key is readable by others (mode "
+            f"{stat.S_IMODE(mode):04o}); run chmod 600 {path}",
+            err=True,
+        )
+
+
 def load_signing_key(path: str) -> Ed25519PrivateKey:
     """Load an Ed25519 private key, asking for its passphrase when it is encrypted."""
     from cmh.signing import load_private_key, private_key_is_encrypted
 
+    _warn_if_readable_by_others(path)
     passphrase = None
     if private_key_is_encrypted(path):
         passphrase = _passphrase(f"Passphrase for {path}", confirm=False)

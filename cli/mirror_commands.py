@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,6 +26,9 @@ from ._common import (
     warn,
 )
 from .store_location import STORE, StoreLocation, open_bucket_or_fail
+
+if TYPE_CHECKING:
+    from cmh.hub.mirror.upstream import UpstreamConfig
 
 STORE_OPTION = click.option(
     "--store",
@@ -266,6 +270,13 @@ def scrub(
     help="File holding the mirror's own token for the upstream (gated or private repos).",
 )
 @click.option(
+    "--public-upstream-repos",
+    is_flag=True,
+    default=False,
+    help="Serve repos the upstream marks private or gated to anyone (default: only to tokens "
+    "that --tokens grants them).",
+)
+@click.option(
     "--fresh-for",
     type=DURATION,
     default="5m",
@@ -324,6 +335,7 @@ def serve(
     idle_timeout: float,
     upstream: str | None,
     upstream_token_file: Path | None,
+    public_upstream_repos: bool,
     fresh_for: int,
     stale_if_error: int,
     admin_tokens: Path | None,
@@ -340,10 +352,17 @@ def serve(
     pull = None
     if upstream is not None:
         pull = UpstreamConfig(
-            upstream, _read_token(upstream_token_file), float(fresh_for), float(stale_if_error)
+            upstream,
+            _read_token(upstream_token_file),
+            float(fresh_for),
+            float(stale_if_error),
+            public_repos=public_upstream_repos,
         )
+        click.echo(_exposure(pull, tokens), err=True)
     elif upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")
+    elif public_upstream_repos:
+        usage_error("--public-upstream-repos needs --upstream")
 
     def announce(url: str) -> None:
         plural = "s" if workers > 1 else ""
@@ -375,6 +394,21 @@ def serve(
     except ServeError as exc:
         usage_error(str(exc))
     raise click.exceptions.Exit(code)
+
+
+def _exposure(pull: UpstreamConfig, tokens: Path | None) -> str:
+    """The start-up line saying what a pull-through mirror exposes of the upstream."""
+    via = "the upstream token" if pull.token else "no upstream token"
+    if pull.public_repos:
+        return (
+            f"WARNING: pull-through from {pull.url} ({via}) with --public-upstream-repos: "
+            "repos the upstream marks private or gated are served to anyone"
+        )
+    opened = f"tokens that {tokens} grants them" if tokens else "nobody (no --tokens file)"
+    return (
+        f"pull-through from {pull.url} ({via}): public upstream repos are served to anyone; "
+        f"repos the upstream marks private or gated only to {opened}"
+    )
 
 
 def _read_token(path: Path | None) -> str | None:

@@ -105,6 +105,20 @@ def test_stamp_signed(run, model: Path, keys) -> None:
     assert run(["verify", model, "--key", public, "--require-signature"]).exit_code == 0
 
 
+def test_stamp_warns_about_a_private_key_readable_by_others(run, model: Path, keys) -> None:
+    """Issue 23 (low): a 0644 private key was used without a word."""
+    import os
+
+    private, _, _ = keys["alice"]
+    os.chmod(private, 0o644)
+    r = run(["stamp", model, "--sign-key", private])
+    assert r.exit_code == 0, r.stderr
+    assert "private key is readable by others (mode 0644)" in r.stderr
+    os.chmod(private, 0o600)
+    r = run(["stamp", model, "--sign-key", private])
+    assert "readable by others" not in r.stderr
+
+
 def test_stamp_usage_errors_change_nothing(run, model: Path, tmp_path: Path) -> None:
     before = model.read_bytes()
     r = run(["stamp", model, "--ttl", "soon"])

@@ -30,8 +30,9 @@ from aiohttp import web
 from ..cache.layout import LayoutError, RepoLayout, iter_repos, repo_folder_name, validate_relpath
 from ..cache.usage import record_use
 from . import catalog, documents, hub_documents
-from .auth import AccessPolicy, bearer_token, repo_key
+from .auth import AccessPolicy, bearer_token
 from .connections import ConnectionGuard
+from .cuts import CutLedger
 from .derived import DerivedCache
 from .errors import HubError
 from .fingerprints import FingerprintCache
@@ -60,6 +61,9 @@ MAX_FORM_FIELDS = MAX_PATHS_INFO + 8
 #: a longer check goes on while the body streams, and gates the body's last byte.
 VERIFY_WAIT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
+#: Seconds a pull-through request waits for a revalidation before a usable stale copy
+#: answers (the revalidation goes on; spec/hub-mirror.md 8.2).
+STALE_AFTER = 3.0
 #: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
 MANIFEST_FILL_WAIT = 8.0
 
@@ -87,6 +91,7 @@ class MirrorState:
     object_fetcher: ObjectFetcher | None = None
     upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
+    cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
 
     def __post_init__(self) -> None:
         self.store = self.store.resolve()
@@ -101,11 +106,16 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
     """The aiohttp application serving ``state.store`` (``pages``: the web pages' options)."""
     from .web import WebOptions, add_routes
 
-    app = web.Application(client_max_size=1 << 20, client_max_fields=MAX_FORM_FIELDS)
+    app = web.Application(
+        client_max_size=1 << 20,
+        client_max_fields=MAX_FORM_FIELDS,
+        middlewares=[_busy] if state.guard is not None else [],
+    )
     app[STORE_KEY] = state
     if state.bucket is None:  # the web pages read a local store; not offered for a bucket
         add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.on_response_prepare.append(_origin_headers)
     if state.object_fetcher is not None:
         fetcher = state.object_fetcher
 
@@ -114,6 +124,25 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
 
         app.on_cleanup.append(close_fetcher)
     return app
+
+
+@web.middleware
+async def _busy(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every route (the web pages too) counts as busy in the connection guard while it works."""
+    state = request.app[STORE_KEY]
+    assert state.guard is not None
+    with state.guard.answering(request.transport):
+        return await handler(request)  # type: ignore[no-any-return]
+
+
+#: Every answer of the origin (API, files, errors): nothing is sniffed as a document, and
+#: an answer opened as one runs nothing (the web pages send their own, wider policy).
+ORIGIN_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
+
+
+async def _origin_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Content-Security-Policy", ORIGIN_CSP)
 
 
 def _error(err: HubError) -> web.Response:
@@ -210,13 +239,30 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     assert state.upstream is not None
     if not state.policy.can_read(route.repo_type, route.repo_id, token):
         return
+    revision = route.revision or "main"
+    loop = asyncio.get_running_loop()
+    pending = loop.run_in_executor(
+        None, state.upstream.prepare, route.repo_type, route.repo_id, revision
+    )
     try:
-        note = await _run(
-            state.upstream.prepare, route.repo_type, route.repo_id, route.revision or "main"
-        )
+        note = await asyncio.wait_for(asyncio.shield(pending), STALE_AFTER)
+    except TimeoutError:
+        # A stalled upstream: answer from a usable stale copy while the revalidation goes on.
+        note = await _run(state.upstream.stale_note, route.repo_type, route.repo_id, revision)
+        if note is None:
+            note = await _settled(pending)
+        else:
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
     request[STALE_KEY] = note
+
+
+async def _settled(pending: asyncio.Future[Any]) -> Any:
+    try:
+        return await pending
+    except UpstreamError as exc:
+        raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
 
 
 async def _run(func: Any, *args: Any) -> Any:
@@ -226,7 +272,8 @@ async def _run(func: Any, *args: Any) -> Any:
 def _readable(state: MirrorState, route: Route, token: str | None) -> RepoLayout:
     """The repo a route names; RepoNotFound when it is missing or private and not opened."""
     repo = RepoLayout(state.store, route.repo_id, route.repo_type)
-    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not repo_exists(repo):
+    exists = repo_exists(repo)  # always looked at: a refused name answers as fast as a missing one
+    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
     return repo
 
@@ -337,6 +384,8 @@ async def _resolve(
             416, "RangeNotSatisfiable", str(exc),
             {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
         ) from None  # fmt: skip
+    if ranges is not None and state.bucket is None and _recently_cut(state, route, entry):
+        ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
     if state.bucket is not None or state.delivery == "x-accel":
         return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
     try:
@@ -365,9 +414,20 @@ async def _resolve(
         except BodyCut as cut:
             request[BYTES_KEY] = cut.sent
             request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
+            await _run(state.cuts.record, _repo_path(state, route), entry.etag)
+        except ConnectionError:  # the client went away mid-body: nothing to report
+            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
         return response
     finally:
         f.close()
+
+
+def _repo_path(state: MirrorState, route: Route) -> Path:
+    return RepoLayout(state.store, route.repo_id, route.repo_type).path
+
+
+def _recently_cut(state: MirrorState, route: Route, entry: FileEntry) -> bool:
+    return state.cuts.recent(_repo_path(state, route), entry.etag)
 
 
 async def _resolve_elsewhere(
@@ -485,6 +545,14 @@ async def _resolve_filling(
             {"Retry-After": "30"},
         )  # fmt: skip
     repo = RepoLayout(state.store, route.repo_id, route.repo_type)
+    failed = state.fills.recent_failure(entry.source)
+    if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
+        if isinstance(failed, UpstreamError):
+            raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
+        raise HubError(
+            502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
+            {"Retry-After": "10"},
+        )  # fmt: skip
     fill = state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
     response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
     response.headers["X-Cmh-Filling"] = "1"
@@ -501,6 +569,11 @@ async def _resolve_filling(
     except (BodyCut, FillFailed) as cut:
         request[BYTES_KEY] = getattr(cut, "sent", 0)
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}
+        await _run(state.cuts.record, repo.path, entry.etag)
+    except ConnectionError:  # the client went away mid-body; the fill goes on
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
+        # What it holds was sent unchecked: its resume must start again too (cuts.py).
+        await _run(state.cuts.record, repo.path, entry.etag)
     return response
 
 
@@ -590,7 +663,7 @@ def _properties(
     opener: Any = state.bucket.opener if state.bucket else functools.partial(_open_checked, state)
     return hub_documents.repo_properties(
         repo_type, repo_id, index,
-        private=repo_key(repo_type, repo_id) in state.policy.private,
+        private=state.policy.is_private(repo_type, repo_id),
         blobs=blobs,
         card=state.derived.card(index, repo_type, opener),
         safetensors=state.derived.safetensors(index, opener) if safetensors else None,

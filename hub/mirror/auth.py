@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,15 +42,25 @@ class AccessPolicy:
     """Which repos are private and which tokens open them."""
 
     grants: dict[str, frozenset[str]] = field(default_factory=dict)  # token -> repo keys
+    #: ``(repo_type, repo_id) -> bool``: also private (pull-through: the upstream marks
+    #: the repo private or gated), opened only by a token the file grants it.
+    restricted: Callable[[str, str], bool] | None = field(default=None, compare=False)
 
     @property
     def private(self) -> frozenset[str]:
+        """The repos the tokens file names (see :meth:`is_private` for every private repo)."""
         return frozenset().union(*self.grants.values()) if self.grants else frozenset()
+
+    def is_private(self, repo_type: str, repo_id: str) -> bool:
+        """True for a repo the tokens file names or :attr:`restricted` says is private."""
+        if repo_key(repo_type, repo_id) in self.private:
+            return True
+        return self.restricted is not None and self.restricted(repo_type, repo_id)
 
     def can_read(self, repo_type: str, repo_id: str, token: str | None) -> bool:
         """True for a public repo, or a private one opened by ``token``."""
         key = repo_key(repo_type, repo_id)
-        if key not in self.private:
+        if not self.is_private(repo_type, repo_id):
             return True
         if token is None:
             return False

@@ -109,13 +109,13 @@ def front_matter(text: str) -> dict[str, Any] | None:
         return None
     try:
         data = yaml.load(match.group(2), Loader=_SafeLoader)
-    except (yaml.YAMLError, RecursionError):
+    except Exception:  # untrusted: YAMLError, RecursionError, ValueError (huge ints), ...
         return None
     if not isinstance(data, dict):
         return None
     try:
         plain = _plain(data, [MAX_CARD_NODES])
-    except (_TooLarge, RecursionError):
+    except (_TooLarge, RecursionError, ValueError, TypeError):
         return None
     assert isinstance(plain, dict)
     return plain

@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,17 @@ class Fills:
         self.upstream = upstream
         self._slots = threading.BoundedSemaphore(MAX_FILLS)
         self._running: dict[Path, asyncio.Future[None]] = {}
+        self._failed: dict[Path, tuple[float, BaseException]] = {}
+        self.clock = time.monotonic
+
+    def recent_failure(self, blob: Path) -> BaseException | None:
+        """The error of a fill of ``blob`` that failed less than ``NEGATIVE_FOR`` s ago."""
+        from .upstream import NEGATIVE_FOR
+
+        failed = self._failed.get(blob)
+        if failed is None or self.clock() - failed[0] >= NEGATIVE_FOR:
+            return None
+        return failed[1]
 
     def start(
         self, repo_type: str, repo_id: str, commit: str, path: str, blob: Path
@@ -95,7 +107,11 @@ class Fills:
             if self._running.get(blob) is f:
                 del self._running[blob]
             if not f.cancelled():
-                f.exception()  # retrieved: a failure is reported to each waiter, not logged
+                error = f.exception()  # retrieved: reported to each waiter, not logged
+                if error is not None:
+                    self._failed[blob] = (self.clock(), error)
+                else:
+                    self._failed.pop(blob, None)
 
         fut.add_done_callback(done)
         return fut

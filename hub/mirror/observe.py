@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote_plus
@@ -47,11 +47,16 @@ class StoreSizeCollector(Collector):
     """
 
     def __init__(
-        self, store: Path, max_age: float = 10.0, private: frozenset[str] = frozenset()
+        self,
+        store: Path,
+        max_age: float = 10.0,
+        private: frozenset[str] = frozenset(),
+        restricted: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.store = store
         self.max_age = max_age
         self.private = private
+        self.restricted = restricted  # also private (AccessPolicy.restricted)
         self._lock = threading.Lock()
         self._at = 0.0
         self._value = (0, 0)
@@ -60,6 +65,8 @@ class StoreSizeCollector(Collector):
         total = repos = 0
         for repo in iter_repos(self.store):
             if repo_key(repo.repo_type, repo.repo_id) in self.private:
+                continue
+            if self.restricted is not None and self.restricted(repo.repo_type, repo.repo_id):
                 continue
             repos += 1
             try:
@@ -86,9 +93,15 @@ class StoreSizeCollector(Collector):
 class Metrics:
     """The mirror's request metrics."""
 
-    def __init__(self, store: Path | None, private: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        store: Path | None,
+        private: frozenset[str] = frozenset(),
+        restricted: Callable[[str, str], bool] | None = None,
+    ) -> None:
         """``store`` is the local store folder whose size is reported (``None``: a bucket
-        store, whose size is not measured by the replicas)."""
+        store, whose size is not measured by the replicas); ``private`` and ``restricted``
+        say which repos it leaves out (:class:`~cmh.hub.mirror.auth.AccessPolicy`)."""
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         self.requests = Counter(
@@ -133,7 +146,9 @@ class Metrics:
             registry=self.registry,
         )
         self.store_collector = (
-            StoreSizeCollector(store, private=private) if store is not None else None
+            StoreSizeCollector(store, private=private, restricted=restricted)
+            if store is not None
+            else None
         )
         if not self.multiprocess and self.store_collector is not None:
             self.registry.register(self.store_collector)

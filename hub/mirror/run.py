@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -215,7 +216,12 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
     local = config.store if isinstance(config.store, Path) else None
-    metrics = Metrics(local, private=policy.private)
+    if config.upstream is not None and local is not None and not config.upstream.public_repos:
+        from .upstream import restricted_at_upstream  # deny by default (upstream.py, "Access")
+
+        restricted = functools.partial(restricted_at_upstream, local.resolve())
+        policy = replace(policy, restricted=restricted)
+    metrics = Metrics(local, private=policy.private, restricted=policy.restricted)
     stream = _log_stream(config)
     configure(metrics, stream)
     assert config.max_connections is not None

@@ -24,6 +24,14 @@ upstream cannot be asked, a revision that was fresh less than ``stale_for``
 seconds ago is served with a stale warning; otherwise the answer is a typed
 503. The upstream's refusals map to the Hub's typed errors.
 
+Access: a repo the upstream answers as ``private`` or ``gated`` is recorded
+(``.cmh/upstream/access.json``) and is private at the mirror
+(:func:`restricted_at_upstream`, used by the server's access policy) unless
+the operator chose ``--public-upstream-repos``. For such a repo the upstream
+is also asked ``auth-check`` with the mirror's token; a refusal is answered
+with the upstream's own status, ``X-Error-Code`` and message, and no listing
+is kept (so ``HEAD`` and ``GET`` are refused alike).
+
 The client's ``Authorization`` is never used here: only the mirror's own
 upstream token is sent, and the HTTP client drops it on a redirect to
 another origin (the Hub's CDN).
@@ -45,6 +53,10 @@ from ..cache.layout import COMMIT_RE, RepoLayout
 from ..cache.locks import repo_lock
 from .errors import HubError
 
+#: Seconds the outcome of a failed revalidation (an upstream error, or "served stale") or a
+#: failed fill is remembered: requests meanwhile share it instead of asking again.
+NEGATIVE_FOR = 10.0
+
 #: The ``Warning`` header of an answer served stale because the upstream failed (RFC 7234).
 STALE_WARNING = '110 cmh "Response is stale"'
 REVALIDATION_FAILED = '111 cmh "Revalidation failed"'
@@ -58,6 +70,8 @@ class UpstreamConfig:
     token: str | None = None  # the mirror's own token for the upstream (never a client's)
     fresh_for: float = 300.0  # seconds an unstamped branch stays fresh after a validation
     stale_for: float = 86400.0  # seconds past freshness stale content may be served on error
+    #: Serve repos the upstream marks private or gated to anyone (``--public-upstream-repos``).
+    public_repos: bool = False
 
 
 class UpstreamError(HubError):
@@ -67,6 +81,18 @@ class UpstreamError(HubError):
 def unavailable(message: str) -> UpstreamError:
     """The typed 503 of an upstream that cannot be asked while nothing usable is cached."""
     return UpstreamError(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
+
+
+def failed(exc: Exception, doing: str) -> UpstreamError:
+    """The answer for an upstream that could not be used: ``502 UpstreamProtocolError``
+    when it broke the protocol or a limit (a refused redirect, a listing too long...) or
+    sent bytes that fail their check,
+    else the typed 503."""
+    from ..resolver.types import HubProtocolError, IntegrityError
+
+    if isinstance(exc, (HubProtocolError, IntegrityError)):
+        return UpstreamError(502, "UpstreamProtocolError", f"upstream {doing}: {exc}")
+    return unavailable(f"upstream {doing}: {exc}")
 
 
 def _typed(exc: Exception) -> UpstreamError:
@@ -80,15 +106,38 @@ def _typed(exc: Exception) -> UpstreamError:
             return UpstreamError(404, "RevisionNotFound", "Invalid rev id (upstream)")
         return UpstreamError(404, "EntryNotFound", "Entry not found (upstream)")
     if isinstance(exc, AccessError):
-        return UpstreamError(
-            403, "GatedRepo", "the upstream refuses this repo to the mirror's upstream token"
-        )
-    return unavailable(f"upstream unavailable: {exc}")
+        said = exc.said or "the upstream refuses this repo to the mirror's upstream token"
+        return UpstreamError(exc.status, exc.code, f"{said} (upstream)")
+    return failed(exc, "unavailable")
 
 
 def fnmatch_literal(path: str) -> str:
     """An ``fnmatch`` pattern that matches exactly ``path``."""
     return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
+
+
+def access_record_path(repo: RepoLayout) -> Path:
+    """``.cmh/upstream/access.json``: present while the upstream marks the repo private/gated."""
+    return repo.cmh_dir / "upstream" / "access.json"
+
+
+def restricted_at_upstream(store: Path, repo_type: str, repo_id: str) -> bool:
+    """True when the upstream last said the repo is private or gated (private at the mirror)."""
+    try:
+        repo = RepoLayout(store, repo_id, repo_type)
+    except ValueError:
+        return False
+    return access_record_path(repo).exists()
+
+
+def _record_access(repo: RepoLayout, private: bool, gated: bool) -> None:
+    path = access_record_path(repo)
+    if not (private or gated):
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"private": private, "gated": gated, "at": time.time()}).encode())
 
 
 def upstream_record_path(repo: RepoLayout, commit: str) -> Path:
@@ -110,6 +159,8 @@ class Upstream:
         self.requests = 0  # requests made to the upstream by this worker
         self.bytes = 0  # body bytes received from the upstream by this worker
         self.on_traffic: Any = None  # callable(requests, nbytes), set by the server for metrics
+        self.clock: Any = time.monotonic  # for the negative cache (a test may inject one)
+        self._failed: dict[tuple[str, str, str], tuple[float, UpstreamError | str]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -161,8 +212,36 @@ class Upstream:
             commit = repo.read_ref(revision)
             if commit is not None and time.time() < self._known_expiry(repo, revision, commit):
                 return None
-        with self._key_lock((repo_type, repo_id, revision)):
-            return self._prepare_locked(repo, revision)
+        key = (repo_type, repo_id, revision)
+        with self._key_lock(key):
+            # One retry cycle per revision: who waited for a failed one shares its outcome.
+            failed = self._failed.get(key)
+            if failed is not None and self.clock() - failed[0] < NEGATIVE_FOR:
+                if isinstance(failed[1], UpstreamError):
+                    raise failed[1]
+                return failed[1]
+            try:
+                note = self._prepare_locked(repo, revision)
+            except UpstreamError as exc:
+                self._failed[key] = (self.clock(), exc)
+                raise
+            if note is None:
+                self._failed.pop(key, None)
+            else:
+                self._failed[key] = (self.clock(), note)
+            return note
+
+    def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
+        """The ``Warning`` for answering ``revision`` from the store while its revalidation
+        is still under way (a stalled upstream), or ``None`` when no usable copy is held."""
+        repo = RepoLayout(self.store, repo_id, repo_type)
+        local = revision if COMMIT_RE.match(revision) else repo.read_ref(revision)
+        if local is None:
+            return None
+        expiry = self._known_expiry(repo, revision, local)
+        if expiry == float("-inf") or time.time() >= expiry + self.config.stale_for:
+            return None
+        return STALE_WARNING
 
     def _known_expiry(self, repo: RepoLayout, revision: str, commit: str) -> float:
         from ..resolver.local import read_tree
@@ -172,7 +251,6 @@ class Upstream:
         return self.expiry(repo, revision, commit)
 
     def _prepare_locked(self, repo: RepoLayout, revision: str) -> str | None:
-        from ..resolver.negotiate import revision_listing
         from ..resolver.types import AccessError, NotFoundError, ResolveError
 
         pinned = bool(COMMIT_RE.match(revision))
@@ -187,14 +265,14 @@ class Upstream:
             expiry = float("-inf")
         client = self._client()
         try:
-            commit, files, _ = revision_listing(client, repo, revision, pinned)
+            commit, files = self._listing(client, repo, revision)
         except (NotFoundError, AccessError) as exc:
             raise _typed(exc) from None
         except ResolveError as exc:
             usable = local is not None and expiry != float("-inf")
             if usable and time.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
-            raise unavailable(f"upstream unavailable and nothing usable cached: {exc}") from None
+            raise failed(exc, "unusable and nothing usable cached") from None
         finally:
             self._count(client.requests, client.bytes_received)
         self._install_listing(repo, commit, files)
@@ -206,6 +284,25 @@ class Upstream:
             write_validation(repo, revision, commit)
         self._record_freshness(repo, revision, commit)
         return None
+
+    def _listing(self, client: Any, repo: RepoLayout, revision: str) -> tuple[str, dict[str, Any]]:
+        """The commit and listing of ``revision``, after the upstream's word on access.
+
+        Unlike the resolver, a pinned commit is asked too: its answer says whether the
+        repo is private or gated, which decides who reads it here.
+        """
+        from ..resolver.local import read_tree, remote_files_from_tree
+
+        remote = client.revision(repo.repo_id, repo.repo_type, revision)
+        _record_access(repo, remote.private, remote.gated)
+        if remote.private or remote.gated:
+            client.auth_check(repo.repo_id, repo.repo_type)  # refused: the upstream's answer
+        cached = read_tree(repo, remote.commit)
+        if cached is not None:
+            return remote.commit, remote_files_from_tree(cached)
+        if remote.files is not None:
+            return remote.commit, remote.files
+        return remote.commit, client.tree(repo.repo_id, repo.repo_type, remote.commit)
 
     def _record_freshness(self, repo: RepoLayout, revision: str, commit: str) -> None:
         """Keep when ``commit``'s upstream freshness ends, for ``cmh prune --expired``."""
@@ -271,5 +368,5 @@ class Upstream:
         except (NotFoundError, AccessError) as exc:
             raise _typed(exc) from None
         except ResolveError as exc:
-            raise unavailable(f"upstream fill failed: {exc}") from None
+            raise failed(exc, "fill failed") from None
         self._count(res.requests, res.bytes_transferred)

@@ -25,6 +25,7 @@ from . import chunked
 from .http import HubClient, RangeNotSatisfied
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .types import (
+    AnswerTooLarge,
     HubUnreachableError,
     IntegrityError,
     InvalidRemoteFileError,
@@ -146,6 +147,10 @@ def _download_whole(
             last_error = exc
             retry.wait(attempt, exc)
             continue
+        except AnswerTooLarge:
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()  # refused: nothing of a body longer than listed is kept
+            raise
         except IntegrityError as exc:
             last_error = exc
             with contextlib.suppress(FileNotFoundError):
@@ -193,7 +198,7 @@ def _fetch_into(
             check.reset()
 
         try:
-            client.stream(url, existing, sink, on_restart=restart)
+            client.stream(url, existing, sink, on_restart=restart, limit=check.size)
         finally:
             f.flush()
     return received

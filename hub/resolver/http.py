@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import email.utils
 import json
+import logging
 import os
 import re
 import threading
@@ -25,18 +26,33 @@ import httpx2
 
 from cmh import __version__
 
-from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, validate_relpath
+from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, LayoutError, validate_relpath
 from .credentials import default_endpoint
 from .multipart import MultipartParser
+from .origins import MAX_REDIRECTS, OriginRule, UnsafeRedirect
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .types import (
     AccessError,
+    AnswerTooLarge,
     HubProtocolError,
     HubUnreachableError,
+    InvalidListing,
     NotFoundError,
     RemoteFile,
     RemoteRevision,
 )
+
+#: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
+#: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
+MAX_API_BYTES = 32 << 20
+MAX_LISTED_FILES = 100_000
+MAX_PATH_BYTES = 4096
+MAX_SEGMENT_BYTES = 255
+
+#: Seconds without an answer before a metadata request says so on the terminal.
+WAIT_NOTICE = 3.0
+
+logger = logging.getLogger("cmh.hub")
 
 _clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
 _clients_lock = threading.Lock()
@@ -70,17 +86,51 @@ class ServedFile:
     commit: str | None  # X-Repo-Commit
 
 
+#: The request extension holding a request's :class:`_Chain` (kept across its redirects).
+_CHAIN = "cmh_chain"
+
+
+class _Chain:
+    """One request and the redirects it leads to: the rule, the token, the last URL."""
+
+    def __init__(self, rule: OriginRule, token: str | None, file_request: bool) -> None:
+        self.rule = rule
+        self.token = token
+        self.file_request = file_request
+        self.last: str | None = None
+        self.hops = 0
+
+
+def _apply_rule(request: httpx2.Request) -> None:
+    """The client's request hook, run for every request and every redirect it follows:
+    refuse a hop the rule forbids; ``Authorization`` only to the endpoint's origin."""
+    chain = request.extensions.get(_CHAIN)
+    request.headers.pop("Authorization", None)
+    if not isinstance(chain, _Chain):
+        return
+    url = str(request.url)
+    if chain.last is not None:
+        chain.hops += 1
+        if chain.hops > MAX_REDIRECTS:
+            raise UnsafeRedirect(f"{url}: more than {MAX_REDIRECTS} redirects")
+        chain.rule.hop(chain.last, url, chain.file_request)
+    chain.last = url
+    if chain.token and chain.rule.carries_token(url):
+        request.headers["Authorization"] = f"Bearer {chain.token}"
+
+
 def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
-    """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup)."""
+    """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup).
+
+    The token is not a default header: :func:`_apply_rule` adds it per request."""
     key = (token, timeout, os.getpid())
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
             headers = {"User-Agent": f"cmh/{__version__}"}
-            if token:
-                headers["Authorization"] = f"Bearer {token}"
             client = httpx2.Client(
                 headers=headers,
+                event_hooks={"request": [_apply_rule]},
                 follow_redirects=True,
                 trust_env=True,
                 timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
@@ -113,6 +163,24 @@ def _wire(response: httpx2.Response) -> tuple[int, int]:
     """
     chain = [*response.history, response]
     return len(chain), sum(r.num_bytes_downloaded for r in chain)
+
+
+@contextlib.contextmanager
+def _noticed(endpoint: str, budget: float) -> Iterator[None]:
+    """Warn (logger ``cmh.hub``) when a metadata request has had no answer for
+    :data:`WAIT_NOTICE` seconds, so a terminal user knows what the wait is."""
+    timer = threading.Timer(
+        WAIT_NOTICE,
+        logger.warning,
+        ("no answer from %s for %g s; giving up %g s after the first try", endpoint,
+         WAIT_NOTICE, budget),
+    )  # fmt: skip
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _origin(url: str | httpx2.URL) -> tuple[str, str, int | None]:
@@ -188,12 +256,18 @@ class HubClient:
         # A transfer silent this long fails (read timeout) and is resumed by its caller.
         self.timeout = timeout if timeout is not None else download_timeout()
         self.retry = retry
+        self.token = token or None
+        self.rule = OriginRule(self.endpoint)  # where redirects may lead (origins.py)
         self._client = _shared_client(token, self.timeout)
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_received = 0
 
     # -- bookkeeping ---------------------------------------------------------------------
+
+    def _chain(self, file_request: bool) -> dict[str, Any]:
+        """The extensions of a request that carries the credential rule (origins.py)."""
+        return {_CHAIN: _Chain(self.rule, self.token, file_request)}
 
     def _count(self, requests: int = 0, nbytes: int = 0) -> None:
         with self._lock:
@@ -219,9 +293,9 @@ class HubClient:
     @contextlib.contextmanager
     def _open(self, url: str, headers: dict[str, str]) -> Iterator[httpx2.Response]:
         """A streamed GET of ``url``; the token goes to the endpoint's origin only."""
-        request = self._client.build_request("GET", url, headers=headers)
-        if _origin(url) != _origin(self.endpoint):
-            request.headers.pop("Authorization", None)
+        request = self._client.build_request(
+            "GET", url, headers=headers, extensions=self._chain(True)
+        )
         response = self._client.send(request, stream=True)
         try:
             yield response
@@ -254,25 +328,43 @@ class HubClient:
     def _get_json(
         self, url: str, params: dict[str, str] | None = None
     ) -> tuple[Any, httpx2.Response]:
-        """GET an API answer, tried again under the retry policy (429, 5xx, network)."""
+        """GET an API answer, tried again under the retry policy (429, 5xx, network), all
+        tries within one ``HF_HUB_ETAG_TIMEOUT`` (a blackholed Hub costs 10 s, not 60)."""
+        budget = metadata_timeout()
+        deadline = time.monotonic() + budget
 
         def once() -> tuple[Any, httpx2.Response]:
+            request = self._client.build_request(
+                "GET",
+                url,
+                params=params,
+                headers=COMPRESSED,
+                timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                extensions=self._chain(False),
+            )
             try:
-                response = self._client.get(
-                    url, params=params, headers=COMPRESSED, timeout=metadata_timeout()
-                )
+                with _noticed(self.endpoint, budget):
+                    response = self._client.send(request, stream=True)
             except httpx2.TransportError as exc:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
-            sent, received = _wire(response)
-            self._count(requests=sent, nbytes=received)
+            try:
+                body = _read_capped(response, url)
+            except httpx2.TransportError as exc:
+                raise _unreachable(self.endpoint, exc) from exc
+            finally:
+                response.close()
+                sent, received = _wire(response)
+                self._count(requests=sent, nbytes=received)
             raise_for_status(response)
             try:
-                return json.loads(response.content), response
+                return json.loads(body), response
             except ValueError as exc:
                 raise HubProtocolError(f"{url} did not answer JSON") from exc
+            finally:
+                del body
 
-        return self.retry.run(once, f"GET {url}")
+        return self.retry.run(once, f"GET {url}", deadline)
 
     def served(self, url: str) -> ServedFile:
         """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is.
@@ -282,14 +374,22 @@ class HubClient:
         Tried again under the retry policy.
         """
 
+        budget = metadata_timeout()
+        deadline = time.monotonic() + budget
+
         def once() -> ServedFile:
             target = url
-            for _ in range(6):
+            chain = self._chain(True)  # one chain across the hops followed here
+            for _ in range(MAX_REDIRECTS + 1):
                 self._count(requests=1)
                 try:
-                    response = self._client.head(
-                        target, follow_redirects=False, timeout=metadata_timeout()
-                    )
+                    with _noticed(self.endpoint, budget):
+                        response = self._client.head(
+                            target,
+                            follow_redirects=False,
+                            timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                            extensions=chain,
+                        )
                 except httpx2.TransportError as exc:
                     raise _unreachable(self.endpoint, exc) from exc
                 headers = response.headers
@@ -306,7 +406,7 @@ class HubClient:
                 )
             raise HubProtocolError(f"{url}: too many redirects")
 
-        return self.retry.run(once, f"HEAD {url}")
+        return self.retry.run(once, f"HEAD {url}", deadline)
 
     def revision(self, repo_id: str, repo_type: str, revision: str) -> RemoteRevision:
         """Resolve ``revision`` to a commit (one request); lists blobs if the Hub does."""
@@ -317,7 +417,17 @@ class HubClient:
         commit = obj["sha"]
         if not COMMIT_RE.match(commit):
             raise HubProtocolError(f"{url}: {commit!r} is not a commit")
-        return RemoteRevision(commit, _files_from_siblings(obj.get("siblings")))
+        return RemoteRevision(
+            commit,
+            _files_from_siblings(obj.get("siblings")),
+            private=obj.get("private") is True,
+            gated=obj.get("gated") not in (None, False, "false", "False"),
+        )
+
+    def auth_check(self, repo_id: str, repo_type: str) -> None:
+        """``GET .../auth-check``: returns when the token may read the repo's files, else
+        raises the Hub's refusal (:class:`AccessError` with its status, code and message)."""
+        self._get_json(self.api_url(repo_id, repo_type, "auth-check"))
 
     def tree(self, repo_id: str, repo_type: str, commit: str) -> dict[str, RemoteFile]:
         """Every file of ``commit`` (follows ``Link: rel="next"`` pages)."""
@@ -336,8 +446,13 @@ class HubClient:
                 remote = _file_from_tree_entry(entry)
                 if remote is not None:
                     files[remote.path] = remote
+            if len(files) > MAX_LISTED_FILES:
+                raise InvalidListing(f"{url}: more than {MAX_LISTED_FILES} files listed")
             nxt = response.links.get("next", {}).get("url")
             url, params = (str(response.url.join(nxt)), None) if nxt else (None, None)
+            if url is not None:
+                self.rule.link(str(response.url), url)
+        check_listing(files)
         return files
 
     def tensor_manifest(
@@ -355,8 +470,10 @@ class HubClient:
         )
         self._count(requests=1)
         try:
-            response = self._client.get(url, timeout=metadata_timeout())
-        except httpx2.TransportError:
+            response = self._client.get(
+                url, timeout=metadata_timeout(), extensions=self._chain(False)
+            )
+        except (httpx2.TransportError, UnsafeRedirect):
             return None
         self._count(nbytes=len(response.content))
         if response.status_code != 200:
@@ -382,8 +499,13 @@ class HubClient:
         *,
         end: int | None = None,
         on_restart: Callable[[], None] | None = None,
+        limit: int | None = None,
     ) -> bool:
         """Send the body of ``url`` from ``start`` (to ``end``, exclusive) to ``sink``.
+
+        ``limit`` is the file's listed size: a body that would pass it raises
+        :class:`~cmh.hub.resolver.types.AnswerTooLarge` before the byte past it
+        reaches ``sink`` (the transfer stops there).
 
         Returns ``True`` when the server honoured the range (206, or 200 for a
         request from 0 to the end), ``False`` when it answered a ranged request
@@ -396,7 +518,7 @@ class HubClient:
         there is transient (the next try goes through the ``resolve`` URL).
         """
         with _asking(url) as (located, target):
-            return self._stream(located, target, start, sink, end, on_restart)
+            return self._stream(located, target, start, sink, end, on_restart, limit)
 
     def _stream(
         self,
@@ -406,6 +528,7 @@ class HubClient:
         sink: Callable[[bytes], None],
         end: int | None,
         on_restart: Callable[[], None] | None,
+        limit: int | None = None,
     ) -> bool:
         headers: dict[str, str] = dict(COMPRESSED)
         ranged = bool(start or end is not None)
@@ -438,12 +561,15 @@ class HubClient:
                 elif response.status_code != 200:
                     raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
                 expected = None if end is None else end - start
+                allowed = None if limit is None else limit - (start if honoured else 0)
                 got = 0
                 # A compressed answer (asked for only without Range) is decoded for the sink.
                 encoded = response.headers.get("Content-Encoding", "identity") != "identity"
                 for chunk in response.iter_bytes() if encoded else response.iter_raw():
                     if expected is not None and got + len(chunk) > expected:
                         raise HubProtocolError(f"{url}: more bytes than the range asked for")
+                    if allowed is not None and got + len(chunk) > allowed:
+                        raise AnswerTooLarge(f"{url}: body longer than the listed {limit} bytes")
                     got += len(chunk)
                     self._count(nbytes=response.num_bytes_downloaded - counted)
                     counted = response.num_bytes_downloaded
@@ -561,7 +687,12 @@ def raise_for_status(response: httpx2.Response) -> None:
         raise NotFoundError(f"file not found: {url}", "entry")
     if code == "GatedRepo" or status in (401, 403):
         said = hub_message(response)
-        raise AccessError(f"access refused ({status}): {url}" + (f": {said}" if said else ""))
+        raise AccessError(
+            f"access refused ({status}): {url}" + (f": {said}" if said else ""),
+            status if status in (401, 403) else 403,
+            code or None,
+            said,
+        )
     if status == 429 or status >= 500:
         raise HubUnreachableError(
             f"{url}: server error {status}", retry_after=retry_after(response.headers)
@@ -613,12 +744,55 @@ def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
     return None
 
 
+def _read_capped(response: httpx2.Response, url: str) -> bytes:
+    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES`."""
+    parts: list[bytes] = []
+    total = 0
+    try:
+        for chunk in response.iter_bytes():
+            total += len(chunk)
+            if total > MAX_API_BYTES:
+                raise AnswerTooLarge(f"{url}: answer over {MAX_API_BYTES >> 20} MiB once decoded")
+            parts.append(chunk)
+    except httpx2.DecodingError as exc:
+        raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc
+    return b"".join(parts)
+
+
+def listed_path(path: str) -> str:
+    """A listed file name checked as a cache path, else :class:`InvalidListing`."""
+    try:
+        checked = validate_relpath(path)
+    except LayoutError as exc:
+        raise InvalidListing(f"the Hub lists an unusable file name {path[:300]!r}: {exc}") from None
+    encoded = checked.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_PATH_BYTES or any(
+        len(s) > MAX_SEGMENT_BYTES for s in encoded.split(b"/")
+    ):
+        raise InvalidListing(f"the Hub lists a file name too long for a cache: {path[:300]!r}")
+    return checked
+
+
+def check_listing(files: dict[str, RemoteFile]) -> None:
+    """Refuse a listing too long or with a name that is a file and a folder at once."""
+    if len(files) > MAX_LISTED_FILES:
+        raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
+    for path in files:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in files:
+                raise InvalidListing(f"the Hub lists {folder!r} as a file and as a folder")
+
+
 def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     if not isinstance(entry, dict) or entry.get("type") != "file":
         return None
     path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
-        raise HubProtocolError(f"malformed tree entry {entry!r}")
+        raise InvalidListing(f"malformed tree entry {str(entry)[:300]}")
+    if size < 0:
+        raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
     # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
     # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
     etag = _etag_of(oid, entry.get("lfs"))
@@ -627,7 +801,7 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     lfs = entry.get("lfs")
     if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
         size = lfs["size"]
-    return RemoteFile(validate_relpath(path), size, etag[0], etag[1], str(oid))
+    return RemoteFile(listed_path(path), size, etag[0], etag[1], str(oid))
 
 
 def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
@@ -647,5 +821,10 @@ def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
         lfs = s.get("lfs")
         if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
             size = lfs["size"]
-        files[validate_relpath(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+        if size < 0:
+            raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
+        files[listed_path(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+        if len(files) > MAX_LISTED_FILES:
+            raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
+    check_listing(files)
     return files

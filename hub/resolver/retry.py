@@ -50,10 +50,12 @@ class RetryPolicy:
         if attempt + 1 < self.attempts:
             self.sleep(self.delay(attempt, error))
 
-    def run(self, step: Callable[[], T], what: str) -> T:
+    def run(self, step: Callable[[], T], what: str, deadline: float | None = None) -> T:
         """``step()``, tried again on a transient :class:`HubUnreachableError` until the
-        attempts run out (one that is not ``transient`` is raised at once)."""
+        attempts run out (one that is not ``transient`` is raised at once), or, with a
+        ``deadline`` (a ``time.monotonic()`` value), until the next try would start past it."""
         last: HubUnreachableError | None = None
+        start = time.monotonic()
         for attempt in self.tries():
             try:
                 return step()
@@ -61,6 +63,11 @@ class RetryPolicy:
                 if not exc.transient:
                     raise
                 last = exc
+                if deadline is not None and time.monotonic() + self.delay(attempt, exc) >= deadline:
+                    spent = time.monotonic() - start
+                    raise HubUnreachableError(
+                        f"{what}: gave up after {spent:.1f} s ({attempt + 1} tries): {last}"
+                    ) from last
                 self.wait(attempt, exc)
         raise HubUnreachableError(f"{what} failed after {self.attempts} attempts: {last}") from last
 

@@ -112,6 +112,9 @@ class RemoteRevision:
 
     commit: str
     files: dict[str, RemoteFile] | None
+    #: What the answer says of access: ``private``, and ``gated`` (any value but false).
+    private: bool = False
+    gated: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,11 +258,29 @@ class NotFoundError(ResolveError):
 
 
 class AccessError(ResolveError):
-    """The Hub refused access (401/403, gated repo)."""
+    """The Hub refused access (401/403, gated repo): its status, ``X-Error-Code`` and message."""
+
+    def __init__(
+        self, message: str, status: int = 403, code: str | None = "GatedRepo", said: str = ""
+    ) -> None:
+        self.status = status
+        self.code = code
+        self.said = said
+        super().__init__(message)
 
 
 class HubProtocolError(ResolveError):
     """The Hub answered something the protocol does not allow."""
+
+
+class InvalidListing(HubProtocolError):
+    """The Hub listed a file name no cache can hold (absolute, ``..``, NUL, too long, a
+    file that is also a folder), or more files than the resolver accepts."""
+
+
+class AnswerTooLarge(HubProtocolError):
+    """A Hub answer past a limit: a body longer than the listed size, an API answer
+    over :data:`~cmh.hub.resolver.http.MAX_API_BYTES` once decoded."""
 
 
 class IntegrityError(ResolveError):

@@ -112,6 +112,7 @@ class _Fault:
 @dataclass
 class _BodyPlan:
     flip: bool = False
+    flip_at: int | None = None  # one byte of the body inverted at this offset
     stall_at: int | None = None
     stall_seconds: float = 0.0
     cut_at: int | None = None
@@ -161,6 +162,8 @@ class HubLike:
     _records: list[Record] = field(default_factory=list)
     _faults: list[_Fault] = field(default_factory=list)
     _corrupt: set[str] = field(default_factory=set)
+    _flip_once: dict[str, list[int]] = field(default_factory=dict)  # etag -> [times, offset]
+    _gated: dict[str, frozenset[str]] = field(default_factory=dict)  # repo id -> readers
     _cdn: dict[str, _CdnEntry] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -214,6 +217,37 @@ class HubLike:
         """Serve the blob whose ETag is ``etag`` with every byte inverted (same length)."""
         with self._lock:
             self._corrupt.add(etag)
+
+    def gate(self, repo_id: str, readers: frozenset[str] = frozenset()) -> None:
+        """Make model ``repo_id`` gated as the Hub does: its info is public and says
+        ``"gated": "manual"``; its files and ``auth-check`` answer ``403 GatedRepo`` to any
+        ``Authorization`` not in ``readers`` (full header values)."""
+        with self._lock:
+            self._gated[repo_id] = readers
+
+    def _gate_refusal(self, request: web.Request) -> web.Response | None:
+        with self._lock:
+            gated = dict(self._gated)
+        path = request.path
+        for repo_id, readers in gated.items():
+            files = path.startswith(f"/{repo_id}/resolve/")
+            check = path == f"/api/models/{repo_id}/auth-check"
+            if (files or check) and request.headers.get("Authorization") not in readers:
+                message = (
+                    f"Access to model {repo_id} is restricted. You must have access to it "
+                    "and be authenticated to access it. Please log in."
+                )
+                return web.json_response(
+                    {"error": message},
+                    status=403,
+                    headers={"X-Error-Code": "GatedRepo", "X-Error-Message": message},
+                )
+        return None
+
+    def flip_byte(self, etag: str, offset: int, times: int = 1) -> None:
+        """Invert the byte at ``offset`` of the next ``times`` GET bodies of ``etag``."""
+        with self._lock:
+            self._flip_once[etag] = [times, offset]
 
     def _add(self, fault: _Fault) -> None:
         with self._lock:
@@ -370,7 +404,7 @@ class HubLike:
     # -- hub origin ------------------------------------------------------------------------
 
     async def _hub(self, request: web.Request) -> web.StreamResponse:
-        early = self._status_fault("hub", request)
+        early = self._status_fault("hub", request) or self._gate_refusal(request)
         if early is not None:
             return early
         resolve = _RESOLVE_RE.match(request.raw_path.partition("?")[0])
@@ -510,6 +544,10 @@ class HubLike:
             doc = [_with_xet(e) for e in doc]
         if self.edit_json is not None:
             doc = self.edit_json(kind, request.path, doc)
+        with self._lock:
+            gated = set(self._gated)
+        if kind == "repo_info" and isinstance(doc, dict) and doc.get("id") in gated:
+            doc["gated"] = "manual"
         headers["Content-Type"] = "application/json"
         return web.Response(status=200, body=json.dumps(doc).encode(), headers=headers)
 
@@ -643,6 +681,10 @@ class HubLike:
         plan = _BodyPlan()
         with self._lock:
             plan.flip = etag in self._corrupt
+            once = self._flip_once.get(etag)
+            if once is not None and once[0] > 0 and request.method == "GET":
+                once[0] -= 1
+                plan.flip_at = once[1]
         stall = self._take("stall", origin, request.method, request.path)
         if stall is not None:
             plan.stall_at, plan.stall_seconds = stall.after_bytes, stall.seconds
@@ -683,6 +725,10 @@ class HubLike:
         """Write one chunk; True when the connection was cut on purpose."""
         if plan.flip:
             chunk = chunk.translate(_FLIP)
+        at = plan.flip_at
+        if at is not None and exchange.bytes_sent <= at < exchange.bytes_sent + len(chunk):
+            i = at - exchange.bytes_sent
+            chunk = chunk[:i] + chunk[i : i + 1].translate(_FLIP) + chunk[i + 1 :]
         if plan.stall_at is not None and exchange.bytes_sent + len(chunk) > plan.stall_at:
             head = max(0, plan.stall_at - exchange.bytes_sent)
             await response.write(chunk[:head])

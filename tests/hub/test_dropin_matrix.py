@@ -385,3 +385,43 @@ def test_sentence_transformers_cache_passes_hf_cache_verify(server, reference, t
         }
         assert not markers & set(snapshots[install]), markers  # no false "does not exist"
     assert snapshots[True] == snapshots[False]
+
+
+#: The gated-through-pull-through row (issue 26 item 2): the libraries' own calls.
+GATED_ROWS = ["AutoConfig", "AutoModel", "hf_hub_download", "snapshot_download"]
+
+
+def _error_type(cell: dict[str, str]) -> str:
+    return cell.get("error", "no error").split(":", 1)[0]
+
+
+def test_gated_repo_through_pullthrough_fails_as_the_gated_hub_does(
+    server: MirrorServer, tmp_path: Path
+) -> None:
+    """A gated upstream repo the mirror's upstream token cannot read, asked by a reader
+    the mirror's ``--tokens`` grants: every row fails with the error the stock library
+    gives against the gated Hub itself, with and without install(); no body is started."""
+    from mirror_support import MirrorServer as Server
+
+    token = "hf_cmh_dropin_matrix_token"
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"{token} org/minilm\n")
+    store = tmp_path / "pull"
+    store.mkdir()
+    with running(server.url) as front:
+        front.gate("org/minilm")
+        pull = Server(store, tmp_path / "logs", tokens=tokens, extra_args=("--upstream", front.url))
+        try:
+            config = {"rows": GATED_ROWS, "repos": {"model": "org/minilm"}}
+            hub = _run_rows(config, hf_env(front.url, tmp_path / "hub-home", token=token))
+            want = {row: _error_type(hub[row]) for row in GATED_ROWS}
+            assert all(v != "no error" for v in want.values()), hub
+            for install in (False, True):
+                env = hf_env(pull.url, tmp_path / f"home-{install}", token=token)
+                got = _run_rows({**config, "install": install}, env)
+                assert {row: _error_type(got[row]) for row in GATED_ROWS} == want, (install, got)
+            assert not front.records(origin="cdn")  # nothing was sent and then cut
+            statuses = {e["status"] for e in pull.log() if e.get("route") == "resolve"}
+            assert statuses == {403}, statuses
+        finally:
+            pull.stop()

@@ -223,12 +223,13 @@ def test_tokens_the_client_sends_never_reach_upstream_and_the_mirror_token_opens
 ) -> None:
     token_file = tmp_path / "upstream-token"
     token_file.write_text(PRIVATE_TOKEN + "\n")
-    pull = _pull_server(
-        mirror_server_factory,
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"client-secret-never-forwarded {PRIVATE_REPO}\n")
+    (tmp_path / "pull").mkdir()
+    pull = mirror_server_factory(
         tmp_path / "pull",
-        front.url,
-        "--upstream-token-file",
-        str(token_file),
+        tokens=tokens,
+        extra_args=("--upstream", front.url, "--upstream-token-file", str(token_file)),
     )
     client = {"Authorization": "Bearer client-secret-never-forwarded"}
     answer = httpx2.get(f"{pull.url}/{PRIVATE_REPO}/resolve/main/config.json", headers=client)

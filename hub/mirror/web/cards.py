@@ -11,7 +11,11 @@ also send a Content-Security-Policy that allows no inline script.
 
 from __future__ import annotations
 
+import html
+import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -19,6 +23,11 @@ from typing import Any
 
 #: Cards larger than this are shown cut (a card is text; this bounds rendering time).
 MAX_CARD_BYTES = 512 * 1024
+#: A card with more ``[`` than this is shown as text: markdown-it's link scan costs ~70 us
+#: per unclosed bracket, so 512 KiB of ``[`` took 15 s of CPU (issue 23).
+MAX_CARD_BRACKETS = 2000
+#: Rendered cards kept per worker, by blob (file identity): a page view renders once.
+CARD_CACHE_SIZE = 256
 #: Front-matter keys shown as tags, in this order (the Hub's usual card metadata).
 TAG_KEYS = (
     "license",
@@ -79,8 +88,8 @@ def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
     body = text[match.end() :]
     try:
         data = yaml.safe_load(match.group(1))
-    except yaml.YAMLError:
-        return {}, body, "the card's front matter is not valid YAML"
+    except Exception:  # untrusted: YAMLError, RecursionError, ValueError (huge ints), ...
+        return {}, body, "the card's front matter is not valid YAML: its data is ignored"
     if data is None:
         return {}, body, None
     if not isinstance(data, dict):
@@ -101,8 +110,32 @@ def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))[:60]
 
 
+_cache: OrderedDict[tuple[str, int, int, int], Card] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def read_card(path: Path) -> Card:
-    """Read and render the card at ``path`` (a README.md blob)."""
+    """The rendered card at ``path`` (a README.md blob), cached per file version."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _cache_lock:
+        card = _cache.get(key)
+        if card is not None:
+            _cache.move_to_end(key)
+            return card
+    card = _read_card(path)
+    with _cache_lock:
+        _cache[key] = card
+        while len(_cache) > CARD_CACHE_SIZE:
+            _cache.popitem(last=False)
+    return card
+
+
+def _as_text(body: str) -> str:
+    return f"<pre>{html.escape(body)}</pre>"
+
+
+def _read_card(path: Path) -> Card:
     notes: list[str] = []
     with open(path, "rb") as f:
         raw = f.read(MAX_CARD_BYTES + 1)
@@ -113,4 +146,12 @@ def read_card(path: Path) -> Card:
     front, body, problem = split_front_matter(text)
     if problem:
         notes.append(problem)
-    return Card(render_markdown(body), front, card_tags(front), tuple(notes))
+    if body.count("[") > MAX_CARD_BRACKETS:
+        notes.append(f"the card has more than {MAX_CARD_BRACKETS} '[': shown as text")
+        return Card(_as_text(body), front, card_tags(front), tuple(notes))
+    try:
+        rendered = render_markdown(body)
+    except Exception:  # RecursionError on deep nesting, or any other renderer failure
+        notes.append("the card cannot be rendered: shown as text")
+        rendered = _as_text(body)
+    return Card(rendered, front, card_tags(front), tuple(notes))

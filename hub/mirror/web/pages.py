@@ -61,6 +61,7 @@ from .session import (
     valid_token,
     viewer,
 )
+from .snippet import use_snippet
 from .urls import HubTarget, RepoUrls, hub_target, list_url
 
 STATIC = Path(__file__).parent / "static"
@@ -383,7 +384,8 @@ def _repo_context(
     key = repo_key(repo.repo_type, repo.repo_id)
     return {
         "repo": repo, "key": key, "revision": revision, "index": index,
-        "private": key in state.policy.private, "urls": RepoUrls(repo.repo_type, repo.repo_id),
+        "private": state.policy.is_private(repo.repo_type, repo.repo_id),
+        "urls": RepoUrls(repo.repo_type, repo.repo_id),
         "chips": tag_groups(fields, repo.repo_type), "params": params, "list_url": list_url,
         "human_count": human_count, "now": time.time(),
     }  # fmt: skip
@@ -422,6 +424,10 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
         card=card, images=foreign_images(card.html) if card else None,
         stamp=views.stamp_state(index, options.stamps, time.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
+    )  # fmt: skip
+    ctx["snippet"] = use_snippet(
+        ctx["endpoint"], repo.repo_type, repo.repo_id, revision,
+        ctx["key"] if ctx["private"] else None,
     )  # fmt: skip
     return render("repo.html", ctx)
 

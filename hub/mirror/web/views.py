@@ -342,7 +342,7 @@ def repo_row(
     repo: RepoLayout, policy: AccessPolicy, indexes: IndexCache, stamps: StampCache, now: float
 ) -> RepoRow:
     """The list line of one repo, at its default revision."""
-    private = repo_key(repo.repo_type, repo.repo_id) in policy.private
+    private = policy.is_private(repo.repo_type, repo.repo_id)
     revision, commit = default_revision(repo)
     if commit is None:
         return RepoRow(repo.repo_type, repo.repo_id, private, None, None, 0, 0, None, None)

@@ -1,0 +1,197 @@
+"""A hostile upstream Hub for ``cmh serve --upstream`` and ``cmh pull`` (issue 23).
+
+:class:`HostileHub` speaks just enough of the Hub API for one repo at a time
+(``revision``, ``tree``, ``resolve``) and lets a test make each answer lie:
+``redirect`` the ``resolve`` of a file elsewhere (without an ETag), point the
+tree's ``Link: rel="next"`` at another origin, loop redirects, list names no
+Hub would. :class:`Recorder` is a listener on another loopback origin that
+records what reached it (a "thief": it must never see a token). Both run on
+their own event loop thread; use them as context managers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+COMMIT = "c0ffee" + "0" * 34
+BODY = b"{}\n"  # what a Recorder serves (config.json of the default repo)
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class _Loop:
+    """An aiohttp app on ``host``, a free port, in its own thread."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def handler(self, request: web.Request) -> Any:  # overridden
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handler)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{self.host}:{port}"
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def shutdown() -> None:
+            assert self._runner is not None
+            await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(15)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    authorization: str | None
+
+
+class Recorder(_Loop):
+    """Records every request; answers 200 with a small body (a HEAD: an ETag too)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        super().__init__(host)
+        self.seen: list[Seen] = []
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append(Seen(request.method, request.path, request.headers.get("Authorization")))
+        if "/api/" in request.path:
+            return web.json_response([])
+        return web.Response(body=BODY, headers={"ETag": f'"{git_blob_id(BODY)}"'})
+
+
+@dataclass
+class HostileHub(_Loop):
+    """One repo, ``repo_id``, with ``files`` (path -> bytes) at :data:`COMMIT`.
+
+    Knobs: ``siblings`` (list blobs in the revision answer, else the tree is
+    asked), ``next_link`` (the tree's ``Link: rel="next"`` target),
+    ``resolve_redirect`` (a function ``(method, path) -> Location or None``),
+    ``tree_entries`` (replace the listing: raw entries), ``revision_extra``
+    (fields merged into the revision answer).
+    """
+
+    repo_id: str = "evil/repo"
+    files: dict[str, bytes] = field(default_factory=lambda: {"config.json": BODY})
+    siblings: bool = True
+    next_link: str | None = None
+    resolve_redirect: Callable[[str, str], str | None] | None = None
+    tree_entries: list[dict[str, Any]] | None = None
+    revision_extra: dict[str, Any] = field(default_factory=dict)
+    #: Extra body bytes after each file's listed ones (a body longer than listed).
+    overlong: int = 0
+    #: Pad the revision answer with this many spaces, sent gzip-compressed (a gzip bomb).
+    gzip_bomb: int = 0
+    #: Tree pages: ``(pages, entries each)`` of generated files, chained by same-origin Links.
+    tree_pages: tuple[int, int] | None = None
+    #: Seconds the revision answer waits before it is sent (a stalled upstream).
+    revision_delay: float = 0.0
+    seen: list[Seen] = field(default_factory=list)
+    _bomb: bytes | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__("127.0.0.1")
+
+    def _entries(self) -> list[dict[str, Any]]:
+        if self.tree_entries is not None:
+            return self.tree_entries
+        return [
+            {"type": "file", "path": p, "oid": git_blob_id(b), "size": len(b)}
+            for p, b in self.files.items()
+        ]
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append(Seen(request.method, request.path, request.headers.get("Authorization")))
+        path = request.path
+        api = f"/api/models/{self.repo_id}/"
+        if path.startswith(api + "revision/"):
+            if self.revision_delay:
+                await asyncio.sleep(self.revision_delay)
+            doc: dict[str, Any] = {"id": self.repo_id, "sha": COMMIT, "private": False}
+            if self.siblings:
+                doc["siblings"] = [
+                    {"rfilename": e["path"], "blobId": e["oid"], "size": e["size"]}
+                    for e in self._entries()
+                ]
+            doc.update(self.revision_extra)
+            if self.gzip_bomb:
+                if self._bomb is None:  # compressing 400 MiB takes seconds: once
+                    raw = json.dumps(doc).encode()[:-1] + b" " * self.gzip_bomb + b"}"
+                    self._bomb = gzip.compress(raw, 6)
+                return web.Response(
+                    body=self._bomb,
+                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+                )
+            return web.json_response(doc)
+        if path.startswith(api + "tree/") and self.tree_pages is not None:
+            pages, each = self.tree_pages
+            page = int(request.query.get("page", "0"))
+            entries = [
+                {"type": "file", "path": f"f/{page}/{i}.txt", "oid": "0" * 40, "size": 1}
+                for i in range(each)
+            ]
+            headers = {}
+            if page + 1 < pages:
+                headers["Link"] = f'<{self.url}{path}?page={page + 1}>; rel="next"'
+            return web.json_response(entries, headers=headers)
+        if path.startswith(api + "tree/"):
+            headers = {"Link": f'<{self.next_link}>; rel="next"'} if self.next_link else {}
+            return web.json_response(self._entries(), headers=headers)
+        prefix = f"/{self.repo_id}/resolve/"
+        if path.startswith(prefix):
+            file_path = path[len(prefix) :].split("/", 1)[1]
+            if self.resolve_redirect is not None:
+                where = self.resolve_redirect(request.method, file_path)
+                if where is not None:
+                    return web.Response(status=302, headers={"Location": where})
+            data = self.files.get(file_path)
+            if data is None:
+                return web.Response(status=404, headers={"X-Error-Code": "EntryNotFound"})
+            headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": COMMIT}
+            if request.method == "HEAD" or not self.overlong:
+                return web.Response(body=data, headers=headers)
+            response = web.StreamResponse(headers=headers)
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(data)
+            for _ in range(self.overlong >> 16):
+                await response.write(b"x" * (1 << 16))
+            await response.write_eof()
+            return response
+        return web.Response(status=404, headers={"X-Error-Code": "RepoNotFound"})

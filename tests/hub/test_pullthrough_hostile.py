@@ -1,0 +1,583 @@
+"""A hostile upstream behind ``cmh serve --upstream`` and ``cmh pull`` (issue 23).
+
+Each test names the finding it covers; each failed on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from click.testing import CliRunner
+from cmh.cli.main import cli
+from cmh.hub.mirror.store import add_folder
+from hostile_upstream import COMMIT, HostileHub, Recorder
+from hublike import running
+from mirror_support import (
+    PRIVATE_REPO,
+    PRIVATE_TOKEN,
+    TINY_REPO,
+    MirrorServer,
+    hf_env,
+    run_python,
+)
+
+FLIP_RESUME_SCRIPT = r"""
+import hashlib, json, os
+from huggingface_hub import hf_hub_download
+path = hf_hub_download("cmh-test/big", "big.bin")
+h = hashlib.sha256()
+with open(path, "rb") as f:
+    h.update(f.read())
+print(json.dumps({"sha256": h.hexdigest(), "size": os.path.getsize(path)}))
+"""
+
+
+def _big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    src = tmp_path / "big-src"
+    src.mkdir()
+    data = os.urandom(size)
+    (src / "big.bin").write_bytes(data)
+    (src / "config.json").write_text("{}\n")
+    store = tmp_path / "upstream-store"
+    add_folder(store, src, "cmh-test/big")
+    return store, data
+
+
+def test_flip_and_resume_stock_client_ends_with_the_etags_bytes(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """High 1: one byte flipped mid-fill; the stock client's ``Range`` resume must not
+    splice the wrong head to the next fill's right tail."""
+    store, data = _big_store(tmp_path, 24 << 20)  # over two of the client's 10 MB chunks
+    etag = hashlib.sha256(data).hexdigest()
+    backend = mirror_server_factory(store)
+    with running(backend.url, xet_listing=False) as hub:
+        hub.flip_byte(etag, offset=1000, times=1)  # the first transfer only
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
+        out = run_python(FLIP_RESUME_SCRIPT, hf_env(pull.url, tmp_path / "home"), timeout=120)
+        hub.wait_idle()
+    assert out == {"sha256": etag, "size": len(data)}
+    pull.sync()
+    gets = [r for r in pull.log() if r.get("method") == "GET" and "big.bin" in r.get("target", "")]
+    assert gets[0].get("cut") == "fill failed"  # the first body was cut...
+    assert gets[1]["range"] == f"bytes={20 << 20}-"  # the stock client resumed...
+    assert gets[1]["status"] == 200  # ...and was told to start again
+
+
+def test_private_upstream_repo_is_private_at_the_mirror_unless_granted(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """High 2: the mirror's upstream token reads a private repo; the mirror must not make
+    it public: 404 anonymous, 200 with a token ``--tokens`` grants, absent from listings."""
+    token_file = tmp_path / "upstream-token"
+    token_file.write_text(PRIVATE_TOKEN + "\n")
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"reader-token-0001 {PRIVATE_REPO}\nother-token-0002 {TINY_REPO}\n")
+    with running(mirror.url, xet_listing=False) as hub:
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(
+            tmp_path / "pull",
+            tokens=tokens,
+            extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
+        )
+        file_url = f"{pull.url}/{PRIVATE_REPO}/resolve/main/config.json"
+        granted = {"Authorization": "Bearer reader-token-0001"}
+        other = {"Authorization": "Bearer other-token-0002"}
+        anonymous = httpx2.get(file_url)
+        assert anonymous.status_code == 404
+        assert anonymous.headers["X-Error-Code"] == "RepoNotFound"
+        assert httpx2.head(file_url).status_code == 404
+        assert httpx2.get(file_url, headers=other).status_code == 404
+        ok = httpx2.get(file_url, headers=granted)
+        assert ok.status_code == 200 and ok.json() == {"secret": True}
+        assert httpx2.get(file_url).status_code == 404  # still, once the blob is stored
+        info = httpx2.get(f"{pull.url}/api/models/{PRIVATE_REPO}", headers=granted)
+        assert info.status_code == 200 and info.json()["private"] is True
+        assert httpx2.get(f"{pull.url}/api/models/{PRIVATE_REPO}").status_code == 404
+        listed = [m["id"] for m in httpx2.get(f"{pull.url}/api/models").json()]
+        assert PRIVATE_REPO not in listed
+        listed = [m["id"] for m in httpx2.get(f"{pull.url}/api/models", headers=granted).json()]
+        assert PRIVATE_REPO in listed
+        assert PRIVATE_REPO not in httpx2.get(f"{pull.url}/").text
+        assert "private or gated only to tokens that" in pull.stderr_text()
+
+        # The operator's explicit opt-out serves it to anyone, and says so at start.
+        (tmp_path / "open").mkdir()
+        opened = mirror_server_factory(
+            tmp_path / "open",
+            extra_args=(
+                "--upstream", hub.url, "--upstream-token-file", str(token_file),
+                "--public-upstream-repos",
+            ),
+        )  # fmt: skip
+        assert (
+            httpx2.get(f"{opened.url}/{PRIVATE_REPO}/resolve/main/config.json").status_code == 200
+        )
+        assert "WARNING" in opened.stderr_text()
+
+
+def test_gated_upstream_repo_gives_the_hubs_403_at_head_and_get(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Issue 26 item 2 (and high 2 for gated repos): a gated repo the mirror's upstream
+    token cannot read. Anonymous: 404 (private at the mirror); a granted reader: the
+    Hub's own ``403 GatedRepo`` and message at HEAD and GET alike, never 200 then a cut."""
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"reader-token-0001 {TINY_REPO}\n")
+    with running(mirror.url, xet_listing=False) as hub:
+        hub.gate(TINY_REPO)
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(
+            tmp_path / "pull", tokens=tokens, extra_args=("--upstream", hub.url)
+        )
+        url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+        assert httpx2.get(url).status_code == 404
+        granted = {"Authorization": "Bearer reader-token-0001"}
+        for method in ("HEAD", "GET", "HEAD"):
+            answer = httpx2.request(method, url, headers=granted)
+            assert answer.status_code == 403, (method, answer.status_code)
+            assert answer.headers["X-Error-Code"] == "GatedRepo"
+            assert "Access to model cmh-test/tiny is restricted" in answer.headers.get(
+                "X-Error-Message", ""
+            )
+        out = run_python(GATED_SCRIPT, hf_env(pull.url, tmp_path / "home", "reader-token-0001"))
+        assert out == {"error": "GatedRepoError"}
+        # The upstream grants the mirror's token: the granted reader gets the bytes.
+        hub.gate(TINY_REPO, frozenset({f"Bearer {PRIVATE_TOKEN}"}))
+        token_file = tmp_path / "upstream-token"
+        token_file.write_text(PRIVATE_TOKEN + "\n")
+        (tmp_path / "pull-2").mkdir()
+        with_token = mirror_server_factory(
+            tmp_path / "pull-2",
+            tokens=tokens,
+            extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
+        )
+        url = f"{with_token.url}/{TINY_REPO}/resolve/main/config.json"
+        assert httpx2.get(url).status_code == 404
+        assert httpx2.get(url, headers=granted).status_code == 200
+
+
+GATED_SCRIPT = r"""
+import json
+from huggingface_hub import hf_hub_download
+try:
+    hf_hub_download("cmh-test/tiny", "config.json")
+    print(json.dumps({"error": None}))
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__}))
+"""
+
+
+# -- one rule for credentials (medium: the token goes to other origins; low: any host) ----
+
+SECRET = "hf_secret_token_never_elsewhere_01"
+
+
+def _pull(hub: HostileHub, tmp_path: Path) -> Any:
+    env = {"HF_TOKEN": SECRET, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_XET": "1"}
+    args = ["pull", hub.repo_id, "--endpoint", hub.url, "--cache-dir", str(tmp_path / "cache")]
+    return CliRunner().invoke(cli, args, env=env)
+
+
+def _serve(factory: Callable[..., MirrorServer], hub: HostileHub, tmp_path: Path) -> MirrorServer:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    token_file = tmp_path / "upstream-token"
+    token_file.write_text(SECRET + "\n")
+    store = tmp_path / "pull-store"
+    store.mkdir(exist_ok=True)
+    return factory(
+        store, extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file))
+    )
+
+
+def test_a_resolve_redirect_to_another_origin_never_carries_the_token(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with Recorder() as thief, HostileHub() as hub:
+        hub.resolve_redirect = lambda method, path: f"{thief.url}/cdn/{path}"
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 0, result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        assert answer.status_code == 200 and answer.content == b"{}\n"
+        # The blob is held now: a second store's confirmation HEAD follows the redirect too.
+        assert thief.seen  # the CDN was asked...
+        assert all(s.authorization is None for s in thief.seen), thief.seen  # ...never with it
+        assert any(s.authorization == f"Bearer {SECRET}" for s in hub.seen)
+
+
+def test_a_head_redirect_without_etag_does_not_carry_the_token(tmp_path: Path) -> None:
+    """The HEAD that confirms a blob (``served``) follows redirects by hand."""
+    from cmh.hub.resolver.http import HubClient
+
+    with Recorder() as thief, HostileHub() as hub:
+        hub.resolve_redirect = lambda method, path: f"{thief.url}/cdn/{path}"
+        client = HubClient(hub.url, SECRET)
+        served = client.served(client.file_url(hub.repo_id, "model", COMMIT, "config.json"))
+        assert served.etag is not None
+        assert thief.seen and all(s.authorization is None for s in thief.seen), thief.seen
+
+
+def test_a_next_page_on_another_origin_is_refused(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with Recorder() as thief, HostileHub(siblings=False) as hub:
+        hub.next_link = f"{thief.url}/api/models/{hub.repo_id}/tree/{COMMIT}?cursor=x"
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 3, result.output
+        assert "another origin refused" in result.output
+        assert "Traceback" not in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        assert answer.status_code == 502, answer.status_code
+        assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+        assert thief.seen == []
+
+
+def test_redirect_loops_and_unconfigured_local_targets_are_refused(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with Recorder("127.0.0.2") as local, HostileHub() as hub:
+        loop = f"{hub.url}/{hub.repo_id}/resolve/{COMMIT}/config.json"
+        hub.resolve_redirect = lambda method, path: loop
+        result = _pull(hub, tmp_path / "a")
+        assert result.exit_code == 3, result.output
+        assert "redirects" in result.output and "Traceback" not in result.output
+        hub.resolve_redirect = lambda method, path: f"{local.url}/cdn/{path}"
+        result = _pull(hub, tmp_path / "b")
+        assert result.exit_code == 3, result.output
+        assert "local address refused" in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        try:
+            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            assert answer.status_code >= 500, answer.status_code
+        except httpx2.HTTPError:
+            pass  # headers sent while filling, then cut before the last byte: refused
+        assert local.seen == []
+
+
+def test_the_origin_rule() -> None:
+    from cmh.hub.resolver.origins import OriginRule, UnsafeRedirect
+
+    rule = OriginRule("https://hub.example")
+    assert rule.carries_token("https://hub.example/api/x")
+    assert not rule.carries_token("http://hub.example/api/x")  # another scheme: another origin
+    assert not rule.carries_token("https://hub.example:8443/api/x")
+    with pytest.raises(UnsafeRedirect, match="HTTPS to HTTP"):
+        rule.hop("https://hub.example/m/resolve/c/f", "http://cdn.example/f", True)
+    rule.hop("https://hub.example/m/resolve/c/f", "https://cdn.example/f", True)  # a CDN
+    rule.hop("https://cdn.example/f", "https://cdn.example/g", False)  # known from now on
+    with pytest.raises(UnsafeRedirect, match="another origin"):
+        rule.hop("https://hub.example/api/x", "https://elsewhere.example/x", False)
+    with pytest.raises(UnsafeRedirect, match="another origin"):
+        rule.hop("https://cdn.example/f", "https://elsewhere.example/x", True)
+    for local in ("127.0.0.1", "localhost", "169.254.169.254", "[::1]", "0.0.0.0"):
+        with pytest.raises(UnsafeRedirect, match="local address"):
+            rule.hop("https://hub.example/m/resolve/c/f", f"https://{local}/f", True)
+    with pytest.raises(UnsafeRedirect, match="another origin"):
+        rule.link("https://hub.example/api/tree", "https://cdn.example/api/tree?cursor=1")
+    with pytest.raises(UnsafeRedirect):
+        rule.hop("https://hub.example/m/resolve/c/f", "file:///etc/passwd", True)
+    loopback = OriginRule("http://127.0.0.1:8080")  # the operator configured this host
+    loopback.hop("http://127.0.0.1:8080/m/resolve/c/f", "http://127.0.0.1:9000/f", True)
+
+
+# -- bounds on everything remote (medium: nothing bounds what a Hub sends) ---------------
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_body_longer_than_listed_is_stopped_and_refused(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with HostileHub(files={"config.json": b"thirteen byte"}, overlong=8 << 20) as hub:
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 3, result.output
+        assert "longer than the listed 13 bytes" in result.output
+        assert "Traceback" not in result.output
+        leftovers = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+        assert all(p.stat().st_size <= 13 for p in leftovers), leftovers
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        try:  # never more than the listed bytes; the right ones, or an error / a cut
+            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            assert answer.status_code >= 500 or answer.content == b"thirteen byte"
+        except httpx2.HTTPError:
+            pass  # cut before the last byte: the fill was refused
+        blobs = list((tmp_path / "pull-store").rglob("blobs/*"))
+        assert all(p.stat().st_size <= 13 for p in blobs), blobs
+
+
+def test_a_gzip_bomb_and_a_huge_listing_are_refused_and_memory_returns(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    with HostileHub(gzip_bomb=400 << 20) as hub:  # 400 MiB of spaces, ~0.4 MB on the wire
+        result = _pull(hub, tmp_path / "a")
+        assert result.exit_code == 3, result.output
+        assert "MiB once decoded" in result.output and "Traceback" not in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        assert answer.status_code == 502 and "MiB once decoded" in answer.text
+        rss = _rss_mb(pull.process.pid)
+        print(f"mirror worker RSS after the gzip bomb: {rss:.0f} MB")
+        assert rss < 200
+
+    with HostileHub(siblings=False, tree_pages=(101, 1000)) as hub:  # 101,000 files
+        result = _pull(hub, tmp_path / "b")
+        assert result.exit_code == 3, result.output
+        assert "more than 100000 files" in result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path / "c")
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        answer = httpx2.get(url, timeout=60)
+        assert answer.status_code == 502
+        assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+        rss = _rss_mb(pull.process.pid)
+        print(f"mirror worker RSS after the 101,000-entry listing: {rss:.0f} MB")
+        assert rss < 200
+        assert not list((tmp_path / "c" / "pull-store").rglob("snapshots/*/*"))
+
+
+HOSTILE_NAMES = [
+    "../escape.txt",
+    "/etc/absolute.txt",
+    "nul\x00byte.txt",
+    "back\\slash.txt",
+    "empty//segment.txt",
+    "x" * 256 + ".txt",
+]
+
+
+def test_hostile_listing_names_are_a_typed_error_never_a_500(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    cases = [[{"type": "file", "path": n, "oid": "0" * 40, "size": 1}] for n in HOSTILE_NAMES]
+    clash = [
+        {"type": "file", "path": "a", "oid": "0" * 40, "size": 1},
+        {"type": "file", "path": "a/b", "oid": "0" * 40, "size": 1},
+    ]
+    for i, entries in enumerate([*cases, clash]):
+        with HostileHub(siblings=False, tree_entries=entries) as hub:
+            result = _pull(hub, tmp_path / f"p{i}")
+            assert result.exit_code == 3, (entries, result.output)
+            assert "Traceback" not in result.output and "lists" in result.output
+            pull = _serve(mirror_server_factory, hub, tmp_path / f"s{i}")
+            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            assert answer.status_code == 502, (entries, answer.status_code, answer.text)
+            assert "Traceback" not in pull.stderr_text()
+
+
+def test_every_answer_of_the_origin_is_nosniff_with_a_csp(mirror: MirrorServer) -> None:
+    """Low: API errors echo the path (``<script>``) with no ``nosniff``/CSP."""
+    for url in (
+        f"{mirror.url}/api/models/%3Cscript%3Ealert(1)%3C%2Fscript%3E/x",
+        f"{mirror.url}/{TINY_REPO}/resolve/main/config.json",
+        f"{mirror.url}/api/models/{TINY_REPO}",
+        f"{mirror.url}/health",
+    ):
+        answer = httpx2.get(url)
+        assert answer.headers.get("X-Content-Type-Options") == "nosniff", url
+        assert "default-src 'none'" in answer.headers.get("Content-Security-Policy", ""), url
+
+
+def test_a_client_dropping_mid_download_leaves_no_traceback(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Low: ``cmh serve`` printed a ``BrokenPipeError`` traceback when a client dropped."""
+    import socket
+
+    store, _ = _big_store(tmp_path, 32 << 20)
+    server = mirror_server_factory(store)
+    host, port = server.url.removeprefix("http://").split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"GET /cmh-test/big/resolve/main/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.recv(65536)
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+    server.sync()
+    assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
+    assert "BrokenPipe" not in server.stderr_text()
+
+
+# -- hostile model cards (medium: one card breaks the listing; rendering as CPU DoS) -----
+
+
+def test_hostile_cards_never_break_listings_info_or_pages(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    from cmh.hub.mirror.web import cards
+
+    store = tmp_path / "cards-store"
+    cases = {
+        "digits": "---\nlicense: 1" + "0" * 5000 + "\n---\n# digits\n",
+        "nested": "---\nlicense: mit\n---\n" + "[" * 3000 + "x" + "]" * 3000 + "\n",
+        "quotes": "> " * 3000 + "deep\n",
+        "brackets": "[" * (512 * 1024 - 10) + "\n",
+        "deep-yaml": "---\nx: " + "[" * 3000 + "]" * 3000 + "\n---\nbody\n",
+    }
+    for name, text in cases.items():
+        src = tmp_path / f"src-{name}"
+        src.mkdir()
+        (src / "README.md").write_text(text)
+        (src / "config.json").write_text("{}\n")
+        add_folder(store, src, f"cards/{name}")
+    server = mirror_server_factory(store)
+    listing = httpx2.get(f"{server.url}/api/models", params={"full": "true"}, timeout=60)
+    assert listing.status_code == 200
+    assert {m["id"] for m in listing.json()} == {f"cards/{n}" for n in cases}
+    for name in cases:
+        info = httpx2.get(f"{server.url}/api/models/cards/{name}", timeout=60)
+        assert info.status_code == 200, (name, info.text)
+        page = httpx2.get(f"{server.url}/-/models/cards/{name}", timeout=60)
+        assert page.status_code == 200, (name, page.status_code)
+    page = httpx2.get(f"{server.url}/-/models/cards/brackets", timeout=60)
+    assert "shown as text" in page.text
+    assert "not valid YAML" in httpx2.get(f"{server.url}/-/models/cards/digits", timeout=60).text
+    assert "Traceback" not in server.stderr_text()
+    # Rendered once per blob: the second read of a card is the cached object.
+    readme = next(p for p in (store / "models--cards--nested" / "snapshots").rglob("README.md"))
+    assert cards.read_card(readme) is cards.read_card(readme)
+
+
+# -- upstream trouble is cheap ------------------------------------------------------------
+
+
+def test_one_retry_cycle_per_revision_shared_by_waiting_clients(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: 4 clients each ran the whole retry cycle, one after the other."""
+    import threading
+
+    with running(mirror.url, xet_listing=False) as hub:
+        hub.fail(503, times=1000, path=r"/api/models/cmh-test/tiny/revision")
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
+        url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+        statuses: list[int] = []
+
+        def client() -> None:
+            statuses.append(httpx2.get(url, timeout=60).status_code)
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert statuses == [503] * 4
+        # The negative cache: a fifth client within its time asks nothing.
+        before = len(hub.records(path="revision"))
+        assert httpx2.get(url, timeout=60).status_code == 503
+        hub.wait_idle()
+        asked = hub.records(path="revision")
+    assert len(asked) == before <= 6  # one cycle (the resolver's 6 tries), not 4 x 6
+
+
+def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: a lying upstream was not remembered: 4 clients caused 10 full transfers."""
+    store, data = _big_store(tmp_path, 1 << 20)
+    etag = hashlib.sha256(data).hexdigest()
+    backend = mirror_server_factory(store)
+    with running(backend.url, xet_listing=False) as hub:
+        hub.corrupt(etag)
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
+        url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
+        import contextlib
+        import time
+
+        with contextlib.suppress(httpx2.HTTPError):
+            httpx2.get(url, timeout=30)  # cut before its last byte
+
+        deadline = time.monotonic() + 30
+        while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the fill's second try
+        hub.wait_idle()
+        time.sleep(0.3)  # the fill's failure reaches the event loop
+        transfers = len(hub.records(origin="cdn"))
+        for _ in range(4):
+            answer = httpx2.get(url, timeout=30)
+            assert answer.status_code == 502, answer.status_code
+            assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+        hub.wait_idle()
+        assert len(hub.records(origin="cdn")) == transfers
+
+
+def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: Path) -> None:
+    """Was: ``cmh pull`` waited 61-62 s (six tries of 10 s) in silence. Now one budget of
+    ``HF_HUB_ETAG_TIMEOUT`` (10 s) for all tries, and a line on the terminal meanwhile."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+
+    def hold() -> None:  # accept and read, never answer
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=hold, daemon=True).start()
+    port = listener.getsockname()[1]
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "home"), "HF_HUB_DISABLE_XET": "1"}
+    env.pop("HF_HUB_ETAG_TIMEOUT", None)
+    cmh = str(Path(sys.executable).parent / "cmh")
+    args = [cmh, "pull", "org/model", "--endpoint", f"http://127.0.0.1:{port}"]
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [*args, "--cache-dir", str(tmp_path / "c")], env=env, capture_output=True, text=True
+        )
+    finally:
+        elapsed = time.monotonic() - started
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert result.returncode == 3, result.stderr
+    assert "gave up after" in result.stderr and "Traceback" not in result.stderr
+    assert "no answer from" in result.stderr  # said while it waited
+    assert elapsed < 15, elapsed  # one 10 s budget (a loaded machine gets some slack)
+
+
+def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: every request waited 61 s on a stalled upstream, also those a stale copy
+    could answer. Now the stale copy answers after 3 s while the revalidation goes on."""
+    import time
+
+    with HostileHub() as hub:
+        store = tmp_path / "pull"
+        store.mkdir()
+        pull = mirror_server_factory(store, extra_args=("--upstream", hub.url, "--fresh-for", "1s"))
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        assert httpx2.get(url, timeout=10).content == b"{}\n"
+        time.sleep(1.2)  # past --fresh-for (1 s)
+        hub.revision_delay = 6.0
+        started = time.monotonic()
+        answer = httpx2.get(url, timeout=5.5)  # fails if it waits for the stalled upstream
+        assert answer.status_code == 200 and answer.content == b"{}\n"
+        assert "110" in answer.headers.get("Warning", "")
+        assert time.monotonic() - started < 5.5
