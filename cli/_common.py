@@ -73,13 +73,16 @@ def print_error(message: str) -> None:
 
 
 def human_bytes(n: int) -> str:
-    """``1536`` -> ``1.5 KiB``; exact below 1 KiB."""
-    if n < 1024:
+    """``1536`` -> ``1.5 kB``: decimal units, as the bars (``MB/s``) and disk vendors count.
+
+    Exact below 1 kB.
+    """
+    if n < 1000:
         return f"{n} B"
     value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000
+        if value < 999.95 or unit == "PB":
             return f"{value:.1f} {unit}"
     raise AssertionError("unreachable")
 
@@ -101,12 +104,16 @@ def stderr_is_terminal() -> bool:
 
 
 @contextlib.contextmanager
-def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]:
+def progress_bar(
+    total_bytes: int, desc: str, passes: tuple[str, ...] = ()
+) -> Iterator[Callable[[int], None]]:
     """Yield a callback ``advance(nbytes)`` that drives a byte progress bar.
 
-    The bar is a tqdm bar on stderr, shown only when stderr is a terminal;
-    otherwise the callback does nothing and tqdm is not imported. The callback
-    may be called from worker threads.
+    The bar is a tqdm bar on stderr in decimal units (MB, MB/s), shown only when
+    stderr is a terminal; otherwise the callback does nothing and tqdm is not
+    imported. The callback may be called from worker threads. With ``passes``
+    (e.g. ``("hash", "store")``) the work reads ``total_bytes`` once per pass:
+    the bar counts to ``total_bytes`` for each, its label naming the pass.
     """
     if total_bytes <= 0 or not stderr_is_terminal():
         yield _no_progress
@@ -115,12 +122,13 @@ def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]
 
     lock = threading.Lock()
     columns, lines = _terminal_size()
+    names = list(passes)
     with tqdm(
         total=total_bytes,
-        desc=desc,
+        desc=f"{names.pop(0)} {desc}" if names else desc,
         unit="B",
         unit_scale=True,
-        unit_divisor=1024,
+        unit_divisor=1000,
         file=sys.stderr,
         leave=False,
         ncols=columns or 80,
@@ -130,9 +138,42 @@ def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]
 
         def advance(nbytes: int) -> None:
             with lock:
+                while names and bar.n + nbytes > total_bytes:
+                    nbytes -= total_bytes - bar.n
+                    bar.reset(total=total_bytes)
+                    bar.set_description(f"{names.pop(0)} {desc}", refresh=False)
                 bar.update(nbytes)
 
         yield advance
+
+
+@contextlib.contextmanager
+def late_progress_bar(desc: str, show: bool = True) -> Iterator[LateBar]:
+    """A progress bar whose total is known only once the work has begun (a resolve).
+
+    Yields a :class:`LateBar`: pass ``bar.on_total`` and ``bar.advance`` to the work.
+    """
+    with contextlib.ExitStack() as stack:
+        yield LateBar(desc, show, stack)
+
+
+class LateBar:
+    """The callbacks of :func:`late_progress_bar`."""
+
+    def __init__(self, desc: str, show: bool, stack: contextlib.ExitStack) -> None:
+        self.desc = desc
+        self.show = show
+        self._stack = stack
+        self._advance: Callable[[int], None] = _no_progress
+
+    def on_total(self, total: int) -> None:
+        """Open the bar for ``total`` bytes."""
+        if self.show:
+            self._advance = self._stack.enter_context(progress_bar(total, self.desc))
+
+    def advance(self, nbytes: int) -> None:
+        """``nbytes`` more are done."""
+        self._advance(nbytes)
 
 
 def _terminal_size() -> tuple[int, int]:

@@ -13,17 +13,19 @@ from ._common import (
     EXIT_OK,
     EXIT_UNREADABLE,
     EXIT_USAGE,
-    JSON_SCHEMA_VERSION,
     echo,
     emit_json,
     fail,
     handle_errors,
     human_bytes,
     json_option,
+    late_progress_bar,
     progress_bar,
     usage_error,
     warn,
 )
+from ._documents import envelope
+from ._interrupt import stop_on_interrupt
 from .store_location import STORE, StoreLocation, open_bucket_or_fail
 
 STORE_OPTION = click.option(
@@ -58,9 +60,14 @@ def add(
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
     from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
 
+    snapshot = _hub_cache_snapshot(src_dir)
+    resume = "blobs stored so far are kept; run the same command again to finish the import"
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
-        with progress_bar(total * 2, f"import {repo_id}") as advance:
+        with (
+            stop_on_interrupt(resume),
+            progress_bar(total, repo_id, passes=("hash", "store")) as advance,
+        ):
             if isinstance(store, str):
                 result = open_bucket_or_fail(store).add_folder(
                     src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
@@ -69,11 +76,19 @@ def add(
                 result = add_folder(store, src_dir, repo_id, revision=revision,
                                     repo_type=repo_type, progress=advance)  # fmt: skip
     except InvalidNameError as exc:
-        fail(str(exc), EXIT_USAGE)
+        fail(f"{exc} (expected ORG/NAME or NAME, e.g. --repo acme/bert-tiny)", EXIT_USAGE)
     except StoreError as exc:
+        if snapshot is not None and "symlink points outside" in str(exc):
+            fail(
+                f"{src_dir} is a snapshot folder of a Hugging Face cache: its files are links "
+                f"into {snapshot}. Import a plain folder instead, e.g. "
+                f"`cp -rL {src_dir} ./model && cmh mirror add ./model ...`, or copy "
+                "the cache folder itself as a store (it already has the store layout)",
+                EXIT_USAGE,
+            )
         fail(str(exc), EXIT_CHECK_FAILED)
     if as_json:
-        emit_json({"schema": JSON_SCHEMA_VERSION, **result.to_dict()})
+        emit_json(envelope("mirror add", ok=True, exit_status=EXIT_OK, **result.to_dict()))
         return
     what = "new commit" if result.created else "unchanged, no new commit"
     echo(
@@ -81,6 +96,19 @@ def add(
         f"{result.files} files, {human_bytes(result.total_bytes)}, "
         f"{result.new_blobs} new blobs ({human_bytes(result.new_bytes)})"
     )
+
+
+def _hub_cache_snapshot(folder: Path) -> Path | None:
+    """The ``blobs`` folder when ``folder`` is ``.../models--org--name/snapshots/<commit>``."""
+    resolved = folder.resolve()
+    repo = resolved.parent.parent
+    if resolved.parent.name == "snapshots" and repo.name.split("--")[0] in (
+        "models",
+        "datasets",
+        "spaces",
+    ):
+        return repo / "blobs"
+    return None
 
 
 TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
@@ -129,13 +157,13 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
 
     if as_json:
         emit_json(
-            {
-                "schema": JSON_SCHEMA_VERSION,
-                "repos": [
-                    {**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos
-                ],
-                "warnings": [g.to_dict() for g in grants],
-            }
+            envelope(
+                "mirror ls",
+                ok=True,
+                exit_status=EXIT_OK,
+                repos=[{**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos],
+                warnings=[g.to_dict() for g in grants],
+            )
         )
         return
     if not repos:
@@ -146,6 +174,9 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
         echo(f"{prefix}{r.repo_id}  {r.blobs} blobs, {human_bytes(r.blob_bytes)}{mark}")
         for ref in r.refs:
             echo(f"  {ref.name:<20} {ref.commit}  {ref.files} files, {human_bytes(ref.bytes)}")
+
+
+_SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the same command again"
 
 
 @mirror.command("scrub")
@@ -172,7 +203,8 @@ def scrub(
         from cmh.hub.mirror.bucket_scrub import scrub_bucket
 
         bucket = open_bucket_or_fail(store)  # every blob is streamed and hashed whole
-        report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
+        with stop_on_interrupt(_SCRUB_RESUME):
+            report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
     else:
         if not store.is_dir():
             fail(f"{store}: store folder not found", EXIT_USAGE)
@@ -180,15 +212,22 @@ def scrub(
         for repo in iter_repos(store):
             if repo.blobs.is_dir():
                 total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
-        with progress_bar(total, "scrub") as advance:
+        with stop_on_interrupt(_SCRUB_RESUME), progress_bar(total, "scrub") as advance:
             report = scrub_store(
                 store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
             )
         from cmh.hub.mirror.scrub_history import record_scrub
 
         record_scrub(store, report.to_dict())  # shown on the web operator page
+    if report.bad:
+        code = EXIT_CHECK_FAILED
+    elif report.errors:
+        code = EXIT_UNREADABLE
+    else:
+        code = EXIT_OK
     if as_json:
-        emit_json({"schema": JSON_SCHEMA_VERSION, **report.to_dict()})
+        emit_json(envelope("mirror scrub", ok=code == EXIT_OK, exit_status=code,
+                           **report.to_dict()))  # fmt: skip
     else:
         echo(f"checked {len(report.checks)} blobs, {human_bytes(report.bytes_checked)}")
         for c in report.bad:
@@ -199,26 +238,37 @@ def scrub(
             echo(f"ERROR {c.repo} blob {c.blob}: {c.error}: {c.message}")
         for link in report.broken_links:
             echo(f"unsafe or dangling snapshot entry (not served): {link}")
-    if report.bad:
-        code = EXIT_CHECK_FAILED
-    elif report.errors:
-        code = EXIT_UNREADABLE
-    else:
-        code = EXIT_OK
     raise click.exceptions.Exit(code)
 
 
 @click.command("serve")
 @STORE_OPTION
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface; :: every IPv6 one).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port (0: a free one, printed at start).",
+)
 @click.option(
     "--tokens",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     help=TOKENS_HELP,
 )
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Worker processes sharing the port (about one per core for heavy traffic).",
+)
 @click.option(
     "--access-log",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -339,6 +389,8 @@ def serve(
         pull = UpstreamConfig(
             upstream, _read_token(upstream_token_file), float(fresh_for), float(stale_if_error)
         )
+        if isinstance(store, Path) and not store.exists():
+            store.mkdir(parents=True)  # a pull-through cache starts empty
     elif upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")
 
@@ -420,17 +472,27 @@ def sync(
     token = _read_token(token_file)
     store.mkdir(parents=True, exist_ok=True)
     results = []
+    resume = (
+        "repos reported synced are complete, finished files and chunks of the one in progress "
+        "are kept; run the same command again to resume"
+    )
     for repo_id in repo_ids:
         try:
-            res = hub.resolve(
-                repo_id,
-                revision,
-                repo_type=repo_type,
-                cache_dir=store,
-                endpoint=upstream,
-                token=token or False,
-                policy=hub.Policy(stale_if_error=False),
-            )
+            with (
+                stop_on_interrupt(resume),
+                late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
+            ):
+                res = hub.resolve(
+                    repo_id,
+                    revision,
+                    repo_type=repo_type,
+                    cache_dir=store,
+                    endpoint=upstream,
+                    token=token or False,
+                    policy=hub.Policy(stale_if_error=False),
+                    progress=bar.advance,
+                    on_total=bar.on_total,
+                )
         except LayoutError as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
         results.append(res)
@@ -441,9 +503,7 @@ def sync(
             )
     if as_json:
         emit_json(
-            {
-                "schema": JSON_SCHEMA_VERSION,
-                "command": "mirror sync",
-                "repos": [r.to_json() for r in results],
-            }
+            envelope(
+                "mirror sync", ok=True, exit_status=EXIT_OK, repos=[r.to_json() for r in results]
+            )
         )

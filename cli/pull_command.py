@@ -11,8 +11,6 @@ failure (1 or 3) prints one document too: ``ok`` false, ``error_kind``, ``error`
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -26,10 +24,11 @@ from ._common import (
     fail,
     human_bytes,
     json_option,
-    progress_bar,
+    late_progress_bar,
     usage_error,
     warn,
 )
+from ._interrupt import stop_on_interrupt
 
 
 @click.command("pull")
@@ -109,18 +108,9 @@ def pull(
         policy = Policy.from_env(**overrides)
     except ValueError as exc:  # CMH_DOWNLOAD_CONNECTIONS out of range
         usage_error(str(exc))
-    with contextlib.ExitStack() as stack:
-        advance: list[Callable[[int], None]] = []
-
-        def on_total(total: int) -> None:
-            if not as_json:
-                desc = f"pull {repo_id} ({policy.connections} conn)"
-                advance.append(stack.enter_context(progress_bar(total, desc)))
-
-        def progress(n: int) -> None:
-            if advance:
-                advance[0](n)
-
+    resume = "finished files and chunks are kept; run the same command again to resume"
+    desc = f"pull {repo_id} ({policy.connections} conn)"
+    with stop_on_interrupt(resume), late_progress_bar(desc, show=not as_json) as bar:
         try:
             res = resolve(
                 repo_id,
@@ -130,8 +120,8 @@ def pull(
                 endpoint=endpoint,
                 allow_patterns=list(patterns) or None,
                 policy=policy,
-                progress=progress,
-                on_total=on_total,
+                progress=bar.advance,
+                on_total=bar.on_total,
             )
         except LayoutError as exc:
             usage_error(str(exc))
