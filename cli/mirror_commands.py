@@ -88,7 +88,9 @@ def add(
             )
         fail(str(exc), EXIT_CHECK_FAILED)
     if as_json:
-        emit_json(envelope("mirror add", ok=True, exit_status=EXIT_OK, **result.to_dict()))
+        emit_json(
+            envelope("mirror add", **{**result.to_dict(), "ok": True, "exit_status": EXIT_OK})
+        )
         return
     what = "new commit" if result.created else "unchanged, no new commit"
     echo(
@@ -226,8 +228,11 @@ def scrub(
     else:
         code = EXIT_OK
     if as_json:
-        emit_json(envelope("mirror scrub", ok=code == EXIT_OK, exit_status=code,
-                           **report.to_dict()))  # fmt: skip
+        emit_json(
+            envelope(
+                "mirror scrub", **{**report.to_dict(), "ok": code == EXIT_OK, "exit_status": code}
+            )
+        )
     else:
         echo(f"checked {len(report.checks)} blobs, {human_bytes(report.bytes_checked)}")
         for c in report.bad:
