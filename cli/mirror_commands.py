@@ -51,6 +51,7 @@ def mirror() -> None:
     type=click.Choice(["model", "dataset"]),
     default="model",
     show_default=True,
+    help="Import as a model or a dataset repo.",
 )
 @json_option
 @handle_errors
@@ -451,7 +452,11 @@ def _read_token(path: Path | None) -> str | None:
 @click.option("--from", "upstream", required=True, metavar="URL", help="The Hub to fill from.")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @click.option(
-    "--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True
+    "--repo-type",
+    type=click.Choice(["model", "dataset"]),
+    default="model",
+    show_default=True,
+    help="Kind of the repos named.",
 )
 @click.option(
     "--token-file",

@@ -185,7 +185,8 @@ def prune(
         for line in plan_lines(plan, kind, dry_run=False):
             click.echo(line, err=as_json)
         if not click.confirm("Delete these?", default=False, err=True):
-            fail("nothing deleted", EXIT_CHECK_FAILED)
+            click.echo("Kept everything: nothing deleted.", err=True)
+            raise click.exceptions.Exit(EXIT_CHECK_FAILED)
 
     _execute(plan, kind, lock_timeout, as_json)
 

@@ -39,6 +39,7 @@ from ._interrupt import stop_on_interrupt
     type=click.Choice(["model", "dataset", "space"]),
     default="model",
     show_default=True,
+    help="What kind of repo REPO_ID names (as the Hub's /models, /datasets, /spaces).",
 )
 @click.option(
     "--cache-dir",

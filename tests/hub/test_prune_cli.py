@@ -150,7 +150,7 @@ def test_asks_on_a_terminal(cache: tuple[Path, dict[str, str]]) -> None:
     root, commits = cache
     before = tree_state(root)
     status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"n")
-    assert status == 1 and "nothing deleted" in shown
+    assert status == 1 and "nothing deleted" in shown and "error:" not in shown
     assert f"revision {commits['expired'][:12]}: expired" in shown
     assert tree_state(root) == before
     status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"y")
