@@ -189,6 +189,46 @@ def _no_progress(nbytes: int) -> None:
     del nbytes
 
 
+@contextlib.contextmanager
+def report_waits() -> Iterator[None]:
+    """Within the block, a request with no answer yet is told on stderr within seconds.
+
+    ``waiting for GET http://...: no answer yet after 3 s (try 1 of 6)``, then one line
+    per retry (``..., retry 2 of 6 in 1 s``); the same line is not repeated.
+    """
+    from cmh.hub.resolver.retry import add_wait_listener
+
+    said: set[str] = set()
+    lock = threading.Lock()
+
+    def tell(message: str) -> None:
+        with lock:
+            if message in said:
+                return
+            said.add(message)
+        click.echo(f"waiting for {message}", err=True)
+
+    remove = add_wait_listener(tell)
+    try:
+        yield
+    finally:
+        remove()
+
+
+def check_hub_url(url: str | None, what: str) -> None:
+    """A usage error at once for a Hub URL without ``http://`` or ``https://``."""
+    if url is None:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        usage_error(
+            f"{what} {url!r} is not a URL: give the scheme and host, e.g. "
+            f"http://{url.strip().split('://')[-1] or 'localhost:8080'} or https://huggingface.co"
+        )
+
+
 # -- errors ------------------------------------------------------------------------------
 
 

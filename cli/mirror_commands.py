@@ -13,6 +13,7 @@ from ._common import (
     EXIT_OK,
     EXIT_UNREADABLE,
     EXIT_USAGE,
+    check_hub_url,
     echo,
     emit_json,
     fail,
@@ -21,6 +22,7 @@ from ._common import (
     json_option,
     late_progress_bar,
     progress_bar,
+    report_waits,
     usage_error,
     warn,
 )
@@ -391,6 +393,7 @@ def serve(
     from cmh.hub.mirror.upstream import UpstreamConfig
 
     pull = None
+    check_hub_url(upstream, "--upstream")
     if upstream is not None:
         pull = UpstreamConfig(
             upstream, _read_token(upstream_token_file), float(fresh_for), float(stale_if_error)
@@ -479,6 +482,7 @@ def sync(
     import cmh.hub as hub
     from cmh.hub.cache.layout import LayoutError
 
+    check_hub_url(upstream, "--from")
     token = _read_token(token_file)
     store.mkdir(parents=True, exist_ok=True)
     results = []
@@ -490,6 +494,7 @@ def sync(
         try:
             with (
                 stop_on_interrupt(resume),
+                report_waits(),
                 late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
             ):
                 res = hub.resolve(

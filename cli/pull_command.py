@@ -11,6 +11,7 @@ failure (1 or 3) prints one document too: ``ok`` false, ``error_kind``, ``error`
 
 from __future__ import annotations
 
+import os
 from typing import Any, NoReturn
 
 import click
@@ -18,6 +19,7 @@ import click
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_UNREADABLE,
+    check_hub_url,
     describe_os_error,
     echo,
     emit_json,
@@ -25,6 +27,7 @@ from ._common import (
     human_bytes,
     json_option,
     late_progress_bar,
+    report_waits,
     usage_error,
     warn,
 )
@@ -100,6 +103,10 @@ def pull(
             )
         fail(message, exit_code)
 
+    if endpoint is not None:
+        check_hub_url(endpoint, "--endpoint")
+    elif not offline:
+        check_hub_url(os.environ.get("HF_ENDPOINT") or None, "HF_ENDPOINT")
     overrides: dict[str, Any] = {"strict": strict, "revalidate": revalidate}
     if offline:
         overrides["offline"] = True
@@ -111,7 +118,11 @@ def pull(
         usage_error(str(exc))
     resume = "finished files and chunks are kept; run the same command again to resume"
     desc = f"pull {repo_id} ({policy.connections} conn)"
-    with stop_on_interrupt(resume), late_progress_bar(desc, show=not as_json) as bar:
+    with (
+        stop_on_interrupt(resume),
+        report_waits(),
+        late_progress_bar(desc, show=not as_json) as bar,
+    ):
         try:
             res = resolve(
                 repo_id,
