@@ -391,6 +391,11 @@ def _print_verdict(result: VerifyResult, now: float) -> None:
         click.echo(f"FAILED   {result.path}: {result.outcome.value}")
         for problem in result.problems:
             click.echo(f"         - {problem.outcome.value}: {problem.message}")
+            if problem.outcome.value == "expired":
+                click.echo(
+                    f"           (if its content is still right: restamp it, `cmh stamp "
+                    f"{result.path} --ttl 30d`; or accept it once with --allow-expired)"
+                )
     for note in result.notes:
         warn(f"{result.path}: {note}")
 
@@ -449,7 +454,7 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
             status = EXIT_UNREADABLE
             files.append({"path": file, "error": str(exc)})
             if not as_json:
-                click.echo(f"{file}: not a readable safetensors file: {exc.reason}")
+                click.echo(f"{file}: not a readable safetensors file: {exc.reason}", err=True)
             continue
         doc = inspection_document(insp, now)
         files.append({**doc, "error": None})
@@ -462,9 +467,9 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
     )
     if not as_json and checkpoint is not None:
         if target.error is not None:
-            click.echo(f"{path}: {target.error}")
+            click.echo(f"{path}: {target.error}", err=True)
         for problem in target.problems:
-            click.echo(f"{path}: index_inconsistent: {problem}")
+            click.echo(f"{path}: index_inconsistent: {problem}", err=True)
     _finish(
         as_json,
         envelope("inspect", path=path, kind=target.kind, files=files, checkpoint=checkpoint),

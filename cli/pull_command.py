@@ -87,6 +87,12 @@ def pull(
 
     def refuse(exc: Exception, exit_code: int) -> NoReturn:
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        if error_kind(exc) == "not_found":
+            message += (
+                "; check the spelling (repo ids are case-sensitive, e.g. "
+                "sentence-transformers/all-MiniLM-L6-v2), the --repo-type and --revision; "
+                "a private or gated repo also answers not found without a token (set HF_TOKEN)"
+            )
         if as_json:
             from ._documents import envelope
 
