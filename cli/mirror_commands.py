@@ -512,10 +512,9 @@ def sync(
             usage_error(f"{repo_id}@{revision}: {exc}")
         results.append(res)
         if not as_json:
-            echo(
-                f"{repo_id}@{revision} -> {res.commit} ({res.state.value}); "
-                f"{len(res.files)} files, {human_bytes(res.bytes_transferred)} fetched"
-            )
+            from .pull_command import outcome_words
+
+            echo(f"{repo_id}@{revision}: {outcome_words(res)}")
     if as_json:
         emit_json(
             envelope(

@@ -156,11 +156,29 @@ def pull(
     for w in res.warnings:
         warn(w)
     echo(str(res.path))
-    click.echo(
-        f"{res.state.value}: commit {res.commit[:12]}, {res.requests} requests, "
-        f"{human_bytes(res.bytes_transferred)} transferred, "
-        f"{human_bytes(res.bytes_reused)} reused",
-        err=True,
+    click.echo(outcome_words(res), err=True)
+
+
+def outcome_words(res: Any) -> str:
+    """What a resolve did, in a person's words (``--json`` keeps the state names)."""
+    commit = res.commit[:12]
+    previous = (res.previous_commit or "")[:12]
+    requests = f"{res.requests} request{'s' if res.requests != 1 else ''}"
+    words = {
+        "missing": f"downloaded commit {commit} (it was not in the cache)",
+        "local_only": f"up to date: commit {commit}, stamped and not expired, so the Hub "
+        "was not asked",
+        "fresh": f"up to date: commit {commit}, the Hub confirmed it",
+        "etag_mismatch": f"updated to commit {commit}"
+        + (f" (was {previous})" if previous and previous != commit else ""),
+        "stale_offline": f"using the cached commit {commit}: the Hub could not be asked",
+        "corrupt": f"repaired commit {commit}: a cached file failed its check and was fetched "
+        "again",
+    }
+    done = words.get(res.state.value, f"{res.state.value}: commit {commit}")
+    return (
+        f"{done}; {requests}, {human_bytes(res.bytes_transferred)} downloaded, "
+        f"{human_bytes(res.bytes_reused)} reused from the cache"
     )
 
 
