@@ -134,10 +134,15 @@ def progress_bar(
         ncols=columns or 80,
         nrows=lines or 24,
         dynamic_ncols=columns > 0,
+        bar_format=_NO_ETA,
     ) as bar:
+        eta_shown = False
 
         def advance(nbytes: int) -> None:
+            nonlocal eta_shown
             with lock:
+                if not eta_shown and bar.n >= total_bytes * ETA_AFTER_FRACTION:
+                    bar.bar_format, eta_shown = _WITH_ETA, True
                 while names and bar.n + nbytes > total_bytes:
                     nbytes -= total_bytes - bar.n
                     bar.reset(total=total_bytes)
@@ -174,6 +179,13 @@ class LateBar:
     def advance(self, nbytes: int) -> None:
         """``nbytes`` more are done."""
         self._advance(nbytes)
+
+
+#: The bar's ETA appears once this share is done: before, the rate says nothing yet (a
+#: server hashing before it sends, a connection warming up) and the ETA would be absurd.
+ETA_AFTER_FRACTION = 0.02
+_WITH_ETA = "{l_bar}{bar}| {n_fmt}B/{total_fmt}B [{elapsed}<{remaining}, {rate_fmt}]"
+_NO_ETA = "{l_bar}{bar}| {n_fmt}B/{total_fmt}B [{elapsed}, {rate_fmt}]"
 
 
 def _terminal_size() -> tuple[int, int]:
