@@ -364,6 +364,13 @@ def scrub(
     help="Bucket stores: seconds a replica trusts a ref it read (a new commit is "
     "served by every replica at most this long after it is added).",
 )
+@click.option(
+    "--graceful-timeout",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="On SIGTERM or Ctrl-C: seconds requests in flight get to finish before the server stops.",
+)
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
 def serve(
@@ -385,9 +392,14 @@ def serve(
     keys: tuple[Path, ...],
     blob_delivery: str,
     ref_ttl: float,
+    graceful_timeout: float,
     tree_page_size: int,
 ) -> None:
-    """Serve a store through the Hub HTTP API and web pages (stops cleanly on SIGTERM)."""
+    """Serve a store through the Hub HTTP API and web pages.
+
+    SIGTERM or Ctrl-C stops it cleanly: no new connection is taken, requests in
+    flight get --graceful-timeout seconds to finish.
+    """
     from cmh.hub.mirror import ServeConfig, ServeError
     from cmh.hub.mirror import serve as run
     from cmh.hub.mirror.upstream import UpstreamConfig
@@ -427,6 +439,7 @@ def serve(
         warn=warn,
         blob_delivery=blob_delivery,
         ref_ttl=ref_ttl,
+        graceful_timeout=graceful_timeout,
     )
     try:
         code = run(config)

@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,6 +62,7 @@ class ServeConfig:
     warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
     blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel (local store)
     ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
+    graceful_timeout: float = SHUTDOWN_TIMEOUT  # after SIGTERM/SIGINT: requests in flight
 
 
 def public_url(text: str) -> str:
@@ -253,7 +255,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         runner = web.AppRunner(
             make_app(state, _pages(config)),
             access_log_class=AccessLogger,
-            shutdown_timeout=SHUTDOWN_TIMEOUT,
+            shutdown_timeout=config.graceful_timeout,
             keepalive_timeout=2 * config.idle_timeout,  # a backstop: the guard closes first
             lingering_time=config.header_timeout,  # unread body after an answer: bounded alike
         )
@@ -322,7 +324,7 @@ def _run_workers(config: ServeConfig) -> int:
                 raise ServeError("a worker failed to start")
             ready += len(chunk)
         config.announce(_url(reserve))
-        return _reap(children)
+        return _reap(children, config.graceful_timeout)
     finally:
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
@@ -341,12 +343,25 @@ def _signal_ready(fd: int) -> None:
     os.close(fd)
 
 
-def _reap(children: list[int]) -> int:
-    """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death."""
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _reap(children: list[int], graceful_timeout: float) -> int:
+    """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death.
+
+    A worker still running ``graceful_timeout`` + 1 s after the signal is killed.
+    """
     stopping = False
 
     def forward(signum: int, frame: object) -> None:
         nonlocal stopping
+        if not stopping:
+            deadline = threading.Timer(graceful_timeout + 1.0, _kill, (list(children),))
+            deadline.daemon = True
+            deadline.start()
         stopping = True
         for pid in children:
             with contextlib.suppress(ProcessLookupError):

@@ -8,9 +8,12 @@ resumed, and that what was finished is kept and reused by a rerun.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
+import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,10 +55,8 @@ def interrupt_when(
         while time.monotonic() < deadline:
             readable, _, _ = select.select([fd], [], [], 0.05)
             if readable:
-                try:
+                with contextlib.suppress(OSError):  # EIO: the child is gone
                     transcript += os.read(fd, 65536)
-                except OSError:  # EIO: the child is gone
-                    pass
             done, raw = os.waitpid(pid, os.WNOHANG)
             if done:
                 status = os.waitstatus_to_exitcode(raw)
@@ -160,3 +161,33 @@ def test_ctrl_c_stops_stamp_and_leaves_every_file_whole(tmp_path: Path) -> None:
         assert cmh.verify(path).ok
     rerun = run_subprocess(["verify", *map(str, originals)])
     assert rerun.exit_code == 1 and f"{len(done)} ok" in rerun.stdout
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_stops_on_ctrl_c_within_the_graceful_timeout(
+    tmp_path: Path, mirror_server_factory: Any, workers: int
+) -> None:
+    store = tmp_path / "store"
+    src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)  # 32 MiB
+    add_folder(store, src, "org/big")
+    server = mirror_server_factory(store, workers=workers, extra_args=("--graceful-timeout", "1"))
+    with socket.create_connection((server.host, server.port)) as client:
+        # A download in flight that never reads: the server cannot finish it.
+        client.sendall(b"GET /org/big/resolve/main/model.safetensors HTTP/1.1\r\n"
+                       b"Host: 127.0.0.1\r\n\r\n")  # fmt: skip
+        assert client.recv(12).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGINT)
+        code = server.process.wait(15)
+        seconds = time.monotonic() - started
+    assert seconds < 1 + 1.5, seconds  # the graceful timeout, then it stops
+    assert code in (0, 1), code  # 1 only when a worker had to be killed
+    assert "Traceback" not in server.stderr_text()
+
+
+def test_serve_upstream_creates_a_store_folder_that_does_not_exist(
+    tmp_path: Path, mirror_server_factory: Any
+) -> None:
+    store = tmp_path / "new" / "store"
+    server = mirror_server_factory(store, extra_args=("--upstream", "http://127.0.0.1:9"))
+    assert store.is_dir() and server.process.poll() is None

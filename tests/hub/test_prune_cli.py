@@ -112,7 +112,11 @@ def test_yes_deletes_and_reports_json(cache: tuple[Path, dict[str, str]]) -> Non
     assert stock_warnings(root) == warnings_before
     assert (root / "notes.txt").read_bytes() == b"the user's own file"
     again = run_subprocess(["prune", "--cache-dir", root, "--expired", "--yes"])
-    assert again.exit_code == 0 and "Nothing to remove from cache" in again.stdout and "Would remove" not in again.stdout
+    assert (
+        again.exit_code == 0
+        and "Nothing to remove from cache" in again.stdout
+        and "Would remove" not in again.stdout
+    )
 
 
 def _answer_on_a_terminal(args: list[str], answer: bytes) -> tuple[int, str]:
