@@ -62,6 +62,7 @@ def add(
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
     from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
+    from cmh.hub.mirror.bucket import ConditionalWritesUnsupported
 
     snapshot = _hub_cache_snapshot(src_dir)
     resume = "blobs stored so far are kept; run the same command again to finish the import"
@@ -72,14 +73,16 @@ def add(
             progress_bar(total, repo_id, passes=("hash", "store")) as advance,
         ):
             if isinstance(store, str):
-                result = open_bucket_or_fail(store).add_folder(
+                bucket = open_bucket_or_fail(store)
+                bucket.on_notice = warn  # a writer waiting on a pruner's lease says so
+                result = bucket.add_folder(
                     src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
                 )
             else:
                 result = add_folder(store, src_dir, repo_id, revision=revision,
                                     repo_type=repo_type, progress=advance)  # fmt: skip
-    except InvalidNameError as exc:
-        fail(f"{exc} (expected ORG/NAME or NAME, e.g. --repo acme/bert-tiny)", EXIT_USAGE)
+    except (InvalidNameError, ConditionalWritesUnsupported) as exc:
+        fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
         if snapshot is not None and "symlink points outside" in str(exc):
             fail(
