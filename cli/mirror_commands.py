@@ -119,6 +119,11 @@ def _hub_cache_snapshot(folder: Path) -> Path | None:
     return None
 
 
+_NO_STORE = (
+    "{store}: store folder not found (a store is made by the first import: "
+    "cmh mirror add DIR --store {store} --repo ORG/NAME)"
+)
+
 TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
 
 
@@ -154,7 +159,7 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
         grants = []  # names the tokens file has and the store lacks: local stores only
     else:
         if not store.is_dir():
-            fail(f"{store}: store folder not found", EXIT_USAGE)
+            fail(_NO_STORE.format(store=store), EXIT_USAGE)
         repos = list_store(store)
         grants = unserved_grants(policy, store) if policy is not None else []
     for grant in grants:
@@ -215,7 +220,7 @@ def scrub(
             report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
     else:
         if not store.is_dir():
-            fail(f"{store}: store folder not found", EXIT_USAGE)
+            fail(_NO_STORE.format(store=store), EXIT_USAGE)
         total = 0
         for repo in iter_repos(store):
             if repo.blobs.is_dir():

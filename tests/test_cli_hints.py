@@ -52,6 +52,8 @@ def test_a_store_path_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "store").write_text("not a folder")
     run = run_runner(["mirror", "ls", "--store", tmp_path / "store"])
     assert run.exit_code == 2 and "is a file, not a store folder" in run.stderr
+    missing = run_runner(["mirror", "ls", "--store", tmp_path / "nowhere"])
+    assert missing.exit_code == 2 and "made by the first import: cmh mirror add" in missing.stderr
 
 
 def test_a_hub_cache_snapshot_given_to_mirror_add_is_explained(tmp_path: Path) -> None:

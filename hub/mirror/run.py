@@ -172,7 +172,11 @@ def _check_store(config: ServeConfig) -> None:
         except InvalidLocation as exc:  # safe to use across fork()
             raise ServeError(str(exc)) from None
     elif not config.store.is_dir():
-        raise ServeError(f"{config.store}: store folder not found")
+        raise ServeError(
+            f"{config.store}: store folder not found (a store is made by the first import: "
+            f"cmh mirror add DIR --store {config.store} --repo ORG/NAME; with --upstream it "
+            "may start empty)"
+        )
 
 
 def _open_bucket(url: str, ref_ttl: float) -> BucketReader:
