@@ -21,6 +21,7 @@ from ._common import (
     fail,
     handle_errors,
     json_option,
+    progress_bar,
     usage_error,
     warn,
 )
@@ -191,7 +192,9 @@ def prune(
         for line in plan_lines(plan, kind, dry_run=False):  # what the settle waits to delete
             click.echo(line, err=True)
 
-    _execute(target, plan, kind, ExecuteOptions(lock_timeout, settle), as_json)
+    with progress_bar(0 if as_json else plan.freed, f"prune {kind}") as advance:
+        options = ExecuteOptions(lock_timeout, settle, progress=advance)
+        _execute(target, plan, kind, options, as_json)
 
 
 def _open_target(root: StoreLocation) -> PruneTarget:
