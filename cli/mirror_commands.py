@@ -23,6 +23,7 @@ from ._common import (
     late_progress_bar,
     progress_bar,
     report_waits,
+    stderr_is_terminal,
     usage_error,
     warn,
 )
@@ -216,8 +217,14 @@ def scrub(
         from cmh.hub.mirror.bucket_scrub import scrub_bucket
 
         bucket = open_bucket_or_fail(store)  # every blob is streamed and hashed whole
-        with stop_on_interrupt(_SCRUB_RESUME):
-            report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
+        total = 0
+        if not as_json and stderr_is_terminal():  # one listing for the bar's total
+            for _, _, folder in bucket.repos():
+                total += sum(info.size for info in bucket.blob_infos(folder).values())
+        with stop_on_interrupt(_SCRUB_RESUME), progress_bar(total, "scrub") as advance:
+            report = scrub_bucket(
+                bucket, do_quarantine=not no_quarantine, threads=threads, progress=advance
+            )
     else:
         if not store.is_dir():
             fail(_NO_STORE.format(store=store), EXIT_USAGE)
