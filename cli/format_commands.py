@@ -564,11 +564,12 @@ def fingerprint(
         usage_error("--base applies to --semantic only")
     kind = "semantic" if semantic else ("directory" if os.path.isdir(path) else "file")
     try:
-        fields = (
-            _semantic_fields(path, base, threads)
-            if semantic
-            else _fingerprint_fields(path, threads)
-        )
+        with stop_on_interrupt("nothing was changed; run the same command again"):
+            fields = (
+                _semantic_fields(path, base, threads)
+                if semantic
+                else _fingerprint_fields(path, threads)
+            )
     except (CMHError, OSError) as exc:
         code = EXIT_UNREADABLE if semantic and _not_a_model(exc) else exit_code_for(exc)
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
