@@ -159,6 +159,8 @@ def test_ctrl_c_stops_stamp_and_leaves_every_file_whole(tmp_path: Path) -> None:
     assert 2 <= len(done) < 24
     for path in done:  # every changed file is completely stamped; the others untouched
         assert cmh.verify(path).ok
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == [], leftovers  # the temporary copy of the file in progress is gone
     rerun = run_subprocess(["verify", *map(str, originals)])
     assert rerun.exit_code == 1 and f"{len(done)} ok" in rerun.stdout
 
