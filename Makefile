@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean venv browser
+.PHONY: demo test lint typecheck bench clean venv browser nginx
 
 venv: $(STAMP)
 
@@ -18,18 +18,28 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
-test: $(STAMP) browser
+test: $(STAMP) browser nginx
 	$(PY) -m pytest -q
 
-# Headless Chromium for the web-page tests (Debian packages; Selenium never downloads a browser).
-# Installed with apt when missing; if that fails the browser tests skip and say why.
+# Debian packages the suite drives for real, installed with apt when missing (as root, or
+# with passwordless sudo); if that fails the tests that need them skip and say why.
+#   $(call apt_install,CHECK-COMMAND,PACKAGES,WHAT-SKIPS)
+APT = $$( [ "$$(id -u)" = 0 ] || echo sudo -n )
+define apt_install
+	@if $(1); then :; \
+	elif ( $(APT) apt-get update -qq && \
+	       DEBIAN_FRONTEND=noninteractive $(APT) apt-get install -y -qq $(2) ) >/dev/null 2>&1; then \
+	  echo "installed $(2)"; \
+	else echo "warning: cannot apt-get install $(2): $(3) will be skipped"; fi
+endef
+
+# Headless Chromium for the web-page tests (Selenium never downloads a browser).
 browser:
-	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
-	elif ( $$( [ "$$(id -u)" = 0 ] || echo sudo -n ) apt-get update -qq && \
-	       DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo -n ) \
-	       apt-get install -y -qq chromium chromium-driver ) >/dev/null 2>&1; then \
-	  echo "installed chromium and chromium-driver"; \
-	else echo "warning: cannot apt-get install chromium chromium-driver: browser tests will be skipped"; fi
+	$(call apt_install,[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ],chromium chromium-driver,browser tests)
+
+# nginx in front of `cmh serve --blob-delivery x-accel` (tests/hub/test_mirror_xaccel.py).
+nginx:
+	$(call apt_install,command -v nginx >/dev/null || [ -x /usr/sbin/nginx ],nginx-light,x-accel tests)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -112,13 +112,16 @@ def print_error(message: str) -> None:
 
 
 def human_bytes(n: int) -> str:
-    """``1536`` -> ``1.5 KiB``; exact below 1 KiB."""
-    if n < 1024:
+    """``1536`` -> ``1.5 kB``: decimal units, as the bars (``MB/s``) and disk vendors count.
+
+    Exact below 1 kB.
+    """
+    if n < 1000:
         return f"{n} B"
     value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000
+        if value < 999.95 or unit == "PB":
             return f"{value:.1f} {unit}"
     raise AssertionError("unreachable")
 
@@ -140,12 +143,16 @@ def stderr_is_terminal() -> bool:
 
 
 @contextlib.contextmanager
-def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]:
+def progress_bar(
+    total_bytes: int, desc: str, passes: tuple[str, ...] = ()
+) -> Iterator[Callable[[int], None]]:
     """Yield a callback ``advance(nbytes)`` that drives a byte progress bar.
 
-    The bar is a tqdm bar on stderr, shown only when stderr is a terminal;
-    otherwise the callback does nothing and tqdm is not imported. The callback
-    may be called from worker threads.
+    The bar is a tqdm bar on stderr in decimal units (MB, MB/s), shown only when
+    stderr is a terminal; otherwise the callback does nothing and tqdm is not
+    imported. The callback may be called from worker threads. With ``passes``
+    (e.g. ``("hash", "store")``) the work reads ``total_bytes`` once per pass:
+    the bar counts to ``total_bytes`` for each, its label naming the pass.
     """
     if total_bytes <= 0 or not stderr_is_terminal():
         yield _no_progress
@@ -154,24 +161,70 @@ def progress_bar(total_bytes: int, desc: str) -> Iterator[Callable[[int], None]]
 
     lock = threading.Lock()
     columns, lines = _terminal_size()
+    names = list(passes)
     with tqdm(
         total=total_bytes,
-        desc=desc,
+        desc=f"{names.pop(0)} {desc}" if names else desc,
         unit="B",
         unit_scale=True,
-        unit_divisor=1024,
+        unit_divisor=1000,
         file=sys.stderr,
         leave=False,
         ncols=columns or 80,
         nrows=lines or 24,
         dynamic_ncols=columns > 0,
+        bar_format=_NO_ETA,
     ) as bar:
+        eta_shown = False
 
         def advance(nbytes: int) -> None:
+            nonlocal eta_shown
             with lock:
+                if not eta_shown and bar.n >= total_bytes * ETA_AFTER_FRACTION:
+                    bar.bar_format, eta_shown = _WITH_ETA, True
+                while names and bar.n + nbytes > total_bytes:
+                    nbytes -= total_bytes - bar.n
+                    bar.reset(total=total_bytes)
+                    bar.set_description(f"{names.pop(0)} {desc}", refresh=False)
                 bar.update(nbytes)
 
         yield advance
+
+
+@contextlib.contextmanager
+def late_progress_bar(desc: str, show: bool = True) -> Iterator[LateBar]:
+    """A progress bar whose total is known only once the work has begun (a resolve).
+
+    Yields a :class:`LateBar`: pass ``bar.on_total`` and ``bar.advance`` to the work.
+    """
+    with contextlib.ExitStack() as stack:
+        yield LateBar(desc, show, stack)
+
+
+class LateBar:
+    """The callbacks of :func:`late_progress_bar`."""
+
+    def __init__(self, desc: str, show: bool, stack: contextlib.ExitStack) -> None:
+        self.desc = desc
+        self.show = show
+        self._stack = stack
+        self._advance: Callable[[int], None] = _no_progress
+
+    def on_total(self, total: int) -> None:
+        """Open the bar for ``total`` bytes."""
+        if self.show:
+            self._advance = self._stack.enter_context(progress_bar(total, self.desc))
+
+    def advance(self, nbytes: int) -> None:
+        """``nbytes`` more are done."""
+        self._advance(nbytes)
+
+
+#: The bar's ETA appears once this share is done: before, the rate says nothing yet (a
+#: server hashing before it sends, a connection warming up) and the ETA would be absurd.
+ETA_AFTER_FRACTION = 0.02
+_WITH_ETA = "{l_bar}{bar}| {n_fmt}B/{total_fmt}B [{elapsed}<{remaining}, {rate_fmt}]"
+_NO_ETA = "{l_bar}{bar}| {n_fmt}B/{total_fmt}B [{elapsed}, {rate_fmt}]"
 
 
 def _terminal_size() -> tuple[int, int]:
@@ -185,6 +238,46 @@ def _terminal_size() -> tuple[int, int]:
 
 def _no_progress(nbytes: int) -> None:
     del nbytes
+
+
+@contextlib.contextmanager
+def report_waits() -> Iterator[None]:
+    """Within the block, a request with no answer yet is told on stderr within seconds.
+
+    ``waiting for GET http://...: no answer yet after 3 s (try 1 of 6)``, then one line
+    per retry (``..., retry 2 of 6 in 1 s``); the same line is not repeated.
+    """
+    from cmh.hub.resolver.retry import add_wait_listener
+
+    said: set[str] = set()
+    lock = threading.Lock()
+
+    def tell(message: str) -> None:
+        with lock:
+            if message in said:
+                return
+            said.add(message)
+        click.echo(f"waiting for {message}", err=True)
+
+    remove = add_wait_listener(tell)
+    try:
+        yield
+    finally:
+        remove()
+
+
+def check_hub_url(url: str | None, what: str) -> None:
+    """A usage error at once for a Hub URL without ``http://`` or ``https://``."""
+    if url is None:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        usage_error(
+            f"{what} {url!r} is not a URL: give the scheme and host, e.g. "
+            f"http://{url.strip().split('://')[-1] or 'localhost:8080'} or https://huggingface.co"
+        )
 
 
 # -- errors ------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from ._documents import (
     record_document,
     verify_document,
 )
+from ._interrupt import stop_on_interrupt
 from ._targets import Target, data_size, expand
 
 if TYPE_CHECKING:
@@ -195,7 +196,12 @@ def stamp(
         }
         return fields, line
 
-    files, checkpoints, status = _write_each(paths, "stamped", write, as_json)
+    resume = (
+        "files reported stamped are complete, the file in progress is unchanged; "
+        "run the same command again to stamp the rest"
+    )
+    with stop_on_interrupt(resume):
+        files, checkpoints, status = _write_each(paths, "stamped", write, as_json)
     _finish(as_json, envelope("stamp", files=files, checkpoints=checkpoints), status)
 
 
@@ -277,54 +283,57 @@ def verify(
     status = EXIT_OK
     counts = {"ok": 0, "failed": 0}
     outcomes: list[str] = []
-    for target in expand(paths):
-        checkpoint = target.argument if target.kind == "directory" else None
-        results: list[VerifyResult] = []
-        for path in target.files:
-            with progress_bar(data_size(path), f"verify {os.path.basename(path)}") as advance:
-                try:
-                    result = cmh.verify(
-                        path,
-                        at=now,
-                        fast=fast,
-                        trusted_keys=trusted,
-                        require_signature=required,
-                        allow_expired=allow_expired,
-                        threads=threads,
-                        progress=advance,
-                    )
-                except OSError as exc:
-                    from cmh.verification import Problem
+    with stop_on_interrupt("nothing was changed; run the same command again"):
+        for target in expand(paths):
+            checkpoint = target.argument if target.kind == "directory" else None
+            results: list[VerifyResult] = []
+            for path in target.files:
+                with progress_bar(data_size(path), f"verify {os.path.basename(path)}") as advance:
+                    try:
+                        result = cmh.verify(
+                            path,
+                            at=now,
+                            fast=fast,
+                            trusted_keys=trusted,
+                            require_signature=required,
+                            allow_expired=allow_expired,
+                            threads=threads,
+                            progress=advance,
+                        )
+                    except OSError as exc:
+                        from cmh.verification import Problem
 
-                    why = exc.strerror or str(exc)
-                    result = cmh.VerifyResult(
-                        path,
-                        Outcome.INVALID_FILE,
-                        (Problem(Outcome.INVALID_FILE, f"cannot read file: {why}"),),
-                    )
-            results.append(result)
-            if checkpoint is None:
-                outcomes.append(result.outcome.value)
-            files.append(verify_document(result, now, checkpoint))
-            counts["ok" if result.ok else "failed"] += 1
-            if result.outcome is Outcome.INVALID_FILE:
-                status = max(status, EXIT_UNREADABLE)
-            elif not result.ok:
-                status = max(status, EXIT_CHECK_FAILED)
-            if not as_json:
-                _print_verdict(result, now)
-        if checkpoint is not None:
-            ok = target.consistent and all(r.ok for r in results)
-            identity = _identity_from_manifests(target) if ok else None
-            outcome = checkpoint_outcome(target, results)
-            outcomes.append(outcome)
-            checkpoints.append({**checkpoint_document(target, ok, identity), "outcome": outcome})
-            if target.error is not None:
-                status = max(status, EXIT_UNREADABLE)
-            elif target.problems:
-                status = max(status, EXIT_CHECK_FAILED)
-            if not as_json:
-                _print_checkpoint(target, ok, identity)
+                        why = exc.strerror or str(exc)
+                        result = cmh.VerifyResult(
+                            path,
+                            Outcome.INVALID_FILE,
+                            (Problem(Outcome.INVALID_FILE, f"cannot read file: {why}"),),
+                        )
+                results.append(result)
+                if checkpoint is None:
+                    outcomes.append(result.outcome.value)
+                files.append(verify_document(result, now, checkpoint))
+                counts["ok" if result.ok else "failed"] += 1
+                if result.outcome is Outcome.INVALID_FILE:
+                    status = max(status, EXIT_UNREADABLE)
+                elif not result.ok:
+                    status = max(status, EXIT_CHECK_FAILED)
+                if not as_json:
+                    _print_verdict(result, now)
+            if checkpoint is not None:
+                ok = target.consistent and all(r.ok for r in results)
+                identity = _identity_from_manifests(target) if ok else None
+                outcome = checkpoint_outcome(target, results)
+                outcomes.append(outcome)
+                checkpoints.append(
+                    {**checkpoint_document(target, ok, identity), "outcome": outcome}
+                )
+                if target.error is not None:
+                    status = max(status, EXIT_UNREADABLE)
+                elif target.problems:
+                    status = max(status, EXIT_CHECK_FAILED)
+                if not as_json:
+                    _print_checkpoint(target, ok, identity)
     if not as_json:
         total = counts["ok"] + counts["failed"]
         click.echo(
@@ -382,6 +391,11 @@ def _print_verdict(result: VerifyResult, now: float) -> None:
         click.echo(f"FAILED   {result.path}: {result.outcome.value}")
         for problem in result.problems:
             click.echo(f"         - {problem.outcome.value}: {problem.message}")
+            if problem.outcome.value == "expired":
+                click.echo(
+                    f"           (if its content is still right: restamp it, `cmh stamp "
+                    f"{result.path} --ttl 30d`; or accept it once with --allow-expired)"
+                )
     for note in result.notes:
         warn(f"{result.path}: {note}")
 
@@ -440,7 +454,7 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
             status = EXIT_UNREADABLE
             files.append({"path": file, "error": str(exc)})
             if not as_json:
-                click.echo(f"{file}: not a readable safetensors file: {exc.reason}")
+                click.echo(f"{file}: not a readable safetensors file: {exc.reason}", err=True)
             continue
         doc = inspection_document(insp, now)
         files.append({**doc, "error": None})
@@ -453,9 +467,9 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
     )
     if not as_json and checkpoint is not None:
         if target.error is not None:
-            click.echo(f"{path}: {target.error}")
+            click.echo(f"{path}: {target.error}", err=True)
         for problem in target.problems:
-            click.echo(f"{path}: index_inconsistent: {problem}")
+            click.echo(f"{path}: index_inconsistent: {problem}", err=True)
     _finish(
         as_json,
         envelope("inspect", path=path, kind=target.kind, files=files, checkpoint=checkpoint),
@@ -550,11 +564,12 @@ def fingerprint(
         usage_error("--base applies to --semantic only")
     kind = "semantic" if semantic else ("directory" if os.path.isdir(path) else "file")
     try:
-        fields = (
-            _semantic_fields(path, base, threads)
-            if semantic
-            else _fingerprint_fields(path, threads)
-        )
+        with stop_on_interrupt("nothing was changed; run the same command again"):
+            fields = (
+                _semantic_fields(path, base, threads)
+                if semantic
+                else _fingerprint_fields(path, threads)
+            )
     except (CMHError, OSError) as exc:
         code = EXIT_UNREADABLE if semantic and _not_a_model(exc) else exit_code_for(exc)
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)

@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "keygen": ("format_commands", "keygen", "Write a new Ed25519 key pair."),
     "sign": ("format_commands", "sign", "Sign an already stamped file in place."),
-    "mirror": ("mirror_commands", "mirror", "Manage a mirror store (add, ls, scrub)."),
+    "mirror": ("mirror_commands", "mirror", "Manage a mirror store (add, ls, scrub, sync)."),
     "serve": ("mirror_commands", "serve", "Serve a store through the Hub HTTP API."),
     "pull": ("pull_command", "pull", "Resolve a repo into the local Hugging Face cache."),
     "prune": ("prune_command", "prune", "Prune stale revisions from a cache or store."),
@@ -48,7 +48,9 @@ class LazyGroup(click.Group):
             return None
         command = getattr(module, attribute)
         assert isinstance(command, click.Command)
-        return command
+        from ._examples import add_epilogs
+
+        return add_epilogs(command, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
@@ -62,6 +64,11 @@ def cli() -> None:
     """cmh: trustworthy, cheap-to-refresh model weights.
 
     Stamp and verify safetensors files, serve a Hub mirror, resolve and prune caches.
+    `cmh COMMAND --help` shows each command's options, examples and exit statuses.
+
+    \b
+    Exit statuses: 0 ok, 1 a check failed or was refused, 2 usage error,
+    3 unreadable input or unobtainable repo, 130 interrupted (Ctrl-C).
     """
 
 

@@ -14,17 +14,22 @@ from ._common import (
     EXIT_OK,
     EXIT_UNREADABLE,
     EXIT_USAGE,
-    JSON_SCHEMA_VERSION,
+    check_hub_url,
     echo,
     emit_json,
     fail,
     handle_errors,
     human_bytes,
     json_option,
+    late_progress_bar,
     progress_bar,
+    report_waits,
+    stderr_is_terminal,
     usage_error,
     warn,
 )
+from ._documents import envelope
+from ._interrupt import stop_on_interrupt
 from .store_location import STORE, StoreLocation, open_bucket_or_fail
 
 if TYPE_CHECKING:
@@ -53,6 +58,7 @@ def mirror() -> None:
     type=click.Choice(["model", "dataset"]),
     default="model",
     show_default=True,
+    help="Import as a model or a dataset repo.",
 )
 @json_option
 @handle_errors
@@ -63,9 +69,14 @@ def add(
     from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
     from cmh.hub.mirror.bucket import ConditionalWritesUnsupported
 
+    snapshot = _hub_cache_snapshot(src_dir)
+    resume = "blobs stored so far are kept; run the same command again to finish the import"
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
-        with progress_bar(total * 2, f"import {repo_id}") as advance:
+        with (
+            stop_on_interrupt(resume),
+            progress_bar(total, repo_id, passes=("hash", "store")) as advance,
+        ):
             if isinstance(store, str):
                 bucket = open_bucket_or_fail(store)
                 bucket.on_notice = warn  # a writer waiting on a pruner's lease says so
@@ -78,9 +89,19 @@ def add(
     except (InvalidNameError, ConditionalWritesUnsupported) as exc:
         fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
+        if snapshot is not None and "symlink points outside" in str(exc):
+            fail(
+                f"{src_dir} is a snapshot folder of a Hugging Face cache: its files are links "
+                f"into {snapshot}. Import a plain folder instead, e.g. "
+                f"`cp -rL {src_dir} ./model && cmh mirror add ./model ...`, or copy "
+                "the cache folder itself as a store (it already has the store layout)",
+                EXIT_USAGE,
+            )
         fail(str(exc), EXIT_CHECK_FAILED)
     if as_json:
-        emit_json({"schema": JSON_SCHEMA_VERSION, **result.to_dict()})
+        emit_json(
+            envelope("mirror add", **{**result.to_dict(), "ok": True, "exit_status": EXIT_OK})
+        )
         return
     what = "new commit" if result.created else "unchanged, no new commit"
     echo(
@@ -89,6 +110,24 @@ def add(
         f"{result.new_blobs} new blobs ({human_bytes(result.new_bytes)})"
     )
 
+
+def _hub_cache_snapshot(folder: Path) -> Path | None:
+    """The ``blobs`` folder when ``folder`` is ``.../models--org--name/snapshots/<commit>``."""
+    resolved = folder.resolve()
+    repo = resolved.parent.parent
+    if resolved.parent.name == "snapshots" and repo.name.split("--")[0] in (
+        "models",
+        "datasets",
+        "spaces",
+    ):
+        return repo / "blobs"
+    return None
+
+
+_NO_STORE = (
+    "{store}: store folder not found (a store is made by the first import: "
+    "cmh mirror add DIR --store {store} --repo ORG/NAME)"
+)
 
 TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
 
@@ -125,7 +164,7 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
         grants = []  # names the tokens file has and the store lacks: local stores only
     else:
         if not store.is_dir():
-            fail(f"{store}: store folder not found", EXIT_USAGE)
+            fail(_NO_STORE.format(store=store), EXIT_USAGE)
         repos = list_store(store)
         grants = unserved_grants(policy, store) if policy is not None else []
     for grant in grants:
@@ -136,13 +175,13 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
 
     if as_json:
         emit_json(
-            {
-                "schema": JSON_SCHEMA_VERSION,
-                "repos": [
-                    {**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos
-                ],
-                "warnings": [g.to_dict() for g in grants],
-            }
+            envelope(
+                "mirror ls",
+                ok=True,
+                exit_status=EXIT_OK,
+                repos=[{**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos],
+                warnings=[g.to_dict() for g in grants],
+            )
         )
         return
     if not repos:
@@ -153,6 +192,9 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
         echo(f"{prefix}{r.repo_id}  {r.blobs} blobs, {human_bytes(r.blob_bytes)}{mark}")
         for ref in r.refs:
             echo(f"  {ref.name:<20} {ref.commit}  {ref.files} files, {human_bytes(ref.bytes)}")
+
+
+_SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the same command again"
 
 
 @mirror.command("scrub")
@@ -179,23 +221,40 @@ def scrub(
         from cmh.hub.mirror.bucket_scrub import scrub_bucket
 
         bucket = open_bucket_or_fail(store)  # every blob is streamed and hashed whole
-        report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
+        total = 0
+        if not as_json and stderr_is_terminal():  # one listing for the bar's total
+            for _, _, folder in bucket.repos():
+                total += sum(info.size for info in bucket.blob_infos(folder).values())
+        with stop_on_interrupt(_SCRUB_RESUME), progress_bar(total, "scrub") as advance:
+            report = scrub_bucket(
+                bucket, do_quarantine=not no_quarantine, threads=threads, progress=advance
+            )
     else:
         if not store.is_dir():
-            fail(f"{store}: store folder not found", EXIT_USAGE)
+            fail(_NO_STORE.format(store=store), EXIT_USAGE)
         total = 0
         for repo in iter_repos(store):
             if repo.blobs.is_dir():
                 total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
-        with progress_bar(total, "scrub") as advance:
+        with stop_on_interrupt(_SCRUB_RESUME), progress_bar(total, "scrub") as advance:
             report = scrub_store(
                 store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
             )
         from cmh.hub.mirror.scrub_history import record_scrub
 
         record_scrub(store, report.to_dict())  # shown on the web operator page
+    if report.bad:
+        code = EXIT_CHECK_FAILED
+    elif report.errors:
+        code = EXIT_UNREADABLE
+    else:
+        code = EXIT_OK
     if as_json:
-        emit_json({"schema": JSON_SCHEMA_VERSION, **report.to_dict()})
+        emit_json(
+            envelope(
+                "mirror scrub", **{**report.to_dict(), "ok": code == EXIT_OK, "exit_status": code}
+            )
+        )
     else:
         echo(f"checked {len(report.checks)} blobs, {human_bytes(report.bytes_checked)}")
         for c in report.bad:
@@ -206,26 +265,37 @@ def scrub(
             echo(f"ERROR {c.repo} blob {c.blob}: {c.error}: {c.message}")
         for link in report.broken_links:
             echo(f"unsafe or dangling snapshot entry (not served): {link}")
-    if report.bad:
-        code = EXIT_CHECK_FAILED
-    elif report.errors:
-        code = EXIT_UNREADABLE
-    else:
-        code = EXIT_OK
     raise click.exceptions.Exit(code)
 
 
 @click.command("serve")
 @STORE_OPTION
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface; :: every IPv6 one).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port (0: a free one, printed at start).",
+)
 @click.option(
     "--tokens",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     help=TOKENS_HELP,
 )
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Worker processes sharing the port (about one per core for heavy traffic).",
+)
 @click.option(
     "--access-log",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -320,6 +390,13 @@ def scrub(
     help="Bucket stores: seconds a replica trusts a ref it read (a new commit is "
     "served by every replica at most this long after it is added).",
 )
+@click.option(
+    "--graceful-timeout",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="On SIGTERM or Ctrl-C: seconds requests in flight get to finish before the server stops.",
+)
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
 def serve(
@@ -342,14 +419,20 @@ def serve(
     keys: tuple[Path, ...],
     blob_delivery: str,
     ref_ttl: float,
+    graceful_timeout: float,
     tree_page_size: int,
 ) -> None:
-    """Serve a store through the Hub HTTP API and web pages (stops cleanly on SIGTERM)."""
+    """Serve a store through the Hub HTTP API and web pages.
+
+    SIGTERM or Ctrl-C stops it cleanly: no new connection is taken, requests in
+    flight get --graceful-timeout seconds to finish.
+    """
     from cmh.hub.mirror import ServeConfig, ServeError
     from cmh.hub.mirror import serve as run
     from cmh.hub.mirror.upstream import UpstreamConfig
 
     pull = None
+    check_hub_url(upstream, "--upstream")
     if upstream is not None:
         pull = UpstreamConfig(
             upstream,
@@ -358,6 +441,8 @@ def serve(
             float(stale_if_error),
             public_repos=public_upstream_repos,
         )
+        if isinstance(store, Path) and not store.exists():
+            store.mkdir(parents=True)  # a pull-through cache starts empty
         click.echo(_exposure(pull, tokens), err=True)
     elif upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")
@@ -388,6 +473,7 @@ def serve(
         warn=warn,
         blob_delivery=blob_delivery,
         ref_ttl=ref_ttl,
+        graceful_timeout=graceful_timeout,
     )
     try:
         code = run(config)
@@ -431,7 +517,11 @@ def _read_token(path: Path | None) -> str | None:
 @click.option("--from", "upstream", required=True, metavar="URL", help="The Hub to fill from.")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @click.option(
-    "--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True
+    "--repo-type",
+    type=click.Choice(["model", "dataset"]),
+    default="model",
+    show_default=True,
+    help="Kind of the repos named.",
 )
 @click.option(
     "--token-file",
@@ -454,33 +544,42 @@ def sync(
     import cmh.hub as hub
     from cmh.hub.cache.layout import LayoutError
 
+    check_hub_url(upstream, "--from")
     token = _read_token(token_file)
     store.mkdir(parents=True, exist_ok=True)
     results = []
+    resume = (
+        "repos reported synced are complete, finished files and chunks of the one in progress "
+        "are kept; run the same command again to resume"
+    )
     for repo_id in repo_ids:
         try:
-            res = hub.resolve(
-                repo_id,
-                revision,
-                repo_type=repo_type,
-                cache_dir=store,
-                endpoint=upstream,
-                token=token or False,
-                policy=hub.Policy(stale_if_error=False),
-            )
+            with (
+                stop_on_interrupt(resume),
+                report_waits(),
+                late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
+            ):
+                res = hub.resolve(
+                    repo_id,
+                    revision,
+                    repo_type=repo_type,
+                    cache_dir=store,
+                    endpoint=upstream,
+                    token=token or False,
+                    policy=hub.Policy(stale_if_error=False),
+                    progress=bar.advance,
+                    on_total=bar.on_total,
+                )
         except LayoutError as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
         results.append(res)
         if not as_json:
-            echo(
-                f"{repo_id}@{revision} -> {res.commit} ({res.state.value}); "
-                f"{len(res.files)} files, {human_bytes(res.bytes_transferred)} fetched"
-            )
+            from .pull_command import outcome_words
+
+            echo(f"{repo_id}@{revision}: {outcome_words(res)}")
     if as_json:
         emit_json(
-            {
-                "schema": JSON_SCHEMA_VERSION,
-                "command": "mirror sync",
-                "repos": [r.to_json() for r in results],
-            }
+            envelope(
+                "mirror sync", ok=True, exit_status=EXIT_OK, repos=[r.to_json() for r in results]
+            )
         )

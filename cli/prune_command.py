@@ -21,6 +21,7 @@ from ._common import (
     fail,
     handle_errors,
     json_option,
+    progress_bar,
     usage_error,
     warn,
 )
@@ -185,12 +186,15 @@ def prune(
         for line in plan_lines(plan, kind, dry_run=False):
             click.echo(line, err=as_json)
         if not click.confirm("Delete these?", default=False, err=True):
-            fail("nothing deleted", EXIT_CHECK_FAILED)
+            click.echo("Kept everything: nothing deleted.", err=True)
+            raise click.exceptions.Exit(EXIT_CHECK_FAILED)
     elif target.settles and not as_json:
         for line in plan_lines(plan, kind, dry_run=False):  # what the settle waits to delete
             click.echo(line, err=True)
 
-    _execute(target, plan, kind, ExecuteOptions(lock_timeout, settle), as_json)
+    with progress_bar(0 if as_json else plan.freed, f"prune {kind}") as advance:
+        options = ExecuteOptions(lock_timeout, settle, progress=advance)
+        _execute(target, plan, kind, options, as_json)
 
 
 def _open_target(root: StoreLocation) -> PruneTarget:

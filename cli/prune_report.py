@@ -123,9 +123,19 @@ def report_document(report: PruneReport, kind: str, exit_status: int) -> dict[st
 # -- text ------------------------------------------------------------------------------
 
 
+#: Reasons as a person says them (the ``--json`` documents keep the stable names).
+REASON_WORDS = {
+    "expired": "its stamped files expired",
+    "unreferenced": "no branch or tag points to it",
+    "beyond-keep-latest": "older than the revisions --keep-latest keeps",
+    "older-than": "not used for longer than --older-than",
+    "max-size": "the oldest, over --max-size",
+}
+
+
 def _revision_line(rev: RevisionRemoval) -> str:
     refs = f" [{', '.join(rev.refs)}]" if rev.refs else ""
-    why = ", ".join(rev.reasons)
+    why = ", ".join(REASON_WORDS.get(r, r) for r in rev.reasons)
     if rev.expires_at:
         why += f" (expires_at {iso_utc(rev.expires_at)})"
     return f"  revision {rev.commit[:12]}{refs}: {why}; frees {human_bytes(rev.freed)}"
@@ -147,6 +157,12 @@ def _item_lines(items: Sequence[ItemRemoval]) -> list[str]:
 def plan_lines(plan: PrunePlan, kind: str, *, dry_run: bool) -> list[str]:
     """What would go, per repo and revision, with reasons and bytes."""
     verb = "Would remove" if dry_run else "To remove"
+    if plan.empty:
+        return [
+            f"Nothing to remove from {kind} {plan.root}: every revision is kept and nothing "
+            f"is left over (judged at {iso_utc(plan.now)}).",
+            *_tail(plan),
+        ]
     lines = [f"{verb} from {kind} {plan.root} (judged at {iso_utc(plan.now)}):"]
     if plan.empty:
         lines.append("  nothing: every revision is kept and nothing is left over.")

@@ -11,8 +11,7 @@ failure (1 or 3) prints one document too: ``ok`` false, ``error_kind``, ``error`
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
+import os
 from typing import Any, NoReturn
 
 import click
@@ -20,16 +19,19 @@ import click
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_UNREADABLE,
+    check_hub_url,
     describe_os_error,
     echo,
     emit_json,
     fail,
     human_bytes,
     json_option,
-    progress_bar,
+    late_progress_bar,
+    report_waits,
     usage_error,
     warn,
 )
+from ._interrupt import stop_on_interrupt
 
 
 @click.command("pull")
@@ -40,6 +42,7 @@ from ._common import (
     type=click.Choice(["model", "dataset", "space"]),
     default="model",
     show_default=True,
+    help="What kind of repo REPO_ID names (as the Hub's /models, /datasets, /spaces).",
 )
 @click.option(
     "--cache-dir",
@@ -84,6 +87,12 @@ def pull(
 
     def refuse(exc: Exception, exit_code: int) -> NoReturn:
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        if error_kind(exc) == "not_found":
+            message += (
+                "; check the spelling (repo ids are case-sensitive, e.g. "
+                "sentence-transformers/all-MiniLM-L6-v2), the --repo-type and --revision; "
+                "a private or gated repo also answers not found without a token (set HF_TOKEN)"
+            )
         if as_json:
             from ._documents import envelope
 
@@ -100,6 +109,10 @@ def pull(
             )
         fail(message, exit_code)
 
+    if endpoint is not None:
+        check_hub_url(endpoint, "--endpoint")
+    elif not offline:
+        check_hub_url(os.environ.get("HF_ENDPOINT") or None, "HF_ENDPOINT")
     overrides: dict[str, Any] = {"strict": strict, "revalidate": revalidate}
     if offline:
         overrides["offline"] = True
@@ -109,18 +122,13 @@ def pull(
         policy = Policy.from_env(**overrides)
     except ValueError as exc:  # CMH_DOWNLOAD_CONNECTIONS out of range
         usage_error(str(exc))
-    with contextlib.ExitStack() as stack:
-        advance: list[Callable[[int], None]] = []
-
-        def on_total(total: int) -> None:
-            if not as_json:
-                desc = f"pull {repo_id} ({policy.connections} conn)"
-                advance.append(stack.enter_context(progress_bar(total, desc)))
-
-        def progress(n: int) -> None:
-            if advance:
-                advance[0](n)
-
+    resume = "finished files and chunks are kept; run the same command again to resume"
+    desc = f"pull {repo_id} ({policy.connections} conn)"
+    with (
+        stop_on_interrupt(resume),
+        report_waits(),
+        late_progress_bar(desc, show=not as_json) as bar,
+    ):
         try:
             res = resolve(
                 repo_id,
@@ -130,8 +138,8 @@ def pull(
                 endpoint=endpoint,
                 allow_patterns=list(patterns) or None,
                 policy=policy,
-                progress=progress,
-                on_total=on_total,
+                progress=bar.advance,
+                on_total=bar.on_total,
             )
         except LayoutError as exc:
             usage_error(str(exc))
@@ -148,11 +156,29 @@ def pull(
     for w in res.warnings:
         warn(w)
     echo(str(res.path))
-    click.echo(
-        f"{res.state.value}: commit {res.commit[:12]}, {res.requests} requests, "
-        f"{human_bytes(res.bytes_transferred)} transferred, "
-        f"{human_bytes(res.bytes_reused)} reused",
-        err=True,
+    click.echo(outcome_words(res), err=True)
+
+
+def outcome_words(res: Any) -> str:
+    """What a resolve did, in a person's words (``--json`` keeps the state names)."""
+    commit = res.commit[:12]
+    previous = (res.previous_commit or "")[:12]
+    requests = f"{res.requests} request{'s' if res.requests != 1 else ''}"
+    words = {
+        "missing": f"downloaded commit {commit} (it was not in the cache)",
+        "local_only": f"up to date: commit {commit}, stamped and not expired, so the Hub "
+        "was not asked",
+        "fresh": f"up to date: commit {commit}, the Hub confirmed it",
+        "etag_mismatch": f"updated to commit {commit}"
+        + (f" (was {previous})" if previous and previous != commit else ""),
+        "stale_offline": f"using the cached commit {commit}: the Hub could not be asked",
+        "corrupt": f"repaired commit {commit}: a cached file failed its check and was fetched "
+        "again",
+    }
+    done = words.get(res.state.value, f"{res.state.value}: commit {commit}")
+    return (
+        f"{done}; {requests}, {human_bytes(res.bytes_transferred)} downloaded, "
+        f"{human_bytes(res.bytes_reused)} reused from the cache"
     )
 
 

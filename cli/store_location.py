@@ -40,7 +40,15 @@ class StoreType(_StoreParam):
             return text
         if "://" in text:
             self.fail(f"{text!r}: only s3:// URLs or folders are stores", param, ctx)
-        return Path(text)
+        path = Path(text)
+        if path.exists() and not path.is_dir():
+            self.fail(
+                f"{text}: is a file, not a store folder (give a folder path, e.g. ./store; "
+                "`cmh mirror add` creates it)",
+                param,
+                ctx,
+            )
+        return path
 
 
 STORE = StoreType()

@@ -127,16 +127,45 @@ def header_size_from_prefix(prefix: bytes, path: str | None = None) -> int:
     return int(size)
 
 
+#: First bytes of formats people take for safetensors, read as the u64 header length.
+_OTHER_FORMATS = (
+    (b"PK\x03\x04", "a zip archive: a PyTorch checkpoint (.bin/.pt/.pth saved by torch.save)"),
+    (b"\x80\x02", "a Python pickle (an old PyTorch .bin)"),
+    (b"GGUF", "a GGUF file (llama.cpp)"),
+    (b"\x93NUMPY", "a NumPy .npy file"),
+    (b"\x89HDF", "an HDF5 file (Keras .h5)"),
+)
+
+
+def _other_format(header_size: int) -> str:
+    """``; it looks like ...`` with a hint, when the first bytes are another format's."""
+    prefix = struct.pack("<Q", header_size)
+    for magic, what in _OTHER_FORMATS:
+        if prefix.startswith(magic[:PREFIX_SIZE]):
+            hint = (
+                "; convert it first, e.g. safetensors.torch.save_file(torch.load(path, "
+                "weights_only=True), 'model.safetensors')"
+                if "PyTorch" in what
+                else ""
+            )
+            return f"; this is not a safetensors file, it looks like {what}{hint}"
+    return ""
+
+
 def _check_header_size(header_size: int, file_size: int, path: str | None) -> None:
     if header_size > MAX_HEADER_SIZE:
         raise InvalidFileError(
-            f"header length {header_size} exceeds the {MAX_HEADER_SIZE}-byte limit", path
+            f"header length {header_size} exceeds the {MAX_HEADER_SIZE}-byte limit"
+            + _other_format(header_size),
+            path,
         )
     if header_size < 2:
         raise InvalidFileError(f"header length {header_size} is too small for a JSON object", path)
     if PREFIX_SIZE + header_size > file_size:
         raise InvalidFileError(
-            f"header length {header_size} runs past the end of the file ({file_size} bytes)", path
+            f"header length {header_size} runs past the end of the file ({file_size} bytes)"
+            + _other_format(header_size),
+            path,
         )
 
 

@@ -51,13 +51,20 @@ class StampResult:
 
     path: str
     record: Record
-    digests: tuple[TensorDigest, ...]
+    digests: tuple[TensorDigest, ...]  # one per tensor (thousands): left out of repr()
     in_place: bool
     signer_key_id: str | None
     hash_seconds: float = 0.0
     write_seconds: float = 0.0
     #: Key id of the signature this stamp removed (a signed file restamped without a key).
     removed_signature_key_id: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"StampResult(path={self.path!r}, root={self.record.fingerprint.hex()[:16]}..., "
+            f"tensors={len(self.digests)}, in_place={self.in_place}, "
+            f"signer_key_id={self.signer_key_id!r}, expires_at={self.record.expires_at})"
+        )
 
 
 def stamp(

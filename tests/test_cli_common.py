@@ -98,9 +98,10 @@ def test_emit_json_and_formatting() -> None:
 
     out = CliRunner().invoke(command, []).stdout
     assert json.loads(out) == {"a": "é", "b": 1} and out.index('"a"') < out.index('"b"')
-    assert common.human_bytes(1023) == "1023 B"
-    assert common.human_bytes(1536) == "1.5 KiB"
-    assert common.human_bytes(2 * 1024**3) == "2.0 GiB"
+    assert common.human_bytes(999) == "999 B"
+    assert common.human_bytes(1536) == "1.5 kB"
+    assert common.human_bytes(2 * 1024**3) == "2.1 GB"
+    assert common.human_bytes(999_999) == "1.0 MB"
     assert common.iso_utc(0) == "1970-01-01T00:00:00Z"
 
 

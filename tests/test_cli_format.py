@@ -404,7 +404,7 @@ def test_inspect_errors(run, garbage: Path, tmp_path: Path) -> None:
     assert r.exit_code == 3
     assert "garbage.safetensors" in r.json()["files"][0]["error"]
     r = run(["inspect", garbage])
-    assert r.exit_code == 3 and "not a readable safetensors file" in r.stdout
+    assert r.exit_code == 3 and "not a readable safetensors file" in r.stderr and r.stdout == ""
     assert run(["inspect"]).exit_code == 2
     assert run(["inspect", garbage, garbage]).exit_code == 2
 

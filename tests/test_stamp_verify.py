@@ -384,3 +384,11 @@ def test_a_later_stamp_rewrites_when_a_value_has_no_slot(make_file: MakeFile) ->
     grown = cmh.stamp(path, xxh3=True)  # cmh.xxh3 has no slot yet
     assert not grown.in_place and cmh.inspect(path).has_xxh3_manifest
     assert cmh.verify(path, fast=True).ok
+
+
+def test_stamp_result_repr_is_short(tmp_path: Path) -> None:
+    path = tmp_path / "many.safetensors"
+    save_file({f"t{i}": np.zeros(4, dtype=np.float32) for i in range(2000)}, str(path))
+    result = cmh.stamp(path)
+    text = repr(result)
+    assert len(text) < 300 and "tensors=2000" in text and str(path) in text

@@ -95,12 +95,16 @@ class Sink(Protocol):
 
 
 def hash_file(
-    path: Path, *sinks: Sink, limit: int | None = None, copy_to: BinaryIO | None = None
+    path: Path,
+    *sinks: Sink,
+    limit: int | None = None,
+    copy_to: BinaryIO | None = None,
+    progress: Progress | None = None,
 ) -> int:
     """Feed the first ``limit`` bytes (default: all) of ``path`` to every sink, in one read.
 
-    ``copy_to`` also receives the bytes (an import that hashes while it copies).
-    Returns the number of bytes read.
+    ``copy_to`` also receives the bytes (an import that hashes while it copies);
+    ``progress`` is told the size of every piece read. Returns the number of bytes read.
     """
     fed = 0
     with open(path, "rb") as f:
@@ -113,13 +117,17 @@ def hash_file(
             if copy_to is not None:
                 copy_to.write(data)
             fed += len(data)
+            if progress is not None:
+                progress(len(data))
     return fed
 
 
-def hash_blob(path: Path, size: int, copy_to: BinaryIO | None = None) -> tuple[int, str, str]:
+def hash_blob(
+    path: Path, size: int, copy_to: BinaryIO | None = None, progress: Progress | None = None
+) -> tuple[int, str, str]:
     """``(bytes read, sha256, git blob sha1)`` of a file of ``size`` bytes, in one read."""
     sha, git = hashlib.sha256(), git_blob_hasher(size)
-    read = hash_file(path, sha, git, copy_to=copy_to)
+    read = hash_file(path, sha, git, copy_to=copy_to, progress=progress)
     return read, sha.hexdigest(), git.hexdigest()
 
 

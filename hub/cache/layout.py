@@ -38,8 +38,32 @@ def validate_repo_id(repo_id: str) -> str:
     if not 1 <= len(parts) <= 2 or not all(
         REPO_PART_RE.match(p) and ".." not in p and "--" not in p and len(p) <= 96 for p in parts
     ):
-        raise LayoutError(f"invalid repo id {repo_id!r}")
+        raise LayoutError(f"invalid repo id {repo_id!r}: {_repo_id_hint(repo_id)}")
     return repo_id
+
+
+def _repo_id_hint(repo_id: str) -> str:
+    """What was probably meant, for the message of an invalid repo id."""
+    expected = "expected NAME or ORG/NAME (letters, digits, '.', '_', '-'), e.g. acme/bert-tiny"
+    text = repo_id.strip()
+    if "://" in text:
+        path = text.split("://", 1)[1].partition("/")[2].strip("/")
+        parts = path.split("/")
+        kind = ""
+        if parts and parts[0] in ("datasets", "spaces"):
+            kind, parts = parts[0], parts[1:]
+        guess = "/".join(parts[:2])
+        if guess:
+            flag = f" with --repo-type {kind[:-1]}" if kind else ""
+            return f"give the repo id, not a URL: {guess!r}{flag}"
+        return f"give the repo id, not a URL; {expected}"
+    for kind in ("datasets", "spaces", "models"):
+        if text.startswith(kind + "/") and text.count("/") == 2:
+            rest = text.split("/", 1)[1]
+            if kind == "models":
+                return f"drop the prefix: {rest!r}"
+            return f"give {rest!r} with --repo-type {kind[:-1]}"
+    return expected
 
 
 def validate_revision(revision: str) -> str:

@@ -396,16 +396,16 @@ class BucketStore:
         self.ensure_conditional_writes()
         files: list[SourceFile] = []
         for rel, path in scan_folder(src):
-            size, sha256, git_oid = hash_source(path)
+            size, sha256, git_oid = hash_source(path, progress)  # pass 1 of 2 (see add_folder)
             files.append(SourceFile(rel, path, size, sha256, git_oid, is_lfs(rel, size)))
-            if progress is not None:
-                progress(size)
         tree = tree_oids({f.path: f.tree_oid for f in files})[""]
         new_blobs = new_bytes = 0
         for f in files:
             if self._store_blob(folder, f):
                 new_blobs += 1
                 new_bytes += f.size
+            if progress is not None:  # pass 2: stored (uploads report no finer steps)
+                progress(f.size)
         commit, parent, created, moved = self._commit(folder, revision, tree, files)
         return ImportResult(
             repo_id=repo_id,

@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,6 +63,7 @@ class ServeConfig:
     warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
     blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel (local store)
     ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
+    graceful_timeout: float = SHUTDOWN_TIMEOUT  # after SIGTERM/SIGINT: requests in flight
 
 
 def public_url(text: str) -> str:
@@ -171,7 +173,11 @@ def _check_store(config: ServeConfig) -> None:
         except InvalidLocation as exc:  # safe to use across fork()
             raise ServeError(str(exc)) from None
     elif not config.store.is_dir():
-        raise ServeError(f"{config.store}: store folder not found")
+        raise ServeError(
+            f"{config.store}: store folder not found (a store is made by the first import: "
+            f"cmh mirror add DIR --store {config.store} --repo ORG/NAME; with --upstream it "
+            "may start empty)"
+        )
 
 
 def _open_bucket(url: str, ref_ttl: float) -> BucketReader:
@@ -259,7 +265,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         runner = web.AppRunner(
             make_app(state, _pages(config)),
             access_log_class=AccessLogger,
-            shutdown_timeout=SHUTDOWN_TIMEOUT,
+            shutdown_timeout=config.graceful_timeout,
             keepalive_timeout=2 * config.idle_timeout,  # a backstop: the guard closes first
             lingering_time=config.header_timeout,  # unread body after an answer: bounded alike
         )
@@ -328,7 +334,7 @@ def _run_workers(config: ServeConfig) -> int:
                 raise ServeError("a worker failed to start")
             ready += len(chunk)
         config.announce(_url(reserve))
-        return _reap(children)
+        return _reap(children, config.graceful_timeout)
     finally:
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
@@ -347,12 +353,25 @@ def _signal_ready(fd: int) -> None:
     os.close(fd)
 
 
-def _reap(children: list[int]) -> int:
-    """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death."""
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _reap(children: list[int], graceful_timeout: float) -> int:
+    """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death.
+
+    A worker still running ``graceful_timeout`` + 1 s after the signal is killed.
+    """
     stopping = False
 
     def forward(signum: int, frame: object) -> None:
         nonlocal stopping
+        if not stopping:
+            deadline = threading.Timer(graceful_timeout + 1.0, _kill, (list(children),))
+            deadline.daemon = True
+            deadline.start()
         stopping = True
         for pid in children:
             with contextlib.suppress(ProcessLookupError):

@@ -125,6 +125,29 @@ def check_stamped(path: Path, threads: int | None) -> tuple[bool, tuple[str, ...
     return not bad, bad
 
 
+def _check_all(
+    repo: RepoLayout,
+    stamped: list[str],
+    others: list[str],
+    workers: int,
+    progress: ProgressCallback | None,
+) -> list[BlobCheck]:
+    """Check every blob named; ``progress`` hears of each as soon as it is checked."""
+    results: list[BlobCheck] = []
+
+    def done(check: BlobCheck) -> None:
+        results.append(check)
+        if progress is not None:
+            progress(check.size)
+
+    for name in stamped:
+        done(_check(repo, name, workers))  # threads inside each file
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for check in pool.map(_check, [repo] * len(others), others, [1] * len(others)):
+            done(check)
+    return results
+
+
 def _check(repo: RepoLayout, name: str, threads: int | None) -> BlobCheck:
     """Compare one blob with its name and, when stamped, with its manifest."""
     from cmh.errors import InvalidFileError
@@ -211,12 +234,8 @@ def scrub_store(
             )
         stamped = [n for n in names if len(n) == 64 and _looks_safetensors(repo.blobs / n)]
         others = [n for n in names if n not in set(stamped)]
-        results = [_check(repo, n, workers) for n in stamped]  # threads inside each file
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results += list(pool.map(_check, [repo] * len(others), others, [1] * len(others)))
+        results = _check_all(repo, stamped, others, workers, progress)
         for check in results:
-            if progress is not None:
-                progress(check.size)
             if not check.ok:
                 # A bad blob loses the server's record of a good check (bit rot keeps the
                 # file's version): workers started after this scrub hash it again.

@@ -97,10 +97,10 @@ class ImportResult:
         return dict(self.__dict__)
 
 
-def hash_source(path: Path) -> tuple[int, str, str]:
-    """``(size, sha256, git blob sha1)`` of a file, in one read."""
+def hash_source(path: Path, progress: ProgressCallback | None = None) -> tuple[int, str, str]:
+    """``(size, sha256, git blob sha1)`` of a file, in one read (``progress`` sees every piece)."""
     size = os.stat(path).st_size
-    read, sha256, git_oid = hash_blob(path, size)
+    read, sha256, git_oid = hash_blob(path, size, progress=progress)
     if read != size:
         raise StoreError(f"{path} changed size while it was read")
     return size, sha256, git_oid
@@ -160,17 +160,19 @@ def add_folder(
     repo_type: str = "model",
     progress: ProgressCallback | None = None,
 ) -> ImportResult:
-    """Import ``src`` as a new commit of ``repo_id`` at ``revision`` in ``store``."""
+    """Import ``src`` as a new commit of ``repo_id`` at ``revision`` in ``store``.
+
+    ``progress`` is told the bytes of two passes: hashing the folder, then storing it
+    (a blob already stored counts whole once checked): twice the folder's size in all.
+    """
     check_import_names(repo_id, revision, repo_type)
     store.mkdir(parents=True, exist_ok=True)
     repo = RepoLayout(store, repo_id, repo_type)
     listed = scan_folder(src)
     files: list[SourceFile] = []
     for rel, path in listed:
-        size, sha256, git_oid = hash_source(path)
+        size, sha256, git_oid = hash_source(path, progress)
         files.append(SourceFile(rel, path, size, sha256, git_oid, is_lfs(rel, size)))
-        if progress is not None:
-            progress(size)
     oids = {f.path: f.tree_oid for f in files}
     tree = tree_oids(oids)[""]
     with repo_lock(repo, shared=True):
@@ -183,9 +185,11 @@ def add_folder(
         new_blobs = new_bytes = 0
         repo.blobs.mkdir(parents=True, exist_ok=True)
         for f in files:  # also repairs a missing or corrupt blob of an unchanged tree
-            if _store_blob(repo, f):
+            if _store_blob(repo, f, progress):
                 new_blobs += 1
                 new_bytes += f.size
+            elif progress is not None:
+                progress(f.size)
             keep_manifest(repo, f.etag, f.path)  # tensor manifest of a safetensors blob
         if parent is not None and _tree_of(repo, parent) == tree:
             commit, created = parent, False
@@ -238,14 +242,14 @@ def _parent_of(repo: RepoLayout, commit: str) -> str | None:
         return None
 
 
-def _store_blob(repo: RepoLayout, f: SourceFile) -> bool:
+def _store_blob(repo: RepoLayout, f: SourceFile, progress: ProgressCallback | None) -> bool:
     """Make ``blobs/{etag}`` hold ``f``'s checked bytes; True when a new copy was written."""
     dest = repo.blob_path(f.etag)
     with blob_lock(repo, f.etag):
         if blob_matches(dest, f.etag, f.size):
             return False
         with atomic_file(dest, tag="incoming") as out:
-            _, sha256, git_oid = hash_blob(f.source, f.size, copy_to=out)
+            _, sha256, git_oid = hash_blob(f.source, f.size, copy_to=out, progress=progress)
             out.flush()
             if (sha256, git_oid) != (f.sha256, f.git_oid):
                 raise StoreError(f"{f.source} changed while it was imported")

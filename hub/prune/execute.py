@@ -103,11 +103,17 @@ def execute_plan(
     *,
     lock_timeout: float = 10.0,
     on_change: ChangeHook | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> PruneReport:
-    """Delete what ``plan`` names, as far as locks allow; return what went."""
+    """Delete what ``plan`` names, as far as locks allow; return what went.
+
+    ``progress`` is told the bytes each repo was planned to free once it is done.
+    """
     report = PruneReport(plan)
     for repo_plan in plan.changes:
         report.repos.append(_RepoPruner(plan, repo_plan, lock_timeout, on_change).run())
+        if progress is not None:
+            progress(repo_plan.freed)
     root = _RootPruner(Path(plan.root), on_change)
     for root_item in plan.root_items:
         try:

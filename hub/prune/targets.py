@@ -28,6 +28,8 @@ class ExecuteOptions:
 
     lock_timeout: float = 10.0
     settle: float | None = None
+    #: Told the bytes freed as each repo is done (a local target's progress bar).
+    progress: Callable[[int], None] | None = None
 
 
 class PruneTarget(Protocol):
@@ -59,7 +61,7 @@ class LocalTarget:
         return scan_cache(self.root, read_expiry=read_expiry, read_commit_times=read_commit_times)
 
     def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport:
-        return execute_plan(plan, lock_timeout=options.lock_timeout)
+        return execute_plan(plan, lock_timeout=options.lock_timeout, progress=options.progress)
 
 
 @dataclass

@@ -49,9 +49,6 @@ MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
 
-#: Seconds without an answer before a metadata request says so on the terminal.
-WAIT_NOTICE = 3.0
-
 logger = logging.getLogger("cmh.hub")
 
 _clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
@@ -163,24 +160,6 @@ def _wire(response: httpx2.Response) -> tuple[int, int]:
     """
     chain = [*response.history, response]
     return len(chain), sum(r.num_bytes_downloaded for r in chain)
-
-
-@contextlib.contextmanager
-def _noticed(endpoint: str, budget: float) -> Iterator[None]:
-    """Warn (logger ``cmh.hub``) when a metadata request has had no answer for
-    :data:`WAIT_NOTICE` seconds, so a terminal user knows what the wait is."""
-    timer = threading.Timer(
-        WAIT_NOTICE,
-        logger.warning,
-        ("no answer from %s for %g s; giving up %g s after the first try", endpoint,
-         WAIT_NOTICE, budget),
-    )  # fmt: skip
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
 
 
 def _origin(url: str | httpx2.URL) -> tuple[str, str, int | None]:
@@ -343,8 +322,7 @@ class HubClient:
                 extensions=self._chain(False),
             )
             try:
-                with _noticed(self.endpoint, budget):
-                    response = self._client.send(request, stream=True)
+                response = self._client.send(request, stream=True)
             except httpx2.TransportError as exc:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
@@ -383,13 +361,12 @@ class HubClient:
             for _ in range(MAX_REDIRECTS + 1):
                 self._count(requests=1)
                 try:
-                    with _noticed(self.endpoint, budget):
-                        response = self._client.head(
-                            target,
-                            follow_redirects=False,
-                            timeout=max(0.1, min(budget, deadline - time.monotonic())),
-                            extensions=chain,
-                        )
+                    response = self._client.head(
+                        target,
+                        follow_redirects=False,
+                        timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                        extensions=chain,
+                    )
                 except httpx2.TransportError as exc:
                     raise _unreachable(self.endpoint, exc) from exc
                 headers = response.headers

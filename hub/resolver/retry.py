@@ -11,7 +11,9 @@ not come back together.
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ from typing import TypeVar
 from .types import HubUnreachableError
 
 T = TypeVar("T")
+
+_logger = logging.getLogger("cmh.hub")
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,13 @@ class RetryPolicy:
         """Attempt numbers ``0 .. attempts-1`` for a loop that calls :meth:`wait` on failure."""
         return iter(range(self.attempts))
 
-    def wait(self, attempt: int, error: BaseException) -> None:
+    def wait(self, attempt: int, error: BaseException, what: str = "the Hub") -> None:
         """Sleep before the next try, unless ``attempt`` was the last one."""
         if attempt + 1 < self.attempts:
-            self.sleep(self.delay(attempt, error))
+            pause = self.delay(attempt, error)
+            seconds = f"{pause:.1f}" if pause < 10 else f"{pause:.0f}"
+            _tell_waiting(f"{what}: {error}, retry {attempt + 2} of {self.attempts} in {seconds} s")
+            self.sleep(pause)
 
     def run(self, step: Callable[[], T], what: str, deadline: float | None = None) -> T:
         """``step()``, tried again on a transient :class:`HubUnreachableError` until the
@@ -57,6 +64,7 @@ class RetryPolicy:
         last: HubUnreachableError | None = None
         start = time.monotonic()
         for attempt in self.tries():
+            notice = _no_answer_notice(what, attempt, self.attempts)
             try:
                 return step()
             except HubUnreachableError as exc:
@@ -68,9 +76,48 @@ class RetryPolicy:
                     raise HubUnreachableError(
                         f"{what}: gave up after {spent:.1f} s ({attempt + 1} tries): {last}"
                     ) from last
-                self.wait(attempt, exc)
+                self.wait(attempt, exc, what)
+            finally:
+                if notice is not None:
+                    notice.cancel()
         raise HubUnreachableError(f"{what} failed after {self.attempts} attempts: {last}") from last
 
 
 #: The policy every transfer of the resolver uses.
 DEFAULT_RETRY = RetryPolicy()
+
+
+# -- waiting notices ---------------------------------------------------------------------
+# A person at a terminal should hear within seconds that a request has no answer yet
+# (``cmh pull`` prints "waiting for ...: no answer yet"). The CLI registers a listener;
+# with none registered (the library's default) the no-answer notice goes to the
+# ``cmh.hub`` logger as a warning and retry lines are not told.
+
+#: Seconds a try may go without an answer before the listeners hear of it.
+NO_ANSWER_NOTICE = 3.0
+
+_listeners: list[Callable[[str], None]] = []
+
+
+def add_wait_listener(listener: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``listener("<what>: <why>, retry N of M in S s")`` on waits; returns a remover."""
+    _listeners.append(listener)
+    return lambda: _listeners.remove(listener) if listener in _listeners else None
+
+
+def _tell_waiting(message: str) -> None:
+    for listener in list(_listeners):
+        listener(message)
+
+
+def _no_answer_notice(what: str, attempt: int, attempts: int) -> threading.Timer | None:
+    """A timer telling the listeners (else the ``cmh.hub`` logger) that try ``attempt`` of
+    ``what`` has no answer yet."""
+    message = (
+        f"{what}: no answer yet after {NO_ANSWER_NOTICE:.0f} s (try {attempt + 1} of {attempts})"
+    )
+    tell = _tell_waiting if _listeners else _logger.warning
+    timer = threading.Timer(NO_ANSWER_NOTICE, tell, (message,))
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -68,7 +68,7 @@ def test_dry_run_reports_and_changes_nothing(cache: tuple[Path, dict[str, str]])
     before = tree_state(root)
     run = run_runner(["prune", "--cache-dir", root, "--expired", "--dry-run"])
     assert run.exit_code == 0, run.stderr
-    assert f"revision {commits['expired'][:12]}: expired" in run.stdout
+    assert f"revision {commits['expired'][:12]}: its stamped files expired" in run.stdout
     assert (
         "blob x1 (orphan), 6 B" in run.stdout
         and "Left alone (not cache entries): notes.txt" in run.stdout
@@ -112,7 +112,11 @@ def test_yes_deletes_and_reports_json(cache: tuple[Path, dict[str, str]]) -> Non
     assert stock_warnings(root) == warnings_before
     assert (root / "notes.txt").read_bytes() == b"the user's own file"
     again = run_subprocess(["prune", "--cache-dir", root, "--expired", "--yes"])
-    assert again.exit_code == 0 and "nothing: every revision is kept" in again.stdout
+    assert (
+        again.exit_code == 0
+        and "Nothing to remove from cache" in again.stdout
+        and "Would remove" not in again.stdout
+    )
 
 
 def _answer_on_a_terminal(args: list[str], answer: bytes) -> tuple[int, str]:
@@ -150,8 +154,8 @@ def test_asks_on_a_terminal(cache: tuple[Path, dict[str, str]]) -> None:
     root, commits = cache
     before = tree_state(root)
     status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"n")
-    assert status == 1 and "nothing deleted" in shown
-    assert f"revision {commits['expired'][:12]}: expired" in shown
+    assert status == 1 and "nothing deleted" in shown and "error:" not in shown
+    assert f"revision {commits['expired'][:12]}: its stamped files expired" in shown
     assert tree_state(root) == before
     status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"y")
     assert status == 0 and "Removed from cache" in shown

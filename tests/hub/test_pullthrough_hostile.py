@@ -557,7 +557,7 @@ def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: P
             conn.close()
     assert result.returncode == 3, result.stderr
     assert "gave up after" in result.stderr and "Traceback" not in result.stderr
-    assert "no answer from" in result.stderr  # said while it waited
+    assert "no answer yet" in result.stderr  # said while it waited
     assert elapsed < 15, elapsed  # one 10 s budget (a loaded machine gets some slack)
 
 

@@ -1,0 +1,195 @@
+"""Ctrl-C during long commands, pressed on a real pseudo-terminal as a person would.
+
+Each test runs ``cmh`` as the session leader of a pty, waits until some of the work
+is on disk, types Ctrl-C (``\\x03``: the terminal sends SIGINT to the foreground
+process group) and checks: exit 130 within 2 s, a message saying what can be
+resumed, and that what was finished is kept and reused by a rerun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import select
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from cli_support import CMH, run_subprocess
+from cmh.hub.mirror.store import add_folder
+from resolver_support import FaultProxy, write_checkpoint_repo
+from safetensors.numpy import save_file
+
+import cmh
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+
+#: Ctrl-C must end the command within this many seconds.
+STOP_WITHIN = 2.0
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CMH_"))}
+    env.update(HF_HOME=str(tmp / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1", COLUMNS="100")
+    return env
+
+
+def interrupt_when(
+    argv: list[str], env: dict[str, str], ready: Callable[[], bool]
+) -> tuple[int, float, str]:
+    """Run ``cmh argv`` on a pty, press Ctrl-C once ``ready()``; (exit status, seconds, output)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: session leader, the pty is its controlling terminal
+        os.execve(str(CMH), [str(CMH), *argv], env)
+    transcript = b""
+    pressed_at: float | None = None
+    deadline = time.monotonic() + 120
+    status: int | None = None
+    try:
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([fd], [], [], 0.05)
+            if readable:
+                with contextlib.suppress(OSError):  # EIO: the child is gone
+                    transcript += os.read(fd, 65536)
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(raw)
+                break
+            if pressed_at is None and ready():
+                os.write(fd, b"\x03")
+                pressed_at = time.monotonic()
+    finally:
+        if status is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    assert pressed_at is not None, "the command ended before it could be interrupted"
+    assert status is not None, transcript.decode(errors="replace")
+    return status, time.monotonic() - pressed_at, transcript.decode(errors="replace")
+
+
+def test_ctrl_c_stops_pull_at_once_and_the_rerun_resumes(
+    tmp_path: Path, mirror_server_factory: Any
+) -> None:
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)  # 32 MiB
+    add_folder(store, src, "org/big")
+    proxy = FaultProxy(mirror_server_factory(store).url)
+    proxy.delay = 0.03  # about 2 s per 4 MiB chunk and connection
+    partial = cache / "models--org--big" / ".cmh" / "partial"
+
+    def chunks_logged() -> int:
+        logs = list(partial.glob("*.chunks.log")) if partial.is_dir() else []
+        return sum(line.startswith("chunk ") for p in logs for line in p.read_text().splitlines())
+
+    try:
+        argv = ["pull", "org/big", "--cache-dir", str(cache), "--endpoint", proxy.url,
+                "--connections", "2"]  # fmt: skip
+        code, seconds, output = interrupt_when(argv, _env(tmp_path), lambda: chunks_logged() >= 1)
+        assert code == 130, output
+        assert seconds < STOP_WITHIN, (seconds, output)
+        assert "interrupted:" in output and "run the same command again to resume" in output
+        assert "Aborted!" not in output and "Traceback" not in output
+        kept = chunks_logged()
+        assert 1 <= kept < 8, kept  # finished chunks are kept, the rest was not fetched
+
+        proxy.delay = 0.0
+        rerun = run_subprocess([*argv, "--json"], env={"HF_HUB_OFFLINE": None})
+        assert rerun.exit_code == 0, rerun.stderr
+        size = (src / "model.safetensors").stat().st_size
+        weights = next(f for f in rerun.json()["files"] if f["path"] == "model.safetensors")
+        assert weights["bytes_transferred"] <= size - kept * (4 << 20)  # only what was missing
+        pulled = Path(rerun.json()["path"]) / "model.safetensors"
+        assert pulled.read_bytes() == (src / "model.safetensors").read_bytes()
+    finally:
+        proxy.stop()
+
+
+def test_ctrl_c_stops_mirror_add_and_the_rerun_keeps_stored_blobs(tmp_path: Path) -> None:
+    src, store = tmp_path / "src", tmp_path / "store"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(160):
+        (src / f"shard-{i:03}.bin").write_bytes(rng.bytes(1 << 20))
+    blobs = store / "models--org--many" / "blobs"
+
+    def some_stored() -> bool:
+        return blobs.is_dir() and sum(1 for p in blobs.iterdir() if not p.name.startswith(".")) > 2
+
+    argv = ["mirror", "add", str(src), "--store", str(store), "--repo", "org/many"]
+    code, seconds, output = interrupt_when(argv, _env(tmp_path), some_stored)
+    assert code == 130, output
+    assert seconds < STOP_WITHIN, (seconds, output)
+    assert "blobs stored so far are kept" in output and "Traceback" not in output
+    kept = sum(1 for p in blobs.iterdir() if not p.name.startswith("."))
+    assert 0 < kept < 160
+    assert not (store / "models--org--many" / "refs" / "main").exists()  # no half commit
+
+    rerun = run_subprocess([*argv, "--json"])
+    assert rerun.exit_code == 0, rerun.stderr
+    document = rerun.json()
+    assert document["command"] == "mirror add" and document["ok"] is True
+    assert document["new_blobs"] <= 160 - kept and document["files"] == 160
+
+
+def test_ctrl_c_stops_stamp_and_leaves_every_file_whole(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    originals: dict[Path, bytes] = {}
+    for i in range(24):
+        path = tmp_path / f"model-{i:02}.safetensors"
+        save_file({f"t{j}": rng.standard_normal(1 << 19).astype(np.float32) for j in range(4)},
+                  str(path))  # fmt: skip
+        originals[path] = path.read_bytes()
+
+    def stamped() -> int:
+        return sum(p.read_bytes() != data for p, data in originals.items())
+
+    argv = ["stamp", *map(str, originals)]
+    code, seconds, output = interrupt_when(argv, _env(tmp_path), lambda: stamped() >= 2)
+    assert code == 130, output
+    assert seconds < STOP_WITHIN, (seconds, output)
+    assert "files reported stamped are complete" in output and "Traceback" not in output
+    done = [p for p, data in originals.items() if p.read_bytes() != data]
+    assert 2 <= len(done) < 24
+    for path in done:  # every changed file is completely stamped; the others untouched
+        assert cmh.verify(path).ok
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == [], leftovers  # the temporary copy of the file in progress is gone
+    rerun = run_subprocess(["verify", *map(str, originals)])
+    assert rerun.exit_code == 1 and f"{len(done)} ok" in rerun.stdout
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_stops_on_ctrl_c_within_the_graceful_timeout(
+    tmp_path: Path, mirror_server_factory: Any, workers: int
+) -> None:
+    store = tmp_path / "store"
+    src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)  # 32 MiB
+    add_folder(store, src, "org/big")
+    server = mirror_server_factory(store, workers=workers, extra_args=("--graceful-timeout", "1"))
+    with socket.create_connection((server.host, server.port)) as client:
+        # A download in flight that never reads: the server cannot finish it.
+        client.sendall(b"GET /org/big/resolve/main/model.safetensors HTTP/1.1\r\n"
+                       b"Host: 127.0.0.1\r\n\r\n")  # fmt: skip
+        assert client.recv(12).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGINT)
+        code = server.process.wait(15)
+        seconds = time.monotonic() - started
+    assert seconds < 1 + 1.5, seconds  # the graceful timeout, then it stops
+    assert code in (0, 1), code  # 1 only when a worker had to be killed
+    assert "Traceback" not in server.stderr_text()
+
+
+def test_serve_upstream_creates_a_store_folder_that_does_not_exist(
+    tmp_path: Path, mirror_server_factory: Any
+) -> None:
+    store = tmp_path / "new" / "store"
+    server = mirror_server_factory(store, extra_args=("--upstream", "http://127.0.0.1:9"))
+    assert store.is_dir() and server.process.poll() is None

@@ -1,0 +1,62 @@
+"""A Hub that never answers is reported at once; a Hub URL without a scheme is a usage error."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from cli_support import CMH, run_subprocess
+
+
+@pytest.fixture
+def silent_port() -> object:
+    """A loopback listener that accepts connections and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+def test_a_request_without_answer_is_reported_within_seconds(
+    tmp_path: Path, silent_port: int
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_HOME"] = str(tmp_path / "home")
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{silent_port}"
+    started = time.monotonic()
+    argv = [str(CMH), "pull", "org/x", "--cache-dir", str(tmp_path / "c")]
+    proc = subprocess.Popen(
+        argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        seconds = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+    assert line.startswith(f"waiting for GET http://127.0.0.1:{silent_port}/api/models/org/x"), line
+    assert "no answer yet" in line and "try 1 of 6" in line
+    assert seconds < 8, seconds
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--endpoint", "127.0.0.1:9"], {}, "--endpoint"),
+        ([], {"HF_ENDPOINT": "localhost:8080"}, "HF_ENDPOINT"),
+        (["--endpoint", "ftp://127.0.0.1:9"], {}, "--endpoint"),
+    ],
+)
+def test_an_endpoint_without_scheme_is_a_usage_error_at_once(
+    tmp_path: Path, args: list[str], env: dict[str, str], named: str
+) -> None:
+    started = time.monotonic()
+    run = run_subprocess(["pull", "org/x", "--cache-dir", tmp_path, *args],
+                         env={"HF_HUB_OFFLINE": None, **env})  # fmt: skip
+    assert run.exit_code == 2 and f"error: {named}" in run.stderr and "e.g. http://" in run.stderr
+    assert time.monotonic() - started < 5  # no retry
