@@ -28,6 +28,7 @@ costs one revalidation request, not ten.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import glob
 import inspect
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +138,37 @@ def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> 
             if name not in huggingface_hub.__dict__:  # lazy re-export not loaded yet
                 _patched.append((huggingface_hub, name, _Absent, wrapper))
                 setattr(huggingface_hub, name, wrapper)
+        _scope_resolve_revision()
         _install_client_hook()
         return bool(_patched)
+
+
+def _scope_resolve_revision() -> None:
+    """``HfApi.resolve_revision(cache_dir=...)`` (transformers' first call) asks in that cache.
+
+    Its repo info request goes through the client hook, which answers from the
+    cache of the call under way: without the scope the default cache would
+    vouch for the commit another ``cache_dir`` then loads.
+    """
+    from huggingface_hub import hf_api
+
+    original = hf_api.HfApi.__dict__.get("resolve_revision")
+    if original is None or _signature_problem(original, ("repo_id", "cache_dir")) is not None:
+        return
+
+    @functools.wraps(original)
+    def resolve_revision(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _in_cache(kwargs.get("cache_dir")):
+            return original(self, *args, **kwargs)
+
+    _patched.append((hf_api.HfApi, "resolve_revision", original, resolve_revision))
+    hf_api.HfApi.resolve_revision = resolve_revision  # type: ignore[method-assign]
+    for module in (hf_api, sys.modules.get("huggingface_hub")):  # ``resolve_revision = api.…``
+        bound = module.__dict__.get("resolve_revision") if module is not None else None
+        if getattr(bound, "__func__", None) is original:
+            rebound = bound.__self__.resolve_revision  # type: ignore[union-attr]
+            _patched.append((module, "resolve_revision", bound, rebound))
+            module.resolve_revision = rebound  # type: ignore[union-attr]
 
 
 def _install_client_hook() -> None:
@@ -246,10 +276,39 @@ def _token(value: Any) -> str | bool | None:
     return value if isinstance(value, str) and value else None
 
 
-def _cache_root(cache_dir: Any) -> Path:
-    from ..cache.layout import default_cache_dir
+def cache_root(cache_dir: Any = None) -> Path:
+    """The cache folder the stock client uses for ``cache_dir``: as given, else its default.
 
-    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    As ``hf_hub_download`` computes it: ``huggingface_hub.constants.HF_HUB_CACHE``
+    (read from ``HF_HUB_CACHE``/``HF_HOME`` when huggingface_hub was imported) when
+    ``cache_dir`` is ``None``, user-expanded and made absolute.
+    """
+    if cache_dir is None:
+        from huggingface_hub import constants
+
+        cache_dir = constants.HF_HUB_CACHE
+    return Path(str(cache_dir)).expanduser().resolve()
+
+
+#: The cache folder of the patched call under way (``None``: the stock default). The client
+#: hook answers from this folder only, so no other cache vouches for a commit.
+_scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope", default=None)
+
+
+def scoped_cache() -> Path:
+    """The cache folder of the call under way (the stock default outside patched calls)."""
+    return _scope.get() or cache_root(None)
+
+
+@contextlib.contextmanager
+def _in_cache(cache_dir: Any) -> Iterator[Path]:
+    """Run a patched call (and the stock calls inside it) against the cache it names."""
+    root = cache_root(cache_dir)
+    token = _scope.set(root)
+    try:
+        yield root
+    finally:
+        _scope.reset(token)
 
 
 def _route(
@@ -266,7 +325,7 @@ def _route(
     from .negotiate import resolve
 
     revision = revision or "main"
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     key = _window_key(root, endpoint, repo_type, repo_id, revision)
     use = revision
     if not local_files_only:
@@ -396,7 +455,13 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
-        if a is None or _stock_only(a):
+        if a is None:
+            return original(*args, **kwargs)
+        with _in_cache(a.get("cache_dir")):
+            return routed(a, args, kwargs)
+
+    def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _stock_only(a):
             return original(*args, **kwargs)
         repo_type = a.get("repo_type") or "model"
         names = repo_filename(a["filename"], a.get("subfolder"))
@@ -417,7 +482,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
-            repo = RepoLayout(_cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
+            repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
             raise _entry_not_found(repo, exc.commit, filename, filename) from None
         except RAISED:
             raise
@@ -437,7 +502,13 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def snapshot_download(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
-        if a is None or _stock_only(a) or a.get("ignore_patterns"):
+        if a is None:
+            return original(*args, **kwargs)
+        with _in_cache(a.get("cache_dir")):
+            return routed(a, args, kwargs)
+
+    def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _stock_only(a) or a.get("ignore_patterns"):
             return original(*args, **kwargs)
         patterns = a.get("allow_patterns")
         try:

@@ -27,7 +27,7 @@ def registry_upstream() -> Iterator[tuple[str, list[str]]]:
     seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             seen.append(self.path)
             body = json.dumps(REGISTRY if self.path == "/api/agent-harnesses" else {}).encode()
             self.send_response(200 if self.path == "/api/agent-harnesses" else 404)
@@ -105,3 +105,79 @@ def test_pullthrough_registry_of_a_failing_upstream_is_a_typed_503(
     answer = httpx2.get(f"{pull.url}/api/agent-harnesses", timeout=60)
     assert answer.status_code == 503
     assert answer.headers["X-Error-Code"] == "UpstreamUnavailable"
+
+
+# -- item 1: every cache folder a user can name -----------------------------------------------
+
+MOVED_REPO = "org/moved"
+
+CACHE_DIR_SCRIPT = r"""
+import json, os, sys
+import cmh.hub
+assert cmh.hub.install()
+from huggingface_hub import constants, hf_hub_download, snapshot_download
+repo, base = os.environ["T_REPO"], os.environ["T_BASE"]
+out = {}
+def commits(folder):
+    snaps = os.path.join(folder, "models--" + repo.replace("/", "--"), "snapshots")
+    return sorted(os.listdir(snaps)) if os.path.isdir(snaps) else []
+from transformers import AutoConfig, AutoModel
+from sentence_transformers import SentenceTransformer
+AutoConfig.from_pretrained(repo, cache_dir=base + "/config")
+out["AutoConfig"] = commits(base + "/config")
+AutoModel.from_pretrained(repo, cache_dir=base + "/model")
+out["AutoModel"] = commits(base + "/model")
+SentenceTransformer(repo, cache_folder=base + "/st", device="cpu")
+out["SentenceTransformer"] = commits(base + "/st")
+hf_hub_download(repo, "config.json", cache_dir=base + "/hf")
+out["hf_hub_download"] = commits(base + "/hf")
+snapshot_download(repo, cache_dir=base + "/snap")
+out["snapshot_download"] = commits(base + "/snap")
+# Set after import: the stock client keeps the folder it computed at import (constants).
+os.environ["HF_HUB_CACHE"] = base + "/late"
+path = hf_hub_download(repo, "config.json")
+out["late_env"] = [path.startswith(constants.HF_HUB_CACHE + os.sep), commits(base + "/late")]
+print(json.dumps(out))
+"""
+
+
+def _moved_repo(tmp_path: Path, minilm_dir: Path, factory: Callable[..., MirrorServer]) -> Any:
+    """A stamped MiniLM at v1 fresh in the default cache, then ``main`` moved to v2."""
+    import shutil
+
+    from cmh.hub.mirror.store import add_folder
+
+    import cmh
+
+    versions = []
+    for n in (1, 2):
+        src = tmp_path / f"v{n}"
+        shutil.copytree(minilm_dir, src)
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**config, "cmh_version": n}, indent=2))
+        cmh.stamp(src / "model.safetensors", ttl="30d")
+        versions.append(src)
+    store = tmp_path / "store"
+    v1 = add_folder(store, versions[0], MOVED_REPO).commit
+    server = factory(store)
+    env = hf_env(server.url, tmp_path / "home")
+    warm = "import cmh.hub, json; cmh.hub.install(); import huggingface_hub as h; "
+    run_python(warm + f"h.snapshot_download({MOVED_REPO!r}); print(json.dumps(1))", env)
+    v2 = add_folder(store, versions[1], MOVED_REPO).commit
+    return server, env, v1, v2
+
+
+@pytest.mark.slow
+def test_a_named_cache_folder_has_its_own_freshness(
+    tmp_path: Path, minilm_dir: Path, mirror_server_factory: Callable[..., MirrorServer]
+) -> None:
+    """v1 fresh in the default cache, ``main`` at v2: every other folder gets v2, as stock does."""
+    _server, env, v1, v2 = _moved_repo(tmp_path, minilm_dir, mirror_server_factory)
+    env = dict(env, T_REPO=MOVED_REPO, T_BASE=str(tmp_path / "named"))
+    got = run_python(CACHE_DIR_SCRIPT, env)
+
+    for row in ("AutoConfig", "AutoModel", "SentenceTransformer", "hf_hub_download"):
+        assert got[row] == [v2], (row, got[row], v1, v2)
+    assert got["snapshot_download"] == [v2]
+    # The default cache is fresh at v1 and the folder named after import is not used.
+    assert got["late_env"] == [True, []]
