@@ -427,6 +427,43 @@ def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) 
     return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
 
 
+def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
+    """The ``resolve`` URL the stock client asks for ``filename`` (shown in its errors)."""
+    from huggingface_hub.file_download import hf_hub_url
+
+    return str(
+        hf_hub_url(
+            a["repo_id"],
+            filename,
+            repo_type=repo_type,
+            revision=_revision(a.get("revision")),
+            endpoint=a.get("endpoint"),
+        )
+    )
+
+
+def _local_entry_not_found(local_files_only: bool) -> Exception:
+    """The stock client's error for a file the cache lacks while offline (nothing written)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if local_files_only:
+        return LocalEntryNotFoundError(
+            "Cannot find the requested files in the disk cache and outgoing traffic has been "
+            "disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' to "
+            "False."
+        )
+    error = LocalEntryNotFoundError(
+        "An error happened while trying to locate the file on the Hub and we cannot find the "
+        "requested files in the local cache. Please check your connection and try again or make "
+        "sure your Internet connection is on."
+    )
+    error.__cause__ = OfflineModeIsEnabled(
+        "Cannot reach the Hub: offline mode is enabled. To disable it, please unset the "
+        "`HF_HUB_OFFLINE` environment variable."
+    )
+    return error
+
+
 def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
     """The file the stock ``hf_hub_download`` asks for, and the path it returns under the snapshot.
 
@@ -482,8 +519,12 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
+            local_only = bool(a.get("local_files_only"))
+            if local_only or _policy_for(False).offline:
+                raise _local_entry_not_found(local_only) from None
             repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
-            raise _entry_not_found(repo, exc.commit, filename, filename) from None
+            url = _stock_url(a, filename, repo_type)
+            raise _entry_not_found(repo, exc.commit, filename, url) from None
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:

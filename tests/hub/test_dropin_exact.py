@@ -181,3 +181,50 @@ def test_a_named_cache_folder_has_its_own_freshness(
     assert got["snapshot_download"] == [v2]
     # The default cache is fresh at v1 and the folder named after import is not used.
     assert got["late_env"] == [True, []]
+
+
+# -- item 3 and the URL of item 6: missing files offline and online -----------------------------
+
+from test_dropin_hook import REPO, installed, toy  # noqa: E402, F401 (the hook tests' fixtures)
+
+
+def _no_exist(cache: Path) -> list[str]:
+    folder = cache / f"models--{REPO.replace('/', '--')}" / ".no_exist"
+    return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+
+
+@pytest.mark.parametrize("how", ["local_files_only", "HF_HUB_OFFLINE"])
+def test_offline_missing_file_raises_the_stock_local_error_and_writes_nothing(
+    toy: Any,  # noqa: F811 (a fixture)
+    installed: None,  # noqa: F811
+    how: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    hf_hub_download(REPO, "config.json")  # the listing of main is cached
+    kwargs: dict[str, Any] = {}
+    if how == "local_files_only":
+        kwargs["local_files_only"] = True
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LocalEntryNotFoundError) as caught:
+        hf_hub_download(REPO, "adapter_config.json", **kwargs)
+    assert isinstance(caught.value, FileNotFoundError)  # what code catching it relies on
+    assert _no_exist(toy.cache) == []
+
+
+def test_online_missing_file_names_the_url_as_stock(
+    toy: Any,  # noqa: F811 (a fixture)
+    installed: None,  # noqa: F811
+) -> None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    hf_hub_download(REPO, "config.json")
+    with pytest.raises(RemoteEntryNotFoundError) as caught:
+        hf_hub_download(REPO, "adapter_config.json")
+    url = f"{toy.server.url}/{REPO}/resolve/main/adapter_config.json"
+    assert f"Entry Not Found for url: {url}." in str(caught.value)
+    assert _no_exist(toy.cache) == ["adapter_config.json"]  # as the stock client marks it
