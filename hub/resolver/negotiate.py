@@ -474,6 +474,9 @@ def _answer_online(
     housekeeping.adopt_orphans(repo)
     commit, files, fetched = revision_listing(client, repo, revision, pinned)
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
+    # What the cache held before anything is linked (a pinned commit links into its own
+    # snapshot: read afterwards, a cold fetch would look FRESH).
+    linked_before = _linked_etags(repo, local.commit, select(files, patterns))
     try:
         selection, results, fetcher = _bring_in(
             client, repo, revision, commit, files, local, old_tree, policy, patterns,
@@ -526,12 +529,10 @@ def _answer_online(
     old_etags: dict[str, str] = {}
     if local.commit is not None:
         for p in selection:
-            if old_tree is not None and p in old_tree:
+            if old_tree is not None and p in old_tree and p in linked_before:
                 old_etags[p] = old_tree[p].etag
-            else:
-                etag = linked_etag(repo, local.commit, p)
-                if etag is not None:
-                    old_etags[p] = etag
+            elif p in linked_before:
+                old_etags[p] = linked_before[p]
     if any(r.action is Action.REFETCHED for r in results):
         state = State.CORRUPT
     elif not old_etags:
@@ -553,6 +554,14 @@ def _answer_online(
         previous=previous if previous != commit else None,
         warnings=list(fetcher.warnings),
     )
+
+
+def _linked_etags(repo: RepoLayout, commit: str | None, paths: list[str]) -> dict[str, str]:
+    """The blob each of ``paths`` links to in ``snapshots/{commit}`` now (unlinked left out)."""
+    if commit is None:
+        return {}
+    linked = {p: linked_etag(repo, commit, p) for p in paths}
+    return {p: e for p, e in linked.items() if e is not None}
 
 
 def _fetch_all(

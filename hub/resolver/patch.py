@@ -48,6 +48,7 @@ from .types import (
     IntegrityError,
     InvalidRemoteFileError,
     NotFoundError,
+    OfflineError,
     Policy,
     PolicyError,
     ResolveError,
@@ -92,6 +93,7 @@ SNAPSHOT_DOWNLOAD_PARAMS = (
 _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
 _recent: dict[tuple[str, ...], tuple[str, float]] = {}
+_warned: set[tuple[str, ...]] = set()  # warnings already logged (once per repo and process)
 _window = DEFAULT_WINDOW
 _policy: Policy | None = None
 
@@ -216,6 +218,7 @@ def uninstall() -> None:
                     setattr(owner, attr, original)
         _patched.clear()
         _recent.clear()
+        _warned.clear()
 
 
 def _owners_of(original: Any) -> list[Any]:
@@ -360,8 +363,17 @@ def _route(
         with _lock:
             _recent[key] = (res.commit, time.monotonic())
     for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
-        logger.warning("%s: %s", repo_id, w)
+        _warn_once((str(root), repo_type, repo_id, w), "%s: %s", repo_id, w)
     return res
+
+
+def _warn_once(key: tuple[str, ...], message: str, *args: Any) -> None:
+    """Log a WARNING the first time ``key`` (repo and what is said) comes up in this install."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message, *args)
 
 
 def _window_key(
@@ -402,8 +414,17 @@ def current_policy() -> Policy:
     return _policy if _policy is not None else Policy.from_env()
 
 
-def _fall_back(what: str, exc: BaseException) -> None:
-    """Say why a call goes to the stock function after the resolver failed."""
+def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
+    """Say why a call goes to the stock function after the resolver failed.
+
+    Offline, a cache the resolver cannot vouch for (a partial snapshot, as
+    transformers' ``list_repo_templates`` reads with ``local_files_only``) is
+    read by the stock client from the same cache, as without ``install()``:
+    nothing to warn about.
+    """
+    if offline and isinstance(exc, OfflineError):
+        logger.debug("cmh.hub.install: %s read by the stock client offline: %s", what, exc)
+        return
     logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 
 
@@ -519,16 +540,15 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
-            local_only = bool(a.get("local_files_only"))
-            if local_only or _policy_for(False).offline:
-                raise _local_entry_not_found(local_only) from None
+            if _offline(a):
+                raise _local_entry_not_found(bool(a.get("local_files_only"))) from None
             repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
             url = _stock_url(a, filename, repo_type)
             raise _entry_not_found(repo, exc.commit, filename, url) from None
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
-            _fall_back(f"{a['repo_id']}/{filename}", exc)
+            _fall_back(f"{a['repo_id']}/{filename}", exc, _offline(a))
             return original(*args, **kwargs)
         target = os.path.join(str(res.path), relative)
         if not os.path.isfile(target):
@@ -566,12 +586,17 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
-            _fall_back(str(a["repo_id"]), exc)
+            _fall_back(str(a["repo_id"]), exc, _offline(a))
             return original(*args, **kwargs)
         return str(res.path)
 
     snapshot_download.__cmh_original__ = original  # type: ignore[attr-defined]
     return snapshot_download
+
+
+def _offline(a: dict[str, Any]) -> bool:
+    """The call may not use the network (``local_files_only`` or the offline policy)."""
+    return _policy_for(bool(a.get("local_files_only"))).offline
 
 
 def _stock_only(a: dict[str, Any]) -> bool:

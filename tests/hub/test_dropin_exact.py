@@ -228,3 +228,85 @@ def test_online_missing_file_names_the_url_as_stock(
     url = f"{toy.server.url}/{REPO}/resolve/main/adapter_config.json"
     assert f"Entry Not Found for url: {url}." in str(caught.value)
     assert _no_exist(toy.cache) == ["adapter_config.json"]  # as the stock client marks it
+
+
+# -- item 6: warnings once per repo and process, and only when true ------------------------------
+
+
+def _warnings_of(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING" and text in r.message
+    ]
+
+
+def test_local_only_snapshot_of_a_partial_cache_warns_nothing(
+    toy: Any,  # noqa: F811 (a fixture)
+    installed: None,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """transformers' ``list_repo_templates`` reads a partial snapshot with ``local_files_only``."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    hf_hub_download(REPO, "config.json")  # a partial snapshot: the weights are not fetched
+    caplog.set_level("DEBUG", logger="cmh.hub")
+    with pytest.raises(LocalEntryNotFoundError):  # the stock answer (IncompleteSnapshotError)
+        snapshot_download(REPO, local_files_only=True)
+    assert not _warnings_of(caplog, "handed to the stock client")
+
+
+def test_expiry_warning_once_per_repo_and_process(
+    tmp_path: Path,
+    mirror_server_factory: Callable[..., MirrorServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import cmh.hub as hub
+    import huggingface_hub
+    from cmh.hub.mirror.store import add_folder
+    from huggingface_hub import constants
+    from resolver_support import write_checkpoint_repo
+
+    import cmh
+
+    src = write_checkpoint_repo(tmp_path / "src", 1, stamp=False)
+    cmh.stamp(src / "model.safetensors", ttl="1d", now=1_700_000_000)  # expired long ago
+    commit = add_folder(tmp_path / "store", src, REPO).commit
+    server = mirror_server_factory(tmp_path / "store")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        server.url + "/{repo_id}/resolve/{revision}/{filename}",
+    )
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert hub.install()
+    try:
+        caplog.set_level("WARNING", logger="cmh.hub")
+        for name in ("model.safetensors", "config.json", "model.safetensors", "README.md"):
+            huggingface_hub.hf_hub_download(REPO, name, revision=commit)
+    finally:
+        hub.uninstall()
+    assert len(_warnings_of(caplog, "past its CMH expiry")) == 1, caplog.text
+
+
+def test_pull_of_a_commit_into_an_empty_cache_reports_missing(
+    toy: Any,  # noqa: F811 (a fixture)
+    tmp_path: Path,
+) -> None:
+    """spec/resolver.md §2: MISSING when no selected file was in the cache, also for a commit."""
+    from click.testing import CliRunner
+    from cmh.cli.main import cli
+    from cmh.hub.resolver.negotiate import resolve
+
+    commit = resolve(REPO, cache_dir=tmp_path / "probe", endpoint=toy.server.url).commit
+    result = CliRunner().invoke(
+        cli,
+        ["pull", REPO, "--revision", commit, "--cache-dir", str(tmp_path / "empty"), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["state"] == "missing"
+    again = resolve(REPO, commit, cache_dir=tmp_path / "empty", endpoint=toy.server.url)
+    assert again.state.value == "local_only"
