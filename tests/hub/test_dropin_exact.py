@@ -310,3 +310,33 @@ def test_pull_of_a_commit_into_an_empty_cache_reports_missing(
     assert json.loads(result.output)["state"] == "missing"
     again = resolve(REPO, commit, cache_dir=tmp_path / "empty", endpoint=toy.server.url)
     assert again.state.value == "local_only"
+
+
+# -- item 5: no listing fetched twice in one process --------------------------------------------
+
+
+def test_a_listing_is_fetched_once_per_process_even_when_the_probed_file_is_absent(
+    mirror: MirrorServer, tmp_path: Path
+) -> None:
+    """transformers probes ``adapter_config.json`` before the weights: one listing, not two."""
+    from cmh.hub.resolver.negotiate import resolve
+    from cmh.hub.resolver.types import NotFoundError
+    from hublike import running
+    from mirror_support import TINY_REPO
+
+    def no_siblings(kind: str, path: str, doc: object) -> object:
+        if kind == "repo_info" and isinstance(doc, dict):  # the listing comes from tree pages
+            return {k: v for k, v in doc.items() if k != "siblings"}
+        return doc
+
+    with running(mirror.url, page_size=2) as front:
+        front.edit_json = no_siblings
+        with pytest.raises(NotFoundError):
+            resolve(
+                TINY_REPO, cache_dir=tmp_path, endpoint=front.url,
+                allow_patterns=["adapter_config.json"],
+            )  # fmt: skip
+        pages = len(front.records(origin="hub", path="/tree/"))
+        assert pages >= 2  # the listing was asked for, page by page
+        resolve(TINY_REPO, cache_dir=tmp_path, endpoint=front.url, allow_patterns=["config.json"])
+        assert len(front.records(origin="hub", path="/tree/")) == pages
