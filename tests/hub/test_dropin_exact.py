@@ -340,3 +340,56 @@ def test_a_listing_is_fetched_once_per_process_even_when_the_probed_file_is_abse
         assert pages >= 2  # the listing was asked for, page by page
         resolve(TINY_REPO, cache_dir=tmp_path, endpoint=front.url, allow_patterns=["config.json"])
         assert len(front.records(origin="hub", path="/tree/")) == pages
+
+
+# -- the whole script: a fresh stamped snapshot costs 0 requests, agent detection on ------------
+
+WHOLE_SCRIPT = r"""
+import json, os
+import cmh.hub
+assert cmh.hub.install()
+from transformers import AutoConfig, AutoModel, AutoTokenizer, pipeline
+from sentence_transformers import SentenceTransformer
+from huggingface_hub.utils._detect_agent import detect_agent
+repo = os.environ["T_REPO"]
+AutoConfig.from_pretrained(repo)
+tok = AutoTokenizer.from_pretrained(repo)
+model = AutoModel.from_pretrained(repo)
+pipeline("feature-extraction", model=repo)("cheap fresh weights")
+vectors = SentenceTransformer(repo, device="cpu").encode(["cheap fresh weights"])
+print(json.dumps({"agent": detect_agent(), "dims": int(vectors.shape[1])}))
+"""
+
+
+@pytest.mark.slow
+def test_a_fresh_stamped_snapshot_costs_no_request_for_a_whole_script(
+    tmp_path: Path, minilm_dir: Path, mirror_server_factory: Callable[..., MirrorServer]
+) -> None:
+    import shutil
+
+    import cmh
+    from cmh.hub.mirror.store import add_folder
+
+    src = tmp_path / "src"
+    shutil.copytree(minilm_dir, src)
+    cmh.stamp(src / "model.safetensors", ttl="30d")
+    add_folder(tmp_path / "store", src, "org/minilm-stamped")
+    server = mirror_server_factory(tmp_path / "store")
+    env = dict(hf_env(server.url, tmp_path / "home"), AI_AGENT="1", T_REPO="org/minilm-stamped")
+    cold = run_python(WHOLE_SCRIPT, env)
+    # Detection ran: it asked the mirror's (empty, not pull-through) registry once and cached it.
+    assert cold == {"agent": None, "dims": 384}
+    server.sync()
+    asked = [e for e in server.log() if e.get("target") == "/api/agent-harnesses"]
+    assert len(asked) == 1 and asked[0]["status"] == 200, asked
+    assert (tmp_path / "home" / ".agent_harnesses.json").is_file()
+    mark = len(server.log())
+    fresh = run_python(WHOLE_SCRIPT, env)
+    server.sync()
+    seen = [
+        f"{e['method']} {e.get('target')}"
+        for e in server.log()[mark:]
+        if e["route"] not in ("health", "metrics")
+    ]
+    assert fresh == cold
+    assert seen == [], seen
