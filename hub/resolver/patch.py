@@ -160,7 +160,8 @@ def _scope_resolve_revision() -> None:
 
     @functools.wraps(original)
     def resolve_revision(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _in_cache(kwargs.get("cache_dir")):
+        repo_id = args[0] if args else kwargs.get("repo_id")
+        with _in_cache(kwargs.get("cache_dir"), kwargs.get("repo_type"), repo_id):
             return original(self, *args, **kwargs)
 
     _patched.append((hf_api.HfApi, "resolve_revision", original, resolve_revision))
@@ -219,6 +220,7 @@ def uninstall() -> None:
         _patched.clear()
         _recent.clear()
         _warned.clear()
+        _last_cache.clear()
 
 
 def _owners_of(original: Any) -> list[Any]:
@@ -293,20 +295,31 @@ def cache_root(cache_dir: Any = None) -> Path:
     return Path(str(cache_dir)).expanduser().resolve()
 
 
-#: The cache folder of the patched call under way (``None``: the stock default). The client
-#: hook answers from this folder only, so no other cache vouches for a commit.
+#: The cache folder of the patched call under way (``None``: none is). The client hook
+#: answers from this folder only, so no other cache vouches for a commit.
 _scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope", default=None)
+#: The folder the last patched call of each repo (type, id) named in this install.
+_last_cache: dict[tuple[str, str], Path] = {}
 
 
-def scoped_cache() -> Path:
-    """The cache folder of the call under way (the stock default outside patched calls)."""
-    return _scope.get() or cache_root(None)
+def scoped_cache(repo_type: str, repo_id: str) -> Path:
+    """The cache folder a Hub request of ``repo_id`` is answered from.
+
+    Inside a patched call, the folder it names. Outside (a bare API call such
+    as transformers' ``list_repo_templates`` or peft's file probes, made in the
+    middle of a load whose downloads name ``cache_dir``), the folder the last
+    patched call of that repo named, else the stock default.
+    """
+    return _scope.get() or _last_cache.get((repo_type, repo_id)) or cache_root(None)
 
 
 @contextlib.contextmanager
-def _in_cache(cache_dir: Any) -> Iterator[Path]:
+def _in_cache(cache_dir: Any, repo_type: Any, repo_id: Any) -> Iterator[Path]:
     """Run a patched call (and the stock calls inside it) against the cache it names."""
     root = cache_root(cache_dir)
+    if isinstance(repo_id, str):
+        with _lock:
+            _last_cache[(repo_type if isinstance(repo_type, str) else "model", repo_id)] = root
     token = _scope.set(root)
     try:
         yield root
@@ -515,7 +528,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         a = _bind(original, args, kwargs)
         if a is None:
             return original(*args, **kwargs)
-        with _in_cache(a.get("cache_dir")):
+        with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
             return routed(a, args, kwargs)
 
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -565,7 +578,7 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
         a = _bind(original, args, kwargs)
         if a is None:
             return original(*args, **kwargs)
-        with _in_cache(a.get("cache_dir")):
+        with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
             return routed(a, args, kwargs)
 
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
