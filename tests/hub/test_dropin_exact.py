@@ -345,8 +345,13 @@ def test_a_listing_is_fetched_once_per_process_even_when_the_probed_file_is_abse
 # -- the whole script: a fresh stamped snapshot costs 0 requests, agent detection on ------------
 
 WHOLE_SCRIPT = r"""
-import json, os
+import json, logging, os
 import cmh.hub
+warned = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warned.append(record.getMessage())
+logging.getLogger("cmh.hub").addHandler(Keep(logging.WARNING))
 assert cmh.hub.install()
 from transformers import AutoConfig, AutoModel, AutoTokenizer, pipeline
 from sentence_transformers import SentenceTransformer
@@ -357,7 +362,7 @@ tok = AutoTokenizer.from_pretrained(repo)
 model = AutoModel.from_pretrained(repo)
 pipeline("feature-extraction", model=repo)("cheap fresh weights")
 vectors = SentenceTransformer(repo, device="cpu").encode(["cheap fresh weights"])
-print(json.dumps({"agent": detect_agent(), "dims": int(vectors.shape[1])}))
+print(json.dumps({"agent": detect_agent(), "dims": int(vectors.shape[1]), "warned": warned}))
 """
 
 
@@ -367,8 +372,9 @@ def test_a_fresh_stamped_snapshot_costs_no_request_for_a_whole_script(
 ) -> None:
     import shutil
 
-    import cmh
     from cmh.hub.mirror.store import add_folder
+
+    import cmh
 
     src = tmp_path / "src"
     shutil.copytree(minilm_dir, src)
@@ -376,9 +382,15 @@ def test_a_fresh_stamped_snapshot_costs_no_request_for_a_whole_script(
     add_folder(tmp_path / "store", src, "org/minilm-stamped")
     server = mirror_server_factory(tmp_path / "store")
     env = dict(hf_env(server.url, tmp_path / "home"), AI_AGENT="1", T_REPO="org/minilm-stamped")
+    # A partial snapshot first (config only): the tokenizer's template probe reads it offline.
+    run_python(
+        "import cmh.hub, json; cmh.hub.install(); import huggingface_hub as h; "
+        "h.hf_hub_download('org/minilm-stamped', 'config.json'); print(json.dumps(1))",
+        env,
+    )
     cold = run_python(WHOLE_SCRIPT, env)
     # Detection ran: it asked the mirror's (empty, not pull-through) registry once and cached it.
-    assert cold == {"agent": None, "dims": 384}
+    assert cold == {"agent": None, "dims": 384, "warned": []}  # no warning: none is true
     server.sync()
     asked = [e for e in server.log() if e.get("target") == "/api/agent-harnesses"]
     assert len(asked) == 1 and asked[0]["status"] == 200, asked
