@@ -57,18 +57,21 @@ def add(
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
     from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
+    from cmh.hub.mirror.bucket import ConditionalWritesUnsupported
 
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
         with progress_bar(total * 2, f"import {repo_id}") as advance:
             if isinstance(store, str):
-                result = open_bucket_or_fail(store).add_folder(
+                bucket = open_bucket_or_fail(store)
+                bucket.on_notice = warn  # a writer waiting on a pruner's lease says so
+                result = bucket.add_folder(
                     src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
                 )
             else:
                 result = add_folder(store, src_dir, repo_id, revision=revision,
                                     repo_type=repo_type, progress=advance)  # fmt: skip
-    except InvalidNameError as exc:
+    except (InvalidNameError, ConditionalWritesUnsupported) as exc:
         fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
         fail(str(exc), EXIT_CHECK_FAILED)
