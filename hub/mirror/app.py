@@ -186,6 +186,8 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         if route.kind == "metrics":
             body = await asyncio.get_running_loop().run_in_executor(None, state.metrics.exposition)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        if route.kind == "agent_harnesses":
+            return await _agent_harnesses(state)
         token = bearer_token(request.headers.get("Authorization"))
         if route.kind == "list_repos":
             return await _list_repos(request, state, route, token)
@@ -263,6 +265,45 @@ async def _settled(pending: asyncio.Future[Any]) -> Any:
         return await pending
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
+
+
+#: The agent harness registry answered without an upstream: no harness is known.
+EMPTY_HARNESSES: dict[str, Any] = {"standardEnvVars": [], "harnesses": {}}
+MAX_HARNESSES = 1 << 16  # bytes of an upstream registry kept
+
+
+async def _agent_harnesses(state: MirrorState) -> web.Response:
+    """``/api/agent-harnesses``: the upstream's registry in pull-through mode, else an empty one.
+
+    huggingface_hub caches the answer a day, so a stock client asks once a day, not
+    once per process. An upstream that fails or answers something not shaped like
+    the registry gives a typed 503 (the client keeps no answer and asks again later).
+    """
+    if state.upstream is None:
+        return web.json_response(EMPTY_HARNESSES)
+    try:
+        registry = await _run(_upstream_harnesses, state.upstream)
+    except Exception as exc:  # any upstream failure is the upstream's, typed below
+        message = f"upstream registry unavailable: {exc}"
+        raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"}) from None
+    return web.json_response(registry)
+
+
+def _upstream_harnesses(upstream: Upstream) -> dict[str, Any]:
+    """The upstream's registry through the upstream's own client (its token, its retries)."""
+    import json
+
+    client = upstream._client()
+    registry, _ = client._get_json(f"{upstream.url}/api/agent-harnesses")
+    upstream._count(1, 0)
+    if (
+        not isinstance(registry, dict)
+        or not isinstance(registry.get("standardEnvVars", []), list)
+        or not isinstance(registry.get("harnesses", {}), dict)
+        or len(json.dumps(registry)) > MAX_HARNESSES
+    ):
+        raise ValueError("the answer is not an agent harness registry")
+    return registry
 
 
 async def _run(func: Any, *args: Any) -> Any:

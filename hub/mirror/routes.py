@@ -55,6 +55,7 @@ class Route:
 
     # resolve | repo_info | tree | paths_info | fingerprint | manifest | health | metrics
     # | list_repos | refs | commits | auth_check (path "write" for the write check)
+    # | agent_harnesses
     kind: str
     repo_type: str = "model"
     repo_id: str = ""
@@ -115,6 +116,8 @@ def parse_target(target: str) -> Route:
         return Route("health", query=query)
     if segs == ["metrics"]:
         return Route("metrics", query=query)
+    if segs == ["api", "agent-harnesses"]:
+        return Route("agent_harnesses", query=query)
     if segs[:1] == ["api"]:
         return _api_route(segs[1:], query)
     repo_type = "model"

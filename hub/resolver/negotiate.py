@@ -457,7 +457,31 @@ def revision_listing(
         return commit, remote_files_from_tree(cached), False
     if listed is not None:
         return commit, listed, True
-    return commit, client.tree(repo.repo_id, repo.repo_type, commit), True
+    key = (client.endpoint, repo.repo_type, repo.repo_id, commit)
+    with _listings_lock:
+        seen = _listings.get(key)
+    if seen is not None:
+        return commit, dict(seen), True
+    files = client.tree(repo.repo_id, repo.repo_type, commit)
+    with _listings_lock:
+        _listings[key] = dict(files)
+        while len(_listings) > MAX_LISTINGS_KEPT:
+            del _listings[next(iter(_listings))]
+    return commit, files, True
+
+
+#: Listings fetched in this process and not (yet) kept on disk, newest last: a commit's
+#: listing never changes, so a process asks for it once even when no file of it was
+#: installed (an absent ``adapter_config.json`` probe keeps no ``trees/`` file).
+MAX_LISTINGS_KEPT = 32
+_listings: dict[tuple[str, str, str, str], dict[str, RemoteFile]] = {}
+_listings_lock = threading.Lock()
+
+
+def forget_listing(client: HubClient, repo: RepoLayout, commit: str) -> None:
+    """Drop the in-process listing of ``commit`` (it disagreed with ``resolve``)."""
+    with _listings_lock:
+        _listings.pop((client.endpoint, repo.repo_type, repo.repo_id, commit), None)
 
 
 def _answer_online(
@@ -474,6 +498,9 @@ def _answer_online(
     housekeeping.adopt_orphans(repo)
     commit, files, fetched = revision_listing(client, repo, revision, pinned)
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
+    # What the cache held before anything is linked (a pinned commit links into its own
+    # snapshot: read afterwards, a cold fetch would look FRESH).
+    linked_before = _linked_etags(repo, local.commit, select(files, patterns))
     try:
         selection, results, fetcher = _bring_in(
             client, repo, revision, commit, files, local, old_tree, policy, patterns,
@@ -484,6 +511,7 @@ def _answer_online(
         # drop the listing and ask for it again (the tree endpoint, not the one that lied).
         logger.info("%s@%s: %s; listing fetched again", repo.repo_id, commit[:12], first)
         discard_tree(repo, commit)
+        forget_listing(client, repo, commit)
         files = client.tree(repo.repo_id, repo.repo_type, commit)
         fetched = True
         try:
@@ -498,6 +526,7 @@ def _answer_online(
             ) from None
     except IntegrityError:
         discard_tree(repo, commit)  # a listing that led to a failed check is not kept
+        forget_listing(client, repo, commit)
         raise
 
     # Decide before acting: a strict refusal leaves snapshots, refs and validations as they were.
@@ -526,12 +555,10 @@ def _answer_online(
     old_etags: dict[str, str] = {}
     if local.commit is not None:
         for p in selection:
-            if old_tree is not None and p in old_tree:
+            if old_tree is not None and p in old_tree and p in linked_before:
                 old_etags[p] = old_tree[p].etag
-            else:
-                etag = linked_etag(repo, local.commit, p)
-                if etag is not None:
-                    old_etags[p] = etag
+            elif p in linked_before:
+                old_etags[p] = linked_before[p]
     if any(r.action is Action.REFETCHED for r in results):
         state = State.CORRUPT
     elif not old_etags:
@@ -553,6 +580,14 @@ def _answer_online(
         previous=previous if previous != commit else None,
         warnings=list(fetcher.warnings),
     )
+
+
+def _linked_etags(repo: RepoLayout, commit: str | None, paths: list[str]) -> dict[str, str]:
+    """The blob each of ``paths`` links to in ``snapshots/{commit}`` now (unlinked left out)."""
+    if commit is None:
+        return {}
+    linked = {p: linked_etag(repo, commit, p) for p in paths}
+    return {p: e for p, e in linked.items() if e is not None}
 
 
 def _fetch_all(

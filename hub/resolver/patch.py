@@ -28,6 +28,7 @@ costs one revalidation request, not ten.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import glob
 import inspect
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from .types import (
     IntegrityError,
     InvalidRemoteFileError,
     NotFoundError,
+    OfflineError,
     Policy,
     PolicyError,
     ResolveError,
@@ -91,6 +93,7 @@ SNAPSHOT_DOWNLOAD_PARAMS = (
 _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
 _recent: dict[tuple[str, ...], tuple[str, float]] = {}
+_warned: set[tuple[str, ...]] = set()  # warnings already logged (once per repo and process)
 _window = DEFAULT_WINDOW
 _policy: Policy | None = None
 
@@ -137,8 +140,38 @@ def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> 
             if name not in huggingface_hub.__dict__:  # lazy re-export not loaded yet
                 _patched.append((huggingface_hub, name, _Absent, wrapper))
                 setattr(huggingface_hub, name, wrapper)
+        _scope_resolve_revision()
         _install_client_hook()
         return bool(_patched)
+
+
+def _scope_resolve_revision() -> None:
+    """``HfApi.resolve_revision(cache_dir=...)`` (transformers' first call) asks in that cache.
+
+    Its repo info request goes through the client hook, which answers from the
+    cache of the call under way: without the scope the default cache would
+    vouch for the commit another ``cache_dir`` then loads.
+    """
+    from huggingface_hub import hf_api
+
+    original = hf_api.HfApi.__dict__.get("resolve_revision")
+    if original is None or _signature_problem(original, ("repo_id", "cache_dir")) is not None:
+        return
+
+    @functools.wraps(original)
+    def resolve_revision(self: Any, *args: Any, **kwargs: Any) -> Any:
+        repo_id = args[0] if args else kwargs.get("repo_id")
+        with _in_cache(kwargs.get("cache_dir"), kwargs.get("repo_type"), repo_id):
+            return original(self, *args, **kwargs)
+
+    _patched.append((hf_api.HfApi, "resolve_revision", original, resolve_revision))
+    hf_api.HfApi.resolve_revision = resolve_revision  # type: ignore[method-assign]
+    for module in (hf_api, sys.modules.get("huggingface_hub")):  # ``resolve_revision = api.…``
+        bound = module.__dict__.get("resolve_revision") if module is not None else None
+        if getattr(bound, "__func__", None) is original:
+            rebound = bound.__self__.resolve_revision  # type: ignore[union-attr]
+            _patched.append((module, "resolve_revision", bound, rebound))
+            module.resolve_revision = rebound  # type: ignore[union-attr]
 
 
 def _install_client_hook() -> None:
@@ -186,6 +219,8 @@ def uninstall() -> None:
                     setattr(owner, attr, original)
         _patched.clear()
         _recent.clear()
+        _warned.clear()
+        _last_cache.clear()
 
 
 def _owners_of(original: Any) -> list[Any]:
@@ -246,10 +281,50 @@ def _token(value: Any) -> str | bool | None:
     return value if isinstance(value, str) and value else None
 
 
-def _cache_root(cache_dir: Any) -> Path:
-    from ..cache.layout import default_cache_dir
+def cache_root(cache_dir: Any = None) -> Path:
+    """The cache folder the stock client uses for ``cache_dir``: as given, else its default.
 
-    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    As ``hf_hub_download`` computes it: ``huggingface_hub.constants.HF_HUB_CACHE``
+    (read from ``HF_HUB_CACHE``/``HF_HOME`` when huggingface_hub was imported) when
+    ``cache_dir`` is ``None``, user-expanded and made absolute.
+    """
+    if cache_dir is None:
+        from huggingface_hub import constants
+
+        cache_dir = constants.HF_HUB_CACHE
+    return Path(str(cache_dir)).expanduser().resolve()
+
+
+#: The cache folder of the patched call under way (``None``: none is). The client hook
+#: answers from this folder only, so no other cache vouches for a commit.
+_scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope", default=None)
+#: The folder the last patched call of each repo (type, id) named in this install.
+_last_cache: dict[tuple[str, str], Path] = {}
+
+
+def scoped_cache(repo_type: str, repo_id: str) -> Path:
+    """The cache folder a Hub request of ``repo_id`` is answered from.
+
+    Inside a patched call, the folder it names. Outside (a bare API call such
+    as transformers' ``list_repo_templates`` or peft's file probes, made in the
+    middle of a load whose downloads name ``cache_dir``), the folder the last
+    patched call of that repo named, else the stock default.
+    """
+    return _scope.get() or _last_cache.get((repo_type, repo_id)) or cache_root(None)
+
+
+@contextlib.contextmanager
+def _in_cache(cache_dir: Any, repo_type: Any, repo_id: Any) -> Iterator[Path]:
+    """Run a patched call (and the stock calls inside it) against the cache it names."""
+    root = cache_root(cache_dir)
+    if isinstance(repo_id, str):
+        with _lock:
+            _last_cache[(repo_type if isinstance(repo_type, str) else "model", repo_id)] = root
+    token = _scope.set(root)
+    try:
+        yield root
+    finally:
+        _scope.reset(token)
 
 
 def _route(
@@ -266,7 +341,7 @@ def _route(
     from .negotiate import resolve
 
     revision = revision or "main"
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     key = _window_key(root, endpoint, repo_type, repo_id, revision)
     use = revision
     if not local_files_only:
@@ -301,8 +376,17 @@ def _route(
         with _lock:
             _recent[key] = (res.commit, time.monotonic())
     for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
-        logger.warning("%s: %s", repo_id, w)
+        _warn_once((str(root), repo_type, repo_id, w), "%s: %s", repo_id, w)
     return res
+
+
+def _warn_once(key: tuple[str, ...], message: str, *args: Any) -> None:
+    """Log a WARNING the first time ``key`` (repo and what is said) comes up in this install."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message, *args)
 
 
 def _window_key(
@@ -343,8 +427,17 @@ def current_policy() -> Policy:
     return _policy if _policy is not None else Policy.from_env()
 
 
-def _fall_back(what: str, exc: BaseException) -> None:
-    """Say why a call goes to the stock function after the resolver failed."""
+def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
+    """Say why a call goes to the stock function after the resolver failed.
+
+    Offline, a cache the resolver cannot vouch for (a partial snapshot, as
+    transformers' ``list_repo_templates`` reads with ``local_files_only``) is
+    read by the stock client from the same cache, as without ``install()``:
+    nothing to warn about.
+    """
+    if offline and isinstance(exc, OfflineError):
+        logger.debug("cmh.hub.install: %s read by the stock client offline: %s", what, exc)
+        return
     logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 
 
@@ -366,6 +459,43 @@ def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) 
         request=httpx2.Request("HEAD", url),
     )
     return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
+
+
+def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
+    """The ``resolve`` URL the stock client asks for ``filename`` (shown in its errors)."""
+    from huggingface_hub.file_download import hf_hub_url
+
+    return str(
+        hf_hub_url(
+            a["repo_id"],
+            filename,
+            repo_type=repo_type,
+            revision=_revision(a.get("revision")),
+            endpoint=a.get("endpoint"),
+        )
+    )
+
+
+def _local_entry_not_found(local_files_only: bool) -> Exception:
+    """The stock client's error for a file the cache lacks while offline (nothing written)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if local_files_only:
+        return LocalEntryNotFoundError(
+            "Cannot find the requested files in the disk cache and outgoing traffic has been "
+            "disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' to "
+            "False."
+        )
+    error = LocalEntryNotFoundError(
+        "An error happened while trying to locate the file on the Hub and we cannot find the "
+        "requested files in the local cache. Please check your connection and try again or make "
+        "sure your Internet connection is on."
+    )
+    error.__cause__ = OfflineModeIsEnabled(
+        "Cannot reach the Hub: offline mode is enabled. To disable it, please unset the "
+        "`HF_HUB_OFFLINE` environment variable."
+    )
+    return error
 
 
 def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
@@ -396,7 +526,13 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
-        if a is None or _stock_only(a):
+        if a is None:
+            return original(*args, **kwargs)
+        with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
+            return routed(a, args, kwargs)
+
+    def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _stock_only(a):
             return original(*args, **kwargs)
         repo_type = a.get("repo_type") or "model"
         names = repo_filename(a["filename"], a.get("subfolder"))
@@ -417,12 +553,15 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
-            repo = RepoLayout(_cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
-            raise _entry_not_found(repo, exc.commit, filename, filename) from None
+            if _offline(a):
+                raise _local_entry_not_found(bool(a.get("local_files_only"))) from None
+            repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
+            url = _stock_url(a, filename, repo_type)
+            raise _entry_not_found(repo, exc.commit, filename, url) from None
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
-            _fall_back(f"{a['repo_id']}/{filename}", exc)
+            _fall_back(f"{a['repo_id']}/{filename}", exc, _offline(a))
             return original(*args, **kwargs)
         target = os.path.join(str(res.path), relative)
         if not os.path.isfile(target):
@@ -437,7 +576,13 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def snapshot_download(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
-        if a is None or _stock_only(a) or a.get("ignore_patterns"):
+        if a is None:
+            return original(*args, **kwargs)
+        with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
+            return routed(a, args, kwargs)
+
+    def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _stock_only(a) or a.get("ignore_patterns"):
             return original(*args, **kwargs)
         patterns = a.get("allow_patterns")
         try:
@@ -454,12 +599,17 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
-            _fall_back(str(a["repo_id"]), exc)
+            _fall_back(str(a["repo_id"]), exc, _offline(a))
             return original(*args, **kwargs)
         return str(res.path)
 
     snapshot_download.__cmh_original__ = original  # type: ignore[attr-defined]
     return snapshot_download
+
+
+def _offline(a: dict[str, Any]) -> bool:
+    """The call may not use the network (``local_files_only`` or the offline policy)."""
+    return _policy_for(bool(a.get("local_files_only"))).offline
 
 
 def _stock_only(a: dict[str, Any]) -> bool:

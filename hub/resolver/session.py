@@ -179,11 +179,11 @@ class FreshCacheTransport(httpx2.BaseTransport):
     # -- deciding ------------------------------------------------------------------------
 
     def _answer(self, request: httpx2.Request, target: Target) -> httpx2.Response | None:
-        from huggingface_hub import constants
+        from .patch import recent_commit, scoped_cache
 
-        from .patch import recent_commit
-
-        repo = RepoLayout(Path(constants.HF_HUB_CACHE), target.repo_id, target.repo_type)
+        repo = RepoLayout(
+            scoped_cache(target.repo_type, target.repo_id), target.repo_id, target.repo_type
+        )
         endpoint = f"{request.url.scheme}://{request.url.netloc.decode()}"
         commit = self._known_commit(repo, endpoint, target.revision, recent_commit)
         if commit is None:

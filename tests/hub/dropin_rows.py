@@ -2,7 +2,9 @@
 
 CONFIG is a JSON document: ``repos`` (row inputs: ``model``, ``adapter``,
 ``parquet``, ``csv`` as repo ids, or as local folders for the reference run),
-``rows`` (names to run), ``install`` (call ``cmh.hub.install()`` first),
+``rows`` (names to run), ``cache_dir`` (optional: a cache folder every row
+that takes one names, as ``cache_dir=`` or ``cache_folder=``), ``install``
+(call ``cmh.hub.install()`` first),
 ``marker`` (a URL prefix: ``GET {marker}?sync=row-NAME`` is sent before each
 row and ``?sync=done`` after the last, so the caller can split its request
 log by row). Prints one JSON document: ``{row: {"output": sha256} or
@@ -51,10 +53,15 @@ def _is_local(name: str) -> bool:
     return os.path.isdir(name)
 
 
+def _cache(r: dict[str, str], name: str = "cache_dir") -> dict[str, str]:
+    """The row's cache folder argument (none for local folders or the default cache)."""
+    return {name: r["cache_dir"]} if r.get("cache_dir") and not _is_local(r["model"]) else {}
+
+
 def row_config(r: dict[str, str]) -> str:
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(r["model"]).to_dict()
+    config = AutoConfig.from_pretrained(r["model"], **_cache(r)).to_dict()
     config.pop("_name_or_path", None)
     return _sha(json.dumps(config, sort_keys=True, default=str).encode())
 
@@ -62,14 +69,15 @@ def row_config(r: dict[str, str]) -> str:
 def row_tokenizer(r: dict[str, str]) -> str:
     from transformers import AutoTokenizer
 
-    return _sha(json.dumps(AutoTokenizer.from_pretrained(r["model"])(TEXTS)["input_ids"]).encode())
+    tok = AutoTokenizer.from_pretrained(r["model"], **_cache(r))
+    return _sha(json.dumps(tok(TEXTS)["input_ids"]).encode())
 
 
-def _embed(model: Any, name: str) -> str:
+def _embed(model: Any, name: str, r: dict[str, str]) -> str:
     import torch
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name)
+    tok = AutoTokenizer.from_pretrained(name, **_cache(r))
     with torch.no_grad():
         out = model(**tok(TEXTS, return_tensors="pt", padding=True)).last_hidden_state
     return _tensor_sha(out)
@@ -78,7 +86,7 @@ def _embed(model: Any, name: str) -> str:
 def row_model(r: dict[str, str]) -> str:
     from transformers import AutoModel
 
-    return _embed(AutoModel.from_pretrained(r["model"]), r["model"])
+    return _embed(AutoModel.from_pretrained(r["model"], **_cache(r)), r["model"], r)
 
 
 def row_pipeline(r: dict[str, str]) -> str:
@@ -87,14 +95,16 @@ def row_pipeline(r: dict[str, str]) -> str:
 
     # The task is given: without it transformers reads the repo info and refuses a model whose
     # library_name is sentence-transformers (as it does on huggingface.co for this model).
-    out = pipeline("feature-extraction", model=r["model"])(TEXTS[0])
+    kwargs = {"model_kwargs": _cache(r)} if _cache(r) else {}
+    out = pipeline("feature-extraction", model=r["model"], **kwargs)(TEXTS[0])
     return _sha(np.asarray(out, dtype=np.float32).tobytes())
 
 
 def row_sentence_transformers(r: dict[str, str]) -> str:
     from sentence_transformers import SentenceTransformer
 
-    return _sha(SentenceTransformer(r["model"], device="cpu").encode(TEXTS).tobytes())
+    model = SentenceTransformer(r["model"], device="cpu", **_cache(r, "cache_folder"))
+    return _sha(model.encode(TEXTS).tobytes())
 
 
 def _dataset_sha(name: str, kind: str) -> str:
@@ -120,8 +130,8 @@ def row_peft(r: dict[str, str]) -> str:
     from peft import PeftModel
     from transformers import AutoModel
 
-    base = AutoModel.from_pretrained(r["model"])
-    return _embed(PeftModel.from_pretrained(base, r["adapter"]), r["model"])
+    base = AutoModel.from_pretrained(r["model"], **_cache(r))
+    return _embed(PeftModel.from_pretrained(base, r["adapter"], **_cache(r)), r["model"], r)
 
 
 def row_hf_hub_download(r: dict[str, str]) -> str:
@@ -129,7 +139,7 @@ def row_hf_hub_download(r: dict[str, str]) -> str:
         return _sha((Path(r["model"]) / "config.json").read_bytes())
     from huggingface_hub import hf_hub_download
 
-    return _sha(Path(hf_hub_download(r["model"], "config.json")).read_bytes())
+    return _sha(Path(hf_hub_download(r["model"], "config.json", **_cache(r))).read_bytes())
 
 
 def row_snapshot_download(r: dict[str, str]) -> str:
@@ -137,7 +147,7 @@ def row_snapshot_download(r: dict[str, str]) -> str:
         return _tree_sha(Path(r["model"]))
     from huggingface_hub import snapshot_download
 
-    return _tree_sha(Path(snapshot_download(r["model"])))
+    return _tree_sha(Path(snapshot_download(r["model"], **_cache(r))))
 
 
 def row_hffs(r: dict[str, str]) -> str:
@@ -153,11 +163,18 @@ def row_hf_cli(r: dict[str, str]) -> str:
         return _tree_sha(Path(r["model"]))
     hf = Path(sys.executable).parent / "hf"
     proc = subprocess.run(
-        [str(hf), "download", "--quiet", r["model"]], capture_output=True, text=True, timeout=300
+        [str(hf), "download", "--quiet", r["model"], *_cache_args(r)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"hf download failed: {proc.stderr[-2000:]}")
     return _tree_sha(Path(proc.stdout.strip().splitlines()[-1]))
+
+
+def _cache_args(r: dict[str, str]) -> list[str]:
+    return ["--cache-dir", r["cache_dir"]] if _cache(r) else []
 
 
 ROWS: dict[str, Callable[[dict[str, str]], str]] = {
@@ -192,7 +209,8 @@ def main() -> None:
     for name in config["rows"]:
         mark(f"row-{name}")
         try:
-            results[name] = {"output": ROWS[name](config["repos"])}
+            repos = dict(config["repos"], cache_dir=config.get("cache_dir") or "")
+            results[name] = {"output": ROWS[name](repos)}
         except Exception as exc:  # reported per cell; the caller asserts
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             traceback.print_exc()

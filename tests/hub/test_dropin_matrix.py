@@ -5,7 +5,9 @@ pipeline, sentence-transformers, datasets ``load_dataset`` (parquet, csv), peft
 ``PeftModel.from_pretrained``, huggingface_hub ``hf_hub_download`` /
 ``snapshot_download`` / ``HfFileSystem``, the ``hf download`` CLI.
 
-Columns: the server (``cmh serve``, or the Hub-faithful front over it: LFS
+Columns: the cache folder (the default one of ``HF_HOME``, or one every row names
+with ``cache_dir=``/``cache_folder=``/``--cache-dir``), the server (``cmh serve``,
+or the Hub-faithful front over it: LFS
 answered by a 302 to a signed CDN URL that serves one range only, ``xetHash``
 in listings, tree pages of 3 entries), ``install()`` or stock, stamped or
 unstamped model repos, and three phases run in fresh interpreters on one
@@ -207,6 +209,7 @@ def _run_column(
     home: Path,
     install: bool,
     stamped: bool,
+    cache_dir: Path | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The three phases of one column; ``{phase: {row: {output|error, requests}}}``."""
     url = front.url if front is not None else server.url
@@ -221,6 +224,7 @@ def _run_column(
             "repos": _repos(stamped),
             "install": install,
             "marker": f"{url}/health",
+            "cache_dir": str(cache_dir) if cache_dir is not None else None,
         }
         if front is not None:
             front.clear_records()
@@ -276,11 +280,13 @@ def _summary(label: str, table: dict[str, dict[str, Any]]) -> str:
 
 
 #: Columns run by default (the suite's time budget); ``CMH_DROPIN_MATRIX=full`` runs all
-#: eight (each server x install/stock x stamped/unstamped).
+#: sixteen (each server x install/stock x stamped/unstamped x default/named cache folder).
+#: Three by default, as before the cache_dir column: install + stamped over the Hub-like
+#: front in the default cache and over ``cmh serve`` in a named one, and stock.
 DEFAULT_COLUMNS = {
-    ("mirror", True, True),
-    ("mirror", False, False),
-    ("hublike", True, True),
+    ("mirror", True, True, True),
+    ("mirror", False, False, False),
+    ("hublike", True, True, False),
 }
 FULL = os.environ.get("CMH_DROPIN_MATRIX") == "full"
 COLUMNS = [
@@ -288,11 +294,14 @@ COLUMNS = [
         where,
         install,
         stamped,
-        id=f"{where}-{'install' if install else 'stock'}-{'stamped' if stamped else 'unstamped'}",
+        named,
+        id=f"{where}-{'install' if install else 'stock'}-{'stamped' if stamped else 'unstamped'}"
+        + ("-cache_dir" if named else ""),
         marks=[]
-        if FULL or (where, install, stamped) in DEFAULT_COLUMNS
+        if FULL or (where, install, stamped, named) in DEFAULT_COLUMNS
         else [pytest.mark.skip(reason="CMH_DROPIN_MATRIX=full runs every column")],
     )
+    for named in (False, True)
     for where in ("mirror", "hublike")
     for install in (True, False)
     for stamped in (True, False)
@@ -305,20 +314,26 @@ def _repo_of(request: str) -> str | None:
     return next((r for r in REPOS if f"/org/{r}/" in path), None)
 
 
-@pytest.mark.parametrize(("where", "install", "stamped"), COLUMNS)
-def test_matrix(where, install, stamped, server, reference, tmp_path, record_property):
+@pytest.mark.parametrize(("where", "install", "stamped", "named"), COLUMNS)
+def test_matrix(where, install, stamped, named, server, reference, tmp_path, record_property):
+    """``named``: every row that takes a cache folder names one (``cache_dir=``,
+    ``cache_folder=``, ``--cache-dir``) other than the default cache of ``HF_HOME``."""
     want = reference["stamped" if stamped else "unstamped"]
     label = f"{where} {'install' if install else 'stock'} {'stamped' if stamped else 'unstamped'}"
+    label += " cache_dir" if named else ""
+    named_cache = tmp_path / "named-cache" if named else None
     if where == "hublike":
         with running(server.url) as front:
             table = _run_column(
-                server=server, front=front, home=tmp_path, install=install, stamped=stamped
-            )
+                server=server, front=front, home=tmp_path, install=install, stamped=stamped,
+                cache_dir=named_cache,
+            )  # fmt: skip
             assert not front.cdn_saw_authorization
     else:
         table = _run_column(
-            server=server, front=None, home=tmp_path, install=install, stamped=stamped
-        )
+            server=server, front=None, home=tmp_path, install=install, stamped=stamped,
+            cache_dir=named_cache,
+        )  # fmt: skip
     print(_summary(label, table))
     record_property(
         "matrix", json.dumps({r: [len(table[p][r]["requests"]) for p in PHASES] for r in ROWS})
