@@ -24,7 +24,7 @@ from ._common import (
     usage_error,
     warn,
 )
-from .store_location import STORE, StoreLocation, open_bucket_or_fail
+from .store_location import STORE, StoreLocation, open_store_or_fail
 
 STORE_OPTION = click.option(
     "--store",
@@ -56,20 +56,19 @@ def add(
     src_dir: Path, store: StoreLocation, repo_id: str, revision: str, repo_type: str, as_json: bool
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
-    from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
+    from cmh.hub.mirror import InvalidNameError, StoreError, StoreUnavailable, scan_folder
 
+    target = open_store_or_fail(store, existing=False)  # a folder store is created
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
         with progress_bar(total * 2, f"import {repo_id}") as advance:
-            if isinstance(store, str):
-                result = open_bucket_or_fail(store).add_folder(
-                    src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
-                )
-            else:
-                result = add_folder(store, src_dir, repo_id, revision=revision,
-                                    repo_type=repo_type, progress=advance)  # fmt: skip
+            result = target.add_folder(
+                src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
+            )
     except InvalidNameError as exc:
         fail(str(exc), EXIT_USAGE)
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     except StoreError as exc:
         fail(str(exc), EXIT_CHECK_FAILED)
     if as_json:
@@ -98,9 +97,9 @@ TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
 @handle_errors
 def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     """List the repos of a store, their refs and sizes."""
-    from cmh.hub.mirror import list_store
-    from cmh.hub.mirror.auth import (
+    from cmh.hub.mirror import (
         AccessPolicy,
+        StoreUnavailable,
         TokensFileError,
         load_tokens,
         repo_key,
@@ -113,14 +112,12 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
             policy = load_tokens(tokens)
         except TokensFileError as exc:
             fail(str(exc), EXIT_USAGE)
-    if isinstance(store, str):
-        repos = open_bucket_or_fail(store).list_store()
-        grants = []  # names the tokens file has and the store lacks: local stores only
-    else:
-        if not store.is_dir():
-            fail(f"{store}: store folder not found", EXIT_USAGE)
-        repos = list_store(store)
-        grants = unserved_grants(policy, store) if policy is not None else []
+    opened = open_store_or_fail(store)
+    try:
+        repos = opened.list_store()
+        grants = unserved_grants(policy, opened.repos()) if policy is not None else []
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     for grant in grants:
         warn(grant.message)
 
@@ -165,28 +162,16 @@ def scrub(
     Exit 1 if a blob is bad, else 3 if one is an invalid safetensors file or
     cannot be read, else 0.
     """
-    from cmh.hub.cache import iter_repos
-    from cmh.hub.mirror import scrub_store
+    from cmh.hub.mirror import StoreUnavailable
 
-    if isinstance(store, str):
-        from cmh.hub.mirror.bucket_scrub import scrub_bucket
-
-        bucket = open_bucket_or_fail(store)  # every blob is streamed and hashed whole
-        report = scrub_bucket(bucket, do_quarantine=not no_quarantine, threads=threads)
-    else:
-        if not store.is_dir():
-            fail(f"{store}: store folder not found", EXIT_USAGE)
-        total = 0
-        for repo in iter_repos(store):
-            if repo.blobs.is_dir():
-                total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
-        with progress_bar(total, "scrub") as advance:
-            report = scrub_store(
-                store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
+    opened = open_store_or_fail(store)
+    try:
+        with progress_bar(opened.scrub_bytes(), "scrub") as advance:
+            report = opened.scrub(
+                do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
             )
-        from cmh.hub.mirror.scrub_history import record_scrub
-
-        record_scrub(store, report.to_dict())  # shown on the web operator page
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     if as_json:
         emit_json({"schema": JSON_SCHEMA_VERSION, **report.to_dict()})
     else:
@@ -330,9 +315,8 @@ def serve(
     tree_page_size: int,
 ) -> None:
     """Serve a store through the Hub HTTP API and web pages (stops cleanly on SIGTERM)."""
-    from cmh.hub.mirror import ServeConfig, ServeError
+    from cmh.hub.mirror import ServeConfig, ServeError, UpstreamConfig
     from cmh.hub.mirror import serve as run
-    from cmh.hub.mirror.upstream import UpstreamConfig
 
     pull = None
     if upstream is not None:
@@ -406,7 +390,7 @@ def _read_token(path: Path | None) -> str | None:
 @handle_errors
 def sync(
     repo_ids: tuple[str, ...],
-    store: Path,
+    store: StoreLocation,
     upstream: str,
     revision: str,
     repo_type: str,
@@ -414,25 +398,24 @@ def sync(
     as_json: bool,
 ) -> None:
     """Fill a store from a Hub ahead of time, with the resolver's checks (for air gaps)."""
-    import cmh.hub as hub
-    from cmh.hub.cache.layout import LayoutError
+    import functools
+
+    from cmh.hub.cache import LayoutError
+    from cmh.hub.mirror import InvalidNameError, StoreError, StoreUnavailable
 
     token = _read_token(token_file)
-    store.mkdir(parents=True, exist_ok=True)
+    target = open_store_or_fail(store, existing=False)
     results = []
     for repo_id in repo_ids:
+        fetch = functools.partial(_sync_one, repo_id, revision, repo_type, upstream, token)
         try:
-            res = hub.resolve(
-                repo_id,
-                revision,
-                repo_type=repo_type,
-                cache_dir=store,
-                endpoint=upstream,
-                token=token or False,
-                policy=hub.Policy(stale_if_error=False),
-            )
-        except LayoutError as exc:
+            res = target.sync(fetch, repo_id, revision, repo_type)
+        except (LayoutError, InvalidNameError) as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
+        except StoreUnavailable as exc:
+            fail(str(exc), EXIT_UNREADABLE)
+        except StoreError as exc:
+            fail(str(exc), EXIT_CHECK_FAILED)
         results.append(res)
         if not as_json:
             echo(
@@ -447,3 +430,20 @@ def sync(
                 "repos": [r.to_json() for r in results],
             }
         )
+
+
+def _sync_one(
+    repo_id: str, revision: str, repo_type: str, upstream: str, token: str | None, cache: Path
+) -> object:
+    """Resolve one repo from ``upstream`` into the cache folder ``cache``."""
+    import cmh.hub as hub
+
+    return hub.resolve(
+        repo_id,
+        revision,
+        repo_type=repo_type,
+        cache_dir=cache,
+        endpoint=upstream,
+        token=token or False,
+        policy=hub.Policy(stale_if_error=False),
+    )

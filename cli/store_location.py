@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._common import EXIT_USAGE, fail
+from ._common import EXIT_UNREADABLE, EXIT_USAGE, fail
 
 if TYPE_CHECKING:
-    from cmh.hub.mirror.bucket import BucketStore
+    from cmh.hub.mirror import MirrorStore
 
 #: What ``--store`` gives a command: a folder, or the URL of a bucket store.
 StoreLocation = Path | str
@@ -31,7 +31,7 @@ class StoreType(_StoreParam):
             return value
         text = str(value)
         if text.startswith("s3://"):
-            from cmh.hub.mirror.objectstore import InvalidLocation, S3Location
+            from cmh.hub.mirror import InvalidLocation, S3Location
 
             try:
                 S3Location.parse(text)
@@ -46,11 +46,19 @@ class StoreType(_StoreParam):
 STORE = StoreType()
 
 
-def open_bucket_or_fail(url: str) -> BucketStore:
-    """Open a bucket store with the standard AWS settings; a clear error otherwise."""
-    from cmh.hub.mirror.bucket import BucketError, open_bucket
+def open_store_or_fail(location: StoreLocation, *, existing: bool = True) -> MirrorStore:
+    """The store ``--store`` names; a clear error (exit 2) when it cannot be opened, or,
+    with ``existing``, when it does not exist (exit 2) or its storage fails (exit 3)."""
+    from cmh.hub.mirror import StoreError, StoreMissing, StoreUnavailable, open_store
 
     try:
-        return open_bucket(url)
-    except BucketError as exc:
+        store = open_store(location)
+        if existing:
+            store.check()
+    except StoreMissing as exc:
         fail(str(exc), EXIT_USAGE)
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
+    except StoreError as exc:
+        fail(str(exc), EXIT_USAGE)
+    return store
