@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -245,7 +246,9 @@ class BucketBackedStore:
         from ...cache.layout import COMMIT_RE
 
         with tempfile.TemporaryDirectory(prefix="cmh-sync-") as tmp:
-            res = fetch(Path(tmp))
+            res = fetch(Path(tmp) / "cache")
+            plain = Path(tmp) / "files"  # the snapshot's links followed: files to import
+            shutil.copytree(Path(res.path), plain, symlinks=False)
             target = "main" if COMMIT_RE.match(revision) else revision
-            self.add_folder(Path(res.path), repo_id, revision=target, repo_type=repo_type)
+            self.add_folder(plain, repo_id, revision=target, repo_type=repo_type)
         return res
