@@ -137,6 +137,8 @@ class ObjectVerifier:
                     read += len(chunk)
                 ok = read == entry.size and digest.hexdigest() == entry.etag
                 self.record(key, ok)
+                if ok:
+                    _share(fetcher.reader, info)
                 return ok
             finally:
                 self._running.pop(key, None)
@@ -182,6 +184,19 @@ async def _blob(reader: BucketReader, entry: FileEntry) -> ObjectInfo:
     return info
 
 
+async def _recorded(reader: BucketReader, info: ObjectInfo) -> bool:
+    """Whether the bucket records this object version as checked (False if unreadable)."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, reader.checked, info)
+    except ObjectStoreError:
+        return False
+
+
+def _share(reader: BucketReader, info: ObjectInfo) -> None:
+    """Write the check record of a version this worker found good, in the background."""
+    asyncio.get_running_loop().run_in_executor(None, reader.record_checked, info)
+
+
 async def redirect(
     request: web.Request, reader: BucketReader, entry: FileEntry, headers: dict[str, str]
 ) -> web.StreamResponse:
@@ -209,6 +224,9 @@ async def proxy(
     info = await _blob(reader, entry)
     key = (info.name, info.etag)
     ok = verifier.known(key)
+    if ok is None and await _recorded(reader, info):
+        ok = True
+        verifier.record(key, True)
     if ok is False:
         raise BlobUnavailable("blob does not match its name")
     response, pieces, tail = _shape(headers, ranges, entry.size)
@@ -249,6 +267,8 @@ async def proxy(
             hasher.update(held[1])
             good = hasher.hexdigest() == entry.etag
             verifier.record(key, good)
+            if good:
+                _share(reader, info)
         elif pending is not None:
             try:
                 good = await asyncio.shield(pending)

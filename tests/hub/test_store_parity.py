@@ -8,21 +8,30 @@ feature of it the same way, through the CLI and HTTP only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
-from mirror_support import MINILM_REPO, PRIVATE_REPO, PRIVATE_TOKEN, TINY_REPO, MirrorServer
-from mirror_support import write_tiny_repo
+from mirror_support import (
+    MINILM_REPO,
+    PRIVATE_REPO,
+    PRIVATE_TOKEN,
+    TINY_REPO,
+    MirrorServer,
+    write_tiny_repo,
+)
 from moto_s3 import MotoBucket, moto_fixture  # noqa: F401 (fixture)
 from seaweed import SeaweedBucket
 
@@ -40,7 +49,9 @@ class Served:
     minilm_dir: Path
 
 
-def cmh(args: list[str], env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
+def cmh(
+    args: list[str], env: dict[str, str], check: bool = True
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, "-m", "cmh.cli.main", *args], env=env, capture_output=True, text=True,
         timeout=300,
@@ -125,9 +136,10 @@ def test_hub_api(served: Served) -> None:
     status, _, body = get(f"{url}/{TINY_REPO}/resolve/main/weights.bin", {"Range": "bytes=10-19"})
     assert status == 206 and body == bytes((i * 7 + 1) % 256 for i in range(10, 20))
     status, _, body = get(f"{url}/api/models/{TINY_REPO}/refs")
-    assert status == 200 and json.loads(body)["branches"][0]["targetCommit"] == served.commits[
-        TINY_REPO
-    ]
+    assert (
+        status == 200
+        and json.loads(body)["branches"][0]["targetCommit"] == served.commits[TINY_REPO]
+    )
     status, _, body = get(f"{url}/api/models/{TINY_REPO}/commits/main")
     assert status == 200 and json.loads(body)[0]["id"] == served.commits[TINY_REPO]
     status, _, body = get(f"{url}/api/models?search=tiny")
@@ -149,18 +161,51 @@ def test_fingerprint(served: Served) -> None:
     assert status == 422 and headers["X-Error-Code"] == "NotAModel"
 
 
+@contextlib.contextmanager
+def storage_env(served: Served) -> Iterator[None]:
+    """This process's environment set to reach the store's storage, for a while."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(served.env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _store_file(served: Served, name: str) -> bytes | None:
+    """The bytes of ``name`` (relative to the store) read straight from the storage."""
+    if served.kind == "local":
+        path = Path(served.store) / name
+        return path.read_bytes() if path.is_file() else None
+    from cmh.hub.mirror.objectstore import ObjectNotFound, ObjectStore
+
+    with storage_env(served):
+        try:
+            return ObjectStore.open(served.store).get(name)
+        except ObjectNotFound:
+            return None
+
+
+def _overwrite(served: Served, name: str, data: bytes) -> None:
+    """Replace the bytes of ``name`` in the storage (a corruption)."""
+    if served.kind == "local":
+        path = Path(served.store) / name
+        path.chmod(0o644)
+        with open(path, "r+b") as f:  # in place, as a storage fault would
+            f.write(data)
+        return
+    from cmh.hub.mirror.objectstore import ObjectStore
+
+    with storage_env(served):
+        ObjectStore.open(served.store).put(name, data)
+
+
 def _manifest_kept(served: Served, etag: str) -> bool:
     """Whether the import kept the manifest of ``etag`` (read straight from the store)."""
     folder = "models--" + MINILM_REPO.replace("/", "--")
-    if served.kind == "local":
-        return (Path(served.store) / folder / ".cmh" / "manifests" / f"{etag}.json").is_file()
-    code = (
-        "import sys; from cmh.hub.mirror.objectstore import ObjectStore, ObjectNotFound\n"
-        f"s = ObjectStore.open({served.store!r})\n"
-        f"try: s.head({folder + '/.cmh/manifests/' + etag + '.json'!r})\n"
-        "except ObjectNotFound: sys.exit(1)\n"
-    )
-    return subprocess.run([sys.executable, "-c", code], env=served.env).returncode == 0
+    return _store_file(served, f"{folder}/.cmh/manifests/{etag}.json") is not None
 
 
 def test_manifest_written_at_import_and_served(served: Served) -> None:
@@ -220,3 +265,69 @@ def test_mirror_sync(served: Served) -> None:
     assert {r["name"] for r in repo["refs"]} >= {"main"}
 
 
+def test_mirror_add_records_its_check(served: Served) -> None:
+    """The check ``mirror add`` made is recorded in the store for every server, so the
+    first GET does not hash the blob again (local: the file version; bucket: the object
+    version)."""
+    etag = hashlib.sha256(bytes((i * 7 + 1) % 256 for i in range(300_000))).hexdigest()
+    record = _store_file(served, f"models--cmh-test--tiny/.cmh/checked/{etag}")
+    assert record is not None
+    status, _, body = get(f"{served.server.url}/{TINY_REPO}/resolve/main/weights.bin",
+                          {"Range": "bytes=0-0"})  # fmt: skip
+    assert status == 206 and body == b"\x01"
+
+
+def _wait_for(probe: Any, want: Any, within: float) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        got = probe()
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) -> None:
+    """A blob that scrub quarantined is no longer served (503), and once re-imported it is
+    served again, by every replica within ``--ref-ttl`` (2 s here; redirect replicas
+    never send a client to the deleted object)."""
+    repo = "cmh-test/scrubbed"
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(200_000)
+    (src / "weights.bin").write_bytes(data)
+    cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo], served.env)
+    url = f"{served.server.url}/{repo}/resolve/main/weights.bin"
+    replicas = [served.server]
+    if served.kind != "local":
+        with storage_env(served):
+            replicas.append(MirrorServer(served.store, tmp_path / "logs",  # type: ignore[arg-type]
+                                         extra_args=("--blob-delivery", "redirect")))  # fmt: skip
+    try:
+        for replica in replicas:
+            assert get(f"{replica.url}/{repo}/resolve/main/weights.bin")[0] in (200, 302)
+        etag = hashlib.sha256(data).hexdigest()
+        _overwrite(served, f"models--cmh-test--scrubbed/blobs/{etag}", b"\0" * len(data))
+        out = cmh(["mirror", "scrub", "--store", served.store, "--json"], served.env, check=False)
+        assert out.returncode == 1 and json.loads(out.stdout)["bad"]
+
+        def answer(replica: MirrorServer) -> int:
+            status, headers, _ = get(f"{replica.url}/{repo}/resolve/main/weights.bin")
+            if status == 302:  # where the client would go: it must exist
+                return get(headers["Location"])[0]
+            return status
+
+        for replica in replicas:
+            assert _wait_for(lambda r=replica: answer(r), 503, 2.0 + 1.5) == 503
+        cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo], served.env)
+
+        def body(replica: MirrorServer) -> bytes:
+            status, headers, got = get(f"{replica.url}/{repo}/resolve/main/weights.bin")
+            if status == 302:
+                status, _, got = get(headers["Location"])
+            return got if status == 200 else b""
+
+        for replica in replicas:
+            assert _wait_for(lambda r=replica: body(r), data, 2.0 + 1.5) == data
+    finally:
+        for replica in replicas[1:]:
+            replica.stop()
