@@ -291,6 +291,13 @@ def scrub(
     help="Bucket stores: seconds a replica trusts a ref it read (a new commit is "
     "served by every replica at most this long after it is added).",
 )
+@click.option(
+    "--public-storage-url",
+    default=None,
+    metavar="URL",
+    help="Bucket stores, --blob-delivery redirect: the storage endpoint as clients reach it "
+    "(when it differs from the one the replicas use); redirects are signed for it.",
+)
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
 def serve(
@@ -312,6 +319,7 @@ def serve(
     keys: tuple[Path, ...],
     blob_delivery: str,
     ref_ttl: float,
+    public_storage_url: str | None,
     tree_page_size: int,
 ) -> None:
     """Serve a store through the Hub HTTP API and web pages (stops cleanly on SIGTERM)."""
@@ -350,6 +358,7 @@ def serve(
         warn=warn,
         blob_delivery=blob_delivery,
         ref_ttl=ref_ttl,
+        public_storage_url=public_storage_url,
     )
     try:
         code = run(config)

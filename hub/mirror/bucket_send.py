@@ -34,7 +34,13 @@ from aiohttp import web
 from ..cache.blobs import new_digest
 from .bucket_read import BucketReader
 from .index import FileEntry
-from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError, PreconditionFailed
+from .objectstore import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
+)
 from .ranges import ByteRange
 from .send import BlobUnavailable, multipart
 
@@ -198,11 +204,16 @@ def _share(reader: BucketReader, info: ObjectInfo) -> None:
 
 
 async def redirect(
-    request: web.Request, reader: BucketReader, entry: FileEntry, headers: dict[str, str]
+    request: web.Request,
+    reader: BucketReader,
+    entry: FileEntry,
+    headers: dict[str, str],
+    signer: ObjectStore | None = None,
 ) -> web.StreamResponse:
-    """``302`` to a presigned URL of the entry's blob, with the Hub's headers."""
+    """``302`` to a presigned URL of the entry's blob, with the Hub's headers; signed for
+    ``signer``'s endpoint when given (``--public-storage-url``), else the store's."""
     info = await _blob(reader, entry)
-    url = reader.store.objects.presigned_get_url(info.name, REDIRECT_EXPIRY)
+    url = (signer or reader.store.objects).presigned_get_url(info.name, REDIRECT_EXPIRY)
     out = {k: v for k, v in headers.items() if k not in ("Content-Type", "Accept-Ranges")}
     out["Location"] = url
     return web.Response(status=302, headers=out)

@@ -61,6 +61,7 @@ class ServeConfig:
     warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
     blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel (local store)
     ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
+    public_storage_url: str | None = None  # redirect: the storage endpoint clients reach
 
 
 def public_url(text: str) -> str:
@@ -163,6 +164,12 @@ def _check_store(config: ServeConfig) -> MirrorStore:
     Each worker opens its own afterwards (:func:`_open_store`): an S3 client is not safe
     to use across ``fork()``.
     """
+    if config.public_storage_url is not None:
+        try:
+            url = public_url(config.public_storage_url)
+        except ServeError as exc:
+            raise ServeError(str(exc).replace("public URL", "public storage URL")) from None
+        config = replace(config, public_storage_url=url)
     store = _open_store(config)
     if config.blob_delivery not in store.deliveries:
         raise ServeError(
@@ -178,7 +185,9 @@ def _open_store(config: ServeConfig) -> MirrorStore:
     from .stores import open_store
 
     try:
-        store = open_store(config.store, ref_ttl=config.ref_ttl)
+        store = open_store(
+            config.store, ref_ttl=config.ref_ttl, public_storage_url=config.public_storage_url
+        )
         store.check()
     except StoreError as exc:
         raise ServeError(str(exc)) from None

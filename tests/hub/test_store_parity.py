@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.error import HTTPError
-from urllib.request import Request, urlopen
+from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 import pytest
 from mirror_support import (
@@ -115,9 +115,18 @@ def served(
         server.stop()
 
 
+class _NoRedirect(HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a 302 is the answer under test, not followed
+
+
+_OPENER = build_opener(_NoRedirect)
+
+
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of a GET (redirects are not followed)."""
     try:
-        with urlopen(Request(url, headers=headers or {}), timeout=60) as r:
+        with _OPENER.open(Request(url, headers=headers or {}), timeout=60) as r:
             return r.status, dict(r.headers), r.read()
     except HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
@@ -296,7 +305,6 @@ def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) 
     data = os.urandom(200_000)
     (src / "weights.bin").write_bytes(data)
     cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo], served.env)
-    url = f"{served.server.url}/{repo}/resolve/main/weights.bin"
     replicas = [served.server]
     if served.kind != "local":
         with storage_env(served):
@@ -331,3 +339,26 @@ def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) 
     finally:
         for replica in replicas[1:]:
             replica.stop()
+
+
+def test_redirect_signed_for_the_public_storage_url(served: Served, tmp_path: Path) -> None:
+    """``--public-storage-url``: redirects name the storage as clients reach it (here
+    ``localhost`` where the replicas use ``127.0.0.1``), and that URL downloads the blob."""
+    if served.kind == "local":
+        done = cmh(["serve", "--store", served.store, "--public-storage-url",
+                    "http://localhost:1"], served.env, check=False)  # fmt: skip
+        assert done.returncode == 2 and "bucket stores" in done.stderr
+        return
+    endpoint = served.env["AWS_ENDPOINT_URL"]
+    public = endpoint.replace("127.0.0.1", "localhost")
+    with storage_env(served):
+        replica = MirrorServer(served.store, tmp_path / "logs",  # type: ignore[arg-type]
+                               extra_args=("--blob-delivery", "redirect",
+                                           "--public-storage-url", public))  # fmt: skip
+    try:
+        status, headers, _ = get(f"{replica.url}/{TINY_REPO}/resolve/main/weights.bin")
+        assert status == 302 and headers["Location"].startswith(public + "/")
+        status, _, body = get(headers["Location"])
+        assert status == 200 and body == bytes((i * 7 + 1) % 256 for i in range(300_000))
+    finally:
+        replica.stop()

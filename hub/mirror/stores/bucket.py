@@ -45,15 +45,35 @@ class BucketBackedStore:
 
     deliveries = ("proxy", "redirect")
 
-    def __init__(self, bucket: BucketStore, *, ref_ttl: float | None = None) -> None:
+    def __init__(
+        self, bucket: BucketStore, *, ref_ttl: float | None = None, signer: Any = None
+    ) -> None:
         self.bucket = bucket
         self.location = bucket.url
         self.reader = BucketReader(bucket, ref_ttl=DEFAULT_REF_TTL if ref_ttl is None else ref_ttl)
+        self.signer = signer or bucket.objects  # signs the URLs clients are sent to
         self._senders: dict[str, Any] = {}
 
     @classmethod
-    def open(cls, url: str, *, ref_ttl: float | None = None) -> BucketBackedStore:
-        return cls(open_bucket(url), ref_ttl=ref_ttl)
+    def open(
+        cls, url: str, *, ref_ttl: float | None = None, public_storage_url: str | None = None
+    ) -> BucketBackedStore:
+        """Open ``s3://bucket/prefix``; redirects signed for ``public_storage_url`` when
+        given (signing is local: that address is never contacted by the server)."""
+        bucket = open_bucket(url)
+        signer = None
+        if public_storage_url is not None:
+            from dataclasses import replace
+
+            from ..objectstore import ObjectStore
+
+            objects = bucket.objects
+            settings = replace(objects.settings, endpoint=public_storage_url)
+            try:
+                signer = ObjectStore(objects.location, settings)
+            except ObjectStoreError as exc:
+                raise BucketError(str(exc)) from None
+        return cls(bucket, ref_ttl=ref_ttl, signer=signer)
 
     def __repr__(self) -> str:
         return f"BucketBackedStore({self.location!r})"
@@ -81,7 +101,7 @@ class BucketBackedStore:
         if sender is None:
             from .bucket_delivery import make_sender
 
-            sender = self._senders[delivery] = make_sender(self.reader, delivery)
+            sender = self._senders[delivery] = make_sender(self.reader, delivery, self.signer)
         return sender
 
     def repos(self) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ class RemoteSender:
     delivery: str
     fetcher: Any = None
     verifier: Any = None
+    signer: Any = None  # what signs redirect URLs (an ObjectStore for the client's address)
 
     async def send(
         self, request: Any, entry: Any, headers: dict[str, str], ranges: Any
@@ -25,7 +26,8 @@ class RemoteSender:
         from .. import bucket_send
 
         if self.delivery == bucket_send.REDIRECT:
-            return await bucket_send.redirect(request, self.reader, entry, headers), 0, None
+            answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
+            return answer, 0, None
         return await bucket_send.proxy(
             request, self.reader, self.fetcher, self.verifier, entry, headers, ranges
         )
@@ -35,11 +37,11 @@ class RemoteSender:
             await self.fetcher.close()
 
 
-def make_sender(reader: BucketReader, delivery: str) -> RemoteSender:
+def make_sender(reader: BucketReader, delivery: str, signer: Any = None) -> RemoteSender:
     from .. import bucket_send
 
     if delivery == bucket_send.REDIRECT:
-        return RemoteSender(reader, delivery)
+        return RemoteSender(reader, delivery, signer=signer)
     return RemoteSender(
         reader, delivery, bucket_send.ObjectFetcher(reader), bucket_send.ObjectVerifier()
     )
