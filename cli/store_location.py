@@ -10,7 +10,7 @@ import click
 from ._common import EXIT_UNREADABLE, EXIT_USAGE, fail
 
 if TYPE_CHECKING:
-    from cmh.hub.mirror import MirrorStore
+    from cmh.hub.mirror import BucketStore, MirrorStore
 
 #: What ``--store`` gives a command: a folder, or the URL of a bucket store.
 StoreLocation = Path | str
@@ -29,18 +29,12 @@ class StoreType(_StoreParam):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, Path):
             return value
-        text = str(value)
-        if text.startswith("s3://"):
-            from cmh.hub.mirror import InvalidLocation, S3Location
+        from cmh.hub.mirror import InvalidLocation, parse_location
 
-            try:
-                S3Location.parse(text)
-            except InvalidLocation as exc:
-                self.fail(str(exc), param, ctx)
-            return text
-        if "://" in text:
-            self.fail(f"{text!r}: only s3:// URLs or folders are stores", param, ctx)
-        return Path(text)
+        try:
+            return parse_location(str(value))
+        except InvalidLocation as exc:
+            self.fail(str(exc), param, ctx)
 
 
 STORE = StoreType()
@@ -62,3 +56,13 @@ def open_store_or_fail(location: StoreLocation, *, existing: bool = True) -> Mir
     except StoreError as exc:
         fail(str(exc), EXIT_USAGE)
     return store
+
+
+def open_bucket_or_fail(url: str) -> BucketStore:
+    """Open a bucket store with the standard AWS settings; a clear error otherwise."""
+    from cmh.hub.mirror import BucketError, open_bucket
+
+    try:
+        return open_bucket(url)
+    except BucketError as exc:
+        fail(str(exc), EXIT_USAGE)

@@ -12,6 +12,7 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
+    from .bucket import BucketError, BucketStore, open_bucket
     from .objectstore import InvalidLocation, S3Location
     from .run import ServeConfig, ServeError, serve
     from .scrub import ScrubReport, scrub_store
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
         list_store,
         scan_folder,
     )
-    from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store
+    from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
     from .upstream import UpstreamConfig
 
 _EXPORTS = {
@@ -32,12 +33,16 @@ _EXPORTS = {
     "load_tokens": "auth",
     "repo_key": "auth",
     "unserved_grants": "auth",
+    "BucketError": "bucket",
+    "BucketStore": "bucket",
+    "open_bucket": "bucket",
     "InvalidLocation": "objectstore",
     "S3Location": "objectstore",
     "MirrorStore": "stores",
     "StoreMissing": "stores",
     "StoreUnavailable": "stores",
     "open_store": "stores",
+    "parse_location": "stores",
     "UpstreamConfig": "upstream",
     "InvalidNameError": "store",
     "RepoSummary": "store",
@@ -53,6 +58,8 @@ _EXPORTS = {
 }
 __all__ = [
     "AccessPolicy",
+    "BucketError",
+    "BucketStore",
     "InvalidLocation",
     "InvalidNameError",
     "MirrorStore",
@@ -69,7 +76,9 @@ __all__ = [
     "add_folder",
     "list_store",
     "load_tokens",
+    "open_bucket",
     "open_store",
+    "parse_location",
     "repo_key",
     "scan_folder",
     "scrub_store",

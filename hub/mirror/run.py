@@ -173,7 +173,7 @@ def _check_store(config: ServeConfig) -> MirrorStore:
     store = _open_store(config)
     if config.blob_delivery not in store.deliveries:
         raise ServeError(
-            f"--blob-delivery {config.blob_delivery} does not apply to the store "
+            f"--blob-delivery {config.blob_delivery} does not apply to {store.kind} "
             f"{store.location} (use {' or '.join(store.deliveries)})"
         )
     return store

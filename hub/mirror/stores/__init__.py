@@ -10,6 +10,6 @@ blob's bytes reach a client) is a capability the store reports
 from __future__ import annotations
 
 from ._base import MirrorStore, StoreMissing, StoreUnavailable
-from ._open import open_store
+from ._open import open_store, parse_location
 
-__all__ = ["MirrorStore", "StoreMissing", "StoreUnavailable", "open_store"]
+__all__ = ["MirrorStore", "StoreMissing", "StoreUnavailable", "open_store", "parse_location"]

@@ -36,6 +36,8 @@ class MirrorStore(Protocol):
 
     #: Where the store is, for messages (a folder path or an ``s3://`` URL).
     location: str
+    #: What the store is, for messages ("a local store", "a bucket store").
+    kind: str
     #: The ``--blob-delivery`` modes this store can do (the first is the default).
     deliveries: tuple[str, ...]
 

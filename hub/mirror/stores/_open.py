@@ -7,6 +7,19 @@ from pathlib import Path
 from ._base import MirrorStore
 
 
+def parse_location(text: str) -> Path | str:
+    """What ``--store`` names, checked but not opened: an ``s3://`` URL (kept as text) or
+    a folder path (:class:`~cmh.hub.mirror.objectstore.InvalidLocation` otherwise)."""
+    from ..objectstore import InvalidLocation, S3Location
+
+    if text.startswith("s3://"):
+        S3Location.parse(text)
+        return text
+    if "://" in text:
+        raise InvalidLocation(f"{text!r}: only s3:// URLs or folders are stores")
+    return Path(text)
+
+
 def open_store(
     location: Path | str,
     *,

@@ -43,6 +43,7 @@ def manifest_name(folder: str, etag: str) -> str:
 class BucketBackedStore:
     """The mirror store of one ``s3://bucket/prefix``."""
 
+    kind = "a bucket store"
     deliveries = ("proxy", "redirect")
 
     def __init__(

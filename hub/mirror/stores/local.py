@@ -21,6 +21,7 @@ from ._base import ProgressCallback, StoreMissing
 class LocalStore:
     """The mirror store of one folder."""
 
+    kind = "a local store"
     deliveries = ("proxy", "x-accel")
 
     def __init__(self, root: Path) -> None:
