@@ -351,7 +351,8 @@ async def _resolve_elsewhere(
     request[BYTES_KEY] = sent
     if cut:
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
-    return response
+    answer: web.StreamResponse = response
+    return answer
 
 
 async def _x_accel(

@@ -43,8 +43,8 @@ def manifest_name(folder: str, etag: str) -> str:
 class BucketBackedStore:
     """The mirror store of one ``s3://bucket/prefix``."""
 
-    kind = "a bucket store"
-    deliveries = ("proxy", "redirect")
+    kind: str = "a bucket store"
+    deliveries: tuple[str, ...] = ("proxy", "redirect")
 
     def __init__(
         self, bucket: BucketStore, *, ref_ttl: float | None = None, signer: Any = None

@@ -21,8 +21,8 @@ from ._base import ProgressCallback, StoreMissing
 class LocalStore:
     """The mirror store of one folder."""
 
-    kind = "a local store"
-    deliveries = ("proxy", "x-accel")
+    kind: str = "a local store"
+    deliveries: tuple[str, ...] = ("proxy", "x-accel")
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve() if root.exists() else root.absolute()
