@@ -53,8 +53,47 @@ R = TypeVar("R")
 
 
 def emit_json(document: Any) -> None:
-    """Print one JSON document on stdout (UTF-8, sorted keys, two-space indent)."""
-    click.echo(json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False))
+    """Print one JSON document on stdout (UTF-8, sorted keys, two-space indent).
+
+    The output is valid UTF-8 whatever the document holds: see :func:`utf8_text`.
+    """
+    text = json.dumps(_utf8_strings(document), indent=2, sort_keys=True, ensure_ascii=False)
+    click.echo(text)
+
+
+def utf8_text(text: str) -> str:
+    """``text`` as valid Unicode: a file name's undecodable bytes become U+FFFD.
+
+    A name the file system gave as bytes that are not UTF-8 reaches Python with
+    each bad byte as a lone surrogate (``surrogateescape``); those bytes, decoded
+    with U+FFFD for each maximal invalid subsequence, are what JSON reports
+    (spec section 6, "Names in reports").
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape") if _escaped_only(text) else None
+        if raw is None:
+            raw = text.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "replace")
+
+
+def _escaped_only(text: str) -> bool:
+    """Every surrogate in ``text`` is one ``surrogateescape`` made for a byte 0x80-0xFF."""
+    return all(not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF for c in text)
+
+
+def _utf8_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return utf8_text(value)
+    if isinstance(value, dict):
+        return {
+            utf8_text(k) if isinstance(k, str) else k: _utf8_strings(v) for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_utf8_strings(v) for v in value]
+    return value
 
 
 def echo(message: str = "") -> None:
@@ -176,8 +215,9 @@ def usage_error(message: str) -> NoReturn:
 def exit_code_for(exc: BaseException) -> int:
     """The exit status for a library or OS error.
 
-    Unreadable or invalid inputs give 3, bad keys, durations and sizes 2, every other
-    cmh error 1.
+    Unreadable or invalid inputs and storage errors (``ObjectStoreError``: the storage
+    failed or cannot be reached) give 3, bad keys, durations, sizes and store URLs 2,
+    every other cmh error 1.
     """
     from cmh.errors import InputValueError, InvalidFileError, SigningKeyError
 
@@ -185,6 +225,9 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_USAGE
     if isinstance(exc, (InvalidFileError, OSError)):
         return EXIT_UNREADABLE
+    objectstore = sys.modules.get("cmh.hub.mirror.objectstore")  # loaded if it can be one
+    if objectstore is not None and isinstance(exc, objectstore.ObjectStoreError):
+        return EXIT_USAGE if isinstance(exc, objectstore.InvalidLocation) else EXIT_UNREADABLE
     return EXIT_CHECK_FAILED
 
 

@@ -7,6 +7,7 @@ library objects and return plain dicts; printing is the caller's job.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ._common import JSON_SCHEMA_VERSION, iso_utc
@@ -24,6 +25,15 @@ def envelope(command: str, **fields: Any) -> dict[str, Any]:
     from cmh import __version__
 
     return {"schema": JSON_SCHEMA_VERSION, "command": command, "cmh_version": __version__, **fields}
+
+
+def path_hex(path: str) -> str | None:
+    """The path's bytes in lowercase hex when they are not UTF-8 (``path`` then has U+FFFD)."""
+    try:
+        path.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        return os.fsencode(path).hex()
 
 
 def record_document(record: Record, now: float) -> dict[str, Any]:
@@ -49,6 +59,7 @@ def verify_document(result: VerifyResult, now: float, checkpoint: str | None) ->
     """One file's verdict."""
     return {
         "path": result.path,
+        "path_hex": path_hex(result.path),
         "checkpoint": checkpoint,
         "outcome": result.outcome.value,
         "ok": result.ok,

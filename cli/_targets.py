@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cmh.checkpoint import Checkpoint, find_checkpoint, index_problems
+from cmh.checkpoint import Checkpoint, find_checkpoint, index_problems, name_bytes
 from cmh.errors import InvalidFileError
 from cmh.header import Header, read_header
 
@@ -54,9 +54,8 @@ def _expand_one(argument: str) -> Target:
     except OSError as exc:
         return Target(argument, "directory", (), error=f"{argument}: {exc.strerror or exc}")
     root = Path(argument)
-    names = set(checkpoint.files)
-    names.update(p.name for p in root.glob("*.safetensors") if p.is_file())
-    files = tuple(str(root / n) for n in sorted(names))
+    names = sorted({*checkpoint.files, *checkpoint.unindexed}, key=name_bytes)
+    files = tuple(str(root / n) for n in names)
     index = str(root / checkpoint.index) if checkpoint.index else None
     return Target(argument, "directory", files, index, tuple(_index_problems(checkpoint)))
 

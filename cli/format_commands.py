@@ -561,7 +561,13 @@ def fingerprint(
         if as_json:
             emit_json(
                 envelope(
-                    "fingerprint", path=path, kind=kind, error=message, ok=False, exit_status=code
+                    "fingerprint",
+                    path=path,
+                    kind=kind,
+                    outcome=None if semantic else _fingerprint_outcome(exc),
+                    error=message,
+                    ok=False,
+                    exit_status=code,
                 )
             )
         fail(message, code)
@@ -572,6 +578,7 @@ def fingerprint(
                 path=path,
                 kind=kind,
                 **fields,
+                outcome=None if semantic else "ok",
                 error=None,
                 ok=True,
                 exit_status=EXIT_OK,
@@ -581,6 +588,13 @@ def fingerprint(
         _print_semantic(path, fields["semantic"])
     else:
         click.echo(f"{fields['fingerprint']}  {path}")
+
+
+def _fingerprint_outcome(exc: BaseException) -> str:
+    """The outcome ``cmh verify`` names for the same input (spec section 6): no root without one."""
+    from cmh.errors import IndexInconsistentError
+
+    return INDEX_INCONSISTENT if isinstance(exc, IndexInconsistentError) else "invalid_file"
 
 
 def _not_a_model(exc: BaseException) -> bool:

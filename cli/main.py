@@ -65,8 +65,22 @@ def cli() -> None:
     """
 
 
+def _pass_undecodable_names() -> None:
+    """Write a file name's non-UTF-8 bytes back as they came (as ``ls`` does), never a traceback.
+
+    Python hands such bytes over as lone surrogates; a strict stdout (a UTF-8
+    locale other than C) would raise on them. ``--json`` documents replace them
+    before printing (``emit_json``), so JSON stays valid UTF-8 either way.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", "") == "strict":
+            reconfigure(errors="surrogateescape")
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point."""
+    _pass_undecodable_names()
     return cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="cmh")
 
 

@@ -56,16 +56,23 @@ def add(
     src_dir: Path, store: StoreLocation, repo_id: str, revision: str, repo_type: str, as_json: bool
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
-    from cmh.hub.mirror import InvalidNameError, StoreError, StoreUnavailable, scan_folder
+    from cmh.hub.mirror import (
+        ConditionalWritesUnsupported,
+        InvalidNameError,
+        StoreError,
+        StoreUnavailable,
+        scan_folder,
+    )
 
     target = open_store_or_fail(store, existing=False)  # a folder store is created
+    target.on_notice = warn  # a writer waiting on a pruner's lease says so
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
         with progress_bar(total * 2, f"import {repo_id}") as advance:
             result = target.add_folder(
                 src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
             )
-    except InvalidNameError as exc:
+    except (InvalidNameError, ConditionalWritesUnsupported) as exc:
         fail(str(exc), EXIT_USAGE)
     except StoreUnavailable as exc:
         fail(str(exc), EXIT_UNREADABLE)
@@ -410,7 +417,12 @@ def sync(
     import functools
 
     from cmh.hub.cache import LayoutError
-    from cmh.hub.mirror import InvalidNameError, StoreError, StoreUnavailable
+    from cmh.hub.mirror import (
+        ConditionalWritesUnsupported,
+        InvalidNameError,
+        StoreError,
+        StoreUnavailable,
+    )
 
     token = _read_token(token_file)
     target = open_store_or_fail(store, existing=False)
@@ -421,6 +433,8 @@ def sync(
             res = target.sync(fetch, repo_id, revision, repo_type)
         except (LayoutError, InvalidNameError) as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
+        except ConditionalWritesUnsupported as exc:
+            fail(str(exc), EXIT_USAGE)
         except StoreUnavailable as exc:
             fail(str(exc), EXIT_UNREADABLE)
         except StoreError as exc:

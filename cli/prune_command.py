@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,7 @@ from ._common import (
     DURATION,
     EXIT_CHECK_FAILED,
     EXIT_OK,
+    EXIT_USAGE,
     SIZE,
     TIME,
     echo,
@@ -23,6 +25,9 @@ from ._common import (
     warn,
 )
 from .store_location import STORE, StoreLocation
+
+if TYPE_CHECKING:
+    from cmh.hub.prune.targets import ExecuteOptions, PruneTarget
 
 
 def stdin_is_terminal() -> bool:
@@ -48,8 +53,9 @@ def stdin_is_terminal() -> bool:
     "--settle",
     type=click.FloatRange(min=0),
     default=None,
-    help="Bucket stores: seconds to wait after taking a repo's lease (default: the "
-    "writers' window + the S3 client's longest try, 250 s; lower only when no import runs).",
+    help="Bucket stores: seconds to wait, once per run, after taking the leases of the repos "
+    "with something to delete (default: the writers' window + the S3 client's longest try, "
+    "250 s; lower only when no import runs).",
 )
 @click.option("--expired", is_flag=True, help="Revisions whose stamped files are past expires_at.")
 @click.option(
@@ -137,15 +143,12 @@ def prune(
         usage_error("--grace and --include-referenced apply to --expired only")
     if at is not None and not dry_run:
         usage_error("--at judges the cache at another time: use it with --dry-run only")
-    if settle is not None and not isinstance(store, str):
-        usage_error("--settle applies to a bucket store (--store s3://...) only")
     root = cache_dir if cache_dir is not None else store
     assert root is not None
     kind = "cache" if cache_dir is not None else "store"
-    if not isinstance(root, str) and not root.is_dir():
-        fail(f"{root}: no such directory", 3)
 
-    from cmh.hub.prune import PrunePolicy, plan_prune, scan_cache
+    from cmh.hub.prune import PrunePolicy, plan_prune
+    from cmh.hub.prune.targets import ExecuteOptions
 
     from .prune_report import plan_document, plan_lines
 
@@ -159,13 +162,10 @@ def prune(
         max_size=max_size,
         stale_incomplete=float(stale_incomplete),
     )
-    if isinstance(root, str):
-        from .prune_bucket import prune_bucket_store
-
-        prune_bucket_store(root, policy, dry_run=dry_run, yes=yes, settle=settle, at=at,
-                           as_json=as_json, interactive=stdin_is_terminal())  # fmt: skip
-        return
-    scan = scan_cache(root, read_expiry=expired, read_commit_times=keep_latest is not None)
+    target = _open_target(root)
+    if settle is not None and not target.settles:
+        usage_error("--settle applies to a bucket store (--store s3://...) only")
+    scan = target.scan(read_expiry=expired, read_commit_times=keep_latest is not None)
     plan = plan_prune(scan, policy, at if at is not None else time.time())
 
     if dry_run or plan.empty:
@@ -186,17 +186,39 @@ def prune(
             click.echo(line, err=as_json)
         if not click.confirm("Delete these?", default=False, err=True):
             fail("nothing deleted", EXIT_CHECK_FAILED)
+    elif target.settles and not as_json:
+        for line in plan_lines(plan, kind, dry_run=False):  # what the settle waits to delete
+            click.echo(line, err=True)
 
-    _execute(plan, kind, lock_timeout, as_json)
+    _execute(target, plan, kind, ExecuteOptions(lock_timeout, settle), as_json)
 
 
-def _execute(plan: object, kind: str, lock_timeout: float, as_json: bool) -> None:
-    from cmh.hub.prune import PrunePlan, execute_plan
+def _open_target(root: StoreLocation) -> PruneTarget:
+    """The cache or store to prune; a bucket that cannot be opened exits 2."""
+    from cmh.hub.mirror.bucket import BucketError
+    from cmh.hub.prune.targets import open_target
+
+    try:
+        return open_target(root, on_notice=lambda text: click.echo(text, err=True))
+    except BucketError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except NotADirectoryError:
+        fail(f"{root}: no such directory", 3)
+
+
+def _execute(
+    target: PruneTarget, plan: object, kind: str, options: ExecuteOptions, as_json: bool
+) -> None:
+    from cmh.hub.mirror.bucket import ConditionalWritesUnsupported
+    from cmh.hub.prune import PrunePlan
 
     from .prune_report import report_document, report_lines
 
     assert isinstance(plan, PrunePlan)
-    report = execute_plan(plan, lock_timeout=lock_timeout)
+    try:
+        report = target.execute(plan, options)
+    except ConditionalWritesUnsupported as exc:
+        fail(str(exc), EXIT_USAGE)
     status = EXIT_CHECK_FAILED if report.all_errors else EXIT_OK
     if as_json:
         emit_json(report_document(report, kind, status))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,10 +16,11 @@ from .digests import (
     hash_tensors,
     root_entries,
 )
-from .errors import CMHError, InvalidFileError
-from .header import Header, read_header
+from .errors import CMHError, IndexInconsistentError, InvalidFileError
+from .header import Header, parse_strict_json, read_header
 
-INDEX_SUFFIX = ".safetensors.index.json"
+SHARD_SUFFIX = ".safetensors"
+INDEX_SUFFIX = SHARD_SUFFIX + ".index.json"
 DEFAULT_INDEX = "model" + INDEX_SUFFIX
 MAX_INDEX_SIZE = 100_000_000
 
@@ -45,22 +45,29 @@ class Checkpoint:
 def find_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     """The shards named by the index file, else every top-level ``*.safetensors``.
 
-    With several index files, ``model.safetensors.index.json`` (else the first
-    by name) is read and the others are listed in ``other_indexes``.
+    Raises :class:`InvalidFileError` when the directory is not a usable
+    checkpoint (spec section 6): an index that breaks the index rules, a shard
+    name that is not a plain file name, a missing shard or one outside the
+    directory, or no index and no ``*.safetensors`` file. With several index
+    files, ``model.safetensors.index.json`` (else the first by name bytes) is
+    read and the others are listed in ``other_indexes``.
     """
     root = Path(directory)
     if not root.is_dir():
         raise InvalidFileError("not a directory", str(root))
-    indexes = sorted(p.name for p in root.glob("*" + INDEX_SUFFIX) if p.is_file())
+    entries = _regular_files(root)
+    indexes = [n for n in entries if n.endswith(INDEX_SUFFIX)]
     index = DEFAULT_INDEX if DEFAULT_INDEX in indexes else (indexes[0] if indexes else None)
-    top_level = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
+    top_level = [n for n in entries if n.endswith(SHARD_SUFFIX)]
     if index is not None:
-        weight_map = _read_index(root / index)
-        files = tuple(sorted(set(weight_map.values())))
+        weight_map = read_index(root / index)
+        files = tuple(sorted(set(weight_map.values()), key=name_bytes))
         for name in files:
             shard = (root / name).resolve()
             if root.resolve() not in shard.parents:
-                raise InvalidFileError(f"index names a shard outside the directory: {name!r}")
+                raise InvalidFileError(
+                    f"index names a shard outside the directory: {name!r}", str(root / index)
+                )
             if not shard.is_file():
                 raise InvalidFileError(f"index names a missing shard {name!r}", str(root / index))
         return Checkpoint(
@@ -77,19 +84,66 @@ def find_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     return Checkpoint(str(root), files, None, None)
 
 
-def _read_index(path: Path) -> dict[str, str]:
+def name_bytes(name: str) -> bytes:
+    """A directory entry's name as the file system's bytes (the spec's sort key)."""
+    return os.fsencode(name)
+
+
+def _regular_files(root: Path) -> list[str]:
+    """Names of the regular files (after following links) directly in ``root``, by bytes."""
+    names = []
+    with os.scandir(root) as it:
+        for entry in it:
+            try:
+                if entry.is_file():
+                    names.append(entry.name)
+            except OSError:  # a link loop or an entry gone meanwhile: not a regular file
+                continue
+    return sorted(names, key=name_bytes)
+
+
+def read_index(path: Path) -> dict[str, str]:
+    """The ``weight_map`` of an index file, judged by the index rules of spec section 6."""
     if path.stat().st_size > MAX_INDEX_SIZE:
         raise InvalidFileError("index file is over 100 MB", str(path))
+    weight_map = parse_index(path.read_bytes(), str(path))
+    for name in weight_map.values():
+        why = shard_name_problem(name)
+        if why is not None:
+            raise InvalidFileError(f"index names the shard {name!r}: {why}", str(path))
+    return weight_map
+
+
+def parse_index(raw: bytes, path: str | None = None) -> dict[str, str]:
+    """Section 6 rules a-f: strict UTF-8 JSON, one object, a non-empty ``weight_map`` of strings."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise InvalidFileError("index starts with a byte-order mark (not JSON)", path)
     try:
-        obj = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidFileError(f"index is not valid JSON: {exc}", str(path)) from exc
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidFileError(f"index is not valid UTF-8 (at byte {exc.start})", path) from exc
+    try:
+        obj = parse_strict_json(text)
+    except ValueError as exc:
+        raise InvalidFileError(f"index is not valid JSON: {exc}", path) from exc
     weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
-    if not isinstance(weight_map, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-    ):
-        raise InvalidFileError("index has no weight_map of tensor name to file name", str(path))
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise InvalidFileError("index has no weight_map of tensor name to file name", path)
+    if not weight_map:
+        raise InvalidFileError("index has an empty weight_map: it names no shard", path)
     return dict(weight_map)
+
+
+def shard_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a plain shard file name (section 6 rule g), or ``None``."""
+    if not name.endswith(SHARD_SUFFIX):
+        return "a shard name must end in .safetensors"
+    for char, what in (("/", "a slash"), ("\\", "a backslash"), ("\0", "a NUL character")):
+        if char in name:
+            return (
+                f"a shard name must be a plain file name, without {what} (names are not normalised)"
+            )
+    return None
 
 
 def read_headers(checkpoint: Checkpoint) -> dict[str, Header]:
@@ -169,14 +223,20 @@ def directory_identity(
 ) -> DirectoryIdentity:
     """The directory identity over the union of all shards' tensors.
 
+    Raises :class:`InvalidFileError` for a directory that is not a usable
+    checkpoint (a stray or shard that is not a valid file included), then
+    :class:`IndexInconsistentError` when the index and the shards disagree:
+    the outcomes ``invalid_file`` and ``index_inconsistent`` of ``cmh verify``.
     With ``use_manifests``, stamped shards whose manifest agrees with their
     record contribute their manifest digests without reading tensor bytes.
     """
     checkpoint = find_checkpoint(directory)
     headers = read_headers(checkpoint)
+    for stray in checkpoint.unindexed:  # an invalid stray makes the directory invalid_file
+        read_header(os.path.join(checkpoint.directory, stray))
     problems = index_problems(checkpoint, headers)
     if problems:
-        raise InvalidFileError("; ".join(problems[:5]), checkpoint.directory)
+        raise IndexInconsistentError(checkpoint.directory, tuple(problems))
     entries: list[RootEntry] = []
     hashed: list[str] = []
     for file, header in headers.items():

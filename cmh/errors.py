@@ -20,6 +20,18 @@ class InvalidFileError(CMHError):
         super().__init__(f"{path}: {reason}" if path else reason)
 
 
+class IndexInconsistentError(CMHError):
+    """A checkpoint directory's index and shards disagree (outcome ``index_inconsistent``)."""
+
+    def __init__(self, directory: str, problems: tuple[str, ...]) -> None:
+        self.directory = directory
+        self.problems = problems
+        shown = "; ".join(problems[:5]) + (
+            f" and {len(problems) - 5} more" if len(problems) > 5 else ""
+        )
+        super().__init__(f"{directory}: index and shards disagree: {shown}")
+
+
 class RecordError(CMHError):
     """The 64-byte CMH record cannot be used."""
 

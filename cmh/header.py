@@ -210,6 +210,45 @@ def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Head
     )
 
 
+def parse_strict_json(text: str) -> Any:
+    """One JSON value by the rules section 2.2-2.3 set for a header, whatever its shape.
+
+    ``NaN``/``Infinity`` are rejected, no object may hold a key twice (compared
+    after unescaping), and no string anywhere (keys, values, list items) may hold
+    an unpaired surrogate escape. Raises ``ValueError`` saying which rule broke.
+    """
+    try:
+        value = json.loads(text, object_pairs_hook=_checked_object, parse_constant=_reject_constant)
+    except _DuplicateKeyError as exc:
+        raise ValueError(f"the key {exc.key!r} appears twice in one object") from exc
+    except _LoneSurrogateError as exc:
+        raise ValueError(f"the string {exc.text!r} holds an unpaired surrogate escape") from exc
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc
+    _check_list_strings(value)
+    return value
+
+
+def _check_list_strings(value: Any) -> None:
+    """Strings directly inside lists, which the object hook does not see."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            for x in item:
+                if isinstance(x, str):
+                    try:
+                        _check_scalar_values(x)
+                    except _LoneSurrogateError as exc:
+                        raise ValueError(
+                            f"the string {exc.text!r} holds an unpaired surrogate escape"
+                        ) from exc
+                else:
+                    stack.append(x)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+
+
 class _DuplicateKeyError(ValueError):
     def __init__(self, key: str) -> None:
         self.key = key

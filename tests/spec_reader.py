@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import struct
 import sys
@@ -267,6 +268,8 @@ def verify_file(path: Path, options: Options) -> str:
         return _verify(parse(path.read_bytes()), options)
     except Verdict as verdict:
         return verdict.outcome
+    except OSError:  # no file to read is no valid file
+        return "invalid_file"
 
 
 def _verify(parsed: Parsed, options: Options) -> str:
@@ -323,44 +326,90 @@ def _verify(parsed: Parsed, options: Options) -> str:
 # -- section 6: a checkpoint directory --------------------------------------------------
 
 
+def _strings(value: Any) -> list[str]:
+    """Every string in a parsed JSON value that is not an object key or member value."""
+    out, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            out += [x for x in item if isinstance(x, str)]
+            stack += item
+        elif isinstance(item, dict):
+            stack += item.values()
+    return out
+
+
+def read_index(data: bytes) -> dict[str, str]:
+    """Section 6 index rules a-g; raises Verdict("invalid_file")."""
+    if len(data) > 100_000_000 or data.startswith(b"\xef\xbb\xbf"):
+        raise Verdict("invalid_file", "index size or byte-order mark")
+    try:
+        text = data.decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=_pairs, parse_constant=_bad_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise Verdict("invalid_file", "index is not UTF-8 JSON") from exc
+    if any(0xD800 <= ord(c) <= 0xDFFF for s in _strings(obj) for c in s):
+        raise Verdict("invalid_file", "unpaired surrogate in a list")
+    weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise Verdict("invalid_file", "no weight_map, or an empty one")
+    for name in weight_map.values():
+        if not isinstance(name, str) or not name.endswith(".safetensors"):
+            raise Verdict("invalid_file", "shard name")
+        if "/" in name or "\\" in name or "\0" in name:
+            raise Verdict("invalid_file", "shard name is not a plain file name")
+    return weight_map
+
+
 def verify_directory(folder: Path, options: Options) -> str:
-    entries = sorted((p for p in folder.iterdir() if p.is_file()), key=lambda p: p.name.encode())
-    indexes = [p for p in entries if p.name.endswith(".safetensors.index.json")]
-    top = [p.name for p in entries if p.name.endswith(".safetensors")]
+    try:
+        return _verify_directory(os.fsencode(folder), options)
+    except Verdict as verdict:
+        return verdict.outcome
+    except OSError:
+        return "invalid_file"
+
+
+def _verify_directory(folder: bytes, options: Options) -> str:
+    names = sorted(
+        e.name for e in os.scandir(folder) if os.path.isfile(os.path.join(folder, e.name))
+    )
+    indexes = [n for n in names if n.endswith(b".safetensors.index.json")]
+    top = [n for n in names if n.endswith(b".safetensors")]
     weight_map: dict[str, str] | None = None
     if indexes:
-        chosen = next((p for p in indexes if p.name == "model.safetensors.index.json"), indexes[0])
-        try:
-            obj = json.loads(chosen.read_bytes())
-        except ValueError:
-            return "invalid_file"
-        weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
-        if not isinstance(weight_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-        ):
-            return "invalid_file"
-        shards = sorted(set(weight_map.values()))
+        chosen = b"model.safetensors.index.json"
+        chosen = chosen if chosen in indexes else indexes[0]
+        with open(os.path.join(folder, chosen), "rb") as f:
+            weight_map = read_index(f.read())
+        shards = sorted({v.encode("utf-8") for v in weight_map.values()})
+        real_folder = os.path.realpath(folder)
         for name in shards:
-            target = (folder / name).resolve()
-            if folder.resolve() not in target.parents or not target.is_file():
+            target = os.path.join(folder, name)
+            real = os.path.realpath(target)
+            if not os.path.isfile(target) or not real.startswith(real_folder + b"/"):
                 return "invalid_file"
     else:
         shards = top
         if not shards:
             return "invalid_file"
     files = sorted(set(shards) | set(top))
-    outcomes = {name: verify_file(folder / name, options) for name in files}
+    outcomes = {
+        name: verify_file(Path(os.fsdecode(os.path.join(folder, name))), options) for name in files
+    }
     if "invalid_file" in outcomes.values():
         return "invalid_file"
-    holder: dict[str, str] = {}
+    holder: dict[str, bytes] = {}
     disagree = len(indexes) > 1 or (weight_map is not None and set(top) - set(shards) != set())
     for name in shards:
-        for tensor in parse((folder / name).read_bytes()).tensors:
+        with open(os.path.join(folder, name), "rb") as f:
+            tensors = parse(f.read()).tensors
+        for tensor in tensors:
             disagree |= tensor[0] in holder
             holder[tensor[0]] = name
     if weight_map is not None:
         disagree |= set(weight_map) != set(holder)
-        disagree |= any(holder.get(t) != f for t, f in weight_map.items())
+        disagree |= any(holder.get(t) != f.encode("utf-8") for t, f in weight_map.items())
     if disagree:
         return "index_inconsistent"
     return min(outcomes.values(), key=lambda o: ORDER.index(o) if o != "ok" else len(ORDER))

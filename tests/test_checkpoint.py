@@ -87,7 +87,7 @@ def test_index_disagreements_are_reported(tmp_path: Path, tensors: dict[str, np.
     assert "'ghost'" in text and "no shard holds it" in text
     assert f"{names[0]!r} in model-00002" in text
     assert f"{names[5]!r}" in text and "missing from the index" in text
-    with pytest.raises(cmh.InvalidFileError):
+    with pytest.raises(cmh.IndexInconsistentError, match="index and shards disagree"):
         cmh.directory_identity(folder)
 
 
@@ -96,7 +96,16 @@ def test_index_naming_a_missing_or_outside_shard(
 ) -> None:
     folder = shard_dir(tmp_path, tensors, [sorted(tensors)[:3], sorted(tensors)[3:]])
     index = folder / "model.safetensors.index.json"
-    for target, message in (("gone.safetensors", "missing shard"), ("../x.safetensors", "outside")):
+    (tmp_path / "x.safetensors").write_bytes(b"")
+    (folder / "link.safetensors").symlink_to(tmp_path / "x.safetensors")
+    for target, message in (
+        ("gone.safetensors", "missing shard"),
+        ("link.safetensors", "outside"),
+        ("../x.safetensors", "without a slash"),
+        ("./gone.safetensors", "without a slash"),
+        ("gone.safetensors/", "must end in .safetensors"),
+        ("a\0.safetensors", "NUL"),
+    ):
         index.write_text(json.dumps({"weight_map": {"a": target}}))
         with pytest.raises(cmh.InvalidFileError, match=message):
             find_checkpoint(folder)

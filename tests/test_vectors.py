@@ -72,6 +72,16 @@ def test_the_index_covers_every_outcome_and_rule() -> None:
     assert primary >= outcomes - {"ok"}
     modes = {c["mode"] for v in vectors for c in v["checks"]}
     assert modes >= {"full", "fast", "key", "require-signature", "before-expiry", "at-expiry"}
+    # Files and directories alike are judged in every mode but the expiry ones (section 10).
+    every = modes - {"before-expiry", "at-expiry"}
+    assert len(every) == 8
+    assert all({c["mode"] for c in v["checks"]} >= every for v in vectors)
+    directories = [v for v in vectors if v["kind"] == "directory"]
+    assert len(directories) >= 40
+    assert {c["outcome"] for v in directories for c in v["checks"]} >= {
+        "ok", "invalid_file", "index_inconsistent", "unstamped", "tensor_mismatch",
+        "signature_missing", "signature_untrusted",
+    }  # fmt: skip
     listed = {v["path"] for v in vectors} | {"index.json", "signing-key.pub", "other-key.pub"}
     assert {p.name for p in VECTORS.iterdir()} == listed
     # no-metadata really has no __metadata__ entry.
@@ -106,7 +116,7 @@ def test_the_runner_drives_real_commands(command: list[str], capsys: Any) -> Non
     status = conformance.main(["--only", chosen, "--mode", "full,key", "--", *command])
     out = capsys.readouterr().out
     assert status == 0, out
-    assert "7/7 checks agree (4 vectors)" in out
+    assert "8/8 checks agree (4 vectors)" in out
 
 
 def test_the_runner_reports_a_reader_that_disagrees() -> None:

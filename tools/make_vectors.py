@@ -16,6 +16,7 @@ Run: ``python tools/make_vectors.py [OUT]``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 import sys
@@ -54,6 +55,26 @@ BEFORE_SIGNATURE = {
 }
 
 Tensor = tuple[str, str, list[int], bytes]  # name, dtype, shape, bytes
+
+#: Section 9's reporting order ("ok" last: the first failing outcome wins).
+ORDER = [
+    "invalid_file", "index_inconsistent", "unstamped", "corrupt_record", "unsupported_version",
+    "manifest_inconsistent", "root_mismatch", "tensor_mismatch", "signature_missing",
+    "signature_invalid", "signature_untrusted", "expired", "ok",
+]  # fmt: skip
+#: Directory outcomes decided before any file's (section 6).
+DIRECTORY_OUTCOMES = {"invalid_file", "index_inconsistent"}
+#: Every mode of section 10 but the expiry ones, with its reader options; files and directories.
+MODES: list[tuple[str, list[str]]] = [
+    ("full", []),
+    ("fast", ["--fast"]),
+    ("key", ["--key", KEY]),
+    ("key-allow-unsigned", ["--key", KEY, "--allow-unsigned"]),
+    ("require-signature", ["--key", KEY, "--require-signature"]),
+    ("fast-key", ["--fast", "--key", KEY]),
+    ("fast-key-allow-unsigned", ["--fast", "--key", KEY, "--allow-unsigned"]),
+    ("other-key", ["--key", OTHER_KEY]),
+]
 
 
 # -- writing ----------------------------------------------------------------------------
@@ -182,20 +203,21 @@ class Vector:
     expires_at: int = 0
     details: dict[str, Any] | None = None
     made_to_fail_with_key: bool = False
+    parts: list[Vector] | None = None  # a directory's files, each judged as a file
 
     @property
     def negative(self) -> bool:
         """Made to fail: in full or fast mode, or with the signing key as the trusted one."""
-        failing_signature = self.signature in ("invalid", "other") or self.made_to_fail_with_key
-        return "ok" not in (self.full, self.fast or self.full) or failing_signature
+        failing_signature = self.signature in ("invalid", "other", "unknown")
+        failing_signature |= self.made_to_fail_with_key
+        return "ok" not in (self.outcome("full"), self.outcome("fast")) or failing_signature
 
     def _with_key(self, base: str, trusted: str, required: bool) -> str:
         """Section 9's order: a signature outcome comes after base's early outcomes."""
         if base in BEFORE_SIGNATURE:
             return base
-        signer = {"valid": "signing", "invalid": "signing", "other": "other"}.get(
-            self.signature or ""
-        )
+        signers = {"valid": "signing", "invalid": "signing", "other": "other", "unknown": "unknown"}
+        signer = signers.get(self.signature or "")
         if signer is None:
             found = "signature_missing" if required else None
         elif signer != trusted:
@@ -206,39 +228,34 @@ class Vector:
             found = None
         return found or base
 
+    def outcome(self, mode: str) -> str:
+        """What a conforming reader reports in ``mode`` (section 9; section 6 for directories)."""
+        if self.parts and self.full not in DIRECTORY_OUTCOMES:
+            # Section 6: the first of the files' outcomes in section 9's order.
+            return min((p.outcome(mode) for p in self.parts), key=ORDER.index)
+        if self.full in DIRECTORY_OUTCOMES:
+            return self.full
+        # A trusted key or a required signature makes a fast verification a full one (9).
+        return {
+            "full": self.full,
+            "fast": self.fast or self.full,
+            "key": self._with_key(self.full, "signing", True),
+            "key-allow-unsigned": self._with_key(self.full, "signing", False),
+            "require-signature": self._with_key(self.full, "signing", True),
+            "fast-key": self._with_key(self.full, "signing", True),
+            "fast-key-allow-unsigned": self._with_key(self.full, "signing", False),
+            "other-key": self._with_key(self.full, "other", True),
+        }[mode]
+
     def checks(self) -> list[dict[str, Any]]:
         at = ["--at", str(BEFORE)]
-        out = [
-            ("full", [*at], self.full),
-            ("fast", ["--fast", *at], self.fast or self.full),
-        ]
-        if self.kind == "file":
-            out += [
-                ("key", ["--key", KEY, *at], self._with_key(self.full, "signing", True)),
-                (
-                    "key-allow-unsigned",
-                    ["--key", KEY, "--allow-unsigned", *at],
-                    self._with_key(self.full, "signing", False),
-                ),
-                (
-                    "require-signature",
-                    ["--key", KEY, "--require-signature", *at],
-                    self._with_key(self.full, "signing", True),
-                ),
-                (
-                    "fast-key",
-                    ["--fast", "--key", KEY, *at],
-                    self._with_key(self.full, "signing", True),
-                ),
-                ("other-key", ["--key", OTHER_KEY, *at], self._with_key(self.full, "other", True)),
-            ]
+        out = [(mode, [*args, *at], self.outcome(mode)) for mode, args in MODES]
         if self.expires_at and self.full == "ok":
             out += [
                 ("before-expiry", ["--at", str(self.expires_at - 1)], "ok"),
                 ("at-expiry", ["--at", str(self.expires_at)], "expired"),
             ]
-        checks = [{"mode": m, "args": a, "outcome": o} for m, a, o in out]
-        return checks
+        return [{"mode": m, "args": a, "outcome": o} for m, a, o in out]
 
     def entry(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -357,6 +374,9 @@ def write_vectors(out: Path) -> None:
     unstamped_and_containers(b)
     records_and_manifests(b)
     contents_and_signatures(b)
+    more_containers(b)
+    more_records_and_manifests(b)
+    more_contents_and_signatures(b)
     directories(b)
     index = {
         "format": "cmh-v1-vectors",
@@ -798,6 +818,222 @@ def contents_and_signatures(b: Builder) -> None:
     b.add("expired-long-ago", "expired before the time judged", "3, 9", "expired")
 
 
+def more_containers(b: Builder) -> None:
+    """Section 2 rules that had no vector (issue 27)."""
+    w = '"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}'
+    buf = b"abcd"
+
+    def one(shape: str, offsets: str = "[0,4]", dtype: str = "U8") -> str:
+        return f'{{"w":{{"dtype":"{dtype}","shape":{shape},"data_offsets":{offsets}}}}}'
+
+    cases: list[tuple[str, str | bytes, bytes, str, str]] = [
+        (
+            "header-overlong-utf8",
+            b'{"w\xc0\xaf":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}',
+            buf,
+            "a name with the overlong UTF-8 form C0 AF of '/'",
+            "2.2",
+        ),
+        (
+            "header-raw-surrogate",
+            b'{"w\xed\xa0\x80":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}',
+            buf,
+            "a name with the UTF-8-encoded surrogate ED A0 80",
+            "2.2",
+        ),
+        ("header-bom", b"\xef\xbb\xbf{" + w.encode() + b"}", buf, "a byte-order mark first", "2.2"),
+        (
+            "tensor-duplicate-key",
+            '{"w":{"dtype":"U8","dtype":"U8","shape":[4],"data_offsets":[0,4]}}',
+            buf,
+            "dtype twice inside one tensor object",
+            "2.3",
+        ),
+        ("dtype-lowercase", one("[4]", dtype="u8"), buf, "dtype u8: names compare exactly", "2.5"),
+        ("offsets-three", one("[4]", "[0,4,4]"), buf, "data_offsets of length 3", "2.5"),
+        ("offsets-one", one("[4]", "[4]"), buf, "data_offsets of length 1", "2.5"),
+        (
+            "shape-product-wraps",
+            one("[4611686018427387905,4]"),
+            buf,
+            "(2^62+1)*4 elements: 4 modulo 2^64, so 4 bytes to a reader that wraps",
+            "2.6",
+        ),
+        (
+            "shape-bits-wrap",
+            one("[2305843009213693953]", "[0,1]"),
+            buf[:1],
+            "(2^61+1) U8 elements: 8 * that is 8 modulo 2^64",
+            "2.6",
+        ),
+        (
+            "empty-inside-another",
+            '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+            '"e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}}',
+            buf,
+            "an empty tensor at (2,2), inside a's range (0,4)",
+            "2.7",
+        ),
+    ]
+    for name, header, buffer, description, spec in cases:
+        b.raw(name, header, buffer, description, spec)
+
+    # Positive: padding with every JSON whitespace byte, not only spaces.
+    src = b.file("basic")
+    obj, data = split(src)
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    path = b.file("header-padded-whitespace")
+    path.write_bytes(struct.pack("<Q", len(text) + 6) + text + b"\t\n\r \n\t" + data)
+    b.positive(
+        "header-padded-whitespace", "the header padded with tab, LF, CR and space", "2.2", path
+    )
+    # Positive: a dimension of exactly 2^64-1 (in an empty tensor).
+    huge = [("huge", "U8", [2**64 - 1, 0], b""), ("w", "U8", [4], b"abcd")]
+    path = b.stamped("shape-u64-max", huge, None)
+    b.positive(
+        "shape-u64-max", "a dimension of 2^64-1 in a tensor of zero elements", "2.5, 5", path
+    )
+
+
+def more_records_and_manifests(b: Builder) -> None:
+    """Section 3 and 4 rules that had no vector (issue 27)."""
+    base = b.file("basic")
+    record = record_of(base)
+    meta = split(base)[0]["__metadata__"]
+    sha, xxh3 = meta["cmh.sha256"], meta["cmh.xxh3"]
+
+    def mutant(name: str, description: str, spec: str, full: str, **values: str | None) -> None:
+        rewrite(base, b.file(name), set_metadata(**values))
+        b.add(name, description, spec, full)
+
+    corrupt, inconsistent = "corrupt_record", "manifest_inconsistent"
+    mutant("record-long-hex", "130 hex characters", "3", corrupt, cmh=record.hex() + "00")
+    bad_magic_v2 = patched(patched(record, 0, b"CMH\x01"), 4, b"\x02")
+    mutant(
+        "record-bad-magic-version-2",
+        "magic CMH\\x01 and version 2: the magic is judged first",
+        "3",
+        corrupt,
+        cmh=bad_magic_v2.hex(),
+    )
+    mutant(
+        "record-version-0",
+        "version 0 (check valid)",
+        "3",
+        "unsupported_version",
+        cmh=patched(record, 4, b"\x00").hex(),
+    )
+    mutant("manifest-key-missing", "no cmh.key key", "4", inconsistent, cmh_key=None)
+    mutant("manifest-sig-short", "cmh.sig of 126 characters", "4", inconsistent, cmh_sig="0" * 126)
+    mutant("manifest-sig-long", "cmh.sig of 130 characters", "4", inconsistent, cmh_sig="0" * 130)
+    mutant("manifest-xxh3-missing", "bit2 set, cmh.xxh3 absent", "4", inconsistent, cmh_xxh3=None)
+    mutant(
+        "manifest-xxh3-uppercase",
+        "bit2 set, cmh.xxh3 in uppercase hex",
+        "4",
+        inconsistent,
+        cmh_xxh3=xxh3.upper(),
+    )
+    mutant(
+        "manifest-xxh3-count",
+        "bit2 set, one XXH3 digest for two tensors",
+        "4",
+        inconsistent,
+        cmh_xxh3=xxh3.split(",")[0],
+    )
+    mutant(
+        "manifest-trailing-comma",
+        "cmh.sha256 ends with a comma",
+        "4",
+        inconsistent,
+        cmh_sha256=sha + ",",
+    )
+    mutant(
+        "manifest-spaces",
+        "cmh.sha256 joined by ', '",
+        "4",
+        inconsistent,
+        cmh_sha256=", ".join(sha.split(",")),
+    )
+    # Positive: bit2 clear and cmh.xxh3 made of 0 and ',' only: ignored.
+    no_xxh3 = patched(record, 0x29, bytes([record[0x29] & ~0x04]))
+    zeros = ",".join("0" * 32 for _ in xxh3.split(","))
+    path = rewrite(
+        base, b.file("manifest-unflagged-zeros"), set_metadata(cmh=no_xxh3.hex(), cmh_xxh3=zeros)
+    )
+    b.positive("manifest-unflagged-zeros", "bit2 clear, cmh.xxh3 all zeros: ignored", "4", path)
+    # Positive: an unknown cmh.* key is ignored (and not covered by the root).
+    path = rewrite(base, b.file("unknown-cmh-key"), set_metadata(cmh_future="anything at all"))
+    b.positive("unknown-cmh-key", "an unknown cmh.future key is ignored", "4, 5", path)
+
+
+def more_contents_and_signatures(b: Builder) -> None:
+    """Section 5, 7 and 9 rules that had no vector (issue 27)."""
+    base = b.file("basic")
+
+    def retyped(obj: dict[str, Any]) -> None:
+        obj["weight"]["dtype"] = "I32"  # same width: the file stays valid
+
+    rewrite(base, b.file("root-mismatch-dtype"), retyped)
+    b.add("root-mismatch-dtype", "a tensor's dtype F32 -> I32", "5, 9", "root_mismatch")
+
+    def reshaped(obj: dict[str, Any]) -> None:
+        obj["weight"]["shape"] = [3, 2]
+
+    rewrite(base, b.file("root-mismatch-shape"), reshaped)
+    b.add("root-mismatch-shape", "a tensor's shape [2,3] -> [3,2]", "5, 9", "root_mismatch")
+
+    signed = b.file("signed")
+    sig = bytes.fromhex(split(signed)[0]["__metadata__"]["cmh.sig"])
+    rewrite(
+        signed,
+        b.file("signature-unknown-key-garbage"),
+        set_metadata(cmh_key="0123456789abcdef", cmh_sig="5a" * 64),
+    )
+    b.add(
+        "signature-unknown-key-garbage",
+        "an unknown key id and a signature that verifies under no key: the key id decides",
+        "7",
+        "ok",
+        signature="unknown",
+        expires_at=expiry_of(signed),
+    )
+    # RFC 8032: S must be below the group order L; S + L is the same point, non-canonical.
+    order = 2**252 + 27742317777372353535851937790883648493
+    s_value = int.from_bytes(sig[32:], "little") + order
+    noncanonical = sig[:32] + s_value.to_bytes(32, "little")
+    rewrite(signed, b.file("signature-non-canonical"), set_metadata(cmh_sig=noncanonical.hex()))
+    b.add(
+        "signature-non-canonical",
+        "the signature's S replaced by S + L (RFC 8032 requires S < L)",
+        "7",
+        "ok",
+        signature="invalid",
+        expires_at=expiry_of(signed),
+    )
+    # Fast mode falls back to full with bit0 clear: a stale cmh.xxh3 is then not read.
+    bare = b.file("no-sha256-manifest")
+    meta = split(bare)[0]["__metadata__"]
+    stale = ",".join("0" * 31 + "1" for _ in meta["cmh.xxh3"].split(","))
+    path = rewrite(bare, b.file("fast-fallback-no-sha256"), set_metadata(cmh_xxh3=stale))
+    b.add(
+        "fast-fallback-no-sha256",
+        "bit0 clear and a stale cmh.xxh3: fast mode must hash with SHA-256 instead",
+        "9",
+        "ok",
+        expires_at=expiry_of(path),
+    )
+    # tensor_mismatch comes before expired (section 9's order).
+    shutil.copyfile(b.file("expired-long-ago"), b.file("tensor-mismatch-expired"))
+    flip_byte(b.file("tensor-mismatch-expired"), "w")
+    b.add(
+        "tensor-mismatch-expired",
+        "expired and a byte changed: tensor_mismatch is reported",
+        "9",
+        "tensor_mismatch",
+    )
+
+
 def directories(b: Builder) -> None:
     state = {f"layer.{i}.weight": grid((4, 4), np.float32, i) for i in range(4)}
     names = list(state)
@@ -858,6 +1094,211 @@ def directories(b: Builder) -> None:
     bad("dir-tensor-in-two-shards", "layer.2.weight in both shards", "index_inconsistent")
     shard_dir("dir-no-index-tensor-twice", twice, None)
     bad("dir-no-index-tensor-twice", "no index; a tensor in two files", "index_inconsistent")
+    more_directories(b, shard_dir, mapping, halves)
+
+
+def more_directories(
+    b: Builder,
+    shard_dir: Callable[[str, list[list[str]], dict[str, str] | None], Path],
+    mapping: Callable[[list[list[str]]], dict[str, str]],
+    halves: list[list[str]],
+) -> None:
+    """Every rule of section 6 (issue 27), each directory judged in every mode."""
+    index_name = "model.safetensors.index.json"
+    first, second = (f"model-0000{i}-of-00002.safetensors" for i in (1, 2))
+
+    def add(name: str, description: str, full: str, **kw: Any) -> Vector:
+        vector = Vector(name, name, description, "6", full, kind="directory", **kw)
+        b.vectors.append(vector)
+        return vector
+
+    def with_index(name: str, raw: bytes, description: str, full: str = "invalid_file") -> Path:
+        folder = shard_dir(name, halves, mapping(halves))
+        (folder / index_name).write_bytes(raw)
+        add(name, description, full)
+        return folder
+
+    good = json.dumps({"weight_map": mapping(halves)}, separators=(",", ":")).encode()
+    entry = f'"{halves[0][0]}":"{first}"'
+    rest = ",".join(f'"{n}":"{f}"' for n, f in mapping(halves).items() if n != halves[0][0])
+    with_index("dir-index-bom", b"\xef\xbb\xbf" + good, "the index starts with a byte-order mark")
+    with_index(
+        "dir-index-nan",
+        b'{"metadata":{"total_size":NaN},"weight_map":' + good[len(b'{"weight_map":') :],
+        "NaN in the index's metadata",
+    )
+    with_index(
+        "dir-index-duplicate-key",
+        ("{" + f'"weight_map":{{{entry},{entry},{rest}}}' + "}").encode(),
+        "a tensor named twice in weight_map, both times with the same file",
+    )
+    with_index(
+        "dir-index-lone-surrogate",
+        ("{" + f'"weight_map":{{{entry},{rest},"x\\ud800":"{first}"}}' + "}").encode(),
+        "a weight_map key with an unpaired surrogate escape",
+    )
+    with_index(
+        "dir-index-raw-surrogate",
+        good[:-2] + b',"x\xed\xa0\x80":"' + first.encode() + b'"}}',
+        "the index holds the UTF-8-encoded surrogate ED A0 80",
+    )
+    with_index("dir-index-not-object", b"[1]", "the index is a JSON array")
+    with_index("dir-index-no-weight-map", b'{"metadata":{}}', "the index has no weight_map")
+    with_index(
+        "dir-index-value-not-string",
+        good[:-2] + b',"x":1}}',
+        "a weight_map value is a number",
+    )
+    folder = b.out / "dir-index-empty"
+    folder.mkdir()
+    (folder / index_name).write_bytes(b'{"weight_map": {}}\n')
+    add(
+        "dir-index-empty",
+        "weight_map is empty and there is no shard: nothing to verify",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-index-empty-with-stray", halves, None)
+    (folder / index_name).write_bytes(b'{"weight_map": {}}\n')
+    add("dir-index-empty-with-stray", "weight_map is empty; shards lie beside it", "invalid_file")
+
+    def aliased(name: str, shard_name: str, description: str) -> None:
+        index = {n: (shard_name if f == first else f) for n, f in mapping(halves).items()}
+        raw = json.dumps({"weight_map": index}).encode()
+        with_index(name, raw, description)
+
+    aliased(
+        "dir-shard-dot-slash", "./" + first, "a shard named ./model-...: names are not normalised"
+    )
+    aliased("dir-shard-trailing-slash", first + "/", "a shard named model-.../")
+    aliased("dir-shard-subdirectory", "sub/" + first, "a shard in a subdirectory")
+    aliased("dir-shard-backslash", "sub\\" + first, "a shard name with a backslash")
+    aliased("dir-shard-nul", first[:-12] + "\0.safetensors", "a shard name with a NUL character")
+    aliased(
+        "dir-shard-not-safetensors", first[:-12] + ".bin", "a shard name not ending in .safetensors"
+    )
+    # Names are bytes, never normalised: the index's NFC name does not name the NFD file.
+    index = {n: ("caf\u00e9.safetensors" if f == first else f) for n, f in mapping(halves).items()}
+    folder = with_index(
+        "dir-shard-nfd",
+        json.dumps({"weight_map": index}).encode(),
+        "the index names caf\u00e9 (NFC), the file on disk is cafe\u0301 (NFD): a missing shard",
+    )
+    (folder / first).rename(folder / "cafe\u0301.safetensors")
+    # An escaped lone surrogate does not name the file FF on disk: the index is invalid.
+    folder = with_index(
+        "dir-shard-escaped-surrogate",
+        ("{" + f'"weight_map":{{{entry},{rest},"x":"\\udcff.safetensors"}}' + "}").encode(),
+        "a shard name \\udcff.safetensors beside a file named FF 2E 73...",
+    )
+    write_tensors(
+        folder / os.fsdecode(b"\xff.safetensors"), arrays({"x": grid((2,), np.uint8)}), None
+    )
+    # A shard that resolves outside the directory (a symbolic link to ../basic.safetensors).
+    folder = shard_dir("dir-shard-outside", halves, mapping(halves))
+    (folder / second).unlink()
+    (folder / second).symlink_to(os.path.join("..", "basic.safetensors"))
+    add("dir-shard-outside", "a shard that is a symbolic link out of the directory", "invalid_file")
+
+    folder = b.out / "dir-no-shard"
+    folder.mkdir()
+    (folder / "README.md").write_text(
+        "No index and no *.safetensors file (git keeps no empty directory).\n"
+    )
+    add("dir-no-shard", "no index file and no *.safetensors file", "invalid_file")
+    folder = shard_dir("dir-invalid-shard", halves, mapping(halves))
+    (folder / second).write_bytes(b"\x05\x00\x00")
+    add("dir-invalid-shard", "a shard that is not a valid safetensors file", "invalid_file")
+    folder = shard_dir("dir-invalid-stray", halves, mapping(halves))
+    (folder / "extra.safetensors").write_bytes(b"\x05\x00\x00")
+    add(
+        "dir-invalid-stray",
+        "an invalid stray file: invalid_file before index_inconsistent",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-stray-non-utf8", halves, mapping(halves))
+    write_tensors(
+        folder / os.fsdecode(b"\xff.safetensors"), arrays({"x": grid((2,), np.uint8)}), None
+    )
+    add(
+        "dir-stray-non-utf8",
+        "a stray file whose name is the byte FF then .safetensors",
+        "index_inconsistent",
+    )
+    folder = shard_dir("dir-non-utf8-name", [halves[0] + halves[1]], None)
+    (folder / "model-00001-of-00001.safetensors").rename(folder / os.fsdecode(b"m\xff.safetensors"))
+    add("dir-non-utf8-name", "no index; the one shard's name is not UTF-8", "ok")
+
+    # Rule 4, each way.
+    index = mapping(halves)
+    index["layer.9.weight"] = first
+    shard_dir("dir-index-ghost-tensor", halves, index)
+    add("dir-index-ghost-tensor", "the index names a tensor no shard holds", "index_inconsistent")
+    index = mapping(halves)
+    index[halves[0][0]] = second
+    shard_dir("dir-index-wrong-shard", halves, index)
+    add("dir-index-wrong-shard", "the index puts a tensor in the other shard", "index_inconsistent")
+    index = mapping(halves)
+    del index[halves[1][1]]
+    shard_dir("dir-index-missing-tensor", halves, index)
+    add(
+        "dir-index-missing-tensor",
+        "a shard holds a tensor the index does not name",
+        "index_inconsistent",
+    )
+
+    # Which index is read.
+    folder = shard_dir("dir-other-index-name", halves, None)
+    (folder / "weights.safetensors.index.json").write_bytes(good)
+    add("dir-other-index-name", "the one index file is not model.safetensors.index.json", "ok")
+    folder = shard_dir("dir-two-indexes-first-invalid", halves, None)
+    (folder / "a.safetensors.index.json").write_bytes(b"{not json")
+    (folder / "b.safetensors.index.json").write_bytes(good)
+    add(
+        "dir-two-indexes-first-invalid",
+        "two indexes, no model.safetensors.index.json: the first by name (invalid) is read",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-two-indexes-model-wins", halves, mapping(halves))
+    (folder / "a.safetensors.index.json").write_bytes(b"{not json")
+    add(
+        "dir-two-indexes-model-wins",
+        "model.safetensors.index.json is read, not the first (invalid) one: rule 1",
+        "index_inconsistent",
+    )
+
+    # A shard's outcome passed up, in section 9's order across shards.
+    folder = shard_dir("dir-shard-tensor-mismatch", halves, mapping(halves))
+    flip_byte(folder / second, halves[1][0])
+    add("dir-shard-tensor-mismatch", "a byte changed in one shard", "tensor_mismatch")
+    folder = shard_dir("dir-shard-outcomes-ordered", halves, mapping(halves))
+    flip_byte(folder / second, halves[1][0])
+    write_tensors(
+        folder / first,
+        arrays({n: grid((4, 4), np.float32, int(n.split(".")[1])) for n in halves[0]}),
+        {"format": "pt"},
+    )
+    add(
+        "dir-shard-outcomes-ordered",
+        "one shard unstamped, the other with a changed byte: unstamped comes first",
+        "unstamped",
+    )
+
+    # Key modes: every shard signed; one signed and one not.
+    folder = shard_dir("dir-signed", halves, mapping(halves))
+    for file in (first, second):
+        cmh.stamp(folder / file, now=STAMPED_AT, sign_key=b.key, threads=1)
+    add("dir-signed", "every shard signed by the signing key", "ok", signature="valid")
+    folder = shard_dir("dir-half-signed", halves, mapping(halves))
+    cmh.stamp(folder / first, now=STAMPED_AT, sign_key=b.key, threads=1)
+    add(
+        "dir-half-signed",
+        "one shard signed, one not: a required signature is missing",
+        "ok",
+        parts=[
+            Vector(first, first, "", "6", "ok", signature="valid"),
+            Vector(second, second, "", "6", "ok"),
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ Builds the web tests' store (``tests/hub/web_support.py``: the real MiniLM model
 stamped and signed, an expired tiny model, a private repo, a hostile card, a
 dataset), corrupts one blob and scrubs the store so the operator page has a
 quarantine to show, serves it with ``cmh serve``, sends a few Hub API requests,
-and saves PNGs of the list, repo, file and operator pages to ``docs/img/``.
+and saves PNGs of the list, repo, file, preview, commits and operator pages to
+``docs/img/``: at 1280 px and 390 px wide, light and dark (``prefers-color-scheme``).
 
 Usage: ``python tools/screenshots.py`` (needs the Debian packages chromium and
 chromium-driver, as ``make test`` installs them).
@@ -44,7 +45,20 @@ def _corrupt_one_blob(store: Path) -> None:
     weights.write_bytes(bytes(data))
 
 
-def _shoot(driver: object, url: str, name: str, width: int = 1280, max_height: int = 2200) -> None:
+def _scheme(driver: object, dark: bool) -> None:
+    """Make the page see ``prefers-color-scheme: dark`` (or light), as a browser set so would."""
+    value = "dark" if dark else "light"
+    driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": value}]},
+    )
+
+
+def _shoot(
+    driver: object, url: str, name: str, width: int = 1280, max_height: int = 2200,
+    dark: bool = False,
+) -> None:  # fmt: skip
+    _scheme(driver, dark)
     driver.set_window_size(width, 900)  # type: ignore[attr-defined]
     driver.get(url)  # type: ignore[attr-defined]
     height = driver.execute_script("return document.documentElement.scrollHeight")  # type: ignore[attr-defined]
@@ -81,13 +95,20 @@ def main() -> int:
             driver = chromium(base / "profile")
             try:
                 _shoot(driver, url + "/", "web-list.png")
-                _shoot(driver, url + f"/-/models/{MINILM}", "web-repo.png")
+                _shoot(driver, url + f"/{MINILM}", "web-repo.png")
+                _shoot(driver, url + f"/{MINILM}", "web-repo-dark.png", dark=True)
+                _shoot(driver, url + f"/{MINILM}", "web-repo-390.png", width=390, max_height=3000)
+                _shoot(driver, url + "/", "web-list-390-dark.png", width=390, dark=True)
                 _shoot(
                     driver,
-                    url + f"/-/files/models/{MINILM}?path=model.safetensors&verify=1",
+                    url + f"/{MINILM}/blob/main/model.safetensors?verify=1",
                     "web-file.png",
                     max_height=1400,
                 )
+                _shoot(driver, url + f"/{MINILM}/blob/main/config.json", "web-preview.png")
+                _shoot(driver, url + f"/{MINILM}/blob/main/README.md", "web-preview-dark.png",
+                       width=390, max_height=1600, dark=True)  # fmt: skip
+                _shoot(driver, url + f"/{TINY}/commits/main", "web-commits.png")
                 driver.get(url + "/-/login")
                 driver.find_element("css selector", "#token").send_keys(ADMIN_TOKEN)
                 driver.find_element("css selector", "#login").click()

@@ -12,7 +12,7 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
-    from .bucket import BucketError, BucketStore, open_bucket
+    from .bucket import BucketError, BucketStore, ConditionalWritesUnsupported, open_bucket
     from .objectstore import InvalidLocation, S3Location
     from .run import ServeConfig, ServeError, serve
     from .scrub import ScrubReport, scrub_store
@@ -35,6 +35,7 @@ _EXPORTS = {
     "unserved_grants": "auth",
     "BucketError": "bucket",
     "BucketStore": "bucket",
+    "ConditionalWritesUnsupported": "bucket",
     "open_bucket": "bucket",
     "InvalidLocation": "objectstore",
     "S3Location": "objectstore",
@@ -60,6 +61,7 @@ __all__ = [
     "AccessPolicy",
     "BucketError",
     "BucketStore",
+    "ConditionalWritesUnsupported",
     "InvalidLocation",
     "InvalidNameError",
     "MirrorStore",

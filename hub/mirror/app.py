@@ -141,6 +141,9 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         except BadTarget as exc:
             raise HubError(400, "BadRequest", str(exc)) from None
         except NoRoute as exc:
+            page = await _hub_page(request)  # /org/name, .../tree/REV, ...: a browser page
+            if page is not None:
+                return page
             raise HubError(404, None, str(exc)) from None
         request[ROUTE_KEY] = route.kind
         allowed = ("POST",) if route.kind == "paths_info" else ("GET", "HEAD")
@@ -182,6 +185,17 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         return answer
     except HubError as err:
         return _error(err)
+
+
+async def _hub_page(request: web.Request) -> web.StreamResponse | None:
+    """The web page a Hub-style page URL names, for a target the API has no route for."""
+    if request.method not in ("GET", "HEAD"):
+        return None
+    from .web import pages
+
+    if pages.WEB_KEY not in request.app:
+        return None  # a bucket store: no pages
+    return await pages.hub_page(request)
 
 
 async def _pull(request: web.Request, state: MirrorState, route: Route, token: str | None) -> None:

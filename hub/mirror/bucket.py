@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,24 @@ LEASE_POLL = 1.0
 MAX_REF_ATTEMPTS = 50
 MAX_TREE_BYTES = 64 << 20
 
+PROBE_FOLDER = ".cmh/probe"
+
 ProgressCallback = Callable[[int], None]
+#: Told, in a sentence, why a writer waits (a pruner's lease).
+NoticeCallback = Callable[[str], None]
+
+
+class Clock:
+    """This process's monotonic clock and sleep; tests pass one that advances by itself."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+SYSTEM_CLOCK = Clock()
 
 
 def is_bucket_url(text: str) -> bool:
@@ -91,6 +109,20 @@ def is_bucket_url(text: str) -> bool:
 
 class BucketError(StoreError):
     """A bucket store that cannot be read or written as asked."""
+
+
+class ConditionalWritesUnsupported(BucketError):
+    """The storage ignores ``If-None-Match`` or ``If-Match`` on PUT: concurrent writers
+    would lose commits, so nothing is written."""
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """A lease as seen: its ETag, its age on the storage's own clock, who wrote it."""
+
+    etag: str
+    age: float
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -190,11 +222,17 @@ class BucketStore:
         write_window: float = WRITE_WINDOW,
         lease_ttl: float = LEASE_TTL,
         lease_poll: float = LEASE_POLL,
+        clock: Clock = SYSTEM_CLOCK,
+        on_notice: NoticeCallback | None = None,
     ) -> None:
         self.objects = objects
         self.write_window = write_window
         self.lease_ttl = lease_ttl
         self.lease_poll = lease_poll
+        self.clock = clock
+        self.on_notice = on_notice
+        self._conditional_writes_checked = False
+        self._leases: dict[str, str] = {}  # folder -> ETag of a lease this store holds
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
@@ -358,6 +396,7 @@ class BucketStore:
         """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2)."""
         check_import_names(repo_id, revision, repo_type)
         folder = self.folder(repo_id, repo_type)
+        self.ensure_conditional_writes()
         files: list[SourceFile] = []
         for rel, path in scan_folder(src):
             size, sha256, git_oid = hash_source(path)
@@ -389,6 +428,7 @@ class BucketStore:
         self, folder: str, revision: str, tree: str, files: list[SourceFile]
     ) -> tuple[str, str | None, bool, bool]:
         """Write the tree object and move the ref; ``(commit, parent, created, moved)``."""
+        self.ensure_conditional_writes()  # whatever path writes, never on a storage without
         created_commits: set[str] = set()
         for _ in range(MAX_REF_ATTEMPTS):
             head = self.read_ref(folder, revision)
@@ -412,7 +452,7 @@ class BucketStore:
             self._put_tree(folder, obj)  # a pruner may have removed it meanwhile
             for f in files:
                 self._store_blob(folder, f)  # likewise (a HEAD when it is there)
-            if time.monotonic() - checked_at > self.write_window:
+            if self.clock.monotonic() - checked_at > self.write_window:
                 continue  # too slow since the lease check: check again
             if head is not None and head.commit == commit:
                 return commit, parent if created else _first(obj.parents), created, False
@@ -439,19 +479,157 @@ class BucketStore:
 
     def _wait_for_no_lease(self, folder: str) -> float:
         """Wait while a pruner holds the repo's lease; the monotonic time of the check
-        that found none (or found one abandoned: unchanged for :attr:`lease_ttl`)."""
-        seen: tuple[str, float] | None = None
+        that found none, or found it expired (older than :attr:`lease_ttl`: its age on the
+        storage's clock when first seen, plus the time this process has seen it unchanged).
+        Says on :attr:`on_notice` that it waits, and when it takes an expired lease over."""
+        seen: LeaseState | None = None
+        seen_at = 0.0
+        told = False
         while True:
             try:
-                info = self.objects.head(self.lease_name(folder))
+                etag = self.objects.head(self.lease_name(folder)).etag
             except ObjectNotFound:
-                return time.monotonic()
-            now = time.monotonic()
-            if seen is None or seen[0] != info.etag:
-                seen = (info.etag, now)
-            elif now - seen[1] > self.lease_ttl:
+                return self.clock.monotonic()
+            if seen is None or seen.etag != etag:
+                seen = self.lease_state(folder)
+                if seen is None:
+                    continue  # it went meanwhile: check again
+                seen_at = self.clock.monotonic()
+            now = self.clock.monotonic()
+            remaining = self.lease_ttl - (seen.age + now - seen_at)
+            if remaining <= 0:
+                self.notice(
+                    f"{self.url}{folder}: the lease of {seen.owner} expired "
+                    f"(held over {self.lease_ttl:.0f} s): going on without it"
+                )
                 return now
-            time.sleep(self.lease_poll)
+            if not told:
+                self.notice(
+                    f"{self.url}{folder}: waiting for {seen.owner} to release the repo's "
+                    f"lease (a prune is working on it); taken as abandoned in {remaining:.0f} s"
+                )
+                told = True
+            self.clock.sleep(min(self.lease_poll, remaining))
+
+    def notice(self, text: str) -> None:
+        """Tell :attr:`on_notice` (the terminal, for the CLI) what is being waited for."""
+        if self.on_notice is not None:
+            self.on_notice(text)
+
+    # -- leases and the storage's guarantees ---------------------------------------------
+
+    def storage_now(self) -> float:
+        """The storage's own clock (unix seconds): the time it gives a scratch object.
+
+        Lease ages are measured on this clock alone, so no two machines' clocks are ever
+        compared."""
+        name = f"{PROBE_FOLDER}/clock-{uuid.uuid4().hex}"
+        self.objects.put(name, b"")
+        try:
+            return self.objects.head(name).last_modified.timestamp()
+        finally:
+            with contextlib.suppress(ObjectStoreError):
+                self.objects.delete(name)
+
+    def lease_state(self, folder: str) -> LeaseState | None:
+        """The repo's lease (``None`` when there is none), with its age on the storage's clock."""
+        try:
+            data, info = self.objects.get_with_info(self.lease_name(folder))
+        except ObjectNotFound:
+            return None
+        owner = "an unknown pruner"
+        with contextlib.suppress(ValueError, AttributeError):
+            owner = str(json.loads(data).get("owner") or owner)[:200]
+        age = max(0.0, self.storage_now() - info.last_modified.timestamp())
+        return LeaseState(info.etag, age, owner)
+
+    def take_lease(self, folder: str, owner: str) -> bool:
+        """Create the repo's lease (``If-None-Match: *``), or take over an expired one
+        (``If-Match`` on its ETag, so one taker wins); False when another holds it."""
+        doc = self._lease_doc(owner)
+        name = self.lease_name(folder)
+        for _ in range(3):
+            try:
+                self._leases[folder] = self.objects.put_if_absent(name, doc)
+                return True
+            except PreconditionFailed:
+                pass
+            state = self.lease_state(folder)
+            if state is None:
+                continue  # released meanwhile
+            if state.age <= self.lease_ttl:
+                return False
+            try:
+                self._leases[folder] = self.objects.put_if_match(name, doc, state.etag)
+            except PreconditionFailed:
+                return False  # someone else took it over first
+            self.notice(
+                f"{self.url}{folder}: took over the lease {state.owner} left "
+                f"{state.age:.0f} s ago (expired after {self.lease_ttl:.0f} s)"
+            )
+            return True
+        return False
+
+    def renew_lease(self, folder: str, owner: str) -> bool:
+        """Rewrite a lease this store holds (``If-Match``), so its lifetime starts again;
+        False when it is no longer ours (it expired and was taken over)."""
+        etag = self._leases.get(folder)
+        if etag is None:
+            return False
+        try:
+            self._leases[folder] = self.objects.put_if_match(
+                self.lease_name(folder), self._lease_doc(owner), etag
+            )
+            return True
+        except PreconditionFailed:
+            del self._leases[folder]
+            return False
+
+    def release_lease(self, folder: str) -> None:
+        """Delete the repo's lease if this store still holds it."""
+        if self._leases.pop(folder, None) is not None:
+            self.objects.delete(self.lease_name(folder))
+
+    def _lease_doc(self, owner: str) -> bytes:
+        # A fresh nonce each write, so each renewal has a new ETag (writers go by ETags).
+        doc = {"owner": owner, "ttl": self.lease_ttl, "nonce": uuid.uuid4().hex}
+        return json.dumps(doc).encode()
+
+    def ensure_conditional_writes(self) -> None:
+        """Refuse a storage that ignores conditional writes, before anything is written.
+
+        Probes a scratch key under ``.cmh/probe/``: a second create-only PUT
+        (``If-None-Match: *``) must be refused, and so must a PUT with ``If-Match`` on an
+        ETag the object does not have. Checked once per store object.
+        """
+        if self._conditional_writes_checked:
+            return
+        name = f"{PROBE_FOLDER}/cas-{uuid.uuid4().hex}"
+        missing: list[str] = []
+        try:
+            self.objects.put_if_absent(name, b"cmh probe 1\n")
+            try:
+                self.objects.put_if_absent(name, b"cmh probe 2\n")
+                missing.append("If-None-Match: * (a create-only PUT replaced an existing object)")
+            except PreconditionFailed:
+                pass
+            try:
+                self.objects.put_if_match(name, b"cmh probe 3\n", '"' + "0" * 32 + '"')
+                missing.append("If-Match (a PUT on a stale ETag replaced the object)")
+            except PreconditionFailed:
+                pass
+        finally:
+            with contextlib.suppress(ObjectStoreError):
+                self.objects.delete(name)
+        if missing:
+            endpoint = self.objects.settings.endpoint or "AWS S3"
+            raise ConditionalWritesUnsupported(
+                f"storage {endpoint} ({self.url}) does not honour conditional writes: "
+                f"it ignores {' and '.join(missing)}. cmh needs If-None-Match: * and If-Match "
+                "on PUT so that concurrent writers never lose a commit; nothing was written "
+                "(use a storage that supports them, as AWS S3 and SeaweedFS do)"
+            )
+        self._conditional_writes_checked = True
 
     def _store_blob(self, folder: str, f: SourceFile) -> bool:
         """Make ``blobs/{etag}`` hold ``f``'s bytes; True when it was uploaded.
@@ -460,6 +638,7 @@ class BucketStore:
         The upload hashes the bytes it sends and aborts before completing when they
         differ from the name (the source changed), so a wrong blob is never created.
         """
+        self.ensure_conditional_writes()
         name = self.blob_name(folder, f.etag)
         try:
             if self.objects.head(name).size == f.size:
@@ -575,6 +754,9 @@ def open_bucket(url: str, **options: Any) -> BucketStore:
 __all__ = [
     "BucketError",
     "BucketStore",
+    "Clock",
+    "ConditionalWritesUnsupported",
+    "LeaseState",
     "RefState",
     "TreeFile",
     "TreeObject",

@@ -55,7 +55,14 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ObjectStoreError(CMHError):
-    """An object-store operation failed (the message says which and why)."""
+    """An object-store operation failed (the message says which and why).
+
+    ``operation`` (``"PUT"``, ``"GET"``, ...) and ``endpoint`` (the storage's URL,
+    ``None`` for AWS itself) are set on errors of a request to the storage.
+    """
+
+    operation: str | None = None
+    endpoint: str | None = None
 
 
 class ObjectNotFound(ObjectStoreError):
@@ -377,17 +384,23 @@ class ObjectStore:
         reason, status, s3_code = _describe(exc)
         for secret in self._secrets:
             reason = reason.replace(secret, "***")
+        error: ObjectStoreError
         if s3_code == "NoSuchBucket":
-            raise NoSuchBucket(f"{where}: bucket {self.location.bucket!r} does not exist")
-        if isinstance(exc, (oe.NotFoundError, FileNotFoundError)):
-            raise ObjectNotFound(f"{where}: no such object", name) from None
-        if isinstance(exc, (oe.AlreadyExistsError, oe.PreconditionError)):
-            raise PreconditionFailed(f"{where}: precondition failed (412)", name) from None
-        if status == 416:
-            raise InvalidRange(f"{where}: range not satisfiable") from None
-        if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)):
-            raise ObjectStoreError(f"{where}: access denied ({reason})") from None
-        raise ObjectStoreError(f"{where}: {reason}") from None
+            error = NoSuchBucket(f"{where}: bucket {self.location.bucket!r} does not exist")
+        elif isinstance(exc, (oe.NotFoundError, FileNotFoundError)):
+            error = ObjectNotFound(f"{where}: no such object", name)
+        elif isinstance(exc, (oe.AlreadyExistsError, oe.PreconditionError)):
+            error = PreconditionFailed(f"{where}: precondition failed (412)", name)
+        elif status == 416:
+            error = InvalidRange(f"{where}: range not satisfiable")
+        elif isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)):
+            error = ObjectStoreError(f"{where}: access denied ({reason})")
+        else:
+            endpoint = self.settings.endpoint
+            named = not endpoint or endpoint in reason
+            error = ObjectStoreError(f"{where}: {reason}" + ("" if named else f" ({endpoint})"))
+        error.operation, error.endpoint = op.split(" ", 1)[0], self.settings.endpoint
+        raise error from None
 
     @staticmethod
     def _errors() -> tuple[type[Exception], ...]:
@@ -547,6 +560,8 @@ class ObjectStore:
         def guarded() -> Iterator[bytes]:
             try:
                 yield from chunks
+            except GeneratorExit:  # the client stopped reading (the upload failed): not ours
+                raise
             except BaseException as exc:  # kept, so the caller sees its own error
                 failure.append(exc)
                 raise
@@ -555,12 +570,18 @@ class ObjectStore:
             result = obstore.put(
                 self._store, key, guarded(), use_multipart=True, chunk_size=self.part_size
             )
-        except self._errors() as exc:
+        except Exception as exc:
             if failure:
                 raise failure[0] from None
-            self._fail("PUT", name, exc)
-        except Exception:
-            if failure:
+            if isinstance(exc, self._errors()):
+                self._fail("PUT", name, exc)
+            error = ObjectStoreError(
+                f"PUT {self.location}{name}: upload failed ({type(exc).__name__}: {exc})"
+            )
+            error.operation, error.endpoint = "PUT", self.settings.endpoint
+            raise error from None
+        except BaseException:
+            if failure:  # e.g. Ctrl-C while reading the source
                 raise failure[0] from None
             raise
         return str(result["e_tag"] or "")

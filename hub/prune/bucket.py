@@ -1,107 +1,294 @@
-"""Prune a bucket store (``s3://...``): refs first, then tree objects, blobs last.
+"""Prune a bucket store (``s3://...``): the same scan, pure plan and report as a local
+store, and an executor that deletes refs first, then tree objects, blobs last.
 
-Per repo, unless it is a dry run, the pruner first creates the repo's lease
-(``{repo}/.cmh/lease``, ``If-None-Match: *``; another pruner's lease makes it skip
-the repo) and then waits ``settle`` seconds before it lists anything. A writer
-(:meth:`cmh.hub.mirror.bucket.BucketStore.add_folder`) checks that no lease exists,
-and moves its ref at most ``write_window`` seconds later; so with ``settle`` larger
-than that window plus the storage's request timeout, every ref move a writer
-started before the lease is visible in the pruner's listing, and writers that
-came later wait for the lease to go. Only durations measured on one clock are
-compared, never two machines' clocks.
+:func:`scan_bucket` turns a bucket's listing into the kind-agnostic
+:class:`~cmh.hub.prune.scan.CacheScan` that :func:`~cmh.hub.prune.plan.plan_prune`
+plans from: a tree object is a revision (its entries the files, its parents
+recorded, so ``--keep-latest`` and ``--max-size`` rank by ref history, never by
+the writers' clocks), and a commit a ref names is served, so only ``--expired
+--include-referenced`` removes it. Objects carry no timestamps into the plan:
+the lease below, not a grace period, keeps an import in flight whole.
 
-Then, in this order: refs that name a removed commit or no tree object (dangling),
-the removed commits' tree objects, and the blobs no remaining tree object names.
-A reader that resolved a ref just before it went may still fetch a blob of that
-commit for as long as the blob stays; blobs go last so that no remaining ref
-ever names a tree whose blobs are missing. The pruner stops deleting (and
-reports it) if its work on a repo outlasts half the lease's lifetime, after which
-writers stop waiting for the lease.
+:func:`execute_bucket_plan` carries out a plan that was shown:
 
-Policies, as for a local store (:class:`~cmh.hub.prune.plan.PrunePolicy`):
-``unreferenced``, ``keep_latest`` and ``older_than`` (by the commit's creation
-time: a bucket has no use records). ``expired`` and ``max_size`` are not
-supported on a bucket (:class:`UnsupportedPolicy`). Unlike a local store, there is
-no "recently touched" grace: it would compare the storage's clock with this
-machine's, and the lease already keeps every import's commit whole (an import
-waiting for the lease uploads again whatever was pruned meanwhile).
+1. take the lease ``{repo}/.cmh/lease`` of every repo the plan changes
+   (``If-None-Match: *``; a lease older than its lifetime on the storage's clock is
+   taken over with ``If-Match``; a live one makes the repo skipped);
+2. wait ``settle`` seconds, once for the whole run: a writer that found no lease
+   moves its ref within its write window, so after the settle every such move is
+   visible; later writers wait for the lease. Every held lease is rewritten (a new
+   ETag) each quarter of its lifetime, while waiting and while working;
+3. per repo: scan the repo again, re-plan it restricted to the revisions shown,
+   and delete only what both plans name (a subset of what was shown, never
+   more): refs, then tree objects, then blobs; stop (reported) once half the
+   lease's lifetime has passed since it was last rewritten; release the lease.
+
+Repos with nothing to delete get no lease, and a run with nothing to delete no wait.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import socket
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 
-from ..mirror.bucket import BucketError, BucketStore, TreeObject
-from ..mirror.objectstore import ObjectStoreError, PreconditionFailed
-from .plan import PrunePolicy
+from ..cache.layout import RepoLayout
+from ..mirror.bucket import SYSTEM_CLOCK, BucketError, BucketStore, Clock, TreeObject
+from ..mirror.objectstore import ObjectStoreError
+from .execute import PruneReport, RepoOutcome
+from .plan import (
+    KIND_BLOB,
+    KIND_REF,
+    OVER_SIZE,
+    PrunePlan,
+    PrunePolicy,
+    RepoPlan,
+    plan_prune,
+    plan_repo,
+)
+from .scan import CacheScan, Entry, RefScan, RepoScan, RevisionScan, SnapshotFile
+from .scan import stamped_expiry_from as _stamped_expiry_from
 
 #: The longest cmh's S3 client keeps trying one request (``ObjectStore``'s defaults: a
 #: 60 s timeout, 3 retries): a write is assumed applied within this or not at all.
 REQUEST_TIMEOUT = 60.0 * (3 + 1)
-
-
-class UnsupportedPolicy(ValueError):
-    """A prune policy that a bucket store cannot apply."""
-
-
-@dataclass
-class BucketRepoPrune:
-    """What went (or would go) from one repo of a bucket."""
-
-    repo_id: str
-    repo_type: str
-    commits: dict[str, list[str]] = field(default_factory=dict)  # commit -> reasons
-    refs: list[str] = field(default_factory=list)
-    trees: list[str] = field(default_factory=list)
-    blobs: list[str] = field(default_factory=list)
-    freed: int = 0
-    skipped: str | None = None
-    errors: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, object]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class BucketPruneReport:
-    """Every repo of a bucket prune; ``freed`` counts the bytes of every object deleted
-    (would be deleted, in a dry run)."""
-
-    store: str
-    dry_run: bool
-    repos: list[BucketRepoPrune] = field(default_factory=list)
-
-    @property
-    def freed(self) -> int:
-        return sum(r.freed for r in self.repos)
-
-    @property
-    def errors(self) -> list[str]:
-        return [e for r in self.repos for e in r.errors]
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "store": self.store,
-            "dry_run": self.dry_run,
-            "freed": self.freed,
-            "repos": [r.to_dict() for r in self.repos],
-        }
+SKIPPED_LEASE = "another prune holds the repo's lease"
 
 
 def default_settle(store: BucketStore) -> float:
-    """The wait after taking a lease that makes the writers' rule safe."""
+    """The wait after taking the leases that makes the writers' rule safe."""
     return store.write_window + REQUEST_TIMEOUT
 
 
-def check_policy(policy: PrunePolicy) -> None:
-    """Refuse the policies a bucket cannot apply."""
-    if policy.expired:
-        raise UnsupportedPolicy("--expired is not supported on a bucket store")
-    if policy.max_size is not None:
-        raise UnsupportedPolicy("--max-size is not supported on a bucket store")
+# -- scan ------------------------------------------------------------------------------
+
+
+def scan_bucket(store: BucketStore, *, read_expiry: bool = False) -> CacheScan:
+    """Scan every repo of a bucket store (a repo with an unreadable tree object is left
+    out, with a note: nothing of it can be judged)."""
+    started = time.time()
+    repos: list[RepoScan] = []
+    notes: list[str] = []
+    for repo_type, repo_id, folder in store.repos():
+        try:
+            repos.append(scan_bucket_repo(store, repo_type, repo_id, folder, read_expiry))
+        except BucketError as exc:
+            notes.append(f"{repo_id}: {exc}: nothing pruned in this repo")
+    return CacheScan(store.url, started, tuple(repos), read_expiry=read_expiry,
+                     notes=tuple(notes))  # fmt: skip
+
+
+def scan_bucket_repo(
+    store: BucketStore, repo_type: str, repo_id: str, folder: str, read_expiry: bool = False
+) -> RepoScan:
+    """One repo of a bucket as a :class:`RepoScan` (raises :class:`BucketError` on a tree
+    object that is not one)."""
+    refs = tuple(
+        RefScan(name, state.commit or None, True, 0.0)
+        for name, state in sorted(store.refs(folder).items())
+    )
+    blobs = {etag: Entry(etag, info.size, 0.0) for etag, info in store.blob_infos(folder).items()}
+    expiry: dict[str, int | None] = {}
+    revisions: list[RevisionScan] = []
+    for commit in sorted(store.tree_infos(folder)):
+        tree = store.read_tree(folder, commit)
+        if tree is not None:
+            revisions.append(_revision(store, folder, tree, read_expiry, expiry))
+    return RepoScan(
+        layout=RepoLayout(Path(folder), repo_id, repo_type),
+        mtime=0.0,
+        has_snapshots_dir=True,
+        refs_is_file=False,
+        refs=refs,
+        revisions=tuple(revisions),
+        snapshot_strays=(),
+        blobs=blobs,
+        incomplete=(),
+        blob_temps=(),
+        no_exist=(),
+        trees=(),
+        used_records=(),
+        trash=(),
+        lock_files=(),
+        refs_served=True,
+        whole_folder=False,
+    )
+
+
+def _revision(
+    store: BucketStore,
+    folder: str,
+    tree: TreeObject,
+    read_expiry: bool,
+    cache: dict[str, int | None],
+) -> RevisionScan:
+    files = []
+    for f in tree.files:
+        expires = None
+        if read_expiry and f.path.endswith(".safetensors"):
+            if f.etag not in cache:
+                cache[f.etag] = _blob_expiry(store, store.blob_name(folder, f.etag), f.size)
+            expires = cache[f.etag]
+        files.append(SnapshotFile(f.path, f.etag, f.size, False, expires))
+    # ``created_at`` is the writer's clock: it only serves --older-than, which is by age.
+    return RevisionScan(tree.commit, tuple(files), 0.0, tree.created_at, parents=tree.parents)
+
+
+def _blob_expiry(store: BucketStore, name: str, size: int) -> int | None:
+    try:
+        return _stamped_expiry_from(
+            lambda start, length: store.objects.get_range(name, start, start + length), size
+        )
+    except ObjectStoreError:
+        return None  # a blob missing or unreadable now: scrub reports it, it never expires
+
+
+# -- execute ---------------------------------------------------------------------------
+
+
+def lease_owner() -> str:
+    return f"cmh prune pid {os.getpid()} on {socket.gethostname()}"
+
+
+def execute_bucket_plan(
+    store: BucketStore,
+    plan: PrunePlan,
+    *,
+    settle: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> PruneReport:
+    """Delete what ``plan`` (made by :func:`scan_bucket` and ``plan_prune``) names, as far
+    as it still holds under the leases; what went, repo by repo."""
+    report = PruneReport(plan)
+    changes = plan.changes
+    if not changes:
+        return report
+    store.ensure_conditional_writes()
+    leases = _Leases(store, clock)
+    leased: list[tuple[RepoPlan, RepoOutcome]] = []
+    for repo_plan in changes:
+        outcome = RepoOutcome(repo_plan.folder, repo_plan.repo_id, repo_plan.repo_type)
+        report.repos.append(outcome)
+        try:
+            if leases.take(repo_plan.folder):
+                leased.append((repo_plan, outcome))
+            else:
+                outcome.skipped = SKIPPED_LEASE
+        except ObjectStoreError as exc:
+            outcome.errors.append(str(exc))
+    if leased:
+        wait = default_settle(store) if settle is None else settle
+        store.notice(
+            f"{store.url}: holding the leases of {len(leased)} repo(s); waiting {wait:.0f} s "
+            "(--settle, once for the run) for imports in flight before deleting"
+        )
+        leases.wait(wait)
+    for repo_plan, outcome in leased:
+        try:
+            leases.keep_alive()
+            if repo_plan.folder in leases.renewed:
+                _RepoDeleter(store, plan, repo_plan, outcome, leases).run()
+            else:
+                outcome.skipped = SKIPPED_LEASE
+        except (ObjectStoreError, BucketError) as exc:
+            outcome.errors.append(str(exc))
+        finally:
+            try:
+                store.release_lease(repo_plan.folder)
+            except ObjectStoreError as exc:
+                outcome.errors.append(f"{exc} (the lease expires by itself)")
+    return report
+
+
+class _Leases:
+    """The leases one run holds, renewed every quarter of their lifetime."""
+
+    def __init__(self, store: BucketStore, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+        self.owner = lease_owner()
+        self.renewed: dict[str, float] = {}  # folder -> monotonic time of the last write
+
+    def take(self, folder: str) -> bool:
+        if not self.store.take_lease(folder, self.owner):
+            return False
+        self.renewed[folder] = self.clock.monotonic()
+        return True
+
+    def keep_alive(self) -> None:
+        """Renew the leases written more than a quarter of their lifetime ago (one lost
+        to a taker is dropped: its repo is then skipped)."""
+        for folder, at in list(self.renewed.items()):
+            if self.clock.monotonic() - at >= self.store.lease_ttl / 4:
+                if self.store.renew_lease(folder, self.owner):
+                    self.renewed[folder] = self.clock.monotonic()
+                else:
+                    del self.renewed[folder]
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds`` (the settle, once per run), keeping the leases alive."""
+        end = self.clock.monotonic() + seconds
+        while (left := end - self.clock.monotonic()) > 0:
+            self.clock.sleep(min(left, self.store.lease_ttl / 4))
+            self.keep_alive()
+
+    def check(self, folder: str) -> None:
+        """Refuse to delete once half the lease's lifetime has passed since it was written
+        (writers take a lease as abandoned only after the whole lifetime)."""
+        at = self.renewed.get(folder)
+        if at is None or self.clock.monotonic() - at > self.store.lease_ttl / 2:
+            raise BucketError(
+                f"{self.store.url}{folder}: stopped, the prune of this repo outlasted half "
+                "the lease's lifetime"
+            )
+
+
+class _RepoDeleter:
+    """Re-plan one leased repo within what was shown, and delete it in order."""
+
+    def __init__(
+        self,
+        store: BucketStore,
+        plan: PrunePlan,
+        shown: RepoPlan,
+        outcome: RepoOutcome,
+        leases: _Leases,
+    ) -> None:
+        self.store = store
+        self.plan = plan
+        self.shown = shown
+        self.outcome = outcome
+        self.leases = leases
+
+    def run(self) -> None:
+        store, shown = self.store, self.shown
+        repo = scan_bucket_repo(store, shown.repo_type, shown.repo_id, shown.folder,
+                                self.plan.policy.expired)  # fmt: skip
+        shown_commits = {r.commit for r in shown.revisions}
+        evicted = [r.commit for r in shown.revisions if OVER_SIZE in r.reasons]
+        fresh = plan_repo(repo, self.plan.policy, self.plan.now, evicted, only=shown_commits)
+        shown_paths = {i.path for i in shown.items}
+        items = [i for i in fresh.items if i.path in shown_paths]
+        for revision in fresh.revisions:
+            for ref in revision.refs:
+                self.delete(store.ref_name(shown.folder, ref), 0)
+        for item in items:
+            if item.kind == KIND_REF:
+                self.delete(item.path, 0)
+                self.outcome.items.append(item)
+        for revision in fresh.revisions:
+            self.delete(store.tree_name(shown.folder, revision.commit), 0)
+            self.outcome.revisions.append(revision)
+        for item in items:
+            if item.kind == KIND_BLOB:
+                self.delete(item.path, item.size)
+                self.outcome.items.append(item)
+
+    def delete(self, name: str, size: int) -> None:
+        self.leases.check(self.shown.folder)
+        self.store.objects.delete(name)
+        self.outcome.freed += size
 
 
 def prune_bucket(
@@ -111,95 +298,20 @@ def prune_bucket(
     dry_run: bool = False,
     settle: float | None = None,
     now: float | None = None,
-) -> BucketPruneReport:
-    """Prune every repo of ``store`` by ``policy`` (see the module text for the order)."""
-    check_policy(policy)
-    report = BucketPruneReport(store.url, dry_run)
-    wait = default_settle(store) if settle is None else settle
-    for repo_type, repo_id, folder in store.repos():
-        outcome = BucketRepoPrune(repo_id, repo_type)
-        report.repos.append(outcome)
-        try:
-            if dry_run:
-                _prune_repo(store, folder, policy, outcome, True, now, None)
-                continue
-            lease = _take_lease(store, folder)
-            if lease is None:
-                outcome.skipped = "another prune holds the repo's lease"
-                continue
-            started = time.monotonic()
-            try:
-                time.sleep(wait)
-                _prune_repo(store, folder, policy, outcome, False, now, started)
-            finally:
-                store.objects.delete(store.lease_name(folder))
-        except ObjectStoreError as exc:
-            outcome.errors.append(str(exc))
-    return report
-
-
-def _take_lease(store: BucketStore, folder: str) -> str | None:
-    doc = {"owner": f"cmh prune pid {os.getpid()}", "ttl": store.lease_ttl}
-    try:
-        return store.objects.put_if_absent(store.lease_name(folder), json.dumps(doc).encode())
-    except PreconditionFailed:
-        return None
-
-
-def _prune_repo(
-    store: BucketStore,
-    folder: str,
-    policy: PrunePolicy,
-    out: BucketRepoPrune,
-    dry_run: bool,
-    now: float | None,
-    started: float | None,
-) -> None:
-    clock = time.time() if now is None else now
-    refs = store.refs(folder)
-    ref_sizes = {i.name: i.size for i in store.objects.list(f"{folder}/refs")}
-    tree_infos = store.tree_infos(folder)
-    blob_infos = store.blob_infos(folder)
-    trees: dict[str, TreeObject] = {}
-    for commit in tree_infos:
-        try:
-            tree = store.read_tree(folder, commit)
-        except ObjectStoreError as exc:
-            out.errors.append(str(exc))
-            return
-        except BucketError as exc:  # an invalid tree object: its blobs cannot be known
-            out.errors.append(f"{exc}: nothing pruned in this repo")
-            return
-        if tree is not None:
-            trees[commit] = tree
-    referenced = {r.commit for r in refs.values() if r.commit in trees}
-    reasons: dict[str, list[str]] = {}
-    for commit, tree in sorted(trees.items()):
-        if policy.unreferenced and commit not in referenced:
-            reasons.setdefault(commit, []).append("unreferenced")
-        if policy.older_than is not None and tree.created_at < clock - policy.older_than:
-            reasons.setdefault(commit, []).append("unused")
-    if policy.keep_latest is not None:
-        newest = sorted(trees, key=lambda c: (trees[c].created_at, c), reverse=True)
-        for commit in newest[policy.keep_latest :]:
-            reasons.setdefault(commit, []).append("beyond-keep-latest")
-    doomed = set(reasons)
-    out.commits = {c: reasons[c] for c in sorted(doomed)}
-    out.refs = sorted(n for n, r in refs.items() if r.commit in doomed or r.commit not in trees)
-    out.trees = sorted(doomed)
-    keep = {f.etag for c, t in trees.items() if c not in doomed for f in t.files}
-    out.blobs = sorted(e for e in blob_infos if e not in keep)
-    steps = (
-        [(store.ref_name(folder, n), ref_sizes.get(store.ref_name(folder, n), 0)) for n in out.refs]
-        + [(store.tree_name(folder, c), tree_infos[c].size) for c in out.trees]
-        + [(store.blob_name(folder, e), blob_infos[e].size) for e in out.blobs]
-    )
+    clock: Clock = SYSTEM_CLOCK,
+) -> tuple[PrunePlan, PruneReport | None]:
+    """Scan, plan and (unless ``dry_run``) execute in one call; the plan and the report."""
+    plan = plan_prune(scan_bucket(store, read_expiry=policy.expired), policy, now)
     if dry_run:
-        out.freed = sum(size for _, size in steps)
-        return
-    for name, size in steps:
-        if started is not None and time.monotonic() - started > store.lease_ttl / 2:
-            out.errors.append("stopped: the prune outlasted half the lease's lifetime")
-            return
-        store.objects.delete(name)
-        out.freed += size
+        return plan, None
+    return plan, execute_bucket_plan(store, plan, settle=settle, clock=clock)
+
+
+__all__ = [
+    "REQUEST_TIMEOUT",
+    "default_settle",
+    "execute_bucket_plan",
+    "prune_bucket",
+    "scan_bucket",
+    "scan_bucket_repo",
+]

@@ -108,7 +108,7 @@ def execute_plan(
     report = PruneReport(plan)
     for repo_plan in plan.changes:
         report.repos.append(_RepoPruner(plan, repo_plan, lock_timeout, on_change).run())
-    root = _RootPruner(plan.root, on_change)
+    root = _RootPruner(Path(plan.root), on_change)
     for root_item in plan.root_items:
         try:
             if root.remove(root_item):
@@ -127,8 +127,9 @@ class _RepoPruner:
         on_change: ChangeHook | None,
     ) -> None:
         self.plan = plan
+        self.root = Path(plan.root)  # a local plan: its root is a folder
         self.planned = repo_plan
-        self.layout = RepoLayout(plan.root, repo_plan.repo_id, repo_plan.repo_type)
+        self.layout = RepoLayout(self.root, repo_plan.repo_id, repo_plan.repo_type)
         self.lock_timeout = lock_timeout
         self.on_change = on_change
         self.out = RepoOutcome(repo_plan.folder, repo_plan.repo_id, repo_plan.repo_type)
@@ -182,7 +183,7 @@ class _RepoPruner:
     # -- a whole repo ------------------------------------------------------------------
 
     def _remove_repo(self, fresh: RepoPlan) -> bool:
-        trash = _trash_name(self.plan.root.joinpath(*ROOT_TRASH), self.layout.folder_name)
+        trash = _trash_name(self.root.joinpath(*ROOT_TRASH), self.layout.folder_name)
         self.change("rename-repo", self.layout.path)
         try:
             trash.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +267,7 @@ class _RepoPruner:
                         self.change("unlink-lock", lock_path)
                         with contextlib.suppress(FileNotFoundError):
                             lock_path.unlink()
-                        key = lock_path.relative_to(self.plan.root).as_posix()
+                        key = lock_path.relative_to(self.root).as_posix()
                         if key in locks:
                             self.out.items.append(locks.pop(key))
             except LockBusy:
@@ -276,14 +277,14 @@ class _RepoPruner:
         held = {f"cmh.rev.{c}.lock" for c in removed}
         for name in sorted(held):  # ours: taken above, whether or not the plan listed them
             path = self.layout.locks / name
-            listed = locks.pop(path.relative_to(self.plan.root).as_posix(), None)
+            listed = locks.pop(path.relative_to(self.root).as_posix(), None)
             self.change("unlink-lock", path)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 if listed is not None:
                     self.out.items.append(listed)
         for item in locks.values():
-            path = self.plan.root / item.path
+            path = self.root / item.path
             if leftover_commit(item) in failed:
                 continue
             if path.name in held:
@@ -320,7 +321,7 @@ class _RepoPruner:
         return True
 
     def _attempt_item(self, action: str, item: ItemRemoval, do: Callable[[Path], None]) -> bool:
-        if self._attempt(action, self.plan.root / item.path, do):
+        if self._attempt(action, self.root / item.path, do):
             self.out.items.append(item)
             self.out.freed += item.size
             return True

@@ -15,6 +15,7 @@ modified within :attr:`PrunePolicy.in_flight_grace` (a download in flight).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -152,7 +153,7 @@ class RepoPlan:
 class PrunePlan:
     """What goes from a whole cache or store, judged at ``now``."""
 
-    root: Path
+    root: Path | str
     now: float
     policy: PrunePolicy
     repos: tuple[RepoPlan, ...]
@@ -193,7 +194,7 @@ def plan_prune(scan: CacheScan, policy: PrunePolicy, now: float | None = None) -
     """The plan for ``scan`` under ``policy`` at ``now`` (default: the clock)."""
     at = time.time() if now is None else now
     repo_plans = {r.layout.folder_name: plan_repo(r, policy, at) for r in scan.repos}
-    notes: list[str] = []
+    notes: list[str] = list(scan.notes)
     if policy.max_size is not None:
         evictions = _evict_for_size(scan, repo_plans, policy.max_size)
         for repo in scan.repos:
@@ -237,15 +238,58 @@ def revision_time(repo: RepoScan, commit: str) -> float:
     return max(times, default=0.0)
 
 
+def history_depths(repo: RepoScan) -> dict[str, float] | None:
+    """How far each revision is from the nearest ref head along recorded parents (0 for
+    a commit a ref names; infinity for one no ref reaches, such as the leftover tree of
+    an interrupted import); ``None`` when the store records no parents."""
+    by_commit = {rev.commit: rev for rev in repo.revisions}
+    if not any(rev.parents is not None for rev in repo.revisions):
+        return None
+    depth: dict[str, float] = {}
+    frontier = sorted({r.commit for r in repo.refs if r.commit in by_commit})
+    level = 0
+    while frontier:
+        following: set[str] = set()
+        for commit in frontier:
+            if commit in depth:
+                continue
+            depth[commit] = level
+            following.update(by_commit[commit].parents or ())
+        frontier = sorted(c for c in following if c in by_commit and c not in depth)
+        level += 1
+    return {c: depth.get(c, math.inf) for c in by_commit}
+
+
+def recency(repo: RepoScan) -> dict[str, tuple[float, float]]:
+    """A sort key per revision, larger = more recent: ref history first (nearer a ref
+    head is newer) when the store records it, then :func:`revision_time`."""
+    depths = history_depths(repo)
+    return {
+        rev.commit: (-(depths[rev.commit]) if depths is not None else 0.0,
+                     revision_time(repo, rev.commit))
+        for rev in repo.revisions
+    }  # fmt: skip
+
+
+def protected(repo: RepoScan) -> frozenset[str]:
+    """Commits that go by no rank, age or size: those a ref names in a served store."""
+    if not repo.refs_served:
+        return frozenset()
+    return frozenset(r.commit for r in repo.refs if r.commit is not None)
+
+
 def select_revisions(
     repo: RepoScan, policy: PrunePolicy, now: float, evict: Iterable[str] = ()
 ) -> dict[str, list[str]]:
     """Commits the policies select, each with its reasons."""
     commits = {rev.commit: rev for rev in repo.revisions if rev.is_commit}
     referenced = {r.commit for r in repo.refs if r.commit in commits}
+    kept_anyway = protected(repo)
     reasons: dict[str, list[str]] = {}
 
     def select(commit: str, reason: str) -> None:
+        if commit in kept_anyway and reason != EXPIRED:
+            return
         reasons.setdefault(commit, []).append(reason)
 
     for commit, rev in sorted(commits.items()):
@@ -263,7 +307,8 @@ def select_revisions(
         if policy.older_than is not None and rev.last_activity < now - policy.older_than:
             select(commit, UNUSED)
     if policy.keep_latest is not None:
-        newest = sorted(commits, key=lambda c: (revision_time(repo, c), c), reverse=True)
+        order = recency(repo)
+        newest = sorted(commits, key=lambda c: (order[c], c), reverse=True)
         for commit in newest[policy.keep_latest :]:
             select(commit, BEYOND_KEEP_LATEST)
     for commit in evict:
@@ -496,6 +541,8 @@ class _RepoPlanner:
 
     def _repo_empties(self) -> bool:
         """True when nothing of the repo survives and nothing in it is fresh."""
+        if not self.repo.whole_folder:
+            return False
         if self.kept or self.surviving_refs or self._surviving_etags():
             return False
         going = {i.path for i in self.items}
@@ -532,7 +579,7 @@ def _evict_for_size(
     total = sum(p.size_after for p in plans.values())
     if total <= max_size:
         return {}
-    candidates: list[tuple[float, str, str]] = []
+    candidates: list[tuple[float, float, str, str]] = []
     refcount: dict[str, dict[str, int]] = {}
     repos = {r.layout.folder_name: r for r in scan.repos}
     for folder, plan in plans.items():
@@ -540,18 +587,20 @@ def _evict_for_size(
             continue
         repo = repos[folder]
         counts: dict[str, int] = {}
+        order = recency(repo)
+        kept_anyway = protected(repo)
         for commit in plan.kept:
             rev = repo.revision(commit)
             if rev is None:
                 continue
             for b in rev.blobs:
                 counts[b] = counts.get(b, 0) + 1
-            if rev.is_commit:
-                candidates.append((rev.last_activity, folder, commit))
+            if rev.is_commit and commit not in kept_anyway:
+                candidates.append((order[commit][0], rev.last_activity, folder, commit))
         refcount[folder] = counts
     candidates.sort()
     chosen: dict[str, list[str]] = {}
-    for _, folder, commit in candidates:
+    for _, _, folder, commit in candidates:
         if total <= max_size:
             break
         repo = repos[folder]

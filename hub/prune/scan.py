@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +75,9 @@ class RevisionScan:
     #: A pull-through mirror's record (``.cmh/upstream/{commit}.json``): when its upstream
     #: freshness ends; its links to blobs not yet filled are then not broken.
     upstream_until: float | None = None
+    #: The commit's parents when the store records them (a bucket's tree objects), which
+    #: ranks revisions by ref history rather than by timestamps; ``None`` when unknown.
+    parents: tuple[str, ...] | None = None
 
     @property
     def is_commit(self) -> bool:
@@ -140,6 +144,13 @@ class RepoScan:
     checked: tuple[Entry, ...] = ()
     commit_meta: tuple[Entry, ...] = ()
     upstream_records: tuple[Entry, ...] = ()
+    #: True when what refs name is served to clients (a bucket store's replicas): a commit
+    #: a ref names then goes only by ``--expired --include-referenced``, never by rank,
+    #: age or size.
+    refs_served: bool = False
+    #: True when the repo is a folder that can go in one rename once empty; False where
+    #: each object goes by itself (a bucket), so the plan lists every one.
+    whole_folder: bool = True
 
     @property
     def repo_id(self) -> str:
@@ -164,13 +175,15 @@ class RepoScan:
 class CacheScan:
     """A scan of a whole cache or store root."""
 
-    root: Path
+    root: Path | str  # a folder, or a bucket store's s3:// URL
     scanned_at: float
     repos: tuple[RepoScan, ...]
     strays: tuple[str, ...] = ()
     trash: tuple[Entry, ...] = ()
     orphan_lock_dirs: tuple[Entry, ...] = ()
     read_expiry: bool = field(default=True)
+    #: Repos the scan could not judge (left out of it, so nothing of them goes), and why.
+    notes: tuple[str, ...] = ()
 
     @property
     def revision_count(self) -> int:
@@ -460,24 +473,41 @@ def stamped_expiry(path: str | os.PathLike[str]) -> int | None:
     manifests are not validated (a verifier does that). Unreadable, invalid
     or unstamped files give ``None``: they never expire.
     """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+
+            def read(start: int, length: int) -> bytes:
+                f.seek(start)
+                return f.read(length)
+
+            return stamped_expiry_from(read, size)
+    except OSError:
+        return None
+
+
+def stamped_expiry_from(read: Callable[[int, int], bytes], size: int) -> int | None:
+    """:func:`stamped_expiry` of any ``size``-byte object that ``read(start, length)``
+    reads (a local file, a bucket's blob by range requests). Errors of ``read``
+    propagate; an invalid or unstamped header gives ``None``."""
     from cmh.carrier import KEY_RECORD
     from cmh.errors import CMHError
     from cmh.header import MAX_HEADER_SIZE, METADATA_KEY, PREFIX_SIZE, header_size_from_prefix
     from cmh.record import Record
 
+    if size <= PREFIX_SIZE:
+        return None
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            length = header_size_from_prefix(f.read(PREFIX_SIZE))
-            if length > min(MAX_HEADER_SIZE, size - PREFIX_SIZE):
-                return None
-            header = _json_object(f.read(length))
+        length = header_size_from_prefix(read(0, PREFIX_SIZE))
+        if length > min(MAX_HEADER_SIZE, size - PREFIX_SIZE):
+            return None
+        header = _json_object(read(PREFIX_SIZE, length))
         metadata = header.get(METADATA_KEY) if header is not None else None
         text = metadata.get(KEY_RECORD) if isinstance(metadata, dict) else None
         if not isinstance(text, str):
             return None
         return Record.from_hex(text).expires_at
-    except (CMHError, OSError, ValueError):
+    except (CMHError, ValueError):
         return None
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from mirror_support import MirrorServer, MirrorStore, build_mirror_store, write_tiny_repo
+from motoserver import moto_bucket_fixture, moto_fixture, no_cas_bucket_fixture  # noqa: F401
 
 # One SeaweedFS for the whole session: defined here once (a module importing the
 # fixture itself would get a server of its own, alive until the session ends).

@@ -253,6 +253,11 @@ def total_bytes(bucket: BucketStore) -> int:
     return sum(i.size for i in bucket.objects.list())
 
 
+def blob_bytes(bucket: BucketStore) -> int:
+    """The bytes of every blob (what a prune's ``freed`` counts)."""
+    return sum(i.size for i in bucket.objects.list() if "/blobs/" in i.name)
+
+
 def test_scrub_finds_and_quarantines_a_corrupted_object(
     bucket: BucketStore, tmp_path: Path
 ) -> None:
@@ -288,12 +293,12 @@ def test_prune_frees_what_it_reports_blobs_last(bucket: BucketStore, tmp_path: P
 
     first = bucket.add_folder(sample(tmp_path / "a"), REPO)
     second = bucket.add_folder(sample(tmp_path / "b", "b"), REPO)
-    bucket.add_folder(sample(tmp_path / "c", "c"), REPO, revision="old")
+    third = bucket.add_folder(sample(tmp_path / "c", "c"), REPO, revision="old")
     bucket.objects.put(bucket.ref_name(FOLDER, "gone"), b"f" * 40 + b"\n")  # dangling
     policy = PrunePolicy(keep_latest=1)
-    plan = prune_bucket(bucket, policy, dry_run=True)
-    before = total_bytes(bucket)
-    assert total_bytes(bucket) == before  # a dry run changes nothing
+    plan, _ = prune_bucket(bucket, policy, dry_run=True)
+    before = blob_bytes(bucket)
+    assert blob_bytes(bucket) == before  # a dry run changes nothing
     deleted: list[str] = []
     real_delete = bucket.objects.delete
 
@@ -302,16 +307,19 @@ def test_prune_frees_what_it_reports_blobs_last(bucket: BucketStore, tmp_path: P
         real_delete(name)
 
     bucket.objects.delete = spy  # type: ignore[method-assign]
-    report = prune_bucket(bucket, policy, settle=0.2)
+    _, report = prune_bucket(bucket, policy, settle=0.2)
+    assert report is not None
     repo = report.repos[0]
-    assert set(repo.commits) == {first.commit, second.commit}  # the branch "old" is newest
-    assert repo.refs == ["gone", "main"]
+    # "main" and "old" both name served commits (ref heads): only first, one commit down
+    # main's history, is beyond the latest one, and the dangling ref goes
+    assert [r.commit for r in repo.revisions] == [first.commit]
+    assert [i.path for i in repo.items if i.kind == "ref"] == [f"{FOLDER}/refs/gone"]
     assert report.freed == plan.freed > 0
-    assert before - total_bytes(bucket) == report.freed
-    kinds = [n.split("/")[1] for n in deleted if "/.cmh/" not in n]
+    assert before - blob_bytes(bucket) == report.freed
+    kinds = [n.split("/")[1] for n in deleted if "/.cmh/" not in n and ".cmh/probe" not in n]
     assert kinds == sorted(kinds, key=["refs", "trees", "blobs"].index)  # refs, trees, blobs
     assert not dangling(bucket, FOLDER)
-    assert len(bucket.tree_infos(FOLDER)) == 1
+    assert sorted(bucket.tree_infos(FOLDER)) == sorted({second.commit, third.commit})
     with pytest.raises(ObjectNotFound):
         bucket.objects.head(bucket.lease_name(FOLDER))
 
@@ -323,8 +331,8 @@ def test_prune_skips_a_repo_whose_lease_is_held(bucket: BucketStore, tmp_path: P
     bucket.add_folder(sample(tmp_path / "a"), REPO)
     bucket.add_folder(sample(tmp_path / "b", "b"), REPO)
     bucket.objects.put_if_absent(bucket.lease_name(FOLDER), b"{}")
-    report = prune_bucket(bucket, PrunePolicy(keep_latest=1), settle=0)
-    assert report.repos[0].skipped and report.freed == 0
+    _, report = prune_bucket(bucket, PrunePolicy(keep_latest=1), settle=0)
+    assert report is not None and report.repos[0].skipped and report.freed == 0
     assert len(bucket.tree_infos(FOLDER)) == 2
 
 
@@ -427,16 +435,16 @@ def test_cli_two_mirror_add_processes_at_once_then_ls_scrub_prune(
     bad = json.loads(scrub.stdout)["bad"]
     assert [b["blob"] for b in bad] == [victim.etag] and bad[0]["quarantined_to"]
 
-    before = total_bytes(bucket)
+    before = blob_bytes(bucket)
     dry = cmh(aws_env, "prune", "--store", url, "--keep-latest", "1", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
-    assert total_bytes(bucket) == before
+    assert blob_bytes(bucket) == before
     done = cmh(aws_env, "prune", "--store", url, "--keep-latest", "1", "--settle", "0.2",
                "--yes", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     freed = json.loads(done.stdout)["freed"]
     assert freed == json.loads(dry.stdout)["freed"] > 0
-    assert before - total_bytes(bucket) == freed
+    assert before - blob_bytes(bucket) == freed
     assert list(bucket.tree_infos(FOLDER)) == [head.commit]
 
 
@@ -447,9 +455,9 @@ def test_cli_bucket_errors_are_clear(aws_env: dict[str, str], tmp_path: Path) ->
     assert "no-such-bucket-cmh" in missing.stderr
     bad = cmh(aws_env, "mirror", "add", str(src), "--store", "s3://Bad_Bucket/x", "--repo", REPO)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    unsupported = cmh(aws_env, "prune", "--store", "s3://cmh-test/x", "--max-size", "1GB",
-                      "--dry-run")  # fmt: skip
-    assert unsupported.returncode == 2 and "not supported on a bucket" in unsupported.stderr
+    sized = cmh(aws_env, "prune", "--store", "s3://cmh-test/x", "--max-size", "1GB",
+                "--expired", "--dry-run")  # fmt: skip
+    assert sized.returncode == 0 and "Traceback" not in sized.stderr, sized.stderr
 
 
 def test_serve_refuses_a_missing_bucket_and_a_delivery_the_store_cannot_do(

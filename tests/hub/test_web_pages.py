@@ -64,8 +64,17 @@ def fetch(
 def listed(body: str) -> set[str]:
     """Repo ids on a list page."""
     return set(
-        re.findall(r'<tr data-name="[^"]*">\s*<td><a href="/-/(?:model|dataset)s/([^"]+)"', body)
+        re.findall(
+            r'<tr data-name="[^"]*">\s*<td class="name"><a href="/(?:datasets/)?([^"]+)"', body
+        )
     )
+
+
+def hub_pages(repo_type: str, repo_id: str) -> list[str]:
+    """Every Hub-style page URL of a repo (its README exists on ``main``)."""
+    home = f"/{repo_id}" if repo_type == "model" else f"/datasets/{repo_id}"
+    return [home, f"{home}/", f"{home}/tree/main", f"{home}/blob/main/README.md",
+            f"{home}/commits/main"]  # fmt: skip
 
 
 def api_status(server: MirrorServer, repo_type: str, repo_id: str, token: str | None) -> int:
@@ -82,6 +91,8 @@ def test_pages_and_api_agree_on_every_repo(web_server: MirrorServer, token: str 
         api = api_status(web_server, repo_type, repo_id, token)
         page = fetch(web_server, f"/-/{repo_type}s/{repo_id}", cookie=cookie)[0]
         assert page == api, (repo_id, token)
+        for hub_style in hub_pages(repo_type, repo_id):
+            assert fetch(web_server, hub_style, cookie=cookie)[0] == api, (hub_style, token)
         assert (repo_id in shown) == (api == 200), (repo_id, token)
     assert (PRIVATE in shown) == (token == PRIVATE_TOKEN)
 
@@ -93,6 +104,22 @@ def test_private_repo_answers_like_a_missing_one(web_server: MirrorServer) -> No
     assert private[2] == missing[2]
     file_page = fetch(web_server, f"/-/files/models/{PRIVATE}?path=README.md")
     assert file_page[0] == 404
+    for page, other in zip(
+        hub_pages("model", PRIVATE), hub_pages("model", "acme/no-such-model"), strict=True
+    ):
+        answer, gone = fetch(web_server, page), fetch(web_server, other)
+        assert answer[0] == gone[0] == 404, page
+        assert answer[2] == gone[2], page
+    for facet in ("license=acme-secret-license", "task=acme-secret-task"):
+        _, _, body = fetch(web_server, f"/?{facet}")
+        counts = body.split('id="facets"', 1)[1].split('id="count"', 1)[0]
+        counts = re.sub(r'<p class="chosen".*?</p>', "", counts, flags=re.DOTALL)
+        assert "acme-secret" not in counts, facet  # only the filter asked is echoed
+        assert listed(body) == set()
+    _, _, body = fetch(web_server, "/")
+    assert "acme-secret" not in body
+    _, _, body = fetch(web_server, "/", cookie=f"cmh_token={PRIVATE_TOKEN}")
+    assert "acme-secret-license" in body  # the facet shows for the token that opens the repo
 
 
 def _login_form(server: MirrorServer) -> tuple[str, str]:
@@ -230,7 +257,7 @@ def test_repo_page_shows_card_tags_tree_refs_snippet_fingerprint(
 ) -> None:
     status, _, body = fetch(web_server, f"/-/models/{MINILM}")
     assert status == 200
-    assert "license: apache-2.0" in body and "pipeline_tag: sentence-similarity" in body
+    assert "license: apache-2.0" in body and "task: sentence-similarity" in body
     assert '<article class="card" id="card">' in body
     assert web_store.commits[f"{MINILM}@main"] in body
     assert 'class="badge lfs">LFS' in body
@@ -443,3 +470,250 @@ def test_the_list_sees_a_snapshot_added_to_a_repo_it_read_before(tmp_path: Path)
     assert listed() == ["org/late"]
     (snapshots / ("a" * 40)).rmdir()
     assert listed() == []
+
+
+# -- Hub-style page URLs, previews, facets, chips, parameters, commits ---------------------
+
+
+def test_hub_style_urls_open_the_pages(web_server: MirrorServer, web_store: WebStore) -> None:
+    commit = web_store.commits[f"{TINY}@main"]
+    pages = {
+        f"/{MINILM}": "all-MiniLM-L6-v2",
+        f"/{MINILM}/tree/main/1_Pooling": "1_Pooling/config.json",
+        f"/{TINY}/tree/main/docs/": "notes.md",
+        f"/{TINY}/tree/{commit}": commit,
+        f"/{TINY}/commit/{commit}": commit,
+        f"/{TINY}/blob/main/docs/notes.md": "notes",
+        f"/{TINY}/commits/main": "cmh mirror add",
+        f"/datasets/{DATA}": "train.csv",
+        f"/datasets/{DATA}/blob/main/train.csv": "hello,1",
+        "/models": MINILM,
+        "/datasets": DATA,
+    }
+    for target, text in pages.items():
+        status, headers, body = fetch(web_server, target)
+        assert status == 200, target
+        assert headers["content-type"].startswith("text/html"), target
+        assert headers["content-security-policy"].startswith("default-src 'none'"), target
+        assert text in body, target
+    _, _, body = fetch(web_server, "/datasets")
+    assert listed(body) == {DATA}
+    head = Request(web_server.url + f"/{TINY}/tree/main", method="HEAD")
+    with build_opener(_NoRedirect).open(head, timeout=60) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+        assert r.read() == b""
+    for target, status in {
+        f"/{TINY}/tree/no-such-branch": 404,
+        f"/{TINY}/blob/main/nowhere.txt": 404,
+        f"/{TINY}/tree/main/config.json": 404,  # a file, not a folder
+        f"/{TINY}/blob/main/..%2F..%2Fetc%2Fpasswd": 400,
+        "/acme/no-such-model": 404,
+    }.items():
+        answer, headers, _ = fetch(web_server, target)
+        assert answer == status, target
+        assert headers["content-type"].startswith("text/html"), target
+
+
+#: API targets of every route kind (routes.py) and the content type each answers.
+API_TARGETS = {
+    "/api/models": "application/json",
+    f"/api/models/{TINY}": "application/json",
+    f"/api/models/{TINY}/revision/main": "application/json",
+    f"/api/models/{TINY}/tree/main": "application/json",
+    f"/api/models/{TINY}/tree/main/docs": "application/json",
+    f"/api/models/{TINY}/refs": "application/json",
+    f"/api/models/{TINY}/commits/main": "application/json",
+    f"/api/models/{TINY}/auth-check": "application/json",
+    f"/api/datasets/{DATA}": "application/json",
+    f"/api/datasets/{DATA}/tree/main": "application/json",
+    f"/api/cmh/fingerprint/{TINY}/main": "application/json",
+    f"/{TINY}/resolve/main/config.json": "application/octet-stream",
+    f"/datasets/{DATA}/resolve/main/train.csv": "application/octet-stream",
+    "/health": "application/json",
+    "/metrics": "text/plain",
+}
+#: Targets neither the API nor a page serves: the API's JSON 404, as before.
+API_MISSES = ["/api/nowhere", f"/api/models/{TINY}/blob/main/config.json",
+              f"/{TINY}/resolve/main", "/api", f"/{MINILM}/extra/segments/here"]  # fmt: skip
+
+
+def test_every_api_path_keeps_answering_as_the_api(web_server: MirrorServer) -> None:
+    from cmh.hub.mirror.routes import parse_target
+    from cmh.hub.mirror.web.urls import hub_target
+
+    for target, kind in API_TARGETS.items():
+        parse_target(target)  # the API routes it, so no page is ever asked
+        status, headers, _ = fetch(web_server, target)
+        assert status == 200, target
+        assert headers["content-type"].startswith(kind), (target, headers["content-type"])
+    for target in API_MISSES:
+        status, headers, body = fetch(web_server, target)
+        assert status == 404 and headers["content-type"].startswith("application/json"), target
+        assert json.loads(body)["error"], target
+    assert hub_target(["api", "models", "x"]) is None and hub_target(["-", "x"]) is None
+    status, headers, _ = fetch(web_server, f"/{TINY}", data=b"x")  # POST: not a page
+    assert status == 404 and headers["content-type"].startswith("application/json")
+
+
+def test_hub_target_parsing() -> None:
+    from cmh.hub.mirror.web.urls import HubTarget, RepoUrls, hub_target
+
+    assert hub_target(["org", "name"]) == HubTarget("repo", "model", "org/name")
+    assert hub_target(["gpt2"]) == HubTarget("repo", "model", "gpt2")
+    assert hub_target(["org", "name", "tree", "main", "a", "b"]) == HubTarget(
+        "tree", "model", "org/name", "main", "a/b"
+    )
+    assert hub_target(["org", "name", "tree", "refs/pr/1"]) == HubTarget(
+        "tree", "model", "org/name", "refs/pr/1"
+    )
+    assert hub_target(["org", "name", "blob", "refs", "pr", "2", "x.json"]) == HubTarget(
+        "blob", "model", "org/name", "refs/pr/2", "x.json"
+    )
+    assert hub_target(["datasets", "o", "d", "commits", "v1"]) == HubTarget(
+        "commits", "dataset", "o/d", "v1"
+    )
+    assert hub_target(["gpt2", "tree", "main"]) == HubTarget("tree", "model", "gpt2", "main")
+    assert hub_target(["datasets"]) == HubTarget("list", "dataset")
+    for segs in (["org", "name", "blob", "main"], ["org", "name", "commits", "main", "x"],
+                 ["a", "b", "c"], ["", "x"], ["api"], ["datasets", "api", "x"]):  # fmt: skip
+        assert hub_target(segs) is None, segs
+    urls = RepoUrls("dataset", "o/d")
+    assert urls.tree("refs/pr/1", "a b/c") == "/datasets/o/d/tree/refs%2Fpr%2F1/a%20b/c"
+    assert urls.blob("main", "x.json", verify="1") == "/datasets/o/d/blob/main/x.json?verify=1"
+
+
+def test_text_previews_are_highlighted_and_bounded(web_server: MirrorServer) -> None:
+    _, _, body = fetch(web_server, f"/{MINILM}/blob/main/config.json")
+    preview = body.split('id="preview"', 1)[1].split("</div>", 1)[0]
+    assert '<span class="nt">"model_type"</span>' in preview  # a JSON key token
+    assert 'style="' not in preview  # classes only: the CSP allows no inline style
+    _, _, body = fetch(web_server, f"/{MINILM}/blob/main/README.md")
+    assert 'id="preview-note">Markdown' in body
+    rendered = body.split('id="rendered">', 1)[1].split("</article>", 1)[0]
+    assert "<h1>all-MiniLM-L6-v2</h1>" in rendered and "datasets:" not in rendered
+    _, _, body = fetch(web_server, f"/{EVIL}/blob/main/README.md")  # rendered as safely as a card
+    rendered = body.split('id="rendered">', 1)[1].split("</article>", 1)[0]
+    assert "<script" not in rendered and "&lt;script&gt;" in rendered
+    _, _, body = fetch(web_server, f"/{TINY}/blob/main/README.md")
+    assert "This file shows 1 image from other sites (images.example.org)" in body
+    _, _, body = fetch(web_server, f"/{MINILM}/blob/main/model.safetensors")
+    assert 'id="preview"' not in body and 'id="tensors"' in body
+    status, headers, css = fetch(web_server, "/-/static/highlight.css")
+    assert status == 200 and headers["content-type"].startswith("text/css")
+    assert ".highlight .nt" in css and "prefers-color-scheme: dark" in css
+
+
+def test_text_preview_unit() -> None:
+    import io
+
+    from cmh.hub.mirror.web.preview import MAX_PREVIEW_BYTES, text_preview
+
+    yaml_preview = text_preview("a/conf.yaml", io.BytesIO(b"key: <script>x</script>\n"))
+    assert yaml_preview.language == "YAML" and not yaml_preview.cut
+    assert "<script>" not in (yaml_preview.html or "") and "&lt;script&gt;" in (
+        yaml_preview.html or ""
+    )
+    big = b'{"k": "' + "é".encode() * MAX_PREVIEW_BYTES + b'"}'
+    cut = text_preview("big.json", io.BytesIO(big))
+    assert cut.cut and cut.html is not None and cut.language == "JSON"
+    assert len(cut.html) < 40 * MAX_PREVIEW_BYTES
+    assert text_preview("w.bin", io.BytesIO(b"ab\x00cd")).reason == "binary file: no preview"
+    assert text_preview("l1.txt", io.BytesIO(b"\xff\xfe")).html is None
+    unknown = text_preview("LICENSE-weird.zzz", io.BytesIO(b"plain words"))
+    assert unknown.language == "Text only" and "plain words" in (unknown.html or "")
+    html = text_preview("page.html", io.BytesIO(b"<b>x</b>"))  # a lexer not picked: plain text
+    assert html.language == "Text only" and "&lt;b&gt;" in (html.html or "")
+    fenced = text_preview("README.md", io.BytesIO(b"# T\n\n```python\nimport os\n```\n"))
+    assert fenced.language == "Markdown" and 'class="kn"' not in (fenced.html or "")
+
+
+def test_download_buttons_fetch_the_file(web_server: MirrorServer) -> None:
+    _, _, body = fetch(web_server, f"/{TINY}/blob/main/config.json")
+    href = re.search(r'id="download" href="([^"]+)"', body).group(1)  # type: ignore[union-attr]
+    status, _, data = fetch(web_server, href.replace("&amp;", "&"))
+    assert status == 200 and json.loads(data)["model_type"] == "tiny"
+    _, _, body = fetch(web_server, f"/{TINY}")
+    links = re.findall(r'class="download" href="([^"]+)"', body)
+    assert len(links) == 3  # every file of the root, not the folder
+    for link in links:
+        with build_opener(_NoRedirect).open(web_server.url + link.replace("&amp;", "&")) as r:
+            assert r.status == 200 and r.read()
+    assert 'data-copy="#snippet"' in body
+
+
+def test_facets_filter_the_list(web_server: MirrorServer) -> None:
+    _, _, body = fetch(web_server, "/")
+    task = body.split('id="facet-task"', 1)[1].split("</p>", 1)[0]
+    assert "sentence-similarity" in task
+    lic = body.split('id="facet-license"', 1)[1].split("</p>", 1)[0]
+    assert "apache-2.0" in lic and "mit" in lic
+    cases = {
+        "task=sentence-similarity": {MINILM},
+        "library=sentence-transformers": {MINILM},
+        "license=mit": {EVIL},
+        "tag=safe-tag": {EVIL},
+        "tag=dataset:ms_marco": {MINILM},
+        "license=mit&task=sentence-similarity": set(),
+        "type=dataset&license=apache-2.0": set(),
+        "q=mini&license=apache-2.0": {MINILM},
+    }
+    for query, repos in cases.items():
+        _, _, body = fetch(web_server, f"/?{query}")
+        assert listed(body) == repos, query
+    _, _, body = fetch(web_server, "/?license=mit")
+    assert 'class="chip on"' in body and 'href="/"' in body  # the chosen filter, removable
+    _, _, api = fetch(web_server, "/api/models?pipeline_tag=sentence-similarity")
+    assert [m["id"] for m in json.loads(api)] == [MINILM]  # the API's filter agrees
+
+
+def test_repo_page_chips_link_to_facets_and_fold_long_lists(web_server: MirrorServer) -> None:
+    _, _, body = fetch(web_server, f"/{MINILM}")
+    tags = body.split('id="tags"', 1)[1].split("</ul>", 1)[0]
+    assert '<a href="/?task=sentence-similarity"' in tags
+    assert '<a href="/?license=apache-2.0"' in tags
+    assert '<a href="/?tag=feature-extraction"' in tags
+    assert "ms_marco" not in tags  # the 21 datasets are not chips of the header
+    datasets = body.split('id="datasets"', 1)[1].split("</details>", 1)[0]
+    assert "and 19 more" in datasets and datasets.count("<li>") == 21
+    assert datasets.startswith(">") and "open" not in datasets.split(">", 1)[0]  # folded
+
+
+def test_repo_page_shows_the_api_parameter_count(web_server: MirrorServer) -> None:
+    from cmh.hub.mirror.web.facets import human_count
+
+    _, _, api = fetch(web_server, f"/api/models/{MINILM}?expand[]=safetensors")
+    total = json.loads(api)["safetensors"]["total"]
+    _, _, body = fetch(web_server, f"/{MINILM}")
+    assert f">{human_count(total)} params</span>" in body
+    assert human_count(total) == "22.7M"
+    assert [human_count(n) for n in (950, 1000, 1_250_000, 7_000_000_000)] == [
+        "950", "1K", "1.2M", "7B"
+    ]  # fmt: skip
+
+
+def test_commits_show_message_author_and_date(
+    web_server: MirrorServer, web_store: WebStore
+) -> None:
+    _, _, body = fetch(web_server, f"/{TINY}/commits/main")
+    history = body.split('id="history"', 1)[1].split("</ol>", 1)[0]
+    assert history.count("<li>") == 2  # main and its parent, the first import
+    assert history.count("cmh mirror add") == 2 and 'class="author">cmh mirror<' in history
+    assert web_store.commits[f"{TINY}@main"][:12] in history
+    assert web_store.commits[f"{TINY}@first"][:12] in history
+    _, _, api = fetch(web_server, f"/api/models/{TINY}/commits/main")
+    assert [c["title"] for c in json.loads(api)] == ["cmh mirror add"] * 2
+    _, _, side = fetch(web_server, f"/{TINY}")
+    commits = side.split('id="commits"', 1)[1].split("</ul>", 1)[0]
+    assert "cmh mirror add · cmh mirror" in commits
+
+
+def test_card_images_from_other_sites_are_explained(web_server: MirrorServer) -> None:
+    from web_support import FOREIGN_IMAGE
+
+    _, headers, body = fetch(web_server, f"/{TINY}")
+    assert "img-src 'self' data:" in headers["content-security-policy"]
+    note = body.split('id="foreign-images"', 1)[1].split("</p>", 1)[0]
+    assert "images.example.org" in note and "Content-Security-Policy" in note
+    assert f'href="{FOREIGN_IMAGE}"' in note
+    _, _, body = fetch(web_server, f"/{MINILM}")
+    assert 'id="foreign-images"' not in body

@@ -2,10 +2,13 @@
 
 ``build_web_store(base, minilm_dir)`` imports, with ``cmh.hub.mirror.add_folder``:
 
-- the real MiniLM model, stamped (30 days) and signed, with its model card;
-- ``cmh-test/tiny``: a small stamped model whose stamp expired (``main``) and an
-  older revision (``first``) that the next import left without a ref;
-- ``acme/private-model``: private (opened by :data:`PRIVATE_TOKEN`);
+- the real MiniLM model, stamped (30 days) and signed, with its model card (whose
+  front matter names 21 datasets);
+- ``cmh-test/tiny``: a small stamped model whose stamp expired (``main``, its card
+  shows an image from another site) and an older revision (``first``) that the
+  next import left without a ref;
+- ``acme/private-model``: private (opened by :data:`PRIVATE_TOKEN`), its card with
+  a license and task no other repo has;
 - ``evil/card``: a model card carrying ``<script>``, ``javascript:`` links and
   event-handler attributes, every one of which would set ``window.__pwned``;
 - the dataset ``cmh-test/data``.
@@ -63,6 +66,18 @@ and [data](data:text/html,<script>parent.__pwned=1</script>)
 [a fine link](https://example.org/docs)
 """
 
+#: An image of a card served by another site (the pages' CSP keeps it from loading).
+FOREIGN_IMAGE = "https://images.example.org/logo.png"
+#: The private repo's card: its facet values must never show to a viewer it is closed to.
+PRIVATE_CARD = """---
+license: acme-secret-license
+pipeline_tag: acme-secret-task
+---
+# private model
+
+Only for acme.
+"""
+
 MINILM_CARD_FRONT = """---
 license: apache-2.0
 library_name: sentence-transformers
@@ -114,9 +129,10 @@ def build_web_store(base: Path, minilm_dir: Path) -> WebStore:
     shutil.copytree(minilm_dir, minilm)
     readme = minilm / "README.md"
     text = readme.read_text() if readme.exists() else "# all-MiniLM-L6-v2\n"
-    if text.startswith("---"):
-        text = text.split("---", 2)[2]
-    readme.write_text(MINILM_CARD_FRONT + text)
+    if text.startswith("---") and "\ntags:\n" in text:  # the real card: 21 datasets and all
+        readme.write_text(text.replace("\ntags:\n", "\ntags:\n- cmh-stamped\n", 1))
+    else:
+        readme.write_text(MINILM_CARD_FRONT + text.split("---", 2)[-1])
     cmh.stamp(minilm / "model.safetensors", ttl="30d", sign_key=key)
     add(minilm, MINILM)
 
@@ -127,7 +143,10 @@ def build_web_store(base: Path, minilm_dir: Path) -> WebStore:
     first = commits[f"{TINY}@main"]
     tiny2 = base / "tiny2"
     cmh.stamp(_tiny_weights(tiny2, 2), ttl="1d", now=time.time() - 3 * 86400)
-    (tiny2 / "README.md").write_text("# tiny\n\nversion 2 (its stamp has expired)\n")
+    (tiny2 / "README.md").write_text(
+        "# tiny\n\nversion 2 (its stamp has expired)\n\n"
+        f"![a logo from elsewhere]({FOREIGN_IMAGE})\n"
+    )
     (tiny2 / "docs").mkdir()
     (tiny2 / "docs" / "notes.md").write_text("notes\n")
     add(tiny2, TINY)  # main moves on: the first commit keeps no ref
@@ -135,7 +154,7 @@ def build_web_store(base: Path, minilm_dir: Path) -> WebStore:
 
     private = base / "private"
     _tiny_weights(private, 3)
-    (private / "README.md").write_text("# private model\n\nOnly for acme.\n")
+    (private / "README.md").write_text(PRIVATE_CARD)
     add(private, PRIVATE)
 
     evil = base / "evil"

@@ -40,6 +40,8 @@ class MirrorStore(Protocol):
     kind: str
     #: The ``--blob-delivery`` modes this store can do (the first is the default).
     deliveries: tuple[str, ...]
+    #: Told what a writer waits for (a pruner's lease), for the terminal; None: silent.
+    on_notice: Callable[[str], None] | None
 
     def check(self) -> None:
         """Raise :class:`StoreMissing` / :class:`StoreUnavailable` unless it can be served."""

@@ -79,6 +79,14 @@ class BucketBackedStore:
     def __repr__(self) -> str:
         return f"BucketBackedStore({self.location!r})"
 
+    @property
+    def on_notice(self) -> Callable[[str], None] | None:
+        return self.bucket.on_notice
+
+    @on_notice.setter
+    def on_notice(self, value: Callable[[str], None] | None) -> None:
+        self.bucket.on_notice = value
+
     @staticmethod
     def _folder(repo_type: str, repo_id: str) -> str:
         return repo_folder_name(repo_id, repo_type)

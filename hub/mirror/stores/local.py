@@ -25,6 +25,7 @@ class LocalStore:
     deliveries: tuple[str, ...] = ("proxy", "x-accel")
 
     def __init__(self, root: Path) -> None:
+        self.on_notice: Callable[[str], None] | None = None  # a folder's writers never wait
         self.root = root.resolve() if root.exists() else root.absolute()
         self.location = str(root)
         self.indexes = IndexCache()

@@ -1,8 +1,10 @@
 """The browser pages of ``cmh serve``: routing under ``/`` and ``/-/``, rendering, login.
 
-Pages live at ``/`` (the repo list) and under ``/-/``, a prefix no repo id can
-take (a repo id part starts with a letter or digit), so every Hub API path
-keeps its meaning. Targets are parsed raw, segment by segment, and repo ids,
+Pages live at ``/`` (the repo list), under ``/-/`` (a prefix no repo id can
+take: a repo id part starts with a letter or digit) and at Hub-style URLs
+(``/org/name/tree/main``, :mod:`~cmh.hub.mirror.web.urls`) that the API
+hands over only when it has no route for them, so every Hub API path keeps
+its meaning. Targets are parsed raw, segment by segment, and repo ids,
 revisions and paths are checked by :mod:`cmh.hub.cache.layout` as the API does.
 Page work (store reads, rendering) runs in the executor, off the event loop.
 """
@@ -12,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlencode
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -27,11 +30,25 @@ from ...cache.layout import (
     validate_revision,
 )
 from ..auth import repo_key
+from ..derived import NO_CARD
+from ..history import history, read_record
 from ..index import CommitIndex, repo_exists, resolve_revision
 from ..observe import ROUTE_KEY
 from . import views
-from .cards import Card, read_card
+from .card_images import foreign_images
+from .cards import Card, read_card, render_markdown, split_front_matter
+from .facets import (
+    FACETS,
+    FILTERS,
+    RepoFacets,
+    facet_counts,
+    human_count,
+    matches,
+    repo_facets,
+    tag_groups,
+)
 from .options import WebOptions
+from .preview import MAX_PREVIEW_BYTES, Preview, highlight_css, text_preview
 from .render import render
 from .session import (
     COOKIE_MAX_AGE,
@@ -44,6 +61,7 @@ from .session import (
     valid_token,
     viewer,
 )
+from .urls import HubTarget, RepoUrls, hub_target, list_url
 
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
@@ -60,6 +78,8 @@ PAGE_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 _TYPES = {"models": "model", "datasets": "dataset"}
+#: Commits listed in a repo page's side column (the rest on its commits page).
+MAX_SIDE_COMMITS = 10
 
 
 WEB_KEY = web.AppKey("cmh_web_options", WebOptions)
@@ -75,7 +95,11 @@ class PageError(Exception):
 
 
 def add_routes(app: web.Application, options: WebOptions) -> None:
-    """Register ``/`` and ``/-/...`` on ``app`` (before the API's catch-all route)."""
+    """Register ``/`` and ``/-/...`` on ``app`` (before the API's catch-all route).
+
+    Hub-style page URLs (``/org/name``, ``.../tree/main``) reach :func:`hub_page`
+    from the API's dispatcher, for targets the API has no route for.
+    """
     app[WEB_KEY] = options
     app.router.add_route("*", "/", dispatch)
     app.router.add_route("*", "/-/{tail:.*}", dispatch)
@@ -89,50 +113,101 @@ def _segments(raw_path: str) -> list[str]:
         raise PageError(400, "the address is not valid UTF-8") from None
 
 
-async def dispatch(request: web.Request) -> web.StreamResponse:
-    """Serve one page request; every refusal is a small HTML page with its status."""
+@dataclass(frozen=True)
+class Where:
+    """The repo a page shows, the revision asked (``None``: the default) and a path in it."""
+
+    repo: RepoLayout
+    revision: str | None
+    path: str
+
+
+def _viewer(request: web.Request) -> Viewer:
     from ..app import STORE_KEY
 
-    request[ROUTE_KEY] = "web"
-    state = request.app[STORE_KEY]
-    options = request.app[WEB_KEY]
-    who = viewer(
-        state.policy,
-        options.admin_tokens,
+    return viewer(
+        request.app[STORE_KEY].policy,
+        request.app[WEB_KEY].admin_tokens,
         request.cookies.get(TOKEN_COOKIE),
         request.headers.get("Authorization"),
     )
+
+
+async def _answer(request: web.Request, who: Viewer, route: Any) -> web.StreamResponse:
+    """``await route()``; a :class:`PageError` becomes a small HTML page with its status."""
+    request[ROUTE_KEY] = "web"
     try:
-        segs = _segments(request.raw_path)
-        if segs[:2] == ["-", "login"]:
-            return await _login(request, who)
-        if segs[:2] == ["-", "logout"]:
-            return await _logout(request)
-        if request.method not in ("GET", "HEAD"):
-            raise PageError(405, "method not allowed")
-        if segs == [""]:
-            q = request.query
-            args = (q.get("q", ""), q.get("type", ""), q.get("page", "1"))
-            return await _page(request, who, _list_page, *args)
-        if segs[:2] == ["-", "static"] and len(segs) == 3:
-            return _static(segs[2])
-        if segs == ["-", "operator"]:
-            if not who.admin:
-                raise PageError(403, "the operator page needs an admin token: log in with one")
-            return await _page(request, who, _operator_page)
-        if len(segs) >= 3 and segs[1] in _TYPES:
-            repo = _repo(state.store, _TYPES[segs[1]], segs[2:])
-            return await _page(request, who, _repo_page, repo)
-        if len(segs) >= 4 and segs[1] == "files" and segs[2] in _TYPES:
-            repo = _repo(state.store, _TYPES[segs[2]], segs[3:])
-            return await _page(request, who, _file_page, repo)
-        raise PageError(404, "no such page")
+        response: web.StreamResponse = await route()
+        return response
     except PageError as exc:
         body = render("error.html", _base(request, who, exc.message), status=exc.status)
         return web.Response(
             body=body, status=exc.status, content_type="text/html", charset="utf-8",
             headers=PAGE_HEADERS,
         )  # fmt: skip
+
+
+async def dispatch(request: web.Request) -> web.StreamResponse:
+    """Serve one request for ``/`` or ``/-/...``."""
+    who = _viewer(request)
+    return await _answer(request, who, partial(_route, request, who))
+
+
+async def hub_page(request: web.Request) -> web.StreamResponse | None:
+    """The page a Hub-style URL names (``None``: not a page URL; the API answers 404)."""
+    try:
+        target = hub_target(_segments(request.raw_path))
+    except PageError:
+        return None
+    if target is None:
+        return None
+    who = _viewer(request)
+    return await _answer(request, who, partial(_hub_route, request, who, target))
+
+
+async def _hub_route(request: web.Request, who: Viewer, target: HubTarget) -> web.StreamResponse:
+    from ..app import STORE_KEY
+
+    if target.kind == "list":
+        return await _page(request, who, _list_page, _filters(request, target.repo_type))
+    store = request.app[STORE_KEY].store
+    where = Where(_repo(store, target.repo_type, target.repo_id.split("/")), target.revision,
+                  target.path)  # fmt: skip
+    build = {"repo": _repo_page, "tree": _repo_page, "blob": _file_page}.get(target.kind)
+    return await _page(request, who, build or _commits_page, where)
+
+
+async def _route(request: web.Request, who: Viewer) -> web.StreamResponse:
+    from ..app import STORE_KEY
+
+    state = request.app[STORE_KEY]
+    segs = _segments(request.raw_path)
+    if segs[:2] == ["-", "login"]:
+        return await _login(request, who)
+    if segs[:2] == ["-", "logout"]:
+        return await _logout(request)
+    if request.method not in ("GET", "HEAD"):
+        raise PageError(405, "method not allowed")
+    if segs == [""]:
+        return await _page(request, who, _list_page, _filters(request, None))
+    if segs[:2] == ["-", "static"] and len(segs) == 3:
+        return _static(segs[2])
+    if segs == ["-", "operator"]:
+        if not who.admin:
+            raise PageError(403, "the operator page needs an admin token: log in with one")
+        return await _page(request, who, _operator_page)
+    q = request.query
+    if len(segs) >= 3 and segs[1] in _TYPES:
+        where = Where(
+            _repo(state.store, _TYPES[segs[1]], segs[2:]), q.get("rev"), q.get("path", "")
+        )
+        return await _page(request, who, _repo_page, where)
+    if len(segs) >= 4 and segs[1] == "files" and segs[2] in _TYPES:
+        where = Where(
+            _repo(state.store, _TYPES[segs[2]], segs[3:]), q.get("rev"), q.get("path", "")
+        )
+        return await _page(request, who, _file_page, where)
+    raise PageError(404, "no such page")
 
 
 def _repo(store: Path, repo_type: str, parts: list[str]) -> RepoLayout:
@@ -179,12 +254,18 @@ async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> we
 
 
 def _static(name: str) -> web.Response:
+    if name == "highlight.css":  # Pygments' colours, written by Pygments itself
+        return _static_answer(highlight_css(), STATIC_TYPES[".css"])
     path = STATIC / name
     kind = STATIC_TYPES.get(path.suffix)
     if kind is None or "/" in name or name.startswith(".") or not path.is_file():
         raise PageError(404, "no such file")
+    return _static_answer(path.read_bytes(), kind)
+
+
+def _static_answer(body: bytes, kind: str) -> web.Response:
     return web.Response(
-        body=path.read_bytes(),
+        body=body,
         headers={"Content-Type": kind, "Cache-Control": "max-age=3600",
                  "X-Content-Type-Options": "nosniff"},
     )  # fmt: skip
@@ -193,39 +274,84 @@ def _static(name: str) -> web.Response:
 # -- pages -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ListFilters:
+    """What the repo list is asked for: a name, a type, facet values, a page."""
+
+    query: str = ""
+    kind: str = ""
+    page: str = "1"
+    facets: tuple[tuple[str, str], ...] = ()
+
+    def link(self, **changes: Any) -> str:
+        """This list with some parameters changed (an empty value drops one)."""
+        params = {"q": self.query, "type": self.kind, **dict(self.facets), "page": ""}
+        params.update({k: str(v) for k, v in changes.items()})
+        return list_url(**params)
+
+
+def _filters(request: web.Request, kind: str | None) -> ListFilters:
+    q = request.query
+    asked = kind if kind is not None else q.get("type", "")
+    facets = tuple((name, q.get(name, "")[:200]) for name in FILTERS if q.get(name))
+    return ListFilters(q.get("q", "")[:200], asked if asked in ("model", "dataset") else "",
+                       q.get("page", "1"), facets)  # fmt: skip
+
+
+def _opener(state: Any) -> Any:
+    """How the API opens a blob of the store (inside the store only)."""
+    from ..app import _open_checked
+
+    return partial(_open_checked, state)
+
+
 def _list_page(
-    request: web.Request, who: Viewer, ctx: dict[str, Any], query: str, kind: str, page: str
+    request: web.Request, who: Viewer, ctx: dict[str, Any], filters: ListFilters
 ) -> bytes:
     from ..app import STORE_KEY
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
-    kind = kind if kind in ("model", "dataset") else ""
-    repos = views.visible_repos(state.store, state.policy, who, query[:200], kind)
+    assert state.indexes is not None
+    found = views.visible_repos(state.store, state.policy, who, filters.query, filters.kind)
+    opener = _opener(state)
+    described: list[tuple[RepoLayout, RepoFacets]] = []
+    for repo in found:
+        _, commit = views.default_revision(repo)
+        fields = NO_CARD
+        if commit is not None:
+            try:
+                fields = state.derived.card(state.indexes.get(repo, commit), repo.repo_type, opener)
+            except OSError:
+                fields = NO_CARD
+        described.append((repo, repo_facets(fields, repo.repo_type)))
+    wanted = dict(filters.facets)
+    repos = [(r, f) for r, f in described if matches(f, wanted)]
     pages = max(1, math.ceil(len(repos) / views.PAGE_SIZE))
+    page = filters.page
     number = int(page) if page.isdigit() and 1 <= int(page) <= pages else 1
     chunk = repos[(number - 1) * views.PAGE_SIZE : number * views.PAGE_SIZE]
-    assert state.indexes is not None
     now = time.time()
-    rows = [views.repo_row(r, state.policy, state.indexes, options.stamps, now) for r in chunk]
-
-    def link(n: int) -> str:
-        return "/?" + urlencode({k: v for k, v in (("q", query), ("type", kind), ("page", n)) if v})
-
-    ctx.update(rows=rows, query=query, kind=kind, total=len(repos), page=number, pages=pages,
-               prev=link(number - 1) if number > 1 else None,
-               next=link(number + 1) if number < pages else None, now=now)  # fmt: skip
+    rows = [(views.repo_row(r, state.policy, state.indexes, options.stamps, now), f)
+            for r, f in chunk]  # fmt: skip
+    ctx.update(rows=rows, filters=filters, query=filters.query, kind=filters.kind,
+               total=len(repos), page=number, pages=pages, wanted=wanted,
+               counts=facet_counts(f for _, f in repos), facet_names=FACETS,
+               prev=filters.link(page=number - 1) if number > 1 else None,
+               next=filters.link(page=number + 1) if number < pages else None, now=now,
+               urls=RepoUrls)  # fmt: skip
     return render("list.html", ctx)
 
 
-def _open_repo(request: web.Request, who: Viewer, repo: RepoLayout) -> tuple[str, CommitIndex]:
-    """``(revision, index)`` of the revision asked (``?rev=``), with the API's access rule."""
+def _open_repo(request: web.Request, who: Viewer, where: Where) -> tuple[str, CommitIndex]:
+    """``(revision, index)`` of the revision asked, with the API's access rule."""
     from ..app import STORE_KEY
 
     state = request.app[STORE_KEY]
+    repo = where.repo
     if not who.can_read(state.policy, repo.repo_type, repo.repo_id) or not repo_exists(repo):
         raise PageError(404, "Repository not found")
-    asked = request.query.get("rev")
+    asked = where.revision
     if asked:
         try:
             revision = validate_revision(asked)
@@ -240,13 +366,37 @@ def _open_repo(request: web.Request, who: Viewer, repo: RepoLayout) -> tuple[str
     return revision, state.indexes.get(repo, commit)
 
 
-def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], repo: RepoLayout) -> bytes:
+def _repo_context(
+    request: web.Request, where: Where, revision: str, index: CommitIndex
+) -> dict[str, Any]:
+    """What every page of one repo shows in its header: id, revision, chips, parameters."""
+    from ..app import STORE_KEY
+
+    state = request.app[STORE_KEY]
+    repo = where.repo
+    opener = _opener(state)
+    try:
+        fields = state.derived.card(index, repo.repo_type, opener)
+        params = state.derived.safetensors(index, opener) if repo.repo_type == "model" else None
+    except OSError:
+        fields, params = NO_CARD, None
+    key = repo_key(repo.repo_type, repo.repo_id)
+    return {
+        "repo": repo, "key": key, "revision": revision, "index": index,
+        "private": key in state.policy.private, "urls": RepoUrls(repo.repo_type, repo.repo_id),
+        "chips": tag_groups(fields, repo.repo_type), "params": params, "list_url": list_url,
+        "human_count": human_count, "now": time.time(),
+    }  # fmt: skip
+
+
+def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
     from ..app import STORE_KEY
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
-    revision, index = _open_repo(request, who, repo)
-    directory = request.query.get("path", "").strip("/")
+    repo = where.repo
+    revision, index = _open_repo(request, who, where)
+    directory = where.path.strip("/")
     if directory:
         try:
             validate_relpath(directory)
@@ -263,16 +413,27 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], repo: Rep
             card = read_card(readme.source)
         except OSError:
             card = None
+    ctx.update(_repo_context(request, where, revision, index))
     ctx.update(
-        repo=repo, key=repo_key(repo.repo_type, repo.repo_id), revision=revision, index=index,
-        private=repo_key(repo.repo_type, repo.repo_id) in state.policy.private,
         directory=directory, crumbs=_crumbs(directory),
-        rows=views.tree(index, directory, options.stamps), refs=refs, commits=commits,
-        card=card, stamp=views.stamp_state(index, options.stamps, time.time()),
+        rows=views.tree(index, directory, options.stamps), refs=refs,
+        commits=[(c, read_record(repo, c.commit)) for c in commits[:MAX_SIDE_COMMITS]],
+        more_commits=max(0, len(commits) - MAX_SIDE_COMMITS),
+        card=card, images=foreign_images(card.html) if card else None,
+        stamp=views.stamp_state(index, options.stamps, time.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
-        now=time.time(),
     )  # fmt: skip
     return render("repo.html", ctx)
+
+
+def _commits_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
+    """A revision's history (``/{repo}/commits/{rev}``): message, author, date of each."""
+    revision, index = _open_repo(request, who, where)
+    refs = where.repo.refs_by_name()
+    chain = history(where.repo, index)
+    ctx.update(_repo_context(request, where, revision, index))
+    ctx.update(chain=[(r, sorted(n for n, c in refs.items() if c == r.commit)) for r in chain])
+    return render("commits.html", ctx)
 
 
 def _crumbs(directory: str) -> list[tuple[str, str]]:
@@ -307,10 +468,12 @@ def _fingerprint(request: web.Request, repo: RepoLayout, index: CommitIndex) -> 
     }
 
 
-def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], repo: RepoLayout) -> bytes:
+def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
+    from ..app import STORE_KEY
+
     options = request.app[WEB_KEY]
-    revision, index = _open_repo(request, who, repo)
-    path = request.query.get("path", "")
+    revision, index = _open_repo(request, who, where)
+    path = where.path
     try:
         validate_relpath(path)
     except LayoutError:
@@ -328,11 +491,23 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], repo: Rep
                 raise PageError(503, f"blob unavailable: {exc.strerror}") from None
         else:
             verification = options.stamps.verified(entry.source)
+    preview = None
+    if stamp is None:
+        try:
+            with _opener(request.app[STORE_KEY])(entry) as f:
+                preview = text_preview(entry.path, f)
+        except OSError:
+            preview = Preview(None, reason="the blob cannot be read now")
+    rendered = None
+    if preview is not None and preview.html is not None and path.lower().endswith(".md"):
+        rendered = render_markdown(split_front_matter(preview.text)[1])  # as a card (cards.py)
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    ctx.update(_repo_context(request, where, revision, index))
     ctx.update(
-        repo=repo, key=repo_key(repo.repo_type, repo.repo_id), revision=revision, index=index,
-        entry=entry, stamp=stamp, verification=verification, parent=parent,
-        crumbs=_crumbs(parent), trusted_keys=bool(options.trusted_keys), now=time.time(),
+        entry=entry, stamp=stamp, verification=verification, parent=parent, preview=preview,
+        rendered=rendered, images=foreign_images(rendered) if rendered else None,
+        crumbs=_crumbs(parent), trusted_keys=bool(options.trusted_keys),
+        max_preview=MAX_PREVIEW_BYTES,
     )  # fmt: skip
     return render("file.html", ctx)
 

@@ -1,0 +1,101 @@
+"""What ``cmh prune`` prunes: a local cache or store folder, or a bucket store.
+
+Both give the same :class:`~cmh.hub.prune.scan.CacheScan` for the one planner
+(:func:`~cmh.hub.prune.plan.plan_prune`) and the same
+:class:`~cmh.hub.prune.execute.PruneReport`; :func:`open_target` is the one place
+that tells the kinds apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from .execute import PruneReport, execute_plan
+from .plan import PrunePlan
+from .scan import CacheScan, scan_cache
+
+if TYPE_CHECKING:
+    from ..mirror.bucket import BucketStore, Clock
+
+
+@dataclass(frozen=True)
+class ExecuteOptions:
+    """How a plan is carried out: ``lock_timeout`` for local repo locks, ``settle``
+    (``None``: the default) for bucket leases."""
+
+    lock_timeout: float = 10.0
+    settle: float | None = None
+
+
+class PruneTarget(Protocol):
+    """A cache or store to prune."""
+
+    @property
+    def location(self) -> str: ...
+
+    #: True when carrying out a plan waits a settle period (``--settle`` applies).
+    settles: bool
+
+    def scan(self, *, read_expiry: bool, read_commit_times: bool) -> CacheScan: ...
+
+    def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport: ...
+
+
+@dataclass
+class LocalTarget:
+    """A Hugging Face cache or a mirror store folder (pruned under the stock locks)."""
+
+    root: Path
+    settles = False
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    def scan(self, *, read_expiry: bool, read_commit_times: bool) -> CacheScan:
+        return scan_cache(self.root, read_expiry=read_expiry, read_commit_times=read_commit_times)
+
+    def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport:
+        return execute_plan(plan, lock_timeout=options.lock_timeout)
+
+
+@dataclass
+class BucketTarget:
+    """A bucket store (pruned under per-repo leases, one settle per run)."""
+
+    store: BucketStore
+    clock: Clock | None = None
+    settles = True
+
+    @property
+    def location(self) -> str:
+        return self.store.url
+
+    def scan(self, *, read_expiry: bool, read_commit_times: bool) -> CacheScan:
+        from .bucket import scan_bucket
+
+        return scan_bucket(self.store, read_expiry=read_expiry)
+
+    def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport:
+        from ..mirror.bucket import SYSTEM_CLOCK
+        from .bucket import execute_bucket_plan
+
+        return execute_bucket_plan(self.store, plan, settle=options.settle,
+                                   clock=self.clock or SYSTEM_CLOCK)  # fmt: skip
+
+
+def open_target(
+    location: Path | str, *, on_notice: Callable[[str], None] | None = None
+) -> PruneTarget:
+    """The target ``--cache-dir``/``--store`` names: a folder, or ``s3://...`` (opened
+    with the standard AWS settings; ``on_notice`` hears about leases)."""
+    if isinstance(location, Path):
+        if not location.is_dir():
+            raise NotADirectoryError(20, "No such directory", str(location))
+        return LocalTarget(location)
+    from ..mirror.bucket import open_bucket
+
+    return BucketTarget(open_bucket(location, on_notice=on_notice))

@@ -1,0 +1,186 @@
+"""A real moto S3 server on 127.0.0.1, and a proxy that drops conditional headers.
+
+:class:`MotoServer` runs ``moto_server`` (PyPI ``moto[server]``, of the dev extra; a
+version with conditional writes) on a free 127.0.0.1 port, creates a bucket and stops
+the process it started. :class:`HeaderDroppingProxy` forwards every request to an
+endpoint with ``If-None-Match`` and ``If-Match`` removed: a storage that ignores
+conditional writes, as moto 5.0.0 and some S3 gateways do. moto checks no signature,
+so the requests stay valid once the headers are gone.
+
+Fixtures: ``moto`` (one server per session), ``moto_bucket`` (a fresh prefix, with
+``.url`` and ``.aws_env()`` like ``seaweed_bucket``), ``no_cas_bucket`` (the same
+behind the proxy).
+"""
+
+from __future__ import annotations
+
+import http.client
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.request import Request, urlopen
+
+import pytest
+
+BUCKET = "cmh-moto"
+ACCESS_KEY = "moto-access"
+SECRET_KEY = "moto-secret"
+REGION = "us-east-1"
+DROPPED = frozenset({"if-none-match", "if-match"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_moto() -> str | None:
+    """``moto_server`` beside this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / "moto_server"
+    return str(beside) if beside.is_file() else shutil.which("moto_server")
+
+
+class MotoServer:
+    """``moto_server`` on a free 127.0.0.1 port with :data:`BUCKET` created."""
+
+    def __init__(self, log: Path, binary: str) -> None:
+        self.port = _free_port()
+        self.log = log
+        with open(log, "ab") as out:
+            self.process = subprocess.Popen(
+                [binary, "-H", "127.0.0.1", "-p", str(self.port)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
+                return
+            except OSError as exc:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"moto_server did not start: {log.read_text()[-2000:]}"
+                    ) from exc
+                time.sleep(0.2)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class HeaderDroppingProxy:
+    """A pass-through HTTP proxy on 127.0.0.1 that removes conditional-write headers."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        target = (host, int(port))
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in DROPPED}
+                conn = http.client.HTTPConnection(*target, timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    """A bucket behind an endpoint and a prefix no other test uses."""
+
+    endpoint: str
+    name: str
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.name}/{self.prefix}"
+
+    def aws_env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+        }
+
+
+@pytest.fixture(scope="session", name="moto")
+def moto_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """One moto server for the session."""
+    binary = find_moto()
+    if binary is None:
+        pytest.skip("moto_server is not installed (dev extra: pip install -e '.[dev]')")
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log", binary)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(name="moto_bucket")
+def moto_bucket_fixture(moto: MotoServer) -> S3Bucket:
+    return S3Bucket(moto.endpoint, BUCKET, f"t-{uuid.uuid4().hex[:12]}/")
+
+
+@pytest.fixture(name="no_cas_bucket")
+def no_cas_bucket_fixture(moto: MotoServer) -> Iterator[S3Bucket]:
+    """moto behind :class:`HeaderDroppingProxy`: a storage without conditional writes."""
+    proxy = HeaderDroppingProxy(moto.endpoint)
+    try:
+        yield S3Bucket(proxy.endpoint, BUCKET, f"t-{uuid.uuid4().hex[:12]}/")
+    finally:
+        proxy.stop()

@@ -1,0 +1,179 @@
+"""Concurrent ``mirror add`` into a bucket, and storages without conditional writes.
+
+On storages that honour ``If-None-Match``/``If-Match`` (SeaweedFS and moto, both real
+servers started by the tests) 20 racing pairs of imports lose no commit. On a storage
+that ignores them (moto behind a proxy that drops the two headers) every import is
+refused before its first write, exit status 2, with a message naming the endpoint and
+the missing feature.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from bucket_support import Bucket, history, open_store, use_bucket
+from cli_support import CMH
+from cmh.hub.mirror.bucket import BucketStore, ConditionalWritesUnsupported
+from cmh.hub.mirror.objectstore import ObjectStore
+
+PAIRS = 20
+PARALLEL_PAIRS = 4
+
+
+@pytest.fixture(params=["seaweed", "moto"])
+def conformant(request: pytest.FixtureRequest) -> Bucket:
+    bucket: Bucket = request.getfixturevalue(f"{request.param}_bucket")
+    return bucket
+
+
+def write_src(root: Path, tag: str) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "config.json").write_text(f'{{"tag": "{tag}"}}')
+    (root / "sub" / "notes.txt").write_text(f"notes {tag}\n")
+    return root
+
+
+def race_pair(url: str, repo: str, sources: tuple[Path, Path]) -> list[object]:
+    """Two imports into ``repo`` released at once, each with its own client; their
+    results (or the exception each raised)."""
+    barrier = threading.Barrier(2)
+    out: list[object] = [None, None]
+
+    def run(i: int) -> None:
+        store = BucketStore.open(url, write_window=5.0, lease_poll=0.1)
+        barrier.wait()
+        try:
+            out[i] = store.add_folder(sources[i], repo)
+        except Exception as exc:  # kept for the assertions
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def test_racing_imports_lose_no_commit(
+    conformant: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_bucket(conformant, tmp_path, monkeypatch)
+    store = open_store(conformant)
+    seeded = write_src(tmp_path / "seed", "seed")
+    jobs = []
+    for i in range(PAIRS):
+        repo = f"cmh-test/race-{i}"
+        if i % 2:  # half the repos already have a commit
+            store.add_folder(seeded, repo)
+        a = write_src(tmp_path / f"a{i}", f"a{i}")
+        b = write_src(tmp_path / f"b{i}", f"b{i}")
+        jobs.append((repo, (a, b)))
+    with ThreadPoolExecutor(PARALLEL_PAIRS) as pool:
+        results = list(pool.map(lambda job: race_pair(conformant.url, *job), jobs))
+    lost = []
+    for (repo, _), pair in zip(jobs, results, strict=True):
+        folder = store.folder(repo, "model")
+        kept = history(store, folder)
+        for result in pair:
+            assert not isinstance(result, BaseException), result
+            assert result.created and result.ref_moved  # type: ignore[attr-defined]
+            if result.commit not in kept:  # type: ignore[attr-defined]
+                lost.append((repo, result))
+    assert lost == []
+
+
+def test_racing_cli_imports_lose_no_commit(
+    conformant: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = use_bucket(conformant, tmp_path, monkeypatch)
+    sources = [write_src(tmp_path / f"s{i}", f"s{i}") for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                str(CMH),
+                "mirror",
+                "add",
+                str(src),
+                "--store",
+                conformant.url,
+                "--repo",
+                "cmh-test/cli-race",
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for src in sources
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    store = open_store(conformant)
+    kept = history(store, store.folder("cmh-test/cli-race", "model"))
+    commits = [json.loads(out)["commit"] for out, _ in outs]
+    assert set(commits) <= set(kept) and len(set(commits)) == 2
+
+
+def test_storage_without_conditional_writes_is_refused(
+    no_cas_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = use_bucket(no_cas_bucket, tmp_path, monkeypatch)
+    src = write_src(tmp_path / "src", "x")
+    proc = subprocess.run(
+        [str(CMH), "mirror", "add", str(src), "--store", no_cas_bucket.url, "--repo", "o/n"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    endpoint = env["AWS_ENDPOINT_URL"]
+    assert endpoint in proc.stderr
+    assert "does not honour conditional writes" in proc.stderr
+    assert "If-None-Match" in proc.stderr and "If-Match" in proc.stderr
+    assert "(new commit)" not in proc.stdout
+    # Nothing was written: the probe's scratch key is gone too.
+    objects = ObjectStore.open(no_cas_bucket.url)
+    assert list(objects.list("")) == []
+
+
+def test_no_silent_success_without_conditional_writes(
+    no_cas_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_bucket(no_cas_bucket, tmp_path, monkeypatch)
+    jobs = [
+        (f"cmh-test/nocas-{i}",
+         (write_src(tmp_path / f"a{i}", f"a{i}"), write_src(tmp_path / f"b{i}", f"b{i}")))
+        for i in range(PAIRS)
+    ]  # fmt: skip
+    with ThreadPoolExecutor(PARALLEL_PAIRS) as pool:
+        results = [r for pair in pool.map(lambda j: race_pair(no_cas_bucket.url, *j), jobs)
+                   for r in pair]  # fmt: skip
+    successes = [r for r in results if not isinstance(r, ConditionalWritesUnsupported)]
+    assert successes == []
+    assert list(ObjectStore.open(no_cas_bucket.url).list("")) == []
+
+
+def test_prune_refuses_a_storage_without_conditional_writes(
+    no_cas_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = use_bucket(no_cas_bucket, tmp_path, monkeypatch)
+    store = open_store(no_cas_bucket)
+    store._conditional_writes_checked = True  # to build a repo there at all (test only)
+    for tag in ("a", "b"):
+        store.add_folder(write_src(tmp_path / tag, tag), "o/n")
+    before = sorted(i.name for i in store.objects.list(""))
+    proc = subprocess.run(
+        [str(CMH), "prune", "--store", no_cas_bucket.url, "--keep-latest", "1", "--settle", "0",
+         "--yes"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "does not honour conditional writes" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(i.name for i in store.objects.list("")) == before  # nothing deleted
