@@ -87,7 +87,8 @@ class MirrorState:
     def __post_init__(self) -> None:
         root = self.backend.local_root()
         self.store = (root or Path(os.devnull)).resolve()
-        self.indexes = self.indexes or IndexCache()
+        # one cache of commit indexes for the API and the pages (the store's own, if any)
+        self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
