@@ -205,6 +205,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep bench-work/semantic/")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
+    # stamp check records (cmh.checks) of the bench's files stay in its work folder
+    os.environ.setdefault("CMH_CHECKS_DIR", str(WORK / "stamp-checks"))
     print(f"cores: {os.cpu_count()}, {SHARDS} shards, 291 BF16 tensors, sparse tensor bytes")
 
     # 1. setup: write both twins, stamp one (hashes every byte once).

@@ -640,7 +640,10 @@ def _print_semantic(path: str, fields: dict[str, Any]) -> None:
         if isinstance(value, dict):
             click.echo(f"  {name}:")
             for sub, item in value.items():
-                if item is not None:
+                if isinstance(item, list):  # missing_code: reasons, when there are any
+                    for reason in item:
+                        click.echo(f"    {sub}: {reason}")
+                elif item is not None:
                     click.echo(f"    {sub}: {item}")
         elif isinstance(value, list):
             click.echo(f"  {name}: {', '.join(str(v) for v in value) or '(none)'}")

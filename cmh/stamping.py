@@ -34,6 +34,7 @@ from .carrier import (
     read_carrier,
     user_metadata,
 )
+from .checks import checked_fingerprint, record_check
 from .digests import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
 from .duration import TTL, ttl_seconds
 from .errors import CMHError, StampError
@@ -207,10 +208,12 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             values, record, signer = _new_values(job, new_header, digests)
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
             set_mtime_to_stamp(tmp, job.stamped_at)
+            written = os.fstat(dst.fileno())
     except BaseException as exc:
         if isinstance(exc, OSError):
             raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
         raise
+    record_own_stamp(target, written, record.fingerprint)
     write_seconds = time.perf_counter() - started - hash_seconds
     return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)
 
@@ -221,10 +224,31 @@ def set_mtime_to_stamp(path: str, stamped_at: int) -> None:
     os.utime(path, ns=(time.time_ns(), stamped_at * 1_000_000_000))
 
 
+def record_own_stamp(target: str, written: os.stat_result, fingerprint: bytes) -> None:
+    """Write the check record (:mod:`cmh.checks`) of a file this process just stamped.
+
+    ``written`` is the file as this process left it (after its mtime was set): a
+    write since then (another inode, size or mtime) gets no record, and the file
+    is hashed by readers until it is checked again.
+    """
+    try:
+        now = os.stat(target)
+    except OSError:
+        return
+    if (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns) == (
+        written.st_ino,
+        written.st_dev,
+        written.st_size,
+        written.st_mtime_ns,
+    ):
+        record_check(target, fingerprint)
+
+
 def _changed(before: os.stat_result, after: os.stat_result) -> bool:
-    return (before.st_size, before.st_mtime_ns, before.st_ino) != (
+    return (before.st_size, before.st_mtime_ns, before.st_ctime_ns, before.st_ino) != (
         after.st_size,
         after.st_mtime_ns,
+        after.st_ctime_ns,
         after.st_ino,
     )
 
@@ -275,30 +299,53 @@ def _process_alive(pid: int) -> bool:
 
 def _stamp_in_place(job: _StampJob) -> StampResult:
     target, header, xxh3 = job.target, job.header, job.xxh3
+    before = os.stat(target)  # the concurrent-write check of the first stamp, here too
     hash_started = time.perf_counter()
     digests = hash_tensors(target, header, xxh3=xxh3, threads=job.threads, progress=job.progress)
     hash_seconds = time.perf_counter() - hash_started
     values, record, signer = _new_values(job, header, digests)
     try:
-        write_values_in_place(target, header, values)
-    except StampError:
+        written = write_values_in_place(
+            target, header, values, unchanged_since=before, stamped_at=job.stamped_at
+        )
+    except _NotInPlace:
         # The values could not be located unambiguously: fall back to a full rewrite.
         return _stamp_rewrite(job)
-    set_mtime_to_stamp(target, job.stamped_at)
+    record_own_stamp(target, written, record.fingerprint)
     write_seconds = time.perf_counter() - hash_started - hash_seconds
     return StampResult(target, record, tuple(digests), True, signer, hash_seconds, write_seconds)
 
 
-def write_values_in_place(target: str, header: Header, values: dict[str, str]) -> None:
-    """Overwrite fixed-width ``cmh*`` values of ``target`` in place.
+class _NotInPlace(StampError):
+    """The values cannot be overwritten in place (no slot of their width, ambiguous)."""
+
+
+def write_values_in_place(
+    target: str,
+    header: Header,
+    values: dict[str, str],
+    *,
+    unchanged_since: os.stat_result | None = None,
+    stamped_at: int | None = None,
+) -> os.stat_result:
+    """Overwrite fixed-width ``cmh*`` values of ``target`` in place; return its stat after.
 
     Manifests are written and synced first, the record and signature last, so
-    a torn write is caught by the record's check or by the root.
+    a torn write is caught by the record's check or by the root. With
+    ``unchanged_since`` (the file's stat before its tensors were hashed), a file
+    written since then is refused and nothing is written (a restamp would
+    otherwise describe bytes it did not hash). With ``stamped_at``, the mtime is
+    set to it through the open file once the values are written.
     """
     record_keys = {KEY_RECORD, KEY_SIGNATURE, KEY_KEY_ID}
-    first = _substitute(header, {k: v for k, v in values.items() if k not in record_keys})
-    final = _substitute(header, values)
+    try:
+        first = _substitute(header, {k: v for k, v in values.items() if k not in record_keys})
+        final = _substitute(header, values)
+    except StampError as exc:
+        raise _NotInPlace(str(exc)) from exc
     with open(target, "r+b") as f:
+        if unchanged_since is not None and _changed(unchanged_since, os.fstat(f.fileno())):
+            raise StampError(f"{target}: file changed while it was stamped; nothing written")
         current = os.pread(f.fileno(), header.header_size, PREFIX_SIZE)
         if current != header.raw:
             raise StampError(f"{target}: header changed while it was stamped; nothing written")
@@ -307,6 +354,9 @@ def write_values_in_place(target: str, header: Header, values: dict[str, str]) -
             os.fsync(f.fileno())
         os.pwrite(f.fileno(), final, PREFIX_SIZE)
         os.fsync(f.fileno())
+        if stamped_at is not None:
+            os.utime(f.fileno(), ns=(time.time_ns(), stamped_at * 1_000_000_000))
+        return os.fstat(f.fileno())
 
 
 def _substitute(header: Header, values: dict[str, str]) -> bytes:
@@ -372,5 +422,9 @@ def sign(path: str | os.PathLike[str], sign_key: Ed25519PrivateKey) -> StampResu
         KEY_SIGNATURE: signature.hex(),
         KEY_KEY_ID: signer,
     }
-    write_values_in_place(target, header, values)
+    before = os.stat(target)
+    was_checked = checked_fingerprint(target)[0] == old.fingerprint
+    written = write_values_in_place(target, header, values, unchanged_since=before)
+    if was_checked:  # only the signature changed: the bytes checked before still are
+        record_own_stamp(target, written, record.fingerprint)
     return StampResult(target, record, (), in_place=True, signer_key_id=signer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import time
@@ -160,6 +161,7 @@ def _judge(
         if fallback is not None:
             notes.append(fallback)
             fast, mode = False, "full"
+    before = os.stat(path)
     digests = hash_tensors(
         path, header, sha256=not fast, xxh3=fast, threads=threads, progress=progress
     )
@@ -190,6 +192,8 @@ def _judge(
         root = file_root(root_entries(header.tensors, sha), user_metadata(header.metadata))
         if root != record.fingerprint:
             problems.append(_p(Outcome.ROOT_MISMATCH, "fingerprint root does not match the record"))
+    if not fast and carrier.sha256 is not None and not mismatched and not problems:
+        _record_checked(path, before, record.fingerprint)
     signer, checked = _judge_signature(carrier, trusted_keys, require_signature, problems, notes)
     expired = record.is_expired(at)
     if expired:
@@ -215,6 +219,16 @@ def _judge(
 
 
 _ORDER = list(Outcome)
+
+
+def _record_checked(path: str, before: os.stat_result, fingerprint: bytes) -> None:
+    """Every tensor hashed to its SHA-256 manifest entry and the root holds: write the
+    check record (:mod:`cmh.checks`) unless the file changed while it was read."""
+    from .checks import FileVersion, record_check
+
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        if FileVersion.of(os.fstat(f.fileno())) == FileVersion.of(before):
+            record_check(path, fingerprint, fd=f.fileno())
 
 
 def _full_instead_of_fast(carrier: Carrier, checks_signature: bool) -> str | None:

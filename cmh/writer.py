@@ -31,7 +31,7 @@ from .errors import CMHError, StampError
 from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
 from .signing import key_id, sign_record
-from .stamping import set_mtime_to_stamp
+from .stamping import record_own_stamp, set_mtime_to_stamp
 
 _NUMPY_DTYPES = {
     "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
@@ -200,8 +200,10 @@ def save_file(
                 f.write(final)
             f.flush()  # nothing may be written after the mtime is set
             set_mtime_to_stamp(f.name, stamped_at)
+            written = os.fstat(f.fileno())
     except BaseException as exc:
         if isinstance(exc, OSError):
             raise StampError(f"{target}: could not write: {exc}") from exc
         raise
+    record_own_stamp(target, written, record.fingerprint)
     return SaveResult(target, record, signer)

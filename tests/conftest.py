@@ -17,6 +17,15 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 
 
+@pytest.fixture(autouse=True)
+def _private_check_records(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stamp check records (cmh.checks) of files outside a Hub cache go to a folder per
+    test, never to the user's ~/.cache."""
+    monkeypatch.setenv("CMH_CHECKS_DIR", str(tmp_path_factory.mktemp("stamp-checks")))
+
+
 @pytest.fixture
 def make_file(tmp_path: Path) -> Callable[..., Path]:
     """Write a synthetic safetensors file and return its path."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import struct
@@ -229,6 +230,7 @@ def test_minilm_tokenizer_canonical_content(minilm_copy: Path) -> None:
 
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (minilm_copy / name).unlink()
+    (minilm_copy / "data_config.json").unlink()  # unknown files count for the tokenizer too
     bare = fingerprint(minilm_copy)
     assert bare.tokenizer is None
     with pytest.raises(CacheKindError, match="no tokenizer"):
@@ -249,9 +251,9 @@ def test_stamped_weights_come_from_headers_only(minilm_copy: Path) -> None:
     assert stamped.weights == hashed.weights  # the stamp claims the same identity
 
     overwrite_tensor_bytes(path, "embeddings.word_embeddings.weight")
-    after = fingerprint(minilm_copy)  # the write left a later mtime: the stamp is not used
+    after = fingerprint(minilm_copy)  # another file version than the checked one: hashed
     assert after.hashed_files == ("model.safetensors",)
-    assert "modified after it was stamped" in dict(after.untrusted_stamps)["model.safetensors"]
+    assert "written since it was checked" in dict(after.untrusted_stamps)["model.safetensors"]
     assert after.weights == cmh.directory_identity(minilm_copy).hex != stamped.weights
     assert not cmh.verify(path).ok
 
@@ -409,7 +411,7 @@ def test_from_dict_rejects_inconsistent_input(minilm_dir: Path) -> None:
         ("tensor_count", -1, "tensor_count"),
         ("files", "model.safetensors", "files"),
         ("untrusted_stamps", ["model.safetensors"], "untrusted_stamps"),
-        ("base", {"format": "cmh-semantic-v2"}, "graph"),
+        ("base", {"format": "cmh-semantic-v3"}, "graph"),
     ]:
         with pytest.raises(FingerprintFormatError, match=message):
             ModelFingerprint.from_dict({**data, key: value})
@@ -519,10 +521,11 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     """The vectors of spec/semantic.md, computed from the spec's formulas and by the library."""
     from cmh.header import TensorEntry
     from cmh.semantic.canonical import (
+        TOKENIZER_DOMAIN,
         adapter_config_hash,
         config_hash,
+        files_hash,
         kv_config_hash,
-        tokenizer_hash,
     )
     from cmh.semantic.model import key_id
     from cmh.semantic.tensors import graph_hash
@@ -549,9 +552,8 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"toy",'
         b'"rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
     )
-    config = hashlib.sha256(b"CMH-SEM-CONFIG-v2\n" + reduced).hexdigest()
-    kv_reduced = reduced.replace(b'"eos_token_id":2,', b"")
-    kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v2\n" + kv_reduced).hexdigest()
+    config = hashlib.sha256(b"CMH-SEM-CONFIG-v3\n" + reduced).hexdigest()
+    kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v3\n" + reduced).hexdigest()  # eos kept
     source = {
         "model_type": "toy",
         "hidden_size": 8,
@@ -565,8 +567,11 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     assert config_hash(source) == config and config in spec
     assert kv_config_hash(source) == kv_config and kv_config in spec
 
-    adapter_reduced = b'{"lora_alpha":16,"peft_type":"LORA","target_modules":["q_proj","v_proj"]}'
-    adapter = hashlib.sha256(b"CMH-SEM-ADAPTER-CONFIG-v2\n" + adapter_reduced).hexdigest()
+    adapter_reduced = (
+        b'{"init_lora_weights":"pissa","lora_alpha":16,"peft_type":"LORA",'
+        b'"target_modules":["q_proj","v_proj"]}'
+    )
+    adapter = hashlib.sha256(b"CMH-SEM-ADAPTER-CONFIG-v3\n" + adapter_reduced).hexdigest()
     adapter_source = {
         "peft_type": "LORA",
         "r": 8,
@@ -574,6 +579,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         "target_modules": ["v_proj", "q_proj"],
         "use_dora": False,
         "lora_dropout": 0.1,
+        "init_lora_weights": "pissa",
     }
     assert adapter_config_hash(adapter_source) == adapter and adapter in spec
 
@@ -583,7 +589,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     )
     canonical_tc = b'{"do_lower_case":true,"model_max_length":512}'
     tokenizer = hashlib.sha256(
-        b"CMH-SEM-TOKENIZER-v1\n"
+        b"CMH-SEM-TOKENIZER-v3\n"
         + struct.pack("<I", 2)
         + lp(b"tokenizer_config.json")
         + struct.pack("<Q", len(canonical_tc))
@@ -593,10 +599,10 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         + b"[PAD]\n"
     ).hexdigest()
     files = [(n, str(tmp_path / n)) for n in ("vocab.txt", "tokenizer_config.json")]
-    assert tokenizer_hash(files) == tokenizer and tokenizer in spec
+    assert files_hash(TOKENIZER_DOMAIN, files) == tokenizer and tokenizer in spec
 
     kv = hashlib.sha256(
-        b"CMH-SEM-KEY-v2\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"") + lp(b"")
+        b"CMH-SEM-KEY-v3\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"") + lp(b"")
     ).hexdigest()
     assert key_id("kv", "a" * 64, "", "", "", "") == kv and kv in spec
 
@@ -637,27 +643,36 @@ def test_stamped_and_unstamped_copies_compare_equal(tmp_path: Path) -> None:
 
 
 def test_every_stamp_writer_leaves_a_trusted_stamp(tmp_path: Path) -> None:
-    """cmh.stamp (first and in place) and cmh.save_file set the mtime to stamped_at."""
+    """cmh.stamp (first and in place) and cmh.save_file leave a check record (and the mtime
+    at stamped_at); a clock running ahead does not matter, an edit does."""
     first = write_model(tmp_path / "first", tensors())
     path = first / "model.safetensors"
     record = cmh.stamp(path).record
     assert path.stat().st_mtime_ns == record.stamped_at * 1_000_000_000
-    assert fingerprint(first).hashed_files == ()
+    original = fingerprint(first)
+    assert original.hashed_files == ()
     again = cmh.stamp(path, now=record.stamped_at - 5)
     assert again.in_place
     assert path.stat().st_mtime_ns == (record.stamped_at - 5) * 1_000_000_000
     assert fingerprint(first).hashed_files == ()
-    cmh.stamp(path, now=time.time() + 3600)  # a clock an hour ahead
-    ahead = fingerprint(first)
-    assert ahead.hashed_files == ("model.safetensors",)
-    assert "stamped in the future" in dict(ahead.untrusted_stamps)["model.safetensors"]
+    cmh.stamp(path, now=time.time() + 3600)  # a clock an hour ahead: the stamper checked
+    ahead = fingerprint(first)  # the bytes, so its record stands whatever the clock said
+    assert ahead.hashed_files == ()
+    with open(path, "r+b") as f:  # an edit inside that hour, mtime set back
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)[0]
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last ^ 1]))
+    os.utime(path, ns=(path.stat().st_atime_ns, (record.stamped_at - 5) * 1_000_000_000))
+    edited = fingerprint(first)
+    assert edited.hashed_files == ("model.safetensors",)
 
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "config.json").write_text(json.dumps(CONFIG))
     cmh.save_file(tensors(), saved / "model.safetensors", {"format": "pt"}, ttl="30d")
     fp = fingerprint(saved)
-    assert fp.hashed_files == () and fp.weights == fingerprint(first).weights
+    assert fp.hashed_files == () and fp.weights == original.weights
 
 
 @pytest.mark.parametrize(

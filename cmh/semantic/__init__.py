@@ -18,17 +18,20 @@ from __future__ import annotations
 
 from .canonical import (
     ADAPTER_CONFIG_DROPPED,
-    CODE_PATTERNS,
     CONFIG_DROPPED,
     KV_CONFIG_DROPPED,
     LORA_DEFAULTS,
     PROCESSOR_FILES,
     TOKENIZER_DROPPED,
-    TOKENIZER_FILES,
-    TOKENIZER_PATTERNS,
     canonical_json,
 )
 from .errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
+from .files import (
+    CODE_PATTERNS,
+    INERT_PATTERNS,
+    SENTENCE_TRANSFORMERS_PATTERNS,
+    TOKENIZER_ONLY_PATTERNS,
+)
 from .model import CACHE_KINDS, FORMAT, ModelFingerprint
 from .reader import fingerprint, fingerprint_files
 from .task import task_from_class
@@ -40,12 +43,13 @@ __all__ = [
     "CODE_PATTERNS",
     "CONFIG_DROPPED",
     "FORMAT",
+    "INERT_PATTERNS",
     "KV_CONFIG_DROPPED",
     "LORA_DEFAULTS",
     "PROCESSOR_FILES",
+    "SENTENCE_TRANSFORMERS_PATTERNS",
     "TOKENIZER_DROPPED",
-    "TOKENIZER_FILES",
-    "TOKENIZER_PATTERNS",
+    "TOKENIZER_ONLY_PATTERNS",
     "CacheKindError",
     "FingerprintFormatError",
     "ModelFingerprint",

@@ -10,7 +10,6 @@ strings. Fields that do not change what a model computes are dropped first
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import math
@@ -23,12 +22,17 @@ import rfc8785
 
 from .errors import NotAModelError
 
-CONFIG_DOMAIN = b"CMH-SEM-CONFIG-v2\n"
-KV_CONFIG_DOMAIN = b"CMH-SEM-KV-CONFIG-v2\n"
-ADAPTER_CONFIG_DOMAIN = b"CMH-SEM-ADAPTER-CONFIG-v2\n"
-TOKENIZER_DOMAIN = b"CMH-SEM-TOKENIZER-v1\n"
-PROCESSOR_DOMAIN = b"CMH-SEM-PROCESSOR-v1\n"
-CODE_DOMAIN = b"CMH-SEM-CODE-v1\n"
+CONFIG_DOMAIN = b"CMH-SEM-CONFIG-v3\n"
+KV_CONFIG_DOMAIN = b"CMH-SEM-KV-CONFIG-v3\n"
+ADAPTER_CONFIG_DOMAIN = b"CMH-SEM-ADAPTER-CONFIG-v3\n"
+TOKENIZER_DOMAIN = b"CMH-SEM-TOKENIZER-v3\n"
+PROCESSOR_DOMAIN = b"CMH-SEM-PROCESSOR-v3\n"
+CODE_DOMAIN = b"CMH-SEM-CODE-v3\n"
+EMBEDDING_DOMAIN = b"CMH-SEM-EMBEDDING-v3\n"
+
+#: ``config.json`` members that decide which tokenizer class transformers builds (and
+#: whose code it runs): the only part of ``config.json`` in the ``tokenizer`` id.
+TOKENIZER_CONFIG_MEMBERS: tuple[str, ...] = ("auto_map", "model_type", "tokenizer_class")
 
 MAX_JSON_SIZE = 64 << 20
 MAX_SMALL_FILE_SIZE = 512 << 20
@@ -81,48 +85,11 @@ CONFIG_DROPPED: frozenset[str] = frozenset(
     }
 )
 
-#: Further fields dropped for the ``kv`` id only: token ids that forward passes read only
-#: to pool an output head on a token (CLIP's text pooler, BART's classifier) or to build
-#: decoder inputs the caller did not pass, and generation settings. K/V for given token
-#: ids do not depend on them; a compiled graph or a head may (they are plain names some
-#: models reuse), so ``graph`` and ``quant_weight`` keep them. ``pad_token_id`` and
-#: ``sep_token_id`` are kept: RoBERTa derives position ids from the padding id,
-#: Longformer its global attention from SEP.
-KV_CONFIG_DROPPED: frozenset[str] = frozenset(
-    {
-        "bos_token_id",
-        "eos_token_id",
-        "decoder_start_token_id",
-        # pipeline and generate() defaults: read by the decoding loop, and by a few
-        # models' output heads (TAPAS's temperature), never by the layers that make K/V
-        "task_specific_params",
-        "max_length",
-        "min_length",
-        "do_sample",
-        "early_stopping",
-        "num_beams",
-        "num_beam_groups",
-        "diversity_penalty",
-        "temperature",
-        "top_k",
-        "top_p",
-        "typical_p",
-        "repetition_penalty",
-        "length_penalty",
-        "no_repeat_ngram_size",
-        "encoder_no_repeat_ngram_size",
-        "bad_words_ids",
-        "num_return_sequences",
-        "output_scores",
-        "return_dict_in_generate",
-        "forced_bos_token_id",
-        "forced_eos_token_id",
-        "remove_invalid_values",
-        "exponential_decay_length_penalty",
-        "suppress_tokens",
-        "begin_suppress_tokens",
-    }
-)
+#: Fields dropped for the ``kv`` id beyond :data:`CONFIG_DROPPED`: none. Up to v2 the
+#: token ids and ``generate()`` settings were dropped here, on the belief that no layer
+#: reads them; transformers models do (a forward pass reading ``eos_token_id``), so v3
+#: keeps every field that is not argued inert for every kind. Kept as a name for callers.
+KV_CONFIG_DROPPED: frozenset[str] = frozenset()
 
 #: Top-level config members that transformers 5 moves into ``rope_parameters``.
 ROPE_MOVED: tuple[str, ...] = ("rope_scaling", "rope_theta", "partial_rotary_factor")
@@ -136,7 +103,6 @@ ADAPTER_CONFIG_DROPPED: frozenset[str] = frozenset(
         "base_model_name_or_path",
         "revision",
         "inference_mode",
-        "init_lora_weights",
         "lora_dropout",
         "peft_version",
     }
@@ -157,6 +123,7 @@ LORA_DEFAULTS: dict[str, Any] = {
     "eva_config": None,
     "exclude_modules": None,
     "fan_in_fan_out": False,
+    "init_lora_weights": True,
     "kasa_config": None,
     "layer_replication": None,
     "layers_pattern": None,
@@ -187,48 +154,7 @@ ADAPTER_CONFIG_SETS: frozenset[str] = frozenset(
     {"target_modules", "modules_to_save", "exclude_modules", "target_parameters"}
 )
 
-#: Tokenizer files covered by the ``tokenizer`` hash (top level of the model directory):
-#: the union of transformers' ``VOCAB_FILES_NAMES`` tables over every tokenizer class,
-#: and the files every tokenizer reads (``tokenizer_config.json``,
-#: ``special_tokens_map.json``, ``added_tokens.json``). The tests check that no name in
-#: the installed transformers' tables is missing here.
-TOKENIZER_FILES: tuple[str, ...] = (
-    "added_tokens.json",
-    "bpe.codes",
-    "byte_maps.json",
-    "dict.txt",
-    "emoji.json",
-    "entity_vocab.json",
-    "merges.txt",
-    "normalizer.json",
-    "prophetnet.tokenizer",
-    "sentencepiece.bpe.model",
-    "sentencepiece.model",
-    "source.spm",
-    "special_tokens_map.json",
-    "spiece.model",
-    "spm.model",
-    "spm_char.model",
-    "target.spm",
-    "target_vocab.json",
-    "tokenizer.json",
-    "tokenizer.model",
-    "tokenizer_config.json",
-    "vocab-src.json",
-    "vocab-tgt.json",
-    "vocab.json",
-    "vocab.txt",
-    "word_pronunciation.json",
-    "word_shape.json",
-)
-
-#: Name patterns of tokenizer files beyond the fixed names: tiktoken vocabularies
-#: (``qwen.tiktoken``) and the tokenizer code that ``trust_remote_code`` runs.
-TOKENIZER_PATTERNS: tuple[str, ...] = ("*.tiktoken", "tokenization_*.py")
-
-#: Files of the processors that turn audio, images or video into model inputs
-#: (transformers' ``FEATURE_EXTRACTOR_NAME``/``IMAGE_PROCESSOR_NAME``,
-#: ``PROCESSOR_NAME``, ``VIDEO_PROCESSOR_NAME``, ``AUDIO_TOKENIZER_NAME``).
+#: Processor files, whose loader options are dropped like the tokenizer's (6).
 PROCESSOR_FILES: tuple[str, ...] = (
     "audio_tokenizer_config.json",
     "feature_extractor_config.json",
@@ -236,10 +162,6 @@ PROCESSOR_FILES: tuple[str, ...] = (
     "processor_config.json",
     "video_preprocessor_config.json",
 )
-
-#: Code files: Python modules at top level, which ``trust_remote_code`` imports
-#: (``modeling_*.py``, ``configuration_*.py``, ...).
-CODE_PATTERNS: tuple[str, ...] = ("*.py",)
 
 #: Top-level members dropped from ``tokenizer_config.json`` and ``special_tokens_map.json``:
 #: where the tokenizer was loaded from, loader options, and the chat template (which
@@ -274,29 +196,16 @@ _LOADER_JSON_DROPS: dict[str, frozenset[str]] = {
 }
 
 
-def matches_any(name: str, patterns: Iterable[str]) -> bool:
-    """True when ``name`` matches one of the shell ``patterns`` (case-sensitive)."""
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-
-
-def tokenizer_file_names(names: Iterable[str]) -> list[str]:
-    """The names among ``names`` that are tokenizer files, sorted."""
-    return sorted(n for n in names if n in TOKENIZER_FILES or matches_any(n, TOKENIZER_PATTERNS))
-
-
-def processor_file_names(names: Iterable[str]) -> list[str]:
-    """The names among ``names`` that are processor files, sorted."""
-    return sorted(n for n in names if n in PROCESSOR_FILES)
-
-
-def code_file_names(names: Iterable[str]) -> list[str]:
-    """The names among ``names`` that are Python code files, sorted."""
-    return sorted(n for n in names if matches_any(n, CODE_PATTERNS))
-
-
 def canonical_json(value: Any) -> bytes:
-    """RFC 8785 bytes of a parsed JSON value, after the number pre-pass."""
-    return rfc8785.dumps(_representable(value))
+    """RFC 8785 bytes of a parsed JSON value, after the number pre-pass.
+
+    Text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``) raises
+    :class:`NotAModelError`: it has no UTF-8 form, so no canonical form.
+    """
+    try:
+        return rfc8785.dumps(_representable(value))
+    except rfc8785.CanonicalizationError as exc:
+        raise NotAModelError(f"JSON text that is not valid Unicode: {exc}") from exc
 
 
 def _representable(value: Any) -> Any:
@@ -393,6 +302,14 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     source = out.get("rope_scaling") or out.get("rope_parameters") or {}
     if not isinstance(source, dict) or _nested_by_layer(out, source):
         return out
+    both = out.get("rope_scaling"), out.get("rope_parameters")
+    if all(both) and both[0] != both[1]:
+        return out  # two different spellings: which one a model reads is not known
+    if any(
+        out.get(key) is not None and key in source and source[key] != out[key]
+        for key in ROPE_MOVED[1:]
+    ):
+        return out  # a top-level value that disagrees with the parameters: both kept
     params = dict(source)
     for key in ROPE_MOVED[1:]:
         if out.get(key) is not None:
@@ -443,6 +360,16 @@ def adapter_config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(ADAPTER_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
 
 
+def tokenizer_view_of_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The members of ``config.json`` that decide the tokenizer (6): at top level and in
+    every sub-config (a nested object with ``model_type``), by member name."""
+    out: dict[str, Any] = {k: config[k] for k in TOKENIZER_CONFIG_MEMBERS if k in config}
+    for key, value in config.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = tokenizer_view_of_config(value)
+    return out
+
+
 def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
     """The canonical content of one small file: canonical JSON, else the raw bytes."""
     if not name.endswith(".json"):
@@ -451,33 +378,25 @@ def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
     dropped = _LOADER_JSON_DROPS.get(name)
     if dropped is not None and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in dropped}
-    return canonical_json(value)
+    try:
+        return canonical_json(value)
+    except NotAModelError as exc:
+        raise NotAModelError(f"{name}: {exc.reason}", os.fspath(path)) from exc
 
 
-def tokenizer_hash(files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
-    """The ``tokenizer`` hash over ``(name, path)`` pairs of tokenizer files; ``None`` if none."""
-    return files_hash(TOKENIZER_DOMAIN, files)
+#: A small file to hash: ``(repository path, local path)``, or ``(name, content bytes)``.
+SmallFile = tuple[str, "str | os.PathLike[str] | bytes"]
 
 
-def processor_hash(files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
-    """The ``processor`` hash over ``(name, path)`` pairs of processor files; ``None`` if none."""
-    return files_hash(PROCESSOR_DOMAIN, files)
-
-
-def code_hash(files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
-    """The ``code`` hash over ``(name, path)`` pairs of Python files; ``None`` if none."""
-    return files_hash(CODE_DOMAIN, files)
-
-
-def files_hash(domain: bytes, files: Iterable[tuple[str, str | os.PathLike[str]]]) -> str | None:
+def files_hash(domain: bytes, files: Iterable[SmallFile]) -> str | None:
     """SHA-256 of ``domain``, the file count and each file's name and canonical content."""
-    items = sorted(((name.encode(), name, path) for name, path in files), key=lambda x: x[0])
+    items = sorted(((name.encode(), name, src) for name, src in files), key=lambda x: x[0])
     if not items:
         return None
     h = hashlib.sha256(domain)
     h.update(struct.pack("<I", len(items)))
-    for encoded, name, path in items:
-        content = small_file_content(path, name)
+    for encoded, name, src in items:
+        content = src if isinstance(src, bytes) else small_file_content(src, name)
         h.update(struct.pack("<I", len(encoded)) + encoded)
         h.update(struct.pack("<Q", len(content)) + content)
     return h.hexdigest()

@@ -19,8 +19,8 @@ from typing import Any
 
 from .errors import CacheKindError, FingerprintFormatError, SemanticError
 
-FORMAT = "cmh-semantic-v2"
-KEY_DOMAIN = b"CMH-SEM-KEY-v2\n"
+FORMAT = "cmh-semantic-v3"
+KEY_DOMAIN = b"CMH-SEM-KEY-v3\n"
 SCOPE_HEX = 16
 
 #: Cache kinds a runtime can ask keys for (the ``type`` part of a key).
@@ -32,12 +32,17 @@ CACHE_KINDS: tuple[str, ...] = (
     "tokenizer",
     "graph",
     "quant_weight",
+    "embedding",
 )
 #: Kinds whose entries are shared across models: their scope is their own id's prefix.
 SHARED_KINDS: frozenset[str] = frozenset({"tokenizer", "graph"})
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_OPTIONAL_IDS = ("tokenizer", "config", "kv_config", "processor", "code")
+_OPTIONAL_IDS = ("tokenizer", "config", "kv_config", "processor", "code", "embedding")
+#: Kinds whose entries depend on the model's code: none when that code is unavailable.
+_MODEL_CODE_KINDS = frozenset({"kv", "kv_text", "graph", "quant_weight", "embedding"})
+#: Kinds whose entries depend on the tokenizer's code.
+_TOKENIZER_CODE_KINDS = frozenset({"tokenizer", "kv_text", "embedding"})
 
 
 def key_id(kind: str, *fields: str) -> str:
@@ -74,6 +79,12 @@ class ModelFingerprint:
     kv_config: str | None = None
     processor: str | None = None
     code: str | None = None
+    embedding: str | None = None
+    #: Why no key can cover the model's code (``auto_map`` naming another repository's
+    #: code, or a module the directory lacks): kinds depending on it have no key.
+    missing_code: tuple[str, ...] = ()
+    #: The same for the tokenizer's code (``auto_map`` ``AutoTokenizer``).
+    missing_tokenizer_code: tuple[str, ...] = ()
     adapter_type: str | None = None
     base_model: str | None = None
     base: ModelFingerprint | None = None
@@ -138,6 +149,7 @@ class ModelFingerprint:
     def component(self, kind: str, *, variant: str = "") -> str:
         """The ``id`` part of the key for ``kind`` (see :meth:`cache_key`)."""
         _check_request(kind, variant)
+        self._check_code(kind)
         if kind == "weights":
             return self.weights
         if kind == "lora":
@@ -152,6 +164,10 @@ class ModelFingerprint:
             return tokenizer
         if kind == "kv_text":
             return key_id("kv_text", self.component("kv"), self.component("tokenizer"))
+        if kind == "embedding":
+            return key_id(
+                "embedding", self.component("kv_text"), self._effective("embedding") or ""
+            )
         if kind == "quant_weight":
             return key_id(
                 "quant_weight", model.weights, model.config or "", model.code or "", variant
@@ -179,6 +195,15 @@ class ModelFingerprint:
             adapter.graph if adapter is not None else "",
             adapter.config or "" if adapter is not None else "",
         )
+
+    def _check_code(self, kind: str) -> None:
+        """Refuse a key for ``kind`` when code it depends on is not in the directory."""
+        sources = [self, *([self.base] if self.base is not None else [])]
+        for fp in sources:
+            if kind in _MODEL_CODE_KINDS and fp.missing_code:
+                raise CacheKindError(f"no {kind} key: {fp.missing_code[0]}")
+            if kind in _TOKENIZER_CODE_KINDS and fp.missing_tokenizer_code:
+                raise CacheKindError(f"no {kind} key: {fp.missing_tokenizer_code[0]}")
 
     def _model_for(self, kind: str) -> ModelFingerprint:
         """The full model whose files a ``kind`` key covers: self, or an adapter's base."""
@@ -260,6 +285,11 @@ class ModelFingerprint:
             "kv_config": self.kv_config,
             "processor": self.processor,
             "code": self.code,
+            "embedding": self.embedding,
+            "missing_code": {
+                "model": list(self.missing_code),
+                "tokenizer": list(self.missing_tokenizer_code),
+            },
             "adapter_type": self.adapter_type,
             "base_model": self.base_model,
             "base": self.base.to_dict() if self.base is not None else None,
@@ -292,6 +322,9 @@ class ModelFingerprint:
             kv_config=_opt_str(data, "kv_config"),
             processor=_opt_str(data, "processor"),
             code=_opt_str(data, "code"),
+            embedding=_opt_str(data, "embedding"),
+            missing_code=_missing(data, "model"),
+            missing_tokenizer_code=_missing(data, "tokenizer"),
             adapter_type=_opt_str(data, "adapter_type"),
             base_model=_opt_str(data, "base_model"),
             base=cls.from_dict(base_data) if base_data is not None else None,
@@ -355,3 +388,13 @@ def _reasons(data: Mapping[str, Any], key: str) -> tuple[tuple[str, str], ...]:
     ):
         raise FingerprintFormatError(f"{key} must be an object of file name to reason")
     return tuple(value.items())
+
+
+def _missing(data: Mapping[str, Any], group: str) -> tuple[str, ...]:
+    value = data.get("missing_code", {})
+    if not isinstance(value, dict):
+        raise FingerprintFormatError("missing_code must be an object")
+    reasons = value.get(group, [])
+    if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+        raise FingerprintFormatError(f"missing_code.{group} must be a list of strings")
+    return tuple(reasons)

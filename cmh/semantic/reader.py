@@ -3,35 +3,47 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..checkpoint import DEFAULT_INDEX, INDEX_SUFFIX
 from ..errors import CMHError
 from .canonical import (
+    CODE_DOMAIN,
+    EMBEDDING_DOMAIN,
+    PROCESSOR_DOMAIN,
+    TOKENIZER_DOMAIN,
+    SmallFile,
     adapter_config_hash,
-    code_file_names,
-    code_hash,
+    canonical_json,
     config_hash,
+    files_hash,
     kv_config_hash,
-    processor_file_names,
-    processor_hash,
+    read_json,
     read_json_object,
-    tokenizer_file_names,
-    tokenizer_hash,
+    tokenizer_view_of_config,
 )
 from .errors import NotAModelError, SemanticError
+from .files import (
+    ADAPTER_CONFIG_FILE,
+    CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    auto_map_references,
+    group_files,
+)
 from .model import ModelFingerprint
 from .task import adapter_task, model_task
 from .tensors import summarize
 
-CONFIG_FILE = "config.json"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 #: transformers' ``SAFE_WEIGHTS_NAME``: loaded in preference to any index.
 SINGLE_WEIGHTS_FILE = "model.safetensors"
 #: Mistral's native single file, read only by Mistral's own loaders.
 CONSOLIDATED_PREFIX = "consolidated"
+#: Folders never read as part of a model: version control and local tool state.
+SKIPPED_DIRS = frozenset({".git", ".cache", ".cmh", ".huggingface", "__pycache__"})
+#: Bound on the files listed under one model directory (a runaway tree is refused).
+MAX_FILES = 100_000
 
 PathLike = str | os.PathLike[str]
 
@@ -73,11 +85,23 @@ def fingerprint(
 
 
 def _listing(directory: str) -> dict[str, str]:
-    try:
-        with os.scandir(directory) as it:
-            return {e.name: os.path.join(directory, e.name) for e in it if e.is_file()}
-    except OSError as exc:
+    """Every file under ``directory`` by repository path (``a/b.py``), symlinks followed."""
+    out: dict[str, str] = {}
+
+    def failed(exc: OSError) -> None:
         raise NotAModelError(f"cannot list directory: {exc.strerror or exc}", directory) from exc
+
+    for here, dirs, names in os.walk(directory, onerror=failed, followlinks=True):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+        rel = os.path.relpath(here, directory)
+        for name in names:
+            full = os.path.join(here, name)
+            if not os.path.isfile(full):
+                continue
+            out[name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")] = full
+            if len(out) > MAX_FILES:
+                raise NotAModelError(f"more than {MAX_FILES} files", directory)
+    return out
 
 
 def fingerprint_files(
@@ -92,8 +116,9 @@ def fingerprint_files(
 
     For callers whose files are not laid out as a directory (a mirror's
     content-addressed store): ``files`` maps each repository path (``"config.json"``,
-    ``"model-00001-of-00002.safetensors"``) to where its bytes are. Names with a
-    ``/`` (files in subfolders) are ignored. ``weight_files`` restricts the
+    ``"model-00001-of-00002.safetensors"``, ``"1_Pooling/config.json"``) to where its
+    bytes are. Weights are top-level files; files in subfolders are code or
+    sentence-transformers inputs (``spec/semantic.md`` 1.2). ``weight_files`` restricts the
     tensors to those files (the index is then not used).
 
     Every error about the input is a :class:`~cmh.semantic.SemanticError`
@@ -101,7 +126,7 @@ def fingerprint_files(
     format library's error as its cause); an ``OSError`` means a file could
     not be read while hashing.
     """
-    top = {name: path for name, path in files.items() if "/" not in name}
+    top = dict(files)
     try:
         if ADAPTER_CONFIG_FILE in top:
             fp = _adapter(top, threads, source)
@@ -144,7 +169,7 @@ def _model(
     if CONFIG_FILE in top:
         config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
     family = _family(config)
-    small = _SmallFiles(top)
+    small = _SmallFiles(top, config)
     read = [*weight_files, *([index_name] if index_name else []), *small.names]
     if config is not None:
         read.append(CONFIG_FILE)
@@ -155,10 +180,13 @@ def _model(
         graph=summary.graph,
         weights=summary.weights,
         tokenizer=small.tokenizer,
-        config=config_hash(config) if config is not None else None,
-        kv_config=kv_config_hash(config) if config is not None else None,
+        config=_named(CONFIG_FILE, config_hash, config),
+        kv_config=_named(CONFIG_FILE, kv_config_hash, config),
         processor=small.processor,
         code=small.code,
+        embedding=small.embedding,
+        missing_code=small.missing_code,
+        missing_tokenizer_code=small.missing_tokenizer_code,
         tensor_count=summary.tensor_count,
         tensor_bytes=summary.tensor_bytes,
         files=tuple(sorted(read)),
@@ -180,7 +208,7 @@ def _adapter(
     summary = summarize(
         {ADAPTER_WEIGHTS_FILE: top[ADAPTER_WEIGHTS_FILE]}, threads=threads, source=source
     )
-    small = _SmallFiles(top)
+    small = _SmallFiles(top, None)
     peft_type = _nonempty_str(adapter_config, "peft_type")
     return ModelFingerprint(
         arch=None,
@@ -189,9 +217,12 @@ def _adapter(
         graph=summary.graph,
         weights=summary.weights,
         tokenizer=small.tokenizer,
-        config=adapter_config_hash(adapter_config),
+        config=_named(ADAPTER_CONFIG_FILE, adapter_config_hash, adapter_config),
         processor=small.processor,
         code=small.code,
+        embedding=small.embedding,
+        missing_code=small.missing_code,
+        missing_tokenizer_code=small.missing_tokenizer_code,
         adapter_type=peft_type or "unknown",
         base_model=_nonempty_str(adapter_config, "base_model_name_or_path"),
         tensor_count=summary.tensor_count,
@@ -203,16 +234,39 @@ def _adapter(
 
 
 class _SmallFiles:
-    """The tokenizer, processor and code files of a directory and their hashes."""
+    """The tokenizer, processor, code and embedding files of a directory and their ids."""
 
-    def __init__(self, top: Mapping[str, PathLike]) -> None:
-        tokenizer = tokenizer_file_names(top)
-        processor = processor_file_names(top)
-        code = code_file_names(top)
-        self.names = sorted({*tokenizer, *processor, *code})
-        self.tokenizer = tokenizer_hash((n, top[n]) for n in tokenizer)
-        self.processor = processor_hash((n, top[n]) for n in processor)
-        self.code = code_hash((n, top[n]) for n in code)
+    def __init__(self, files: Mapping[str, PathLike], config: Mapping[str, Any] | None) -> None:
+        tokenizer_config: dict[str, Any] | None = None
+        if TOKENIZER_CONFIG_FILE in files:
+            raw = read_json(files[TOKENIZER_CONFIG_FILE], TOKENIZER_CONFIG_FILE)
+            tokenizer_config = raw if isinstance(raw, dict) else None
+        refs = auto_map_references(
+            [(CONFIG_FILE, config), (TOKENIZER_CONFIG_FILE, tokenizer_config)], files
+        )
+        groups = group_files(
+            files,
+            tokenizer_code=refs.tokenizer_code,
+            tokenizer_only=_fast_tokenizer_files(tokenizer_config),
+        )
+        self.names = groups.names
+        self.missing_code = refs.missing_model_code
+        self.missing_tokenizer_code = refs.missing_tokenizer_code
+        tokenizer: list[SmallFile] = [(n, files[n]) for n in groups.tokenizer]
+        if tokenizer and config is not None:
+            # config.json decides the tokenizer class: its deciding members join the id
+            tokenizer.append((CONFIG_FILE, canonical_json(tokenizer_view_of_config(config))))
+        self.tokenizer = files_hash(TOKENIZER_DOMAIN, tokenizer)
+        self.processor = files_hash(PROCESSOR_DOMAIN, [(n, files[n]) for n in groups.processor])
+        self.code = files_hash(CODE_DOMAIN, [(n, files[n]) for n in groups.code])
+        self.embedding = files_hash(EMBEDDING_DOMAIN, [(n, files[n]) for n in groups.embedding])
+
+
+def _fast_tokenizer_files(tokenizer_config: Mapping[str, Any] | None) -> list[str]:
+    """The file names ``fast_tokenizer_files`` lists (a tokenizer loads one instead of
+    ``tokenizer.json``): tokenizer inputs whatever they are named."""
+    listed = (tokenizer_config or {}).get("fast_tokenizer_files")
+    return [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
 
 
 def _select_weights(
@@ -227,6 +281,7 @@ def _select_weights(
     """
     if SINGLE_WEIGHTS_FILE in top:
         return (SINGLE_WEIGHTS_FILE,), None, None
+    top = {name: path for name, path in top.items() if "/" not in name}  # weights: top level
     indexes = sorted(name for name in top if name.endswith(INDEX_SUFFIX))
     if DEFAULT_INDEX not in indexes and len(indexes) > 1:
         raise NotAModelError(
@@ -260,3 +315,15 @@ def _family(config: Mapping[str, Any] | None) -> str | None:
     if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
         return architectures[0] or None
     return None
+
+
+def _named(
+    name: str, digest: Callable[[Mapping[str, Any]], str], obj: Mapping[str, Any] | None
+) -> str | None:
+    """``digest(obj)``, with the file named in a canonicalization error; None without obj."""
+    if obj is None:
+        return None
+    try:
+        return digest(obj)
+    except NotAModelError as exc:
+        raise NotAModelError(f"{name}: {exc.reason}") from exc

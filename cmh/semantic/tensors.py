@@ -2,7 +2,7 @@
 
 ``weights`` is the v1 directory identity of the format spec. A stamped file
 contributes its manifest digests, so no tensor byte is read, only while there
-is cheap evidence that it is the file that was stamped (:func:`stamp_trust`);
+is a check record of this file version (:func:`stamp_trust`);
 any other file is hashed.
 ``graph`` hashes the same tensor entries without any digest: names, dtypes
 and shapes only.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..carrier import read_carrier
 from ..checkpoint import Checkpoint, claimed_digests, index_problems
+from ..checks import checked_fingerprint
 from ..digests import RootEntry, directory_root, hash_tensors, root_entries
 from ..errors import CMHError, InvalidFileError
 from ..header import Header, TensorEntry, read_header
@@ -54,11 +55,10 @@ def stamp_trust(path: str | os.PathLike[str], header: Header, now: float) -> Sta
 
     The rule (``spec/semantic.md`` 2.1): the file is stamped with a SHA-256
     manifest that agrees with its record, the record has not expired at
-    ``now`` and is not dated after ``now``, and the file was not modified
-    after it was stamped (its mtime is
-    not later than the record's ``stamped_at``; ``cmh stamp`` sets the mtime to
-    ``stamped_at``). Otherwise ``digests`` is ``None``: ``reason`` says why,
-    or is ``None`` for an unstamped file.
+    ``now``, and a check record (:mod:`cmh.checks`) says that this very version
+    of the file (device, inode, size, mtime and ctime) was hashed and found to
+    match the stamp with this record fingerprint. Otherwise ``digests`` is
+    ``None``: ``reason`` says why, or is ``None`` for an unstamped file.
     """
     try:
         carrier = read_carrier(header.metadata, len(header.tensors))
@@ -74,17 +74,11 @@ def stamp_trust(path: str | os.PathLike[str], header: Header, now: float) -> Sta
     record = carrier.record
     if record.is_expired(now):
         return StampTrust(None, f"stamp expired at Unix time {record.expires_at}")
-    if record.stamped_at > now:
-        return StampTrust(
-            None, f"stamped in the future (stamped_at {record.stamped_at} > now {int(now)})"
-        )
-    mtime_ns = os.stat(path).st_mtime_ns
-    if mtime_ns > record.stamped_at * NS:
-        return StampTrust(
-            None,
-            f"modified after it was stamped (mtime {mtime_ns / NS:.3f} > stamped_at "
-            f"{record.stamped_at})",
-        )
+    checked, why = checked_fingerprint(path)
+    if checked is None:
+        return StampTrust(None, why)
+    if checked != record.fingerprint:
+        return StampTrust(None, "the check record is of another stamp")
     return StampTrust(digests, None)
 
 

@@ -26,6 +26,7 @@ from typing import BinaryIO, Protocol
 from cmh._atomic import fsync_dir
 from cmh.carrier import read_carrier
 from cmh.checkpoint import claimed_digests
+from cmh.checks import record_check
 from cmh.errors import CMHError, InvalidFileError
 from cmh.header import PREFIX_SIZE, Header, parse_header
 
@@ -178,6 +179,7 @@ class ContentCheck:
         self._head = bytearray()
         self.header: Header | None = None
         self._manifest: list[bytes] | None = None
+        self._fingerprint = b""
         self._spans: list[tuple[int, int, int]] = []  # (abs begin, abs end, index)
         self._span = 0
         self._tensor_hash: hashlib._Hash | None = None
@@ -247,6 +249,7 @@ class ContentCheck:
             self.warnings.append("CMH manifest does not agree with its record")
             return
         self._manifest = digests
+        self._fingerprint = carrier.record.fingerprint
         base = header.data_start
         self._spans = [
             (base + t.begin, base + t.end, i)
@@ -287,6 +290,14 @@ class ContentCheck:
     @property
     def stamped(self) -> bool:
         return self._manifest is not None
+
+    @property
+    def stamp_checked(self) -> bytes | None:
+        """The record fingerprint of the stamp every tensor was checked against (after
+        :meth:`finish`), or ``None`` (unstamped, or some tensors taken as trusted)."""
+        if self._manifest is None or self.trusted or self._span != len(self._spans):
+            return None
+        return self._fingerprint
 
     def finish(self) -> None:
         """Raise :class:`IntegrityError` unless everything fed is the blob named by the ETag.
@@ -400,8 +411,15 @@ def blob_state(repo: RepoLayout, etag: str, size: int, *, recheck: bool = False)
     return "ok"
 
 
-def install_blob(repo: RepoLayout, etag: str, source: Path) -> None:
-    """Move a checked file into ``blobs/{etag}`` (fsync, rename, fsync of the folder)."""
+def install_blob(
+    repo: RepoLayout, etag: str, source: Path, check: ContentCheck | None = None
+) -> None:
+    """Move a checked file into ``blobs/{etag}`` (fsync, rename, fsync of the folder).
+
+    ``check`` is the finished check of its bytes: when it checked every tensor against
+    the file's CMH stamp, the stamp's check record is written too (:mod:`cmh.checks`),
+    so a semantic fingerprint of the snapshot reads headers only.
+    """
     target = repo.blob_path(etag)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(source, "rb+") as f:
@@ -410,3 +428,5 @@ def install_blob(repo: RepoLayout, etag: str, source: Path) -> None:
     os.replace(source, target)
     fsync_dir(target.parent)
     mark_verified(repo, etag)
+    if check is not None and check.stamp_checked is not None:
+        record_check(target, check.stamp_checked)

@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from cmh._atomic import atomic_write
-from cmh.carrier import user_metadata
+from cmh.carrier import read_carrier, user_metadata
+from cmh.checkpoint import claimed_digests
+from cmh.checks import FileVersion, record_check
 from cmh.digests import file_root, hash_tensors, root_entries
+from cmh.errors import CMHError
 from cmh.header import read_header
 
 from ..cache.blobs import UNREADABLE_HEADER, blob_matches
@@ -66,6 +69,7 @@ def compute(blob: Path, etag: str) -> dict[str, Any]:
         after.st_mtime_ns,
     ):
         raise ManifestError("the blob changed while it was read")
+    _record_stamp_check(blob, header, checked, root, before)
     return {
         "schema": SCHEMA,
         "etag": etag,
@@ -84,6 +88,21 @@ def compute(blob: Path, etag: str) -> dict[str, Any]:
             for t, d in zip(header.tensors, checked, strict=True)
         ],
     }
+
+
+def _record_stamp_check(
+    blob: Path, header: Any, digests: list[bytes], root: bytes, before: os.stat_result
+) -> None:
+    """A stamped blob whose every tensor and root were just found to match its stamp gets
+    the stamp's check record (:mod:`cmh.checks`): fingerprints then read its header only."""
+    with contextlib.suppress(CMHError, OSError):
+        carrier = read_carrier(header.metadata, len(header.tensors))
+        if carrier is None or carrier.record.fingerprint != root:
+            return
+        if claimed_digests(header) != digests:
+            return
+        if FileVersion.of(os.stat(blob)) == FileVersion.of(before):
+            record_check(blob, root)
 
 
 def load_or_compute(repo: RepoLayout, etag: str, blob: Path) -> dict[str, Any]:

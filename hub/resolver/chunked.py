@@ -338,7 +338,7 @@ def download_chunked(
                 "resuming",
                 retry_after=exc.retry_after,
             ) from exc
-        install_blob(repo, remote.etag, path)
+        install_blob(repo, remote.etag, path, check)
         for leftover in (log.path, partial_path(repo, remote.etag)):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()

@@ -154,7 +154,7 @@ def _download_whole(
             if integrity_failures >= 2:
                 raise IntegrityError(f"{remote.path}: {exc}; refused, nothing installed") from None
             continue
-        install_blob(repo, remote.etag, part)
+        install_blob(repo, remote.etag, part, check)
         return received, resumed, check.warnings
     assert last_error is not None
     if isinstance(last_error, IntegrityError):

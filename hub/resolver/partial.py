@@ -377,7 +377,7 @@ def patch_blob(
     except (IntegrityError, InvalidRemoteFileError):
         _discard(target, log_path)
         raise
-    install_blob(repo, remote.etag, target)
+    install_blob(repo, remote.etag, target, check)
     with contextlib.suppress(FileNotFoundError):
         log_path.unlink()
     return PatchResult(
