@@ -816,9 +816,9 @@ def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict
     from cmh.semantic import SemanticError, fingerprint_files
 
     def compute() -> dict[str, Any]:
-        top = [path for path in index.files if "/" not in path]  # what fingerprint_files reads
+        paths = sorted(index.files)  # fingerprint_files picks what it reads (spec/semantic.md)
         try:
-            with state.backend.local_files(index, top) as files:
+            with state.backend.local_files(index, paths) as files:
                 result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}")
             result_doc = result.to_dict()
         except InvalidFileError as exc:

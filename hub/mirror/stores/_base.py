@@ -75,8 +75,8 @@ class MirrorStore(Protocol):
     def local_files(
         self, index: CommitIndex, paths: list[str]
     ) -> AbstractContextManager[dict[str, Path]]:
-        """The top-level files ``paths`` of a commit as local files (checked against
-        their names where they had to be copied), for readers that need paths."""
+        """The files ``paths`` of a commit as local files (checked against their names
+        where they had to be copied), for readers that need paths."""
 
     def blob_present(self, entry: FileEntry) -> bool:
         """True when the entry's blob is in the store (it may still be bad)."""
