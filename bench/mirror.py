@@ -9,11 +9,12 @@ a store with ``cmh mirror add``, then serves it twice on 127.0.0.1:
   store folder, at ``/models--bench--big/blobs/{sha256}``.
 
 Both keep an access log (a file). The clients are ``curl`` processes writing
-to /dev/null: the first GET of a fresh server (for cmh, it includes the
-one-time check of the blob against its name; no target), then one GET of the
-whole file, then 16 parallel GETs of the whole file; best of ``--repeat``
-runs, alternating between the two servers so that other load on the machine
-hits both alike. Prints throughputs and the cmh/nginx ratio (target >= 0.7x).
+to /dev/null: the first GET of a fresh server right after ``cmh mirror add``
+(which records the check it made of the blob, so the server does not hash it
+again; target >= 0.9x), then one GET of the whole file, then 16 parallel GETs of
+the whole file (targets >= 1.0x); best of ``--repeat`` runs, alternating between
+the two servers so that other load on the machine hits both alike. Prints
+throughputs and the cmh/nginx ratios.
 Usage: ``python bench/mirror.py [--size-mib 1024] [--workers 2] [--parallel 16]
 [--repeat 5]``.
 """
@@ -36,7 +37,8 @@ from _timing import warm
 
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "mirror"
 REPO = "bench/big"
-TARGET = 0.7
+TARGET = 1.0  # one GET and parallel GETs, as before per-blob checks
+FIRST_TARGET = 0.9  # the first GET after `cmh mirror add`
 
 
 def ensure_nginx() -> str:
@@ -162,13 +164,13 @@ def main() -> int:
 
     src = make_source(args.size_mib)
     store = WORK / "store"
+    # Forget a check an earlier run recorded: the record the first GET uses must be the
+    # one this `mirror add` writes (it re-hashes a blob it finds already stored).
+    shutil.rmtree(RepoLayout(store, REPO).path / CHECK_RECORDS, ignore_errors=True)
     result = add_folder(store, src, REPO)
     entry = build_index(RepoLayout(store, REPO), result.commit).files["big.bin"]
     size = entry.size
     warm(entry.source)
-    # The first GET below is to pay the check of the blob: forget a check an earlier run
-    # recorded (a restarted server would serve the blob at once from that record).
-    shutil.rmtree(RepoLayout(store, REPO).path / CHECK_RECORDS, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix="cmh-bench-mirror-"))
     os.chmod(tmp, 0o755)
     cmh_proc, cmh_url = start_cmh(store, args.workers, tmp / "cmh-access.log")
@@ -177,14 +179,16 @@ def main() -> int:
         cmh_file = f"{cmh_url}/{REPO}/resolve/main/big.bin"
         ngx_file = f"{ngx_base}/{RepoLayout(store, REPO).folder_name}/blobs/{entry.etag}"
         wait_ready(ngx_file)
-        # the first GET of a fresh cmh serve includes its one-time check of the blob
+        # the first GET of a fresh cmh serve, right after the import
         first = {"cmh": timed_gets(cmh_file, 1, size), "nginx": timed_gets(ngx_file, 1, size)}
         wait_ready(cmh_file)
         print(f"file: {size / (1 << 20):.0f} MiB, {args.workers} workers each, curl clients")
+        ratio = first["cmh"] / first["nginx"]
+        verdict = "ok" if ratio >= FIRST_TARGET else "BELOW TARGET"
         print(
             f"{'first GET':<18} cmh serve {first['cmh'] / 1e9:6.2f} GB/s   "
-            f"nginx {first['nginx'] / 1e9:6.2f} GB/s   ratio {first['cmh'] / first['nginx']:4.2f}x "
-            "(once per blob version: includes hashing the blob, recorded for later runs)"
+            f"nginx {first['nginx'] / 1e9:6.2f} GB/s   ratio {ratio:4.2f}x "
+            f"(target >= {FIRST_TARGET}x: {verdict}; after mirror add, from its check record)"
         )
         rows = []
         for label, parallel in (("1 GET", 1), (f"{args.parallel} parallel GETs", args.parallel)):

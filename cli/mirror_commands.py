@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,13 +25,12 @@ from ._common import (
     late_progress_bar,
     progress_bar,
     report_waits,
-    stderr_is_terminal,
     usage_error,
     warn,
 )
 from ._documents import envelope
 from ._interrupt import stop_on_interrupt
-from .store_location import STORE, StoreLocation, open_bucket_or_fail
+from .store_location import STORE, StoreLocation, open_store_or_fail
 
 if TYPE_CHECKING:
     from cmh.hub.mirror.upstream import UpstreamConfig
@@ -66,28 +66,31 @@ def add(
     src_dir: Path, store: StoreLocation, repo_id: str, revision: str, repo_type: str, as_json: bool
 ) -> None:
     """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
-    from cmh.hub.mirror import InvalidNameError, StoreError, add_folder, scan_folder
-    from cmh.hub.mirror.bucket import ConditionalWritesUnsupported
+    from cmh.hub.mirror import (
+        ConditionalWritesUnsupported,
+        InvalidNameError,
+        StoreError,
+        StoreUnavailable,
+        scan_folder,
+    )
 
     snapshot = _hub_cache_snapshot(src_dir)
     resume = "blobs stored so far are kept; run the same command again to finish the import"
+    target = open_store_or_fail(store, existing=False)  # a folder store is created
+    target.on_notice = warn  # a writer waiting on a pruner's lease says so
     try:
         total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
         with (
             stop_on_interrupt(resume),
             progress_bar(total, repo_id, passes=("hash", "store")) as advance,
         ):
-            if isinstance(store, str):
-                bucket = open_bucket_or_fail(store)
-                bucket.on_notice = warn  # a writer waiting on a pruner's lease says so
-                result = bucket.add_folder(
-                    src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
-                )
-            else:
-                result = add_folder(store, src_dir, repo_id, revision=revision,
-                                    repo_type=repo_type, progress=advance)  # fmt: skip
+            result = target.add_folder(
+                src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
+            )
     except (InvalidNameError, ConditionalWritesUnsupported) as exc:
         fail(str(exc), EXIT_USAGE)
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     except StoreError as exc:
         if snapshot is not None and "symlink points outside" in str(exc):
             fail(
@@ -144,9 +147,9 @@ TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
 @handle_errors
 def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     """List the repos of a store, their refs and sizes."""
-    from cmh.hub.mirror import list_store
-    from cmh.hub.mirror.auth import (
+    from cmh.hub.mirror import (
         AccessPolicy,
+        StoreUnavailable,
         TokensFileError,
         load_tokens,
         repo_key,
@@ -159,14 +162,12 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
             policy = load_tokens(tokens)
         except TokensFileError as exc:
             fail(str(exc), EXIT_USAGE)
-    if isinstance(store, str):
-        repos = open_bucket_or_fail(store).list_store()
-        grants = []  # names the tokens file has and the store lacks: local stores only
-    else:
-        if not store.is_dir():
-            fail(_NO_STORE.format(store=store), EXIT_USAGE)
-        repos = list_store(store)
-        grants = unserved_grants(policy, store) if policy is not None else []
+    opened = open_store_or_fail(store)
+    try:
+        repos = opened.list_store()
+        grants = unserved_grants(policy, opened.repos()) if policy is not None else []
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     for grant in grants:
         warn(grant.message)
 
@@ -214,35 +215,19 @@ def scrub(
     Exit 1 if a blob is bad, else 3 if one is an invalid safetensors file or
     cannot be read, else 0.
     """
-    from cmh.hub.cache import iter_repos
-    from cmh.hub.mirror import scrub_store
+    from cmh.hub.mirror import StoreUnavailable
 
-    if isinstance(store, str):
-        from cmh.hub.mirror.bucket_scrub import scrub_bucket
-
-        bucket = open_bucket_or_fail(store)  # every blob is streamed and hashed whole
-        total = 0
-        if not as_json and stderr_is_terminal():  # one listing for the bar's total
-            for _, _, folder in bucket.repos():
-                total += sum(info.size for info in bucket.blob_infos(folder).values())
-        with stop_on_interrupt(_SCRUB_RESUME), progress_bar(total, "scrub") as advance:
-            report = scrub_bucket(
-                bucket, do_quarantine=not no_quarantine, threads=threads, progress=advance
+    opened = open_store_or_fail(store)
+    try:
+        with (
+            stop_on_interrupt(_SCRUB_RESUME),
+            progress_bar(opened.scrub_bytes(), "scrub") as advance,
+        ):
+            report = opened.scrub(
+                do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
             )
-    else:
-        if not store.is_dir():
-            fail(_NO_STORE.format(store=store), EXIT_USAGE)
-        total = 0
-        for repo in iter_repos(store):
-            if repo.blobs.is_dir():
-                total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
-        with stop_on_interrupt(_SCRUB_RESUME), progress_bar(total, "scrub") as advance:
-            report = scrub_store(
-                store, do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
-            )
-        from cmh.hub.mirror.scrub_history import record_scrub
-
-        record_scrub(store, report.to_dict())  # shown on the web operator page
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     if report.bad:
         code = EXIT_CHECK_FAILED
     elif report.errors:
@@ -397,6 +382,13 @@ def scrub(
     show_default=True,
     help="On SIGTERM or Ctrl-C: seconds requests in flight get to finish before the server stops.",
 )
+@click.option(
+    "--public-storage-url",
+    default=None,
+    metavar="URL",
+    help="Bucket stores, --blob-delivery redirect: the storage endpoint as clients reach it "
+    "(when it differs from the one the replicas use); redirects are signed for it.",
+)
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
 def serve(
@@ -420,6 +412,7 @@ def serve(
     blob_delivery: str,
     ref_ttl: float,
     graceful_timeout: float,
+    public_storage_url: str | None,
     tree_page_size: int,
 ) -> None:
     """Serve a store through the Hub HTTP API and web pages.
@@ -427,9 +420,8 @@ def serve(
     SIGTERM or Ctrl-C stops it cleanly: no new connection is taken, requests in
     flight get --graceful-timeout seconds to finish.
     """
-    from cmh.hub.mirror import ServeConfig, ServeError
+    from cmh.hub.mirror import ServeConfig, ServeError, UpstreamConfig
     from cmh.hub.mirror import serve as run
-    from cmh.hub.mirror.upstream import UpstreamConfig
 
     pull = None
     check_hub_url(upstream, "--upstream")
@@ -474,6 +466,7 @@ def serve(
         blob_delivery=blob_delivery,
         ref_ttl=ref_ttl,
         graceful_timeout=graceful_timeout,
+        public_storage_url=public_storage_url,
     )
     try:
         code = run(config)
@@ -533,7 +526,7 @@ def _read_token(path: Path | None) -> str | None:
 @handle_errors
 def sync(
     repo_ids: tuple[str, ...],
-    store: Path,
+    store: StoreLocation,
     upstream: str,
     revision: str,
     repo_type: str,
@@ -541,12 +534,20 @@ def sync(
     as_json: bool,
 ) -> None:
     """Fill a store from a Hub ahead of time, with the resolver's checks (for air gaps)."""
-    import cmh.hub as hub
-    from cmh.hub.cache.layout import LayoutError
+    import functools
+
+    from cmh.hub.cache import LayoutError
+    from cmh.hub.mirror import (
+        ConditionalWritesUnsupported,
+        InvalidNameError,
+        StoreError,
+        StoreUnavailable,
+    )
 
     check_hub_url(upstream, "--from")
     token = _read_token(token_file)
-    store.mkdir(parents=True, exist_ok=True)
+    target = open_store_or_fail(store, existing=False)
+    source = _SyncSource(upstream, token, revision, repo_type)
     results = []
     resume = (
         "repos reported synced are complete, finished files and chunks of the one in progress "
@@ -559,19 +560,16 @@ def sync(
                 report_waits(),
                 late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
             ):
-                res = hub.resolve(
-                    repo_id,
-                    revision,
-                    repo_type=repo_type,
-                    cache_dir=store,
-                    endpoint=upstream,
-                    token=token or False,
-                    policy=hub.Policy(stale_if_error=False),
-                    progress=bar.advance,
-                    on_total=bar.on_total,
-                )
-        except LayoutError as exc:
+                fetch = functools.partial(_sync_one, source, repo_id, bar)
+                res = target.sync(fetch, repo_id, revision, repo_type)
+        except (LayoutError, InvalidNameError) as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
+        except ConditionalWritesUnsupported as exc:
+            fail(str(exc), EXIT_USAGE)
+        except StoreUnavailable as exc:
+            fail(str(exc), EXIT_UNREADABLE)
+        except StoreError as exc:
+            fail(str(exc), EXIT_CHECK_FAILED)
         results.append(res)
         if not as_json:
             from .pull_command import outcome_words
@@ -583,3 +581,30 @@ def sync(
                 "mirror sync", ok=True, exit_status=EXIT_OK, repos=[r.to_json() for r in results]
             )
         )
+
+
+@dataclass(frozen=True)
+class _SyncSource:
+    """Where `mirror sync` fetches from, and what."""
+
+    upstream: str
+    token: str | None
+    revision: str
+    repo_type: str
+
+
+def _sync_one(source: _SyncSource, repo_id: str, bar: Any, cache: Path) -> object:
+    """Resolve one repo from ``source.upstream`` into the cache folder ``cache``."""
+    import cmh.hub as hub
+
+    return hub.resolve(
+        repo_id,
+        source.revision,
+        repo_type=source.repo_type,
+        cache_dir=cache,
+        endpoint=source.upstream,
+        token=source.token or False,
+        policy=hub.Policy(stale_if_error=False),
+        progress=bar.advance,
+        on_total=bar.on_total,
+    )

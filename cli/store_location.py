@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._common import EXIT_USAGE, fail
+from ._common import EXIT_UNREADABLE, EXIT_USAGE, fail
 
 if TYPE_CHECKING:
-    from cmh.hub.mirror.bucket import BucketStore
+    from cmh.hub.mirror import BucketStore, MirrorStore
 
 #: What ``--store`` gives a command: a folder, or the URL of a bucket store.
 StoreLocation = Path | str
@@ -29,34 +29,46 @@ class StoreType(_StoreParam):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, Path):
             return value
-        text = str(value)
-        if text.startswith("s3://"):
-            from cmh.hub.mirror.objectstore import InvalidLocation, S3Location
+        from cmh.hub.mirror import InvalidLocation, parse_location
 
-            try:
-                S3Location.parse(text)
-            except InvalidLocation as exc:
-                self.fail(str(exc), param, ctx)
-            return text
-        if "://" in text:
-            self.fail(f"{text!r}: only s3:// URLs or folders are stores", param, ctx)
-        path = Path(text)
-        if path.exists() and not path.is_dir():
+        try:
+            location = parse_location(str(value))
+        except InvalidLocation as exc:
+            self.fail(str(exc), param, ctx)
+        if isinstance(location, Path) and location.exists() and not location.is_dir():
             self.fail(
-                f"{text}: is a file, not a store folder (give a folder path, e.g. ./store; "
+                f"{value}: is a file, not a store folder (give a folder path, e.g. ./store; "
                 "`cmh mirror add` creates it)",
                 param,
                 ctx,
             )
-        return path
+        return location
 
 
 STORE = StoreType()
 
 
+def open_store_or_fail(location: StoreLocation, *, existing: bool = True) -> MirrorStore:
+    """The store ``--store`` names; a clear error (exit 2) when it cannot be opened, or,
+    with ``existing``, when it does not exist (exit 2) or its storage fails (exit 3)."""
+    from cmh.hub.mirror import StoreError, StoreMissing, StoreUnavailable, open_store
+
+    try:
+        store = open_store(location)
+        if existing:
+            store.check()
+    except StoreMissing as exc:
+        fail(str(exc), EXIT_USAGE)
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
+    except StoreError as exc:
+        fail(str(exc), EXIT_USAGE)
+    return store
+
+
 def open_bucket_or_fail(url: str) -> BucketStore:
     """Open a bucket store with the standard AWS settings; a clear error otherwise."""
-    from cmh.hub.mirror.bucket import BucketError, open_bucket
+    from cmh.hub.mirror import BucketError, open_bucket
 
     try:
         return open_bucket(url)

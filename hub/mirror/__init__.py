@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
+    from .bucket import BucketError, BucketStore, ConditionalWritesUnsupported, open_bucket
+    from .objectstore import InvalidLocation, S3Location
     from .run import ServeConfig, ServeError, serve
     from .scrub import ScrubReport, scrub_store
     from .store import (
@@ -21,8 +24,27 @@ if TYPE_CHECKING:
         list_store,
         scan_folder,
     )
+    from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
+    from .upstream import UpstreamConfig
 
 _EXPORTS = {
+    "AccessPolicy": "auth",
+    "TokensFileError": "auth",
+    "load_tokens": "auth",
+    "repo_key": "auth",
+    "unserved_grants": "auth",
+    "BucketError": "bucket",
+    "BucketStore": "bucket",
+    "ConditionalWritesUnsupported": "bucket",
+    "open_bucket": "bucket",
+    "InvalidLocation": "objectstore",
+    "S3Location": "objectstore",
+    "MirrorStore": "stores",
+    "StoreMissing": "stores",
+    "StoreUnavailable": "stores",
+    "open_store": "stores",
+    "parse_location": "stores",
+    "UpstreamConfig": "upstream",
     "InvalidNameError": "store",
     "RepoSummary": "store",
     "StoreError": "store",
@@ -36,17 +58,34 @@ _EXPORTS = {
     "serve": "run",
 }
 __all__ = [
+    "AccessPolicy",
+    "BucketError",
+    "BucketStore",
+    "ConditionalWritesUnsupported",
+    "InvalidLocation",
     "InvalidNameError",
+    "MirrorStore",
     "RepoSummary",
+    "S3Location",
     "ScrubReport",
     "ServeConfig",
     "ServeError",
     "StoreError",
+    "StoreMissing",
+    "StoreUnavailable",
+    "TokensFileError",
+    "UpstreamConfig",
     "add_folder",
     "list_store",
+    "load_tokens",
+    "open_bucket",
+    "open_store",
+    "parse_location",
+    "repo_key",
     "scan_folder",
     "scrub_store",
     "serve",
+    "unserved_grants",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

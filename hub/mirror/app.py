@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import io
 import os
 import struct
@@ -27,8 +26,7 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from ..cache.layout import LayoutError, RepoLayout, iter_repos, repo_folder_name, validate_relpath
-from ..cache.usage import record_use
+from ..cache.layout import LayoutError, RepoLayout, validate_relpath
 from . import catalog, documents, hub_documents
 from .auth import AccessPolicy, bearer_token
 from .connections import ConnectionGuard
@@ -36,8 +34,7 @@ from .cuts import CutLedger
 from .derived import DerivedCache
 from .errors import HubError
 from .fingerprints import FingerprintCache
-from .history import history, last_commits
-from .index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
+from .index import CommitIndex, FileEntry, IndexCache
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
 from .ranges import ByteRange, RangeNotSatisfiable, parse_range
 from .routes import BadTarget, NoRoute, Route, parse_target
@@ -46,9 +43,8 @@ from .upstream import UpstreamError
 from .verify import BlobVerifier, FileVersion, record_path
 
 if TYPE_CHECKING:
-    from .bucket_read import BucketReader
-    from .bucket_send import ObjectFetcher, ObjectVerifier
     from .filling import Fills
+    from .stores import MirrorStore
     from .upstream import Upstream
 
 DEFAULT_PAGE_SIZE = 1000
@@ -72,7 +68,7 @@ MANIFEST_FILL_WAIT = 8.0
 class MirrorState:
     """Everything the handlers share in one worker process."""
 
-    store: Path
+    backend: MirrorStore
     policy: AccessPolicy
     metrics: Metrics
     page_size: int = DEFAULT_PAGE_SIZE
@@ -83,19 +79,21 @@ class MirrorState:
     verifier: BlobVerifier = field(default_factory=BlobVerifier)
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
     derived: DerivedCache = field(default_factory=DerivedCache)
-    #: A bucket store (``store`` is then not used): its reader and how bytes travel.
-    bucket: BucketReader | None = None
-    delivery: str = "proxy"  # proxy | redirect (buckets) | x-accel (local stores)
+    delivery: str = "proxy"  # one of ``backend.deliveries``
     x_accel_prefix: str = "/_cmh_blobs/"
-    object_verifier: ObjectVerifier | None = None
-    object_fetcher: ObjectFetcher | None = None
     upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
     cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
 
+    #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
+    #: fills, the web pages); a placeholder that holds nothing for a remote store.
+    store: Path = field(init=False)
+
     def __post_init__(self) -> None:
-        self.store = self.store.resolve()
-        self.indexes = self.indexes or IndexCache()
+        root = self.backend.local_root()
+        self.store = (root or Path(os.devnull)).resolve()
+        # one cache of commit indexes for the API and the pages (the store's own, if any)
+        self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
@@ -112,17 +110,17 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
         middlewares=[_busy] if state.guard is not None else [],
     )
     app[STORE_KEY] = state
-    if state.bucket is None:  # the web pages read a local store; not offered for a bucket
+    if state.backend.local_root() is not None:  # the pages read a folder (not yet a bucket)
         add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_response_prepare.append(_origin_headers)
-    if state.object_fetcher is not None:
-        fetcher = state.object_fetcher
+    sender = state.backend.remote_sender(state.delivery)
+    if sender is not None:
 
-        async def close_fetcher(app: web.Application) -> None:
-            await fetcher.close()
+        async def close_sender(app: web.Application) -> None:
+            await sender.close()
 
-        app.on_cleanup.append(close_fetcher)
+        app.on_cleanup.append(close_sender)
     return app
 
 
@@ -310,66 +308,35 @@ async def _run(func: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, func, *args)
 
 
-def _readable(state: MirrorState, route: Route, token: str | None) -> RepoLayout:
-    """The repo a route names; RepoNotFound when it is missing or private and not opened."""
-    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
-    exists = repo_exists(repo)  # always looked at: a refused name answers as fast as a missing one
+def _readable(state: MirrorState, route: Route, token: str | None) -> None:
+    """RepoNotFound when the route's repo is missing or private and not opened."""
+    with _store_errors():  # always looked at: a refused name answers as fast as a missing one
+        exists = state.backend.repo_exists(route.repo_type, route.repo_id)
     if not state.policy.can_read(route.repo_type, route.repo_id, token) or not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
-    return repo
 
 
 def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:
     """The index of the commit a route names; RepoNotFound also for a closed private repo."""
-    if state.bucket is not None:
-        return _lookup_bucket(state, state.bucket, route, token)
-    repo = _readable(state, route, token)
+    _readable(state, route, token)
     revision = route.revision or "main"
-    commit = resolve_revision(repo, revision)
-    if commit is None:
+    with _store_errors():
+        index = state.backend.resolve(route.repo_type, route.repo_id, revision, used=used)
+    if index is None:
         raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-    assert state.indexes is not None
-    index = state.indexes.get(repo, commit)
-    if used:
-        record_use(repo, commit)
     return index
 
 
 @contextlib.contextmanager
 def _store_errors() -> Iterator[None]:
-    """A bucket store's storage that fails (or holds an invalid tree) answers 503."""
-    from .bucket import BucketError
-    from .objectstore import ObjectStoreError
+    """A store whose storage fails (or holds an invalid tree) answers 503."""
+    from .stores import StoreUnavailable
 
     try:
         yield
-    except (ObjectStoreError, BucketError) as exc:
+    except StoreUnavailable as exc:
         raise HubError(503, "StoreUnavailable", f"store unavailable: {exc}",
                        {"Retry-After": "5"}) from None  # fmt: skip
-
-
-def _bucket_readable(
-    state: MirrorState, bucket: BucketReader, route: Route, token: str | None
-) -> str:
-    """:func:`_readable` for a bucket store: the repo's folder name."""
-    folder = repo_folder_name(route.repo_id, route.repo_type)
-    with _store_errors():
-        exists = bucket.repo_exists(folder)
-    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not exists:
-        raise HubError(404, "RepoNotFound", "Repository not found")
-    return folder
-
-
-def _lookup_bucket(
-    state: MirrorState, bucket: BucketReader, route: Route, token: str | None
-) -> CommitIndex:
-    """:func:`_lookup` for a bucket store; a storage that fails answers 503."""
-    revision = route.revision or "main"
-    with _store_errors():
-        index = bucket.resolve(_bucket_readable(state, bucket, route, token), revision)
-    if index is None:
-        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-    return index
 
 
 # -- resolve -----------------------------------------------------------------------------
@@ -425,9 +392,9 @@ async def _resolve(
             416, "RangeNotSatisfiable", str(exc),
             {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
         ) from None  # fmt: skip
-    if ranges is not None and state.bucket is None and _recently_cut(state, route, entry):
+    if ranges is not None and _recently_cut(state, route, entry):
         ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
-    if state.bucket is not None or state.delivery == "x-accel":
+    if state.delivery == "x-accel" or state.backend.remote_sender(state.delivery) is not None:
         return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
     try:
         f = await _run(_open_checked, state, entry)
@@ -481,31 +448,24 @@ async def _resolve_elsewhere(
 ) -> web.StreamResponse:
     """A body sent by someone else than this process's sendfile: from a bucket (proxied
     or redirected to), or by nginx (``X-Accel-Redirect``)."""
-    from . import bucket_send
-
     if ranges is None:
         if range_header is not None:
             request[RANGE_KEY] = "full"
     else:
         request[RANGE_KEY] = "single" if len(ranges) == 1 else "multi"
+    sender = state.backend.remote_sender(state.delivery)
     try:
-        if state.bucket is None:
+        if sender is None:
             request[BYTES_KEY] = 0  # nginx sends the body
             return await _x_accel(request, state, entry, headers)
-        if state.delivery == bucket_send.REDIRECT:
-            request[BYTES_KEY] = 0
-            return await bucket_send.redirect(request, state.bucket, entry, headers)
-        assert state.object_verifier is not None and state.object_fetcher is not None
-        response, sent, cut = await bucket_send.proxy(
-            request, state.bucket, state.object_fetcher, state.object_verifier, entry,
-            headers, ranges,
-        )  # fmt: skip
+        response, sent, cut = await sender.send(request, entry, headers, ranges)
     except BlobUnavailable as exc:
         raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
     request[BYTES_KEY] = sent
     if cut:
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
-    return response
+    answer: web.StreamResponse = response
+    return answer
 
 
 async def _x_accel(
@@ -701,7 +661,7 @@ def _properties(
     safetensors: bool,
 ) -> dict[str, Any]:
     """Every repo-info property of a repo at ``index``'s commit (card and weights read once)."""
-    opener: Any = state.bucket.opener if state.bucket else functools.partial(_open_checked, state)
+    opener: Any = state.backend.opener
     return hub_documents.repo_properties(
         repo_type, repo_id, index,
         private=state.policy.is_private(repo_type, repo_id),
@@ -811,14 +771,8 @@ def _add_last_commits(
 ) -> None:
     """Give each tree or paths-info entry its ``lastCommit`` (``expand``)."""
     paths = [e["path"] for e in entries]
-    if state.bucket is not None:
-        folder = repo_folder_name(route.repo_id, route.repo_type)
-        with _store_errors():
-            found = state.bucket.last_commits(folder, index, paths)
-    else:
-        repo = RepoLayout(state.store, route.repo_id, route.repo_type)
-        assert state.indexes is not None
-        found = last_commits(repo, index, paths, state.indexes)
+    with _store_errors():
+        found = state.backend.last_commits(route.repo_type, route.repo_id, index, paths)
     for entry in entries:
         entry["lastCommit"] = hub_documents.last_commit(found[entry["path"]])
 
@@ -841,12 +795,8 @@ def _page_start(route: Route, pinned: str) -> int:
 async def _commits(
     request: web.Request, state: MirrorState, route: Route, index: CommitIndex
 ) -> web.Response:
-    if state.bucket is not None:
-        folder = repo_folder_name(route.repo_id, route.repo_type)
-        with _store_errors():
-            chain = await _run(state.bucket.history, folder, index)
-    else:
-        chain = await _run(history, RepoLayout(state.store, route.repo_id, route.repo_type), index)
+    with _store_errors():
+        chain = await _run(state.backend.history, route.repo_type, route.repo_id, index)
     formatted = "formatted" in route.query.getall("expand")
     page_size = min(state.page_size, COMMITS_PAGE_SIZE)
     start = _page_start(route, index.commit)
@@ -861,24 +811,14 @@ async def _commits(
 
 def _refs(state: MirrorState, route: Route, token: str | None) -> web.Response:
     include_prs = route.query.get("include_prs", "").lower() in _TRUE
-    if state.bucket is not None:
-        folder = _bucket_readable(state, state.bucket, route, token)
-        with _store_errors():
-            return web.json_response(hub_documents.refs(state.bucket.refs(folder), include_prs))
-    repo = _readable(state, route, token)
-    named = {
-        name: commit
-        for name, commit in repo.refs_by_name().items()
-        if resolve_revision(repo, commit) is not None
-    }
+    _readable(state, route, token)
+    with _store_errors():
+        named = state.backend.refs(route.repo_type, route.repo_id)
     return web.json_response(hub_documents.refs(named, include_prs))
 
 
 def _auth_check(state: MirrorState, route: Route, token: str | None) -> web.Response:
-    if state.bucket is not None:
-        _bucket_readable(state, state.bucket, route, token)
-    else:
-        _readable(state, route, token)
+    _readable(state, route, token)
     if route.path == "write":
         raise HubError(403, None, "the mirror is read-only: no token may write to it")
     return web.json_response({})
@@ -912,37 +852,18 @@ def _listing(
     expand: list[str],
 ) -> list[dict[str, Any]]:
     """Every item of a listing, in order: readable repos of ``repo_type`` whose main matches."""
-    assert state.indexes is not None
     rows: list[tuple[float, dict[str, Any]]] = []
-    if state.bucket is not None:
-        with _store_errors():
-            for kind, repo_id, folder in state.bucket.store.repos():
-                if kind != repo_type or not state.policy.can_read(repo_type, repo_id, token):
-                    continue
-                index = state.bucket.resolve(folder, "main")
-                if index is None:
-                    continue
-                properties = _properties(state, repo_type, repo_id, index, blobs=False,
-                                         safetensors="safetensors" in expand)  # fmt: skip
-                if catalog.matches(query, properties):
-                    rows.append((index.last_modified, properties))
-    for repo in iter_repos(state.store) if state.bucket is None else ():
-        if repo.repo_type != repo_type or not repo_exists(repo):
-            continue
-        if not state.policy.can_read(repo_type, repo.repo_id, token):
-            continue
-        commit = resolve_revision(repo, "main")
-        if commit is None:
-            continue
-        try:
-            index = state.indexes.get(repo, commit)
-        except (OSError, LayoutError):
-            continue  # a snapshot removed since: the repo is not listed this time
-        properties = _properties(
-            state, repo_type, repo.repo_id, index, blobs=False, safetensors="safetensors" in expand
-        )
-        if catalog.matches(query, properties):
-            rows.append((index.last_modified, properties))
+    with _store_errors():
+        for kind, repo_id in state.backend.repos():
+            if kind != repo_type or not state.policy.can_read(repo_type, repo_id, token):
+                continue
+            index = state.backend.resolve(kind, repo_id, "main")
+            if index is None:
+                continue  # no main, or a snapshot removed since: not listed this time
+            properties = _properties(state, repo_type, repo_id, index, blobs=False,
+                                     safetensors="safetensors" in expand)  # fmt: skip
+            if catalog.matches(query, properties):
+                rows.append((index.last_modified, properties))
     return [
         hub_documents.listing_item(
             repo_type, p, full=query.full, card_data=query.card_data, expand=expand
@@ -956,7 +877,7 @@ def _listing(
 
 async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
     """Per-tensor SHA-256 and v1 root of one safetensors file (manifests.py)."""
-    from .manifests import ManifestError, load_or_compute
+    from .manifests import ManifestError
 
     entry = index.files.get(route.path)
     commit = {"X-Repo-Commit": index.commit}
@@ -964,18 +885,17 @@ async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web
         raise HubError(404, "EntryNotFound", f"{route.path} does not exist", commit)
     if not entry.path.endswith(".safetensors") or entry.lfs_sha256 is None:
         raise HubError(422, "NotSafetensors", f"{route.path} is not a safetensors file", commit)
-    if not os.path.lexists(entry.source) and state.fills is not None:
+    if state.fills is not None and not await _run(_present, state, entry):
         # Pull-through: fill it (or join its fill) and wait a while; the manifest follows.
         fill = state.fills.start(
             route.repo_type, route.repo_id, index.commit, entry.path, entry.source
         )
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(fill), MANIFEST_FILL_WAIT)
-    if not os.path.lexists(entry.source):
+    if not await _run(_present, state, entry):
         raise HubError(503, "BlobUnavailable", "blob not in the store yet", {"Retry-After": "30"})
-    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
     try:
-        doc = await _run(load_or_compute, repo, entry.etag, entry.source)
+        doc = await _run(state.backend.manifest, route.repo_type, route.repo_id, entry)
     except ManifestError as exc:
         raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}", commit) from None
     except OSError as exc:
@@ -984,12 +904,15 @@ async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web
     return web.json_response(body, headers=commit)
 
 
+def _present(state: MirrorState, entry: FileEntry) -> bool:
+    with _store_errors():
+        return state.backend.blob_present(entry)
+
+
 # -- fingerprint (cmh extension) ---------------------------------------------------------
 
 
 async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
-    if state.bucket is not None:
-        raise HubError(501, "NotImplemented", "fingerprints are not served from a bucket store")
     body = await _run(fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 
@@ -1004,9 +927,11 @@ def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict
     from cmh.semantic import SemanticError, fingerprint_files
 
     def compute() -> dict[str, Any]:
-        files = {path: entry.source for path, entry in index.files.items()}
+        paths = sorted(index.files)  # fingerprint_files picks what it reads (spec/semantic.md)
         try:
-            result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}").to_dict()
+            with state.backend.local_files(index, paths) as files:
+                result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}")
+            result_doc = result.to_dict()
         except InvalidFileError as exc:
             raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
         except SemanticError as exc:
@@ -1017,6 +942,6 @@ def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict
             raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
         except OSError as exc:
             raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
-        return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result}
+        return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result_doc}
 
     return state.fingerprints.get((f"{route.repo_type}:{route.repo_id}", index.commit), compute)

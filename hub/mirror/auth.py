@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.layout import LayoutError, iter_repos, validate_repo_id
+from ..cache.layout import LayoutError, validate_repo_id
 
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}$")
 
@@ -128,11 +128,12 @@ class UnservedGrant:
         return {"repo": self.repo, "similar": self.similar, "message": self.message}
 
 
-def unserved_grants(policy: AccessPolicy, store: Path) -> list[UnservedGrant]:
-    """Repos named in the tokens file that ``store`` does not hold, sorted by name."""
-    from .index import repo_exists
+def unserved_grants(policy: AccessPolicy, repos: Iterable[tuple[str, str]]) -> list[UnservedGrant]:
+    """Repos named in the tokens file that the store does not hold, sorted by name.
 
-    held = {repo_key(r.repo_type, r.repo_id) for r in iter_repos(store) if repo_exists(r)}
+    ``repos``: the ``(repo_type, repo_id)`` the store holds (``MirrorStore.repos()``).
+    """
+    held = {repo_key(repo_type, repo_id) for repo_type, repo_id in repos}
     by_folded = {key.casefold(): key for key in sorted(held)}
     out = []
     for key in sorted(policy.private - held):

@@ -9,6 +9,8 @@ relative to the store URL's prefix, ``{repo}`` is the stock folder name
 {repo}/trees/{commit}.json     one immutable tree object per commit (cmh-tree/1)
 {repo}/refs/{revision}         40 hex + "\\n"; moved last, by compare-and-swap
 {repo}/.cmh/lease              held by a pruner while it works on the repo
+{repo}/.cmh/checked/{etag}     the blob object version (storage ETag) known to hash to its name
+{repo}/.cmh/manifests/{etag}.json  the tensor manifest of a safetensors blob
 .quarantine/{repo}/{etag}.{t}  a blob removed by scrub, and {etag}.{t}.json its note
 ```
 
@@ -38,6 +40,7 @@ from typing import Any
 
 from ..cache.blobs import READ_CHUNK, git_blob_hasher
 from ..cache.layout import (
+    CHECK_RECORDS,
     COMMIT_RE,
     ETAG_RE,
     LayoutError,
@@ -646,10 +649,35 @@ class BucketStore:
             data = f.source.read_bytes()
             if _digests(data, f.size) != (f.sha256, f.git_oid):
                 raise StoreError(f"{f.source} changed while it was imported")
-            self.objects.put(name, data)
+            stored = self.objects.put(name, data)
         else:
-            self.objects.put_stream(name, _checked_chunks(f))
+            stored = self.objects.put_stream(name, _checked_chunks(f))
+        self.record_check(folder, f.etag, stored)  # its bytes were hashed on the way up
         return True
+
+    @staticmethod
+    def check_name(folder: str, etag: str) -> str:
+        return f"{folder}/{CHECK_RECORDS}/{etag}"
+
+    def record_check(self, folder: str, etag: str, storage_etag: str) -> None:
+        """Record that the blob object version ``storage_etag`` hashes to ``etag``, for
+        every replica (best effort: without it a replica checks the object itself)."""
+        if not storage_etag:
+            return
+        body = json.dumps({"storage_etag": storage_etag}).encode()
+        with contextlib.suppress(ObjectStoreError):
+            self.objects.put(self.check_name(folder, etag), body)
+
+    def read_check(self, folder: str, etag: str) -> str | None:
+        """The blob object version (storage ETag) recorded as hashing to ``etag``."""
+        try:
+            doc = json.loads(self.objects.get(self.check_name(folder, etag)))
+        except ObjectNotFound:
+            return None
+        except ValueError:
+            return None
+        value = doc.get("storage_etag") if isinstance(doc, dict) else None
+        return value if isinstance(value, str) else None
 
     # -- listing ------------------------------------------------------------------------
 

@@ -10,9 +10,13 @@ of the bucket, rebuilt from it at will.
   kept (least recently used out past ``max_trees``) with the commit index built
   from it. A tree that is gone (pruned) is noticed through its blobs: a blob read
   that fails drops what is known of that blob.
-- A blob's size and storage ETag are kept for ``blob_ttl`` seconds; the server reads
-  the bytes with ``If-Match`` on that ETag, so a replaced object is never mixed with
-  the one that was checked.
+- A blob's size and storage ETag are kept for ``blob_ttl`` seconds (at most
+  ``ref_ttl``); the server reads the bytes with ``If-Match`` on that ETag, so a
+  replaced object is never mixed with the one that was checked, and a quarantined or
+  replaced blob is seen by every replica within ``ref_ttl``.
+- Which object version hashes to its name is read from the bucket's check record
+  (``{repo}/.cmh/checked/{etag}``, written by ``cmh mirror add`` and by a replica that
+  checked the object itself), so a blob is checked once for the whole fleet.
 """
 
 from __future__ import annotations
@@ -85,7 +89,11 @@ class BucketReader:
         self._exists: _TimedCache[bool] = _TimedCache(ref_ttl, MAX_REFS)
         self._indexes: _TimedCache[CommitIndex | None] = _TimedCache(None, max_trees)
         self._trees: _TimedCache[TreeObject | None] = _TimedCache(None, max_trees)
+        # A blob's info is trusted no longer than a ref: after scrub quarantines it or a
+        # re-import replaces it, every replica sees the change within ``ref_ttl``.
+        blob_ttl = min(blob_ttl, ref_ttl)
         self._blobs: _TimedCache[ObjectInfo] = _TimedCache(blob_ttl, MAX_REFS)
+        self._checks: _TimedCache[str | None] = _TimedCache(blob_ttl, MAX_REFS)
 
     def repo_exists(self, folder: str) -> bool:
         """True when the repo has a ref or a tree object (cached for ``ref_ttl``)."""
@@ -186,6 +194,23 @@ class BucketReader:
     def forget_blob(self, name: str) -> None:
         """Drop what is known of a blob (its read failed: replaced, quarantined, pruned)."""
         self._blobs.drop(name)
+        self._checks.drop(name)
+
+    def checked(self, info: ObjectInfo) -> bool:
+        """True when the bucket records that this object version hashes to its name
+        (written by ``cmh mirror add`` or by a replica that checked it)."""
+        folder, _, etag = info.name.rpartition("/blobs/")
+        if not folder:
+            return False
+        recorded = self._checks.get(info.name, lambda: self.store.read_check(folder, etag))
+        return recorded is not None and recorded == info.etag
+
+    def record_checked(self, info: ObjectInfo) -> None:
+        """Share a good check of this object version with every replica (best effort)."""
+        folder, _, etag = info.name.rpartition("/blobs/")
+        if folder:
+            self.store.record_check(folder, etag, info.etag)
+            self._checks.drop(info.name)
 
 
 def path_oid(index: CommitIndex, path: str) -> str | None:

@@ -52,6 +52,7 @@ def quarantine_blob(store: BucketStore, folder: str, check: BlobCheck) -> str:
     store.objects.copy(store.blob_name(folder, check.blob), dest)
     note = {**check.__dict__, "quarantined_at": time.time()}
     store.objects.put(dest + ".json", json.dumps(note, indent=1).encode())
+    store.objects.delete(store.check_name(folder, check.blob))  # no replica trusts it now
     store.objects.delete(store.blob_name(folder, check.blob))
     return f"{store.url}{dest}"
 

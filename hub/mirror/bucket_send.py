@@ -34,7 +34,13 @@ from aiohttp import web
 from ..cache.blobs import new_digest
 from .bucket_read import BucketReader
 from .index import FileEntry
-from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError, PreconditionFailed
+from .objectstore import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
+)
 from .ranges import ByteRange
 from .send import BlobUnavailable, multipart
 
@@ -137,6 +143,8 @@ class ObjectVerifier:
                     read += len(chunk)
                 ok = read == entry.size and digest.hexdigest() == entry.etag
                 self.record(key, ok)
+                if ok:
+                    _share(fetcher.reader, info)
                 return ok
             finally:
                 self._running.pop(key, None)
@@ -182,12 +190,30 @@ async def _blob(reader: BucketReader, entry: FileEntry) -> ObjectInfo:
     return info
 
 
+async def _recorded(reader: BucketReader, info: ObjectInfo) -> bool:
+    """Whether the bucket records this object version as checked (False if unreadable)."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, reader.checked, info)
+    except ObjectStoreError:
+        return False
+
+
+def _share(reader: BucketReader, info: ObjectInfo) -> None:
+    """Write the check record of a version this worker found good, in the background."""
+    asyncio.get_running_loop().run_in_executor(None, reader.record_checked, info)
+
+
 async def redirect(
-    request: web.Request, reader: BucketReader, entry: FileEntry, headers: dict[str, str]
+    request: web.Request,
+    reader: BucketReader,
+    entry: FileEntry,
+    headers: dict[str, str],
+    signer: ObjectStore | None = None,
 ) -> web.StreamResponse:
-    """``302`` to a presigned URL of the entry's blob, with the Hub's headers."""
+    """``302`` to a presigned URL of the entry's blob, with the Hub's headers; signed for
+    ``signer``'s endpoint when given (``--public-storage-url``), else the store's."""
     info = await _blob(reader, entry)
-    url = reader.store.objects.presigned_get_url(info.name, REDIRECT_EXPIRY)
+    url = (signer or reader.store.objects).presigned_get_url(info.name, REDIRECT_EXPIRY)
     out = {k: v for k, v in headers.items() if k not in ("Content-Type", "Accept-Ranges")}
     out["Location"] = url
     return web.Response(status=302, headers=out)
@@ -209,6 +235,9 @@ async def proxy(
     info = await _blob(reader, entry)
     key = (info.name, info.etag)
     ok = verifier.known(key)
+    if ok is None and await _recorded(reader, info):
+        ok = True
+        verifier.record(key, True)
     if ok is False:
         raise BlobUnavailable("blob does not match its name")
     response, pieces, tail = _shape(headers, ranges, entry.size)
@@ -249,6 +278,8 @@ async def proxy(
             hasher.update(held[1])
             good = hasher.hexdigest() == entry.etag
             verifier.record(key, good)
+            if good:
+                _share(reader, info)
         elif pending is not None:
             try:
                 good = await asyncio.shield(pending)

@@ -15,8 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 from aiohttp.abc import AbstractAccessLogger
@@ -25,8 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..cache.layout import iter_repos
 from .auth import repo_key
+
+if TYPE_CHECKING:
+    from .stores import MirrorStore
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -48,7 +49,7 @@ class StoreSizeCollector(Collector):
 
     def __init__(
         self,
-        store: Path,
+        store: MirrorStore,
         max_age: float = 10.0,
         private: frozenset[str] = frozenset(),
         restricted: Callable[[str, str], bool] | None = None,
@@ -62,21 +63,17 @@ class StoreSizeCollector(Collector):
         self._value = (0, 0)
 
     def _measure(self) -> tuple[int, int]:
-        total = repos = 0
-        for repo in iter_repos(self.store):
-            if repo_key(repo.repo_type, repo.repo_id) in self.private:
-                continue
-            if self.restricted is not None and self.restricted(repo.repo_type, repo.repo_id):
-                continue
-            repos += 1
-            try:
-                with os.scandir(repo.blobs) as it:
-                    for entry in it:
-                        if entry.is_file(follow_symlinks=False):
-                            total += entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
-        return total, repos
+        from .stores import StoreUnavailable
+
+        def left_out(kind: str, repo_id: str) -> bool:
+            if repo_key(kind, repo_id) in self.private:
+                return True
+            return self.restricted is not None and self.restricted(kind, repo_id)
+
+        try:
+            return self.store.size(left_out)
+        except StoreUnavailable:
+            return self._value  # the last measure stands until the storage answers again
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -95,13 +92,13 @@ class Metrics:
 
     def __init__(
         self,
-        store: Path | None,
+        store: MirrorStore | None,
         private: frozenset[str] = frozenset(),
         restricted: Callable[[str, str], bool] | None = None,
     ) -> None:
-        """``store`` is the local store folder whose size is reported (``None``: a bucket
-        store, whose size is not measured by the replicas); ``private`` and ``restricted``
-        say which repos it leaves out (:class:`~cmh.hub.mirror.auth.AccessPolicy`)."""
+        """``store``: the store whose size is reported (``None``: none reported);
+        ``private`` and ``restricted`` say which repos it leaves out
+        (:class:`~cmh.hub.mirror.auth.AccessPolicy`)."""
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         self.requests = Counter(

@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from .bucket_read import BucketReader
+    from .stores import MirrorStore
 from .upstream import UpstreamConfig
 
 SHUTDOWN_TIMEOUT = 2.0
@@ -64,6 +64,7 @@ class ServeConfig:
     blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel (local store)
     ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
     graceful_timeout: float = SHUTDOWN_TIMEOUT  # after SIGTERM/SIGINT: requests in flight
+    public_storage_url: str | None = None  # redirect: the storage endpoint clients reach
 
 
 def public_url(text: str) -> str:
@@ -115,11 +116,11 @@ def serve(config: ServeConfig) -> int:
     """Serve until SIGTERM or SIGINT; return the exit status."""
     from .connections import DEFAULT_MAX_CONNECTIONS, connection_cap_limit
 
-    _check_store(config)
+    store = _check_store(config)
     if config.public_url is not None:
         config = replace(config, public_url=public_url(config.public_url))
     if config.upstream is not None:
-        if isinstance(config.store, str):
+        if store.local_root() is None:  # pull-through fills a folder (issue 24: buckets)
             raise ServeError(
                 "--upstream needs a local store (pull-through into a bucket is not supported yet)"
             )
@@ -135,9 +136,14 @@ def serve(config: ServeConfig) -> int:
             policy = load_tokens(config.tokens)  # fail before any worker starts
         except TokensFileError as exc:
             raise ServeError(str(exc)) from None
-        if isinstance(config.store, Path):  # a bucket's repos are not listed at start-up
-            for grant in unserved_grants(policy, config.store):
-                config.warn(grant.message)
+        from .stores import StoreUnavailable
+
+        try:
+            grants = unserved_grants(policy, store.repos())
+        except StoreUnavailable as exc:
+            raise ServeError(str(exc)) from None
+        for grant in grants:
+            config.warn(grant.message)
     limit = connection_cap_limit()
     cap = config.max_connections or min(DEFAULT_MAX_CONNECTIONS, limit)
     if cap > limit:
@@ -155,43 +161,40 @@ def serve(config: ServeConfig) -> int:
     return _run_workers(config)
 
 
-def _check_store(config: ServeConfig) -> None:
-    """Refuse a store that cannot be served, or a delivery it cannot do, before listening."""
-    bucket = isinstance(config.store, str)
-    allowed = ("proxy", "redirect") if bucket else ("proxy", "x-accel")
-    if config.blob_delivery not in allowed:
-        kind = "a bucket store" if bucket else "a local store"
-        raise ServeError(
-            f"--blob-delivery {config.blob_delivery} does not apply to {kind} "
-            f"(use {' or '.join(allowed)})"
-        )
-    if isinstance(config.store, str):
-        from .objectstore import InvalidLocation, S3Location
+def _check_store(config: ServeConfig) -> MirrorStore:
+    """The store, checked servable, and the delivery checked one it can do, before listening.
 
+    Each worker opens its own afterwards (:func:`_open_store`): an S3 client is not safe
+    to use across ``fork()``.
+    """
+    if config.public_storage_url is not None:
         try:
-            S3Location.parse(config.store)  # opened by each worker: the S3 client is not
-        except InvalidLocation as exc:  # safe to use across fork()
-            raise ServeError(str(exc)) from None
-    elif not config.store.is_dir():
+            url = public_url(config.public_storage_url)
+        except ServeError as exc:
+            raise ServeError(str(exc).replace("public URL", "public storage URL")) from None
+        config = replace(config, public_storage_url=url)
+    store = _open_store(config)
+    if config.blob_delivery not in store.deliveries:
         raise ServeError(
-            f"{config.store}: store folder not found (a store is made by the first import: "
-            f"cmh mirror add DIR --store {config.store} --repo ORG/NAME; with --upstream it "
-            "may start empty)"
+            f"--blob-delivery {config.blob_delivery} does not apply to {store.kind} "
+            f"{store.location} (use {' or '.join(store.deliveries)})"
         )
+    return store
 
 
-def _open_bucket(url: str, ref_ttl: float) -> BucketReader:
-    """A worker's reader of a bucket store, checked reachable (the bucket exists)."""
-    from .bucket import BucketError, open_bucket
-    from .bucket_read import BucketReader
-    from .objectstore import ObjectStoreError
+def _open_store(config: ServeConfig) -> MirrorStore:
+    """A worker's store, checked reachable (the folder or the bucket exists)."""
+    from .store import StoreError
+    from .stores import open_store
 
     try:
-        reader = BucketReader(open_bucket(url), ref_ttl=ref_ttl)
-        reader.store.objects.list_folders("")
-    except (BucketError, ObjectStoreError) as exc:
+        store = open_store(
+            config.store, ref_ttl=config.ref_ttl, public_storage_url=config.public_storage_url
+        )
+        store.check()
+    except StoreError as exc:
         raise ServeError(str(exc)) from None
-    return reader
+    return store
 
 
 def _pages(config: ServeConfig) -> object:
@@ -221,13 +224,14 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     from .observe import AccessLogger, Metrics, configure
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
-    local = config.store if isinstance(config.store, Path) else None
+    store = _open_store(config)  # each worker has its own client and caches
+    local = store.local_root()
     if config.upstream is not None and local is not None and not config.upstream.public_repos:
         from .upstream import restricted_at_upstream  # deny by default (upstream.py, "Access")
 
         restricted = functools.partial(restricted_at_upstream, local.resolve())
         policy = replace(policy, restricted=restricted)
-    metrics = Metrics(local, private=policy.private, restricted=policy.restricted)
+    metrics = Metrics(store, private=policy.private, restricted=policy.restricted)
     stream = _log_stream(config)
     configure(metrics, stream)
     assert config.max_connections is not None
@@ -238,7 +242,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         on_drop=metrics.connection_dropped,
     )
     state = MirrorState(
-        local or Path(os.devnull),  # a bucket store: a placeholder that holds nothing
+        store,
         policy,
         metrics,
         page_size=config.page_size,
@@ -247,12 +251,6 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         body_timeout=config.header_timeout,
     )
     state.delivery = config.blob_delivery
-    if isinstance(config.store, str):  # each worker has its own client and caches
-        from .bucket_send import ObjectFetcher, ObjectVerifier
-
-        state.bucket = _open_bucket(config.store, config.ref_ttl)
-        state.object_verifier = ObjectVerifier()
-        state.object_fetcher = ObjectFetcher(state.bucket)
     if config.upstream is not None:
         from .filling import Fills
         from .upstream import Upstream

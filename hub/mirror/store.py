@@ -246,17 +246,50 @@ def _store_blob(repo: RepoLayout, f: SourceFile, progress: ProgressCallback | No
     """Make ``blobs/{etag}`` hold ``f``'s checked bytes; True when a new copy was written."""
     dest = repo.blob_path(f.etag)
     with blob_lock(repo, f.etag):
+        started = time.time_ns()
         if blob_matches(dest, f.etag, f.size):
+            _record_check(dest, f.etag, started)
             return False
         with atomic_file(dest, tag="incoming") as out:
             _, sha256, git_oid = hash_blob(f.source, f.size, copy_to=out, progress=progress)
             out.flush()
             if (sha256, git_oid) != (f.sha256, f.git_oid):
                 raise StoreError(f"{f.source} changed while it was imported")
+            # Backdated before its check: any later write gives the file a new mtime, so
+            # the check recorded below names this version's bytes only (never "racy").
+            past = started - BACKDATE_NS
+            os.utime(out.name, ns=(past, past))
+            os.chmod(out.name, 0o444)
             if not blob_matches(Path(out.name), f.etag, f.size):
                 raise StoreError(f"blob {f.etag} of {f.path} failed its check after writing")
-            os.chmod(out.name, 0o444)
+        _record_check(dest, f.etag, time.time_ns())
     return True
+
+
+#: How far back a new blob's mtime is set before its check (see :func:`_store_blob`).
+BACKDATE_NS = 5 * 1_000_000_000  # more than any file-time tick, far less than prune's settle
+
+
+def _record_check(blob: Path, etag: str, started_ns: int) -> None:
+    """Record the check ``mirror add`` made of ``blob`` for the server (verify.py), unless
+    the version changed too recently before the check for the record to be trusted."""
+    from .verify import FileVersion, racy_seconds, record_path, write_record
+
+    record = record_path(blob, etag)
+    if record is None:
+        return
+    try:
+        fd = os.open(blob, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        version = FileVersion.of(fd)
+    finally:
+        os.close(fd)
+    racy = started_ns - max(version.mtime_ns, version.ctime_ns) < racy_seconds(version) * 1e9
+    if racy and version.mtime_ns > started_ns - BACKDATE_NS // 2:
+        return  # written within the racy window: the server checks it itself
+    write_record(record, version)
 
 
 def _write_tree_cache(repo: RepoLayout, commit: str, files: list[SourceFile]) -> None:

@@ -95,8 +95,9 @@ def test_a_good_check_is_recorded_and_another_worker_takes_it_without_hashing(
     os.close(fd)
     time.sleep(verify.racy_seconds(version) + 0.05)
     record = record_path(blob, blob.name)
-    assert record is not None and not record.exists()
-    assert _check(BlobVerifier(), blob) is True
+    assert record is not None and read_record(record) == version  # mirror add recorded it
+    record.unlink()
+    assert _check(BlobVerifier(), blob) is True  # a server's own check is recorded too
     assert read_record(record) == version
 
     hashed: list[str] = []
@@ -136,10 +137,12 @@ def test_a_changed_blob_is_hashed_again_whatever_its_record_says(tmp_path: Path,
 
 def test_a_version_changed_within_the_racy_window_is_not_recorded(tmp_path: Path) -> None:
     _, blob = _store_with_blob(tmp_path, os.urandom(1 << 16))
+    record = record_path(blob, blob.name)
+    assert record is not None
+    record.unlink()  # the import's record: this test is about the server's own check
     os.utime(blob)  # changed just now
     assert _check(BlobVerifier(), blob) is True
-    record = record_path(blob, blob.name)
-    assert record is not None and not record.exists()
+    assert not record.exists()
 
 
 def test_scrub_removes_the_record_of_a_rotten_blob(tmp_path: Path) -> None:
@@ -196,3 +199,25 @@ def test_prune_removes_the_record_with_the_blob(tmp_path: Path) -> None:
     assert not outcome.all_errors
     assert not blob.exists()
     assert not record.exists()
+
+
+def test_mirror_add_records_the_check_it_made_and_the_first_get_does_not_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, blob = _store_with_blob(tmp_path, os.urandom(1 << 20))
+    hashed: list[str] = []
+    real = verify.hash_matches
+
+    def counting(fd: int, etag: str, version: FileVersion) -> bool:
+        hashed.append(etag)
+        return real(fd, etag, version)
+
+    monkeypatch.setattr(verify, "hash_matches", counting)
+    assert _check(BlobVerifier(), blob) is True  # at once after the import: no racy window
+    assert hashed == []
+    st = os.stat(blob)
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:  # a write after the import: a new version, hashed again
+        f.write(b"\0")
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with its mtime put back
+    assert _check(BlobVerifier(), blob) is False

@@ -1,0 +1,130 @@
+"""The store protocol and its errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+
+from ..store import StoreError
+
+if TYPE_CHECKING:
+    from ..history import CommitRecord
+    from ..index import CommitIndex, FileEntry
+    from ..scrub import ScrubReport
+    from ..store import ImportResult, RepoSummary
+
+
+class StoreUnavailable(StoreError):
+    """The storage behind a store failed (answered with an error, or not at all)."""
+
+
+class StoreMissing(StoreError):
+    """The store does not exist (no such folder, no such bucket)."""
+
+
+ProgressCallback = Callable[[int], None]
+
+
+class MirrorStore(Protocol):
+    """What the mirror needs of a store, whatever holds it.
+
+    Repos are named by ``(repo_type, repo_id)``. Reads of a storage that fails
+    raise :class:`StoreUnavailable`.
+    """
+
+    #: Where the store is, for messages (a folder path or an ``s3://`` URL).
+    location: str
+    #: What the store is, for messages ("a local store", "a bucket store").
+    kind: str
+    #: The ``--blob-delivery`` modes this store can do (the first is the default).
+    deliveries: tuple[str, ...]
+    #: Told what a writer waits for (a pruner's lease), for the terminal; None: silent.
+    on_notice: Callable[[str], None] | None
+
+    def check(self) -> None:
+        """Raise :class:`StoreMissing` / :class:`StoreUnavailable` unless it can be served."""
+
+    def repos(self) -> list[tuple[str, str]]:
+        """Every ``(repo_type, repo_id)`` the store holds, sorted."""
+
+    def repo_exists(self, repo_type: str, repo_id: str) -> bool:
+        """True when the store holds the repo (a ref or a commit)."""
+
+    def resolve(
+        self, repo_type: str, repo_id: str, revision: str, *, used: bool = False
+    ) -> CommitIndex | None:
+        """The index of the commit ``revision`` names; None when it names none.
+        ``used``: a download is about to be served (recorded where the kind keeps use)."""
+
+    def refs(self, repo_type: str, repo_id: str) -> dict[str, str]:
+        """Every ref whose commit the store holds: name -> commit."""
+
+    def history(self, repo_type: str, repo_id: str, head: CommitIndex) -> list[CommitRecord]:
+        """``head`` and its first parents, newest first."""
+
+    def last_commits(
+        self, repo_type: str, repo_id: str, head: CommitIndex, paths: list[str]
+    ) -> dict[str, CommitRecord]:
+        """The commit that last changed each path."""
+
+    def opener(self, entry: FileEntry) -> BinaryIO:
+        """A seekable reader of an entry's stored bytes (for documents derived from files)."""
+
+    def local_files(
+        self, index: CommitIndex, paths: list[str]
+    ) -> AbstractContextManager[dict[str, Path]]:
+        """The files ``paths`` of a commit as local files (checked against their names
+        where they had to be copied), for readers that need paths."""
+
+    def blob_present(self, entry: FileEntry) -> bool:
+        """True when the entry's blob is in the store (it may still be bad)."""
+
+    def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> dict[str, Any]:
+        """The tensor manifest of a safetensors entry, computed and kept if there is none
+        (:class:`~cmh.hub.mirror.manifests.ManifestError` for an unusable file)."""
+
+    def size(self, skip: Callable[[str, str], bool]) -> tuple[int, int]:
+        """Bytes of blobs and number of the repos ``skip(repo_type, repo_id)`` keeps."""
+
+    def add_folder(
+        self,
+        src: Path,
+        repo_id: str,
+        *,
+        revision: str = "main",
+        repo_type: str = "model",
+        progress: ProgressCallback | None = None,
+    ) -> ImportResult:
+        """Import ``src`` as a commit of ``repo_id`` at ``revision``."""
+
+    def list_store(self) -> list[RepoSummary]:
+        """Every repo with its refs and blob usage."""
+
+    def scrub(
+        self,
+        *,
+        do_quarantine: bool = True,
+        full: bool = False,
+        threads: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ScrubReport:
+        """Re-hash every blob; quarantine the bad ones; keep the report for the web page."""
+
+    def scrub_bytes(self) -> int:
+        """Bytes a scrub reads (for its progress bar)."""
+
+    def sync(
+        self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str
+    ) -> Any:
+        """Fill the store from a Hub: ``fetch(cache_dir)`` resolves into a local cache
+        folder (the store itself, or a scratch one imported afterwards); its result."""
+
+    def remote_sender(self, delivery: str) -> Any:
+        """How a remote store sends bytes in ``delivery`` mode (None: this process opens
+        and sends the file itself, :mod:`~cmh.hub.mirror.send`)."""
+
+    def local_root(self) -> Path | None:
+        """The folder the store lives in, for what only a folder has (x-accel, the
+        operator page's prune dry run, pull-through fills); None for a bucket."""

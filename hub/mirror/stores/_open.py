@@ -1,0 +1,46 @@
+"""The one place that builds a store from what ``--store`` names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._base import MirrorStore
+
+
+def parse_location(text: str) -> Path | str:
+    """What ``--store`` names, checked but not opened: an ``s3://`` URL (kept as text) or
+    a folder path (:class:`~cmh.hub.mirror.objectstore.InvalidLocation` otherwise)."""
+    from ..objectstore import InvalidLocation, S3Location
+
+    if text.startswith("s3://"):
+        S3Location.parse(text)
+        return text
+    if "://" in text:
+        raise InvalidLocation(f"{text!r}: only s3:// URLs or folders are stores")
+    return Path(text)
+
+
+def open_store(
+    location: Path | str,
+    *,
+    ref_ttl: float | None = None,
+    public_storage_url: str | None = None,
+) -> MirrorStore:
+    """The store at ``location``: an ``s3://bucket/prefix`` URL or a folder.
+
+    ``ref_ttl``: how long a server's bucket reader trusts a ref it read (None: the
+    default); ``public_storage_url``: the storage endpoint redirects are signed for.
+    Opening does not touch the storage; a bucket's settings are checked.
+    """
+    text = str(location)
+    if isinstance(location, str) and text.startswith("s3://"):
+        from .bucket import BucketBackedStore
+
+        return BucketBackedStore.open(text, ref_ttl=ref_ttl, public_storage_url=public_storage_url)
+    from ..store import StoreError
+    from .local import LocalStore
+
+    if public_storage_url is not None:
+        raise StoreError("--public-storage-url applies to bucket stores (redirect delivery)")
+
+    return LocalStore(Path(location))

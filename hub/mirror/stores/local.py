@@ -1,0 +1,178 @@
+"""A store in a local folder (the stock Hugging Face cache layout)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ...cache.layout import LayoutError, RepoLayout, iter_repos
+from ...cache.usage import record_use
+from ..history import CommitRecord, history, last_commits
+from ..index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
+from ..scrub import ScrubReport
+from ..send import BlobUnavailable, open_blob
+from ..store import ImportResult, RepoSummary
+from ._base import ProgressCallback, StoreMissing
+
+
+class LocalStore:
+    """The mirror store of one folder."""
+
+    kind: str = "a local store"
+    deliveries: tuple[str, ...] = ("proxy", "x-accel")
+
+    def __init__(self, root: Path) -> None:
+        self.on_notice: Callable[[str], None] | None = None  # a folder's writers never wait
+        self.root = root.resolve() if root.exists() else root.absolute()
+        self.location = str(root)
+        self.indexes = IndexCache()
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.location!r})"
+
+    def _repo(self, repo_type: str, repo_id: str) -> RepoLayout:
+        return RepoLayout(self.root, repo_id, repo_type)
+
+    def check(self) -> None:
+        if not self.root.is_dir():
+            raise StoreMissing(f"{self.location}: store folder not found")
+        self.root = self.root.resolve()
+
+    def local_root(self) -> Path | None:
+        return self.root
+
+    def remote_sender(self, delivery: str) -> Any:
+        return None
+
+    def repos(self) -> list[tuple[str, str]]:
+        return sorted((r.repo_type, r.repo_id) for r in iter_repos(self.root) if repo_exists(r))
+
+    def repo_exists(self, repo_type: str, repo_id: str) -> bool:
+        return repo_exists(self._repo(repo_type, repo_id))
+
+    def resolve(
+        self, repo_type: str, repo_id: str, revision: str, *, used: bool = False
+    ) -> CommitIndex | None:
+        repo = self._repo(repo_type, repo_id)
+        commit = resolve_revision(repo, revision)
+        if commit is None:
+            return None
+        try:
+            index = self.indexes.get(repo, commit)
+        except (OSError, LayoutError):
+            return None  # a snapshot removed since
+        if used:
+            record_use(repo, commit)
+        return index
+
+    def refs(self, repo_type: str, repo_id: str) -> dict[str, str]:
+        repo = self._repo(repo_type, repo_id)
+        return {
+            name: commit
+            for name, commit in repo.refs_by_name().items()
+            if resolve_revision(repo, commit) is not None
+        }
+
+    def history(self, repo_type: str, repo_id: str, head: CommitIndex) -> list[CommitRecord]:
+        return history(self._repo(repo_type, repo_id), head)
+
+    def last_commits(
+        self, repo_type: str, repo_id: str, head: CommitIndex, paths: list[str]
+    ) -> dict[str, CommitRecord]:
+        return last_commits(self._repo(repo_type, repo_id), head, paths, self.indexes)
+
+    def open_checked(self, entry: FileEntry) -> Any:
+        """Open an entry's blob; its folder may be reached through links, the file itself
+        not, and it must lie inside the store (:class:`BlobUnavailable` otherwise)."""
+        folder = os.path.realpath(entry.source.parent)
+        if not (folder + os.sep).startswith(str(self.root) + os.sep):
+            raise BlobUnavailable("blob lies outside the store")
+        return open_blob(Path(folder) / entry.source.name, entry.size)
+
+    def opener(self, entry: FileEntry) -> BinaryIO:
+        f: BinaryIO = self.open_checked(entry)
+        return f
+
+    @contextlib.contextmanager
+    def local_files(self, index: CommitIndex, paths: list[str]) -> Iterator[dict[str, Path]]:
+        yield {p: index.files[p].source for p in paths}
+
+    def blob_present(self, entry: FileEntry) -> bool:
+        return os.path.lexists(entry.source)
+
+    def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> dict[str, Any]:
+        from ..manifests import load_or_compute
+
+        return load_or_compute(self._repo(repo_type, repo_id), entry.etag, entry.source)
+
+    def size(self, skip: Callable[[str, str], bool]) -> tuple[int, int]:
+        total = repos = 0
+        for repo in iter_repos(self.root):
+            if skip(repo.repo_type, repo.repo_id):
+                continue
+            repos += 1
+            try:
+                with os.scandir(repo.blobs) as it:
+                    for entry in it:
+                        if entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+        return total, repos
+
+    def add_folder(
+        self,
+        src: Path,
+        repo_id: str,
+        *,
+        revision: str = "main",
+        repo_type: str = "model",
+        progress: ProgressCallback | None = None,
+    ) -> ImportResult:
+        from ..store import add_folder
+
+        result = add_folder(
+            self.root, src, repo_id, revision=revision, repo_type=repo_type, progress=progress
+        )
+        self.root = self.root.resolve()
+        return result
+
+    def list_store(self) -> list[RepoSummary]:
+        from ..store import list_store
+
+        self.check()
+        return list_store(self.root)
+
+    def scrub_bytes(self) -> int:
+        total = 0
+        for repo in iter_repos(self.root):
+            if repo.blobs.is_dir():
+                total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
+        return total
+
+    def scrub(
+        self,
+        *,
+        do_quarantine: bool = True,
+        full: bool = False,
+        threads: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ScrubReport:
+        from ..scrub import scrub_store
+        from ..scrub_history import record_scrub
+
+        self.check()
+        report = scrub_store(
+            self.root, do_quarantine=do_quarantine, full=full, threads=threads, progress=progress
+        )
+        record_scrub(self.root, report.to_dict())  # shown on the web operator page
+        return report
+
+    def sync(
+        self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str
+    ) -> Any:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return fetch(self.root)

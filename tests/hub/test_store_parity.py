@@ -1,0 +1,364 @@
+"""One suite, every store kind: each mirror feature over a local folder, a SeaweedFS
+bucket and a moto bucket (both real servers started by the fixtures).
+
+Each kind gets one store (MiniLM, the tiny repo, a private repo, imported with
+``cmh mirror add``) and one ``cmh serve`` for the module; the tests then ask every
+feature of it the same way, through the CLI and HTTP only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.error import HTTPError
+from urllib.request import HTTPRedirectHandler, Request, build_opener
+
+import pytest
+from mirror_support import (
+    MINILM_REPO,
+    PRIVATE_REPO,
+    PRIVATE_TOKEN,
+    TINY_REPO,
+    MirrorServer,
+    write_tiny_repo,
+)
+from moto_s3 import MotoBucket, moto_fixture  # noqa: F401 (fixture)
+from seaweed import SeaweedBucket
+
+KINDS = ("local", "seaweed", "moto")
+
+
+@dataclass
+class Served:
+    kind: str
+    store: str  # what --store takes
+    env: dict[str, str]
+    server: MirrorServer
+    tokens: Path
+    commits: dict[str, str]  # repo -> commit of main
+    minilm_dir: Path
+
+
+def cmh(
+    args: list[str], env: dict[str, str], check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", *args], env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def _aws_env(settings: dict[str, str], tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(settings)
+    env["AWS_CONFIG_FILE"] = str(tmp / "no-aws-config")
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(tmp / "no-aws-credentials")
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return env
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def served(
+    request: pytest.FixtureRequest, minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    kind = request.param
+    tmp = tmp_path_factory.mktemp(f"parity-{kind}")
+    if kind == "local":
+        store, env = str(tmp / "store"), _aws_env({}, tmp)
+    elif kind == "seaweed":
+        seaweed = request.getfixturevalue("seaweed")
+        where = SeaweedBucket(seaweed, seaweed.bucket, f"parity-{uuid.uuid4().hex[:10]}/")
+        store, env = where.url, _aws_env(where.aws_env(), tmp)
+    else:
+        moto = request.getfixturevalue("moto")
+        bucket = MotoBucket(moto, prefix=f"parity-{uuid.uuid4().hex[:10]}/")
+        store, env = bucket.url, _aws_env(bucket.aws_env(), tmp)
+    commits = {}
+    private = tmp / "private"
+    private.mkdir()
+    (private / "config.json").write_text('{"secret": true}\n')
+    for src, repo in (
+        (minilm_dir, MINILM_REPO),
+        (write_tiny_repo(tmp / "tiny", 1), TINY_REPO),
+        (private, PRIVATE_REPO),
+    ):
+        out = cmh(["mirror", "add", str(src), "--store", store, "--repo", repo, "--json"], env)
+        commits[repo] = json.loads(out.stdout)["commit"]
+    tokens = tmp / "tokens.txt"
+    # a case typo: the tokens file names a repo the store does not hold
+    tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n{PRIVATE_TOKEN}  CMH-test/Tiny\n")
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        server = MirrorServer(store, tmp / "logs", tokens=tokens)  # type: ignore[arg-type]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        yield Served(kind, store, env, server, tokens, commits, minilm_dir)
+    finally:
+        server.stop()
+
+
+class _NoRedirect(HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a 302 is the answer under test, not followed
+
+
+_OPENER = build_opener(_NoRedirect)
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of a GET (redirects are not followed)."""
+    try:
+        with _OPENER.open(Request(url, headers=headers or {}), timeout=60) as r:
+            return r.status, dict(r.headers), r.read()
+    except HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_hub_api(served: Served) -> None:
+    url = served.server.url
+    status, _, body = get(f"{url}/api/models/{TINY_REPO}")
+    assert status == 200 and json.loads(body)["sha"] == served.commits[TINY_REPO]
+    status, _, body = get(f"{url}/api/models/{TINY_REPO}/tree/main?recursive=true")
+    assert status == 200
+    assert "sub/deeper/leaf.txt" in {e["path"] for e in json.loads(body)}
+    status, headers, body = get(f"{url}/{TINY_REPO}/resolve/main/weights.bin")
+    assert status == 200 and body == bytes((i * 7 + 1) % 256 for i in range(300_000))
+    assert headers["ETag"].strip('"') == hashlib.sha256(body).hexdigest()
+    status, _, body = get(f"{url}/{TINY_REPO}/resolve/main/weights.bin", {"Range": "bytes=10-19"})
+    assert status == 206 and body == bytes((i * 7 + 1) % 256 for i in range(10, 20))
+    status, _, body = get(f"{url}/api/models/{TINY_REPO}/refs")
+    assert (
+        status == 200
+        and json.loads(body)["branches"][0]["targetCommit"] == served.commits[TINY_REPO]
+    )
+    status, _, body = get(f"{url}/api/models/{TINY_REPO}/commits/main")
+    assert status == 200 and json.loads(body)[0]["id"] == served.commits[TINY_REPO]
+    status, _, body = get(f"{url}/api/models?search=tiny")
+    assert status == 200 and [m["id"] for m in json.loads(body)] == [TINY_REPO]
+    assert get(f"{url}/api/models/{PRIVATE_REPO}")[0] == 404
+    auth = {"Authorization": f"Bearer {PRIVATE_TOKEN}"}
+    assert get(f"{url}/api/models/{PRIVATE_REPO}", auth)[0] == 200
+
+
+def test_fingerprint(served: Served) -> None:
+    from cmh.semantic import fingerprint
+
+    status, _, body = get(f"{served.server.url}/api/cmh/fingerprint/{MINILM_REPO}/main")
+    assert status == 200, body
+    doc = json.loads(body)
+    assert doc["commit"] == served.commits[MINILM_REPO]
+    assert doc["fingerprint"] == json.loads(json.dumps(fingerprint(served.minilm_dir).to_dict()))
+    status, headers, _ = get(f"{served.server.url}/api/cmh/fingerprint/{TINY_REPO}/main")
+    assert status == 422 and headers["X-Error-Code"] == "NotAModel"
+
+
+@contextlib.contextmanager
+def storage_env(served: Served) -> Iterator[None]:
+    """This process's environment set to reach the store's storage, for a while."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(served.env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _store_file(served: Served, name: str) -> bytes | None:
+    """The bytes of ``name`` (relative to the store) read straight from the storage."""
+    if served.kind == "local":
+        path = Path(served.store) / name
+        return path.read_bytes() if path.is_file() else None
+    from cmh.hub.mirror.objectstore import ObjectNotFound, ObjectStore
+
+    with storage_env(served):
+        try:
+            return ObjectStore.open(served.store).get(name)
+        except ObjectNotFound:
+            return None
+
+
+def _overwrite(served: Served, name: str, data: bytes) -> None:
+    """Replace the bytes of ``name`` in the storage (a corruption)."""
+    if served.kind == "local":
+        path = Path(served.store) / name
+        path.chmod(0o644)
+        with open(path, "r+b") as f:  # in place, as a storage fault would
+            f.write(data)
+        return
+    from cmh.hub.mirror.objectstore import ObjectStore
+
+    with storage_env(served):
+        ObjectStore.open(served.store).put(name, data)
+
+
+def _manifest_kept(served: Served, etag: str) -> bool:
+    """Whether the import kept the manifest of ``etag`` (read straight from the store)."""
+    folder = "models--" + MINILM_REPO.replace("/", "--")
+    return _store_file(served, f"{folder}/.cmh/manifests/{etag}.json") is not None
+
+
+def test_manifest_written_at_import_and_served(served: Served) -> None:
+
+    blob = (served.minilm_dir / "model.safetensors").read_bytes()
+    etag = hashlib.sha256(blob).hexdigest()
+    assert _manifest_kept(served, etag)
+    url = f"{served.server.url}/api/cmh/manifest/{MINILM_REPO}/resolve/main/model.safetensors"
+    status, _, body = get(url)
+    assert status == 200, body
+    doc = json.loads(body)
+    assert doc["etag"] == etag and doc["tensors"]
+    first = doc["tensors"][0]
+    base = 8 + doc["header_size"]  # the length prefix, then the header, then the data
+    data = blob[base + first["begin"] : base + first["end"]]
+    assert hashlib.sha256(data).hexdigest() == first["sha256"]
+
+
+def test_metrics_store_size(served: Served) -> None:
+    samples = served.server.metrics()
+    size = {name: v for (name, _), v in samples.items()}
+    public = sum(
+        p.stat().st_size for p in served.minilm_dir.rglob("*") if p.is_file()
+    )  # at least MiniLM's bytes; the private repo is not counted
+    assert size["cmh_mirror_store_bytes"] >= public
+    assert size["cmh_mirror_store_repos"] == 2
+
+
+def test_tokens_typo_warned(served: Served) -> None:
+    assert "CMH-test/Tiny" in served.server.stderr_text()
+    out = cmh(["mirror", "ls", "--store", served.store, "--tokens", str(served.tokens)], served.env)
+    assert "CMH-test/Tiny" in out.stderr and TINY_REPO in out.stderr
+
+
+def test_mirror_ls(served: Served) -> None:
+    out = cmh(["mirror", "ls", "--store", served.store, "--json"], served.env)
+    repos = {r["repo_id"] for r in json.loads(out.stdout)["repos"]}
+    assert repos == {MINILM_REPO, TINY_REPO, PRIVATE_REPO}
+
+
+def test_scrub(served: Served) -> None:
+    out = cmh(["mirror", "scrub", "--store", served.store, "--json", "--no-quarantine"], served.env)
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["blobs"] >= 10 and report["bytes"] > 0
+
+
+def test_mirror_sync(served: Served) -> None:
+    """``cmh mirror sync X --store S --from URL`` fills the store (here from the mirror
+    itself: it is a Hub), and the synced repo is then served with its files."""
+    target = served.store + "synced/" if served.kind != "local" else served.store + "-synced"
+    out = cmh(["mirror", "sync", TINY_REPO, "--store", target, "--from", served.server.url,
+               "--json"], served.env)  # fmt: skip
+    assert json.loads(out.stdout)["repos"][0]["commit"] == served.commits[TINY_REPO]
+    listed = cmh(["mirror", "ls", "--store", target, "--json"], served.env)
+    (repo,) = json.loads(listed.stdout)["repos"]
+    assert repo["repo_id"] == TINY_REPO
+    assert {r["name"] for r in repo["refs"]} >= {"main"}
+
+
+def test_mirror_add_records_its_check(served: Served) -> None:
+    """The check ``mirror add`` made is recorded in the store for every server, so the
+    first GET does not hash the blob again (local: the file version; bucket: the object
+    version)."""
+    etag = hashlib.sha256(bytes((i * 7 + 1) % 256 for i in range(300_000))).hexdigest()
+    record = _store_file(served, f"models--cmh-test--tiny/.cmh/checked/{etag}")
+    assert record is not None
+    status, _, body = get(f"{served.server.url}/{TINY_REPO}/resolve/main/weights.bin",
+                          {"Range": "bytes=0-0"})  # fmt: skip
+    assert status == 206 and body == b"\x01"
+
+
+def _wait_for(probe: Any, want: Any, within: float) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        got = probe()
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) -> None:
+    """A blob that scrub quarantined is no longer served (503), and once re-imported it is
+    served again, by every replica within ``--ref-ttl`` (2 s here; redirect replicas
+    never send a client to the deleted object)."""
+    repo = "cmh-test/scrubbed"
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(200_000)
+    (src / "weights.bin").write_bytes(data)
+    cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo], served.env)
+    replicas = [served.server]
+    if served.kind != "local":
+        with storage_env(served):
+            replicas.append(MirrorServer(served.store, tmp_path / "logs",  # type: ignore[arg-type]
+                                         extra_args=("--blob-delivery", "redirect")))  # fmt: skip
+    try:
+        for replica in replicas:
+            assert get(f"{replica.url}/{repo}/resolve/main/weights.bin")[0] in (200, 302)
+        etag = hashlib.sha256(data).hexdigest()
+        _overwrite(served, f"models--cmh-test--scrubbed/blobs/{etag}", b"\0" * len(data))
+        out = cmh(["mirror", "scrub", "--store", served.store, "--json"], served.env, check=False)
+        assert out.returncode == 1 and json.loads(out.stdout)["bad"]
+
+        def answer(replica: MirrorServer) -> int:
+            status, headers, _ = get(f"{replica.url}/{repo}/resolve/main/weights.bin")
+            if status == 302:  # where the client would go: it must exist
+                return get(headers["Location"])[0]
+            return status
+
+        for replica in replicas:
+            assert _wait_for(lambda r=replica: answer(r), 503, 2.0 + 1.5) == 503
+        cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo], served.env)
+
+        def body(replica: MirrorServer) -> bytes:
+            status, headers, got = get(f"{replica.url}/{repo}/resolve/main/weights.bin")
+            if status == 302:
+                status, _, got = get(headers["Location"])
+            return got if status == 200 else b""
+
+        for replica in replicas:
+            assert _wait_for(lambda r=replica: body(r), data, 2.0 + 1.5) == data
+    finally:
+        for replica in replicas[1:]:
+            replica.stop()
+
+
+def test_redirect_signed_for_the_public_storage_url(served: Served, tmp_path: Path) -> None:
+    """``--public-storage-url``: redirects name the storage as clients reach it (here
+    ``localhost`` where the replicas use ``127.0.0.1``), and that URL downloads the blob."""
+    if served.kind == "local":
+        done = cmh(["serve", "--store", served.store, "--public-storage-url",
+                    "http://localhost:1"], served.env, check=False)  # fmt: skip
+        assert done.returncode == 2 and "bucket stores" in done.stderr
+        return
+    endpoint = served.env["AWS_ENDPOINT_URL"]
+    public = endpoint.replace("127.0.0.1", "localhost")
+    with storage_env(served):
+        replica = MirrorServer(served.store, tmp_path / "logs",  # type: ignore[arg-type]
+                               extra_args=("--blob-delivery", "redirect",
+                                           "--public-storage-url", public))  # fmt: skip
+    try:
+        status, headers, _ = get(f"{replica.url}/{TINY_REPO}/resolve/main/weights.bin")
+        assert status == 302 and headers["Location"].startswith(public + "/")
+        status, _, body = get(headers["Location"])
+        assert status == 200 and body == bytes((i * 7 + 1) % 256 for i in range(300_000))
+    finally:
+        replica.stop()
