@@ -10,7 +10,7 @@ import click
 from ._common import EXIT_UNREADABLE, EXIT_USAGE, fail
 
 if TYPE_CHECKING:
-    from cmh.hub.mirror import BucketStore, MirrorStore
+    from cmh.hub.mirror import MirrorStore
 
 #: What ``--store`` gives a command: a folder, or the URL of a bucket store.
 StoreLocation = Path | str
@@ -64,13 +64,3 @@ def open_store_or_fail(location: StoreLocation, *, existing: bool = True) -> Mir
     except StoreError as exc:
         fail(str(exc), EXIT_USAGE)
     return store
-
-
-def open_bucket_or_fail(url: str) -> BucketStore:
-    """Open a bucket store with the standard AWS settings; a clear error otherwise."""
-    from cmh.hub.mirror import BucketError, open_bucket
-
-    try:
-        return open_bucket(url)
-    except BucketError as exc:
-        fail(str(exc), EXIT_USAGE)
