@@ -6,7 +6,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ...cache.layout import LayoutError, RepoLayout, iter_repos
 from ...cache.usage import record_use
@@ -16,6 +16,10 @@ from ..scrub import ScrubReport
 from ..send import BlobUnavailable, open_blob
 from ..store import ImportResult, RepoSummary
 from ._base import ProgressCallback, StoreMissing
+
+if TYPE_CHECKING:
+    from ...prune.scan import CacheScan
+    from ..scrub_history import ScrubView
 
 
 class LocalStore:
@@ -75,6 +79,9 @@ class LocalStore:
             for name, commit in repo.refs_by_name().items()
             if resolve_revision(repo, commit) is not None
         }
+
+    def commits(self, repo_type: str, repo_id: str) -> list[str]:
+        return self._repo(repo_type, repo_id).commits()
 
     def history(self, repo_type: str, repo_id: str, head: CommitIndex) -> list[CommitRecord]:
         return history(self._repo(repo_type, repo_id), head)
@@ -145,6 +152,16 @@ class LocalStore:
 
         self.check()
         return list_store(self.root)
+
+    def scrub_history(self) -> ScrubView:
+        from ..scrub_history import scrub_view
+
+        return scrub_view(self.root)
+
+    def prune_scan(self) -> CacheScan:
+        from ...prune import scan_cache
+
+        return scan_cache(self.root, read_expiry=True, read_commit_times=True)
 
     def scrub_bytes(self) -> int:
         total = 0
