@@ -36,6 +36,8 @@ from moto_s3 import MotoBucket, moto_fixture  # noqa: F401 (fixture)
 from seaweed import SeaweedBucket
 
 KINDS = ("local", "seaweed", "moto")
+#: Opens the web operator page (``--admin-tokens``).
+ADMIN_TOKEN = "hf_cmh_parity_admin_0001"
 
 
 @dataclass
@@ -101,11 +103,14 @@ def served(
     tokens = tmp / "tokens.txt"
     # a case typo: the tokens file names a repo the store does not hold
     tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n{PRIVATE_TOKEN}  CMH-test/Tiny\n")
+    admins = tmp / "admin-tokens.txt"
+    admins.write_text(ADMIN_TOKEN + "\n")
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
     try:
-        server = MirrorServer(store, tmp / "logs", tokens=tokens)  # type: ignore[arg-type]
+        server = MirrorServer(store, tmp / "logs", tokens=tokens,  # type: ignore[arg-type]
+                              extra_args=("--admin-tokens", str(admins)))  # fmt: skip
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -259,6 +264,80 @@ def test_scrub(served: Served) -> None:
     out = cmh(["mirror", "scrub", "--store", served.store, "--json", "--no-quarantine"], served.env)
     report = json.loads(out.stdout)
     assert report["ok"] and report["blobs"] >= 10 and report["bytes"] > 0
+
+
+# -- web pages ---------------------------------------------------------------------------
+
+
+def page(served: Served, path: str, token: str | None = None) -> tuple[int, str]:
+    """Status and text of a web page, asked with ``token`` as the login cookie."""
+    headers = {"Cookie": f"cmh_token={token}"} if token else {}
+    status, _, body = get(f"{served.server.url}{path}", headers)
+    return status, body.decode("utf-8", "replace")
+
+
+def test_page_list(served: Served) -> None:
+    status, text = page(served, "/")
+    assert status == 200, text
+    assert TINY_REPO in text and MINILM_REPO in text
+    assert PRIVATE_REPO not in text  # private without a token
+    status, text = page(served, "/", PRIVATE_TOKEN)
+    assert status == 200 and PRIVATE_REPO in text
+    status, text = page(served, "/models?q=tiny")
+    assert status == 200 and TINY_REPO in text and MINILM_REPO not in text
+
+
+def test_page_repo(served: Served) -> None:
+    status, text = page(served, f"/{TINY_REPO}")
+    assert status == 200, text
+    for name in ("weights.bin", "config.json", "sub", "tiny v1"):  # tree and card
+        assert name in text, name
+    assert served.commits[TINY_REPO][:12] in text
+    status, text = page(served, f"/{TINY_REPO}/tree/main/sub")
+    assert status == 200 and "notes.txt" in text and "deeper" in text
+    status, text = page(served, f"/{MINILM_REPO}")
+    assert status == 200 and "model.safetensors" in text
+    assert page(served, f"/{TINY_REPO}/tree/no-such-branch")[0] == 404
+
+
+def test_page_file(served: Served) -> None:
+    status, text = page(served, f"/{TINY_REPO}/blob/main/sub/notes.txt")
+    assert status == 200 and "notes" in text
+    status, text = page(served, f"/{MINILM_REPO}/blob/main/model.safetensors")
+    assert status == 200, text
+    assert 'id="tensor-summary"' in text  # the header, read through the store
+    assert "embeddings.word_embeddings.weight" in text
+
+
+def test_page_commits(served: Served) -> None:
+    status, text = page(served, f"/{TINY_REPO}/commits/main")
+    assert status == 200, text
+    assert served.commits[TINY_REPO][:12] in text
+
+
+def test_page_private_repo_needs_its_token(served: Served) -> None:
+    for path in (f"/{PRIVATE_REPO}", f"/{PRIVATE_REPO}/blob/main/config.json",
+                 f"/{PRIVATE_REPO}/commits/main"):  # fmt: skip
+        status, text = page(served, path)
+        assert status == 404 and "secret" not in text, path
+        status, text = page(served, path, PRIVATE_TOKEN)
+        assert status == 200, (path, text)
+    assert "secret" in page(served, f"/{PRIVATE_REPO}/blob/main/config.json", PRIVATE_TOKEN)[1]
+
+
+def test_page_operator(served: Served) -> None:
+    assert page(served, "/-/operator")[0] == 403
+    assert page(served, "/-/operator", PRIVATE_TOKEN)[0] == 403
+    cmh(["mirror", "scrub", "--store", served.store, "--json", "--no-quarantine"], served.env)
+    status, text = page(served, "/-/operator", ADMIN_TOKEN)
+    assert status == 200, text
+    assert 'id="size-chart"' in text and "<rect" in text
+    sizes = text.split('id="sizes"', 1)[1].split("</table>", 1)[0]
+    assert TINY_REPO in sizes and MINILM_REPO in sizes
+    prune = text.split('id="prune"', 1)[1].split("</section>", 1)[0]
+    assert "would free" in prune  # the dry run of the one planner
+    scrub = text.split('id="scrub"', 1)[1].split("</section>", 1)[0]
+    assert "all good" in scrub  # the scrub just run, as the store recorded it
 
 
 def test_mirror_sync(served: Served) -> None:
