@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ...cache.layout import LayoutError, RepoLayout, iter_repos
+from ...cache.layout import COMMIT_RE, LayoutError, RepoLayout, iter_repos, parse_repo_folder
 from ...cache.usage import record_use
 from ..history import CommitRecord, history, last_commits
 from ..index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
@@ -20,6 +21,35 @@ from ._base import ProgressCallback, StoreMissing
 if TYPE_CHECKING:
     from ...prune.scan import CacheScan
     from ..scrub_history import ScrubView
+
+
+#: Whether a repo folder holds a snapshot, by the mtime of its ``snapshots/`` folder:
+#: every list page reads every repo, and a ``stat`` is cheaper than a ``scandir``.
+_snapshot_seen: dict[str, tuple[int, bool]] = {}
+#: A ``snapshots/`` folder changed this recently is read again (its mtime may not
+#: yet show a change made within the same clock tick).
+SNAPSHOT_SETTLE_NS = 2_000_000_000
+
+
+def _has_snapshot(folder: str) -> bool:
+    snapshots = os.path.join(folder, "snapshots")
+    try:
+        mtime = os.stat(snapshots).st_mtime_ns
+    except OSError:
+        return False
+    seen = _snapshot_seen.get(folder)
+    if seen is not None and seen[0] == mtime:
+        return seen[1]
+    try:
+        with os.scandir(snapshots) as it:
+            found = any(COMMIT_RE.match(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+    except OSError:
+        return False
+    if time.time_ns() - mtime > SNAPSHOT_SETTLE_NS:
+        if len(_snapshot_seen) > 100_000:
+            _snapshot_seen.clear()
+        _snapshot_seen[folder] = (mtime, found)
+    return found
 
 
 class LocalStore:
@@ -52,7 +82,21 @@ class LocalStore:
         return None
 
     def repos(self) -> list[tuple[str, str]]:
-        return sorted((r.repo_type, r.repo_id) for r in iter_repos(self.root) if repo_exists(r))
+        """Read on every list page and listing (one ``scandir``): a repo with a snapshot
+        costs one ``stat`` of its ``snapshots/`` folder once seen (:func:`_has_snapshot`)."""
+        out = []
+        try:
+            with os.scandir(self.root) as it:
+                folders = [(e.name, e.path) for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        for name, path in folders:
+            parsed = parse_repo_folder(name)
+            if parsed is None:
+                continue
+            if _has_snapshot(path) or repo_exists(self._repo(*parsed)):
+                out.append(parsed)
+        return sorted(out)
 
     def repo_exists(self, repo_type: str, repo_id: str) -> bool:
         return repo_exists(self._repo(repo_type, repo_id))
