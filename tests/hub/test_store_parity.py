@@ -309,6 +309,24 @@ def test_page_file(served: Served) -> None:
     assert "embeddings.word_embeddings.weight" in text
 
 
+def test_page_verification_reads_through_the_store(served: Served) -> None:
+    """The file page's ``cmh.verify`` (what ``?verify=1`` runs) gets the blob through the
+    store (a checked copy from a bucket) and says what a verify of the file itself says."""
+    from cmh.hub.mirror.stores import open_store
+    from cmh.hub.mirror.web.views import StampCache, verify_file
+
+    with storage_env(served):
+        store = open_store(Path(served.store) if served.kind == "local" else served.store)
+        index = store.resolve("model", MINILM_REPO, "main")
+        assert index is not None
+        entry = index.files["model.safetensors"]
+        got = StampCache().verify(store, index, entry)
+        stamp = StampCache().stamp(store, entry)
+    want = verify_file(served.minilm_dir / "model.safetensors")
+    assert (got.ok, got.outcome, got.mismatched) == (want.ok, want.outcome, want.mismatched)
+    assert stamp.tensor_count > 100 and not stamp.stamped
+
+
 def test_page_commits(served: Served) -> None:
     status, text = page(served, f"/{TINY_REPO}/commits/main")
     assert status == 200, text
