@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from ..store import StoreError
 
 if TYPE_CHECKING:
-    from ..history import CommitRecord
     from ...prune.scan import CacheScan
+    from ..history import CommitRecord
     from ..index import CommitIndex, FileEntry
     from ..scrub import ScrubReport
     from ..scrub_history import ScrubView

@@ -303,9 +303,8 @@ class BucketBackedStore:
         threads: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> ScrubReport:
-        from ..bucket_scrub import scrub_bucket
-
         from ..bucket import QUARANTINE
+        from ..bucket_scrub import scrub_bucket
         from ..scrub_history import LAST_SCRUB
 
         with _storage_errors():  # every blob is streamed and hashed whole (full or not)
