@@ -414,6 +414,12 @@ def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) 
         _overwrite(served, f"models--cmh-test--scrubbed/blobs/{etag}", b"\0" * len(data))
         out = cmh(["mirror", "scrub", "--store", served.store, "--json"], served.env, check=False)
         assert out.returncode == 1 and json.loads(out.stdout)["bad"]
+        # the operator page shows that scrub and the blob it quarantined, on every kind
+        status, text = page(served, "/-/operator", ADMIN_TOKEN)
+        scrub = text.split('id="scrub"', 1)[1].split("</section>", 1)[0]
+        assert status == 200 and "1 bad" in scrub
+        quarantine = scrub.split('id="quarantine"', 1)[1]
+        assert etag[:16] in quarantine and repo in quarantine
 
         def answer(replica: MirrorServer) -> int:
             status, headers, _ = get(f"{replica.url}/{repo}/resolve/main/weights.bin")
