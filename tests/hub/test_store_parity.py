@@ -293,6 +293,8 @@ def test_page_repo(served: Served) -> None:
     for name in ("weights.bin", "config.json", "sub", "tiny v1"):  # tree and card
         assert name in text, name
     assert served.commits[TINY_REPO][:12] in text
+    side = text.split('id="commits"', 1)[1].split("</ul>", 1)[0]
+    assert "no commit record" not in side  # made by `cmh mirror add`: its record is read
     status, text = page(served, f"/{TINY_REPO}/tree/main/sub")
     assert status == 200 and "notes.txt" in text and "deeper" in text
     status, text = page(served, f"/{MINILM_REPO}")

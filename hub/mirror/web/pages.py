@@ -399,7 +399,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
             card = read_card(readme, store.opener)
         except OSError:
             card = None
-    records = {r.commit: r for r in store.history(repo.repo_type, repo.repo_id, index)}
+    records = views.commit_records(store, repo, index, refs)
     ctx.update(_repo_context(request, where, revision, index))
     ctx.update(
         directory=directory, crumbs=_crumbs(directory),

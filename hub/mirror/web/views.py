@@ -25,6 +25,7 @@ from ..scrub_history import ScrubView
 from ..store import StoreError
 
 if TYPE_CHECKING:
+    from ..history import CommitRecord
     from ..stores import MirrorStore
 from .session import Viewer
 
@@ -374,6 +375,24 @@ def revisions(store: MirrorStore, repo: RepoName) -> tuple[list[RefRow], list[Co
         commits.append(CommitRow(commit, created, names))
     commits.sort(key=lambda c: c.created or 0.0, reverse=True)
     return refs, commits
+
+
+def commit_records(
+    store: MirrorStore, repo: RepoName, head: CommitIndex, refs: list[RefRow]
+) -> dict[str, CommitRecord]:
+    """The records (title, authors, time) of the commits in the history of ``head`` and
+    of every ref; a commit made without one (not by ``cmh mirror add``) is left out."""
+    heads = [head]
+    for commit in sorted({r.commit for r in refs} - {head.commit}):
+        index = store.resolve(repo.repo_type, repo.repo_id, commit)
+        if index is not None:
+            heads.append(index)
+    out: dict[str, CommitRecord] = {}
+    for index in heads:
+        for record in store.history(repo.repo_type, repo.repo_id, index):
+            if record.recorded:
+                out.setdefault(record.commit, record)
+    return out
 
 
 @dataclass(frozen=True)
