@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
+from ...cache.layout import repo_folder_name
 from ..auth import AccessPolicy, repo_key
 from ..index import CommitIndex, FileEntry
 from ..scrub_history import ScrubView
@@ -280,7 +281,8 @@ class RepoName:
 def visible_repos(
     store: MirrorStore, policy: AccessPolicy, viewer: Viewer, query: str = "", repo_type: str = ""
 ) -> list[RepoName]:
-    """Repos of the store this viewer may see, filtered by a name substring and type."""
+    """Repos of the store this viewer may see, filtered by a name substring and type,
+    sorted by folder name (``models--org--name``, as spec/hub-mirror.md 6 lists them)."""
     needle = query.strip().lower()
     out = []
     for kind, repo_id in store.repos():
@@ -290,7 +292,7 @@ def visible_repos(
             continue
         if viewer.can_read(policy, kind, repo_id):
             out.append(RepoName(kind, repo_id))
-    return out
+    return sorted(out, key=lambda r: repo_folder_name(r.repo_id, r.repo_type))
 
 
 def default_revision(store: MirrorStore, repo: RepoName) -> tuple[str | None, str | None]:
