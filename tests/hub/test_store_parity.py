@@ -467,3 +467,37 @@ def test_redirect_signed_for_the_public_storage_url(served: Served, tmp_path: Pa
         assert status == 200 and body == bytes((i * 7 + 1) % 256 for i in range(300_000))
     finally:
         replica.stop()
+
+
+def test_pages_answer_503_while_the_storage_is_down(tmp_path: Path) -> None:
+    """A page whose store cannot be read (its storage killed) is a 503 HTML page naming
+    the trouble, never a traceback."""
+    from moto_s3 import MotoServer
+
+    moto = MotoServer(tmp_path / "moto.log")
+    server = None
+    try:
+        bucket = MotoBucket(moto, prefix="down/")
+        env = _aws_env(bucket.aws_env(), tmp_path)
+        cmh(["mirror", "add", str(write_tiny_repo(tmp_path / "tiny", 1)), "--store", bucket.url,
+             "--repo", TINY_REPO], env)  # fmt: skip
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            server = MirrorServer(bucket.url, tmp_path / "logs")  # type: ignore[arg-type]
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        status, _, body = get(f"{server.url}/")
+        assert status == 200 and TINY_REPO in body.decode()
+        moto.process.kill()
+        moto.process.wait()
+        status, headers, body = get(f"{server.url}/")
+        assert status == 503 and headers["Content-Type"].startswith("text/html")
+        assert "the store cannot be read now" in body.decode()
+        assert "Traceback" not in server.stderr_text()
+    finally:
+        if server is not None:
+            server.stop()
+        moto.stop()
