@@ -1,10 +1,11 @@
-"""What the pages show, read from the store through the mirror's own index and the pruner.
+"""What the pages show, read through the store the app serves and the one prune planner.
 
-Plain functions of the store (no aiohttp, no templates): the repo list, a repo's
-revisions and tree, a file's stamp details, the operator's view. Everything a
-page reads about a repo goes through :class:`~cmh.hub.mirror.index.IndexCache`
-(the same checked index the API serves from); stamp details are read from the
-blob headers once per blob version (:class:`StampCache`).
+Plain functions of a :class:`~cmh.hub.mirror.stores.MirrorStore` (no aiohttp, no
+templates, no folder or bucket named): the repo list, a repo's revisions and
+tree, a file's stamp details, the operator's view. Everything a page reads
+about a repo comes from the store (the same checked index the API serves
+from); stamp details are read from the blob headers once per blob version
+(:class:`StampCache`).
 """
 
 from __future__ import annotations
