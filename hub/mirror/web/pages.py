@@ -298,8 +298,7 @@ def _list_page(
     found = views.visible_repos(store, state.policy, who, filters.query, filters.kind)
     described: list[tuple[views.RepoName, RepoFacets]] = []
     for repo in found:
-        _, commit = views.default_revision(store, repo)
-        index = None if commit is None else store.resolve(repo.repo_type, repo.repo_id, commit)
+        _, index = views.default_revision(store, repo)
         fields = NO_CARD
         if index is not None:
             try:
@@ -339,13 +338,13 @@ def _open_repo(request: web.Request, who: Viewer, where: Where) -> tuple[str, Co
     asked = where.revision
     if asked:
         try:
-            revision: str | None = validate_revision(asked)
+            checked = validate_revision(asked)
         except LayoutError:
             raise PageError(400, "invalid revision") from None
-        commit: str | None = asked
+        revision: str | None = checked
+        index = store.resolve(repo.repo_type, repo.repo_id, checked)
     else:
-        revision, commit = views.default_revision(store, repo)
-    index = None if commit is None else store.resolve(repo.repo_type, repo.repo_id, commit)
+        revision, index = views.default_revision(store, repo)
     if index is None or revision is None:
         raise PageError(404, f"Invalid rev id: {asked}")
     return revision, index

@@ -296,16 +296,20 @@ def visible_repos(
     return sorted(out, key=lambda r: repo_folder_name(r.repo_id, r.repo_type))
 
 
-def default_revision(store: MirrorStore, repo: RepoName) -> tuple[str | None, str | None]:
-    """``(revision, commit)`` a repo page opens on: ``main``, else the first ref, else a commit."""
-    index = store.resolve(repo.repo_type, repo.repo_id, "main")
+def default_revision(store: MirrorStore, repo: RepoName) -> tuple[str | None, CommitIndex | None]:
+    """``(revision, index)`` a repo page opens on: ``main``, else the first ref, else a
+    commit; ``(None, None)`` when the store holds no commit of the repo."""
+    t, name = repo.repo_type, repo.repo_id
+    index = store.resolve(t, name, "main")
     if index is not None:
-        return "main", index.commit
-    refs = store.refs(repo.repo_type, repo.repo_id)
-    for name, target in sorted(refs.items()):
-        return name, target
-    commits = store.commits(repo.repo_type, repo.repo_id)
-    return (commits[-1], commits[-1]) if commits else (None, None)
+        return "main", index
+    for ref, target in sorted(store.refs(t, name).items()):
+        index = store.resolve(t, name, target)
+        if index is not None:
+            return ref, index
+    commits = store.commits(t, name)
+    index = store.resolve(t, name, commits[-1]) if commits else None
+    return (commits[-1], index) if index is not None else (None, None)
 
 
 def stamp_state(
@@ -334,8 +338,7 @@ def repo_row(
 ) -> RepoRow:
     """The list line of one repo, at its default revision."""
     private = policy.is_private(repo.repo_type, repo.repo_id)
-    revision, commit = default_revision(store, repo)
-    index = None if commit is None else store.resolve(repo.repo_type, repo.repo_id, commit)
+    revision, index = default_revision(store, repo)
     if index is None:
         return RepoRow(repo.repo_type, repo.repo_id, private, None, None, 0, 0, None, None)
     return RepoRow(
