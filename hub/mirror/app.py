@@ -86,7 +86,7 @@ class MirrorState:
     cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
 
     #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
-    #: fills, the web pages); a placeholder that holds nothing for a remote store.
+    #: fills); a placeholder that holds nothing for a remote store.
     store: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -110,8 +110,7 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
         middlewares=[_busy] if state.guard is not None else [],
     )
     app[STORE_KEY] = state
-    if state.backend.local_root() is not None:  # the pages read a folder (not yet a bucket)
-        add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
+    add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_response_prepare.append(_origin_headers)
     sender = state.backend.remote_sender(state.delivery)
@@ -226,7 +225,7 @@ async def _hub_page(request: web.Request) -> web.StreamResponse | None:
     from .web import pages
 
     if pages.WEB_KEY not in request.app:
-        return None  # a bucket store: no pages
+        return None  # an app made without the pages
     return await pages.hub_page(request)
 
 

@@ -447,8 +447,13 @@ def test_hostile_cards_never_break_listings_info_or_pages(
     assert "not valid YAML" in httpx2.get(f"{server.url}/-/models/cards/digits", timeout=60).text
     assert "Traceback" not in server.stderr_text()
     # Rendered once per blob: the second read of a card is the cached object.
-    readme = next(p for p in (store / "models--cards--nested" / "snapshots").rglob("README.md"))
-    assert cards.read_card(readme) is cards.read_card(readme)
+    from cmh.hub.mirror.stores.local import LocalStore
+
+    backend = LocalStore(store)
+    index = backend.resolve("model", "cards/nested", "main")
+    assert index is not None
+    readme = index.files["README.md"]
+    assert cards.read_card(readme, backend.opener) is cards.read_card(readme, backend.opener)
 
 
 # -- upstream trouble is cheap ------------------------------------------------------------

@@ -36,6 +36,8 @@ from moto_s3 import MotoBucket, moto_fixture  # noqa: F401 (fixture)
 from seaweed import SeaweedBucket
 
 KINDS = ("local", "seaweed", "moto")
+#: Opens the web operator page (``--admin-tokens``).
+ADMIN_TOKEN = "hf_cmh_parity_admin_0001"
 
 
 @dataclass
@@ -101,11 +103,14 @@ def served(
     tokens = tmp / "tokens.txt"
     # a case typo: the tokens file names a repo the store does not hold
     tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n{PRIVATE_TOKEN}  CMH-test/Tiny\n")
+    admins = tmp / "admin-tokens.txt"
+    admins.write_text(ADMIN_TOKEN + "\n")
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
     try:
-        server = MirrorServer(store, tmp / "logs", tokens=tokens)  # type: ignore[arg-type]
+        server = MirrorServer(store, tmp / "logs", tokens=tokens,  # type: ignore[arg-type]
+                              extra_args=("--admin-tokens", str(admins)))  # fmt: skip
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -261,6 +266,100 @@ def test_scrub(served: Served) -> None:
     assert report["ok"] and report["blobs"] >= 10 and report["bytes"] > 0
 
 
+# -- web pages ---------------------------------------------------------------------------
+
+
+def page(served: Served, path: str, token: str | None = None) -> tuple[int, str]:
+    """Status and text of a web page, asked with ``token`` as the login cookie."""
+    headers = {"Cookie": f"cmh_token={token}"} if token else {}
+    status, _, body = get(f"{served.server.url}{path}", headers)
+    return status, body.decode("utf-8", "replace")
+
+
+def test_page_list(served: Served) -> None:
+    status, text = page(served, "/")
+    assert status == 200, text
+    assert TINY_REPO in text and MINILM_REPO in text
+    assert PRIVATE_REPO not in text  # private without a token
+    status, text = page(served, "/", PRIVATE_TOKEN)
+    assert status == 200 and PRIVATE_REPO in text
+    status, text = page(served, "/models?q=tiny")
+    assert status == 200 and TINY_REPO in text and MINILM_REPO not in text
+
+
+def test_page_repo(served: Served) -> None:
+    status, text = page(served, f"/{TINY_REPO}")
+    assert status == 200, text
+    for name in ("weights.bin", "config.json", "sub", "tiny v1"):  # tree and card
+        assert name in text, name
+    assert served.commits[TINY_REPO][:12] in text
+    side = text.split('id="commits"', 1)[1].split("</ul>", 1)[0]
+    assert "no commit record" not in side  # made by `cmh mirror add`: its record is read
+    status, text = page(served, f"/{TINY_REPO}/tree/main/sub")
+    assert status == 200 and "notes.txt" in text and "deeper" in text
+    status, text = page(served, f"/{MINILM_REPO}")
+    assert status == 200 and "model.safetensors" in text
+    assert page(served, f"/{TINY_REPO}/tree/no-such-branch")[0] == 404
+
+
+def test_page_file(served: Served) -> None:
+    status, text = page(served, f"/{TINY_REPO}/blob/main/sub/notes.txt")
+    assert status == 200 and "notes" in text
+    status, text = page(served, f"/{MINILM_REPO}/blob/main/model.safetensors")
+    assert status == 200, text
+    assert 'id="tensor-summary"' in text  # the header, read through the store
+    assert "embeddings.word_embeddings.weight" in text
+
+
+def test_page_verification_reads_through_the_store(served: Served) -> None:
+    """The file page's ``cmh.verify`` (what ``?verify=1`` runs) gets the blob through the
+    store (a checked copy from a bucket) and says what a verify of the file itself says."""
+    from cmh.hub.mirror.stores import open_store
+    from cmh.hub.mirror.web.views import StampCache, verify_file
+
+    with storage_env(served):
+        store = open_store(Path(served.store) if served.kind == "local" else served.store)
+        index = store.resolve("model", MINILM_REPO, "main")
+        assert index is not None
+        entry = index.files["model.safetensors"]
+        got = StampCache().verify(store, index, entry)
+        stamp = StampCache().stamp(store, entry)
+    want = verify_file(served.minilm_dir / "model.safetensors")
+    assert (got.ok, got.outcome, got.mismatched) == (want.ok, want.outcome, want.mismatched)
+    assert stamp.tensor_count > 100 and not stamp.stamped
+
+
+def test_page_commits(served: Served) -> None:
+    status, text = page(served, f"/{TINY_REPO}/commits/main")
+    assert status == 200, text
+    assert served.commits[TINY_REPO][:12] in text
+
+
+def test_page_private_repo_needs_its_token(served: Served) -> None:
+    for path in (f"/{PRIVATE_REPO}", f"/{PRIVATE_REPO}/blob/main/config.json",
+                 f"/{PRIVATE_REPO}/commits/main"):  # fmt: skip
+        status, text = page(served, path)
+        assert status == 404 and "secret" not in text, path
+        status, text = page(served, path, PRIVATE_TOKEN)
+        assert status == 200, (path, text)
+    assert "secret" in page(served, f"/{PRIVATE_REPO}/blob/main/config.json", PRIVATE_TOKEN)[1]
+
+
+def test_page_operator(served: Served) -> None:
+    assert page(served, "/-/operator")[0] == 403
+    assert page(served, "/-/operator", PRIVATE_TOKEN)[0] == 403
+    cmh(["mirror", "scrub", "--store", served.store, "--json", "--no-quarantine"], served.env)
+    status, text = page(served, "/-/operator", ADMIN_TOKEN)
+    assert status == 200, text
+    assert 'id="size-chart"' in text and "<rect" in text
+    sizes = text.split('id="sizes"', 1)[1].split("</table>", 1)[0]
+    assert TINY_REPO in sizes and MINILM_REPO in sizes
+    prune = text.split('id="prune"', 1)[1].split("</section>", 1)[0]
+    assert "would free" in prune  # the dry run of the one planner
+    scrub = text.split('id="scrub"', 1)[1].split("</section>", 1)[0]
+    assert "all good" in scrub  # the scrub just run, as the store recorded it
+
+
 def test_mirror_sync(served: Served) -> None:
     """``cmh mirror sync X --store S --from URL`` fills the store (here from the mirror
     itself: it is a Hub), and the synced repo is then served with its files."""
@@ -317,6 +416,12 @@ def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) 
         _overwrite(served, f"models--cmh-test--scrubbed/blobs/{etag}", b"\0" * len(data))
         out = cmh(["mirror", "scrub", "--store", served.store, "--json"], served.env, check=False)
         assert out.returncode == 1 and json.loads(out.stdout)["bad"]
+        # the operator page shows that scrub and the blob it quarantined, on every kind
+        status, text = page(served, "/-/operator", ADMIN_TOKEN)
+        scrub = text.split('id="scrub"', 1)[1].split("</section>", 1)[0]
+        assert status == 200 and "1 bad" in scrub
+        quarantine = scrub.split('id="quarantine"', 1)[1]
+        assert etag[:16] in quarantine and repo in quarantine
 
         def answer(replica: MirrorServer) -> int:
             status, headers, _ = get(f"{replica.url}/{repo}/resolve/main/weights.bin")
@@ -362,3 +467,37 @@ def test_redirect_signed_for_the_public_storage_url(served: Served, tmp_path: Pa
         assert status == 200 and body == bytes((i * 7 + 1) % 256 for i in range(300_000))
     finally:
         replica.stop()
+
+
+def test_pages_answer_503_while_the_storage_is_down(tmp_path: Path) -> None:
+    """A page whose store cannot be read (its storage killed) is a 503 HTML page naming
+    the trouble, never a traceback."""
+    from moto_s3 import MotoServer
+
+    moto = MotoServer(tmp_path / "moto.log")
+    server = None
+    try:
+        bucket = MotoBucket(moto, prefix="down/")
+        env = _aws_env(bucket.aws_env(), tmp_path)
+        cmh(["mirror", "add", str(write_tiny_repo(tmp_path / "tiny", 1)), "--store", bucket.url,
+             "--repo", TINY_REPO], env)  # fmt: skip
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            server = MirrorServer(bucket.url, tmp_path / "logs")  # type: ignore[arg-type]
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        status, _, body = get(f"{server.url}/")
+        assert status == 200 and TINY_REPO in body.decode()
+        moto.process.kill()
+        moto.process.wait()
+        status, headers, body = get(f"{server.url}/")
+        assert status == 503 and headers["Content-Type"].startswith("text/html")
+        assert "the store cannot be read now" in body.decode()
+        assert "Traceback" not in server.stderr_text()
+    finally:
+        if server is not None:
+            server.stop()
+        moto.stop()

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from ..store import StoreError
 
 if TYPE_CHECKING:
+    from ...prune.scan import CacheScan
     from ..history import CommitRecord
     from ..index import CommitIndex, FileEntry
     from ..scrub import ScrubReport
+    from ..scrub_history import ScrubView
     from ..store import ImportResult, RepoSummary
 
 
@@ -60,6 +62,9 @@ class MirrorStore(Protocol):
 
     def refs(self, repo_type: str, repo_id: str) -> dict[str, str]:
         """Every ref whose commit the store holds: name -> commit."""
+
+    def commits(self, repo_type: str, repo_id: str) -> list[str]:
+        """Every commit the store holds of the repo (named by a ref or not), sorted."""
 
     def history(self, repo_type: str, repo_id: str, head: CommitIndex) -> list[CommitRecord]:
         """``head`` and its first parents, newest first."""
@@ -112,6 +117,13 @@ class MirrorStore(Protocol):
     ) -> ScrubReport:
         """Re-hash every blob; quarantine the bad ones; keep the report for the web page."""
 
+    def scrub_history(self) -> ScrubView:
+        """The last recorded scrub and the notes of quarantined blobs (the operator page)."""
+
+    def prune_scan(self) -> CacheScan:
+        """A read-only scan for the one prune planner, with expiries and commit times
+        (the operator page's dry runs)."""
+
     def scrub_bytes(self) -> int:
         """Bytes a scrub reads (for its progress bar)."""
 
@@ -126,5 +138,5 @@ class MirrorStore(Protocol):
         and sends the file itself, :mod:`~cmh.hub.mirror.send`)."""
 
     def local_root(self) -> Path | None:
-        """The folder the store lives in, for what only a folder has (x-accel, the
-        operator page's prune dry run, pull-through fills); None for a bucket."""
+        """The folder the store lives in, for what only a folder has (x-accel,
+        pull-through fills); None for a bucket."""

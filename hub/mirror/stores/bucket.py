@@ -8,9 +8,10 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ...cache.blobs import new_digest
 from ...cache.layout import repo_folder_name
@@ -22,6 +23,14 @@ from ..objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from ..scrub import ScrubReport
 from ..store import ImportResult, RepoSummary
 from ._base import ProgressCallback, StoreMissing, StoreUnavailable
+
+if TYPE_CHECKING:
+    from ...prune.scan import CacheScan
+    from ..scrub_history import ScrubView
+
+#: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
+#: the storage lists by name).
+MAX_QUARANTINE_NOTES = 1000
 
 
 @contextlib.contextmanager
@@ -130,6 +139,10 @@ class BucketBackedStore:
     def refs(self, repo_type: str, repo_id: str) -> dict[str, str]:
         with _storage_errors():
             return self.reader.refs(self._folder(repo_type, repo_id))
+
+    def commits(self, repo_type: str, repo_id: str) -> list[str]:
+        with _storage_errors():
+            return sorted(self.bucket.tree_infos(self._folder(repo_type, repo_id)))
 
     def history(self, repo_type: str, repo_id: str, head: CommitIndex) -> list[CommitRecord]:
         with _storage_errors():
@@ -249,6 +262,36 @@ class BucketBackedStore:
         with _storage_errors():
             return self.bucket.list_store()
 
+    def scrub_history(self) -> ScrubView:
+        """The report kept by the last scrub (``.quarantine/last-scrub.json``) and the
+        notes beside the quarantined blobs (at most :data:`MAX_QUARANTINE_NOTES`)."""
+        from ..bucket import QUARANTINE
+        from ..scrub_history import LAST_SCRUB, ScrubView
+
+        last: dict[str, Any] | None = None
+        notes: list[dict[str, Any]] = []
+        with _storage_errors():
+            with contextlib.suppress(ObjectNotFound, ValueError):
+                data = json.loads(self.bucket.objects.get(f"{QUARANTINE}/{LAST_SCRUB}"))
+                last = data if isinstance(data, dict) else None
+            for info in self.bucket.objects.list(QUARANTINE):
+                if len(notes) >= MAX_QUARANTINE_NOTES:
+                    break
+                if not info.name.endswith(".json") or info.name.endswith("/" + LAST_SCRUB):
+                    continue
+                with contextlib.suppress(ObjectNotFound, ValueError):
+                    data = json.loads(self.bucket.objects.get(info.name))
+                    if isinstance(data, dict):
+                        notes.append(data)
+        notes.sort(key=lambda n: -float(n.get("quarantined_at") or 0))
+        return ScrubView(last, notes)
+
+    def prune_scan(self) -> CacheScan:
+        from ...prune.bucket import scan_bucket
+
+        with _storage_errors():
+            return scan_bucket(self.bucket, read_expiry=True)
+
     def scrub_bytes(self) -> int:
         return 0  # the scrub reports its progress blob by blob without a total
 
@@ -260,12 +303,17 @@ class BucketBackedStore:
         threads: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> ScrubReport:
+        from ..bucket import QUARANTINE
         from ..bucket_scrub import scrub_bucket
+        from ..scrub_history import LAST_SCRUB
 
         with _storage_errors():  # every blob is streamed and hashed whole (full or not)
-            return scrub_bucket(
+            report = scrub_bucket(
                 self.bucket, do_quarantine=do_quarantine, threads=threads, progress=progress
             )
+            body = {**report.to_dict(), "finished_at": time.time()}  # for the web page
+            self.bucket.objects.put(f"{QUARANTINE}/{LAST_SCRUB}", json.dumps(body).encode())
+        return report
 
     def sync(
         self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ...cache.layout import LayoutError, RepoLayout, iter_repos
+from ...cache.layout import COMMIT_RE, LayoutError, RepoLayout, iter_repos, parse_repo_folder
 from ...cache.usage import record_use
 from ..history import CommitRecord, history, last_commits
 from ..index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
@@ -16,6 +17,39 @@ from ..scrub import ScrubReport
 from ..send import BlobUnavailable, open_blob
 from ..store import ImportResult, RepoSummary
 from ._base import ProgressCallback, StoreMissing
+
+if TYPE_CHECKING:
+    from ...prune.scan import CacheScan
+    from ..scrub_history import ScrubView
+
+
+#: Whether a repo folder holds a snapshot, by the mtime of its ``snapshots/`` folder:
+#: every list page reads every repo, and a ``stat`` is cheaper than a ``scandir``.
+_snapshot_seen: dict[str, tuple[int, bool]] = {}
+#: A ``snapshots/`` folder changed this recently is read again (its mtime may not
+#: yet show a change made within the same clock tick).
+SNAPSHOT_SETTLE_NS = 2_000_000_000
+
+
+def _has_snapshot(folder: str) -> bool:
+    snapshots = os.path.join(folder, "snapshots")
+    try:
+        mtime = os.stat(snapshots).st_mtime_ns
+    except OSError:
+        return False
+    seen = _snapshot_seen.get(folder)
+    if seen is not None and seen[0] == mtime:
+        return seen[1]
+    try:
+        with os.scandir(snapshots) as it:
+            found = any(COMMIT_RE.match(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+    except OSError:
+        return False
+    if time.time_ns() - mtime > SNAPSHOT_SETTLE_NS:
+        if len(_snapshot_seen) > 100_000:
+            _snapshot_seen.clear()
+        _snapshot_seen[folder] = (mtime, found)
+    return found
 
 
 class LocalStore:
@@ -48,7 +82,21 @@ class LocalStore:
         return None
 
     def repos(self) -> list[tuple[str, str]]:
-        return sorted((r.repo_type, r.repo_id) for r in iter_repos(self.root) if repo_exists(r))
+        """Read on every list page and listing (one ``scandir``): a repo with a snapshot
+        costs one ``stat`` of its ``snapshots/`` folder once seen (:func:`_has_snapshot`)."""
+        out = []
+        try:
+            with os.scandir(self.root) as it:
+                folders = [(e.name, e.path) for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        for name, path in folders:
+            parsed = parse_repo_folder(name)
+            if parsed is None:
+                continue
+            if _has_snapshot(path) or repo_exists(self._repo(*parsed)):
+                out.append(parsed)
+        return sorted(out)
 
     def repo_exists(self, repo_type: str, repo_id: str) -> bool:
         return repo_exists(self._repo(repo_type, repo_id))
@@ -75,6 +123,9 @@ class LocalStore:
             for name, commit in repo.refs_by_name().items()
             if resolve_revision(repo, commit) is not None
         }
+
+    def commits(self, repo_type: str, repo_id: str) -> list[str]:
+        return self._repo(repo_type, repo_id).commits()
 
     def history(self, repo_type: str, repo_id: str, head: CommitIndex) -> list[CommitRecord]:
         return history(self._repo(repo_type, repo_id), head)
@@ -145,6 +196,16 @@ class LocalStore:
 
         self.check()
         return list_store(self.root)
+
+    def scrub_history(self) -> ScrubView:
+        from ..scrub_history import scrub_view
+
+        return scrub_view(self.root)
+
+    def prune_scan(self) -> CacheScan:
+        from ...prune import scan_cache
+
+        return scan_cache(self.root, read_expiry=True, read_commit_times=True)
 
     def scrub_bytes(self) -> int:
         total = 0

@@ -12,14 +12,16 @@ also send a Content-Security-Policy that allows no inline script.
 from __future__ import annotations
 
 import html
-import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    from ..index import FileEntry
 
 #: Cards larger than this are shown cut (a card is text; this bounds rendering time).
 MAX_CARD_BYTES = 512 * 1024
@@ -110,20 +112,21 @@ def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))[:60]
 
 
-_cache: OrderedDict[tuple[str, int, int, int], Card] = OrderedDict()
+_cache: OrderedDict[tuple[str, str, int], Card] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def read_card(path: Path) -> Card:
-    """The rendered card at ``path`` (a README.md blob), cached per file version."""
-    st = os.stat(path)
-    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+def read_card(entry: FileEntry, opener: Callable[[FileEntry], BinaryIO]) -> Card:
+    """The rendered card of a README.md entry, read with ``opener`` (the store's) and
+    cached per blob version (its path in the store, ETag and size)."""
+    key = (str(entry.source), entry.etag, entry.size)
     with _cache_lock:
         card = _cache.get(key)
         if card is not None:
             _cache.move_to_end(key)
             return card
-    card = _read_card(path)
+    with opener(entry) as f:
+        card = _read_card(f.read(MAX_CARD_BYTES + 1))
     with _cache_lock:
         _cache[key] = card
         while len(_cache) > CARD_CACHE_SIZE:
@@ -135,10 +138,8 @@ def _as_text(body: str) -> str:
     return f"<pre>{html.escape(body)}</pre>"
 
 
-def _read_card(path: Path) -> Card:
+def _read_card(raw: bytes) -> Card:
     notes: list[str] = []
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CARD_BYTES + 1)
     if len(raw) > MAX_CARD_BYTES:
         raw = raw[:MAX_CARD_BYTES]
         notes.append(f"the card is longer than {MAX_CARD_BYTES // 1024} KiB: shown cut")

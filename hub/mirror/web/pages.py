@@ -22,18 +22,12 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from ...cache.layout import (
-    LayoutError,
-    RepoLayout,
-    validate_relpath,
-    validate_repo_id,
-    validate_revision,
-)
+from ...cache.layout import LayoutError, validate_relpath, validate_repo_id, validate_revision
 from ..auth import repo_key
 from ..derived import NO_CARD
-from ..history import history, read_record
-from ..index import CommitIndex, repo_exists, resolve_revision
+from ..index import CommitIndex
 from ..observe import ROUTE_KEY
+from ..store import StoreError
 from . import views
 from .card_images import foreign_images
 from .cards import Card, read_card, render_markdown, split_front_matter
@@ -118,7 +112,7 @@ def _segments(raw_path: str) -> list[str]:
 class Where:
     """The repo a page shows, the revision asked (``None``: the default) and a path in it."""
 
-    repo: RepoLayout
+    repo: views.RepoName
     revision: str | None
     path: str
 
@@ -167,21 +161,16 @@ async def hub_page(request: web.Request) -> web.StreamResponse | None:
 
 
 async def _hub_route(request: web.Request, who: Viewer, target: HubTarget) -> web.StreamResponse:
-    from ..app import STORE_KEY
 
     if target.kind == "list":
         return await _page(request, who, _list_page, _filters(request, target.repo_type))
-    store = request.app[STORE_KEY].store
-    where = Where(_repo(store, target.repo_type, target.repo_id.split("/")), target.revision,
+    where = Where(_repo(target.repo_type, target.repo_id.split("/")), target.revision,
                   target.path)  # fmt: skip
     build = {"repo": _repo_page, "tree": _repo_page, "blob": _file_page}.get(target.kind)
     return await _page(request, who, build or _commits_page, where)
 
 
 async def _route(request: web.Request, who: Viewer) -> web.StreamResponse:
-    from ..app import STORE_KEY
-
-    state = request.app[STORE_KEY]
     segs = _segments(request.raw_path)
     if segs[:2] == ["-", "login"]:
         return await _login(request, who)
@@ -199,23 +188,19 @@ async def _route(request: web.Request, who: Viewer) -> web.StreamResponse:
         return await _page(request, who, _operator_page)
     q = request.query
     if len(segs) >= 3 and segs[1] in _TYPES:
-        where = Where(
-            _repo(state.store, _TYPES[segs[1]], segs[2:]), q.get("rev"), q.get("path", "")
-        )
+        where = Where(_repo(_TYPES[segs[1]], segs[2:]), q.get("rev"), q.get("path", ""))
         return await _page(request, who, _repo_page, where)
     if len(segs) >= 4 and segs[1] == "files" and segs[2] in _TYPES:
-        where = Where(
-            _repo(state.store, _TYPES[segs[2]], segs[3:]), q.get("rev"), q.get("path", "")
-        )
+        where = Where(_repo(_TYPES[segs[2]], segs[3:]), q.get("rev"), q.get("path", ""))
         return await _page(request, who, _file_page, where)
     raise PageError(404, "no such page")
 
 
-def _repo(store: Path, repo_type: str, parts: list[str]) -> RepoLayout:
+def _repo(repo_type: str, parts: list[str]) -> views.RepoName:
     if not 1 <= len(parts) <= 2:
         raise PageError(404, "no such page")
     try:
-        return RepoLayout(store, validate_repo_id("/".join(parts)), repo_type)
+        return views.RepoName(repo_type, validate_repo_id("/".join(parts)))
     except LayoutError:
         raise PageError(400, "invalid repo id") from None
 
@@ -250,7 +235,10 @@ async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> we
     loop = asyncio.get_running_loop()
     context = _base(request, who)
     context["endpoint"] = mirror_url(request)
-    body = await loop.run_in_executor(None, partial(build, request, who, context, *args))
+    try:
+        body = await loop.run_in_executor(None, partial(build, request, who, context, *args))
+    except StoreError as exc:  # the storage failed (StoreUnavailable)
+        raise PageError(503, f"the store cannot be read now: {exc}") from None
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)
 
 
@@ -299,13 +287,6 @@ def _filters(request: web.Request, kind: str | None) -> ListFilters:
                        q.get("page", "1"), facets)  # fmt: skip
 
 
-def _opener(state: Any) -> Any:
-    """How the API opens a blob of the store (inside the store only)."""
-    from ..app import _open_checked
-
-    return partial(_open_checked, state)
-
-
 def _list_page(
     request: web.Request, who: Viewer, ctx: dict[str, Any], filters: ListFilters
 ) -> bytes:
@@ -313,16 +294,15 @@ def _list_page(
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
-    assert state.indexes is not None
-    found = views.visible_repos(state.store, state.policy, who, filters.query, filters.kind)
-    opener = _opener(state)
-    described: list[tuple[RepoLayout, RepoFacets]] = []
+    store = state.backend
+    found = views.visible_repos(store, state.policy, who, filters.query, filters.kind)
+    described: list[tuple[views.RepoName, RepoFacets]] = []
     for repo in found:
-        _, commit = views.default_revision(repo)
+        _, index = views.default_revision(store, repo)
         fields = NO_CARD
-        if commit is not None:
+        if index is not None:
             try:
-                fields = state.derived.card(state.indexes.get(repo, commit), repo.repo_type, opener)
+                fields = state.derived.card(index, repo.repo_type, store.opener)
             except OSError:
                 fields = NO_CARD
         described.append((repo, repo_facets(fields, repo.repo_type)))
@@ -333,7 +313,7 @@ def _list_page(
     number = int(page) if page.isdigit() and 1 <= int(page) <= pages else 1
     chunk = repos[(number - 1) * views.PAGE_SIZE : number * views.PAGE_SIZE]
     now = time.time()
-    rows = [(views.repo_row(r, state.policy, state.indexes, options.stamps, now), f)
+    rows = [(views.repo_row(store, r, state.policy, options.stamps, now), f)
             for r, f in chunk]  # fmt: skip
     ctx.update(rows=rows, filters=filters, query=filters.query, kind=filters.kind,
                total=len(repos), page=number, pages=pages, wanted=wanted,
@@ -349,22 +329,25 @@ def _open_repo(request: web.Request, who: Viewer, where: Where) -> tuple[str, Co
     from ..app import STORE_KEY
 
     state = request.app[STORE_KEY]
+    store = state.backend
     repo = where.repo
-    if not who.can_read(state.policy, repo.repo_type, repo.repo_id) or not repo_exists(repo):
+    if not who.can_read(state.policy, repo.repo_type, repo.repo_id) or not store.repo_exists(
+        repo.repo_type, repo.repo_id
+    ):
         raise PageError(404, "Repository not found")
     asked = where.revision
     if asked:
         try:
-            revision = validate_revision(asked)
+            checked = validate_revision(asked)
         except LayoutError:
             raise PageError(400, "invalid revision") from None
-        commit = resolve_revision(repo, revision)
+        revision: str | None = checked
+        index = store.resolve(repo.repo_type, repo.repo_id, checked)
     else:
-        revision, commit = views.default_revision(repo)  # type: ignore[assignment]
-    if commit is None or revision is None:
+        revision, index = views.default_revision(store, repo)
+    if index is None or revision is None:
         raise PageError(404, f"Invalid rev id: {asked}")
-    assert state.indexes is not None
-    return revision, state.indexes.get(repo, commit)
+    return revision, index
 
 
 def _repo_context(
@@ -375,7 +358,7 @@ def _repo_context(
 
     state = request.app[STORE_KEY]
     repo = where.repo
-    opener = _opener(state)
+    opener = state.backend.opener
     try:
         fields = state.derived.card(index, repo.repo_type, opener)
         params = state.derived.safetensors(index, opener) if repo.repo_type == "model" else None
@@ -406,23 +389,24 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
             raise PageError(400, "invalid path") from None
         if not index.is_dir(directory):
             raise PageError(404, f"{directory} is not a folder of {revision}")
-    assert state.indexes is not None
-    refs, commits = views.revisions(repo, state.indexes)
+    store = state.backend
+    refs, commits = views.revisions(store, repo)
     card: Card | None = None
     readme = index.files.get("README.md")
     if readme is not None and not directory:
         try:
-            card = read_card(readme.source)
+            card = read_card(readme, store.opener)
         except OSError:
             card = None
+    records = views.commit_records(store, repo, index, refs)
     ctx.update(_repo_context(request, where, revision, index))
     ctx.update(
         directory=directory, crumbs=_crumbs(directory),
-        rows=views.tree(index, directory, options.stamps), refs=refs,
-        commits=[(c, read_record(repo, c.commit)) for c in commits[:MAX_SIDE_COMMITS]],
+        rows=views.tree(store, index, directory, options.stamps), refs=refs,
+        commits=[(c, records.get(c.commit)) for c in commits[:MAX_SIDE_COMMITS]],
         more_commits=max(0, len(commits) - MAX_SIDE_COMMITS),
         card=card, images=foreign_images(card.html) if card else None,
-        stamp=views.stamp_state(index, options.stamps, time.time()),
+        stamp=views.stamp_state(store, index, options.stamps, time.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
     )  # fmt: skip
     ctx["snippet"] = use_snippet(
@@ -434,9 +418,13 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
 
 def _commits_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
     """A revision's history (``/{repo}/commits/{rev}``): message, author, date of each."""
+    from ..app import STORE_KEY
+
+    store = request.app[STORE_KEY].backend
+    repo = where.repo
     revision, index = _open_repo(request, who, where)
-    refs = where.repo.refs_by_name()
-    chain = history(where.repo, index)
+    refs = store.refs(repo.repo_type, repo.repo_id)
+    chain = store.history(repo.repo_type, repo.repo_id, index)
     ctx.update(_repo_context(request, where, revision, index))
     ctx.update(chain=[(r, sorted(n for n, c in refs.items() if c == r.commit)) for r in chain])
     return render("commits.html", ctx)
@@ -447,7 +435,7 @@ def _crumbs(directory: str) -> list[tuple[str, str]]:
     return [(p, "/".join(parts[: i + 1])) for i, p in enumerate(parts)]
 
 
-def _fingerprint(request: web.Request, repo: RepoLayout, index: CommitIndex) -> dict[str, Any]:
+def _fingerprint(request: web.Request, repo: views.RepoName, index: CommitIndex) -> dict[str, Any]:
     """The semantic fingerprint summary: the API's own computation and cache."""
     from ..app import STORE_KEY, fingerprint_of
     from ..errors import HubError
@@ -477,6 +465,7 @@ def _fingerprint(request: web.Request, repo: RepoLayout, index: CommitIndex) -> 
 def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
     from ..app import STORE_KEY
 
+    store = request.app[STORE_KEY].backend
     options = request.app[WEB_KEY]
     revision, index = _open_repo(request, who, where)
     path = where.path
@@ -487,20 +476,20 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
     entry = index.files.get(path)
     if entry is None:
         raise PageError(404, f"{path} does not exist on {revision}")
-    stamp = views.file_stamp(entry, options.stamps)
+    stamp = views.file_stamp(store, entry, options.stamps)
     verification = None
     if stamp is not None and stamp.stamped:
         if request.query.get("verify") == "1":
             try:
-                verification = options.stamps.verify(entry.source)
+                verification = options.stamps.verify(store, index, entry)
             except OSError as exc:
-                raise PageError(503, f"blob unavailable: {exc.strerror}") from None
+                raise PageError(503, f"blob unavailable: {exc.strerror or exc}") from None
         else:
-            verification = options.stamps.verified(entry.source)
+            verification = options.stamps.verified(entry)
     preview = None
     if stamp is None:
         try:
-            with _opener(request.app[STORE_KEY])(entry) as f:
+            with store.opener(entry) as f:
                 preview = text_preview(entry.path, f)
         except OSError:
             preview = Preview(None, reason="the blob cannot be read now")
@@ -523,7 +512,7 @@ def _operator_page(request: web.Request, who: Viewer, ctx: dict[str, Any]) -> by
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
-    view = views.operator_view(state.store, state.metrics.exposition(), options.access_log)
+    view = views.operator_view(state.backend, state.metrics.exposition(), options.access_log)
     ctx.update(view=view, chart=views.size_chart(view.sizes))
     return render("operator.html", ctx)
 

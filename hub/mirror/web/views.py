@@ -1,10 +1,11 @@
-"""What the pages show, read from the store through the mirror's own index and the pruner.
+"""What the pages show, read through the store the app serves and the one prune planner.
 
-Plain functions of the store (no aiohttp, no templates): the repo list, a repo's
-revisions and tree, a file's stamp details, the operator's view. Everything a
-page reads about a repo goes through :class:`~cmh.hub.mirror.index.IndexCache`
-(the same checked index the API serves from); stamp details are read from the
-blob headers once per blob version (:class:`StampCache`).
+Plain functions of a :class:`~cmh.hub.mirror.stores.MirrorStore` (no aiohttp, no
+templates, no folder or bucket named): the repo list, a repo's revisions and
+tree, a file's stamp details, the operator's view. Everything a page reads
+about a repo comes from the store (the same checked index the API serves
+from); stamp details are read from the blob headers once per blob version
+(:class:`StampCache`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,17 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-from ...cache.layout import COMMIT_RE, RepoLayout, parse_repo_folder
+from ...cache.layout import repo_folder_name
 from ..auth import AccessPolicy, repo_key
-from ..index import CommitIndex, FileEntry, IndexCache, resolve_revision
-from ..scrub_history import ScrubView, scrub_view
+from ..index import CommitIndex, FileEntry
+from ..scrub_history import ScrubView
+from ..store import StoreError
+
+if TYPE_CHECKING:
+    from ..history import CommitRecord
+    from ..stores import MirrorStore
 from .session import Viewer
 
 #: Rows per page of the repo list.
@@ -81,17 +87,23 @@ class Verification:
     at: float
 
 
+BlobKey = tuple[str, str, int]
+
+
+def blob_key(entry: FileEntry) -> BlobKey:
+    """One blob version: its place in the store, its ETag (a digest of its bytes), its size."""
+    return (str(entry.source), entry.etag, entry.size)
+
+
 class _Memo:
-    """A small thread-safe LRU keyed by a blob's path, size and mtime."""
+    """A small thread-safe LRU keyed by blob version (:func:`blob_key`)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
+        self._items: OrderedDict[BlobKey, Any] = OrderedDict()
 
-    def get(self, path: Path, compute: Callable[[], T]) -> T:
-        st = os.stat(path)
-        key = (str(path), st.st_size, st.st_mtime_ns)
+    def get(self, key: BlobKey, compute: Callable[[], T]) -> T:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -103,13 +115,9 @@ class _Memo:
                 self._items.popitem(last=False)
         return value
 
-    def peek(self, path: Path) -> Any:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
+    def peek(self, key: BlobKey) -> Any:
         with self._lock:
-            return self._items.get((str(path), st.st_size, st.st_mtime_ns))
+            return self._items.get(key)
 
 
 class StampCache:
@@ -120,20 +128,33 @@ class StampCache:
         self._stamps = _Memo(8192)
         self._verified = _Memo(1024)
 
-    def stamp(self, source: Path) -> FileStamp:
-        return self._stamps.get(source, lambda: read_stamp(source, self.trusted_keys))
+    def stamp(self, store: MirrorStore, entry: FileEntry) -> FileStamp:
+        """The stamp details of an entry, its header read through the store."""
 
-    def verify(self, source: Path) -> Verification:
-        return self._verified.get(source, lambda: verify_file(source, self.trusted_keys))
+        def compute() -> FileStamp:
+            with store.opener(entry) as f:
+                return read_stamp(f, entry.size, entry.path, self.trusted_keys)
 
-    def verified(self, source: Path) -> Verification | None:
+        return self._stamps.get(blob_key(entry), compute)
+
+    def verify(self, store: MirrorStore, index: CommitIndex, entry: FileEntry) -> Verification:
+        """``cmh.verify`` of an entry (on a local copy where the store is not a folder)."""
+
+        def compute() -> Verification:
+            with store.local_files(index, [entry.path]) as files:
+                return verify_file(files[entry.path], self.trusted_keys)
+
+        return self._verified.get(blob_key(entry), compute)
+
+    def verified(self, entry: FileEntry) -> Verification | None:
         """A verification already made of this blob version, if any."""
-        value = self._verified.peek(source)
+        value = self._verified.peek(blob_key(entry))
         return value if isinstance(value, Verification) else None
 
 
-def read_stamp(path: Path, trusted_keys: Any = None) -> FileStamp:
-    """Stamp details of one safetensors file; no tensor byte is read.
+def read_stamp(f: BinaryIO, size: int, name: str, trusted_keys: Any = None) -> FileStamp:
+    """Stamp details of one safetensors file (open as ``f``, ``size`` bytes, ``name`` in
+    messages); no tensor byte is read.
 
     What ``cmh.inspect`` reports, plus the manifest's per-tensor digests, from
     one read of the header (``cmh.inspect`` would read it a second time: the
@@ -143,11 +164,11 @@ def read_stamp(path: Path, trusted_keys: Any = None) -> FileStamp:
 
     from cmh.carrier import read_carrier
     from cmh.errors import CMHError
-    from cmh.header import read_header
+    from cmh.header import read_header_from
     from cmh.signing import signature_status
 
     try:
-        header = read_header(path)
+        header = read_header_from(f, size, path=name)
     except (CMHError, OSError) as exc:
         return FileStamp(stamped=False, error=str(exc))
     base = FileStamp(
@@ -250,83 +271,57 @@ class RepoRow:
         return repo_key(self.repo_type, self.repo_id)
 
 
-def visible_repos(
-    store: Path, policy: AccessPolicy, viewer: Viewer, query: str = "", repo_type: str = ""
-) -> list[RepoLayout]:
-    """Repos of the store this viewer may see, filtered by a name substring and type.
+@dataclass(frozen=True)
+class RepoName:
+    """A repo a page shows: its type and id (what it holds is read through the store)."""
 
-    A repo is listed when its folder is a real directory holding at least one
-    snapshot. Read with one ``scandir`` per repo (the list is read on every
-    request, so it stays cheap for thousands of repos).
-    """
+    repo_type: str
+    repo_id: str
+
+
+def visible_repos(
+    store: MirrorStore, policy: AccessPolicy, viewer: Viewer, query: str = "", repo_type: str = ""
+) -> list[RepoName]:
+    """Repos of the store this viewer may see, filtered by a name substring and type,
+    sorted by folder name (``models--org--name``, as spec/hub-mirror.md 6 lists them)."""
     needle = query.strip().lower()
     out = []
-    try:
-        with os.scandir(store) as it:
-            folders = sorted((e.name, e.path) for e in it if e.is_dir(follow_symlinks=False))
-    except OSError:
-        return []
-    for name, path in folders:
-        parsed = parse_repo_folder(name)
-        if parsed is None or parsed[0] not in ("model", "dataset"):
+    for kind, repo_id in store.repos():
+        if kind not in ("model", "dataset"):
             continue
-        kind, repo_id = parsed
         if (repo_type and kind != repo_type) or (needle and needle not in repo_id.lower()):
             continue
-        if viewer.can_read(policy, kind, repo_id) and _has_snapshot(path):
-            out.append(RepoLayout(store, repo_id, kind))
-    return out
+        if viewer.can_read(policy, kind, repo_id):
+            out.append(RepoName(kind, repo_id))
+    return sorted(out, key=lambda r: repo_folder_name(r.repo_id, r.repo_type))
 
 
-#: Whether a repo folder holds a snapshot, by the mtime of its ``snapshots/`` folder:
-#: every list page reads every repo, and a ``stat`` is cheaper than a ``scandir``.
-_snapshot_seen: dict[str, tuple[int, bool]] = {}
-#: A ``snapshots/`` folder changed this recently is read again (its mtime may not
-#: yet show a change made within the same clock tick).
-SNAPSHOT_SETTLE_NS = 2_000_000_000
+def default_revision(store: MirrorStore, repo: RepoName) -> tuple[str | None, CommitIndex | None]:
+    """``(revision, index)`` a repo page opens on: ``main``, else the first ref, else a
+    commit; ``(None, None)`` when the store holds no commit of the repo."""
+    t, name = repo.repo_type, repo.repo_id
+    index = store.resolve(t, name, "main")
+    if index is not None:
+        return "main", index
+    for ref, target in sorted(store.refs(t, name).items()):
+        index = store.resolve(t, name, target)
+        if index is not None:
+            return ref, index
+    commits = store.commits(t, name)
+    index = store.resolve(t, name, commits[-1]) if commits else None
+    return (commits[-1], index) if index is not None else (None, None)
 
 
-def _has_snapshot(folder: str) -> bool:
-    snapshots = os.path.join(folder, "snapshots")
-    try:
-        mtime = os.stat(snapshots).st_mtime_ns
-    except OSError:
-        return False
-    seen = _snapshot_seen.get(folder)
-    if seen is not None and seen[0] == mtime:
-        return seen[1]
-    try:
-        with os.scandir(snapshots) as it:
-            found = any(COMMIT_RE.match(e.name) and e.is_dir(follow_symlinks=False) for e in it)
-    except OSError:
-        return False
-    if time.time_ns() - mtime > SNAPSHOT_SETTLE_NS:
-        if len(_snapshot_seen) > 100_000:
-            _snapshot_seen.clear()
-        _snapshot_seen[folder] = (mtime, found)
-    return found
-
-
-def default_revision(repo: RepoLayout) -> tuple[str | None, str | None]:
-    """``(revision, commit)`` a repo page opens on: ``main``, else the first ref, else a commit."""
-    commit = resolve_revision(repo, "main")
-    if commit is not None:
-        return "main", commit
-    for name, target in sorted(repo.refs_by_name().items()):
-        if resolve_revision(repo, target) is not None:
-            return name, target
-    commits = repo.commits()
-    return (commits[-1], commits[-1]) if commits else (None, None)
-
-
-def stamp_state(index: CommitIndex, stamps: StampCache, now: float) -> StampState:
+def stamp_state(
+    store: MirrorStore, index: CommitIndex, stamps: StampCache, now: float
+) -> StampState:
     """The stamp state of one commit (from the cached header reads)."""
     weights = [e for e in index.files.values() if e.path.endswith(".safetensors")]
     stamped = signed = 0
     expiries: list[int] = []
     for entry in weights:
         try:
-            info = stamps.stamp(entry.source)
+            info = stamps.stamp(store, entry)
         except OSError:
             continue
         if info.stamped:
@@ -339,24 +334,23 @@ def stamp_state(index: CommitIndex, stamps: StampCache, now: float) -> StampStat
 
 
 def repo_row(
-    repo: RepoLayout, policy: AccessPolicy, indexes: IndexCache, stamps: StampCache, now: float
+    store: MirrorStore, repo: RepoName, policy: AccessPolicy, stamps: StampCache, now: float
 ) -> RepoRow:
     """The list line of one repo, at its default revision."""
     private = policy.is_private(repo.repo_type, repo.repo_id)
-    revision, commit = default_revision(repo)
-    if commit is None:
+    revision, index = default_revision(store, repo)
+    if index is None:
         return RepoRow(repo.repo_type, repo.repo_id, private, None, None, 0, 0, None, None)
-    index = indexes.get(repo, commit)
     return RepoRow(
         repo.repo_type,
         repo.repo_id,
         private,
-        commit,
+        index.commit,
         revision,
         len(index.files),
         index.total_size,
         index.last_modified,
-        stamp_state(index, stamps, now),
+        stamp_state(store, index, stamps, now),
     )
 
 
@@ -373,23 +367,38 @@ class CommitRow:
     refs: tuple[str, ...]
 
 
-def revisions(repo: RepoLayout, indexes: IndexCache) -> tuple[list[RefRow], list[CommitRow]]:
+def revisions(store: MirrorStore, repo: RepoName) -> tuple[list[RefRow], list[CommitRow]]:
     """A repo's refs and its commits (newest first), each commit with the refs naming it."""
-    refs = [
-        RefRow(name, commit)
-        for name, commit in sorted(repo.refs_by_name().items())
-        if resolve_revision(repo, commit) is not None
-    ]
+    refs = [RefRow(n, c) for n, c in sorted(store.refs(repo.repo_type, repo.repo_id).items())]
     commits = []
-    for commit in repo.commits():
+    for commit in store.commits(repo.repo_type, repo.repo_id):
         try:
-            created: float | None = indexes.get(repo, commit).last_modified
-        except OSError:
-            created = None
+            index = store.resolve(repo.repo_type, repo.repo_id, commit)
+        except (OSError, StoreError):
+            index = None
+        created = index.last_modified if index is not None else None
         names = tuple(r.name for r in refs if r.commit == commit)
         commits.append(CommitRow(commit, created, names))
     commits.sort(key=lambda c: c.created or 0.0, reverse=True)
     return refs, commits
+
+
+def commit_records(
+    store: MirrorStore, repo: RepoName, head: CommitIndex, refs: list[RefRow]
+) -> dict[str, CommitRecord]:
+    """The records (title, authors, time) of the commits in the history of ``head`` and
+    of every ref; a commit made without one (not by ``cmh mirror add``) is left out."""
+    heads = [head]
+    for commit in sorted({r.commit for r in refs} - {head.commit}):
+        index = store.resolve(repo.repo_type, repo.repo_id, commit)
+        if index is not None:
+            heads.append(index)
+    out: dict[str, CommitRecord] = {}
+    for index in heads:
+        for record in store.history(repo.repo_type, repo.repo_id, index):
+            if record.recorded:
+                out.setdefault(record.commit, record)
+    return out
 
 
 @dataclass(frozen=True)
@@ -402,7 +411,9 @@ class TreeRow:
     stamp: FileStamp | None
 
 
-def tree(index: CommitIndex, directory: str, stamps: StampCache) -> list[TreeRow]:
+def tree(
+    store: MirrorStore, index: CommitIndex, directory: str, stamps: StampCache
+) -> list[TreeRow]:
     """The entries of one folder of a commit: folders first, then files."""
     from ..documents import children
 
@@ -415,23 +426,27 @@ def tree(index: CommitIndex, directory: str, stamps: StampCache) -> list[TreeRow
             rows.append(TreeRow(path, name, True, size, False, None))
             continue
         rows.append(
-            TreeRow(path, name, False, entry.size, bool(entry.lfs_sha256), _stamp(entry, stamps))
+            TreeRow(
+                path,
+                name,
+                False,
+                entry.size,
+                bool(entry.lfs_sha256),
+                file_stamp(store, entry, stamps),
+            )
         )
     return rows
 
 
-def _stamp(entry: FileEntry, stamps: StampCache) -> FileStamp | None:
+def file_stamp(store: MirrorStore, entry: FileEntry, stamps: StampCache) -> FileStamp | None:
+    """Stamp details of a repo file, ``None`` when it is not a safetensors file (or its
+    blob cannot be read now)."""
     if not entry.path.endswith(".safetensors"):
         return None
     try:
-        return stamps.stamp(entry.source)
+        return stamps.stamp(store, entry)
     except OSError:
         return None
-
-
-def file_stamp(entry: FileEntry, stamps: StampCache) -> FileStamp | None:
-    """Stamp details of a repo file, ``None`` when it is not a safetensors file."""
-    return _stamp(entry, stamps)
 
 
 # -- the operator's view --------------------------------------------------------------
@@ -489,13 +504,13 @@ def _label(repo_type: str, repo_id: str) -> str:
 
 
 def operator_view(
-    store: Path, exposition: bytes, access_log: Path | None, now: float | None = None
+    store: MirrorStore, exposition: bytes, access_log: Path | None, now: float | None = None
 ) -> OperatorView:
     """Read the whole store (prune's scan, read-only) and this server's metrics."""
-    from ...prune import PrunePolicy, plan_prune, scan_cache
+    from ...prune import PrunePolicy, plan_prune
 
     at = time.time() if now is None else now
-    scan = scan_cache(store, read_expiry=True, read_commit_times=True)
+    scan = store.prune_scan()
     sizes: list[RepoSize] = []
     expired: list[RevisionNote] = []
     stale: list[RevisionNote] = []
@@ -519,7 +534,7 @@ def operator_view(
         stale=stale,
         plan=plan_prune(scan, PrunePolicy(), at),
         expired_plan=plan_prune(scan, PrunePolicy(expired=True), at),
-        scrub=scrub_view(store),
+        scrub=store.scrub_history(),
         traffic=traffic(exposition),
         busiest=busiest,
         busiest_note=busiest_note,
