@@ -127,11 +127,6 @@ def _hub_cache_snapshot(folder: Path) -> Path | None:
     return None
 
 
-_NO_STORE = (
-    "{store}: store folder not found (a store is made by the first import: "
-    "cmh mirror add DIR --store {store} --repo ORG/NAME)"
-)
-
 TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
 
 

@@ -153,13 +153,17 @@ def test_a_refused_name_does_the_same_work_as_an_unknown_one(tmp_path, monkeypat
     from cmh.hub.mirror.errors import HubError
     from cmh.hub.mirror.observe import Metrics
     from cmh.hub.mirror.routes import parse_target
+    from cmh.hub.mirror.stores import open_store
 
+    backend = open_store(tmp_path)
     state = app_module.MirrorState(
-        tmp_path, AccessPolicy({"secret-token-1": frozenset({"acme/private"})}), Metrics(None)
+        backend, AccessPolicy({"secret-token-1": frozenset({"acme/private"})}), Metrics(None)
     )
     looked: list[str] = []
-    real = app_module.repo_exists
-    monkeypatch.setattr(app_module, "repo_exists", lambda r: looked.append(r.repo_id) or real(r))
+    real = backend.repo_exists
+    monkeypatch.setattr(
+        backend, "repo_exists", lambda kind, repo_id: looked.append(repo_id) or real(kind, repo_id)
+    )
     for name in ("acme/private", "acme/unknown"):
         route = parse_target(f"/api/models/{name}")
         try:

@@ -377,7 +377,7 @@ def test_mirror_sync_fills_a_store_for_an_air_gapped_mirror(
         cli, ["mirror", "sync", TINY_REPO, "--store", str(store), "--from", front.url]
     )
     assert result.exit_code == 0, result.output
-    assert "cmh-test/tiny@main ->" in result.output
+    assert "cmh-test/tiny@main: downloaded commit" in result.output
     offline = mirror_server_factory(store)  # no upstream: the carried store alone
     env = hf_env(offline.url, tmp_path / "home")
     env["T_REPO"] = TINY_REPO

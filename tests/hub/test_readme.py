@@ -30,6 +30,8 @@ ELSEWHERE = {
     "cmh serve ": "tests/hub/test_mirror_*.py start cmh serve with these options",
     "s3://": "tests/hub/test_mirror_bucket*.py and test_seaweed.py (SeaweedFS)",
     "export AWS_": "tests/hub/seaweed.py (the bucket's credentials)",
+    "weed server": "tests/hub/seaweed.py (SeaweedFS with one identity, -s3.config)",
+    "create_client('s3')": "tests/hub/seaweed.py (creates the bucket with the identity)",
     "--from https://huggingface.co": "tests/hub/test_pullthrough.py (no internet here)",
 }
 

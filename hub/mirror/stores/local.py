@@ -72,7 +72,10 @@ class LocalStore:
 
     def check(self) -> None:
         if not self.root.is_dir():
-            raise StoreMissing(f"{self.location}: store folder not found")
+            raise StoreMissing(
+                f"{self.location}: store folder not found (a store is made by the first import: "
+                f"cmh mirror add DIR --store {self.location} --repo ORG/NAME)"
+            )
         self.root = self.root.resolve()
 
     def local_root(self) -> Path | None:
