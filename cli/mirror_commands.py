@@ -428,8 +428,7 @@ def serve(
             float(stale_if_error),
             public_repos=public_upstream_repos,
         )
-        if isinstance(store, Path) and not store.exists():
-            store.mkdir(parents=True)  # a pull-through cache starts empty
+        open_store_or_fail(store, existing=False).create()  # a pull-through cache starts empty
         click.echo(_exposure(pull, tokens), err=True)
     elif upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")

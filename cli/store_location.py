@@ -32,17 +32,9 @@ class StoreType(_StoreParam):
         from cmh.hub.mirror import InvalidLocation, parse_location
 
         try:
-            location = parse_location(str(value))
+            return parse_location(str(value))
         except InvalidLocation as exc:
             self.fail(str(exc), param, ctx)
-        if isinstance(location, Path) and location.exists() and not location.is_dir():
-            self.fail(
-                f"{value}: is a file, not a store folder (give a folder path, e.g. ./store; "
-                "`cmh mirror add` creates it)",
-                param,
-                ctx,
-            )
-        return location
 
 
 STORE = StoreType()

@@ -48,6 +48,10 @@ class MirrorStore(Protocol):
     def check(self) -> None:
         """Raise :class:`StoreMissing` / :class:`StoreUnavailable` unless it can be served."""
 
+    def create(self) -> None:
+        """Make an empty store where there is none (a pull-through cache starts empty):
+        a folder is made; a bucket must exist already (its storage makes it)."""
+
     def repos(self) -> list[tuple[str, str]]:
         """Every ``(repo_type, repo_id)`` the store holds, sorted."""
 

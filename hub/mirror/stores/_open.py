@@ -17,7 +17,13 @@ def parse_location(text: str) -> Path | str:
         return text
     if "://" in text:
         raise InvalidLocation(f"{text!r}: only s3:// URLs or folders are stores")
-    return Path(text)
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise InvalidLocation(
+            f"{text}: is a file, not a store folder (give a folder path, e.g. ./store; "
+            "`cmh mirror add` creates it)"
+        )
+    return path
 
 
 def open_store(

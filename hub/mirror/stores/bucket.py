@@ -100,6 +100,9 @@ class BucketBackedStore:
     def _folder(repo_type: str, repo_id: str) -> str:
         return repo_folder_name(repo_id, repo_type)
 
+    def create(self) -> None:
+        """Nothing to make: the bucket is the storage's (``check`` says when it is missing)."""
+
     def check(self) -> None:
         from ..objectstore import NoSuchBucket
 

@@ -15,7 +15,7 @@ from ..history import CommitRecord, history, last_commits
 from ..index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from ..scrub import ScrubReport
 from ..send import BlobUnavailable, open_blob
-from ..store import ImportResult, RepoSummary
+from ..store import ImportResult, RepoSummary, StoreError
 from ._base import ProgressCallback, StoreMissing
 
 if TYPE_CHECKING:
@@ -77,6 +77,12 @@ class LocalStore:
                 f"cmh mirror add DIR --store {self.location} --repo ORG/NAME)"
             )
         self.root = self.root.resolve()
+
+    def create(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.location}: cannot make the store folder: {exc}") from None
 
     def local_root(self) -> Path | None:
         return self.root
