@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..cache.layout import RepoLayout
@@ -157,9 +158,11 @@ def execute_bucket_plan(
     *,
     settle: float | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    progress: Callable[[int], None] | None = None,
 ) -> PruneReport:
     """Delete what ``plan`` (made by :func:`scan_bucket` and ``plan_prune``) names, as far
-    as it still holds under the leases; what went, repo by repo."""
+    as it still holds under the leases; what went, repo by repo. ``progress`` is told the
+    bytes each repo was planned to free once it is done (as for a local store)."""
     report = PruneReport(plan)
     changes = plan.changes
     if not changes:
@@ -198,6 +201,8 @@ def execute_bucket_plan(
                 store.release_lease(repo_plan.folder)
             except ObjectStoreError as exc:
                 outcome.errors.append(f"{exc} (the lease expires by itself)")
+            if progress is not None:
+                progress(repo_plan.freed)
     return report
 
 

@@ -28,7 +28,7 @@ class ExecuteOptions:
 
     lock_timeout: float = 10.0
     settle: float | None = None
-    #: Told the bytes freed as each repo is done (a local target's progress bar).
+    #: Told the bytes freed as each repo is done (the progress bar).
     progress: Callable[[int], None] | None = None
 
 
@@ -86,7 +86,8 @@ class BucketTarget:
         from .bucket import execute_bucket_plan
 
         return execute_bucket_plan(self.store, plan, settle=options.settle,
-                                   clock=self.clock or SYSTEM_CLOCK)  # fmt: skip
+                                   clock=self.clock or SYSTEM_CLOCK,
+                                   progress=options.progress)  # fmt: skip
 
 
 def open_target(

@@ -129,7 +129,9 @@ def test_executes_a_subset_of_the_plan_it_showed(
     third = store.add_folder(src(tmp_path / "c", "c"), REPO)
     orphan = store.blob_name(folder, "e" * 64)
     store.objects.put(orphan, b"orphan")
-    report = execute_bucket_plan(store, shown, settle=0, clock=FakeClock())
+    told: list[int] = []
+    report = execute_bucket_plan(store, shown, settle=0, clock=FakeClock(), progress=told.append)
+    assert told == [shown.repos[0].freed]  # the progress bar moves per repo, as for a folder
     done = report.repos[0]
     shown_repo = shown.repos[0]
     assert {r.commit for r in done.revisions} <= {r.commit for r in shown_repo.revisions}
