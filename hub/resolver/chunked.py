@@ -417,7 +417,7 @@ def _transfer(
             if progress is not None:
                 progress(len(data))
 
-        retry.run(lambda: client.stream(url, pos, sink, end=end), f"chunk {index}")
+        retry.run(lambda: client.stream(url, pos, sink, end=end), f"chunk {index}", notice=False)
         log.add(index)
         feed.mark_ready(begin, end)
         sync.wrote(end - begin)

@@ -9,6 +9,7 @@ installed before :class:`~cmh.hub.cache.blobs.ContentCheck` accepts every byte.
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 
 from ..cache.blobs import (
@@ -23,7 +24,7 @@ from ..cache.blobs import (
 from ..cache.layout import RepoLayout
 from . import chunked
 from .http import HubClient, RangeNotSatisfied
-from .retry import DEFAULT_RETRY, RetryPolicy
+from .retry import DEFAULT_RETRY, RetryPolicy, no_answer_notice
 from .types import (
     AnswerTooLarge,
     HubUnreachableError,
@@ -137,7 +138,13 @@ def _download_whole(
             if remote.size == 0:
                 part.touch()  # an empty file needs no request, but a partial to install
             if existing < remote.size:
-                received += _fetch_into(client, url, part, existing, check, progress)
+                notice = no_answer_notice(f"GET {url}", attempt, retry.attempts)
+                try:  # told on the terminal when no byte came within seconds
+                    received += _fetch_into(
+                        client, url, part, existing, check, _cancelling(notice, progress)
+                    )
+                finally:
+                    notice.cancel()
                 if part.stat().st_size < remote.size:
                     raise HubUnreachableError(
                         f"body ended after {part.stat().st_size} of {remote.size} bytes"
@@ -145,7 +152,7 @@ def _download_whole(
             check.finish()
         except HubUnreachableError as exc:
             last_error = exc
-            retry.wait(attempt, exc)
+            retry.wait(attempt, exc, f"GET {url}")
             continue
         except AnswerTooLarge:
             with contextlib.suppress(FileNotFoundError):
@@ -168,6 +175,17 @@ def _download_whole(
         f"{remote.path}: download failed after {retry.attempts} attempts ({last_error}); "
         f"{part.name} kept for resuming"
     )
+
+
+def _cancelling(notice: threading.Timer, progress: Progress | None) -> Progress:
+    """``progress`` that first cancels ``notice`` (an answer came)."""
+
+    def told(nbytes: int) -> None:
+        notice.cancel()
+        if progress is not None:
+            progress(nbytes)
+
+    return told
 
 
 def _fetch_into(

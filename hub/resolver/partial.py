@@ -130,7 +130,7 @@ def fetch_bytes(client: HubClient, url: str | Located, begin: int, end: int) -> 
         client.stream(url, begin + len(buf), buf.extend, end=end)
         return bytes(buf)
 
-    return DEFAULT_RETRY.run(step, f"range {begin}-{end}")
+    return DEFAULT_RETRY.run(step, f"range {begin}-{end}", notice=False)
 
 
 def served_digests(header: Header, manifest: list[dict[str, Any]] | None) -> list[bytes] | None:
@@ -587,7 +587,7 @@ def _fetch_ranges(
                 # Resumed parts start mid-range: map them back to their range.
                 client.stream_ranges(url, todo, sink)
 
-        DEFAULT_RETRY.run(step, "ranges")
+        DEFAULT_RETRY.run(step, "ranges", notice=False)
 
     batches = _batches(ranges, connections)
     try:
@@ -637,7 +637,7 @@ def _fetch_range_into(
         client.stream(url, pos, sink, end=end)
         return received
 
-    return DEFAULT_RETRY.run(step, f"range {begin}-{end}")
+    return DEFAULT_RETRY.run(step, f"range {begin}-{end}", notice=False)
 
 
 def _keep_prefix(repo: RepoLayout, etag: str, prefix: bytes) -> None:

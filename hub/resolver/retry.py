@@ -57,14 +57,23 @@ class RetryPolicy:
             _tell_waiting(f"{what}: {error}, retry {attempt + 2} of {self.attempts} in {seconds} s")
             self.sleep(pause)
 
-    def run(self, step: Callable[[], T], what: str, deadline: float | None = None) -> T:
+    def run(
+        self,
+        step: Callable[[], T],
+        what: str,
+        deadline: float | None = None,
+        *,
+        notice: bool = True,
+    ) -> T:
         """``step()``, tried again on a transient :class:`HubUnreachableError` until the
         attempts run out (one that is not ``transient`` is raised at once), or, with a
-        ``deadline`` (a ``time.monotonic()`` value), until the next try would start past it."""
+        ``deadline`` (a ``time.monotonic()`` value), until the next try would start past it.
+        ``notice``: tell when a try has no answer within seconds (off for a step that
+        streams a body, whose length says nothing of an answer)."""
         last: HubUnreachableError | None = None
         start = time.monotonic()
         for attempt in self.tries():
-            notice = _no_answer_notice(what, attempt, self.attempts)
+            timer = no_answer_notice(what, attempt, self.attempts) if notice else None
             try:
                 return step()
             except HubUnreachableError as exc:
@@ -78,8 +87,8 @@ class RetryPolicy:
                     ) from last
                 self.wait(attempt, exc, what)
             finally:
-                if notice is not None:
-                    notice.cancel()
+                if timer is not None:
+                    timer.cancel()
         raise HubUnreachableError(f"{what} failed after {self.attempts} attempts: {last}") from last
 
 
@@ -110,7 +119,7 @@ def _tell_waiting(message: str) -> None:
         listener(message)
 
 
-def _no_answer_notice(what: str, attempt: int, attempts: int) -> threading.Timer | None:
+def no_answer_notice(what: str, attempt: int, attempts: int) -> threading.Timer:
     """A timer telling the listeners (else the ``cmh.hub`` logger) that try ``attempt`` of
     ``what`` has no answer yet."""
     message = (

@@ -122,6 +122,8 @@ class HostileHub(_Loop):
     tree_pages: tuple[int, int] | None = None
     #: Seconds the revision answer waits before it is sent (a stalled upstream).
     revision_delay: float = 0.0
+    #: Seconds a GET of a file waits before its answer is sent (a slow first byte).
+    resolve_delay: float = 0.0
     seen: list[Seen] = field(default_factory=list)
     _bomb: bytes | None = None
 
@@ -183,6 +185,8 @@ class HostileHub(_Loop):
             data = self.files.get(file_path)
             if data is None:
                 return web.Response(status=404, headers={"X-Error-Code": "EntryNotFound"})
+            if request.method == "GET" and self.resolve_delay:
+                await asyncio.sleep(self.resolve_delay)
             headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": COMMIT}
             if request.method == "HEAD" or not self.overlong:
                 return web.Response(body=data, headers=headers)

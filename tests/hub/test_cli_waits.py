@@ -44,6 +44,24 @@ def test_a_request_without_answer_is_reported_within_seconds(
     assert seconds < 8, seconds
 
 
+def test_a_download_without_a_first_byte_is_reported_and_then_goes_on(tmp_path: Path) -> None:
+    """The whole-file download loop tells a silent wait too (not only API requests),
+    and says nothing once bytes flow."""
+    from hostile_upstream import HostileHub
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(tmp_path / "home"), HF_HUB_DISABLE_XET="1")
+    with HostileHub(resolve_delay=4.0) as hub:
+        argv = [str(CMH), "pull", hub.repo_id, "--endpoint", hub.url,
+                "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    waits = [line for line in proc.stderr.splitlines() if "no answer yet" in line]
+    assert len(waits) == 1, proc.stderr
+    assert waits[0].startswith(f"waiting for GET {hub.url}/{hub.repo_id}/resolve/"), waits
+    assert "try 1 of 6" in waits[0]
+
+
 @pytest.mark.parametrize(
     ("args", "env", "named"),
     [
