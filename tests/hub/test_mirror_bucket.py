@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bucket_support import use_bucket
 from cmh.hub.cache.layout import RepoLayout
 from cmh.hub.mirror.bucket import (
     BucketError,
@@ -36,18 +37,7 @@ def aws_env(
     seaweed_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> dict[str, str]:
     """The standard AWS settings pointing at SeaweedFS (and no profile files)."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    env = {
-        **seaweed_bucket.aws_env(),
-        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return env
+    return use_bucket(seaweed_bucket, tmp_path, monkeypatch)
 
 
 @pytest.fixture
