@@ -282,21 +282,15 @@ def _token(value: Any) -> str | bool | None:
     return value if isinstance(value, str) and value else None
 
 
-def _route(
-    repo_id: str,
-    revision: str | None,
-    repo_type: str,
-    cache_dir: Any,
-    endpoint: str | None,
-    token: Any,
-    patterns: list[str] | str | None,
-    local_files_only: bool,
-) -> Any:
-    """Resolve through the per-process revalidation window."""
+def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
+    """Resolve the bound call ``a`` (its ``allow_patterns``: ``patterns``) through the
+    per-process revalidation window."""
     from .negotiate import resolve
 
-    revision = revision or "main"
-    root = cache_root(cache_dir)
+    repo_id, repo_type = a["repo_id"], a.get("repo_type") or "model"
+    endpoint, local_files_only = a.get("endpoint"), bool(a.get("local_files_only"))
+    revision = _revision(a.get("revision")) or "main"
+    root = cache_root(a.get("cache_dir"))
     use = revision
     if not local_files_only:
         use = recent_commit(root, endpoint, repo_type, repo_id, revision) or revision
@@ -317,7 +311,7 @@ def _route(
             repo_type=repo_type,
             cache_dir=root,
             endpoint=endpoint,
-            token=_token(token),
+            token=_token(a.get("token")),
             allow_patterns=patterns,
             policy=policy,
         )
@@ -436,15 +430,26 @@ def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
     return "/".join(kept), os.path.join(*segments)
 
 
-def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
+Routed = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]:
+    """``original`` with its calls bound and run by ``routed`` in the cache they name
+    (calls it cannot bind go to ``original`` as they are)."""
+
     @functools.wraps(original)
-    def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
         if a is None:
             return original(*args, **kwargs)
         with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
             return routed(a, args, kwargs)
 
+    wrapper.__cmh_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _stock_only(a):
             return original(*args, **kwargs)
@@ -454,16 +459,8 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         filename, relative = names
         try:
-            res = _route(
-                a["repo_id"],
-                _revision(a.get("revision")),
-                repo_type,
-                a.get("cache_dir"),
-                a.get("endpoint"),
-                a.get("token"),
-                [glob.escape(filename)],  # a name, not a pattern: "a[1].txt" is itself
-                bool(a.get("local_files_only")),
-            )
+            # A name, not a pattern: "a[1].txt" is itself.
+            res = _route(a, [glob.escape(filename)])
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
@@ -482,34 +479,16 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         return target
 
-    hf_hub_download.__cmh_original__ = original  # type: ignore[attr-defined]
-    return hf_hub_download
+    return _wrapper(original, routed)
 
 
 def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def snapshot_download(*args: Any, **kwargs: Any) -> Any:
-        a = _bind(original, args, kwargs)
-        if a is None:
-            return original(*args, **kwargs)
-        with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
-            return routed(a, args, kwargs)
-
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _stock_only(a) or a.get("ignore_patterns"):
             return original(*args, **kwargs)
         patterns = a.get("allow_patterns")
         try:
-            res = _route(
-                a["repo_id"],
-                _revision(a.get("revision")),
-                a.get("repo_type") or "model",
-                a.get("cache_dir"),
-                a.get("endpoint"),
-                a.get("token"),
-                list(patterns) if isinstance(patterns, (list, tuple)) else patterns,
-                bool(a.get("local_files_only")),
-            )
+            res = _route(a, list(patterns) if isinstance(patterns, (list, tuple)) else patterns)
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
@@ -517,8 +496,7 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         return str(res.path)
 
-    snapshot_download.__cmh_original__ = original  # type: ignore[attr-defined]
-    return snapshot_download
+    return _wrapper(original, routed)
 
 
 def _offline(a: dict[str, Any]) -> bool:
