@@ -529,7 +529,9 @@ def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
     # What the cache held before anything is linked (a pinned commit links into its own
     # snapshot: read afterwards, a cold fetch would look FRESH).
     linked_before = _linked_etags(repo, local.commit, select(listing.files, ask.patterns))
-    brought = _bring_in_agreed(client, ask, local, listing, old_tree)
+    brought = _bring_in_agreed(
+        client, repo, listing, lambda agreed: _bring_in(client, ask, local, agreed, old_tree)
+    )
     # Decide before acting: a strict refusal leaves snapshots, refs and validations as they were.
     _refuse_expired(ask, brought)
     _link(ask, brought)
@@ -550,15 +552,15 @@ def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
 
 def _bring_in_agreed(
     client: HubClient,
-    ask: _Ask,
-    local: _Local,
+    repo: RepoLayout,
     listing: _Listing,
-    old_tree: dict[str, LocalEntry] | None,
+    bring_in: Callable[[_Listing], _Brought],
 ) -> _Brought:
-    """:func:`_bring_in`, with the listing asked for once more if it disagrees with ``resolve``."""
-    repo, commit = ask.repo, listing.commit
+    """``bring_in(listing)``, with the listing asked for once more if it disagrees with
+    ``resolve``."""
+    commit = listing.commit
     try:
-        return _bring_in(client, ask, local, listing, old_tree)
+        return bring_in(listing)
     except _ListingDisagrees as first:
         disagreement = first
     except IntegrityError:
@@ -572,7 +574,7 @@ def _bring_in_agreed(
     forget_listing(client, repo, commit)
     again = _Listing(commit, client.tree(repo.repo_id, repo.repo_type, commit), True)
     try:
-        return _bring_in(client, ask, local, again, old_tree)
+        return bring_in(again)
     except _ListingDisagrees as exc:
         raise HubProtocolError(
             f"{repo.repo_id}@{commit[:12]}: {exc}, also in a listing fetched again; "
