@@ -9,9 +9,14 @@ ask for several ranges only.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+
 import cmh.hub as hub
 import pytest
 from cmh.hub.mirror.store import add_folder
+from cmh.hub.resolver.http import HubClient, RangeNotSatisfied
 from resolver_support import Fault, FaultProxy, write_checkpoint_repo
 
 REPO = "org/ranges"
@@ -68,3 +73,40 @@ def test_an_update_given_up_for_a_whole_download_counts_both(updated):
     extra = weights.bytes_transferred - weights.size
     assert (128 << 10) < extra <= (128 << 10) + changed
     assert weights.bytes_transferred <= res.bytes_transferred
+
+
+def test_a_whole_body_answer_to_several_ranges_counts_what_arrived():
+    """A CDN answers several ranges with 200 and its whole body, at once (huggingface.co's
+    does): the client gives it up unread and counts the body bytes that had reached it.
+
+    A loopback server that sends the answer in one write stands in for the CDN; the
+    Hub-like front's CDN relays its body after its headers, so whether any of it arrives
+    before the client closes is a race there.
+    """
+    body = bytes(1 << 20)
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed = threading.Event()
+
+    def cdn() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the request
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            with contextlib.suppress(OSError):
+                conn.sendall(head + body)  # until the client's window is full and it closes
+            closed.wait(10)
+
+    server = threading.Thread(target=cdn, daemon=True)
+    server.start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    client = HubClient(endpoint, None)
+    try:
+        with pytest.raises(RangeNotSatisfied):
+            url = f"{endpoint}/org/x/resolve/main/w.bin"
+            client.stream_ranges(url, [(0, 10), (99, 110)], lambda offset, data: None)
+    finally:
+        closed.set()
+        listener.close()
+    server.join(10)
+    assert client.requests == 1
+    assert 0 < client.bytes_received <= len(body)  # was 0: an aborted answer counted nothing
