@@ -19,8 +19,6 @@ import base64
 import datetime as dt
 import json
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,6 +32,7 @@ from cmh.header import read_header_from
 
 from ..cache.blobs import new_digest
 from .index import CommitIndex, FileEntry
+from .memo import Memo
 
 CARD_FILE = "README.md"
 MAX_CARD_BYTES = 1 << 20
@@ -168,21 +167,12 @@ class DerivedCache:
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: Memo[Hashable, Any] = Memo(max_entries)
 
     def _get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """The value kept for ``key``, else ``compute()``; :class:`Unreadable` is never kept."""
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
-        value = compute()  # outside the lock: a slow blob never holds up another repo
-        with self._lock:
-            self._entries[key] = value
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        return value
+        """The value kept for ``key``, else ``compute()`` (outside the lock: a slow blob never
+        holds up another repo); :class:`Unreadable` is never kept."""
+        return self._entries.get_or_compute(key, compute)
 
     def card(self, index: CommitIndex, repo_type: str, opener: Opener) -> CardFields:
         """The fields of the commit's ``README.md`` (:data:`NO_CARD` without a readable one)."""

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import html
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ..memo import Memo
 
 if TYPE_CHECKING:
     from ..index import FileEntry
@@ -112,26 +112,18 @@ def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))[:60]
 
 
-_cache: OrderedDict[tuple[str, str, int], Card] = OrderedDict()
-_cache_lock = threading.Lock()
+_cards: Memo[tuple[str, str, int], Card] = Memo(CARD_CACHE_SIZE)
 
 
 def read_card(entry: FileEntry, opener: Callable[[FileEntry], BinaryIO]) -> Card:
     """The rendered card of a README.md entry, read with ``opener`` (the store's) and
     cached per blob version (its path in the store, ETag and size)."""
-    key = (str(entry.source), entry.etag, entry.size)
-    with _cache_lock:
-        card = _cache.get(key)
-        if card is not None:
-            _cache.move_to_end(key)
-            return card
-    with opener(entry) as f:
-        card = _read_card(f.read(MAX_CARD_BYTES + 1))
-    with _cache_lock:
-        _cache[key] = card
-        while len(_cache) > CARD_CACHE_SIZE:
-            _cache.popitem(last=False)
-    return card
+
+    def compute() -> Card:
+        with opener(entry) as f:
+            return _read_card(f.read(MAX_CARD_BYTES + 1))
+
+    return _cards.get_or_compute((str(entry.source), entry.etag, entry.size), compute)
 
 
 def _as_text(body: str) -> str:
