@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from ..front_matter import read_front_matter
 from ..memo import Memo
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ TAG_KEYS = (
 )
 _SAFE_SCHEMES = frozenset({"http", "https", "mailto"})
 _SCHEME_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*):")
-_FRONT_RE = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -81,22 +81,9 @@ def render_markdown(text: str) -> str:
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
-    """``(front matter, body, problem)``: YAML between leading ``---`` lines, parsed safely."""
-    match = _FRONT_RE.match(text)
-    if match is None:
-        return {}, text, None
-    import yaml
-
-    body = text[match.end() :]
-    try:
-        data = yaml.safe_load(match.group(1))
-    except Exception:  # untrusted: YAMLError, RecursionError, ValueError (huge ints), ...
-        return {}, body, "the card's front matter is not valid YAML: its data is ignored"
-    if data is None:
-        return {}, body, None
-    if not isinstance(data, dict):
-        return {}, body, "the card's front matter is not a mapping"
-    return {str(k): v for k, v in data.items()}, body, None
+    """``(front matter, body, problem)`` of a card (:mod:`cmh.hub.mirror.front_matter`)."""
+    front = read_front_matter(text)
+    return front.data or {}, front.body, front.problem
 
 
 def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
