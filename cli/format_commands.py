@@ -174,7 +174,8 @@ def stamp(
 
     def write(path: str) -> tuple[dict[str, Any], str]:
         with progress_bar(data_size(path), f"stamp {os.path.basename(path)}") as advance:
-            result = cmh.stamp(path, ttl, sign_key=key, threads=threads, progress=advance)
+            hashing = cmh.Hashing(threads, advance)
+            result = cmh.stamp(path, ttl, sign_key=key, hashing=hashing)
         now = time.time()
         if result.removed_signature_key_id is not None:
             warn(
@@ -297,8 +298,7 @@ def verify(
                             trusted_keys=trusted,
                             require_signature=required,
                             allow_expired=allow_expired,
-                            threads=threads,
-                            progress=advance,
+                            hashing=cmh.Hashing(threads, advance),
                         )
                     except OSError as exc:
                         from cmh.verification import Problem

@@ -28,6 +28,19 @@ ProgressCallback = Callable[[int], None]
 
 
 @dataclass(frozen=True)
+class Hashing:
+    """How tensor bytes are hashed: how many threads (``None``: one per core, at most 8) and
+    who hears of the bytes hashed. Never changes what is written or judged."""
+
+    threads: int | None = None
+    progress: ProgressCallback | None = None
+
+
+#: One thread per core (at most 8), no progress callback.
+DEFAULT_HASHING = Hashing()
+
+
+@dataclass(frozen=True)
 class TensorDigest:
     """Digests of one tensor's bytes; a digest is ``None`` when not computed."""
 
