@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub"))
-from seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, find_weed
+from seaweed import SeaweedServer, find_weed
 
 REPO = "bench/scaleout"
 TARGETS = {"redirect": 0.9, "proxy": 0.8, "x-accel": 0.9}
@@ -184,19 +184,6 @@ def stop(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def aws_env(weed: SeaweedServer, tmp: Path) -> dict[str, str]:
-    """The standard AWS settings for the SeaweedFS of this run (and no profile files)."""
-    return {
-        "AWS_ENDPOINT_URL": weed.endpoint,
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_REGION": REGION,
-        "AWS_CONFIG_FILE": str(tmp / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-
-
 def measure(
     args: argparse.Namespace,
     tmp: Path,
@@ -205,7 +192,7 @@ def measure(
     procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]],
 ) -> dict[str, float]:
     """Best throughput of every way of serving (processes started go into ``procs``)."""
-    os.environ.update(aws_env(weed, tmp))
+    os.environ.update(weed.aws_env(tmp))
     env = dict(os.environ)
     from cmh.hub.mirror.bucket import BucketStore
     from cmh.hub.mirror.store import add_folder
