@@ -33,7 +33,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +43,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub"))
 from seaweed import SeaweedServer, find_weed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _servers import nginx_config, stop
 
 REPO = "bench/scaleout"
 TARGETS = {"redirect": 0.9, "proxy": 0.8, "x-accel": 0.9}
@@ -147,19 +149,9 @@ def start_nginx(
         f"server {{\n  listen 127.0.0.1:{bare};\n  root {store.resolve()};\n"
         "  location / { }\n}\n"
     )
-    user = "user root;\n" if os.geteuid() == 0 else ""
     conf = tmp / "nginx.conf"
-    conf.write_text(
-        f"{user}daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\n"
-        f"error_log {tmp}/error.log;\nevents {{ worker_connections 1024; }}\n"
-        f"http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n"
-        f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
-        f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
-        f"  scgi_temp_path {tmp}/scgi;\n  default_type application/octet-stream;\n"
-        + nginx_server(store, f"127.0.0.1:{front}", upstream)
-        + static
-        + "}\n"
-    )
+    servers = nginx_server(store, f"127.0.0.1:{front}", upstream) + static
+    conf.write_text(nginx_config(tmp, 1, False, servers))
     proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)])
     for port in (front, bare):
         deadline = time.monotonic() + 10
@@ -172,16 +164,6 @@ def start_nginx(
                     raise RuntimeError("nginx did not listen") from None
                 time.sleep(0.05)
     return proc, f"http://127.0.0.1:{front}", f"http://127.0.0.1:{bare}"
-
-
-def stop(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def measure(
@@ -284,7 +266,7 @@ def main() -> int:
             best = measure(args, tmp, weed, nginx, procs)
         finally:
             for proc in procs:
-                stop(proc)
+                stop(proc, timeout=10)
             weed.stop()
     failed = []
     for name, rate in best.items():
