@@ -569,6 +569,16 @@ def fingerprint(
     if base is not None and not semantic:
         usage_error("--base applies to --semantic only")
     kind = "semantic" if semantic else ("directory" if os.path.isdir(path) else "file")
+
+    def document(code: int, outcome: str, error: str | None, **fields: Any) -> None:
+        emit_json(
+            envelope(
+                "fingerprint", path=path, kind=kind, **fields,
+                outcome=None if semantic else outcome, error=error, ok=code == EXIT_OK,
+                exit_status=code,
+            )
+        )  # fmt: skip
+
     try:
         with stop_on_interrupt("nothing was changed; run the same command again"):
             fields = (
@@ -580,31 +590,10 @@ def fingerprint(
         code = EXIT_UNREADABLE if semantic and _not_a_model(exc) else exit_code_for(exc)
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
         if as_json:
-            emit_json(
-                envelope(
-                    "fingerprint",
-                    path=path,
-                    kind=kind,
-                    outcome=None if semantic else _fingerprint_outcome(exc),
-                    error=message,
-                    ok=False,
-                    exit_status=code,
-                )
-            )
+            document(code, _fingerprint_outcome(exc), message)
         fail(message, code)
     if as_json:
-        emit_json(
-            envelope(
-                "fingerprint",
-                path=path,
-                kind=kind,
-                **fields,
-                outcome=None if semantic else "ok",
-                error=None,
-                ok=True,
-                exit_status=EXIT_OK,
-            )
-        )
+        document(EXIT_OK, "ok", None, **fields)
     elif semantic:
         _print_semantic(path, fields["semantic"])
     else:

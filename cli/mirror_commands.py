@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -446,28 +447,12 @@ def serve(**options: Any) -> None:
         click.echo(f"Serving {opt.store} on {url} ({opt.workers} worker{plural})")
         sys.stdout.flush()
 
+    # Every option named like a ServeConfig field is that field; the rest are read above.
+    same = {f.name for f in dataclasses.fields(ServeConfig)} & set(options)
     config = ServeConfig(
-        store=opt.store,
-        host=opt.host,
-        port=opt.port,
-        tokens=opt.tokens,
-        workers=opt.workers,
-        access_log=opt.access_log,
-        page_size=opt.tree_page_size,
-        public_url=opt.public_url,
-        max_connections=opt.max_connections,
-        header_timeout=opt.header_timeout,
-        idle_timeout=opt.idle_timeout,
-        upstream=pull,
-        admin_tokens=opt.admin_tokens,
-        keys=opt.keys,
-        announce=announce,
-        warn=warn,
-        blob_delivery=opt.blob_delivery,
-        ref_ttl=opt.ref_ttl,
-        graceful_timeout=opt.graceful_timeout,
-        public_storage_url=opt.public_storage_url,
-    )
+        **{name: getattr(opt, name) for name in same - {"upstream"}},
+        page_size=opt.tree_page_size, upstream=pull, announce=announce, warn=warn,
+    )  # fmt: skip
     try:
         code = run(config)
     except ServeError as exc:
