@@ -219,10 +219,8 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
             set_mtime_to_stamp(tmp, job.stamped_at)
             written = os.fstat(dst.fileno())
-    except BaseException as exc:
-        if isinstance(exc, OSError):
-            raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
-        raise
+    except OSError as exc:
+        raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
     record_own_stamp(target, written, record.fingerprint)
     write_seconds = time.perf_counter() - started - hash_seconds
     return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)

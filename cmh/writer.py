@@ -205,9 +205,7 @@ def save_file(
             f.flush()  # nothing may be written after the mtime is set
             set_mtime_to_stamp(f.name, stamped_at)
             written = os.fstat(f.fileno())
-    except BaseException as exc:
-        if isinstance(exc, OSError):
-            raise StampError(f"{target}: could not write: {exc}") from exc
-        raise
+    except OSError as exc:
+        raise StampError(f"{target}: could not write: {exc}") from exc
     record_own_stamp(target, written, record.fingerprint)
     return SaveResult(target, record, signer)
