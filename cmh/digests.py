@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .header import Header, TensorEntry
+from .header import Header, TensorEntry, TensorSpec
 
 FILE_DOMAIN = b"CMH-FP-v1\n"
 DIRECTORY_DOMAIN = b"CMH-DIR-v1\n"
@@ -50,12 +50,9 @@ class TensorDigest:
 
 
 @dataclass(frozen=True)
-class RootEntry:
+class RootEntry(TensorSpec):
     """What the root covers of one tensor: name, dtype, shape and SHA-256 of its bytes."""
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
     sha256: bytes
 
 

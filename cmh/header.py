@@ -55,12 +55,18 @@ _TENSOR_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 
 
 @dataclass(frozen=True)
-class TensorEntry:
-    """One tensor as the header describes it; offsets are relative to the buffer."""
+class TensorSpec:
+    """A tensor's name, dtype and shape: what every description of one starts with."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TensorEntry(TensorSpec):
+    """One tensor as the header describes it; offsets are relative to the buffer."""
+
     begin: int
     end: int
 

@@ -28,7 +28,7 @@ from .carrier import carrier_values, is_reserved
 from .digests import DEFAULT_HASHING, Hashing, RootEntry, default_threads, file_root
 from .duration import TTL, ttl_seconds
 from .errors import CMHError, StampError
-from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE
+from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE, TensorSpec
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
 from .signing import key_id, sign_record
 from .stamping import record_own_stamp, set_mtime_to_stamp
@@ -48,10 +48,7 @@ _TORCH_DTYPES = {
 
 
 @dataclass(frozen=True)
-class _Tensor:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
+class _Tensor(TensorSpec):
     data: memoryview
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from cmh.header import TensorSpec
+
 from ...cache.layout import repo_folder_name
 from ..auth import AccessPolicy, repo_key
 from ..index import CommitIndex, FileEntry
@@ -42,10 +44,7 @@ ACCESS_LOG_TAIL = 4 << 20
 
 
 @dataclass(frozen=True)
-class TensorRow:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
+class TensorRow(TensorSpec):
     nbytes: int
     sha256: str | None  # the manifest's digest (hex), None when not stamped
 
