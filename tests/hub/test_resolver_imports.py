@@ -1,4 +1,4 @@
-"""The resolver's modules import one another in one direction: no cycle, not even inside functions."""
+"""The resolver's modules import one another one way: no cycle, not even inside functions."""
 
 from __future__ import annotations
 
