@@ -572,7 +572,10 @@ async def _resolve_filling(
         )
     except (BodyCut, FillFailed) as cut:
         request[BYTES_KEY] = getattr(cut, "sent", 0)
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}
+        why = "fill failed" if not fill.done() or fill.exception() is None else (
+            f"fill failed: {str(fill.exception())[:200]}"
+        )
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": why}
         await _run(state.cuts.record, repo.path, entry.etag)
     except ConnectionError:  # the client went away mid-body; the fill goes on
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -214,3 +216,218 @@ def test_two_replicas_eight_stock_clients_cold_256mib_one_cdn_transfer(
     assert leftovers == []
     assert store.read_check(FOLDER[BIG_REPO], sha) == store.objects.head(blob).etag
     print(f"cold 256 MiB to 8 clients over 2 replicas: {elapsed:.1f} s")
+
+
+# -- faults --------------------------------------------------------------------------------
+
+
+def _raw_get(server: MirrorServer, repo: str, got: list[int], timeout: float = 120.0) -> str:
+    """GET a whole file with a plain HTTP client; its outcome ("complete <sha>" or the
+    error), the body bytes received so far kept in ``got[0]``."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    h = hashlib.sha256()
+    try:
+        conn.request("GET", f"/{repo}/resolve/main/shard.bin")
+        response = conn.getresponse()
+        if response.status != 200:
+            return f"status {response.status}"
+        length = int(response.headers["Content-Length"])
+        while True:
+            chunk = response.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+            got[0] += len(chunk)
+        return f"complete {h.hexdigest()}" if got[0] == length else f"short {got[0]}"
+    except (OSError, http.client.HTTPException) as exc:
+        return f"cut {type(exc).__name__}"
+    finally:
+        conn.close()
+
+
+def _start_get(server: MirrorServer, repo: str) -> tuple[threading.Thread, list[int], list[str]]:
+    got, outcome = [0], [""]
+
+    def run() -> None:
+        outcome[0] = _raw_get(server, repo, got)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, got, outcome
+
+
+def _wait_for(predicate: Any, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _parts(store: BucketStore, repo: str) -> list[str]:
+    try:
+        return sorted(
+            i.name.rsplit("/", 1)[-1] for i in store.objects.list(f"{FOLDER[repo]}/.cmh/fills")
+        )
+    except ObjectStoreError:
+        return []
+
+
+def _stored_sha(store: BucketStore, repo: str, sha: str) -> str | None:
+    """SHA-256 of what the bucket holds under the blob's name (None: nothing)."""
+    name = f"{FOLDER[repo]}/blobs/{sha}"
+    try:
+        store.objects.head(name)
+    except ObjectStoreError:
+        return None
+    h = hashlib.sha256()
+    for chunk in store.objects.iter_chunks(name):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _cdn_ranges(front: HubLike, sha: str) -> list[str | None]:
+    return [
+        r.headers.get("range") for r in front.records(origin="cdn", method="GET") if sha in r.path
+    ]
+
+
+def test_filling_replica_killed_mid_fill_another_resumes_after_the_lease_expires(
+    fleet: Fleet, origin: dict[str, Any], tmp_path: Path
+) -> None:
+    sha = origin["blobs"][MID_REPO]
+    first, second = fleet.start(lease_ttl=2.0), fleet.start(lease_ttl=2.0)
+    store = fleet.store()
+    fleet.front.stall(after_bytes=20 << 20, seconds=8, path=sha)  # the first transfer stops
+    thread, _, outcome = _start_get(first, MID_REPO)
+    _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+    os.kill(first.process.pid, signal.SIGKILL)
+    first.process.wait()
+    thread.join(30)
+    assert not outcome[0].startswith("complete"), outcome  # cut: never a complete body
+    env = hf_env(second.url, tmp_path / "home-b")
+    env.update(T_REPO=MID_REPO, T_FILE="shard.bin")
+    out = run_python(CLIENT_SCRIPT, env, timeout=120)
+    assert out == {"sha256": sha, "size": MID}
+    fleet.front.wait_idle(30)  # the stalled first transfer is recorded once it ends
+    ranges = _cdn_ranges(fleet.front, sha)
+    assert len(ranges) == 2 and ranges[0] is None, ranges
+    # The second replica resumed from the parts stored (8 MiB each), not from byte 0.
+    resumed = int((ranges[1] or "bytes=0-").removeprefix("bytes=").split("-")[0])
+    assert resumed >= 16 << 20 and resumed % (8 << 20) == 0, ranges
+    assert _stored_sha(store, MID_REPO, sha) == sha
+    assert _parts(store, MID_REPO) == []
+
+
+def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
+    fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    sha = origin["blobs"][MID_REPO]
+    replicas = [fleet.start(), fleet.start()]
+    store = fleet.store()
+    fleet.front.flip_byte(sha, offset=30 << 20)
+    gets = [_start_get(replicas[i % 2], MID_REPO) for i in range(4)]
+    for thread, _, _ in gets:
+        thread.join(120)
+    outcomes = [g[2][0] for g in gets]
+    assert all(not o.startswith("complete") and not o.startswith("status 2") for o in outcomes), (
+        outcomes
+    )
+    assert all(g[1][0] < MID for g in gets)  # the last byte never sent
+    assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
+    assert _parts(store, MID_REPO) == ["failed"]  # the parts went; the failure is told
+    assert len(_cdn_ranges(fleet.front, sha)) == 1  # the failure was shared, not re-fetched
+    # A replica asked later fills it again, and right this time.
+    later = fleet.start()
+    thread, _, outcome = _start_get(later, MID_REPO)
+    thread.join(120)
+    assert outcome[0] == f"complete {sha}"
+    assert _stored_sha(store, MID_REPO, sha) == sha
+
+
+def test_upstream_truncating_mid_fill_is_resumed_with_a_range(
+    fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    sha = origin["blobs"][MID_REPO]
+    replicas = [fleet.start(), fleet.start()]
+    store = fleet.store()
+    fleet.front.cut(after_bytes=(25 << 20) + 12345, path=sha)
+    gets = [_start_get(replicas[i % 2], MID_REPO) for i in range(4)]
+    for thread, _, _ in gets:
+        thread.join(120)
+    assert [g[2][0] for g in gets] == [f"complete {sha}"] * 4
+    ranges = _cdn_ranges(fleet.front, sha)
+    assert len(ranges) == 2 and ranges[1] == f"bytes={(25 << 20) + 12345}-", ranges
+    assert _stored_sha(store, MID_REPO, sha) == sha
+    assert _parts(store, MID_REPO) == []
+
+
+def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
+    fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    sha = origin["blobs"][MID_REPO]
+    replicas = [fleet.start(), fleet.start()]
+    store = fleet.store()
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = ["", ""]
+
+    def get(i: int) -> None:
+        barrier.wait()
+        outcomes[i] = _raw_get(replicas[i], MID_REPO, [0])
+
+    threads = [threading.Thread(target=get, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert outcomes == [f"complete {sha}"] * 2
+    assert len(_cdn_ranges(fleet.front, sha)) == 1
+    assert _stored_sha(store, MID_REPO, sha) == sha
+    # Each replica served a filling answer: neither waited for the other's whole fill.
+    for server in replicas:
+        assert server.log(route="resolve", status=200)
+
+
+def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes(
+    origin: dict[str, Any], tmp_path: Path
+) -> None:
+    from seaweed import start_or_skip
+
+    sha = origin["blobs"][MID_REPO]
+    front: HubLike = origin["front"]
+    front.clear_records()
+    server = start_or_skip(tmp_path / "weed")
+    try:
+        bucket = SeaweedBucket(server, server.bucket, "restart/")
+        env = {
+            **bucket.aws_env(),
+            "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        fleet = Fleet(bucket, front, tmp_path / "logs", env)
+        try:
+            first, second = fleet.start(lease_ttl=2.0), fleet.start(lease_ttl=2.0)
+            store = fleet.store()
+            front.stall(after_bytes=20 << 20, seconds=6, path=sha)  # a window to restart in
+            thread, _, outcome = _start_get(first, MID_REPO)
+            _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+            server.restart(down_for=1.0)
+            thread.join(120)
+            # The first client got the whole blob (the fill rode out the outage) or was cut
+            # before its last byte: never a complete wrong body.
+            assert outcome[0] == f"complete {sha}" or not outcome[0].startswith("complete"), outcome
+            again, _, second_outcome = _start_get(second, MID_REPO)
+            again.join(120)
+            assert second_outcome[0] == f"complete {sha}", second_outcome
+            assert _stored_sha(store, MID_REPO, sha) == sha
+            assert [p for p in _parts(store, MID_REPO) if p.startswith("part-")] == []
+            ranges = _cdn_ranges(front, sha)
+            # The parts stored before the restart were kept and used: no second transfer
+            # from byte 0.
+            assert ranges[0] is None and all(r is not None for r in ranges[1:]), ranges
+        finally:
+            fleet.stop()
+    finally:
+        server.stop()

@@ -10,7 +10,7 @@ refs/{revision}                      moved after each validation
 .cmh/upstream/{commit}.json          {"fresh_until"}: for cmh prune --expired
 .cmh/fills/{etag}/lease              the filling replica's lease (conditional writes)
 .cmh/fills/{etag}/part-{n:06d}       bytes [n * PART, (n + 1) * PART) as they arrived
-.cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed its check
+.cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed (its waiters give up)
 blobs/{etag}                         written only once the whole SHA-256 matched
 ```
 
@@ -63,8 +63,6 @@ READ_POLL = 0.05
 CLAIM_TTL = 30.0
 #: Seconds a replica waits for the outcome of another replica's revalidation.
 CLAIM_WAIT = 5.0
-#: Seconds a failed fill's record makes the other replicas give up at once.
-FAILED_FOR = 10.0
 MAX_ATTEMPTS = 5  # upstream transfers of one fill (each resumes where the last stopped)
 
 
@@ -337,18 +335,19 @@ class BucketPullThrough:
         started = time.time()
         try:
             while not self._present(blob):
-                if self.store.take_lease(folder, self.owner, name=f"{fills}/lease",
-                                         ttl=self.lease_ttl):  # fmt: skip
+                # A fill this request waited for failed: its outcome is shared, not retried.
+                failure = self._failure(fills, started)
+                if failure is not None:
+                    raise UpstreamError(502, "UpstreamProtocolError", failure)
+                lease = f"{fills}/lease"
+                if self.store.take_lease(folder, self.owner, name=lease, ttl=self.lease_ttl):
                     try:
                         if not self._present(blob):  # filled between the look and the lease
                             _Fill(self, upstream, folder, commit, f).run()
                     finally:
                         with contextlib.suppress(ObjectStoreError):
-                            self.store.release_lease(folder, name=f"{fills}/lease")
+                            self.store.release_lease(folder, name=lease)
                     break
-                failure = self._failure(fills, started)
-                if failure is not None:
-                    raise UpstreamError(502, "UpstreamProtocolError", failure)
                 time.sleep(FILL_POLL)
         except ObjectStoreError as exc:
             raise unavailable(f"store unavailable during the fill: {exc}") from None
@@ -361,8 +360,8 @@ class BucketPullThrough:
             at = float(doc["at"])
         except (ObjectNotFound, ValueError, KeyError, TypeError):
             return None
-        if at < since - FAILED_FOR:
-            return None
+        if at < since:
+            return None  # failed before this request came: it tries again
         return f"the upstream's blob failed its check at another replica: {doc.get('error')}"
 
     def _keep_manifest(
@@ -514,6 +513,8 @@ class _Fill:
             self.done.set()
         self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
         self._delete_parts()
+        with contextlib.suppress(ObjectStoreError):  # an earlier failure is history now
+            self.objects.delete(f"{self.fills}/failed")
 
     def _failed(self, upload: _Upload, error: str) -> None:
         """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""
