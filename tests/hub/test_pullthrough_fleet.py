@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import json
 import os
 import signal
 import threading
@@ -33,7 +34,12 @@ BIG_REPO = "fleet/big"
 MID_REPO = "fleet/mid"
 BIG = 256 << 20
 MID = 40 << 20
-FOLDER = {BIG_REPO: "models--fleet--big", MID_REPO: "models--fleet--mid"}
+SMALL_REPO = "fleet/small"
+FOLDER = {
+    BIG_REPO: "models--fleet--big",
+    MID_REPO: "models--fleet--mid",
+    SMALL_REPO: "models--fleet--small",
+}
 
 CLIENT_SCRIPT = r"""
 import hashlib, json, os
@@ -58,6 +64,17 @@ def _pattern(size: int, seed: int) -> bytes:
     return bytes(out[:size])
 
 
+def _write_safetensors(path: Path) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(7)
+    tensors = {
+        f"layer.{i}.weight": rng.standard_normal((64, 64)).astype("float32") for i in range(4)
+    }
+    save_file(tensors, str(path))
+
+
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """An origin ``cmh serve`` holding a 256 MiB and a 40 MiB blob, behind the Hub-like front."""
@@ -73,6 +90,12 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         add_folder(store, src, repo)
         blobs[repo] = hashlib.sha256(data).hexdigest()
         del data
+    small = base / "small"
+    small.mkdir()
+    _write_safetensors(small / "model.safetensors")
+    (small / "config.json").write_text('{"model_type": "fleet-small"}\n')
+    add_folder(store, small, SMALL_REPO)
+    blobs[SMALL_REPO] = hashlib.sha256((small / "model.safetensors").read_bytes()).hexdigest()
     server = MirrorServer(store, base / "logs")
     try:
         with running(server.url) as front:
@@ -431,3 +454,78 @@ def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes
             fleet.stop()
     finally:
         server.stop()
+
+
+def _get(
+    server: MirrorServer, target: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    try:
+        conn.request("GET", target, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def _revision_asks(front: HubLike, revision: str) -> int:
+    return len(front.records(origin="hub", path=f"/api/models/{SMALL_REPO}/revision/{revision}$"))
+
+
+def test_fleet_keeps_local_pull_through_behaviour(fleet: Fleet, origin: dict[str, Any]) -> None:
+    """Freshness per fleet, pinned commits, typed errors, tokens, manifests, stale answers."""
+    sha = origin["blobs"][SMALL_REPO]
+    a, b = fleet.start("--fresh-for", "3s"), fleet.start("--fresh-for", "3s")
+    store = fleet.store()
+    status, _, body = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
+    assert status == 200
+    commit = json.loads(body)["sha"]
+    assert _revision_asks(fleet.front, "main") == 1
+    status, _, _ = _get(b, f"/api/models/{SMALL_REPO}/revision/main")
+    assert status == 200 and _revision_asks(fleet.front, "main") == 1  # A's validation serves B
+    # The upstream's refusals, typed as the Hub types them.
+    status, headers, _ = _get(b, "/api/models/nobody/nothing/revision/main")
+    assert (status, headers.get("x-error-code")) == (404, "RepoNotFound")
+    status, headers, _ = _get(b, f"/api/models/{SMALL_REPO}/revision/no-such-branch")
+    assert (status, headers.get("x-error-code")) == (404, "RevisionNotFound")
+    status, headers, _ = _get(b, f"/{SMALL_REPO}/resolve/main/no-such-file.txt")
+    assert (status, headers.get("x-error-code")) == (404, "EntryNotFound")
+    # A client's token is never sent upstream; the upstream's never reaches the CDN.
+    secret = "Bearer hf_client_secret_never_forwarded"
+    status, _, data = _get(
+        b, f"/{SMALL_REPO}/resolve/main/model.safetensors", {"Authorization": secret}
+    )
+    assert status == 200 and hashlib.sha256(data).hexdigest() == sha
+    assert not any(secret in json.dumps(r.headers) for r in fleet.front.records())
+    assert not fleet.front.cdn_saw_authorization
+    # The tensor manifest of the filled safetensors blob is kept in the bucket.
+    manifest = f"{FOLDER[SMALL_REPO]}/.cmh/manifests/{sha}.json"
+    _wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")
+    status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
+    assert status == 200 and len(json.loads(body)["tensors"]) == 4
+    time.sleep(3.2)  # --fresh-for passes (the replicas' own clocks: no way to inject one)
+    # A commit id never revalidates.
+    before = len(fleet.front.records(origin="hub", path="/revision/"))
+    for server in (a, b):
+        assert _get(server, f"/api/models/{SMALL_REPO}/revision/{commit}")[0] == 200
+    assert len(fleet.front.records(origin="hub", path="/revision/")) == before
+    # Both replicas asked at once for the stale branch: one revalidation for the fleet.
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(
+            pool.map(lambda s: _get(s, f"/api/models/{SMALL_REPO}/revision/main")[0], (a, b))
+        )
+    assert answers == [200, 200]
+    assert _revision_asks(fleet.front, "main") == 2
+    time.sleep(3.2)
+    # The upstream failing: the held copy answers, with a Warning.
+    fleet.front.fail(503, times=50, path=f"/api/models/{SMALL_REPO}/revision/main")
+    status, headers, _ = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
+    assert status == 200 and headers.get("warning", "").startswith("110"), headers
+
+
+def _exists(store: BucketStore, name: str) -> bool:
+    try:
+        store.objects.head(name)
+        return True
+    except ObjectStoreError:
+        return False
