@@ -238,7 +238,9 @@ def test_two_replicas_eight_stock_clients_cold_256mib_one_cdn_transfer(
     leftovers = [i.name for i in store.objects.list(f"{FOLDER[BIG_REPO]}/.cmh/fills")]
     assert leftovers == []
     assert store.read_check(FOLDER[BIG_REPO], sha) == store.objects.head(blob).etag
-    print(f"cold 256 MiB to 8 clients over 2 replicas: {elapsed:.1f} s")
+    firsts = sorted(round(t - started, 1) for t in first_byte.values())
+    print(f"cold 256 MiB to 8 clients over 2 replicas: {elapsed:.1f} s; fill stored after "
+          f"{filled_at[0] - started:.1f} s; first bytes after {firsts} s")
 
 
 # -- faults --------------------------------------------------------------------------------
