@@ -386,6 +386,10 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     thread, _, outcome = _start_get(later, MID_REPO)
     thread.join(120)
     assert outcome[0] == f"complete {sha}"
+    # A cut client's resume is not spliced onto the good fill, on any replica: its range
+    # is answered whole (the cut is recorded in the bucket).
+    status, _, body = _get(later, f"/{MID_REPO}/resolve/main/shard.bin", {"Range": "bytes=1000-"})
+    assert status == 200 and len(body) == MID
     _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
 
 

@@ -11,6 +11,7 @@ refs/{revision}                      moved after each validation
 .cmh/fills/{etag}/lease              the filling replica's lease (conditional writes)
 .cmh/fills/{etag}/part-{n:06d}       bytes [n * PART, (n + 1) * PART) as they arrived
 .cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed (its waiters give up)
+.cmh/cuts/{etag}                     the time a filling body of the blob was last cut
 blobs/{etag}                         written only once the whole SHA-256 matched
 ```
 
@@ -40,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from ...cache.blobs import new_digest
 from ...cache.layout import COMMIT_RE
-from ..bucket import BucketStore, TreeFile, TreeObject
+from ..bucket import BucketError, BucketStore, TreeFile, TreeObject
 from ..gitobjects import lfs_pointer_oid, tree_oids
 from ..objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from ._pull import FillFailed, SentRanges
+from .bucket import _storage_errors
 
 if TYPE_CHECKING:
     from ...resolver.types import RemoteFile
@@ -93,6 +95,7 @@ class BucketPullThrough:
         self._expiries: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._stamps: dict[str, int | None] = {}  # etag -> CMH expires_at (immutable)
         self._access: dict[str, tuple[float, bool]] = {}
+        self._cuts: dict[str, tuple[float, float | None]] = {}  # blob -> (read at, cut at)
 
     @staticmethod
     def _folder(repo_type: str, repo_id: str) -> str:
@@ -115,15 +118,16 @@ class BucketPullThrough:
         return index.commit
 
     def listing(self, repo_type: str, repo_id: str, commit: str) -> dict[str, RemoteFile] | None:
-        from ...resolver.types import RemoteFile
+        with _storage_errors():
+            from ...resolver.types import RemoteFile
 
-        tree = self.cache.tree(self._folder(repo_type, repo_id), commit)
-        if tree is None:
-            return None
-        return {
-            f.path: RemoteFile(f.path, f.size, f.etag, f.lfs_sha256 is not None, f.oid)
-            for f in tree.files
-        }
+            tree = self.cache.tree(self._folder(repo_type, repo_id), commit)
+            if tree is None:
+                return None
+            return {
+                f.path: RemoteFile(f.path, f.size, f.etag, f.lfs_sha256 is not None, f.oid)
+                for f in tree.files
+            }
 
     def _validation(self, folder: str, revision: str) -> tuple[dict[str, Any], str] | None:
         try:
@@ -138,16 +142,17 @@ class BucketPullThrough:
     def expiry(self, repo_type: str, repo_id: str, revision: str, commit: str) -> float:
         """Read from the bucket at most once every ``ref_ttl`` seconds per revision (the
         fleet's validation record), so every replica sees another's validation."""
-        key = (repo_type, repo_id, revision)
-        now = time.monotonic()
-        with self._lock:
-            hit = self._expiries.get(key)
-        if hit is not None and now - hit[0] < self.cache.ref_ttl:
-            return hit[1]
-        value = self._expiry(repo_type, repo_id, revision, commit)
-        with self._lock:
-            self._expiries[key] = (now, value)
-        return value
+        with _storage_errors():
+            key = (repo_type, repo_id, revision)
+            now = time.monotonic()
+            with self._lock:
+                hit = self._expiries.get(key)
+            if hit is not None and now - hit[0] < self.cache.ref_ttl:
+                return hit[1]
+            value = self._expiry(repo_type, repo_id, revision, commit)
+            with self._lock:
+                self._expiries[key] = (now, value)
+            return value
 
     def _forget(self, repo_type: str, repo_id: str, revision: str) -> None:
         with self._lock:
@@ -202,85 +207,91 @@ class BucketPullThrough:
     def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:
         """Claim the revalidation in the validation record (``If-Match``); a replica that
         loses waits up to :data:`CLAIM_WAIT` for the winner's record."""
-        folder = self._folder(repo_type, repo_id)
-        name = self._validation_name(folder, revision)
-        found = self._validation(folder, revision)
-        if found is None or not found[1]:
-            return True
-        doc, etag = found
-        since = doc.get("checking_since")
-        if not (isinstance(since, (int, float)) and time.time() - since < CLAIM_TTL):
-            claimed = {**doc, "checking_since": time.time(), "by": self.owner}
-            try:
-                self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            name = self._validation_name(folder, revision)
+            found = self._validation(folder, revision)
+            if found is None or not found[1]:
                 return True
-            except PreconditionFailed:
-                pass  # another replica claimed it first
-        deadline = time.monotonic() + CLAIM_WAIT
-        while time.monotonic() < deadline:
-            time.sleep(FILL_POLL)
-            again = self._validation(folder, revision)
-            if again is None or "checking_since" not in again[0]:
-                break
-        self._forget(repo_type, repo_id, revision)
-        self.cache.forget_ref(folder, revision)
-        return False
+            doc, etag = found
+            since = doc.get("checking_since")
+            if not (isinstance(since, (int, float)) and time.time() - since < CLAIM_TTL):
+                claimed = {**doc, "checking_since": time.time(), "by": self.owner}
+                try:
+                    self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
+                    return True
+                except PreconditionFailed:
+                    pass  # another replica claimed it first
+            deadline = time.monotonic() + CLAIM_WAIT
+            while time.monotonic() < deadline:
+                time.sleep(FILL_POLL)
+                again = self._validation(folder, revision)
+                if again is None or "checking_since" not in again[0]:
+                    break
+            self._forget(repo_type, repo_id, revision)
+            self.cache.forget_ref(folder, revision)
+            return False
 
     def install(
         self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]
     ) -> None:
         """Write the commit's tree object (``If-None-Match: *``; a commit never changes).
         A blob already stored under its name was checked when it was written."""
-        folder = self._folder(repo_type, repo_id)
-        if self.cache.tree(folder, commit) is not None:
-            return
-        self.store.ensure_conditional_writes()
-        entries = []
-        for path, remote in sorted(files.items()):
-            if remote.lfs:
-                oid = lfs_pointer_oid(remote.etag, remote.size)
-                entries.append(TreeFile(path, remote.size, remote.etag, oid, remote.etag))
-            else:
-                entries.append(TreeFile(path, remote.size, remote.etag, remote.etag, None))
-        tree = tree_oids({f.path: f.oid for f in entries})[""]
-        obj = TreeObject(commit, tree, (), time.time(), tuple(entries))
-        with contextlib.suppress(PreconditionFailed):
-            self.objects.put_if_absent(self.store.tree_name(folder, commit), obj.to_bytes())
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            if self.cache.tree(folder, commit) is not None:
+                return
+            self.store.ensure_conditional_writes()
+            entries = []
+            for path, remote in sorted(files.items()):
+                if remote.lfs:
+                    oid = lfs_pointer_oid(remote.etag, remote.size)
+                    entries.append(TreeFile(path, remote.size, remote.etag, oid, remote.etag))
+                else:
+                    entries.append(TreeFile(path, remote.size, remote.etag, remote.etag, None))
+            tree = tree_oids({f.path: f.oid for f in entries})[""]
+            obj = TreeObject(commit, tree, (), time.time(), tuple(entries))
+            with contextlib.suppress(PreconditionFailed):
+                self.objects.put_if_absent(self.store.tree_name(folder, commit), obj.to_bytes())
 
     def validated(
         self, repo_type: str, repo_id: str, revision: str, commit: str, *, pinned: bool
     ) -> None:
-        folder = self._folder(repo_type, repo_id)
-        if not pinned:
-            ref = self.store.ref_name(folder, revision)
-            current = self.store.read_ref(folder, revision)
-            if current is None or current.commit != commit:
-                self.objects.put(ref, f"{commit}\n".encode())
-            record = {"commit": commit, "at": time.time()}
-            self.objects.put(self._validation_name(folder, revision), json.dumps(record).encode())
-            self.cache.forget_ref(folder, revision)
-            self._forget(repo_type, repo_id, revision)
-            until = self._expiry(repo_type, repo_id, revision, commit)
-        else:
-            until = time.time() + self.fresh_for
-        if until == float("inf"):
-            return
-        doc = {"fresh_until": until, "at": time.time()}
-        with contextlib.suppress(ObjectStoreError):  # for prune only: best effort
-            self.objects.put(f"{folder}/.cmh/upstream/{commit}.json", json.dumps(doc).encode())
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            if not pinned:
+                ref = self.store.ref_name(folder, revision)
+                current = self.store.read_ref(folder, revision)
+                if current is None or current.commit != commit:
+                    self.objects.put(ref, f"{commit}\n".encode())
+                record = {"commit": commit, "at": time.time()}
+                self.objects.put(
+                    self._validation_name(folder, revision), json.dumps(record).encode()
+                )
+                self.cache.forget_ref(folder, revision)
+                self._forget(repo_type, repo_id, revision)
+                until = self._expiry(repo_type, repo_id, revision, commit)
+            else:
+                until = time.time() + self.fresh_for
+            if until == float("inf"):
+                return
+            doc = {"fresh_until": until, "at": time.time()}
+            with contextlib.suppress(ObjectStoreError):  # for prune only: best effort
+                self.objects.put(f"{folder}/.cmh/upstream/{commit}.json", json.dumps(doc).encode())
 
     def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
-        folder = self._folder(repo_type, repo_id)
-        name = f"{folder}/.cmh/upstream/access.json"
-        if private or gated:
-            doc = {"private": private, "gated": gated, "at": time.time()}
-            self.objects.put(name, json.dumps(doc).encode())
-        else:
-            with contextlib.suppress(ObjectNotFound):
-                self.objects.head(name)
-                self.objects.delete(name)
-        with self._lock:
-            self._access[folder] = (time.monotonic(), private or gated)
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            name = f"{folder}/.cmh/upstream/access.json"
+            if private or gated:
+                doc = {"private": private, "gated": gated, "at": time.time()}
+                self.objects.put(name, json.dumps(doc).encode())
+            else:
+                with contextlib.suppress(ObjectNotFound):
+                    self.objects.head(name)
+                    self.objects.delete(name)
+            with self._lock:
+                self._access[folder] = (time.monotonic(), private or gated)
 
     def restricted(self, repo_type: str, repo_id: str) -> bool:
         """Read at most once every ``ref_ttl`` seconds; a storage that fails: restricted
@@ -304,6 +315,37 @@ class BucketPullThrough:
         with self._lock:
             self._access[folder] = (now, value)
         return value
+
+    def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
+        """``{repo}/.cmh/cuts/{etag}``: the time of the last cut (best effort)."""
+        folder = self._folder(repo_type, repo_id)
+        with contextlib.suppress(ObjectStoreError):
+            self.objects.put(f"{folder}/.cmh/cuts/{etag}", f"{time.time():.3f}\n".encode())
+        with self._lock:
+            self._cuts[f"{folder}/{etag}"] = (time.monotonic(), time.time())
+
+    def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
+        """Read at most once every ``ref_ttl`` seconds per blob; a storage that fails:
+        cut (a whole body is always safe)."""
+        from ..cuts import CUT_MEMORY
+
+        folder = self._folder(repo_type, repo_id)
+        key = f"{folder}/{etag}"
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cuts.get(key)
+        if hit is None or now - hit[0] >= self.cache.ref_ttl:
+            try:
+                at = float(self.objects.get(f"{folder}/.cmh/cuts/{etag}"))
+            except ObjectNotFound:
+                at = None
+            except ValueError:
+                at = None
+            except ObjectStoreError:
+                return True
+            with self._lock:
+                self._cuts[key] = hit = (now, at)
+        return hit[1] is not None and 0 <= time.time() - hit[1] < CUT_MEMORY
 
     # -- fills ---------------------------------------------------------------------------
 
@@ -329,11 +371,11 @@ class BucketPullThrough:
         from ..upstream import UpstreamError, unavailable
 
         folder = self._folder(repo_type, repo_id)
-        f = self._entry(folder, commit, path)
-        blob = self.store.blob_name(folder, f.etag)
-        fills = f"{folder}/.cmh/fills/{f.etag}"
         started = time.time()
         try:
+            f = self._entry(folder, commit, path)
+            blob = self.store.blob_name(folder, f.etag)
+            fills = f"{folder}/.cmh/fills/{f.etag}"
             while not self._present(blob):
                 # A fill this request waited for failed: its outcome is shared, not retried.
                 failure = self._failure(fills, started)
@@ -349,7 +391,7 @@ class BucketPullThrough:
                             self.store.release_lease(folder, name=lease)
                     break
                 time.sleep(FILL_POLL)
-        except ObjectStoreError as exc:
+        except (ObjectStoreError, BucketError) as exc:
             raise unavailable(f"store unavailable during the fill: {exc}") from None
         if path.endswith(".safetensors") and f.lfs_sha256 is not None:
             self._keep_manifest(repo_type, repo_id, folder, commit, path)
