@@ -160,6 +160,7 @@ def _fleet(bucket: Any, origin: dict[str, Any], tmp_path: Path) -> Iterator[Flee
         "AWS_EC2_METADATA_DISABLED": "true",
     }
     origin["front"].clear_records()
+    origin["front"].clear_faults()  # a fault an earlier test left unconsumed
     group = Fleet(bucket, origin["front"], tmp_path / "logs", env)
     try:
         yield group
@@ -449,6 +450,7 @@ def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes
     sha = origin["blobs"][MID_REPO]
     front: HubLike = origin["front"]
     front.clear_records()
+    front.clear_faults()
     server = start_or_skip(tmp_path / "weed")
     try:
         bucket = SeaweedBucket(server, server.bucket, "restart/")
@@ -514,7 +516,7 @@ def test_fleet_keeps_local_pull_through_behaviour(any_fleet: Fleet, origin: dict
     a, b = fleet.start("--fresh-for", "3s"), fleet.start("--fresh-for", "3s")
     store = fleet.store()
     status, _, body = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
-    assert status == 200
+    assert status == 200, (body, a.stderr_text()[-3000:])
     commit = json.loads(body)["sha"]
     assert _revision_asks(fleet.front, "main") == 1
     status, _, _ = _get(b, f"/api/models/{SMALL_REPO}/revision/main")
