@@ -94,6 +94,7 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     small.mkdir()
     _write_safetensors(small / "model.safetensors")
     (small / "config.json").write_text('{"model_type": "fleet-small"}\n')
+    (small / "empty.txt").write_bytes(b"")
     add_folder(store, small, SMALL_REPO)
     blobs[SMALL_REPO] = hashlib.sha256((small / "model.safetensors").read_bytes()).hexdigest()
     server = MirrorServer(store, base / "logs")
@@ -536,6 +537,10 @@ def test_fleet_keeps_local_pull_through_behaviour(any_fleet: Fleet, origin: dict
     assert status == 200 and hashlib.sha256(data).hexdigest() == sha
     assert not any(secret in json.dumps(r.headers) for r in fleet.front.records())
     assert not fleet.front.cdn_saw_authorization
+    # Small files (git blob ids, served by the Hub itself, gzip) and an empty one.
+    config = b'{"model_type": "fleet-small"}\n'
+    assert _get(b, f"/{SMALL_REPO}/resolve/main/config.json")[::2] == (200, config)
+    assert _get(a, f"/{SMALL_REPO}/resolve/main/empty.txt")[::2] == (200, b"")
     # The tensor manifest of the filled safetensors blob is kept in the bucket.
     manifest = f"{FOLDER[SMALL_REPO]}/.cmh/manifests/{sha}.json"
     _wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")

@@ -499,6 +499,25 @@ class _Upload:
         return str(result)
 
 
+class _SmallUpload:
+    """A blob smaller than a part (an empty one too): kept in memory and written in one
+    PUT once its hash matched (a multipart upload needs at least one part)."""
+
+    def __init__(self, objects: Any, name: str) -> None:
+        self.objects = objects
+        self.name = name
+        self._chunks: list[bytes] = []
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+
+    def abort(self) -> None:
+        self._chunks.clear()
+
+    def finish(self) -> str:
+        return str(self.objects.put(self.name, b"".join(self._chunks)))
+
+
 class _Fill:
     """One replica's fill of one blob under the lease: resume, stream, check, compose."""
 
@@ -528,7 +547,10 @@ class _Fill:
         from ...resolver.types import IntegrityError
         from ..upstream import failed, unavailable
 
-        upload = _Upload(self.objects, self.pull.store.blob_name(self.folder, self.f.etag))
+        name = self.pull.store.blob_name(self.folder, self.f.etag)
+        upload: _Upload | _SmallUpload = (
+            _SmallUpload(self.objects, name) if self.f.size < PART else _Upload(self.objects, name)
+        )
         keeper = threading.Thread(target=self._keep_lease, name="cmh-fill-lease", daemon=True)
         keeper.start()
         try:
@@ -558,7 +580,7 @@ class _Fill:
         with contextlib.suppress(ObjectStoreError):  # an earlier failure is history now
             self.objects.delete(f"{self.fills}/failed")
 
-    def _failed(self, upload: _Upload, error: str) -> None:
+    def _failed(self, upload: _Upload | _SmallUpload, error: str) -> None:
         """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""
         upload.abort()
         self._delete_parts()
@@ -586,7 +608,7 @@ class _Fill:
             except ObjectStoreError:
                 continue  # the storage is away: try again; the lease may expire meanwhile
 
-    def _resume(self, upload: _Upload) -> None:
+    def _resume(self, upload: _Upload | _SmallUpload) -> None:
         """Re-read the parts a previous holder stored, in order, while they are whole."""
         n = 0
         while self.pos < self.f.size:
@@ -605,12 +627,12 @@ class _Fill:
             if "/part-" in info.name and info.name >= self.part_name(n):
                 self.objects.delete(info.name)
 
-    def _take(self, data: bytes, upload: _Upload) -> None:
+    def _take(self, data: bytes, upload: _Upload | _SmallUpload) -> None:
         self.digest.update(data)
         upload.feed(data)
         self.pos += len(data)
 
-    def _transfer(self, upload: _Upload) -> None:
+    def _transfer(self, upload: _Upload | _SmallUpload) -> None:
         """Stream the rest from the upstream (its redirect to the CDN followed without the
         token), resuming with ``Range`` after a failure, at most :data:`MAX_ATTEMPTS`."""
         from ...resolver.types import AccessError, HubUnreachableError, NotFoundError, ResolveError
