@@ -328,6 +328,12 @@ def _stored_sha(store: BucketStore, repo: str, sha: str) -> str | None:
     return h.hexdigest()
 
 
+def _wait_stored(store: BucketStore, sha: str) -> None:
+    """Wait for the mid blob's fill to end right: its bytes under its name, no parts left."""
+    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    _wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
+
+
 def _cdn_ranges(front: HubLike, sha: str) -> list[str | None]:
     return [
         r.headers.get("range") for r in front.records(origin="cdn", method="GET") if sha in r.path
@@ -357,8 +363,7 @@ def test_filling_replica_killed_mid_fill_another_resumes_after_the_lease_expires
     # The second replica resumed from the parts stored (8 MiB each), not from byte 0.
     resumed = int((ranges[1] or "bytes=0-").removeprefix("bytes=").split("-")[0])
     assert resumed >= 16 << 20 and resumed % (8 << 20) == 0, ranges
-    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
-    _wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
+    _wait_stored(store, sha)  # whole bodies end before the fill stores the blob
 
 
 def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
@@ -409,10 +414,7 @@ def test_upstream_truncating_mid_fill_is_resumed_with_a_range(
     assert [g[2][0] for g in gets] == [f"complete {sha}"] * 4
     ranges = _cdn_ranges(fleet.front, sha)
     assert len(ranges) == 2 and ranges[1] == f"bytes={(25 << 20) + 12345}-", ranges
-    # Whole bodies are checked by their own hash: the fill may still be storing the blob.
-    _wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the fill's end")
-    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
-    _wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
+    _wait_stored(store, sha)  # whole bodies end before the fill stores the blob
 
 
 def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
@@ -436,7 +438,6 @@ def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
         t.join(120)
     assert outcomes == [f"complete {sha}"] * 2
     assert len(_cdn_ranges(fleet.front, sha)) == 1
-    _wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the fill's end")
     _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
     # Each replica served a filling answer: neither waited for the other's whole fill.
     for server in replicas:
