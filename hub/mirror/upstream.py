@@ -2,20 +2,20 @@
 
 A request for a repo, revision or file the store lacks, or for a branch whose
 freshness has passed, is answered after asking the upstream Hub (the real
-one, or another cmh mirror), with the resolver's own code:
+one, or another cmh mirror). This module is the policy, the same for every
+store kind; where the state lives and how a blob is filled is the store's
+:class:`~cmh.hub.mirror.stores.PullThrough` side (a folder: the resolver's
+download into the stock cache layout; a bucket: one fill per blob for the whole
+fleet under a lease, ``spec/hub-mirror.md`` 8.6):
 
 - :meth:`Upstream.prepare` resolves a revision to a commit (one request,
-  :class:`~cmh.hub.resolver.http.HubClient`), keeps the commit's listing
-  (``trees/{commit}.json``), links every listed file whose blob the store
-  lacks (the link dangles until the blob is filled, so the file is listed and
-  answered from the listing at once), confirms the files whose blob the store
-  already holds with the resolver (one ``HEAD`` each, as it does), and only
-  then moves the ref and records the validation;
-- :meth:`Upstream.fill` brings one file's blob in with
-  :func:`cmh.hub.resolver.resolve` pinned to the commit (SHA-256 or git blob
-  id checked, CMH manifests checked, resumable, tensor-level patching,
-  atomic install, the blob lock shared with import, prune and the stock
-  client).
+  :class:`~cmh.hub.resolver.http.HubClient`), has the store keep the commit's
+  listing (every listed file answerable at once, blobs filled on demand), and
+  only then has it move the ref and record the validation; on a bucket a
+  replica first claims the revalidation, so the fleet asks once;
+- :meth:`Upstream.fill` brings one file's blob in (checked against its SHA-256
+  or git blob id before it is visible under its name), or waits for the fill
+  another worker, process or replica runs.
 
 Freshness is the resolver's: a branch is fresh until the smallest CMH
 ``expires_at`` of its stamped safetensors files, otherwise ``fresh_for``
@@ -26,7 +26,7 @@ seconds ago is served with a stale warning; otherwise the answer is a typed
 
 Access: a repo the upstream answers as ``private`` or ``gated`` is recorded
 (``.cmh/upstream/access.json``) and is private at the mirror
-(:func:`restricted_at_upstream`, used by the server's access policy) unless
+(``PullThrough.restricted``, used by the server's access policy) unless
 the operator chose ``--public-upstream-repos``. For such a repo the upstream
 is also asked ``auth-check`` with the mirror's token; a refusal is answered
 with the upstream's own status, ``X-Error-Code`` and message, and no listing
