@@ -11,6 +11,7 @@ relative to the store URL's prefix, ``{repo}`` is the stock folder name
 {repo}/.cmh/lease              held by a pruner while it works on the repo
 {repo}/.cmh/checked/{etag}     the blob object version (storage ETag) known to hash to its name
 {repo}/.cmh/manifests/{etag}.json  the tensor manifest of a safetensors blob
+{repo}/.cmh/upstream/{commit}.json  a pull-through commit's upstream freshness (fresh_until)
 .quarantine/{repo}/{etag}.{t}  a blob removed by scrub, and {etag}.{t}.json its note
 ```
 
@@ -83,6 +84,8 @@ MAX_REF_ATTEMPTS = 50
 MAX_TREE_BYTES = 64 << 20
 
 PROBE_FOLDER = ".cmh/probe"
+#: Per commit, when its upstream freshness ends (spec/hub-mirror.md 8.5), as in a folder.
+UPSTREAM_RECORDS = ".cmh/upstream"
 
 ProgressCallback = Callable[[int], None]
 #: Told, in a sentence, why a writer waits (a pruner's lease).
@@ -678,6 +681,40 @@ class BucketStore:
             return None
         value = doc.get("storage_etag") if isinstance(doc, dict) else None
         return value if isinstance(value, str) else None
+
+    # -- upstream freshness (pull-through) ----------------------------------------------
+
+    @staticmethod
+    def upstream_record_name(folder: str, commit: str) -> str:
+        if not COMMIT_RE.match(commit):
+            raise InvalidNameError(f"{commit!r} is not a commit id")
+        return f"{folder}/{UPSTREAM_RECORDS}/{commit}.json"
+
+    def record_upstream_freshness(self, folder: str, commit: str, fresh_until: float) -> None:
+        """Keep when ``commit``'s upstream freshness ends (``cmh prune --expired`` reads it);
+        written after the commit's tree object, replacing the previous record."""
+        doc = {"fresh_until": fresh_until, "at": time.time()}
+        self.objects.put(self.upstream_record_name(folder, commit), json.dumps(doc).encode())
+
+    def upstream_record_infos(self, folder: str) -> dict[str, ObjectInfo]:
+        """The upstream freshness records of a repo by commit id (one listing)."""
+        base = f"{folder}/{UPSTREAM_RECORDS}/"
+        out = {}
+        for info in self.objects.list(f"{folder}/{UPSTREAM_RECORDS}"):
+            commit = info.name[len(base) :].removesuffix(".json")
+            if COMMIT_RE.match(commit) and info.name.endswith(".json"):
+                out[commit] = info
+        return out
+
+    def read_upstream_freshness(self, folder: str, commit: str) -> float | None:
+        """``fresh_until`` of ``commit``'s record; ``None`` when absent or unreadable."""
+        from ..prune.scan import record_number
+
+        try:
+            data = self.objects.get(self.upstream_record_name(folder, commit))
+        except ObjectNotFound:
+            return None
+        return record_number(data, "fresh_until")
 
     # -- listing ------------------------------------------------------------------------
 

@@ -295,6 +295,14 @@ class BucketBackedStore:
         with _storage_errors():
             return scan_bucket(self.bucket, read_expiry=True)
 
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        with _storage_errors():
+            self.bucket.record_upstream_freshness(
+                self._folder(repo_type, repo_id), commit, fresh_until
+            )
+
     def scrub_bytes(self) -> int:
         return 0  # the scrub reports its progress blob by blob without a total
 

@@ -216,6 +216,22 @@ class LocalStore:
 
         return scan_cache(self.root, read_expiry=True, read_commit_times=True)
 
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        import json
+
+        from cmh._atomic import atomic_write
+
+        from ..upstream import upstream_record_path
+
+        path = upstream_record_path(self._repo(repo_type, repo_id), commit)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps({"fresh_until": fresh_until, "at": time.time()}).encode())
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot record the upstream freshness: {exc}") from None
+
     def scrub_bytes(self) -> int:
         total = 0
         for repo in iter_repos(self.root):
