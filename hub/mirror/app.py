@@ -393,6 +393,10 @@ async def _resolve(
         ) from None  # fmt: skip
     if ranges is not None and _recently_cut(state, route, entry):
         ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
+    if state.fills is not None and not await _run(_present, state, entry):
+        return await _resolve_filling(  # pull-through: filled now, sent as it arrives
+            request, state, route, index, entry, headers, ranges, range_header
+        )
     if state.delivery == "x-accel" or state.backend.remote_sender(state.delivery) is not None:
         return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
     try:
@@ -535,10 +539,10 @@ async def _resolve_filling(
     range_header: str | None,
 ) -> web.StreamResponse:
     """Pull-through: a listed file whose blob the store lacks, sent while it is filled."""
-    from ..cache.blobs import partial_path
-    from .filling import FillFailed, send_filling
+    from .filling import send_filling
+    from .stores import FillFailed
 
-    assert state.fills is not None
+    assert state.fills is not None and state.upstream is not None
     if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
         raise HubError(
             503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
@@ -562,10 +566,10 @@ async def _resolve_filling(
         request[BYTES_KEY] = 0
         return response
     try:
+        source = state.upstream.pull.reader(route.repo_type, route.repo_id, entry, fill)
         request[BYTES_KEY] = await send_filling(
-            request, response, fill, entry.source, partial_path(repo, entry.etag),
-            entry.etag, entry.size, pieces, tail,
-        )  # fmt: skip
+            request, response, fill, source, entry.etag, entry.size, pieces, tail
+        )
     except (BodyCut, FillFailed) as cut:
         request[BYTES_KEY] = getattr(cut, "sent", 0)
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}

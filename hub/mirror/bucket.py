@@ -9,6 +9,8 @@ relative to the store URL's prefix, ``{repo}`` is the stock folder name
 {repo}/trees/{commit}.json     one immutable tree object per commit (cmh-tree/1)
 {repo}/refs/{revision}         40 hex + "\\n"; moved last, by compare-and-swap
 {repo}/.cmh/lease              held by a pruner while it works on the repo
+{repo}/.cmh/fills/{etag}/...   a pull-through fill: its lease and parts (spec 8.6)
+{repo}/.cmh/upstream/...       pull-through records: validations, access, freshness
 {repo}/.cmh/checked/{etag}     the blob object version (storage ETag) known to hash to its name
 {repo}/.cmh/manifests/{etag}.json  the tensor manifest of a safetensors blob
 {repo}/.cmh/upstream/{commit}.json  a pull-through commit's upstream freshness (fresh_until)
@@ -235,7 +237,7 @@ class BucketStore:
         self.clock = clock
         self.on_notice = on_notice
         self._conditional_writes_checked = False
-        self._leases: dict[str, str] = {}  # folder -> ETag of a lease this store holds
+        self._leases: dict[str, str] = {}  # lease object -> ETag of a lease held here
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
@@ -572,10 +574,11 @@ class BucketStore:
             with contextlib.suppress(ObjectStoreError):
                 self.objects.delete(name)
 
-    def lease_state(self, folder: str) -> LeaseState | None:
-        """The repo's lease (``None`` when there is none), with its age on the storage's clock."""
+    def lease_state(self, folder: str, *, name: str | None = None) -> LeaseState | None:
+        """The repo's lease (or the lease object ``name``; ``None`` when there is none),
+        with its age on the storage's clock."""
         try:
-            data, info = self.objects.get_with_info(self.lease_name(folder))
+            data, info = self.objects.get_with_info(name or self.lease_name(folder))
         except ObjectNotFound:
             return None
         owner = "an unknown pruner"
@@ -584,56 +587,65 @@ class BucketStore:
         age = max(0.0, self.storage_now() - info.last_modified.timestamp())
         return LeaseState(info.etag, age, owner)
 
-    def take_lease(self, folder: str, owner: str) -> bool:
+    def take_lease(
+        self, folder: str, owner: str, *, name: str | None = None, ttl: float | None = None
+    ) -> bool:
         """Create the repo's lease (``If-None-Match: *``), or take over an expired one
-        (``If-Match`` on its ETag, so one taker wins); False when another holds it."""
-        doc = self._lease_doc(owner)
-        name = self.lease_name(folder)
+        (``If-Match`` on its ETag, so one taker wins); False when another holds it.
+
+        ``name``/``ttl``: another lease object with its own lifetime (a pull-through
+        fill's, ``{repo}/.cmh/fills/{etag}/lease``); the same rules."""
+        ttl = self.lease_ttl if ttl is None else ttl
+        doc = self._lease_doc(owner, ttl)
+        key = name or self.lease_name(folder)
         for _ in range(3):
             try:
-                self._leases[folder] = self.objects.put_if_absent(name, doc)
+                self._leases[key] = self.objects.put_if_absent(key, doc)
                 return True
             except PreconditionFailed:
                 pass
-            state = self.lease_state(folder)
+            state = self.lease_state(folder, name=key)
             if state is None:
                 continue  # released meanwhile
-            if state.age <= self.lease_ttl:
+            if state.age <= ttl:
                 return False
             try:
-                self._leases[folder] = self.objects.put_if_match(name, doc, state.etag)
+                self._leases[key] = self.objects.put_if_match(key, doc, state.etag)
             except PreconditionFailed:
                 return False  # someone else took it over first
             self.notice(
-                f"{self.url}{folder}: took over the lease {state.owner} left "
-                f"{state.age:.0f} s ago (expired after {self.lease_ttl:.0f} s)"
+                f"{self.url}{key}: took over the lease {state.owner} left "
+                f"{state.age:.0f} s ago (expired after {ttl:.0f} s)"
             )
             return True
         return False
 
-    def renew_lease(self, folder: str, owner: str) -> bool:
+    def renew_lease(
+        self, folder: str, owner: str, *, name: str | None = None, ttl: float | None = None
+    ) -> bool:
         """Rewrite a lease this store holds (``If-Match``), so its lifetime starts again;
         False when it is no longer ours (it expired and was taken over)."""
-        etag = self._leases.get(folder)
+        key = name or self.lease_name(folder)
+        etag = self._leases.get(key)
         if etag is None:
             return False
+        doc = self._lease_doc(owner, self.lease_ttl if ttl is None else ttl)
         try:
-            self._leases[folder] = self.objects.put_if_match(
-                self.lease_name(folder), self._lease_doc(owner), etag
-            )
+            self._leases[key] = self.objects.put_if_match(key, doc, etag)
             return True
         except PreconditionFailed:
-            del self._leases[folder]
+            del self._leases[key]
             return False
 
-    def release_lease(self, folder: str) -> None:
-        """Delete the repo's lease if this store still holds it."""
-        if self._leases.pop(folder, None) is not None:
-            self.objects.delete(self.lease_name(folder))
+    def release_lease(self, folder: str, *, name: str | None = None) -> None:
+        """Delete the repo's lease (or the lease object ``name``) if this store still holds it."""
+        key = name or self.lease_name(folder)
+        if self._leases.pop(key, None) is not None:
+            self.objects.delete(key)
 
-    def _lease_doc(self, owner: str) -> bytes:
+    def _lease_doc(self, owner: str, ttl: float) -> bytes:
         # A fresh nonce each write, so each renewal has a new ETag (writers go by ETags).
-        doc = {"owner": owner, "ttl": self.lease_ttl, "nonce": uuid.uuid4().hex}
+        doc = {"owner": owner, "ttl": ttl, "nonce": uuid.uuid4().hex}
         return json.dumps(doc).encode()
 
     def ensure_conditional_writes(self) -> None:

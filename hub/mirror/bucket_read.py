@@ -187,6 +187,11 @@ class BucketReader:
         commit = self._refs.get(f"{folder}/{revision}", load)
         return self.index(folder, commit) if commit else None
 
+    def forget_ref(self, folder: str, revision: str) -> None:
+        """Drop what is known of a ref and of the repo's existence (it was just moved)."""
+        self._refs.drop(f"{folder}/{revision}")
+        self._exists.drop(folder)
+
     def blob_info(self, name: str) -> ObjectInfo:
         """Size and storage ETag of a blob object (:class:`ObjectNotFound` when absent)."""
         return self._blobs.get(name, lambda: self.store.objects.head(name))

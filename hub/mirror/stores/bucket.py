@@ -116,6 +116,13 @@ class BucketBackedStore:
     def local_root(self) -> Path | None:
         return None
 
+    def pull_through(self, fresh_for: float) -> Any:
+        from .bucket_pull import BucketPullThrough
+
+        pull = BucketPullThrough(self.bucket, self.reader, fresh_for)
+        pull.store_backend = self
+        return pull
+
     def remote_sender(self, delivery: str) -> Any:
         """The proxy or redirect sender of this store (one per worker, made on first use)."""
         sender = self._senders.get(delivery)

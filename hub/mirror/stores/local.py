@@ -87,6 +87,11 @@ class LocalStore:
     def local_root(self) -> Path | None:
         return self.root
 
+    def pull_through(self, fresh_for: float) -> Any:
+        from .local_pull import LocalPullThrough
+
+        return LocalPullThrough(self.root, fresh_for)
+
     def remote_sender(self, delivery: str) -> Any:
         return None
 
