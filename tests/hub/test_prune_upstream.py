@@ -13,12 +13,14 @@ dry runs; executions are judged at the wall clock against records an hour off it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx2
 import pytest
 from bucket_support import use_bucket
 from click.testing import CliRunner
@@ -28,7 +30,8 @@ from cmh.hub.mirror.objectstore import ObjectNotFound
 from cmh.hub.mirror.stores import MirrorStore, open_store
 from cmh.hub.prune import PrunePolicy, plan_prune
 from cmh.hub.prune.targets import ExecuteOptions, open_target
-from mirror_support import write_tiny_repo
+from hublike import running
+from mirror_support import TINY_REPO, MirrorServer, write_tiny_repo
 
 KINDS = ("local", "seaweed", "moto")
 STALE = "cmh-test/stale"  # its freshness ended an hour ago
@@ -156,3 +159,55 @@ def test_an_unreadable_record_never_expires_a_commit(kind: Kind, tmp_path: Path)
         BucketStore.open(kind.location).objects.put(name, b"\xff not json")
     later = prune(kind, "--expired", "--include-referenced", "--dry-run", "--at", "+2h")
     assert removed(later) == {STALE: ["expired"]}
+
+
+def filled(kind: Kind, commit: str, within: float = 30.0) -> None:
+    """Wait until the fill of ``weights.bin`` is installed (it lands just after the last
+    byte was sent; a plan made before would not name the blob)."""
+    deadline = time.monotonic() + within
+    while True:
+        index = kind.store.resolve("model", TINY_REPO, commit)
+        if index is not None and kind.store.blob_present(index.files["weights.bin"]):
+            return
+        assert time.monotonic() < deadline, "the fill was never installed"
+        time.sleep(0.05)
+
+
+def test_a_pulled_through_commit_goes_by_its_freshness_and_is_filled_again(
+    kind: Kind, mirror: MirrorServer, tmp_path: Path
+) -> None:
+    """``cmh serve --store S --upstream`` (one replica of a fleet for a bucket) records the
+    freshness; the one planner judges it at an injected time, the executor removes the
+    commit with its record, and the mirror fills it again on the next request."""
+    with running(mirror.url) as front:
+        pull = MirrorServer(kind.location, tmp_path / "logs",  # type: ignore[arg-type]
+                            extra_args=("--upstream", front.url, "--fresh-for", "1m",
+                                        "--ref-ttl", "0"))  # fmt: skip
+        try:
+            url = f"{pull.url}/{TINY_REPO}/resolve/main/weights.bin"
+            first = httpx2.get(url, follow_redirects=True, timeout=60)
+            assert first.status_code == 200, first.text
+            commit = first.headers["X-Repo-Commit"]
+            assert kind.has(record(TINY_REPO, commit))
+            filled(kind, commit)
+            target = open_target(kind.target())
+            policy = PrunePolicy(expired=True, include_referenced=True)
+            scan = target.scan(read_expiry=True, read_commit_times=False)
+            now = time.time()
+            assert plan_prune(scan, policy, now).changes == ()  # fresh for a minute
+            later = plan_prune(scan, policy, now + 120)
+            (repo_plan,) = later.changes
+            assert repo_plan.repo_id == TINY_REPO
+            assert [(r.commit, r.reasons) for r in repo_plan.revisions] == [(commit, ("expired",))]
+            report = target.execute(later, ExecuteOptions(settle=0.0))
+            assert not report.all_errors
+            assert [r.commit for o in report.repos for r in o.revisions] == [commit]
+            assert report.freed >= 300_000  # weights.bin went with its commit
+            assert not kind.has(record(TINY_REPO, commit))
+            assert kind.store.resolve("model", TINY_REPO, "main") is None
+            again = httpx2.get(url, follow_redirects=True, timeout=60)
+            assert again.status_code == 200, again.text
+            assert hashlib.sha256(again.content).digest() == hashlib.sha256(first.content).digest()
+            assert kind.has(record(TINY_REPO, commit))
+        finally:
+            pull.stop()

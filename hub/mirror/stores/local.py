@@ -224,18 +224,12 @@ class LocalStore:
     def record_upstream_freshness(
         self, repo_type: str, repo_id: str, commit: str, fresh_until: float
     ) -> None:
-        import json
+        from .local_pull import write_upstream_record
 
-        from cmh._atomic import atomic_write
-
-        from ..upstream import upstream_record_path
-
-        path = upstream_record_path(self._repo(repo_type, repo_id), commit)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps({"fresh_until": fresh_until, "at": time.time()}).encode())
+            write_upstream_record(self._repo(repo_type, repo_id), commit, fresh_until)
         except OSError as exc:
-            raise StoreError(f"{path}: cannot record the upstream freshness: {exc}") from None
+            raise StoreError(f"{repo_id}@{commit}: cannot record its freshness: {exc}") from None
 
     def scrub_bytes(self) -> int:
         total = 0
