@@ -92,7 +92,7 @@ def make_file(size: int) -> tuple[Path, str]:
 def ensure_olah() -> Path:
     cli = OLAH_VENV / "bin" / "olah-cli"
     if not cli.exists():
-        print("creating bench-work/olah-venv with PyPI olah")
+        print(f"creating {OLAH_VENV} with PyPI olah")
         subprocess.run([sys.executable, "-m", "venv", str(OLAH_VENV)], check=True)
         subprocess.run([str(OLAH_VENV / "bin" / "pip"), "install", "-q", "olah"], check=True)
     return cli
