@@ -137,8 +137,19 @@ class SeaweedServer:
             self._short_dir = Path(tempfile.mkdtemp(prefix="weed-"))
         return self._short_dir
 
-    def _start(self) -> None:
-        self.ports = dict(zip(_PORT_NAMES, _free_ports(len(_PORT_NAMES)), strict=True))
+    def restart(self, down_for: float = 0.0) -> None:
+        """SIGKILL the server, wait ``down_for`` seconds, start it again on the same ports and
+        data (a storage restarted under its clients)."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+        time.sleep(down_for)
+        self._start(keep_ports=True)
+
+    def _start(self, keep_ports: bool = False) -> None:
+        if not keep_ports:
+            self.ports = dict(zip(_PORT_NAMES, _free_ports(len(_PORT_NAMES)), strict=True))
         sockets = self._socket_dir()
         args = [
             self.weed, "server", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",

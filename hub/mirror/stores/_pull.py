@@ -82,6 +82,13 @@ class PullThrough(Protocol):
     def restricted(self, repo_type: str, repo_id: str) -> bool:
         """True when the upstream last said the repo is private or gated."""
 
+    def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
+        """Note that a filling body of ``etag`` was cut now, for every worker and replica
+        (``spec/hub-mirror.md`` 8.3: ranges of it are answered whole for an hour)."""
+
+    def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
+        """True when a body of ``etag`` was cut less than an hour ago."""
+
     def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
         """Bring the blob of ``path`` at ``commit`` into the store, or wait for the fill
         another process runs (blocking); raises the upstream's typed error."""

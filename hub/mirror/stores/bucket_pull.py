@@ -10,7 +10,8 @@ refs/{revision}                      moved after each validation
 .cmh/upstream/{commit}.json          {"fresh_until"}: for cmh prune --expired
 .cmh/fills/{etag}/lease              the filling replica's lease (conditional writes)
 .cmh/fills/{etag}/part-{n:06d}       bytes [n * PART, (n + 1) * PART) as they arrived
-.cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed its check
+.cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed (its waiters give up)
+.cmh/cuts/{etag}                     the time a filling body of the blob was last cut
 blobs/{etag}                         written only once the whole SHA-256 matched
 ```
 
@@ -40,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from ...cache.blobs import new_digest
 from ...cache.layout import COMMIT_RE
-from ..bucket import BucketStore, TreeFile, TreeObject
+from ..bucket import BucketError, BucketStore, TreeFile, TreeObject
 from ..gitobjects import lfs_pointer_oid, tree_oids
 from ..objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from ._pull import FillFailed, SentRanges
+from .bucket import _storage_errors
 
 if TYPE_CHECKING:
     from ...resolver.types import RemoteFile
@@ -63,8 +65,6 @@ READ_POLL = 0.05
 CLAIM_TTL = 30.0
 #: Seconds a replica waits for the outcome of another replica's revalidation.
 CLAIM_WAIT = 5.0
-#: Seconds a failed fill's record makes the other replicas give up at once.
-FAILED_FOR = 10.0
 MAX_ATTEMPTS = 5  # upstream transfers of one fill (each resumes where the last stopped)
 
 
@@ -95,6 +95,7 @@ class BucketPullThrough:
         self._expiries: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._stamps: dict[str, int | None] = {}  # etag -> CMH expires_at (immutable)
         self._access: dict[str, tuple[float, bool]] = {}
+        self._cuts: dict[str, tuple[float, float | None]] = {}  # blob -> (read at, cut at)
 
     @staticmethod
     def _folder(repo_type: str, repo_id: str) -> str:
@@ -117,15 +118,16 @@ class BucketPullThrough:
         return index.commit
 
     def listing(self, repo_type: str, repo_id: str, commit: str) -> dict[str, RemoteFile] | None:
-        from ...resolver.types import RemoteFile
+        with _storage_errors():
+            from ...resolver.types import RemoteFile
 
-        tree = self.cache.tree(self._folder(repo_type, repo_id), commit)
-        if tree is None:
-            return None
-        return {
-            f.path: RemoteFile(f.path, f.size, f.etag, f.lfs_sha256 is not None, f.oid)
-            for f in tree.files
-        }
+            tree = self.cache.tree(self._folder(repo_type, repo_id), commit)
+            if tree is None:
+                return None
+            return {
+                f.path: RemoteFile(f.path, f.size, f.etag, f.lfs_sha256 is not None, f.oid)
+                for f in tree.files
+            }
 
     def _validation(self, folder: str, revision: str) -> tuple[dict[str, Any], str] | None:
         try:
@@ -140,16 +142,17 @@ class BucketPullThrough:
     def expiry(self, repo_type: str, repo_id: str, revision: str, commit: str) -> float:
         """Read from the bucket at most once every ``ref_ttl`` seconds per revision (the
         fleet's validation record), so every replica sees another's validation."""
-        key = (repo_type, repo_id, revision)
-        now = time.monotonic()
-        with self._lock:
-            hit = self._expiries.get(key)
-        if hit is not None and now - hit[0] < self.cache.ref_ttl:
-            return hit[1]
-        value = self._expiry(repo_type, repo_id, revision, commit)
-        with self._lock:
-            self._expiries[key] = (now, value)
-        return value
+        with _storage_errors():
+            key = (repo_type, repo_id, revision)
+            now = time.monotonic()
+            with self._lock:
+                hit = self._expiries.get(key)
+            if hit is not None and now - hit[0] < self.cache.ref_ttl:
+                return hit[1]
+            value = self._expiry(repo_type, repo_id, revision, commit)
+            with self._lock:
+                self._expiries[key] = (now, value)
+            return value
 
     def _forget(self, repo_type: str, repo_id: str, revision: str) -> None:
         with self._lock:
@@ -204,29 +207,30 @@ class BucketPullThrough:
     def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:
         """Claim the revalidation in the validation record (``If-Match``); a replica that
         loses waits up to :data:`CLAIM_WAIT` for the winner's record."""
-        folder = self._folder(repo_type, repo_id)
-        name = self._validation_name(folder, revision)
-        found = self._validation(folder, revision)
-        if found is None or not found[1]:
-            return True
-        doc, etag = found
-        since = doc.get("checking_since")
-        if not (isinstance(since, (int, float)) and time.time() - since < CLAIM_TTL):
-            claimed = {**doc, "checking_since": time.time(), "by": self.owner}
-            try:
-                self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            name = self._validation_name(folder, revision)
+            found = self._validation(folder, revision)
+            if found is None or not found[1]:
                 return True
-            except PreconditionFailed:
-                pass  # another replica claimed it first
-        deadline = time.monotonic() + CLAIM_WAIT
-        while time.monotonic() < deadline:
-            time.sleep(FILL_POLL)
-            again = self._validation(folder, revision)
-            if again is None or "checking_since" not in again[0]:
-                break
-        self._forget(repo_type, repo_id, revision)
-        self.cache.forget_ref(folder, revision)
-        return False
+            doc, etag = found
+            since = doc.get("checking_since")
+            if not (isinstance(since, (int, float)) and time.time() - since < CLAIM_TTL):
+                claimed = {**doc, "checking_since": time.time(), "by": self.owner}
+                try:
+                    self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
+                    return True
+                except PreconditionFailed:
+                    pass  # another replica claimed it first
+            deadline = time.monotonic() + CLAIM_WAIT
+            while time.monotonic() < deadline:
+                time.sleep(FILL_POLL)
+                again = self._validation(folder, revision)
+                if again is None or "checking_since" not in again[0]:
+                    break
+            self._forget(repo_type, repo_id, revision)
+            self.cache.forget_ref(folder, revision)
+            return False
 
     def install(
         self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]
@@ -235,53 +239,58 @@ class BucketPullThrough:
         A blob already stored under its name was checked when it was written. Written at
         every revalidation, also when this replica has the tree in memory: a prune may
         have removed it from the bucket (a 412 says it is there)."""
-        folder = self._folder(repo_type, repo_id)
-        self.store.ensure_conditional_writes()
-        entries = []
-        for path, remote in sorted(files.items()):
-            if remote.lfs:
-                oid = lfs_pointer_oid(remote.etag, remote.size)
-                entries.append(TreeFile(path, remote.size, remote.etag, oid, remote.etag))
-            else:
-                entries.append(TreeFile(path, remote.size, remote.etag, remote.etag, None))
-        tree = tree_oids({f.path: f.oid for f in entries})[""]
-        obj = TreeObject(commit, tree, (), time.time(), tuple(entries))
-        with contextlib.suppress(PreconditionFailed):
-            self.objects.put_if_absent(self.store.tree_name(folder, commit), obj.to_bytes())
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            self.store.ensure_conditional_writes()
+            entries = []
+            for path, remote in sorted(files.items()):
+                if remote.lfs:
+                    oid = lfs_pointer_oid(remote.etag, remote.size)
+                    entries.append(TreeFile(path, remote.size, remote.etag, oid, remote.etag))
+                else:
+                    entries.append(TreeFile(path, remote.size, remote.etag, remote.etag, None))
+            tree = tree_oids({f.path: f.oid for f in entries})[""]
+            obj = TreeObject(commit, tree, (), time.time(), tuple(entries))
+            with contextlib.suppress(PreconditionFailed):
+                self.objects.put_if_absent(self.store.tree_name(folder, commit), obj.to_bytes())
 
     def validated(
         self, repo_type: str, repo_id: str, revision: str, commit: str, *, pinned: bool
     ) -> None:
-        folder = self._folder(repo_type, repo_id)
-        if not pinned:
-            ref = self.store.ref_name(folder, revision)
-            current = self.store.read_ref(folder, revision)
-            if current is None or current.commit != commit:
-                self.objects.put(ref, f"{commit}\n".encode())
-            record = {"commit": commit, "at": time.time()}
-            self.objects.put(self._validation_name(folder, revision), json.dumps(record).encode())
-            self.cache.forget_ref(folder, revision)
-            self._forget(repo_type, repo_id, revision)
-            until = self._expiry(repo_type, repo_id, revision, commit)
-        else:
-            until = time.time() + self.fresh_for
-        if until == float("inf"):
-            return
-        with contextlib.suppress(ObjectStoreError):  # for prune only: best effort
-            self.store.record_upstream_freshness(folder, commit, until)
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            if not pinned:
+                ref = self.store.ref_name(folder, revision)
+                current = self.store.read_ref(folder, revision)
+                if current is None or current.commit != commit:
+                    self.objects.put(ref, f"{commit}\n".encode())
+                record = {"commit": commit, "at": time.time()}
+                self.objects.put(
+                    self._validation_name(folder, revision), json.dumps(record).encode()
+                )
+                self.cache.forget_ref(folder, revision)
+                self._forget(repo_type, repo_id, revision)
+                until = self._expiry(repo_type, repo_id, revision, commit)
+            else:
+                until = time.time() + self.fresh_for
+            if until == float("inf"):
+                return
+            with contextlib.suppress(ObjectStoreError):  # for prune only: best effort
+                self.store.record_upstream_freshness(folder, commit, until)
 
     def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
-        folder = self._folder(repo_type, repo_id)
-        name = f"{folder}/.cmh/upstream/access.json"
-        if private or gated:
-            doc = {"private": private, "gated": gated, "at": time.time()}
-            self.objects.put(name, json.dumps(doc).encode())
-        else:
-            with contextlib.suppress(ObjectNotFound):
-                self.objects.head(name)
-                self.objects.delete(name)
-        with self._lock:
-            self._access[folder] = (time.monotonic(), private or gated)
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            name = f"{folder}/.cmh/upstream/access.json"
+            if private or gated:
+                doc = {"private": private, "gated": gated, "at": time.time()}
+                self.objects.put(name, json.dumps(doc).encode())
+            else:
+                with contextlib.suppress(ObjectNotFound):
+                    self.objects.head(name)
+                    self.objects.delete(name)
+            with self._lock:
+                self._access[folder] = (time.monotonic(), private or gated)
 
     def restricted(self, repo_type: str, repo_id: str) -> bool:
         """Read at most once every ``ref_ttl`` seconds; a storage that fails: restricted
@@ -305,6 +314,37 @@ class BucketPullThrough:
         with self._lock:
             self._access[folder] = (now, value)
         return value
+
+    def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
+        """``{repo}/.cmh/cuts/{etag}``: the time of the last cut (best effort)."""
+        folder = self._folder(repo_type, repo_id)
+        with contextlib.suppress(ObjectStoreError):
+            self.objects.put(f"{folder}/.cmh/cuts/{etag}", f"{time.time():.3f}\n".encode())
+        with self._lock:
+            self._cuts[f"{folder}/{etag}"] = (time.monotonic(), time.time())
+
+    def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
+        """Read at most once every ``ref_ttl`` seconds per blob; a storage that fails:
+        cut (a whole body is always safe)."""
+        from ..cuts import CUT_MEMORY
+
+        folder = self._folder(repo_type, repo_id)
+        key = f"{folder}/{etag}"
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cuts.get(key)
+        if hit is None or now - hit[0] >= self.cache.ref_ttl:
+            try:
+                at = float(self.objects.get(f"{folder}/.cmh/cuts/{etag}"))
+            except ObjectNotFound:
+                at = None
+            except ValueError:
+                at = None
+            except ObjectStoreError:
+                return True
+            with self._lock:
+                self._cuts[key] = hit = (now, at)
+        return hit[1] is not None and 0 <= time.time() - hit[1] < CUT_MEMORY
 
     # -- fills ---------------------------------------------------------------------------
 
@@ -330,26 +370,27 @@ class BucketPullThrough:
         from ..upstream import UpstreamError, unavailable
 
         folder = self._folder(repo_type, repo_id)
-        f = self._entry(folder, commit, path)
-        blob = self.store.blob_name(folder, f.etag)
-        fills = f"{folder}/.cmh/fills/{f.etag}"
         started = time.time()
         try:
+            f = self._entry(folder, commit, path)
+            blob = self.store.blob_name(folder, f.etag)
+            fills = f"{folder}/.cmh/fills/{f.etag}"
             while not self._present(blob):
-                if self.store.take_lease(folder, self.owner, name=f"{fills}/lease",
-                                         ttl=self.lease_ttl):  # fmt: skip
+                # A fill this request waited for failed: its outcome is shared, not retried.
+                failure = self._failure(fills, started)
+                if failure is not None:
+                    raise UpstreamError(502, "UpstreamProtocolError", failure)
+                lease = f"{fills}/lease"
+                if self.store.take_lease(folder, self.owner, name=lease, ttl=self.lease_ttl):
                     try:
                         if not self._present(blob):  # filled between the look and the lease
                             _Fill(self, upstream, folder, commit, f).run()
                     finally:
                         with contextlib.suppress(ObjectStoreError):
-                            self.store.release_lease(folder, name=f"{fills}/lease")
+                            self.store.release_lease(folder, name=lease)
                     break
-                failure = self._failure(fills, started)
-                if failure is not None:
-                    raise UpstreamError(502, "UpstreamProtocolError", failure)
                 time.sleep(FILL_POLL)
-        except ObjectStoreError as exc:
+        except (ObjectStoreError, BucketError) as exc:
             raise unavailable(f"store unavailable during the fill: {exc}") from None
         if path.endswith(".safetensors") and f.lfs_sha256 is not None:
             self._keep_manifest(repo_type, repo_id, folder, commit, path)
@@ -360,8 +401,8 @@ class BucketPullThrough:
             at = float(doc["at"])
         except (ObjectNotFound, ValueError, KeyError, TypeError):
             return None
-        if at < since - FAILED_FOR:
-            return None
+        if at < since:
+            return None  # failed before this request came: it tries again
         return f"the upstream's blob failed its check at another replica: {doc.get('error')}"
 
     def _keep_manifest(
@@ -513,6 +554,8 @@ class _Fill:
             self.done.set()
         self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
         self._delete_parts()
+        with contextlib.suppress(ObjectStoreError):  # an earlier failure is history now
+            self.objects.delete(f"{self.fills}/failed")
 
     def _failed(self, upload: _Upload, error: str) -> None:
         """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""

@@ -62,8 +62,11 @@ class LocalPullThrough:
     """The pull-through state and fills of one store folder."""
 
     def __init__(self, root: Path, fresh_for: float) -> None:
+        from ..cuts import CutLedger
+
         self.root = root
         self.fresh_for = fresh_for
+        self.cuts = CutLedger()  # {repo}/.cmh/cuts/{etag}, as for bodies cut outside fills
 
     def _repo(self, repo_type: str, repo_id: str) -> RepoLayout:
         return RepoLayout(self.root, repo_id, repo_type)
@@ -155,6 +158,12 @@ class LocalPullThrough:
         except ValueError:
             return False
         return access_record_path(repo).exists()
+
+    def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
+        self.cuts.record(self._repo(repo_type, repo_id).path, etag)
+
+    def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
+        return self.cuts.recent(self._repo(repo_type, repo_id).path, etag)
 
     # -- fills ---------------------------------------------------------------------------
 
