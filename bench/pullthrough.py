@@ -54,6 +54,9 @@ sys.path.insert(0, str(ROOT / "tests" / "hub"))  # the Hub-like front is a test 
 
 from hublike import HubLike, running  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from _servers import stop  # noqa: E402
+
 #: Starts a mirror on an empty cache (a folder to use) and yields the base URLs of its
 #: servers (one, or one per replica); raises :class:`Skipped` when it cannot run.
 Launcher = Callable[[Path], AbstractContextManager[list[str]]]
@@ -123,12 +126,7 @@ def process(
             wait_port(port, proc, log)
             yield
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def cmh_serve(store: Path | str, port: int, upstream: str | None = None) -> list[str]:
@@ -222,18 +220,8 @@ def single(start: Callable[[Path, int], list[str]], name: str) -> Launcher:
 def fleet(weed: object, upstream: str) -> Launcher:
     """A launcher of ``FLEET_REPLICAS`` ``cmh serve --store s3://... --upstream``
     replicas over a fresh prefix of the SeaweedFS bucket."""
-    from seaweed import ACCESS_KEY, REGION, SECRET_KEY
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(
-        AWS_ENDPOINT_URL=str(weed.endpoint),  # type: ignore[attr-defined]
-        AWS_ACCESS_KEY_ID=ACCESS_KEY,
-        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-        AWS_REGION=REGION,
-        AWS_CONFIG_FILE=str(WORK / "no-aws-config"),
-        AWS_SHARED_CREDENTIALS_FILE=str(WORK / "no-aws-credentials"),
-        AWS_EC2_METADATA_DISABLED="true",
-    )
+    env.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
 
     @contextmanager
     def launch(cache: Path) -> Iterator[list[str]]:
