@@ -14,6 +14,7 @@ plan and :mod:`cmh.hub.prune.execute` carries it out.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable
@@ -459,17 +460,26 @@ def _commit_time(path: Path) -> float | None:
 
 
 def _record_number(path: Path, key: str) -> float | None:
-    """The number under ``key`` in a small JSON record, if readable."""
+    """The number under ``key`` in a small JSON record file, if readable."""
+    try:
+        return record_number(path.read_bytes(), key)
+    except OSError:
+        return None
+
+
+def record_number(text: bytes, key: str) -> float | None:
+    """The number under ``key`` in a small JSON record (a file's or an object's bytes),
+    ``None`` when it is not one."""
     import json
 
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        data = json.loads(text)
+    except ValueError:
         return None
     value = data.get(key) if isinstance(data, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    return float(value) if math.isfinite(value) else None
 
 
 def stamped_expiry(path: str | os.PathLike[str]) -> int | None:

@@ -129,6 +129,13 @@ class MirrorStore(Protocol):
         """A read-only scan for the one prune planner, with expiries and commit times
         (the operator page's dry runs)."""
 
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        """Keep when a pull-through commit's upstream freshness ends (``{repo}/.cmh/
+        upstream/{commit}.json``; ``cmh prune --expired`` reads it): after the commit is
+        in the store, replacing the previous record."""
+
     def scrub_bytes(self) -> int:
         """Bytes a scrub reads (for its progress bar)."""
 

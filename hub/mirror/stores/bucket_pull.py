@@ -236,11 +236,11 @@ class BucketPullThrough:
         self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]
     ) -> None:
         """Write the commit's tree object (``If-None-Match: *``; a commit never changes).
-        A blob already stored under its name was checked when it was written."""
+        A blob already stored under its name was checked when it was written. Written at
+        every revalidation, also when this replica has the tree in memory: a prune may
+        have removed it from the bucket (a 412 says it is there)."""
         with _storage_errors():
             folder = self._folder(repo_type, repo_id)
-            if self.cache.tree(folder, commit) is not None:
-                return
             self.store.ensure_conditional_writes()
             entries = []
             for path, remote in sorted(files.items()):
@@ -275,9 +275,8 @@ class BucketPullThrough:
                 until = time.time() + self.fresh_for
             if until == float("inf"):
                 return
-            doc = {"fresh_until": until, "at": time.time()}
             with contextlib.suppress(ObjectStoreError):  # for prune only: best effort
-                self.objects.put(f"{folder}/.cmh/upstream/{commit}.json", json.dumps(doc).encode())
+                self.store.record_upstream_freshness(folder, commit, until)
 
     def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
         with _storage_errors():

@@ -221,6 +221,16 @@ class LocalStore:
 
         return scan_cache(self.root, read_expiry=True, read_commit_times=True)
 
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        from .local_pull import write_upstream_record
+
+        try:
+            write_upstream_record(self._repo(repo_type, repo_id), commit, fresh_until)
+        except OSError as exc:
+            raise StoreError(f"{repo_id}@{commit}: cannot record its freshness: {exc}") from None
+
     def scrub_bytes(self) -> int:
         total = 0
         for repo in iter_repos(self.root):

@@ -51,6 +51,13 @@ def upstream_record_path(repo: RepoLayout, commit: str) -> Path:
     return repo.cmh_dir / "upstream" / f"{commit}.json"
 
 
+def write_upstream_record(repo: RepoLayout, commit: str, fresh_until: float) -> None:
+    """Write ``commit``'s freshness record (replacing it; raises :class:`OSError`)."""
+    path = upstream_record_path(repo, commit)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"fresh_until": fresh_until, "at": time.time()}).encode())
+
+
 class LocalPullThrough:
     """The pull-through state and fills of one store folder."""
 
@@ -132,10 +139,8 @@ class LocalPullThrough:
             until = time.time() + self.fresh_for
         if until == float("inf"):
             return
-        path = upstream_record_path(repo, commit)
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps({"fresh_until": until, "at": time.time()}).encode())
+            write_upstream_record(repo, commit, until)
 
     def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
         path = access_record_path(self._repo(repo_type, repo_id))
