@@ -20,7 +20,8 @@ the lease below, not a grace period, keeps an import in flight whole.
    ETag) each quarter of its lifetime, while waiting and while working;
 3. per repo: scan the repo again, re-plan it restricted to the revisions shown,
    and delete only what both plans name (a subset of what was shown, never
-   more): refs, then tree objects, then blobs; stop (reported) once half the
+   more): refs, then tree objects, then blobs, then the check records of removed
+   blobs (``.cmh/checked/{etag}``); stop (reported) once half the
    lease's lifetime has passed since it was last rewritten; release the lease.
 
 Repos with nothing to delete get no lease, and a run with nothing to delete no wait.
@@ -40,6 +41,7 @@ from ..mirror.objectstore import ObjectStoreError
 from .execute import PruneReport, RepoOutcome
 from .plan import (
     KIND_BLOB,
+    KIND_CHECKED,
     KIND_REF,
     OVER_SIZE,
     PrunePlan,
@@ -90,6 +92,9 @@ def scan_bucket_repo(
         for name, state in sorted(store.refs(folder).items())
     )
     blobs = {etag: Entry(etag, info.size, 0.0) for etag, info in store.blob_infos(folder).items()}
+    checked = tuple(
+        Entry(etag, info.size, 0.0) for etag, info in sorted(store.check_infos(folder).items())
+    )
     expiry: dict[str, int | None] = {}
     revisions: list[RevisionScan] = []
     for commit in sorted(store.tree_infos(folder)):
@@ -112,6 +117,7 @@ def scan_bucket_repo(
         used_records=(),
         trash=(),
         lock_files=(),
+        checked=checked,
         refs_served=True,
         whole_folder=False,
     )
@@ -288,6 +294,10 @@ class _RepoDeleter:
         for item in items:
             if item.kind == KIND_BLOB:
                 self.delete(item.path, item.size)
+                self.outcome.items.append(item)
+        for item in items:  # a blob's check record goes after the blob: never one without it
+            if item.kind == KIND_CHECKED:
+                self.delete(item.path, 0)
                 self.outcome.items.append(item)
 
     def delete(self, name: str, size: int) -> None:
