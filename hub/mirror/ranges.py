@@ -86,3 +86,16 @@ def _merge_touching(ranges: list[ByteRange]) -> list[ByteRange]:
         else:
             merged.append(r)
     return merged
+
+
+def is_whole(ranges: list[ByteRange] | None, size: int) -> bool:
+    """True when the body is the whole file (no ranges, or one range of every byte)."""
+    return ranges is None or (
+        len(ranges) == 1 and ranges[0].start == 0 and ranges[0].end == size - 1
+    )
+
+
+def reaches_end(ranges: list[ByteRange] | None, size: int) -> bool:
+    """True when the body holds the file's last byte: it may complete a file a client
+    assembles from ranges (a resumed download), so it is held to the whole body's rule."""
+    return ranges is None or any(r.end == size - 1 for r in ranges)

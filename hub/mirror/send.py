@@ -88,6 +88,32 @@ def multipart(ranges: list[ByteRange], size: int, part_type: str) -> Multipart:
     return Multipart(boundary, heads, tail, total)
 
 
+#: A body's pieces: ``(prefix, offset, count)``, a part header and a span of the file.
+Pieces = list[tuple[bytes, int, int]]
+
+
+def frame(
+    headers: dict[str, str], ranges: list[ByteRange] | None, size: int
+) -> tuple[web.StreamResponse, Pieces, bytes]:
+    """The response (status, length, range headers) of a ``size``-byte file's body, the
+    pieces it is made of and its closing tail (``b""`` but for a multipart body)."""
+    if ranges is None:
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = size
+        return response, [(b"", 0, size)], b""
+    response = web.StreamResponse(status=206, headers=headers)
+    if len(ranges) == 1:
+        r = ranges[0]
+        response.headers["Content-Range"] = r.content_range(size)
+        response.content_length = r.length
+        return response, [(b"", r.start, r.length)], b""
+    mp = multipart(ranges, size, "application/octet-stream")
+    response.headers["Content-Type"] = mp.content_type
+    response.content_length = mp.content_length
+    pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
+    return response, pieces, mp.tail
+
+
 async def send_body(
     request: web.BaseRequest,
     response: web.StreamResponse,
