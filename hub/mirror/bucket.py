@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cache.blobs import READ_CHUNK, git_blob_hasher
 from ..cache.layout import (
@@ -60,6 +60,7 @@ from .objectstore import (
     PreconditionFailed,
 )
 from .store import (
+    ImportOptions,
     ImportResult,
     InvalidNameError,
     RefSummary,
@@ -70,6 +71,9 @@ from .store import (
     hash_source,
     scan_folder,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 TREE_FORMAT = "cmh-tree/1"
 QUARANTINE = ".quarantine"
@@ -85,7 +89,6 @@ MAX_TREE_BYTES = 64 << 20
 
 PROBE_FOLDER = ".cmh/probe"
 
-ProgressCallback = Callable[[int], None]
 #: Told, in a sentence, why a writer waits (a pruner's lease).
 NoticeCallback = Callable[[str], None]
 
@@ -392,16 +395,11 @@ class BucketStore:
 
     # -- import -------------------------------------------------------------------------
 
-    def add_folder(
-        self,
-        src: Path,
-        repo_id: str,
-        *,
-        revision: str = "main",
-        repo_type: str = "model",
-        progress: ProgressCallback | None = None,
-    ) -> ImportResult:
+    def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
         """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2)."""
+        revision = options.get("revision", "main")
+        repo_type = options.get("repo_type", "model")
+        progress = options.get("progress")
         check_import_names(repo_id, revision, repo_type)
         folder = self.folder(repo_id, repo_type)
         self.ensure_conditional_writes()
