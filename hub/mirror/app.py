@@ -36,9 +36,9 @@ from .errors import HubError
 from .fingerprints import FingerprintCache
 from .index import CommitIndex, FileEntry, IndexCache
 from .observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
-from .ranges import ByteRange, RangeNotSatisfiable, parse_range
+from .ranges import ByteRange, RangeNotSatisfiable, parse_range, reaches_end
 from .routes import BadTarget, NoRoute, Route, parse_target
-from .send import BlobUnavailable, BodyCut, Gate, multipart, open_blob, send_body
+from .send import BlobUnavailable, BodyCut, Gate, Pieces, frame, open_blob, send_body
 from .upstream import UpstreamError
 from .verify import BlobVerifier, FileVersion, record_path
 
@@ -399,33 +399,22 @@ async def _resolve(
         ) from None  # fmt: skip
     if ranges is not None and _recently_cut(state, route, entry):
         ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
+    sender = state.backend.remote_sender(state.delivery)
+    asked = _Asked(route, index, entry, headers, ranges, range_header)
     if state.fills is not None and not await _run(_present, state, entry):
-        return await _resolve_filling(  # pull-through: filled now, sent as it arrives
-            request, state, route, index, entry, headers, ranges, range_header
-        )
-    if state.delivery == "x-accel" or state.backend.remote_sender(state.delivery) is not None:
-        return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
+        return await _resolve_filling(request, state, asked)  # filled now, sent as it arrives
+    if request.method == "HEAD" and not (sender is not None and sender.redirects):
+        return await _head(request, state, asked)
+    if state.delivery == "x-accel" or sender is not None:
+        return await _resolve_elsewhere(request, state, asked)
     try:
-        f = await _run(_open_checked, state, entry)
-    except BlobUnavailable as exc:
-        if state.fills is None:
-            raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
-        if not os.path.lexists(entry.source):
-            return await _resolve_filling(
-                request, state, route, index, entry, headers, ranges, range_header
-            )
-        try:  # a fill installed it between the open and the look
-            f = await _run(_open_checked, state, entry)
-        except BlobUnavailable as again:
-            raise HubError(503, "BlobUnavailable", str(again), {"Retry-After": "60"}) from None
+        f = await _open_or_fill(state, entry)
+    except _MustFill:
+        return await _resolve_filling(request, state, asked)
     try:
-        gate = await _verified(request, state, entry, f)
+        gate = await _verified(request, state, entry, f, reaches_end(ranges, entry.size))
         response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
         await response.prepare(request)
-        if request.method == "HEAD":
-            await response.write_eof()
-            request[BYTES_KEY] = 0
-            return response
         try:
             request[BYTES_KEY] = await send_body(request, response, f, pieces, tail, gate)
         except BodyCut as cut:
@@ -437,6 +426,74 @@ async def _resolve(
         return response
     finally:
         f.close()
+
+
+class _MustFill(Exception):
+    """Pull-through: the store lacks the blob; a fill is to send it."""
+
+
+async def _open_or_fill(state: MirrorState, entry: FileEntry) -> io.FileIO:
+    """The entry's blob, open; :class:`_MustFill` when pull-through is to fill it, a 503
+    when it is unavailable otherwise."""
+    try:
+        f: io.FileIO = await _run(_open_checked, state, entry)
+        return f
+    except BlobUnavailable as exc:
+        if state.fills is None:
+            raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+        if not os.path.lexists(entry.source):
+            raise _MustFill from None
+    try:  # a fill installed it between the open and the look
+        f = await _run(_open_checked, state, entry)
+        return f
+    except BlobUnavailable as again:
+        raise HubError(503, "BlobUnavailable", str(again), {"Retry-After": "60"}) from None
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """One file a resolve request names, and what its answer is made of."""
+
+    route: Route
+    index: CommitIndex
+    entry: FileEntry
+    headers: dict[str, str]
+    ranges: list[ByteRange] | None
+    range_header: str | None
+
+
+async def _head(request: web.Request, state: MirrorState, asked: _Asked) -> web.StreamResponse:
+    """The one answer to a ``HEAD`` of a file (every delivery but a redirect, whose
+    answer has no body anyway): the status and headers its ``GET`` would have.
+
+    The blob must be sendable (present, of its size, not known bad: else 503), but
+    none of its bytes are read: a check not made yet starts beside the answer on a
+    folder (the ``GET`` that follows joins it), and waits for a ``GET`` on a bucket.
+    Pull-through starts the fill of a blob the store lacks (``X-Cmh-Filling``).
+    """
+    entry = asked.entry
+    extra = {}
+    sender = state.backend.remote_sender(state.delivery)
+    try:
+        if sender is not None:
+            await sender.ready(entry)
+        else:
+            try:
+                f = await _open_or_fill(state, entry)
+            except _MustFill:
+                await _start_fill(request, state, asked.route, asked.index, entry)
+                extra["X-Cmh-Filling"] = "1"
+            else:
+                with f:
+                    _check_beside(request, state, entry, f)
+    except BlobUnavailable as exc:
+        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+    response, _, _ = _framing(request, entry, asked.headers, asked.ranges, asked.range_header)
+    response.headers.update(extra)
+    await response.prepare(request)
+    await response.write_eof()
+    request[BYTES_KEY] = 0
+    return response
 
 
 def _repo_path(state: MirrorState, route: Route) -> Path:
@@ -457,20 +514,12 @@ def _record_cut(state: MirrorState, route: Route, etag: str) -> None:
 
 
 async def _resolve_elsewhere(
-    request: web.Request,
-    state: MirrorState,
-    entry: FileEntry,
-    headers: dict[str, str],
-    ranges: list[ByteRange] | None,
-    range_header: str | None,
+    request: web.Request, state: MirrorState, asked: _Asked
 ) -> web.StreamResponse:
     """A body sent by someone else than this process's sendfile: from a bucket (proxied
     or redirected to), or by nginx (``X-Accel-Redirect``)."""
-    if ranges is None:
-        if range_header is not None:
-            request[RANGE_KEY] = "full"
-    else:
-        request[RANGE_KEY] = "single" if len(ranges) == 1 else "multi"
+    entry, headers, ranges = asked.entry, asked.headers, asked.ranges
+    _note_range(request, ranges, asked.range_header)
     sender = state.backend.remote_sender(state.delivery)
     try:
         if sender is None:
@@ -499,7 +548,7 @@ async def _x_accel(
     """
     f = await _run(_open_checked, state, entry)
     try:
-        gate = await _verified(request, state, entry, f)
+        gate = await _verified(request, state, entry, f, True)
         if not await gate():
             raise HubError(
                 503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"}
@@ -519,60 +568,35 @@ def _framing(
     headers: dict[str, str],
     ranges: list[Any] | None,
     range_header: str | None,
-) -> tuple[web.StreamResponse, list[tuple[bytes, int, int]], bytes]:
-    """The response (status, length, type) and the ``(prefix, offset, count)`` pieces to send."""
+) -> tuple[web.StreamResponse, Pieces, bytes]:
+    """The response (status, length, type) and the ``(prefix, offset, count)`` pieces to
+    send; the access log's range kind."""
+    _note_range(request, ranges, range_header)
+    return frame(headers, ranges, entry.size)
+
+
+def _note_range(request: web.Request, ranges: list[Any] | None, range_header: str | None) -> None:
+    """The access log's range kind: none, ``full`` (a Range ignored), single or multi."""
     if ranges is None:
         if range_header is not None:
             request[RANGE_KEY] = "full"
-        response = web.StreamResponse(status=200, headers=headers)
-        response.content_length = entry.size
-        return response, [(b"", 0, entry.size)], b""
-    if len(ranges) == 1:
-        request[RANGE_KEY] = "single"
-        r = ranges[0]
-        response = web.StreamResponse(status=206, headers=headers)
-        response.headers["Content-Range"] = r.content_range(entry.size)
-        response.content_length = r.length
-        return response, [(b"", r.start, r.length)], b""
-    request[RANGE_KEY] = "multi"
-    mp = multipart(ranges, entry.size, "application/octet-stream")
-    pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
-    response = web.StreamResponse(status=206, headers=headers)
-    response.headers["Content-Type"] = mp.content_type
-    response.content_length = mp.content_length
-    return response, pieces, mp.tail
+    else:
+        request[RANGE_KEY] = "single" if len(ranges) == 1 else "multi"
 
 
 async def _resolve_filling(
-    request: web.Request,
-    state: MirrorState,
-    route: Route,
-    index: CommitIndex,
-    entry: FileEntry,
-    headers: dict[str, str],
-    ranges: list[Any] | None,
-    range_header: str | None,
+    request: web.Request, state: MirrorState, asked: _Asked
 ) -> web.StreamResponse:
     """Pull-through: a listed file whose blob the store lacks, sent while it is filled."""
     from .filling import send_filling
     from .stores import FillFailed
 
-    assert state.fills is not None and state.upstream is not None
-    if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
-        raise HubError(
-            503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
-            {"Retry-After": "30"},
-        )  # fmt: skip
-    failed = state.fills.recent_failure(entry.source)
-    if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
-        if isinstance(failed, UpstreamError):
-            raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
-        raise HubError(
-            502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
-            {"Retry-After": "10"},
-        )  # fmt: skip
-    fill = state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
-    response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
+    assert state.upstream is not None
+    route, entry = asked.route, asked.entry
+    fill = await _start_fill(request, state, route, asked.index, entry)
+    response, pieces, tail = _framing(
+        request, entry, asked.headers, asked.ranges, asked.range_header
+    )
     response.headers["X-Cmh-Filling"] = "1"
     await response.prepare(request)
     if request.method == "HEAD":
@@ -600,6 +624,28 @@ async def _resolve_filling(
     return response
 
 
+async def _start_fill(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex, entry: FileEntry
+) -> Any:
+    """Pull-through: start (or join) the fill of a blob the store lacks; its future.
+    A 503/502 when the upstream just failed (negative cache, upstream.NEGATIVE_FOR)."""
+    assert state.fills is not None
+    if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
+        raise HubError(
+            503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
+            {"Retry-After": "30"},
+        )  # fmt: skip
+    failed = state.fills.recent_failure(entry.source)
+    if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
+        if isinstance(failed, UpstreamError):
+            raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
+        raise HubError(
+            502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
+            {"Retry-After": "10"},
+        )  # fmt: skip
+    return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
+
+
 def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
     """Open an entry's file; its folder may be reached through links, the file itself not."""
     folder = os.path.realpath(entry.source.parent)
@@ -608,37 +654,64 @@ def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
     return open_blob(Path(folder) / entry.source.name, entry.size)
 
 
-async def _verified(
-    request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO
-) -> Gate:
-    """Make sure the open blob hashes to its ETag; the gate for its body's last byte.
-
-    A version checked before is known at once. Otherwise its check starts (or
-    is joined) and is waited for up to :data:`VERIFY_WAIT`; a blob known bad
-    answers 503. A check still running after that goes on while the body is
-    sent, and the gate waits for it.
-    """
-    verifier = state.verifier
+def _known(
+    state: MirrorState, entry: FileEntry, f: io.FileIO
+) -> tuple[FileVersion, Path | None, bool | None]:
+    """The open blob's version, where its check is recorded, and its known outcome."""
     version = FileVersion.of(f.fileno())
     blob = Path(os.path.realpath(entry.source.parent)) / entry.source.name
     record = record_path(blob, entry.etag)
-    outcome = verifier.known(version, entry.etag, record)
-    pending = None
-    if outcome is None:
-        pending = verifier.check(f.fileno(), entry.etag, version, record)
-        try:
-            outcome = await asyncio.wait_for(asyncio.shield(pending), VERIFY_WAIT)
-        except TimeoutError:
-            outcome = None
-        except Exception as exc:  # the check could not read the blob
-            raise HubError(
-                503, "BlobUnavailable", f"blob unavailable: {exc}", {"Retry-After": "60"}
-            ) from None
+    return version, record, state.verifier.known(version, entry.etag, record)
+
+
+def _mismatch(request: web.Request) -> HubError:
+    request[INFO_KEY] = {**request.get(INFO_KEY, {}), "blob": "mismatch"}
+    return HubError(503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"})
+
+
+def _check_beside(request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO) -> None:
+    """A blob known bad answers 503; one not checked yet has its check started (or
+    joined), not waited for: its outcome serves the requests that follow."""
+    version, record, outcome = _known(state, entry, f)
     if outcome is False:
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "blob": "mismatch"}
-        raise HubError(
-            503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"}
-        )
+        raise _mismatch(request)
+    if outcome is None:
+        pending = state.verifier.check(f.fileno(), entry.etag, version, record)
+        pending.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+
+async def _verified(
+    request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO, held: bool
+) -> Gate:
+    """Make sure the open blob hashes to its ETag; the gate for its body's last byte.
+
+    A version checked before is known at once; a blob known bad answers 503.
+    Otherwise, for a body that ends at the blob's last byte (``held``: a whole body,
+    or a range that may complete a file), its check starts (or is joined) and is
+    waited for up to :data:`VERIFY_WAIT`; a check still running after that goes on
+    while the body is sent, and the gate waits for it. Any other range is sent at
+    once, its check started beside it (spec/hub-mirror.md 2.1). Every gate cuts the
+    body when the file changed while it was sent.
+    """
+    if not held:
+        _check_beside(request, state, entry, f)
+        version = FileVersion.of(f.fileno())
+        pending = None
+    else:
+        version, record, outcome = _known(state, entry, f)
+        pending = None
+        if outcome is None:
+            pending = state.verifier.check(f.fileno(), entry.etag, version, record)
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(pending), VERIFY_WAIT)
+            except TimeoutError:
+                outcome = None
+            except Exception as exc:  # the check could not read the blob
+                raise HubError(
+                    503, "BlobUnavailable", f"blob unavailable: {exc}", {"Retry-After": "60"}
+                ) from None
+        if outcome is False:
+            raise _mismatch(request)
 
     async def gate() -> bool:
         if pending is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -64,6 +65,7 @@ from .objectstore import (
 from .store import (
     ImportResult,
     InvalidNameError,
+    ProgressCallback,
     RefSummary,
     RepoSummary,
     SourceFile,
@@ -89,7 +91,6 @@ PROBE_FOLDER = ".cmh/probe"
 #: Per commit, when its upstream freshness ends (spec/hub-mirror.md 8.5), as in a folder.
 UPSTREAM_RECORDS = ".cmh/upstream"
 
-ProgressCallback = Callable[[int], None]
 #: Told, in a sentence, why a writer waits (a pruner's lease).
 NoticeCallback = Callable[[str], None]
 
@@ -351,22 +352,29 @@ class BucketStore:
 
     def tree_infos(self, folder: str) -> dict[str, ObjectInfo]:
         """Tree objects of a repo by commit id."""
-        base = f"{folder}/trees/"
-        out = {}
-        for info in self.objects.list(f"{folder}/trees"):
-            commit = info.name[len(base) :].removesuffix(".json")
-            if COMMIT_RE.match(commit) and info.name.endswith(".json"):
-                out[commit] = info
-        return out
+        return self._infos(folder, "trees", COMMIT_RE, ".json")
 
     def blob_infos(self, folder: str) -> dict[str, ObjectInfo]:
         """Blobs of a repo by name (only names that are ETags)."""
-        base = f"{folder}/blobs/"
+        return self._infos(folder, "blobs", ETAG_RE)
+
+    def check_infos(self, folder: str) -> dict[str, ObjectInfo]:
+        """Check records of a repo (``.cmh/checked/{etag}``) by blob name."""
+        return self._infos(folder, CHECK_RECORDS, ETAG_RE)
+
+    def _infos(
+        self, folder: str, sub: str, pattern: re.Pattern[str], suffix: str = ""
+    ) -> dict[str, ObjectInfo]:
+        """Objects ``{folder}/{sub}/{name}{suffix}`` whose ``name`` matches ``pattern``."""
+        base = f"{folder}/{sub}/"
         out = {}
-        for info in self.objects.list(f"{folder}/blobs"):
-            etag = info.name[len(base) :]
-            if ETAG_RE.match(etag):
-                out[etag] = info
+        for info in self.objects.list(f"{folder}/{sub}"):
+            name = info.name[len(base) :]
+            if suffix and not name.endswith(suffix):
+                continue
+            name = name.removesuffix(suffix)
+            if pattern.match(name):
+                out[name] = info
         return out
 
     def index(self, folder: str, tree: TreeObject) -> CommitIndex:

@@ -25,7 +25,7 @@ import io
 from typing import Any, BinaryIO
 
 from .bucket import BucketStore, TreeObject
-from .history import MAX_HISTORY, CommitRecord
+from .history import MAX_HISTORY, CommitRecord, place_changes
 from .index import CommitIndex, FileEntry
 from .memo import Memo
 from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
@@ -116,21 +116,9 @@ class BucketReader:
         self, folder: str, head: CommitIndex, paths: list[str]
     ) -> dict[str, CommitRecord]:
         """The commit that last changed each of ``paths`` (as :func:`history.last_commits`)."""
-        chain = self.history(folder, head)
-        pending = {p: oid for p in paths if (oid := path_oid(head, p)) is not None}
-        out: dict[str, CommitRecord] = {}
-        reached = chain[0]
-        for parent in chain[1:]:
-            older = self.index(folder, parent.commit) if pending else None
-            if older is None:
-                break
-            for path, oid in list(pending.items()):
-                if path_oid(older, path) != oid:
-                    out[path] = reached
-                    del pending[path]
-            reached = parent
-        out.update(dict.fromkeys(pending, reached))
-        return out
+        return place_changes(
+            self.history(folder, head), head, paths, lambda c: self.index(folder, c)
+        )
 
     def opener(self, entry: FileEntry) -> BinaryIO:
         """A buffered, seekable reader of an entry's blob object (ranged GETs as it
@@ -185,12 +173,6 @@ class BucketReader:
         if folder:
             self.store.record_check(folder, etag, info.etag)
             self._checks.drop(info.name)
-
-
-def path_oid(index: CommitIndex, path: str) -> str | None:
-    """The tree-listing oid of a file or folder of a commit (as ``history`` compares)."""
-    entry = index.files.get(path)
-    return entry.oid if entry is not None else index.dir_oids.get(path)
 
 
 class _ObjectReader(io.RawIOBase):

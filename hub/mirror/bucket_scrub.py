@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from ..cache.blobs import new_digest
 from .bucket import QUARANTINE, BucketError, BucketStore
 from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
-from .scrub import UNREADABLE, BlobCheck, ScrubReport
+from .scrub import UNREADABLE, BlobCheck, ScrubOptions, ScrubReport
 
-ProgressCallback = Callable[[int], None]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def _label(repo_type: str, repo_id: str) -> str:
@@ -57,17 +58,12 @@ def quarantine_blob(store: BucketStore, folder: str, check: BlobCheck) -> str:
     return f"{store.url}{dest}"
 
 
-def scrub_bucket(
-    store: BucketStore,
-    *,
-    do_quarantine: bool = True,
-    threads: int | None = None,
-    progress: ProgressCallback | None = None,
-) -> ScrubReport:
+def scrub_bucket(store: BucketStore, **options: Unpack[ScrubOptions]) -> ScrubReport:
     """Check every blob of every repo of a bucket store; quarantine the bad ones unless
     told not to."""
+    do_quarantine, progress = options.get("do_quarantine", True), options.get("progress")
     report = ScrubReport()
-    workers = threads or max(2, min(8, 2 * (os.cpu_count() or 1)))  # I/O bound
+    workers = options.get("threads") or max(2, min(8, 2 * (os.cpu_count() or 1)))  # I/O bound
     for repo_type, repo_id, folder in store.repos():
         label = _label(repo_type, repo_id)
         blobs = store.blob_infos(folder)

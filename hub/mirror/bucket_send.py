@@ -5,11 +5,15 @@ ranges are fetched one by one: S3 answers a multi-range GET with the whole objec
 The bytes are those of the one object version that was checked: each GET carries
 ``If-Match`` with the storage ETag that a HEAD gave, and an object version is served
 only while it hashes to its name. A version not yet known to be good is checked
-while it is sent: a whole body is hashed as it goes through, a range waits for a
-check of the whole object that runs beside it; either way the body's last byte is
-held back until the check passes, and the connection is cut when it fails, so no
-client receives a complete body that differs from its ETag. Outcomes are
-remembered per (object, storage ETag), bounded.
+while it is sent: a whole body is hashed as it goes through, and a range that
+holds the object's last byte waits for a check of the whole object that runs
+beside it; either way that last byte is held back until the check passes, and
+the connection is cut when it fails, so no client receives a complete body (nor
+the end of a file it assembles from ranges) that differs from its ETag. Any other
+range is sent at once, never waiting on a whole-object read: its bytes are those
+of the stored version, not yet proven, while the check runs beside it for the
+requests that follow (spec/hub-mirror.md 7.6). Outcomes are remembered per
+(object, storage ETag), bounded.
 
 ``redirect``: cmh answers ``302`` with a presigned GET URL of the blob (valid
 :data:`REDIRECT_EXPIRY`) and the Hub's headers (``X-Repo-Commit``, ``ETag``,
@@ -40,8 +44,8 @@ from .objectstore import (
     ObjectStoreError,
     PreconditionFailed,
 )
-from .ranges import ByteRange
-from .send import BlobUnavailable, multipart
+from .ranges import ByteRange, is_whole, reaches_end
+from .send import BlobUnavailable, frame
 
 PROXY = "proxy"
 REDIRECT = "redirect"
@@ -147,27 +151,6 @@ class ObjectVerifier:
         return task
 
 
-def _shape(
-    headers: dict[str, str], ranges: list[ByteRange] | None, size: int
-) -> tuple[web.StreamResponse, list[tuple[bytes, int, int]], bytes]:
-    """The response (status, length, range headers) and the pieces its body is made of."""
-    if ranges is None:
-        response = web.StreamResponse(status=200, headers=headers)
-        response.content_length = size
-        return response, [(b"", 0, size)], b""
-    response = web.StreamResponse(status=206, headers=headers)
-    if len(ranges) == 1:
-        r = ranges[0]
-        response.headers["Content-Range"] = r.content_range(size)
-        response.content_length = r.length
-        return response, [(b"", r.start, r.length)], b""
-    mp = multipart(ranges, size, "application/octet-stream")
-    response.headers["Content-Type"] = mp.content_type
-    response.content_length = mp.content_length
-    pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
-    return response, pieces, mp.tail
-
-
 async def _blob(reader: BucketReader, entry: FileEntry) -> ObjectInfo:
     name = entry.source.as_posix()
     loop = asyncio.get_running_loop()
@@ -212,6 +195,23 @@ async def redirect(
     return web.Response(status=302, headers=out)
 
 
+async def ready(
+    reader: BucketReader, verifier: ObjectVerifier, entry: FileEntry
+) -> tuple[ObjectInfo, bool | None]:
+    """The entry's object version and whether it is known good (None: not yet);
+    :class:`BlobUnavailable` when it is missing, of the wrong size or known bad.
+    Reads no byte of the blob (what a ``HEAD`` needs)."""
+    info = await _blob(reader, entry)
+    key = (info.name, info.etag)
+    ok = verifier.known(key)
+    if ok is None and await _recorded(reader, info):
+        ok = True
+        verifier.record(key, True)
+    if ok is False:
+        raise BlobUnavailable("blob does not match its name")
+    return info, ok
+
+
 async def proxy(
     request: web.Request,
     reader: BucketReader,
@@ -225,26 +225,18 @@ async def proxy(
     bytes sent, and why the body was cut (``None`` when it was not). Raises
     :class:`BlobUnavailable` before anything is sent when the blob is missing, of the
     wrong size, or known bad. A cut body's connection is aborted before its last byte."""
-    info = await _blob(reader, entry)
+    info, ok = await ready(reader, verifier, entry)
     key = (info.name, info.etag)
-    ok = verifier.known(key)
-    if ok is None and await _recorded(reader, info):
-        ok = True
-        verifier.record(key, True)
-    if ok is False:
-        raise BlobUnavailable("blob does not match its name")
-    response, pieces, tail = _shape(headers, ranges, entry.size)
-    if request.method == "HEAD":
-        await response.prepare(request)
-        await response.write_eof()
-        return response, 0, None
+    response, pieces, tail = frame(headers, ranges, entry.size)
     hasher: hashlib._Hash | None = None
     pending: asyncio.Task[bool] | None = None
     if ok is None:
-        if ranges is None:
+        if is_whole(ranges, entry.size):
             hasher = new_digest(entry.etag, entry.size)  # the body is the whole object
-        else:
-            pending = verifier.check(fetcher, info, entry)
+        elif reaches_end(ranges, entry.size):
+            pending = verifier.check(fetcher, info, entry)  # its last byte waits for it
+        else:  # the range goes at once; the check runs beside it, for later requests
+            verifier.check(fetcher, info, entry).add_done_callback(_outcome_kept)
     chunks = _pieces(fetcher, info, pieces)
     try:
         first = await chunks.__anext__()  # the storage answered before any header goes out
@@ -288,6 +280,12 @@ async def proxy(
         sent += len(tail)
     await response.write_eof()
     return response, sent, None
+
+
+def _outcome_kept(task: asyncio.Task[bool]) -> None:
+    """A background check's outcome lives in the verifier; a failed read is retried later."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _pieces(

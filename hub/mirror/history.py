@@ -12,7 +12,7 @@ an ancestor whose snapshot is gone (its files are unknown).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..cache.layout import COMMIT_RE, RepoLayout
@@ -77,7 +77,8 @@ def history(repo: RepoLayout, head: CommitIndex, limit: int = MAX_HISTORY) -> li
     return chain
 
 
-def _oid(index: CommitIndex, path: str) -> str | None:
+def path_oid(index: CommitIndex, path: str) -> str | None:
+    """The tree-listing oid of a file or folder of a commit (what a change changes)."""
     entry = index.files.get(path)
     if entry is not None:
         return entry.oid
@@ -88,16 +89,33 @@ def last_commits(
     repo: RepoLayout, head: CommitIndex, paths: Iterable[str], indexes: IndexCache
 ) -> dict[str, CommitRecord]:
     """The commit that last changed each of ``paths`` (files or folders of ``head``)."""
-    chain = history(repo, head)
-    pending = {p: oid for p in paths if (oid := _oid(head, p)) is not None}
+
+    def index_of(commit: str) -> CommitIndex | None:
+        if resolve_revision(repo, commit) is None:
+            return None  # an ancestor whose files are unknown
+        return indexes.get(repo, commit)
+
+    return place_changes(history(repo, head), head, paths, index_of)
+
+
+def place_changes(
+    chain: list[CommitRecord],
+    head: CommitIndex,
+    paths: Iterable[str],
+    index_of: Callable[[str], CommitIndex | None],
+) -> dict[str, CommitRecord]:
+    """The commit of ``chain`` (``head`` and its first parents, newest first) that last
+    changed each of ``paths``: the oldest one reached before the path's oid differs.
+    The walk stops at an ancestor ``index_of`` cannot give (its files are unknown)."""
+    pending = {p: oid for p in paths if (oid := path_oid(head, p)) is not None}
     out: dict[str, CommitRecord] = {}
     reached = chain[0]
     for parent in chain[1:]:
-        if not pending or resolve_revision(repo, parent.commit) is None:
+        older = index_of(parent.commit) if pending else None
+        if older is None:
             break  # nothing left to place, or an ancestor whose files are unknown
-        older = indexes.get(repo, parent.commit)
         for path, oid in list(pending.items()):
-            if _oid(older, path) != oid:
+            if path_oid(older, path) != oid:
                 out[path] = reached
                 del pending[path]
         reached = parent

@@ -101,29 +101,26 @@ class Metrics:
         (:class:`~cmh.hub.mirror.auth.AccessPolicy`)."""
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
-        self.requests = Counter(
+        count = self._counter
+        self.requests = count(
             "cmh_mirror_requests",
             "Requests by route, method and status",
-            ["route", "method", "status"],
-            registry=self.registry,
+            "route",
+            "method",
+            "status",
         )
-        self.bytes_sent = Counter(
-            "cmh_mirror_response_bytes",
-            "Response body bytes sent, by route",
-            ["route"],
-            registry=self.registry,
+        self.bytes_sent = count(
+            "cmh_mirror_response_bytes", "Response body bytes sent, by route", "route"
         )
-        self.ranges = Counter(
+        self.ranges = count(
             "cmh_mirror_range_requests",
             "Requests carrying a Range header, by outcome (single, multi, full, unsatisfiable)",
-            ["kind"],
-            registry=self.registry,
+            "kind",
         )
-        self.dropped = Counter(
+        self.dropped = count(
             "cmh_mirror_connections_dropped",
             "Connections closed by the limits, by reason (refused, evicted, header_timeout, idle)",
-            ["reason"],
-            registry=self.registry,
+            "reason",
         )
         self.latency = Histogram(
             "cmh_mirror_request_duration_seconds",
@@ -132,15 +129,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.upstream_requests = Counter(
-            "cmh_mirror_upstream_requests",
-            "Requests a pull-through mirror made to its upstream",
-            registry=self.registry,
+        self.upstream_requests = count(
+            "cmh_mirror_upstream_requests", "Requests a pull-through mirror made to its upstream"
         )
-        self.upstream_bytes = Counter(
+        self.upstream_bytes = count(
             "cmh_mirror_upstream_bytes",
             "Body bytes a pull-through mirror received from its upstream",
-            registry=self.registry,
         )
         self.store_collector = (
             StoreSizeCollector(store, private=private, restricted=restricted)
@@ -149,6 +143,9 @@ class Metrics:
         )
         if not self.multiprocess and self.store_collector is not None:
             self.registry.register(self.store_collector)
+
+    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(name, documentation, list(labels), registry=self.registry)
 
     def observe(
         self, route: str, method: str, status: int, nbytes: int, seconds: float, range_kind: str

@@ -22,10 +22,10 @@ import json
 import os
 import struct
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from cmh._atomic import atomic_write
 
@@ -33,11 +33,19 @@ from ..cache.blobs import blob_matches
 from ..cache.layout import ETAG_RE, RepoLayout, iter_repos
 from ..cache.locks import blob_lock
 from .index import build_index
+from .store import ProgressCallback
 from .verify import forget_record
 
 QUARANTINE = ".quarantine"
 
-ProgressCallback = Callable[[int], None]
+
+class ScrubOptions(TypedDict, total=False):
+    """What a scrub takes beside its store (:func:`scrub_store`); the stores pass them on."""
+
+    do_quarantine: bool  # move bad blobs aside (default True)
+    full: bool  # kept for compatibility: every blob is hashed whole anyway
+    threads: int | None  # hashing threads (default: by the CPU count)
+    progress: ProgressCallback | None  # told the bytes of each blob checked
 
 
 @dataclass(frozen=True)

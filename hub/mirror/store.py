@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from cmh._atomic import atomic_file, atomic_write
 
@@ -47,6 +48,15 @@ from .manifests import keep_for as keep_manifest
 SKIPPED_DIRS = frozenset({".git"})
 
 ProgressCallback = Callable[[int], None]
+
+
+class ImportOptions(TypedDict, total=False):
+    """What an import takes beside its source and repo id (:func:`add_folder`); the
+    stores pass them on as they are."""
+
+    revision: str  # the ref the import moves ("main")
+    repo_type: str  # "model" (default) or "dataset"
+    progress: ProgressCallback | None  # told the bytes of both passes
 
 
 class StoreError(Exception):

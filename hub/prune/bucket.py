@@ -23,7 +23,8 @@ the lease below, not a grace period, keeps an import in flight whole.
 3. per repo: scan the repo again, re-plan it restricted to the revisions shown,
    and delete only what both plans name (a subset of what was shown, never
    more): refs, then tree objects, then the freshness records of commits gone,
-   then blobs; stop (reported) once half the
+   then blobs, then the check records of removed blobs (``.cmh/checked/{etag}``);
+   stop (reported) once half the
    lease's lifetime has passed since it was last rewritten; release the lease.
 
 Repos with nothing to delete get no lease, and a run with nothing to delete no wait.
@@ -44,6 +45,7 @@ from ..mirror.objectstore import ObjectStoreError
 from .execute import PruneReport, RepoOutcome
 from .plan import (
     KIND_BLOB,
+    KIND_CHECKED,
     KIND_REF,
     KIND_UPSTREAM,
     OVER_SIZE,
@@ -96,6 +98,9 @@ def scan_bucket_repo(
     )
     blobs = {etag: Entry(etag, info.size, 0.0) for etag, info in store.blob_infos(folder).items()}
     upstream = store.upstream_record_infos(folder)
+    checked = tuple(
+        Entry(etag, info.size, 0.0) for etag, info in sorted(store.check_infos(folder).items())
+    )
     expiry: dict[str, int | None] = {}
     revisions: list[RevisionScan] = []
     for commit in sorted(store.tree_infos(folder)):
@@ -119,6 +124,7 @@ def scan_bucket_repo(
         used_records=(),
         trash=(),
         lock_files=(),
+        checked=checked,
         refs_served=True,
         whole_folder=False,
         upstream_records=tuple(
@@ -297,6 +303,10 @@ class _RepoDeleter:
         for item in items:
             if item.kind == KIND_BLOB:
                 self.delete(item.path, item.size)
+                self.outcome.items.append(item)
+        for item in items:  # a blob's check record goes after the blob: never one without it
+            if item.kind == KIND_CHECKED:
+                self.delete(item.path, 0)
                 self.outcome.items.append(item)
 
     def delete(self, name: str, size: int) -> None:

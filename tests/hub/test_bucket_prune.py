@@ -101,6 +101,33 @@ def test_leftover_tree_and_a_clock_ahead_never_cost_the_served_commit(
     assert history(store, folder, pruned=True) == [served.commit]
 
 
+def test_prune_removes_the_check_records_of_the_blobs_it_deletes(
+    seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
+) -> None:
+    store = open_store(seaweed_bucket)
+    folder = store.folder(REPO, "model")
+    old = store.add_folder(src(tmp_path / "a", "a"), REPO)
+    served = store.add_folder(src(tmp_path / "b", "b"), REPO)
+    old_tree, served_tree = (
+        store.read_tree(folder, old.commit),
+        store.read_tree(folder, served.commit),
+    )
+    assert old_tree is not None and served_tree is not None
+    kept = {f.etag for f in served_tree.files}
+    going = {f.etag for f in old_tree.files} - kept
+    assert going and set(store.check_infos(folder)) >= going | kept  # mirror add recorded them
+    orphan = store.check_name(folder, "e" * 64)  # a record of a blob long gone
+    store.objects.put(orphan, b'{"storage_etag": "x"}')
+    plan, report = prune_bucket(store, PrunePolicy(keep_latest=1), settle=0, clock=FakeClock(),
+                                now=time.time() + 3600)  # fmt: skip
+    assert report is not None and not report.all_errors
+    shown = {i.path for i in plan.repos[0].items if i.kind == "checked"}
+    assert shown == {store.check_name(folder, e) for e in going | {"e" * 64}}
+    left = set(store.check_infos(folder))
+    assert left == kept  # the served blobs keep theirs; the removed and the orphan lose theirs
+    assert set(store.blob_infos(folder)) == kept
+
+
 def test_keep_latest_zero_and_older_than_never_remove_what_a_ref_serves(
     seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ import urllib.error
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.request import Request, urlopen
@@ -300,15 +301,19 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
     try:
         url = f"{server.url}/{repo}/resolve/main/weights.bin"
         outcomes: list[Any] = []
-        for rng in ((0, 999), None, None):  # a range first (checked beside it), then whole
+        end = (blob.size - 1000, blob.size - 1)
+        for rng in (end, (0, 999), None):
             try:
                 outcomes.append(len(_get(url, rng)))
             except urllib.error.HTTPError as exc:
                 outcomes.append(exc.code)
             except Exception as exc:  # an incomplete body: the connection was cut
                 outcomes.append(type(exc).__name__)
-        # the range is cut before its last byte; once known bad the blob answers 503
-        assert outcomes[0] != 1000 and outcomes[1:] == [503, 503], outcomes
+        # A range holding the last byte (a resume could complete the file with it) waits
+        # for the whole-object check beside it and is cut before that byte; once known
+        # bad, every body answers 503 (a range short of the end of a version not checked
+        # yet goes at once: test_a_small_range_of_an_unchecked_blob_reads_only_its_bytes).
+        assert outcomes[0] not in (1000, 503) and outcomes[1:] == [503, 503], outcomes
         log = server.log(route="resolve")
         assert log[0].get("cut") == "blob does not match its name"
         # a whole body of a version not checked yet is hashed as it goes: cut too
@@ -324,6 +329,118 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
         assert refused.value.code == 503
     finally:
         server.stop()
+
+
+class BlobReadCounter:
+    """A pass-through proxy to the storage that counts the body bytes of blob-object GETs
+    and holds every GET of a whole blob object (no ``Range``) until :attr:`release` is
+    set: a request that waited on a whole-object read cannot finish while it is held."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        target = (host, int(port))
+        self.blob_bytes = 0
+        self.whole_gets = 0
+        self.release = threading.Event()
+        counter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                blob = "/blobs/" in self.path.split("?")[0] and self.command == "GET"
+                if blob and "Range" not in self.headers:
+                    counter.whole_gets += 1
+                    counter.release.wait(60)
+                conn = http.client.HTTPConnection(*target, timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                if blob:
+                    counter.blob_bytes += len(data)
+                head = self.command == "HEAD"
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection") and (
+                        head or k.lower() != "content-length"
+                    ):
+                        self.send_header(k, v)
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_small_range_of_an_unchecked_blob_reads_only_its_bytes(
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]], tmp_path: Path
+) -> None:
+    """A 1 KiB range of a 24 MiB blob with no check record (imported by another tool)
+    is answered while the whole-object read of its check is held at the storage: only
+    the range's bytes were read. The check goes on beside it and records the version."""
+    store, where, env = served_bucket
+    repo = "cmh-test/unchecked"
+    folder = "models--cmh-test--unchecked"
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(24 << 20)
+    (src / "big.bin").write_bytes(data)
+    result = store.add_folder(src, repo)
+    tree = store.read_tree(folder, result.commit)
+    assert tree is not None
+    (big,) = [f for f in tree.files if f.path == "big.bin"]
+    store.objects.delete(store.check_name(folder, big.etag))  # as another tool leaves it
+    counter = BlobReadCounter(env["AWS_ENDPOINT_URL"])
+    saved = dict(os.environ)
+    os.environ.update({**env, "AWS_ENDPOINT_URL": counter.endpoint})
+    try:
+        server = MirrorServer(where.url, tmp_path, extra_args=())  # type: ignore[arg-type]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        url = f"{server.url}/{repo}/resolve/main/big.bin"
+        start = 5 << 20
+        got = _get(url, (start, start + 1023))
+        assert got == data[start : start + 1024]
+        assert counter.blob_bytes == 1024  # the whole-object read is still held
+        deadline = time.monotonic() + 10
+        while counter.whole_gets == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert counter.whole_gets == 1  # the check started beside the range
+        counter.release.set()
+        storage_etag = store.objects.head(store.blob_name(folder, big.etag)).etag
+        deadline = time.monotonic() + 30
+        while store.read_check(folder, big.etag) != storage_etag:
+            assert time.monotonic() < deadline, "the check beside the range was not recorded"
+            time.sleep(0.1)
+        assert _get(url, None) == data  # known good now
+    finally:
+        server.stop()
+        counter.stop()
 
 
 STOCK_LOAD_SCRIPT = r"""

@@ -15,6 +15,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -221,3 +222,60 @@ def test_mirror_add_records_the_check_it_made_and_the_first_get_does_not_hash(
         f.write(b"\0")
     os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with its mtime put back
     assert _check(BlobVerifier(), blob) is False
+
+
+class _HeldVerifier(BlobVerifier):
+    """The real verifier, whose hashing waits until :attr:`release` is set: a request
+    that waited on a whole-blob check cannot be answered while it is held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.started = 0
+
+    def _run(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        self.started += 1
+        self.release.wait(30)
+        super()._run(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_range_short_of_the_end_and_a_head_never_wait_on_the_check(tmp_path: Path) -> None:
+    """spec/hub-mirror.md 2.1 on a folder: for a blob without a check record, a range
+    short of its end and a HEAD are answered while the check (started beside them) is
+    held; a range holding the last byte waits at that byte until the check passes."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from cmh.hub.mirror.app import MirrorState, make_app
+    from cmh.hub.mirror.auth import AccessPolicy
+    from cmh.hub.mirror.observe import Metrics
+    from cmh.hub.mirror.stores import open_store
+
+    data = os.urandom(4 << 20)
+    store, blob = _store_with_blob(tmp_path, data)
+    record = record_path(blob, blob.name)
+    assert record is not None
+    record.unlink()  # as a store written by another tool leaves it
+    verifier = _HeldVerifier()
+    state = MirrorState(open_store(store), AccessPolicy({}), Metrics(None), verifier=verifier)
+    path = f"/{REPO}/resolve/main/weights.bin"
+
+    async def run() -> None:
+        async with TestClient(TestServer(make_app(state), host="127.0.0.1")) as client:
+            head = await asyncio.wait_for(client.head(path), 5)
+            assert head.status == 200 and head.headers["Content-Length"] == str(len(data))
+            short = await asyncio.wait_for(
+                client.get(path, headers={"Range": "bytes=1024-2047"}), 5
+            )
+            assert short.status == 206
+            assert await asyncio.wait_for(short.read(), 5) == data[1024:2048]
+            assert verifier.started == 1 and not record.exists()  # the check runs, held
+            tail = await asyncio.wait_for(client.get(path, headers={"Range": "bytes=-1024"}), 5)
+            assert tail.status == 206
+            body = asyncio.ensure_future(tail.read())
+            await asyncio.sleep(0.5)
+            assert not body.done()  # its last byte waits for the check
+            verifier.release.set()
+            assert await asyncio.wait_for(body, 10) == data[-1024:]
+
+    asyncio.run(run())
+    time.sleep(0.1)
+    assert read_record(record) is not None  # the check beside them was recorded

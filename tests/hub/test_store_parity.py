@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -285,6 +286,33 @@ def test_page_list(served: Served) -> None:
     assert status == 200 and PRIVATE_REPO in text
     status, text = page(served, "/models?q=tiny")
     assert status == 200 and TINY_REPO in text and MINILM_REPO not in text
+
+
+def test_page_list_shows_only_repos(served: Served) -> None:
+    """A folder holding no commit (only a blob: an import killed before its ref moved,
+    or another tool's leftovers) is no repo: neither the list page nor the API lists it."""
+    from cmh.hub.mirror.objectstore import ObjectStore
+
+    stray = "models--cmh-test--nocommit"
+    name = f"{stray}/blobs/{'a' * 64}"  # a bad blob too: removed below, before any scrub
+    if served.kind == "local":
+        path = Path(served.store) / name
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+    else:
+        with storage_env(served):
+            ObjectStore.open(served.store).put(name, b"x")
+    try:
+        status, text = page(served, "/")
+        assert status == 200 and TINY_REPO in text and "cmh-test/nocommit" not in text
+        status, _, body = get(f"{served.server.url}/api/models")
+        assert status == 200 and "cmh-test/nocommit" not in body.decode()
+    finally:
+        if served.kind == "local":
+            shutil.rmtree(Path(served.store) / stray)
+        else:
+            with storage_env(served):
+                ObjectStore.open(served.store).delete(name)
 
 
 def test_page_repo(served: Served) -> None:

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from ..store import StoreError
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ...prune.scan import CacheScan
     from ..history import CommitRecord
     from ..index import CommitIndex, FileEntry
-    from ..scrub import ScrubReport
+    from ..scrub import ScrubOptions, ScrubReport
     from ..scrub_history import ScrubView
-    from ..store import ImportResult, RepoSummary
+    from ..store import ImportOptions, ImportResult, RepoSummary
     from ._pull import PullThrough
 
 
@@ -25,9 +27,6 @@ class StoreUnavailable(StoreError):
 
 class StoreMissing(StoreError):
     """The store does not exist (no such folder, no such bucket)."""
-
-
-ProgressCallback = Callable[[int], None]
 
 
 class MirrorStore(Protocol):
@@ -98,28 +97,13 @@ class MirrorStore(Protocol):
     def size(self, skip: Callable[[str, str], bool]) -> tuple[int, int]:
         """Bytes of blobs and number of the repos ``skip(repo_type, repo_id)`` keeps."""
 
-    def add_folder(
-        self,
-        src: Path,
-        repo_id: str,
-        *,
-        revision: str = "main",
-        repo_type: str = "model",
-        progress: ProgressCallback | None = None,
-    ) -> ImportResult:
+    def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
         """Import ``src`` as a commit of ``repo_id`` at ``revision``."""
 
     def list_store(self) -> list[RepoSummary]:
         """Every repo with its refs and blob usage."""
 
-    def scrub(
-        self,
-        *,
-        do_quarantine: bool = True,
-        full: bool = False,
-        threads: int | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> ScrubReport:
+    def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
         """Re-hash every blob; quarantine the bad ones; keep the report for the web page."""
 
     def scrub_history(self) -> ScrubView:

@@ -20,11 +20,13 @@ from ..bucket_read import DEFAULT_REF_TTL, BucketReader
 from ..history import CommitRecord
 from ..index import CommitIndex, FileEntry
 from ..objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
-from ..scrub import ScrubReport
-from ..store import ImportResult, RepoSummary
-from ._base import ProgressCallback, StoreMissing, StoreUnavailable
+from ..scrub import ScrubOptions, ScrubReport
+from ..store import ImportOptions, ImportResult, RepoSummary
+from ._base import StoreMissing, StoreUnavailable
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ...prune.scan import CacheScan
     from ..scrub_history import ScrubView
 
@@ -133,8 +135,14 @@ class BucketBackedStore:
         return sender
 
     def repos(self) -> list[tuple[str, str]]:
+        """Folders with a ref or a tree object (a folder holding only blobs, such as an
+        import that never moved a ref, is no repo: as a local folder without one)."""
         with _storage_errors():
-            return sorted((kind, repo_id) for kind, repo_id, _ in self.bucket.repos())
+            return sorted(
+                (kind, repo_id)
+                for kind, repo_id, folder in self.bucket.repos()
+                if self.reader.repo_exists(folder)
+            )
 
     def repo_exists(self, repo_type: str, repo_id: str) -> bool:
         with _storage_errors():
@@ -238,18 +246,8 @@ class BucketBackedStore:
                 total += sum(b.size for b in self.bucket.blob_infos(folder).values())
         return total, repos
 
-    def add_folder(
-        self,
-        src: Path,
-        repo_id: str,
-        *,
-        revision: str = "main",
-        repo_type: str = "model",
-        progress: ProgressCallback | None = None,
-    ) -> ImportResult:
-        result = self.bucket.add_folder(
-            src, repo_id, revision=revision, repo_type=repo_type, progress=progress
-        )
+    def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
+        result = self.bucket.add_folder(src, repo_id, **options)
         self._keep_manifests(src, result)
         return result
 
@@ -318,22 +316,13 @@ class BucketBackedStore:
     def scrub_bytes(self) -> int:
         return 0  # the scrub reports its progress blob by blob without a total
 
-    def scrub(
-        self,
-        *,
-        do_quarantine: bool = True,
-        full: bool = False,
-        threads: int | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> ScrubReport:
+    def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
         from ..bucket import QUARANTINE
         from ..bucket_scrub import scrub_bucket
         from ..scrub_history import LAST_SCRUB
 
         with _storage_errors():  # every blob is streamed and hashed whole (full or not)
-            report = scrub_bucket(
-                self.bucket, do_quarantine=do_quarantine, threads=threads, progress=progress
-            )
+            report = scrub_bucket(self.bucket, **options)
             body = {**report.to_dict(), "finished_at": time.time()}  # for the web page
             self.bucket.objects.put(f"{QUARANTINE}/{LAST_SCRUB}", json.dumps(body).encode())
         return report

@@ -32,6 +32,20 @@ class RemoteSender:
             request, self.reader, self.fetcher, self.verifier, entry, headers, ranges
         )
 
+    @property
+    def redirects(self) -> bool:
+        """True when the answer is a redirect (a ``HEAD`` is answered as a ``GET``)."""
+        from .. import bucket_send
+
+        return self.delivery == bucket_send.REDIRECT
+
+    async def ready(self, entry: Any) -> None:
+        """Raise :class:`~cmh.hub.mirror.send.BlobUnavailable` unless the blob can be
+        sent (present, of its size, not known bad); reads none of its bytes."""
+        from .. import bucket_send
+
+        await bucket_send.ready(self.reader, self.verifier, entry)
+
     async def close(self) -> None:
         if self.fetcher is not None:
             await self.fetcher.close()

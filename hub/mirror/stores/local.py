@@ -13,12 +13,14 @@ from ...cache.layout import COMMIT_RE, LayoutError, RepoLayout, iter_repos, pars
 from ...cache.usage import record_use
 from ..history import CommitRecord, history, last_commits
 from ..index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
-from ..scrub import ScrubReport
+from ..scrub import ScrubOptions, ScrubReport
 from ..send import BlobUnavailable, open_blob
-from ..store import ImportResult, RepoSummary, StoreError
-from ._base import ProgressCallback, StoreMissing
+from ..store import ImportOptions, ImportResult, RepoSummary, StoreError
+from ._base import StoreMissing
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ...prune.scan import CacheScan
     from ..scrub_history import ScrubView
 
@@ -188,20 +190,10 @@ class LocalStore:
                 continue
         return total, repos
 
-    def add_folder(
-        self,
-        src: Path,
-        repo_id: str,
-        *,
-        revision: str = "main",
-        repo_type: str = "model",
-        progress: ProgressCallback | None = None,
-    ) -> ImportResult:
+    def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
         from ..store import add_folder
 
-        result = add_folder(
-            self.root, src, repo_id, revision=revision, repo_type=repo_type, progress=progress
-        )
+        result = add_folder(self.root, src, repo_id, **options)
         self.root = self.root.resolve()
         return result
 
@@ -238,21 +230,12 @@ class LocalStore:
                 total += sum(p.stat().st_size for p in repo.blobs.iterdir() if p.is_file())
         return total
 
-    def scrub(
-        self,
-        *,
-        do_quarantine: bool = True,
-        full: bool = False,
-        threads: int | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> ScrubReport:
+    def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
         from ..scrub import scrub_store
         from ..scrub_history import record_scrub
 
         self.check()
-        report = scrub_store(
-            self.root, do_quarantine=do_quarantine, full=full, threads=threads, progress=progress
-        )
+        report = scrub_store(self.root, **options)
         record_scrub(self.root, report.to_dict())  # shown on the web operator page
         return report
 
