@@ -27,6 +27,7 @@ import httpx2
 from cmh import __version__
 
 from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, LayoutError, validate_relpath
+from .answers import MAX_KEPT_BODY, ApiAnswer
 from .credentials import default_endpoint
 from .multipart import MultipartParser
 from .origins import MAX_REDIRECTS, OriginRule, UnsafeRedirect
@@ -45,6 +46,8 @@ from .types import (
 #: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
 #: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
 MAX_API_BYTES = 32 << 20
+#: API answers a client keeps for :mod:`~cmh.hub.resolver.answers` (the first ones).
+MAX_ANSWERS_KEPT = 16
 MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
@@ -241,6 +244,8 @@ class HubClient:
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_received = 0
+        #: The API answers received, for the stored answers of install()'s hook (answers.py).
+        self.answers: list[ApiAnswer] = []
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -336,11 +341,13 @@ class HubClient:
                 self._count(requests=sent, nbytes=received)
             raise_for_status(response)
             try:
-                return json.loads(body), response
+                obj = json.loads(body)
             except ValueError as exc:
                 raise HubProtocolError(f"{url} did not answer JSON") from exc
-            finally:
-                del body
+            if len(self.answers) < MAX_ANSWERS_KEPT and len(body) <= MAX_KEPT_BODY:
+                headers = tuple(response.headers.items())
+                self.answers.append(ApiAnswer(str(response.request.url), headers, body))
+            return obj, response
 
         return self.retry.run(once, f"GET {url}", deadline)
 

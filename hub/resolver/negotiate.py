@@ -40,6 +40,7 @@ from ..cache.layout import (
 from ..cache.locks import blob_lock, repo_lock, snapshot_in_use
 from ..cache.usage import record_use
 from . import chunked
+from .answers import keep_resolver_answers
 from .credentials import default_token
 from .fetch import download_whole
 from .http import HubClient
@@ -540,6 +541,7 @@ def _answer_online(
     # Every selected blob is installed and holds what resolve serves for this commit:
     # keep the listing, then link the snapshot.
     write_tree(repo, commit, files, replace=fetched)
+    keep_resolver_answers(repo, commit, client.answers)  # for install()'s hook (answers.py)
     for r in results:
         if r.action is not Action.KEPT:
             repo.link_snapshot_file(commit, r.path, r.etag)
