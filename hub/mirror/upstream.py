@@ -29,8 +29,12 @@ Access: a repo the upstream answers as ``private`` or ``gated`` is recorded
 (:func:`restricted_at_upstream`, used by the server's access policy) unless
 the operator chose ``--public-upstream-repos``. For such a repo the upstream
 is also asked ``auth-check`` with the mirror's token; a refusal is answered
-with the upstream's own status, ``X-Error-Code`` and message, and no listing
-is kept (so ``HEAD`` and ``GET`` are refused alike).
+with the upstream's own status, ``X-Error-Code`` and message (``401``/``403
+GatedRepo``, ``401``/``404 RepoNotFound``), to every client, and no listing
+is kept (so ``HEAD`` and ``GET`` are refused alike). What the mirror's token
+does read is refused to a reader the tokens file does not grant as the Hub
+refuses one (``GatedRepo`` for a gated repo, see ``app._closed``; a private
+one looks missing).
 
 The client's ``Authorization`` is never used here: only the mirror's own
 upstream token is sent, and the HTTP client drops it on a redirect to
@@ -100,14 +104,14 @@ def _typed(exc: Exception) -> UpstreamError:
     from ..resolver.types import AccessError, NotFoundError
 
     if isinstance(exc, NotFoundError):
-        if exc.kind == "repo":
-            return UpstreamError(404, "RepoNotFound", "Repository not found")
+        if exc.kind == "repo":  # the upstream's status (401 or 404) and words
+            return UpstreamError(exc.status, "RepoNotFound", exc.said or "Repository not found")
         if exc.kind == "revision":
             return UpstreamError(404, "RevisionNotFound", "Invalid rev id (upstream)")
         return UpstreamError(404, "EntryNotFound", "Entry not found (upstream)")
     if isinstance(exc, AccessError):
         said = exc.said or "the upstream refuses this repo to the mirror's upstream token"
-        return UpstreamError(exc.status, exc.code, f"{said} (upstream)")
+        return UpstreamError(exc.status, exc.code, said)  # the upstream's own words
     return failed(exc, "unavailable")
 
 
@@ -128,6 +132,16 @@ def restricted_at_upstream(store: Path, repo_type: str, repo_id: str) -> bool:
     except ValueError:
         return False
     return access_record_path(repo).exists()
+
+
+def gated_at_upstream(store: Path, repo_type: str, repo_id: str) -> bool:
+    """True when the upstream last said the repo is gated and not private (its existence
+    is public at the Hub: a reader it is closed to is told ``GatedRepo``, not "not found")."""
+    try:
+        record = json.loads(access_record_path(RepoLayout(store, repo_id, repo_type)).read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and bool(record.get("gated")) and not record.get("private")
 
 
 def _record_access(repo: RepoLayout, private: bool, gated: bool) -> None:

@@ -664,7 +664,8 @@ def raise_for_status(response: httpx2.Response) -> None:
     code = response.headers.get("X-Error-Code", "")
     url = str(response.request.url)
     if code == "RepoNotFound":
-        raise NotFoundError(f"repository not found: {url}", "repo")
+        said = hub_message(response)
+        raise NotFoundError(f"repository not found: {url}", "repo", status=status, said=said)
     if code == "RevisionNotFound":
         raise NotFoundError(f"revision not found: {url}", "revision")
     if code == "EntryNotFound":

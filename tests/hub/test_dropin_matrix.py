@@ -436,7 +436,8 @@ def test_gated_repo_through_pullthrough_fails_as_the_gated_hub_does(
                 got = _run_rows({**config, "install": install}, env)
                 assert {row: _error_type(got[row]) for row in GATED_ROWS} == want, (install, got)
             assert not front.records(origin="cdn")  # nothing was sent and then cut
+            # The upstream's refusal of the (tokenless) mirror, as the upstream said it.
             statuses = {e["status"] for e in pull.log() if e.get("route") == "resolve"}
-            assert statuses == {403}, statuses
+            assert statuses == {401}, statuses
         finally:
             pull.stop()
