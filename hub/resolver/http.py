@@ -119,6 +119,13 @@ def _apply_rule(request: httpx2.Request) -> None:
         request.headers["Authorization"] = f"Bearer {chain.token}"
 
 
+def user_agent() -> str:
+    """``cmh/VERSION``, with ``; origin/...`` from ``HF_HUB_USER_AGENT_ORIGIN`` as the stock
+    client adds it (so a mirror's log attributes the resolver's requests as the stock ones)."""
+    origin = os.environ.get("HF_HUB_USER_AGENT_ORIGIN")
+    return f"cmh/{__version__}" + (f"; origin/{origin}" if origin else "")
+
+
 def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
     """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup).
 
@@ -127,7 +134,7 @@ def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            headers = {"User-Agent": f"cmh/{__version__}"}
+            headers = {"User-Agent": user_agent()}
             client = httpx2.Client(
                 headers=headers,
                 event_hooks={"request": [_apply_rule]},
