@@ -68,7 +68,9 @@ OFFLINE_UNSUPPORTED = {"HfFileSystem"}
 #: shared server its bare client's request carries no origin to tell the column).
 HARNESSES = "(agent-harnesses)"
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+#: A test waits for its job, which shares the machine with the others (and the first one
+#: also for the module's fixtures): more than the suite's 600 s per test on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(1800)]
 
 
 @dataclass(frozen=True)
