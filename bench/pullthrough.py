@@ -40,6 +40,9 @@ sys.path.insert(0, str(ROOT / "tests" / "hub"))  # the Hub-like front is a test 
 
 from hublike import HubLike, running  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from _servers import stop  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -94,12 +97,7 @@ def process(args: list[str], log: Path, port: int) -> Iterator[None]:
             wait_port(port)
             yield
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def cmh_serve(store: Path, port: int, upstream: str | None = None) -> list[str]:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "hub"))
-from seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, find_weed  # noqa: E402
+from demo_mirror import client_env  # noqa: E402
+from seaweed import SeaweedServer, find_weed  # noqa: E402
 
 CMH = [sys.executable, "-m", "cmh.cli.main"]
 REPO = "demo/all-MiniLM-L6-v2-stamped"
@@ -65,17 +66,7 @@ def _replica(env: dict[str, str], mode: str, log: Path) -> tuple[subprocess.Pope
 
 
 def _load(env: dict[str, str], url: str, home: Path, model_dir: Path) -> dict[str, object]:
-    client = {k: v for k, v in env.items() if not k.startswith(("HF_", "HUGGING"))}
-    client.update(
-        HF_ENDPOINT=url,
-        HF_HOME=str(home),
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        TRANSFORMERS_VERBOSITY="error",
-        DEMO_REPO=REPO,
-        DEMO_LOCAL=str(model_dir),
-    )
+    client = client_env(env, url, home, DEMO_REPO=REPO, DEMO_LOCAL=str(model_dir))
     print(f"$ HF_ENDPOINT={url} python -c 'AutoModel.from_pretrained(\"{REPO}\")'", flush=True)
     done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT], env=client, capture_output=True,
                           text=True)  # fmt: skip
@@ -110,16 +101,7 @@ def run(work_dir: Path, model_dir: Path) -> str:
     procs: list[subprocess.Popen[str]] = []
     try:
         print(f"SeaweedFS S3 endpoint: {weed.endpoint} (bucket demo)", flush=True)
-        env = {
-            **os.environ,
-            "AWS_ENDPOINT_URL": weed.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_REGION": REGION,
-            "AWS_CONFIG_FILE": str(base / "none"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(base / "none"),
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
+        env = {**os.environ, **weed.aws_env(base)}
         env.pop("HF_HUB_OFFLINE", None)
         added = json.loads(_cmh(env, "mirror", "add", str(model_dir), "--store", STORE,
                                 "--repo", REPO, "--json"))  # fmt: skip

@@ -32,6 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache.layout import RepoLayout
@@ -249,22 +250,15 @@ class _Leases:
             )
 
 
+@dataclass
 class _RepoDeleter:
     """Re-plan one leased repo within what was shown, and delete it in order."""
 
-    def __init__(
-        self,
-        store: BucketStore,
-        plan: PrunePlan,
-        shown: RepoPlan,
-        outcome: RepoOutcome,
-        leases: _Leases,
-    ) -> None:
-        self.store = store
-        self.plan = plan
-        self.shown = shown
-        self.outcome = outcome
-        self.leases = leases
+    store: BucketStore
+    plan: PrunePlan
+    shown: RepoPlan
+    outcome: RepoOutcome
+    leases: _Leases
 
     def run(self) -> None:
         store, shown = self.store, self.shown

@@ -20,7 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.layout import CHECK_RECORDS, COMMIT_RE, RepoLayout, iter_repos, parse_repo_folder
+from ..cache.layout import (
+    CHECK_RECORDS,
+    COMMIT_RE,
+    VERIFIED_MARKERS,
+    RepoLayout,
+    iter_repos,
+    parse_repo_folder,
+)
 from ..cache.usage import usage_path
 
 #: Names the stock scanner skips wherever they appear.
@@ -302,7 +309,7 @@ def scan_repo(
         trash=_entries(path.joinpath(*REPO_TRASH)),
         lock_files=_entries(layout.locks),
         partials=_entries(cmh_path / "partial"),
-        verified=_entries(cmh_path / "verified"),
+        verified=_entries(path / VERIFIED_MARKERS),
         checked=_entries(path / CHECK_RECORDS),
         commit_meta=commit_meta,
         upstream_records=upstream_records,

@@ -129,6 +129,20 @@ class SeaweedServer:
         """The S3 endpoint URL, ``http://127.0.0.1:PORT``."""
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
+    def aws_env(self, folder: Path, endpoint: str | None = None) -> dict[str, str]:
+        """The standard AWS settings for this server (at ``endpoint`` when given: a relay),
+        for processes that read nothing else: profile files that do not exist (in
+        ``folder``), no instance metadata."""
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_CONFIG_FILE": str(folder / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(folder / "none"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
     def _socket_dir(self) -> Path:
         """Where the filer and S3 unix sockets go: the data folder unless its path is too long."""
         if len(str(self.data_dir / "filer-00000.sock")) < _UNIX_SOCKET_MAX:
