@@ -236,8 +236,13 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     are never passed on.
     """
     assert state.upstream is not None
-    if not state.policy.can_read(route.repo_type, route.repo_id, token):
-        return
+    if state.policy.names(route.repo_type, route.repo_id) and not state.policy.can_read(
+        route.repo_type, route.repo_id, token
+    ):
+        return  # the operator's private repo: it looks missing, the upstream is not asked
+    # A repo private or gated at the upstream is asked for anyway: the upstream's refusal of
+    # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
+    # token reads is kept but not served without a grant (_readable).
     revision = route.revision or "main"
     loop = asyncio.get_running_loop()
     pending = loop.run_in_executor(
@@ -314,11 +319,35 @@ async def _run(func: Any, *args: Any) -> Any:
 
 
 def _readable(state: MirrorState, route: Route, token: str | None) -> None:
-    """RepoNotFound when the route's repo is missing or private and not opened."""
+    """RepoNotFound when the route's repo is missing or private and not opened; the Hub's
+    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`)."""
     with _store_errors():  # always looked at: a refused name answers as fast as a missing one
         exists = state.backend.repo_exists(route.repo_type, route.repo_id)
-    if not state.policy.can_read(route.repo_type, route.repo_id, token) or not exists:
+    if not state.policy.can_read(route.repo_type, route.repo_id, token):
+        raise _closed(state, route, token)
+    if not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
+
+
+def _closed(state: MirrorState, route: Route, token: str | None) -> HubError:
+    """What huggingface.co answers a reader a repo is closed to: for a repo the upstream
+    marks gated (public there, and not named in the tokens file), ``GatedRepo`` with 401
+    to a reader without a token and 403 to one whose token it does not grant; else the
+    answer of a missing repo."""
+    upstream = state.upstream
+    if (
+        upstream is None
+        or state.policy.names(route.repo_type, route.repo_id)
+        or not upstream.pull.gated(route.repo_type, route.repo_id)
+    ):
+        return HubError(404, "RepoNotFound", "Repository not found")
+    what = f"Access to {route.repo_type} {route.repo_id} is restricted"
+    if token is None:
+        message = f"{what}. You must have access to it and be authenticated to access it. "
+        return HubError(401, "GatedRepo", message + "Please log in.")
+    page = f"{upstream.url}/{'' if route.repo_type == 'model' else route.repo_type + 's/'}"
+    message = f"{what} and you are not in the authorized list. Visit {page}{route.repo_id}"
+    return HubError(403, "GatedRepo", message + " to ask for access.")
 
 
 def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:

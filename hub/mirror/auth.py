@@ -51,6 +51,10 @@ class AccessPolicy:
         """The repos the tokens file names (see :meth:`is_private` for every private repo)."""
         return frozenset().union(*self.grants.values()) if self.grants else frozenset()
 
+    def names(self, repo_type: str, repo_id: str) -> bool:
+        """True for a repo the tokens file names (private at the mirror by the operator)."""
+        return repo_key(repo_type, repo_id) in self.private
+
     def is_private(self, repo_type: str, repo_id: str) -> bool:
         """True for a repo the tokens file names or :attr:`restricted` says is private."""
         if repo_key(repo_type, repo_id) in self.private:

@@ -29,8 +29,12 @@ Access: a repo the upstream answers as ``private`` or ``gated`` is recorded
 (``PullThrough.restricted``, used by the server's access policy) unless
 the operator chose ``--public-upstream-repos``. For such a repo the upstream
 is also asked ``auth-check`` with the mirror's token; a refusal is answered
-with the upstream's own status, ``X-Error-Code`` and message, and no listing
-is kept (so ``HEAD`` and ``GET`` are refused alike).
+with the upstream's own status, ``X-Error-Code`` and message (``401``/``403
+GatedRepo``, ``401``/``404 RepoNotFound``), to every client, and no listing
+is kept (so ``HEAD`` and ``GET`` are refused alike). What the mirror's token
+does read is refused to a reader the tokens file does not grant as the Hub
+refuses one (``GatedRepo`` for a gated repo, see ``app._closed``; a private
+one looks missing).
 
 The client's ``Authorization`` is never used here: only the mirror's own
 upstream token is sent, and the HTTP client drops it on a redirect to
@@ -94,14 +98,14 @@ def typed(exc: Exception) -> UpstreamError:
     from ..resolver.types import AccessError, NotFoundError
 
     if isinstance(exc, NotFoundError):
-        if exc.kind == "repo":
-            return UpstreamError(404, "RepoNotFound", "Repository not found")
+        if exc.kind == "repo":  # the upstream's status (401 or 404) and words
+            return UpstreamError(exc.status, "RepoNotFound", exc.said or "Repository not found")
         if exc.kind == "revision":
             return UpstreamError(404, "RevisionNotFound", "Invalid rev id (upstream)")
         return UpstreamError(404, "EntryNotFound", "Entry not found (upstream)")
     if isinstance(exc, AccessError):
         said = exc.said or "the upstream refuses this repo to the mirror's upstream token"
-        return UpstreamError(exc.status, exc.code, f"{said} (upstream)")
+        return UpstreamError(exc.status, exc.code, said)  # the upstream's own words
     return failed(exc, "unavailable")
 
 

@@ -30,6 +30,7 @@ import httpx2
 from cmh import __version__
 
 from ..cache.layout import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, LayoutError, validate_relpath
+from .answers import MAX_KEPT_BODY, ApiAnswer
 from .credentials import default_endpoint
 from .multipart import MultipartParser
 from .origins import MAX_REDIRECTS, OriginRule, UnsafeRedirect
@@ -48,6 +49,8 @@ from .types import (
 #: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
 #: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
 MAX_API_BYTES = 32 << 20
+#: API answers a client keeps for :mod:`~cmh.hub.resolver.answers` (the first ones).
+MAX_ANSWERS_KEPT = 16
 MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
@@ -119,6 +122,13 @@ def _apply_rule(request: httpx2.Request) -> None:
         request.headers["Authorization"] = f"Bearer {chain.token}"
 
 
+def user_agent() -> str:
+    """``cmh/VERSION``, with ``; origin/...`` from ``HF_HUB_USER_AGENT_ORIGIN`` as the stock
+    client adds it (so a mirror's log attributes the resolver's requests as the stock ones)."""
+    origin = os.environ.get("HF_HUB_USER_AGENT_ORIGIN")
+    return f"cmh/{__version__}" + (f"; origin/{origin}" if origin else "")
+
+
 def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
     """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup).
 
@@ -127,7 +137,7 @@ def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            headers = {"User-Agent": f"cmh/{__version__}"}
+            headers = {"User-Agent": user_agent()}
             client = httpx2.Client(
                 headers=headers,
                 event_hooks={"request": [_apply_rule]},
@@ -244,6 +254,8 @@ class HubClient:
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_received = 0
+        #: The API answers received, for the stored answers of install()'s hook (answers.py).
+        self.answers: list[ApiAnswer] = []
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -360,11 +372,13 @@ class HubClient:
                 self._count(requests=sent, nbytes=received)
             raise_for_status(response)
             try:
-                return json.loads(body), response
+                obj = json.loads(body)
             except ValueError as exc:
                 raise HubProtocolError(f"{url} did not answer JSON") from exc
-            finally:
-                del body
+            if len(self.answers) < MAX_ANSWERS_KEPT and len(body) <= MAX_KEPT_BODY:
+                headers = tuple(response.headers.items())
+                self.answers.append(ApiAnswer(str(response.request.url), headers, body))
+            return obj, response
 
         return self.retry.run(once, f"GET {url}", deadline)
 
@@ -701,7 +715,8 @@ def raise_for_status(response: httpx2.Response) -> None:
     code = response.headers.get("X-Error-Code", "")
     url = str(response.request.url)
     if code == "RepoNotFound":
-        raise NotFoundError(f"repository not found: {url}", "repo")
+        said = hub_message(response)
+        raise NotFoundError(f"repository not found: {url}", "repo", status=status, said=said)
     if code == "RevisionNotFound":
         raise NotFoundError(f"revision not found: {url}", "revision")
     if code == "EntryNotFound":

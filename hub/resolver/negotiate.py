@@ -40,6 +40,7 @@ from ..cache.layout import (
 from ..cache.locks import blob_lock, repo_lock, snapshot_in_use
 from ..cache.usage import record_use
 from . import chunked
+from .answers import keep_resolver_answers
 from .credentials import default_token
 from .fetch import download_whole
 from .http import HubClient
@@ -535,6 +536,9 @@ def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
     # Decide before acting: a strict refusal leaves snapshots, refs and validations as they were.
     _refuse_expired(ask, brought)
     _link(ask, brought)
+    keep_resolver_answers(
+        repo, brought.listing.commit, client.answers
+    )  # for install() (answers.py)
     previous = _swap(ask, brought.listing)
     commit = brought.listing.commit
     expiry = _expiry(repo, ask.revision, commit, brought.selection, ask.policy)

@@ -32,8 +32,6 @@ request on unchanged: the hook can only save requests, never change answers.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -44,11 +42,10 @@ from urllib.parse import quote, unquote
 
 import httpx2
 
-from cmh._atomic import atomic_write
-
 from .._ranges import RangeNotSatisfiable, parse_range
 from ..cache.blobs import blob_state
 from ..cache.layout import COMMIT_RE, LayoutError, RepoLayout, validate_repo_id
+from .answers import read_answer, write_answer
 from .local import linked_etag, read_tree, write_validation
 from .window import current_policy, recent_commit, remember_commit, scoped_cache
 
@@ -56,8 +53,6 @@ logger = logging.getLogger("cmh.hub")
 
 _TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 _PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
-#: Response headers kept with a stored API answer.
-_KEPT_HEADERS = ("content-type", "x-repo-commit", "x-error-code", "x-error-message", "link", "etag")
 _CHUNK = 1 << 20
 
 
@@ -249,7 +244,7 @@ class FreshCacheTransport(httpx2.BaseTransport):
     ) -> httpx2.Response | None:
         url = _rewritten(request.url, target, commit)
         key = f"{request.method} {url.raw_path.decode()}"
-        stored = _read_answer(repo, commit, key)
+        stored = read_answer(repo, commit, key)
         if stored is not None:
             return _replay(stored, request)
         asked = httpx2.Request(
@@ -258,7 +253,7 @@ class FreshCacheTransport(httpx2.BaseTransport):
         response = self.inner.handle_request(asked)
         status, headers, body = _read_whole(response)
         if status == 200 or (status == 404 and headers.get("x-error-code") == "EntryNotFound"):
-            _write_answer(repo, commit, key, status, headers, body)
+            write_answer(repo, commit, key, status, headers.items(), body)
         return _rebuilt(status, headers, body, request, response)
 
     def _revalidate(
@@ -278,43 +273,11 @@ class FreshCacheTransport(httpx2.BaseTransport):
                     write_validation(repo, target.revision, commit)
                 url = _rewritten(request.url, target, commit)
                 key = f"{request.method} {url.raw_path.decode()}"
-                _write_answer(repo, commit, key, status, headers, body)
+                write_answer(repo, commit, key, status, headers.items(), body)
         return _rebuilt(status, headers, body, request, response)
 
 
 # -- stored answers ----------------------------------------------------------------------
-
-
-def _answer_path(repo: RepoLayout, commit: str, key: str) -> Path:
-    name = hashlib.sha256(key.encode()).hexdigest()
-    return repo.cmh_dir / "answers" / commit / f"{name}.json"
-
-
-def _read_answer(repo: RepoLayout, commit: str, key: str) -> dict[str, Any] | None:
-    try:
-        data = json.loads(_answer_path(repo, commit, key).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("key") != key:
-        return None
-    return data
-
-
-def _write_answer(
-    repo: RepoLayout, commit: str, key: str, status: int, headers: httpx2.Headers, body: bytes
-) -> None:
-    if not COMMIT_RE.match(commit):
-        return
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return
-    kept = [[k, v] for k, v in headers.items() if k.lower() in _KEPT_HEADERS]
-    document = {"key": key, "status": status, "headers": kept, "body": text}
-    path = _answer_path(repo, commit, key)
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(document).encode())
 
 
 def _replay(stored: dict[str, Any], request: httpx2.Request) -> httpx2.Response:

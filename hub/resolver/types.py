@@ -249,11 +249,20 @@ class HubUnreachableError(ResolveError):
 
 
 class NotFoundError(ResolveError):
-    """The Hub says the repo, revision or file does not exist (``kind`` says which)."""
+    """The Hub says the repo, revision or file does not exist (``kind`` says which).
 
-    def __init__(self, message: str, kind: str, commit: str | None = None) -> None:
+    ``status``: the Hub's status (huggingface.co answers 401 for a repo it does not show
+    an anonymous client); ``said``: its ``X-Error-Message``, if any.
+    """
+
+    def __init__(
+        self, message: str, kind: str, commit: str | None = None, *, status: int = 404,
+        said: str = "",
+    ) -> None:  # fmt: skip
         self.kind = kind
         self.commit = commit
+        self.status = status
+        self.said = said
         super().__init__(message)
 
 

@@ -7,20 +7,34 @@ that takes one names, as ``cache_dir=`` or ``cache_folder=``), ``install``
 (call ``cmh.hub.install()`` first),
 ``marker`` (a URL prefix: ``GET {marker}?sync=row-NAME`` is sent before each
 row and ``?sync=done`` after the last, so the caller can split its request
-log by row). Prints one JSON document: ``{row: {"output": sha256} or
-{"error": text}}``. Each output is a SHA-256 over what the library loaded
-(tensor bytes, token ids, rows, file bytes): equal outputs are bit-identical
-loads. The environment (``HF_HOME``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``)
+log by row; ``marker`` may carry a query of its own). Prints one JSON document:
+``{row: {"output": sha256} or {"error": text}}``. Each output is a SHA-256 over
+what the library loaded (tensor bytes, token ids, rows, file bytes): equal outputs
+are bit-identical loads. The environment (``HF_HOME``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``)
 comes from the caller.
+
+``python dropin_rows.py --zygote`` is a fork server for the matrix: it imports
+the heavy libraries that read nothing of the environment a run sets (PRELOAD:
+torch, scikit-learn, pandas, pyarrow...; ~70% of a run's import time) and none
+of those that do (FRESH: huggingface_hub, transformers, datasets,
+sentence-transformers, peft, cmh), then for each request line on stdin
+(``{"config": CONFIG, "env": {...}, "out": PATH}``) forks a child that takes
+exactly that environment and runs CONFIG as ``dropin_rows.py CONFIG`` would,
+its output in PATH, and answers ``{"out": PATH, "status": N}``. Everything the
+drop-in is about is imported fresh in each child.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
+import importlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import traceback
 import urllib.request
 from collections.abc import Callable
@@ -193,16 +207,13 @@ ROWS: dict[str, Callable[[dict[str, str]], str]] = {
 }
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
-    if config.get("install"):
-        import cmh.hub
-
-        assert cmh.hub.install()
+def run(config: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The rows of one CONFIG, in order; ``{row: {"output": sha256} or {"error": text}}``."""
 
     def mark(name: str) -> None:
         if config.get("marker"):
-            url = f"{config['marker']}?sync={quote(name, safe='')}"
+            joiner = "&" if "?" in config["marker"] else "?"
+            url = f"{config['marker']}{joiner}sync={quote(name, safe='')}"
             urllib.request.urlopen(url, timeout=30).read()
 
     results: dict[str, dict[str, str]] = {}
@@ -215,8 +226,90 @@ def main() -> None:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             traceback.print_exc()
     mark("done")
-    print(json.dumps(results))
+    return results
+
+
+def main() -> None:
+    """One CONFIG, or ``{"batches": [CONFIG, ...]}`` run one after the other in this
+    interpreter (for runs that share no process state: local folders, offline)."""
+    config = json.loads(sys.argv[1])
+    if config.get("install"):
+        import cmh.hub
+
+        assert cmh.hub.install()
+    if "batches" in config:
+        print(json.dumps([run(batch) for batch in config["batches"]]))
+    else:
+        print(json.dumps(run(config)))
+
+
+#: Imported once by the zygote: heavy, and reading nothing of the environment a run sets.
+PRELOAD = (
+    "numpy", "torch", "scipy", "scipy.sparse", "sklearn", "sklearn.metrics", "pandas",
+    "pyarrow", "pyarrow.parquet", "tokenizers", "safetensors", "safetensors.torch",
+)  # fmt: skip
+#: Never imported by the zygote: they read the environment (HF_HOME, HF_ENDPOINT,
+#: HF_HUB_OFFLINE...) or hold per-process state the phases are about.
+FRESH = (
+    "huggingface_hub", "transformers", "datasets", "sentence_transformers", "peft", "cmh",
+    "fsspec", "httpx", "httpx2",
+)  # fmt: skip
+
+
+def zygote() -> None:
+    """The fork server (module docstring); ends at the end of stdin."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    leaked = sorted(m for m in FRESH if m in sys.modules)
+    if leaked:
+        raise SystemExit(f"zygote: {leaked} imported with the preloaded libraries")
+    lock = threading.Lock()
+    out = sys.stdout
+
+    def wait(pid: int, path: str) -> None:
+        _, status = os.waitpid(pid, 0)
+        with lock:
+            out.write(json.dumps({"out": path, "status": os.waitstatus_to_exitcode(status)}) + "\n")
+            out.flush()
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()  # from the main thread only: the waiters hold no lock a child needs
+        if pid == 0:
+            _child(job)
+        threading.Thread(target=wait, args=(pid, job["out"]), daemon=True).start()
+
+
+def _child(job: dict[str, Any]) -> None:
+    code = 1
+    try:
+        fd = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (fresh: no lock of the parent)
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        sys.stdin = open(os.devnull)  # noqa: SIM115
+        os.environ.clear()
+        os.environ.update(job["env"])
+        sys.argv = [__file__, json.dumps(job["config"])]
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # as an interpreter's exit runs them
+        with contextlib.suppress(BaseException):
+            sys.stderr.flush()  # first: the answer is the output's last line
+            sys.stdout.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--zygote"]:
+        zygote()
+    else:
+        main()

@@ -164,6 +164,7 @@ class HubLike:
     _corrupt: set[str] = field(default_factory=set)
     _flip_once: dict[str, list[int]] = field(default_factory=dict)  # etag -> [times, offset]
     _gated: dict[str, frozenset[str]] = field(default_factory=dict)  # repo id -> readers
+    _hidden: dict[str, frozenset[str]] = field(default_factory=dict)  # repo id -> readers
     _cdn: dict[str, _CdnEntry] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -220,26 +221,57 @@ class HubLike:
 
     def gate(self, repo_id: str, readers: frozenset[str] = frozenset()) -> None:
         """Make model ``repo_id`` gated as the Hub does: its info is public and says
-        ``"gated": "manual"``; its files and ``auth-check`` answer ``403 GatedRepo`` to any
-        ``Authorization`` not in ``readers`` (full header values)."""
+        ``"gated": "manual"``; its files and ``auth-check`` answer ``GatedRepo``, 401
+        without ``Authorization`` and 403 with one not in ``readers`` (full header values),
+        in huggingface.co's words."""
         with self._lock:
             self._gated[repo_id] = readers
+
+    def hide(self, repo_id: str, readers: frozenset[str] = frozenset()) -> None:
+        """Make model ``repo_id`` private as the Hub does: every request of it (files and
+        API) answers ``RepoNotFound``, 401 without ``Authorization`` and 404 with one not
+        in ``readers``, as huggingface.co answers for a repo it does not show that client."""
+        with self._lock:
+            self._hidden[repo_id] = readers
 
     def _gate_refusal(self, request: web.Request) -> web.Response | None:
         with self._lock:
             gated = dict(self._gated)
+            hidden = dict(self._hidden)
         path = request.path
+        for repo_id, readers in hidden.items():
+            mine = path.startswith((f"/{repo_id}/", f"/api/models/{repo_id}/"))
+            authorization = request.headers.get("Authorization")
+            if (mine or path == f"/api/models/{repo_id}") and authorization not in readers:
+                message = "Repository not found"
+                return web.json_response(
+                    {"error": message},
+                    status=401 if authorization is None else 404,
+                    headers={"X-Error-Code": "RepoNotFound", "X-Error-Message": message},
+                )
         for repo_id, readers in gated.items():
             files = path.startswith(f"/{repo_id}/resolve/")
             check = path == f"/api/models/{repo_id}/auth-check"
-            if (files or check) and request.headers.get("Authorization") not in readers:
-                message = (
-                    f"Access to model {repo_id} is restricted. You must have access to it "
-                    "and be authenticated to access it. Please log in."
+            authorization = request.headers.get("Authorization")
+            if (files or check) and authorization not in readers:
+                status, message = (
+                    403,
+                    (
+                        f"Access to model {repo_id} is restricted and you are not in the "
+                        f"authorized list. Visit {self.url}/{repo_id} to ask for access."
+                    ),
                 )
+                if authorization is None:
+                    status, message = (
+                        401,
+                        (
+                            f"Access to model {repo_id} is restricted. You must have access to "
+                            "it and be authenticated to access it. Please log in."
+                        ),
+                    )
                 return web.json_response(
                     {"error": message},
-                    status=403,
+                    status=status,
                     headers={"X-Error-Code": "GatedRepo", "X-Error-Message": message},
                 )
         return None

@@ -7,6 +7,7 @@ wasted, warnings and labels.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -405,3 +406,103 @@ def test_a_fresh_stamped_snapshot_costs_no_request_for_a_whole_script(
     ]
     assert fresh == cold
     assert seen == [], seen
+
+
+# -- item 5, second half: the answers a resolve had are kept for install() ---------------------
+
+AFTER_PULL_SCRIPT = r"""
+import json, os
+import cmh.hub
+assert cmh.hub.install()
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+from sentence_transformers import SentenceTransformer
+from huggingface_hub import snapshot_download
+repo = os.environ["T_REPO"]
+AutoConfig.from_pretrained(repo)
+AutoTokenizer.from_pretrained(repo)
+AutoModel.from_pretrained(repo)
+SentenceTransformer(repo, device="cpu")
+snapshot_download(repo)
+print(json.dumps(1))
+"""
+
+
+@pytest.mark.slow
+def test_the_first_install_use_after_cmh_pull_asks_nothing(
+    tmp_path: Path, minilm_dir: Path, mirror_server_factory: Callable[..., MirrorServer]
+) -> None:
+    """A fresh stamped snapshot brought in by ``cmh pull``: the repo info answer the pull
+    had is kept, so the first ``install()`` process of transformers, sentence-transformers
+    and ``snapshot_download`` does not ask it again (it did before)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from cmh.hub.mirror.store import add_folder
+
+    import cmh
+
+    src = tmp_path / "src"
+    shutil.copytree(minilm_dir, src)
+    cmh.stamp(src / "model.safetensors", ttl="30d")
+    add_folder(tmp_path / "store", src, "org/minilm-stamped")
+    server = mirror_server_factory(tmp_path / "store")
+    env = dict(hf_env(server.url, tmp_path / "home"), AI_AGENT="1", T_REPO="org/minilm-stamped")
+    pulled = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "pull", "org/minilm-stamped"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert pulled.returncode == 0, pulled.stderr
+    server.sync()
+    mark = len(server.log())
+    run_python(AFTER_PULL_SCRIPT, env)
+    server.sync()
+    seen = [
+        f"{e['method']} {e.get('target')}"
+        for e in server.log()[mark:]
+        if e["route"] not in ("health", "metrics", "agent_harnesses")
+    ]
+    # Left: transformers' tokenizer listings (a folder, then the whole tree) that the pull
+    # never asked (cmh serve lists blobs in the repo info): kept once the hook asked them.
+    assert [s for s in seen if "/tree/" not in s] == [], seen
+    assert len(seen) <= 2, seen
+
+
+@pytest.mark.parametrize("front", [False, True], ids=["cmh-serve", "hublike"])
+def test_resolve_keeps_the_stock_repo_info_and_tree_answers(
+    front: bool, mirror: MirrorServer, tmp_path: Path
+) -> None:
+    """What ``resolve()`` keeps is what the server answers the stock client's own
+    requests (the plain repo info; tree pages, when it listed them), byte for byte in JSON."""
+    from cmh.hub.cache.layout import RepoLayout
+    from cmh.hub.resolver.answers import read_answer
+    from cmh.hub.resolver.negotiate import resolve
+    from hublike import running
+    from mirror_support import TINY_REPO
+
+    def no_siblings(kind: str, path: str, doc: object) -> object:
+        if kind == "repo_info" and isinstance(doc, dict):
+            return {k: v for k, v in doc.items() if k != "siblings"}  # listed from tree pages
+        return doc
+
+    with (
+        contextlib.nullcontext(mirror.url) if not front else running(mirror.url, page_size=2) as hub
+    ):
+        url = hub if isinstance(hub, str) else hub.url
+        if not isinstance(hub, str):
+            hub.edit_json = no_siblings
+        commit = resolve(TINY_REPO, cache_dir=tmp_path, endpoint=url).commit
+        repo = RepoLayout(tmp_path, TINY_REPO, "model")
+        base = f"/api/models/{TINY_REPO}"
+        wanted = [f"{base}/revision/{commit}", f"{base}/revision/{commit}?blobs=true"]
+        if front:
+            wanted.append(f"{base}/tree/{commit}?recursive=true&expand=false")
+        for target in wanted:
+            kept = read_answer(repo, commit, f"GET {target}")
+            assert kept is not None, target
+            asked = httpx2.get(url + target, timeout=30)
+            assert kept["status"] == asked.status_code == 200
+            assert json.loads(kept["body"]) == asked.json(), target
+            if "tree" in target:  # the next page the stock client follows is kept too
+                link = dict(kept["headers"])["link"]
+                assert link == asked.headers["link"].replace("&expand=false", ""), link

@@ -28,7 +28,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,10 +64,13 @@ PHASES = ("cold", "fresh", "offline")
 #: which ``HF_HUB_OFFLINE`` refuses): the cell must fail as stock does.
 OFFLINE_UNSUPPORTED = {"HfFileSystem"}
 #: huggingface_hub asks ``/api/agent-harnesses`` once per process until an answer is
-#: cached: not a repo request (the mirror does not serve it yet); counted apart.
+#: cached: not a repo request; counted apart (behind the Hub-like front only: against the
+#: shared server its bare client's request carries no origin to tell the column).
 HARNESSES = "(agent-harnesses)"
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+#: A test waits for its job, which shares the machine with the others (and the first one
+#: also for the module's fixtures): more than the suite's 600 s per test on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(1800)]
 
 
 @dataclass(frozen=True)
@@ -152,25 +157,91 @@ def _repos(stamped: bool) -> dict[str, str]:
     }
 
 
-def _run_rows(config: dict[str, Any], env: dict[str, str]) -> dict[str, dict[str, str]]:
-    proc = subprocess.run(
-        [sys.executable, str(ROWS_SCRIPT), json.dumps(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result: dict[str, dict[str, str]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+class Zygote:
+    """``dropin_rows.py --zygote`` (its docstring): each run a child forked from one process
+    that imported torch, scikit-learn, pandas and pyarrow once, and none of the libraries
+    the drop-in is about. Thread-safe: the jobs of the pool share it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROWS_SCRIPT), "--zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(env, TOKENIZERS_PARALLELISM="false"),
+        )
+        self._lock = threading.Lock()
+        self._done: dict[str, tuple[threading.Event, list[int]]] = {}
+        self._count = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            answer = json.loads(line)
+            with self._lock:
+                event, status = self._done[answer["out"]]
+            status.append(answer["status"])
+            event.set()
+
+    def run(self, config: dict[str, Any], env: dict[str, str]) -> tuple[int, str]:
+        """Exit status and output (stdout and stderr) of one run."""
+        with self._lock:
+            self._count += 1
+            out = str(self.folder / f"run-{self._count}.out")
+            event, status = self._done[out] = (threading.Event(), [])
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"config": config, "env": env, "out": out}) + "\n")
+            self.proc.stdin.flush()
+        if not event.wait(600):
+            raise TimeoutError(f"zygote run {out} did not end")
+        return status[0], Path(out).read_text(errors="replace")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def reference(sources: Sources, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """What loading the local folders gives, per stamped-ness (no server involved)."""
-    home = tmp_path_factory.mktemp("dropin-ref-home")
+#: ``CMH_DROPIN_FORK=0``: every run in a fresh interpreter instead (slower, same answers).
+FORK = os.environ.get("CMH_DROPIN_FORK", "1") != "0"
+_zygote: list[Zygote] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    if FORK:
+        _zygote.append(Zygote(tmp_path_factory.mktemp("zygote")))
+    try:
+        yield
+    finally:
+        while _zygote:
+            _zygote.pop().stop()
+
+
+def _run_rows(config: dict[str, Any], env: dict[str, str]) -> Any:
+    """``dropin_rows.py CONFIG`` as a fresh interpreter runs it; its JSON answer."""
+    if _zygote:
+        status, output = _zygote[0].run(config, env)
+    else:
+        proc = subprocess.run(
+            [sys.executable, str(ROWS_SCRIPT), json.dumps(config)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        status, output = proc.returncode, proc.stderr + proc.stdout
+    assert status == 0, output[-4000:]
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def _reference(sources: Sources, home: Path) -> dict[str, Any]:
+    """What loading the local folders gives, per stamped-ness (no server; one process)."""
     env = dict(hf_env("http://127.0.0.1:9", home), HF_HUB_OFFLINE="1")
-    out: dict[str, Any] = {}
+    batches = []
     for stamped in (False, True):
         local = {
             "model": str(sources.minilm_stamped if stamped else sources.minilm),
@@ -178,11 +249,60 @@ def reference(sources: Sources, tmp_path_factory: pytest.TempPathFactory) -> dic
             "parquet": str(sources.parquet),
             "csv": str(sources.csv),
         }
-        got = _run_rows({"rows": ROWS, "repos": local}, env)
+        batches.append({"rows": ROWS, "repos": local})
+    out: dict[str, Any] = {}
+    for stamped, got in zip((False, True), _run_rows({"batches": batches}, env), strict=True):
         errors = {k: v["error"] for k, v in got.items() if "error" in v}
         assert not errors, errors
         out["stamped" if stamped else "unstamped"] = {k: v["output"] for k, v in got.items()}
     return out
+
+
+#: Jobs run at once (each its own processes, one ``cmh serve`` for the module): a column
+#: spends most of its time importing libraries in one core or waiting for the server.
+PARALLEL = max(1, int(os.environ.get("CMH_DROPIN_PARALLEL", "3")))
+#: ``HF_HUB_USER_AGENT_ORIGIN`` of a job's processes: the stock client and the resolver end
+#: their ``User-Agent`` with ``origin/...``, so the shared server's log is split per job.
+ORIGIN = "cmx"
+
+
+@pytest.fixture(scope="module")
+def jobs(
+    request: pytest.FixtureRequest,
+    server: MirrorServer,
+    sources: Sources,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Future[Any]]]:
+    """The reference, every selected matrix column and the sentence-transformers check,
+    started at once in a pool; each test waits for its own job and asserts on its result."""
+    selected = {
+        item.callspec.id if hasattr(item, "callspec") else item.name
+        for item in request.session.items
+        if item.module is request.module
+    }
+    pool = ThreadPoolExecutor(PARALLEL)
+    futures: dict[str, Future[Any]] = {}
+    futures["reference"] = pool.submit(_reference, sources, tmp_path_factory.mktemp("ref-home"))
+    for param in COLUMNS:
+        if param.id in selected and not param.marks:
+            where, install, stamped, named = param.values
+            home = tmp_path_factory.mktemp(f"col-{param.id}")
+            # A short origin: the server's log keeps the first 256 characters of a User-Agent.
+            spec = Column(f"c{COLUMNS.index(param)}", where, install, stamped, named)  # type: ignore[arg-type]
+            futures[str(param.id)] = pool.submit(_run_column, server, spec, home)
+    if "test_sentence_transformers_cache_passes_hf_cache_verify" in selected:
+        home = tmp_path_factory.mktemp("st-verify")
+        futures["st"] = pool.submit(_sentence_transformers_caches, server, home)
+    try:
+        yield futures
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def reference(jobs: dict[str, Future[Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = jobs["reference"].result()
+    return result
 
 
 def _split_by_row(paths: list[tuple[str, str]]) -> dict[str, list[str]]:
@@ -202,34 +322,71 @@ def _split_by_row(paths: list[tuple[str, str]]) -> dict[str, list[str]]:
     return rows
 
 
-def _run_column(
-    *,
-    server: MirrorServer,
-    front: HubLike | None,
-    home: Path,
-    install: bool,
-    stamped: bool,
-    cache_dir: Path | None = None,
-) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class Column:
+    """One column of the matrix: its id, server, install() or stock, stamped repos, and
+    whether every row names a cache folder."""
+
+    id: str
+    where: str
+    install: bool
+    stamped: bool
+    named: bool
+
+
+def _run_column(server: MirrorServer, column: Column, home: Path) -> dict[str, Any]:
     """The three phases of one column; ``{phase: {row: {output|error, requests}}}``."""
+    if column.where == "hublike":
+        with running(server.url) as front:
+            table = _phases(server, front, column, home)
+            table["cdn_saw_authorization"] = front.cdn_saw_authorization
+            return table
+    return _phases(server, None, column, home)
+
+
+def _log(server: MirrorServer) -> list[dict[str, Any]]:
+    """The server's access log, as :meth:`MirrorServer.log`, read while other jobs write to
+    it (a last line still being written is left out)."""
+    server.sync()
+    entries = []
+    for line in server.access_log.read_text(errors="replace").splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
+
+
+def _attributed(entry: dict[str, Any], origin: str) -> bool:
+    """Whether a server log entry comes from the processes of ``origin`` (a job's phase)."""
+    agent = entry.get("user_agent") or ""
+    mine = agent.endswith(f"origin/{origin}") or f"origin/{origin};" in agent
+    return mine or f"o={origin}&" in (entry.get("target") or "")
+
+
+def _phases(
+    server: MirrorServer, front: HubLike | None, column: Column, home: Path
+) -> dict[str, Any]:
     url = front.url if front is not None else server.url
-    out: dict[str, dict[str, Any]] = {}
+    cache_dir = home / "named-cache" if column.named else None
+    out: dict[str, Any] = {}
     for phase in PHASES:
+        origin = f"{ORIGIN}{column.id}{phase[0]}"
         # A token, so that the front can show it never reaches the CDN origin.
-        env = hf_env(url, home, token="hf_cmh_dropin_matrix_token")
+        env = dict(
+            hf_env(url, home, token="hf_cmh_dropin_matrix_token"), HF_HUB_USER_AGENT_ORIGIN=origin
+        )
         if phase == "offline":
             env["HF_HUB_OFFLINE"] = "1"
         config = {
             "rows": ROWS,
-            "repos": _repos(stamped),
-            "install": install,
-            "marker": f"{url}/health",
+            "repos": _repos(column.stamped),
+            "install": column.install,
+            "marker": f"{url}/health?o={origin}",
             "cache_dir": str(cache_dir) if cache_dir is not None else None,
         }
         if front is not None:
             front.clear_records()
-        else:
-            mark = len(server.log())
         results = _run_rows(config, env)
         if front is not None:
             front.wait_idle()
@@ -243,7 +400,8 @@ def _run_column(
                 for r in seen
             ]
         else:
-            requests = [(e["method"], e.get("target") or "") for e in server.log()[mark:]]
+            entries = [e for e in _log(server) if _attributed(e, origin)]
+            requests = [(e["method"], e.get("target") or "") for e in entries]
         by_row = _split_by_row(requests)
         for row, cell in results.items():
             cell["requests"] = by_row.get(row, [])
@@ -315,25 +473,15 @@ def _repo_of(request: str) -> str | None:
 
 
 @pytest.mark.parametrize(("where", "install", "stamped", "named"), COLUMNS)
-def test_matrix(where, install, stamped, named, server, reference, tmp_path, record_property):
+def test_matrix(where, install, stamped, named, jobs, reference, request, record_property):
     """``named``: every row that takes a cache folder names one (``cache_dir=``,
     ``cache_folder=``, ``--cache-dir``) other than the default cache of ``HF_HOME``."""
     want = reference["stamped" if stamped else "unstamped"]
     label = f"{where} {'install' if install else 'stock'} {'stamped' if stamped else 'unstamped'}"
     label += " cache_dir" if named else ""
-    named_cache = tmp_path / "named-cache" if named else None
+    table = jobs[request.node.callspec.id].result()
     if where == "hublike":
-        with running(server.url) as front:
-            table = _run_column(
-                server=server, front=front, home=tmp_path, install=install, stamped=stamped,
-                cache_dir=named_cache,
-            )  # fmt: skip
-            assert not front.cdn_saw_authorization
-    else:
-        table = _run_column(
-            server=server, front=None, home=tmp_path, install=install, stamped=stamped,
-            cache_dir=named_cache,
-        )  # fmt: skip
+        assert not table.pop("cdn_saw_authorization")
     print(_summary(label, table))
     record_property(
         "matrix", json.dumps({r: [len(table[p][r]["requests"]) for p in PHASES] for r in ROWS})
@@ -358,28 +506,19 @@ def test_matrix(where, install, stamped, named, server, reference, tmp_path, rec
         assert all(not v for v in fresh.values()), fresh
 
 
-def test_sentence_transformers_cache_passes_hf_cache_verify(server, reference, tmp_path):
-    """Under install(), the same embeddings and a cache that stock ``hf cache verify`` passes.
-
-    The repo holds exactly the files sentence-transformers reads, so a stock load
-    leaves a complete snapshot; before the fix, install() left 7 of them out.
-    """
+def _sentence_transformers_caches(server: MirrorServer, home: Path) -> dict[bool, Any]:
+    """SentenceTransformer of ``org/minilm-st`` stock and under install(), each in its own
+    home: ``{install: (cell, hf cache verify, snapshot files, .no_exist markers)}``."""
     hf = Path(sys.executable).parent / "hf"
-    snapshots = {}
+    out: dict[bool, Any] = {}
     for install in (False, True):
-        home = tmp_path / ("ours" if install else "stock")
-        env = hf_env(server.url, home)
+        folder_home = home / ("ours" if install else "stock")
+        env = dict(hf_env(server.url, folder_home), HF_HUB_USER_AGENT_ORIGIN=f"{ORIGIN}st")
         got = _run_rows(
-            {
-                "rows": ["SentenceTransformer"],
-                "repos": {"model": "org/minilm-st"},
-                "install": install,
-            },
+            {"rows": ["SentenceTransformer"], "repos": {"model": "org/minilm-st"},
+             "install": install},
             env,
-        )
-        assert got["SentenceTransformer"] == {
-            "output": reference["unstamped"]["SentenceTransformer"]
-        }
+        )  # fmt: skip
         verify = subprocess.run(
             [str(hf), "cache", "verify", "org/minilm-st", "--fail-on-missing-files"],
             env=env,
@@ -387,19 +526,50 @@ def test_sentence_transformers_cache_passes_hf_cache_verify(server, reference, t
             text=True,
             timeout=120,
         )
-        assert verify.returncode == 0, (install, verify.stdout, verify.stderr)
-        folder = next((home / "hub" / "models--org--minilm-st" / "snapshots").iterdir())
-        snapshots[install] = sorted(
-            p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
-        )
-        no_exist = home / "hub" / "models--org--minilm-st" / ".no_exist"
+        repo = folder_home / "hub" / "models--org--minilm-st"
+        folder = next((repo / "snapshots").iterdir())
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        no_exist = repo / ".no_exist"
         markers = {
             p.relative_to(no_exist).as_posix().split("/", 1)[1]
             for p in no_exist.rglob("*")
             if p.is_file()
         }
-        assert not markers & set(snapshots[install]), markers  # no false "does not exist"
-    assert snapshots[True] == snapshots[False]
+        out[install] = (got["SentenceTransformer"], verify, files, markers)
+    return out
+
+
+def test_sentence_transformers_cache_passes_hf_cache_verify(jobs, reference):
+    """Under install(), the same embeddings and a cache that stock ``hf cache verify`` passes.
+
+    The repo holds exactly the files sentence-transformers reads, so a stock load
+    leaves a complete snapshot; before the fix, install() left 7 of them out.
+    """
+    caches = jobs["st"].result()
+    for install, (cell, verify, files, markers) in caches.items():
+        assert cell == {"output": reference["unstamped"]["SentenceTransformer"]}, install
+        assert verify.returncode == 0, (install, verify.stdout, verify.stderr)
+        assert not markers & set(files), markers  # no false "does not exist"
+    assert caches[True][2] == caches[False][2]
+
+
+def test_every_request_of_the_shared_server_is_told_apart(jobs, server):
+    """The jobs share one server: each request they sent carries its job's origin (the
+    ``User-Agent`` of the stock client and of the resolver, or the row marker's query),
+    so no column counts another's requests or misses one of its own."""
+    for future in jobs.values():
+        future.result()
+    strays = [
+        f"{e['method']} {e.get('target')} {e.get('user_agent')}"
+        for e in _log(server)
+        if not e.get("target", "").startswith(("/health", "/metrics"))
+        and f"origin/{ORIGIN}" not in (e.get("user_agent") or "")
+        and "aiohttp" not in (e.get("user_agent") or "")  # a Hub-like front's own requests
+        # huggingface_hub's agent detection asks with a bare client (no origin): not a repo
+        # request, and counted for no column
+        and e.get("target") != "/api/agent-harnesses"
+    ]
+    assert not strays, strays[:20]
 
 
 #: The gated-through-pull-through row (issue 26 item 2): the libraries' own calls.
@@ -436,7 +606,8 @@ def test_gated_repo_through_pullthrough_fails_as_the_gated_hub_does(
                 got = _run_rows({**config, "install": install}, env)
                 assert {row: _error_type(got[row]) for row in GATED_ROWS} == want, (install, got)
             assert not front.records(origin="cdn")  # nothing was sent and then cut
+            # The upstream's refusal of the (tokenless) mirror, as the upstream said it.
             statuses = {e["status"] for e in pull.log() if e.get("route") == "resolve"}
-            assert statuses == {403}, statuses
+            assert statuses == {401}, statuses
         finally:
             pull.stop()

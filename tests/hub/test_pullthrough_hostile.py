@@ -123,12 +123,14 @@ def test_private_upstream_repo_is_private_at_the_mirror_unless_granted(
         assert "WARNING" in opened.stderr_text()
 
 
-def test_gated_upstream_repo_gives_the_hubs_403_at_head_and_get(
+def test_gated_upstream_repo_named_in_the_tokens_file_gives_the_hubs_refusal_to_a_reader(
     mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
     """Issue 26 item 2 (and high 2 for gated repos): a gated repo the mirror's upstream
-    token cannot read. Anonymous: 404 (private at the mirror); a granted reader: the
-    Hub's own ``403 GatedRepo`` and message at HEAD and GET alike, never 200 then a cut."""
+    token cannot read, private at the mirror by its tokens file. Anonymous: 404 (the
+    operator's private repo looks missing); a granted reader: the upstream's own refusal
+    of the mirror (401 ``GatedRepo`` and its message) at HEAD and GET alike, never 200
+    then a cut."""
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(f"reader-token-0001 {TINY_REPO}\n")
     with running(mirror.url, xet_listing=False) as hub:
@@ -142,10 +144,11 @@ def test_gated_upstream_repo_gives_the_hubs_403_at_head_and_get(
         granted = {"Authorization": "Bearer reader-token-0001"}
         for method in ("HEAD", "GET", "HEAD"):
             answer = httpx2.request(method, url, headers=granted)
-            assert answer.status_code == 403, (method, answer.status_code)
+            assert answer.status_code == 401, (method, answer.status_code)
             assert answer.headers["X-Error-Code"] == "GatedRepo"
-            assert "Access to model cmh-test/tiny is restricted" in answer.headers.get(
-                "X-Error-Message", ""
+            assert answer.headers["X-Error-Message"] == (
+                "Access to model cmh-test/tiny is restricted. You must have access to it "
+                "and be authenticated to access it. Please log in."
             )
         out = run_python(GATED_SCRIPT, hf_env(pull.url, tmp_path / "home", "reader-token-0001"))
         assert out == {"error": "GatedRepoError"}
@@ -164,6 +167,94 @@ def test_gated_upstream_repo_gives_the_hubs_403_at_head_and_get(
         assert httpx2.get(url, headers=granted).status_code == 200
 
 
+def _refusals(url: str, headers: dict[str, str] | None = None) -> list[tuple[Any, ...]]:
+    """Status, error code, message and success of HEAD, GET, HEAD, GET of ``url``."""
+    seen = []
+    for method in ("HEAD", "GET", "HEAD", "GET"):
+        answer = httpx2.request(method, url, headers=headers, timeout=30)
+        seen.append(
+            (
+                answer.status_code,
+                answer.headers.get("X-Error-Code"),
+                answer.headers.get("X-Error-Message"),
+                answer.is_success,
+            )
+        )
+    return seen
+
+
+def test_gated_upstream_repo_without_an_upstream_token_answers_as_the_hub_does(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Issue 26 item 2: no upstream token, no tokens file. Every client, every time, HEAD
+    and GET alike, gets what the Hub answers the mirror: 401 ``GatedRepo`` and its words
+    (the old code answered the first request so and every later one 404)."""
+    with running(mirror.url, xet_listing=False) as hub:
+        hub.gate(TINY_REPO)
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
+        url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+        direct = _refusals(f"{hub.url}/{TINY_REPO}/resolve/main/config.json")
+        assert direct[0][:2] == (401, "GatedRepo")
+        assert _refusals(url) == direct
+        assert _refusals(url) == direct  # once the upstream's access is recorded too
+        assert _refusals(url, {"Authorization": "Bearer some-client-token"}) == direct
+        assert not hub.records(origin="cdn")  # no body was started anywhere
+        out = run_python(GATED_SCRIPT, hf_env(pull.url, tmp_path / "home"))
+        assert out == {"error": "GatedRepoError"}
+        out = run_python(GATED_TRANSFORMERS_SCRIPT, hf_env(pull.url, tmp_path / "home"))
+        assert out["error"] == "OSError"
+        assert out["message"].startswith("You are trying to access a gated repo.")
+        assert "Please log in." in out["message"]
+
+
+def test_private_upstream_repo_without_an_upstream_token_gives_the_upstreams_status(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """A private upstream repo the mirror cannot read: the upstream's own status, code and
+    words (huggingface.co: 401 ``RepoNotFound`` to an anonymous client), at HEAD and GET
+    alike (the old code said 404); RepositoryNotFoundError downstream, as from the Hub."""
+    with running(mirror.url, xet_listing=False) as hub:
+        hub.hide(TINY_REPO)
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
+        url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+        seen = _refusals(url)
+        assert seen == [(401, "RepoNotFound", "Repository not found", False)] * 4, seen
+        assert _refusals(f"{pull.url}/api/models/{TINY_REPO}")[0][:2] == (401, "RepoNotFound")
+        out = run_python(GATED_SCRIPT, hf_env(pull.url, tmp_path / "home"))
+        assert out == {"error": "RepositoryNotFoundError"}
+
+
+def test_gated_repo_the_mirror_reads_is_refused_as_the_hub_refuses_a_reader(
+    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """The mirror's upstream token reads a gated repo; no tokens file grants it. Anonymous:
+    the Hub's 401 ``GatedRepo``; a token the mirror does not grant: 403 ``GatedRepo``; never
+    the bytes (deny by default, issue 23), HEAD and GET alike."""
+    token_file = tmp_path / "upstream-token"
+    token_file.write_text(PRIVATE_TOKEN + "\n")
+    with running(mirror.url, xet_listing=False) as hub:
+        hub.gate(TINY_REPO, frozenset({f"Bearer {PRIVATE_TOKEN}"}))
+        (tmp_path / "pull").mkdir()
+        pull = mirror_server_factory(
+            tmp_path / "pull",
+            extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
+        )
+        url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
+        anonymous = _refusals(url)
+        assert {s[:2] for s in anonymous} == {(401, "GatedRepo")}, anonymous
+        assert "Please log in." in str(anonymous[0][2])
+        other = _refusals(url, {"Authorization": "Bearer other-token-0002"})
+        assert {s[:2] for s in other} == {(403, "GatedRepo")}, other
+        assert f"Visit {hub.url}/{TINY_REPO} to ask for access." in str(other[0][2])
+        assert not any(s[3] for s in anonymous + other)  # never the bytes
+        info = httpx2.get(f"{pull.url}/api/models/{TINY_REPO}")
+        assert info.status_code == 401 and info.headers["X-Error-Code"] == "GatedRepo"
+        out = run_python(GATED_SCRIPT, hf_env(pull.url, tmp_path / "home"))
+        assert out == {"error": "GatedRepoError"}
+
+
 GATED_SCRIPT = r"""
 import json
 from huggingface_hub import hf_hub_download
@@ -172,6 +263,16 @@ try:
     print(json.dumps({"error": None}))
 except Exception as exc:
     print(json.dumps({"error": type(exc).__name__}))
+"""
+
+GATED_TRANSFORMERS_SCRIPT = r"""
+import json
+from transformers import AutoConfig
+try:
+    AutoConfig.from_pretrained("cmh-test/tiny")
+    print(json.dumps({"error": None}))
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
 """
 
 

@@ -82,6 +82,10 @@ class PullThrough(Protocol):
     def restricted(self, repo_type: str, repo_id: str) -> bool:
         """True when the upstream last said the repo is private or gated."""
 
+    def gated(self, repo_type: str, repo_id: str) -> bool:
+        """True when the upstream last said the repo is gated and not private: its
+        existence is public at the Hub, so a reader it is closed to is told ``GatedRepo``."""
+
     def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
         """Note that a filling body of ``etag`` was cut now, for every worker and replica
         (``spec/hub-mirror.md`` 8.3: ranges of it are answered whole for an hour)."""

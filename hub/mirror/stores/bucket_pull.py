@@ -94,7 +94,7 @@ class BucketPullThrough:
         self._lock = threading.Lock()
         self._expiries: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._stamps: dict[str, int | None] = {}  # etag -> CMH expires_at (immutable)
-        self._access: dict[str, tuple[float, bool]] = {}
+        self._access: dict[str, tuple[float, bool, bool]] = {}
         self._cuts: dict[str, tuple[float, float | None]] = {}  # blob -> (read at, cut at)
 
     @staticmethod
@@ -290,29 +290,41 @@ class BucketPullThrough:
                     self.objects.head(name)
                     self.objects.delete(name)
             with self._lock:
-                self._access[folder] = (time.monotonic(), private or gated)
+                self._access[folder] = (time.monotonic(), private or gated, gated and not private)
 
     def restricted(self, repo_type: str, repo_id: str) -> bool:
         """Read at most once every ``ref_ttl`` seconds; a storage that fails: restricted
         (deny by default)."""
+        return self._access_of(repo_type, repo_id)[0]
+
+    def gated(self, repo_type: str, repo_id: str) -> bool:
+        return self._access_of(repo_type, repo_id)[1]
+
+    def _access_of(self, repo_type: str, repo_id: str) -> tuple[bool, bool]:
+        """(restricted, gated and not private) as the access record says, read at most
+        once every ``ref_ttl`` seconds; a storage that fails: restricted, not gated."""
         try:
             folder = self._folder(repo_type, repo_id)
         except ValueError:
-            return False
+            return False, False
         now = time.monotonic()
         with self._lock:
             hit = self._access.get(folder)
         if hit is not None and now - hit[0] < self.cache.ref_ttl:
-            return hit[1]
+            return hit[1], hit[2]
         try:
-            self.objects.head(f"{folder}/.cmh/upstream/access.json")
-            value = True
+            record = json.loads(self.objects.get(f"{folder}/.cmh/upstream/access.json"))
         except ObjectNotFound:
-            value = False
+            value = (False, False)
         except ObjectStoreError:
-            return True
+            return True, False
+        except ValueError:  # unreadable record: restricted (deny by default)
+            value = (True, False)
+        else:
+            gated = isinstance(record, dict) and bool(record.get("gated"))
+            value = (True, gated and not (isinstance(record, dict) and record.get("private")))
         with self._lock:
-            self._access[folder] = (now, value)
+            self._access[folder] = (now, *value)
         return value
 
     def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:

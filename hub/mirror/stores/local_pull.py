@@ -159,6 +159,14 @@ class LocalPullThrough:
             return False
         return access_record_path(repo).exists()
 
+    def gated(self, repo_type: str, repo_id: str) -> bool:
+        try:
+            path = access_record_path(self._repo(repo_type, repo_id))
+            record = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(record, dict) and bool(record.get("gated")) and not record.get("private")
+
     def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
         self.cuts.record(self._repo(repo_type, repo_id).path, etag)
 
