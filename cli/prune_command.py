@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -167,7 +166,9 @@ def prune(
     if settle is not None and not target.settles:
         usage_error("--settle applies to a bucket store (--store s3://...) only")
     scan = target.scan(read_expiry=expired, read_commit_times=keep_latest is not None)
-    plan = plan_prune(scan, policy, at if at is not None else time.time())
+    from cmh.hub.cache import process_clock
+
+    plan = plan_prune(scan, policy, at if at is not None else process_clock().time())
 
     if dry_run or plan.empty:
         if as_json:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.blobs import READ_CHUNK, git_blob_hasher
+from ..cache.clock import SYSTEM_CLOCK, Clock
 from ..cache.layout import (
     CHECK_RECORDS,
     COMMIT_RE,
@@ -87,19 +88,6 @@ PROBE_FOLDER = ".cmh/probe"
 ProgressCallback = Callable[[int], None]
 #: Told, in a sentence, why a writer waits (a pruner's lease).
 NoticeCallback = Callable[[str], None]
-
-
-class Clock:
-    """This process's monotonic clock and sleep; tests pass one that advances by itself."""
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-SYSTEM_CLOCK = Clock()
 
 
 def is_bucket_url(text: str) -> bool:

@@ -49,6 +49,7 @@ from typing import Any
 
 from cmh._atomic import atomic_write
 
+from ..cache.clock import Clock, process_clock
 from ..cache.layout import COMMIT_RE, RepoLayout
 from ..cache.locks import repo_lock
 from .errors import HubError
@@ -159,7 +160,7 @@ class Upstream:
         self.requests = 0  # requests made to the upstream by this worker
         self.bytes = 0  # body bytes received from the upstream by this worker
         self.on_traffic: Any = None  # callable(requests, nbytes), set by the server for metrics
-        self.clock: Any = time.monotonic  # for the negative cache (a test may inject one)
+        self.clock: Clock = process_clock()  # freshness and the negative cache (tests move it)
         self._failed: dict[tuple[str, str, str], tuple[float, UpstreamError | str]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -210,25 +211,26 @@ class Upstream:
                 return None  # a commit never changes: never revalidated
         else:
             commit = repo.read_ref(revision)
-            if commit is not None and time.time() < self._known_expiry(repo, revision, commit):
+            now = self.clock.time()
+            if commit is not None and now < self._known_expiry(repo, revision, commit):
                 return None
         key = (repo_type, repo_id, revision)
         with self._key_lock(key):
             # One retry cycle per revision: who waited for a failed one shares its outcome.
             failed = self._failed.get(key)
-            if failed is not None and self.clock() - failed[0] < NEGATIVE_FOR:
+            if failed is not None and self.clock.monotonic() - failed[0] < NEGATIVE_FOR:
                 if isinstance(failed[1], UpstreamError):
                     raise failed[1]
                 return failed[1]
             try:
                 note = self._prepare_locked(repo, revision)
             except UpstreamError as exc:
-                self._failed[key] = (self.clock(), exc)
+                self._failed[key] = (self.clock.monotonic(), exc)
                 raise
             if note is None:
                 self._failed.pop(key, None)
             else:
-                self._failed[key] = (self.clock(), note)
+                self._failed[key] = (self.clock.monotonic(), note)
             return note
 
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
@@ -239,7 +241,7 @@ class Upstream:
         if local is None:
             return None
         expiry = self._known_expiry(repo, revision, local)
-        if expiry == float("-inf") or time.time() >= expiry + self.config.stale_for:
+        if expiry == float("-inf") or self.clock.time() >= expiry + self.config.stale_for:
             return None
         return STALE_WARNING
 
@@ -259,7 +261,7 @@ class Upstream:
             expiry = self._known_expiry(repo, revision, local)
             if pinned and expiry != float("-inf"):
                 return None
-            if not pinned and time.time() < expiry:
+            if not pinned and self.clock.time() < expiry:
                 return None
         else:
             expiry = float("-inf")
@@ -270,7 +272,7 @@ class Upstream:
             raise _typed(exc) from None
         except ResolveError as exc:
             usable = local is not None and expiry != float("-inf")
-            if usable and time.time() < expiry + self.config.stale_for:
+            if usable and self.clock.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
             raise failed(exc, "unusable and nothing usable cached") from None
         finally:
@@ -281,7 +283,7 @@ class Upstream:
 
             if repo.read_ref(revision) != commit:
                 repo.write_ref(revision, commit)
-            write_validation(repo, revision, commit)
+            write_validation(repo, revision, commit, at=self.clock.time())
         self._record_freshness(repo, revision, commit)
         return None
 
@@ -307,7 +309,7 @@ class Upstream:
     def _record_freshness(self, repo: RepoLayout, revision: str, commit: str) -> None:
         """Keep when ``commit``'s upstream freshness ends, for ``cmh prune --expired``."""
         if COMMIT_RE.match(revision):
-            until = time.time() + self.config.fresh_for
+            until = self.clock.time() + self.config.fresh_for
         else:
             until = self.expiry(repo, revision, commit)
         if until == float("inf"):
@@ -315,7 +317,7 @@ class Upstream:
         path = upstream_record_path(repo, commit)
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps({"fresh_until": until, "at": time.time()}).encode())
+            atomic_write(path, json.dumps({"fresh_until": until, "at": self.clock.time()}).encode())
 
     def _install_listing(self, repo: RepoLayout, commit: str, files: dict[str, Any]) -> None:
         """Keep the listing; link absent blobs (filled on demand), confirm present ones."""

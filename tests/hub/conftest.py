@@ -23,7 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from mirror_support import MirrorServer, MirrorStore, build_mirror_store, write_tiny_repo
+from mirror_support import (
+    MirrorServer,
+    MirrorStore,
+    ProcessClock,
+    build_mirror_store,
+    write_tiny_repo,
+)
 from motoserver import moto_bucket_fixture, moto_fixture, no_cas_bucket_fixture  # noqa: F401
 
 # One SeaweedFS for the whole session: defined here once (a module importing the
@@ -60,16 +66,24 @@ def mirror_server_factory(tmp_path: Path) -> Iterator[Callable[..., MirrorServer
         tokens: Path | None = None,
         workers: int = 1,
         extra_args: tuple[str, ...] = (),
+        clock: ProcessClock | None = None,
     ) -> MirrorServer:
         server = MirrorServer(
-            store, tmp_path / "mirror-logs", tokens=tokens, workers=workers, extra_args=extra_args
-        )
+            store, tmp_path / "mirror-logs", tokens=tokens, workers=workers,
+            extra_args=extra_args, clock=clock,
+        )  # fmt: skip
         started.append(server)
         return server
 
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def process_clock(tmp_path: Path) -> ProcessClock:
+    """The clock of the servers a test starts with ``clock=process_clock``: it advances it."""
+    return ProcessClock(tmp_path / "process-clock")
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import urlopen
 
+from cmh.hub.cache.clock import CLOCK_FILE_ENV
 from cmh.hub.mirror.store import ImportResult, add_folder
 
 START_TIMEOUT = 30.0
@@ -35,8 +36,31 @@ _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
+class ProcessClock:
+    """The clock of the processes a test starts with :attr:`env`: ``advance`` moves it.
+
+    Written to the file ``CMH_TEST_CLOCK_FILE`` names (``cmh.hub.cache.clock``), which a
+    ``cmh serve`` reads at each look at its clock: a test moves a server past a TTL at once.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0.0
+        self.advance(0.0)
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+        scratch = self.path.with_suffix(".new")
+        scratch.write_text(repr(self.offset))
+        os.replace(scratch, self.path)  # a reader never sees a half-written offset
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {CLOCK_FILE_ENV: str(self.path)}
+
+
 class MirrorServer:
-    """A ``cmh serve`` subprocess bound to 127.0.0.1 on a free port."""
+    """A ``cmh serve`` subprocess bound to 127.0.0.1 on a free port (on ``clock`` if given)."""
 
     def __init__(
         self,
@@ -46,6 +70,7 @@ class MirrorServer:
         tokens: Path | None = None,
         workers: int = 1,
         extra_args: tuple[str, ...] = (),
+        clock: ProcessClock | None = None,
     ) -> None:
         self.store = store
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +84,7 @@ class MirrorServer:
         if tokens is not None:
             args += ["--tokens", str(tokens)]
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        env.update(clock.env if clock is not None else {})
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True

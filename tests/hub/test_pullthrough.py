@@ -30,6 +30,7 @@ from mirror_support import (
     TINY_REPO,
     MirrorServer,
     MirrorStore,
+    ProcessClock,
     hf_env,
     run_python,
 )
@@ -84,10 +85,14 @@ def _sha256_tree(root: Path) -> dict[str, str]:
 
 
 def _pull_server(
-    factory: Callable[..., MirrorServer], store: Path, upstream: str, *extra: str
+    factory: Callable[..., MirrorServer],
+    store: Path,
+    upstream: str,
+    *extra: str,
+    clock: ProcessClock | None = None,
 ) -> MirrorServer:
     store.mkdir(parents=True, exist_ok=True)
-    return factory(store, extra_args=("--upstream", upstream, *extra))
+    return factory(store, extra_args=("--upstream", upstream, *extra), clock=clock)
 
 
 def _upstream_requests(front: HubLike) -> int:
@@ -154,16 +159,22 @@ def test_transformers_loads_minilm_through_pullthrough(
 
 
 def test_after_fresh_for_one_revalidation_request(
-    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    front: HubLike,
+    mirror_server_factory: Callable[..., MirrorServer],
+    process_clock: ProcessClock,
+    tmp_path: Path,
 ) -> None:
-    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "2s")
+    pull = _pull_server(
+        mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1h",
+        clock=process_clock,
+    )  # fmt: skip
     url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
     assert httpx2.get(url).status_code == 200
     front.wait_idle()
     before = front.records()
     assert httpx2.get(url).status_code == 200  # fresh: nothing asked
     assert front.records() == before
-    time.sleep(2.2)
+    process_clock.advance(3601)
     for _ in range(3):
         assert httpx2.get(url).status_code == 200
     front.wait_idle()
@@ -172,13 +183,19 @@ def test_after_fresh_for_one_revalidation_request(
 
 
 def test_commit_pinned_request_never_revalidates(
-    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    front: HubLike,
+    mirror_server_factory: Callable[..., MirrorServer],
+    process_clock: ProcessClock,
+    tmp_path: Path,
 ) -> None:
-    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1s")
+    pull = _pull_server(
+        mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1h",
+        clock=process_clock,
+    )  # fmt: skip
     first = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/README.md")
     commit = first.headers["X-Repo-Commit"]
     front.wait_idle()
-    time.sleep(1.2)
+    process_clock.advance(3601)
     before = len(front.records())
     again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md")
     assert again.status_code == 200 and again.content == first.content
@@ -186,13 +203,19 @@ def test_commit_pinned_request_never_revalidates(
 
 
 def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
-    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    mirror: MirrorServer,
+    mirror_server_factory: Callable[..., MirrorServer],
+    process_clock: ProcessClock,
+    tmp_path: Path,
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
-        pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url, "--fresh-for", "1s")
+        pull = _pull_server(
+            mirror_server_factory, tmp_path / "pull", hub.url, "--fresh-for", "1h",
+            clock=process_clock,
+        )  # fmt: skip
         cached = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
         assert cached.status_code == 200 and "Warning" not in cached.headers
-    time.sleep(1.2)  # the front is stopped and the revision is past its freshness
+    process_clock.advance(3601)  # the front is stopped and the revision is past its freshness
     stale = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     assert stale.status_code == 200 and stale.content == cached.content
     assert stale.headers["Warning"].startswith("110 ")
@@ -205,15 +228,18 @@ def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
 
 
 def test_stale_if_error_is_bounded(
-    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    mirror: MirrorServer,
+    mirror_server_factory: Callable[..., MirrorServer],
+    process_clock: ProcessClock,
+    tmp_path: Path,
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
         pull = _pull_server(
             mirror_server_factory, tmp_path / "pull", hub.url,
-            "--fresh-for", "1s", "--stale-if-error", "1s",
+            "--fresh-for", "1h", "--stale-if-error", "1h", clock=process_clock,
         )  # fmt: skip
         assert httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json").status_code == 200
-    time.sleep(2.2)
+    process_clock.advance(3600 + 3601)
     late = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     assert late.status_code == 503 and late.headers["X-Error-Code"] == "UpstreamUnavailable"
 
@@ -301,6 +327,7 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
         url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
         bodies: list[bytes] = [b""] * 8
         first_byte_while_transfer_open: list[bool] = [False] * 8
+        reading = [threading.Event() for _ in range(8)]
         errors: list[BaseException] = []
 
         def client(i: int) -> None:
@@ -312,15 +339,18 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
                         if not chunks:
                             # The upstream transfer is still open: no CDN answer is recorded yet.
                             first_byte_while_transfer_open[i] = not hub.records(origin="cdn")
+                            reading[i].set()
                         chunks.append(chunk)
                     bodies[i] = b"".join(chunks)
             except BaseException as exc:  # reported below
                 errors.append(exc)
+                reading[i].set()
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        for event in reading:  # every client is reading the fill (the upstream stalls 4 s)
+            event.wait(30)
         ranged = httpx2.get(url, headers={"Range": "bytes=1000-1999"}, timeout=10.0)
         for t in threads:
             t.join(60)
@@ -390,20 +420,25 @@ def test_mirror_sync_fills_a_store_for_an_air_gapped_mirror(
 
 
 def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshness(
-    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    front: HubLike,
+    mirror_server_factory: Callable[..., MirrorServer],
+    process_clock: ProcessClock,
+    tmp_path: Path,
 ) -> None:
     store = tmp_path / "pull"
-    pull = _pull_server(mirror_server_factory, store, front.url, "--fresh-for", "2s")
+    pull = _pull_server(
+        mirror_server_factory, store, front.url, "--fresh-for", "1h", clock=process_clock
+    )
     answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     commit = answer.headers["X-Repo-Commit"]
     snapshot = store / "models--cmh-test--tiny" / "snapshots" / commit
     assert (snapshot / "weights.bin").is_symlink()  # listed, not filled: not a broken revision
     prune = ["prune", "--store", str(store), "--expired", "--include-referenced", "--yes"]
-    kept = CliRunner().invoke(cli, prune)
+    kept = CliRunner(env=process_clock.env).invoke(cli, prune)
     assert kept.exit_code == 0, kept.output
     assert snapshot.is_dir()
-    time.sleep(2.2)
-    gone = CliRunner().invoke(cli, prune)
+    process_clock.advance(3601)
+    gone = CliRunner(env=process_clock.env).invoke(cli, prune)
     assert gone.exit_code == 0, gone.output
     assert not snapshot.exists()
     again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")  # filled again
