@@ -267,10 +267,16 @@ def test_cli_mirror_add_says_it_waits_on_a_lease(
          "--store", seaweed_bucket.url, "--repo", REPO],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
     )  # fmt: skip
-    time.sleep(4)  # time to hash, upload and reach the lease check (not a TTL)
+    assert proc.stderr is not None
+    said = ""
+    while "waiting for" not in said:  # it hashed, uploaded and reached the lease check
+        line = proc.stderr.readline()
+        assert line, f"ended without waiting: {said}"
+        said += line
     assert proc.poll() is None  # still waiting
     store.objects.delete(store.lease_name(folder))  # the pruner finishes
     out, err = proc.communicate(timeout=60)
+    err = said + err
     assert proc.returncode == 0, err
     assert "waiting for cmh prune pid 7 on host-x" in err
     assert "(new commit)" in out
