@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -257,13 +257,24 @@ def test_killing_one_replica_fails_no_request_at_the_other(
             with lock:
                 results[k % 2].append(outcome)
 
+    def counts() -> tuple[int, int, bool]:
+        with lock:
+            return len(results[0]), len(results[1]), any(r != "ok" for r in results[0])
+
+    def wait_until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not done():
+            assert time.monotonic() < deadline, counts()
+            time.sleep(0.02)
+
     try:
         with ThreadPoolExecutor(16) as pool:
             futures = [pool.submit(client, k) for k in range(16)]
-            time.sleep(1.5)
-            before_kill = len(results[0])
+            wait_until(lambda: counts()[0] >= 20 and counts()[1] >= 20)  # both serve
+            before_kill, at_kill, _ = counts()
             os.kill(pair[0].process.pid, signal.SIGKILL)
-            time.sleep(2.0)
+            # the killed one's clients fail; the survivor's go on for 60 more requests
+            wait_until(lambda: counts()[2] and counts()[1] >= at_kill + 60)
             stop.set()
             for f in futures:
                 f.result()
@@ -333,18 +344,21 @@ urls, repo, base = json.loads(os.environ["T_URLS"]), os.environ["T_MINILM"], os.
 files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
 want = json.loads(os.environ["T_SHA"])
 results = {u: [] for u in urls}
-stop = time.monotonic() + float(os.environ["T_SECONDS"])
+lock = threading.Lock()
 def client(k):
     url = urls[k % 2]
     i = 0
-    while time.monotonic() < stop:
+    while not os.path.exists(os.environ["T_STOP"]):
         name = files[(k + i) % len(files)]
         try:
             path = hf_hub_download(repo, name, endpoint=url, cache_dir=f"{base}/{k}-{i}", force_download=True, etag_timeout=30)
             ok = hashlib.sha256(open(path, "rb").read()).hexdigest() == want[name]
-            results[url].append("ok" if ok else "wrong bytes")
+            outcome = "ok" if ok else "wrong bytes"
         except Exception as exc:
-            results[url].append(f"{type(exc).__name__}: {exc}"[:300])
+            outcome = f"{type(exc).__name__}: {exc}"[:300]
+        with lock:
+            results[url].append(outcome)
+            print(json.dumps({"url": url, "outcome": outcome}), flush=True)  # as it goes
         i += 1
 threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
 for t in threads: t.start()
@@ -378,17 +392,38 @@ def test_stock_clients_keep_loading_from_one_replica_while_the_other_is_killed(
     client_env = hf_env(pair[0].url, tmp_path / "home")
     client_env.update(
         T_URLS=json.dumps([s.url for s in pair]), T_MINILM=MINILM_REPO,
-        T_BASE=str(tmp_path / "caches"), T_SECONDS="8",
+        T_BASE=str(tmp_path / "caches"), T_STOP=str(tmp_path / "stop"),
         T_SHA=json.dumps({f: _sha256(minilm_dir / f) for f in files}),
     )  # fmt: skip
+    killed_url, survivor_url = pair[0].url, pair[1].url
+    told: dict[str, list[str]] = {killed_url: [], survivor_url: []}
+
+    def read_until(done: Callable[[], bool]) -> None:
+        while not done():
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, "the clients ended early"
+            seen = json.loads(line)
+            told[seen["url"]].append(seen["outcome"])
+
+    errors = open(tmp_path / "clients.stderr", "w+")  # noqa: SIM115 (closed below)
     try:
         proc = subprocess.Popen([sys.executable, "-c", STOCK_LOAD_SCRIPT], env=client_env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        time.sleep(4.0)
+                                stdout=subprocess.PIPE, stderr=errors, text=True)  # fmt: skip
+        read_until(lambda: told[killed_url].count("ok") >= 2)  # it serves
+        at_kill = len(told[survivor_url])
         os.kill(pair[0].process.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-3000:]
+        # the killed one's clients fail; the survivor's go on for 8 more downloads
+        read_until(
+            lambda: (
+                any(r != "ok" for r in told[killed_url]) and len(told[survivor_url]) >= at_kill + 8
+            )
+        )
+        (tmp_path / "stop").touch()
+        out, _ = proc.communicate(timeout=180)
+        errors.seek(0)
+        assert proc.returncode == 0, errors.read()[-3000:]
     finally:
+        errors.close()
         for server in pair:
             server.stop()
     results = json.loads(out.strip().splitlines()[-1])
