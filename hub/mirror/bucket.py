@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.blobs import READ_CHUNK, git_blob_hasher
-from ..cache.clock import SYSTEM_CLOCK, Clock
+from ..cache.clock import SYSTEM_CLOCK, Clock, process_clock
 from ..cache.layout import (
     CHECK_RECORDS,
     COMMIT_RE,
@@ -210,14 +210,14 @@ class BucketStore:
         write_window: float = WRITE_WINDOW,
         lease_ttl: float = LEASE_TTL,
         lease_poll: float = LEASE_POLL,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,  # None: this process's (cmh.hub.cache.clock)
         on_notice: NoticeCallback | None = None,
     ) -> None:
         self.objects = objects
         self.write_window = write_window
         self.lease_ttl = lease_ttl
         self.lease_poll = lease_poll
-        self.clock = clock
+        self.clock = clock if clock is not None else process_clock()
         self.on_notice = on_notice
         self._conditional_writes_checked = False
         self._leases: dict[str, str] = {}  # folder -> ETag of a lease this store holds
@@ -740,6 +740,7 @@ def open_bucket(url: str, **options: Any) -> BucketStore:
 
 
 __all__ = [
+    "SYSTEM_CLOCK",
     "BucketError",
     "BucketStore",
     "Clock",

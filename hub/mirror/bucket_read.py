@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, BinaryIO, Generic, TypeVar
@@ -42,15 +41,15 @@ T = TypeVar("T")
 
 
 class _TimedCache(Generic[T]):
-    """A bounded map whose entries expire ``ttl`` seconds (monotonic) after they were put."""
+    """A bounded map whose entries expire ``ttl`` seconds (on ``now``) after they were put."""
 
-    def __init__(self, ttl: float | None, size: int) -> None:
-        self.ttl, self.size = ttl, size
+    def __init__(self, ttl: float | None, size: int, now: Callable[[], float]) -> None:
+        self.ttl, self.size, self.now = ttl, size, now
         self._lock = threading.Lock()
         self._items: OrderedDict[str, tuple[float, T]] = OrderedDict()
 
     def get(self, key: str, load: Callable[[], T]) -> T:
-        now = time.monotonic()
+        now = self.now()
         with self._lock:
             hit = self._items.get(key)
             if hit is not None and (self.ttl is None or now - hit[0] < self.ttl):
@@ -85,15 +84,16 @@ class BucketReader:
     ) -> None:
         self.store = store
         self.ref_ttl = ref_ttl
-        self._refs: _TimedCache[str | None] = _TimedCache(ref_ttl, MAX_REFS)
-        self._exists: _TimedCache[bool] = _TimedCache(ref_ttl, MAX_REFS)
-        self._indexes: _TimedCache[CommitIndex | None] = _TimedCache(None, max_trees)
-        self._trees: _TimedCache[TreeObject | None] = _TimedCache(None, max_trees)
+        now = store.clock.monotonic  # the ref TTL's clock (tests move it)
+        self._refs: _TimedCache[str | None] = _TimedCache(ref_ttl, MAX_REFS, now)
+        self._exists: _TimedCache[bool] = _TimedCache(ref_ttl, MAX_REFS, now)
+        self._indexes: _TimedCache[CommitIndex | None] = _TimedCache(None, max_trees, now)
+        self._trees: _TimedCache[TreeObject | None] = _TimedCache(None, max_trees, now)
         # A blob's info is trusted no longer than a ref: after scrub quarantines it or a
         # re-import replaces it, every replica sees the change within ``ref_ttl``.
         blob_ttl = min(blob_ttl, ref_ttl)
-        self._blobs: _TimedCache[ObjectInfo] = _TimedCache(blob_ttl, MAX_REFS)
-        self._checks: _TimedCache[str | None] = _TimedCache(blob_ttl, MAX_REFS)
+        self._blobs: _TimedCache[ObjectInfo] = _TimedCache(blob_ttl, MAX_REFS, now)
+        self._checks: _TimedCache[str | None] = _TimedCache(blob_ttl, MAX_REFS, now)
 
     def repo_exists(self, folder: str) -> bool:
         """True when the repo has a ref or a tree object (cached for ``ref_ttl``)."""

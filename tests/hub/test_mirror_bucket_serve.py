@@ -24,11 +24,19 @@ from urllib.request import Request, urlopen
 
 import pytest
 from cmh.hub.mirror.bucket import BucketStore
-from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
+from mirror_support import (
+    MINILM_REPO,
+    TINY_REPO,
+    MirrorServer,
+    ProcessClock,
+    hf_env,
+    run_python,
+    write_tiny_repo,
+)
 from seaweed import SeaweedBucket, SeaweedServer
 
 MODES = ("proxy", "redirect")
-REF_TTL = 1.0
+REF_TTL = 60.0  # the replicas' clock (replica_clock) is moved past it
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +65,15 @@ def served_bucket(
 
 
 @pytest.fixture(scope="module")
+def replica_clock(tmp_path_factory: pytest.TempPathFactory) -> ProcessClock:
+    """The clock of the module's replicas."""
+    return ProcessClock(tmp_path_factory.mktemp("replica-clock") / "clock")
+
+
+@pytest.fixture(scope="module")
 def replicas(
     served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    replica_clock: ProcessClock,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, list[MirrorServer]]]:
     """Two ``cmh serve`` replicas per delivery mode over the one bucket."""
@@ -71,7 +86,8 @@ def replicas(
         for mode in MODES:
             servers[mode] = [
                 MirrorServer(where.url, logs,  # type: ignore[arg-type]
-                             extra_args=("--blob-delivery", mode, "--ref-ttl", str(REF_TTL)))
+                             extra_args=("--blob-delivery", mode, "--ref-ttl", str(REF_TTL)),
+                             clock=replica_clock)
                 for _ in range(2)
             ]  # fmt: skip
         yield servers
@@ -192,6 +208,7 @@ def _commit_at(server: MirrorServer, repo: str) -> str:
 
 def test_a_new_commit_is_served_by_every_replica_within_the_ref_ttl(
     replicas: dict[str, list[MirrorServer]],
+    replica_clock: ProcessClock,
     served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
     tmp_path: Path,
 ) -> None:
@@ -199,10 +216,11 @@ def test_a_new_commit_is_served_by_every_replica_within_the_ref_ttl(
     every = [s for group in replicas.values() for s in group]
     repo = "cmh-test/fresh"
     first = store.add_folder(write_tiny_repo(tmp_path / "v1", 1), repo)
-    time.sleep(REF_TTL + 0.5)
+    replica_clock.advance(REF_TTL + 0.5)
     assert {_commit_at(s, repo) for s in every} == {first.commit}  # cached now
     second = store.add_folder(write_tiny_repo(tmp_path / "v2", 2), repo)
-    time.sleep(REF_TTL + 0.5)  # the documented bound: ref_ttl after the ref moved
+    assert {_commit_at(s, repo) for s in every} == {first.commit}  # within ref_ttl: cached
+    replica_clock.advance(REF_TTL + 0.5)  # the documented bound: ref_ttl after the ref moved
     assert {_commit_at(s, repo) for s in every} == {second.commit}
 
 
