@@ -49,11 +49,9 @@ def mirror(
     mirror_store: MirrorStore, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MirrorServer]:
     """One ``cmh serve`` over ``mirror_store`` for the whole session."""
-    server = MirrorServer(
-        mirror_store.path, tmp_path_factory.mktemp("mirror-logs"), tokens=mirror_store.tokens
-    )
-    yield server
-    server.stop()
+    logs = tmp_path_factory.mktemp("mirror-logs")
+    with MirrorServer(mirror_store.path, logs, tokens=mirror_store.tokens) as server:
+        yield server
 
 
 @pytest.fixture
@@ -115,13 +113,7 @@ def web_server(
     web_store: WebStore, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MirrorServer]:
     """One ``cmh serve`` over ``web_store`` with tokens, admin tokens and the signer's key."""
-    server = MirrorServer(
-        web_store.path,
-        tmp_path_factory.mktemp("web-logs"),
-        tokens=web_store.tokens,
-        extra_args=(
-            "--admin-tokens", str(web_store.admin_tokens), "--key", str(web_store.public_key),
-        ),
-    )  # fmt: skip
-    yield server
-    server.stop()
+    pages = ("--admin-tokens", str(web_store.admin_tokens), "--key", str(web_store.public_key))
+    logs = tmp_path_factory.mktemp("web-logs")
+    with MirrorServer(web_store.path, logs, tokens=web_store.tokens, extra_args=pages) as server:
+        yield server

@@ -36,6 +36,32 @@ _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
+#: The start of a stock-client script for :func:`run_python`: ``sha256(path)`` of a file.
+STOCK_PRELUDE = r"""
+import hashlib, json, os
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+"""
+
+
+def big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    """A store (``tmp_path/upstream-store``) holding ``cmh-test/big``: ``size`` random bytes
+    in ``big.bin`` and a small ``config.json``; and those bytes."""
+    src = tmp_path / "big-src"
+    src.mkdir()
+    data = os.urandom(size)
+    (src / "big.bin").write_bytes(data)
+    (src / "config.json").write_text("{}\n")
+    store = tmp_path / "upstream-store"
+    add_folder(store, src, "cmh-test/big")
+    return store, data
+
+
 class ProcessClock:
     """The clock of the processes a test starts with :attr:`env`: ``advance`` moves it.
 
@@ -169,6 +195,12 @@ class MirrorServer:
         return int(total)
 
     # -- lifecycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> MirrorServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM the server and wait; returns its exit status."""

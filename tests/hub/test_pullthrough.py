@@ -10,7 +10,6 @@ resolver's Xet listing handling (branch ``dropin``) is on main.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,31 +20,26 @@ import httpx2
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror.store import add_folder
 from hublike import HubLike, running
 from mirror_support import (
     MINILM_REPO,
     PRIVATE_REPO,
     PRIVATE_TOKEN,
+    STOCK_PRELUDE,
     TINY_REPO,
     MirrorServer,
     MirrorStore,
     ProcessClock,
+    big_store,
     hf_env,
     run_python,
 )
 
-STOCK_SCRIPT = r"""
-import json, os, hashlib
+STOCK_SCRIPT = (
+    STOCK_PRELUDE
+    + r"""
 from huggingface_hub import hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 def kind(fn):
     try:
@@ -63,6 +57,7 @@ out["missing_repo"] = kind(lambda: hf_hub_download("nobody/nothing-here", "confi
 out["missing_revision"] = kind(lambda: hf_hub_download(os.environ["T_REPO"], "config.json", revision="no-such-branch"))
 print(json.dumps(out))
 """
+)
 
 TRANSFORMERS_SCRIPT = r"""
 import json, os, torch
@@ -304,22 +299,11 @@ def test_tiers_mirror_to_mirror_to_hublike(
     assert len(front.records(origin="cdn")) == 1
 
 
-def _big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
-    src = tmp_path / "big-src"
-    src.mkdir()
-    data = os.urandom(size)
-    (src / "big.bin").write_bytes(data)
-    (src / "config.json").write_text("{}\n")
-    store = tmp_path / "upstream-store"
-    add_folder(store, src, "cmh-test/big")
-    return store, data
-
-
 def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
     size = 64 << 20
-    store, data = _big_store(tmp_path, size)
+    store, data = big_store(tmp_path, size)
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:
         pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url)
@@ -370,7 +354,7 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
 def test_wrong_upstream_bytes_cut_every_client_and_nothing_is_stored(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
-    store, data = _big_store(tmp_path, 4 << 20)
+    store, data = big_store(tmp_path, 4 << 20)
     etag = hashlib.sha256(data).hexdigest()
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:

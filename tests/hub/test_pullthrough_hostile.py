@@ -24,6 +24,7 @@ from mirror_support import (
     TINY_REPO,
     MirrorServer,
     ProcessClock,
+    big_store,
     hf_env,
     run_python,
 )
@@ -39,23 +40,12 @@ print(json.dumps({"sha256": h.hexdigest(), "size": os.path.getsize(path)}))
 """
 
 
-def _big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
-    src = tmp_path / "big-src"
-    src.mkdir()
-    data = os.urandom(size)
-    (src / "big.bin").write_bytes(data)
-    (src / "config.json").write_text("{}\n")
-    store = tmp_path / "upstream-store"
-    add_folder(store, src, "cmh-test/big")
-    return store, data
-
-
 def test_flip_and_resume_stock_client_ends_with_the_etags_bytes(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
     """High 1: one byte flipped mid-fill; the stock client's ``Range`` resume must not
     splice the wrong head to the next fill's right tail."""
-    store, data = _big_store(tmp_path, 24 << 20)  # over two of the client's 10 MB chunks
+    store, data = big_store(tmp_path, 24 << 20)  # over two of the client's 10 MB chunks
     etag = hashlib.sha256(data).hexdigest()
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:
@@ -397,7 +387,7 @@ def test_a_client_dropping_mid_download_leaves_no_traceback(
     """Low: ``cmh serve`` printed a ``BrokenPipeError`` traceback when a client dropped."""
     import socket
 
-    store, _ = _big_store(tmp_path, 32 << 20)
+    store, _ = big_store(tmp_path, 32 << 20)
     server = mirror_server_factory(store)
     host, port = server.url.removeprefix("http://").split(":")
     for _ in range(3):
@@ -494,7 +484,7 @@ def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
     """Was: a lying upstream was not remembered: 4 clients caused 10 full transfers."""
-    store, data = _big_store(tmp_path, 1 << 20)
+    store, data = big_store(tmp_path, 1 << 20)
     etag = hashlib.sha256(data).hexdigest()
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:
