@@ -90,6 +90,26 @@ def _pull_server(
     return factory(store, extra_args=("--upstream", upstream, *extra), clock=clock)
 
 
+#: The pull-through's ``--fresh-for`` in the freshness tests, passed on ``process_clock``.
+FRESH_FOR = 3600
+
+
+@pytest.fixture
+def fresh_pull(
+    mirror_server_factory: Callable[..., MirrorServer], process_clock: ProcessClock, tmp_path: Path
+) -> Callable[..., MirrorServer]:
+    """Start a pull-through (store ``tmp_path/pull``) of ``upstream`` with ``--fresh-for 1h``
+    on the test's ``process_clock``."""
+
+    def start(upstream: str, *extra: str) -> MirrorServer:
+        return _pull_server(
+            mirror_server_factory, tmp_path / "pull", upstream, "--fresh-for", str(FRESH_FOR),
+            *extra, clock=process_clock,
+        )  # fmt: skip
+
+    return start
+
+
 def _upstream_requests(front: HubLike) -> int:
     return len(front.records(origin="hub")) + len(front.records(origin="cdn"))
 
@@ -154,22 +174,16 @@ def test_transformers_loads_minilm_through_pullthrough(
 
 
 def test_after_fresh_for_one_revalidation_request(
-    front: HubLike,
-    mirror_server_factory: Callable[..., MirrorServer],
-    process_clock: ProcessClock,
-    tmp_path: Path,
+    front: HubLike, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
-    pull = _pull_server(
-        mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1h",
-        clock=process_clock,
-    )  # fmt: skip
+    pull = fresh_pull(front.url)
     url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
     assert httpx2.get(url).status_code == 200
     front.wait_idle()
     before = front.records()
     assert httpx2.get(url).status_code == 200  # fresh: nothing asked
     assert front.records() == before
-    process_clock.advance(3601)
+    process_clock.advance(FRESH_FOR + 1)
     for _ in range(3):
         assert httpx2.get(url).status_code == 200
     front.wait_idle()
@@ -178,19 +192,13 @@ def test_after_fresh_for_one_revalidation_request(
 
 
 def test_commit_pinned_request_never_revalidates(
-    front: HubLike,
-    mirror_server_factory: Callable[..., MirrorServer],
-    process_clock: ProcessClock,
-    tmp_path: Path,
+    front: HubLike, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
-    pull = _pull_server(
-        mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1h",
-        clock=process_clock,
-    )  # fmt: skip
+    pull = fresh_pull(front.url)
     first = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/README.md")
     commit = first.headers["X-Repo-Commit"]
     front.wait_idle()
-    process_clock.advance(3601)
+    process_clock.advance(FRESH_FOR + 1)
     before = len(front.records())
     again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md")
     assert again.status_code == 200 and again.content == first.content
@@ -198,19 +206,15 @@ def test_commit_pinned_request_never_revalidates(
 
 
 def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
-    mirror: MirrorServer,
-    mirror_server_factory: Callable[..., MirrorServer],
-    process_clock: ProcessClock,
-    tmp_path: Path,
+    mirror: MirrorServer, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
-        pull = _pull_server(
-            mirror_server_factory, tmp_path / "pull", hub.url, "--fresh-for", "1h",
-            clock=process_clock,
-        )  # fmt: skip
+        pull = fresh_pull(hub.url)
         cached = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
         assert cached.status_code == 200 and "Warning" not in cached.headers
-    process_clock.advance(3601)  # the front is stopped and the revision is past its freshness
+    process_clock.advance(
+        FRESH_FOR + 1
+    )  # the front is stopped and the revision is past its freshness
     stale = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     assert stale.status_code == 200 and stale.content == cached.content
     assert stale.headers["Warning"].startswith("110 ")
@@ -223,18 +227,12 @@ def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
 
 
 def test_stale_if_error_is_bounded(
-    mirror: MirrorServer,
-    mirror_server_factory: Callable[..., MirrorServer],
-    process_clock: ProcessClock,
-    tmp_path: Path,
+    mirror: MirrorServer, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
-        pull = _pull_server(
-            mirror_server_factory, tmp_path / "pull", hub.url,
-            "--fresh-for", "1h", "--stale-if-error", "1h", clock=process_clock,
-        )  # fmt: skip
+        pull = fresh_pull(hub.url, "--stale-if-error", str(FRESH_FOR))
         assert httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json").status_code == 200
-    process_clock.advance(3600 + 3601)
+    process_clock.advance(2 * FRESH_FOR + 1)
     late = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     assert late.status_code == 503 and late.headers["X-Error-Code"] == "UpstreamUnavailable"
 
@@ -405,14 +403,12 @@ def test_mirror_sync_fills_a_store_for_an_air_gapped_mirror(
 
 def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshness(
     front: HubLike,
-    mirror_server_factory: Callable[..., MirrorServer],
+    fresh_pull: Callable[..., MirrorServer],
     process_clock: ProcessClock,
     tmp_path: Path,
 ) -> None:
-    store = tmp_path / "pull"
-    pull = _pull_server(
-        mirror_server_factory, store, front.url, "--fresh-for", "1h", clock=process_clock
-    )
+    pull = fresh_pull(front.url)
+    store = pull.store
     answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     commit = answer.headers["X-Repo-Commit"]
     snapshot = store / "models--cmh-test--tiny" / "snapshots" / commit
@@ -421,7 +417,7 @@ def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshne
     kept = CliRunner(env=process_clock.env).invoke(cli, prune)
     assert kept.exit_code == 0, kept.output
     assert snapshot.is_dir()
-    process_clock.advance(3601)
+    process_clock.advance(FRESH_FOR + 1)
     gone = CliRunner(env=process_clock.env).invoke(cli, prune)
     assert gone.exit_code == 0, gone.output
     assert not snapshot.exists()
