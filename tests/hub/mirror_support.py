@@ -90,13 +90,14 @@ class MirrorServer:
 
     def __init__(
         self,
-        store: Path,
+        store: Path | str,  # a folder or a bucket store's s3:// URL
         log_dir: Path,
         *,
         tokens: Path | None = None,
         workers: int = 1,
         extra_args: tuple[str, ...] = (),
         clock: ProcessClock | None = None,
+        env: dict[str, str] | None = None,  # the server's environment (else this process's)
     ) -> None:
         self.store = store
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +110,8 @@ class MirrorServer:
         ]  # fmt: skip
         if tokens is not None:
             args += ["--tokens", str(tokens)]
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        given = os.environ if env is None else env
+        env = {k: v for k, v in given.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         env.update(clock.env if clock is not None else {})
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
         self.process = subprocess.Popen(

@@ -80,20 +80,15 @@ def replicas(
     _, where, env = served_bucket
     servers: dict[str, list[MirrorServer]] = {}
     logs = tmp_path_factory.mktemp("replica-logs")
-    saved = dict(os.environ)
-    os.environ.update(env)
     try:
         for mode in MODES:
             servers[mode] = [
-                MirrorServer(where.url, logs,  # type: ignore[arg-type]
-                             extra_args=("--blob-delivery", mode, "--ref-ttl", str(REF_TTL)),
-                             clock=replica_clock)
+                MirrorServer(where.url, logs, env={**os.environ, **env}, clock=replica_clock,
+                             extra_args=("--blob-delivery", mode, "--ref-ttl", str(REF_TTL)))
                 for _ in range(2)
             ]  # fmt: skip
         yield servers
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
         for group in servers.values():
             for server in group:
                 server.stop()
@@ -240,14 +235,8 @@ def test_killing_one_replica_fails_no_request_at_the_other(
     """16 clients, 8 per replica, each fetching ranges and whole files in a loop; one
     replica is SIGKILLed mid-run. Every request sent to the other one succeeds."""
     _, where, env = served_bucket
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        pair = [MirrorServer(where.url, tmp_path,  # type: ignore[arg-type]
-                             extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    pair = [MirrorServer(where.url, tmp_path, env={**os.environ, **env},
+                         extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
     weights = (minilm_dir / "model.safetensors").read_bytes()
     config = (minilm_dir / "config.json").read_bytes()
     stop = threading.Event()
@@ -319,13 +308,7 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
     data = bytearray(store.objects.get(name))
     data[-1] ^= 0xFF  # same size, last byte differs
     store.objects.put(name, bytes(data))
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        server = MirrorServer(where.url, tmp_path, extra_args=())  # type: ignore[arg-type]
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    server = MirrorServer(where.url, tmp_path, env={**os.environ, **env})
     try:
         url = f"{server.url}/{repo}/resolve/main/weights.bin"
         outcomes: list[Any] = []
@@ -398,14 +381,8 @@ def test_stock_clients_keep_loading_from_one_replica_while_the_other_is_killed(
     import sys
 
     _, where, env = served_bucket
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        pair = [MirrorServer(where.url, tmp_path,  # type: ignore[arg-type]
-                             extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    pair = [MirrorServer(where.url, tmp_path, env={**os.environ, **env},
+                         extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
     files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
     client_env = hf_env(pair[0].url, tmp_path / "home")
     client_env.update(

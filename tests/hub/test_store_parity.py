@@ -105,15 +105,8 @@ def served(
     tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n{PRIVATE_TOKEN}  CMH-test/Tiny\n")
     admins = tmp / "admin-tokens.txt"
     admins.write_text(ADMIN_TOKEN + "\n")
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        server = MirrorServer(store, tmp / "logs", tokens=tokens,  # type: ignore[arg-type]
-                              extra_args=("--admin-tokens", str(admins)))  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    server = MirrorServer(store, tmp / "logs", tokens=tokens, env=env,
+                          extra_args=("--admin-tokens", str(admins)))  # fmt: skip
     try:
         yield Served(kind, store, env, server, tokens, commits, minilm_dir)
     finally:
@@ -481,14 +474,7 @@ def test_pages_answer_503_while_the_storage_is_down(tmp_path: Path) -> None:
         env = _aws_env(bucket.aws_env(), tmp_path)
         cmh(["mirror", "add", str(write_tiny_repo(tmp_path / "tiny", 1)), "--store", bucket.url,
              "--repo", TINY_REPO], env)  # fmt: skip
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(env)
-        try:
-            server = MirrorServer(bucket.url, tmp_path / "logs")  # type: ignore[arg-type]
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        server = MirrorServer(bucket.url, tmp_path / "logs", env=env)
         status, _, body = get(f"{server.url}/")
         assert status == 200 and TINY_REPO in body.decode()
         moto.process.kill()
