@@ -54,6 +54,7 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _servers import stop  # noqa: E402
 from _synthetic import make_versions  # noqa: E402
 from _timing import durable_kernel_copy, warm  # noqa: E402
 
@@ -99,15 +100,6 @@ def start_url_process(args: list[str]) -> tuple[subprocess.Popen[str], str]:
         stop(proc)
         sys.exit(f"{args[2:4]} did not start: {line!r}")
     return proc, match.group(0)
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def settle(origin: str, branch: str) -> None:

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _servers import nginx_config
 from _timing import warm
 
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "mirror"
@@ -130,18 +131,10 @@ def start_nginx(
     nginx: str, root: Path, workers: int, tmp: Path
 ) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
-    user = "user root;\n" if os.geteuid() == 0 else ""
     conf = tmp / "nginx.conf"
-    conf.write_text(
-        f"{user}daemon off;\nworker_processes {workers};\npid {tmp}/nginx.pid;\n"
-        f"error_log {tmp}/error.log;\nevents {{ worker_connections 1024; }}\n"
-        f"http {{\n  access_log {tmp}/access.log;\n  sendfile on;\n  tcp_nopush on;\n"
-        f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
-        f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
-        f"  scgi_temp_path {tmp}/scgi;\n  default_type application/octet-stream;\n"
-        f"  server {{\n    listen 127.0.0.1:{port};\n    root {root};\n"
-        f"    location / {{ }}\n  }}\n}}\n"
-    )
+    server = f"  server {{\n    listen 127.0.0.1:{port};\n    root {root};\n"
+    server += "    location / { }\n  }\n"
+    conf.write_text(nginx_config(tmp, workers, True, server))
     proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)], text=True)
     return proc, f"http://127.0.0.1:{port}"
 

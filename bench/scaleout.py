@@ -33,7 +33,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -43,7 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub"))
-from seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, find_weed
+from seaweed import SeaweedServer, find_weed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _servers import nginx_config, stop
 
 REPO = "bench/scaleout"
 TARGETS = {"redirect": 0.9, "proxy": 0.8, "x-accel": 0.9}
@@ -147,19 +149,9 @@ def start_nginx(
         f"server {{\n  listen 127.0.0.1:{bare};\n  root {store.resolve()};\n"
         "  location / { }\n}\n"
     )
-    user = "user root;\n" if os.geteuid() == 0 else ""
     conf = tmp / "nginx.conf"
-    conf.write_text(
-        f"{user}daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\n"
-        f"error_log {tmp}/error.log;\nevents {{ worker_connections 1024; }}\n"
-        f"http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n"
-        f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
-        f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
-        f"  scgi_temp_path {tmp}/scgi;\n  default_type application/octet-stream;\n"
-        + nginx_server(store, f"127.0.0.1:{front}", upstream)
-        + static
-        + "}\n"
-    )
+    servers = nginx_server(store, f"127.0.0.1:{front}", upstream) + static
+    conf.write_text(nginx_config(tmp, 1, False, servers))
     proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)])
     for port in (front, bare):
         deadline = time.monotonic() + 10
@@ -174,29 +166,6 @@ def start_nginx(
     return proc, f"http://127.0.0.1:{front}", f"http://127.0.0.1:{bare}"
 
 
-def stop(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def aws_env(weed: SeaweedServer, tmp: Path) -> dict[str, str]:
-    """The standard AWS settings for the SeaweedFS of this run (and no profile files)."""
-    return {
-        "AWS_ENDPOINT_URL": weed.endpoint,
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_REGION": REGION,
-        "AWS_CONFIG_FILE": str(tmp / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-
-
 def measure(
     args: argparse.Namespace,
     tmp: Path,
@@ -205,7 +174,7 @@ def measure(
     procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]],
 ) -> dict[str, float]:
     """Best throughput of every way of serving (processes started go into ``procs``)."""
-    os.environ.update(aws_env(weed, tmp))
+    os.environ.update(weed.aws_env(tmp))
     env = dict(os.environ)
     from cmh.hub.mirror.bucket import BucketStore
     from cmh.hub.mirror.store import add_folder
@@ -297,7 +266,7 @@ def main() -> int:
             best = measure(args, tmp, weed, nginx, procs)
         finally:
             for proc in procs:
-                stop(proc)
+                stop(proc, timeout=10)
             weed.stop()
     failed = []
     for name, rate in best.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -174,7 +175,8 @@ def stamp(
 
     def write(path: str) -> tuple[dict[str, Any], str]:
         with progress_bar(data_size(path), f"stamp {os.path.basename(path)}") as advance:
-            result = cmh.stamp(path, ttl, sign_key=key, threads=threads, progress=advance)
+            hashing = cmh.Hashing(threads, advance)
+            result = cmh.stamp(path, ttl, sign_key=key, hashing=hashing)
         now = time.time()
         if result.removed_signature_key_id is not None:
             warn(
@@ -206,6 +208,20 @@ def stamp(
 
 
 # -- verify ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _VerifyOptions:
+    """The options of ``cmh verify`` as click passes them."""
+
+    keys: tuple[str, ...]
+    require_signature: bool
+    allow_unsigned: bool
+    allow_expired: bool
+    at: float | None
+    fast: bool
+    threads: int | None
+    as_json: bool
 
 
 @click.command()
@@ -243,17 +259,7 @@ def stamp(
 @_THREADS
 @json_option
 @handle_errors
-def verify(
-    paths: tuple[str, ...],
-    keys: tuple[str, ...],
-    require_signature: bool,
-    allow_unsigned: bool,
-    allow_expired: bool,
-    at: float | None,
-    fast: bool,
-    threads: int | None,
-    as_json: bool,
-) -> None:
+def verify(paths: tuple[str, ...], **options: Any) -> None:
     """Verify each PATH (a file, or a checkpoint directory: every shard and the index).
 
     With --key, every file must carry a signature by a trusted key, unless
@@ -264,20 +270,21 @@ def verify(
     untrusted signature, unstamped, index and shards disagree), 3 an input is
     not a readable safetensors file, 2 a usage error.
     """
+    opt = _VerifyOptions(**options)
     import cmh
     from cmh.verification import Outcome
 
     from ._keys import load_trusted_keys
 
-    if require_signature and not keys:
+    if opt.require_signature and not opt.keys:
         usage_error("--require-signature needs at least one --key to check signatures against")
-    if allow_unsigned and not keys:
+    if opt.allow_unsigned and not opt.keys:
         usage_error("--allow-unsigned only applies with --key")
-    if allow_unsigned and require_signature:
+    if opt.allow_unsigned and opt.require_signature:
         usage_error("--allow-unsigned and --require-signature contradict each other")
-    trusted = load_trusted_keys(keys)
-    required = bool(keys) and not allow_unsigned
-    now = time.time() if at is None else at
+    trusted = load_trusted_keys(opt.keys)
+    required = bool(opt.keys) and not opt.allow_unsigned
+    now = time.time() if opt.at is None else opt.at
     files: list[dict[str, Any]] = []
     checkpoints: list[dict[str, Any]] = []
     status = EXIT_OK
@@ -293,12 +300,11 @@ def verify(
                         result = cmh.verify(
                             path,
                             at=now,
-                            fast=fast,
+                            fast=opt.fast,
                             trusted_keys=trusted,
                             require_signature=required,
-                            allow_expired=allow_expired,
-                            threads=threads,
-                            progress=advance,
+                            allow_expired=opt.allow_expired,
+                            hashing=cmh.Hashing(opt.threads, advance),
                         )
                     except OSError as exc:
                         from cmh.verification import Problem
@@ -318,7 +324,7 @@ def verify(
                     status = max(status, EXIT_UNREADABLE)
                 elif not result.ok:
                     status = max(status, EXIT_CHECK_FAILED)
-                if not as_json:
+                if not opt.as_json:
                     _print_verdict(result, now)
             if checkpoint is not None:
                 ok = target.consistent and all(r.ok for r in results)
@@ -332,16 +338,16 @@ def verify(
                     status = max(status, EXIT_UNREADABLE)
                 elif target.problems:
                     status = max(status, EXIT_CHECK_FAILED)
-                if not as_json:
+                if not opt.as_json:
                     _print_checkpoint(target, ok, identity)
-    if not as_json:
+    if not opt.as_json:
         total = counts["ok"] + counts["failed"]
         click.echo(
             f"{total} file{'s' if total != 1 else ''}: {counts['ok']} ok, {counts['failed']} failed"
         )
     overall = next((o for o in outcomes if o != Outcome.OK.value), Outcome.OK.value)
     document = envelope("verify", outcome=overall, files=files, checkpoints=checkpoints)
-    _finish(as_json, document, status)
+    _finish(opt.as_json, document, status)
 
 
 #: The outcome of a checkpoint directory whose index and shards disagree (spec section 6).
@@ -563,6 +569,16 @@ def fingerprint(
     if base is not None and not semantic:
         usage_error("--base applies to --semantic only")
     kind = "semantic" if semantic else ("directory" if os.path.isdir(path) else "file")
+
+    def document(code: int, outcome: str, error: str | None, **fields: Any) -> None:
+        emit_json(
+            envelope(
+                "fingerprint", path=path, kind=kind, **fields,
+                outcome=None if semantic else outcome, error=error, ok=code == EXIT_OK,
+                exit_status=code,
+            )
+        )  # fmt: skip
+
     try:
         with stop_on_interrupt("nothing was changed; run the same command again"):
             fields = (
@@ -574,31 +590,10 @@ def fingerprint(
         code = EXIT_UNREADABLE if semantic and _not_a_model(exc) else exit_code_for(exc)
         message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
         if as_json:
-            emit_json(
-                envelope(
-                    "fingerprint",
-                    path=path,
-                    kind=kind,
-                    outcome=None if semantic else _fingerprint_outcome(exc),
-                    error=message,
-                    ok=False,
-                    exit_status=code,
-                )
-            )
+            document(code, _fingerprint_outcome(exc), message)
         fail(message, code)
     if as_json:
-        emit_json(
-            envelope(
-                "fingerprint",
-                path=path,
-                kind=kind,
-                **fields,
-                outcome=None if semantic else "ok",
-                error=None,
-                ok=True,
-                exit_status=EXIT_OK,
-            )
-        )
+        document(EXIT_OK, "ok", None, **fields)
     elif semantic:
         _print_semantic(path, fields["semantic"])
     else:

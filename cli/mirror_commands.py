@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +249,34 @@ def scrub(
     raise click.exceptions.Exit(code)
 
 
+@dataclass(frozen=True)
+class _ServeOptions:
+    """The options of ``cmh serve`` as click passes them."""
+
+    store: StoreLocation
+    host: str
+    port: int
+    tokens: Path | None
+    workers: int
+    access_log: Path | None
+    public_url: str | None
+    max_connections: int | None
+    header_timeout: float
+    idle_timeout: float
+    upstream: str | None
+    upstream_token_file: Path | None
+    public_upstream_repos: bool
+    fresh_for: int
+    stale_if_error: int
+    admin_tokens: Path | None
+    keys: tuple[Path, ...]
+    blob_delivery: str
+    ref_ttl: float
+    graceful_timeout: float
+    public_storage_url: str | None
+    tree_page_size: int
+
+
 @click.command("serve")
 @STORE_OPTION
 @click.option(
@@ -386,82 +415,44 @@ def scrub(
 )
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
-def serve(
-    store: StoreLocation,
-    host: str,
-    port: int,
-    tokens: Path | None,
-    workers: int,
-    access_log: Path | None,
-    public_url: str | None,
-    max_connections: int | None,
-    header_timeout: float,
-    idle_timeout: float,
-    upstream: str | None,
-    upstream_token_file: Path | None,
-    public_upstream_repos: bool,
-    fresh_for: int,
-    stale_if_error: int,
-    admin_tokens: Path | None,
-    keys: tuple[Path, ...],
-    blob_delivery: str,
-    ref_ttl: float,
-    graceful_timeout: float,
-    public_storage_url: str | None,
-    tree_page_size: int,
-) -> None:
+def serve(**options: Any) -> None:
     """Serve a store through the Hub HTTP API and web pages.
 
     SIGTERM or Ctrl-C stops it cleanly: no new connection is taken, requests in
     flight get --graceful-timeout seconds to finish.
     """
+    opt = _ServeOptions(**options)
     from cmh.hub.mirror import ServeConfig, ServeError, UpstreamConfig
     from cmh.hub.mirror import serve as run
 
     pull = None
-    check_hub_url(upstream, "--upstream")
-    if upstream is not None:
+    check_hub_url(opt.upstream, "--upstream")
+    if opt.upstream is not None:
         pull = UpstreamConfig(
-            upstream,
-            _read_token(upstream_token_file),
-            float(fresh_for),
-            float(stale_if_error),
-            public_repos=public_upstream_repos,
+            opt.upstream,
+            _read_token(opt.upstream_token_file),
+            float(opt.fresh_for),
+            float(opt.stale_if_error),
+            public_repos=opt.public_upstream_repos,
         )
-        open_store_or_fail(store, existing=False).create()  # a pull-through cache starts empty
-        click.echo(_exposure(pull, tokens), err=True)
-    elif upstream_token_file is not None:
+        open_store_or_fail(opt.store, existing=False).create()  # a pull-through cache starts empty
+        click.echo(_exposure(pull, opt.tokens), err=True)
+    elif opt.upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")
-    elif public_upstream_repos:
+    elif opt.public_upstream_repos:
         usage_error("--public-upstream-repos needs --upstream")
 
     def announce(url: str) -> None:
-        plural = "s" if workers > 1 else ""
-        click.echo(f"Serving {store} on {url} ({workers} worker{plural})")
+        plural = "s" if opt.workers > 1 else ""
+        click.echo(f"Serving {opt.store} on {url} ({opt.workers} worker{plural})")
         sys.stdout.flush()
 
+    # Every option named like a ServeConfig field is that field; the rest are read above.
+    same = {f.name for f in dataclasses.fields(ServeConfig)} & set(options)
     config = ServeConfig(
-        store=store,
-        host=host,
-        port=port,
-        tokens=tokens,
-        workers=workers,
-        access_log=access_log,
-        page_size=tree_page_size,
-        public_url=public_url,
-        max_connections=max_connections,
-        header_timeout=header_timeout,
-        idle_timeout=idle_timeout,
-        upstream=pull,
-        admin_tokens=admin_tokens,
-        keys=keys,
-        announce=announce,
-        warn=warn,
-        blob_delivery=blob_delivery,
-        ref_ttl=ref_ttl,
-        graceful_timeout=graceful_timeout,
-        public_storage_url=public_storage_url,
-    )
+        **{name: getattr(opt, name) for name in same - {"upstream"}},
+        page_size=opt.tree_page_size, upstream=pull, announce=announce, warn=warn,
+    )  # fmt: skip
     try:
         code = run(config)
     except ServeError as exc:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -36,6 +37,28 @@ def stdin_is_terminal() -> bool:
         return sys.stdin.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+@dataclass(frozen=True)
+class _PruneOptions:
+    """The options of ``cmh prune`` as click passes them."""
+
+    cache_dir: Path | None
+    store: StoreLocation | None
+    settle: float | None
+    expired: bool
+    grace: int | None
+    include_referenced: bool
+    unreferenced: bool
+    keep_latest: int | None
+    older_than: int | None
+    max_size: int | None
+    stale_incomplete: int
+    at: float | None
+    lock_timeout: float
+    dry_run: bool
+    yes: bool
+    as_json: bool
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,24 +131,7 @@ def stdin_is_terminal() -> bool:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before deleting.")
 @json_option
 @handle_errors
-def prune(
-    cache_dir: Path | None,
-    store: StoreLocation | None,
-    settle: float | None,
-    expired: bool,
-    grace: int | None,
-    include_referenced: bool,
-    unreferenced: bool,
-    keep_latest: int | None,
-    older_than: int | None,
-    max_size: int | None,
-    stale_incomplete: int,
-    at: float | None,
-    lock_timeout: float,
-    dry_run: bool,
-    yes: bool,
-    as_json: bool,
-) -> None:
+def prune(**options: Any) -> None:
     """Prune stale revisions from a cache or store.
 
     Policies combine: a revision goes when any of them names it, and the refs
@@ -135,17 +141,18 @@ def prune(
     the mirror serves and resolvers run: busy repos and revisions in use are
     skipped.
     """
-    if (cache_dir is None) == (store is None):
+    opt = _PruneOptions(**options)
+    if (opt.cache_dir is None) == (opt.store is None):
         usage_error(
             "give exactly one of --cache-dir DIR (e.g. ~/.cache/huggingface/hub) or --store DIR"
         )
-    if (grace is not None or include_referenced) and not expired:
+    if (opt.grace is not None or opt.include_referenced) and not opt.expired:
         usage_error("--grace and --include-referenced apply to --expired only")
-    if at is not None and not dry_run:
+    if opt.at is not None and not opt.dry_run:
         usage_error("--at judges the cache at another time: use it with --dry-run only")
-    root = cache_dir if cache_dir is not None else store
+    root = opt.cache_dir if opt.cache_dir is not None else opt.store
     assert root is not None
-    kind = "cache" if cache_dir is not None else "store"
+    kind = "cache" if opt.cache_dir is not None else "store"
 
     from cmh.hub.prune import PrunePolicy, plan_prune
     from cmh.hub.prune.targets import ExecuteOptions
@@ -153,49 +160,49 @@ def prune(
     from .prune_report import plan_document, plan_lines
 
     policy = PrunePolicy(
-        expired=expired,
-        grace=float(grace or 0),
-        include_referenced=include_referenced,
-        unreferenced=unreferenced,
-        keep_latest=keep_latest,
-        older_than=None if older_than is None else float(older_than),
-        max_size=max_size,
-        stale_incomplete=float(stale_incomplete),
+        expired=opt.expired,
+        grace=float(opt.grace or 0),
+        include_referenced=opt.include_referenced,
+        unreferenced=opt.unreferenced,
+        keep_latest=opt.keep_latest,
+        older_than=None if opt.older_than is None else float(opt.older_than),
+        max_size=opt.max_size,
+        stale_incomplete=float(opt.stale_incomplete),
     )
     target = _open_target(root)
-    if settle is not None and not target.settles:
+    if opt.settle is not None and not target.settles:
         usage_error("--settle applies to a bucket store (--store s3://...) only")
-    scan = target.scan(read_expiry=expired, read_commit_times=keep_latest is not None)
+    scan = target.scan(read_expiry=opt.expired, read_commit_times=opt.keep_latest is not None)
     from cmh.hub.cache import process_clock
 
-    plan = plan_prune(scan, policy, at if at is not None else process_clock().time())
+    plan = plan_prune(scan, policy, opt.at if opt.at is not None else process_clock().time())
 
-    if dry_run or plan.empty:
-        if as_json:
-            emit_json(plan_document(plan, kind, dry_run))
+    if opt.dry_run or plan.empty:
+        if opt.as_json:
+            emit_json(plan_document(plan, kind, opt.dry_run))
         else:
             for line in plan_lines(plan, kind, dry_run=True):
                 echo(line)
         return
 
-    if not yes:
+    if not opt.yes:
         if not stdin_is_terminal():
             usage_error(
                 "refusing to delete without --yes: stdin is not a terminal "
                 "(use --dry-run to see what would go)"
             )
         for line in plan_lines(plan, kind, dry_run=False):
-            click.echo(line, err=as_json)
+            click.echo(line, err=opt.as_json)
         if not click.confirm("Delete these?", default=False, err=True):
             click.echo("Kept everything: nothing deleted.", err=True)
             raise click.exceptions.Exit(EXIT_CHECK_FAILED)
-    elif target.settles and not as_json:
+    elif target.settles and not opt.as_json:
         for line in plan_lines(plan, kind, dry_run=False):  # what the settle waits to delete
             click.echo(line, err=True)
 
-    with progress_bar(0 if as_json else plan.freed, f"prune {kind}") as advance:
-        options = ExecuteOptions(lock_timeout, settle, progress=advance)
-        _execute(target, plan, kind, options, as_json)
+    with progress_bar(0 if opt.as_json else plan.freed, f"prune {kind}") as advance:
+        execution = ExecuteOptions(opt.lock_timeout, opt.settle, progress=advance)
+        _execute(target, plan, kind, execution, opt.as_json)
 
 
 def _open_target(root: StoreLocation) -> PruneTarget:

@@ -12,6 +12,7 @@ failure (1 or 3) prints one document too: ``ok`` false, ``error_kind``, ``error`
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import click
@@ -32,6 +33,22 @@ from ._common import (
     warn,
 )
 from ._interrupt import stop_on_interrupt
+
+
+@dataclass(frozen=True)
+class _PullOptions:
+    """The options of ``cmh pull`` as click passes them."""
+
+    revision: str
+    repo_type: str
+    cache_dir: str | None
+    endpoint: str | None
+    patterns: tuple[str, ...]
+    offline: bool
+    strict: bool
+    revalidate: bool
+    connections: int | None
+    as_json: bool
 
 
 @click.command("pull")
@@ -62,20 +79,9 @@ from ._interrupt import stop_on_interrupt
     help="Parallel range connections per large file (default: CMH_DOWNLOAD_CONNECTIONS, else 8).",
 )
 @json_option
-def pull(
-    repo_id: str,
-    revision: str,
-    repo_type: str,
-    cache_dir: str | None,
-    endpoint: str | None,
-    patterns: tuple[str, ...],
-    offline: bool,
-    strict: bool,
-    revalidate: bool,
-    connections: int | None,
-    as_json: bool,
-) -> None:
+def pull(repo_id: str, **options: Any) -> None:
     """Resolve REPO_ID into the local cache and print the snapshot folder."""
+    opt = _PullOptions(**options)
     from cmh.hub.cache import LayoutError
     from cmh.hub.resolver import (
         IntegrityError,
@@ -93,14 +99,14 @@ def pull(
                 "sentence-transformers/all-MiniLM-L6-v2), the --repo-type and --revision; "
                 "a private or gated repo also answers not found without a token (set HF_TOKEN)"
             )
-        if as_json:
+        if opt.as_json:
             from ._documents import envelope
 
             emit_json(
                 envelope(
                     "pull",
                     repo_id=repo_id,
-                    revision=revision,
+                    revision=opt.revision,
                     ok=False,
                     exit_status=exit_code,
                     error_kind=error_kind(exc),
@@ -109,15 +115,15 @@ def pull(
             )
         fail(message, exit_code)
 
-    if endpoint is not None:
-        check_hub_url(endpoint, "--endpoint")
-    elif not offline:
+    if opt.endpoint is not None:
+        check_hub_url(opt.endpoint, "--endpoint")
+    elif not opt.offline:
         check_hub_url(os.environ.get("HF_ENDPOINT") or None, "HF_ENDPOINT")
-    overrides: dict[str, Any] = {"strict": strict, "revalidate": revalidate}
-    if offline:
+    overrides: dict[str, Any] = {"strict": opt.strict, "revalidate": opt.revalidate}
+    if opt.offline:
         overrides["offline"] = True
-    if connections is not None:
-        overrides["connections"] = connections
+    if opt.connections is not None:
+        overrides["connections"] = opt.connections
     try:
         policy = Policy.from_env(**overrides)
     except ValueError as exc:  # CMH_DOWNLOAD_CONNECTIONS out of range
@@ -127,16 +133,16 @@ def pull(
     with (
         stop_on_interrupt(resume),
         report_waits(),
-        late_progress_bar(desc, show=not as_json) as bar,
+        late_progress_bar(desc, show=not opt.as_json) as bar,
     ):
         try:
             res = resolve(
                 repo_id,
-                revision,
-                repo_type=repo_type,
-                cache_dir=cache_dir,
-                endpoint=endpoint,
-                allow_patterns=list(patterns) or None,
+                opt.revision,
+                repo_type=opt.repo_type,
+                cache_dir=opt.cache_dir,
+                endpoint=opt.endpoint,
+                allow_patterns=list(opt.patterns) or None,
                 policy=policy,
                 progress=bar.advance,
                 on_total=bar.on_total,
@@ -147,7 +153,7 @@ def pull(
             refuse(exc, EXIT_CHECK_FAILED)
         except (ResolveError, OSError) as exc:
             refuse(exc, EXIT_UNREADABLE)
-    if as_json:
+    if opt.as_json:
         from ._documents import envelope
 
         document = envelope("pull", ok=True, exit_status=0, error_kind=None, error=None)

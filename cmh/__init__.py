@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from .carrier import user_metadata
 from .checkpoint import DirectoryIdentity, directory_identity, find_checkpoint
-from .digests import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
+from .digests import (
+    Hashing,
+    ProgressCallback,
+    TensorDigest,
+    file_root,
+    hash_tensors,
+    root_entries,
+)
 from .duration import parse_duration, parse_size
 from .errors import (
     CarrierError,
@@ -91,6 +98,7 @@ __all__ = [
     "DirectoryIdentity",
     "DurationError",
     "Fingerprint",
+    "Hashing",
     "Header",
     "IndexInconsistentError",
     "InputValueError",

@@ -17,7 +17,7 @@ from .digests import (
     root_entries,
 )
 from .errors import CMHError, IndexInconsistentError, InvalidFileError
-from .header import Header, parse_strict_json, read_header
+from .header import Header, parse_strict_json, read_header, strict_utf8
 
 SHARD_SUFFIX = ".safetensors"
 INDEX_SUFFIX = SHARD_SUFFIX + ".index.json"
@@ -118,10 +118,7 @@ def parse_index(raw: bytes, path: str | None = None) -> dict[str, str]:
     """Section 6 rules a-f: strict UTF-8 JSON, one object, a non-empty ``weight_map`` of strings."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raise InvalidFileError("index starts with a byte-order mark (not JSON)", path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidFileError(f"index is not valid UTF-8 (at byte {exc.start})", path) from exc
+    text = strict_utf8(raw, "index", path)
     try:
         obj = parse_strict_json(text)
     except ValueError as exc:

@@ -44,7 +44,9 @@ class FileVersion:
     ctime_ns: int
 
     @classmethod
-    def of(cls, st: os.stat_result) -> FileVersion:
+    def of(cls, source: os.stat_result | int) -> FileVersion:
+        """The version a stat result describes, or the one an open file descriptor has now."""
+        st = os.fstat(source) if isinstance(source, int) else source
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .header import Header, TensorEntry
+from .header import Header, TensorEntry, TensorSpec
 
 FILE_DOMAIN = b"CMH-FP-v1\n"
 DIRECTORY_DOMAIN = b"CMH-DIR-v1\n"
@@ -25,6 +25,19 @@ CHUNK_SIZE = 8 << 20
 
 #: Called with a number of bytes just hashed; may be called from worker threads.
 ProgressCallback = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Hashing:
+    """How tensor bytes are hashed: how many threads (``None``: one per core, at most 8) and
+    who hears of the bytes hashed. Never changes what is written or judged."""
+
+    threads: int | None = None
+    progress: ProgressCallback | None = None
+
+
+#: One thread per core (at most 8), no progress callback.
+DEFAULT_HASHING = Hashing()
 
 
 @dataclass(frozen=True)
@@ -37,12 +50,9 @@ class TensorDigest:
 
 
 @dataclass(frozen=True)
-class RootEntry:
+class RootEntry(TensorSpec):
     """What the root covers of one tensor: name, dtype, shape and SHA-256 of its bytes."""
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
     sha256: bytes
 
 

@@ -11,13 +11,17 @@ class CMHError(Exception):
     """Base class of every error raised by cmh."""
 
 
-class InvalidFileError(CMHError):
-    """The input is not a valid safetensors file (the message says why)."""
+class _AboutInput(CMHError):
+    """An input that cannot be read as what it should be: ``reason``, about ``path``."""
 
     def __init__(self, reason: str, path: str | None = None) -> None:
         self.reason = reason
         self.path = path
         super().__init__(f"{path}: {reason}" if path else reason)
+
+
+class InvalidFileError(_AboutInput):
+    """The input is not a valid safetensors file (the message says why)."""
 
 
 class IndexInconsistentError(CMHError):

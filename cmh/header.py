@@ -55,12 +55,18 @@ _TENSOR_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 
 
 @dataclass(frozen=True)
-class TensorEntry:
-    """One tensor as the header describes it; offsets are relative to the buffer."""
+class TensorSpec:
+    """A tensor's name, dtype and shape: what every description of one starts with."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TensorEntry(TensorSpec):
+    """One tensor as the header describes it; offsets are relative to the buffer."""
+
     begin: int
     end: int
 
@@ -185,10 +191,7 @@ def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Head
     _check_header_size(header_size, file_size, path)
     if not raw.startswith(b"{"):
         raise InvalidFileError("header does not start with '{'", path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidFileError(f"header is not valid UTF-8 (at byte {exc.start})", path) from exc
+    text = strict_utf8(raw, "header", path)
     try:
         obj = json.loads(
             text,
@@ -237,6 +240,14 @@ def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Head
         metadata=metadata,
         raw=raw,
     )
+
+
+def strict_utf8(raw: bytes, what: str, path: str | None) -> str:
+    """``raw`` as UTF-8 text; :class:`InvalidFileError` naming ``what`` and the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidFileError(f"{what} is not valid UTF-8 (at byte {exc.start})", path) from exc
 
 
 def parse_strict_json(text: str) -> Any:

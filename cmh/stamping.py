@@ -35,7 +35,7 @@ from .carrier import (
     user_metadata,
 )
 from .checks import checked_fingerprint, record_check
-from .digests import ProgressCallback, TensorDigest, file_root, hash_tensors, root_entries
+from .digests import DEFAULT_HASHING, Hashing, TensorDigest, file_root, hash_tensors, root_entries
 from .duration import TTL, ttl_seconds
 from .errors import CMHError, StampError
 from .header import METADATA_KEY, PREFIX_SIZE, Header, parse_header, read_header
@@ -74,9 +74,8 @@ def stamp(
     sign_key: Ed25519PrivateKey | None = None,
     xxh3: bool = True,
     now: float | None = None,
-    threads: int | None = None,
-    progress: ProgressCallback | None = None,
     keep_ttl: bool = True,
+    hashing: Hashing = DEFAULT_HASHING,
 ) -> StampResult:
     """Stamp the safetensors file at ``path``; return the record written.
 
@@ -86,6 +85,7 @@ def stamp(
     expires. ``sign_key`` adds an Ed25519 signature. Restamping a signed file
     without a key removes its signature (it would no longer match the new
     record); ``removed_signature_key_id`` then names the key that had signed.
+    ``hashing`` sets the threads and a progress callback (:class:`cmh.Hashing`).
     """
     target = os.fspath(path)
     stamped_at = int(now if now is not None else time.time())
@@ -96,7 +96,7 @@ def stamp(
     if ttl is None and keep_ttl and previous is not None and previous.expires_at:
         lifetime = max(0, previous.expires_at - previous.stamped_at)
     expires_at = 0 if lifetime is None else stamped_at + lifetime
-    job = _StampJob(target, header, expires_at, stamped_at, sign_key, xxh3, threads, progress)
+    job = _StampJob(target, header, expires_at, stamped_at, sign_key, xxh3, hashing)
     result = _stamp_in_place(job) if _fits_in_place(job) else _stamp_rewrite(job)
     removed = _removed_signer(carrier, sign_key)
     return dataclasses.replace(result, removed_signature_key_id=removed) if removed else result
@@ -119,8 +119,7 @@ class _StampJob:
     stamped_at: int
     sign_key: Ed25519PrivateKey | None
     xxh3: bool
-    threads: int | None
-    progress: ProgressCallback | None
+    hashing: Hashing
 
 
 def _previous_carrier(header: Header) -> Carrier | None:
@@ -205,7 +204,11 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             hash_started = time.perf_counter()
             try:
                 digests = hash_tensors(
-                    target, header, xxh3=xxh3, threads=job.threads, progress=job.progress
+                    target,
+                    header,
+                    xxh3=xxh3,
+                    threads=job.hashing.threads,
+                    progress=job.hashing.progress,
                 )
             finally:
                 copy.join()
@@ -216,10 +219,8 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
             set_mtime_to_stamp(tmp, job.stamped_at)
             written = os.fstat(dst.fileno())
-    except BaseException as exc:
-        if isinstance(exc, OSError):
-            raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
-        raise
+    except OSError as exc:
+        raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
     record_own_stamp(target, written, record.fingerprint)
     write_seconds = time.perf_counter() - started - hash_seconds
     return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)
@@ -308,7 +309,9 @@ def _stamp_in_place(job: _StampJob) -> StampResult:
     target, header, xxh3 = job.target, job.header, job.xxh3
     before = os.stat(target)  # the concurrent-write check of the first stamp, here too
     hash_started = time.perf_counter()
-    digests = hash_tensors(target, header, xxh3=xxh3, threads=job.threads, progress=job.progress)
+    digests = hash_tensors(
+        target, header, xxh3=xxh3, threads=job.hashing.threads, progress=job.hashing.progress
+    )
     hash_seconds = time.perf_counter() - hash_started
     values, record, signer = _new_values(job, header, digests)
     try:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from .carrier import Carrier, read_carrier, user_metadata
-from .digests import ProgressCallback, file_root, hash_tensors, root_entries
+from .digests import DEFAULT_HASHING, Hashing, file_root, hash_tensors, root_entries
 from .errors import (
     CarrierError,
     CorruptRecordError,
@@ -83,8 +83,7 @@ def verify(
     trusted_keys: TrustedKeys | None = None,
     require_signature: bool | None = None,
     allow_expired: bool = False,
-    threads: int | None = None,
-    progress: ProgressCallback | None = None,
+    hashing: Hashing = DEFAULT_HASHING,
 ) -> VerifyResult:
     """Verify the file at ``path``; never raises for a bad file, returns its outcome.
 
@@ -94,7 +93,8 @@ def verify(
     signature, so whenever a signature is checked or required the verification
     is full, whatever ``fast`` says. ``require_signature`` defaults to "when
     ``trusted_keys`` are given": pass ``False`` to accept unsigned files then.
-    Expiry is judged at ``at`` (Unix seconds), else now.
+    Expiry is judged at ``at`` (Unix seconds), else now. ``hashing`` sets the
+    threads and a progress callback (:class:`cmh.Hashing`).
     """
     target = os.fspath(path)
     if require_signature is None:
@@ -116,18 +116,9 @@ def verify(
         return _fail(target, Outcome.MANIFEST_INCONSISTENT, str(exc), mode)
     if carrier is None:
         return _fail(target, Outcome.UNSTAMPED, "file carries no CMH record", mode)
-    return _judge(
-        target,
-        header,
-        carrier,
-        at=time.time() if at is None else at,
-        fast=fast,
-        trusted_keys=trusted_keys,
-        require_signature=require_signature,
-        allow_expired=allow_expired,
-        threads=threads,
-        progress=progress,
-    )
+    when = time.time() if at is None else at
+    policy = _Policy(when, fast, trusted_keys, require_signature, allow_expired)
+    return _judge(target, header, carrier, policy, hashing)
 
 
 def _p(outcome: Outcome, message: str) -> Problem:
@@ -138,19 +129,22 @@ def _fail(path: str, outcome: Outcome, message: str, mode: str) -> VerifyResult:
     return VerifyResult(path, outcome, (_p(outcome, message),), mode=mode)
 
 
+@dataclass(frozen=True)
+class _Policy:
+    """What :func:`verify` was asked to judge, and when."""
+
+    at: float
+    fast: bool
+    trusted_keys: TrustedKeys | None
+    require_signature: bool
+    allow_expired: bool
+
+
 def _judge(
-    path: str,
-    header: Header,
-    carrier: Carrier,
-    *,
-    at: float,
-    fast: bool,
-    trusted_keys: TrustedKeys | None,
-    require_signature: bool,
-    allow_expired: bool,
-    threads: int | None,
-    progress: ProgressCallback | None,
+    path: str, header: Header, carrier: Carrier, policy: _Policy, hashing: Hashing
 ) -> VerifyResult:
+    at, fast, trusted_keys = policy.at, policy.fast, policy.trusted_keys
+    require_signature, allow_expired = policy.require_signature, policy.allow_expired
     record = carrier.record
     problems: list[Problem] = []
     notes: list[str] = []
@@ -163,7 +157,7 @@ def _judge(
             fast, mode = False, "full"
     before = os.stat(path)
     digests = hash_tensors(
-        path, header, sha256=not fast, xxh3=fast, threads=threads, progress=progress
+        path, header, sha256=not fast, xxh3=fast, threads=hashing.threads, progress=hashing.progress
     )
     if carrier.sha256 is not None:
         claimed = carrier.sha256

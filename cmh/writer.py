@@ -25,10 +25,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ._atomic import atomic_file
 from .carrier import carrier_values, is_reserved
-from .digests import RootEntry, default_threads, file_root
+from .digests import DEFAULT_HASHING, Hashing, RootEntry, default_threads, file_root
 from .duration import TTL, ttl_seconds
 from .errors import CMHError, StampError
-from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE
+from .header import DTYPE_BITS, METADATA_KEY, PREFIX_SIZE, TensorSpec
 from .record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
 from .signing import key_id, sign_record
 from .stamping import record_own_stamp, set_mtime_to_stamp
@@ -48,10 +48,7 @@ _TORCH_DTYPES = {
 
 
 @dataclass(frozen=True)
-class _Tensor:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
+class _Tensor(TensorSpec):
     data: memoryview
 
 
@@ -88,15 +85,16 @@ def save_file(
     *,
     ttl: TTL = None,
     sign_key: Ed25519PrivateKey | None = None,
-    xxh3: bool = True,
     now: float | None = None,
-    threads: int | None = None,
+    hashing: Hashing = DEFAULT_HASHING,
 ) -> SaveResult:
     """Write ``tensors`` (numpy arrays or torch tensors) as a stamped safetensors file.
 
-    One pass: every tensor is hashed from memory (in threads) while its bytes
-    are written and written back to disk, then the header is written with its
-    final record; the file appears at ``path`` only once complete and synced.
+    One pass: every tensor is hashed from memory (in ``hashing.threads``
+    threads) while its bytes are written and written back to disk, then the
+    header is written with its final record; the file appears at ``path`` only
+    once complete and synced. The record carries both manifests (SHA-256 and
+    XXH3), as ``cmh stamp`` writes them.
     """
     target = os.fspath(path)
     user = dict(metadata or {})
@@ -116,12 +114,15 @@ def save_file(
         if count * bits != 8 * len(t.data):
             raise CMHError(f"tensor {t.name!r}: shape {t.shape} does not match its bytes")
 
-    def digest(t: _Tensor) -> tuple[bytes, bytes | None]:
-        return hashlib.sha256(t.data).digest(), xxhash.xxh3_128_digest(t.data) if xxh3 else None
+    def digest(t: _Tensor) -> tuple[bytes, bytes]:
+        digests = hashlib.sha256(t.data).digest(), xxhash.xxh3_128_digest(t.data)
+        if hashing.progress is not None:
+            hashing.progress(len(t.data))
+        return digests
 
     lifetime = ttl_seconds(ttl)
     stamped_at = int(time.time() if now is None else now)
-    flags = FLAG_SHA256 | (FLAG_XXH3 if xxh3 else 0) | (FLAG_SIGNED if sign_key else 0)
+    flags = FLAG_SHA256 | FLAG_XXH3 | (FLAG_SIGNED if sign_key else 0)
     expires_at = 0 if lifetime is None else stamped_at + lifetime
     signer = key_id(sign_key.public_key()) if sign_key else None
 
@@ -152,12 +153,12 @@ def save_file(
     _, placeholder = header_bytes(
         bytes(32),
         [bytes(32)] * len(items),
-        [bytes(16)] * len(items) if xxh3 else None,
+        [bytes(16)] * len(items),
         bytes(64) if sign_key else None,
     )
     try:
         with (
-            ThreadPoolExecutor(max_workers=threads or default_threads()) as pool,
+            ThreadPoolExecutor(max_workers=hashing.threads or default_threads()) as pool,
             atomic_file(target, tag="save", suffix=".tmp") as f,
         ):
             futures = [pool.submit(digest, t) for t in items]
@@ -185,7 +186,7 @@ def save_file(
                 expires_at=expires_at, fingerprint=root, flags=flags, stamped_at=stamped_at
             )
             signature = sign_record(unsigned.to_bytes(), sign_key) if sign_key else None
-            xxh3_digests = [d[1] for d in digests if d[1] is not None] if xxh3 else None
+            xxh3_digests = [d[1] for d in digests]
             record, final = header_bytes(root, sha256, xxh3_digests, signature)
             writeback.join()
             if failed:
@@ -201,9 +202,7 @@ def save_file(
             f.flush()  # nothing may be written after the mtime is set
             set_mtime_to_stamp(f.name, stamped_at)
             written = os.fstat(f.fileno())
-    except BaseException as exc:
-        if isinstance(exc, OSError):
-            raise StampError(f"{target}: could not write: {exc}") from exc
-        raise
+    except OSError as exc:
+        raise StampError(f"{target}: could not write: {exc}") from exc
     record_own_stamp(target, written, record.fingerprint)
     return SaveResult(target, record, signer)

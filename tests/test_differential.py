@@ -82,7 +82,7 @@ def split(data: bytes) -> tuple[Header, bytes]:
 def stamp_bytes(folder: Path, name: str, data: bytes, **kw: Any) -> bytes:
     path = folder / name
     path.write_bytes(data)
-    cmh.stamp(path, now=AT - 1, threads=1, **kw)
+    cmh.stamp(path, now=AT - 1, hashing=cmh.Hashing(threads=1), **kw)
     return path.read_bytes()
 
 

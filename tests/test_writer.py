@@ -30,6 +30,17 @@ def test_numpy_tensors_round_trip_and_verify(tmp_path: Path) -> None:
     assert cmh.inspect(path).metadata == {"format": "np"}
 
 
+def test_hashing_threads_and_progress_and_both_manifests(tmp_path: Path) -> None:
+    tensors = synthetic_tensors(4)
+    seen: list[int] = []
+    path = tmp_path / "m.safetensors"
+    cmh.save_file(tensors, path, hashing=cmh.Hashing(threads=1, progress=seen.append))
+    assert sum(seen) == cmh.inspect(path).tensor_bytes and len(seen) == len(tensors)
+    info = cmh.inspect(path)
+    assert info.has_sha256_manifest and info.has_xxh3_manifest
+    assert cmh.verify(path, fast=True).ok
+
+
 def test_same_fingerprint_as_a_stock_save_then_stamp(tmp_path: Path) -> None:
     tensors = synthetic_tensors(6)
     ours, stock = tmp_path / "ours.safetensors", tmp_path / "stock.safetensors"

@@ -12,6 +12,9 @@
 6. Put a pull-through mirror (``cmh serve --upstream``) in front of that
    mirror and load the model through it from two empty caches: the second
    load costs the upstream nothing (tools/demo_pullthrough.py).
+   Then a fleet: two ``cmh serve --upstream`` replicas over one SeaweedFS bucket,
+   two clients at once (one per replica) and the weights fetched from the
+   upstream once for both (tools/demo_fleet.py).
 7. Scale out: import it into a bucket store on a local SeaweedFS, serve it from
    two replicas (redirect and proxy delivery), load it through each, kill one and
    load again through the other (tools/demo_scaleout.py).
@@ -112,6 +115,11 @@ def main() -> int:
 
         step("a pull-through mirror in front of that mirror: two clients, one fill")
         demo_pullthrough.run(WORK, url, demo_mirror.REPO)
+
+        import demo_fleet
+
+        step("a pull-through fleet: two replicas over one SeaweedFS bucket, one fill")
+        print(demo_fleet.run(WORK, url, demo_mirror.REPO))
 
     import demo_scaleout
 

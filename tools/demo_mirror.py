@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 CMH = [sys.executable, "-m", "cmh.cli.main"]
@@ -45,6 +45,22 @@ print(json.dumps({"model": type(model).__name__, "same_weights": same,
                   "shape": list(out.shape), "cached": weights, "verify_ok": check.ok,
                   "outcome": str(getattr(check, "outcome", ""))}))
 """
+
+
+def client_env(base: Mapping[str, str], url: str, home: Path, **extra: str) -> dict[str, str]:
+    """``base`` without its Hugging Face settings, for a stock client of the mirror at ``url``
+    with its cache in ``home`` (no Xet, telemetry or progress bars), plus ``extra``."""
+    env = {k: v for k, v in base.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(
+        HF_ENDPOINT=url,
+        HF_HOME=str(home),
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    env.update(extra)
+    return env
 
 
 def _cmh(*args: str) -> str:
@@ -95,17 +111,7 @@ def run(work_dir: Path, model_dir: Path) -> str:
     _cmh("mirror", "ls", "--store", str(store))
     proc, url = _start_server(store, log)
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
-        env.update(
-            HF_ENDPOINT=url,
-            HF_HOME=str(home),
-            HF_HUB_DISABLE_XET="1",
-            HF_HUB_DISABLE_TELEMETRY="1",
-            HF_HUB_DISABLE_PROGRESS_BARS="1",
-            TRANSFORMERS_VERBOSITY="error",
-            DEMO_REPO=REPO,
-            DEMO_LOCAL=str(model_dir),
-        )
+        env = client_env(os.environ, url, home, DEMO_REPO=REPO, DEMO_LOCAL=str(model_dir))
         print(f"$ HF_ENDPOINT={url} python -c 'AutoModel.from_pretrained(\"{REPO}\") ...'")
         loaded = subprocess.run(
             [sys.executable, "-c", LOAD_SCRIPT], env=env, capture_output=True, text=True

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from urllib.request import Request, urlopen
 
-from demo_mirror import serving
+from demo_mirror import client_env, serving
 
 CLIENT = r"""
 import hashlib, json, os
@@ -39,15 +39,7 @@ def _upstream_counters(url: str) -> tuple[float, float]:
 
 
 def _load(url: str, home: Path, repo: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
-    env.update(
-        HF_ENDPOINT=url,
-        HF_HOME=str(home),
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        DEMO_REPO=repo,
-    )
+    env = client_env(os.environ, url, home, DEMO_REPO=repo)
     proc = subprocess.run([sys.executable, "-c", CLIENT], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"FAILED: the stock client could not load {repo}:\n{proc.stderr[-2000:]}")

@@ -18,11 +18,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "hub"))
-from seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedServer, find_weed  # noqa: E402
+from demo_mirror import client_env  # noqa: E402
+from seaweed import SeaweedServer, find_weed  # noqa: E402
 
 CMH = [sys.executable, "-m", "cmh.cli.main"]
 REPO = "demo/all-MiniLM-L6-v2-stamped"
@@ -49,33 +52,47 @@ def _cmh(env: dict[str, str], *args: str) -> str:
 
 
 def _replica(env: dict[str, str], mode: str, log: Path) -> tuple[subprocess.Popen[str], str]:
-    args = ["serve", "--store", STORE, "--port", "0", "--blob-delivery", mode,
-            "--access-log", str(log)]  # fmt: skip
+    return start_replica(env, STORE, log, ("--blob-delivery", mode))
+
+
+def start_replica(
+    env: dict[str, str], store: str, log: Path, extra: tuple[str, ...]
+) -> tuple[subprocess.Popen[str], str]:
+    """A ``cmh serve --store STORE`` on a free port and its URL (RuntimeError, with the
+    replica's own message, when it does not start)."""
+    args = ["serve", "--store", store, "--port", "0", *extra, "--access-log", str(log)]
     print("$ cmh " + " ".join(args) + " &", flush=True)
-    proc = subprocess.Popen([*CMH, *args], stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
+    proc = subprocess.Popen([*CMH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     match = re.search(r"http://127\.0\.0\.1:\d+", line)
     if not match:
         proc.kill()
         proc.wait()
-        raise RuntimeError(f"cmh serve did not start: {line!r}")
+        said = proc.stderr.read().strip().splitlines()
+        detail = said[-1] if said else f"no address printed ({line!r})"
+        raise RuntimeError(f"cmh serve did not start: {detail}")
+    threading.Thread(target=_drain, args=(proc.stderr,), daemon=True).start()
     print(line.rstrip(), flush=True)
     return proc, match.group(0)
 
 
+def _drain(stream: IO[str]) -> None:
+    """Pass a replica's stderr on (read, so that a full pipe never blocks it)."""
+    for line in stream:
+        sys.stderr.write(line)
+
+
+def seaweed_env(weed: SeaweedServer, base: Path) -> dict[str, str]:
+    """This process's environment with the standard AWS settings of ``weed``."""
+    env = {**os.environ, **weed.aws_env(base)}
+    env.pop("HF_HUB_OFFLINE", None)
+    return env
+
+
 def _load(env: dict[str, str], url: str, home: Path, model_dir: Path) -> dict[str, object]:
-    client = {k: v for k, v in env.items() if not k.startswith(("HF_", "HUGGING"))}
-    client.update(
-        HF_ENDPOINT=url,
-        HF_HOME=str(home),
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        TRANSFORMERS_VERBOSITY="error",
-        DEMO_REPO=REPO,
-        DEMO_LOCAL=str(model_dir),
-    )
+    client = client_env(env, url, home, DEMO_REPO=REPO, DEMO_LOCAL=str(model_dir))
     print(f"$ HF_ENDPOINT={url} python -c 'AutoModel.from_pretrained(\"{REPO}\")'", flush=True)
     done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT], env=client, capture_output=True,
                           text=True)  # fmt: skip
@@ -110,17 +127,7 @@ def run(work_dir: Path, model_dir: Path) -> str:
     procs: list[subprocess.Popen[str]] = []
     try:
         print(f"SeaweedFS S3 endpoint: {weed.endpoint} (bucket demo)", flush=True)
-        env = {
-            **os.environ,
-            "AWS_ENDPOINT_URL": weed.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_REGION": REGION,
-            "AWS_CONFIG_FILE": str(base / "none"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(base / "none"),
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
-        env.pop("HF_HUB_OFFLINE", None)
+        env = seaweed_env(weed, base)
         added = json.loads(_cmh(env, "mirror", "add", str(model_dir), "--store", STORE,
                                 "--repo", REPO, "--json"))  # fmt: skip
         _cmh(env, "mirror", "ls", "--store", STORE)

@@ -36,6 +36,7 @@ from cmh.digests import hash_tensors
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "fixtures" / "vectors"
 STAMPED_AT = 1_767_225_600  # 2026-01-01T00:00:00Z
+ONE_THREAD = cmh.Hashing(threads=1)  # the vectors come out the same on every machine
 BEFORE = STAMPED_AT + 1  # every check is judged at a given time, never the clock
 SIGNING_SEED = bytes(range(32))
 OTHER_SEED = bytes(range(32, 64))
@@ -341,7 +342,7 @@ class Builder:
         now: int = STAMPED_AT,
     ) -> Path:
         path = write_tensors(self.file(name), tensors, metadata)
-        cmh.stamp(path, ttl=ttl, now=now, xxh3=xxh3, sign_key=sign, threads=1)
+        cmh.stamp(path, ttl=ttl, now=now, xxh3=xxh3, sign_key=sign, hashing=ONE_THREAD)
         return path
 
     def positive(self, name: str, description: str, spec: str, path: Path, **kw: Any) -> None:
@@ -445,7 +446,7 @@ def positives(b: Builder) -> None:
     # Point 12: an original whose buffer starts at an odd offset is moved to a multiple of 8.
     odd = b.file("unaligned-original")
     write_file(odd, header_text(arrays({"u": grid((3,), np.uint8)}), None), bytes(3), align=1)
-    cmh.stamp(odd, now=STAMPED_AT, threads=1)
+    cmh.stamp(odd, now=STAMPED_AT, hashing=ONE_THREAD)
     b.positive("unaligned-original", "first stamp of a file whose buffer was unaligned", "8", odd)
     # Point 6: flags bit0 clear (no SHA-256 manifest): verified by hashing every tensor.
     bare = b.file("no-sha256-manifest")
@@ -1044,7 +1045,7 @@ def directories(b: Builder) -> None:
         for i, part in enumerate(parts):
             file = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
             write_tensors(folder / file, arrays({n: state[n] for n in part}), {"format": "pt"})
-            cmh.stamp(folder / file, now=STAMPED_AT, threads=1)
+            cmh.stamp(folder / file, now=STAMPED_AT, hashing=ONE_THREAD)
         if index is not None:
             text = json.dumps({"metadata": {"total_size": 256}, "weight_map": index}, indent=1)
             (folder / "model.safetensors.index.json").write_text(text + "\n")
@@ -1062,7 +1063,7 @@ def directories(b: Builder) -> None:
     single = b.out / "unsharded-dir"
     single.mkdir()
     write_tensors(single / "model.safetensors", arrays(state), {"format": "pt"})
-    cmh.stamp(single / "model.safetensors", now=STAMPED_AT, threads=1)
+    cmh.stamp(single / "model.safetensors", now=STAMPED_AT, hashing=ONE_THREAD)
     identity = cmh.directory_identity(b.out / "sharded").hex
     assert cmh.directory_identity(single).hex == identity
     for name, description in (
@@ -1286,10 +1287,10 @@ def more_directories(
     # Key modes: every shard signed; one signed and one not.
     folder = shard_dir("dir-signed", halves, mapping(halves))
     for file in (first, second):
-        cmh.stamp(folder / file, now=STAMPED_AT, sign_key=b.key, threads=1)
+        cmh.stamp(folder / file, now=STAMPED_AT, sign_key=b.key, hashing=ONE_THREAD)
     add("dir-signed", "every shard signed by the signing key", "ok", signature="valid")
     folder = shard_dir("dir-half-signed", halves, mapping(halves))
-    cmh.stamp(folder / first, now=STAMPED_AT, sign_key=b.key, threads=1)
+    cmh.stamp(folder / first, now=STAMPED_AT, sign_key=b.key, hashing=ONE_THREAD)
     add(
         "dir-half-signed",
         "one shard signed, one not: a required signature is missing",

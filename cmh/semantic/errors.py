@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from ..errors import CMHError
+from ..errors import CMHError, _AboutInput
 
 
 class SemanticError(CMHError):
     """Base class of the errors raised by :mod:`cmh.semantic`."""
 
 
-class NotAModelError(SemanticError):
+class NotAModelError(SemanticError, _AboutInput):
     """The input is not a model or adapter directory this module can read (message says why)."""
-
-    def __init__(self, reason: str, path: str | None = None) -> None:
-        self.reason = reason
-        self.path = path
-        super().__init__(f"{path}: {reason}" if path else reason)
 
 
 class CacheKindError(SemanticError, ValueError):

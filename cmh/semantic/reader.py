@@ -33,7 +33,7 @@ from .files import (
 )
 from .model import ModelFingerprint
 from .task import adapter_task, model_task
-from .tensors import summarize
+from .tensors import TensorSummary, summarize
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 #: transformers' ``SAFE_WEIGHTS_NAME``: loaded in preference to any index.
@@ -177,22 +177,22 @@ def _model(
         arch=_nonempty_str(config, "model_type"),
         family=family,
         task=model_task(config or {}, family),
-        graph=summary.graph,
-        weights=summary.weights,
-        tokenizer=small.tokenizer,
         config=_named(CONFIG_FILE, config_hash, config),
         kv_config=_named(CONFIG_FILE, kv_config_hash, config),
-        processor=small.processor,
-        code=small.code,
-        embedding=small.embedding,
-        missing_code=small.missing_code,
-        missing_tokenizer_code=small.missing_tokenizer_code,
-        tensor_count=summary.tensor_count,
-        tensor_bytes=summary.tensor_bytes,
         files=tuple(sorted(read)),
-        hashed_files=summary.hashed_files,
-        untrusted_stamps=summary.untrusted_stamps,
+        **_read_fields(summary, small),
     )
+
+
+def _read_fields(summary: TensorSummary, small: _SmallFiles) -> dict[str, Any]:
+    """The fields a model's and an adapter's fingerprints both take from what was read."""
+    return {
+        "graph": summary.graph, "weights": summary.weights, "tokenizer": small.tokenizer,
+        "processor": small.processor, "code": small.code, "embedding": small.embedding,
+        "missing_code": small.missing_code, "missing_tokenizer_code": small.missing_tokenizer_code,
+        "tensor_count": summary.tensor_count, "tensor_bytes": summary.tensor_bytes,
+        "hashed_files": summary.hashed_files, "untrusted_stamps": summary.untrusted_stamps,
+    }  # fmt: skip
 
 
 def _adapter(
@@ -214,22 +214,11 @@ def _adapter(
         arch=None,
         family=None,
         task=adapter_task(adapter_config),
-        graph=summary.graph,
-        weights=summary.weights,
-        tokenizer=small.tokenizer,
         config=_named(ADAPTER_CONFIG_FILE, adapter_config_hash, adapter_config),
-        processor=small.processor,
-        code=small.code,
-        embedding=small.embedding,
-        missing_code=small.missing_code,
-        missing_tokenizer_code=small.missing_tokenizer_code,
         adapter_type=peft_type or "unknown",
         base_model=_nonempty_str(adapter_config, "base_model_name_or_path"),
-        tensor_count=summary.tensor_count,
-        tensor_bytes=summary.tensor_bytes,
         files=tuple(sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, *small.names])),
-        hashed_files=summary.hashed_files,
-        untrusted_stamps=summary.untrusted_stamps,
+        **_read_fields(summary, small),
     )
 
 

@@ -31,7 +31,7 @@ from cmh.errors import CMHError, InvalidFileError
 from cmh.header import PREFIX_SIZE, Header, parse_header
 
 from ..resolver.types import DiskFullError, IntegrityError, InvalidRemoteFileError
-from .layout import RepoLayout
+from .layout import VERIFIED_MARKERS, RepoLayout
 
 READ_CHUNK = 8 << 20
 #: Files from this size are hashed for their ETag in a worker thread.
@@ -69,7 +69,7 @@ def partial_path(repo: RepoLayout, etag: str) -> Path:
 
 
 def _marker_path(repo: RepoLayout, etag: str) -> Path:
-    return repo.cmh_dir / "verified" / etag
+    return repo.path / VERIFIED_MARKERS / etag
 
 
 def _stat_key(st: os.stat_result) -> str:

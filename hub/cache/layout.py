@@ -110,6 +110,8 @@ def parse_repo_folder(name: str) -> tuple[str, str] | None:
 
 #: where a mirror records, per repo, the blobs it found to hash to their names
 CHECK_RECORDS = ".cmh/checked"
+#: where the resolver marks, per repo, the blobs it hashed against their names
+VERIFIED_MARKERS = ".cmh/verified"
 
 
 class _RepoFolder:

@@ -241,7 +241,7 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     revision = route.revision or "main"
     loop = asyncio.get_running_loop()
     pending = loop.run_in_executor(
-        None, state.upstream.prepare, route.repo_type, route.repo_id, revision
+        None, _prepare_checked, state.upstream, route.repo_type, route.repo_id, revision
     )
     try:
         note = await asyncio.wait_for(asyncio.shield(pending), STALE_AFTER)
@@ -255,6 +255,12 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
     request[STALE_KEY] = note
+
+
+def _prepare_checked(upstream: Upstream, repo_type: str, repo_id: str, revision: str) -> Any:
+    """``upstream.prepare``; a store whose storage fails meanwhile answers 503."""
+    with _store_errors():
+        return upstream.prepare(repo_type, repo_id, revision)
 
 
 async def _settled(pending: asyncio.Future[Any]) -> Any:
@@ -393,6 +399,10 @@ async def _resolve(
         ) from None  # fmt: skip
     if ranges is not None and _recently_cut(state, route, entry):
         ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
+    if state.fills is not None and not await _run(_present, state, entry):
+        return await _resolve_filling(  # pull-through: filled now, sent as it arrives
+            request, state, route, index, entry, headers, ranges, range_header
+        )
     if state.delivery == "x-accel" or state.backend.remote_sender(state.delivery) is not None:
         return await _resolve_elsewhere(request, state, entry, headers, ranges, range_header)
     try:
@@ -421,7 +431,7 @@ async def _resolve(
         except BodyCut as cut:
             request[BYTES_KEY] = cut.sent
             request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
-            await _run(state.cuts.record, _repo_path(state, route), entry.etag)
+            await _run(_record_cut, state, route, entry.etag)
         except ConnectionError:  # the client went away mid-body: nothing to report
             request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
         return response
@@ -434,7 +444,16 @@ def _repo_path(state: MirrorState, route: Route) -> Path:
 
 
 def _recently_cut(state: MirrorState, route: Route, entry: FileEntry) -> bool:
+    if state.upstream is not None:  # kept where the fleet sees it (the store's side)
+        return bool(state.upstream.pull.recently_cut(route.repo_type, route.repo_id, entry.etag))
     return state.cuts.recent(_repo_path(state, route), entry.etag)
+
+
+def _record_cut(state: MirrorState, route: Route, etag: str) -> None:
+    if state.upstream is not None:
+        state.upstream.pull.record_cut(route.repo_type, route.repo_id, etag)
+    else:
+        state.cuts.record(_repo_path(state, route), etag)
 
 
 async def _resolve_elsewhere(
@@ -535,16 +554,15 @@ async def _resolve_filling(
     range_header: str | None,
 ) -> web.StreamResponse:
     """Pull-through: a listed file whose blob the store lacks, sent while it is filled."""
-    from ..cache.blobs import partial_path
-    from .filling import FillFailed, send_filling
+    from .filling import send_filling
+    from .stores import FillFailed
 
-    assert state.fills is not None
+    assert state.fills is not None and state.upstream is not None
     if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
         raise HubError(
             503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
             {"Retry-After": "30"},
         )  # fmt: skip
-    repo = RepoLayout(state.store, route.repo_id, route.repo_type)
     failed = state.fills.recent_failure(entry.source)
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
         if isinstance(failed, UpstreamError):
@@ -562,18 +580,23 @@ async def _resolve_filling(
         request[BYTES_KEY] = 0
         return response
     try:
+        source = state.upstream.pull.reader(route.repo_type, route.repo_id, entry, fill)
         request[BYTES_KEY] = await send_filling(
-            request, response, fill, entry.source, partial_path(repo, entry.etag),
-            entry.etag, entry.size, pieces, tail,
-        )  # fmt: skip
+            request, response, fill, source, entry.etag, entry.size, pieces, tail
+        )
     except (BodyCut, FillFailed) as cut:
         request[BYTES_KEY] = getattr(cut, "sent", 0)
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "fill failed"}
-        await _run(state.cuts.record, repo.path, entry.etag)
+        why = (
+            "fill failed"
+            if not fill.done() or fill.exception() is None
+            else (f"fill failed: {str(fill.exception())[:200]}")
+        )
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": why}
+        await _run(_record_cut, state, route, entry.etag)
     except ConnectionError:  # the client went away mid-body; the fill goes on
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
         # What it holds was sent unchecked: its resume must start again too (cuts.py).
-        await _run(state.cuts.record, repo.path, entry.etag)
+        await _run(_record_cut, state, route, entry.etag)
     return response
 
 

@@ -9,8 +9,11 @@ relative to the store URL's prefix, ``{repo}`` is the stock folder name
 {repo}/trees/{commit}.json     one immutable tree object per commit (cmh-tree/1)
 {repo}/refs/{revision}         40 hex + "\\n"; moved last, by compare-and-swap
 {repo}/.cmh/lease              held by a pruner while it works on the repo
+{repo}/.cmh/fills/{etag}/...   a pull-through fill: its lease and parts (spec 8.6)
+{repo}/.cmh/upstream/...       pull-through records: validations, access, freshness
 {repo}/.cmh/checked/{etag}     the blob object version (storage ETag) known to hash to its name
 {repo}/.cmh/manifests/{etag}.json  the tensor manifest of a safetensors blob
+{repo}/.cmh/upstream/{commit}.json  a pull-through commit's upstream freshness (fresh_until)
 .quarantine/{repo}/{etag}.{t}  a blob removed by scrub, and {etag}.{t}.json its note
 ```
 
@@ -84,6 +87,8 @@ MAX_REF_ATTEMPTS = 50
 MAX_TREE_BYTES = 64 << 20
 
 PROBE_FOLDER = ".cmh/probe"
+#: Per commit, when its upstream freshness ends (spec/hub-mirror.md 8.5), as in a folder.
+UPSTREAM_RECORDS = ".cmh/upstream"
 
 ProgressCallback = Callable[[int], None]
 #: Told, in a sentence, why a writer waits (a pruner's lease).
@@ -220,7 +225,7 @@ class BucketStore:
         self.clock = clock if clock is not None else process_clock()
         self.on_notice = on_notice
         self._conditional_writes_checked = False
-        self._leases: dict[str, str] = {}  # folder -> ETag of a lease this store holds
+        self._leases: dict[str, str] = {}  # lease object -> ETag of a lease held here
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
@@ -380,9 +385,17 @@ class BucketStore:
         revision: str = "main",
         repo_type: str = "model",
         progress: ProgressCallback | None = None,
+        commit: str | None = None,
     ) -> ImportResult:
-        """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2)."""
-        check_import_names(repo_id, revision, repo_type)
+        """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2).
+
+        ``commit``: the id the commit keeps (a commit synced from a Hub keeps the Hub's,
+        spec 8.4); its tree object is then named so, and ``revision`` may be that id
+        itself (no ref moves). ``None``: the id is computed (1.2 step 6)."""
+        if commit is not None and not COMMIT_RE.match(commit):
+            raise InvalidNameError(f"{commit!r} is not a commit id")
+        ref = None if commit is not None and revision == commit else revision
+        check_import_names(repo_id, ref or "main", repo_type)
         folder = self.folder(repo_id, repo_type)
         self.ensure_conditional_writes()
         files: list[SourceFile] = []
@@ -397,7 +410,11 @@ class BucketStore:
                 new_bytes += f.size
             if progress is not None:  # pass 2: stored (uploads report no finer steps)
                 progress(f.size)
-        commit, parent, created, moved = self._commit(folder, revision, tree, files)
+        if ref is None:
+            assert commit is not None
+            parent, created, moved = None, self._commit_unnamed(folder, commit, tree, files), False
+        else:
+            commit, parent, created, moved = self._commit(folder, ref, tree, files, commit)
         return ImportResult(
             repo_id=repo_id,
             repo_type=repo_type,
@@ -412,10 +429,31 @@ class BucketStore:
             new_bytes=new_bytes,
         )
 
+    def _commit_unnamed(self, folder: str, commit: str, tree: str, files: list[SourceFile]) -> bool:
+        """Write the tree object of ``commit`` (kept if there) and move no ref; True when
+        it was created. Blobs and tree are confirmed after the lease check (7.2 step 5)."""
+        self.ensure_conditional_writes()
+        existing = self.read_tree(folder, commit)
+        if existing is not None and existing.tree != tree:
+            raise BucketError(f"{folder}: commit {commit} is stored with other files")
+        obj = existing or TreeObject(commit, tree, (), time.time(), tuple(_tree_files(files)))
+        self._put_tree(folder, obj)
+        self._wait_for_no_lease(folder)
+        self._put_tree(folder, obj)  # a pruner may have removed it meanwhile
+        for f in files:
+            self._store_blob(folder, f)
+        return existing is None
+
     def _commit(
-        self, folder: str, revision: str, tree: str, files: list[SourceFile]
+        self,
+        folder: str,
+        revision: str,
+        tree: str,
+        files: list[SourceFile],
+        named: str | None = None,
     ) -> tuple[str, str | None, bool, bool]:
-        """Write the tree object and move the ref; ``(commit, parent, created, moved)``."""
+        """Write the tree object and move the ref; ``(commit, parent, created, moved)``.
+        ``named``: the commit's id when given (else computed from tree and parent)."""
         self.ensure_conditional_writes()  # whatever path writes, never on a storage without
         created_commits: set[str] = set()
         for _ in range(MAX_REF_ATTEMPTS):
@@ -426,11 +464,16 @@ class BucketStore:
                 base = main.commit if main is not None and main.commit else None
             base_tree = self.read_tree(folder, base) if base else None
             parent = base if base_tree is not None else None  # a dangling ref: new history
-            if base_tree is not None and base_tree.tree == tree:
+            known = self.read_tree(folder, named) if named is not None else None
+            if known is not None and known.tree != tree:
+                raise BucketError(f"{folder}: commit {named} is stored with other files")
+            if known is not None:  # synced before (this branch or another)
+                commit, created, obj = known.commit, False, known
+            elif named is None and base_tree is not None and base_tree.tree == tree:
                 commit, created = base_tree.commit, False
                 obj = base_tree
             else:
-                commit = commit_oid(tree, [parent] if parent else [])
+                commit = named or commit_oid(tree, [parent] if parent else [])
                 obj = TreeObject(commit, tree, (parent,) if parent else (), time.time(),
                                  tuple(_tree_files(files)))  # fmt: skip
                 created = True
@@ -519,10 +562,11 @@ class BucketStore:
             with contextlib.suppress(ObjectStoreError):
                 self.objects.delete(name)
 
-    def lease_state(self, folder: str) -> LeaseState | None:
-        """The repo's lease (``None`` when there is none), with its age on the storage's clock."""
+    def lease_state(self, folder: str, *, name: str | None = None) -> LeaseState | None:
+        """The repo's lease (or the lease object ``name``; ``None`` when there is none),
+        with its age on the storage's clock."""
         try:
-            data, info = self.objects.get_with_info(self.lease_name(folder))
+            data, info = self.objects.get_with_info(name or self.lease_name(folder))
         except ObjectNotFound:
             return None
         owner = "an unknown pruner"
@@ -531,56 +575,65 @@ class BucketStore:
         age = max(0.0, self.storage_now() - info.last_modified.timestamp())
         return LeaseState(info.etag, age, owner)
 
-    def take_lease(self, folder: str, owner: str) -> bool:
+    def take_lease(
+        self, folder: str, owner: str, *, name: str | None = None, ttl: float | None = None
+    ) -> bool:
         """Create the repo's lease (``If-None-Match: *``), or take over an expired one
-        (``If-Match`` on its ETag, so one taker wins); False when another holds it."""
-        doc = self._lease_doc(owner)
-        name = self.lease_name(folder)
+        (``If-Match`` on its ETag, so one taker wins); False when another holds it.
+
+        ``name``/``ttl``: another lease object with its own lifetime (a pull-through
+        fill's, ``{repo}/.cmh/fills/{etag}/lease``); the same rules."""
+        ttl = self.lease_ttl if ttl is None else ttl
+        doc = self._lease_doc(owner, ttl)
+        key = name or self.lease_name(folder)
         for _ in range(3):
             try:
-                self._leases[folder] = self.objects.put_if_absent(name, doc)
+                self._leases[key] = self.objects.put_if_absent(key, doc)
                 return True
             except PreconditionFailed:
                 pass
-            state = self.lease_state(folder)
+            state = self.lease_state(folder, name=key)
             if state is None:
                 continue  # released meanwhile
-            if state.age <= self.lease_ttl:
+            if state.age <= ttl:
                 return False
             try:
-                self._leases[folder] = self.objects.put_if_match(name, doc, state.etag)
+                self._leases[key] = self.objects.put_if_match(key, doc, state.etag)
             except PreconditionFailed:
                 return False  # someone else took it over first
             self.notice(
-                f"{self.url}{folder}: took over the lease {state.owner} left "
-                f"{state.age:.0f} s ago (expired after {self.lease_ttl:.0f} s)"
+                f"{self.url}{key}: took over the lease {state.owner} left "
+                f"{state.age:.0f} s ago (expired after {ttl:.0f} s)"
             )
             return True
         return False
 
-    def renew_lease(self, folder: str, owner: str) -> bool:
+    def renew_lease(
+        self, folder: str, owner: str, *, name: str | None = None, ttl: float | None = None
+    ) -> bool:
         """Rewrite a lease this store holds (``If-Match``), so its lifetime starts again;
         False when it is no longer ours (it expired and was taken over)."""
-        etag = self._leases.get(folder)
+        key = name or self.lease_name(folder)
+        etag = self._leases.get(key)
         if etag is None:
             return False
+        doc = self._lease_doc(owner, self.lease_ttl if ttl is None else ttl)
         try:
-            self._leases[folder] = self.objects.put_if_match(
-                self.lease_name(folder), self._lease_doc(owner), etag
-            )
+            self._leases[key] = self.objects.put_if_match(key, doc, etag)
             return True
         except PreconditionFailed:
-            del self._leases[folder]
+            del self._leases[key]
             return False
 
-    def release_lease(self, folder: str) -> None:
-        """Delete the repo's lease if this store still holds it."""
-        if self._leases.pop(folder, None) is not None:
-            self.objects.delete(self.lease_name(folder))
+    def release_lease(self, folder: str, *, name: str | None = None) -> None:
+        """Delete the repo's lease (or the lease object ``name``) if this store still holds it."""
+        key = name or self.lease_name(folder)
+        if self._leases.pop(key, None) is not None:
+            self.objects.delete(key)
 
-    def _lease_doc(self, owner: str) -> bytes:
+    def _lease_doc(self, owner: str, ttl: float) -> bytes:
         # A fresh nonce each write, so each renewal has a new ETag (writers go by ETags).
-        doc = {"owner": owner, "ttl": self.lease_ttl, "nonce": uuid.uuid4().hex}
+        doc = {"owner": owner, "ttl": ttl, "nonce": uuid.uuid4().hex}
         return json.dumps(doc).encode()
 
     def ensure_conditional_writes(self) -> None:
@@ -666,6 +719,40 @@ class BucketStore:
             return None
         value = doc.get("storage_etag") if isinstance(doc, dict) else None
         return value if isinstance(value, str) else None
+
+    # -- upstream freshness (pull-through) ----------------------------------------------
+
+    @staticmethod
+    def upstream_record_name(folder: str, commit: str) -> str:
+        if not COMMIT_RE.match(commit):
+            raise InvalidNameError(f"{commit!r} is not a commit id")
+        return f"{folder}/{UPSTREAM_RECORDS}/{commit}.json"
+
+    def record_upstream_freshness(self, folder: str, commit: str, fresh_until: float) -> None:
+        """Keep when ``commit``'s upstream freshness ends (``cmh prune --expired`` reads it);
+        written after the commit's tree object, replacing the previous record."""
+        doc = {"fresh_until": fresh_until, "at": time.time()}
+        self.objects.put(self.upstream_record_name(folder, commit), json.dumps(doc).encode())
+
+    def upstream_record_infos(self, folder: str) -> dict[str, ObjectInfo]:
+        """The upstream freshness records of a repo by commit id (one listing)."""
+        base = f"{folder}/{UPSTREAM_RECORDS}/"
+        out = {}
+        for info in self.objects.list(f"{folder}/{UPSTREAM_RECORDS}"):
+            commit = info.name[len(base) :].removesuffix(".json")
+            if COMMIT_RE.match(commit) and info.name.endswith(".json"):
+                out[commit] = info
+        return out
+
+    def read_upstream_freshness(self, folder: str, commit: str) -> float | None:
+        """``fresh_until`` of ``commit``'s record; ``None`` when absent or unreadable."""
+        from ..prune.scan import record_number
+
+        try:
+            data = self.objects.get(self.upstream_record_name(folder, commit))
+        except ObjectNotFound:
+            return None
+        return record_number(data, "fresh_until")
 
     # -- listing ------------------------------------------------------------------------
 

@@ -22,50 +22,18 @@ of the bucket, rebuilt from it at will.
 from __future__ import annotations
 
 import io
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, BinaryIO, Generic, TypeVar
+from typing import Any, BinaryIO
 
 from .bucket import BucketStore, TreeObject
 from .history import MAX_HISTORY, CommitRecord
 from .index import CommitIndex, FileEntry
+from .memo import Memo
 from .objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
 
 DEFAULT_REF_TTL = 2.0
 DEFAULT_BLOB_TTL = 60.0
 MAX_TREES = 4096
 MAX_REFS = 65536
-
-T = TypeVar("T")
-
-
-class _TimedCache(Generic[T]):
-    """A bounded map whose entries expire ``ttl`` seconds (on ``now``) after they were put."""
-
-    def __init__(self, ttl: float | None, size: int, now: Callable[[], float]) -> None:
-        self.ttl, self.size, self.now = ttl, size, now
-        self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[float, T]] = OrderedDict()
-
-    def get(self, key: str, load: Callable[[], T]) -> T:
-        now = self.now()
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None and (self.ttl is None or now - hit[0] < self.ttl):
-                self._items.move_to_end(key)
-                return hit[1]
-        value = load()
-        with self._lock:
-            self._items[key] = (now, value)
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
-
-    def drop(self, key: str) -> None:
-        with self._lock:
-            self._items.pop(key, None)
 
 
 class BucketReader:
@@ -85,24 +53,24 @@ class BucketReader:
         self.store = store
         self.ref_ttl = ref_ttl
         now = store.clock.monotonic  # the ref TTL's clock (tests move it)
-        self._refs: _TimedCache[str | None] = _TimedCache(ref_ttl, MAX_REFS, now)
-        self._exists: _TimedCache[bool] = _TimedCache(ref_ttl, MAX_REFS, now)
-        self._indexes: _TimedCache[CommitIndex | None] = _TimedCache(None, max_trees, now)
-        self._trees: _TimedCache[TreeObject | None] = _TimedCache(None, max_trees, now)
+        self._refs: Memo[str, str | None] = Memo(MAX_REFS, ref_ttl, now)
+        self._exists: Memo[str, bool] = Memo(MAX_REFS, ref_ttl, now)
+        self._indexes: Memo[str, CommitIndex | None] = Memo(max_trees)
+        self._trees: Memo[str, TreeObject | None] = Memo(max_trees)
         # A blob's info is trusted no longer than a ref: after scrub quarantines it or a
         # re-import replaces it, every replica sees the change within ``ref_ttl``.
         blob_ttl = min(blob_ttl, ref_ttl)
-        self._blobs: _TimedCache[ObjectInfo] = _TimedCache(blob_ttl, MAX_REFS, now)
-        self._checks: _TimedCache[str | None] = _TimedCache(blob_ttl, MAX_REFS, now)
+        self._blobs: Memo[str, ObjectInfo] = Memo(MAX_REFS, blob_ttl, now)
+        self._checks: Memo[str, str | None] = Memo(MAX_REFS, blob_ttl, now)
 
     def repo_exists(self, folder: str) -> bool:
         """True when the repo has a ref or a tree object (cached for ``ref_ttl``)."""
-        return self._exists.get(folder, lambda: self.store.repo_exists(folder))
+        return self._exists.get_or_compute(folder, lambda: self.store.repo_exists(folder))
 
     def tree(self, folder: str, commit: str) -> TreeObject | None:
         """The tree object of a commit, or ``None`` when it has none."""
         key = f"{folder}/{commit}"
-        found = self._trees.get(key, lambda: self.store.read_tree(folder, commit))
+        found = self._trees.get_or_compute(key, lambda: self.store.read_tree(folder, commit))
         if found is None:
             self._trees.drop(key)  # a tree written later must be found at once
         return found
@@ -115,7 +83,7 @@ class BucketReader:
             return None if tree is None else self.store.index(folder, tree)
 
         key = f"{folder}/{commit}"
-        found = self._indexes.get(key, load)
+        found = self._indexes.get_or_compute(key, load)
         if found is None:
             self._indexes.drop(key)
         return found
@@ -184,12 +152,17 @@ class BucketReader:
             ref = self.store.read_ref(folder, revision)
             return ref.commit if ref is not None and ref.commit else None
 
-        commit = self._refs.get(f"{folder}/{revision}", load)
+        commit = self._refs.get_or_compute(f"{folder}/{revision}", load)
         return self.index(folder, commit) if commit else None
+
+    def forget_ref(self, folder: str, revision: str) -> None:
+        """Drop what is known of a ref and of the repo's existence (it was just moved)."""
+        self._refs.drop(f"{folder}/{revision}")
+        self._exists.drop(folder)
 
     def blob_info(self, name: str) -> ObjectInfo:
         """Size and storage ETag of a blob object (:class:`ObjectNotFound` when absent)."""
-        return self._blobs.get(name, lambda: self.store.objects.head(name))
+        return self._blobs.get_or_compute(name, lambda: self.store.objects.head(name))
 
     def forget_blob(self, name: str) -> None:
         """Drop what is known of a blob (its read failed: replaced, quarantined, pruned)."""
@@ -202,7 +175,9 @@ class BucketReader:
         folder, _, etag = info.name.rpartition("/blobs/")
         if not folder:
             return False
-        recorded = self._checks.get(info.name, lambda: self.store.read_check(folder, etag))
+        recorded = self._checks.get_or_compute(
+            info.name, lambda: self.store.read_check(folder, etag)
+        )
         return recorded is not None and recorded == info.etag
 
     def record_checked(self, info: ObjectInfo) -> None:

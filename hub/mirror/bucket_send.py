@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -34,6 +32,7 @@ from aiohttp import web
 from ..cache.blobs import new_digest
 from .bucket_read import BucketReader
 from .index import FileEntry
+from .memo import Memo
 from .objectstore import (
     ObjectInfo,
     ObjectNotFound,
@@ -110,20 +109,14 @@ class ObjectVerifier:
 
     def __init__(self, max_remembered: int = MAX_REMEMBERED) -> None:
         self.max_remembered = max_remembered
-        self._lock = threading.Lock()
-        self._known: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._known: Memo[tuple[str, str], bool] = Memo(max_remembered)
         self._running: dict[tuple[str, str], asyncio.Task[bool]] = {}
 
     def known(self, key: tuple[str, str]) -> bool | None:
-        with self._lock:
-            return self._known.get(key)
+        return self._known.get(key)
 
     def record(self, key: tuple[str, str], ok: bool) -> None:
-        with self._lock:
-            self._known[key] = ok
-            self._known.move_to_end(key)
-            while len(self._known) > self.max_remembered:
-                self._known.popitem(last=False)
+        self._known.put(key, ok)
 
     def check(
         self, fetcher: ObjectFetcher, info: ObjectInfo, entry: FileEntry

@@ -3,10 +3,9 @@
 Both are pure functions of blob bytes, so each is computed once per blob
 (ETag) and kept for the :data:`MAX_ENTRIES` blobs asked most recently.
 
-- The **card**: the YAML front matter of the root ``README.md`` (the block the
-  stock client's :data:`huggingface_hub.repocard.REGEX_YAML_BLOCK` finds, read
-  from the first :data:`MAX_CARD_BYTES` bytes, parsed by PyYAML's safe loader)
-  gives ``cardData``, ``pipeline_tag``, ``library_name`` and the ``tags`` the
+- The **card**: the YAML front matter of the root ``README.md`` (read from the
+  first :data:`MAX_CARD_BYTES` bytes by :mod:`cmh.hub.mirror.front_matter`) gives
+  ``cardData``, ``pipeline_tag``, ``library_name`` and the ``tags`` the
   Hub computes from it. The whole card is hashed against its ETag first.
 - **safetensors**: parameters per dtype summed over the weight files'
   headers (read by :func:`cmh.header.read_header_from`, never the tensors;
@@ -15,32 +14,23 @@ Both are pure functions of blob bytes, so each is computed once per blob
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 import json
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, BinaryIO
 
-import yaml
-from huggingface_hub.repocard import REGEX_YAML_BLOCK
-
 from cmh.errors import CMHError
 from cmh.header import read_header_from
 
 from ..cache.blobs import new_digest
+from .front_matter import read_front_matter
 from .index import CommitIndex, FileEntry
+from .memo import Memo
 
 CARD_FILE = "README.md"
 MAX_CARD_BYTES = 1 << 20
-#: A few YAML aliases can stand for a tree of billions of nodes once written
-#: out as JSON; a card whose data is larger than this is ignored.
-MAX_CARD_NODES = 20_000
-MAX_CARD_DEPTH = 32
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
 MAX_INDEX_BYTES = 16 << 20
@@ -56,7 +46,6 @@ _DATASET_PREFIXED = (
 )  # fmt: skip
 
 Opener = Callable[[FileEntry], BinaryIO]
-_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in
 
 
 @dataclass(frozen=True)
@@ -70,55 +59,6 @@ class CardFields:
 
 
 NO_CARD = CardFields()
-
-
-class _TooLarge(ValueError):
-    pass
-
-
-def _plain(value: Any, budget: list[int], depth: int = 0) -> Any:
-    """``value`` as JSON data: dates as ISO text, keys as strings, bounded in size.
-
-    Written here rather than ``json.dumps(default=str)``, which would follow
-    shared YAML nodes without bound and write non-finite floats as invalid JSON.
-    """
-    budget[0] -= 1
-    if budget[0] < 0 or depth > MAX_CARD_DEPTH:
-        raise _TooLarge
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (dt.date, dt.datetime)):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, dict):
-        return {str(k): _plain(v, budget, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
-        return [_plain(v, budget, depth + 1) for v in items]
-    return str(value)
-
-
-def front_matter(text: str) -> dict[str, Any] | None:
-    """The card's YAML front matter as JSON data; ``None`` without a block, or if it is not
-    YAML, not a mapping, or too large."""
-    match = REGEX_YAML_BLOCK.search(text)
-    if match is None:
-        return None
-    try:
-        data = yaml.load(match.group(2), Loader=_SafeLoader)
-    except Exception:  # untrusted: YAMLError, RecursionError, ValueError (huge ints), ...
-        return None
-    if not isinstance(data, dict):
-        return None
-    try:
-        plain = _plain(data, [MAX_CARD_NODES])
-    except (_TooLarge, RecursionError, ValueError, TypeError):
-        return None
-    assert isinstance(plain, dict)
-    return plain
 
 
 def _strings(value: Any) -> list[str]:
@@ -168,21 +108,12 @@ class DerivedCache:
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: Memo[Hashable, Any] = Memo(max_entries)
 
     def _get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """The value kept for ``key``, else ``compute()``; :class:`Unreadable` is never kept."""
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
-        value = compute()  # outside the lock: a slow blob never holds up another repo
-        with self._lock:
-            self._entries[key] = value
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        return value
+        """The value kept for ``key``, else ``compute()`` (outside the lock: a slow blob never
+        holds up another repo); :class:`Unreadable` is never kept."""
+        return self._entries.get_or_compute(key, compute)
 
     def card(self, index: CommitIndex, repo_type: str, opener: Opener) -> CardFields:
         """The fields of the commit's ``README.md`` (:data:`NO_CARD` without a readable one)."""
@@ -192,7 +123,8 @@ class DerivedCache:
 
         def compute() -> CardFields:
             raw = _read_checked(entry, opener, MAX_CARD_BYTES)
-            return card_fields(front_matter(raw.decode("utf-8-sig", errors="replace")), repo_type)
+            text = raw.decode("utf-8-sig", errors="replace")
+            return card_fields(read_front_matter(text).data, repo_type)
 
         try:
             result: CardFields = self._get(("card", repo_type, entry.etag), compute)

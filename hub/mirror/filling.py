@@ -1,26 +1,23 @@
 """Serve a blob while the pull-through mirror fills it: one upstream transfer, bytes as they arrive.
 
 The first request for a blob the store lacks starts its fill
-(:meth:`~cmh.hub.mirror.upstream.Upstream.fill`, the resolver's whole
-download into ``blobs/{etag}.incomplete``, renamed into place once checked).
-Every request for that blob in this worker joins the same fill; a fill run by
-another worker or process is joined through the blob lock the resolver
-holds, and its bytes are read from the same partial file.
+(:meth:`~cmh.hub.mirror.upstream.Upstream.fill`, done by the store's
+pull-through side: a folder's resolver download into
+``blobs/{etag}.incomplete``, or a bucket's part objects under the fleet's fill
+lease, ``spec/hub-mirror.md`` 8.6). Every request for that blob in this worker
+joins the same fill; a fill run by another worker, process or replica is
+joined by waiting for it (the blob lock, or the bucket's lease).
 
-A filling answer sends its headers at once and then tails the partial file:
-each byte is sent as soon as it is on disk, so a client's read timeout never
-fires while the upstream is sending. Range requests are answered from what
-arrived (waiting for the bytes they ask for). The last byte of every body
-waits for a check of what was sent: the SHA-256 (or git blob id) of a whole
-body, computed while it is sent, must be the ETag; each range sent must equal
-the same range of the installed, checked blob (so a range waits for the
-fill). Otherwise the connection is cut before that byte, so no client ever
-holds a complete body that fails the blob's check; and the fill (the
-resolver) installs nothing unchecked.
-
-Reads of the partial file are ``os.pread`` calls of at most 1 MiB on the event
-loop: the bytes were just written, so they come from the page cache, and a
-thread hop per chunk would cost more than the read.
+A filling answer sends its headers at once and then reads what has arrived
+(the store's :class:`~cmh.hub.mirror.stores.FillReader`): each byte is sent
+as soon as it is stored, so a client's read timeout never fires while the
+upstream is sending. Range requests are answered from what arrived (waiting
+for the bytes they ask for). The last byte of every body waits for a check of
+what was sent: the SHA-256 (or git blob id) of a whole body, computed while
+it is sent, must be the ETag; each range sent must equal the same range of
+the installed, checked blob (so a range waits for the fill). Otherwise the
+connection is cut before that byte, so no client ever holds a complete body
+that fails the blob's check; and the fill installs nothing unchecked.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import threading
 import time
 from pathlib import Path
@@ -38,17 +34,13 @@ from aiohttp import web
 
 from ..cache.blobs import new_digest
 from .send import BodyCut
+from .stores import FillFailed, FillReader, SentRanges
 
 if TYPE_CHECKING:
     from .upstream import Upstream
 
 CHUNK = 1 << 20
-POLL = 0.02  # seconds between looks at a partial file that has not grown
 MAX_FILLS = 16  # fills running at once in one worker (each holds a thread while it transfers)
-
-
-class FillFailed(OSError):
-    """The fill ended without installing the blob, or the bytes sent are not the blob's."""
 
 
 class Fills:
@@ -117,67 +109,11 @@ class Fills:
         return fut
 
 
-class _Tail:
-    """Reads a blob being filled: the installed blob if it is there, else its partial file."""
-
-    def __init__(self, blob: Path, partial: Path, fill: asyncio.Future[None]) -> None:
-        self.blob = blob
-        self.partial = partial
-        self.fill = fill
-        self.fd: int | None = None
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def _open(self) -> None:
-        for path in (self.blob, self.partial):
-            with contextlib.suppress(OSError):
-                self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                return
-
-    def _replaced(self) -> bool:
-        """True when the file we read is no longer the partial nor the blob (restarted fill)."""
-        assert self.fd is not None
-        mine = os.fstat(self.fd)
-        for path in (self.blob, self.partial):
-            with contextlib.suppress(OSError):
-                st = os.stat(path)
-                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                    return False
-        return True
-
-    async def read(self, pos: int, count: int) -> bytes:
-        """At most ``count`` bytes at ``pos``, waiting until they are on disk."""
-        finished_once = False
-        while True:
-            if self.fd is None:
-                self._open()
-            if self.fd is not None:
-                data = os.pread(self.fd, count, pos)
-                if data:
-                    return data
-                if self._replaced():
-                    self.close()
-                    continue
-            if self.fill.done():
-                if self.fill.exception() is not None:
-                    raise FillFailed(f"fill failed: {self.fill.exception()}")
-                if finished_once:
-                    raise FillFailed("the filled blob is shorter than listed")
-                finished_once = True
-                self.close()  # read the installed blob from now on
-                continue
-            await asyncio.wait([self.fill], timeout=POLL)
-
-
 async def send_filling(
     request: web.BaseRequest,
     response: web.StreamResponse,
     fill: asyncio.Future[None],
-    blob: Path,
-    partial: Path,
+    source: FillReader,
     etag: str,
     size: int,
     pieces: list[tuple[bytes, int, int]],
@@ -189,10 +125,9 @@ async def send_filling(
     installed the blob and what was sent is checked against it; otherwise the
     connection is aborted and :class:`~cmh.hub.mirror.send.BodyCut` raised.
     """
-    source = _Tail(blob, partial, fill)
     whole = len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == size and not tail
     digest = new_digest(etag, size) if whole else None
-    sent_ranges: list[tuple[int, int, hashlib._Hash]] = []  # h: SHA-256 of each range sent
+    sent_ranges: SentRanges = []  # h: SHA-256 of each range sent
     last = max((i for i, (_, _, count) in enumerate(pieces) if count > 0), default=None)
     sent = 0
     try:
@@ -213,13 +148,13 @@ async def send_filling(
                 data = await source.read(pos, 1)
                 await _hash(data, h if digest is None else digest)
                 sent_ranges.append((offset, count, h))
-                await _gate(request, fill, blob, digest, etag, sent_ranges, sent)
+                await _gate(request, fill, source, digest, etag, sent_ranges, sent)
                 await response.write(data)
                 sent += 1
             elif count:
                 sent_ranges.append((offset, count, h))
         if tail:
-            await _gate(request, fill, blob, digest, etag, sent_ranges, sent)
+            await _gate(request, fill, source, digest, etag, sent_ranges, sent)
             await response.write(tail)
             sent += len(tail)
     except FillFailed:
@@ -247,10 +182,10 @@ def _cut(request: web.BaseRequest) -> None:
 async def _gate(
     request: web.BaseRequest,
     fill: asyncio.Future[None],
-    blob: Path,
+    source: FillReader,
     digest: hashlib._Hash | None,
     etag: str,
-    sent_ranges: list[tuple[int, int, hashlib._Hash]],
+    sent_ranges: SentRanges,
     sent: int,
 ) -> None:
     """Cut the connection unless what was sent is the blob's.
@@ -268,30 +203,7 @@ async def _gate(
             _cut(request)
             raise BodyCut(sent) from None
         loop = asyncio.get_running_loop()
-        good = await loop.run_in_executor(None, _ranges_match, blob, sent_ranges)
+        good = await loop.run_in_executor(None, source.ranges_match, sent_ranges)
     if not good:
         _cut(request)
         raise BodyCut(sent)
-
-
-def _ranges_match(blob: Path, sent_ranges: list[tuple[int, int, hashlib._Hash]]) -> bool:
-    """True when each ``(offset, count, sha256 of what was sent)`` is the installed blob's."""
-    try:
-        fd = os.open(blob, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        for offset, count, sent in sent_ranges:
-            h = hashlib.sha256()
-            pos = offset
-            while pos < offset + count:
-                data = os.pread(fd, min(CHUNK * 8, offset + count - pos), pos)
-                if not data:
-                    return False
-                h.update(data)
-                pos += len(data)
-            if h.digest() != sent.digest():
-                return False
-        return True
-    finally:
-        os.close(fd)

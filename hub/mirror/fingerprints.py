@@ -8,10 +8,10 @@ asked stayed in memory for the life of the worker).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from .memo import Memo
 
 MAX_ENTRIES = 256
 
@@ -23,21 +23,11 @@ class FingerprintCache:
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[Key, dict[str, Any]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: Memo[Key, dict[str, Any]] = Memo(max_entries)
 
     def get(self, key: Key, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """The cached answer for ``key``, else ``compute()`` (kept only if it returns)."""
-        with self._lock:
-            cached = self._entries.get(key)
-            if cached is not None:
-                self._entries.move_to_end(key)
-                return cached
-            body = compute()
-            self._entries[key] = body
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-            return body
+        return self._entries.get_or_compute(key, compute, exclusive=True)
 
     def __len__(self) -> int:
         return len(self._entries)

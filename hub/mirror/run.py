@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import shutil
 import signal
@@ -120,10 +119,6 @@ def serve(config: ServeConfig) -> int:
     if config.public_url is not None:
         config = replace(config, public_url=public_url(config.public_url))
     if config.upstream is not None:
-        if store.local_root() is None:  # pull-through fills a folder (issue 24: buckets)
-            raise ServeError(
-                "--upstream needs a local store (pull-through into a bucket is not supported yet)"
-            )
         try:
             url = public_url(config.upstream.url)
         except ServeError as exc:
@@ -225,12 +220,10 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
     store = _open_store(config)  # each worker has its own client and caches
-    local = store.local_root()
-    if config.upstream is not None and local is not None and not config.upstream.public_repos:
-        from .upstream import restricted_at_upstream  # deny by default (upstream.py, "Access")
-
-        restricted = functools.partial(restricted_at_upstream, local.resolve())
-        policy = replace(policy, restricted=restricted)
+    pull = None if config.upstream is None else store.pull_through(config.upstream.fresh_for)
+    if pull is not None and config.upstream is not None and not config.upstream.public_repos:
+        # deny by default (upstream.py, "Access")
+        policy = replace(policy, restricted=pull.restricted)
     metrics = Metrics(store, private=policy.private, restricted=policy.restricted)
     stream = _log_stream(config)
     configure(metrics, stream)
@@ -255,7 +248,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         from .filling import Fills
         from .upstream import Upstream
 
-        state.upstream = Upstream(state.store, config.upstream)
+        state.upstream = Upstream(pull, config.upstream)
         state.upstream.on_traffic = metrics.upstream_traffic
         state.fills = Fills(state.upstream)
 

@@ -2,20 +2,20 @@
 
 A request for a repo, revision or file the store lacks, or for a branch whose
 freshness has passed, is answered after asking the upstream Hub (the real
-one, or another cmh mirror), with the resolver's own code:
+one, or another cmh mirror). This module is the policy, the same for every
+store kind; where the state lives and how a blob is filled is the store's
+:class:`~cmh.hub.mirror.stores.PullThrough` side (a folder: the resolver's
+download into the stock cache layout; a bucket: one fill per blob for the whole
+fleet under a lease, ``spec/hub-mirror.md`` 8.6):
 
 - :meth:`Upstream.prepare` resolves a revision to a commit (one request,
-  :class:`~cmh.hub.resolver.http.HubClient`), keeps the commit's listing
-  (``trees/{commit}.json``), links every listed file whose blob the store
-  lacks (the link dangles until the blob is filled, so the file is listed and
-  answered from the listing at once), confirms the files whose blob the store
-  already holds with the resolver (one ``HEAD`` each, as it does), and only
-  then moves the ref and records the validation;
-- :meth:`Upstream.fill` brings one file's blob in with
-  :func:`cmh.hub.resolver.resolve` pinned to the commit (SHA-256 or git blob
-  id checked, CMH manifests checked, resumable, tensor-level patching,
-  atomic install, the blob lock shared with import, prune and the stock
-  client).
+  :class:`~cmh.hub.resolver.http.HubClient`), has the store keep the commit's
+  listing (every listed file answerable at once, blobs filled on demand), and
+  only then has it move the ref and record the validation; on a bucket a
+  replica first claims the revalidation, so the fleet asks once;
+- :meth:`Upstream.fill` brings one file's blob in (checked against its SHA-256
+  or git blob id before it is visible under its name), or waits for the fill
+  another worker, process or replica runs.
 
 Freshness is the resolver's: a branch is fresh until the smallest CMH
 ``expires_at`` of its stamped safetensors files, otherwise ``fresh_for``
@@ -26,7 +26,7 @@ seconds ago is served with a stale warning; otherwise the answer is a typed
 
 Access: a repo the upstream answers as ``private`` or ``gated`` is recorded
 (``.cmh/upstream/access.json``) and is private at the mirror
-(:func:`restricted_at_upstream`, used by the server's access policy) unless
+(``PullThrough.restricted``, used by the server's access policy) unless
 the operator chose ``--public-upstream-repos``. For such a repo the upstream
 is also asked ``auth-check`` with the mirror's token; a refusal is answered
 with the upstream's own status, ``X-Error-Code`` and message, and no listing
@@ -39,19 +39,12 @@ another origin (the Hub's CDN).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import threading
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from cmh._atomic import atomic_write
-
 from ..cache.clock import Clock, process_clock
-from ..cache.layout import COMMIT_RE, RepoLayout
-from ..cache.locks import repo_lock
+from ..cache.layout import COMMIT_RE
 from .errors import HubError
 
 #: Seconds the outcome of a failed revalidation (an upstream error, or "served stale") or a
@@ -96,7 +89,7 @@ def failed(exc: Exception, doing: str) -> UpstreamError:
     return unavailable(f"upstream {doing}: {exc}")
 
 
-def _typed(exc: Exception) -> UpstreamError:
+def typed(exc: Exception) -> UpstreamError:
     """The Hub's typed error for a resolver error raised by asking the upstream."""
     from ..resolver.types import AccessError, NotFoundError
 
@@ -112,46 +105,13 @@ def _typed(exc: Exception) -> UpstreamError:
     return failed(exc, "unavailable")
 
 
-def fnmatch_literal(path: str) -> str:
-    """An ``fnmatch`` pattern that matches exactly ``path``."""
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
-
-
-def access_record_path(repo: RepoLayout) -> Path:
-    """``.cmh/upstream/access.json``: present while the upstream marks the repo private/gated."""
-    return repo.cmh_dir / "upstream" / "access.json"
-
-
-def restricted_at_upstream(store: Path, repo_type: str, repo_id: str) -> bool:
-    """True when the upstream last said the repo is private or gated (private at the mirror)."""
-    try:
-        repo = RepoLayout(store, repo_id, repo_type)
-    except ValueError:
-        return False
-    return access_record_path(repo).exists()
-
-
-def _record_access(repo: RepoLayout, private: bool, gated: bool) -> None:
-    path = access_record_path(repo)
-    if not (private or gated):
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"private": private, "gated": gated, "at": time.time()}).encode())
-
-
-def upstream_record_path(repo: RepoLayout, commit: str) -> Path:
-    """``.cmh/upstream/{commit}.json``: when a pull-through commit's freshness ends."""
-    repo.snapshot_dir(commit)  # validates the commit
-    return repo.cmh_dir / "upstream" / f"{commit}.json"
-
-
 class Upstream:
-    """The upstream of one worker: revalidates revisions and fills blobs into ``store``."""
+    """The upstream of one worker: revalidates revisions and fills blobs through the
+    store's pull-through side (:class:`~cmh.hub.mirror.stores.PullThrough`: a folder's
+    or a bucket's; the policy here is the same for both)."""
 
-    def __init__(self, store: Path, config: UpstreamConfig) -> None:
-        self.store = store
+    def __init__(self, pull: Any, config: UpstreamConfig) -> None:
+        self.pull = pull
         self.config = config
         self.url = config.url.rstrip("/")
         self._lock = threading.Lock()
@@ -165,12 +125,15 @@ class Upstream:
 
     # -- bookkeeping ---------------------------------------------------------------------
 
-    def _count(self, requests: int, nbytes: int) -> None:
+    def count(self, requests: int, nbytes: int) -> None:
+        """Count requests and body bytes sent to / received from the upstream."""
         with self._counter_lock:
             self.requests += requests
             self.bytes += nbytes
         if self.on_traffic is not None and (requests or nbytes):
             self.on_traffic(requests, nbytes)
+
+    _count = count
 
     def _key_lock(self, key: tuple[str, str, str]) -> threading.Lock:
         with self._lock:
@@ -179,23 +142,22 @@ class Upstream:
                 lock = self._keys[key] = threading.Lock()
             return lock
 
-    def _client(self) -> Any:
+    def client(self) -> Any:
+        """A client of the upstream with the mirror's own token (never a client's)."""
         from ..resolver.http import HubClient
 
         return HubClient(self.url, self.config.token)
 
+    _client = client
+
     # -- revisions -----------------------------------------------------------------------
 
-    def expiry(self, repo: RepoLayout, revision: str, commit: str) -> float:
-        """When the store's copy of ``revision`` (at ``commit``) goes stale."""
-        from ..resolver.local import read_tree, read_validation, snapshot_expiry
-
-        tree = read_tree(repo, commit) or {}
-        validation = read_validation(repo, revision)
-        at = validation.at if validation is not None and validation.commit == commit else None
-        return snapshot_expiry(
-            repo, commit, sorted(tree), validated_at=at, default_lifetime=self.config.fresh_for
-        )
+    def _known_expiry(self, repo_type: str, repo_id: str, revision: str) -> float:
+        """When the held copy of ``revision`` goes stale (``-inf``: none usable held)."""
+        commit = self.pull.held(repo_type, repo_id, revision)
+        if commit is None:
+            return float("-inf")
+        return float(self.pull.expiry(repo_type, repo_id, revision, commit))
 
     def prepare(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """Make ``revision`` answerable from the store; a ``Warning`` value when served stale.
@@ -203,17 +165,11 @@ class Upstream:
         Raises :class:`UpstreamError` for what the upstream refused, or when it
         cannot be asked and nothing usable is cached.
         """
-        from ..resolver.local import read_tree
-
-        repo = RepoLayout(self.store, repo_id, repo_type)
         if COMMIT_RE.match(revision):
-            if (repo.snapshots / revision).is_dir() and read_tree(repo, revision) is not None:
+            if self.pull.held(repo_type, repo_id, revision) is not None:
                 return None  # a commit never changes: never revalidated
-        else:
-            commit = repo.read_ref(revision)
-            now = self.clock.time()
-            if commit is not None and now < self._known_expiry(repo, revision, commit):
-                return None
+        elif self.clock.time() < self._known_expiry(repo_type, repo_id, revision):
+            return None
         key = (repo_type, repo_id, revision)
         with self._key_lock(key):
             # One retry cycle per revision: who waited for a failed one shares its outcome.
@@ -223,7 +179,7 @@ class Upstream:
                     raise failed[1]
                 return failed[1]
             try:
-                note = self._prepare_locked(repo, revision)
+                note = self._prepare_locked(repo_type, repo_id, revision)
             except UpstreamError as exc:
                 self._failed[key] = (self.clock.monotonic(), exc)
                 raise
@@ -236,139 +192,66 @@ class Upstream:
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The ``Warning`` for answering ``revision`` from the store while its revalidation
         is still under way (a stalled upstream), or ``None`` when no usable copy is held."""
-        repo = RepoLayout(self.store, repo_id, repo_type)
-        local = revision if COMMIT_RE.match(revision) else repo.read_ref(revision)
-        if local is None:
-            return None
-        expiry = self._known_expiry(repo, revision, local)
+        expiry = self._known_expiry(repo_type, repo_id, revision)
         if expiry == float("-inf") or self.clock.time() >= expiry + self.config.stale_for:
             return None
         return STALE_WARNING
 
-    def _known_expiry(self, repo: RepoLayout, revision: str, commit: str) -> float:
-        from ..resolver.local import read_tree
-
-        if read_tree(repo, commit) is None or not (repo.snapshots / commit).is_dir():
-            return float("-inf")
-        return self.expiry(repo, revision, commit)
-
-    def _prepare_locked(self, repo: RepoLayout, revision: str) -> str | None:
+    def _prepare_locked(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         from ..resolver.types import AccessError, NotFoundError, ResolveError
 
         pinned = bool(COMMIT_RE.match(revision))
-        local = revision if pinned else repo.read_ref(revision)
-        if local is not None:  # another thread may have revalidated while we waited
-            expiry = self._known_expiry(repo, revision, local)
-            if pinned and expiry != float("-inf"):
-                return None
-            if not pinned and self.clock.time() < expiry:
-                return None
-        else:
-            expiry = float("-inf")
-        client = self._client()
+        # another thread (or replica) may have revalidated while we waited
+        expiry = self._known_expiry(repo_type, repo_id, revision)
+        if pinned and expiry != float("-inf"):
+            return None
+        if not pinned and self.clock.time() < expiry:
+            return None
+        if (
+            not pinned
+            and expiry != float("-inf")
+            and not self.pull.claim(repo_type, repo_id, revision)
+            and self.clock.time() < self._known_expiry(repo_type, repo_id, revision)
+        ):
+            return None  # another replica revalidated it meanwhile (its record says so)
+        client = self.client()
         try:
-            commit, files = self._listing(client, repo, revision)
+            commit, files = self._listing(client, repo_type, repo_id, revision)
         except (NotFoundError, AccessError) as exc:
-            raise _typed(exc) from None
+            raise typed(exc) from None
         except ResolveError as exc:
-            usable = local is not None and expiry != float("-inf")
+            usable = expiry != float("-inf")
             if usable and self.clock.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
             raise failed(exc, "unusable and nothing usable cached") from None
         finally:
-            self._count(client.requests, client.bytes_received)
-        self._install_listing(repo, commit, files)
-        if not pinned:
-            from ..resolver.local import write_validation
-
-            if repo.read_ref(revision) != commit:
-                repo.write_ref(revision, commit)
-            write_validation(repo, revision, commit, at=self.clock.time())
-        self._record_freshness(repo, revision, commit)
+            self.count(client.requests, client.bytes_received)
+        self.pull.install(self, repo_type, repo_id, commit, files)
+        self.pull.validated(repo_type, repo_id, revision, commit, pinned=pinned)
         return None
 
-    def _listing(self, client: Any, repo: RepoLayout, revision: str) -> tuple[str, dict[str, Any]]:
+    def _listing(
+        self, client: Any, repo_type: str, repo_id: str, revision: str
+    ) -> tuple[str, dict[str, Any]]:
         """The commit and listing of ``revision``, after the upstream's word on access.
 
         Unlike the resolver, a pinned commit is asked too: its answer says whether the
         repo is private or gated, which decides who reads it here.
         """
-        from ..resolver.local import read_tree, remote_files_from_tree
-
-        remote = client.revision(repo.repo_id, repo.repo_type, revision)
-        _record_access(repo, remote.private, remote.gated)
+        remote = client.revision(repo_id, repo_type, revision)
+        self.pull.record_access(repo_type, repo_id, remote.private, remote.gated)
         if remote.private or remote.gated:
-            client.auth_check(repo.repo_id, repo.repo_type)  # refused: the upstream's answer
-        cached = read_tree(repo, remote.commit)
+            client.auth_check(repo_id, repo_type)  # refused: the upstream's answer
+        cached = self.pull.listing(repo_type, repo_id, remote.commit)
         if cached is not None:
-            return remote.commit, remote_files_from_tree(cached)
+            return remote.commit, cached
         if remote.files is not None:
             return remote.commit, remote.files
-        return remote.commit, client.tree(repo.repo_id, repo.repo_type, remote.commit)
-
-    def _record_freshness(self, repo: RepoLayout, revision: str, commit: str) -> None:
-        """Keep when ``commit``'s upstream freshness ends, for ``cmh prune --expired``."""
-        if COMMIT_RE.match(revision):
-            until = self.clock.time() + self.config.fresh_for
-        else:
-            until = self.expiry(repo, revision, commit)
-        if until == float("inf"):
-            return
-        path = upstream_record_path(repo, commit)
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps({"fresh_until": until, "at": self.clock.time()}).encode())
-
-    def _install_listing(self, repo: RepoLayout, commit: str, files: dict[str, Any]) -> None:
-        """Keep the listing; link absent blobs (filled on demand), confirm present ones."""
-        from ..resolver.local import linked_etag, write_tree
-
-        present: list[str] = []
-        with repo_lock(repo, shared=True):
-            write_tree(repo, commit, files)
-            repo.snapshot_dir(commit).mkdir(parents=True, exist_ok=True)
-            for path, remote in files.items():
-                if linked_etag(repo, commit, path) == remote.etag:
-                    continue
-                if repo.blob_path(remote.etag).exists():
-                    present.append(path)  # confirmed by the resolver before it is linked
-                else:
-                    repo.link_snapshot_file(commit, path, remote.etag)
-        if present:
-            self._resolve(repo, commit, present)
+        return remote.commit, client.tree(repo_id, repo_type, remote.commit)
 
     # -- files ---------------------------------------------------------------------------
 
     def fill(self, repo_type: str, repo_id: str, commit: str, path: str) -> None:
-        """Bring the blob of ``path`` at ``commit`` into the store (blocking; resolver code)."""
-        from ..resolver.local import read_tree
-        from .manifests import keep_for
-
-        repo = RepoLayout(self.store, repo_id, repo_type)
-        self._resolve(repo, commit, [path])
-        entry = (read_tree(repo, commit) or {}).get(path)
-        if entry is not None:
-            keep_for(repo, entry.etag, path)  # the tensor manifest, for resolvers downstream
-
-    def _resolve(self, repo: RepoLayout, commit: str, paths: list[str]) -> None:
-        from ..resolver.negotiate import resolve
-        from ..resolver.types import AccessError, NotFoundError, Policy, ResolveError
-
-        try:
-            res = resolve(
-                repo.repo_id,
-                commit,
-                repo_type=repo.repo_type,
-                cache_dir=self.store,
-                endpoint=self.url,
-                token=self.config.token or False,
-                allow_patterns=[fnmatch_literal(p) for p in paths],
-                # One connection: the fill then writes blobs/{etag}.incomplete in order, which
-                # the clients of a filling blob read as it grows (filling.py).
-                policy=Policy(stale_if_error=False, connections=1),
-            )
-        except (NotFoundError, AccessError) as exc:
-            raise _typed(exc) from None
-        except ResolveError as exc:
-            raise failed(exc, "fill failed") from None
-        self._count(res.requests, res.bytes_transferred)
+        """Bring the blob of ``path`` at ``commit`` into the store (blocking), or wait for
+        the fill another process or replica runs."""
+        self.pull.fill(self, repo_type, repo_id, commit, path)

@@ -31,36 +31,21 @@ import json
 import os
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from cmh._atomic import atomic_write
+from cmh.checks import FileVersion as FileVersion  # one definition; callers import it here
 
 from ..cache.blobs import new_digest
 from ..cache.layout import CHECK_RECORDS
+from .memo import Memo
 
 RACY_SECONDS = 2.0
 #: The racy window where file times have sub-second resolution.
 FINE_RACY_SECONDS = 0.1
 MAX_REMEMBERED = 65536
 _CHUNK = 8 << 20
-
-
-@dataclass(frozen=True)
-class FileVersion:
-    """What identifies one version of an open file's bytes."""
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, fd: int) -> FileVersion:
-        st = os.fstat(fd)
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def racy_seconds(version: FileVersion) -> float:
@@ -125,7 +110,7 @@ class BlobVerifier:
     def __init__(self, max_remembered: int = MAX_REMEMBERED) -> None:
         self.max_remembered = max_remembered
         self._lock = threading.Lock()
-        self._known: OrderedDict[tuple[FileVersion, str], bool] = OrderedDict()
+        self._known: Memo[tuple[FileVersion, str], bool] = Memo(max_remembered)
         self._running: dict[tuple[FileVersion, str], concurrent.futures.Future[bool]] = {}
 
     def known(self, version: FileVersion, etag: str, record: Path | None = None) -> bool | None:
@@ -135,21 +120,16 @@ class BlobVerifier:
         worker or an earlier run); it is read when memory has no outcome.
         """
         key = (version, etag)
-        with self._lock:
-            outcome = self._known.get(key)
-            if outcome is not None:
-                self._known.move_to_end(key)
-                return outcome
+        outcome = self._known.get(key)
+        if outcome is not None:
+            return outcome
         if record is not None and read_record(record) == version:
             self._remember(key, True)
             return True
         return None
 
     def _remember(self, key: tuple[FileVersion, str], ok: bool) -> None:
-        with self._lock:
-            self._known[key] = ok
-            while len(self._known) > self.max_remembered:
-                self._known.popitem(last=False)
+        self._known.put(key, ok)
 
     def check(
         self, fd: int, etag: str, version: FileVersion, record: Path | None = None

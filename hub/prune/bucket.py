@@ -6,7 +6,9 @@ store, and an executor that deletes refs first, then tree objects, blobs last.
 plans from: a tree object is a revision (its entries the files, its parents
 recorded, so ``--keep-latest`` and ``--max-size`` rank by ref history, never by
 the writers' clocks), and a commit a ref names is served, so only ``--expired
---include-referenced`` removes it. Objects carry no timestamps into the plan:
+--include-referenced`` removes it. A pull-through commit's freshness record
+(``{repo}/.cmh/upstream/{commit}.json``, written by ``cmh serve --upstream``) gives
+its upstream expiry, as in a folder. Objects carry no timestamps into the plan:
 the lease below, not a grace period, keeps an import in flight whole.
 
 :func:`execute_bucket_plan` carries out a plan that was shown:
@@ -20,7 +22,8 @@ the lease below, not a grace period, keeps an import in flight whole.
    ETag) each quarter of its lifetime, while waiting and while working;
 3. per repo: scan the repo again, re-plan it restricted to the revisions shown,
    and delete only what both plans name (a subset of what was shown, never
-   more): refs, then tree objects, then blobs; stop (reported) once half the
+   more): refs, then tree objects, then the freshness records of commits gone,
+   then blobs; stop (reported) once half the
    lease's lifetime has passed since it was last rewritten; release the lease.
 
 Repos with nothing to delete get no lease, and a run with nothing to delete no wait.
@@ -32,6 +35,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache.layout import RepoLayout
@@ -41,6 +45,7 @@ from .execute import PruneReport, RepoOutcome
 from .plan import (
     KIND_BLOB,
     KIND_REF,
+    KIND_UPSTREAM,
     OVER_SIZE,
     PrunePlan,
     PrunePolicy,
@@ -90,12 +95,14 @@ def scan_bucket_repo(
         for name, state in sorted(store.refs(folder).items())
     )
     blobs = {etag: Entry(etag, info.size, 0.0) for etag, info in store.blob_infos(folder).items()}
+    upstream = store.upstream_record_infos(folder)
     expiry: dict[str, int | None] = {}
     revisions: list[RevisionScan] = []
     for commit in sorted(store.tree_infos(folder)):
         tree = store.read_tree(folder, commit)
         if tree is not None:
-            revisions.append(_revision(store, folder, tree, read_expiry, expiry))
+            until = store.read_upstream_freshness(folder, commit) if commit in upstream else None
+            revisions.append(_revision(store, folder, tree, read_expiry, expiry, until))
     return RepoScan(
         layout=RepoLayout(Path(folder), repo_id, repo_type),
         mtime=0.0,
@@ -114,6 +121,9 @@ def scan_bucket_repo(
         lock_files=(),
         refs_served=True,
         whole_folder=False,
+        upstream_records=tuple(
+            Entry(f"{commit}.json", info.size, 0.0) for commit, info in sorted(upstream.items())
+        ),
     )
 
 
@@ -123,6 +133,7 @@ def _revision(
     tree: TreeObject,
     read_expiry: bool,
     cache: dict[str, int | None],
+    upstream_until: float | None,
 ) -> RevisionScan:
     files = []
     for f in tree.files:
@@ -133,7 +144,8 @@ def _revision(
             expires = cache[f.etag]
         files.append(SnapshotFile(f.path, f.etag, f.size, False, expires))
     # ``created_at`` is the writer's clock: it only serves --older-than, which is by age.
-    return RevisionScan(tree.commit, tuple(files), 0.0, tree.created_at, parents=tree.parents)
+    return RevisionScan(tree.commit, tuple(files), 0.0, tree.created_at,
+                        upstream_until=upstream_until, parents=tree.parents)  # fmt: skip
 
 
 def _blob_expiry(store: BucketStore, name: str, size: int) -> int | None:
@@ -249,22 +261,15 @@ class _Leases:
             )
 
 
+@dataclass
 class _RepoDeleter:
     """Re-plan one leased repo within what was shown, and delete it in order."""
 
-    def __init__(
-        self,
-        store: BucketStore,
-        plan: PrunePlan,
-        shown: RepoPlan,
-        outcome: RepoOutcome,
-        leases: _Leases,
-    ) -> None:
-        self.store = store
-        self.plan = plan
-        self.shown = shown
-        self.outcome = outcome
-        self.leases = leases
+    store: BucketStore
+    plan: PrunePlan
+    shown: RepoPlan
+    outcome: RepoOutcome
+    leases: _Leases
 
     def run(self) -> None:
         store, shown = self.store, self.shown
@@ -285,6 +290,10 @@ class _RepoDeleter:
         for revision in fresh.revisions:
             self.delete(store.tree_name(shown.folder, revision.commit), 0)
             self.outcome.revisions.append(revision)
+        for item in items:
+            if item.kind == KIND_UPSTREAM:  # a freshness record of a commit that is gone
+                self.delete(item.path, 0)
+                self.outcome.items.append(item)
         for item in items:
             if item.kind == KIND_BLOB:
                 self.delete(item.path, item.size)

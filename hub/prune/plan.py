@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.layout import CHECK_RECORDS, COMMIT_RE
+from ..cache.layout import CHECK_RECORDS, COMMIT_RE, VERIFIED_MARKERS
 from .scan import REPO_TRASH, ROOT_TRASH, CacheScan, RepoScan, etag_of
 
 DAY = 86400.0
@@ -489,7 +489,7 @@ class _RepoPlanner:
     def _per_blob(self) -> None:
         surviving = self._surviving_etags()
         for kind, folder, entries in (
-            (KIND_VERIFIED, ".cmh/verified", self.repo.verified),
+            (KIND_VERIFIED, VERIFIED_MARKERS, self.repo.verified),
             (KIND_CHECKED, CHECK_RECORDS, self.repo.checked),
         ):
             for e in entries:

@@ -14,13 +14,21 @@ plan and :mod:`cmh.hub.prune.execute` carries it out.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.layout import CHECK_RECORDS, COMMIT_RE, RepoLayout, iter_repos, parse_repo_folder
+from ..cache.layout import (
+    CHECK_RECORDS,
+    COMMIT_RE,
+    VERIFIED_MARKERS,
+    RepoLayout,
+    iter_repos,
+    parse_repo_folder,
+)
 from ..cache.usage import usage_path
 
 #: Names the stock scanner skips wherever they appear.
@@ -302,7 +310,7 @@ def scan_repo(
         trash=_entries(path.joinpath(*REPO_TRASH)),
         lock_files=_entries(layout.locks),
         partials=_entries(cmh_path / "partial"),
-        verified=_entries(cmh_path / "verified"),
+        verified=_entries(path / VERIFIED_MARKERS),
         checked=_entries(path / CHECK_RECORDS),
         commit_meta=commit_meta,
         upstream_records=upstream_records,
@@ -452,17 +460,26 @@ def _commit_time(path: Path) -> float | None:
 
 
 def _record_number(path: Path, key: str) -> float | None:
-    """The number under ``key`` in a small JSON record, if readable."""
+    """The number under ``key`` in a small JSON record file, if readable."""
+    try:
+        return record_number(path.read_bytes(), key)
+    except OSError:
+        return None
+
+
+def record_number(text: bytes, key: str) -> float | None:
+    """The number under ``key`` in a small JSON record (a file's or an object's bytes),
+    ``None`` when it is not one."""
     import json
 
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        data = json.loads(text)
+    except ValueError:
         return None
     value = data.get(key) if isinstance(data, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    return float(value) if math.isfinite(value) else None
 
 
 def stamped_expiry(path: str | os.PathLike[str]) -> int | None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import email.utils
+import fcntl
 import json
 import logging
 import os
 import re
+import struct
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -259,6 +262,27 @@ class HubClient:
             requests=len(response.history) + 1,
             nbytes=sum(r.num_bytes_downloaded for r in response.history),
         )
+
+    def _answered(self, response: httpx2.Response) -> None:
+        """Count a streamed answer; an error status is read, counted and raised."""
+        self._count_answer(response)
+        if response.status_code >= 400:
+            response.read()
+            self._count(nbytes=response.num_bytes_downloaded)
+            raise_for_status(response)
+
+    def _count_unread(self, response: httpx2.Response) -> None:
+        """Count the body bytes of an answer given up unread that already reached this host.
+
+        What the HTTP parser holds is read (only when the socket has bytes
+        waiting, so this never blocks), then the socket's receive queue is
+        added: the bytes the server sent that arrived before the close.
+        """
+        before = response.num_bytes_downloaded
+        if _waiting(response):
+            with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError):
+                next(response.iter_raw(), b"")
+        self._count(nbytes=response.num_bytes_downloaded - before + _waiting(response))
 
     def close(self) -> None:
         """Nothing to release: connections are pooled per process (see ``_shared_client``)."""
@@ -517,26 +541,15 @@ class HubClient:
         try:
             with self._open(url, headers) as response:
                 answered = True
-                self._count_answer(response)
-                if response.status_code >= 400:
-                    response.read()
-                    self._count(nbytes=response.num_bytes_downloaded)
-                    raise_for_status(response)
+                self._answered(response)
                 self._landed(located, url, response)
-                honoured = True
-                if ranged:
-                    if response.status_code == 206:
-                        _check_content_range(response, start, end)
-                    elif response.status_code == 200:
-                        if end is not None:
-                            raise RangeNotSatisfied(f"{url}: Range ignored (200 instead of 206)")
-                        honoured = start == 0
-                        if not honoured and on_restart is not None:
-                            on_restart()
-                    else:
-                        raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
-                elif response.status_code != 200:
-                    raise HubProtocolError(f"{url}: unexpected status {response.status_code}")
+                try:
+                    honoured = _honoured(response, url, start, end)
+                except HubProtocolError:
+                    self._count_unread(response)  # its bytes crossed the wire all the same
+                    raise
+                if not honoured and on_restart is not None:
+                    on_restart()
                 expected = None if end is None else end - start
                 allowed = None if limit is None else limit - (start if honoured else 0)
                 got = 0
@@ -595,14 +608,13 @@ class HubClient:
         try:
             with self._open(url, {**IDENTITY, "Range": f"bytes={spec}"}) as response:
                 answered = True
-                self._count_answer(response)
-                if response.status_code >= 400:
-                    response.read()
-                    self._count(nbytes=response.num_bytes_downloaded)
-                    raise_for_status(response)
+                self._answered(response)
                 ctype = response.headers.get("Content-Type", "")
                 match = re.search(r"boundary=\"?([^\";]+)\"?", ctype)
                 if response.status_code != 206 or "multipart/byteranges" not in ctype or not match:
+                    # A CDN answers several ranges with its whole body: what it sent before
+                    # the close crossed the wire all the same.
+                    self._count_unread(response)
                     raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
                 self._landed(located, url, response)
                 parser = MultipartParser(match.group(1).encode(), set(ranges), sink)
@@ -635,6 +647,38 @@ def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], Non
         pos += len(chunk)
 
     return write
+
+
+def _honoured(response: httpx2.Response, url: str, start: int, end: int | None) -> bool:
+    """Whether an answer from ``start`` (to ``end``) honoured the range; ``False``: a 200 with
+    the whole body for an open range (the sink restarts). Raises :class:`HubProtocolError`
+    for an answer that cannot be used (:class:`RangeNotSatisfied`: a 200 for a closed range)."""
+    status = response.status_code
+    if not (start or end is not None):
+        if status != 200:
+            raise HubProtocolError(f"{url}: unexpected status {status}")
+        return True
+    if status == 206:
+        _check_content_range(response, start, end)
+        return True
+    if status != 200:
+        raise HubProtocolError(f"{url}: unexpected status {status}")
+    if end is not None:
+        raise RangeNotSatisfied(f"{url}: Range ignored (200 instead of 206)")
+    return start == 0
+
+
+def _waiting(response: httpx2.Response) -> int:
+    """Bytes waiting in the receive queue of the answer's socket (0 where unknown)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return max(0, int(struct.unpack("i", raw)[0]))
 
 
 def _check_content_range(response: httpx2.Response, start: int, end: int | None) -> None:

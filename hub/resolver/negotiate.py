@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn, TypedDict, Unpack
 
 from ..cache import housekeeping
 from ..cache.blobs import blob_state, disk_full_error, is_disk_full, partial_path
@@ -58,6 +58,7 @@ from .local import (
     write_validation,
 )
 from .partial import PatchNotPossible, patch_blob
+from .transfer import Job, Tally
 from .types import (
     Action,
     FileResult,
@@ -94,51 +95,93 @@ class _Local:
     last_good: str | None = None  # commit of the last validation
 
 
-def resolve(
-    repo_id: str,
-    revision: str = "main",
-    *,
-    repo_type: str = "model",
-    cache_dir: str | Path | None = None,
-    endpoint: str | None = None,
-    token: str | bool | None = None,
-    allow_patterns: Sequence[str] | str | None = None,
-    policy: Policy | None = None,
-    progress: Progress | None = None,
-    on_total: Callable[[int], None] | None = None,
-) -> Resolution:
+class ResolveOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`resolve` and :func:`hold`, as the stock client names them."""
+
+    repo_type: str
+    cache_dir: str | Path | None
+    endpoint: str | None
+    token: str | bool | None
+    allow_patterns: Sequence[str] | str | None
+    policy: Policy | None
+    progress: Progress | None
+    on_total: Callable[[int], None] | None
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What :func:`resolve` was asked: one repo at one revision, which files, how."""
+
+    repo: RepoLayout
+    revision: str
+    patterns: Sequence[str] | str | None
+    policy: Policy
+    progress: Progress | None = None
+    on_total: Callable[[int], None] | None = None
+
+    @property
+    def pinned(self) -> bool:
+        """The revision is a commit id (immutable)."""
+        return bool(COMMIT_RE.match(self.revision))
+
+    @property
+    def where(self) -> str:
+        return f"{self.repo.repo_id}@{self.revision}"
+
+
+def _options(options: ResolveOptions) -> ResolveOptions:
+    """``options`` checked for names :func:`resolve` does not take (``TypeError``, as Python's)."""
+    unknown = sorted(set(options) - ResolveOptions.__optional_keys__)
+    if unknown:
+        raise TypeError(f"resolve() got an unexpected keyword argument {unknown[0]!r}")
+    return options
+
+
+def _cache_root(cache_dir: str | Path | None) -> Path:
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
+def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptions]) -> Resolution:
     """Make ``repo_id`` at ``revision`` available in the local stock cache.
 
-    Returns a :class:`~cmh.hub.Resolution` whose ``path`` is the snapshot
-    folder (``from_pretrained(resolution.path)``). ``policy`` defaults to
-    :meth:`Policy.from_env` (offline under ``HF_HUB_OFFLINE``). ``progress``
-    receives byte counts as they arrive, ``on_total`` the bytes to fetch.
-    ``token`` as in the stock client: a string is sent, ``False`` sends no
-    token at all, ``None`` or ``True`` sends ``HF_TOKEN`` (or the token file).
-    Raises a :class:`~cmh.hub.ResolveError` subclass; the cache is then left
-    with its previous snapshot intact.
+    Keyword arguments (:class:`ResolveOptions`): ``repo_type`` (``"model"``),
+    ``cache_dir``, ``endpoint``, ``token``, ``allow_patterns``, ``policy``,
+    ``progress`` and ``on_total``. Returns a :class:`~cmh.hub.Resolution`
+    whose ``path`` is the snapshot folder (``from_pretrained(resolution.path)``).
+    ``policy`` defaults to :meth:`Policy.from_env` (offline under
+    ``HF_HUB_OFFLINE``). ``progress`` receives byte counts as they arrive,
+    ``on_total`` the bytes to fetch. ``token`` as in the stock client: a
+    string is sent, ``False`` sends no token at all, ``None`` or ``True``
+    sends ``HF_TOKEN`` (or the token file). Raises a
+    :class:`~cmh.hub.ResolveError` subclass; the cache is then left with its
+    previous snapshot intact.
     """
-    policy = policy if policy is not None else Policy.from_env()
+    o = _options(options)
+    policy = o.get("policy")
     validate_repo_id(repo_id)
     validate_revision(revision)
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    repo = RepoLayout(root, repo_id, repo_type)
-    pinned = bool(COMMIT_RE.match(revision))
+    repo = RepoLayout(_cache_root(o.get("cache_dir")), repo_id, o.get("repo_type", "model"))
+    ask = _Ask(
+        repo,
+        revision,
+        o.get("allow_patterns"),
+        policy if policy is not None else Policy.from_env(),
+        o.get("progress"),
+        o.get("on_total"),
+    )
     with repo_lock(repo, shared=True):
-        local = _inspect_local(repo, revision, allow_patterns, pinned)
-        if policy.offline:
-            return _answer_offline(repo, revision, local, policy, allow_patterns)
-        if local.complete and not local.corrupt and not policy.revalidate:
-            fresh = _local_answer(repo, revision, local, policy, pinned)
+        local = _inspect_local(repo, revision, ask.patterns, ask.pinned)
+        if ask.policy.offline:
+            return _answer_offline(ask, local)
+        if local.complete and not local.corrupt and not ask.policy.revalidate:
+            fresh = _local_answer(ask, local)
             if fresh is not None:
                 return fresh
-        client = HubClient(endpoint, _token_to_send(token))
+        client = HubClient(o.get("endpoint"), _token_to_send(o.get("token")))
         try:
-            return _answer_online(
-                client, repo, revision, local, policy, allow_patterns, pinned, progress, on_total
-            )
+            return _answer_online(client, ask, local)
         except (HubUnreachableError, HubProtocolError) as exc:
-            return _answer_stale(repo, revision, local, policy, exc, client.requests)
+            return _answer_stale(ask, local, exc, client)
         except OSError as exc:
             if is_disk_full(exc):
                 raise disk_full_error(exc, f"{repo.repo_id}: writing the cache") from None
@@ -158,12 +201,7 @@ def _token_to_send(token: str | bool | None) -> str | None:
 
 @contextlib.contextmanager
 def hold(
-    repo_id: str,
-    revision: str = "main",
-    *,
-    repo_type: str = "model",
-    cache_dir: str | Path | None = None,
-    **options: Any,
+    repo_id: str, revision: str = "main", **options: Unpack[ResolveOptions]
 ) -> Iterator[Resolution]:
     """Resolve like :func:`resolve`, and keep the snapshot from being pruned in the block.
 
@@ -171,11 +209,14 @@ def hold(
     covered the resolve is still held, so no pruner can slip in between;
     ``cmh prune`` skips a held revision until the block ends.
     """
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    repo = RepoLayout(root, repo_id, repo_type)
+    o = _options(options)
+    root = _cache_root(o.get("cache_dir"))
+    repo = RepoLayout(root, repo_id, o.get("repo_type", "model"))
     with contextlib.ExitStack() as stack:
         with repo_lock(repo, shared=True):
-            res = resolve(repo_id, revision, repo_type=repo_type, cache_dir=root, **options)
+            scoped = o.copy()
+            scoped["cache_dir"] = root
+            res = resolve(repo_id, revision, **scoped)
             stack.enter_context(snapshot_in_use(repo, res.commit))
         yield res
 
@@ -238,102 +279,86 @@ def _kept_files(repo: RepoLayout, commit: str, paths: list[str]) -> tuple[FileRe
     )
 
 
-def _result(
-    repo: RepoLayout,
-    revision: str,
-    commit: str,
-    state: State,
-    files: tuple[FileResult, ...],
-    *,
-    requests: int = 0,
-    received: int | None = None,
-    expires_at: float | None = None,
-    previous: str | None = None,
-    warnings: Sequence[str] = (),
-) -> Resolution:
-    """The answer; ``received``: body bytes that came over the wire (default: the files')."""
+@dataclass(frozen=True)
+class _Outcome:
+    """What an answer says beside its commit: the state, the files, what asking cost."""
+
+    state: State
+    files: tuple[FileResult, ...] = ()
+    requests: int = 0
+    received: int | None = None  # body bytes over the wire (default: the files')
+    expires_at: float | None = None
+    previous: str | None = None
+    warnings: Sequence[str] = ()
+
+
+def _result(ask: _Ask, commit: str, outcome: _Outcome) -> Resolution:
+    """The answer for ``commit`` (its use recorded for pruning)."""
+    repo, files = ask.repo, outcome.files
     record_use(repo, commit)
+    received = outcome.received
     return Resolution(
         repo_id=repo.repo_id,
         repo_type=repo.repo_type,
-        revision=revision,
+        revision=ask.revision,
         commit=commit,
         path=SnapshotPath(repo.snapshot_dir(commit)),
-        state=state,
+        state=outcome.state,
         files=files,
-        requests=requests,
+        requests=outcome.requests,
         bytes_transferred=(
             received if received is not None else sum(f.bytes_transferred for f in files)
         ),
         bytes_reused=sum(f.bytes_reused for f in files),
-        expires_at=expires_at,
-        previous_commit=previous,
-        warnings=tuple(warnings),
+        expires_at=outcome.expires_at,
+        previous_commit=outcome.previous,
+        warnings=tuple(outcome.warnings),
     )
 
 
-def _local_answer(
-    repo: RepoLayout, revision: str, local: _Local, policy: Policy, pinned: bool
-) -> Resolution | None:
+def _local_answer(ask: _Ask, local: _Local) -> Resolution | None:
     """LOCAL_ONLY when the complete local snapshot is still fresh, else ``None``."""
+    repo, revision, policy, pinned = ask.repo, ask.revision, ask.policy, ask.pinned
     assert local.commit is not None
     expiry = _expiry(repo, revision, local.commit, local.selection, policy)
     if not local.selection and (pinned or time.time() < expiry):
-        raise NotFoundError(f"{repo.repo_id}@{revision}: no such file", "entry", local.commit)
+        raise NotFoundError(f"{ask.where}: no such file", "entry", local.commit)
     now = time.time()
     warnings: list[str] = []
     if now >= expiry:
         if not pinned:
             return None
         if policy.strict:
-            raise PolicyError(f"{repo.repo_id}@{revision} expired at {expiry:.0f} (strict policy)")
+            raise PolicyError(f"{ask.where} expired at {expiry:.0f} (strict policy)")
         warnings.append(f"commit {revision} is past its CMH expiry; a pinned commit is kept")
-    return _result(
-        repo,
-        revision,
-        local.commit,
-        State.LOCAL_ONLY,
-        _kept_files(repo, local.commit, local.selection),
-        expires_at=_finite(expiry),
-        warnings=warnings,
-    )
+    files = _kept_files(repo, local.commit, local.selection)
+    outcome = _Outcome(State.LOCAL_ONLY, files, expires_at=_finite(expiry), warnings=warnings)
+    return _result(ask, local.commit, outcome)
 
 
-def _answer_offline(
-    repo: RepoLayout,
-    revision: str,
-    local: _Local,
-    policy: Policy,
-    patterns: Sequence[str] | str | None,
-) -> Resolution:
+def _answer_offline(ask: _Ask, local: _Local) -> Resolution:
+    repo, revision = ask.repo, ask.revision
     if local.corrupt:
         raise IntegrityError(
             f"{repo.repo_id}: cached {', '.join(local.corrupt)} failed its check and the "
             "network may not be used (offline)"
         )
     if local.commit is not None and local.tree is not None and not local.selection:
-        raise NotFoundError(f"{repo.repo_id}@{revision}: no such file", "entry", local.commit)
+        raise NotFoundError(f"{ask.where}: no such file", "entry", local.commit)
     if local.commit is not None and local.complete:
-        return _serve_local(repo, revision, local.commit, local.selection, policy, offline=True)
+        return _serve_local(ask, local.commit, local.selection, _Why(offline=True))
     if local.commit is not None and local.tree is None and repo.snapshot_files(local.commit):
-        if policy.strict:
+        if ask.policy.strict:
             raise PolicyError(
-                f"{repo.repo_id}@{revision}: snapshot has no tree listing, its completeness "
+                f"{ask.where}: snapshot has no tree listing, its completeness "
                 "cannot be checked (strict policy)"
             )
         note = "snapshot has no tree listing: served as found, completeness unknown"
-        return _result(repo, revision, local.commit, State.LOCAL_ONLY, (), warnings=[note])
-    fallback = _last_good(repo, local, patterns)
+        return _result(ask, local.commit, _Outcome(State.LOCAL_ONLY, warnings=[note]))
+    fallback = _last_good(repo, local, ask.patterns)
     if fallback is not None:
-        return _serve_local(
-            repo,
-            revision,
-            fallback[0],
-            fallback[1],
-            policy,
-            offline=True,
-            note=f"refs/{revision} names an incomplete snapshot; serving the last checked one",
-        )
+        note = f"refs/{revision} names an incomplete snapshot; serving the last checked one"
+        return _serve_local(ask, fallback[0], fallback[1], _Why(offline=True, note=note))
     return _no_local(repo, revision)
 
 
@@ -362,80 +387,72 @@ def _last_good(
     return commit, paths
 
 
-def _serve_local(
-    repo: RepoLayout,
-    revision: str,
-    commit: str,
-    paths: list[str],
-    policy: Policy,
-    *,
-    offline: bool,
-    note: str | None = None,
-    cause: str | None = None,
-    requests: int = 0,
-) -> Resolution:
+@dataclass(frozen=True)
+class _Why:
+    """Why a local snapshot is served without the Hub, and what trying to ask it cost."""
+
+    offline: bool
+    note: str | None = None
+    cause: str | None = None
+    requests: int = 0
+    received: int = 0
+
+
+def _serve_local(ask: _Ask, commit: str, paths: list[str], why: _Why) -> Resolution:
     """A complete checked local snapshot served without the Hub: fresh or stale."""
-    if offline:
+    repo, policy = ask.repo, ask.policy
+    if why.offline:
         # Offline, only a stamped expiry counts: the default lifetime only says how
         # often to revalidate, which offline use cannot do.
         expiry = snapshot_expiry(
             repo, commit, paths, validated_at=float("inf"), default_lifetime=0.0
         )
     else:
-        expiry = _expiry(repo, revision, commit, paths, policy)
-    pinned = bool(COMMIT_RE.match(revision))
-    warnings = [note] if note else []
-    stale = time.time() >= expiry and not (pinned and not policy.strict)
-    if not stale and note is None and offline:
+        expiry = _expiry(repo, ask.revision, commit, paths, policy)
+    warnings = [why.note] if why.note else []
+    stale = time.time() >= expiry and not (ask.pinned and not policy.strict)
+    if not stale and why.note is None and why.offline:
         state = State.LOCAL_ONLY
     else:
+        reason = why.cause or "offline"
         if policy.strict:
-            why = cause or "offline"
             raise PolicyError(
-                f"{repo.repo_id}@{revision}: the cached snapshot is expired or unconfirmed and "
-                f"the Hub cannot confirm it ({why}); strict policy refuses it"
+                f"{ask.where}: the cached snapshot is expired or unconfirmed and "
+                f"the Hub cannot confirm it ({reason}); strict policy refuses it"
             )
         state = State.STALE_OFFLINE
-        reason = cause or "offline"
         warnings.append(
             f"serving a stale snapshot (commit {commit[:12]}) without the Hub: {reason}"
         )
-    return _result(
-        repo,
-        revision,
-        commit,
+    outcome = _Outcome(
         state,
         _kept_files(repo, commit, paths),
-        requests=requests,
+        requests=why.requests,
+        received=why.received,
         expires_at=_finite(expiry),
         warnings=warnings,
     )
+    return _result(ask, commit, outcome)
 
 
-def _answer_stale(
-    repo: RepoLayout,
-    revision: str,
-    local: _Local,
-    policy: Policy,
-    error: Exception,
-    requests: int,
-) -> Resolution:
-    """The Hub could not be asked: stale-if-error, or the error."""
+def _answer_stale(ask: _Ask, local: _Local, error: Exception, client: HubClient) -> Resolution:
+    """The Hub could not be asked: stale-if-error, or the error.
+
+    What the failed exchange cost is kept: its requests, and every byte that
+    came over the wire (an aborted update's ranges included).
+    """
     usable: tuple[str, list[str]] | None = None
     if local.commit is not None and local.complete and not local.corrupt:
         usable = (local.commit, local.selection)
-    if usable is None or not policy.stale_if_error:
+    if usable is None or not ask.policy.stale_if_error:
         raise error
-    return _serve_local(
-        repo,
-        revision,
-        usable[0],
-        usable[1],
-        policy,
+    why = _Why(
         offline=False,
         cause=str(error),
-        requests=requests,
+        requests=client.requests,
+        received=client.bytes_received,
     )
+    return _serve_local(ask, usable[0], usable[1], why)
 
 
 # -- online --------------------------------------------------------------------------------
@@ -484,102 +501,148 @@ def forget_listing(client: HubClient, repo: RepoLayout, commit: str) -> None:
         _listings.pop((client.endpoint, repo.repo_type, repo.repo_id, commit), None)
 
 
-def _answer_online(
-    client: HubClient,
-    repo: RepoLayout,
-    revision: str,
-    local: _Local,
-    policy: Policy,
-    patterns: Sequence[str] | str | None,
-    pinned: bool,
-    progress: Progress | None,
-    on_total: Callable[[int], None] | None,
-) -> Resolution:
+@dataclass(frozen=True)
+class _Listing:
+    """The files of ``commit`` as a listing names them; ``fetched``: from the Hub, not the cache."""
+
+    commit: str
+    files: dict[str, RemoteFile]
+    fetched: bool
+
+
+@dataclass(frozen=True)
+class _Brought:
+    """A checked blob installed for every selected file of ``listing``."""
+
+    listing: _Listing
+    selection: list[str]
+    results: tuple[FileResult, ...]
+    warnings: list[str]
+
+
+def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
+    """Ask the Hub, bring in what changed, link the snapshot, move the ref, name the state."""
+    repo = ask.repo
     housekeeping.adopt_orphans(repo)
-    commit, files, fetched = revision_listing(client, repo, revision, pinned)
+    listing = _Listing(*revision_listing(client, repo, ask.revision, ask.pinned))
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
     # What the cache held before anything is linked (a pinned commit links into its own
     # snapshot: read afterwards, a cold fetch would look FRESH).
-    linked_before = _linked_etags(repo, local.commit, select(files, patterns))
-    try:
-        selection, results, fetcher = _bring_in(
-            client, repo, revision, commit, files, local, old_tree, policy, patterns,
-            progress, on_total,
-        )  # fmt: skip
-    except _ListingDisagrees as first:
-        # What the listing claims for this commit is not what resolve serves for it:
-        # drop the listing and ask for it again (the tree endpoint, not the one that lied).
-        logger.info("%s@%s: %s; listing fetched again", repo.repo_id, commit[:12], first)
-        discard_tree(repo, commit)
-        forget_listing(client, repo, commit)
-        files = client.tree(repo.repo_id, repo.repo_type, commit)
-        fetched = True
-        try:
-            selection, results, fetcher = _bring_in(
-                client, repo, revision, commit, files, local, old_tree, policy, patterns,
-                progress, on_total,
-            )  # fmt: skip
-        except _ListingDisagrees as again:
-            raise HubProtocolError(
-                f"{repo.repo_id}@{commit[:12]}: {again}, also in a listing fetched again; "
-                "nothing installed"
-            ) from None
-    except IntegrityError:
-        discard_tree(repo, commit)  # a listing that led to a failed check is not kept
-        forget_listing(client, repo, commit)
-        raise
-
+    linked_before = _linked_etags(repo, local.commit, select(listing.files, ask.patterns))
+    brought = _bring_in_agreed(
+        client, repo, listing, lambda agreed: _bring_in(client, ask, local, agreed, old_tree)
+    )
     # Decide before acting: a strict refusal leaves snapshots, refs and validations as they were.
-    if policy.strict:
-        expired = [p for p in selection if _stamp_expired(repo.blob_path(files[p].etag), p)]
-        if expired:
-            raise PolicyError(
-                f"{repo.repo_id}@{revision}: {', '.join(expired)} past its CMH expiry "
-                "(strict policy)"
-            )
-    # Every selected blob is installed and holds what resolve serves for this commit:
-    # keep the listing, then link the snapshot.
-    write_tree(repo, commit, files, replace=fetched)
-    for r in results:
-        if r.action is not Action.KEPT:
-            repo.link_snapshot_file(commit, r.path, r.etag)
-
-    # Swap: every file is linked to a checked blob; only now does the ref move.
-    previous = repo.read_ref(revision) if not pinned else None
-    if not pinned and previous != commit:
-        repo.write_ref(revision, commit)
-    if not pinned:
-        write_validation(repo, revision, commit)
-    housekeeping.clean_no_exist(repo, commit, files)
-
-    old_etags: dict[str, str] = {}
-    if local.commit is not None:
-        for p in selection:
-            if old_tree is not None and p in old_tree and p in linked_before:
-                old_etags[p] = old_tree[p].etag
-            elif p in linked_before:
-                old_etags[p] = linked_before[p]
-    if any(r.action is Action.REFETCHED for r in results):
-        state = State.CORRUPT
-    elif not old_etags:
-        state = State.MISSING
-    elif all(old_etags.get(p) == files[p].etag for p in selection):
-        state = State.FRESH
-    else:
-        state = State.ETAG_MISMATCH
-    expiry = _expiry(repo, revision, commit, selection, policy)
-    return _result(
-        repo,
-        revision,
-        commit,
-        state,
-        results,
+    _refuse_expired(ask, brought)
+    _link(ask, brought)
+    previous = _swap(ask, brought.listing)
+    commit = brought.listing.commit
+    expiry = _expiry(repo, ask.revision, commit, brought.selection, ask.policy)
+    outcome = _Outcome(
+        _state(local, brought, _old_etags(local, brought, old_tree, linked_before)),
+        brought.results,
         requests=client.requests,
         received=client.bytes_received,
         expires_at=_finite(expiry),
         previous=previous if previous != commit else None,
-        warnings=list(fetcher.warnings),
+        warnings=brought.warnings,
     )
+    return _result(ask, commit, outcome)
+
+
+def _bring_in_agreed(
+    client: HubClient,
+    repo: RepoLayout,
+    listing: _Listing,
+    bring_in: Callable[[_Listing], _Brought],
+) -> _Brought:
+    """``bring_in(listing)``, with the listing asked for once more if it disagrees with
+    ``resolve``."""
+    commit = listing.commit
+    try:
+        return bring_in(listing)
+    except _ListingDisagrees as first:
+        disagreement = first
+    except IntegrityError:
+        discard_tree(repo, commit)  # a listing that led to a failed check is not kept
+        forget_listing(client, repo, commit)
+        raise
+    # What the listing claims for this commit is not what resolve serves for it:
+    # drop the listing and ask for it again (the tree endpoint, not the one that lied).
+    logger.info("%s@%s: %s; listing fetched again", repo.repo_id, commit[:12], disagreement)
+    discard_tree(repo, commit)
+    forget_listing(client, repo, commit)
+    again = _Listing(commit, client.tree(repo.repo_id, repo.repo_type, commit), True)
+    try:
+        return bring_in(again)
+    except _ListingDisagrees as exc:
+        raise HubProtocolError(
+            f"{repo.repo_id}@{commit[:12]}: {exc}, also in a listing fetched again; "
+            "nothing installed"
+        ) from None
+
+
+def _refuse_expired(ask: _Ask, brought: _Brought) -> None:
+    """Strict policy: refuse a selection with a file past its CMH expiry."""
+    if not ask.policy.strict:
+        return
+    files = brought.listing.files
+    expired = [p for p in brought.selection if _stamp_expired(ask.repo.blob_path(files[p].etag), p)]
+    if expired:
+        raise PolicyError(f"{ask.where}: {', '.join(expired)} past its CMH expiry (strict policy)")
+
+
+def _link(ask: _Ask, brought: _Brought) -> None:
+    """Keep the listing, then link the snapshot: every selected blob is installed and holds
+    what ``resolve`` serves for the commit."""
+    listing = brought.listing
+    write_tree(ask.repo, listing.commit, listing.files, replace=listing.fetched)
+    for r in brought.results:
+        if r.action is not Action.KEPT:
+            ask.repo.link_snapshot_file(listing.commit, r.path, r.etag)
+
+
+def _swap(ask: _Ask, listing: _Listing) -> str | None:
+    """Move the ref to the linked commit (only now) and record the validation; the ref's
+    previous commit (``None`` for a pinned commit)."""
+    repo, revision, commit = ask.repo, ask.revision, listing.commit
+    previous = repo.read_ref(revision) if not ask.pinned else None
+    if not ask.pinned and previous != commit:
+        repo.write_ref(revision, commit)
+    if not ask.pinned:
+        write_validation(repo, revision, commit)
+    housekeeping.clean_no_exist(repo, commit, listing.files)
+    return previous
+
+
+def _old_etags(
+    local: _Local,
+    brought: _Brought,
+    old_tree: dict[str, LocalEntry] | None,
+    linked_before: dict[str, str],
+) -> dict[str, str]:
+    """The blob each selected file had in the cache before (linked files only)."""
+    if local.commit is None:
+        return {}
+    old: dict[str, str] = {}
+    for p in brought.selection:
+        if old_tree is not None and p in old_tree and p in linked_before:
+            old[p] = old_tree[p].etag
+        elif p in linked_before:
+            old[p] = linked_before[p]
+    return old
+
+
+def _state(local: _Local, brought: _Brought, old_etags: dict[str, str]) -> State:
+    """The state the answer is in (spec/resolver.md §2), from what the cache held before."""
+    files = brought.listing.files
+    if any(r.action is Action.REFETCHED for r in brought.results):
+        return State.CORRUPT
+    if not old_etags:
+        return State.MISSING
+    if all(old_etags.get(p) == files[p].etag for p in brought.selection):
+        return State.FRESH
+    return State.ETAG_MISMATCH
 
 
 def _linked_etags(repo: RepoLayout, commit: str | None, paths: list[str]) -> dict[str, str]:
@@ -626,37 +689,30 @@ def _fetch_all(
 
 def _bring_in(
     client: HubClient,
-    repo: RepoLayout,
-    revision: str,
-    commit: str,
-    files: dict[str, RemoteFile],
+    ask: _Ask,
     local: _Local,
+    listing: _Listing,
     old_tree: dict[str, LocalEntry] | None,
-    policy: Policy,
-    patterns: Sequence[str] | str | None,
-    progress: Progress | None,
-    on_total: Callable[[int], None] | None,
-) -> tuple[list[str], tuple[FileResult, ...], _Fetcher]:
-    """Install a checked blob for every selected file of ``commit`` as ``files`` lists it."""
-    selection = select(files, patterns)
-    if patterns is not None and not selection:
-        raise NotFoundError(
-            f"{repo.repo_id}@{revision}: no file matches {patterns!r}", "entry", commit
-        )
+) -> _Brought:
+    """Install a checked blob for every selected file of the commit as ``listing`` lists it."""
+    repo, files, commit = ask.repo, listing.files, listing.commit
+    selection = select(files, ask.patterns)
+    if ask.patterns is not None and not selection:
+        raise NotFoundError(f"{ask.where}: no file matches {ask.patterns!r}", "entry", commit)
     prefer = [c for c in (local.commit, local.last_good) if c]
     old = old_tree or {}
     corrupt_etags = {old[p].etag for p in local.corrupt if p in old}
-    fetcher = _Fetcher(client, repo, policy, progress)
+    fetcher = _Fetcher(client, repo, ask.policy, ask.progress)
     plans = [(p, files[p]) for p in selection]
-    if on_total is not None:
-        on_total(sum(f.size for _, f in plans if blob_state(repo, f.etag, f.size) != "ok"))
+    if ask.on_total is not None:
+        ask.on_total(sum(f.size for _, f in plans if blob_state(repo, f.etag, f.size) != "ok"))
 
     def work(item: tuple[str, RemoteFile]) -> FileResult:
         path, remote = item
         return fetcher.ensure(commit, path, remote, prefer, remote.etag in corrupt_etags)
 
-    results = _fetch_all(work, plans, max(1, min(policy.max_workers, len(plans))))
-    return selection, results, fetcher
+    results = _fetch_all(work, plans, max(1, min(ask.policy.max_workers, len(plans))))
+    return _Brought(listing, selection, results, fetcher.warnings)
 
 
 class _ListingDisagrees(Exception):
@@ -746,54 +802,26 @@ class _Fetcher:
         self, commit: str, path: str, remote: RemoteFile, prefer: list[str], corrupt: bool
     ) -> FileResult:
         repo, client = self.repo, self.client
-        url = client.file_url(repo.repo_id, repo.repo_type, commit, path)
+        job = Job(
+            client,
+            repo,
+            remote,
+            client.file_url(repo.repo_id, repo.repo_type, commit, path),
+            strict=self.policy.strict,
+            connections=self.policy.connections,
+            chunk_bytes=self.policy.chunk_bytes,
+            tally=Tally(self.progress),
+        )
         if not corrupt and self._patchable(path, remote):
-            old = find_old_version(repo, path, prefer)
-            if old is not None and old != remote.etag:
-                old_size = repo.blob_path(old).stat().st_size
-                if blob_state(repo, old, old_size) == "ok":
-                    try:
-                        patched = patch_blob(
-                            client,
-                            repo,
-                            remote,
-                            url,
-                            old,
-                            strict=self.policy.strict,
-                            connections=self.policy.connections,
-                            chunk_bytes=self.policy.chunk_bytes,
-                            progress=self.progress,
-                            manifest=lambda: client.tensor_manifest(
-                                repo.repo_id, repo.repo_type, commit, path
-                            ),
-                        )
-                    except (PatchNotPossible, HubProtocolError) as exc:
-                        # Not stamped, no usable old version, or a server that does not
-                        # answer ranges as asked (e.g. ignores Range): fetch it whole.
-                        logger.info("%s: fetched whole (%s)", path, exc)
-                    except IntegrityError as exc:
-                        self._warn(
-                            f"{path}: assembled file failed its check ({exc}); fetched whole"
-                        )
-                    else:
-                        for w in patched.warnings:
-                            self._warn(f"{path}: {w}")
-                        return FileResult(
-                            path,
-                            Action.PATCHED,
-                            remote.etag,
-                            remote.size,
-                            patched.bytes_received,
-                            patched.bytes_reused,
-                        )
+            patched = self._patch(job, commit, path, prefer)
+            if patched is not None:
+                return patched
         resumable = partial_path(repo, remote.etag)
         had_partial = (resumable.exists() and resumable.stat().st_size > 0) or chunked.has_partial(
             repo, remote.etag
         )
-        received, resumed, warnings = download_whole(
-            client, repo, remote, url, strict=self.policy.strict, progress=self.progress,
-            connections=self.policy.connections, chunk_bytes=self.policy.chunk_bytes,
-        )  # fmt: skip
+        before = job.tally.total
+        resumed, warnings = download_whole(job)
         for w in warnings:
             self._warn(f"{path}: {w}")
         if corrupt:
@@ -802,8 +830,39 @@ class _Fetcher:
             action = Action.RESUMED
         else:
             action = Action.DOWNLOADED
-        reused = max(0, remote.size - received)
-        return FileResult(path, action, remote.etag, remote.size, received, reused)
+        # Reused: what a partial already held; received: every byte of the file that came
+        # over the wire, an update given up for this download included.
+        reused = max(0, remote.size - (job.tally.total - before))
+        return FileResult(path, action, remote.etag, remote.size, job.tally.total, reused)
+
+    def _patch(self, job: Job, commit: str, path: str, prefer: list[str]) -> FileResult | None:
+        """``path`` updated tensor by tensor from an older local version; ``None``: fetch whole."""
+        repo, client = self.repo, self.client
+        old = find_old_version(repo, path, prefer)
+        if old is None or old == job.remote.etag:
+            return None
+        if blob_state(repo, old, repo.blob_path(old).stat().st_size) != "ok":
+            return None
+        try:
+            patched = patch_blob(
+                job,
+                old,
+                manifest=lambda: client.tensor_manifest(repo.repo_id, repo.repo_type, commit, path),
+            )
+        except (PatchNotPossible, HubProtocolError) as exc:
+            # Not stamped, no usable old version, or a server that does not
+            # answer ranges as asked (e.g. ignores Range): fetch it whole.
+            logger.info("%s: fetched whole (%s)", path, exc)
+            return None
+        except IntegrityError as exc:
+            self._warn(f"{path}: assembled file failed its check ({exc}); fetched whole")
+            return None
+        for w in patched.warnings:
+            self._warn(f"{path}: {w}")
+        remote = job.remote
+        return FileResult(
+            path, Action.PATCHED, remote.etag, remote.size, job.tally.total, patched.bytes_reused
+        )
 
     def _patchable(self, path: str, remote: RemoteFile) -> bool:
         return path.endswith(".safetensors") and remote.lfs and remote.size >= PATCH_MIN_BYTES

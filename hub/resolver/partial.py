@@ -23,13 +23,11 @@ it was; the caller falls back to a whole download.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,25 +40,20 @@ from cmh.header import PREFIX_SIZE, Header, parse_header, read_header
 from ..cache.blobs import (
     UNREADABLE_HEADER,
     ContentCheck,
-    Progress,
     disk_full_error,
     install_blob,
     is_disk_full,
     partial_path,
 )
 from ..cache.layout import RepoLayout
-from .chunked import BackgroundSync, OrderedFeed, chunk_size
-from .http import HubClient, Located, RangeNotSatisfied
+from .http import HubClient, Located
 from .retry import DEFAULT_RETRY
-from .types import HubProtocolError, IntegrityError, InvalidRemoteFileError, RemoteFile
+from .transfer import Filling, Job, SegmentLog, Source, chunk_size, discard, pwrite_all
+from .types import HubProtocolError, IntegrityError, InvalidRemoteFileError
 
 PREFETCH = 128 << 10
 GAP_FRACTION = 0.03
 GAP_FLOOR = 64 << 10
-#: The fewest changed bytes one extra parallel connection is opened for.
-MIN_GROUP_BYTES = 1 << 20
-#: Ranges per multi-range request (the mirror accepts 64).
-MAX_RANGES_PER_REQUEST = 32
 
 
 class PatchNotPossible(Exception):
@@ -246,14 +239,6 @@ class _Cover:
         return any(rb < e and b < re for rb, re in self.ranges)
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
-
-
 def _copy(src_fd: int, dst_fd: int, c: Copy) -> None:
     done = 0
     while done < c.length:
@@ -265,63 +250,47 @@ def _copy(src_fd: int, dst_fd: int, c: Copy) -> None:
             chunk = os.pread(src_fd, min(8 << 20, c.length - done), c.src + done)
             if not chunk:
                 raise OSError("old blob is shorter than its header says")
-            _pwrite_all(dst_fd, chunk, c.dst + done)
+            pwrite_all(dst_fd, chunk, c.dst + done)
             n = len(chunk)
         done += n
 
 
-class _Log:
-    """Append-only record of finished segments, so a rerun skips them."""
+@dataclass(frozen=True)
+class _Update:
+    """One update under way: the old blob it copies from, the plan, where it is assembled."""
 
-    def __init__(self, path: Path, key: str) -> None:
-        self.path = path
-        self.key = key
-        self._lock = threading.Lock()
-        self.done: set[str] = set()
+    job: Job
+    old_etag: str
+    plan: PatchPlan
+    source: Source
+    target: Path
 
-    def load(self) -> bool:
-        """True when an earlier log for the same plan was found (entries loaded)."""
-        try:
-            lines = self.path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError):
-            return False
-        if not lines or lines[0] != self.key:
-            return False
-        self.done = set(lines[1:])
-        return True
+    @property
+    def old_blob(self) -> Path:
+        return self.job.repo.blob_path(self.old_etag)
 
-    def start(self) -> None:
-        self.path.write_text(self.key + "\n")
-        self.done = set()
-
-    def add(self, entry: str) -> None:
-        with self._lock:
-            with open(self.path, "a") as f:
-                f.write(entry + "\n")
-            self.done.add(entry)
+    @property
+    def log(self) -> SegmentLog:
+        return SegmentLog(
+            self.target.with_name(self.target.name + ".log"),
+            f"cmh-assembly v1 {self.old_etag} {self.job.remote.size}",
+        )
 
 
 def patch_blob(
-    client: HubClient,
-    repo: RepoLayout,
-    remote: RemoteFile,
-    url: str,
+    job: Job,
     old_etag: str,
-    *,
-    strict: bool = False,
-    connections: int = 8,
-    chunk_bytes: int = 16 << 20,
-    progress: Progress | None = None,
     manifest: Callable[[], list[dict[str, Any]] | None] | None = None,
 ) -> PatchResult:
-    """Assemble blob ``remote.etag`` from blob ``old_etag`` plus fetched ranges.
+    """Assemble blob ``job.remote.etag`` from blob ``old_etag`` plus fetched ranges.
 
-    The caller holds the blob lock of ``remote.etag``. The unchanged tensors
+    The caller holds the blob lock of ``job.remote.etag``. The unchanged tensors
     are copied in the kernel while the changed ranges arrive over up to
-    ``connections`` connections, and the assembled file is checked in order
-    as its bytes fall into place (:class:`~cmh.hub.resolver.chunked.OrderedFeed`):
+    ``job.connections`` connections, and the assembled file is checked in order
+    as its bytes fall into place (the one engine, :mod:`cmh.hub.resolver.transfer`):
     the whole-file digest covers every byte, the manifest digests only the
     fetched tensors (the copied ones match digests of a checked blob).
+    Every byte received is counted in ``job.tally``, also when this raises.
     Raises :class:`PatchNotPossible` when the file must be fetched whole
     instead (the prefix already fetched is then left as ``{etag}.incomplete``),
     :class:`HubProtocolError` when the server does not answer ranges as asked,
@@ -332,14 +301,14 @@ def patch_blob(
     ``manifest`` fetches a cmh mirror's tensor manifest, used when the new
     version is unstamped.
     """
-    requests_before = client.requests
-    old_blob = repo.blob_path(old_etag)
-    located = Located(url)  # after the first redirect, ranges go straight where it led
-    header, prefix = fetch_header(client, located, remote.size)
-    received = len(prefix)
+    client, remote = job.client, job.remote
+    requests_before, received_before = client.requests, job.tally.total
+    source = Source(client, Located(job.url))  # after the first redirect, go where it led
+    header, prefix = fetch_header(client, source.url, remote.size)
+    job.tally.add(len(prefix), shown=False)
     try:
         try:
-            old_header, old_sha = old_digests(old_blob)
+            old_header, old_sha = old_digests(job.repo.blob_path(old_etag))
             served = None
             if manifest is not None and claimed_digests(header) is None:
                 served = served_digests(header, manifest())  # unstamped: ask the mirror
@@ -347,117 +316,84 @@ def patch_blob(
         except UNREADABLE_HEADER as exc:
             raise PatchNotPossible(str(exc) or type(exc).__name__) from exc
     except PatchNotPossible:
-        _keep_prefix(repo, remote.etag, prefix)
+        _keep_prefix(job.repo, remote.etag, prefix)
         raise
-    if progress is not None:
-        progress(len(prefix))
+    if job.tally.progress is not None:
+        job.tally.progress(len(prefix))
 
-    target = assembly_path(repo, remote.etag)
-    log_path = target.with_name(target.name + ".log")
+    update = _Update(job, old_etag, plan, source, assembly_path(job.repo, remote.etag))
     check = ContentCheck(
-        remote.etag, remote.size, safetensors=True, strict=strict, name=remote.path
+        remote.etag, remote.size, safetensors=True, strict=job.strict, name=remote.path
     )
     check.trusted = plan.trusted
+    log_path = update.log.path
     try:
-        received += _assemble(
-            client, located, remote, old_etag, old_blob, target, log_path, plan, check,
-            connections, chunk_bytes, progress,
-        )  # fmt: skip
+        _assemble(update, check)
         check.finish()
     except OSError as exc:
         if not is_disk_full(exc):
             raise
-        _discard(target, log_path)
-        raise disk_full_error(exc, f"{remote.path}: assembling {target.name}") from None
+        discard(update.target, log_path)
+        raise disk_full_error(exc, f"{remote.path}: assembling {update.target.name}") from None
     except HubProtocolError:
         # The server does not answer ranges as asked: the caller fetches the file whole,
         # so the (mostly copied, full-size) assembly would only take room.
-        _discard(target, log_path)
+        discard(update.target, log_path)
         raise
     except (IntegrityError, InvalidRemoteFileError):
-        _discard(target, log_path)
+        discard(update.target, log_path)
         raise
-    install_blob(repo, remote.etag, target, check)
-    with contextlib.suppress(FileNotFoundError):
-        log_path.unlink()
+    install_blob(job.repo, remote.etag, update.target, check)
+    discard(log_path)
     return PatchResult(
-        bytes_received=received,
+        bytes_received=job.tally.total - received_before,
         bytes_reused=plan.copied_bytes,
         requests=client.requests - requests_before,
         warnings=tuple(check.warnings),
     )
 
 
-def _assemble(
-    client: HubClient,
-    url: Located,
-    remote: RemoteFile,
-    old_etag: str,
-    old_blob: Path,
-    target: Path,
-    log_path: Path,
-    plan: PatchPlan,
-    check: ContentCheck,
-    connections: int,
-    chunk_bytes: int,
-    progress: Progress | None,
-) -> int:
-    """Write the prefix, the copies and the fetched ranges into ``target``; bytes fetched.
+def _assemble(update: _Update, check: ContentCheck) -> None:
+    """Write the prefix, the copies and the fetched ranges into the assembly.
 
     ``check`` is fed the file in order as its bytes fall into place; its error
     (the first tensor that does not match) is raised once the transfer stopped.
     """
+    job, plan, target = update.job, update.plan, update.target
+    size = job.remote.size
     target.parent.mkdir(parents=True, exist_ok=True)
-    log = _Log(log_path, f"cmh-assembly v1 {old_etag} {remote.size}")
-    resuming = target.exists() and target.stat().st_size == remote.size and log.load()
-    if not resuming:
-        log.start()
-    pieces = split_ranges(plan.ranges, chunk_size(plan.fetch_bytes, chunk_bytes))
-    received = 0
-    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
-    old_fd = os.open(old_blob, os.O_RDONLY)
-    feed = OrderedFeed(check.update, fd, remote.size).start()
-    sync = BackgroundSync(fd)
-
-    def ready(begin: int, end: int) -> None:
-        feed.mark_ready(begin, end)
-        sync.wrote(end - begin)
-
+    log = update.log
+    done = log.load() if target.exists() and target.stat().st_size == size else None
+    log.start(done or ())
+    pieces = split_ranges(plan.ranges, chunk_size(plan.fetch_bytes, job.chunk_bytes))
+    old_fd = os.open(update.old_blob, os.O_RDONLY)
     try:
-        if not resuming:
-            os.ftruncate(fd, remote.size)
-        _pwrite_all(fd, plan.header_bytes, 0)
-        feed.mark_ready(0, len(plan.header_bytes))
-        # The check reads the copied tensors from the checked old blob, beside the copy.
-        for c in plan.copies:
-            feed.map_source(c.dst, c.dst + c.length, old_fd, c.src)
-        copier = _Copier(old_blob, fd, plan.copies, log, sync.wrote).start()
-        for b, e in pieces:
-            if f"range {b} {e}" in log.done:
-                feed.mark_ready(b, e)
-        todo = [(b, e) for b, e in pieces if f"range {b} {e}" not in log.done]
-        try:
-            received += _fetch_ranges(
-                client, url, fd, todo, log, connections, progress, ready, lambda: feed.failed
-            )
-        except _Stop:
-            feed.join()  # the check refused fetched bytes: its error is the cause
-            raise
-        finally:
-            copier.join()
-        feed.join()
+        with Filling(target, size, check, job.tally) as filling:
+            if done is None:
+                os.ftruncate(filling.fd, size)
+            pwrite_all(filling.fd, plan.header_bytes, 0)
+            filling.feed.mark_ready(0, len(plan.header_bytes))
+            # The check reads the copied tensors from the checked old blob, beside the copy.
+            for c in plan.copies:
+                filling.feed.map_source(c.dst, c.dst + c.length, old_fd, c.src)
+            copier = _Copier(update.old_blob, filling.fd, plan.copies, log, filling.sync.wrote)
+            copier.start()
+            for b, e in pieces:
+                if f"range {b} {e}" in log.done:
+                    filling.feed.mark_ready(b, e)
+            todo = [(b, e) for b, e in pieces if f"range {b} {e}" not in log.done]
+
+            def finished(span: tuple[int, int]) -> None:
+                log.add(f"range {span[0]} {span[1]}")
+                filling.ready(*span)
+
+            try:
+                filling.fetch_ranges(update.source, todo, finished, job.connections)
+            finally:
+                copier.join()
+            filling.finish()
     finally:
-        feed.stop()
-        with contextlib.suppress(Exception):
-            feed.join()
-        sync.close()
-        os.close(fd)
         os.close(old_fd)
-    return received
-
-
-class _Stop(Exception):
-    """The check already refused the file: stop fetching."""
 
 
 class _Copier:
@@ -468,7 +404,7 @@ class _Copier:
         old_blob: Path,
         fd: int,
         copies: list[Copy],
-        log: _Log,
+        log: SegmentLog,
         wrote: Callable[[int], None],
     ) -> None:
         self._old_blob, self._fd, self._copies = old_blob, fd, copies
@@ -509,137 +445,6 @@ def split_ranges(ranges: list[tuple[int, int]], piece: int) -> list[tuple[int, i
     return out
 
 
-def _batches(ranges: list[tuple[int, int]], connections: int) -> list[list[tuple[int, int]]]:
-    """Spread ranges over up to ``connections`` groups of similar byte counts, in file order.
-
-    A group is sent as multi-range requests of at most :data:`MAX_RANGES_PER_REQUEST` ranges.
-    """
-    total = sum(e - b for b, e in ranges)
-    groups = max(1, min(connections, len(ranges), total // MIN_GROUP_BYTES or 1))
-    share = -(-total // groups)
-    out: list[list[tuple[int, int]]] = [[]]
-    filled = 0
-    for span in ranges:
-        if filled >= share and len(out) < groups:
-            out.append([])
-            filled = 0
-        out[-1].append(span)
-        filled += span[1] - span[0]
-    return [
-        g[i : i + MAX_RANGES_PER_REQUEST]
-        for g in out
-        for i in range(0, len(g), MAX_RANGES_PER_REQUEST)
-    ]
-
-
-def _fetch_ranges(
-    client: HubClient,
-    url: Located,
-    fd: int,
-    ranges: list[tuple[int, int]],
-    log: _Log,
-    connections: int,
-    progress: Progress | None,
-    ready: Callable[[int, int], None],
-    refused: Callable[[], bool],
-) -> int:
-    """Fetch ``ranges`` into ``fd``: multi-range requests, else one request per range.
-
-    ``ready(begin, end)`` is told of every range once it is in place;
-    ``refused()`` true stops the transfer (the check already failed).
-    """
-    if not ranges:
-        return 0
-    lock = threading.Lock()
-    got: dict[tuple[int, int], int] = dict.fromkeys(ranges, 0)
-    begins = sorted(ranges)
-    received = 0
-
-    def sink(offset: int, data: bytes) -> None:
-        nonlocal received
-        if refused():
-            raise _Stop
-        _pwrite_all(fd, data, offset)
-        if progress is not None:
-            progress(len(data))
-        # A coalesced part (adjacent ranges answered as one) runs across ranges.
-        end = offset + len(data)
-        while offset < end:
-            i = bisect.bisect_right(begins, (offset, float("inf"))) - 1
-            span = begins[i]
-            upto = min(end, span[1])
-            with lock:
-                got[span] = upto - span[0]
-                received += upto - offset
-                finished = got[span] == span[1] - span[0]
-            if finished:
-                log.add(f"range {span[0]} {span[1]}")
-                ready(*span)
-            offset = upto
-
-    def remaining(batch: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        return [(b + got[(b, e)], e) for b, e in batch if got[(b, e)] < e - b]
-
-    def run_batch(batch: list[tuple[int, int]]) -> None:
-        def step() -> None:
-            todo = remaining(batch)
-            if todo:
-                # Resumed parts start mid-range: map them back to their range.
-                client.stream_ranges(url, todo, sink)
-
-        DEFAULT_RETRY.run(step, "ranges", notice=False)
-
-    batches = _batches(ranges, connections)
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, min(connections, len(batches)))) as pool:
-            list(pool.map(run_batch, batches))
-    except RangeNotSatisfied:
-        # The server does not do multi-range: one request per range, in parallel.
-        todo = [(b + got[(b, e)], e) for b, e in ranges if got[(b, e)] < e - b]
-        spans = {(b + got[(b, e)], e): (b, e) for b, e in ranges if got[(b, e)] < e - b}
-
-        def one(part: tuple[int, int]) -> int:
-            n = _fetch_range_into(client, url, fd, part, progress, refused)
-            whole = spans[part]
-            log.add(f"range {whole[0]} {whole[1]}")
-            ready(*whole)
-            return n
-
-        with ThreadPoolExecutor(max_workers=max(1, min(connections, len(todo)))) as pool:
-            received += sum(pool.map(one, todo))
-    return received
-
-
-def _fetch_range_into(
-    client: HubClient,
-    url: Located,
-    fd: int,
-    span: tuple[int, int],
-    progress: Progress | None,
-    refused: Callable[[], bool],
-) -> int:
-    """Fetch ``[begin, end)`` into ``fd`` at the same offsets, resuming after drops."""
-    begin, end = span
-    pos = begin
-    received = 0
-
-    def sink(chunk: bytes) -> None:
-        nonlocal pos, received
-        if refused():
-            raise _Stop
-        _pwrite_all(fd, chunk, pos)
-        pos += len(chunk)
-        received += len(chunk)
-        if progress is not None:
-            progress(len(chunk))
-
-    def step() -> int:
-        client.stream(url, pos, sink, end=end)
-        return received
-
-    return DEFAULT_RETRY.run(step, f"range {begin}-{end}", notice=False)
-
-
 def _keep_prefix(repo: RepoLayout, etag: str, prefix: bytes) -> None:
     """Leave the fetched prefix as the start of a whole download."""
     part = partial_path(repo, etag)
@@ -647,12 +452,6 @@ def _keep_prefix(repo: RepoLayout, etag: str, prefix: bytes) -> None:
         if not part.exists() or part.stat().st_size < len(prefix):
             part.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(part, prefix)
-
-
-def _discard(*paths: Path) -> None:
-    for p in paths:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
 
 
 __all__ = [

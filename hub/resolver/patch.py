@@ -28,7 +28,6 @@ costs one revalidation request, not ten.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import glob
 import inspect
@@ -36,13 +35,12 @@ import logging
 import os
 import sys
 import threading
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ..cache.layout import COMMIT_RE, RepoLayout
+from . import window as window_state
 from .types import (
     DiskFullError,
     IntegrityError,
@@ -54,12 +52,19 @@ from .types import (
     ResolveError,
     State,
 )
+from .window import (
+    DEFAULT_WINDOW,
+    cache_root,
+    current_policy,
+    recent_commit,
+    remember_commit,
+)
+from .window import in_cache as _in_cache
 
 #: Resolver errors raised to the caller instead of handing the call to the stock function:
 #: refused content is never returned, and a full disk is full for the stock client too.
 RAISED = (IntegrityError, PolicyError, InvalidRemoteFileError, DiskFullError)
 
-DEFAULT_WINDOW = 10.0
 
 logger = logging.getLogger("cmh.hub")
 
@@ -92,10 +97,8 @@ SNAPSHOT_DOWNLOAD_PARAMS = (
 
 _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
-_recent: dict[tuple[str, ...], tuple[str, float]] = {}
+_recent = window_state.recent  # the revalidation window (tests clear it as a new process would)
 _warned: set[tuple[str, ...]] = set()  # warnings already logged (once per repo and process)
-_window = DEFAULT_WINDOW
-_policy: Policy | None = None
 
 
 def installed() -> bool:
@@ -109,11 +112,10 @@ def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> 
     ``policy`` overrides :meth:`Policy.from_env` for routed calls (the
     ``local_files_only`` argument still forces offline).
     """
-    global _window, _policy
     with _lock:
         if _patched:
             return True
-        _window, _policy = window, policy
+        window_state.configure(window, policy)
         from huggingface_hub import _snapshot_download, file_download
 
         targets = [
@@ -218,9 +220,8 @@ def uninstall() -> None:
                 else:
                     setattr(owner, attr, original)
         _patched.clear()
-        _recent.clear()
+        window_state.forget()
         _warned.clear()
-        _last_cache.clear()
 
 
 def _owners_of(original: Any) -> list[Any]:
@@ -281,68 +282,15 @@ def _token(value: Any) -> str | bool | None:
     return value if isinstance(value, str) and value else None
 
 
-def cache_root(cache_dir: Any = None) -> Path:
-    """The cache folder the stock client uses for ``cache_dir``: as given, else its default.
-
-    As ``hf_hub_download`` computes it: ``huggingface_hub.constants.HF_HUB_CACHE``
-    (read from ``HF_HUB_CACHE``/``HF_HOME`` when huggingface_hub was imported) when
-    ``cache_dir`` is ``None``, user-expanded and made absolute.
-    """
-    if cache_dir is None:
-        from huggingface_hub import constants
-
-        cache_dir = constants.HF_HUB_CACHE
-    return Path(str(cache_dir)).expanduser().resolve()
-
-
-#: The cache folder of the patched call under way (``None``: none is). The client hook
-#: answers from this folder only, so no other cache vouches for a commit.
-_scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope", default=None)
-#: The folder the last patched call of each repo (type, id) named in this install.
-_last_cache: dict[tuple[str, str], Path] = {}
-
-
-def scoped_cache(repo_type: str, repo_id: str) -> Path:
-    """The cache folder a Hub request of ``repo_id`` is answered from.
-
-    Inside a patched call, the folder it names. Outside (a bare API call such
-    as transformers' ``list_repo_templates`` or peft's file probes, made in the
-    middle of a load whose downloads name ``cache_dir``), the folder the last
-    patched call of that repo named, else the stock default.
-    """
-    return _scope.get() or _last_cache.get((repo_type, repo_id)) or cache_root(None)
-
-
-@contextlib.contextmanager
-def _in_cache(cache_dir: Any, repo_type: Any, repo_id: Any) -> Iterator[Path]:
-    """Run a patched call (and the stock calls inside it) against the cache it names."""
-    root = cache_root(cache_dir)
-    if isinstance(repo_id, str):
-        with _lock:
-            _last_cache[(repo_type if isinstance(repo_type, str) else "model", repo_id)] = root
-    token = _scope.set(root)
-    try:
-        yield root
-    finally:
-        _scope.reset(token)
-
-
-def _route(
-    repo_id: str,
-    revision: str | None,
-    repo_type: str,
-    cache_dir: Any,
-    endpoint: str | None,
-    token: Any,
-    patterns: list[str] | str | None,
-    local_files_only: bool,
-) -> Any:
-    """Resolve through the per-process revalidation window."""
+def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
+    """Resolve the bound call ``a`` (its ``allow_patterns``: ``patterns``) through the
+    per-process revalidation window."""
     from .negotiate import resolve
 
-    revision = revision or "main"
-    root = cache_root(cache_dir)
-    key = _window_key(root, endpoint, repo_type, repo_id, revision)
+    repo_id, repo_type = a["repo_id"], a.get("repo_type") or "model"
+    endpoint, local_files_only = a.get("endpoint"), bool(a.get("local_files_only"))
+    revision = _revision(a.get("revision")) or "main"
+    root = cache_root(a.get("cache_dir"))
     use = revision
     if not local_files_only:
         use = recent_commit(root, endpoint, repo_type, repo_id, revision) or revision
@@ -363,18 +311,16 @@ def _route(
             repo_type=repo_type,
             cache_dir=root,
             endpoint=endpoint,
-            token=_token(token),
+            token=_token(a.get("token")),
             allow_patterns=patterns,
             policy=policy,
         )
     except NotFoundError as exc:
-        if exc.commit is not None and use == revision and not COMMIT_RE.match(revision):
-            with _lock:
-                _recent[key] = (exc.commit, time.monotonic())
+        if exc.commit is not None and use == revision:
+            remember_commit(root, endpoint, repo_type, repo_id, revision, exc.commit)
         raise
-    if use == revision and not COMMIT_RE.match(revision) and res.state is not State.STALE_OFFLINE:
-        with _lock:
-            _recent[key] = (res.commit, time.monotonic())
+    if use == revision and res.state is not State.STALE_OFFLINE:
+        remember_commit(root, endpoint, repo_type, repo_id, revision, res.commit)
     for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
         _warn_once((str(root), repo_type, repo_id, w), "%s: %s", repo_id, w)
     return res
@@ -387,44 +333,6 @@ def _warn_once(key: tuple[str, ...], message: str, *args: Any) -> None:
             return
         _warned.add(key)
     logger.warning(message, *args)
-
-
-def _window_key(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
-) -> tuple[str, ...]:
-    from .credentials import default_endpoint
-
-    where = (endpoint or default_endpoint()).rstrip("/")
-    return (str(Path(root).expanduser()), where, repo_type, repo_id, revision)
-
-
-def recent_commit(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
-) -> str | None:
-    """The commit the Hub named for ``revision`` less than ``window`` seconds ago, if it did."""
-    with _lock:
-        hit = _recent.get(_window_key(root, endpoint, repo_type, repo_id, revision))
-    if hit is not None and time.monotonic() - hit[1] < _window:
-        return hit[0]
-    return None
-
-
-def remember_commit(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
-) -> None:
-    """Record that the Hub named ``commit`` for ``revision`` now (opens the window)."""
-    if COMMIT_RE.match(revision):
-        return
-    with _lock:
-        _recent[_window_key(root, endpoint, repo_type, repo_id, revision)] = (
-            commit,
-            time.monotonic(),
-        )
-
-
-def current_policy() -> Policy:
-    """The policy routed calls use (``install(policy=...)``, else from the environment)."""
-    return _policy if _policy is not None else Policy.from_env()
 
 
 def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
@@ -522,15 +430,26 @@ def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
     return "/".join(kept), os.path.join(*segments)
 
 
-def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
+Routed = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]:
+    """``original`` with its calls bound and run by ``routed`` in the cache they name
+    (calls it cannot bind go to ``original`` as they are)."""
+
     @functools.wraps(original)
-    def hf_hub_download(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         a = _bind(original, args, kwargs)
         if a is None:
             return original(*args, **kwargs)
         with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
             return routed(a, args, kwargs)
 
+    wrapper.__cmh_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _stock_only(a):
             return original(*args, **kwargs)
@@ -540,16 +459,8 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         filename, relative = names
         try:
-            res = _route(
-                a["repo_id"],
-                _revision(a.get("revision")),
-                repo_type,
-                a.get("cache_dir"),
-                a.get("endpoint"),
-                a.get("token"),
-                [glob.escape(filename)],  # a name, not a pattern: "a[1].txt" is itself
-                bool(a.get("local_files_only")),
-            )
+            # A name, not a pattern: "a[1].txt" is itself.
+            res = _route(a, [glob.escape(filename)])
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
@@ -568,34 +479,16 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         return target
 
-    hf_hub_download.__cmh_original__ = original  # type: ignore[attr-defined]
-    return hf_hub_download
+    return _wrapper(original, routed)
 
 
 def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def snapshot_download(*args: Any, **kwargs: Any) -> Any:
-        a = _bind(original, args, kwargs)
-        if a is None:
-            return original(*args, **kwargs)
-        with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
-            return routed(a, args, kwargs)
-
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _stock_only(a) or a.get("ignore_patterns"):
             return original(*args, **kwargs)
         patterns = a.get("allow_patterns")
         try:
-            res = _route(
-                a["repo_id"],
-                _revision(a.get("revision")),
-                a.get("repo_type") or "model",
-                a.get("cache_dir"),
-                a.get("endpoint"),
-                a.get("token"),
-                list(patterns) if isinstance(patterns, (list, tuple)) else patterns,
-                bool(a.get("local_files_only")),
-            )
+            res = _route(a, list(patterns) if isinstance(patterns, (list, tuple)) else patterns)
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
@@ -603,8 +496,7 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         return str(res.path)
 
-    snapshot_download.__cmh_original__ = original  # type: ignore[attr-defined]
-    return snapshot_download
+    return _wrapper(original, routed)
 
 
 def _offline(a: dict[str, Any]) -> bool:

@@ -36,7 +36,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +46,11 @@ import httpx2
 
 from cmh._atomic import atomic_write
 
+from .._ranges import RangeNotSatisfiable, parse_range
 from ..cache.blobs import blob_state
 from ..cache.layout import COMMIT_RE, LayoutError, RepoLayout, validate_repo_id
 from .local import linked_etag, read_tree, write_validation
+from .window import current_policy, recent_commit, remember_commit, scoped_cache
 
 logger = logging.getLogger("cmh.hub")
 
@@ -136,21 +137,20 @@ class _FileStream(httpx2.SyncByteStream):
 
 
 def _one_range(value: str | None, size: int) -> tuple[int, int] | bool | None:
-    """``(start, end)`` of a single satisfiable byte range, ``None`` without one, ``False`` else."""
+    """``(start, end)`` of a single satisfiable byte range, ``None`` without one, ``False`` else.
+
+    Read by the hub's one ``Range`` parser; a header of several ranges (even touching
+    ones the parser would merge) or another unit is ``False``: the Hub answers those.
+    """
     if value is None:
         return None
-    match = re.fullmatch(r"\s*bytes=(\d*)-(\d*)\s*", value)
-    if not match or (not match.group(1) and not match.group(2)):
+    try:
+        ranges = parse_range(value, size)
+    except RangeNotSatisfiable:
         return False
-    first, last = match.group(1), match.group(2)
-    if not first:
-        start, end = max(0, size - int(last)), size
-    else:
-        start = int(first)
-        end = size if not last else min(size, int(last) + 1)
-    if start >= size or start >= end:
+    if ranges is None or len(ranges) != 1 or "," in value:
         return False
-    return start, end
+    return ranges[0].start, ranges[0].end + 1
 
 
 class FreshCacheTransport(httpx2.BaseTransport):
@@ -179,13 +179,11 @@ class FreshCacheTransport(httpx2.BaseTransport):
     # -- deciding ------------------------------------------------------------------------
 
     def _answer(self, request: httpx2.Request, target: Target) -> httpx2.Response | None:
-        from .patch import recent_commit, scoped_cache
-
         repo = RepoLayout(
             scoped_cache(target.repo_type, target.repo_id), target.repo_id, target.repo_type
         )
         endpoint = f"{request.url.scheme}://{request.url.netloc.decode()}"
-        commit = self._known_commit(repo, endpoint, target.revision, recent_commit)
+        commit = self._known_commit(repo, endpoint, target.revision)
         if commit is None:
             if target.kind == "info":
                 return self._revalidate(request, repo, endpoint, target)
@@ -194,15 +192,8 @@ class FreshCacheTransport(httpx2.BaseTransport):
             return self._file(request, repo, commit, target.rest)
         return self._stored_or_asked(request, repo, target, commit)
 
-    def _known_commit(
-        self,
-        repo: RepoLayout,
-        endpoint: str,
-        revision: str,
-        recent_commit: Callable[[Path, str, str, str, str], str | None],
-    ) -> str | None:
+    def _known_commit(self, repo: RepoLayout, endpoint: str, revision: str) -> str | None:
         from .negotiate import fresh_commit
-        from .patch import current_policy
 
         if COMMIT_RE.match(revision):
             return revision
@@ -274,8 +265,6 @@ class FreshCacheTransport(httpx2.BaseTransport):
         self, request: httpx2.Request, repo: RepoLayout, endpoint: str, target: Target
     ) -> httpx2.Response:
         """Ask the Hub; a repo info answer names the revision's commit (remembered, stored)."""
-        from .patch import remember_commit
-
         response = self.inner.handle_request(request)
         status, headers, body = _read_whole(response)
         if status == 200:

@@ -278,6 +278,13 @@ class HubLike:
                 and (pattern is None or pattern.search(r.path))
             ]
 
+    def clear_faults(self) -> None:
+        """Forget every fault not consumed yet (a front shared by several tests)."""
+        with self._lock:
+            self._faults.clear()
+            self._corrupt.clear()
+            self._flip_once.clear()
+
     def clear_records(self) -> None:
         with self._lock:
             self._records.clear()

@@ -76,6 +76,7 @@ class Fault:
     applied: int = 0
     status_code: int = 503
     retry_after: str | None = None
+    multi_range: bool = False  # only requests that ask several ranges (multipart answers)
 
 
 @dataclass
@@ -108,10 +109,12 @@ class FaultProxy(LoopServer):
     async def on_stop(self) -> None:
         await self._session.close()
 
-    def _take_fault(self, method: str, path: str) -> Fault | None:
+    def _take_fault(self, method: str, path: str, ranges: str | None = None) -> Fault | None:
         with self._lock:
             for f in self.faults:
                 wanted = method == "GET" and "/resolve/" in path and f.path_contains in path
+                if f.multi_range and "," not in (ranges or ""):
+                    continue
                 if wanted and f.applied < f.times:
                     f.applied += 1
                     return f
@@ -138,7 +141,11 @@ class FaultProxy(LoopServer):
                 for k, v in up.headers.items()
                 if k.lower() not in ("content-length", "transfer-encoding", "connection")
             }
-            fault = self._take_fault(request.method, request.path) if up.status < 300 else None
+            fault = (
+                self._take_fault(request.method, request.path, request.headers.get("Range"))
+                if up.status < 300
+                else None
+            )
             with self._lock:
                 self.stats.body_bytes += len(payload)
             if fault is None and self.delay and "/resolve/" in request.path and payload:

@@ -129,6 +129,20 @@ class SeaweedServer:
         """The S3 endpoint URL, ``http://127.0.0.1:PORT``."""
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
+    def aws_env(self, folder: Path, endpoint: str | None = None) -> dict[str, str]:
+        """The standard AWS settings for this server (at ``endpoint`` when given: a relay),
+        for processes that read nothing else: profile files that do not exist (in
+        ``folder``), no instance metadata."""
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_CONFIG_FILE": str(folder / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(folder / "none"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
     def _socket_dir(self) -> Path:
         """Where the filer and S3 unix sockets go: the data folder unless its path is too long."""
         if len(str(self.data_dir / "filer-00000.sock")) < _UNIX_SOCKET_MAX:
@@ -137,8 +151,19 @@ class SeaweedServer:
             self._short_dir = Path(tempfile.mkdtemp(prefix="weed-"))
         return self._short_dir
 
-    def _start(self) -> None:
-        self.ports = dict(zip(_PORT_NAMES, _free_ports(len(_PORT_NAMES)), strict=True))
+    def restart(self, down_for: float = 0.0) -> None:
+        """SIGKILL the server, wait ``down_for`` seconds, start it again on the same ports and
+        data (a storage restarted under its clients)."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+        time.sleep(down_for)
+        self._start(keep_ports=True)
+
+    def _start(self, keep_ports: bool = False) -> None:
+        if not keep_ports:
+            self.ports = dict(zip(_PORT_NAMES, _free_ports(len(_PORT_NAMES)), strict=True))
         sockets = self._socket_dir()
         args = [
             self.weed, "server", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from seaweed import ACCESS_KEY, REGION, SECRET_KEY, start_or_skip
+from seaweed import start_or_skip
 
 
 class Relay:
@@ -83,16 +83,7 @@ def test_storage_killed_mid_upload_is_a_typed_error(tmp_path: Path, trip_mib: in
         s3_port = int(server.endpoint.rsplit(":", 1)[1])
         relay = Relay(s3_port, trip_mib << 20, lambda: server.process and server.process.kill())
         endpoint = f"http://127.0.0.1:{relay.port}"
-        env = {
-            **os.environ,
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_REGION": REGION,
-            "AWS_CONFIG_FILE": str(tmp_path / "none"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
+        env = {**os.environ, **server.aws_env(tmp_path, endpoint)}
         proc = subprocess.run(
             [sys.executable, "-m", "cmh.cli.main", "mirror", "add", str(src), "--store",
              f"s3://{server.bucket}/outage/", "--repo", "o/n"],

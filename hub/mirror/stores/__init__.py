@@ -11,5 +11,16 @@ from __future__ import annotations
 
 from ._base import MirrorStore, StoreMissing, StoreUnavailable
 from ._open import open_store, parse_location
+from ._pull import FillFailed, FillReader, PullThrough, SentRanges
 
-__all__ = ["MirrorStore", "StoreMissing", "StoreUnavailable", "open_store", "parse_location"]
+__all__ = [
+    "FillFailed",
+    "FillReader",
+    "MirrorStore",
+    "PullThrough",
+    "SentRanges",
+    "StoreMissing",
+    "StoreUnavailable",
+    "open_store",
+    "parse_location",
+]

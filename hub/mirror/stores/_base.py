@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..scrub import ScrubReport
     from ..scrub_history import ScrubView
     from ..store import ImportResult, RepoSummary
+    from ._pull import PullThrough
 
 
 class StoreUnavailable(StoreError):
@@ -128,6 +129,13 @@ class MirrorStore(Protocol):
         """A read-only scan for the one prune planner, with expiries and commit times
         (the operator page's dry runs)."""
 
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        """Keep when a pull-through commit's upstream freshness ends (``{repo}/.cmh/
+        upstream/{commit}.json``; ``cmh prune --expired`` reads it): after the commit is
+        in the store, replacing the previous record."""
+
     def scrub_bytes(self) -> int:
         """Bytes a scrub reads (for its progress bar)."""
 
@@ -140,6 +148,10 @@ class MirrorStore(Protocol):
     def remote_sender(self, delivery: str) -> Any:
         """How a remote store sends bytes in ``delivery`` mode (None: this process opens
         and sends the file itself, :mod:`~cmh.hub.mirror.send`)."""
+
+    def pull_through(self, fresh_for: float) -> PullThrough:
+        """The store's side of ``cmh serve --upstream`` (``fresh_for``: seconds an unstamped
+        branch stays fresh after a validation)."""
 
     def local_root(self) -> Path | None:
         """The folder the store lives in, for what only a folder has (x-accel,

@@ -116,6 +116,13 @@ class BucketBackedStore:
     def local_root(self) -> Path | None:
         return None
 
+    def pull_through(self, fresh_for: float) -> Any:
+        from .bucket_pull import BucketPullThrough
+
+        pull = BucketPullThrough(self.bucket, self.reader, fresh_for)
+        pull.store_backend = self
+        return pull
+
     def remote_sender(self, delivery: str) -> Any:
         """The proxy or redirect sender of this store (one per worker, made on first use)."""
         sender = self._senders.get(delivery)
@@ -240,16 +247,22 @@ class BucketBackedStore:
         repo_type: str = "model",
         progress: ProgressCallback | None = None,
     ) -> ImportResult:
-        from ..manifests import ManifestError, compute
-        from ..store import scan_folder
-
         result = self.bucket.add_folder(
             src, repo_id, revision=revision, repo_type=repo_type, progress=progress
         )
-        folder = self._folder(repo_type, repo_id)
+        self._keep_manifests(src, result)
+        return result
+
+    def _keep_manifests(self, src: Path, result: ImportResult) -> None:
+        """The tensor manifest of every safetensors file just imported, as a local import
+        keeps them."""
+        from ..manifests import ManifestError, compute
+        from ..store import scan_folder
+
+        folder = self._folder(result.repo_type, result.repo_id)
         tree = self.bucket.read_tree(folder, result.commit)
         by_path = {f.path: f for f in tree.files} if tree is not None else {}
-        for rel, path in scan_folder(src):  # tensor manifests, as a local import keeps them
+        for rel, path in scan_folder(src):
             f = by_path.get(rel)
             if f is None or not rel.endswith(".safetensors") or f.lfs_sha256 is None:
                 continue
@@ -259,7 +272,6 @@ class BucketBackedStore:
                 continue
             with contextlib.suppress(ManifestError, OSError):
                 self._keep_manifest(name, compute(path, f.etag))
-        return result
 
     def list_store(self) -> list[RepoSummary]:
         with _storage_errors():
@@ -295,6 +307,14 @@ class BucketBackedStore:
         with _storage_errors():
             return scan_bucket(self.bucket, read_expiry=True)
 
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        with _storage_errors():
+            self.bucket.record_upstream_freshness(
+                self._folder(repo_type, repo_id), commit, fresh_until
+            )
+
     def scrub_bytes(self) -> int:
         return 0  # the scrub reports its progress blob by blob without a total
 
@@ -321,14 +341,17 @@ class BucketBackedStore:
     def sync(
         self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str
     ) -> Any:
-        """Resolve into a scratch cache, then import its snapshot as a commit here (the
-        bucket's commit id is its own: a bucket commit is the tree plus its parent)."""
+        """Resolve into a scratch cache, then import its snapshot here as the Hub's commit
+        (same id, so clients pinned to it are answered): at ``revision``, or under its id
+        alone when ``revision`` is a commit id (no branch moves)."""
         from ...cache.layout import COMMIT_RE
 
         with tempfile.TemporaryDirectory(prefix="cmh-sync-") as tmp:
             res = fetch(Path(tmp) / "cache")
             plain = Path(tmp) / "files"  # the snapshot's links followed: files to import
             shutil.copytree(Path(res.path), plain, symlinks=False)
-            target = "main" if COMMIT_RE.match(revision) else revision
-            self.add_folder(plain, repo_id, revision=target, repo_type=repo_type)
+            target = res.commit if COMMIT_RE.match(revision) else revision
+            result = self.bucket.add_folder(plain, repo_id, revision=target,
+                                            repo_type=repo_type, commit=res.commit)  # fmt: skip
+            self._keep_manifests(plain, result)
         return res

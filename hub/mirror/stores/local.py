@@ -87,6 +87,11 @@ class LocalStore:
     def local_root(self) -> Path | None:
         return self.root
 
+    def pull_through(self, fresh_for: float) -> Any:
+        from .local_pull import LocalPullThrough
+
+        return LocalPullThrough(self.root, fresh_for)
+
     def remote_sender(self, delivery: str) -> Any:
         return None
 
@@ -215,6 +220,16 @@ class LocalStore:
         from ...prune import scan_cache
 
         return scan_cache(self.root, read_expiry=True, read_commit_times=True)
+
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        from .local_pull import write_upstream_record
+
+        try:
+            write_upstream_record(self._repo(repo_type, repo_id), commit, fresh_until)
+        except OSError as exc:
+            raise StoreError(f"{repo_id}@{commit}: cannot record its freshness: {exc}") from None
 
     def scrub_bytes(self) -> int:
         total = 0

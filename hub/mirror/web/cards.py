@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import html
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ..front_matter import read_front_matter
+from ..memo import Memo
 
 if TYPE_CHECKING:
     from ..index import FileEntry
@@ -42,7 +43,6 @@ TAG_KEYS = (
 )
 _SAFE_SCHEMES = frozenset({"http", "https", "mailto"})
 _SCHEME_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*):")
-_FRONT_RE = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -81,22 +81,9 @@ def render_markdown(text: str) -> str:
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
-    """``(front matter, body, problem)``: YAML between leading ``---`` lines, parsed safely."""
-    match = _FRONT_RE.match(text)
-    if match is None:
-        return {}, text, None
-    import yaml
-
-    body = text[match.end() :]
-    try:
-        data = yaml.safe_load(match.group(1))
-    except Exception:  # untrusted: YAMLError, RecursionError, ValueError (huge ints), ...
-        return {}, body, "the card's front matter is not valid YAML: its data is ignored"
-    if data is None:
-        return {}, body, None
-    if not isinstance(data, dict):
-        return {}, body, "the card's front matter is not a mapping"
-    return {str(k): v for k, v in data.items()}, body, None
+    """``(front matter, body, problem)`` of a card (:mod:`cmh.hub.mirror.front_matter`)."""
+    front = read_front_matter(text)
+    return front.data or {}, front.body, front.problem
 
 
 def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
@@ -112,26 +99,18 @@ def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))[:60]
 
 
-_cache: OrderedDict[tuple[str, str, int], Card] = OrderedDict()
-_cache_lock = threading.Lock()
+_cards: Memo[tuple[str, str, int], Card] = Memo(CARD_CACHE_SIZE)
 
 
 def read_card(entry: FileEntry, opener: Callable[[FileEntry], BinaryIO]) -> Card:
     """The rendered card of a README.md entry, read with ``opener`` (the store's) and
     cached per blob version (its path in the store, ETag and size)."""
-    key = (str(entry.source), entry.etag, entry.size)
-    with _cache_lock:
-        card = _cache.get(key)
-        if card is not None:
-            _cache.move_to_end(key)
-            return card
-    with opener(entry) as f:
-        card = _read_card(f.read(MAX_CARD_BYTES + 1))
-    with _cache_lock:
-        _cache[key] = card
-        while len(_cache) > CARD_CACHE_SIZE:
-            _cache.popitem(last=False)
-    return card
+
+    def compute() -> Card:
+        with opener(entry) as f:
+            return _read_card(f.read(MAX_CARD_BYTES + 1))
+
+    return _cards.get_or_compute((str(entry.source), entry.etag, entry.size), compute)
 
 
 def _as_text(body: str) -> str:

@@ -532,17 +532,24 @@ async def _form(request: web.Request) -> Any:
         raise PageError(400, "malformed form") from None
 
 
+async def _checked_form(request: web.Request, refusal: str) -> Any:
+    """The posted form once its CSRF token and ``Origin`` pass (session.csrf_ok), else a 403
+    page saying ``refusal``."""
+    form = await _form(request)
+    field = form.get(CSRF_FIELD)
+    if not csrf_ok(
+        request.cookies.get(CSRF_COOKIE),
+        field if isinstance(field, str) else None,
+        request.headers.get("Origin"),
+        _host(request),
+    ):
+        raise PageError(403, refusal)
+    return form
+
+
 async def _login(request: web.Request, who: Viewer) -> web.StreamResponse:
     if request.method == "POST":
-        form = await _form(request)
-        field = form.get(CSRF_FIELD)
-        if not csrf_ok(
-            request.cookies.get(CSRF_COOKIE),
-            field if isinstance(field, str) else None,
-            request.headers.get("Origin"),
-            _host(request),
-        ):
-            raise PageError(403, "this form was not sent from this site's login page")
+        form = await _checked_form(request, "this form was not sent from this site's login page")
         raw = form.get("token")
         token = valid_token(raw.strip()) if isinstance(raw, str) else None
         from ..app import STORE_KEY
@@ -575,15 +582,7 @@ def _login_form(request: web.Request, who: Viewer, message: str, status: int = 2
 async def _logout(request: web.Request) -> web.StreamResponse:
     if request.method != "POST":
         raise PageError(405, "log out with the form's button (POST)")
-    form = await _form(request)
-    field = form.get(CSRF_FIELD)
-    if not csrf_ok(
-        request.cookies.get(CSRF_COOKIE),
-        field if isinstance(field, str) else None,
-        request.headers.get("Origin"),
-        _host(request),
-    ):
-        raise PageError(403, "this form was not sent from this site")
+    await _checked_form(request, "this form was not sent from this site")
     response = web.Response(status=303, headers={"Location": "/"})
     response.del_cookie(TOKEN_COOKIE, path="/")
     return response

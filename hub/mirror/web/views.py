@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from cmh.header import TensorSpec
 
 from ...cache.layout import repo_folder_name
 from ..auth import AccessPolicy, repo_key
 from ..index import CommitIndex, FileEntry
+from ..memo import Memo
 from ..scrub_history import ScrubView
 from ..store import StoreError
 
@@ -38,17 +39,12 @@ MAX_TENSORS_SHOWN = 300
 #: Bytes read from the end of the access log for the busiest repos.
 ACCESS_LOG_TAIL = 4 << 20
 
-T = TypeVar("T")
-
 
 # -- stamps --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class TensorRow:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
+class TensorRow(TensorSpec):
     nbytes: int
     sha256: str | None  # the manifest's digest (hex), None when not stamped
 
@@ -95,38 +91,13 @@ def blob_key(entry: FileEntry) -> BlobKey:
     return (str(entry.source), entry.etag, entry.size)
 
 
-class _Memo:
-    """A small thread-safe LRU keyed by blob version (:func:`blob_key`)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._items: OrderedDict[BlobKey, Any] = OrderedDict()
-
-    def get(self, key: BlobKey, compute: Callable[[], T]) -> T:
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]  # type: ignore[no-any-return]
-        value = compute()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.limit:
-                self._items.popitem(last=False)
-        return value
-
-    def peek(self, key: BlobKey) -> Any:
-        with self._lock:
-            return self._items.get(key)
-
-
 class StampCache:
     """Stamp details and verifications of blobs, computed once per blob version."""
 
     def __init__(self, trusted_keys: Any = None) -> None:
         self.trusted_keys = trusted_keys
-        self._stamps = _Memo(8192)
-        self._verified = _Memo(1024)
+        self._stamps: Memo[BlobKey, FileStamp] = Memo(8192)
+        self._verified: Memo[BlobKey, Verification] = Memo(1024)
 
     def stamp(self, store: MirrorStore, entry: FileEntry) -> FileStamp:
         """The stamp details of an entry, its header read through the store."""
@@ -135,7 +106,7 @@ class StampCache:
             with store.opener(entry) as f:
                 return read_stamp(f, entry.size, entry.path, self.trusted_keys)
 
-        return self._stamps.get(blob_key(entry), compute)
+        return self._stamps.get_or_compute(blob_key(entry), compute)
 
     def verify(self, store: MirrorStore, index: CommitIndex, entry: FileEntry) -> Verification:
         """``cmh.verify`` of an entry (on a local copy where the store is not a folder)."""
@@ -144,12 +115,11 @@ class StampCache:
             with store.local_files(index, [entry.path]) as files:
                 return verify_file(files[entry.path], self.trusted_keys)
 
-        return self._verified.get(blob_key(entry), compute)
+        return self._verified.get_or_compute(blob_key(entry), compute)
 
     def verified(self, entry: FileEntry) -> Verification | None:
         """A verification already made of this blob version, if any."""
-        value = self._verified.peek(blob_key(entry))
-        return value if isinstance(value, Verification) else None
+        return self._verified.get(blob_key(entry))
 
 
 def read_stamp(f: BinaryIO, size: int, name: str, trusted_keys: Any = None) -> FileStamp:

@@ -1,0 +1,68 @@
+"""The mirror's one bounded cache: thread-safe, least recently used first out, optionally timed.
+
+Every per-worker cache of the mirror (card fields, parameter counts, rendered
+cards, stamp details, check outcomes, fingerprints, bucket refs and trees) is
+a :class:`Memo`. The eviction and expiry are ``cachetools``' ``LRUCache`` and
+``TTLCache``; this adds the lock they lack and the one access pattern the
+callers share: the value kept for a key, else one computed and kept.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+from cachetools import Cache, LRUCache, TTLCache
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """At most ``size`` values by key; with ``ttl``, each expires ``ttl`` seconds of
+    ``timer`` after it was put. Safe to use from several threads."""
+
+    def __init__(
+        self, size: int, ttl: float | None = None, timer: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.size, self.ttl = size, ttl
+        self._lock = threading.Lock()
+        self._items: Cache[K, V] = (
+            LRUCache(size) if ttl is None else TTLCache(size, ttl, timer=timer)
+        )
+
+    def get(self, key: K) -> V | None:
+        """The value kept for ``key`` (now most recently used), or ``None``."""
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        """Keep ``value`` for ``key``; the least recently used value goes when full."""
+        with self._lock:
+            self._items[key] = value
+
+    def drop(self, key: K) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def get_or_compute(self, key: K, compute: Callable[[], V], *, exclusive: bool = False) -> V:
+        """The value kept for ``key``, else ``compute()``, kept when it returns (an exception
+        keeps nothing). ``compute`` runs outside the lock, so a slow one holds up no other
+        key, unless ``exclusive``: then computations run one at a time and a key is
+        computed once even when asked for by several threads at once."""
+        with self._lock:
+            if key in self._items:
+                return self._items[key]
+            if exclusive:
+                value = self._items[key] = compute()
+                return value
+        value = compute()
+        with self._lock:
+            self._items[key] = value
+        return value
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)

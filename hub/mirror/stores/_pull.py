@@ -1,0 +1,99 @@
+"""What pull-through (``cmh serve --upstream``) needs of a store: one protocol, two kinds.
+
+:class:`~cmh.hub.mirror.upstream.Upstream` holds the policy (when to ask the
+upstream, its typed errors, stale answers, the negative cache) and the filling
+answers of :mod:`~cmh.hub.mirror.filling` hold the byte gate; where a revision's
+state is kept and how a blob is filled and read while it fills is the store's
+(:meth:`~cmh.hub.mirror.stores.MirrorStore.pull_through`): a folder fills
+``blobs/{etag}.incomplete`` with the resolver; a bucket fills numbered part
+objects under one lease for the whole fleet (``spec/hub-mirror.md`` 8.6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ...resolver.types import RemoteFile
+    from ..index import FileEntry
+
+#: ``(offset, count, sha256 of the bytes sent)`` of each range a filling answer sent.
+SentRanges = list[tuple[int, int, "hashlib._Hash"]]
+
+
+class FillFailed(OSError):
+    """The fill ended without installing the blob, or the bytes sent are not the blob's."""
+
+
+class FillReader(Protocol):
+    """Reads a blob while it is filled: what has arrived, then the installed blob."""
+
+    async def read(self, pos: int, count: int) -> bytes:
+        """At most ``count`` bytes at ``pos``, waiting until they have arrived
+        (:class:`FillFailed` when the fill failed or ended short)."""
+
+    def close(self) -> None:
+        """Release what the reader holds."""
+
+    def ranges_match(self, sent: SentRanges) -> bool:
+        """True when each range sent is the same range of the installed, checked blob
+        (blocking: run in a thread)."""
+
+
+class PullThrough(Protocol):
+    """A store's side of pull-through: revision state, access records and fills.
+
+    Repos are named ``(repo_type, repo_id)``; ``upstream`` is the
+    :class:`~cmh.hub.mirror.upstream.Upstream` asking (its client, its counters).
+    """
+
+    def held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
+        """The commit the store holds for ``revision`` with its listing, or None."""
+
+    def listing(self, repo_type: str, repo_id: str, commit: str) -> dict[str, RemoteFile] | None:
+        """The kept upstream listing of ``commit``, or None."""
+
+    def expiry(self, repo_type: str, repo_id: str, revision: str, commit: str) -> float:
+        """When the held copy of ``revision`` (at ``commit``) goes stale: the smallest CMH
+        ``expires_at`` of its stamped safetensors files, else the last validation plus
+        ``--fresh-for`` (``-inf``: never validated)."""
+
+    def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:
+        """True when this replica is to revalidate ``revision`` now; False when another
+        replica of the fleet is doing it (the caller waits for its record)."""
+
+    def install(
+        self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]
+    ) -> None:
+        """Keep ``commit``'s listing so that every listed file is answerable (blobs
+        still absent are filled on demand; present ones confirmed)."""
+
+    def validated(
+        self, repo_type: str, repo_id: str, revision: str, commit: str, *, pinned: bool
+    ) -> None:
+        """Move ``revision`` to ``commit`` (unless pinned), record the validation for
+        the fleet and when the commit's freshness ends (for ``cmh prune --expired``)."""
+
+    def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
+        """Keep what the upstream said of the repo's access (private or gated)."""
+
+    def restricted(self, repo_type: str, repo_id: str) -> bool:
+        """True when the upstream last said the repo is private or gated."""
+
+    def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
+        """Note that a filling body of ``etag`` was cut now, for every worker and replica
+        (``spec/hub-mirror.md`` 8.3: ranges of it are answered whole for an hour)."""
+
+    def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
+        """True when a body of ``etag`` was cut less than an hour ago."""
+
+    def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
+        """Bring the blob of ``path`` at ``commit`` into the store, or wait for the fill
+        another process runs (blocking); raises the upstream's typed error."""
+
+    def reader(
+        self, repo_type: str, repo_id: str, entry: FileEntry, fill: asyncio.Future[None]
+    ) -> FillReader:
+        """A reader of ``entry``'s blob while ``fill`` runs."""

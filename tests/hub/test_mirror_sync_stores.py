@@ -1,0 +1,155 @@
+# ruff: noqa: E501  (the client script below is kept one call per line)
+"""``cmh mirror sync`` end to end into every store kind: a folder, a SeaweedFS bucket and
+a moto bucket (real servers started by the fixtures), from a Hub-like upstream (302 to a
+signed CDN, paginated trees, ``xetHash`` in listings) whose repo has a history, so its
+commit ids are not the ones an import of the files alone would compute.
+
+A synced store must answer as the upstream does: the branch names the upstream's commit,
+a client pinned to that commit id gets its files, the tensor manifests are there, a sync
+again is idempotent, and a moved upstream branch moves the store's branch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+import pytest
+from bucket_support import use_bucket
+from click.testing import CliRunner
+from cmh.cli.main import cli
+from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror.stores import MirrorStore, open_store
+from hublike import HubLike, running
+from mirror_support import MINILM_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
+
+KINDS = ("local", "seaweed", "moto")
+REPO = "cmh-test/history"
+
+PINNED_SCRIPT = r"""
+import json, os, hashlib
+from huggingface_hub import snapshot_download
+snap = snapshot_download(os.environ["T_REPO"], revision=os.environ["T_REVISION"])
+print(json.dumps({os.path.relpath(os.path.join(d, f), snap): hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+                  for d, _, fs in os.walk(snap) for f in fs}))
+"""
+
+
+@dataclass
+class Upstream:
+    store: Path
+    server: MirrorServer
+    front: HubLike
+    sources: dict[int, Path]
+
+    def commit(self, repo: str = REPO, revision: str = "main") -> str:
+        answer = httpx2.get(f"{self.server.url}/api/models/{repo}/revision/{revision}")
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["sha"])
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Iterator[Upstream]:
+    base = tmp_path_factory.mktemp("sync-upstream")
+    store = base / "store"
+    sources = {v: write_tiny_repo(base / f"v{v}", v) for v in (1, 2)}
+    for version in (1, 2):  # main: v1, then v2 on top (the head has a parent)
+        add_folder(store, sources[version], REPO)
+    add_folder(store, minilm_dir, MINILM_REPO)
+    server = MirrorServer(store, base / "logs")
+    try:
+        with running(server.url, page_size=3) as front:
+            yield Upstream(store, server, front, sources)
+    finally:
+        server.stop()
+
+
+@dataclass
+class Target:
+    kind: str
+    location: str
+    store: MirrorStore
+
+
+@pytest.fixture(params=KINDS)
+def target(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Target:
+    if request.param == "local":
+        location = str(tmp_path / "carried")
+        return Target("local", location, open_store(Path(location)))
+    bucket = request.getfixturevalue(f"{request.param}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    return Target(request.param, bucket.url, open_store(bucket.url))
+
+
+def sync(target: Target, upstream: Upstream, *repos: str, revision: str = "main") -> dict:
+    result = CliRunner().invoke(cli, ["mirror", "sync", *repos, "--store", target.location,
+                                      "--from", upstream.front.url, "--revision", revision,
+                                      "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def sha256_tree(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_sync_keeps_the_upstream_commit_and_serves_it_pinned(
+    target: Target, upstream: Upstream, tmp_path: Path
+) -> None:
+    head = upstream.commit()
+    doc = sync(target, upstream, REPO, MINILM_REPO)
+    assert [r["commit"] for r in doc["repos"]] == [head, upstream.commit(MINILM_REPO)]
+    assert target.store.refs("model", REPO) == {"main": head}
+    assert target.store.commits("model", REPO) == [head]
+    served = MirrorServer(target.location, tmp_path / "logs")  # type: ignore[arg-type]
+    try:
+        answer = httpx2.head(f"{served.url}/{REPO}/resolve/main/config.json")
+        assert answer.status_code == 200 and answer.headers["X-Repo-Commit"] == head
+        env = hf_env(served.url, tmp_path / "home")
+        env.update(T_REPO=REPO, T_REVISION=head)
+        assert run_python(PINNED_SCRIPT, env) == sha256_tree(upstream.sources[2])
+        weights = f"{served.url}/api/cmh/manifest/{MINILM_REPO}/resolve/main/model.safetensors"
+        manifest = httpx2.get(weights)
+        assert manifest.status_code == 200 and manifest.json()["tensors"], manifest.text
+    finally:
+        served.stop()
+
+
+def test_sync_again_is_idempotent_and_follows_the_upstream_branch(
+    target: Target, upstream: Upstream, tmp_path: Path
+) -> None:
+    first = upstream.commit()
+    sync(target, upstream, REPO)
+    again = sync(target, upstream, REPO)
+    assert again["repos"][0]["commit"] == first
+    assert target.store.commits("model", REPO) == [first]  # no second commit for the same
+    pinned = sync(target, upstream, REPO, revision=first)  # a commit id moves no branch
+    assert pinned["repos"][0]["commit"] == first
+    assert target.store.refs("model", REPO) == {"main": first}
+    moved = add_folder(upstream.store, write_tiny_repo(tmp_path / "v3", 3), REPO)
+    try:
+        assert moved.commit == upstream.commit() != first
+        assert sync(target, upstream, REPO)["repos"][0]["commit"] == moved.commit
+        assert target.store.refs("model", REPO) == {"main": moved.commit}
+        assert sorted(target.store.commits("model", REPO)) == sorted([first, moved.commit])
+        index = target.store.resolve("model", REPO, moved.commit)
+        assert index is not None
+        assert json.loads(target.store.opener(index.files["config.json"]).read()) == {
+            "model_type": "tiny",
+            "version": 3,
+        }
+    finally:  # the module's upstream goes back to v2 for the other kinds
+        ref = upstream.store / "models--cmh-test--history" / "refs" / "main"
+        ref.write_text(first)
+        os.utime(ref)

@@ -1,0 +1,575 @@
+"""Cluster pull-through: ``cmh serve --store s3://... --upstream URL`` on several replicas.
+
+The chain: stock huggingface_hub clients -> two ``cmh serve`` replicas over one
+SeaweedFS bucket prefix (tests/hub/seaweed.py) -> ``tests/hub/hublike.py`` (302 to a
+signed CDN, paginated trees, ``xetHash`` in listings) -> an origin ``cmh serve`` of a
+local store. Every process is real; fill leases use a short lifetime
+(``CMH_FILL_LEASE_TTL``), measured on the storage's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cmh.hub.mirror.bucket import BucketStore
+from cmh.hub.mirror.objectstore import ObjectStoreError
+from cmh.hub.mirror.store import add_folder
+from hublike import HubLike, running
+from mirror_support import MirrorServer, hf_env, run_python
+from seaweed import SeaweedBucket
+
+BIG_REPO = "fleet/big"
+MID_REPO = "fleet/mid"
+BIG = 256 << 20
+MID = 40 << 20
+SMALL_REPO = "fleet/small"
+FOLDER = {
+    BIG_REPO: "models--fleet--big",
+    MID_REPO: "models--fleet--mid",
+    SMALL_REPO: "models--fleet--small",
+}
+
+CLIENT_SCRIPT = r"""
+import hashlib, json, os
+from huggingface_hub import hf_hub_download
+path = hf_hub_download(os.environ["T_REPO"], os.environ["T_FILE"])
+h = hashlib.sha256()
+with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+print(json.dumps({"sha256": h.hexdigest(), "size": os.path.getsize(path)}))
+"""
+
+
+def _pattern(size: int, seed: int) -> bytes:
+    """``size`` bytes that are not all alike (a counter hashed in blocks), quickly made."""
+    block = hashlib.sha256(f"seed-{seed}".encode()).digest() * (1 << 15)  # 1 MiB
+    out = bytearray()
+    i = 0
+    while len(out) < size:
+        out += bytes(b ^ (i & 0xFF) for b in block[:64]) + block[64:]
+        i += 1
+    return bytes(out[:size])
+
+
+def _write_safetensors(path: Path) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(7)
+    tensors = {
+        f"layer.{i}.weight": rng.standard_normal((64, 64)).astype("float32") for i in range(4)
+    }
+    save_file(tensors, str(path))
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """An origin ``cmh serve`` holding a 256 MiB and a 40 MiB blob, behind the Hub-like front."""
+    base = tmp_path_factory.mktemp("fleet-origin")
+    store = base / "store"
+    blobs = {}
+    for repo, size, seed in ((BIG_REPO, BIG, 1), (MID_REPO, MID, 2)):
+        src = base / repo.replace("/", "_")
+        src.mkdir()
+        data = _pattern(size, seed)
+        (src / "shard.bin").write_bytes(data)
+        (src / "config.json").write_text('{"model_type": "fleet"}\n')
+        add_folder(store, src, repo)
+        blobs[repo] = hashlib.sha256(data).hexdigest()
+        del data
+    small = base / "small"
+    small.mkdir()
+    _write_safetensors(small / "model.safetensors")
+    (small / "config.json").write_text('{"model_type": "fleet-small"}\n')
+    (small / "empty.txt").write_bytes(b"")
+    add_folder(store, small, SMALL_REPO)
+    blobs[SMALL_REPO] = hashlib.sha256((small / "model.safetensors").read_bytes()).hexdigest()
+    server = MirrorServer(store, base / "logs")
+    try:
+        with running(server.url) as front:
+            yield {"front": front, "blobs": blobs}
+    finally:
+        server.stop()
+
+
+class Fleet:
+    """Replicas over one bucket prefix in front of the origin's front."""
+
+    def __init__(self, bucket: SeaweedBucket, front: HubLike, logs: Path, env: dict[str, str]):
+        self.bucket = bucket
+        self.front = front
+        self.logs = logs
+        self.env = env
+        self.replicas: list[MirrorServer] = []
+
+    def start(self, *extra: str, lease_ttl: float = 3.0) -> MirrorServer:
+        saved = dict(os.environ)
+        os.environ.update(self.env)
+        os.environ["CMH_FILL_LEASE_TTL"] = str(lease_ttl)
+        try:
+            server = MirrorServer(
+                self.bucket.url,  # type: ignore[arg-type]
+                self.logs,
+                extra_args=(
+                    "--upstream",
+                    self.front.url,
+                    "--fresh-for",
+                    "1h",
+                    "--ref-ttl",
+                    "0.5",
+                    *extra,
+                ),
+            )
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        self.replicas.append(server)
+        return server
+
+    def store(self) -> BucketStore:
+        saved = dict(os.environ)
+        os.environ.update(self.env)
+        try:
+            return BucketStore.open(self.bucket.url)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def stop(self) -> None:
+        for server in self.replicas:
+            server.stop()
+
+
+def _fleet(bucket: Any, origin: dict[str, Any], tmp_path: Path) -> Iterator[Fleet]:
+    env = {
+        **bucket.aws_env(),
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    origin["front"].clear_records()
+    origin["front"].clear_faults()  # a fault an earlier test left unconsumed
+    group = Fleet(bucket, origin["front"], tmp_path / "logs", env)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def fleet(seaweed_bucket: SeaweedBucket, origin: dict[str, Any], tmp_path: Path) -> Iterator[Fleet]:
+    """Replicas over a SeaweedFS bucket prefix."""
+    yield from _fleet(seaweed_bucket, origin, tmp_path)
+
+
+@pytest.fixture(params=["seaweed", "moto"])
+def any_fleet(
+    request: pytest.FixtureRequest, origin: dict[str, Any], tmp_path: Path
+) -> Iterator[Fleet]:
+    """Replicas over a bucket prefix of each S3 implementation (SeaweedFS, moto's server)."""
+    bucket = request.getfixturevalue(f"{request.param}_bucket")
+    yield from _fleet(bucket, origin, tmp_path)
+
+
+def _cdn_gets(front: HubLike, sha: str) -> int:
+    return sum(1 for r in front.records(origin="cdn") if sha in r.path and r.method == "GET")
+
+
+def _incomplete_size(home: Path) -> int:
+    """Bytes the stock client has written so far (its ``.incomplete`` file or the blob)."""
+    total = 0
+    for p in home.rglob("blobs/*"):
+        with contextlib.suppress(OSError):  # renamed meanwhile
+            total = max(total, p.stat().st_size)
+    return total
+
+
+def test_two_replicas_eight_stock_clients_cold_256mib_one_cdn_transfer(
+    fleet: Fleet, origin: dict[str, Any], tmp_path: Path
+) -> None:
+    sha = origin["blobs"][BIG_REPO]
+    replicas = [fleet.start(), fleet.start()]
+    store = fleet.store()
+    blob = f"{FOLDER[BIG_REPO]}/blobs/{sha}"
+    homes = [tmp_path / f"home-{i}" for i in range(8)]
+    first_byte: dict[int, float] = {}
+    filled_at: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            now = time.monotonic()
+            for i, home in enumerate(homes):
+                if i not in first_byte and _incomplete_size(home) > 0:
+                    first_byte[i] = now
+            if not filled_at:
+                try:
+                    store.objects.head(blob)
+                    filled_at.append(now)
+                except ObjectStoreError:  # not there yet (or the storage is busy)
+                    pass
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    def client(i: int) -> dict[str, Any]:
+        env = hf_env(replicas[i % 2].url, homes[i])
+        env.update(T_REPO=BIG_REPO, T_FILE="shard.bin")
+        out: dict[str, Any] = run_python(CLIENT_SCRIPT, env, timeout=240)
+        return out
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(client, range(8)))
+    elapsed = time.monotonic() - started
+    stop.set()
+    watcher.join()
+    assert all(r == {"sha256": sha, "size": BIG} for r in results), results
+    assert _cdn_gets(fleet.front, sha) == 1, [r.path for r in fleet.front.records(origin="cdn")]
+    assert not fleet.front.cdn_saw_authorization
+    assert filled_at, "the blob was never stored in the bucket"
+    assert len(first_byte) == 8
+    late = {i: round(t - filled_at[0], 2) for i, t in first_byte.items() if t >= filled_at[0]}
+    assert not late, f"clients whose first byte came after the fill completed: {late}"
+    # Both replicas answered filling bodies (one of them without filling itself).
+    for server in replicas:
+        assert server.log(route="resolve", status=200), server.stderr_text()[-2000:]
+    # Nothing left of the fill: its parts and lease are gone, the check is recorded.
+    leftovers = [i.name for i in store.objects.list(f"{FOLDER[BIG_REPO]}/.cmh/fills")]
+    assert leftovers == []
+    assert store.read_check(FOLDER[BIG_REPO], sha) == store.objects.head(blob).etag
+    firsts = sorted(round(t - started, 1) for t in first_byte.values())
+    print(
+        f"cold 256 MiB to 8 clients over 2 replicas: {elapsed:.1f} s; fill stored after "
+        f"{filled_at[0] - started:.1f} s; first bytes after {firsts} s"
+    )
+
+
+# -- faults --------------------------------------------------------------------------------
+
+
+def _raw_get(server: MirrorServer, repo: str, got: list[int], timeout: float = 120.0) -> str:
+    """GET a whole file with a plain HTTP client; its outcome ("complete <sha>" or the
+    error), the body bytes received so far kept in ``got[0]``."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    h = hashlib.sha256()
+    try:
+        conn.request("GET", f"/{repo}/resolve/main/shard.bin")
+        response = conn.getresponse()
+        if response.status != 200:
+            return f"status {response.status}"
+        length = int(response.headers["Content-Length"])
+        while True:
+            chunk = response.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+            got[0] += len(chunk)
+        return f"complete {h.hexdigest()}" if got[0] == length else f"short {got[0]}"
+    except (OSError, http.client.HTTPException) as exc:
+        return f"cut {type(exc).__name__}"
+    finally:
+        conn.close()
+
+
+def _start_get(server: MirrorServer, repo: str) -> tuple[threading.Thread, list[int], list[str]]:
+    got, outcome = [0], [""]
+
+    def run() -> None:
+        outcome[0] = _raw_get(server, repo, got)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, got, outcome
+
+
+def _wait_for(predicate: Any, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _parts(store: BucketStore, repo: str) -> list[str]:
+    try:
+        return sorted(
+            i.name.rsplit("/", 1)[-1] for i in store.objects.list(f"{FOLDER[repo]}/.cmh/fills")
+        )
+    except ObjectStoreError:
+        return []
+
+
+def _stored_sha(store: BucketStore, repo: str, sha: str) -> str | None:
+    """SHA-256 of what the bucket holds under the blob's name (None: nothing)."""
+    name = f"{FOLDER[repo]}/blobs/{sha}"
+    try:
+        store.objects.head(name)
+    except ObjectStoreError:
+        return None
+    h = hashlib.sha256()
+    for chunk in store.objects.iter_chunks(name):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _wait_stored(store: BucketStore, sha: str) -> None:
+    """Wait for the mid blob's fill to end right: its bytes under its name, no parts left."""
+    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    _wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
+
+
+def _cdn_ranges(front: HubLike, sha: str) -> list[str | None]:
+    return [
+        r.headers.get("range") for r in front.records(origin="cdn", method="GET") if sha in r.path
+    ]
+
+
+def test_filling_replica_killed_mid_fill_another_resumes_after_the_lease_expires(
+    fleet: Fleet, origin: dict[str, Any], tmp_path: Path
+) -> None:
+    sha = origin["blobs"][MID_REPO]
+    first, second = fleet.start(lease_ttl=2.0), fleet.start(lease_ttl=2.0)
+    store = fleet.store()
+    fleet.front.stall(after_bytes=20 << 20, seconds=8, path=sha)  # the first transfer stops
+    thread, _, outcome = _start_get(first, MID_REPO)
+    _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+    os.kill(first.process.pid, signal.SIGKILL)
+    first.process.wait()
+    thread.join(30)
+    assert not outcome[0].startswith("complete"), outcome  # cut: never a complete body
+    env = hf_env(second.url, tmp_path / "home-b")
+    env.update(T_REPO=MID_REPO, T_FILE="shard.bin")
+    out = run_python(CLIENT_SCRIPT, env, timeout=120)
+    assert out == {"sha256": sha, "size": MID}
+    fleet.front.wait_idle(30)  # the stalled first transfer is recorded once it ends
+    ranges = _cdn_ranges(fleet.front, sha)
+    assert len(ranges) == 2 and ranges[0] is None, ranges
+    # The second replica resumed from the parts stored (8 MiB each), not from byte 0.
+    resumed = int((ranges[1] or "bytes=0-").removeprefix("bytes=").split("-")[0])
+    assert resumed >= 16 << 20 and resumed % (8 << 20) == 0, ranges
+    _wait_stored(store, sha)  # whole bodies end before the fill stores the blob
+
+
+def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
+    any_fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    fleet = any_fleet
+    sha = origin["blobs"][MID_REPO]
+    replicas = [fleet.start(), fleet.start()]
+    store = fleet.store()
+    fleet.front.flip_byte(sha, offset=30 << 20)
+    gets = [_start_get(replicas[i % 2], MID_REPO) for i in range(4)]
+    for thread, _, _ in gets:
+        thread.join(120)
+    outcomes = [g[2][0] for g in gets]
+    assert all(not o.startswith("complete") and not o.startswith("status 2") for o in outcomes), (
+        outcomes
+    )
+    assert all(g[1][0] < MID for g in gets)  # the last byte never sent
+    # The fill ends after its clients were cut: the parts go, the failure is told.
+    _wait_for(
+        lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill's end"
+    )
+    assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
+    assert len(_cdn_ranges(fleet.front, sha)) == 1  # the failure was shared, not re-fetched
+    # A replica asked later fills it again, and right this time.
+    later = fleet.start()
+    thread, _, outcome = _start_get(later, MID_REPO)
+    thread.join(120)
+    assert outcome[0] == f"complete {sha}"
+    # A cut client's resume is not spliced onto the good fill, on any replica: its range
+    # is answered whole (the cut is recorded in the bucket).
+    status, _, body = _get(later, f"/{MID_REPO}/resolve/main/shard.bin", {"Range": "bytes=1000-"})
+    assert status == 200 and len(body) == MID
+    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+
+
+def test_upstream_truncating_mid_fill_is_resumed_with_a_range(
+    any_fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    fleet = any_fleet
+    sha = origin["blobs"][MID_REPO]
+    replicas = [fleet.start(), fleet.start()]
+    store = fleet.store()
+    fleet.front.cut(after_bytes=(25 << 20) + 12345, path=sha)
+    gets = [_start_get(replicas[i % 2], MID_REPO) for i in range(4)]
+    for thread, _, _ in gets:
+        thread.join(120)
+    assert [g[2][0] for g in gets] == [f"complete {sha}"] * 4
+    ranges = _cdn_ranges(fleet.front, sha)
+    assert len(ranges) == 2 and ranges[1] == f"bytes={(25 << 20) + 12345}-", ranges
+    _wait_stored(store, sha)  # whole bodies end before the fill stores the blob
+
+
+def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
+    any_fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    fleet = any_fleet
+    sha = origin["blobs"][MID_REPO]
+    replicas = [fleet.start(), fleet.start()]
+    store = fleet.store()
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = ["", ""]
+
+    def get(i: int) -> None:
+        barrier.wait()
+        outcomes[i] = _raw_get(replicas[i], MID_REPO, [0])
+
+    threads = [threading.Thread(target=get, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert outcomes == [f"complete {sha}"] * 2
+    assert len(_cdn_ranges(fleet.front, sha)) == 1
+    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    # Each replica served a filling answer: neither waited for the other's whole fill.
+    for server in replicas:
+        assert server.log(route="resolve", status=200)
+
+
+def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes(
+    origin: dict[str, Any], tmp_path: Path
+) -> None:
+    from seaweed import start_or_skip
+
+    sha = origin["blobs"][MID_REPO]
+    front: HubLike = origin["front"]
+    front.clear_records()
+    front.clear_faults()
+    server = start_or_skip(tmp_path / "weed")
+    try:
+        bucket = SeaweedBucket(server, server.bucket, "restart/")
+        env = {
+            **bucket.aws_env(),
+            "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        fleet = Fleet(bucket, front, tmp_path / "logs", env)
+        try:
+            first, second = fleet.start(lease_ttl=2.0), fleet.start(lease_ttl=2.0)
+            store = fleet.store()
+            front.stall(after_bytes=20 << 20, seconds=6, path=sha)  # a window to restart in
+            thread, _, outcome = _start_get(first, MID_REPO)
+            _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+            server.restart(down_for=1.0)
+            thread.join(120)
+            # The first client got the whole blob (the fill rode out the outage) or was cut
+            # before its last byte: never a complete wrong body.
+            assert outcome[0] == f"complete {sha}" or not outcome[0].startswith("complete"), outcome
+            again, _, second_outcome = _start_get(second, MID_REPO)
+            again.join(120)
+            assert second_outcome[0] == f"complete {sha}", second_outcome
+            _wait_for(
+                lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored"
+            )
+            _wait_for(
+                lambda: not [p for p in _parts(store, MID_REPO) if p.startswith("part-")],
+                timeout=30,
+                what="the parts deleted",
+            )
+            ranges = _cdn_ranges(front, sha)
+            # The parts stored before the restart were kept and used: no second transfer
+            # from byte 0.
+            assert ranges[0] is None and all(r is not None for r in ranges[1:]), ranges
+        finally:
+            fleet.stop()
+    finally:
+        server.stop()
+
+
+def _get(
+    server: MirrorServer, target: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    try:
+        conn.request("GET", target, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def _revision_asks(front: HubLike, revision: str) -> int:
+    return len(front.records(origin="hub", path=f"/api/models/{SMALL_REPO}/revision/{revision}$"))
+
+
+def test_fleet_keeps_local_pull_through_behaviour(any_fleet: Fleet, origin: dict[str, Any]) -> None:
+    """Freshness per fleet, pinned commits, typed errors, tokens, manifests, stale answers."""
+    fleet = any_fleet
+    sha = origin["blobs"][SMALL_REPO]
+    a, b = fleet.start("--fresh-for", "3s"), fleet.start("--fresh-for", "3s")
+    store = fleet.store()
+    status, _, body = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
+    assert status == 200, (body, a.stderr_text()[-3000:])
+    commit = json.loads(body)["sha"]
+    assert _revision_asks(fleet.front, "main") == 1
+    status, _, _ = _get(b, f"/api/models/{SMALL_REPO}/revision/main")
+    assert status == 200 and _revision_asks(fleet.front, "main") == 1  # A's validation serves B
+    # The upstream's refusals, typed as the Hub types them.
+    status, headers, _ = _get(b, "/api/models/nobody/nothing/revision/main")
+    assert (status, headers.get("x-error-code")) == (404, "RepoNotFound")
+    status, headers, _ = _get(b, f"/api/models/{SMALL_REPO}/revision/no-such-branch")
+    assert (status, headers.get("x-error-code")) == (404, "RevisionNotFound")
+    status, headers, _ = _get(b, f"/{SMALL_REPO}/resolve/main/no-such-file.txt")
+    assert (status, headers.get("x-error-code")) == (404, "EntryNotFound")
+    # A client's token is never sent upstream; the upstream's never reaches the CDN.
+    secret = "Bearer hf_client_secret_never_forwarded"
+    status, _, data = _get(
+        b, f"/{SMALL_REPO}/resolve/main/model.safetensors", {"Authorization": secret}
+    )
+    assert status == 200 and hashlib.sha256(data).hexdigest() == sha
+    assert not any(secret in json.dumps(r.headers) for r in fleet.front.records())
+    assert not fleet.front.cdn_saw_authorization
+    # Small files (git blob ids, served by the Hub itself, gzip) and an empty one.
+    config = b'{"model_type": "fleet-small"}\n'
+    assert _get(b, f"/{SMALL_REPO}/resolve/main/config.json")[::2] == (200, config)
+    assert _get(a, f"/{SMALL_REPO}/resolve/main/empty.txt")[::2] == (200, b"")
+    # The tensor manifest of the filled safetensors blob is kept in the bucket.
+    manifest = f"{FOLDER[SMALL_REPO]}/.cmh/manifests/{sha}.json"
+    _wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")
+    status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
+    assert status == 200 and len(json.loads(body)["tensors"]) == 4
+    time.sleep(3.2)  # --fresh-for passes (the replicas' own clocks: no way to inject one)
+    # A commit id never revalidates.
+    before = len(fleet.front.records(origin="hub", path="/revision/"))
+    for server in (a, b):
+        assert _get(server, f"/api/models/{SMALL_REPO}/revision/{commit}")[0] == 200
+    assert len(fleet.front.records(origin="hub", path="/revision/")) == before
+    # Both replicas asked at once for the stale branch: one revalidation for the fleet.
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(
+            pool.map(lambda s: _get(s, f"/api/models/{SMALL_REPO}/revision/main")[0], (a, b))
+        )
+    assert answers == [200, 200]
+    assert _revision_asks(fleet.front, "main") == 2
+    time.sleep(3.2)
+    # The upstream failing: the held copy answers, with a Warning.
+    fleet.front.fail(503, times=50, path=f"/api/models/{SMALL_REPO}/revision/main")
+    status, headers, _ = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
+    assert status == 200 and headers.get("warning", "").startswith("110"), headers
+
+
+def _exists(store: BucketStore, name: str) -> bool:
+    try:
+        store.objects.head(name)
+        return True
+    except ObjectStoreError:
+        return False
