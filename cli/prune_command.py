@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,7 +173,9 @@ def prune(**options: Any) -> None:
     if opt.settle is not None and not target.settles:
         usage_error("--settle applies to a bucket store (--store s3://...) only")
     scan = target.scan(read_expiry=opt.expired, read_commit_times=opt.keep_latest is not None)
-    plan = plan_prune(scan, policy, opt.at if opt.at is not None else time.time())
+    from cmh.hub.cache import process_clock
+
+    plan = plan_prune(scan, policy, opt.at if opt.at is not None else process_clock().time())
 
     if opt.dry_run or plan.empty:
         if opt.as_json:

@@ -22,6 +22,7 @@ import pytest
 from cli_support import run_runner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from remote_code_support import write_remote_code_model
 from test_semantic import tensors, write_adapter, write_model
 
 import cmh
@@ -251,66 +252,8 @@ def test_several_unnamed_indexes_are_refused(zoo: Zoo, tmp_path: Path) -> None:
         fingerprint(model)
 
 
-_CONFIGURATION = """
-from transformers import PretrainedConfig
-
-
-class ToyConfig(PretrainedConfig):
-    model_type = "toy-remote"
-
-    def __init__(self, vocab_size=32, hidden_size=8, **kwargs):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        super().__init__(**kwargs)
-"""
-
-_MODELING = """
-import torch
-from transformers import PreTrainedModel
-
-from .configuration_toy import ToyConfig
-
-
-class ToyModel(PreTrainedModel):
-    config_class = ToyConfig
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.embed = torch.nn.Embedding(config.vocab_size, config.hidden_size)
-        self.proj = torch.nn.Linear(config.hidden_size, config.hidden_size)
-        self.post_init()
-
-    def forward(self, input_ids):
-        return self.proj(torch.ACT(self.embed(input_ids)))
-"""
-
-
 def _remote_code_model(directory: Path, activation: str) -> Path:
-    import torch
-    from safetensors.torch import save_file
-
-    directory.mkdir()
-    (directory / "configuration_toy.py").write_text(_CONFIGURATION)
-    (directory / "modeling_toy.py").write_text(_MODELING.replace("ACT", activation))
-    generator = torch.Generator().manual_seed(0)
-    state = {
-        "embed.weight": torch.randn(32, 8, generator=generator),
-        "proj.weight": torch.randn(8, 8, generator=generator),
-        "proj.bias": torch.randn(8, generator=generator),
-    }
-    save_file(state, str(directory / "model.safetensors"), {"format": "pt"})
-    config = {
-        "model_type": "toy-remote",
-        "architectures": ["ToyModel"],
-        "vocab_size": 32,
-        "hidden_size": 8,
-        "auto_map": {
-            "AutoConfig": "configuration_toy.ToyConfig",
-            "AutoModel": "modeling_toy.ToyModel",
-        },
-    }
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
+    return write_remote_code_model(directory, activation)
 
 
 def test_remote_code_is_covered(tmp_path: Path) -> None:

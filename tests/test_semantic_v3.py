@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from remote_code_support import write_remote_code_model
 from test_semantic_cache_keys import IDS, _tiny_llama, _word_tokenizer, copy_model, max_diff
 
 from cmh.semantic import CacheKindError, fingerprint
@@ -223,65 +224,9 @@ def test_case5_tokenizer_code_named_in_auto_map(llama_dir: Path, tmp_path: Path)
 
 # -- 6: model code in a subfolder, or in another repository ------------------------------
 
-_CONFIGURATION = """
-from transformers import PretrainedConfig
-
-
-class ExtConfig(PretrainedConfig):
-    model_type = "ext-remote"
-
-    def __init__(self, vocab_size=32, hidden_size=8, **kwargs):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        super().__init__(**kwargs)
-"""
-
-_MODELING = """
-import torch
-from transformers import PreTrainedModel
-
-from .configuration_ext import ExtConfig
-
-
-class ExtModel(PreTrainedModel):
-    config_class = ExtConfig
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.embed = torch.nn.Embedding(config.vocab_size, config.hidden_size)
-        self.proj = torch.nn.Linear(config.hidden_size, config.hidden_size)
-        self.post_init()
-
-    def forward(self, input_ids):
-        return self.proj(torch.ACT(self.embed(input_ids)))
-"""
-
 
 def _subfolder_code_model(directory: Path, activation: str, module: str) -> Path:
-    import torch
-    from safetensors.torch import save_file
-
-    directory.mkdir()
-    (directory / "code").mkdir()
-    (directory / "configuration_ext.py").write_text(_CONFIGURATION)
-    (directory / "code" / "configuration_ext.py").write_text(_CONFIGURATION)
-    (directory / "code" / "modeling_ext.py").write_text(_MODELING.replace("ACT", activation))
-    generator = torch.Generator().manual_seed(0)
-    state = {
-        "embed.weight": torch.randn(32, 8, generator=generator),
-        "proj.weight": torch.randn(8, 8, generator=generator),
-        "proj.bias": torch.randn(8, generator=generator),
-    }
-    save_file(state, str(directory / "model.safetensors"), {"format": "pt"})
-    config = {
-        "model_type": "ext-remote",
-        "architectures": ["ExtModel"],
-        "vocab_size": 32,
-        "hidden_size": 8,
-        "auto_map": {"AutoConfig": "configuration_ext.ExtConfig", "AutoModel": module},
-    }
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
+    return write_remote_code_model(directory, activation, "ext", code="code", auto_model=module)
 
 
 def test_case6_code_in_a_subfolder_is_hashed(tmp_path: Path) -> None:

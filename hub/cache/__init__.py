@@ -7,6 +7,7 @@ on it. Atomic file operations come from :mod:`cmh._atomic`.
 from __future__ import annotations
 
 from .blobs import blob_matches, blob_state, check_file, hash_blob
+from .clock import SYSTEM_CLOCK, Clock, process_clock
 from .layout import (
     COMMIT_RE,
     ETAG_RE,
@@ -26,6 +27,8 @@ from .usage import record_use
 __all__ = [
     "COMMIT_RE",
     "ETAG_RE",
+    "SYSTEM_CLOCK",
+    "Clock",
     "LayoutError",
     "LockBusy",
     "RepoLayout",
@@ -37,6 +40,7 @@ __all__ = [
     "hash_blob",
     "iter_repos",
     "parse_repo_folder",
+    "process_clock",
     "record_use",
     "repo_folder_name",
     "repo_lock",

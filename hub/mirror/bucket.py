@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.blobs import READ_CHUNK, git_blob_hasher
+from ..cache.clock import SYSTEM_CLOCK, Clock, process_clock
 from ..cache.layout import (
     CHECK_RECORDS,
     COMMIT_RE,
@@ -93,19 +94,6 @@ UPSTREAM_RECORDS = ".cmh/upstream"
 
 #: Told, in a sentence, why a writer waits (a pruner's lease).
 NoticeCallback = Callable[[str], None]
-
-
-class Clock:
-    """This process's monotonic clock and sleep; tests pass one that advances by itself."""
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-SYSTEM_CLOCK = Clock()
 
 
 def is_bucket_url(text: str) -> bool:
@@ -228,14 +216,14 @@ class BucketStore:
         write_window: float = WRITE_WINDOW,
         lease_ttl: float = LEASE_TTL,
         lease_poll: float = LEASE_POLL,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,  # None: this process's (cmh.hub.cache.clock)
         on_notice: NoticeCallback | None = None,
     ) -> None:
         self.objects = objects
         self.write_window = write_window
         self.lease_ttl = lease_ttl
         self.lease_poll = lease_poll
-        self.clock = clock
+        self.clock = clock if clock is not None else process_clock()
         self.on_notice = on_notice
         self._conditional_writes_checked = False
         self._leases: dict[str, str] = {}  # lease object -> ETag of a lease held here
@@ -847,6 +835,7 @@ def open_bucket(url: str, **options: Any) -> BucketStore:
 
 
 __all__ = [
+    "SYSTEM_CLOCK",
     "BucketError",
     "BucketStore",
     "Clock",

@@ -52,15 +52,16 @@ class BucketReader:
     ) -> None:
         self.store = store
         self.ref_ttl = ref_ttl
-        self._refs: Memo[str, str | None] = Memo(MAX_REFS, ref_ttl)
-        self._exists: Memo[str, bool] = Memo(MAX_REFS, ref_ttl)
+        now = store.clock.monotonic  # the ref TTL's clock (tests move it)
+        self._refs: Memo[str, str | None] = Memo(MAX_REFS, ref_ttl, now)
+        self._exists: Memo[str, bool] = Memo(MAX_REFS, ref_ttl, now)
         self._indexes: Memo[str, CommitIndex | None] = Memo(max_trees)
         self._trees: Memo[str, TreeObject | None] = Memo(max_trees)
         # A blob's info is trusted no longer than a ref: after scrub quarantines it or a
         # re-import replaces it, every replica sees the change within ``ref_ttl``.
         blob_ttl = min(blob_ttl, ref_ttl)
-        self._blobs: Memo[str, ObjectInfo] = Memo(MAX_REFS, blob_ttl)
-        self._checks: Memo[str, str | None] = Memo(MAX_REFS, blob_ttl)
+        self._blobs: Memo[str, ObjectInfo] = Memo(MAX_REFS, blob_ttl, now)
+        self._checks: Memo[str, str | None] = Memo(MAX_REFS, blob_ttl, now)
 
     def repo_exists(self, folder: str) -> bool:
         """True when the repo has a ref or a tree object (cached for ``ref_ttl``)."""

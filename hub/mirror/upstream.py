@@ -44,10 +44,10 @@ another origin (the Hub's CDN).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..cache.clock import Clock, process_clock
 from ..cache.layout import COMMIT_RE
 from .errors import HubError
 
@@ -124,7 +124,7 @@ class Upstream:
         self.requests = 0  # requests made to the upstream by this worker
         self.bytes = 0  # body bytes received from the upstream by this worker
         self.on_traffic: Any = None  # callable(requests, nbytes), set by the server for metrics
-        self.clock: Any = time.monotonic  # for the negative cache (a test may inject one)
+        self.clock: Clock = process_clock()  # freshness and the negative cache (tests move it)
         self._failed: dict[tuple[str, str, str], tuple[float, UpstreamError | str]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -172,32 +172,32 @@ class Upstream:
         if COMMIT_RE.match(revision):
             if self.pull.held(repo_type, repo_id, revision) is not None:
                 return None  # a commit never changes: never revalidated
-        elif time.time() < self._known_expiry(repo_type, repo_id, revision):
+        elif self.clock.time() < self._known_expiry(repo_type, repo_id, revision):
             return None
         key = (repo_type, repo_id, revision)
         with self._key_lock(key):
             # One retry cycle per revision: who waited for a failed one shares its outcome.
             failed = self._failed.get(key)
-            if failed is not None and self.clock() - failed[0] < NEGATIVE_FOR:
+            if failed is not None and self.clock.monotonic() - failed[0] < NEGATIVE_FOR:
                 if isinstance(failed[1], UpstreamError):
                     raise failed[1]
                 return failed[1]
             try:
                 note = self._prepare_locked(repo_type, repo_id, revision)
             except UpstreamError as exc:
-                self._failed[key] = (self.clock(), exc)
+                self._failed[key] = (self.clock.monotonic(), exc)
                 raise
             if note is None:
                 self._failed.pop(key, None)
             else:
-                self._failed[key] = (self.clock(), note)
+                self._failed[key] = (self.clock.monotonic(), note)
             return note
 
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The ``Warning`` for answering ``revision`` from the store while its revalidation
         is still under way (a stalled upstream), or ``None`` when no usable copy is held."""
         expiry = self._known_expiry(repo_type, repo_id, revision)
-        if expiry == float("-inf") or time.time() >= expiry + self.config.stale_for:
+        if expiry == float("-inf") or self.clock.time() >= expiry + self.config.stale_for:
             return None
         return STALE_WARNING
 
@@ -209,13 +209,13 @@ class Upstream:
         expiry = self._known_expiry(repo_type, repo_id, revision)
         if pinned and expiry != float("-inf"):
             return None
-        if not pinned and time.time() < expiry:
+        if not pinned and self.clock.time() < expiry:
             return None
         if (
             not pinned
             and expiry != float("-inf")
             and not self.pull.claim(repo_type, repo_id, revision)
-            and time.time() < self._known_expiry(repo_type, repo_id, revision)
+            and self.clock.time() < self._known_expiry(repo_type, repo_id, revision)
         ):
             return None  # another replica revalidated it meanwhile (its record says so)
         client = self.client()
@@ -225,7 +225,7 @@ class Upstream:
             raise typed(exc) from None
         except ResolveError as exc:
             usable = expiry != float("-inf")
-            if usable and time.time() < expiry + self.config.stale_for:
+            if usable and self.clock.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
             raise failed(exc, "unusable and nothing usable cached") from None
         finally:

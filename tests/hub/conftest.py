@@ -23,7 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from mirror_support import MirrorServer, MirrorStore, build_mirror_store, write_tiny_repo
+from mirror_support import (
+    MirrorServer,
+    MirrorStore,
+    ProcessClock,
+    build_mirror_store,
+    write_tiny_repo,
+)
 from motoserver import moto_bucket_fixture, moto_fixture, no_cas_bucket_fixture  # noqa: F401
 
 # One SeaweedFS for the whole session: defined here once (a module importing the
@@ -43,11 +49,9 @@ def mirror(
     mirror_store: MirrorStore, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MirrorServer]:
     """One ``cmh serve`` over ``mirror_store`` for the whole session."""
-    server = MirrorServer(
-        mirror_store.path, tmp_path_factory.mktemp("mirror-logs"), tokens=mirror_store.tokens
-    )
-    yield server
-    server.stop()
+    logs = tmp_path_factory.mktemp("mirror-logs")
+    with MirrorServer(mirror_store.path, logs, tokens=mirror_store.tokens) as server:
+        yield server
 
 
 @pytest.fixture
@@ -60,16 +64,24 @@ def mirror_server_factory(tmp_path: Path) -> Iterator[Callable[..., MirrorServer
         tokens: Path | None = None,
         workers: int = 1,
         extra_args: tuple[str, ...] = (),
+        clock: ProcessClock | None = None,
     ) -> MirrorServer:
         server = MirrorServer(
-            store, tmp_path / "mirror-logs", tokens=tokens, workers=workers, extra_args=extra_args
-        )
+            store, tmp_path / "mirror-logs", tokens=tokens, workers=workers,
+            extra_args=extra_args, clock=clock,
+        )  # fmt: skip
         started.append(server)
         return server
 
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def process_clock(tmp_path: Path) -> ProcessClock:
+    """The clock of the servers a test starts with ``clock=process_clock``: it advances it."""
+    return ProcessClock(tmp_path / "process-clock")
 
 
 @pytest.fixture
@@ -101,13 +113,7 @@ def web_server(
     web_store: WebStore, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MirrorServer]:
     """One ``cmh serve`` over ``web_store`` with tokens, admin tokens and the signer's key."""
-    server = MirrorServer(
-        web_store.path,
-        tmp_path_factory.mktemp("web-logs"),
-        tokens=web_store.tokens,
-        extra_args=(
-            "--admin-tokens", str(web_store.admin_tokens), "--key", str(web_store.public_key),
-        ),
-    )  # fmt: skip
-    yield server
-    server.stop()
+    pages = ("--admin-tokens", str(web_store.admin_tokens), "--key", str(web_store.public_key))
+    logs = tmp_path_factory.mktemp("web-logs")
+    with MirrorServer(web_store.path, logs, tokens=web_store.tokens, extra_args=pages) as server:
+        yield server

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import ClientSession, web
+from loop_server import LoopServer
 
 HOP = ("host", "content-length", "transfer-encoding", "connection")
 
@@ -62,10 +63,11 @@ class _Stall:
     started: float | None = None  # time.monotonic() when the body stopped
 
 
-class HostileProxy:
+class HostileProxy(LoopServer):
     """A loopback HTTP proxy in its own thread (``url``; ``stop()``)."""
 
     def __init__(self, upstream: str) -> None:
+        super().__init__()
         self.upstream = upstream.rstrip("/")
         self.rewrite_revision: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self.ignore_range = False
@@ -76,12 +78,7 @@ class HostileProxy:
         self._stalls: list[_Stall] = []
         self.stalls_done: list[_Stall] = []
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(15):
-            raise RuntimeError("proxy did not start")
+        self.start()
 
     # -- knobs ---------------------------------------------------------------------------
 
@@ -105,23 +102,13 @@ class HostileProxy:
 
     # -- server --------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self) -> None:
+    async def on_start(self) -> None:
         self._stopping = asyncio.Event()
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        sockets = site._server.sockets  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
         self._session = ClientSession(auto_decompress=False)
+
+    async def on_stop(self) -> None:
+        self._stopping.set()
+        await self._session.close()
 
     def _take_failure(self, path: str) -> _Failure | None:
         with self._lock:
@@ -142,7 +129,7 @@ class HostileProxy:
                     return s
         return None
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def handler(self, request: web.Request) -> web.StreamResponse:
         seen = Seen(
             time.monotonic(),
             request.method,
@@ -194,14 +181,3 @@ class HostileProxy:
         except (ConnectionError, RuntimeError):
             pass  # the client gave up on the stalled body, as it should
         return response
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            self._stopping.set()
-            await self._session.close()
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(15)
-        self._loop.close()

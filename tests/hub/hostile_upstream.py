@@ -15,12 +15,12 @@ import asyncio
 import gzip
 import hashlib
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from loop_server import LoopServer
 
 COMMIT = "c0ffee" + "0" * 34
 BODY = b"{}\n"  # what a Recorder serves (config.json of the default repo)
@@ -30,51 +30,6 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-class _Loop:
-    """An aiohttp app on ``host``, a free port, in its own thread."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.host = host
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    def handler(self, request: web.Request) -> Any:  # overridden
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handler)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self.host}:{port}"
-
-    def __enter__(self) -> Any:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def shutdown() -> None:
-            assert self._runner is not None
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(15)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-
 @dataclass
 class Seen:
     method: str
@@ -82,7 +37,7 @@ class Seen:
     authorization: str | None
 
 
-class Recorder(_Loop):
+class Recorder(LoopServer):
     """Records every request; answers 200 with a small body (a HEAD: an ETag too)."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
@@ -97,7 +52,7 @@ class Recorder(_Loop):
 
 
 @dataclass
-class HostileHub(_Loop):
+class HostileHub(LoopServer):
     """One repo, ``repo_id``, with ``files`` (path -> bytes) at :data:`COMMIT`.
 
     Knobs: ``siblings`` (list blobs in the revision answer, else the tree is

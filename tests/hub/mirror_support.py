@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import urlopen
 
+from cmh.hub.cache.clock import CLOCK_FILE_ENV
 from cmh.hub.mirror.store import ImportResult, add_folder
 
 START_TIMEOUT = 30.0
@@ -35,17 +36,68 @@ _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
+#: The start of a stock-client script for :func:`run_python`: ``sha256(path)`` of a file.
+STOCK_PRELUDE = r"""
+import hashlib, json, os
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+"""
+
+
+def big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    """A store (``tmp_path/upstream-store``) holding ``cmh-test/big``: ``size`` random bytes
+    in ``big.bin`` and a small ``config.json``; and those bytes."""
+    src = tmp_path / "big-src"
+    src.mkdir()
+    data = os.urandom(size)
+    (src / "big.bin").write_bytes(data)
+    (src / "config.json").write_text("{}\n")
+    store = tmp_path / "upstream-store"
+    add_folder(store, src, "cmh-test/big")
+    return store, data
+
+
+class ProcessClock:
+    """The clock of the processes a test starts with :attr:`env`: ``advance`` moves it.
+
+    Written to the file ``CMH_TEST_CLOCK_FILE`` names (``cmh.hub.cache.clock``), which a
+    ``cmh serve`` reads at each look at its clock: a test moves a server past a TTL at once.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0.0
+        self.advance(0.0)
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+        scratch = self.path.with_suffix(".new")
+        scratch.write_text(repr(self.offset))
+        os.replace(scratch, self.path)  # a reader never sees a half-written offset
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {CLOCK_FILE_ENV: str(self.path)}
+
+
 class MirrorServer:
-    """A ``cmh serve`` subprocess bound to 127.0.0.1 on a free port."""
+    """A ``cmh serve`` subprocess bound to 127.0.0.1 on a free port (on ``clock`` if given)."""
 
     def __init__(
         self,
-        store: Path,
+        store: Path | str,  # a folder or a bucket store's s3:// URL
         log_dir: Path,
         *,
         tokens: Path | None = None,
         workers: int = 1,
         extra_args: tuple[str, ...] = (),
+        clock: ProcessClock | None = None,
+        env: dict[str, str] | None = None,  # the server's environment (else this process's)
     ) -> None:
         self.store = store
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -58,7 +110,9 @@ class MirrorServer:
         ]  # fmt: skip
         if tokens is not None:
             args += ["--tokens", str(tokens)]
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        given = os.environ if env is None else env
+        env = {k: v for k, v in given.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        env.update(clock.env if clock is not None else {})
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True
@@ -143,6 +197,12 @@ class MirrorServer:
         return int(total)
 
     # -- lifecycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> MirrorServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM the server and wait; returns its exit status."""

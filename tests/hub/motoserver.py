@@ -7,15 +7,19 @@ endpoint with ``If-None-Match`` and ``If-Match`` removed: a storage that ignores
 conditional writes, as moto 5.0.0 and some S3 gateways do. moto checks no signature,
 so the requests stay valid once the headers are gone.
 
-Fixtures: ``moto`` (one server per session), ``moto_bucket`` (a fresh prefix, with
-``.url`` and ``.aws_env()`` like ``seaweed_bucket``), ``no_cas_bucket`` (the same
-behind the proxy).
+Fixtures (from ``tests/hub/conftest.py``, so one server serves the session):
+``moto``, ``moto_bucket`` (a fresh prefix, with ``.url`` and ``.aws_env()`` like
+``seaweed_bucket``), ``no_cas_bucket`` (the same behind the proxy). A test that kills
+its storage starts a :class:`MotoServer` of its own. The server dies with the process
+that started it, also when that one is SIGKILLed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import http.client
-import shutil
+import importlib.util
 import signal
 import socket
 import subprocess
@@ -44,22 +48,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def find_moto() -> str | None:
-    """``moto_server`` beside this interpreter, else on PATH."""
-    beside = Path(sys.executable).parent / "moto_server"
-    return str(beside) if beside.is_file() else shutil.which("moto_server")
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def have_moto() -> bool:
+    return importlib.util.find_spec("moto") is not None
 
 
 class MotoServer:
-    """``moto_server`` on a free 127.0.0.1 port with :data:`BUCKET` created."""
+    """``python -m moto.server`` on a free 127.0.0.1 port with :data:`BUCKET` created."""
 
-    def __init__(self, log: Path, binary: str) -> None:
+    def __init__(self, log: Path) -> None:
         self.port = _free_port()
         self.log = log
         with open(log, "ab") as out:
             self.process = subprocess.Popen(
-                [binary, "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
             )  # fmt: skip
         deadline = time.monotonic() + 30
         while True:
@@ -161,10 +169,9 @@ class S3Bucket:
 @pytest.fixture(scope="session", name="moto")
 def moto_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     """One moto server for the session."""
-    binary = find_moto()
-    if binary is None:
-        pytest.skip("moto_server is not installed (dev extra: pip install -e '.[dev]')")
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log", binary)
+    if not have_moto():
+        pytest.skip("moto is not installed (dev extra: pip install -e '.[dev]')")
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
     try:
         yield server
     finally:

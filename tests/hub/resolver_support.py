@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import ClientSession, web
+from loop_server import LoopServer
 from safetensors.numpy import save_file
 
 import cmh
@@ -90,38 +91,23 @@ class ProxyStats:
         )
 
 
-class FaultProxy:
+class FaultProxy(LoopServer):
     """A loopback HTTP proxy in its own thread (``url``; ``stop()``)."""
 
     def __init__(self, upstream: str) -> None:
+        super().__init__()
         self.upstream = upstream.rstrip("/")
         self.faults: list[Fault] = []
         self.delay = 0.0  # seconds slept per 64 KiB of file body (slows downloads down)
         self.stats = ProxyStats()
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(15):
-            raise RuntimeError("proxy did not start")
+        self.start()
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        sockets = site._server.sockets  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    async def on_start(self) -> None:
         self._session = ClientSession(auto_decompress=False)
+
+    async def on_stop(self) -> None:
+        await self._session.close()
 
     def _take_fault(self, method: str, path: str, ranges: str | None = None) -> Fault | None:
         with self._lock:
@@ -134,7 +120,7 @@ class FaultProxy:
                     return f
         return None
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def handler(self, request: web.Request) -> web.StreamResponse:
         path = request.path_qs
         with self._lock:
             self.stats.requests.append((request.method, request.path, request.headers.get("Range")))
@@ -196,16 +182,6 @@ class FaultProxy:
             if transport is not None:
                 transport.close()  # flush what was written, then end the connection early
             return response
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            await self._session.close()
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(15)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(15)
-        self._loop.close()
 
 
 def blob_files(cache: Path) -> dict[str, Any]:

@@ -192,8 +192,9 @@ def test_expired_leases_are_taken_over_by_prune_and_mirror_add(
     seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
 ) -> None:
     """A lease older than its lifetime on the storage's clock (a killed pruner's): both a
-    pruner and a writer take it over at once. The storage's clock is real: this test
-    waits 2.5 s for its Last-Modified times to move past a 1 s lifetime."""
+    pruner and a writer take it over at once. The storage's clock is real (no test can
+    move a Last-Modified time): this test waits until the storage itself says the lease
+    is older than its 1 s lifetime."""
     store = open_store(seaweed_bucket, lease_ttl=1.0)
     folder = store.folder(REPO, "model")
     store.add_folder(src(tmp_path / "a", "a"), REPO)
@@ -201,7 +202,10 @@ def test_expired_leases_are_taken_over_by_prune_and_mirror_add(
     store.objects.put(store.lease_name(folder), b'{"owner": "a killed pruner"}')
     fresh = open_store(seaweed_bucket, lease_ttl=600.0)
     assert not fresh.take_lease(folder, "test")  # young: held
-    time.sleep(2.5)
+    deadline = time.monotonic() + 30
+    while (lease := store.lease_state(folder)) is not None and lease.age <= store.lease_ttl:
+        assert time.monotonic() < deadline, "the storage's clock did not move"
+        time.sleep(0.1)  # the storage's clock moves on its own
     notices: list[str] = []
     writer = open_store(seaweed_bucket, lease_ttl=1.0, clock=FakeClock(),
                         on_notice=notices.append)  # fmt: skip
@@ -294,10 +298,16 @@ def test_cli_mirror_add_says_it_waits_on_a_lease(
          "--store", seaweed_bucket.url, "--repo", REPO],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
     )  # fmt: skip
-    time.sleep(4)  # time to hash, upload and reach the lease check (not a TTL)
+    assert proc.stderr is not None
+    said = ""
+    while "waiting for" not in said:  # it hashed, uploaded and reached the lease check
+        line = proc.stderr.readline()
+        assert line, f"ended without waiting: {said}"
+        said += line
     assert proc.poll() is None  # still waiting
     store.objects.delete(store.lease_name(folder))  # the pruner finishes
     out, err = proc.communicate(timeout=60)
+    err = said + err
     assert proc.returncode == 0, err
     assert "waiting for cmh prune pid 7 on host-x" in err
     assert "(new commit)" in out

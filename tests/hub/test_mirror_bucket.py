@@ -170,8 +170,9 @@ _WRITER = """
 import sys, json
 from pathlib import Path
 from cmh.hub.mirror.bucket import BucketStore
-url, src, repo, go = sys.argv[1:5]
+url, src, repo, go, ready = sys.argv[1:6]
 store = BucketStore.open(url, write_window=5.0, lease_poll=0.1)
+Path(ready).touch()
 while not Path(go).exists():
     pass
 r = store.add_folder(Path(src), repo)
@@ -196,6 +197,7 @@ def test_two_processes_adding_to_one_repo_lose_no_commit(
                     str(sample(tmp_path / f"w{i}-{k}", f"w{i}-{k}")),
                     REPO,
                     str(go),
+                    str(tmp_path / f"ready-{i}-{k}"),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -204,7 +206,10 @@ def test_two_processes_adding_to_one_repo_lose_no_commit(
             )
             for k in range(2)
         ]
-        time.sleep(1.0)  # both started and polling
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob(f"ready-{i}-*"))) < 2:  # both started and polling
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.02)
         go.touch()
         outs = [p.communicate(timeout=120) for p in procs]
         assert all(p.returncode == 0 for p in procs), outs
@@ -228,11 +233,15 @@ def test_a_writer_waits_while_a_pruner_holds_the_lease(bucket: BucketStore, tmp_
     first = bucket.add_folder(sample(tmp_path / "a"), REPO)
     bucket.objects.put_if_absent(bucket.lease_name(FOLDER), b'{"owner": "test"}')
     done: list[str] = []
+    told: list[str] = []
+    waiting = threading.Event()
+    bucket.on_notice = lambda text: (told.append(text), waiting.set())
     thread = threading.Thread(
         target=lambda: done.append(bucket.add_folder(sample(tmp_path / "b", "b"), REPO).commit)
     )
     thread.start()
-    time.sleep(1.5)
+    assert waiting.wait(30)  # the writer reached the lease and waits on it
+    assert "waiting for test" in told[0]
     assert not done and bucket.read_ref(FOLDER, "main").commit == first.commit  # type: ignore[union-attr]
     bucket.objects.delete(bucket.lease_name(FOLDER))
     thread.join(30)

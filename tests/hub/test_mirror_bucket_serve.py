@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,11 +25,19 @@ from urllib.request import Request, urlopen
 
 import pytest
 from cmh.hub.mirror.bucket import BucketStore
-from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
+from mirror_support import (
+    MINILM_REPO,
+    TINY_REPO,
+    MirrorServer,
+    ProcessClock,
+    hf_env,
+    run_python,
+    write_tiny_repo,
+)
 from seaweed import SeaweedBucket, SeaweedServer
 
 MODES = ("proxy", "redirect")
-REF_TTL = 1.0
+REF_TTL = 60.0  # the replicas' clock (replica_clock) is moved past it
 
 
 @pytest.fixture(scope="module")
@@ -58,27 +66,30 @@ def served_bucket(
 
 
 @pytest.fixture(scope="module")
+def replica_clock(tmp_path_factory: pytest.TempPathFactory) -> ProcessClock:
+    """The clock of the module's replicas."""
+    return ProcessClock(tmp_path_factory.mktemp("replica-clock") / "clock")
+
+
+@pytest.fixture(scope="module")
 def replicas(
     served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    replica_clock: ProcessClock,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, list[MirrorServer]]]:
     """Two ``cmh serve`` replicas per delivery mode over the one bucket."""
     _, where, env = served_bucket
     servers: dict[str, list[MirrorServer]] = {}
     logs = tmp_path_factory.mktemp("replica-logs")
-    saved = dict(os.environ)
-    os.environ.update(env)
     try:
         for mode in MODES:
             servers[mode] = [
-                MirrorServer(where.url, logs,  # type: ignore[arg-type]
+                MirrorServer(where.url, logs, env={**os.environ, **env}, clock=replica_clock,
                              extra_args=("--blob-delivery", mode, "--ref-ttl", str(REF_TTL)))
                 for _ in range(2)
             ]  # fmt: skip
         yield servers
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
         for group in servers.values():
             for server in group:
                 server.stop()
@@ -193,6 +204,7 @@ def _commit_at(server: MirrorServer, repo: str) -> str:
 
 def test_a_new_commit_is_served_by_every_replica_within_the_ref_ttl(
     replicas: dict[str, list[MirrorServer]],
+    replica_clock: ProcessClock,
     served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
     tmp_path: Path,
 ) -> None:
@@ -200,10 +212,11 @@ def test_a_new_commit_is_served_by_every_replica_within_the_ref_ttl(
     every = [s for group in replicas.values() for s in group]
     repo = "cmh-test/fresh"
     first = store.add_folder(write_tiny_repo(tmp_path / "v1", 1), repo)
-    time.sleep(REF_TTL + 0.5)
+    replica_clock.advance(REF_TTL + 0.5)
     assert {_commit_at(s, repo) for s in every} == {first.commit}  # cached now
     second = store.add_folder(write_tiny_repo(tmp_path / "v2", 2), repo)
-    time.sleep(REF_TTL + 0.5)  # the documented bound: ref_ttl after the ref moved
+    assert {_commit_at(s, repo) for s in every} == {first.commit}  # within ref_ttl: cached
+    replica_clock.advance(REF_TTL + 0.5)  # the documented bound: ref_ttl after the ref moved
     assert {_commit_at(s, repo) for s in every} == {second.commit}
 
 
@@ -223,14 +236,8 @@ def test_killing_one_replica_fails_no_request_at_the_other(
     """16 clients, 8 per replica, each fetching ranges and whole files in a loop; one
     replica is SIGKILLed mid-run. Every request sent to the other one succeeds."""
     _, where, env = served_bucket
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        pair = [MirrorServer(where.url, tmp_path,  # type: ignore[arg-type]
-                             extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    pair = [MirrorServer(where.url, tmp_path, env={**os.environ, **env},
+                         extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
     weights = (minilm_dir / "model.safetensors").read_bytes()
     config = (minilm_dir / "config.json").read_bytes()
     stop = threading.Event()
@@ -258,13 +265,24 @@ def test_killing_one_replica_fails_no_request_at_the_other(
             with lock:
                 results[k % 2].append(outcome)
 
+    def counts() -> tuple[int, int, bool]:
+        with lock:
+            return len(results[0]), len(results[1]), any(r != "ok" for r in results[0])
+
+    def wait_until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not done():
+            assert time.monotonic() < deadline, counts()
+            time.sleep(0.02)
+
     try:
         with ThreadPoolExecutor(16) as pool:
             futures = [pool.submit(client, k) for k in range(16)]
-            time.sleep(1.5)
-            before_kill = len(results[0])
+            wait_until(lambda: counts()[0] >= 20 and counts()[1] >= 20)  # both serve
+            before_kill, at_kill, _ = counts()
             os.kill(pair[0].process.pid, signal.SIGKILL)
-            time.sleep(2.0)
+            # the killed one's clients fail; the survivor's go on for 60 more requests
+            wait_until(lambda: counts()[2] and counts()[1] >= at_kill + 60)
             stop.set()
             for f in futures:
                 f.result()
@@ -291,13 +309,7 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
     data = bytearray(store.objects.get(name))
     data[-1] ^= 0xFF  # same size, last byte differs
     store.objects.put(name, bytes(data))
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        server = MirrorServer(where.url, tmp_path, extra_args=())  # type: ignore[arg-type]
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    server = MirrorServer(where.url, tmp_path, env={**os.environ, **env})
     try:
         url = f"{server.url}/{repo}/resolve/main/weights.bin"
         outcomes: list[Any] = []
@@ -450,18 +462,21 @@ urls, repo, base = json.loads(os.environ["T_URLS"]), os.environ["T_MINILM"], os.
 files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
 want = json.loads(os.environ["T_SHA"])
 results = {u: [] for u in urls}
-stop = time.monotonic() + float(os.environ["T_SECONDS"])
+lock = threading.Lock()
 def client(k):
     url = urls[k % 2]
     i = 0
-    while time.monotonic() < stop:
+    while not os.path.exists(os.environ["T_STOP"]):
         name = files[(k + i) % len(files)]
         try:
             path = hf_hub_download(repo, name, endpoint=url, cache_dir=f"{base}/{k}-{i}", force_download=True, etag_timeout=30)
             ok = hashlib.sha256(open(path, "rb").read()).hexdigest() == want[name]
-            results[url].append("ok" if ok else "wrong bytes")
+            outcome = "ok" if ok else "wrong bytes"
         except Exception as exc:
-            results[url].append(f"{type(exc).__name__}: {exc}"[:300])
+            outcome = f"{type(exc).__name__}: {exc}"[:300]
+        with lock:
+            results[url].append(outcome)
+            print(json.dumps({"url": url, "outcome": outcome}), flush=True)  # as it goes
         i += 1
 threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
 for t in threads: t.start()
@@ -483,29 +498,44 @@ def test_stock_clients_keep_loading_from_one_replica_while_the_other_is_killed(
     import sys
 
     _, where, env = served_bucket
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        pair = [MirrorServer(where.url, tmp_path,  # type: ignore[arg-type]
-                             extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    pair = [MirrorServer(where.url, tmp_path, env={**os.environ, **env},
+                         extra_args=("--blob-delivery", mode)) for _ in range(2)]  # fmt: skip
     files = ["config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
     client_env = hf_env(pair[0].url, tmp_path / "home")
     client_env.update(
         T_URLS=json.dumps([s.url for s in pair]), T_MINILM=MINILM_REPO,
-        T_BASE=str(tmp_path / "caches"), T_SECONDS="8",
+        T_BASE=str(tmp_path / "caches"), T_STOP=str(tmp_path / "stop"),
         T_SHA=json.dumps({f: _sha256(minilm_dir / f) for f in files}),
     )  # fmt: skip
+    killed_url, survivor_url = pair[0].url, pair[1].url
+    told: dict[str, list[str]] = {killed_url: [], survivor_url: []}
+
+    def read_until(done: Callable[[], bool]) -> None:
+        while not done():
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, "the clients ended early"
+            seen = json.loads(line)
+            told[seen["url"]].append(seen["outcome"])
+
+    errors = open(tmp_path / "clients.stderr", "w+")  # noqa: SIM115 (closed below)
     try:
         proc = subprocess.Popen([sys.executable, "-c", STOCK_LOAD_SCRIPT], env=client_env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        time.sleep(4.0)
+                                stdout=subprocess.PIPE, stderr=errors, text=True)  # fmt: skip
+        read_until(lambda: told[killed_url].count("ok") >= 2)  # it serves
+        at_kill = len(told[survivor_url])
         os.kill(pair[0].process.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-3000:]
+        # the killed one's clients fail; the survivor's go on for 8 more downloads
+        read_until(
+            lambda: (
+                any(r != "ok" for r in told[killed_url]) and len(told[survivor_url]) >= at_kill + 8
+            )
+        )
+        (tmp_path / "stop").touch()
+        out, _ = proc.communicate(timeout=180)
+        errors.seek(0)
+        assert proc.returncode == 0, errors.read()[-3000:]
     finally:
+        errors.close()
         for server in pair:
             server.stop()
     results = json.loads(out.strip().splitlines()[-1])

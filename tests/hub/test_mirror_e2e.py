@@ -18,6 +18,7 @@ from mirror_support import (
     MINILM_REPO,
     PRIVATE_REPO,
     PRIVATE_TOKEN,
+    STOCK_PRELUDE,
     TINY_REPO,
     MirrorServer,
     MirrorStore,
@@ -25,21 +26,15 @@ from mirror_support import (
     run_python,
 )
 
-STOCK_CLIENT_SCRIPT = r"""
-import json, os, hashlib
+STOCK_CLIENT_SCRIPT = (
+    STOCK_PRELUDE
+    + r"""
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
 )
 api = HfApi()
 out = {}
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 def attempt(name, fn):
     try:
@@ -79,6 +74,7 @@ attempt("private_token", lambda: open(hf_hub_download(os.environ["T_PRIVATE"], "
 attempt("private_info_no_token", lambda: api.model_info(os.environ["T_PRIVATE"], token=False))
 print(json.dumps(out))
 """
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import httpx2
 import numpy as np
 from cmh.hub.mirror.store import add_folder
 from hublike import running
-from mirror_support import MirrorServer
+from mirror_support import MirrorServer, ProcessClock
 from safetensors.numpy import save_file
 
 from cmh.header import read_header
@@ -97,7 +96,7 @@ def test_resolver_updates_an_unstamped_file_tensor_by_tensor(
 
 
 def test_pullthrough_fill_and_downstream_update_use_manifests(
-    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    mirror_server_factory: Callable[..., MirrorServer], process_clock: ProcessClock, tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
     add_folder(store, _write(tmp_path / "v1", None), REPO)
@@ -105,13 +104,15 @@ def test_pullthrough_fill_and_downstream_update_use_manifests(
     with running(origin.url, xet_listing=False) as front:
         (tmp_path / "pull").mkdir()
         pull = mirror_server_factory(
-            tmp_path / "pull", extra_args=("--upstream", front.url, "--fresh-for", "1s")
+            tmp_path / "pull",
+            extra_args=("--upstream", front.url, "--fresh-for", "1h"),
+            clock=process_clock,
         )
         cache = tmp_path / "cache"
         hub.resolve(REPO, cache_dir=cache, endpoint=pull.url, token=False)
         new_src = _write(tmp_path / "v2", changed=3)
         add_folder(store, new_src, REPO)
-        time.sleep(1.2)
+        process_clock.advance(3601)  # past --fresh-for: the mirror revalidates
         front.wait_idle()
         cdn_before = sum(r.bytes_sent for r in front.records(origin="cdn"))
         policy = hub.Policy(revalidate=True)

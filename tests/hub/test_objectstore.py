@@ -498,7 +498,8 @@ def test_presigned_url_expires(store: ObjectStore) -> None:
     url = store.presigned_get_url("blobs/e", timedelta(seconds=1))
     deadline = time.monotonic() + 10
     while True:  # valid until the second has passed, refused after
-        time.sleep(1.1)
+        # The storage's own clock judges the signature's expiry: no test can move it.
+        time.sleep(0.1)
         try:
             urlopen(url, timeout=10).close()
         except HTTPError as exc:

@@ -54,7 +54,7 @@ def test_waiter_on_a_deleted_lock_file_locks_the_new_one(tmp_path: Path) -> None
         newcomer = threading.Thread(target=third)
         newcomer.start()
         assert third_holds.wait(5)
-    time.sleep(0.3)  # the second wakes on the old file, sees it deleted, waits on the new one
+    _wait_for_a_blocked_flock(path)  # the second woke on the old file, now waits on the new one
     assert "second in" not in events
     release_third.set()
     newcomer.join(5)

@@ -10,7 +10,6 @@ resolver's Xet listing handling (branch ``dropin``) is on main.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,30 +20,26 @@ import httpx2
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror.store import add_folder
 from hublike import HubLike, running
 from mirror_support import (
     MINILM_REPO,
     PRIVATE_REPO,
     PRIVATE_TOKEN,
+    STOCK_PRELUDE,
     TINY_REPO,
     MirrorServer,
     MirrorStore,
+    ProcessClock,
+    big_store,
     hf_env,
     run_python,
 )
 
-STOCK_SCRIPT = r"""
-import json, os, hashlib
+STOCK_SCRIPT = (
+    STOCK_PRELUDE
+    + r"""
 from huggingface_hub import hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 def kind(fn):
     try:
@@ -62,6 +57,7 @@ out["missing_repo"] = kind(lambda: hf_hub_download("nobody/nothing-here", "confi
 out["missing_revision"] = kind(lambda: hf_hub_download(os.environ["T_REPO"], "config.json", revision="no-such-branch"))
 print(json.dumps(out))
 """
+)
 
 TRANSFORMERS_SCRIPT = r"""
 import json, os, torch
@@ -84,10 +80,34 @@ def _sha256_tree(root: Path) -> dict[str, str]:
 
 
 def _pull_server(
-    factory: Callable[..., MirrorServer], store: Path, upstream: str, *extra: str
+    factory: Callable[..., MirrorServer],
+    store: Path,
+    upstream: str,
+    *extra: str,
+    clock: ProcessClock | None = None,
 ) -> MirrorServer:
     store.mkdir(parents=True, exist_ok=True)
-    return factory(store, extra_args=("--upstream", upstream, *extra))
+    return factory(store, extra_args=("--upstream", upstream, *extra), clock=clock)
+
+
+#: The pull-through's ``--fresh-for`` in the freshness tests, passed on ``process_clock``.
+FRESH_FOR = 3600
+
+
+@pytest.fixture
+def fresh_pull(
+    mirror_server_factory: Callable[..., MirrorServer], process_clock: ProcessClock, tmp_path: Path
+) -> Callable[..., MirrorServer]:
+    """Start a pull-through (store ``tmp_path/pull``) of ``upstream`` with ``--fresh-for 1h``
+    on the test's ``process_clock``."""
+
+    def start(upstream: str, *extra: str) -> MirrorServer:
+        return _pull_server(
+            mirror_server_factory, tmp_path / "pull", upstream, "--fresh-for", str(FRESH_FOR),
+            *extra, clock=process_clock,
+        )  # fmt: skip
+
+    return start
 
 
 def _upstream_requests(front: HubLike) -> int:
@@ -154,16 +174,16 @@ def test_transformers_loads_minilm_through_pullthrough(
 
 
 def test_after_fresh_for_one_revalidation_request(
-    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    front: HubLike, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
-    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "2s")
+    pull = fresh_pull(front.url)
     url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
     assert httpx2.get(url).status_code == 200
     front.wait_idle()
     before = front.records()
     assert httpx2.get(url).status_code == 200  # fresh: nothing asked
     assert front.records() == before
-    time.sleep(2.2)
+    process_clock.advance(FRESH_FOR + 1)
     for _ in range(3):
         assert httpx2.get(url).status_code == 200
     front.wait_idle()
@@ -172,13 +192,13 @@ def test_after_fresh_for_one_revalidation_request(
 
 
 def test_commit_pinned_request_never_revalidates(
-    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    front: HubLike, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
-    pull = _pull_server(mirror_server_factory, tmp_path / "pull", front.url, "--fresh-for", "1s")
+    pull = fresh_pull(front.url)
     first = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/README.md")
     commit = first.headers["X-Repo-Commit"]
     front.wait_idle()
-    time.sleep(1.2)
+    process_clock.advance(FRESH_FOR + 1)
     before = len(front.records())
     again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md")
     assert again.status_code == 200 and again.content == first.content
@@ -186,13 +206,15 @@ def test_commit_pinned_request_never_revalidates(
 
 
 def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
-    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    mirror: MirrorServer, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
-        pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url, "--fresh-for", "1s")
+        pull = fresh_pull(hub.url)
         cached = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
         assert cached.status_code == 200 and "Warning" not in cached.headers
-    time.sleep(1.2)  # the front is stopped and the revision is past its freshness
+    process_clock.advance(
+        FRESH_FOR + 1
+    )  # the front is stopped and the revision is past its freshness
     stale = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     assert stale.status_code == 200 and stale.content == cached.content
     assert stale.headers["Warning"].startswith("110 ")
@@ -205,15 +227,12 @@ def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
 
 
 def test_stale_if_error_is_bounded(
-    mirror: MirrorServer, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    mirror: MirrorServer, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
-        pull = _pull_server(
-            mirror_server_factory, tmp_path / "pull", hub.url,
-            "--fresh-for", "1s", "--stale-if-error", "1s",
-        )  # fmt: skip
+        pull = fresh_pull(hub.url, "--stale-if-error", str(FRESH_FOR))
         assert httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json").status_code == 200
-    time.sleep(2.2)
+    process_clock.advance(2 * FRESH_FOR + 1)
     late = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     assert late.status_code == 503 and late.headers["X-Error-Code"] == "UpstreamUnavailable"
 
@@ -278,22 +297,11 @@ def test_tiers_mirror_to_mirror_to_hublike(
     assert len(front.records(origin="cdn")) == 1
 
 
-def _big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
-    src = tmp_path / "big-src"
-    src.mkdir()
-    data = os.urandom(size)
-    (src / "big.bin").write_bytes(data)
-    (src / "config.json").write_text("{}\n")
-    store = tmp_path / "upstream-store"
-    add_folder(store, src, "cmh-test/big")
-    return store, data
-
-
 def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
     size = 64 << 20
-    store, data = _big_store(tmp_path, size)
+    store, data = big_store(tmp_path, size)
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:
         pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url)
@@ -301,6 +309,7 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
         url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
         bodies: list[bytes] = [b""] * 8
         first_byte_while_transfer_open: list[bool] = [False] * 8
+        reading = [threading.Event() for _ in range(8)]
         errors: list[BaseException] = []
 
         def client(i: int) -> None:
@@ -312,15 +321,18 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
                         if not chunks:
                             # The upstream transfer is still open: no CDN answer is recorded yet.
                             first_byte_while_transfer_open[i] = not hub.records(origin="cdn")
+                            reading[i].set()
                         chunks.append(chunk)
                     bodies[i] = b"".join(chunks)
             except BaseException as exc:  # reported below
                 errors.append(exc)
+                reading[i].set()
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        for event in reading:  # every client is reading the fill (the upstream stalls 4 s)
+            event.wait(30)
         ranged = httpx2.get(url, headers={"Range": "bytes=1000-1999"}, timeout=10.0)
         for t in threads:
             t.join(60)
@@ -340,7 +352,7 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
 def test_wrong_upstream_bytes_cut_every_client_and_nothing_is_stored(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
-    store, data = _big_store(tmp_path, 4 << 20)
+    store, data = big_store(tmp_path, 4 << 20)
     etag = hashlib.sha256(data).hexdigest()
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:
@@ -390,20 +402,23 @@ def test_mirror_sync_fills_a_store_for_an_air_gapped_mirror(
 
 
 def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshness(
-    front: HubLike, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    front: HubLike,
+    fresh_pull: Callable[..., MirrorServer],
+    process_clock: ProcessClock,
+    tmp_path: Path,
 ) -> None:
-    store = tmp_path / "pull"
-    pull = _pull_server(mirror_server_factory, store, front.url, "--fresh-for", "2s")
+    pull = fresh_pull(front.url)
+    store = pull.store
     answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
     commit = answer.headers["X-Repo-Commit"]
     snapshot = store / "models--cmh-test--tiny" / "snapshots" / commit
     assert (snapshot / "weights.bin").is_symlink()  # listed, not filled: not a broken revision
     prune = ["prune", "--store", str(store), "--expired", "--include-referenced", "--yes"]
-    kept = CliRunner().invoke(cli, prune)
+    kept = CliRunner(env=process_clock.env).invoke(cli, prune)
     assert kept.exit_code == 0, kept.output
     assert snapshot.is_dir()
-    time.sleep(2.2)
-    gone = CliRunner().invoke(cli, prune)
+    process_clock.advance(FRESH_FOR + 1)
+    gone = CliRunner(env=process_clock.env).invoke(cli, prune)
     assert gone.exit_code == 0, gone.output
     assert not snapshot.exists()
     again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")  # filled again

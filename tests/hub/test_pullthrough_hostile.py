@@ -23,6 +23,8 @@ from mirror_support import (
     PRIVATE_TOKEN,
     TINY_REPO,
     MirrorServer,
+    ProcessClock,
+    big_store,
     hf_env,
     run_python,
 )
@@ -38,23 +40,12 @@ print(json.dumps({"sha256": h.hexdigest(), "size": os.path.getsize(path)}))
 """
 
 
-def _big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
-    src = tmp_path / "big-src"
-    src.mkdir()
-    data = os.urandom(size)
-    (src / "big.bin").write_bytes(data)
-    (src / "config.json").write_text("{}\n")
-    store = tmp_path / "upstream-store"
-    add_folder(store, src, "cmh-test/big")
-    return store, data
-
-
 def test_flip_and_resume_stock_client_ends_with_the_etags_bytes(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
     """High 1: one byte flipped mid-fill; the stock client's ``Range`` resume must not
     splice the wrong head to the next fill's right tail."""
-    store, data = _big_store(tmp_path, 24 << 20)  # over two of the client's 10 MB chunks
+    store, data = big_store(tmp_path, 24 << 20)  # over two of the client's 10 MB chunks
     etag = hashlib.sha256(data).hexdigest()
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:
@@ -497,7 +488,7 @@ def test_a_client_dropping_mid_download_leaves_no_traceback(
     """Low: ``cmh serve`` printed a ``BrokenPipeError`` traceback when a client dropped."""
     import socket
 
-    store, _ = _big_store(tmp_path, 32 << 20)
+    store, _ = big_store(tmp_path, 32 << 20)
     server = mirror_server_factory(store)
     host, port = server.url.removeprefix("http://").split(":")
     for _ in range(3):
@@ -594,7 +585,7 @@ def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
     """Was: a lying upstream was not remembered: 4 clients caused 10 full transfers."""
-    store, data = _big_store(tmp_path, 1 << 20)
+    store, data = big_store(tmp_path, 1 << 20)
     etag = hashlib.sha256(data).hexdigest()
     backend = mirror_server_factory(store)
     with running(backend.url, xet_listing=False) as hub:
@@ -612,7 +603,13 @@ def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
         while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)  # the fill's second try
         hub.wait_idle()
-        time.sleep(0.3)  # the fill's failure reaches the event loop
+        # Until the failure is remembered, a request joins the failing fill (and is cut):
+        # none starts a transfer, so ask until one hears the remembered failure.
+        while True:
+            with contextlib.suppress(httpx2.HTTPError):
+                if httpx2.get(url, timeout=30).status_code == 502:
+                    break
+            assert time.monotonic() < deadline, "the failed fill was never remembered"
         transfers = len(hub.records(origin="cdn"))
         for _ in range(4):
             answer = httpx2.get(url, timeout=30)
@@ -668,7 +665,7 @@ def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: P
 
 
 def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
-    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+    mirror_server_factory: Callable[..., MirrorServer], process_clock: ProcessClock, tmp_path: Path
 ) -> None:
     """Was: every request waited 61 s on a stalled upstream, also those a stale copy
     could answer. Now the stale copy answers after 3 s while the revalidation goes on."""
@@ -677,10 +674,12 @@ def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
     with HostileHub() as hub:
         store = tmp_path / "pull"
         store.mkdir()
-        pull = mirror_server_factory(store, extra_args=("--upstream", hub.url, "--fresh-for", "1s"))
+        pull = mirror_server_factory(
+            store, extra_args=("--upstream", hub.url, "--fresh-for", "1h"), clock=process_clock
+        )
         url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
         assert httpx2.get(url, timeout=10).content == b"{}\n"
-        time.sleep(1.2)  # past --fresh-for (1 s)
+        process_clock.advance(3601)  # past --fresh-for
         hub.revision_delay = 6.0
         started = time.monotonic()
         answer = httpx2.get(url, timeout=5.5)  # fails if it waits for the stalled upstream

@@ -14,6 +14,8 @@ from cmh.hub.mirror.store import add_folder
 from resolver_support import FaultProxy, tensors_for, write_checkpoint_repo
 from safetensors.numpy import load_file
 
+import cmh
+
 REPO = "org/toy"
 
 
@@ -138,9 +140,9 @@ def test_expired_stamp_is_stale_offline(tmp_path):
     from cmh.hub.mirror.store import add_folder as add
 
     store = tmp_path / "cache"  # a store is a stock cache: use it as the client cache
-    src = write_checkpoint_repo(tmp_path / "v1", 1, ttl="1s")
+    src = write_checkpoint_repo(tmp_path / "v1", 1, stamp=False)
+    cmh.stamp(src / "model.safetensors", ttl="1s", now=time.time() - 60)  # expired 59 s ago
     add(store, src, REPO)
-    time.sleep(1.1)
     offline = hub.Policy(offline=True)
     res = hub.resolve(REPO, cache_dir=store, policy=offline)
     assert res.state is hub.State.STALE_OFFLINE and res.requests == 0

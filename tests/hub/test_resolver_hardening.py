@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import cmh.hub as hub
+import huggingface_hub
 import numpy as np
 import pytest
 from cli_support import CMH, run_runner, run_subprocess
@@ -382,7 +383,6 @@ def test_three_threads_resolve_one_repo_in_one_process(toy):
 
 
 def test_three_threads_under_install_never_fall_back_to_stock(toy):
-    huggingface_hub = pytest.importorskip("huggingface_hub")
     assert hub.install(window=0.0)
     hf_hub_download = huggingface_hub.hf_hub_download  # the wrapper, looked up after install()
     assert hasattr(hf_hub_download, "__cmh_original__")
@@ -422,7 +422,6 @@ def test_three_threads_under_install_never_fall_back_to_stock(toy):
 
 
 def test_token_false_sends_no_token(toy, monkeypatch):
-    huggingface_hub = pytest.importorskip("huggingface_hub")
     monkeypatch.setenv("HF_TOKEN", "hf_environment_token_must_not_leak")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert hub.install()

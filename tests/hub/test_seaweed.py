@@ -72,13 +72,13 @@ def test_stop_leaves_no_process(tmp_path: Path) -> None:
 
 
 STARTER = """
-import sys, time
+import signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from seaweed import SeaweedServer
 server = SeaweedServer(Path(sys.argv[1]))
 print(server.process.pid, flush=True)
-time.sleep(600)
+signal.pause()  # until the test kills this process
 """
 
 

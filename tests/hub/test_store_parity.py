@@ -33,7 +33,7 @@ from mirror_support import (
     MirrorServer,
     write_tiny_repo,
 )
-from moto_s3 import MotoBucket, moto_fixture  # noqa: F401 (fixture)
+from motoserver import BUCKET, S3Bucket
 from seaweed import SeaweedBucket
 
 KINDS = ("local", "seaweed", "moto")
@@ -88,7 +88,7 @@ def served(
         store, env = where.url, _aws_env(where.aws_env(), tmp)
     else:
         moto = request.getfixturevalue("moto")
-        bucket = MotoBucket(moto, prefix=f"parity-{uuid.uuid4().hex[:10]}/")
+        bucket = S3Bucket(moto.endpoint, BUCKET, f"parity-{uuid.uuid4().hex[:10]}/")
         store, env = bucket.url, _aws_env(bucket.aws_env(), tmp)
     commits = {}
     private = tmp / "private"
@@ -106,15 +106,8 @@ def served(
     tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n{PRIVATE_TOKEN}  CMH-test/Tiny\n")
     admins = tmp / "admin-tokens.txt"
     admins.write_text(ADMIN_TOKEN + "\n")
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        server = MirrorServer(store, tmp / "logs", tokens=tokens,  # type: ignore[arg-type]
-                              extra_args=("--admin-tokens", str(admins)))  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    server = MirrorServer(store, tmp / "logs", tokens=tokens, env=env,
+                          extra_args=("--admin-tokens", str(admins)))  # fmt: skip
     try:
         yield Served(kind, store, env, server, tokens, commits, minilm_dir)
     finally:
@@ -500,23 +493,16 @@ def test_redirect_signed_for_the_public_storage_url(served: Served, tmp_path: Pa
 def test_pages_answer_503_while_the_storage_is_down(tmp_path: Path) -> None:
     """A page whose store cannot be read (its storage killed) is a 503 HTML page naming
     the trouble, never a traceback."""
-    from moto_s3 import MotoServer
+    from motoserver import MotoServer
 
     moto = MotoServer(tmp_path / "moto.log")
     server = None
     try:
-        bucket = MotoBucket(moto, prefix="down/")
+        bucket = S3Bucket(moto.endpoint, BUCKET, "down/")
         env = _aws_env(bucket.aws_env(), tmp_path)
         cmh(["mirror", "add", str(write_tiny_repo(tmp_path / "tiny", 1)), "--store", bucket.url,
              "--repo", TINY_REPO], env)  # fmt: skip
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(env)
-        try:
-            server = MirrorServer(bucket.url, tmp_path / "logs")  # type: ignore[arg-type]
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        server = MirrorServer(bucket.url, tmp_path / "logs", env=env)
         status, _, body = get(f"{server.url}/")
         assert status == 200 and TINY_REPO in body.decode()
         moto.process.kill()

@@ -215,8 +215,10 @@ class BucketPullThrough:
                 return True
             doc, etag = found
             since = doc.get("checking_since")
-            if not (isinstance(since, (int, float)) and time.time() - since < CLAIM_TTL):
-                claimed = {**doc, "checking_since": time.time(), "by": self.owner}
+            if not (
+                isinstance(since, (int, float)) and self.store.clock.time() - since < CLAIM_TTL
+            ):
+                claimed = {**doc, "checking_since": self.store.clock.time(), "by": self.owner}
                 try:
                     self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
                     return True
@@ -264,7 +266,7 @@ class BucketPullThrough:
                 current = self.store.read_ref(folder, revision)
                 if current is None or current.commit != commit:
                     self.objects.put(ref, f"{commit}\n".encode())
-                record = {"commit": commit, "at": time.time()}
+                record = {"commit": commit, "at": self.store.clock.time()}
                 self.objects.put(
                     self._validation_name(folder, revision), json.dumps(record).encode()
                 )
@@ -272,7 +274,7 @@ class BucketPullThrough:
                 self._forget(repo_type, repo_id, revision)
                 until = self._expiry(repo_type, repo_id, revision, commit)
             else:
-                until = time.time() + self.fresh_for
+                until = self.store.clock.time() + self.fresh_for
             if until == float("inf"):
                 return
             with contextlib.suppress(ObjectStoreError):  # for prune only: best effort

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from cmh._atomic import atomic_write
 
+from ...cache.clock import process_clock
 from ...cache.layout import COMMIT_RE, RepoLayout
 from ...cache.locks import repo_lock
 from ._pull import FillFailed, SentRanges
@@ -66,6 +67,7 @@ class LocalPullThrough:
 
         self.root = root
         self.fresh_for = fresh_for
+        self.clock = process_clock()  # freshness records (tests move it)
         self.cuts = CutLedger()  # {repo}/.cmh/cuts/{etag}, as for bodies cut outside fills
 
     def _repo(self, repo_type: str, repo_id: str) -> RepoLayout:
@@ -133,10 +135,10 @@ class LocalPullThrough:
         if not pinned:
             if repo.read_ref(revision) != commit:
                 repo.write_ref(revision, commit)
-            write_validation(repo, revision, commit)
+            write_validation(repo, revision, commit, at=self.clock.time())
             until = self.expiry(repo_type, repo_id, revision, commit)
         else:
-            until = time.time() + self.fresh_for
+            until = self.clock.time() + self.fresh_for
         if until == float("inf"):
             return
         with contextlib.suppress(OSError):
