@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..cache import housekeeping
 from ..cache.blobs import blob_state, disk_full_error, is_disk_full, partial_path
+from ..cache.housekeeping import adopt_orphans, clean_no_exist
 from ..cache.layout import (
     COMMIT_RE,
     RepoLayout,
@@ -495,7 +495,7 @@ def _answer_online(
     progress: Progress | None,
     on_total: Callable[[int], None] | None,
 ) -> Resolution:
-    housekeeping.adopt_orphans(repo)
+    adopt_orphans(repo)
     commit, files, fetched = revision_listing(client, repo, revision, pinned)
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
     # What the cache held before anything is linked (a pinned commit links into its own
@@ -550,7 +550,7 @@ def _answer_online(
         repo.write_ref(revision, commit)
     if not pinned:
         write_validation(repo, revision, commit)
-    housekeeping.clean_no_exist(repo, commit, files)
+    clean_no_exist(repo, commit, files)
 
     old_etags: dict[str, str] = {}
     if local.commit is not None:
