@@ -21,7 +21,8 @@ merges: it is deterministic and idempotent.
 4. Reports what is left (exit status 1): a private module imported across
    units, a name missing from a face. ``--check`` reports without writing.
 
-A unit's own tests (:data:`TEST_OWNERS`) may import its private modules.
+A unit's own tests (:data:`TEST_OWNERS`) may import its private modules. Not
+rewritten: a module named by its bare name in a string (``graph["patch"]``).
 Run it from anywhere: ``.venv/bin/python tools/privatize.py [--check]``.
 """
 
