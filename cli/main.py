@@ -10,22 +10,30 @@ import click
 
 from cmh import __version__
 
-# name -> (module under cmh.cli, attribute, one-line help shown by `cmh --help`)
+# name -> (module, attribute, one-line help shown by `cmh --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "stamp": ("format_commands", "stamp", "Stamp safetensors files with a CMH record."),
-    "verify": ("format_commands", "verify", "Verify stamped files; exit 1 on any failure."),
-    "inspect": ("format_commands", "inspect", "Show a file's record, manifests and tensors."),
+    "stamp": ("cmh.cli.format_commands", "stamp", "Stamp safetensors files with a CMH record."),
+    "verify": ("cmh.cli.format_commands", "verify", "Verify stamped files; exit 1 on any failure."),
+    "inspect": (
+        "cmh.cli.format_commands",
+        "inspect",
+        "Show a file's record, manifests and tensors.",
+    ),
     "fingerprint": (
-        "format_commands",
+        "cmh.cli.format_commands",
         "fingerprint",
         "Print a file's root or a directory's identity.",
     ),
-    "keygen": ("format_commands", "keygen", "Write a new Ed25519 key pair."),
-    "sign": ("format_commands", "sign", "Sign an already stamped file in place."),
-    "mirror": ("mirror_commands", "mirror", "Manage a mirror store (add, ls, scrub, sync)."),
-    "serve": ("mirror_commands", "serve", "Serve a store through the Hub HTTP API."),
-    "pull": ("pull_command", "pull", "Resolve a repo into the local Hugging Face cache."),
-    "prune": ("prune_command", "prune", "Prune stale revisions from a cache or store."),
+    "keygen": ("cmh.cli.format_commands", "keygen", "Write a new Ed25519 key pair."),
+    "sign": ("cmh.cli.format_commands", "sign", "Sign an already stamped file in place."),
+    "mirror": (
+        "cmh.cli.mirror_commands",
+        "mirror",
+        "Manage a mirror store (add, ls, scrub, sync).",
+    ),
+    "serve": ("cmh.cli.mirror_commands", "serve", "Serve a store through the Hub HTTP API."),
+    "pull": ("cmh.cli.pull_command", "pull", "Resolve a repo into the local Hugging Face cache."),
+    "prune": ("cmh.cli.prune_command", "prune", "Prune stale revisions from a cache or store."),
 }
 
 
@@ -41,9 +49,9 @@ class LazyGroup(click.Group):
             return None
         module_name, attribute, _ = entry
         try:
-            module = importlib.import_module(f"cmh.cli.{module_name}")
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name != f"cmh.cli.{module_name}":
+            if exc.name != module_name:
                 raise
             return None
         command = getattr(module, attribute)

@@ -15,8 +15,27 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .carrier import user_metadata
-from .checkpoint import DirectoryIdentity, directory_identity, find_checkpoint
+# The modules are private (``_name.py``, tools/privatize.py); this is the face.
+from ._atomic import (
+    atomic_file,
+    atomic_symlink,
+    atomic_write,
+    fsync_dir,
+    start_writeback,
+    temp_path,
+    write_new,
+)
+from .carrier import KEY_RECORD, carrier_values, read_carrier, user_metadata
+from .checkpoint import (
+    Checkpoint,
+    DirectoryIdentity,
+    claimed_digests,
+    directory_identity,
+    find_checkpoint,
+    index_problems,
+    name_bytes,
+)
+from .checks import FileVersion, record_check
 from .digests import (
     Hashing,
     ProgressCallback,
@@ -25,7 +44,7 @@ from .digests import (
     hash_tensors,
     root_entries,
 )
-from .duration import parse_duration, parse_size
+from .duration import format_duration, parse_duration, parse_size
 from .errors import (
     CarrierError,
     CMHError,
@@ -43,10 +62,27 @@ from .errors import (
     UnsupportedVersionError,
     VerificationError,
 )
-from .header import Header, TensorEntry, read_header
+from .header import (
+    MAX_HEADER_SIZE,
+    METADATA_KEY,
+    PREFIX_SIZE,
+    Header,
+    TensorEntry,
+    header_size_from_prefix,
+    parse_header,
+    read_header,
+    read_header_from,
+)
 from .inspection import Inspection, inspect
 from .record import Record
-from .stamping import StampResult, sign, stamp
+from .signing import (
+    TrustedKeys,
+    generate_keypair,
+    load_private_key,
+    private_key_is_encrypted,
+    signature_status,
+)
+from .stamping import StampResult, sign, stamp, write_values_in_place
 from .verification import Outcome, Problem, VerifyResult, verify
 from .writer import SaveResult, save_file
 
@@ -132,4 +168,43 @@ __all__ = [
     "sign",
     "stamp",
     "verify",
+]
+# Building blocks of the format for cmh.hub and cmh.cli (and tools that need them):
+# headers and their parts, the carrier, digests, signing keys, check records,
+# atomic file writes.
+__all__ += [
+    "KEY_RECORD",
+    "MAX_HEADER_SIZE",
+    "METADATA_KEY",
+    "PREFIX_SIZE",
+    "Checkpoint",
+    "FileVersion",
+    "ProgressCallback",
+    "TrustedKeys",
+    "atomic_file",
+    "atomic_symlink",
+    "atomic_write",
+    "carrier_values",
+    "claimed_digests",
+    "file_root",
+    "format_duration",
+    "fsync_dir",
+    "generate_keypair",
+    "hash_tensors",
+    "header_size_from_prefix",
+    "index_problems",
+    "load_private_key",
+    "name_bytes",
+    "parse_header",
+    "private_key_is_encrypted",
+    "read_carrier",
+    "read_header_from",
+    "record_check",
+    "root_entries",
+    "signature_status",
+    "start_writeback",
+    "temp_path",
+    "user_metadata",
+    "write_new",
+    "write_values_in_place",
 ]

@@ -4,7 +4,8 @@ Four subpackages over one cache core (docs/architecture.md):
 :mod:`cmh.hub.cache` (the stock cache layout, locks, usage records, blob
 checks), :mod:`cmh.hub.resolver` (resolve, hold, the HTTP client, downloads,
 the transformers hook), :mod:`cmh.hub.mirror` (store import, index, scrub,
-the ``cmh serve`` app) and :mod:`cmh.hub.prune` (scan, plan, execute).
+the ``cmh serve`` app) and :mod:`cmh.hub.prune` (scan, plan, execute). Each
+one's ``__init__`` is its face; the modules behind it are private (``_name.py``).
 
 The resolver's public API is exported here, lazily, so ``import cmh.hub``
 stays light (no HTTP stack, no torch, no transformers):
@@ -19,15 +20,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import resolver
 from ._lazy import lazy_exports
+from .resolver import __all__ as _resolver
 
 if TYPE_CHECKING:
     # Typed view of the lazy exports below.
     from .resolver import *  # noqa: F403
-    from .resolver.types import *  # noqa: F403
 
 __all__: list[str] = []
-__all__ += resolver.__all__
+__all__ += _resolver
 
 __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, "resolver"), globals())

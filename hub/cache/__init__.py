@@ -1,16 +1,37 @@
 """The cache core: the stock cache/store layout, locks, usage records, blob checks.
 
 Plain file work, no network: the resolver, the mirror and the pruner all build
-on it. Atomic file operations come from :mod:`cmh._atomic`.
+on it, through the names below (the modules are private, ``_name.py``). Atomic
+file operations come from :mod:`cmh` (``atomic_write``, ``atomic_symlink``).
 """
 
 from __future__ import annotations
 
-from .blobs import blob_matches, blob_state, check_file, hash_blob
+from .blobs import (
+    READ_CHUNK,
+    UNREADABLE_HEADER,
+    ContentCheck,
+    Progress,
+    blob_matches,
+    blob_state,
+    check_file,
+    disk_full_error,
+    feed_file,
+    git_blob_hasher,
+    hash_blob,
+    install_blob,
+    is_disk_full,
+    new_digest,
+    partial_path,
+)
 from .clock import SYSTEM_CLOCK, Clock, process_clock
+from .housekeeping import adopt_orphans, clean_no_exist
 from .layout import (
+    CHECK_RECORDS,
     COMMIT_RE,
     ETAG_RE,
+    REPO_PART_RE,
+    REPO_TYPE_PREFIX,
     LayoutError,
     RepoLayout,
     default_cache_dir,
@@ -21,31 +42,49 @@ from .layout import (
     validate_repo_id,
     validate_revision,
 )
-from .locks import LockBusy, blob_lock, repo_lock, revision_lock, snapshot_in_use
-from .usage import record_use
+from .locks import LockBusy, blob_lock, flock, repo_lock, revision_lock, snapshot_in_use
+from .usage import record_use, usage_path
 
 __all__ = [
+    "CHECK_RECORDS",
     "COMMIT_RE",
     "ETAG_RE",
+    "READ_CHUNK",
+    "REPO_PART_RE",
+    "REPO_TYPE_PREFIX",
     "SYSTEM_CLOCK",
+    "UNREADABLE_HEADER",
     "Clock",
+    "ContentCheck",
     "LayoutError",
     "LockBusy",
+    "Progress",
     "RepoLayout",
+    "adopt_orphans",
     "blob_lock",
     "blob_matches",
     "blob_state",
     "check_file",
+    "clean_no_exist",
     "default_cache_dir",
+    "disk_full_error",
+    "feed_file",
+    "flock",
+    "git_blob_hasher",
     "hash_blob",
+    "install_blob",
+    "is_disk_full",
     "iter_repos",
+    "new_digest",
     "parse_repo_folder",
+    "partial_path",
     "process_clock",
     "record_use",
     "repo_folder_name",
     "repo_lock",
     "revision_lock",
     "snapshot_in_use",
+    "usage_path",
     "validate_relpath",
     "validate_repo_id",
     "validate_revision",

@@ -1,7 +1,8 @@
 """The mirror: a store in the stock cache layout, its import and scrub, and ``cmh serve``.
 
-Exported lazily: the store side (import, listing, scrub) is plain file work,
-the server side pulls in aiohttp and prometheus_client only when it is used.
+The modules are private (``_name.py``); these names are the surface, exported
+lazily: the store side (import, listing, scrub) is plain file work, the server
+side pulls in aiohttp and prometheus_client only when it is used.
 """
 
 from __future__ import annotations
@@ -12,8 +13,17 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
-    from .bucket import BucketError, BucketStore, ConditionalWritesUnsupported, open_bucket
-    from .objectstore import InvalidLocation, S3Location
+    from .bucket import (
+        SYSTEM_CLOCK,
+        BucketError,
+        BucketStore,
+        Clock,
+        ConditionalWritesUnsupported,
+        TreeObject,
+        open_bucket,
+    )
+    from .index import build_index
+    from .objectstore import InvalidLocation, ObjectNotFound, ObjectStoreError, S3Location
     from .run import ServeConfig, ServeError, serve
     from .scrub import ScrubReport, scrub_store
     from .store import (
@@ -26,6 +36,7 @@ if TYPE_CHECKING:
     )
     from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
     from .upstream import UpstreamConfig
+    from .xaccel import nginx_server
 
 _EXPORTS = {
     "AccessPolicy": "auth",
@@ -37,6 +48,13 @@ _EXPORTS = {
     "BucketStore": "bucket",
     "ConditionalWritesUnsupported": "bucket",
     "open_bucket": "bucket",
+    "Clock": "bucket",
+    "SYSTEM_CLOCK": "bucket",
+    "TreeObject": "bucket",
+    "build_index": "index",
+    "ObjectNotFound": "objectstore",
+    "ObjectStoreError": "objectstore",
+    "nginx_server": "xaccel",
     "InvalidLocation": "objectstore",
     "S3Location": "objectstore",
     "MirrorStore": "stores",
@@ -58,13 +76,17 @@ _EXPORTS = {
     "serve": "run",
 }
 __all__ = [
+    "SYSTEM_CLOCK",
     "AccessPolicy",
     "BucketError",
     "BucketStore",
+    "Clock",
     "ConditionalWritesUnsupported",
     "InvalidLocation",
     "InvalidNameError",
     "MirrorStore",
+    "ObjectNotFound",
+    "ObjectStoreError",
     "RepoSummary",
     "S3Location",
     "ScrubReport",
@@ -74,10 +96,13 @@ __all__ = [
     "StoreMissing",
     "StoreUnavailable",
     "TokensFileError",
+    "TreeObject",
     "UpstreamConfig",
     "add_folder",
+    "build_index",
     "list_store",
     "load_tokens",
+    "nginx_server",
     "open_bucket",
     "open_store",
     "parse_location",

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, TypedDict, Unpack
 
-from ..cache import housekeeping
 from ..cache.blobs import blob_state, disk_full_error, is_disk_full, partial_path
+from ..cache.housekeeping import adopt_orphans, clean_no_exist
 from ..cache.layout import (
     COMMIT_RE,
     RepoLayout,
@@ -524,7 +524,7 @@ class _Brought:
 def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
     """Ask the Hub, bring in what changed, link the snapshot, move the ref, name the state."""
     repo = ask.repo
-    housekeeping.adopt_orphans(repo)
+    adopt_orphans(repo)
     listing = _Listing(*revision_listing(client, repo, ask.revision, ask.pinned))
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
     # What the cache held before anything is linked (a pinned commit links into its own
@@ -615,7 +615,7 @@ def _swap(ask: _Ask, listing: _Listing) -> str | None:
         repo.write_ref(revision, commit)
     if not ask.pinned:
         write_validation(repo, revision, commit)
-    housekeeping.clean_no_exist(repo, commit, listing.files)
+    clean_no_exist(repo, commit, listing.files)
     return previous
 
 

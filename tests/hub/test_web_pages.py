@@ -435,7 +435,8 @@ def test_grafana_dashboard_queries_metrics_the_mirror_exports(web_server: Mirror
 def test_reading_the_web_options_imports_no_server_stack(web_store: WebStore) -> None:
     """cmh serve reads them before the workers' shared metrics are set up."""
     code = (
-        "import sys; from pathlib import Path; from cmh.hub.mirror.web.options import web_options; "
+        "import sys; from pathlib import Path; "
+        "from cmh.hub.mirror.web.options import web_options; "
         f"web_options(Path({str(web_store.admin_tokens)!r}), "
         f"(Path({str(web_store.public_key)!r}),)); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & "

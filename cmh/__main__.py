@@ -1,0 +1,5 @@
+"""``python -m cmh``: the ``cmh`` command line."""
+
+from cmh.cli.main import main
+
+main()
