@@ -84,7 +84,7 @@ def make_versions(work: Path, size: int, fraction: float) -> tuple[Path, Path, i
     Returns (v1, v2, changed tensor bytes, v2's header size).
     """
     import cmh
-    from cmh.header import read_header
+    from cmh import read_header
 
     v1, v2 = work / "v1", work / "v2"
     for d in (v1, v2):

@@ -150,10 +150,8 @@ def main() -> int:
         sys.exit("curl is needed as the HTTP client")
     nginx = ensure_nginx()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from cmh.hub.cache import RepoLayout
-    from cmh.hub.cache.layout import CHECK_RECORDS
-    from cmh.hub.mirror import add_folder
-    from cmh.hub.mirror.index import build_index
+    from cmh.hub.cache import CHECK_RECORDS, RepoLayout
+    from cmh.hub.mirror import add_folder, build_index
 
     src = make_source(args.size_mib)
     store = WORK / "store"

@@ -15,7 +15,7 @@ whole files, every answer checked for status and size), for each way of serving:
 - ``nginx``: a bare nginx serving the local store's blob folder (the baseline of the
   x-accel row);
 - ``x-accel``: the same nginx in front of ``cmh serve --blob-delivery x-accel``
-  (config from ``cmh.hub.mirror.xaccel``).
+  (config from ``cmh.hub.mirror._xaccel``).
 
 Throughput is the best of ``--repeat`` runs (runs alternate so machine load hits all
 alike); ratios are against the baseline measured in the same run. Targets (issues 15
@@ -141,7 +141,7 @@ def start_nginx(
     nginx: str, store: Path, upstream: str, tmp: Path
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     """One nginx, two servers: x-accel in front of cmh, and bare static over the store."""
-    from cmh.hub.mirror.xaccel import nginx_server
+    from cmh.hub.mirror import nginx_server
 
     front, bare = free_port(), free_port()
     tmp.mkdir(parents=True, exist_ok=True)
@@ -176,8 +176,7 @@ def measure(
     """Best throughput of every way of serving (processes started go into ``procs``)."""
     os.environ.update(weed.aws_env(tmp))
     env = dict(os.environ)
-    from cmh.hub.mirror.bucket import BucketStore
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import BucketStore, add_folder
 
     url = "s3://scaleout/mirror/"
     folder = "models--bench--scaleout"

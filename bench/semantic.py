@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import cmh
-from cmh.carrier import carrier_values
-from cmh.record import Record
+from cmh import Record, carrier_values
 from cmh.semantic import ModelFingerprint, fingerprint
 
 GIB = 1 << 30
@@ -205,7 +204,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep bench-work/semantic/")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
-    # stamp check records (cmh.checks) of the bench's files stay in its work folder
+    # stamp check records (cmh._checks) of the bench's files stay in its work folder
     os.environ.setdefault("CMH_CHECKS_DIR", str(WORK / "stamp-checks"))
     print(f"cores: {os.cpu_count()}, {SHARDS} shards, 291 BF16 tensors, sparse tensor bytes")
 

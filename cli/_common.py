@@ -247,7 +247,7 @@ def report_waits() -> Iterator[None]:
     ``waiting for GET http://...: no answer yet after 3 s (try 1 of 6)``, then one line
     per retry (``..., retry 2 of 6 in 1 s``); the same line is not repeated.
     """
-    from cmh.hub.resolver.retry import add_wait_listener
+    from cmh.hub.resolver import add_wait_listener
 
     said: set[str] = set()
     lock = threading.Lock()
@@ -312,13 +312,13 @@ def exit_code_for(exc: BaseException) -> int:
     failed or cannot be reached) give 3, bad keys, durations, sizes and store URLs 2,
     every other cmh error 1.
     """
-    from cmh.errors import InputValueError, InvalidFileError, SigningKeyError
+    from cmh import InputValueError, InvalidFileError, SigningKeyError
 
     if isinstance(exc, (SigningKeyError, InputValueError)):
         return EXIT_USAGE
     if isinstance(exc, (InvalidFileError, OSError)):
         return EXIT_UNREADABLE
-    objectstore = sys.modules.get("cmh.hub.mirror.objectstore")  # loaded if it can be one
+    objectstore = sys.modules.get("cmh.hub.mirror._objectstore")  # loaded if it can be one
     if objectstore is not None and isinstance(exc, objectstore.ObjectStoreError):
         return EXIT_USAGE if isinstance(exc, objectstore.InvalidLocation) else EXIT_UNREADABLE
     return EXIT_CHECK_FAILED
@@ -339,7 +339,7 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from cmh.errors import CMHError
+        from cmh import CMHError
 
         try:
             return func(*args, **kwargs)
@@ -377,8 +377,7 @@ class DurationType(_SecondsParam):
         text = str(value)
         if self.allow_never and text.strip().lower() == NEVER:
             return NEVER
-        from cmh.duration import parse_duration
-        from cmh.errors import DurationError
+        from cmh import DurationError, parse_duration
 
         try:
             return parse_duration(text)
@@ -394,8 +393,7 @@ class SizeType(_BytesParam):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value is None or isinstance(value, int):
             return value
-        from cmh.duration import parse_size
-        from cmh.errors import SizeError
+        from cmh import SizeError, parse_size
 
         try:
             return parse_size(str(value))
@@ -420,8 +418,7 @@ class TimeType(_TimeParam):
         if text.lower() == "now":
             return time.time()
         if text[:1] in "+-" and len(text) > 1 and not text[1:].replace(".", "").isdigit():
-            from cmh.duration import parse_duration
-            from cmh.errors import DurationError
+            from cmh import DurationError, parse_duration
 
             try:
                 offset = parse_duration(text[1:])

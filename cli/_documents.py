@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ._common import JSON_SCHEMA_VERSION, iso_utc
 
 if TYPE_CHECKING:
-    from cmh.inspection import Inspection
-    from cmh.record import Record
-    from cmh.verification import VerifyResult
+    from cmh import Inspection, Record, VerifyResult
 
     from ._targets import Target
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cmh._atomic import temp_path, write_new
+from cmh import temp_path, write_new
 
 from ._common import usage_error
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from cmh.signing import TrustedKeys
+    from cmh import TrustedKeys
 
 PASSPHRASE_ENV = "CMH_KEY_PASSPHRASE"
 
@@ -65,7 +65,7 @@ def _warn_if_readable_by_others(path: str) -> None:
 
 def load_signing_key(path: str) -> Ed25519PrivateKey:
     """Load an Ed25519 private key, asking for its passphrase when it is encrypted."""
-    from cmh.signing import load_private_key, private_key_is_encrypted
+    from cmh import load_private_key, private_key_is_encrypted
 
     _warn_if_readable_by_others(path)
     passphrase = None
@@ -78,7 +78,7 @@ def load_trusted_keys(paths: Sequence[str]) -> TrustedKeys | None:
     """Trusted public keys from PEM files or directories of them; ``None`` when none given."""
     if not paths:
         return None
-    from cmh.signing import TrustedKeys
+    from cmh import TrustedKeys
 
     return TrustedKeys.load(paths)
 
@@ -97,7 +97,7 @@ def write_keypair(prefix: str, *, force: bool, encrypt: bool) -> WrittenKeyPair:
     Existing files are never overwritten without ``force``; both files are
     written beside their final names first, so a failure leaves nothing behind.
     """
-    from cmh.signing import generate_keypair
+    from cmh import generate_keypair
 
     private_path, public_path = f"{prefix}.key", f"{prefix}.pub"
     if not force:

@@ -13,9 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cmh.checkpoint import Checkpoint, find_checkpoint, index_problems, name_bytes
-from cmh.errors import InvalidFileError
-from cmh.header import Header, read_header
+from cmh import (
+    Checkpoint,
+    Header,
+    InvalidFileError,
+    find_checkpoint,
+    index_problems,
+    name_bytes,
+    read_header,
+)
 
 
 @dataclass(frozen=True)

@@ -12,28 +12,32 @@ from cmh import __version__
 
 # name -> (module, attribute, one-line help shown by `cmh --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "stamp": ("cmh.cli.format_commands", "stamp", "Stamp safetensors files with a CMH record."),
-    "verify": ("cmh.cli.format_commands", "verify", "Verify stamped files; exit 1 on any failure."),
+    "stamp": ("cmh.cli._format_commands", "stamp", "Stamp safetensors files with a CMH record."),
+    "verify": (
+        "cmh.cli._format_commands",
+        "verify",
+        "Verify stamped files; exit 1 on any failure.",
+    ),
     "inspect": (
-        "cmh.cli.format_commands",
+        "cmh.cli._format_commands",
         "inspect",
         "Show a file's record, manifests and tensors.",
     ),
     "fingerprint": (
-        "cmh.cli.format_commands",
+        "cmh.cli._format_commands",
         "fingerprint",
         "Print a file's root or a directory's identity.",
     ),
-    "keygen": ("cmh.cli.format_commands", "keygen", "Write a new Ed25519 key pair."),
-    "sign": ("cmh.cli.format_commands", "sign", "Sign an already stamped file in place."),
+    "keygen": ("cmh.cli._format_commands", "keygen", "Write a new Ed25519 key pair."),
+    "sign": ("cmh.cli._format_commands", "sign", "Sign an already stamped file in place."),
     "mirror": (
-        "cmh.cli.mirror_commands",
+        "cmh.cli._mirror_commands",
         "mirror",
         "Manage a mirror store (add, ls, scrub, sync).",
     ),
-    "serve": ("cmh.cli.mirror_commands", "serve", "Serve a store through the Hub HTTP API."),
-    "pull": ("cmh.cli.pull_command", "pull", "Resolve a repo into the local Hugging Face cache."),
-    "prune": ("cmh.cli.prune_command", "prune", "Prune stale revisions from a cache or store."),
+    "serve": ("cmh.cli._mirror_commands", "serve", "Serve a store through the Hub HTTP API."),
+    "pull": ("cmh.cli._pull_command", "pull", "Resolve a repo into the local Hugging Face cache."),
+    "prune": ("cmh.cli._prune_command", "prune", "Prune stale revisions from a cache or store."),
 }
 
 

@@ -25,8 +25,8 @@ from ._atomic import (
     temp_path,
     write_new,
 )
-from .carrier import KEY_RECORD, carrier_values, read_carrier, user_metadata
-from .checkpoint import (
+from ._carrier import KEY_RECORD, carrier_values, read_carrier, user_metadata
+from ._checkpoint import (
     Checkpoint,
     DirectoryIdentity,
     claimed_digests,
@@ -35,8 +35,8 @@ from .checkpoint import (
     index_problems,
     name_bytes,
 )
-from .checks import FileVersion, record_check
-from .digests import (
+from ._checks import FileVersion, record_check
+from ._digests import (
     Hashing,
     ProgressCallback,
     TensorDigest,
@@ -44,8 +44,8 @@ from .digests import (
     hash_tensors,
     root_entries,
 )
-from .duration import format_duration, parse_duration, parse_size
-from .errors import (
+from ._duration import format_duration, parse_duration, parse_size
+from ._errors import (
     CarrierError,
     CMHError,
     CorruptRecordError,
@@ -62,29 +62,30 @@ from .errors import (
     UnsupportedVersionError,
     VerificationError,
 )
-from .header import (
+from ._header import (
     MAX_HEADER_SIZE,
     METADATA_KEY,
     PREFIX_SIZE,
     Header,
     TensorEntry,
+    TensorSpec,
     header_size_from_prefix,
     parse_header,
     read_header,
     read_header_from,
 )
-from .inspection import Inspection, inspect
-from .record import Record
-from .signing import (
+from ._inspection import Inspection, inspect
+from ._record import Record
+from ._signing import (
     TrustedKeys,
     generate_keypair,
     load_private_key,
     private_key_is_encrypted,
     signature_status,
 )
-from .stamping import StampResult, sign, stamp, write_values_in_place
-from .verification import Outcome, Problem, VerifyResult, verify
-from .writer import SaveResult, save_file
+from ._stamping import StampResult, sign, stamp, write_values_in_place
+from ._verification import Outcome, Problem, VerifyResult, verify
+from ._writer import SaveResult, save_file
 
 __version__ = "0.1.0"
 
@@ -153,6 +154,7 @@ __all__ = [
     "StampResult",
     "TensorDigest",
     "TensorEntry",
+    "TensorSpec",
     "UnsupportedVersionError",
     "VerificationError",
     "VerifyResult",

@@ -11,7 +11,7 @@ import os
 import threading
 
 from ._atomic import start_writeback
-from .errors import StampError
+from ._errors import StampError
 
 COPY_CHUNK = 64 << 20
 SYNC_EVERY = 256 << 20

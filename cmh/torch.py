@@ -16,17 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .carrier import Carrier, read_carrier, user_metadata
-from .digests import default_threads, file_root, root_entries
-from .errors import (
+from ._carrier import Carrier, read_carrier, user_metadata
+from ._digests import default_threads, file_root, root_entries
+from ._errors import (
     CarrierError,
     CMHError,
     NotStampedError,
     UnsupportedVersionError,
     VerificationError,
 )
-from .header import Header, TensorEntry, read_header
-from .verification import Outcome, Problem, VerifyResult
+from ._header import Header, TensorEntry, read_header
+from ._verification import Outcome, Problem, VerifyResult
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
@@ -62,7 +62,7 @@ def load_file(
     With ``verify`` (the default) the file must be stamped, its tensors must
     match the SHA-256 manifest, the manifest must match the record, and the
     record must be unexpired (unless ``allow_expired``); otherwise
-    :class:`~cmh.errors.VerificationError` is raised and nothing is returned.
+    :class:`~cmh._errors.VerificationError` is raised and nothing is returned.
     A file without a SHA-256 manifest (flags bit0 clear) has its root checked
     from the bytes read instead.
     """

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cmh.hub.resolver import __all__ as _resolver
+
 from ._lazy import lazy_exports
-from .resolver import __all__ as _resolver
 
 if TYPE_CHECKING:
     # Typed view of the lazy exports below.
-    from .resolver import *  # noqa: F403
+    from cmh.hub.resolver import *  # noqa: F403
 
 __all__: list[str] = []
 __all__ += _resolver

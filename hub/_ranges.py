@@ -1,7 +1,7 @@
 """HTTP byte ranges (RFC 9110 section 14): parse a ``Range`` header against a file size.
 
-The one parser of the hub: the mirror answers ranges with it (:mod:`cmh.hub.mirror.ranges`
-is its face there), and ``install()``'s HTTP hook (:mod:`cmh.hub.resolver.session`) reads
+The one parser of the hub: the mirror answers ranges with it (:mod:`cmh.hub.mirror._ranges`
+is its face there), and ``install()``'s HTTP hook (:mod:`cmh.hub.resolver._session`) reads
 the single range of a request it answers from the cache with it.
 """
 

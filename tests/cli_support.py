@@ -101,7 +101,7 @@ def make_sharded(directory: Path, state: dict[str, np.ndarray], shards: int) -> 
 
 def flip_tensor_byte(path: Path, tensor: str) -> None:
     """Change the first byte of ``tensor``'s data in place (the header is untouched)."""
-    from cmh.header import read_header
+    from cmh import read_header
 
     header = read_header(path)
     entry = header.by_name()[tensor]
@@ -115,7 +115,7 @@ def flip_tensor_byte(path: Path, tensor: str) -> None:
 
 def write_keypair(prefix: Path, passphrase: bytes | None = None) -> tuple[Path, Path, str]:
     """A key pair written with the library (not the CLI): private path, public path, key id."""
-    from cmh.signing import generate_keypair
+    from cmh import generate_keypair
 
     private_pem, public_pem, kid = generate_keypair(passphrase)
     private, public = prefix.with_suffix(".key"), prefix.with_suffix(".pub")

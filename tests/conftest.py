@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 def _private_check_records(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stamp check records (cmh.checks) of files outside a Hub cache go to a folder per
+    """Stamp check records (cmh._checks) of files outside a Hub cache go to a folder per
     test, never to the user's ~/.cache."""
     monkeypatch.setenv("CMH_CHECKS_DIR", str(tmp_path_factory.mktemp("stamp-checks")))
 

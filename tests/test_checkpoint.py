@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import cmh
-from cmh.checkpoint import find_checkpoint, index_problems, read_headers
+from cmh._checkpoint import find_checkpoint, index_problems, read_headers
 
 
 def shard_dir(tmp_path: Path, tensors: dict[str, np.ndarray], splits: list[list[str]]) -> Path:

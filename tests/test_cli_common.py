@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from cmh.cli import _common as common
 
-from cmh.errors import (
+from cmh import (
     DurationError,
     InvalidFileError,
     NotStampedError,
@@ -115,8 +115,7 @@ def test_progress_bar_is_a_no_op_off_a_terminal(capsys: pytest.CaptureFixture[st
 
 
 def test_sizes_have_their_own_error() -> None:
-    from cmh.duration import parse_duration, parse_size
-    from cmh.errors import InputValueError
+    from cmh import InputValueError, parse_duration, parse_size
 
     with pytest.raises(SizeError, match="invalid size") as caught:
         parse_size("12 parsecs")

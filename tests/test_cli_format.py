@@ -273,8 +273,7 @@ def test_verify_signatures(run, model: Path, keys) -> None:
 
     # The record changed after signing (a later expiry written in place, valid check):
     # the signature no longer matches it.
-    from cmh.record import Record
-    from cmh.stamping import write_values_in_place
+    from cmh import Record, write_values_in_place
 
     header = cmh.read_header(model)
     old = cmh.inspect(model).record
@@ -386,7 +385,7 @@ def test_inspect_unstamped_and_stamped(run, model: Path, keys) -> None:
     assert "stamped:     no" in run(["inspect", model]).stdout
 
     private, _, kid = keys["alice"]
-    cmh.stamp(model, "30d", sign_key=cmh.signing.load_private_key(private))
+    cmh.stamp(model, "30d", sign_key=cmh._signing.load_private_key(private))
     entry = run(["inspect", model, "--json"]).json()["files"][0]
     assert entry["stamped"] and entry["signed"] and entry["signer_key_id"] == kid
     assert entry["sha256_manifest"] and entry["xxh3_manifest"]
@@ -466,9 +465,9 @@ def test_keygen(run, tmp_path: Path) -> None:
     assert private == Path(f"{prefix}.key") and public == Path(f"{prefix}.pub")
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert private.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
-    key = cmh.signing.load_private_key(private)
-    assert doc["key_id"] == cmh.signing.key_id(key.public_key())
-    assert doc["key_id"] == cmh.signing.key_id(cmh.signing.load_public_key(public))
+    key = cmh._signing.load_private_key(private)
+    assert doc["key_id"] == cmh._signing.key_id(key.public_key())
+    assert doc["key_id"] == cmh._signing.key_id(cmh._signing.load_public_key(public))
     assert doc["encrypted"] is False
     assert [p.name for p in prefix.parent.iterdir()] == sorted(["release.key", "release.pub"])
 
@@ -527,7 +526,7 @@ def test_sign(run, model: Path, garbage: Path, keys, tmp_path: Path) -> None:
     entry = r.json()["files"][0]
     assert entry["outcome"] == "signed" and entry["signer_key_id"] == kid
     assert entry["record"]["fingerprint"] == root.hex() and entry["record"]["signed"]
-    result = cmh.verify(model, trusted_keys=cmh.signing.TrustedKeys.load([public]))
+    result = cmh.verify(model, trusted_keys=cmh._signing.TrustedKeys.load([public]))
     assert result.ok and result.signature_checked
 
     r = run(["sign", garbage, "--key", private, "--json"])

@@ -136,5 +136,5 @@ def test_keygen_prompts_twice_for_a_new_passphrase(tmp_path: Path) -> None:
         [(b"Passphrase for the new key", b"pw-1\n"), (b"Repeat", b"pw-1\n")],
     )
     assert code == 0, transcript
-    key = cmh.signing.load_private_key(f"{prefix}.key", b"pw-1")
-    assert cmh.signing.key_id(key.public_key()).encode() in transcript
+    key = cmh._signing.load_private_key(f"{prefix}.key", b"pw-1")
+    assert cmh._signing.key_id(key.public_key()).encode() in transcript

@@ -18,11 +18,11 @@ from cli_support import RUNNERS, flip_tensor_byte, run_runner, tensors, write_ke
 from safetensors.numpy import save_file
 
 import cmh
-from cmh.carrier import KEY_XXH3, encode_digests
-from cmh.record import Record
-from cmh.signing import TrustedKeys, load_private_key
-from cmh.stamping import write_values_in_place
-from cmh.verification import Outcome
+from cmh._carrier import KEY_XXH3, encode_digests
+from cmh._record import Record
+from cmh._signing import TrustedKeys, load_private_key
+from cmh._stamping import write_values_in_place
+from cmh._verification import Outcome
 
 
 def write_raw(path: Path, header: str, buffer: bytes = b"") -> Path:

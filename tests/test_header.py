@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import cmh
-from cmh.errors import InvalidFileError
-from cmh.header import MAX_HEADER_SIZE, read_header
+from cmh._errors import InvalidFileError
+from cmh._header import MAX_HEADER_SIZE, read_header
 
 
 def build(header: object, data: bytes = b"", raw: bytes | None = None) -> bytes:

@@ -114,9 +114,9 @@ def test_verified_load_of_a_file_without_sha256_manifest_checks_the_root_from_by
     tmp_path: Path,
 ) -> None:
     """Spec section 4: flags bit0 clear is valid; the root is then checked from the bytes."""
-    from cmh.errors import VerificationError
+    from cmh._errors import VerificationError
+    from cmh._verification import Outcome
     from cmh.torch import load_file
-    from cmh.verification import Outcome
 
     vectors = Path(__file__).resolve().parent.parent / "fixtures" / "vectors"
     good = load_file(vectors / "no-sha256-manifest.safetensors", allow_expired=True)

@@ -7,8 +7,8 @@ import struct
 import pytest
 import xxhash
 
-from cmh.errors import CorruptRecordError, NotARecordError, UnsupportedVersionError
-from cmh.record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, RECORD_SIZE, Record
+from cmh._errors import CorruptRecordError, NotARecordError, UnsupportedVersionError
+from cmh._record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, RECORD_SIZE, Record
 
 FP = bytes(range(32))
 

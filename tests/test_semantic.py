@@ -519,16 +519,16 @@ def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
 
 def test_spec_test_vectors(tmp_path: Path) -> None:
     """The vectors of spec/semantic.md, computed from the spec's formulas and by the library."""
-    from cmh.header import TensorEntry
-    from cmh.semantic.canonical import (
+    from cmh._header import TensorEntry
+    from cmh.semantic._canonical import (
         TOKENIZER_DOMAIN,
         adapter_config_hash,
         config_hash,
         files_hash,
         kv_config_hash,
     )
-    from cmh.semantic.model import key_id
-    from cmh.semantic.tensors import graph_hash
+    from cmh.semantic._model import key_id
+    from cmh.semantic._tensors import graph_hash
 
     spec = (ROOT / "spec" / "semantic.md").read_text()
 

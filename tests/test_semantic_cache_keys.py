@@ -35,7 +35,7 @@ from cmh.semantic import (
     fingerprint,
     task_from_class,
 )
-from cmh.semantic.files import group_files
+from cmh.semantic._files import group_files
 
 
 def tokenizer_file_names(names: list[str]) -> list[str]:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from cmh.semantic import CONFIG_DROPPED, fingerprint
-from cmh.semantic.canonical import kv_config_hash
-from cmh.semantic.files import is_inert
+from cmh.semantic._canonical import kv_config_hash
+from cmh.semantic._files import is_inert
 
 pytestmark = pytest.mark.heavy
 

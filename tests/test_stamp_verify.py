@@ -15,8 +15,8 @@ from safetensors.numpy import load_file, save_file
 
 import cmh
 from cmh import Outcome
-from cmh.carrier import KEY_RECORD, KEY_SHA256
-from cmh.signing import TrustedKeys, generate_keypair, load_private_key
+from cmh._carrier import KEY_RECORD, KEY_SHA256
+from cmh._signing import TrustedKeys, generate_keypair, load_private_key
 
 MakeFile = Callable[..., Path]
 
@@ -302,7 +302,7 @@ def test_record_changed_after_signing_fails(
     cmh.stamp(path, sign_key=load_private_key(priv))
     record = bytearray(bytes.fromhex(cmh.read_header(path).metadata[KEY_RECORD]))  # type: ignore[index]
     record[5:9] = struct.pack("<I", 4_000_000_000)  # extend the expiry
-    from cmh.record import Record
+    from cmh._record import Record
 
     forged = Record.from_bytes(
         bytes(record[:60])
@@ -345,7 +345,7 @@ def test_encrypted_key_needs_a_passphrase(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(cmh.SigningKeyError, match="wrong passphrase"):
         load_private_key(path, b"nope")
     monkeypatch.setenv("CMH_KEY_PASSPHRASE", "s3cret")
-    from cmh.signing import key_id
+    from cmh._signing import key_id
 
     assert key_id(load_private_key(path).public_key()) == kid
 

@@ -20,7 +20,7 @@ import spec_reader
 from click.testing import CliRunner
 
 import cmh
-from cmh.verification import Outcome
+from cmh._verification import Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = ROOT / "fixtures" / "vectors"

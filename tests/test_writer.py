@@ -51,7 +51,7 @@ def test_same_fingerprint_as_a_stock_save_then_stamp(tmp_path: Path) -> None:
 
 
 def test_torch_tensors_with_bf16_and_f8(tmp_path: Path) -> None:
-    from cmh.signing import TrustedKeys, generate_keypair, load_private_key
+    from cmh._signing import TrustedKeys, generate_keypair, load_private_key
 
     private_pem, public_pem, kid = generate_keypair()
     (tmp_path / "k.key").write_bytes(private_pem)

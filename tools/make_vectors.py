@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cmh
-from cmh.digests import hash_tensors
+from cmh import hash_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "fixtures" / "vectors"

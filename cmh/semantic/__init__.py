@@ -16,7 +16,7 @@ content behind a model name changes. Normative text: ``spec/semantic.md``.
 
 from __future__ import annotations
 
-from .canonical import (
+from ._canonical import (
     ADAPTER_CONFIG_DROPPED,
     CONFIG_DROPPED,
     KV_CONFIG_DROPPED,
@@ -25,17 +25,17 @@ from .canonical import (
     TOKENIZER_DROPPED,
     canonical_json,
 )
-from .errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
-from .files import (
+from ._errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
+from ._files import (
     CODE_PATTERNS,
     INERT_PATTERNS,
     SENTENCE_TRANSFORMERS_PATTERNS,
     TOKENIZER_ONLY_PATTERNS,
 )
-from .model import CACHE_KINDS, FORMAT, ModelFingerprint
-from .reader import fingerprint, fingerprint_files
-from .task import task_from_class
-from .tensors import graph_hash, stamp_trust
+from ._model import CACHE_KINDS, FORMAT, ModelFingerprint
+from ._reader import fingerprint, fingerprint_files
+from ._task import task_from_class
+from ._tensors import graph_hash, stamp_trust
 
 __all__ = [
     "ADAPTER_CONFIG_DROPPED",

@@ -7,7 +7,7 @@ file operations come from :mod:`cmh` (``atomic_write``, ``atomic_symlink``).
 
 from __future__ import annotations
 
-from .blobs import (
+from ._blobs import (
     READ_CHUNK,
     UNREADABLE_HEADER,
     ContentCheck,
@@ -24,14 +24,15 @@ from .blobs import (
     new_digest,
     partial_path,
 )
-from .clock import SYSTEM_CLOCK, Clock, process_clock
-from .housekeeping import adopt_orphans, clean_no_exist
-from .layout import (
+from ._clock import CLOCK_FILE_ENV, SYSTEM_CLOCK, Clock, process_clock
+from ._housekeeping import adopt_orphans, clean_no_exist
+from ._layout import (
     CHECK_RECORDS,
     COMMIT_RE,
     ETAG_RE,
     REPO_PART_RE,
     REPO_TYPE_PREFIX,
+    VERIFIED_MARKERS,
     LayoutError,
     RepoLayout,
     default_cache_dir,
@@ -42,11 +43,12 @@ from .layout import (
     validate_repo_id,
     validate_revision,
 )
-from .locks import LockBusy, blob_lock, flock, repo_lock, revision_lock, snapshot_in_use
-from .usage import record_use, usage_path
+from ._locks import LockBusy, blob_lock, flock, repo_lock, revision_lock, snapshot_in_use
+from ._usage import record_use, usage_path
 
 __all__ = [
     "CHECK_RECORDS",
+    "CLOCK_FILE_ENV",
     "COMMIT_RE",
     "ETAG_RE",
     "READ_CHUNK",
@@ -54,6 +56,7 @@ __all__ = [
     "REPO_TYPE_PREFIX",
     "SYSTEM_CLOCK",
     "UNREADABLE_HEADER",
+    "VERIFIED_MARKERS",
     "Clock",
     "ContentCheck",
     "LayoutError",

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
-    from .bucket import (
+    from ._auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
+    from ._bucket import (
         SYSTEM_CLOCK,
         BucketError,
         BucketStore,
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
         TreeObject,
         open_bucket,
     )
-    from .index import build_index
-    from .objectstore import InvalidLocation, ObjectNotFound, ObjectStoreError, S3Location
-    from .run import ServeConfig, ServeError, serve
-    from .scrub import ScrubReport, scrub_store
-    from .store import (
+    from ._index import build_index
+    from ._objectstore import InvalidLocation, ObjectNotFound, ObjectStoreError, S3Location
+    from ._run import ServeConfig, ServeError, serve
+    from ._scrub import ScrubReport, scrub_store
+    from ._store import (
         InvalidNameError,
         RepoSummary,
         StoreError,
@@ -34,46 +34,46 @@ if TYPE_CHECKING:
         list_store,
         scan_folder,
     )
+    from ._upstream import UpstreamConfig
+    from ._xaccel import nginx_server
     from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
-    from .upstream import UpstreamConfig
-    from .xaccel import nginx_server
 
 _EXPORTS = {
-    "AccessPolicy": "auth",
-    "TokensFileError": "auth",
-    "load_tokens": "auth",
-    "repo_key": "auth",
-    "unserved_grants": "auth",
-    "BucketError": "bucket",
-    "BucketStore": "bucket",
-    "ConditionalWritesUnsupported": "bucket",
-    "open_bucket": "bucket",
-    "Clock": "bucket",
-    "SYSTEM_CLOCK": "bucket",
-    "TreeObject": "bucket",
-    "build_index": "index",
-    "ObjectNotFound": "objectstore",
-    "ObjectStoreError": "objectstore",
-    "nginx_server": "xaccel",
-    "InvalidLocation": "objectstore",
-    "S3Location": "objectstore",
+    "AccessPolicy": "_auth",
+    "TokensFileError": "_auth",
+    "load_tokens": "_auth",
+    "repo_key": "_auth",
+    "unserved_grants": "_auth",
+    "BucketError": "_bucket",
+    "BucketStore": "_bucket",
+    "ConditionalWritesUnsupported": "_bucket",
+    "open_bucket": "_bucket",
+    "Clock": "_bucket",
+    "SYSTEM_CLOCK": "_bucket",
+    "TreeObject": "_bucket",
+    "build_index": "_index",
+    "ObjectNotFound": "_objectstore",
+    "ObjectStoreError": "_objectstore",
+    "nginx_server": "_xaccel",
+    "InvalidLocation": "_objectstore",
+    "S3Location": "_objectstore",
     "MirrorStore": "stores",
     "StoreMissing": "stores",
     "StoreUnavailable": "stores",
     "open_store": "stores",
     "parse_location": "stores",
-    "UpstreamConfig": "upstream",
-    "InvalidNameError": "store",
-    "RepoSummary": "store",
-    "StoreError": "store",
-    "add_folder": "store",
-    "list_store": "store",
-    "scan_folder": "store",
-    "ScrubReport": "scrub",
-    "scrub_store": "scrub",
-    "ServeConfig": "run",
-    "ServeError": "run",
-    "serve": "run",
+    "UpstreamConfig": "_upstream",
+    "InvalidNameError": "_store",
+    "RepoSummary": "_store",
+    "StoreError": "_store",
+    "add_folder": "_store",
+    "list_store": "_store",
+    "scan_folder": "_store",
+    "ScrubReport": "_scrub",
+    "scrub_store": "_scrub",
+    "ServeConfig": "_run",
+    "ServeError": "_run",
+    "serve": "_run",
 }
 __all__ = [
     "SYSTEM_CLOCK",

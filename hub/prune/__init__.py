@@ -10,21 +10,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from .execute import PruneReport, RepoOutcome, execute_plan
-from .plan import ItemRemoval, PrunePlan, PrunePolicy, RepoPlan, RevisionRemoval, plan_prune
-from .scan import CacheScan, RepoScan, scan_cache
+from ._execute import PruneReport, RepoOutcome, execute_plan
+from ._plan import ItemRemoval, PrunePlan, PrunePolicy, RepoPlan, RevisionRemoval, plan_prune
+from ._scan import CacheScan, RepoScan, record_number, scan_cache
 
 if TYPE_CHECKING:
-    from .bucket import execute_bucket_plan, prune_bucket, scan_bucket
-    from .targets import ExecuteOptions, PruneTarget, open_target
+    from ._bucket import execute_bucket_plan, prune_bucket, scan_bucket
+    from ._targets import ExecuteOptions, PruneTarget, open_target
 
 _EXPORTS = {
-    "ExecuteOptions": "targets",
-    "PruneTarget": "targets",
-    "execute_bucket_plan": "bucket",
-    "open_target": "targets",
-    "prune_bucket": "bucket",
-    "scan_bucket": "bucket",
+    "ExecuteOptions": "_targets",
+    "PruneTarget": "_targets",
+    "execute_bucket_plan": "_bucket",
+    "open_target": "_targets",
+    "prune_bucket": "_bucket",
+    "scan_bucket": "_bucket",
 }
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "open_target",
     "plan_prune",
     "prune_bucket",
+    "record_number",
     "scan_bucket",
     "scan_cache",
 ]

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from .types import *  # noqa: F403  (the data model is light: no I/O)
-from .types import __all__ as _types
+from ._types import *  # noqa: F403  (the data model is light: no I/O)
+from ._types import __all__ as _types
 
 if TYPE_CHECKING:
-    from .http import HubClient
-    from .local import (
+    from ._http import HubClient
+    from ._local import (
         linked_etag,
         read_tree,
         read_validation,
@@ -26,28 +26,28 @@ if TYPE_CHECKING:
         write_tree,
         write_validation,
     )
-    from .negotiate import hold, resolve
-    from .origins import OriginRule, UnsafeRedirect
-    from .patch import install, installed, uninstall
-    from .retry import add_wait_listener
+    from ._negotiate import hold, resolve
+    from ._origins import OriginRule, UnsafeRedirect
+    from ._patch import install, installed, uninstall
+    from ._retry import add_wait_listener
 
 _EXPORTS = {
-    "HubClient": "http",
-    "OriginRule": "origins",
-    "UnsafeRedirect": "origins",
-    "add_wait_listener": "retry",
-    "hold": "negotiate",
-    "install": "patch",
-    "installed": "patch",
-    "linked_etag": "local",
-    "read_tree": "local",
-    "read_validation": "local",
-    "remote_files_from_tree": "local",
-    "resolve": "negotiate",
-    "snapshot_expiry": "local",
-    "uninstall": "patch",
-    "write_tree": "local",
-    "write_validation": "local",
+    "HubClient": "_http",
+    "OriginRule": "_origins",
+    "UnsafeRedirect": "_origins",
+    "add_wait_listener": "_retry",
+    "hold": "_negotiate",
+    "install": "_patch",
+    "installed": "_patch",
+    "linked_etag": "_local",
+    "read_tree": "_local",
+    "read_validation": "_local",
+    "remote_files_from_tree": "_local",
+    "resolve": "_negotiate",
+    "snapshot_expiry": "_local",
+    "uninstall": "_patch",
+    "write_tree": "_local",
+    "write_validation": "_local",
 }
 
 __all__ = ["hold", "install", "installed", "resolve", "uninstall"]

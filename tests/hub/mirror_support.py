@@ -28,8 +28,8 @@ from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import urlopen
 
-from cmh.hub.cache.clock import CLOCK_FILE_ENV
-from cmh.hub.mirror.store import ImportResult, add_folder
+from cmh.hub.cache import CLOCK_FILE_ENV
+from cmh.hub.mirror._store import ImportResult, add_folder
 
 START_TIMEOUT = 30.0
 _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
@@ -65,7 +65,7 @@ def big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
 class ProcessClock:
     """The clock of the processes a test starts with :attr:`env`: ``advance`` moves it.
 
-    Written to the file ``CMH_TEST_CLOCK_FILE`` names (``cmh.hub.cache.clock``), which a
+    Written to the file ``CMH_TEST_CLOCK_FILE`` names (``cmh.hub.cache._clock``), which a
     ``cmh serve`` reads at each look at its clock: a test moves a server past a TTL at once.
     """
 

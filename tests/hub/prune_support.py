@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from cmh.hub.cache.layout import RepoLayout
+from cmh.hub.cache import RepoLayout
 from safetensors.numpy import save_file
 
 import cmh

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from bucket_support import Bucket, history, open_store, use_bucket
 from cli_support import CMH
-from cmh.hub.mirror.bucket import BucketStore, ConditionalWritesUnsupported
-from cmh.hub.mirror.objectstore import ObjectStore
+from cmh.hub.mirror._bucket import BucketStore, ConditionalWritesUnsupported
+from cmh.hub.mirror._objectstore import ObjectStore
 
 PAIRS = 20
 PARALLEL_PAIRS = 4

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 from bucket_support import Bucket, history, use_bucket
-from cmh.hub.mirror import bucket as bucket_module
-from cmh.hub.mirror.bucket import BucketStore
-from cmh.hub.mirror.objectstore import ObjectNotFound
-from cmh.hub.prune.bucket import execute_bucket_plan, prune_bucket, scan_bucket
-from cmh.hub.prune.plan import PrunePolicy, plan_prune
+from cmh.hub.mirror import _bucket as bucket_module
+from cmh.hub.mirror._bucket import BucketStore
+from cmh.hub.mirror._objectstore import ObjectNotFound
+from cmh.hub.prune import PrunePolicy, execute_bucket_plan, plan_prune, prune_bucket, scan_bucket
 from seaweed import SeaweedBucket
 
 REPO = "cmh-test/prune"

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from cmh.hub.cache import RepoLayout
 
-from cmh._atomic import temp_path
+from cmh import temp_path
 
 COMMITS = [f"{i:040x}" for i in range(1, 9)]
 BLOB = "a" * 64

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cli_support import CMH, run_subprocess
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror import add_folder
 from resolver_support import FaultProxy, write_checkpoint_repo
 from safetensors.numpy import save_file
 

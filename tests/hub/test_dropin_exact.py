@@ -146,7 +146,7 @@ def _moved_repo(tmp_path: Path, minilm_dir: Path, factory: Callable[..., MirrorS
     """A stamped MiniLM at v1 fresh in the default cache, then ``main`` moved to v2."""
     import shutil
 
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
 
     import cmh
 
@@ -264,7 +264,7 @@ def test_expiry_warning_once_per_repo_and_process(
 ) -> None:
     import cmh.hub as hub
     import huggingface_hub
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
     from huggingface_hub import constants
     from resolver_support import write_checkpoint_repo
 
@@ -300,7 +300,7 @@ def test_pull_of_a_commit_into_an_empty_cache_reports_missing(
     """spec/resolver.md §2: MISSING when no selected file was in the cache, also for a commit."""
     from click.testing import CliRunner
     from cmh.cli.main import cli
-    from cmh.hub.resolver.negotiate import resolve
+    from cmh.hub.resolver._negotiate import resolve
 
     commit = resolve(REPO, cache_dir=tmp_path / "probe", endpoint=toy.server.url).commit
     result = CliRunner().invoke(
@@ -320,8 +320,8 @@ def test_a_listing_is_fetched_once_per_process_even_when_the_probed_file_is_abse
     mirror: MirrorServer, tmp_path: Path
 ) -> None:
     """transformers probes ``adapter_config.json`` before the weights: one listing, not two."""
-    from cmh.hub.resolver.negotiate import resolve
-    from cmh.hub.resolver.types import NotFoundError
+    from cmh.hub.resolver._negotiate import resolve
+    from cmh.hub.resolver._types import NotFoundError
     from hublike import running
     from mirror_support import TINY_REPO
 
@@ -373,7 +373,7 @@ def test_a_fresh_stamped_snapshot_costs_no_request_for_a_whole_script(
 ) -> None:
     import shutil
 
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
 
     import cmh
 
@@ -438,7 +438,7 @@ def test_the_first_install_use_after_cmh_pull_asks_nothing(
     import subprocess
     import sys
 
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
 
     import cmh
 
@@ -474,9 +474,9 @@ def test_resolve_keeps_the_stock_repo_info_and_tree_answers(
 ) -> None:
     """What ``resolve()`` keeps is what the server answers the stock client's own
     requests (the plain repo info; tree pages, when it listed them), byte for byte in JSON."""
-    from cmh.hub.cache.layout import RepoLayout
-    from cmh.hub.resolver.answers import read_answer
-    from cmh.hub.resolver.negotiate import resolve
+    from cmh.hub.cache import RepoLayout
+    from cmh.hub.resolver._answers import read_answer
+    from cmh.hub.resolver._negotiate import resolve
     from hublike import running
     from mirror_support import TINY_REPO
 

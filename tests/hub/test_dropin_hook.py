@@ -17,7 +17,7 @@ REPO = "org/hooked"
 @pytest.fixture
 def toy(tmp_path: Path, mirror_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A stamped repo on its own ``cmh serve``; the default cache points at ``tmp_path``."""
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
     from huggingface_hub import constants
 
     src = write_checkpoint_repo(tmp_path / "src", 1, ttl="30d")
@@ -49,7 +49,7 @@ def toy(tmp_path: Path, mirror_server_factory: Any, monkeypatch: pytest.MonkeyPa
 @pytest.fixture
 def installed() -> Iterator[None]:
     import cmh.hub as hub
-    import cmh.hub.resolver.patch as patch
+    import cmh.hub.resolver._patch as patch
 
     assert hub.install()
     patch._recent.clear()
@@ -68,7 +68,7 @@ def _requests(server: Any, since: int) -> list[str]:
 
 
 def test_parse_target() -> None:
-    from cmh.hub.resolver.session import Target, parse_target
+    from cmh.hub.resolver._session import Target, parse_target
 
     def parse(url: str) -> Target | None:
         return parse_target(httpx2.URL("http://h" + url))
@@ -91,7 +91,7 @@ def test_parse_target() -> None:
 def test_fresh_snapshot_answers_stock_calls_without_requests(toy: Any, installed: None) -> None:
     """The stock functions themselves (not the patched ones) make no request when fresh."""
     import cmh.hub as hub
-    import cmh.hub.resolver.patch as patch
+    import cmh.hub.resolver._patch as patch
     from huggingface_hub import HfApi, HfFileSystem, file_download
 
     hub.resolve(REPO)  # the snapshot, fresh for 30 days (stamped)
@@ -123,7 +123,7 @@ def test_stale_snapshot_revalidates_once_per_repo(toy: Any, installed: None) -> 
     from huggingface_hub import HfApi, file_download
 
     unstamped = write_checkpoint_repo(toy.src.parent / "v2", 1, stamp=False)
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
 
     add_folder(toy.server.store, unstamped, "org/plain")
     hub.resolve("org/plain")
@@ -167,7 +167,7 @@ def test_uninstall_restores_the_users_client_factory(toy: Any) -> None:
 def test_answers_served_from_the_cache_match_the_hub(toy: Any, installed: None) -> None:
     """HEAD metadata from the cache equals what the server says (ETag, commit, size)."""
     import cmh.hub as hub
-    import cmh.hub.resolver.patch as patch
+    import cmh.hub.resolver._patch as patch
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
     hub.resolve(REPO)

@@ -132,7 +132,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Sourc
 
 @pytest.fixture(scope="module")
 def server(sources: Sources, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MirrorServer]:
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
 
     store = tmp_path_factory.mktemp("dropin-store") / "store"
     add_folder(store, sources.minilm, "org/minilm")

@@ -72,7 +72,7 @@ def test_refused_names_get_the_stock_error(mirror, tmp_path, installed):
 
 
 def test_glob_characters_in_a_name_are_the_name(tmp_path, mirror_server_factory, installed):
-    from cmh.hub.mirror.store import add_folder
+    from cmh.hub.mirror import add_folder
 
     src = tmp_path / "src"
     src.mkdir()

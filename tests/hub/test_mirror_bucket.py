@@ -1,4 +1,4 @@
-"""A mirror store in a bucket (``cmh.hub.mirror.bucket``) on a real SeaweedFS.
+"""A mirror store in a bucket (``cmh.hub.mirror._bucket``) on a real SeaweedFS.
 
 Every request goes to the ``weed server`` the ``seaweed`` fixture starts on 127.0.0.1
 (tests/hub/seaweed.py); there is no S3 mock.
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 from bucket_support import use_bucket
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.bucket import (
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror._bucket import (
     BucketError,
     BucketStore,
     SourceChanged,
     TreeObject,
 )
-from cmh.hub.mirror.index import build_index
-from cmh.hub.mirror.objectstore import ObjectNotFound, ObjectStore
-from cmh.hub.mirror.store import InvalidNameError, add_folder
+from cmh.hub.mirror._index import build_index
+from cmh.hub.mirror._objectstore import ObjectNotFound, ObjectStore
+from cmh.hub.mirror._store import InvalidNameError, add_folder
 from seaweed import SeaweedBucket
 
 REPO = "cmh-test/bucket"
@@ -139,8 +139,8 @@ def test_a_source_that_changes_during_upload_creates_no_blob(
     objects = ObjectStore.open(seaweed_bucket.url, part_size=5 << 20)
     bucket = BucketStore(objects)
     src = write_folder(tmp_path / "src", {"big.bin": os.urandom(11 << 20)})
-    from cmh.hub.mirror import bucket as bucket_module
-    from cmh.hub.mirror.store import SourceFile, hash_source
+    from cmh.hub.mirror import _bucket as bucket_module
+    from cmh.hub.mirror._store import SourceFile, hash_source
 
     size, sha, git = hash_source(src / "big.bin")
     wrong = SourceFile("big.bin", src / "big.bin", size, "0" * 64, git, True)
@@ -169,7 +169,7 @@ def test_a_corrupt_tree_object_is_refused(bucket: BucketStore, tmp_path: Path) -
 _WRITER = """
 import sys, json
 from pathlib import Path
-from cmh.hub.mirror.bucket import BucketStore
+from cmh.hub.mirror._bucket import BucketStore
 url, src, repo, go, ready = sys.argv[1:6]
 store = BucketStore.open(url, write_window=5.0, lease_poll=0.1)
 Path(ready).touch()
@@ -260,7 +260,7 @@ def blob_bytes(bucket: BucketStore) -> int:
 def test_scrub_finds_and_quarantines_a_corrupted_object(
     bucket: BucketStore, tmp_path: Path
 ) -> None:
-    from cmh.hub.mirror.bucket_scrub import scrub_bucket
+    from cmh.hub.mirror._bucket_scrub import scrub_bucket
 
     result = bucket.add_folder(sample(tmp_path / "src"), REPO)
     clean = scrub_bucket(bucket)
@@ -287,8 +287,7 @@ def test_scrub_finds_and_quarantines_a_corrupted_object(
 
 
 def test_prune_frees_what_it_reports_blobs_last(bucket: BucketStore, tmp_path: Path) -> None:
-    from cmh.hub.prune.bucket import prune_bucket
-    from cmh.hub.prune.plan import PrunePolicy
+    from cmh.hub.prune import PrunePolicy, prune_bucket
 
     first = bucket.add_folder(sample(tmp_path / "a"), REPO)
     second = bucket.add_folder(sample(tmp_path / "b", "b"), REPO)
@@ -324,8 +323,7 @@ def test_prune_frees_what_it_reports_blobs_last(bucket: BucketStore, tmp_path: P
 
 
 def test_prune_skips_a_repo_whose_lease_is_held(bucket: BucketStore, tmp_path: Path) -> None:
-    from cmh.hub.prune.bucket import prune_bucket
-    from cmh.hub.prune.plan import PrunePolicy
+    from cmh.hub.prune import PrunePolicy, prune_bucket
 
     bucket.add_folder(sample(tmp_path / "a"), REPO)
     bucket.add_folder(sample(tmp_path / "b", "b"), REPO)
@@ -340,8 +338,7 @@ def test_writers_racing_a_pruner_never_leave_a_ref_to_missing_blobs(
 ) -> None:
     """Writers keep adding commits while pruners keep only the newest one: after every
     round, every ref names a tree object whose blobs are all there."""
-    from cmh.hub.prune.bucket import prune_bucket
-    from cmh.hub.prune.plan import PrunePolicy
+    from cmh.hub.prune import PrunePolicy, prune_bucket
 
     bucket.add_folder(sample(tmp_path / "base"), REPO)
     stop = threading.Event()

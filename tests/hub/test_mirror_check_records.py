@@ -23,8 +23,8 @@ from urllib.error import HTTPError
 from urllib.request import urlopen
 
 import pytest
-from cmh.hub.mirror import verify
-from cmh.hub.mirror.verify import BlobVerifier, FileVersion, read_record, record_path
+from cmh.hub.mirror import _verify as verify
+from cmh.hub.mirror._verify import BlobVerifier, FileVersion, read_record, record_path
 from mirror_support import MirrorServer
 
 REPO = "org/records"
@@ -188,9 +188,7 @@ def test_a_restarted_server_serves_a_recorded_blob_at_once_and_refuses_a_changed
 
 
 def test_prune_removes_the_record_with_the_blob(tmp_path: Path) -> None:
-    from cmh.hub.prune.execute import execute_plan
-    from cmh.hub.prune.plan import PrunePolicy, plan_prune
-    from cmh.hub.prune.scan import scan_cache
+    from cmh.hub.prune import PrunePolicy, execute_plan, plan_prune, scan_cache
 
     store, blob, record = _checked_store(tmp_path, os.urandom(1 << 20))
     _add(store, tmp_path / "newer", os.urandom(1 << 20))  # the blob is now unreferenced
@@ -244,9 +242,9 @@ def test_a_range_short_of_the_end_and_a_head_never_wait_on_the_check(tmp_path: P
     short of its end and a HEAD are answered while the check (started beside them) is
     held; a range holding the last byte waits at that byte until the check passes."""
     from aiohttp.test_utils import TestClient, TestServer
-    from cmh.hub.mirror.app import MirrorState, make_app
-    from cmh.hub.mirror.auth import AccessPolicy
-    from cmh.hub.mirror.observe import Metrics
+    from cmh.hub.mirror._app import MirrorState, make_app
+    from cmh.hub.mirror._auth import AccessPolicy
+    from cmh.hub.mirror._observe import Metrics
     from cmh.hub.mirror.stores import open_store
 
     data = os.urandom(4 << 20)

@@ -13,8 +13,8 @@ import os
 import uuid
 
 import pytest
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror._store import add_folder
 from mirror_support import MirrorServer, raw_request, write_tiny_repo
 
 CANARY = f"CANARY-{uuid.uuid4().hex}"

@@ -16,13 +16,12 @@ from pathlib import Path
 import cmh.hub as hub
 import httpx2
 import numpy as np
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror._store import add_folder
 from hublike import running
 from mirror_support import MirrorServer, ProcessClock
 from safetensors.numpy import save_file
 
-from cmh.header import read_header
-from cmh.stamping import stamp
+from cmh import read_header, stamp
 
 REPO = "cmh-test/unstamped"
 TENSORS = 16

@@ -1,11 +1,11 @@
-"""The mirror's one bounded cache (cmh.hub.mirror.memo.Memo): LRU order, TTL, compute once."""
+"""The mirror's one bounded cache (cmh.hub.mirror._memo.Memo): LRU order, TTL, compute once."""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
-from cmh.hub.mirror.memo import Memo
+from cmh.hub.mirror._memo import Memo
 
 
 def test_least_recently_used_goes_first() -> None:

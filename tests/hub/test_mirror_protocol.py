@@ -14,8 +14,8 @@ from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
-from cmh.hub.mirror.ranges import ByteRange, RangeNotSatisfiable, parse_range
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror._ranges import ByteRange, RangeNotSatisfiable, parse_range
+from cmh.hub.mirror._store import add_folder
 from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_python
 
 
@@ -227,8 +227,8 @@ def test_sigterm_during_a_download_exits_cleanly(
 def test_a_missing_or_tampered_blob_is_never_served(
     mirror_server_factory, tmp_path: Path, tiny_src: Path
 ) -> None:
-    from cmh.hub.cache.layout import RepoLayout
-    from cmh.hub.mirror.index import build_index
+    from cmh.hub.cache import RepoLayout
+    from cmh.hub.mirror._index import build_index
 
     store = tmp_path / "store"
     commit = add_folder(store, tiny_src, "org/t").commit

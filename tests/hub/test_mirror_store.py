@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.gitobjects import lfs_pointer_oid
-from cmh.hub.mirror.index import build_index
-from cmh.hub.mirror.scrub import QUARANTINE, scrub_store
-from cmh.hub.mirror.store import StoreError, add_folder, list_store
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror._gitobjects import lfs_pointer_oid
+from cmh.hub.mirror._index import build_index
+from cmh.hub.mirror._scrub import QUARANTINE, scrub_store
+from cmh.hub.mirror._store import StoreError, add_folder, list_store
 from mirror_support import write_tiny_repo
 
 REPO = "org/tiny"

@@ -23,7 +23,7 @@ import pytest
 from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror._store import add_folder
 from cmh.hub.mirror.stores import MirrorStore, open_store
 from hublike import HubLike, running
 from mirror_support import MINILM_REPO, MirrorServer, hf_env, run_python, write_tiny_repo

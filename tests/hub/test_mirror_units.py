@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cmh.hub.mirror.auth import AccessPolicy, TokensFileError, bearer_token, load_tokens
-from cmh.hub.mirror.documents import BadCursor, decode_cursor, encode_cursor
-from cmh.hub.mirror.fingerprints import FingerprintCache
-from cmh.hub.mirror.routes import BadTarget, NoRoute, Route, parse_target
+from cmh.hub.mirror._auth import AccessPolicy, TokensFileError, bearer_token, load_tokens
+from cmh.hub.mirror._documents import BadCursor, decode_cursor, encode_cursor
+from cmh.hub.mirror._fingerprints import FingerprintCache
+from cmh.hub.mirror._routes import BadTarget, NoRoute, Route, parse_target
 
 
 @pytest.mark.parametrize(
@@ -148,11 +148,11 @@ def test_cursors_round_trip_and_refuse_other_listings():
 def test_a_refused_name_does_the_same_work_as_an_unknown_one(tmp_path, monkeypatch) -> None:
     """Issue 23 (low): names in the tokens file answered ~40 us faster than unknown names
     (``repo_exists`` was skipped for them). Both now look the repo up."""
-    from cmh.hub.mirror import app as app_module
-    from cmh.hub.mirror.auth import AccessPolicy
-    from cmh.hub.mirror.errors import HubError
-    from cmh.hub.mirror.observe import Metrics
-    from cmh.hub.mirror.routes import parse_target
+    from cmh.hub.mirror import _app as app_module
+    from cmh.hub.mirror._auth import AccessPolicy
+    from cmh.hub.mirror._errors import HubError
+    from cmh.hub.mirror._observe import Metrics
+    from cmh.hub.mirror._routes import parse_target
     from cmh.hub.mirror.stores import open_store
 
     backend = open_store(tmp_path)

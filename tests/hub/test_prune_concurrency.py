@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from cmh.hub.mirror.store import add_folder
-from cmh.hub.prune.execute import execute_plan
-from cmh.hub.prune.plan import PrunePolicy, plan_prune
-from cmh.hub.prune.scan import scan_cache
+from cmh.hub.mirror import add_folder
+from cmh.hub.prune._execute import execute_plan
+from cmh.hub.prune._plan import PrunePolicy, plan_prune
+from cmh.hub.prune._scan import scan_cache
 from mirror_support import write_tiny_repo
 from prune_support import stock_warnings
 from resolver_support import write_checkpoint_repo

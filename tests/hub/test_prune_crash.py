@@ -13,10 +13,10 @@ from pathlib import Path
 
 import cmh.hub as hub
 import pytest
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.prune.execute import execute_plan
-from cmh.hub.prune.plan import PrunePolicy, plan_prune
-from cmh.hub.prune.scan import scan_cache
+from cmh.hub.cache import RepoLayout
+from cmh.hub.prune._execute import execute_plan
+from cmh.hub.prune._plan import PrunePolicy, plan_prune
+from cmh.hub.prune._scan import scan_cache
 from prune_support import (
     DAY,
     NOW,

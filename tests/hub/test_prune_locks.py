@@ -9,8 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.cache.locks import LockBusy, flock, snapshot_in_use
+from cmh.hub.cache import LockBusy, RepoLayout, flock, snapshot_in_use
 
 
 def _wait_for_a_blocked_flock(path: Path, timeout: float = 10.0) -> None:

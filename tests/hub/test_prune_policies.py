@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cmh.hub.prune.execute import execute_plan
-from cmh.hub.prune.plan import (
+from cmh.hub.prune._execute import execute_plan
+from cmh.hub.prune._plan import (
     BEYOND_KEEP_LATEST,
     BROKEN,
     EXPIRED,
@@ -25,7 +25,7 @@ from cmh.hub.prune.plan import (
     PrunePolicy,
     plan_prune,
 )
-from cmh.hub.prune.scan import scan_cache
+from cmh.hub.prune._scan import scan_cache
 from prune_support import (
     DAY,
     NOW,

@@ -1,4 +1,4 @@
-"""``cmh prune --store`` on a mirror store built by ``cmh.hub.mirror.store.add_folder``: commits
+"""``cmh prune --store`` on a mirror store built by ``cmh.hub.mirror.add_folder``: commits
 are ordered by the store's own creation records, and the store still serves what is
 left (the mirror's listing and the stock client through ``cmh serve``)."""
 
@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from cli_support import run_runner
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.store import add_folder, list_store
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror import add_folder, list_store
 from mirror_support import write_tiny_repo
 from prune_support import stock_warnings
 

@@ -25,11 +25,10 @@ import pytest
 from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror.bucket import BucketStore
-from cmh.hub.mirror.objectstore import ObjectNotFound
+from cmh.hub.mirror import BucketStore, ObjectNotFound
 from cmh.hub.mirror.stores import MirrorStore, open_store
 from cmh.hub.prune import PrunePolicy, plan_prune
-from cmh.hub.prune.targets import ExecuteOptions, open_target
+from cmh.hub.prune._targets import ExecuteOptions, open_target
 from hublike import running
 from mirror_support import TINY_REPO, MirrorServer, write_tiny_repo
 

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror import add_folder
 from mirror_support import write_tiny_repo
 from prune_support import (
     DAY,

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cmh.hub.mirror.bucket import BucketStore
-from cmh.hub.mirror.objectstore import ObjectStoreError
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror._bucket import BucketStore
+from cmh.hub.mirror._objectstore import ObjectStoreError
+from cmh.hub.mirror._store import add_folder
 from hublike import HubLike, running
 from mirror_support import MirrorServer, hf_env, run_python
 from seaweed import SeaweedBucket

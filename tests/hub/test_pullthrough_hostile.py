@@ -15,7 +15,7 @@ import httpx2
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror._store import add_folder
 from hostile_upstream import COMMIT, HostileHub, Recorder
 from hublike import running
 from mirror_support import (
@@ -307,7 +307,7 @@ def test_a_resolve_redirect_to_another_origin_never_carries_the_token(
 
 def test_a_head_redirect_without_etag_does_not_carry_the_token(tmp_path: Path) -> None:
     """The HEAD that confirms a blob (``served``) follows redirects by hand."""
-    from cmh.hub.resolver.http import HubClient
+    from cmh.hub.resolver import HubClient
 
     with Recorder() as thief, HostileHub() as hub:
         hub.resolve_redirect = lambda method, path: f"{thief.url}/cdn/{path}"
@@ -356,7 +356,7 @@ def test_redirect_loops_and_unconfigured_local_targets_are_refused(
 
 
 def test_the_origin_rule() -> None:
-    from cmh.hub.resolver.origins import OriginRule, UnsafeRedirect
+    from cmh.hub.resolver import OriginRule, UnsafeRedirect
 
     rule = OriginRule("https://hub.example")
     assert rule.carries_token("https://hub.example/api/x")
@@ -509,7 +509,7 @@ def test_a_client_dropping_mid_download_leaves_no_traceback(
 def test_hostile_cards_never_break_listings_info_or_pages(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
-    from cmh.hub.mirror.web import cards
+    from cmh.hub.mirror.web import _cards as cards
 
     store = tmp_path / "cards-store"
     cases = {
@@ -539,7 +539,7 @@ def test_hostile_cards_never_break_listings_info_or_pages(
     assert "not valid YAML" in httpx2.get(f"{server.url}/-/models/cards/digits", timeout=60).text
     assert "Traceback" not in server.stderr_text()
     # Rendered once per blob: the second read of a card is the cached object.
-    from cmh.hub.mirror.stores.local import LocalStore
+    from cmh.hub.mirror.stores._local import LocalStore
 
     backend = LocalStore(store)
     index = backend.resolve("model", "cards/nested", "main")

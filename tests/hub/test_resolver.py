@@ -9,8 +9,8 @@ from pathlib import Path
 import cmh.hub as hub
 import numpy as np
 import pytest
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror import add_folder
 from resolver_support import FaultProxy, tensors_for, write_checkpoint_repo
 from safetensors.numpy import load_file
 
@@ -137,7 +137,7 @@ def test_stale_offline_and_strict(tmp_path, mirror_server_factory):
 
 def test_expired_stamp_is_stale_offline(tmp_path):
     """A stamped snapshot past its expiry, offline: served with a warning, strict refuses."""
-    from cmh.hub.mirror.store import add_folder as add
+    from cmh.hub.mirror import add_folder as add
 
     store = tmp_path / "cache"  # a store is a stock cache: use it as the client cache
     src = write_checkpoint_repo(tmp_path / "v1", 1, stamp=False)
@@ -357,9 +357,7 @@ def test_empty_files_are_resolved(tmp_path, mirror_server_factory):
 
 
 def test_hold_keeps_a_snapshot_from_being_pruned(toy):
-    from cmh.hub.prune.execute import execute_plan
-    from cmh.hub.prune.plan import PrunePolicy, plan_prune
-    from cmh.hub.prune.scan import scan_cache
+    from cmh.hub.prune import PrunePolicy, execute_plan, plan_prune, scan_cache
 
     def prune_everything() -> None:
         plan = plan_prune(scan_cache(toy.cache), PrunePolicy(max_size=0, include_referenced=True))

@@ -15,8 +15,8 @@ import threading
 
 import cmh.hub as hub
 import pytest
-from cmh.hub.mirror.store import add_folder
-from cmh.hub.resolver.http import HubClient, RangeNotSatisfied
+from cmh.hub.mirror import add_folder
+from cmh.hub.resolver._http import HubClient, RangeNotSatisfied
 from resolver_support import Fault, FaultProxy, write_checkpoint_repo
 
 REPO = "org/ranges"

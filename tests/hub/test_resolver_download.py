@@ -16,10 +16,10 @@ from pathlib import Path
 
 import cmh.hub as hub
 import pytest
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.store import add_folder
-from cmh.hub.resolver.chunked import chunks_path
-from cmh.hub.resolver.transfer import OrderedFeed, chunk_size
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror import add_folder
+from cmh.hub.resolver._chunked import chunks_path
+from cmh.hub.resolver._transfer import OrderedFeed, chunk_size
 from hublike import running
 from resolver_support import write_checkpoint_repo
 

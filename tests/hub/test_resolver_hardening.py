@@ -26,8 +26,8 @@ import huggingface_hub
 import numpy as np
 import pytest
 from cli_support import CMH, run_runner, run_subprocess
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror import add_folder
 from hostile_proxy import HostileProxy
 from resolver_support import tensors_for, write_checkpoint_repo
 from safetensors.numpy import load_file, save_file

@@ -33,7 +33,7 @@ mark("done")
 print(json.dumps(results))
 """
 
-INSTALL = "import cmh.hub as hub, cmh.hub.resolver.patch as patch; assert hub.install()"
+INSTALL = "import cmh.hub as hub, cmh.hub.resolver._patch as patch; assert hub.install()"
 NEW_PROCESS = "patch._recent.clear()  # as in a new process: no revalidation window"
 
 
@@ -122,8 +122,8 @@ def test_install_uninstall_and_fail_safe(monkeypatch):
 def test_branch_revalidation_is_one_request_per_repo(tmp_path, mirror_server_factory):
     """Stock ``hf_hub_download(revision="main")`` HEADs every file; installed, one request."""
     import cmh.hub as hub
-    import cmh.hub.resolver.patch as hub_patch
-    from cmh.hub.mirror.store import add_folder
+    import cmh.hub.resolver._patch as hub_patch
+    from cmh.hub.mirror import add_folder
     from huggingface_hub import file_download
     from resolver_support import write_checkpoint_repo
 

@@ -8,13 +8,13 @@ import cmh.hub as hub
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror.store import add_folder
-from cmh.hub.resolver.multipart import MultipartParser
-from cmh.hub.resolver.partial import PatchNotPossible, _join_across_gaps, old_digests, plan_patch
-from cmh.hub.resolver.types import HubProtocolError
+from cmh.hub.mirror import add_folder
+from cmh.hub.resolver._multipart import MultipartParser
+from cmh.hub.resolver._partial import PatchNotPossible, _join_across_gaps, old_digests, plan_patch
+from cmh.hub.resolver._types import HubProtocolError
 from resolver_support import write_checkpoint_repo
 
-from cmh.header import read_header
+from cmh import read_header
 
 
 def test_coalesce_joins_smallest_gaps_within_allowance():

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cmh.hub.cache.layout import RepoLayout
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.cache import RepoLayout
+from cmh.hub.mirror import add_folder
 from resolver_support import FaultProxy, write_checkpoint_repo
 from safetensors.numpy import load_file
 

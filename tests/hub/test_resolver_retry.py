@@ -15,8 +15,8 @@ import time
 import cmh.hub as hub
 import pytest
 from cmh.hub.mirror import add_folder
-from cmh.hub.resolver.http import HubClient
-from cmh.hub.resolver.retry import RetryPolicy
+from cmh.hub.resolver._http import HubClient
+from cmh.hub.resolver._retry import RetryPolicy
 from resolver_support import Fault, FaultProxy, write_checkpoint_repo
 
 REPO = "org/toy"

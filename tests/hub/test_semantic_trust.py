@@ -33,7 +33,7 @@ def no_tensor_hashing(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
         def refuse(*args: object, **kwargs: object) -> None:
             raise AssertionError("tensor bytes were hashed")
 
-        monkeypatch.setattr("cmh.semantic.tensors.hash_tensors", refuse)
+        monkeypatch.setattr("cmh.semantic._tensors.hash_tensors", refuse)
 
     return forbid
 
@@ -45,7 +45,7 @@ def _stamped_model(tmp_path: Path) -> Path:
 
 
 def _stamped_at(path: Path) -> int:
-    from cmh.carrier import read_carrier
+    from cmh._carrier import read_carrier
 
     header = cmh.read_header(path)
     carrier = read_carrier(header.metadata, len(header.tensors))
@@ -128,7 +128,7 @@ def test_in_place_restamp_refuses_a_concurrent_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write while an in-place restamp hashes: nothing written, no trusted stale stamp."""
-    import cmh.stamping as stamping
+    import cmh._stamping as stamping
 
     src = _stamped_model(tmp_path)
     path = src / "model.safetensors"

@@ -17,8 +17,8 @@ from urllib.parse import urlencode
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 import pytest
-from cmh.hub.mirror.web.cards import card_tags, render_markdown, safe_link, split_front_matter
-from cmh.hub.mirror.web.session import AdminTokensError, csrf_ok, load_admin_tokens
+from cmh.hub.mirror.web._cards import card_tags, render_markdown, safe_link, split_front_matter
+from cmh.hub.mirror.web._session import AdminTokensError, csrf_ok, load_admin_tokens
 from mirror_support import MirrorServer
 from web_support import (
     ADMIN_TOKEN,
@@ -436,7 +436,7 @@ def test_reading_the_web_options_imports_no_server_stack(web_store: WebStore) ->
     """cmh serve reads them before the workers' shared metrics are set up."""
     code = (
         "import sys; from pathlib import Path; "
-        "from cmh.hub.mirror.web.options import web_options; "
+        "from cmh.hub.mirror.web._options import web_options; "
         f"web_options(Path({str(web_store.admin_tokens)!r}), "
         f"(Path({str(web_store.public_key)!r}),)); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
@@ -451,10 +451,10 @@ def test_the_list_sees_a_snapshot_added_to_a_repo_it_read_before(tmp_path: Path)
     """The list reads the store on every request: a change shows at once."""
     import os
 
-    from cmh.hub.mirror.auth import AccessPolicy
-    from cmh.hub.mirror.stores.local import LocalStore
-    from cmh.hub.mirror.web import views
-    from cmh.hub.mirror.web.session import Viewer
+    from cmh.hub.mirror._auth import AccessPolicy
+    from cmh.hub.mirror.stores._local import LocalStore
+    from cmh.hub.mirror.web import _views as views
+    from cmh.hub.mirror.web._session import Viewer
 
     store = tmp_path / "store"
     snapshots = store / "models--org--late" / "snapshots"
@@ -541,8 +541,8 @@ API_MISSES = ["/api/nowhere", f"/api/models/{TINY}/blob/main/config.json",
 
 
 def test_every_api_path_keeps_answering_as_the_api(web_server: MirrorServer) -> None:
-    from cmh.hub.mirror.routes import parse_target
-    from cmh.hub.mirror.web.urls import hub_target
+    from cmh.hub.mirror._routes import parse_target
+    from cmh.hub.mirror.web._urls import hub_target
 
     for target, kind in API_TARGETS.items():
         parse_target(target)  # the API routes it, so no page is ever asked
@@ -559,7 +559,7 @@ def test_every_api_path_keeps_answering_as_the_api(web_server: MirrorServer) -> 
 
 
 def test_hub_target_parsing() -> None:
-    from cmh.hub.mirror.web.urls import HubTarget, RepoUrls, hub_target
+    from cmh.hub.mirror.web._urls import HubTarget, RepoUrls, hub_target
 
     assert hub_target(["org", "name"]) == HubTarget("repo", "model", "org/name")
     assert hub_target(["gpt2"]) == HubTarget("repo", "model", "gpt2")
@@ -609,7 +609,7 @@ def test_text_previews_are_highlighted_and_bounded(web_server: MirrorServer) -> 
 def test_text_preview_unit() -> None:
     import io
 
-    from cmh.hub.mirror.web.preview import MAX_PREVIEW_BYTES, text_preview
+    from cmh.hub.mirror.web._preview import MAX_PREVIEW_BYTES, text_preview
 
     yaml_preview = text_preview("a/conf.yaml", io.BytesIO(b"key: <script>x</script>\n"))
     assert yaml_preview.language == "YAML" and not yaml_preview.cut
@@ -682,7 +682,7 @@ def test_repo_page_chips_link_to_facets_and_fold_long_lists(web_server: MirrorSe
 
 
 def test_repo_page_shows_the_api_parameter_count(web_server: MirrorServer) -> None:
-    from cmh.hub.mirror.web.facets import human_count
+    from cmh.hub.mirror.web._facets import human_count
 
     _, _, api = fetch(web_server, f"/api/models/{MINILM}?expand[]=safetensors")
     total = json.loads(api)["safetensors"]["total"]

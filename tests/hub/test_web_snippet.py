@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cmh.hub.mirror.web.snippet import use_snippet
+from cmh.hub.mirror.web._snippet import use_snippet
 
 HOSTILE = [
     "main",

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cmh.hub.mirror.store import add_folder
+from cmh.hub.mirror._store import add_folder
 from safetensors.numpy import save_file
 
 import cmh
-from cmh.signing import generate_keypair, load_private_key
+from cmh import generate_keypair, load_private_key
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 TINY = "cmh-test/tiny"

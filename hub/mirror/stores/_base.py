@@ -7,17 +7,17 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from ..store import StoreError
+from .._store import StoreError
 
 if TYPE_CHECKING:
+    from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
-    from ...prune.scan import CacheScan
-    from ..history import CommitRecord
-    from ..index import CommitIndex, FileEntry
-    from ..scrub import ScrubOptions, ScrubReport
-    from ..scrub_history import ScrubView
-    from ..store import ImportOptions, ImportResult, RepoSummary
+    from .._history import CommitRecord
+    from .._index import CommitIndex, FileEntry
+    from .._scrub import ScrubOptions, ScrubReport
+    from .._scrub_history import ScrubView
+    from .._store import ImportOptions, ImportResult, RepoSummary
     from ._pull import PullThrough
 
 
@@ -92,7 +92,7 @@ class MirrorStore(Protocol):
 
     def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> dict[str, Any]:
         """The tensor manifest of a safetensors entry, computed and kept if there is none
-        (:class:`~cmh.hub.mirror.manifests.ManifestError` for an unusable file)."""
+        (:class:`~cmh.hub.mirror._manifests.ManifestError` for an unusable file)."""
 
     def size(self, skip: Callable[[str, str], bool]) -> tuple[int, int]:
         """Bytes of blobs and number of the repos ``skip(repo_type, repo_id)`` keeps."""
@@ -131,7 +131,7 @@ class MirrorStore(Protocol):
 
     def remote_sender(self, delivery: str) -> Any:
         """How a remote store sends bytes in ``delivery`` mode (None: this process opens
-        and sends the file itself, :mod:`~cmh.hub.mirror.send`)."""
+        and sends the file itself, :mod:`~cmh.hub.mirror._send`)."""
 
     def pull_through(self, fresh_for: float) -> PullThrough:
         """The store's side of ``cmh serve --upstream`` (``fresh_for``: seconds an unstamped

@@ -1,8 +1,8 @@
 """What pull-through (``cmh serve --upstream``) needs of a store: one protocol, two kinds.
 
-:class:`~cmh.hub.mirror.upstream.Upstream` holds the policy (when to ask the
+:class:`~cmh.hub.mirror._upstream.Upstream` holds the policy (when to ask the
 upstream, its typed errors, stale answers, the negative cache) and the filling
-answers of :mod:`~cmh.hub.mirror.filling` hold the byte gate; where a revision's
+answers of :mod:`~cmh.hub.mirror._filling` hold the byte gate; where a revision's
 state is kept and how a blob is filled and read while it fills is the store's
 (:meth:`~cmh.hub.mirror.stores.MirrorStore.pull_through`): a folder fills
 ``blobs/{etag}.incomplete`` with the resolver; a bucket fills numbered part
@@ -16,8 +16,9 @@ import hashlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ...resolver.types import RemoteFile
-    from ..index import FileEntry
+    from cmh.hub.resolver import RemoteFile
+
+    from .._index import FileEntry
 
 #: ``(offset, count, sha256 of the bytes sent)`` of each range a filling answer sent.
 SentRanges = list[tuple[int, int, "hashlib._Hash"]]
@@ -46,7 +47,7 @@ class PullThrough(Protocol):
     """A store's side of pull-through: revision state, access records and fills.
 
     Repos are named ``(repo_type, repo_id)``; ``upstream`` is the
-    :class:`~cmh.hub.mirror.upstream.Upstream` asking (its client, its counters).
+    :class:`~cmh.hub.mirror._upstream.Upstream` asking (its client, its counters).
     """
 
     def held(self, repo_type: str, repo_id: str, revision: str) -> str | None:

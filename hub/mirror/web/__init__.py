@@ -1,7 +1,7 @@
 """The mirror's browser pages: repo list, repo and file pages, login, the operator page.
 
 Served by ``cmh serve`` at ``/`` and under ``/-/`` next to the Hub API (see
-:mod:`~cmh.hub.mirror.web.pages`). Exported lazily: ``pages`` pulls in aiohttp
+:mod:`~cmh.hub.mirror.web._pages`). Exported lazily: ``pages`` pulls in aiohttp
 and Jinja2, while ``options`` (read by ``cmh serve`` before the workers start,
 and before prometheus_client may be imported) stays light.
 """
@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 from ..._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .options import WebOptions, web_options
-    from .pages import add_routes
-    from .session import AdminTokensError, load_admin_tokens
+    from ._options import WebOptions, web_options
+    from ._pages import add_routes
+    from ._session import AdminTokensError, load_admin_tokens
 
 _EXPORTS = {
-    "AdminTokensError": "session",
-    "WebOptions": "options",
-    "add_routes": "pages",
-    "load_admin_tokens": "session",
-    "web_options": "options",
+    "AdminTokensError": "_session",
+    "WebOptions": "_options",
+    "add_routes": "_pages",
+    "load_admin_tokens": "_session",
+    "web_options": "_options",
 }
 __all__ = ["AdminTokensError", "WebOptions", "add_routes", "load_admin_tokens", "web_options"]
 

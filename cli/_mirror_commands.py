@@ -1,0 +1,595 @@
+"""``cmh mirror add|ls|scrub`` and ``cmh serve``: manage and serve a mirror store."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ._common import (
+    DURATION,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_UNREADABLE,
+    EXIT_USAGE,
+    check_hub_url,
+    echo,
+    emit_json,
+    fail,
+    handle_errors,
+    human_bytes,
+    json_option,
+    late_progress_bar,
+    progress_bar,
+    report_waits,
+    usage_error,
+    warn,
+)
+from ._documents import envelope
+from ._interrupt import stop_on_interrupt
+from ._store_location import STORE, StoreLocation, open_store_or_fail
+
+if TYPE_CHECKING:
+    from cmh.hub.mirror import UpstreamConfig
+
+STORE_OPTION = click.option(
+    "--store",
+    required=True,
+    type=STORE,
+    help="Store folder (stock Hugging Face cache layout), or s3://BUCKET/PREFIX.",
+)
+
+
+@click.group()
+def mirror() -> None:
+    """Manage a mirror store: import folders, list repos, scrub blobs."""
+
+
+@mirror.command("add")
+@click.argument("src_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@STORE_OPTION
+@click.option("--repo", "repo_id", required=True, help="Repo id, ORG/NAME or NAME.")
+@click.option("--revision", default="main", show_default=True, help="Branch or tag to move.")
+@click.option(
+    "--repo-type",
+    type=click.Choice(["model", "dataset"]),
+    default="model",
+    show_default=True,
+    help="Import as a model or a dataset repo.",
+)
+@json_option
+@handle_errors
+def add(
+    src_dir: Path, store: StoreLocation, repo_id: str, revision: str, repo_type: str, as_json: bool
+) -> None:
+    """Import SRC_DIR as a new commit of a repo (nothing new if unchanged)."""
+    from cmh.hub.mirror import (
+        ConditionalWritesUnsupported,
+        InvalidNameError,
+        StoreError,
+        StoreUnavailable,
+        scan_folder,
+    )
+
+    snapshot = _hub_cache_snapshot(src_dir)
+    resume = "blobs stored so far are kept; run the same command again to finish the import"
+    target = open_store_or_fail(store, existing=False)  # a folder store is created
+    target.on_notice = warn  # a writer waiting on a pruner's lease says so
+    try:
+        total = sum(p.stat().st_size for _, p in scan_folder(src_dir))
+        with (
+            stop_on_interrupt(resume),
+            progress_bar(total, repo_id, passes=("hash", "store")) as advance,
+        ):
+            result = target.add_folder(
+                src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
+            )
+    except (InvalidNameError, ConditionalWritesUnsupported) as exc:
+        fail(str(exc), EXIT_USAGE)
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
+    except StoreError as exc:
+        if snapshot is not None and "symlink points outside" in str(exc):
+            fail(
+                f"{src_dir} is a snapshot folder of a Hugging Face cache: its files are links "
+                f"into {snapshot}. Import a plain folder instead, e.g. "
+                f"`cp -rL {src_dir} ./model && cmh mirror add ./model ...`, or copy "
+                "the cache folder itself as a store (it already has the store layout)",
+                EXIT_USAGE,
+            )
+        fail(str(exc), EXIT_CHECK_FAILED)
+    if as_json:
+        emit_json(
+            envelope("mirror add", **{**result.to_dict(), "ok": True, "exit_status": EXIT_OK})
+        )
+        return
+    what = "new commit" if result.created else "unchanged, no new commit"
+    echo(
+        f"{result.repo_type} {result.repo_id}@{result.revision} -> {result.commit} ({what}); "
+        f"{result.files} files, {human_bytes(result.total_bytes)}, "
+        f"{result.new_blobs} new blobs ({human_bytes(result.new_bytes)})"
+    )
+
+
+def _hub_cache_snapshot(folder: Path) -> Path | None:
+    """The ``blobs`` folder when ``folder`` is ``.../models--org--name/snapshots/<commit>``."""
+    resolved = folder.resolve()
+    repo = resolved.parent.parent
+    if resolved.parent.name == "snapshots" and repo.name.split("--")[0] in (
+        "models",
+        "datasets",
+        "spaces",
+    ):
+        return repo / "blobs"
+    return None
+
+
+TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
+
+
+@mirror.command("ls")
+@STORE_OPTION
+@click.option(
+    "--tokens",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The tokens file of `cmh serve`: mark private repos, warn about names the store lacks.",
+)
+@json_option
+@handle_errors
+def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
+    """List the repos of a store, their refs and sizes."""
+    from cmh.hub.mirror import (
+        AccessPolicy,
+        StoreUnavailable,
+        TokensFileError,
+        load_tokens,
+        repo_key,
+        unserved_grants,
+    )
+
+    policy: AccessPolicy | None = None
+    if tokens is not None:
+        try:
+            policy = load_tokens(tokens)
+        except TokensFileError as exc:
+            fail(str(exc), EXIT_USAGE)
+    opened = open_store_or_fail(store)
+    try:
+        repos = opened.list_store()
+        grants = unserved_grants(policy, opened.repos()) if policy is not None else []
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
+    for grant in grants:
+        warn(grant.message)
+
+    def private(repo_type: str, repo_id: str) -> bool | None:
+        return None if policy is None else repo_key(repo_type, repo_id) in policy.private
+
+    if as_json:
+        emit_json(
+            envelope(
+                "mirror ls",
+                ok=True,
+                exit_status=EXIT_OK,
+                repos=[{**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos],
+                warnings=[g.to_dict() for g in grants],
+            )
+        )
+        return
+    if not repos:
+        echo("(empty store)")
+    for r in repos:
+        prefix = "" if r.repo_type == "model" else f"{r.repo_type}s/"
+        mark = "  (private)" if private(r.repo_type, r.repo_id) else ""
+        echo(f"{prefix}{r.repo_id}  {r.blobs} blobs, {human_bytes(r.blob_bytes)}{mark}")
+        for ref in r.refs:
+            echo(f"  {ref.name:<20} {ref.commit}  {ref.files} files, {human_bytes(ref.bytes)}")
+
+
+_SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the same command again"
+
+
+@mirror.command("scrub")
+@STORE_OPTION
+@click.option(
+    "--full", is_flag=True, help="Kept for compatibility: every blob is always hashed whole."
+)
+@click.option("--no-quarantine", is_flag=True, help="Report bad blobs without moving them.")
+@click.option("--threads", type=click.IntRange(1, 64), default=None, help="Hashing threads.")
+@json_option
+@handle_errors
+def scrub(
+    store: StoreLocation, full: bool, no_quarantine: bool, threads: int | None, as_json: bool
+) -> None:
+    """Re-check every blob against its name; quarantine bad ones.
+
+    Exit 1 if a blob is bad, else 3 if one is an invalid safetensors file or
+    cannot be read, else 0.
+    """
+    from cmh.hub.mirror import StoreUnavailable
+
+    opened = open_store_or_fail(store)
+    try:
+        with (
+            stop_on_interrupt(_SCRUB_RESUME),
+            progress_bar(opened.scrub_bytes(), "scrub") as advance,
+        ):
+            report = opened.scrub(
+                do_quarantine=not no_quarantine, full=full, threads=threads, progress=advance
+            )
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
+    if report.bad:
+        code = EXIT_CHECK_FAILED
+    elif report.errors:
+        code = EXIT_UNREADABLE
+    else:
+        code = EXIT_OK
+    if as_json:
+        emit_json(
+            envelope(
+                "mirror scrub", **{**report.to_dict(), "ok": code == EXIT_OK, "exit_status": code}
+            )
+        )
+    else:
+        echo(f"checked {len(report.checks)} blobs, {human_bytes(report.bytes_checked)}")
+        for c in report.bad:
+            where = f" -> quarantined to {c.quarantined_to}" if c.quarantined_to else ""
+            tensors = f" (tensors: {', '.join(c.bad_tensors[:5])})" if c.bad_tensors else ""
+            echo(f"BAD {c.repo} blob {c.blob}: {c.message}{tensors}{where}")
+        for c in report.errors:
+            echo(f"ERROR {c.repo} blob {c.blob}: {c.error}: {c.message}")
+        for link in report.broken_links:
+            echo(f"unsafe or dangling snapshot entry (not served): {link}")
+    raise click.exceptions.Exit(code)
+
+
+@dataclass(frozen=True)
+class _ServeOptions:
+    """The options of ``cmh serve`` as click passes them."""
+
+    store: StoreLocation
+    host: str
+    port: int
+    tokens: Path | None
+    workers: int
+    access_log: Path | None
+    public_url: str | None
+    max_connections: int | None
+    header_timeout: float
+    idle_timeout: float
+    upstream: str | None
+    upstream_token_file: Path | None
+    public_upstream_repos: bool
+    fresh_for: int
+    stale_if_error: int
+    admin_tokens: Path | None
+    keys: tuple[Path, ...]
+    blob_delivery: str
+    ref_ttl: float
+    graceful_timeout: float
+    public_storage_url: str | None
+    tree_page_size: int
+
+
+@click.command("serve")
+@STORE_OPTION
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface; :: every IPv6 one).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port (0: a free one, printed at start).",
+)
+@click.option(
+    "--tokens",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help=TOKENS_HELP,
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Worker processes sharing the port (about one per core for heavy traffic).",
+)
+@click.option(
+    "--access-log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Append JSON access-log lines here (default: stderr).",
+)
+@click.option(
+    "--public-url",
+    default=None,
+    help="URL clients reach the mirror by, for links it sends (default: the bound address).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help="Open connections per worker (default: 1000, or what the open-file limit allows).",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=20.0,
+    show_default=True,
+    help="Seconds a client may take to send a request's headers.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds an idle (keep-alive) connection stays open.",
+)
+@click.option(
+    "--upstream",
+    default=None,
+    metavar="URL",
+    help="Pull-through: fill what the store lacks from this Hub (huggingface.co or a mirror).",
+)
+@click.option(
+    "--upstream-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the mirror's own token for the upstream (gated or private repos).",
+)
+@click.option(
+    "--public-upstream-repos",
+    is_flag=True,
+    default=False,
+    help="Serve repos the upstream marks private or gated to anyone (default: only to tokens "
+    "that --tokens grants them).",
+)
+@click.option(
+    "--fresh-for",
+    type=DURATION,
+    default="5m",
+    show_default=True,
+    help="How long a branch stays fresh after a revalidation (unstamped files).",
+)
+@click.option(
+    "--stale-if-error",
+    type=DURATION,
+    default="1d",
+    show_default=True,
+    help="How long past freshness stale content is served when the upstream fails.",
+)
+@click.option(
+    "--admin-tokens",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="File of admin tokens (one a line): they open the web operator page.",
+)
+@click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Trusted public key (PEM) or folder of keys: web pages check signatures. Repeatable.",
+)
+@click.option(
+    "--blob-delivery",
+    type=click.Choice(["proxy", "redirect", "x-accel"]),
+    default="proxy",
+    show_default=True,
+    help="proxy: cmh sends the bytes (sendfile, or streamed from the bucket); redirect: "
+    "302 to a presigned URL (bucket stores); x-accel: nginx sends the file named in "
+    "X-Accel-Redirect (local stores).",
+)
+@click.option(
+    "--ref-ttl",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Bucket stores: seconds a replica trusts a ref it read (a new commit is "
+    "served by every replica at most this long after it is added).",
+)
+@click.option(
+    "--graceful-timeout",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="On SIGTERM or Ctrl-C: seconds requests in flight get to finish before the server stops.",
+)
+@click.option(
+    "--public-storage-url",
+    default=None,
+    metavar="URL",
+    help="Bucket stores, --blob-delivery redirect: the storage endpoint as clients reach it "
+    "(when it differs from the one the replicas use); redirects are signed for it.",
+)
+@click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
+@handle_errors
+def serve(**options: Any) -> None:
+    """Serve a store through the Hub HTTP API and web pages.
+
+    SIGTERM or Ctrl-C stops it cleanly: no new connection is taken, requests in
+    flight get --graceful-timeout seconds to finish.
+    """
+    opt = _ServeOptions(**options)
+    from cmh.hub.mirror import ServeConfig, ServeError, UpstreamConfig
+    from cmh.hub.mirror import serve as run
+
+    pull = None
+    check_hub_url(opt.upstream, "--upstream")
+    if opt.upstream is not None:
+        pull = UpstreamConfig(
+            opt.upstream,
+            _read_token(opt.upstream_token_file),
+            float(opt.fresh_for),
+            float(opt.stale_if_error),
+            public_repos=opt.public_upstream_repos,
+        )
+        open_store_or_fail(opt.store, existing=False).create()  # a pull-through cache starts empty
+        click.echo(_exposure(pull, opt.tokens), err=True)
+    elif opt.upstream_token_file is not None:
+        usage_error("--upstream-token-file needs --upstream")
+    elif opt.public_upstream_repos:
+        usage_error("--public-upstream-repos needs --upstream")
+
+    def announce(url: str) -> None:
+        plural = "s" if opt.workers > 1 else ""
+        click.echo(f"Serving {opt.store} on {url} ({opt.workers} worker{plural})")
+        sys.stdout.flush()
+
+    # Every option named like a ServeConfig field is that field; the rest are read above.
+    same = {f.name for f in dataclasses.fields(ServeConfig)} & set(options)
+    config = ServeConfig(
+        **{name: getattr(opt, name) for name in same - {"upstream"}},
+        page_size=opt.tree_page_size, upstream=pull, announce=announce, warn=warn,
+    )  # fmt: skip
+    try:
+        code = run(config)
+    except ServeError as exc:
+        usage_error(str(exc))
+    raise click.exceptions.Exit(code)
+
+
+def _exposure(pull: UpstreamConfig, tokens: Path | None) -> str:
+    """The start-up line saying what a pull-through mirror exposes of the upstream."""
+    via = "the upstream token" if pull.token else "no upstream token"
+    if pull.public_repos:
+        return (
+            f"WARNING: pull-through from {pull.url} ({via}) with --public-upstream-repos: "
+            "repos the upstream marks private or gated are served to anyone"
+        )
+    opened = f"tokens that {tokens} grants them" if tokens else "nobody (no --tokens file)"
+    return (
+        f"pull-through from {pull.url} ({via}): public upstream repos are served to anyone; "
+        f"repos the upstream marks private or gated only to {opened}"
+    )
+
+
+def _read_token(path: Path | None) -> str | None:
+    """The token in a token file (first non-empty line), or ``None`` without a file."""
+    if path is None:
+        return None
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as exc:
+        usage_error(f"{path}: cannot read the token file ({exc})")
+    token = next((line for line in lines if line), "")
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        usage_error(f"{path}: the token file must hold one token on its first line")
+    return token
+
+
+@mirror.command("sync")
+@click.argument("repo_ids", metavar="REPO...", nargs=-1, required=True)
+@STORE_OPTION
+@click.option("--from", "upstream", required=True, metavar="URL", help="The Hub to fill from.")
+@click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
+@click.option(
+    "--repo-type",
+    type=click.Choice(["model", "dataset"]),
+    default="model",
+    show_default=True,
+    help="Kind of the repos named.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the token for the upstream (gated or private repos).",
+)
+@json_option
+@handle_errors
+def sync(
+    repo_ids: tuple[str, ...],
+    store: StoreLocation,
+    upstream: str,
+    revision: str,
+    repo_type: str,
+    token_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Fill a store from a Hub ahead of time, with the resolver's checks (for air gaps)."""
+    import functools
+
+    from cmh.hub.cache import LayoutError
+    from cmh.hub.mirror import (
+        ConditionalWritesUnsupported,
+        InvalidNameError,
+        StoreError,
+        StoreUnavailable,
+    )
+
+    check_hub_url(upstream, "--from")
+    token = _read_token(token_file)
+    target = open_store_or_fail(store, existing=False)
+    source = _SyncSource(upstream, token, revision, repo_type)
+    results = []
+    resume = (
+        "repos reported synced are complete, finished files and chunks of the one in progress "
+        "are kept; run the same command again to resume"
+    )
+    for repo_id in repo_ids:
+        try:
+            with (
+                stop_on_interrupt(resume),
+                report_waits(),
+                late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
+            ):
+                fetch = functools.partial(_sync_one, source, repo_id, bar)
+                res = target.sync(fetch, repo_id, revision, repo_type)
+        except (LayoutError, InvalidNameError) as exc:
+            usage_error(f"{repo_id}@{revision}: {exc}")
+        except ConditionalWritesUnsupported as exc:
+            fail(str(exc), EXIT_USAGE)
+        except StoreUnavailable as exc:
+            fail(str(exc), EXIT_UNREADABLE)
+        except StoreError as exc:
+            fail(str(exc), EXIT_CHECK_FAILED)
+        results.append(res)
+        if not as_json:
+            from ._pull_command import outcome_words
+
+            echo(f"{repo_id}@{revision}: {outcome_words(res)}")
+    if as_json:
+        emit_json(
+            envelope(
+                "mirror sync", ok=True, exit_status=EXIT_OK, repos=[r.to_json() for r in results]
+            )
+        )
+
+
+@dataclass(frozen=True)
+class _SyncSource:
+    """Where `mirror sync` fetches from, and what."""
+
+    upstream: str
+    token: str | None
+    revision: str
+    repo_type: str
+
+
+def _sync_one(source: _SyncSource, repo_id: str, bar: Any, cache: Path) -> object:
+    """Resolve one repo from ``source.upstream`` into the cache folder ``cache``."""
+    import cmh.hub as hub
+
+    return hub.resolve(
+        repo_id,
+        source.revision,
+        repo_type=source.repo_type,
+        cache_dir=cache,
+        endpoint=source.upstream,
+        token=source.token or False,
+        policy=hub.Policy(stale_if_error=False),
+        progress=bar.advance,
+        on_total=bar.on_total,
+    )

@@ -1,0 +1,402 @@
+"""Canonical JSON and the hashes of the small files: config, tokenizer, adapter config.
+
+JSON is canonicalized with RFC 8785 (JSON Canonicalization Scheme) after a
+pre-pass that makes every Python-readable JSON value representable: numbers
+are IEEE-754 doubles in RFC 8785, so an integer beyond 2**53 - 1 becomes its
+nearest double, and the non-standard ``NaN``/``Infinity`` tokens become
+strings. Fields that do not change what a model computes are dropped first
+(the lists below are normative: ``spec/semantic.md`` repeats them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import rfc8785
+
+from ._errors import NotAModelError
+
+CONFIG_DOMAIN = b"CMH-SEM-CONFIG-v3\n"
+KV_CONFIG_DOMAIN = b"CMH-SEM-KV-CONFIG-v3\n"
+ADAPTER_CONFIG_DOMAIN = b"CMH-SEM-ADAPTER-CONFIG-v3\n"
+TOKENIZER_DOMAIN = b"CMH-SEM-TOKENIZER-v3\n"
+PROCESSOR_DOMAIN = b"CMH-SEM-PROCESSOR-v3\n"
+CODE_DOMAIN = b"CMH-SEM-CODE-v3\n"
+EMBEDDING_DOMAIN = b"CMH-SEM-EMBEDDING-v3\n"
+
+#: ``config.json`` members that decide which tokenizer class transformers builds (and
+#: whose code it runs): the only part of ``config.json`` in the ``tokenizer`` id.
+TOKENIZER_CONFIG_MEMBERS: tuple[str, ...] = ("auto_map", "model_type", "tokenizer_class")
+
+MAX_JSON_SIZE = 64 << 20
+MAX_SMALL_FILE_SIZE = 512 << 20
+SAFE_INTEGER = (1 << 53) - 1
+
+#: ``config.json`` fields that do not change what the model computes at inference.
+CONFIG_DROPPED: frozenset[str] = frozenset(
+    {
+        # provenance and loader bookkeeping
+        "_name_or_path",
+        "_commit_hash",
+        "transformers_version",
+        "_attn_implementation_autoset",
+        "finetuning_task",
+        # runtime switches that change what is returned or kept, not its values
+        "use_cache",
+        "gradient_checkpointing",
+        "output_hidden_states",
+        "return_dict",
+        # training only: initialization and dropout (identity at inference)
+        "initializer_range",
+        "initializer_factor",
+        "attention_dropout",
+        "attention_probs_dropout_prob",
+        "hidden_dropout",
+        "hidden_dropout_prob",
+        "activation_dropout",
+        "classifier_dropout",
+        "dropout",
+        "embd_pdrop",
+        "attn_pdrop",
+        "resid_pdrop",
+        "summary_first_dropout",
+        "layerdrop",
+        "encoder_layerdrop",
+        "decoder_layerdrop",
+        "dropout_rate",
+        # training only: SpecAugment masking (off in eval mode)
+        "apply_spec_augment",
+        "mask_time_prob",
+        "mask_time_length",
+        "mask_time_min_masks",
+        "mask_feature_prob",
+        "mask_feature_length",
+        "mask_feature_min_masks",
+        # label names and the training loss: no forward value depends on them
+        "id2label",
+        "label2id",
+        "problem_type",
+    }
+)
+
+#: Fields dropped for the ``kv`` id beyond :data:`CONFIG_DROPPED`: none. Up to v2 the
+#: token ids and ``generate()`` settings were dropped here, on the belief that no layer
+#: reads them; transformers models do (a forward pass reading ``eos_token_id``), so v3
+#: keeps every field that is not argued inert for every kind. Kept as a name for callers.
+KV_CONFIG_DROPPED: frozenset[str] = frozenset()
+
+#: Top-level config members that transformers 5 moves into ``rope_parameters``.
+ROPE_MOVED: tuple[str, ...] = ("rope_scaling", "rope_theta", "partial_rotary_factor")
+#: RoPE types whose parameters carry ``original_max_position_embeddings``.
+ROPE_WITH_ORIGINAL_LENGTH: frozenset[str] = frozenset({"llama3", "yarn", "longrope"})
+
+#: ``adapter_config.json`` fields that do not change what the adapted model computes.
+#: The base model is named by ``base_model`` on the fingerprint instead.
+ADAPTER_CONFIG_DROPPED: frozenset[str] = frozenset(
+    {
+        "base_model_name_or_path",
+        "revision",
+        "inference_mode",
+        "lora_dropout",
+        "peft_version",
+    }
+)
+
+#: LoRA fields of ``adapter_config.json`` with PEFT's default values. Older PEFT versions
+#: do not write fields added later, and a field absent means its default, so a LoRA
+#: config drops every member equal to its default here before hashing. Checked against
+#: PEFT's own ``LoraConfig`` by the tests.
+LORA_DEFAULTS: dict[str, Any] = {
+    "alora_invocation_tokens": None,
+    "alpha_pattern": {},
+    "arrow_config": None,
+    "auto_mapping": None,
+    "bias": "none",
+    "corda_config": None,
+    "ensure_weight_tying": False,
+    "eva_config": None,
+    "exclude_modules": None,
+    "fan_in_fan_out": False,
+    "init_lora_weights": True,
+    "kasa_config": None,
+    "layer_replication": None,
+    "layers_pattern": None,
+    "layers_to_transform": None,
+    "loftq_config": {},
+    "lora_alpha": 8,
+    "lora_bias": False,
+    "lora_ga_config": None,
+    "megatron_config": None,
+    "megatron_core": "megatron.core",
+    "modules_to_save": None,
+    "monteclora_config": None,
+    "qalora_group_size": 16,
+    "r": 8,
+    "rank_pattern": {},
+    "target_parameters": None,
+    "trainable_token_indices": None,
+    "use_bdlora": None,
+    "use_dora": False,
+    "use_qalora": False,
+    "use_rslora": False,
+    "velora_config": None,
+}
+
+#: ``adapter_config.json`` members that PEFT stores from Python sets: a list of strings
+#: there is sorted, since its written order varies between processes.
+ADAPTER_CONFIG_SETS: frozenset[str] = frozenset(
+    {"target_modules", "modules_to_save", "exclude_modules", "target_parameters"}
+)
+
+#: Processor files, whose loader options are dropped like the tokenizer's (6).
+PROCESSOR_FILES: tuple[str, ...] = (
+    "audio_tokenizer_config.json",
+    "feature_extractor_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
+
+#: Top-level members dropped from ``tokenizer_config.json`` and ``special_tokens_map.json``:
+#: where the tokenizer was loaded from, loader options, and the chat template (which
+#: renders messages to text, not text to tokens).
+TOKENIZER_DROPPED: frozenset[str] = frozenset(
+    {
+        "_commit_hash",
+        "_from_pipeline",
+        "_name_or_path",
+        "cache_dir",
+        "chat_template",
+        "force_download",
+        "is_local",
+        "local_files_only",
+        "name_or_path",
+        "proxies",
+        "revision",
+        "special_tokens_map_file",
+        "subfolder",
+        "token",
+        "tokenizer_file",
+        "transformers_version",
+        "trust_remote_code",
+        "use_auth_token",
+    }
+)
+
+_LOADER_JSON_DROPS: dict[str, frozenset[str]] = {
+    "tokenizer_config.json": TOKENIZER_DROPPED,
+    "special_tokens_map.json": TOKENIZER_DROPPED,
+    **dict.fromkeys(PROCESSOR_FILES, TOKENIZER_DROPPED),
+}
+
+
+def canonical_json(value: Any) -> bytes:
+    """RFC 8785 bytes of a parsed JSON value, after the number pre-pass.
+
+    Text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``) raises
+    :class:`NotAModelError`: it has no UTF-8 form, so no canonical form.
+    """
+    try:
+        return rfc8785.dumps(_representable(value))
+    except rfc8785.CanonicalizationError as exc:
+        raise NotAModelError(f"JSON text that is not valid Unicode: {exc}") from exc
+
+
+def _representable(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        if abs(value) <= SAFE_INTEGER:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _representable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_representable(v) for v in value]
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def read_json(path: str | os.PathLike[str], name: str) -> Any:
+    """Parse a small JSON file; a bad one raises :class:`NotAModelError` naming ``name``."""
+    data = _read_small(path, name, MAX_JSON_SIZE)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise NotAModelError(f"{name} is not valid JSON: {exc}", os.fspath(path)) from exc
+
+
+def read_json_object(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """Like :func:`read_json`, for files that must hold a JSON object."""
+    obj = read_json(path, name)
+    if not isinstance(obj, dict):
+        raise NotAModelError(f"{name} does not hold a JSON object", os.fspath(path))
+    return obj
+
+
+def _read_small(path: str | os.PathLike[str], name: str, limit: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise NotAModelError(f"{name} is {size} bytes, over the {limit}-byte limit")
+            return f.read(limit + 1)
+    except OSError as exc:
+        raise NotAModelError(f"cannot read {name}: {exc.strerror or exc}", os.fspath(path)) from exc
+
+
+def drop_config_fields(
+    config: Mapping[str, Any], dropped: frozenset[str] = CONFIG_DROPPED
+) -> dict[str, Any]:
+    """``config`` normalized, without ``dropped``, at top level and in nested sub-configs.
+
+    A nested object is a sub-config when it has a ``model_type`` member (as
+    ``text_config`` or ``encoder`` do); other objects are kept whole. Each
+    (sub-)config is first brought to transformers 5 spelling (:func:`normalize_config`).
+    """
+    normalized = normalize_config(config)
+    return {k: _drop_in_subconfigs(v, dropped) for k, v in normalized.items() if k not in dropped}
+
+
+def _drop_in_subconfigs(value: Any, dropped: frozenset[str]) -> Any:
+    if isinstance(value, dict):
+        if "model_type" in value:
+            return drop_config_fields(value, dropped)
+        return {k: _drop_in_subconfigs(v, dropped) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_drop_in_subconfigs(v, dropped) for v in value]
+    return value
+
+
+def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Rewrite transformers 4 spellings of one config object as transformers 5 reads them.
+
+    - ``torch_dtype`` is ``dtype`` (transformers 5 takes ``dtype`` when both are set);
+    - RoPE: ``rope_parameters`` is ``rope_scaling`` if set, else ``rope_parameters``,
+      with the top-level ``rope_theta`` and ``partial_rotary_factor`` moved in when
+      absent there, ``rope_type`` defaulting to ``type``, else ``"default"`` (a ``type``
+      equal to it is dropped), and ``original_max_position_embeddings`` defaulting to
+      the top-level one, else ``max_position_embeddings``, for ``llama3``, ``yarn`` and
+      ``longrope``. Parameters nested by layer type are left as they are.
+    """
+    out = dict(config)
+    torch_dtype = out.pop("torch_dtype", None)
+    if out.get("dtype") is None and torch_dtype is not None:
+        out["dtype"] = torch_dtype
+    if not any(out.get(k) is not None for k in (*ROPE_MOVED, "rope_parameters")):
+        return out
+    source = out.get("rope_scaling") or out.get("rope_parameters") or {}
+    if not isinstance(source, dict) or _nested_by_layer(out, source):
+        return out
+    both = out.get("rope_scaling"), out.get("rope_parameters")
+    if all(both) and both[0] != both[1]:
+        return out  # two different spellings: which one a model reads is not known
+    if any(
+        out.get(key) is not None and key in source and source[key] != out[key]
+        for key in ROPE_MOVED[1:]
+    ):
+        return out  # a top-level value that disagrees with the parameters: both kept
+    params = dict(source)
+    for key in ROPE_MOVED[1:]:
+        if out.get(key) is not None:
+            params.setdefault(key, out[key])
+    params.setdefault("rope_type", params.get("type", "default"))
+    if params.get("type") == params["rope_type"]:
+        del params["type"]
+    rope_type = params["rope_type"]
+    if isinstance(rope_type, str) and rope_type in ROPE_WITH_ORIGINAL_LENGTH:
+        original = out.get("original_max_position_embeddings", out.get("max_position_embeddings"))
+        if original is not None:
+            params.setdefault("original_max_position_embeddings", original)
+    for key in ROPE_MOVED:
+        out.pop(key, None)
+    out["rope_parameters"] = params
+    return out
+
+
+def _nested_by_layer(config: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    labels = config.get("layer_types")
+    return isinstance(labels, list) and any(key in labels for key in params)
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """The ``config`` hash: SHA-256 of the domain tag and the canonical reduced config."""
+    return hashlib.sha256(CONFIG_DOMAIN + canonical_json(drop_config_fields(config))).hexdigest()
+
+
+def kv_config_hash(config: Mapping[str, Any]) -> str:
+    """The ``kv_config`` hash: the reduced config without :data:`KV_CONFIG_DROPPED` too."""
+    reduced = drop_config_fields(config, CONFIG_DROPPED | KV_CONFIG_DROPPED)
+    return hashlib.sha256(KV_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
+
+
+def adapter_config_hash(config: Mapping[str, Any]) -> str:
+    """The ``config`` hash of an adapter, over ``adapter_config.json`` reduced."""
+    reduced = {k: v for k, v in config.items() if k not in ADAPTER_CONFIG_DROPPED}
+    if reduced.get("peft_type") == "LORA":
+        reduced = {
+            k: v
+            for k, v in reduced.items()
+            if not (k in LORA_DEFAULTS and canonical_json(v) == canonical_json(LORA_DEFAULTS[k]))
+        }
+    for key in ADAPTER_CONFIG_SETS & reduced.keys():
+        value = reduced[key]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            reduced[key] = sorted(value, key=lambda v: v.encode())
+    return hashlib.sha256(ADAPTER_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
+
+
+def tokenizer_view_of_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The members of ``config.json`` that decide the tokenizer (6): at top level and in
+    every sub-config (a nested object with ``model_type``), by member name."""
+    out: dict[str, Any] = {k: config[k] for k in TOKENIZER_CONFIG_MEMBERS if k in config}
+    for key, value in config.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = tokenizer_view_of_config(value)
+    return out
+
+
+def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
+    """The canonical content of one small file: canonical JSON, else the raw bytes."""
+    if not name.endswith(".json"):
+        return _read_small(path, name, MAX_SMALL_FILE_SIZE)
+    value = read_json(path, name)
+    dropped = _LOADER_JSON_DROPS.get(name)
+    if dropped is not None and isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in dropped}
+    try:
+        return canonical_json(value)
+    except NotAModelError as exc:
+        raise NotAModelError(f"{name}: {exc.reason}", os.fspath(path)) from exc
+
+
+#: A small file to hash: ``(repository path, local path)``, or ``(name, content bytes)``.
+SmallFile = tuple[str, "str | os.PathLike[str] | bytes"]
+
+
+def files_hash(domain: bytes, files: Iterable[SmallFile]) -> str | None:
+    """SHA-256 of ``domain``, the file count and each file's name and canonical content."""
+    items = sorted(((name.encode(), name, src) for name, src in files), key=lambda x: x[0])
+    if not items:
+        return None
+    h = hashlib.sha256(domain)
+    h.update(struct.pack("<I", len(items)))
+    for encoded, name, src in items:
+        content = src if isinstance(src, bytes) else small_file_content(src, name)
+        h.update(struct.pack("<I", len(encoded)) + encoded)
+        h.update(struct.pack("<Q", len(content)) + content)
+    return h.hexdigest()

@@ -1,0 +1,318 @@
+"""Fingerprinting a model or adapter directory from its headers and small JSON files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._checkpoint import DEFAULT_INDEX, INDEX_SUFFIX
+from .._errors import CMHError
+from ._canonical import (
+    CODE_DOMAIN,
+    EMBEDDING_DOMAIN,
+    PROCESSOR_DOMAIN,
+    TOKENIZER_DOMAIN,
+    SmallFile,
+    adapter_config_hash,
+    canonical_json,
+    config_hash,
+    files_hash,
+    kv_config_hash,
+    read_json,
+    read_json_object,
+    tokenizer_view_of_config,
+)
+from ._errors import NotAModelError, SemanticError
+from ._files import (
+    ADAPTER_CONFIG_FILE,
+    CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    auto_map_references,
+    group_files,
+)
+from ._model import ModelFingerprint
+from ._task import adapter_task, model_task
+from ._tensors import TensorSummary, summarize
+
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+#: transformers' ``SAFE_WEIGHTS_NAME``: loaded in preference to any index.
+SINGLE_WEIGHTS_FILE = "model.safetensors"
+#: Mistral's native single file, read only by Mistral's own loaders.
+CONSOLIDATED_PREFIX = "consolidated"
+#: Folders never read as part of a model: version control and local tool state.
+SKIPPED_DIRS = frozenset({".git", ".cache", ".cmh", ".huggingface", "__pycache__"})
+#: Bound on the files listed under one model directory (a runaway tree is refused).
+MAX_FILES = 100_000
+
+PathLike = str | os.PathLike[str]
+
+
+def fingerprint(
+    path_or_snapshot: PathLike,
+    *,
+    base: PathLike | ModelFingerprint | None = None,
+    threads: int | None = None,
+) -> ModelFingerprint:
+    """Fingerprint the model or adapter at ``path_or_snapshot``.
+
+    A directory (a model directory or a Hub cache snapshot) is read as
+    transformers loads it: ``model.safetensors`` if present, else the shards of
+    ``model.safetensors.index.json`` (the full rule is in ``spec/semantic.md``
+    1.1), with ``config.json``, the tokenizer, processor and code files. A
+    path to one ``.safetensors`` file takes the tensors of that file only, and
+    the small files beside it. A directory with ``adapter_config.json`` is an adapter;
+    ``base`` (a path or a fingerprint) is the model it applies to.
+
+    Only headers and small files are read when every weight file carries a
+    stamp that may be trusted (``spec/semantic.md`` 2.1: manifest agrees with
+    the record, not expired, not modified since stamped); other weight files
+    are hashed (named in ``hashed_files``; ``untrusted_stamps`` says why a
+    stamp was not used).
+    """
+    target = os.fspath(path_or_snapshot)
+    if os.path.isdir(target):
+        return fingerprint_files(_listing(target), base=base, threads=threads, source=target)
+    if os.path.isfile(target):
+        name = os.path.basename(target)
+        if not name.endswith(".safetensors"):
+            raise NotAModelError("not a directory or a .safetensors file", target)
+        siblings = _listing(os.path.dirname(os.path.abspath(target)))
+        return fingerprint_files(
+            siblings, base=base, threads=threads, source=target, weight_files=(name,)
+        )
+    raise NotAModelError("no such file or directory", target)
+
+
+def _listing(directory: str) -> dict[str, str]:
+    """Every file under ``directory`` by repository path (``a/b.py``), symlinks followed."""
+    out: dict[str, str] = {}
+
+    def failed(exc: OSError) -> None:
+        raise NotAModelError(f"cannot list directory: {exc.strerror or exc}", directory) from exc
+
+    for here, dirs, names in os.walk(directory, onerror=failed, followlinks=True):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+        rel = os.path.relpath(here, directory)
+        for name in names:
+            full = os.path.join(here, name)
+            if not os.path.isfile(full):
+                continue
+            out[name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")] = full
+            if len(out) > MAX_FILES:
+                raise NotAModelError(f"more than {MAX_FILES} files", directory)
+    return out
+
+
+def fingerprint_files(
+    files: Mapping[str, PathLike],
+    *,
+    base: PathLike | ModelFingerprint | None = None,
+    threads: int | None = None,
+    source: str | None = None,
+    weight_files: tuple[str, ...] | None = None,
+) -> ModelFingerprint:
+    """Fingerprint a model given as repository file names mapped to local paths.
+
+    For callers whose files are not laid out as a directory (a mirror's
+    content-addressed store): ``files`` maps each repository path (``"config.json"``,
+    ``"model-00001-of-00002.safetensors"``, ``"1_Pooling/config.json"``) to where its
+    bytes are. Weights are top-level files; files in subfolders are code or
+    sentence-transformers inputs (``spec/semantic.md`` 1.2). ``weight_files`` restricts the
+    tensors to those files (the index is then not used).
+
+    Every error about the input is a :class:`~cmh.semantic.SemanticError`
+    (an invalid safetensors file or index: :class:`NotAModelError`, with the
+    format library's error as its cause); an ``OSError`` means a file could
+    not be read while hashing.
+    """
+    top = dict(files)
+    try:
+        if ADAPTER_CONFIG_FILE in top:
+            fp = _adapter(top, threads, source)
+            if base is not None:
+                base_fp = (
+                    base
+                    if isinstance(base, ModelFingerprint)
+                    else fingerprint(base, threads=threads)
+                )
+                fp = fp.with_base(base_fp)
+            return fp
+        if base is not None:
+            raise SemanticError(f"{source or 'input'}: a base applies to adapter directories only")
+        return _model(top, threads, source, weight_files)
+    except SemanticError:
+        raise
+    except CMHError as exc:  # an invalid weight file or index: not a readable model
+        raise NotAModelError(str(exc)) from exc
+
+
+def _model(
+    top: Mapping[str, PathLike],
+    threads: int | None,
+    source: str | None,
+    weight_files: tuple[str, ...] | None,
+) -> ModelFingerprint:
+    weight_map: dict[str, str] | None = None
+    index_name: str | None = None
+    if weight_files is None:
+        weight_files, index_name, weight_map = _select_weights(top, source)
+    missing = [name for name in weight_files if name not in top]
+    if missing:
+        raise NotAModelError(
+            f"{index_name or 'input'} names a missing shard {missing[0]!r}", source
+        )
+    summary = summarize(
+        {n: top[n] for n in weight_files}, weight_map, threads=threads, source=source
+    )
+    config: dict[str, Any] | None = None
+    if CONFIG_FILE in top:
+        config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
+    family = _family(config)
+    small = _SmallFiles(top, config)
+    read = [*weight_files, *([index_name] if index_name else []), *small.names]
+    if config is not None:
+        read.append(CONFIG_FILE)
+    return ModelFingerprint(
+        arch=_nonempty_str(config, "model_type"),
+        family=family,
+        task=model_task(config or {}, family),
+        config=_named(CONFIG_FILE, config_hash, config),
+        kv_config=_named(CONFIG_FILE, kv_config_hash, config),
+        files=tuple(sorted(read)),
+        **_read_fields(summary, small),
+    )
+
+
+def _read_fields(summary: TensorSummary, small: _SmallFiles) -> dict[str, Any]:
+    """The fields a model's and an adapter's fingerprints both take from what was read."""
+    return {
+        "graph": summary.graph, "weights": summary.weights, "tokenizer": small.tokenizer,
+        "processor": small.processor, "code": small.code, "embedding": small.embedding,
+        "missing_code": small.missing_code, "missing_tokenizer_code": small.missing_tokenizer_code,
+        "tensor_count": summary.tensor_count, "tensor_bytes": summary.tensor_bytes,
+        "hashed_files": summary.hashed_files, "untrusted_stamps": summary.untrusted_stamps,
+    }  # fmt: skip
+
+
+def _adapter(
+    top: Mapping[str, PathLike], threads: int | None, source: str | None
+) -> ModelFingerprint:
+    if ADAPTER_WEIGHTS_FILE not in top:
+        raise NotAModelError(
+            f"{ADAPTER_CONFIG_FILE} without {ADAPTER_WEIGHTS_FILE} (only safetensors adapters "
+            "are read)",
+            source,
+        )
+    adapter_config = read_json_object(top[ADAPTER_CONFIG_FILE], ADAPTER_CONFIG_FILE)
+    summary = summarize(
+        {ADAPTER_WEIGHTS_FILE: top[ADAPTER_WEIGHTS_FILE]}, threads=threads, source=source
+    )
+    small = _SmallFiles(top, None)
+    peft_type = _nonempty_str(adapter_config, "peft_type")
+    return ModelFingerprint(
+        arch=None,
+        family=None,
+        task=adapter_task(adapter_config),
+        config=_named(ADAPTER_CONFIG_FILE, adapter_config_hash, adapter_config),
+        adapter_type=peft_type or "unknown",
+        base_model=_nonempty_str(adapter_config, "base_model_name_or_path"),
+        files=tuple(sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, *small.names])),
+        **_read_fields(summary, small),
+    )
+
+
+class _SmallFiles:
+    """The tokenizer, processor, code and embedding files of a directory and their ids."""
+
+    def __init__(self, files: Mapping[str, PathLike], config: Mapping[str, Any] | None) -> None:
+        tokenizer_config: dict[str, Any] | None = None
+        if TOKENIZER_CONFIG_FILE in files:
+            raw = read_json(files[TOKENIZER_CONFIG_FILE], TOKENIZER_CONFIG_FILE)
+            tokenizer_config = raw if isinstance(raw, dict) else None
+        refs = auto_map_references(
+            [(CONFIG_FILE, config), (TOKENIZER_CONFIG_FILE, tokenizer_config)], files
+        )
+        groups = group_files(
+            files,
+            tokenizer_code=refs.tokenizer_code,
+            tokenizer_only=_fast_tokenizer_files(tokenizer_config),
+        )
+        self.names = groups.names
+        self.missing_code = refs.missing_model_code
+        self.missing_tokenizer_code = refs.missing_tokenizer_code
+        tokenizer: list[SmallFile] = [(n, files[n]) for n in groups.tokenizer]
+        if tokenizer and config is not None:
+            # config.json decides the tokenizer class: its deciding members join the id
+            tokenizer.append((CONFIG_FILE, canonical_json(tokenizer_view_of_config(config))))
+        self.tokenizer = files_hash(TOKENIZER_DOMAIN, tokenizer)
+        self.processor = files_hash(PROCESSOR_DOMAIN, [(n, files[n]) for n in groups.processor])
+        self.code = files_hash(CODE_DOMAIN, [(n, files[n]) for n in groups.code])
+        self.embedding = files_hash(EMBEDDING_DOMAIN, [(n, files[n]) for n in groups.embedding])
+
+
+def _fast_tokenizer_files(tokenizer_config: Mapping[str, Any] | None) -> list[str]:
+    """The file names ``fast_tokenizer_files`` lists (a tokenizer loads one instead of
+    ``tokenizer.json``): tokenizer inputs whatever they are named."""
+    listed = (tokenizer_config or {}).get("fast_tokenizer_files")
+    return [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
+
+
+def _select_weights(
+    top: Mapping[str, PathLike], source: str | None
+) -> tuple[tuple[str, ...], str | None, dict[str, str] | None]:
+    """The weight files a loader reads, in transformers' order of precedence.
+
+    ``model.safetensors``, else the shards of ``model.safetensors.index.json``,
+    else the shards of the only other ``*.safetensors.index.json``, else every
+    top-level ``*.safetensors`` but Mistral's ``consolidated*.safetensors``
+    (taken only when nothing else is there).
+    """
+    if SINGLE_WEIGHTS_FILE in top:
+        return (SINGLE_WEIGHTS_FILE,), None, None
+    top = {name: path for name, path in top.items() if "/" not in name}  # weights: top level
+    indexes = sorted(name for name in top if name.endswith(INDEX_SUFFIX))
+    if DEFAULT_INDEX not in indexes and len(indexes) > 1:
+        raise NotAModelError(
+            f"several safetensors indexes and none is {DEFAULT_INDEX}: "
+            f"{', '.join(indexes)}; which one is loaded is not known",
+            source,
+        )
+    if indexes:
+        index = DEFAULT_INDEX if DEFAULT_INDEX in indexes else indexes[0]
+        obj = read_json_object(top[index], index)
+        weight_map = obj.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise NotAModelError(f"{index} has no weight_map of tensor name to file name", source)
+        return tuple(sorted(set(weight_map.values()))), index, dict(weight_map)
+    shards = sorted(name for name in top if name.endswith(".safetensors"))
+    loaded = [name for name in shards if not name.startswith(CONSOLIDATED_PREFIX)]
+    if not shards:
+        raise NotAModelError("no *.safetensors weights and no safetensors index", source)
+    return tuple(loaded or shards), None, None
+
+
+def _nonempty_str(obj: Mapping[str, Any] | None, key: str) -> str | None:
+    value = (obj or {}).get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _family(config: Mapping[str, Any] | None) -> str | None:
+    architectures = (config or {}).get("architectures")
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        return architectures[0] or None
+    return None
+
+
+def _named(
+    name: str, digest: Callable[[Mapping[str, Any]], str], obj: Mapping[str, Any] | None
+) -> str | None:
+    """``digest(obj)``, with the file named in a canonicalization error; None without obj."""
+    if obj is None:
+        return None
+    try:
+        return digest(obj)
+    except NotAModelError as exc:
+        raise NotAModelError(f"{name}: {exc.reason}") from exc

@@ -1,0 +1,105 @@
+"""Housekeeping of what the stock client leaves behind in a cache.
+
+- Orphan ``blobs/{etag}.{id}.incomplete`` files of killed stock downloads
+  (the stock client never reuses them): when no process holds the blob lock,
+  the longest one becomes ``blobs/{etag}.incomplete``, the resumable partial
+  of the resolver, and the others are removed; all are removed once the
+  blob exists.
+- Stale ``.no_exist/{commit}/{path}`` entries: a path recorded as absent
+  that the commit's listing contains, and whole ``.no_exist/{commit}``
+  folders of commits that have neither a snapshot nor a ref.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._layout import COMMIT_RE, ETAG_PATTERN, RepoLayout
+from ._locks import LockBusy, blob_lock
+
+_ORPHAN_RE = re.compile(rf"^({ETAG_PATTERN})\.[0-9a-f]+\.incomplete$")
+
+
+@dataclass
+class HousekeepingReport:
+    """What one pass removed or adopted (paths)."""
+
+    adopted: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+def adopt_orphans(repo: RepoLayout, report: HousekeepingReport | None = None) -> HousekeepingReport:
+    """Turn orphan stock partial downloads into resumable partials, or remove them."""
+    report = report if report is not None else HousekeepingReport()
+    if not repo.blobs.is_dir():
+        return report
+    by_etag: dict[str, list[Path]] = {}
+    for entry in repo.blobs.iterdir():
+        match = _ORPHAN_RE.match(entry.name)
+        if match:
+            by_etag.setdefault(match.group(1), []).append(entry)
+    for etag, orphans in by_etag.items():
+        try:
+            with blob_lock(repo, etag, timeout=0):
+                _adopt(repo, etag, orphans, report)
+        except LockBusy:
+            continue  # a live download owns them
+    return report
+
+
+def _adopt(repo: RepoLayout, etag: str, orphans: list[Path], report: HousekeepingReport) -> None:
+    target = repo.blobs / f"{etag}.incomplete"
+    blob_exists = repo.blob_path(etag).exists()
+
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size
+        except OSError:
+            return -1
+
+    best = max(orphans, key=size)
+    if not blob_exists and size(best) > max(size(target), 0):
+        os.replace(best, target)
+        report.adopted.append(str(target))
+        orphans = [o for o in orphans if o != best]
+    for o in orphans:
+        with contextlib.suppress(FileNotFoundError):
+            o.unlink()
+            report.removed.append(str(o))
+    if blob_exists:
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()
+            report.removed.append(str(target))
+
+
+def clean_no_exist(
+    repo: RepoLayout,
+    commit: str | None = None,
+    files: Collection[str] | None = None,
+    report: HousekeepingReport | None = None,
+) -> HousekeepingReport:
+    """Remove ``.no_exist`` entries of ``commit`` naming paths in ``files``, and dead commits'."""
+    report = report if report is not None else HousekeepingReport()
+    base = repo.no_exist
+    if not base.is_dir():
+        return report
+    if commit is not None and files is not None:
+        folder = base / commit
+        for path in files:
+            entry = folder.joinpath(*path.split("/"))
+            if entry.is_file():
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    report.removed.append(str(entry))
+    live = set(repo.commits()) | set(repo.refs_by_name().values())
+    for folder in base.iterdir():
+        if COMMIT_RE.match(folder.name) and folder.name not in live and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            report.removed.append(str(folder))
+    return report

@@ -1,0 +1,145 @@
+"""Inter-process locks on a cache or store, shared by the resolver, mirror and pruner.
+
+All lock files live in ``{root}/.locks/{repo_folder}/``, the folder the stock
+client already uses, so the stock scanner ignores them. Locks are
+``fcntl.flock`` locks: released by the kernel when a process dies.
+
+- ``blob_lock``: exclusive, the stock client's own ``{etag}.lock``: one
+  downloader per blob, whether stock or cmh.
+- ``repo_lock``: shared by resolvers while they fill or swap a snapshot and by
+  the mirror while it reads; exclusive for a pruner while it deletes.
+- ``revision_lock``: shared by anyone using one commit's snapshot; exclusive
+  for a pruner deleting that commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._layout import RepoLayout
+
+#: Lock files are group-writable, like the stock client's (``FileLock(mode=0o664)``),
+#: so a cache shared by a group can be locked by every member.
+LOCK_FILE_MODE = 0o664
+
+
+class LockBusy(TimeoutError):
+    """The lock could not be taken within the time allowed."""
+
+
+@contextlib.contextmanager
+def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> Iterator[None]:
+    """Hold an ``flock`` on ``path`` (created if needed).
+
+    ``timeout=None`` waits forever, ``0`` tries once; :class:`LockBusy` otherwise.
+    A holder may delete the lock file (:func:`unlink_held`): a process that was
+    waiting on the old file then locks the new one instead, so mutual exclusion
+    survives lock-file cleanup.
+    """
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_FILE_MODE)
+        except (FileNotFoundError, FileExistsError):
+            # A pruner removed the lock folder between our looks at it: make it again.
+            continue
+        with contextlib.suppress(PermissionError):  # another user's lock file: keep its mode
+            os.fchmod(fd, LOCK_FILE_MODE)  # not narrowed by the umask, as the stock client does
+        try:
+            _acquire(fd, mode, deadline, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _still_linked(fd, path):
+            break
+        # A pruner removed (or replaced) the lock file while we waited: lock the new one.
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _acquire(fd: int, mode: int, deadline: float | None, path: Path) -> None:
+    if deadline is None:
+        fcntl.flock(fd, mode)
+        return
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if time.monotonic() >= deadline:
+                raise LockBusy(f"lock {path} is held by another process") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    """True when ``fd`` is still the file at ``path`` (not unlinked or replaced since opened)."""
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return held.st_nlink > 0 and (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
+
+
+def unlink_held(path: Path) -> None:
+    """Remove a lock file while holding it; waiters notice and lock a fresh file."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def blob_lock(
+    repo: RepoLayout, etag: str, timeout: float | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """The stock client's per-blob download lock."""
+    return flock(repo.locks / f"{etag}.lock", timeout=timeout)
+
+
+def repo_lock(
+    repo: RepoLayout, *, shared: bool, timeout: float | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """Shared while filling or reading, exclusive while deleting."""
+    return flock(repo.locks / "cmh.repo.lock", shared=shared, timeout=timeout)
+
+
+def revision_lock(
+    repo: RepoLayout, commit: str, *, shared: bool, timeout: float | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """Shared while a commit's snapshot is in use, exclusive while it is deleted."""
+    repo.snapshot_dir(commit)  # validates the commit
+    return flock(repo.locks / f"cmh.rev.{commit}.lock", shared=shared, timeout=timeout)
+
+
+@contextlib.contextmanager
+def snapshot_in_use(
+    repo: RepoLayout, commit: str, *, timeout: float | None = None
+) -> Iterator[Path]:
+    """Hold ``commit``'s snapshot against pruning while it is read; yield its folder.
+
+    Raises :class:`FileNotFoundError` when the snapshot is already gone (pruned
+    before the lock was taken): resolve again. To leave no such window, take it
+    while the shared repo lock that covered the resolve is still held.
+    """
+    with revision_lock(repo, commit, shared=True, timeout=timeout):
+        folder = repo.snapshot_dir(commit)
+        if not folder.is_dir():
+            raise FileNotFoundError(2, "snapshot was pruned", str(folder))
+        yield folder

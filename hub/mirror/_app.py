@@ -1,0 +1,1073 @@
+"""The mirror's HTTP application: Hub API handlers over a store (aiohttp).
+
+Transport only: routing lives in :mod:`~cmh.hub.mirror._routes`, ranges in
+:mod:`~cmh.hub.mirror._ranges`, access control in :mod:`~cmh.hub.mirror._auth`,
+the store's read side in :mod:`~cmh.hub.mirror._index`, the Hub's JSON
+documents and cursors in :mod:`~cmh.hub.mirror._documents` and
+:mod:`~cmh.hub.mirror._hub_documents`, card fields and parameter counts in
+:mod:`~cmh.hub.mirror._derived`, commit history in
+:mod:`~cmh.hub.mirror._history`, repo listings in :mod:`~cmh.hub.mirror._catalog`,
+the fingerprint cache in :mod:`~cmh.hub.mirror._fingerprints`, byte sending in
+:mod:`~cmh.hub.mirror._send`. No handler ever sends a Xet header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+from aiohttp import web
+from cmh.hub.cache import LayoutError, RepoLayout, validate_relpath
+
+from . import _catalog as catalog
+from . import _documents as documents
+from . import _hub_documents as hub_documents
+from ._auth import AccessPolicy, bearer_token
+from ._connections import ConnectionGuard
+from ._cuts import CutLedger
+from ._derived import DerivedCache
+from ._errors import HubError
+from ._fingerprints import FingerprintCache
+from ._index import CommitIndex, FileEntry, IndexCache
+from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
+from ._ranges import ByteRange, RangeNotSatisfiable, parse_range, reaches_end
+from ._routes import BadTarget, NoRoute, Route, parse_target
+from ._send import BlobUnavailable, BodyCut, Gate, Pieces, frame, open_blob, send_body
+from ._upstream import UpstreamError
+from ._verify import BlobVerifier, FileVersion, record_path
+
+if TYPE_CHECKING:
+    from ._filling import Fills
+    from ._upstream import Upstream
+    from .stores import MirrorStore
+
+DEFAULT_PAGE_SIZE = 1000
+EXPAND_PAGE_SIZE = 50
+COMMITS_PAGE_SIZE = 50
+MAX_PATHS_INFO = 1000
+#: Form fields a paths-info body may hold: the paths and a few flags (``expand``).
+MAX_FORM_FIELDS = MAX_PATHS_INFO + 8
+#: Seconds a request waits for the first check of a blob before its headers are sent;
+#: a longer check goes on while the body streams, and gates the body's last byte.
+VERIFY_WAIT = 2.0
+_TRUE = {"1", "true", "yes", "on"}
+#: Seconds a pull-through request waits for a revalidation before a usable stale copy
+#: answers (the revalidation goes on; spec/hub-mirror.md 8.2).
+STALE_AFTER = 3.0
+#: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
+MANIFEST_FILL_WAIT = 8.0
+
+
+@dataclass
+class MirrorState:
+    """Everything the handlers share in one worker process."""
+
+    backend: MirrorStore
+    policy: AccessPolicy
+    metrics: Metrics
+    page_size: int = DEFAULT_PAGE_SIZE
+    public_url: str | None = None  # base of links sent; None: each connection's local address
+    guard: ConnectionGuard | None = None
+    body_timeout: float = 20.0  # seconds to receive a request body (paths-info)
+    indexes: IndexCache | None = None
+    verifier: BlobVerifier = field(default_factory=BlobVerifier)
+    fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
+    derived: DerivedCache = field(default_factory=DerivedCache)
+    delivery: str = "proxy"  # one of ``backend.deliveries``
+    x_accel_prefix: str = "/_cmh_blobs/"
+    upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
+    fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
+    cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
+
+    #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
+    #: fills); a placeholder that holds nothing for a remote store.
+    store: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        root = self.backend.local_root()
+        self.store = (root or Path(os.devnull)).resolve()
+        # one cache of commit indexes for the API and the pages (the store's own, if any)
+        self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
+
+
+STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
+STALE_KEY = "cmh_stale_warning"  # request key: the Warning of an answer served stale
+
+
+def make_app(state: MirrorState, pages: Any = None) -> web.Application:
+    """The aiohttp application serving ``state.store`` (``pages``: the web pages' options)."""
+    from .web import WebOptions, add_routes
+
+    app = web.Application(
+        client_max_size=1 << 20,
+        client_max_fields=MAX_FORM_FIELDS,
+        middlewares=[_busy] if state.guard is not None else [],
+    )
+    app[STORE_KEY] = state
+    add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.on_response_prepare.append(_origin_headers)
+    sender = state.backend.remote_sender(state.delivery)
+    if sender is not None:
+
+        async def close_sender(app: web.Application) -> None:
+            await sender.close()
+
+        app.on_cleanup.append(close_sender)
+    return app
+
+
+@web.middleware
+async def _busy(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every route (the web pages too) counts as busy in the connection guard while it works."""
+    state = request.app[STORE_KEY]
+    assert state.guard is not None
+    with state.guard.answering(request.transport):
+        return await handler(request)  # type: ignore[no-any-return]
+
+
+#: Every answer of the origin (API, files, errors): nothing is sniffed as a document, and
+#: an answer opened as one runs nothing (the web pages send their own, wider policy).
+ORIGIN_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
+
+
+async def _origin_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Content-Security-Policy", ORIGIN_CSP)
+
+
+def _error(err: HubError) -> web.Response:
+    headers = dict(err.headers)
+    if err.code:
+        headers["X-Error-Code"] = err.code
+    headers["X-Error-Message"] = err.message
+    response = web.json_response({"error": err.message}, status=err.status, headers=headers)
+    if headers.get("Connection") == "close":
+        response.force_close()  # at once: no lingering read of a body that does not come
+    return response
+
+
+async def dispatch(request: web.Request) -> web.StreamResponse:
+    """Route one request and turn every refusal into a typed 4xx answer."""
+    state = request.app[STORE_KEY]
+    if state.guard is None:
+        return await _dispatch(request, state)
+    with state.guard.answering(request.transport):
+        return await _dispatch(request, state)
+
+
+async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamResponse:
+    request[ROUTE_KEY] = "invalid"
+    try:
+        try:
+            route = parse_target(request.raw_path)
+        except BadTarget as exc:
+            raise HubError(400, "BadRequest", str(exc)) from None
+        except NoRoute as exc:
+            page = await _hub_page(request)  # /org/name, .../tree/REV, ...: a browser page
+            if page is not None:
+                return page
+            raise HubError(404, None, str(exc)) from None
+        request[ROUTE_KEY] = route.kind
+        allowed = ("POST",) if route.kind == "paths_info" else ("GET", "HEAD")
+        if request.method not in allowed:
+            raise HubError(405, None, "method not allowed", {"Allow": ", ".join(allowed)})
+        if route.kind == "health":
+            return web.json_response({"status": "ok", "pid": os.getpid()})
+        if route.kind == "metrics":
+            body = await asyncio.get_running_loop().run_in_executor(None, state.metrics.exposition)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        if route.kind == "agent_harnesses":
+            return await _agent_harnesses(state)
+        token = bearer_token(request.headers.get("Authorization"))
+        if route.kind == "list_repos":
+            return await _list_repos(request, state, route, token)
+        if route.kind in ("refs", "auth_check"):
+            request[INFO_KEY] = {"repo": route.repo_id}
+            handler = _refs if route.kind == "refs" else _auth_check
+            answer: web.Response = await _run(handler, state, route, token)
+            return answer
+        if state.upstream is not None:
+            await _pull(request, state, route, token)
+        index = await _run(_lookup, state, route, token, route.kind == "resolve")
+        request[INFO_KEY] = {"repo": route.repo_id, "commit": index.commit}
+        if route.kind == "resolve":
+            return await _resolve(request, state, route, index)
+        if route.kind == "repo_info":
+            answer = await _run(_repo_info, state, route, index)
+        elif route.kind == "tree":
+            answer = await _tree(request, route, index)
+        elif route.kind == "paths_info":
+            answer = await _paths_info(request, state, route, index)
+        elif route.kind == "commits":
+            answer = await _commits(request, state, route, index)
+        elif route.kind == "manifest":
+            answer = await _manifest(state, route, index)
+        else:
+            answer = await _fingerprint(state, route, index)
+        if request.get(STALE_KEY):
+            answer.headers["Warning"] = request[STALE_KEY]
+        return answer
+    except HubError as err:
+        return _error(err)
+
+
+async def _hub_page(request: web.Request) -> web.StreamResponse | None:
+    """The web page a Hub-style page URL names, for a target the API has no route for."""
+    if request.method not in ("GET", "HEAD"):
+        return None
+    from .web import _pages as pages
+
+    if pages.WEB_KEY not in request.app:
+        return None  # an app made without the pages
+    return await pages.hub_page(request)
+
+
+async def _pull(request: web.Request, state: MirrorState, route: Route, token: str | None) -> None:
+    """Pull-through: make the route's revision answerable from the store (upstream.py).
+
+    Only for a reader the mirror's own tokens admit; the client's credentials
+    are never passed on.
+    """
+    assert state.upstream is not None
+    if state.policy.names(route.repo_type, route.repo_id) and not state.policy.can_read(
+        route.repo_type, route.repo_id, token
+    ):
+        return  # the operator's private repo: it looks missing, the upstream is not asked
+    # A repo private or gated at the upstream is asked for anyway: the upstream's refusal of
+    # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
+    # token reads is kept but not served without a grant (_readable).
+    revision = route.revision or "main"
+    loop = asyncio.get_running_loop()
+    pending = loop.run_in_executor(
+        None, _prepare_checked, state.upstream, route.repo_type, route.repo_id, revision
+    )
+    try:
+        note = await asyncio.wait_for(asyncio.shield(pending), STALE_AFTER)
+    except TimeoutError:
+        # A stalled upstream: answer from a usable stale copy while the revalidation goes on.
+        note = await _run(state.upstream.stale_note, route.repo_type, route.repo_id, revision)
+        if note is None:
+            note = await _settled(pending)
+        else:
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+    except UpstreamError as exc:
+        raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
+    request[STALE_KEY] = note
+
+
+def _prepare_checked(upstream: Upstream, repo_type: str, repo_id: str, revision: str) -> Any:
+    """``upstream.prepare``; a store whose storage fails meanwhile answers 503."""
+    with _store_errors():
+        return upstream.prepare(repo_type, repo_id, revision)
+
+
+async def _settled(pending: asyncio.Future[Any]) -> Any:
+    try:
+        return await pending
+    except UpstreamError as exc:
+        raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
+
+
+#: The agent harness registry answered without an upstream: no harness is known.
+EMPTY_HARNESSES: dict[str, Any] = {"standardEnvVars": [], "harnesses": {}}
+MAX_HARNESSES = 1 << 16  # bytes of an upstream registry kept
+
+
+async def _agent_harnesses(state: MirrorState) -> web.Response:
+    """``/api/agent-harnesses``: the upstream's registry in pull-through mode, else an empty one.
+
+    huggingface_hub caches the answer a day, so a stock client asks once a day, not
+    once per process. An upstream that fails or answers something not shaped like
+    the registry gives a typed 503 (the client keeps no answer and asks again later).
+    """
+    if state.upstream is None:
+        return web.json_response(EMPTY_HARNESSES)
+    try:
+        registry = await _run(_upstream_harnesses, state.upstream)
+    except Exception as exc:  # any upstream failure is the upstream's, typed below
+        message = f"upstream registry unavailable: {exc}"
+        raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"}) from None
+    return web.json_response(registry)
+
+
+def _upstream_harnesses(upstream: Upstream) -> dict[str, Any]:
+    """The upstream's registry through the upstream's own client (its token, its retries)."""
+    import json
+
+    client = upstream._client()
+    registry, _ = client._get_json(f"{upstream.url}/api/agent-harnesses")
+    upstream._count(1, 0)
+    if (
+        not isinstance(registry, dict)
+        or not isinstance(registry.get("standardEnvVars", []), list)
+        or not isinstance(registry.get("harnesses", {}), dict)
+        or len(json.dumps(registry)) > MAX_HARNESSES
+    ):
+        raise ValueError("the answer is not an agent harness registry")
+    return registry
+
+
+async def _run(func: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, func, *args)
+
+
+def _readable(state: MirrorState, route: Route, token: str | None) -> None:
+    """RepoNotFound when the route's repo is missing or private and not opened; the Hub's
+    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`)."""
+    with _store_errors():  # always looked at: a refused name answers as fast as a missing one
+        exists = state.backend.repo_exists(route.repo_type, route.repo_id)
+    if not state.policy.can_read(route.repo_type, route.repo_id, token):
+        raise _closed(state, route, token)
+    if not exists:
+        raise HubError(404, "RepoNotFound", "Repository not found")
+
+
+def _closed(state: MirrorState, route: Route, token: str | None) -> HubError:
+    """What huggingface.co answers a reader a repo is closed to: for a repo the upstream
+    marks gated (public there, and not named in the tokens file), ``GatedRepo`` with 401
+    to a reader without a token and 403 to one whose token it does not grant; else the
+    answer of a missing repo."""
+    upstream = state.upstream
+    if (
+        upstream is None
+        or state.policy.names(route.repo_type, route.repo_id)
+        or not upstream.pull.gated(route.repo_type, route.repo_id)
+    ):
+        return HubError(404, "RepoNotFound", "Repository not found")
+    what = f"Access to {route.repo_type} {route.repo_id} is restricted"
+    if token is None:
+        message = f"{what}. You must have access to it and be authenticated to access it. "
+        return HubError(401, "GatedRepo", message + "Please log in.")
+    page = f"{upstream.url}/{'' if route.repo_type == 'model' else route.repo_type + 's/'}"
+    message = f"{what} and you are not in the authorized list. Visit {page}{route.repo_id}"
+    return HubError(403, "GatedRepo", message + " to ask for access.")
+
+
+def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> CommitIndex:
+    """The index of the commit a route names; RepoNotFound also for a closed private repo."""
+    _readable(state, route, token)
+    revision = route.revision or "main"
+    with _store_errors():
+        index = state.backend.resolve(route.repo_type, route.repo_id, revision, used=used)
+    if index is None:
+        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+    return index
+
+
+@contextlib.contextmanager
+def _store_errors() -> Iterator[None]:
+    """A store whose storage fails (or holds an invalid tree) answers 503."""
+    from .stores import StoreUnavailable
+
+    try:
+        yield
+    except StoreUnavailable as exc:
+        raise HubError(503, "StoreUnavailable", f"store unavailable: {exc}",
+                       {"Retry-After": "5"}) from None  # fmt: skip
+
+
+# -- resolve -----------------------------------------------------------------------------
+
+
+def _etag_in(header: str | None, etag: str) -> bool:
+    if header is None:
+        return False
+    for item in header.split(","):
+        tag = item.strip()
+        if tag == "*" or tag.removeprefix("W/").strip('"') == etag:
+            return True
+    return False
+
+
+async def _resolve(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> web.StreamResponse:
+    entry = index.files.get(route.path)
+    if entry is None and route.path in index.unavailable:
+        raise HubError(503, "BlobUnavailable", "blob unavailable", {"Retry-After": "60"})
+    if entry is None:
+        raise HubError(
+            404, "EntryNotFound", f"{route.path} does not exist on {route.revision}",
+            {"X-Repo-Commit": index.commit},
+        )  # fmt: skip
+    headers = {
+        "X-Repo-Commit": index.commit,
+        "ETag": f'"{entry.etag}"',
+        "X-Linked-Etag": f'"{entry.etag}"',
+        "X-Linked-Size": str(entry.size),
+        "Accept-Ranges": "bytes",
+        "Content-Type": "application/octet-stream",
+        "Content-Disposition": f"inline; filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",
+    }
+    if request.get(STALE_KEY):
+        headers["Warning"] = request[STALE_KEY]
+    if _etag_in(request.headers.get("If-None-Match"), entry.etag):
+        response = web.StreamResponse(status=304, headers=headers)
+        await response.prepare(request)
+        await response.write_eof()
+        return response
+    range_header = request.headers.get("Range")
+    if_range = request.headers.get("If-Range")
+    if range_header is not None and if_range is not None and not _etag_in(if_range, entry.etag):
+        range_header = None
+        request[RANGE_KEY] = "full"
+    try:
+        ranges = parse_range(range_header, entry.size)
+    except RangeNotSatisfiable as exc:
+        request[RANGE_KEY] = "unsatisfiable"
+        raise HubError(
+            416, "RangeNotSatisfiable", str(exc),
+            {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
+        ) from None  # fmt: skip
+    if ranges is not None and _recently_cut(state, route, entry):
+        ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
+    sender = state.backend.remote_sender(state.delivery)
+    asked = _Asked(route, index, entry, headers, ranges, range_header)
+    if state.fills is not None and not await _run(_present, state, entry):
+        return await _resolve_filling(request, state, asked)  # filled now, sent as it arrives
+    if request.method == "HEAD" and not (sender is not None and sender.redirects):
+        return await _head(request, state, asked)
+    if state.delivery == "x-accel" or sender is not None:
+        return await _resolve_elsewhere(request, state, asked)
+    try:
+        f = await _open_or_fill(state, entry)
+    except _MustFill:
+        return await _resolve_filling(request, state, asked)
+    try:
+        gate = await _verified(request, state, entry, f, reaches_end(ranges, entry.size))
+        response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
+        await response.prepare(request)
+        try:
+            request[BYTES_KEY] = await send_body(request, response, f, pieces, tail, gate)
+        except BodyCut as cut:
+            request[BYTES_KEY] = cut.sent
+            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
+            await _run(_record_cut, state, route, entry.etag)
+        except ConnectionError:  # the client went away mid-body: nothing to report
+            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
+        return response
+    finally:
+        f.close()
+
+
+class _MustFill(Exception):
+    """Pull-through: the store lacks the blob; a fill is to send it."""
+
+
+async def _open_or_fill(state: MirrorState, entry: FileEntry) -> io.FileIO:
+    """The entry's blob, open; :class:`_MustFill` when pull-through is to fill it, a 503
+    when it is unavailable otherwise."""
+    try:
+        f: io.FileIO = await _run(_open_checked, state, entry)
+        return f
+    except BlobUnavailable as exc:
+        if state.fills is None:
+            raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+        if not os.path.lexists(entry.source):
+            raise _MustFill from None
+    try:  # a fill installed it between the open and the look
+        f = await _run(_open_checked, state, entry)
+        return f
+    except BlobUnavailable as again:
+        raise HubError(503, "BlobUnavailable", str(again), {"Retry-After": "60"}) from None
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """One file a resolve request names, and what its answer is made of."""
+
+    route: Route
+    index: CommitIndex
+    entry: FileEntry
+    headers: dict[str, str]
+    ranges: list[ByteRange] | None
+    range_header: str | None
+
+
+async def _head(request: web.Request, state: MirrorState, asked: _Asked) -> web.StreamResponse:
+    """The one answer to a ``HEAD`` of a file (every delivery but a redirect, whose
+    answer has no body anyway): the status and headers its ``GET`` would have.
+
+    The blob must be sendable (present, of its size, not known bad: else 503), but
+    none of its bytes are read: a check not made yet starts beside the answer on a
+    folder (the ``GET`` that follows joins it), and waits for a ``GET`` on a bucket.
+    Pull-through starts the fill of a blob the store lacks (``X-Cmh-Filling``).
+    """
+    entry = asked.entry
+    extra = {}
+    sender = state.backend.remote_sender(state.delivery)
+    try:
+        if sender is not None:
+            await sender.ready(entry)
+        else:
+            try:
+                f = await _open_or_fill(state, entry)
+            except _MustFill:
+                await _start_fill(request, state, asked.route, asked.index, entry)
+                extra["X-Cmh-Filling"] = "1"
+            else:
+                with f:
+                    _check_beside(request, state, entry, f)
+    except BlobUnavailable as exc:
+        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+    response, _, _ = _framing(request, entry, asked.headers, asked.ranges, asked.range_header)
+    response.headers.update(extra)
+    await response.prepare(request)
+    await response.write_eof()
+    request[BYTES_KEY] = 0
+    return response
+
+
+def _repo_path(state: MirrorState, route: Route) -> Path:
+    return RepoLayout(state.store, route.repo_id, route.repo_type).path
+
+
+def _recently_cut(state: MirrorState, route: Route, entry: FileEntry) -> bool:
+    if state.upstream is not None:  # kept where the fleet sees it (the store's side)
+        return bool(state.upstream.pull.recently_cut(route.repo_type, route.repo_id, entry.etag))
+    return state.cuts.recent(_repo_path(state, route), entry.etag)
+
+
+def _record_cut(state: MirrorState, route: Route, etag: str) -> None:
+    if state.upstream is not None:
+        state.upstream.pull.record_cut(route.repo_type, route.repo_id, etag)
+    else:
+        state.cuts.record(_repo_path(state, route), etag)
+
+
+async def _resolve_elsewhere(
+    request: web.Request, state: MirrorState, asked: _Asked
+) -> web.StreamResponse:
+    """A body sent by someone else than this process's sendfile: from a bucket (proxied
+    or redirected to), or by nginx (``X-Accel-Redirect``)."""
+    entry, headers, ranges = asked.entry, asked.headers, asked.ranges
+    _note_range(request, ranges, asked.range_header)
+    sender = state.backend.remote_sender(state.delivery)
+    try:
+        if sender is None:
+            request[BYTES_KEY] = 0  # nginx sends the body
+            return await _x_accel(request, state, entry, headers)
+        response, sent, cut = await sender.send(request, entry, headers, ranges)
+    except BlobUnavailable as exc:
+        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
+    request[BYTES_KEY] = sent
+    if cut:
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
+    answer: web.StreamResponse = response
+    return answer
+
+
+async def _x_accel(
+    request: web.Request, state: MirrorState, entry: FileEntry, headers: dict[str, str]
+) -> web.Response:
+    """Hand the body to nginx: ``X-Accel-Redirect`` to the blob under the internal prefix.
+
+    The blob is opened and checked first as for any body cmh sends (inside the store,
+    a regular file of the right size, its bytes hashing to its name: the check is
+    waited for, since nginx's bytes cannot be held back), so nginx is only ever sent
+    to a file version cmh would have served. A change to the file after that is not
+    seen (see docs/object-storage.md, "What each delivery trusts").
+    """
+    f = await _run(_open_checked, state, entry)
+    try:
+        gate = await _verified(request, state, entry, f, True)
+        if not await gate():
+            raise HubError(
+                503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"}
+            )
+    finally:
+        f.close()
+    real = os.path.join(os.path.realpath(entry.source.parent), entry.source.name)
+    rel = os.path.relpath(real, state.store)
+    out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
+    out["X-Accel-Redirect"] = state.x_accel_prefix + quote(rel.replace(os.sep, "/"))
+    return web.Response(status=200, headers=out)
+
+
+def _framing(
+    request: web.Request,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[Any] | None,
+    range_header: str | None,
+) -> tuple[web.StreamResponse, Pieces, bytes]:
+    """The response (status, length, type) and the ``(prefix, offset, count)`` pieces to
+    send; the access log's range kind."""
+    _note_range(request, ranges, range_header)
+    return frame(headers, ranges, entry.size)
+
+
+def _note_range(request: web.Request, ranges: list[Any] | None, range_header: str | None) -> None:
+    """The access log's range kind: none, ``full`` (a Range ignored), single or multi."""
+    if ranges is None:
+        if range_header is not None:
+            request[RANGE_KEY] = "full"
+    else:
+        request[RANGE_KEY] = "single" if len(ranges) == 1 else "multi"
+
+
+async def _resolve_filling(
+    request: web.Request, state: MirrorState, asked: _Asked
+) -> web.StreamResponse:
+    """Pull-through: a listed file whose blob the store lacks, sent while it is filled."""
+    from ._filling import send_filling
+    from .stores import FillFailed
+
+    assert state.upstream is not None
+    route, entry = asked.route, asked.entry
+    fill = await _start_fill(request, state, route, asked.index, entry)
+    response, pieces, tail = _framing(
+        request, entry, asked.headers, asked.ranges, asked.range_header
+    )
+    response.headers["X-Cmh-Filling"] = "1"
+    await response.prepare(request)
+    if request.method == "HEAD":
+        await response.write_eof()
+        request[BYTES_KEY] = 0
+        return response
+    try:
+        source = state.upstream.pull.reader(route.repo_type, route.repo_id, entry, fill)
+        request[BYTES_KEY] = await send_filling(
+            request, response, fill, source, entry.etag, entry.size, pieces, tail
+        )
+    except (BodyCut, FillFailed) as cut:
+        request[BYTES_KEY] = getattr(cut, "sent", 0)
+        why = (
+            "fill failed"
+            if not fill.done() or fill.exception() is None
+            else (f"fill failed: {str(fill.exception())[:200]}")
+        )
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": why}
+        await _run(_record_cut, state, route, entry.etag)
+    except ConnectionError:  # the client went away mid-body; the fill goes on
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
+        # What it holds was sent unchecked: its resume must start again too (cuts.py).
+        await _run(_record_cut, state, route, entry.etag)
+    return response
+
+
+async def _start_fill(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex, entry: FileEntry
+) -> Any:
+    """Pull-through: start (or join) the fill of a blob the store lacks; its future.
+    A 503/502 when the upstream just failed (negative cache, upstream.NEGATIVE_FOR)."""
+    assert state.fills is not None
+    if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
+        raise HubError(
+            503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
+            {"Retry-After": "30"},
+        )  # fmt: skip
+    failed = state.fills.recent_failure(entry.source)
+    if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
+        if isinstance(failed, UpstreamError):
+            raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
+        raise HubError(
+            502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
+            {"Retry-After": "10"},
+        )  # fmt: skip
+    return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
+
+
+def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
+    """Open an entry's file; its folder may be reached through links, the file itself not."""
+    folder = os.path.realpath(entry.source.parent)
+    if not (folder + os.sep).startswith(str(state.store) + os.sep):
+        raise BlobUnavailable("blob lies outside the store")
+    return open_blob(Path(folder) / entry.source.name, entry.size)
+
+
+def _known(
+    state: MirrorState, entry: FileEntry, f: io.FileIO
+) -> tuple[FileVersion, Path | None, bool | None]:
+    """The open blob's version, where its check is recorded, and its known outcome."""
+    version = FileVersion.of(f.fileno())
+    blob = Path(os.path.realpath(entry.source.parent)) / entry.source.name
+    record = record_path(blob, entry.etag)
+    return version, record, state.verifier.known(version, entry.etag, record)
+
+
+def _mismatch(request: web.Request) -> HubError:
+    request[INFO_KEY] = {**request.get(INFO_KEY, {}), "blob": "mismatch"}
+    return HubError(503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"})
+
+
+def _check_beside(request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO) -> None:
+    """A blob known bad answers 503; one not checked yet has its check started (or
+    joined), not waited for: its outcome serves the requests that follow."""
+    version, record, outcome = _known(state, entry, f)
+    if outcome is False:
+        raise _mismatch(request)
+    if outcome is None:
+        pending = state.verifier.check(f.fileno(), entry.etag, version, record)
+        pending.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+
+async def _verified(
+    request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO, held: bool
+) -> Gate:
+    """Make sure the open blob hashes to its ETag; the gate for its body's last byte.
+
+    A version checked before is known at once; a blob known bad answers 503.
+    Otherwise, for a body that ends at the blob's last byte (``held``: a whole body,
+    or a range that may complete a file), its check starts (or is joined) and is
+    waited for up to :data:`VERIFY_WAIT`; a check still running after that goes on
+    while the body is sent, and the gate waits for it. Any other range is sent at
+    once, its check started beside it (spec/hub-mirror.md 2.1). Every gate cuts the
+    body when the file changed while it was sent.
+    """
+    if not held:
+        _check_beside(request, state, entry, f)
+        version = FileVersion.of(f.fileno())
+        pending = None
+    else:
+        version, record, outcome = _known(state, entry, f)
+        pending = None
+        if outcome is None:
+            pending = state.verifier.check(f.fileno(), entry.etag, version, record)
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(pending), VERIFY_WAIT)
+            except TimeoutError:
+                outcome = None
+            except Exception as exc:  # the check could not read the blob
+                raise HubError(
+                    503, "BlobUnavailable", f"blob unavailable: {exc}", {"Retry-After": "60"}
+                ) from None
+        if outcome is False:
+            raise _mismatch(request)
+
+    async def gate() -> bool:
+        if pending is not None:
+            try:
+                if not await asyncio.shield(pending):
+                    return False
+            except Exception:  # the check could not read the blob: never complete the body
+                return False
+        return FileVersion.of(f.fileno()) == version
+
+    return gate
+
+
+# -- repo info, tree, paths-info ------------------------------------------------------------
+
+
+def _repo_info(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    expand = _expand(route)
+    properties = _properties(
+        state, route.repo_type, route.repo_id, index,
+        blobs=route.query.get("blobs", "").lower() in _TRUE,
+        safetensors=not expand or "safetensors" in expand,
+    )  # fmt: skip
+    body = hub_documents.repo_info(properties, expand)
+    return web.json_response(body, headers={"X-Repo-Commit": index.commit})
+
+
+def _expand(route: Route) -> list[str]:
+    try:
+        return hub_documents.check_expand(route.repo_type, route.query.getall("expand"))
+    except hub_documents.BadExpand as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+
+
+def _properties(
+    state: MirrorState,
+    repo_type: str,
+    repo_id: str,
+    index: CommitIndex,
+    *,
+    blobs: bool,
+    safetensors: bool,
+) -> dict[str, Any]:
+    """Every repo-info property of a repo at ``index``'s commit (card and weights read once)."""
+    opener: Any = state.backend.opener
+    return hub_documents.repo_properties(
+        repo_type, repo_id, index,
+        private=state.policy.is_private(repo_type, repo_id),
+        blobs=blobs,
+        card=state.derived.card(index, repo_type, opener),
+        safetensors=state.derived.safetensors(index, opener) if safetensors else None,
+    )  # fmt: skip
+
+
+def base_url(request: web.Request, state: MirrorState) -> str:
+    """The configured public URL, else the address this connection reached (never ``Host``)."""
+    if state.public_url is not None:
+        return state.public_url
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sock:
+        return "http://127.0.0.1"
+    host = f"[{sock[0]}]" if ":" in sock[0] else sock[0]
+    return f"http://{host}:{sock[1]}"
+
+
+async def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Response:
+    if route.path and not index.is_dir(route.path):
+        raise HubError(
+            404, "EntryNotFound", f"{route.path} is not a folder of {route.revision}",
+            {"X-Repo-Commit": index.commit},
+        )  # fmt: skip
+    recursive = route.query.get("recursive", "").lower() in _TRUE
+    expand = route.query.get("expand", "").lower() in _TRUE
+    state = request.app[STORE_KEY]
+    page_size = min(state.page_size, EXPAND_PAGE_SIZE) if expand else state.page_size
+    names = documents.children(index, route.path, recursive)
+    cursor = route.query.get("cursor")
+    try:
+        start = documents.decode_cursor(cursor, index.commit) if cursor else 0
+    except documents.BadCursor as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+    page = names[start : start + page_size]
+    headers = {"X-Repo-Commit": index.commit}
+    if start + page_size < len(names):
+        kind = f"{route.repo_type}s"
+        path = f"/{quote(route.path, safe='')}" if route.path else ""
+        query = urlencode(
+            {"recursive": str(recursive).lower(), "expand": str(expand).lower(),
+             "cursor": documents.encode_cursor(index.commit, start + page_size)}
+        )  # fmt: skip
+        base = base_url(request, state)
+        url = f"{base}/api/{kind}/{route.repo_id}/tree/{index.commit}{path}?{query}"
+        headers["Link"] = f'<{url}>; rel="next"'
+    entries = [documents.tree_entry(index, p) for p in page]
+    if expand:
+        await _run(_add_last_commits, state, route, index, entries)
+    return web.json_response(entries, headers=headers)
+
+
+async def _read_paths_body(request: web.Request) -> tuple[list[str], object]:
+    """The ``paths`` and ``expand`` fields of a paths-info body (JSON or form)."""
+    paths: list[str] = []
+    expand: object = False
+    if request.content_type == "application/json":
+        try:
+            data = await request.json()
+        except ValueError:
+            raise HubError(400, "BadRequest", "body is not JSON") from None
+        raw = data.get("paths") if isinstance(data, dict) else None
+        paths = [p for p in raw if isinstance(p, str)] if isinstance(raw, list) else []
+        expand = data.get("expand", False) if isinstance(data, dict) else False
+    else:
+        try:
+            form = await request.post()
+        except (ValueError, UnicodeDecodeError):
+            raise HubError(400, "BadRequest", "malformed form body") from None
+        paths = [p for p in form.getall("paths", []) if isinstance(p, str)]
+        expand = form.get("expand", "false")
+    return paths, expand
+
+
+async def _paths_info(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> web.Response:
+    try:
+        # wait_for, not asyncio.timeout: the package supports Python 3.10.
+        paths, expand = await asyncio.wait_for(_read_paths_body(request), state.body_timeout)
+    except asyncio.TimeoutError:
+        raise HubError(408, None, "request body too slow", {"Connection": "close"}) from None
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise HubError(413, None, f"request body too large: {exc.text}") from None
+    if len(paths) > MAX_PATHS_INFO:
+        raise HubError(400, "BadRequest", f"at most {MAX_PATHS_INFO} paths")
+    out = []
+    for p in dict.fromkeys(q.rstrip("/") for q in paths):
+        try:
+            validate_relpath(p)
+        except LayoutError:
+            raise HubError(400, "BadRequest", "invalid path in paths") from None
+        if p in index.files or p in index.dir_oids:
+            out.append(documents.tree_entry(index, p))
+    if expand is True or (isinstance(expand, str) and expand.lower() in _TRUE):
+        await _run(_add_last_commits, state, route, index, out)
+    return web.json_response(out, headers={"X-Repo-Commit": index.commit})
+
+
+# -- history, refs, access check, listings ------------------------------------------------
+
+
+def _add_last_commits(
+    state: MirrorState, route: Route, index: CommitIndex, entries: list[dict[str, Any]]
+) -> None:
+    """Give each tree or paths-info entry its ``lastCommit`` (``expand``)."""
+    paths = [e["path"] for e in entries]
+    with _store_errors():
+        found = state.backend.last_commits(route.repo_type, route.repo_id, index, paths)
+    for entry in entries:
+        entry["lastCommit"] = hub_documents.last_commit(found[entry["path"]])
+
+
+def _next_link(
+    request: web.Request, state: MirrorState, path: str, pairs: list[tuple[str, str]], cursor: str
+) -> str:
+    query = urlencode([(k, v) for k, v in pairs if k != "cursor"] + [("cursor", cursor)])
+    return f'<{base_url(request, state)}{path}?{query}>; rel="next"'
+
+
+def _page_start(route: Route, pinned: str) -> int:
+    cursor = route.query.get("cursor")
+    try:
+        return documents.decode_cursor(cursor, pinned) if cursor else 0
+    except documents.BadCursor as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+
+
+async def _commits(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> web.Response:
+    with _store_errors():
+        chain = await _run(state.backend.history, route.repo_type, route.repo_id, index)
+    formatted = "formatted" in route.query.getall("expand")
+    page_size = min(state.page_size, COMMITS_PAGE_SIZE)
+    start = _page_start(route, index.commit)
+    page = [hub_documents.commit_item(r, formatted) for r in chain[start : start + page_size]]
+    headers = {"X-Repo-Commit": index.commit}
+    if start + page_size < len(chain):
+        path = f"/api/{route.repo_type}s/{route.repo_id}/commits/{index.commit}"
+        cursor = documents.encode_cursor(index.commit, start + page_size)
+        headers["Link"] = _next_link(request, state, path, list(route.query.pairs), cursor)
+    return web.json_response(page, headers=headers)
+
+
+def _refs(state: MirrorState, route: Route, token: str | None) -> web.Response:
+    include_prs = route.query.get("include_prs", "").lower() in _TRUE
+    _readable(state, route, token)
+    with _store_errors():
+        named = state.backend.refs(route.repo_type, route.repo_id)
+    return web.json_response(hub_documents.refs(named, include_prs))
+
+
+def _auth_check(state: MirrorState, route: Route, token: str | None) -> web.Response:
+    _readable(state, route, token)
+    if route.path == "write":
+        raise HubError(403, None, "the mirror is read-only: no token may write to it")
+    return web.json_response({})
+
+
+async def _list_repos(
+    request: web.Request, state: MirrorState, route: Route, token: str | None
+) -> web.Response:
+    try:
+        query = catalog.parse_query(route.query.pairs)
+    except catalog.BadQuery as exc:
+        raise HubError(400, "BadRequest", str(exc)) from None
+    expand = _expand(route)
+    items = await _run(_listing, state, route.repo_type, token, query, expand)
+    listing = f"{route.repo_type}s"
+    page_size = min(state.page_size, query.limit or state.page_size)
+    start = _page_start(route, listing)
+    headers = {}
+    if start + page_size < len(items):
+        cursor = documents.encode_cursor(listing, start + page_size)
+        link_path = f"/api/{listing}"
+        headers["Link"] = _next_link(request, state, link_path, list(route.query.pairs), cursor)
+    return web.json_response(items[start : start + page_size], headers=headers)
+
+
+def _listing(
+    state: MirrorState,
+    repo_type: str,
+    token: str | None,
+    query: catalog.ListingQuery,
+    expand: list[str],
+) -> list[dict[str, Any]]:
+    """Every item of a listing, in order: readable repos of ``repo_type`` whose main matches."""
+    rows: list[tuple[float, dict[str, Any]]] = []
+    with _store_errors():
+        for kind, repo_id in state.backend.repos():
+            if kind != repo_type or not state.policy.can_read(repo_type, repo_id, token):
+                continue
+            index = state.backend.resolve(kind, repo_id, "main")
+            if index is None:
+                continue  # no main, or a snapshot removed since: not listed this time
+            properties = _properties(state, repo_type, repo_id, index, blobs=False,
+                                     safetensors="safetensors" in expand)  # fmt: skip
+            if catalog.matches(query, properties):
+                rows.append((index.last_modified, properties))
+    return [
+        hub_documents.listing_item(
+            repo_type, p, full=query.full, card_data=query.card_data, expand=expand
+        )
+        for p in catalog.order(query, rows)
+    ]
+
+
+# -- tensor manifest (cmh extension) -----------------------------------------------------
+
+
+async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    """Per-tensor SHA-256 and v1 root of one safetensors file (manifests.py)."""
+    from ._manifests import ManifestError
+
+    entry = index.files.get(route.path)
+    commit = {"X-Repo-Commit": index.commit}
+    if entry is None:
+        raise HubError(404, "EntryNotFound", f"{route.path} does not exist", commit)
+    if not entry.path.endswith(".safetensors") or entry.lfs_sha256 is None:
+        raise HubError(422, "NotSafetensors", f"{route.path} is not a safetensors file", commit)
+    if state.fills is not None and not await _run(_present, state, entry):
+        # Pull-through: fill it (or join its fill) and wait a while; the manifest follows.
+        fill = state.fills.start(
+            route.repo_type, route.repo_id, index.commit, entry.path, entry.source
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(fill), MANIFEST_FILL_WAIT)
+    if not await _run(_present, state, entry):
+        raise HubError(503, "BlobUnavailable", "blob not in the store yet", {"Retry-After": "30"})
+    try:
+        doc = await _run(state.backend.manifest, route.repo_type, route.repo_id, entry)
+    except ManifestError as exc:
+        raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}", commit) from None
+    except OSError as exc:
+        raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
+    body = {"repo": route.repo_id, "commit": index.commit, "path": entry.path, **doc}
+    return web.json_response(body, headers=commit)
+
+
+def _present(state: MirrorState, entry: FileEntry) -> bool:
+    with _store_errors():
+        return state.backend.blob_present(entry)
+
+
+# -- fingerprint (cmh extension) ---------------------------------------------------------
+
+
+async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+    body = await _run(fingerprint_of, state, route, index)
+    return web.json_response(body, headers={"X-Repo-Commit": index.commit})
+
+
+def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
+    """``cmh.semantic`` fingerprint of a commit, computed once per commit.
+
+    It reads only the index's checked sources (blobs inside the store), through
+    ``fingerprint_files``, so a hostile link in a snapshot is never followed.
+    """
+    from cmh import InvalidFileError
+    from cmh.semantic import SemanticError, fingerprint_files
+
+    def compute() -> dict[str, Any]:
+        paths = sorted(index.files)  # fingerprint_files picks what it reads (spec/semantic.md)
+        try:
+            with state.backend.local_files(index, paths) as files:
+                result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}")
+            result_doc = result.to_dict()
+        except InvalidFileError as exc:
+            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
+        except SemanticError as exc:
+            if isinstance(exc.__cause__, InvalidFileError):
+                raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
+            raise HubError(422, "NotAModel", f"cannot fingerprint this snapshot: {exc}") from None
+        except (ValueError, OverflowError, struct.error) as exc:  # a header no layer typed
+            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
+        except OSError as exc:
+            raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
+        return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result_doc}
+
+    return state.fingerprints.get((f"{route.repo_type}:{route.repo_id}", index.commit), compute)

@@ -1,0 +1,146 @@
+"""Private repos and the bearer tokens that open them (the mirror's ``--tokens`` file).
+
+Format: UTF-8 text, one token per line, then the repos it opens, separated by
+spaces; ``#`` starts a comment. Models are named ``org/name``, datasets
+``datasets/org/name``. Every repo named anywhere in the file is private::
+
+    # token                     repos it opens
+    s3cr3t-alice-2f8a           acme/private-model datasets/acme/private-data
+    s3cr3t-bob-91c0             acme/private-model
+
+A private repo answers only to ``Authorization: Bearer <token>`` with a token
+that opens it; to anyone else it looks exactly like a missing repo. A repo
+named in the file that the store does not hold (a typo, another case) protects
+nothing: :func:`unserved_grants` finds them, and ``cmh serve`` and
+``cmh mirror ls --tokens`` warn about each.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cmh.hub.cache import LayoutError, validate_repo_id
+
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}$")
+
+
+class TokensFileError(ValueError):
+    """The tokens file cannot be read or has a malformed line."""
+
+
+def repo_key(repo_type: str, repo_id: str) -> str:
+    """``org/name`` for a model, ``datasets/org/name`` for a dataset."""
+    return repo_id if repo_type == "model" else f"{repo_type}s/{repo_id}"
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """Which repos are private and which tokens open them."""
+
+    grants: dict[str, frozenset[str]] = field(default_factory=dict)  # token -> repo keys
+    #: ``(repo_type, repo_id) -> bool``: also private (pull-through: the upstream marks
+    #: the repo private or gated), opened only by a token the file grants it.
+    restricted: Callable[[str, str], bool] | None = field(default=None, compare=False)
+
+    @property
+    def private(self) -> frozenset[str]:
+        """The repos the tokens file names (see :meth:`is_private` for every private repo)."""
+        return frozenset().union(*self.grants.values()) if self.grants else frozenset()
+
+    def names(self, repo_type: str, repo_id: str) -> bool:
+        """True for a repo the tokens file names (private at the mirror by the operator)."""
+        return repo_key(repo_type, repo_id) in self.private
+
+    def is_private(self, repo_type: str, repo_id: str) -> bool:
+        """True for a repo the tokens file names or :attr:`restricted` says is private."""
+        if repo_key(repo_type, repo_id) in self.private:
+            return True
+        return self.restricted is not None and self.restricted(repo_type, repo_id)
+
+    def can_read(self, repo_type: str, repo_id: str, token: str | None) -> bool:
+        """True for a public repo, or a private one opened by ``token``."""
+        key = repo_key(repo_type, repo_id)
+        if not self.is_private(repo_type, repo_id):
+            return True
+        if token is None:
+            return False
+        allowed = False
+        for known, repos in self.grants.items():
+            # compare against every token so timing does not tell which prefix matched
+            if hmac.compare_digest(known.encode(), token.encode()) and key in repos:
+                allowed = True
+        return allowed
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, else ``None``."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not _TOKEN_RE.match(token):
+        return None
+    return token
+
+
+def load_tokens(path: Path) -> AccessPolicy:
+    """Parse a tokens file (format in the module docstring)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokensFileError(f"{path}: cannot read the tokens file: {exc}") from None
+    grants: dict[str, set[str]] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        token, *repos = line.split()
+        if not _TOKEN_RE.match(token):
+            raise TokensFileError(f"{path}:{number}: a token is 8-512 printable characters")
+        if not repos:
+            raise TokensFileError(f"{path}:{number}: token opens no repo")
+        for repo in repos:
+            repo_id = repo[len("datasets/") :] if repo.startswith("datasets/") else repo
+            try:
+                validate_repo_id(repo_id)
+            except LayoutError:
+                raise TokensFileError(f"{path}:{number}: invalid repo {repo!r}") from None
+            grants.setdefault(token, set()).add(repo)
+    return AccessPolicy({t: frozenset(r) for t, r in grants.items()})
+
+
+@dataclass(frozen=True)
+class UnservedGrant:
+    """A repo the tokens file names but the store does not hold."""
+
+    repo: str  # as the tokens file writes it
+    similar: str | None  # a public repo of the store with that name in another case
+
+    @property
+    def message(self) -> str:
+        """A one-line warning for the operator."""
+        text = f"the tokens file names {self.repo}, which the store does not hold"
+        if self.similar is not None:
+            return f"{text}; {self.similar} (another case) is served publicly"
+        return f"{text} (a typo?)"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"repo": self.repo, "similar": self.similar, "message": self.message}
+
+
+def unserved_grants(policy: AccessPolicy, repos: Iterable[tuple[str, str]]) -> list[UnservedGrant]:
+    """Repos named in the tokens file that the store does not hold, sorted by name.
+
+    ``repos``: the ``(repo_type, repo_id)`` the store holds (``MirrorStore.repos()``).
+    """
+    held = {repo_key(repo_type, repo_id) for repo_type, repo_id in repos}
+    by_folded = {key.casefold(): key for key in sorted(held)}
+    out = []
+    for key in sorted(policy.private - held):
+        near = by_folded.get(key.casefold())
+        out.append(UnservedGrant(key, near if near not in policy.private else None))
+    return out

@@ -1,0 +1,209 @@
+"""Serve a blob while the pull-through mirror fills it: one upstream transfer, bytes as they arrive.
+
+The first request for a blob the store lacks starts its fill
+(:meth:`~cmh.hub.mirror._upstream.Upstream.fill`, done by the store's
+pull-through side: a folder's resolver download into
+``blobs/{etag}.incomplete``, or a bucket's part objects under the fleet's fill
+lease, ``spec/hub-mirror.md`` 8.6). Every request for that blob in this worker
+joins the same fill; a fill run by another worker, process or replica is
+joined by waiting for it (the blob lock, or the bucket's lease).
+
+A filling answer sends its headers at once and then reads what has arrived
+(the store's :class:`~cmh.hub.mirror.stores.FillReader`): each byte is sent
+as soon as it is stored, so a client's read timeout never fires while the
+upstream is sending. Range requests are answered from what arrived (waiting
+for the bytes they ask for). The last byte of every body waits for a check of
+what was sent: the SHA-256 (or git blob id) of a whole body, computed while
+it is sent, must be the ETag; each range sent must equal the same range of
+the installed, checked blob (so a range waits for the fill). Otherwise the
+connection is cut before that byte, so no client ever holds a complete body
+that fails the blob's check; and the fill installs nothing unchecked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from cmh.hub.cache import new_digest
+
+from ._send import BodyCut
+from .stores import FillFailed, FillReader, SentRanges
+
+if TYPE_CHECKING:
+    from ._upstream import Upstream
+
+CHUNK = 1 << 20
+MAX_FILLS = 16  # fills running at once in one worker (each holds a thread while it transfers)
+
+
+class Fills:
+    """The fills running in one worker: one per blob, shared by every request for it."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self._slots = threading.BoundedSemaphore(MAX_FILLS)
+        self._running: dict[Path, asyncio.Future[None]] = {}
+        self._failed: dict[Path, tuple[float, BaseException]] = {}
+        self.clock = time.monotonic
+
+    def recent_failure(self, blob: Path) -> BaseException | None:
+        """The error of a fill of ``blob`` that failed less than ``NEGATIVE_FOR`` s ago."""
+        from ._upstream import NEGATIVE_FOR
+
+        failed = self._failed.get(blob)
+        if failed is None or self.clock() - failed[0] >= NEGATIVE_FOR:
+            return None
+        return failed[1]
+
+    def start(
+        self, repo_type: str, repo_id: str, commit: str, path: str, blob: Path
+    ) -> asyncio.Future[None]:
+        """The fill of ``blob`` (started now unless one is running); await it shielded."""
+        running = self._running.get(blob)
+        if running is not None:
+            return running
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+        def work() -> None:
+            # A daemon thread, not an executor's: a server told to stop must not wait for
+            # a transfer in flight; its partial file stays and the next fill resumes it.
+            error: BaseException | None = None
+            with self._slots:
+                try:
+                    self.upstream.fill(repo_type, repo_id, commit, path)
+                except BaseException as exc:  # every waiter hears the outcome
+                    error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=work, name="cmh-fill", daemon=True).start()
+        self._running[blob] = fut
+
+        def done(f: asyncio.Future[None]) -> None:
+            if self._running.get(blob) is f:
+                del self._running[blob]
+            if not f.cancelled():
+                error = f.exception()  # retrieved: reported to each waiter, not logged
+                if error is not None:
+                    self._failed[blob] = (self.clock(), error)
+                else:
+                    self._failed.pop(blob, None)
+
+        fut.add_done_callback(done)
+        return fut
+
+
+async def send_filling(
+    request: web.BaseRequest,
+    response: web.StreamResponse,
+    fill: asyncio.Future[None],
+    source: FillReader,
+    etag: str,
+    size: int,
+    pieces: list[tuple[bytes, int, int]],
+    tail: bytes = b"",
+) -> int:
+    """Send ``(prefix, offset, count)`` pieces of a filling blob, then ``tail``; bytes sent.
+
+    ``response`` is prepared. The last byte is sent only once the fill has
+    installed the blob and what was sent is checked against it; otherwise the
+    connection is aborted and :class:`~cmh.hub.mirror._send.BodyCut` raised.
+    """
+    whole = len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == size and not tail
+    digest = new_digest(etag, size) if whole else None
+    sent_ranges: SentRanges = []  # h: SHA-256 of each range sent
+    last = max((i for i, (_, _, count) in enumerate(pieces) if count > 0), default=None)
+    sent = 0
+    try:
+        for i, (prefix, offset, count) in enumerate(pieces):
+            if prefix:
+                await response.write(prefix)
+                sent += len(prefix)
+            held = 1 if (i == last and not tail) else 0
+            h = hashlib.sha256()
+            pos, end = offset, offset + count
+            while pos < end - held:
+                data = await source.read(pos, min(CHUNK, end - held - pos))
+                await response.write(data)
+                await _hash(data, h if digest is None else digest)
+                pos += len(data)
+                sent += len(data)
+            if held:
+                data = await source.read(pos, 1)
+                await _hash(data, h if digest is None else digest)
+                sent_ranges.append((offset, count, h))
+                await _gate(request, fill, source, digest, etag, sent_ranges, sent)
+                await response.write(data)
+                sent += 1
+            elif count:
+                sent_ranges.append((offset, count, h))
+        if tail:
+            await _gate(request, fill, source, digest, etag, sent_ranges, sent)
+            await response.write(tail)
+            sent += len(tail)
+    except FillFailed:
+        _cut(request)
+        raise BodyCut(sent) from None
+    finally:
+        source.close()
+    await response.write_eof()
+    return sent
+
+
+async def _hash(data: bytes, digest: hashlib._Hash) -> None:
+    """Feed ``digest`` in a worker thread (hashlib releases the GIL): the loop keeps sending."""
+    if len(data) < 1 << 16:
+        digest.update(data)
+    else:
+        await asyncio.get_running_loop().run_in_executor(None, digest.update, data)
+
+
+def _cut(request: web.BaseRequest) -> None:
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _gate(
+    request: web.BaseRequest,
+    fill: asyncio.Future[None],
+    source: FillReader,
+    digest: hashlib._Hash | None,
+    etag: str,
+    sent_ranges: SentRanges,
+    sent: int,
+) -> None:
+    """Cut the connection unless what was sent is the blob's.
+
+    A whole body is decided by its own digest (the ETag): no need to wait for
+    the fill's install. Ranges are compared with the installed, checked blob,
+    so they wait for the fill.
+    """
+    if digest is not None:
+        good = digest.hexdigest() == etag
+    else:
+        try:
+            await asyncio.shield(fill)
+        except Exception:  # the fill failed: nothing was installed
+            _cut(request)
+            raise BodyCut(sent) from None
+        loop = asyncio.get_running_loop()
+        good = await loop.run_in_executor(None, source.ranges_match, sent_ranges)
+    if not good:
+        _cut(request)
+        raise BodyCut(sent)

@@ -1,0 +1,260 @@
+"""The read side of a store: which commit a revision names and what files it holds.
+
+A snapshot is read without trusting it: each entry must be a symlink whose
+target is exactly ``blobs/{40 or 64 hex}`` of the same repo (or a regular file
+inside the snapshot, as a copy-mode cache holds), and the blob must be a
+regular file, not a symlink, inside the store. Anything else is left out of
+the index, so it can never be listed or served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cmh.hub.cache import COMMIT_RE, ETAG_RE, LayoutError, RepoLayout, hash_blob, validate_revision
+
+from ._gitobjects import is_lfs, lfs_pointer, lfs_pointer_oid, tree_oids
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a commit: where its bytes are and the ids the Hub reports for it."""
+
+    path: str
+    size: int
+    etag: str  # blob name: SHA-256 for LFS files, git blob SHA-1 otherwise
+    oid: str  # git blob id in tree listings (of the LFS pointer for LFS files)
+    lfs_sha256: str | None
+    source: Path  # the regular file holding the bytes
+
+    @property
+    def pointer_size(self) -> int:
+        return len(lfs_pointer(self.lfs_sha256, self.size)) if self.lfs_sha256 else 0
+
+
+@dataclass(frozen=True)
+class CommitIndex:
+    """Every file and directory of one commit of one repo."""
+
+    commit: str
+    files: dict[str, FileEntry]
+    dir_oids: dict[str, str]  # "" is the root tree
+    last_modified: float
+    skipped: tuple[str, ...] = field(default=())  # entries refused (unsafe or broken)
+    unavailable: frozenset[str] = field(default=frozenset())  # links to a blob that is gone
+
+    @property
+    def tree(self) -> str:
+        return self.dir_oids[""]
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def is_dir(self, path: str) -> bool:
+        return path in self.dir_oids
+
+
+def resolve_revision(repo: RepoLayout, revision: str) -> str | None:
+    """The commit a branch, tag, ``refs/pr/N`` or commit names, if its snapshot exists."""
+    try:
+        validate_revision(revision)
+    except LayoutError:
+        return None
+    if COMMIT_RE.match(revision) and _is_real_dir(repo.snapshots / revision):
+        return revision
+    commit = repo.read_ref(revision)
+    if commit is not None and _is_real_dir(repo.snapshots / commit):
+        return commit
+    return None
+
+
+def repo_exists(repo: RepoLayout) -> bool:
+    """True when the repo folder is a real directory with at least one ref or snapshot."""
+    if not _is_real_dir(repo.path):
+        return False
+    return bool(repo.refs_by_name()) or bool(repo.commits())
+
+
+def _is_real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _blob_of_link(link: Path, blobs: Path) -> str | None:
+    """The blob name a snapshot symlink points at, if it points exactly into ``blobs``."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    if os.path.isabs(target):
+        return None
+    resolved = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    head, name = os.path.split(resolved)
+    if head != os.path.normpath(blobs) or not ETAG_RE.match(name):
+        return None
+    return name
+
+
+def _regular_size(path: Path) -> int | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _read_tree_cache(repo: RepoLayout, commit: str) -> dict[str, dict[str, object]]:
+    """The stock client's ``trees/{commit}.json`` file entries, or ``{}``."""
+    try:
+        data = json.loads((repo.trees / f"{commit}.json").read_text())
+        files = data["files"] if data.get("format_version") == 1 else {}
+        return files if isinstance(files, dict) else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def build_index(repo: RepoLayout, commit: str) -> CommitIndex:
+    """Index one commit's snapshot (``LayoutError`` if the commit is not a valid id)."""
+    base = repo.snapshot_dir(commit)
+    cached = _read_tree_cache(repo, commit)
+    files: dict[str, FileEntry] = {}
+    skipped: list[str] = []
+    unavailable: set[str] = set()
+    real_repo = os.path.realpath(repo.path) + os.sep
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        here = Path(dirpath)
+        names = list(filenames)
+        for d in list(dirnames):
+            if os.path.islink(here / d):
+                dirnames.remove(d)
+                names.append(d)  # a symlink to a directory is never followed
+        for name in names:
+            full = here / name
+            rel = full.relative_to(base).as_posix()
+            if name.startswith(".") and ".cmh-" in name:
+                continue  # a temporary file of an import in progress
+            try:
+                entry = _entry(repo, rel, full, cached.get(rel))
+            except UnavailableEntry:
+                unavailable.add(rel)
+                continue
+            if entry is not None and not os.path.realpath(entry.source).startswith(real_repo):
+                entry = None  # reached through a symlinked folder that leaves the repo
+            if entry is None:
+                skipped.append(rel)
+            else:
+                files[rel] = entry
+    files = dict(sorted(files.items()))
+    try:
+        mtime = os.lstat(base).st_mtime
+    except OSError:
+        mtime = 0.0
+    meta = _commit_meta(repo, commit)
+    created = meta.get("created_at")
+    return CommitIndex(
+        commit=commit,
+        files=files,
+        dir_oids=tree_oids({p: f.oid for p, f in files.items()}),
+        last_modified=float(created) if isinstance(created, (int, float)) else mtime,
+        skipped=tuple(sorted(skipped)),
+        unavailable=frozenset(unavailable),
+    )
+
+
+def _cached_size(cached: dict[str, object] | None) -> int | None:
+    size = cached.get("size") if cached else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
+def _entry(
+    repo: RepoLayout, rel: str, full: Path, cached: dict[str, object] | None
+) -> FileEntry | None:
+    """The entry of one snapshot file, or ``None`` when it must not be served.
+
+    A link to a blob that is missing or whose size differs from the recorded
+    listing still gives an entry (with the recorded size): serving it then
+    fails its size check and answers 503 instead of pretending the file is
+    absent. A broken link without a recorded size is reported as unavailable
+    through :class:`UnavailableEntry`.
+    """
+    if os.path.islink(full):
+        name = _blob_of_link(full, repo.blobs)
+        if name is None:
+            return None
+        source = repo.blobs / name
+        lfs_sha = cached.get("lfs_sha256") if cached else None
+        if len(name) == 40 and isinstance(lfs_sha, str) and lfs_sha:
+            return None  # an LFS file must be named by its SHA-256
+        size = _regular_size(source)
+        if size is None and os.path.lexists(source):
+            return None  # a blob that is a link, folder or device is never served
+        recorded = _cached_size(cached)
+        if recorded is not None:
+            size = recorded
+        elif size is None:
+            raise UnavailableEntry(rel)
+        if len(name) == 64:
+            return FileEntry(rel, size, name, lfs_pointer_oid(name, size), name, source)
+        return FileEntry(rel, size, name, name, None, source)
+    size = _regular_size(full)
+    if size is None:
+        return None
+    _, sha256, git_oid = hash_blob(full, size)
+    if is_lfs(rel, size):
+        return FileEntry(rel, size, sha256, lfs_pointer_oid(sha256, size), sha256, full)
+    return FileEntry(rel, size, git_oid, git_oid, None, full)
+
+
+class UnavailableEntry(LookupError):
+    """A snapshot link to a blob that is gone, with no recorded size to list it by."""
+
+
+def commit_meta_path(repo: RepoLayout, commit: str) -> Path:
+    """cmh's record of an imported commit (tree, parent, creation time)."""
+    repo.snapshot_dir(commit)
+    return repo.cmh_dir / "commits" / f"{commit}.json"
+
+
+def _commit_meta(repo: RepoLayout, commit: str) -> dict[str, object]:
+    try:
+        data = json.loads(commit_meta_path(repo, commit).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class IndexCache:
+    """Commit indexes kept in memory, rebuilt when the snapshot folder or tree file changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[Path, str], tuple[tuple[int, int], CommitIndex]] = {}
+
+    def get(self, repo: RepoLayout, commit: str) -> CommitIndex:
+        key = (repo.path, commit)
+        stamp = self._stamp(repo, commit)
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        index = build_index(repo, commit)
+        with self._lock:
+            self._entries[key] = (stamp, index)
+        return index
+
+    @staticmethod
+    def _stamp(repo: RepoLayout, commit: str) -> tuple[int, int]:
+        out = [0, 0]
+        for i, p in enumerate((repo.snapshots / commit, repo.trees / f"{commit}.json")):
+            with contextlib.suppress(OSError):
+                out[i] = os.stat(p).st_mtime_ns
+        return out[0], out[1]

@@ -1,0 +1,669 @@
+"""Object-store primitives for a store kept in an S3-compatible bucket.
+
+What a bucket-backed mirror store needs from the storage, and nothing more: a
+location parsed from ``s3://bucket/prefix``, settings from the standard AWS sources,
+and on one :class:`ObjectStore`:
+
+- reads: :meth:`~ObjectStore.head` (size, ETag), :meth:`~ObjectStore.get` (whole;
+  :meth:`~ObjectStore.get_with_info` with its ETag),
+  :meth:`~ObjectStore.get_range` (one byte range), :meth:`~ObjectStore.iter_chunks`
+  (streamed in chunks); async twins for the server (``*_async``);
+- writes: :meth:`~ObjectStore.put` (bytes), :meth:`~ObjectStore.put_file` (multipart
+  above the part size), :meth:`~ObjectStore.put_if_absent` (``If-None-Match: *``) and
+  :meth:`~ObjectStore.put_if_match` (``If-Match``: compare-and-swap), both raising
+  :class:`PreconditionFailed` when the storage refuses;
+- :meth:`~ObjectStore.list` (by prefix, paginated by the storage, streamed),
+  :meth:`~ObjectStore.copy` (server-side), :meth:`~ObjectStore.delete`,
+  :meth:`~ObjectStore.presigned_get_url`.
+
+Names are relative to the location's prefix. Every failure is an
+:class:`ObjectStoreError` (:class:`ObjectNotFound`, :class:`PreconditionFailed`,
+:class:`InvalidObjectName`, ...) whose message names the operation and the object,
+never the credentials.
+
+The client is obstore (Rust ``object_store``): light to import, sync and async, and
+measured against boto3 and aiobotocore in ``docs/object-storage.md``. It is imported
+only when a store is opened, as is botocore, which resolves the standard AWS settings
+(environment, ``~/.aws/config`` and ``~/.aws/credentials`` profiles, SSO, instance
+roles) exactly as the AWS CLI does. Both come with the ``s3`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from cmh import CMHError
+
+if TYPE_CHECKING:
+    from obstore.store import S3Credential, S3Store
+
+DEFAULT_REGION = "us-east-1"
+DEFAULT_PART_SIZE = 8 << 20
+MIN_PART_SIZE = 5 << 20  # S3's smallest part (all but the last)
+DEFAULT_CHUNK_SIZE = 1 << 20
+# A refreshable credential (SSO, assumed role, instance role) is asked again this often.
+CREDENTIAL_TTL = timedelta(minutes=5)
+_EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ObjectStoreError(CMHError):
+    """An object-store operation failed (the message says which and why).
+
+    ``operation`` (``"PUT"``, ``"GET"``, ...) and ``endpoint`` (the storage's URL,
+    ``None`` for AWS itself) are set on errors of a request to the storage.
+    """
+
+    operation: str | None = None
+    endpoint: str | None = None
+
+
+class ObjectNotFound(ObjectStoreError):
+    """The object does not exist."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class NoSuchBucket(ObjectStoreError):
+    """The bucket does not exist (a HEAD cannot tell: it answers :class:`ObjectNotFound`)."""
+
+
+class PreconditionFailed(ObjectStoreError):
+    """A conditional write was refused: the object exists, or its ETag changed."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class InvalidLocation(ObjectStoreError, ValueError):
+    """An ``s3://`` URL or an object name that cannot be used."""
+
+
+class InvalidObjectName(InvalidLocation):
+    """An object name that is empty, absolute, or has empty, ``.`` or ``..`` segments."""
+
+
+class InvalidRange(ObjectStoreError, ValueError):
+    """A byte range that is empty or starts at or past the end of the object."""
+
+
+class SettingsError(ObjectStoreError):
+    """The AWS settings are incomplete or contradictory."""
+
+
+def _check_relpath(text: str, what: str, error: type[InvalidLocation]) -> str:
+    segments = text.split("/")
+    if not text or text.startswith("/") or any(s in ("", ".", "..") for s in segments):
+        raise error(f"{what} {text!r}: must be a relative path with no empty, '.' or '..' part")
+    if _CONTROL_RE.search(text):
+        raise error(f"{what} {text!r}: control characters are not allowed")
+    return text
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """A bucket and a key prefix (``""`` or ending in ``/``), from ``s3://bucket/prefix``."""
+
+    bucket: str
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        """Parse ``s3://bucket`` or ``s3://bucket/some/prefix`` (a trailing ``/`` is optional)."""
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme != "s3":
+            raise InvalidLocation(f"{url!r}: not an s3:// URL (expected s3://bucket/prefix)")
+        bucket, _, prefix = rest.partition("/")
+        if not _BUCKET_RE.match(bucket) or ".." in bucket:
+            raise InvalidLocation(
+                f"{url!r}: bucket {bucket!r} is not a valid bucket name "
+                "(3-63 lowercase letters, digits, '.' or '-')"
+            )
+        if any(c in prefix for c in "?#"):
+            raise InvalidLocation(f"{url!r}: no query or fragment allowed in a store URL")
+        prefix = prefix.rstrip("/")
+        if prefix:
+            _check_relpath(prefix, f"{url!r}: prefix", InvalidLocation)
+        return cls(bucket, f"{prefix}/" if prefix else "")
+
+    def key(self, name: str) -> str:
+        """The full key of a name relative to the prefix (the name is checked)."""
+        return self.prefix + _check_relpath(name, "object name", InvalidObjectName)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """One set of AWS credentials (the secret parts never appear in ``repr``)."""
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where the storage is and how to sign for it.
+
+    ``credentials`` is called whenever fresh credentials are needed (every
+    :data:`CREDENTIAL_TTL`), so refreshable ones (SSO, assumed roles) stay valid;
+    ``None`` sends unsigned requests (public buckets).
+    """
+
+    endpoint: str | None = None
+    region: str = DEFAULT_REGION
+    credentials: Callable[[], Credentials] | None = field(default=None, repr=False)
+    source: str = "explicit"
+
+    @classmethod
+    def from_environment(cls, profile: str | None = None) -> S3Settings:
+        """Resolve the standard AWS settings from the environment, in the AWS CLI's order.
+
+        Endpoint: ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, then the profile's
+        ``endpoint_url`` (its ``services`` section first; none when
+        ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true``); none means AWS itself. Region:
+        ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's ``region``, then
+        ``us-east-1``. Credentials: botocore's chain (the key variables first, then the
+        profile ``AWS_PROFILE``, SSO, container and instance roles); an explicit
+        ``profile`` uses that profile only, as ``aws --profile`` does.
+
+        When the environment variables alone decide everything (keys set, no profile
+        named, and no config file or both endpoint and region set), botocore is not
+        imported: that answer is the same and costs no 100-250 ms.
+        """
+        env = os.environ
+        chosen = profile or env.get("AWS_PROFILE") or None
+        key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
+        config_file = Path(env.get("AWS_CONFIG_FILE") or "~/.aws/config").expanduser()
+        decided = bool(endpoint and region) or not config_file.exists()
+        if chosen is None and key and secret and decided:
+            static = Credentials(key, secret, env.get("AWS_SESSION_TOKEN") or None)
+            return cls(endpoint, region or DEFAULT_REGION, lambda: static, "environment")
+        return cls._from_botocore(profile, chosen, endpoint, region)
+
+    @classmethod
+    def _from_botocore(
+        cls, profile: str | None, chosen: str | None, endpoint: str | None, region: str | None
+    ) -> S3Settings:
+        """The settings as botocore resolves them (profiles, SSO, roles).
+
+        Only an explicit ``profile`` is handed to botocore: it then ignores the key
+        variables, as ``aws --profile`` does; ``AWS_PROFILE`` is read by botocore
+        itself, and the key variables still come first, as in the AWS CLI.
+        """
+        try:
+            import botocore.configprovider
+            import botocore.exceptions
+            import botocore.session
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise SettingsError(_EXTRA_HINT) from exc
+        session = botocore.session.Session(profile=profile)
+        where = f"profile {chosen!r}" if chosen else "the default AWS settings"
+        ignore_configured = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "")
+        try:
+            scoped = session.get_scoped_config()
+            if endpoint is None and ignore_configured.lower() != "true":
+                endpoint = botocore.configprovider.ConfiguredEndpointProvider(
+                    full_config=session.full_config, scoped_config=scoped, client_name="s3"
+                ).provide()
+            region = region or scoped.get("region") or DEFAULT_REGION
+            found = session.get_credentials()
+        except botocore.exceptions.BotoCoreError as exc:
+            raise SettingsError(f"AWS settings from {where}: {exc}") from None
+        if found is None:
+            raise SettingsError(
+                f"no AWS credentials found in {where}: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE naming a profile that has them"
+            )
+
+        def fresh() -> Credentials:
+            frozen = found.get_frozen_credentials()
+            return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+
+        return cls(
+            endpoint=str(endpoint) if endpoint else None,
+            region=str(region),
+            credentials=fresh,
+            source=f"{where} ({found.method})",
+        )
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What ``head`` and ``list`` tell about an object (``name`` is relative to the prefix)."""
+
+    name: str
+    size: int
+    etag: str
+    last_modified: datetime
+
+
+class _CredentialProvider:
+    """obstore's credential callback over :attr:`S3Settings.credentials`."""
+
+    def __init__(self, credentials: Callable[[], Credentials]) -> None:
+        self._credentials = credentials
+
+    def __call__(self) -> S3Credential:
+        creds = self._credentials()
+        return {
+            "access_key_id": creds.access_key_id,
+            "secret_access_key": creds.secret_access_key,
+            "token": creds.session_token,
+            "expires_at": datetime.now(timezone.utc) + CREDENTIAL_TTL,
+        }
+
+
+_STATUS_RE = re.compile(r"status code: (\d{3})( [A-Za-z ]+)?")
+_S3_CODE_RE = re.compile(r"<Code>([^<]{1,100})</Code>")
+_S3_MESSAGE_RE = re.compile(r"<Message>([^<]{1,300})</Message>")
+_PERFORMING_RE = re.compile(
+    r"Error performing (\w+ \S+) in .*?(?:after (\d+) retries.*?)?\s+- (.*)$"
+)
+_IO_KIND_RE = re.compile(r"kind: ([A-Z][A-Za-z]+)")
+
+
+def _describe(exc: BaseException) -> tuple[str, int | None, str | None]:
+    """A one-line reason for an obstore error, the HTTP status and the S3 error code.
+
+    obstore's messages run over many lines (a debug dump of the request); this keeps
+    the HTTP status, the S3 error code and message, or for a request that got no
+    answer, what was tried and the transport error.
+    """
+    text = str(exc)
+    code = _S3_CODE_RE.search(text)
+    status = _STATUS_RE.search(text)
+    if status:
+        reason = f"{status.group(1)}{(status.group(2) or '').rstrip()}"
+        if code:
+            message = _S3_MESSAGE_RE.search(text)
+            reason += f", {code.group(1)}" + (f": {message.group(1)}" if message else "")
+        return reason, int(status.group(1)), code.group(1) if code else None
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    performing = _PERFORMING_RE.search(first)
+    if performing:
+        request, retries, error = performing.groups()
+        kinds = _IO_KIND_RE.findall(text)  # e.g. ConnectionRefused, TimedOut
+        if kinds:
+            error += f" ({kinds[-1]})"
+        first = f"{request}: no answer: {error}" + (f", after {retries} retries" if retries else "")
+    return first.removeprefix("Generic S3 error: ")[:300], None, None
+
+
+class ObjectStore:
+    """The objects under one ``s3://bucket/prefix``.
+
+    ``part_size`` is the multipart part size of :meth:`put_file` (at least 5 MiB, S3's
+    minimum); ``timeout`` bounds each request, ``max_retries`` the retries of a request
+    that failed for a transient reason (connection refused, 5xx).
+    """
+
+    def __init__(
+        self,
+        location: S3Location,
+        settings: S3Settings,
+        *,
+        part_size: int = DEFAULT_PART_SIZE,
+        timeout: timedelta = timedelta(seconds=60),
+        max_retries: int = 3,
+    ) -> None:
+        if part_size < MIN_PART_SIZE:
+            raise ValueError(f"part_size {part_size} is below S3's minimum of {MIN_PART_SIZE}")
+        try:
+            from obstore.store import S3Store
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise SettingsError(_EXTRA_HINT) from exc
+        self.location = location
+        self.settings = settings
+        self.part_size = part_size
+        self._secrets: tuple[str, ...] = ()
+        config: dict[str, Any] = {"region": settings.region}
+        if settings.endpoint:
+            config["endpoint"] = settings.endpoint
+        provider = None
+        if settings.credentials is None:
+            config["skip_signature"] = True
+        else:
+            try:  # fail now, not at the first request
+                creds = settings.credentials()
+            except Exception as exc:  # botocore's refresh errors (expired SSO, ...) vary
+                raise SettingsError(f"AWS credentials from {settings.source}: {exc}") from None
+            self._secrets = tuple(
+                s for s in (creds.secret_access_key, creds.session_token, creds.access_key_id) if s
+            )
+            provider = _CredentialProvider(settings.credentials)
+        retry = {
+            "max_retries": max_retries,
+            "retry_timeout": timeout * (max_retries + 1),
+            "backoff": {
+                "init_backoff": timedelta(milliseconds=100),
+                "max_backoff": timedelta(seconds=2),
+            },
+        }
+        self._store: S3Store = S3Store(
+            location.bucket,
+            config=config,  # type: ignore[arg-type]
+            client_options={
+                "allow_http": bool(settings.endpoint and settings.endpoint.startswith("http://")),
+                "timeout": timeout,
+                "connect_timeout": timedelta(seconds=10),
+            },
+            retry_config=retry,  # type: ignore[arg-type]
+            credential_provider=provider,
+        )
+
+    @classmethod
+    def open(cls, url: str, *, profile: str | None = None, **options: Any) -> ObjectStore:
+        """Open ``s3://bucket/prefix`` with the standard AWS settings."""
+        return cls(S3Location.parse(url), S3Settings.from_environment(profile), **options)
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({str(self.location)!r}, endpoint={self.settings.endpoint!r})"
+
+    # -- errors -------------------------------------------------------------------------
+
+    def _fail(self, op: str, name: str, exc: Exception) -> NoReturn:
+        """Raise the typed error for an obstore failure of ``op`` on ``name``."""
+        from obstore import exceptions as oe
+
+        where = f"{op} {self.location}{name}"
+        reason, status, s3_code = _describe(exc)
+        for secret in self._secrets:
+            reason = reason.replace(secret, "***")
+        error: ObjectStoreError
+        if s3_code == "NoSuchBucket":
+            error = NoSuchBucket(f"{where}: bucket {self.location.bucket!r} does not exist")
+        elif isinstance(exc, (oe.NotFoundError, FileNotFoundError)):
+            error = ObjectNotFound(f"{where}: no such object", name)
+        elif isinstance(exc, (oe.AlreadyExistsError, oe.PreconditionError)):
+            error = PreconditionFailed(f"{where}: precondition failed (412)", name)
+        elif status == 416:
+            error = InvalidRange(f"{where}: range not satisfiable")
+        elif isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)):
+            error = ObjectStoreError(f"{where}: access denied ({reason})")
+        else:
+            endpoint = self.settings.endpoint
+            named = not endpoint or endpoint in reason
+            error = ObjectStoreError(f"{where}: {reason}" + ("" if named else f" ({endpoint})"))
+        error.operation, error.endpoint = op.split(" ", 1)[0], self.settings.endpoint
+        raise error from None
+
+    @staticmethod
+    def _errors() -> tuple[type[Exception], ...]:
+        """What obstore raises for a failed request (its own classes, and OSError kinds)."""
+        from obstore.exceptions import BaseError
+
+        return (BaseError, OSError)
+
+    # -- reads --------------------------------------------------------------------------
+
+    def _info(self, name: str, meta: Mapping[str, Any]) -> ObjectInfo:
+        return ObjectInfo(name, int(meta["size"]), str(meta["e_tag"] or ""), meta["last_modified"])
+
+    def head(self, name: str) -> ObjectInfo:
+        """Size, ETag and time of one object."""
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            return self._info(name, obstore.head(self._store, key))
+        except self._errors() as exc:
+            self._fail("HEAD", name, exc)
+
+    async def head_async(self, name: str) -> ObjectInfo:
+        """:meth:`head` without blocking the event loop."""
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            return self._info(name, await obstore.head_async(self._store, key))
+        except self._errors() as exc:
+            self._fail("HEAD", name, exc)
+
+    def get(self, name: str) -> bytes:
+        """The whole object."""
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            return obstore.get(self._store, key).bytes().to_bytes()
+        except self._errors() as exc:
+            self._fail("GET", name, exc)
+
+    def get_with_info(self, name: str) -> tuple[bytes, ObjectInfo]:
+        """The whole object and its info from one request, so the ETag is that of these
+        bytes (what a compare-and-swap with :meth:`put_if_match` starts from)."""
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            result = obstore.get(self._store, key)
+            return result.bytes().to_bytes(), self._info(name, result.meta)
+        except self._errors() as exc:
+            self._fail("GET", name, exc)
+
+    @staticmethod
+    def _check_range(start: int, end: int | None) -> None:
+        if start < 0 or (end is not None and end <= start):
+            raise InvalidRange(f"byte range [{start}, {end}) is empty or negative")
+
+    def _range(self, start: int, end: int | None) -> Any:
+        return {"offset": start} if end is None else (start, end)
+
+    def get_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` (fewer when the object ends first; :class:`InvalidRange`
+        when ``start`` is at or past its end)."""
+        self._check_range(start, end)
+        return b"".join(self.iter_chunks(name, start, end))
+
+    async def get_range_async(self, name: str, start: int, end: int) -> bytes:
+        """:meth:`get_range` without blocking the event loop."""
+        self._check_range(start, end)
+        return b"".join([chunk async for chunk in self.iter_chunks_async(name, start, end)])
+
+    def iter_chunks(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> Iterator[bytes]:
+        """Bytes ``[start, end)`` (to the end when ``end`` is None) in chunks of about
+        ``chunk_size``, one request."""
+        import obstore
+
+        self._check_range(start, end)
+        key = self.location.key(name)
+        options: Any = {} if start == 0 and end is None else {"range": self._range(start, end)}
+        try:
+            result = obstore.get(self._store, key, options=options)
+            yield from result.stream(chunk_size)
+        except self._errors() as exc:
+            self._fail("GET", name, exc)
+
+    async def iter_chunks_async(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        if_match: str | None = None,
+    ) -> AsyncIterator[bytes]:
+        """:meth:`iter_chunks` without blocking the event loop; with ``if_match`` (an ETag
+        as :meth:`head` gave it) only from that version of the object, else
+        :class:`PreconditionFailed`."""
+        import obstore
+
+        self._check_range(start, end)
+        key = self.location.key(name)
+        options: Any = {} if start == 0 and end is None else {"range": self._range(start, end)}
+        if if_match is not None:
+            options["if_match"] = if_match
+        try:
+            result = await obstore.get_async(self._store, key, options=options)
+            async for chunk in result.stream(chunk_size):
+                yield chunk
+        except self._errors() as exc:
+            self._fail("GET", name, exc)
+
+    # -- writes -------------------------------------------------------------------------
+
+    def _put(self, op: str, name: str, data: Any, **kwargs: Any) -> str:
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            return str(obstore.put(self._store, key, data, **kwargs)["e_tag"] or "")
+        except self._errors() as exc:
+            self._fail(op, name, exc)
+
+    def put(self, name: str, data: bytes) -> str:
+        """Write (or replace) an object in one request; its new ETag."""
+        return self._put("PUT", name, data, use_multipart=False)
+
+    def put_file(self, name: str, path: Path) -> str:
+        """Write a local file; multipart in parts of ``part_size`` when larger. Its ETag."""
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise ObjectStoreError(f"PUT {self.location}{name}: cannot read {path}: "
+                                   f"{exc.strerror}") from None  # fmt: skip
+        return self._put(
+            "PUT", name, path, use_multipart=size > self.part_size, chunk_size=self.part_size
+        )
+
+    def put_stream(self, name: str, chunks: Iterable[bytes]) -> str:
+        """Write an object from an iterable of chunks (multipart, parts of ``part_size``).
+
+        An exception raised by ``chunks`` aborts the upload: no object is created (or
+        replaced), and the exception propagates as it was raised. Returns the ETag.
+        """
+        import obstore
+
+        key = self.location.key(name)
+        failure: list[BaseException] = []
+
+        def guarded() -> Iterator[bytes]:
+            try:
+                yield from chunks
+            except GeneratorExit:  # the client stopped reading (the upload failed): not ours
+                raise
+            except BaseException as exc:  # kept, so the caller sees its own error
+                failure.append(exc)
+                raise
+
+        try:
+            result = obstore.put(
+                self._store, key, guarded(), use_multipart=True, chunk_size=self.part_size
+            )
+        except Exception as exc:
+            if failure:
+                raise failure[0] from None
+            if isinstance(exc, self._errors()):
+                self._fail("PUT", name, exc)
+            error = ObjectStoreError(
+                f"PUT {self.location}{name}: upload failed ({type(exc).__name__}: {exc})"
+            )
+            error.operation, error.endpoint = "PUT", self.settings.endpoint
+            raise error from None
+        except BaseException:
+            if failure:  # e.g. Ctrl-C while reading the source
+                raise failure[0] from None
+            raise
+        return str(result["e_tag"] or "")
+
+    def put_if_absent(self, name: str, data: bytes) -> str:
+        """Create an object only if no object has that name (``If-None-Match: *``).
+
+        Raises :class:`PreconditionFailed` when one does. Returns the new ETag.
+        """
+        return self._put("PUT (create only)", name, data, mode="create")
+
+    def put_if_match(self, name: str, data: bytes, etag: str) -> str:
+        """Replace an object only if its ETag is still ``etag`` (``If-Match``; the ETag as
+        :meth:`head` or a put returned it, quotes included).
+
+        Raises :class:`PreconditionFailed` when it changed (or was deleted). Returns the
+        new ETag.
+        """
+        try:
+            return self._put("PUT (if match)", name, data, mode={"e_tag": etag})
+        except ObjectNotFound as exc:  # AWS answers 404 when the object is gone
+            raise PreconditionFailed(f"{exc}: it was deleted", name) from None
+
+    def copy(self, source: str, target: str) -> None:
+        """Copy an object inside the bucket, done by the storage (no bytes through this
+        process); replaces ``target`` if it exists. For moving a blob to quarantine."""
+        import obstore
+
+        from_key, to_key = self.location.key(source), self.location.key(target)
+        try:
+            obstore.copy(self._store, from_key, to_key, overwrite=True)
+        except self._errors() as exc:
+            self._fail(f"COPY to {self.location}{target} from", source, exc)
+
+    def delete(self, name: str) -> None:
+        """Delete an object (deleting a missing object is not an error, as in S3)."""
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            obstore.delete(self._store, key)
+        except self._errors() as exc:
+            self._fail("DELETE", name, exc)
+
+    # -- listing and URLs ---------------------------------------------------------------
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose name is under the folder ``prefix`` ("" for all), as the
+        storage pages them (ListObjectsV2, 1000 a page); order is the storage's."""
+        import obstore
+
+        full = self.location.prefix
+        if prefix:
+            full += _check_relpath(prefix.rstrip("/"), "list prefix", InvalidObjectName) + "/"
+        try:
+            for batch in obstore.list(self._store, full.rstrip("/") or None, chunk_size=1000):
+                for meta in batch:
+                    yield self._info(meta["path"][len(self.location.prefix) :], meta)
+        except self._errors() as exc:
+            self._fail("LIST", prefix, exc)
+
+    def list_folders(self, prefix: str = "") -> tuple[str, ...]:
+        """The names of the folders directly under ``prefix`` ("" for the top), one
+        delimited listing (every page)."""
+        import obstore
+
+        full = self.location.prefix
+        if prefix:
+            full += _check_relpath(prefix.rstrip("/"), "list prefix", InvalidObjectName) + "/"
+        try:
+            result = obstore.list_with_delimiter(self._store, full.rstrip("/") or None)
+        except self._errors() as exc:
+            self._fail("LIST", prefix, exc)
+        return tuple(sorted(p[len(full) :].rstrip("/") for p in result["common_prefixes"]))
+
+    def presigned_get_url(self, name: str, expires_in: timedelta = timedelta(minutes=15)) -> str:
+        """A URL that GETs the object (any single ``Range`` allowed) without credentials
+        until ``expires_in`` has passed."""
+        import obstore
+
+        key = self.location.key(name)
+        try:
+            return str(obstore.sign(self._store, "GET", key, expires_in))
+        except self._errors() as exc:
+            self._fail("SIGN", name, exc)

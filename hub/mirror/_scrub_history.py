@@ -1,0 +1,55 @@
+"""The store's scrub history: the last ``cmh mirror scrub`` report and the quarantine notes.
+
+``cmh mirror scrub`` keeps its report in ``{store}/.quarantine/last-scrub.json``
+(next to the quarantined blobs, a folder the mirror never serves from); the web
+operator page reads it back with the note of every quarantined blob.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._scrub import QUARANTINE
+
+LAST_SCRUB = "last-scrub.json"
+
+
+@dataclass(frozen=True)
+class ScrubView:
+    """The last ``cmh mirror scrub`` (if recorded) and every quarantined blob."""
+
+    last: dict[str, Any] | None
+    quarantined: list[dict[str, Any]]
+
+
+def record_scrub(store: Path, report: dict[str, Any], at: float | None = None) -> None:
+    """Keep a scrub's JSON report as the store's last scrub (``.quarantine/last-scrub.json``)."""
+    from cmh import atomic_write
+
+    folder = store / QUARANTINE
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {**report, "finished_at": time.time() if at is None else at}
+    atomic_write(folder / LAST_SCRUB, json.dumps(body, indent=1).encode())
+
+
+def scrub_view(store: Path) -> ScrubView:
+    """The recorded last scrub and the notes of every quarantined blob."""
+    folder = store / QUARANTINE
+    last: dict[str, Any] | None = None
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads((folder / LAST_SCRUB).read_text())
+        last = data if isinstance(data, dict) else None
+    notes: list[dict[str, Any]] = []
+    with contextlib.suppress(OSError):
+        for note in sorted(folder.glob("*/*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(note.read_text())
+                if isinstance(data, dict):
+                    notes.append(data)
+    notes.sort(key=lambda n: -float(n.get("quarantined_at") or 0))
+    return ScrubView(last, notes)

@@ -1,0 +1,245 @@
+"""Send a blob, whole or by byte ranges, with the kernel's sendfile where the loop allows.
+
+The headers are prepared by the caller; this module only moves bytes. Bodies go
+through ``loop.sendfile`` (``os.sendfile`` on a plain TCP transport), with a
+chunked read fallback when the transport cannot do it, on a connection corked
+(``TCP_CORK``) while the body goes out. Several ranges are sent
+as ``multipart/byteranges`` (RFC 9110 section 14.6), each part by sendfile.
+
+A *gate* (an async check) may guard the last byte of a body: it runs once
+everything else is sent, and when it fails the connection is cut, so the
+client holds an incomplete body (which it discards) rather than a complete
+one that differs from its ETag (see :mod:`cmh.hub.mirror._verify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import secrets
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from ._ranges import ByteRange
+
+_FALLBACK_CHUNK = 1 << 20
+
+
+#: Checked before the last byte of a body is sent; False cuts the connection.
+Gate = Callable[[], Awaitable[bool]]
+
+
+class BlobUnavailable(OSError):
+    """The blob is missing, not a regular file, or not the size the index says."""
+
+
+class BodyCut(ConnectionResetError):
+    """The gate failed: the connection was cut before the body's last byte."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__("the blob changed while it was sent: connection cut")
+        self.sent = sent
+
+
+def open_blob(path: Path, size: int) -> io.FileIO:
+    """Open a blob for reading without following a final symlink; check type and size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BlobUnavailable(f"blob unavailable: {exc.strerror}") from None
+    f = io.FileIO(fd, "rb", closefd=True)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        f.close()
+        raise BlobUnavailable("blob is not a regular file of the expected size")
+    return f
+
+
+@dataclass(frozen=True)
+class Multipart:
+    """The framing of a ``multipart/byteranges`` body."""
+
+    boundary: str
+    heads: list[bytes]
+    tail: bytes
+    content_length: int
+
+    @property
+    def content_type(self) -> str:
+        return f"multipart/byteranges; boundary={self.boundary}"
+
+
+def multipart(ranges: list[ByteRange], size: int, part_type: str) -> Multipart:
+    """Part headers and total length for sending ``ranges`` of a ``size``-byte file."""
+    boundary = secrets.token_hex(16)
+    heads = [
+        (
+            f"\r\n--{boundary}\r\nContent-Type: {part_type}\r\n"
+            f"Content-Range: {r.content_range(size)}\r\n\r\n"
+        ).encode()
+        for r in ranges
+    ]
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    total = sum(len(h) for h in heads) + sum(r.length for r in ranges) + len(tail)
+    return Multipart(boundary, heads, tail, total)
+
+
+#: A body's pieces: ``(prefix, offset, count)``, a part header and a span of the file.
+Pieces = list[tuple[bytes, int, int]]
+
+
+def frame(
+    headers: dict[str, str], ranges: list[ByteRange] | None, size: int
+) -> tuple[web.StreamResponse, Pieces, bytes]:
+    """The response (status, length, range headers) of a ``size``-byte file's body, the
+    pieces it is made of and its closing tail (``b""`` but for a multipart body)."""
+    if ranges is None:
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = size
+        return response, [(b"", 0, size)], b""
+    response = web.StreamResponse(status=206, headers=headers)
+    if len(ranges) == 1:
+        r = ranges[0]
+        response.headers["Content-Range"] = r.content_range(size)
+        response.content_length = r.length
+        return response, [(b"", r.start, r.length)], b""
+    mp = multipart(ranges, size, "application/octet-stream")
+    response.headers["Content-Type"] = mp.content_type
+    response.content_length = mp.content_length
+    pieces = [(h, r.start, r.length) for h, r in zip(mp.heads, ranges, strict=True)]
+    return response, pieces, mp.tail
+
+
+async def send_body(
+    request: web.BaseRequest,
+    response: web.StreamResponse,
+    f: io.FileIO,
+    ranges: list[tuple[bytes, int, int]],
+    tail: bytes = b"",
+    gate: Gate | None = None,
+) -> int:
+    """Write ``(prefix, offset, count)`` pieces then ``tail``; return the bytes sent.
+
+    ``response`` must already be prepared (headers sent). With a ``gate``,
+    the last byte (of the tail if any, else of the last piece) is sent only
+    if the gate passes; otherwise the connection is aborted and
+    :class:`BodyCut` raised.
+    """
+    with _corked(request.transport):
+        return await _send_pieces(request, response, f, ranges, tail, gate)
+
+
+@contextlib.contextmanager
+def _corked(transport: asyncio.BaseTransport | None) -> Iterator[None]:
+    """``TCP_CORK`` on the connection while a body is sent, as nginx's ``tcp_nopush``:
+    the kernel sends only full segments, not one per ``sendfile`` piece (aiohttp sets
+    ``TCP_NODELAY``). With 8 concurrent 1 GiB bodies on a loaded 2-core machine it cut
+    the wall time by a third (16-17 s against 10-11.5 s). Uncorked at the end, so the
+    last segment leaves at once; a no-op where the option or the socket is missing."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    option = getattr(socket, "TCP_CORK", None)
+    corked = False
+    if sock is not None and option is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, 1)
+            corked = True
+        except OSError:
+            pass
+    try:
+        yield
+    finally:
+        if corked and sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, 0)
+
+
+async def _send_pieces(
+    request: web.BaseRequest,
+    response: web.StreamResponse,
+    f: io.FileIO,
+    ranges: Pieces,
+    tail: bytes,
+    gate: Gate | None,
+) -> int:
+    sender = _Sender(request, response, f)
+    last = max((i for i, (_, _, count) in enumerate(ranges) if count > 0), default=None)
+    for i, (prefix, offset, count) in enumerate(ranges):
+        if prefix:
+            await response.write(prefix)
+            sender.sent += len(prefix)
+        if count == 0:
+            continue
+        if gate is not None and not tail and i == last:
+            await sender.file(offset, count - 1)
+            await sender.through(gate)
+            await sender.file(offset + count - 1, 1)
+        else:
+            await sender.file(offset, count)
+    if tail:
+        if gate is not None:
+            await sender.through(gate)
+        await response.write(tail)
+        sender.sent += len(tail)
+    await response.write_eof()
+    return sender.sent
+
+
+class _Sender:
+    """Moves file bytes to one response: sendfile, or reads when the transport cannot."""
+
+    def __init__(self, request: web.BaseRequest, response: web.StreamResponse, f: io.FileIO):
+        self.request = request
+        self.response = response
+        self.f = f
+        self.sent = 0
+        self.use_sendfile = True
+
+    async def file(self, offset: int, count: int) -> None:
+        if count == 0:
+            return
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client went away")
+        loop = asyncio.get_running_loop()
+        if self.use_sendfile:
+            try:
+                await loop.sendfile(transport, self.f, offset, count, fallback=False)
+                self.sent += count
+                return
+            except (NotImplementedError, asyncio.SendfileNotAvailableError):
+                self.use_sendfile = False
+        self.sent += await _copy(loop, self.response, self.f, offset, count)
+
+    async def through(self, gate: Gate) -> None:
+        if await gate():
+            return
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()
+        raise BodyCut(self.sent)
+
+
+async def _copy(
+    loop: asyncio.AbstractEventLoop,
+    response: web.StreamResponse,
+    f: io.FileIO,
+    offset: int,
+    count: int,
+) -> int:
+    done = 0
+    while done < count:
+        chunk = await loop.run_in_executor(
+            None, os.pread, f.fileno(), min(_FALLBACK_CHUNK, count - done), offset + done
+        )
+        if not chunk:
+            raise BlobUnavailable("blob shrank while it was sent")
+        await response.write(chunk)
+        done += len(chunk)
+    return done

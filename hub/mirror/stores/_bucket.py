@@ -1,0 +1,346 @@
+"""A store in an S3-compatible bucket (delegates to :mod:`~cmh.hub.mirror._bucket`,
+:mod:`~cmh.hub.mirror._bucket_read` and :mod:`~cmh.hub.mirror._bucket_scrub`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from cmh.hub.cache import new_digest, repo_folder_name
+
+from .._bucket import BucketError, BucketStore, open_bucket
+from .._bucket_read import DEFAULT_REF_TTL, BucketReader
+from .._history import CommitRecord
+from .._index import CommitIndex, FileEntry
+from .._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
+from .._scrub import ScrubOptions, ScrubReport
+from .._store import ImportOptions, ImportResult, RepoSummary
+from ._base import StoreMissing, StoreUnavailable
+
+if TYPE_CHECKING:
+    from cmh.hub.prune import CacheScan
+    from typing_extensions import Unpack
+
+    from .._scrub_history import ScrubView
+
+#: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
+#: the storage lists by name).
+MAX_QUARANTINE_NOTES = 1000
+
+
+@contextlib.contextmanager
+def _storage_errors() -> Iterator[None]:
+    """A storage that fails (or holds an invalid object) is :class:`StoreUnavailable`."""
+    try:
+        yield
+    except (ObjectStoreError, BucketError) as exc:
+        if isinstance(exc, StoreUnavailable):
+            raise
+        raise StoreUnavailable(str(exc)) from None
+
+
+def manifest_name(folder: str, etag: str) -> str:
+    """Where the tensor manifest of blob ``etag`` is kept in the bucket."""
+    return f"{folder}/.cmh/manifests/{etag}.json"
+
+
+class BucketBackedStore:
+    """The mirror store of one ``s3://bucket/prefix``."""
+
+    kind: str = "a bucket store"
+    deliveries: tuple[str, ...] = ("proxy", "redirect")
+
+    def __init__(
+        self, bucket: BucketStore, *, ref_ttl: float | None = None, signer: Any = None
+    ) -> None:
+        self.bucket = bucket
+        self.location = bucket.url
+        self.reader = BucketReader(bucket, ref_ttl=DEFAULT_REF_TTL if ref_ttl is None else ref_ttl)
+        self.signer = signer or bucket.objects  # signs the URLs clients are sent to
+        self._senders: dict[str, Any] = {}
+
+    @classmethod
+    def open(
+        cls, url: str, *, ref_ttl: float | None = None, public_storage_url: str | None = None
+    ) -> BucketBackedStore:
+        """Open ``s3://bucket/prefix``; redirects signed for ``public_storage_url`` when
+        given (signing is local: that address is never contacted by the server)."""
+        bucket = open_bucket(url)
+        signer = None
+        if public_storage_url is not None:
+            from dataclasses import replace
+
+            from .._objectstore import ObjectStore
+
+            objects = bucket.objects
+            settings = replace(objects.settings, endpoint=public_storage_url)
+            try:
+                signer = ObjectStore(objects.location, settings)
+            except ObjectStoreError as exc:
+                raise BucketError(str(exc)) from None
+        return cls(bucket, ref_ttl=ref_ttl, signer=signer)
+
+    def __repr__(self) -> str:
+        return f"BucketBackedStore({self.location!r})"
+
+    @property
+    def on_notice(self) -> Callable[[str], None] | None:
+        return self.bucket.on_notice
+
+    @on_notice.setter
+    def on_notice(self, value: Callable[[str], None] | None) -> None:
+        self.bucket.on_notice = value
+
+    @staticmethod
+    def _folder(repo_type: str, repo_id: str) -> str:
+        return repo_folder_name(repo_id, repo_type)
+
+    def create(self) -> None:
+        """Nothing to make: the bucket is the storage's (``check`` says when it is missing)."""
+
+    def check(self) -> None:
+        from .._objectstore import NoSuchBucket
+
+        try:
+            self.bucket.objects.list_folders("")
+        except NoSuchBucket as exc:
+            raise StoreMissing(str(exc)) from None
+        except ObjectStoreError as exc:
+            raise StoreUnavailable(str(exc)) from None
+
+    def local_root(self) -> Path | None:
+        return None
+
+    def pull_through(self, fresh_for: float) -> Any:
+        from ._bucket_pull import BucketPullThrough
+
+        pull = BucketPullThrough(self.bucket, self.reader, fresh_for)
+        pull.store_backend = self
+        return pull
+
+    def remote_sender(self, delivery: str) -> Any:
+        """The proxy or redirect sender of this store (one per worker, made on first use)."""
+        sender = self._senders.get(delivery)
+        if sender is None:
+            from ._bucket_delivery import make_sender
+
+            sender = self._senders[delivery] = make_sender(self.reader, delivery, self.signer)
+        return sender
+
+    def repos(self) -> list[tuple[str, str]]:
+        """Folders with a ref or a tree object (a folder holding only blobs, such as an
+        import that never moved a ref, is no repo: as a local folder without one)."""
+        with _storage_errors():
+            return sorted(
+                (kind, repo_id)
+                for kind, repo_id, folder in self.bucket.repos()
+                if self.reader.repo_exists(folder)
+            )
+
+    def repo_exists(self, repo_type: str, repo_id: str) -> bool:
+        with _storage_errors():
+            return self.reader.repo_exists(self._folder(repo_type, repo_id))
+
+    def resolve(
+        self, repo_type: str, repo_id: str, revision: str, *, used: bool = False
+    ) -> CommitIndex | None:
+        with _storage_errors():
+            return self.reader.resolve(self._folder(repo_type, repo_id), revision)
+
+    def refs(self, repo_type: str, repo_id: str) -> dict[str, str]:
+        with _storage_errors():
+            return self.reader.refs(self._folder(repo_type, repo_id))
+
+    def commits(self, repo_type: str, repo_id: str) -> list[str]:
+        with _storage_errors():
+            return sorted(self.bucket.tree_infos(self._folder(repo_type, repo_id)))
+
+    def history(self, repo_type: str, repo_id: str, head: CommitIndex) -> list[CommitRecord]:
+        with _storage_errors():
+            return self.reader.history(self._folder(repo_type, repo_id), head)
+
+    def last_commits(
+        self, repo_type: str, repo_id: str, head: CommitIndex, paths: list[str]
+    ) -> dict[str, CommitRecord]:
+        with _storage_errors():
+            return self.reader.last_commits(self._folder(repo_type, repo_id), head, paths)
+
+    def opener(self, entry: FileEntry) -> BinaryIO:
+        return self.reader.opener(entry)
+
+    def blob_present(self, entry: FileEntry) -> bool:
+        try:
+            self.reader.blob_info(entry.source.as_posix())
+        except ObjectNotFound:
+            return False
+        except ObjectStoreError as exc:
+            raise StoreUnavailable(str(exc)) from None
+        return True
+
+    def _download(self, entry: FileEntry, dest: Path) -> None:
+        """Copy an entry's blob to ``dest``; ``OSError`` unless its bytes hash to its name."""
+        digest = new_digest(entry.etag, entry.size)
+        try:
+            with open(dest, "wb") as out:
+                for chunk in self.bucket.objects.iter_chunks(entry.source.as_posix()):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except ObjectStoreError as exc:
+            raise OSError(f"blob unavailable: {exc}") from None
+        if digest.hexdigest() != entry.etag or dest.stat().st_size != entry.size:
+            raise OSError("blob does not match its name")
+
+    @contextlib.contextmanager
+    def local_files(self, index: CommitIndex, paths: list[str]) -> Iterator[dict[str, Path]]:
+        with tempfile.TemporaryDirectory(prefix="cmh-store-") as tmp:
+            out: dict[str, Path] = {}
+            for i, path in enumerate(paths):
+                dest = Path(tmp) / f"{i}-{os.path.basename(path)}"
+                self._download(index.files[path], dest)
+                out[path] = dest
+            yield out
+
+    def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> dict[str, Any]:
+        from .._manifests import SCHEMA, compute
+
+        name = manifest_name(self._folder(repo_type, repo_id), entry.etag)
+        try:
+            doc = json.loads(self.bucket.objects.get(name))
+            if (
+                isinstance(doc, dict)
+                and doc.get("schema") == SCHEMA
+                and doc.get("etag") == entry.etag
+            ):
+                return doc
+        except ObjectNotFound:
+            pass
+        except ValueError:
+            pass  # an unreadable manifest: computed again
+        except ObjectStoreError as exc:
+            raise OSError(f"store unavailable: {exc}") from None
+        with tempfile.TemporaryDirectory(prefix="cmh-manifest-") as tmp:
+            blob = Path(tmp) / entry.etag
+            self._download(entry, blob)
+            doc = compute(blob, entry.etag)
+        self._keep_manifest(name, doc)
+        return doc
+
+    def _keep_manifest(self, name: str, doc: dict[str, Any]) -> None:
+        with contextlib.suppress(PreconditionFailed, ObjectStoreError):  # kept best effort
+            self.bucket.objects.put_if_absent(name, json.dumps(doc, separators=(",", ":")).encode())
+
+    def size(self, skip: Callable[[str, str], bool]) -> tuple[int, int]:
+        total = repos = 0
+        with _storage_errors():
+            for repo_type, repo_id, folder in self.bucket.repos():
+                if skip(repo_type, repo_id):
+                    continue
+                repos += 1
+                total += sum(b.size for b in self.bucket.blob_infos(folder).values())
+        return total, repos
+
+    def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
+        result = self.bucket.add_folder(src, repo_id, **options)
+        self._keep_manifests(src, result)
+        return result
+
+    def _keep_manifests(self, src: Path, result: ImportResult) -> None:
+        """The tensor manifest of every safetensors file just imported, as a local import
+        keeps them."""
+        from .._manifests import ManifestError, compute
+        from .._store import scan_folder
+
+        folder = self._folder(result.repo_type, result.repo_id)
+        tree = self.bucket.read_tree(folder, result.commit)
+        by_path = {f.path: f for f in tree.files} if tree is not None else {}
+        for rel, path in scan_folder(src):
+            f = by_path.get(rel)
+            if f is None or not rel.endswith(".safetensors") or f.lfs_sha256 is None:
+                continue
+            name = manifest_name(folder, f.etag)
+            with contextlib.suppress(ObjectNotFound):
+                self.bucket.objects.head(name)
+                continue
+            with contextlib.suppress(ManifestError, OSError):
+                self._keep_manifest(name, compute(path, f.etag))
+
+    def list_store(self) -> list[RepoSummary]:
+        with _storage_errors():
+            return self.bucket.list_store()
+
+    def scrub_history(self) -> ScrubView:
+        """The report kept by the last scrub (``.quarantine/last-scrub.json``) and the
+        notes beside the quarantined blobs (at most :data:`MAX_QUARANTINE_NOTES`)."""
+        from .._bucket import QUARANTINE
+        from .._scrub_history import LAST_SCRUB, ScrubView
+
+        last: dict[str, Any] | None = None
+        notes: list[dict[str, Any]] = []
+        with _storage_errors():
+            with contextlib.suppress(ObjectNotFound, ValueError):
+                data = json.loads(self.bucket.objects.get(f"{QUARANTINE}/{LAST_SCRUB}"))
+                last = data if isinstance(data, dict) else None
+            for info in self.bucket.objects.list(QUARANTINE):
+                if len(notes) >= MAX_QUARANTINE_NOTES:
+                    break
+                if not info.name.endswith(".json") or info.name.endswith("/" + LAST_SCRUB):
+                    continue
+                with contextlib.suppress(ObjectNotFound, ValueError):
+                    data = json.loads(self.bucket.objects.get(info.name))
+                    if isinstance(data, dict):
+                        notes.append(data)
+        notes.sort(key=lambda n: -float(n.get("quarantined_at") or 0))
+        return ScrubView(last, notes)
+
+    def prune_scan(self) -> CacheScan:
+        from cmh.hub.prune import scan_bucket
+
+        with _storage_errors():
+            return scan_bucket(self.bucket, read_expiry=True)
+
+    def record_upstream_freshness(
+        self, repo_type: str, repo_id: str, commit: str, fresh_until: float
+    ) -> None:
+        with _storage_errors():
+            self.bucket.record_upstream_freshness(
+                self._folder(repo_type, repo_id), commit, fresh_until
+            )
+
+    def scrub_bytes(self) -> int:
+        return 0  # the scrub reports its progress blob by blob without a total
+
+    def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
+        from .._bucket import QUARANTINE
+        from .._bucket_scrub import scrub_bucket
+        from .._scrub_history import LAST_SCRUB
+
+        with _storage_errors():  # every blob is streamed and hashed whole (full or not)
+            report = scrub_bucket(self.bucket, **options)
+            body = {**report.to_dict(), "finished_at": time.time()}  # for the web page
+            self.bucket.objects.put(f"{QUARANTINE}/{LAST_SCRUB}", json.dumps(body).encode())
+        return report
+
+    def sync(
+        self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str
+    ) -> Any:
+        """Resolve into a scratch cache, then import its snapshot here as the Hub's commit
+        (same id, so clients pinned to it are answered): at ``revision``, or under its id
+        alone when ``revision`` is a commit id (no branch moves)."""
+        from cmh.hub.cache import COMMIT_RE
+
+        with tempfile.TemporaryDirectory(prefix="cmh-sync-") as tmp:
+            res = fetch(Path(tmp) / "cache")
+            plain = Path(tmp) / "files"  # the snapshot's links followed: files to import
+            shutil.copytree(Path(res.path), plain, symlinks=False)
+            target = res.commit if COMMIT_RE.match(revision) else revision
+            result = self.bucket.add_folder(plain, repo_id, revision=target,
+                                            repo_type=repo_type, commit=res.commit)  # fmt: skip
+            self._keep_manifests(plain, result)
+        return res

@@ -1,0 +1,770 @@
+"""Pull-through into a bucket: one upstream transfer per blob for the whole fleet.
+
+Normative text: ``spec/hub-mirror.md`` 8.6. In short, under ``{repo}/``:
+
+```
+trees/{commit}.json                  the upstream commit's listing, as a cmh-tree/1 object
+refs/{revision}                      moved after each validation
+.cmh/upstream/validated/{revision}   {"commit", "at"}: the fleet's last validation (+ a claim)
+.cmh/upstream/access.json            present while the upstream says private or gated
+.cmh/upstream/{commit}.json          {"fresh_until"}: for cmh prune --expired
+.cmh/fills/{etag}/lease              the filling replica's lease (conditional writes)
+.cmh/fills/{etag}/part-{n:06d}       bytes [n * PART, (n + 1) * PART) as they arrived
+.cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed (its waiters give up)
+.cmh/cuts/{etag}                     the time a filling body of the blob was last cut
+blobs/{etag}                         written only once the whole SHA-256 matched
+```
+
+The replica holding the lease streams the blob from the upstream and stores it
+part by part (each part one PUT, so a part is whole or absent); every replica's
+clients read the parts as they appear. The same bytes feed a multipart upload of
+``blobs/{etag}`` whose completion waits for the digest of the whole blob: an
+upload that fails its check is aborted, so no wrong blob is ever visible under its
+name. Then the check record is written, the parts and the lease deleted. A lease
+not renewed for its lifetime (on the storage's clock) is taken over; the new
+holder re-reads the stored parts (rebuilding the digest and feeding the upload)
+and asks the upstream for the rest with ``Range``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from cmh.hub.cache import COMMIT_RE, new_digest
+
+from .._bucket import BucketError, BucketStore, TreeFile, TreeObject
+from .._gitobjects import lfs_pointer_oid, tree_oids
+from .._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
+from ._bucket import _storage_errors
+from ._pull import FillFailed, SentRanges
+
+if TYPE_CHECKING:
+    from cmh.hub.resolver import RemoteFile
+
+    from .._bucket_read import BucketReader
+    from .._index import FileEntry
+    from .._objectstore import ObjectStore
+
+#: Bytes of each part object of a fill (the last may be shorter).
+PART = 8 << 20
+#: Seconds a fill lease lives without renewal (``CMH_FILL_LEASE_TTL`` overrides it).
+FILL_LEASE_TTL = 30.0
+#: Seconds between a waiting replica's looks at a fill another replica runs.
+FILL_POLL = 0.25
+#: Seconds between a filling answer's looks for the next part.
+READ_POLL = 0.05
+#: Seconds a revalidation claim is honoured by the other replicas (then ignored).
+CLAIM_TTL = 30.0
+#: Seconds a replica waits for the outcome of another replica's revalidation.
+CLAIM_WAIT = 5.0
+MAX_ATTEMPTS = 5  # upstream transfers of one fill (each resumes where the last stopped)
+
+
+def fill_lease_ttl() -> float:
+    """The fill lease's lifetime: ``CMH_FILL_LEASE_TTL`` seconds, else :data:`FILL_LEASE_TTL`."""
+    try:
+        value = float(os.environ.get("CMH_FILL_LEASE_TTL", FILL_LEASE_TTL))
+    except ValueError:
+        return FILL_LEASE_TTL
+    return value if value > 0 else FILL_LEASE_TTL
+
+
+def _owner() -> str:
+    return f"cmh serve {socket.gethostname()}:{os.getpid()}"
+
+
+class BucketPullThrough:
+    """The pull-through state and fills of one bucket store (one per worker)."""
+
+    def __init__(self, store: BucketStore, reader: BucketReader, fresh_for: float) -> None:
+        self.store = store
+        self.objects = store.objects
+        self.cache = reader
+        self.fresh_for = fresh_for
+        self.lease_ttl = fill_lease_ttl()
+        self.owner = _owner()
+        self._lock = threading.Lock()
+        self._expiries: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._stamps: dict[str, int | None] = {}  # etag -> CMH expires_at (immutable)
+        self._access: dict[str, tuple[float, bool, bool]] = {}
+        self._cuts: dict[str, tuple[float, float | None]] = {}  # blob -> (read at, cut at)
+
+    @staticmethod
+    def _folder(repo_type: str, repo_id: str) -> str:
+        return BucketStore.folder(repo_id, repo_type)
+
+    @staticmethod
+    def _validation_name(folder: str, revision: str) -> str:
+        return f"{folder}/.cmh/upstream/validated/{revision}"
+
+    # -- revisions -----------------------------------------------------------------------
+
+    def held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
+        folder = self._folder(repo_type, repo_id)
+        try:
+            index = self.cache.resolve(folder, revision)
+        except ObjectStoreError:
+            return None
+        if index is None or (COMMIT_RE.match(revision) and index.commit != revision):
+            return None
+        return index.commit
+
+    def listing(self, repo_type: str, repo_id: str, commit: str) -> dict[str, RemoteFile] | None:
+        with _storage_errors():
+            from cmh.hub.resolver import RemoteFile
+
+            tree = self.cache.tree(self._folder(repo_type, repo_id), commit)
+            if tree is None:
+                return None
+            return {
+                f.path: RemoteFile(f.path, f.size, f.etag, f.lfs_sha256 is not None, f.oid)
+                for f in tree.files
+            }
+
+    def _validation(self, folder: str, revision: str) -> tuple[dict[str, Any], str] | None:
+        try:
+            data, info = self.objects.get_with_info(self._validation_name(folder, revision))
+            doc = json.loads(data)
+        except ObjectNotFound:
+            return None
+        except ValueError:
+            return {}, ""
+        return (doc if isinstance(doc, dict) else {}), info.etag
+
+    def expiry(self, repo_type: str, repo_id: str, revision: str, commit: str) -> float:
+        """Read from the bucket at most once every ``ref_ttl`` seconds per revision (the
+        fleet's validation record), so every replica sees another's validation."""
+        with _storage_errors():
+            key = (repo_type, repo_id, revision)
+            now = time.monotonic()
+            with self._lock:
+                hit = self._expiries.get(key)
+            if hit is not None and now - hit[0] < self.cache.ref_ttl:
+                return hit[1]
+            value = self._expiry(repo_type, repo_id, revision, commit)
+            with self._lock:
+                self._expiries[key] = (now, value)
+            return value
+
+    def _forget(self, repo_type: str, repo_id: str, revision: str) -> None:
+        with self._lock:
+            self._expiries.pop((repo_type, repo_id, revision), None)
+
+    def _expiry(self, repo_type: str, repo_id: str, revision: str, commit: str) -> float:
+        folder = self._folder(repo_type, repo_id)
+        at: float | None = None
+        found = None if COMMIT_RE.match(revision) else self._validation(folder, revision)
+        if found is not None and found[0].get("commit") == commit:
+            with contextlib.suppress(TypeError, ValueError):
+                at = float(found[0]["at"])
+        unstamped = float("-inf") if at is None else at + max(0.0, self.fresh_for)
+        index = self.cache.index(folder, commit)
+        if index is None:
+            return float("-inf")
+        weights = [e for p, e in index.files.items() if p.endswith(".safetensors")]
+        if not weights:
+            return unstamped
+        expiry = float("inf")
+        for entry in weights:
+            stamped = self._stamp(entry)
+            if stamped is None:
+                expiry = min(expiry, unstamped)
+            elif stamped != 0:
+                expiry = min(expiry, float(stamped))
+        return expiry
+
+    def _stamp(self, entry: FileEntry) -> int | None:
+        """``expires_at`` of a stored stamped safetensors blob (0: never), None when unstamped
+        or not stored yet (its header read with ranged GETs, once per blob)."""
+        if entry.etag in self._stamps:
+            return self._stamps[entry.etag]
+        from cmh import read_carrier, read_header_from
+
+        try:
+            self.cache.blob_info(entry.source.as_posix())
+        except ObjectNotFound:
+            return None  # not filled yet: unstamped until it is
+        value: int | None = None
+        try:
+            with self.cache.opener(entry) as f:
+                header = read_header_from(f, entry.size)
+            carrier = read_carrier(header.metadata, len(header.tensors))
+            value = None if carrier is None else carrier.record.expires_at
+        except Exception:  # an unreadable header is an unstamped file, as on a folder
+            value = None
+        self._stamps[entry.etag] = value
+        return value
+
+    def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:
+        """Claim the revalidation in the validation record (``If-Match``); a replica that
+        loses waits up to :data:`CLAIM_WAIT` for the winner's record."""
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            name = self._validation_name(folder, revision)
+            found = self._validation(folder, revision)
+            if found is None or not found[1]:
+                return True
+            doc, etag = found
+            since = doc.get("checking_since")
+            if not (
+                isinstance(since, (int, float)) and self.store.clock.time() - since < CLAIM_TTL
+            ):
+                claimed = {**doc, "checking_since": self.store.clock.time(), "by": self.owner}
+                try:
+                    self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
+                    return True
+                except PreconditionFailed:
+                    pass  # another replica claimed it first
+            deadline = time.monotonic() + CLAIM_WAIT
+            while time.monotonic() < deadline:
+                time.sleep(FILL_POLL)
+                again = self._validation(folder, revision)
+                if again is None or "checking_since" not in again[0]:
+                    break
+            self._forget(repo_type, repo_id, revision)
+            self.cache.forget_ref(folder, revision)
+            return False
+
+    def install(
+        self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]
+    ) -> None:
+        """Write the commit's tree object (``If-None-Match: *``; a commit never changes).
+        A blob already stored under its name was checked when it was written. Written at
+        every revalidation, also when this replica has the tree in memory: a prune may
+        have removed it from the bucket (a 412 says it is there)."""
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            self.store.ensure_conditional_writes()
+            entries = []
+            for path, remote in sorted(files.items()):
+                if remote.lfs:
+                    oid = lfs_pointer_oid(remote.etag, remote.size)
+                    entries.append(TreeFile(path, remote.size, remote.etag, oid, remote.etag))
+                else:
+                    entries.append(TreeFile(path, remote.size, remote.etag, remote.etag, None))
+            tree = tree_oids({f.path: f.oid for f in entries})[""]
+            obj = TreeObject(commit, tree, (), time.time(), tuple(entries))
+            with contextlib.suppress(PreconditionFailed):
+                self.objects.put_if_absent(self.store.tree_name(folder, commit), obj.to_bytes())
+
+    def validated(
+        self, repo_type: str, repo_id: str, revision: str, commit: str, *, pinned: bool
+    ) -> None:
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            if not pinned:
+                ref = self.store.ref_name(folder, revision)
+                current = self.store.read_ref(folder, revision)
+                if current is None or current.commit != commit:
+                    self.objects.put(ref, f"{commit}\n".encode())
+                record = {"commit": commit, "at": self.store.clock.time()}
+                self.objects.put(
+                    self._validation_name(folder, revision), json.dumps(record).encode()
+                )
+                self.cache.forget_ref(folder, revision)
+                self._forget(repo_type, repo_id, revision)
+                until = self._expiry(repo_type, repo_id, revision, commit)
+            else:
+                until = self.store.clock.time() + self.fresh_for
+            if until == float("inf"):
+                return
+            with contextlib.suppress(ObjectStoreError):  # for prune only: best effort
+                self.store.record_upstream_freshness(folder, commit, until)
+
+    def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
+        with _storage_errors():
+            folder = self._folder(repo_type, repo_id)
+            name = f"{folder}/.cmh/upstream/access.json"
+            if private or gated:
+                doc = {"private": private, "gated": gated, "at": time.time()}
+                self.objects.put(name, json.dumps(doc).encode())
+            else:
+                with contextlib.suppress(ObjectNotFound):
+                    self.objects.head(name)
+                    self.objects.delete(name)
+            with self._lock:
+                self._access[folder] = (time.monotonic(), private or gated, gated and not private)
+
+    def restricted(self, repo_type: str, repo_id: str) -> bool:
+        """Read at most once every ``ref_ttl`` seconds; a storage that fails: restricted
+        (deny by default)."""
+        return self._access_of(repo_type, repo_id)[0]
+
+    def gated(self, repo_type: str, repo_id: str) -> bool:
+        return self._access_of(repo_type, repo_id)[1]
+
+    def _access_of(self, repo_type: str, repo_id: str) -> tuple[bool, bool]:
+        """(restricted, gated and not private) as the access record says, read at most
+        once every ``ref_ttl`` seconds; a storage that fails: restricted, not gated."""
+        try:
+            folder = self._folder(repo_type, repo_id)
+        except ValueError:
+            return False, False
+        now = time.monotonic()
+        with self._lock:
+            hit = self._access.get(folder)
+        if hit is not None and now - hit[0] < self.cache.ref_ttl:
+            return hit[1], hit[2]
+        try:
+            record = json.loads(self.objects.get(f"{folder}/.cmh/upstream/access.json"))
+        except ObjectNotFound:
+            value = (False, False)
+        except ObjectStoreError:
+            return True, False
+        except ValueError:  # unreadable record: restricted (deny by default)
+            value = (True, False)
+        else:
+            gated = isinstance(record, dict) and bool(record.get("gated"))
+            value = (True, gated and not (isinstance(record, dict) and record.get("private")))
+        with self._lock:
+            self._access[folder] = (now, *value)
+        return value
+
+    def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
+        """``{repo}/.cmh/cuts/{etag}``: the time of the last cut (best effort)."""
+        folder = self._folder(repo_type, repo_id)
+        with contextlib.suppress(ObjectStoreError):
+            self.objects.put(f"{folder}/.cmh/cuts/{etag}", f"{time.time():.3f}\n".encode())
+        with self._lock:
+            self._cuts[f"{folder}/{etag}"] = (time.monotonic(), time.time())
+
+    def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
+        """Read at most once every ``ref_ttl`` seconds per blob; a storage that fails:
+        cut (a whole body is always safe)."""
+        from .._cuts import CUT_MEMORY
+
+        folder = self._folder(repo_type, repo_id)
+        key = f"{folder}/{etag}"
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cuts.get(key)
+        if hit is None or now - hit[0] >= self.cache.ref_ttl:
+            try:
+                at = float(self.objects.get(f"{folder}/.cmh/cuts/{etag}"))
+            except ObjectNotFound:
+                at = None
+            except ValueError:
+                at = None
+            except ObjectStoreError:
+                return True
+            with self._lock:
+                self._cuts[key] = hit = (now, at)
+        return hit[1] is not None and 0 <= time.time() - hit[1] < CUT_MEMORY
+
+    # -- fills ---------------------------------------------------------------------------
+
+    def _entry(self, folder: str, commit: str, path: str) -> TreeFile:
+        from .._upstream import UpstreamError
+
+        tree = self.cache.tree(folder, commit)
+        found = None if tree is None else next((f for f in tree.files if f.path == path), None)
+        if found is None:
+            raise UpstreamError(404, "EntryNotFound", "Entry not found (no listing kept)")
+        return found
+
+    def _present(self, name: str) -> bool:
+        try:
+            self.objects.head(name)
+            return True
+        except ObjectNotFound:
+            return False
+
+    def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
+        """Fill the blob under the fleet's lease, or wait while another replica holds it
+        (taking it over once it expired); raise what a failed fill of it recorded."""
+        from .._upstream import UpstreamError, unavailable
+
+        folder = self._folder(repo_type, repo_id)
+        started = time.time()
+        try:
+            f = self._entry(folder, commit, path)
+            blob = self.store.blob_name(folder, f.etag)
+            fills = f"{folder}/.cmh/fills/{f.etag}"
+            while not self._present(blob):
+                # A fill this request waited for failed: its outcome is shared, not retried.
+                failure = self._failure(fills, started)
+                if failure is not None:
+                    raise UpstreamError(502, "UpstreamProtocolError", failure)
+                lease = f"{fills}/lease"
+                if self.store.take_lease(folder, self.owner, name=lease, ttl=self.lease_ttl):
+                    try:
+                        if not self._present(blob):  # filled between the look and the lease
+                            _Fill(self, upstream, folder, commit, f).run()
+                    finally:
+                        with contextlib.suppress(ObjectStoreError):
+                            self.store.release_lease(folder, name=lease)
+                    break
+                time.sleep(FILL_POLL)
+        except (ObjectStoreError, BucketError) as exc:
+            raise unavailable(f"store unavailable during the fill: {exc}") from None
+        if path.endswith(".safetensors") and f.lfs_sha256 is not None:
+            self._keep_manifest(repo_type, repo_id, folder, commit, path)
+
+    def _failure(self, fills: str, since: float) -> str | None:
+        try:
+            doc = json.loads(self.objects.get(f"{fills}/failed"))
+            at = float(doc["at"])
+        except (ObjectNotFound, ValueError, KeyError, TypeError):
+            return None
+        if at < since:
+            return None  # failed before this request came: it tries again
+        return f"the upstream's blob failed its check at another replica: {doc.get('error')}"
+
+    def _keep_manifest(
+        self, repo_type: str, repo_id: str, folder: str, commit: str, path: str
+    ) -> None:
+        """The tensor manifest of a filled safetensors blob, computed in the background
+        (the fill's waiters do not wait for it; a request for it computes it if absent)."""
+        from ._bucket import manifest_name
+
+        index = self.cache.index(folder, commit)
+        entry = None if index is None else index.files.get(path)
+        if entry is None or self._present(manifest_name(folder, entry.etag)):
+            return
+        backend = self.store_backend
+
+        def work() -> None:
+            with contextlib.suppress(Exception):  # best effort: computed again on request
+                backend.manifest(repo_type, repo_id, entry)
+
+        threading.Thread(target=work, name="cmh-manifest", daemon=True).start()
+
+    store_backend: Any = None  # the BucketBackedStore (set by it), for manifests
+
+    def reader_for(self, entry: FileEntry, fill: asyncio.Future[None]) -> PartTail:
+        folder, _, etag = entry.source.as_posix().rpartition("/blobs/")
+        return PartTail(self.objects, entry.source.as_posix(),
+                        f"{folder}/.cmh/fills/{etag}", entry.size, fill)  # fmt: skip
+
+    def reader(
+        self, repo_type: str, repo_id: str, entry: FileEntry, fill: asyncio.Future[None]
+    ) -> PartTail:
+        return self.reader_for(entry, fill)
+
+
+class _Upload:
+    """A multipart upload of ``blobs/{etag}`` fed chunk by chunk from another thread; it
+    completes only when :meth:`finish` is called (the digest matched), else it is aborted."""
+
+    _END = object()
+
+    def __init__(self, objects: Any, name: str) -> None:
+        self.objects = objects
+        self.name = name
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=8)
+        self._result: list[Any] = []
+        self._thread = threading.Thread(target=self._run, name="cmh-fill-upload", daemon=True)
+        self._thread.start()
+
+    def _chunks(self) -> Any:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _run(self) -> None:
+        try:
+            self._result.append(self.objects.put_stream(self.name, self._chunks()))
+        except BaseException as exc:  # kept for finish(); an abort lands here too
+            self._result.append(exc)
+
+    def feed(self, data: bytes) -> None:
+        while True:
+            if self._result:  # the upload failed: nothing more is taken
+                error = self._result[0]
+                raise error if isinstance(error, BaseException) else FillFailed("upload ended")
+            try:
+                self._queue.put(data, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
+    def abort(self) -> None:
+        """Abort the upload: nothing is created under the blob's name."""
+        error = FillFailed("the fill failed: upload aborted")
+        while self._thread.is_alive():
+            try:
+                self._queue.put(error, timeout=1.0)
+                break
+            except queue.Full:
+                continue
+        self._thread.join(timeout=30)
+
+    def finish(self) -> str:
+        """Complete the upload (the caller checked the whole digest); its storage ETag."""
+        self._queue.put(self._END)
+        self._thread.join()
+        result = self._result[0]
+        if isinstance(result, BaseException):
+            raise result
+        return str(result)
+
+
+class _SmallUpload:
+    """A blob smaller than a part (an empty one too): kept in memory and written in one
+    PUT once its hash matched (a multipart upload needs at least one part)."""
+
+    def __init__(self, objects: Any, name: str) -> None:
+        self.objects = objects
+        self.name = name
+        self._chunks: list[bytes] = []
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+
+    def abort(self) -> None:
+        self._chunks.clear()
+
+    def finish(self) -> str:
+        return str(self.objects.put(self.name, b"".join(self._chunks)))
+
+
+class _Fill:
+    """One replica's fill of one blob under the lease: resume, stream, check, compose."""
+
+    def __init__(
+        self, pull: BucketPullThrough, upstream: Any, folder: str, commit: str, f: TreeFile
+    ) -> None:
+        from cmh.hub.cache import parse_repo_folder
+
+        self.pull, self.upstream, self.commit, self.f = pull, upstream, commit, f
+        self.folder = folder
+        parsed = parse_repo_folder(folder)
+        assert parsed is not None  # the folder was made from a repo name
+        self.repo_type, self.repo_id = parsed
+        self.objects = pull.objects
+        self.fills = f"{folder}/.cmh/fills/{f.etag}"
+        self.digest = new_digest(f.etag, f.size)
+        self.pos = 0  # bytes hashed, stored as parts or in ``buffer``
+        self.part = 0  # the next part number
+        self.buffer = bytearray()
+        self.lost = threading.Event()
+        self.done = threading.Event()
+
+    def part_name(self, n: int) -> str:
+        return f"{self.fills}/part-{n:06d}"
+
+    def run(self) -> None:
+        from cmh.hub.resolver import IntegrityError
+
+        from .._upstream import failed, unavailable
+
+        name = self.pull.store.blob_name(self.folder, self.f.etag)
+        upload: _Upload | _SmallUpload = (
+            _SmallUpload(self.objects, name) if self.f.size < PART else _Upload(self.objects, name)
+        )
+        keeper = threading.Thread(target=self._keep_lease, name="cmh-fill-lease", daemon=True)
+        keeper.start()
+        try:
+            self._resume(upload)
+            self._transfer(upload)
+            if self.buffer:
+                self.objects.put(self.part_name(self.part), bytes(self.buffer))
+                self.part += 1
+                self.buffer.clear()
+            if self.pos != self.f.size or self.digest.hexdigest() != self.f.etag:
+                error = IntegrityError(
+                    f"{self.f.path}: {self.pos} bytes whose hash is not the listed {self.f.etag}"
+                )
+                self._failed(upload, str(error))
+                raise failed(error, "fill failed")
+            if self.lost.is_set():
+                upload.abort()
+                raise unavailable("the fill's lease was lost (another replica took it over)")
+            storage_etag = upload.finish()
+        except BaseException:
+            upload.abort()
+            raise
+        finally:
+            self.done.set()
+        self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
+        self._delete_parts()
+        with contextlib.suppress(ObjectStoreError):  # an earlier failure is history now
+            self.objects.delete(f"{self.fills}/failed")
+
+    def _failed(self, upload: _Upload | _SmallUpload, error: str) -> None:
+        """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""
+        upload.abort()
+        self._delete_parts()
+        doc = {"at": time.time(), "error": error[:500]}
+        with contextlib.suppress(ObjectStoreError):
+            self.objects.put(f"{self.fills}/failed", json.dumps(doc).encode())
+
+    def _delete_parts(self) -> None:
+        with contextlib.suppress(ObjectStoreError):
+            for info in list(self.objects.list(self.fills)):
+                if "/part-" in info.name:
+                    self.objects.delete(info.name)
+
+    def _keep_lease(self) -> None:
+        """Renew the lease every quarter of its lifetime until the fill ends."""
+        ttl = self.pull.lease_ttl
+        name = f"{self.fills}/lease"
+        while not self.done.wait(ttl / 4):
+            try:
+                if not self.pull.store.renew_lease(
+                    self.folder, self.pull.owner, name=name, ttl=ttl
+                ):
+                    self.lost.set()
+                    return
+            except ObjectStoreError:
+                continue  # the storage is away: try again; the lease may expire meanwhile
+
+    def _resume(self, upload: _Upload | _SmallUpload) -> None:
+        """Re-read the parts a previous holder stored, in order, while they are whole."""
+        n = 0
+        while self.pos < self.f.size:
+            try:
+                data = self.objects.get(self.part_name(n))
+            except ObjectNotFound:
+                break
+            whole = len(data) == PART or self.pos + len(data) == self.f.size
+            if not whole or self.pos + len(data) > self.f.size:
+                break
+            self._take(data, upload)
+            n += 1
+        self.part = n
+        self.buffer.clear()
+        for info in list(self.objects.list(self.fills)):  # later parts: not contiguous
+            if "/part-" in info.name and info.name >= self.part_name(n):
+                self.objects.delete(info.name)
+
+    def _take(self, data: bytes, upload: _Upload | _SmallUpload) -> None:
+        self.digest.update(data)
+        upload.feed(data)
+        self.pos += len(data)
+
+    def _transfer(self, upload: _Upload | _SmallUpload) -> None:
+        """Stream the rest from the upstream (its redirect to the CDN followed without the
+        token), resuming with ``Range`` after a failure, at most :data:`MAX_ATTEMPTS`."""
+        from cmh.hub.resolver import AccessError, HubUnreachableError, NotFoundError, ResolveError
+
+        from .._upstream import failed, typed, unavailable
+
+        client = self.upstream.client()
+        url = client.file_url(self.repo_id, self.repo_type, self.commit, self.f.path)
+        try:
+            for attempt in range(MAX_ATTEMPTS):
+                if self.pos >= self.f.size and self.f.size:
+                    return
+                start = self.pos
+                skip = [0]
+
+                def restart(start: int = start, skip: list[int] = skip) -> None:
+                    skip[0] = start  # a 200 to a ranged request: the body from byte 0
+
+                def sink(chunk: bytes, skip: list[int] = skip) -> None:
+                    if skip[0]:
+                        cut = min(skip[0], len(chunk))
+                        skip[0] -= cut
+                        chunk = chunk[cut:]
+                        if not chunk:
+                            return
+                    if self.lost.is_set():
+                        raise FillFailed("the fill's lease was lost")
+                    self._take(chunk, upload)
+                    self.buffer += chunk
+                    while len(self.buffer) >= PART:
+                        self.objects.put(self.part_name(self.part), bytes(self.buffer[:PART]))
+                        del self.buffer[:PART]
+                        self.part += 1
+
+                try:
+                    client.stream(url, start, sink, on_restart=restart, limit=self.f.size)
+                    return
+                except HubUnreachableError:
+                    if attempt == MAX_ATTEMPTS - 1:
+                        raise
+                    time.sleep(min(2.0, 0.2 * (attempt + 1)))
+        except (NotFoundError, AccessError) as exc:
+            raise typed(exc) from None
+        except ResolveError as exc:
+            raise failed(exc, "fill failed") from None
+        except FillFailed as exc:
+            raise unavailable(str(exc)) from None
+        finally:
+            self.upstream.count(client.requests, client.bytes_received)
+
+
+class PartTail:
+    """Reads a blob being filled into a bucket: its part objects as they appear, then the
+    blob once it is stored (segments of :data:`PART` bytes, one GET each)."""
+
+    def __init__(
+        self, objects: ObjectStore, blob: str, fills: str, size: int, fill: asyncio.Future[None]
+    ) -> None:
+        self.objects = objects
+        self.blob = blob
+        self.fills = fills
+        self.size = size
+        self.fill = fill
+        self._segment: tuple[int, bytes] | None = None
+        self._installed = False
+
+    def close(self) -> None:
+        self._segment = None
+
+    async def _load(self, n: int) -> bytes | None:
+        start = n * PART
+        end = min(self.size, start + PART)
+        if not self._installed:
+            try:
+                return await self.objects.get_range_async(f"{self.fills}/part-{n:06d}", 0, PART)
+            except ObjectNotFound:
+                pass
+            try:
+                await self.objects.head_async(self.blob)
+            except ObjectNotFound:
+                return None
+            self._installed = True
+        return await self.objects.get_range_async(self.blob, start, end)
+
+    async def read(self, pos: int, count: int) -> bytes:
+        n = pos // PART
+        finished_once = False
+        while True:
+            if self._segment is not None and self._segment[0] == n:
+                data = self._segment[1]
+                off = pos - n * PART
+                if off < len(data):
+                    return data[off : off + count]
+                raise FillFailed("a stored part is shorter than the blob's listed size")
+            try:
+                loaded = await self._load(n)
+            except ObjectStoreError as exc:
+                raise FillFailed(f"store unavailable: {exc}") from None
+            if loaded is not None:
+                self._segment = (n, loaded)
+                continue
+            if self.fill.done():
+                if self.fill.exception() is not None:
+                    raise FillFailed(f"fill failed: {self.fill.exception()}")
+                if finished_once:
+                    raise FillFailed("the filled blob is not in the store")
+                finished_once = True
+                continue
+            await asyncio.wait([self.fill], timeout=READ_POLL)
+
+    def ranges_match(self, sent: SentRanges) -> bool:
+        try:
+            for offset, count, digest in sent:
+                h = hashlib.sha256()
+                for chunk in self.objects.iter_chunks(self.blob, offset, offset + count):
+                    h.update(chunk)
+                if h.digest() != digest.digest():
+                    return False
+            return True
+        except ObjectStoreError:
+            return False

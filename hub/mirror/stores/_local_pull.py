@@ -1,0 +1,301 @@
+"""Pull-through into a local folder: the resolver fills ``blobs/{etag}.incomplete``.
+
+The revision state is the stock cache's own (``refs/``, ``trees/{commit}.json``,
+the resolver's validation records) plus ``.cmh/upstream/`` records (access, and
+when a commit's freshness ends). A fill is :func:`cmh.hub.resolver.resolve`
+pinned to the commit on one connection (SHA-256 or git blob id checked,
+resumable, atomic install, the blob lock shared with import, prune and the
+stock client); its partial file is read as it grows (:class:`FileTail`). A fill
+run by another worker or process is joined through the blob lock and the same
+partial file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cmh.hub.cache import COMMIT_RE, RepoLayout, process_clock, repo_lock
+
+from cmh import atomic_write
+
+from ._pull import FillFailed, SentRanges
+
+if TYPE_CHECKING:
+    from cmh.hub.resolver import RemoteFile
+
+    from .._index import FileEntry
+
+CHUNK = 1 << 20
+POLL = 0.02  # seconds between looks at a partial file that has not grown
+
+
+def fnmatch_literal(path: str) -> str:
+    """An ``fnmatch`` pattern that matches exactly ``path``."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
+
+
+def access_record_path(repo: RepoLayout) -> Path:
+    """``.cmh/upstream/access.json``: present while the upstream marks the repo private/gated."""
+    return repo.cmh_dir / "upstream" / "access.json"
+
+
+def upstream_record_path(repo: RepoLayout, commit: str) -> Path:
+    """``.cmh/upstream/{commit}.json``: when a pull-through commit's freshness ends."""
+    repo.snapshot_dir(commit)  # validates the commit
+    return repo.cmh_dir / "upstream" / f"{commit}.json"
+
+
+def write_upstream_record(repo: RepoLayout, commit: str, fresh_until: float) -> None:
+    """Write ``commit``'s freshness record (replacing it; raises :class:`OSError`)."""
+    path = upstream_record_path(repo, commit)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"fresh_until": fresh_until, "at": time.time()}).encode())
+
+
+class LocalPullThrough:
+    """The pull-through state and fills of one store folder."""
+
+    def __init__(self, root: Path, fresh_for: float) -> None:
+        from .._cuts import CutLedger
+
+        self.root = root
+        self.fresh_for = fresh_for
+        self.clock = process_clock()  # freshness records (tests move it)
+        self.cuts = CutLedger()  # {repo}/.cmh/cuts/{etag}, as for bodies cut outside fills
+
+    def _repo(self, repo_type: str, repo_id: str) -> RepoLayout:
+        return RepoLayout(self.root, repo_id, repo_type)
+
+    # -- revisions -----------------------------------------------------------------------
+
+    def held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
+        from cmh.hub.resolver import read_tree
+
+        repo = self._repo(repo_type, repo_id)
+        commit = revision if COMMIT_RE.match(revision) else repo.read_ref(revision)
+        if commit is None or read_tree(repo, commit) is None:
+            return None
+        return commit if (repo.snapshots / commit).is_dir() else None
+
+    def listing(self, repo_type: str, repo_id: str, commit: str) -> dict[str, RemoteFile] | None:
+        from cmh.hub.resolver import read_tree, remote_files_from_tree
+
+        cached = read_tree(self._repo(repo_type, repo_id), commit)
+        return None if cached is None else remote_files_from_tree(cached)
+
+    def expiry(self, repo_type: str, repo_id: str, revision: str, commit: str) -> float:
+        from cmh.hub.resolver import read_tree, read_validation, snapshot_expiry
+
+        repo = self._repo(repo_type, repo_id)
+        tree = read_tree(repo, commit) or {}
+        validation = read_validation(repo, revision)
+        at = validation.at if validation is not None and validation.commit == commit else None
+        return snapshot_expiry(
+            repo, commit, sorted(tree), validated_at=at, default_lifetime=self.fresh_for
+        )
+
+    def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:
+        return True  # one machine: the worker's own lock per revision is enough
+
+    def install(
+        self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]
+    ) -> None:
+        """Keep the listing; link absent blobs (filled on demand), confirm present ones
+        with the resolver (one ``HEAD`` each, as it does) before they are linked."""
+        from cmh.hub.resolver import linked_etag, write_tree
+
+        repo = self._repo(repo_type, repo_id)
+        present: list[str] = []
+        with repo_lock(repo, shared=True):
+            write_tree(repo, commit, files)
+            repo.snapshot_dir(commit).mkdir(parents=True, exist_ok=True)
+            for path, remote in files.items():
+                if linked_etag(repo, commit, path) == remote.etag:
+                    continue
+                if repo.blob_path(remote.etag).exists():
+                    present.append(path)
+                else:
+                    repo.link_snapshot_file(commit, path, remote.etag)
+        if present:
+            self._resolve(upstream, repo, commit, present)
+
+    def validated(
+        self, repo_type: str, repo_id: str, revision: str, commit: str, *, pinned: bool
+    ) -> None:
+        from cmh.hub.resolver import write_validation
+
+        repo = self._repo(repo_type, repo_id)
+        if not pinned:
+            if repo.read_ref(revision) != commit:
+                repo.write_ref(revision, commit)
+            write_validation(repo, revision, commit, at=self.clock.time())
+            until = self.expiry(repo_type, repo_id, revision, commit)
+        else:
+            until = self.clock.time() + self.fresh_for
+        if until == float("inf"):
+            return
+        with contextlib.suppress(OSError):
+            write_upstream_record(repo, commit, until)
+
+    def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
+        path = access_record_path(self._repo(repo_type, repo_id))
+        if not (private or gated):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"private": private, "gated": gated, "at": time.time()}
+        atomic_write(path, json.dumps(doc).encode())
+
+    def restricted(self, repo_type: str, repo_id: str) -> bool:
+        try:
+            repo = self._repo(repo_type, repo_id)
+        except ValueError:
+            return False
+        return access_record_path(repo).exists()
+
+    def gated(self, repo_type: str, repo_id: str) -> bool:
+        try:
+            path = access_record_path(self._repo(repo_type, repo_id))
+            record = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(record, dict) and bool(record.get("gated")) and not record.get("private")
+
+    def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
+        self.cuts.record(self._repo(repo_type, repo_id).path, etag)
+
+    def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
+        return self.cuts.recent(self._repo(repo_type, repo_id).path, etag)
+
+    # -- fills ---------------------------------------------------------------------------
+
+    def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
+        from cmh.hub.resolver import read_tree
+
+        from .._manifests import keep_for
+
+        repo = self._repo(repo_type, repo_id)
+        self._resolve(upstream, repo, commit, [path])
+        entry = (read_tree(repo, commit) or {}).get(path)
+        if entry is not None:
+            keep_for(repo, entry.etag, path)  # the tensor manifest, for resolvers downstream
+
+    def _resolve(self, upstream: Any, repo: RepoLayout, commit: str, paths: list[str]) -> None:
+        from cmh.hub.resolver import AccessError, NotFoundError, Policy, ResolveError, resolve
+
+        from .._upstream import failed, typed
+
+        try:
+            res = resolve(
+                repo.repo_id,
+                commit,
+                repo_type=repo.repo_type,
+                cache_dir=self.root,
+                endpoint=upstream.url,
+                token=upstream.config.token or False,
+                allow_patterns=[fnmatch_literal(p) for p in paths],
+                # One connection: the fill then writes blobs/{etag}.incomplete in order, which
+                # the clients of a filling blob read as it grows (FileTail).
+                policy=Policy(stale_if_error=False, connections=1),
+            )
+        except (NotFoundError, AccessError) as exc:
+            raise typed(exc) from None
+        except ResolveError as exc:
+            raise failed(exc, "fill failed") from None
+        upstream.count(res.requests, res.bytes_transferred)
+
+    def reader(
+        self, repo_type: str, repo_id: str, entry: FileEntry, fill: asyncio.Future[None]
+    ) -> FileTail:
+        from cmh.hub.cache import partial_path
+
+        repo = self._repo(repo_type, repo_id)
+        return FileTail(entry.source, partial_path(repo, entry.etag), fill)
+
+
+class FileTail:
+    """Reads a blob being filled: the installed blob if it is there, else its partial file.
+
+    Reads are ``os.pread`` calls of at most 1 MiB on the event loop: the bytes were
+    just written, so they come from the page cache, and a thread hop per chunk would
+    cost more than the read.
+    """
+
+    def __init__(self, blob: Path, partial: Path, fill: asyncio.Future[None]) -> None:
+        self.blob = blob
+        self.partial = partial
+        self.fill = fill
+        self.fd: int | None = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _open(self) -> None:
+        for path in (self.blob, self.partial):
+            with contextlib.suppress(OSError):
+                self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                return
+
+    def _replaced(self) -> bool:
+        """True when the file we read is no longer the partial nor the blob (restarted fill)."""
+        assert self.fd is not None
+        mine = os.fstat(self.fd)
+        for path in (self.blob, self.partial):
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    return False
+        return True
+
+    async def read(self, pos: int, count: int) -> bytes:
+        finished_once = False
+        while True:
+            if self.fd is None:
+                self._open()
+            if self.fd is not None:
+                data = os.pread(self.fd, count, pos)
+                if data:
+                    return data
+                if self._replaced():
+                    self.close()
+                    continue
+            if self.fill.done():
+                if self.fill.exception() is not None:
+                    raise FillFailed(f"fill failed: {self.fill.exception()}")
+                if finished_once:
+                    raise FillFailed("the filled blob is shorter than listed")
+                finished_once = True
+                self.close()  # read the installed blob from now on
+                continue
+            await asyncio.wait([self.fill], timeout=POLL)
+
+    def ranges_match(self, sent: SentRanges) -> bool:
+        try:
+            fd = os.open(self.blob, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            for offset, count, digest in sent:
+                h = hashlib.sha256()
+                pos = offset
+                while pos < offset + count:
+                    data = os.pread(fd, min(CHUNK * 8, offset + count - pos), pos)
+                    if not data:
+                        return False
+                    h.update(data)
+                    pos += len(data)
+                if h.digest() != digest.digest():
+                    return False
+            return True
+        finally:
+            os.close(fd)

@@ -1,0 +1,137 @@
+"""Model cards: YAML front matter and Markdown, rendered so that no card can run a script.
+
+A card is untrusted input. It is rendered by markdown-it-py with raw HTML
+turned off (``html=False``: every ``<tag>`` in the card is shown as text) and a
+link check that keeps only ``http``, ``https`` and ``mailto`` URLs and relative
+ones: ``javascript:``, ``vbscript:``, ``data:`` and every other scheme never
+become a link or an image. The result holds no element with an event handler
+and no URL that runs code, so no HTML sanitizer is needed on top; the pages
+also send a Content-Security-Policy that allows no inline script.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from .._front_matter import read_front_matter
+from .._memo import Memo
+
+if TYPE_CHECKING:
+    from .._index import FileEntry
+
+#: Cards larger than this are shown cut (a card is text; this bounds rendering time).
+MAX_CARD_BYTES = 512 * 1024
+#: A card with more ``[`` than this is shown as text: markdown-it's link scan costs ~70 us
+#: per unclosed bracket, so 512 KiB of ``[`` took 15 s of CPU (issue 23).
+MAX_CARD_BRACKETS = 2000
+#: Rendered cards kept per worker, by blob (file identity): a page view renders once.
+CARD_CACHE_SIZE = 256
+#: Front-matter keys shown as tags, in this order (the Hub's usual card metadata).
+TAG_KEYS = (
+    "license",
+    "pipeline_tag",
+    "library_name",
+    "language",
+    "base_model",
+    "datasets",
+    "tags",
+)
+_SAFE_SCHEMES = frozenset({"http", "https", "mailto"})
+_SCHEME_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*):")
+
+
+@dataclass(frozen=True)
+class Card:
+    """A rendered model card: body HTML (safe), front matter, tags, and what went wrong."""
+
+    html: str
+    front_matter: dict[str, Any] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def safe_link(url: str) -> bool:
+    """True for relative URLs and ``http``/``https``/``mailto`` ones (markdown-it's link check)."""
+    match = _SCHEME_RE.match(url)
+    return match is None or match.group(1).lower() in _SAFE_SCHEMES
+
+
+@lru_cache(maxsize=1)
+def _renderer() -> Any:
+    from markdown_it import MarkdownIt
+
+    class CardMarkdown(MarkdownIt):
+        """CommonMark plus tables and strikethrough; links checked by :func:`safe_link`."""
+
+        def validateLink(self, url: str) -> bool:
+            return safe_link(url)
+
+    md = CardMarkdown("commonmark", {"html": False, "linkify": False, "typographer": False})
+    return md.enable(["table", "strikethrough"])
+
+
+def render_markdown(text: str) -> str:
+    """Markdown to HTML with raw HTML shown as text and only safe links (module docstring)."""
+    return str(_renderer().render(text))
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
+    """``(front matter, body, problem)`` of a card (:mod:`cmh.hub.mirror._front_matter`)."""
+    front = read_front_matter(text)
+    return front.data or {}, front.body, front.problem
+
+
+def card_tags(front: dict[str, Any]) -> tuple[str, ...]:
+    """Tags to show for a card's front matter: ``key: value`` for the known keys, then ``tags``."""
+    out: list[str] = []
+    for key in TAG_KEYS:
+        value = front.get(key)
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, (str, int, float)) and not isinstance(item, bool):
+                text = str(item)[:100]
+                out.append(text if key == "tags" else f"{key}: {text}")
+    return tuple(dict.fromkeys(out))[:60]
+
+
+_cards: Memo[tuple[str, str, int], Card] = Memo(CARD_CACHE_SIZE)
+
+
+def read_card(entry: FileEntry, opener: Callable[[FileEntry], BinaryIO]) -> Card:
+    """The rendered card of a README.md entry, read with ``opener`` (the store's) and
+    cached per blob version (its path in the store, ETag and size)."""
+
+    def compute() -> Card:
+        with opener(entry) as f:
+            return _read_card(f.read(MAX_CARD_BYTES + 1))
+
+    return _cards.get_or_compute((str(entry.source), entry.etag, entry.size), compute)
+
+
+def _as_text(body: str) -> str:
+    return f"<pre>{html.escape(body)}</pre>"
+
+
+def _read_card(raw: bytes) -> Card:
+    notes: list[str] = []
+    if len(raw) > MAX_CARD_BYTES:
+        raw = raw[:MAX_CARD_BYTES]
+        notes.append(f"the card is longer than {MAX_CARD_BYTES // 1024} KiB: shown cut")
+    text = raw.decode("utf-8", errors="replace")
+    front, body, problem = split_front_matter(text)
+    if problem:
+        notes.append(problem)
+    if body.count("[") > MAX_CARD_BRACKETS:
+        notes.append(f"the card has more than {MAX_CARD_BRACKETS} '[': shown as text")
+        return Card(_as_text(body), front, card_tags(front), tuple(notes))
+    try:
+        rendered = render_markdown(body)
+    except Exception:  # RecursionError on deep nesting, or any other renderer failure
+        notes.append("the card cannot be rendered: shown as text")
+        rendered = _as_text(body)
+    return Card(rendered, front, card_tags(front), tuple(notes))

@@ -1,0 +1,435 @@
+"""Carry out a prune plan under the locks the resolver and the mirror use.
+
+Per repo: take the repo lock exclusively (wait at most ``lock_timeout``, else
+skip the repo), scan the repo again and re-plan it with the same policy and
+clock, restricted to what the user was shown; take each doomed revision's lock
+exclusively without waiting (a revision in use is kept); then delete in an
+order that leaves a cache the stock client and the resolver can read after a
+crash at any point:
+
+1. refs that name removed revisions (and dangling or invalid refs): the
+   revision is then merely unreferenced;
+2. each snapshot folder, moved in one ``rename`` into ``{repo}/.cmh/trash/``
+   (never half a snapshot) and then deleted;
+3. ``.no_exist/``, ``trees/`` and usage records of removed revisions;
+4. blobs no surviving snapshot links to, each under the stock per-blob lock
+   (a download of that blob in progress keeps it), and stale ``*.incomplete``;
+5. lock files of what is gone, each deleted while held.
+
+A repo with nothing left is moved in one ``rename`` into
+``{root}/.locks/.cmh-trash/`` (ignored by the stock scanner) and deleted there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cmh.hub.cache import (
+    LockBusy,
+    RepoLayout,
+    blob_lock,
+    flock,
+    parse_repo_folder,
+    repo_lock,
+    revision_lock,
+)
+
+from ._plan import (
+    KIND_BLOB,
+    KIND_INCOMPLETE,
+    KIND_LOCK,
+    KIND_LOCK_DIR,
+    KIND_PARTIAL,
+    KIND_REF,
+    KIND_REF_REWRITE,
+    KIND_REFS_FILE,
+    KIND_TEMP,
+    KIND_TRASH,
+    OVER_SIZE,
+    ItemRemoval,
+    PrunePlan,
+    RepoPlan,
+    RevisionRemoval,
+    plan_repo,
+)
+from ._scan import REPO_TRASH, ROOT_TRASH, RepoScan, etag_of, scan_repo
+
+#: Called with a short action name and the path just before each change on disk.
+ChangeHook = Callable[[str, Path], None]
+
+_counter = itertools.count()
+#: Items removed under the stock per-blob lock.
+_BLOB_KINDS = (KIND_BLOB, KIND_INCOMPLETE, KIND_PARTIAL, KIND_TEMP)
+
+
+@dataclass
+class RepoOutcome:
+    """What actually went from one repo."""
+
+    folder: str
+    repo_id: str
+    repo_type: str
+    revisions: list[RevisionRemoval] = field(default_factory=list)
+    items: list[ItemRemoval] = field(default_factory=list)
+    removed_repo: bool = False
+    skipped: str | None = None
+    kept_in_use: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    freed: int = 0
+
+
+@dataclass
+class PruneReport:
+    """What a prune did, repo by repo."""
+
+    plan: PrunePlan
+    repos: list[RepoOutcome] = field(default_factory=list)
+    root_items: list[ItemRemoval] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def freed(self) -> int:
+        return sum(r.freed for r in self.repos)
+
+    @property
+    def skipped(self) -> list[RepoOutcome]:
+        return [r for r in self.repos if r.skipped]
+
+    @property
+    def all_errors(self) -> list[str]:
+        return self.errors + [e for r in self.repos for e in r.errors]
+
+
+def execute_plan(
+    plan: PrunePlan,
+    *,
+    lock_timeout: float = 10.0,
+    on_change: ChangeHook | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> PruneReport:
+    """Delete what ``plan`` names, as far as locks allow; return what went.
+
+    ``progress`` is told the bytes each repo was planned to free once it is done.
+    """
+    report = PruneReport(plan)
+    for repo_plan in plan.changes:
+        report.repos.append(_RepoPruner(plan, repo_plan, lock_timeout, on_change).run())
+        if progress is not None:
+            progress(repo_plan.freed)
+    root = _RootPruner(Path(plan.root), on_change)
+    for root_item in plan.root_items:
+        try:
+            if root.remove(root_item):
+                report.root_items.append(root_item)
+        except OSError as exc:
+            report.errors.append(f"{root_item.path}: {exc.strerror or exc}")
+    return report
+
+
+class _RepoPruner:
+    def __init__(
+        self,
+        plan: PrunePlan,
+        repo_plan: RepoPlan,
+        lock_timeout: float,
+        on_change: ChangeHook | None,
+    ) -> None:
+        self.plan = plan
+        self.root = Path(plan.root)  # a local plan: its root is a folder
+        self.planned = repo_plan
+        self.layout = RepoLayout(self.root, repo_plan.repo_id, repo_plan.repo_type)
+        self.lock_timeout = lock_timeout
+        self.on_change = on_change
+        self.out = RepoOutcome(repo_plan.folder, repo_plan.repo_id, repo_plan.repo_type)
+
+    def change(self, action: str, path: Path) -> None:
+        if self.on_change is not None:
+            self.on_change(action, path)
+
+    def run(self) -> RepoOutcome:
+        try:
+            with repo_lock(self.layout, shared=False, timeout=self.lock_timeout):
+                self._run_locked()
+        except LockBusy:
+            self.out.skipped = "busy: a resolver or the mirror held the repo lock"
+        except OSError as exc:  # e.g. no permission on the lock folder: report, go on
+            self.out.errors.append(f"{exc.filename or self.layout.path}: {exc.strerror or exc}")
+        return self.out
+
+    def _run_locked(self) -> None:
+        try:
+            scan = scan_repo(
+                self.layout,
+                read_expiry=self.plan.policy.expired,
+                read_commit_times=self.plan.policy.keep_latest is not None,
+            )
+        except FileNotFoundError:
+            self.out.skipped = "gone: the repo was removed meanwhile"
+            return
+        planned = {r.commit for r in self.planned.revisions}
+        evict = [r.commit for r in self.planned.revisions if OVER_SIZE in r.reasons]
+        policy, now = self.plan.policy, self.plan.now
+        fresh = plan_repo(scan, policy, now, evict, only=planned)
+        with contextlib.ExitStack() as held:
+            locked = set()
+            for rev in fresh.revisions:
+                try:
+                    held.enter_context(
+                        revision_lock(self.layout, rev.commit, shared=False, timeout=0)
+                    )
+                    locked.add(rev.commit)
+                except LockBusy:
+                    self.out.kept_in_use.append(rev.commit)
+            if self.out.kept_in_use:
+                fresh = plan_repo(scan, policy, now, evict, only=locked)
+            allowed = {(i.kind, i.path) for i in self.planned.items}
+            items = [i for i in fresh.items if (i.kind, i.path) in allowed]
+            if fresh.remove_repo and self.planned.remove_repo and self._remove_repo(fresh):
+                return
+            self._remove_parts(scan, fresh, items)
+
+    # -- a whole repo ------------------------------------------------------------------
+
+    def _remove_repo(self, fresh: RepoPlan) -> bool:
+        trash = _trash_name(self.root.joinpath(*ROOT_TRASH), self.layout.folder_name)
+        self.change("rename-repo", self.layout.path)
+        try:
+            trash.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(self.layout.path, trash)
+        except OSError as exc:
+            self.out.errors.append(f"{self.layout.path}: {exc.strerror or exc}")
+            return False
+        self.out.removed_repo = True
+        self.out.revisions = list(fresh.revisions)
+        self.out.freed = fresh.size_before
+        self.change("delete-trash", trash)
+        _delete_trash(trash)
+        # Lock files last, each removed while held (the repo and revision locks are ours).
+        held = {"cmh.repo.lock"} | {f"cmh.rev.{r.commit}.lock" for r in fresh.revisions}
+        _remove_lock_dir(self.layout.locks, held, self.change)
+        self.out.items = [i for i in fresh.items if i.kind == KIND_LOCK_DIR]
+        return True
+
+    # -- parts of a repo ---------------------------------------------------------------
+
+    def _remove_parts(self, scan: RepoScan, fresh: RepoPlan, items: list[ItemRemoval]) -> None:
+        by_kind: dict[str, list[ItemRemoval]] = {}
+        for item in items:
+            by_kind.setdefault(item.kind, []).append(item)
+
+        # 1. refs: of removed revisions, then dangling and invalid ones.
+        for rev in fresh.revisions:
+            for name in rev.refs:
+                self._attempt("unlink-ref", self.layout.ref_path(name), _unlink)
+        for item in by_kind.pop(KIND_REF, []) + by_kind.pop(KIND_REFS_FILE, []):
+            self._attempt_item("unlink-ref", item, _remove_tree)
+        for item in by_kind.pop(KIND_REF_REWRITE, []):
+            self._attempt_item("rewrite-ref", item, self._rewrite_ref)
+        _prune_empty_dirs(self.layout.refs)
+
+        # 2. snapshots, each in one rename.
+        for rev in fresh.revisions:
+            snapshot = self.layout.snapshots / rev.commit
+            if self._attempt("rename-snapshot", snapshot, self._trash_snapshot):
+                self.out.revisions.append(rev)
+                self.out.freed += rev.plain_bytes
+        removed = {r.commit for r in self.out.revisions}
+        failed = {r.commit for r in fresh.revisions} - removed
+
+        # 3. per-revision leftovers, strays, snapshot temporaries, trash.
+        locks = {i.path: i for i in by_kind.pop(KIND_LOCK, [])}
+        per_blob: list[ItemRemoval] = []
+        for kind in _BLOB_KINDS:
+            for item in by_kind.pop(kind, []):
+                if "/snapshots/" in item.path:  # a temporary link inside a snapshot
+                    by_kind.setdefault(KIND_TEMP + "-link", []).append(item)
+                else:
+                    per_blob.append(item)
+        for kind_items in by_kind.values():
+            for item in kind_items:
+                if leftover_commit(item) not in failed:
+                    self._attempt_item(f"remove-{item.kind}", item, _remove_tree)
+
+        # 4. blobs no surviving snapshot links to, and stale partials, under the blob lock.
+        still_linked: set[str] = set()
+        for commit in failed:
+            scanned = scan.revision(commit)
+            still_linked |= scanned.blobs if scanned is not None else set()
+        remaining: dict[str, int] = {}
+        for name in (*scan.blobs, *(e.name for e in (*scan.incomplete, *scan.partials))):
+            remaining[etag_of(name)] = remaining.get(etag_of(name), 0) + 1
+        for item in per_blob:
+            name = item.path.rsplit("/", 1)[1]
+            etag = etag_of(name)
+            if item.kind == KIND_BLOB and name in still_linked:
+                continue
+            try:
+                with blob_lock(self.layout, etag, timeout=0):
+                    if not self._attempt_item(f"unlink-{item.kind}", item, _unlink):
+                        continue
+                    if item.kind == KIND_TEMP:
+                        continue
+                    remaining[etag] = remaining.get(etag, 1) - 1
+                    if remaining[etag] <= 0:  # nothing of this blob is left: nor its lock
+                        lock_path = self.layout.locks / f"{etag}.lock"
+                        self.change("unlink-lock", lock_path)
+                        with contextlib.suppress(FileNotFoundError):
+                            lock_path.unlink()
+                        key = lock_path.relative_to(self.root).as_posix()
+                        if key in locks:
+                            self.out.items.append(locks.pop(key))
+            except LockBusy:
+                continue
+
+        # 5. lock files of what is gone, each removed while held.
+        held = {f"cmh.rev.{c}.lock" for c in removed}
+        for name in sorted(held):  # ours: taken above, whether or not the plan listed them
+            path = self.layout.locks / name
+            listed = locks.pop(path.relative_to(self.root).as_posix(), None)
+            self.change("unlink-lock", path)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                if listed is not None:
+                    self.out.items.append(listed)
+        for item in locks.values():
+            path = self.root / item.path
+            if leftover_commit(item) in failed:
+                continue
+            if path.name in held:
+                self._attempt_item("unlink-lock", item, _unlink)
+                continue
+            try:
+                with flock(path, timeout=0):
+                    self._attempt_item("unlink-lock", item, _unlink)
+            except LockBusy:
+                continue
+
+    def _trash_snapshot(self, snapshot: Path) -> None:
+        trash = _trash_name(self.layout.path.joinpath(*REPO_TRASH), snapshot.name)
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(snapshot, trash)
+        self.change("delete-trash", trash)
+        _delete_trash(trash)
+
+    def _rewrite_ref(self, path: Path) -> None:
+        name = path.relative_to(self.layout.refs).as_posix()
+        commit = self.layout.read_ref(name)
+        if commit is not None:
+            self.layout.write_ref(name, commit)
+
+    def _attempt(self, action: str, path: Path, do: Callable[[Path], None]) -> bool:
+        self.change(action, path)
+        try:
+            do(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            self.out.errors.append(f"{path}: {exc.strerror or exc}")
+            return False
+        return True
+
+    def _attempt_item(self, action: str, item: ItemRemoval, do: Callable[[Path], None]) -> bool:
+        if self._attempt(action, self.root / item.path, do):
+            self.out.items.append(item)
+            self.out.freed += item.size
+            return True
+        return False
+
+
+class _RootPruner:
+    """Root-level housekeeping: lock folders of repos that are gone, trash."""
+
+    def __init__(self, root: Path, on_change: ChangeHook | None) -> None:
+        self.root = root
+        self.on_change = on_change
+
+    def change(self, action: str, path: Path) -> None:
+        if self.on_change is not None:
+            self.on_change(action, path)
+
+    def remove(self, item: ItemRemoval) -> bool:
+        path = self.root / item.path
+        if item.kind == KIND_TRASH:
+            self.change("delete-trash", path)
+            _delete_trash(path)
+            return True
+        if item.kind == KIND_LOCK_DIR:
+            if (self.root / path.name).exists() or parse_repo_folder(path.name) is None:
+                return False  # the repo came back meanwhile
+            return _remove_lock_dir(path, set(), self.change)
+        return False
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _trash_name(folder: Path, name: str) -> Path:
+    return folder / f"{name}.{os.getpid()}.{next(_counter)}"
+
+
+def _delete_trash(trash: Path) -> None:
+    """Delete a folder moved to a trash, then the trash folder itself once empty."""
+    shutil.rmtree(trash, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        trash.parent.rmdir()
+
+
+def _unlink(path: Path) -> None:
+    path.unlink()
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _prune_empty_dirs(top: Path) -> None:
+    """Remove empty folders below ``top`` (``refs/pr`` after its last ref went)."""
+    if not top.is_dir():
+        return
+    for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+        if Path(dirpath) != top:
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+
+
+def _remove_lock_dir(folder: Path, held: set[str], change: ChangeHook) -> bool:
+    """Delete every lock file in ``folder`` (taking each that is not ours), then the folder."""
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return False
+    for name in names:
+        path = folder / name
+        if name in held:
+            change("unlink-lock", path)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        with (
+            contextlib.suppress(LockBusy, IsADirectoryError, FileNotFoundError),
+            flock(path, timeout=0),
+        ):
+            change("unlink-lock", path)
+            path.unlink()
+    try:
+        os.rmdir(folder)
+    except OSError:
+        return False
+    return True
+
+
+def leftover_commit(item: ItemRemoval) -> str | None:
+    """The commit a per-revision leftover (no-exist, tree, usage, revision lock) belongs to."""
+    name = item.path.rsplit("/", 1)[1]
+    if name.startswith("cmh.rev.") and name.endswith(".lock"):
+        return name[len("cmh.rev.") : -len(".lock")]
+    return name.split(".", 1)[0] or None

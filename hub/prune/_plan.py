@@ -1,0 +1,630 @@
+"""Prune policies and the plan they make: what goes from a cache or store, and why.
+
+:func:`plan_prune` is a pure function of a :class:`~cmh.hub.prune._scan.CacheScan`,
+a :class:`PrunePolicy` and a clock: it reads no file and changes nothing.
+:mod:`cmh.hub.prune._execute` carries a plan out under the repo and revision locks.
+
+Policies select revisions; a revision goes when any selected policy names it
+(reasons accumulate). Removing a revision removes the refs that name it, its
+snapshot, its ``.no_exist/``, ``trees/``, usage record and lock, and every blob
+that no surviving snapshot links to. Housekeeping always runs: orphan blobs,
+stale ``*.incomplete`` files, dangling or malformed refs, stray files and the
+leftovers of revisions that are gone. Housekeeping never touches anything
+modified within :attr:`PrunePolicy.in_flight_grace` (a download in flight).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cmh.hub.cache import CHECK_RECORDS, COMMIT_RE, VERIFIED_MARKERS
+
+from ._scan import REPO_TRASH, ROOT_TRASH, CacheScan, RepoScan, etag_of
+
+DAY = 86400.0
+
+# Why a revision goes.
+EXPIRED = "expired"
+UNREFERENCED = "unreferenced"
+BEYOND_KEEP_LATEST = "beyond-keep-latest"
+UNUSED = "unused"
+OVER_SIZE = "over-size"
+BROKEN = "broken"
+
+# Why a housekeeping item goes.
+ORPHAN = "orphan"
+UNLINKED = "unlinked"
+STALE = "stale"
+DANGLING = "dangling"
+INVALID = "invalid"
+NOT_EXACT = "not-exact"
+REVISION_GONE = "revision-gone"
+BLOB_GONE = "blob-gone"
+REPO_GONE = "repo-gone"
+LEFTOVER = "leftover"
+EMPTY = "empty"
+
+# Kinds of housekeeping items (each path relative to the cache root).
+KIND_BLOB = "blob"
+KIND_INCOMPLETE = "incomplete"
+KIND_REF = "ref"
+KIND_REF_REWRITE = "ref-rewrite"
+KIND_REFS_FILE = "refs-file"
+KIND_SNAPSHOT_STRAY = "snapshot-stray"
+KIND_TEMP = "temp"
+KIND_NO_EXIST = "no-exist"
+KIND_TREE = "tree"
+KIND_USAGE = "usage"
+KIND_LOCK = "lock"
+KIND_LOCK_DIR = "lock-dir"
+KIND_TRASH = "trash"
+KIND_PARTIAL = "partial"
+KIND_VERIFIED = "verified"
+KIND_CHECKED = "checked"  # a mirror's record of a good blob check (spec/hub-mirror.md 2.1)
+KIND_COMMIT_META = "commit-meta"
+KIND_UPSTREAM = "upstream-record"
+
+#: Kinds whose size counts as freed (blobs and partial downloads hold the bytes).
+_SIZED_KINDS = frozenset(
+    {KIND_BLOB, KIND_INCOMPLETE, KIND_TEMP, KIND_PARTIAL, KIND_TREE, KIND_SNAPSHOT_STRAY}
+)
+
+
+@dataclass(frozen=True)
+class PrunePolicy:
+    """Which revisions go. Durations in seconds, sizes in bytes; ``None`` = policy off."""
+
+    expired: bool = False
+    grace: float = 0.0
+    include_referenced: bool = False
+    unreferenced: bool = False
+    keep_latest: int | None = None
+    older_than: float | None = None
+    max_size: int | None = None
+    stale_incomplete: float = DAY
+    in_flight_grace: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("grace", "stale_incomplete", "in_flight_grace"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} cannot be negative")
+        if self.keep_latest is not None and self.keep_latest < 0:
+            raise ValueError("keep_latest cannot be negative")
+        if self.older_than is not None and self.older_than < 0:
+            raise ValueError("older_than cannot be negative")
+        if self.max_size is not None and self.max_size < 0:
+            raise ValueError("max_size cannot be negative")
+
+
+@dataclass(frozen=True)
+class RevisionRemoval:
+    """A revision that goes: its refs go with it; ``freed`` counts the blobs it takes along."""
+
+    commit: str
+    reasons: tuple[str, ...]
+    refs: tuple[str, ...]
+    size: int
+    freed: int
+    plain_bytes: int
+    last_activity: float
+    expires_at: int | None
+
+
+@dataclass(frozen=True)
+class ItemRemoval:
+    """A housekeeping item; ``path`` is relative to the cache root."""
+
+    kind: str
+    path: str
+    reason: str
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class RepoPlan:
+    """What goes from one repo."""
+
+    repo_id: str
+    repo_type: str
+    folder: str
+    revisions: tuple[RevisionRemoval, ...]
+    items: tuple[ItemRemoval, ...]
+    remove_repo: bool
+    kept: tuple[str, ...]
+    size_before: int
+    size_after: int
+
+    @property
+    def freed(self) -> int:
+        return self.size_before - self.size_after
+
+    @property
+    def empty(self) -> bool:
+        return not (self.revisions or self.items or self.remove_repo)
+
+    def removes(self, commit: str) -> bool:
+        return any(r.commit == commit for r in self.revisions)
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """What goes from a whole cache or store, judged at ``now``."""
+
+    root: Path | str
+    now: float
+    policy: PrunePolicy
+    repos: tuple[RepoPlan, ...]
+    root_items: tuple[ItemRemoval, ...] = ()
+    strays: tuple[str, ...] = ()
+    size_before: int = 0
+    size_after: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def freed(self) -> int:
+        return self.size_before - self.size_after
+
+    @property
+    def changes(self) -> tuple[RepoPlan, ...]:
+        """The repo plans that remove something."""
+        return tuple(r for r in self.repos if not r.empty)
+
+    @property
+    def empty(self) -> bool:
+        return not self.changes and not self.root_items
+
+    @property
+    def revision_count(self) -> int:
+        return sum(len(r.revisions) for r in self.repos)
+
+    def repo(self, folder: str) -> RepoPlan | None:
+        for r in self.repos:
+            if r.folder == folder:
+                return r
+        return None
+
+
+# -- planning --------------------------------------------------------------------------
+
+
+def plan_prune(scan: CacheScan, policy: PrunePolicy, now: float | None = None) -> PrunePlan:
+    """The plan for ``scan`` under ``policy`` at ``now`` (default: the clock)."""
+    at = time.time() if now is None else now
+    repo_plans = {r.layout.folder_name: plan_repo(r, policy, at) for r in scan.repos}
+    notes: list[str] = list(scan.notes)
+    if policy.max_size is not None:
+        evictions = _evict_for_size(scan, repo_plans, policy.max_size)
+        for repo in scan.repos:
+            chosen = evictions.get(repo.layout.folder_name)
+            if chosen:
+                repo_plans[repo.layout.folder_name] = plan_repo(repo, policy, at, chosen)
+        total = sum(p.size_after for p in repo_plans.values())
+        if total > policy.max_size:
+            notes.append(
+                f"still {total} bytes after evicting every revision that can go "
+                f"(over --max-size {policy.max_size})"
+            )
+    root_items = _plan_root(scan, policy, at)
+    plans = tuple(repo_plans[r.layout.folder_name] for r in scan.repos)
+    return PrunePlan(
+        root=scan.root,
+        now=at,
+        policy=policy,
+        repos=plans,
+        root_items=root_items,
+        strays=scan.strays,
+        size_before=sum(p.size_before for p in plans),
+        size_after=sum(p.size_after for p in plans),
+        notes=tuple(notes),
+    )
+
+
+def revision_time(repo: RepoScan, commit: str) -> float:
+    """How recent a revision is, for ``--keep-latest``.
+
+    A mirror store's record of when it created the commit, else the later of
+    the snapshot folder's and its refs' modification times (when it was last
+    fetched or pointed at).
+    """
+    rev = repo.revision(commit)
+    if rev is not None and rev.created_at is not None:
+        return rev.created_at
+    times = [r.mtime for r in repo.refs if r.commit == commit]
+    if rev is not None:
+        times.append(rev.mtime)
+    return max(times, default=0.0)
+
+
+def history_depths(repo: RepoScan) -> dict[str, float] | None:
+    """How far each revision is from the nearest ref head along recorded parents (0 for
+    a commit a ref names; infinity for one no ref reaches, such as the leftover tree of
+    an interrupted import); ``None`` when the store records no parents."""
+    by_commit = {rev.commit: rev for rev in repo.revisions}
+    if not any(rev.parents is not None for rev in repo.revisions):
+        return None
+    depth: dict[str, float] = {}
+    frontier = sorted({r.commit for r in repo.refs if r.commit in by_commit})
+    level = 0
+    while frontier:
+        following: set[str] = set()
+        for commit in frontier:
+            if commit in depth:
+                continue
+            depth[commit] = level
+            following.update(by_commit[commit].parents or ())
+        frontier = sorted(c for c in following if c in by_commit and c not in depth)
+        level += 1
+    return {c: depth.get(c, math.inf) for c in by_commit}
+
+
+def recency(repo: RepoScan) -> dict[str, tuple[float, float]]:
+    """A sort key per revision, larger = more recent: ref history first (nearer a ref
+    head is newer) when the store records it, then :func:`revision_time`."""
+    depths = history_depths(repo)
+    return {
+        rev.commit: (-(depths[rev.commit]) if depths is not None else 0.0,
+                     revision_time(repo, rev.commit))
+        for rev in repo.revisions
+    }  # fmt: skip
+
+
+def protected(repo: RepoScan) -> frozenset[str]:
+    """Commits that go by no rank, age or size: those a ref names in a served store."""
+    if not repo.refs_served:
+        return frozenset()
+    return frozenset(r.commit for r in repo.refs if r.commit is not None)
+
+
+def select_revisions(
+    repo: RepoScan, policy: PrunePolicy, now: float, evict: Iterable[str] = ()
+) -> dict[str, list[str]]:
+    """Commits the policies select, each with its reasons."""
+    commits = {rev.commit: rev for rev in repo.revisions if rev.is_commit}
+    referenced = {r.commit for r in repo.refs if r.commit in commits}
+    kept_anyway = protected(repo)
+    reasons: dict[str, list[str]] = {}
+
+    def select(commit: str, reason: str) -> None:
+        if commit in kept_anyway and reason != EXPIRED:
+            return
+        reasons.setdefault(commit, []).append(reason)
+
+    for commit, rev in sorted(commits.items()):
+        if rev.broken and rev.upstream_until is None:  # a pull-through fills those on demand
+            select(commit, BROKEN)
+        stamped = rev.expires_at
+        exp = stamped if rev.upstream_until is None else rev.upstream_until
+        if stamped is not None and rev.upstream_until is not None:
+            exp = min(stamped, rev.upstream_until)
+        expired = policy.expired and exp is not None and now >= exp + policy.grace
+        if expired and (policy.include_referenced or commit not in referenced):
+            select(commit, EXPIRED)
+        if policy.unreferenced and commit not in referenced:
+            select(commit, UNREFERENCED)
+        if policy.older_than is not None and rev.last_activity < now - policy.older_than:
+            select(commit, UNUSED)
+    if policy.keep_latest is not None:
+        order = recency(repo)
+        newest = sorted(commits, key=lambda c: (order[c], c), reverse=True)
+        for commit in newest[policy.keep_latest :]:
+            select(commit, BEYOND_KEEP_LATEST)
+    for commit in evict:
+        if commit in commits:
+            select(commit, OVER_SIZE)
+    return reasons
+
+
+def plan_repo(
+    repo: RepoScan,
+    policy: PrunePolicy,
+    now: float,
+    evict: Iterable[str] = (),
+    only: Collection[str] | None = None,
+) -> RepoPlan:
+    """The plan for one repo; ``evict`` adds revisions chosen by ``--max-size``.
+
+    ``only`` restricts which revisions may go (the executor re-plans under the
+    repo lock with the revisions the user was shown and could lock).
+    """
+    reasons = select_revisions(repo, policy, now, evict)
+    if only is not None:
+        reasons = {c: r for c, r in reasons.items() if c in only}
+    return _RepoPlanner(repo, policy, now, reasons).plan()
+
+
+class _RepoPlanner:
+    """Housekeeping and accounting around a chosen set of revisions (one repo)."""
+
+    def __init__(
+        self, repo: RepoScan, policy: PrunePolicy, now: float, reasons: dict[str, list[str]]
+    ) -> None:
+        self.repo = repo
+        self.policy = policy
+        self.now = now
+        self.settled = now - policy.in_flight_grace
+        self.reasons = reasons
+        self.removed = set(reasons)
+        self.folder = repo.layout.folder_name
+        self.kept = [rev for rev in repo.revisions if rev.commit not in self.removed]
+        self.kept_commits = {rev.commit for rev in self.kept}
+        self.items: list[ItemRemoval] = []
+        self.surviving_refs: set[str] = set()
+        self.freed_blobs: set[str] = set()
+
+    def old(self, mtime: float) -> bool:
+        """Settled: not touched within the in-flight grace."""
+        return mtime <= self.settled
+
+    def stale(self, mtime: float) -> bool:
+        """An interrupted download or write old enough to drop."""
+        return mtime <= self.now - self.policy.stale_incomplete and self.old(mtime)
+
+    def item(self, kind: str, rel: str, reason: str, size: int = 0) -> None:
+        self.items.append(ItemRemoval(kind, f"{self.folder}/{rel}", reason, size))
+
+    def plan(self) -> RepoPlan:
+        self._refs()
+        self._snapshots()
+        self._blobs()
+        named = self.kept_commits | self.surviving_refs
+        self._per_commit(named)
+        self._per_blob()
+        lock_items = self._locks()
+        size_before = _repo_size(self.repo)
+        removals = self._removals()
+        removed_bytes = sum(r.plain_bytes for r in removals) + sum(
+            i.size for i in self.items if i.kind in _SIZED_KINDS
+        )
+        remove_repo = self._repo_empties()
+        items = self.items + lock_items
+        if remove_repo:
+            # The whole folder goes in one rename; only its lock folder lives outside.
+            lock_dir = ItemRemoval(KIND_LOCK_DIR, f".locks/{self.folder}", REPO_GONE)
+            items = [lock_dir] if self.repo.lock_files else []
+            removed_bytes = size_before
+        return RepoPlan(
+            repo_id=self.repo.repo_id,
+            repo_type=self.repo.repo_type,
+            folder=self.folder,
+            revisions=tuple(removals),
+            items=tuple(items),
+            remove_repo=remove_repo,
+            kept=tuple(sorted(self.kept_commits)),
+            size_before=size_before,
+            size_after=size_before - removed_bytes,
+        )
+
+    def _refs(self) -> None:
+        """Refs of removed revisions go with them; dangling and invalid ones once settled."""
+        commits = {rev.commit for rev in self.repo.revisions if rev.is_commit}
+        for ref in self.repo.refs:
+            if ref.commit in self.removed:
+                continue
+            path = f"refs/{ref.name}"
+            if ref.commit is None and self.old(ref.mtime):
+                self.item(KIND_REF, path, INVALID)
+                continue
+            if ref.commit is not None and ref.commit not in commits and self.old(ref.mtime):
+                self.item(KIND_REF, path, DANGLING)
+                continue
+            if ref.commit in commits and not ref.exact and self.old(ref.mtime):
+                self.item(KIND_REF_REWRITE, path, NOT_EXACT)
+            self.surviving_refs.add(ref.commit or f"invalid:{ref.name}")
+        if self.repo.refs_is_file and self.old(self.repo.mtime):
+            self.item(KIND_REFS_FILE, "refs", INVALID)
+
+    def _snapshots(self) -> None:
+        for stray in self.repo.snapshot_strays:
+            if self.old(stray.mtime):
+                self.item(KIND_SNAPSHOT_STRAY, f"snapshots/{stray.name}", INVALID, stray.size)
+        for rev in self.kept:
+            for f in rev.files:
+                if f.temp and self.old(rev.mtime):
+                    self.item(KIND_TEMP, f"snapshots/{rev.commit}/{f.path}", LEFTOVER)
+
+    def _blobs(self) -> None:
+        """Blobs only removed revisions linked go now; other orphans once settled."""
+        going_temps = {i.path for i in self.items if i.kind == KIND_TEMP}
+        live = {
+            f.blob
+            for rev in self.kept
+            for f in rev.files
+            if f.blob is not None
+            and f"{self.folder}/snapshots/{rev.commit}/{f.path}" not in going_temps
+        }
+        by_commit = {rev.commit: rev for rev in self.repo.revisions}
+        linked_by_removed = {b for c in self.removed for b in by_commit[c].blobs}
+        for name, blob in sorted(self.repo.blobs.items()):
+            if name in live:
+                continue
+            if name in linked_by_removed:
+                self.item(KIND_BLOB, f"blobs/{name}", UNLINKED, blob.size)
+                self.freed_blobs.add(name)
+            elif self.old(blob.mtime):
+                self.item(KIND_BLOB, f"blobs/{name}", ORPHAN, blob.size)
+                self.freed_blobs.add(name)
+        for kind, entries, prefix in (
+            (KIND_INCOMPLETE, self.repo.incomplete, "blobs/"),
+            (KIND_TEMP, self.repo.blob_temps, "blobs/"),
+            (KIND_PARTIAL, self.repo.partials, ".cmh/partial/"),
+        ):
+            for e in entries:
+                if self.stale(e.mtime):
+                    self.item(kind, prefix + e.name, STALE, e.size)
+
+    def _per_commit(self, named: set[str]) -> None:
+        """``.no_exist/``, ``trees/``, usage and commit records of revisions that are gone."""
+        for kind, entries, prefix in (
+            (KIND_NO_EXIST, self.repo.no_exist, ".no_exist/"),
+            (KIND_TREE, self.repo.trees, "trees/"),
+            (KIND_USAGE, self.repo.used_records, ".cmh/used/"),
+            (KIND_COMMIT_META, self.repo.commit_meta, ".cmh/commits/"),
+            (KIND_UPSTREAM, self.repo.upstream_records, ".cmh/upstream/"),
+        ):
+            for e in entries:
+                commit = e.name.split(".", 1)[0]
+                if not COMMIT_RE.match(commit) or commit in named:
+                    continue
+                if commit in self.removed or self.old(e.mtime):
+                    size = e.size if kind == KIND_TREE else 0
+                    self.item(kind, prefix + e.name, REVISION_GONE, size)
+        for e in self.repo.trash:
+            self.item(KIND_TRASH, "/".join((*REPO_TRASH, e.name)), LEFTOVER)
+
+    def _surviving_etags(self) -> set[str]:
+        going = {i.path for i in self.items}
+        out = set(self.repo.blobs) - self.freed_blobs
+        for prefix, entries in (
+            ("blobs/", self.repo.incomplete),
+            (".cmh/partial/", self.repo.partials),
+        ):
+            out |= {
+                etag_of(e.name) for e in entries if f"{self.folder}/{prefix}{e.name}" not in going
+            }
+        return out
+
+    def _per_blob(self) -> None:
+        surviving = self._surviving_etags()
+        for kind, folder, entries in (
+            (KIND_VERIFIED, VERIFIED_MARKERS, self.repo.verified),
+            (KIND_CHECKED, CHECK_RECORDS, self.repo.checked),
+        ):
+            for e in entries:
+                if e.name not in surviving and (e.name in self.freed_blobs or self.old(e.mtime)):
+                    self.item(kind, f"{folder}/{e.name}", BLOB_GONE)
+
+    def _locks(self) -> list[ItemRemoval]:
+        surviving = self._surviving_etags()
+        out: list[ItemRemoval] = []
+        for e in self.repo.lock_files:
+            path = f".locks/{self.folder}/{e.name}"
+            if e.name.startswith("cmh.rev.") and e.name.endswith(".lock"):
+                commit = e.name[len("cmh.rev.") : -len(".lock")]
+                if commit not in self.kept_commits and (
+                    commit in self.removed or self.old(e.mtime)
+                ):
+                    out.append(ItemRemoval(KIND_LOCK, path, REVISION_GONE))
+            elif e.name.endswith(".lock") and not e.name.startswith("cmh."):
+                etag = e.name[: -len(".lock")]
+                if etag not in surviving and (etag in self.freed_blobs or self.old(e.mtime)):
+                    out.append(ItemRemoval(KIND_LOCK, path, BLOB_GONE))
+        return out
+
+    def _removals(self) -> list[RevisionRemoval]:
+        """Each removed revision, with the freed blobs counted once (with the first)."""
+        counted: set[str] = set()
+        out: list[RevisionRemoval] = []
+        by_commit = {rev.commit: rev for rev in self.repo.revisions}
+        for commit in sorted(self.removed):
+            rev = by_commit[commit]
+            plain = sum(f.size for f in rev.files if f.blob is None)
+            freed = plain
+            for b in sorted(rev.blobs & self.freed_blobs - counted):
+                counted.add(b)
+                freed += self.repo.blobs[b].size
+            out.append(
+                RevisionRemoval(
+                    commit=commit,
+                    reasons=tuple(self.reasons[commit]),
+                    refs=self.repo.refs_to(commit),
+                    size=sum(f.size for f in rev.files),
+                    freed=freed,
+                    plain_bytes=plain,
+                    last_activity=rev.last_activity,
+                    expires_at=rev.expires_at,
+                )
+            )
+        return out
+
+    def _repo_empties(self) -> bool:
+        """True when nothing of the repo survives and nothing in it is fresh."""
+        if not self.repo.whole_folder:
+            return False
+        if self.kept or self.surviving_refs or self._surviving_etags():
+            return False
+        going = {i.path for i in self.items}
+        for prefix, entries in (
+            (".no_exist/", self.repo.no_exist),
+            ("trees/", self.repo.trees),
+            ("snapshots/", self.repo.snapshot_strays),
+            ("blobs/", self.repo.blob_temps),
+            (".cmh/commits/", self.repo.commit_meta),
+        ):
+            if any(f"{self.folder}/{prefix}{e.name}" not in going for e in entries):
+                return False
+        if self.repo.refs_is_file and not self.old(self.repo.mtime):
+            return False
+        # A folder with nothing in it at all goes only once it has been there a while.
+        return bool(self.removed or self.items) or self.old(self.repo.mtime)
+
+
+def _repo_size(repo: RepoScan) -> int:
+    plain = sum(f.size for rev in repo.revisions for f in rev.files if f.blob is None)
+    return (
+        sum(b.size for b in repo.blobs.values())
+        + sum(e.size for e in (*repo.incomplete, *repo.blob_temps, *repo.partials))
+        + sum(t.size for t in repo.trees)
+        + sum(s.size for s in repo.snapshot_strays)
+        + plain
+    )
+
+
+def _evict_for_size(
+    scan: CacheScan, plans: dict[str, RepoPlan], max_size: int
+) -> dict[str, list[str]]:
+    """Least recently used surviving revisions to evict until the total fits ``max_size``."""
+    total = sum(p.size_after for p in plans.values())
+    if total <= max_size:
+        return {}
+    candidates: list[tuple[float, float, str, str]] = []
+    refcount: dict[str, dict[str, int]] = {}
+    repos = {r.layout.folder_name: r for r in scan.repos}
+    for folder, plan in plans.items():
+        if plan.remove_repo:
+            continue
+        repo = repos[folder]
+        counts: dict[str, int] = {}
+        order = recency(repo)
+        kept_anyway = protected(repo)
+        for commit in plan.kept:
+            rev = repo.revision(commit)
+            if rev is None:
+                continue
+            for b in rev.blobs:
+                counts[b] = counts.get(b, 0) + 1
+            if rev.is_commit and commit not in kept_anyway:
+                candidates.append((order[commit][0], rev.last_activity, folder, commit))
+        refcount[folder] = counts
+    candidates.sort()
+    chosen: dict[str, list[str]] = {}
+    for _, _, folder, commit in candidates:
+        if total <= max_size:
+            break
+        repo = repos[folder]
+        rev = repo.revision(commit)
+        assert rev is not None
+        counts = refcount[folder]
+        freed = sum(f.size for f in rev.files if f.blob is None)
+        for b in rev.blobs:
+            counts[b] -= 1
+            if counts[b] == 0 and b in repo.blobs:
+                freed += repo.blobs[b].size
+        total -= freed
+        chosen.setdefault(folder, []).append(commit)
+    return chosen
+
+
+def _plan_root(scan: CacheScan, policy: PrunePolicy, now: float) -> tuple[ItemRemoval, ...]:
+    items = [
+        ItemRemoval(KIND_LOCK_DIR, f".locks/{e.name}", REPO_GONE)
+        for e in scan.orphan_lock_dirs
+        if e.mtime <= now - policy.in_flight_grace
+    ]
+    items += [
+        ItemRemoval(KIND_TRASH, "/".join((*ROOT_TRASH, e.name)), LEFTOVER) for e in scan.trash
+    ]
+    return tuple(items)

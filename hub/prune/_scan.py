@@ -1,0 +1,540 @@
+"""A fast, read-only scan of a Hugging Face cache or a mirror store, for pruning.
+
+Unlike the stock ``scan_cache_dir`` it never gives up on a repo: a missing
+``snapshots/`` folder, a dangling ref or a broken link is recorded as a fact
+about the repo, so that a plan can repair what the stock scanner only warns
+about. It reads each directory once with ``os.scandir``, stats each blob once,
+and reads the safetensors header of each stamped blob once (only when asked),
+never tensor data.
+
+Nothing here writes to the disk; :mod:`cmh.hub.prune._plan` turns a scan into a
+plan and :mod:`cmh.hub.prune._execute` carries it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cmh.hub.cache import (
+    CHECK_RECORDS,
+    COMMIT_RE,
+    VERIFIED_MARKERS,
+    RepoLayout,
+    iter_repos,
+    parse_repo_folder,
+    usage_path,
+)
+
+#: Names the stock scanner skips wherever they appear.
+IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
+#: Top-level entries of a cache that are not repos and belong to someone else.
+ROOT_SPECIAL = frozenset({".locks", "CACHEDIR.TAG", "blobs"})
+#: Where whole repos are moved before they are deleted (the stock scanner skips ``.locks``).
+ROOT_TRASH = (".locks", ".cmh-trash")
+#: Where one repo's snapshots are moved before they are deleted.
+REPO_TRASH = (".cmh", "trash")
+#: Marks of cmh's own temporary files (atomic ref writes, atomic links).
+TEMP_MARKS = (".cmh-tmp.", ".cmh-link.")
+INCOMPLETE_SUFFIX = ".incomplete"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file or folder with its size in bytes and modification time."""
+
+    name: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    """One file of a snapshot.
+
+    ``blob`` is the name in ``blobs/`` the link points to, or ``None`` for a
+    plain file or a link elsewhere. ``broken`` when the link target is missing.
+    ``expires_at`` is the stamped expiry (Unix seconds; 0 = never), ``None``
+    when the file is not a stamped safetensors file or was not read.
+    """
+
+    path: str
+    blob: str | None
+    size: int
+    broken: bool = False
+    expires_at: int | None = None
+    temp: bool = False
+
+
+@dataclass(frozen=True)
+class RevisionScan:
+    """One folder of ``snapshots/``: a revision."""
+
+    commit: str
+    files: tuple[SnapshotFile, ...]
+    mtime: float
+    last_used: float | None
+    created_at: float | None = None
+    #: A pull-through mirror's record (``.cmh/upstream/{commit}.json``): when its upstream
+    #: freshness ends; its links to blobs not yet filled are then not broken.
+    upstream_until: float | None = None
+    #: The commit's parents when the store records them (a bucket's tree objects), which
+    #: ranks revisions by ref history rather than by timestamps; ``None`` when unknown.
+    parents: tuple[str, ...] | None = None
+
+    @property
+    def is_commit(self) -> bool:
+        """True when the folder is named by a 40-hex commit (refs can only name those)."""
+        return COMMIT_RE.match(self.commit) is not None
+
+    @property
+    def broken(self) -> tuple[str, ...]:
+        """Paths whose blob is missing: the stock scanner gives up on the repo."""
+        return tuple(f.path for f in self.files if f.broken)
+
+    @property
+    def expires_at(self) -> int | None:
+        """The earliest expiry among the stamped files, ``None`` when none expires."""
+        stamps = [f.expires_at for f in self.files if f.expires_at]
+        return min(stamps) if stamps else None
+
+    @property
+    def blobs(self) -> frozenset[str]:
+        return frozenset(f.blob for f in self.files if f.blob is not None)
+
+    @property
+    def last_activity(self) -> float:
+        """Last recorded use, else the snapshot folder's modification time."""
+        return self.last_used if self.last_used is not None else self.mtime
+
+
+@dataclass(frozen=True)
+class RefScan:
+    """One file under ``refs/``.
+
+    ``commit`` is the commit it names (surrounding whitespace ignored, as cmh
+    reads it) or ``None`` when unreadable or not a commit; ``exact`` when the
+    text is the bare commit, as the stock scanner requires.
+    """
+
+    name: str
+    commit: str | None
+    exact: bool
+    mtime: float
+
+
+@dataclass(frozen=True)
+class RepoScan:
+    """Everything a prune plan needs to know about one repo folder."""
+
+    layout: RepoLayout
+    mtime: float
+    has_snapshots_dir: bool
+    refs_is_file: bool
+    refs: tuple[RefScan, ...]
+    revisions: tuple[RevisionScan, ...]
+    snapshot_strays: tuple[Entry, ...]
+    blobs: dict[str, Entry]
+    incomplete: tuple[Entry, ...]
+    blob_temps: tuple[Entry, ...]
+    no_exist: tuple[Entry, ...]
+    trees: tuple[Entry, ...]
+    used_records: tuple[Entry, ...]
+    trash: tuple[Entry, ...]
+    lock_files: tuple[Entry, ...]
+    partials: tuple[Entry, ...] = ()
+    verified: tuple[Entry, ...] = ()
+    checked: tuple[Entry, ...] = ()
+    commit_meta: tuple[Entry, ...] = ()
+    upstream_records: tuple[Entry, ...] = ()
+    #: True when what refs name is served to clients (a bucket store's replicas): a commit
+    #: a ref names then goes only by ``--expired --include-referenced``, never by rank,
+    #: age or size.
+    refs_served: bool = False
+    #: True when the repo is a folder that can go in one rename once empty; False where
+    #: each object goes by itself (a bucket), so the plan lists every one.
+    whole_folder: bool = True
+
+    @property
+    def repo_id(self) -> str:
+        return self.layout.repo_id
+
+    @property
+    def repo_type(self) -> str:
+        return self.layout.repo_type
+
+    def revision(self, commit: str) -> RevisionScan | None:
+        for rev in self.revisions:
+            if rev.commit == commit:
+                return rev
+        return None
+
+    def refs_to(self, commit: str) -> tuple[str, ...]:
+        """Names of the refs that name ``commit``."""
+        return tuple(r.name for r in self.refs if r.commit == commit)
+
+
+@dataclass(frozen=True)
+class CacheScan:
+    """A scan of a whole cache or store root."""
+
+    root: Path | str  # a folder, or a bucket store's s3:// URL
+    scanned_at: float
+    repos: tuple[RepoScan, ...]
+    strays: tuple[str, ...] = ()
+    trash: tuple[Entry, ...] = ()
+    orphan_lock_dirs: tuple[Entry, ...] = ()
+    read_expiry: bool = field(default=True)
+    #: Repos the scan could not judge (left out of it, so nothing of them goes), and why.
+    notes: tuple[str, ...] = ()
+
+    @property
+    def revision_count(self) -> int:
+        return sum(len(r.revisions) for r in self.repos)
+
+
+def scan_cache(
+    root: str | os.PathLike[str], *, read_expiry: bool = True, read_commit_times: bool = False
+) -> CacheScan:
+    """Scan every repo under ``root``.
+
+    ``read_expiry`` reads the header of each stamped blob; ``read_commit_times``
+    reads a mirror store's commit records (``.cmh/commits/{commit}.json``).
+
+    Raises :class:`FileNotFoundError` / :class:`NotADirectoryError` when
+    ``root`` is not a folder.
+    """
+    base = Path(root)
+    if not base.exists():
+        raise FileNotFoundError(2, "No such directory", str(base))
+    if not base.is_dir():
+        raise NotADirectoryError(20, "Not a directory", str(base))
+    started = time.time()
+    repos: list[RepoScan] = []
+    for layout in iter_repos(base):
+        with contextlib.suppress(FileNotFoundError):  # removed while we scanned
+            repos.append(
+                scan_repo(layout, read_expiry=read_expiry, read_commit_times=read_commit_times)
+            )
+    repo_names = {r.layout.folder_name for r in repos}
+    strays = tuple(
+        sorted(
+            e.name
+            for e in os.scandir(base)
+            if e.name not in ROOT_SPECIAL
+            and e.name not in IGNORED_NAMES
+            and not (e.is_dir() and parse_repo_folder(e.name) is not None)
+        )
+    )
+    locks_dir = base / ".locks"
+    orphan_locks = tuple(
+        e
+        for e in _entries(locks_dir)
+        if e.name != ROOT_TRASH[1]
+        and parse_repo_folder(e.name) is not None
+        and e.name not in repo_names
+    )
+    trash = _entries(base.joinpath(*ROOT_TRASH))
+    return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry)
+
+
+def scan_repo(
+    layout: RepoLayout, *, read_expiry: bool = True, read_commit_times: bool = False
+) -> RepoScan:
+    """Scan one repo folder (which need not be well formed)."""
+    path = layout.path
+    repo_stat = path.stat()
+    blobs_path, snapshots_path, refs_path, cmh_path = (
+        path / "blobs",
+        path / "snapshots",
+        path / "refs",
+        path / ".cmh",
+    )
+    blobs, incomplete, blob_temps = _scan_blobs(blobs_path)
+    refs_is_file = refs_path.is_file()
+    refs = () if refs_is_file else _scan_refs(refs_path)
+    has_snapshots = snapshots_path.is_dir()
+    used_records = _entries(_usage_dir(layout))
+    last_used = {e.name: e.mtime for e in used_records}
+    commit_meta = _entries(cmh_path / "commits")
+    with_meta = {e.name for e in commit_meta} if read_commit_times else set()
+    upstream_records = _entries(cmh_path / "upstream")
+    with_upstream = {e.name for e in upstream_records}
+    revisions: list[RevisionScan] = []
+    strays: list[Entry] = []
+    expiry_cache: dict[str, int | None] = {}
+    if has_snapshots:
+        blobs_dir = os.fspath(blobs_path)
+        for entry in sorted(os.scandir(snapshots_path), key=lambda e: e.name):
+            if entry.name in IGNORED_NAMES:
+                continue
+            if not entry.is_dir():
+                strays.append(_entry(entry))
+                continue
+            try:
+                files = _scan_snapshot(entry.path, blobs_dir, blobs)
+                mtime = entry.stat().st_mtime
+            except FileNotFoundError:  # removed while we scanned
+                continue
+            if read_expiry:
+                files = [_with_expiry(f, entry.path, blobs_dir, expiry_cache) for f in files]
+            name = entry.name
+            created = None
+            if f"{name}.json" in with_meta and COMMIT_RE.match(name):
+                created = _commit_time(cmh_path / "commits" / f"{name}.json")
+            until = None
+            if f"{name}.json" in with_upstream and COMMIT_RE.match(name):
+                until = _record_number(cmh_path / "upstream" / f"{name}.json", "fresh_until")
+            revisions.append(
+                RevisionScan(name, tuple(files), mtime, last_used.get(name), created, until)
+            )
+    return RepoScan(
+        layout=layout,
+        mtime=repo_stat.st_mtime,
+        has_snapshots_dir=has_snapshots,
+        refs_is_file=refs_is_file,
+        refs=refs,
+        revisions=tuple(revisions),
+        snapshot_strays=tuple(strays),
+        blobs=blobs,
+        incomplete=incomplete,
+        blob_temps=blob_temps,
+        no_exist=_entries(path / ".no_exist"),
+        trees=_entries(path / "trees"),
+        used_records=used_records,
+        trash=_entries(path.joinpath(*REPO_TRASH)),
+        lock_files=_entries(layout.locks),
+        partials=_entries(cmh_path / "partial"),
+        verified=_entries(path / VERIFIED_MARKERS),
+        checked=_entries(path / CHECK_RECORDS),
+        commit_meta=commit_meta,
+        upstream_records=upstream_records,
+    )
+
+
+def _usage_dir(layout: RepoLayout) -> Path:
+    """The folder of :mod:`cmh.hub.cache._usage` records (one listing, not a stat per commit)."""
+    return usage_path(layout, "0" * 40).parent
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _entry(entry: os.DirEntry[str]) -> Entry:
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return Entry(entry.name, 0, 0.0)
+    return Entry(
+        entry.name, st.st_size if not entry.is_dir(follow_symlinks=False) else 0, st.st_mtime
+    )
+
+
+def _entries(folder: Path) -> tuple[Entry, ...]:
+    """Direct children of ``folder`` (none when it does not exist or is not a folder)."""
+    try:
+        with os.scandir(folder) as it:
+            return tuple(sorted((_entry(e) for e in it), key=lambda e: e.name))
+    except (FileNotFoundError, NotADirectoryError):
+        return ()
+
+
+def _scan_blobs(folder: Path) -> tuple[dict[str, Entry], tuple[Entry, ...], tuple[Entry, ...]]:
+    blobs: dict[str, Entry] = {}
+    incomplete: list[Entry] = []
+    temps: list[Entry] = []
+    try:
+        it = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return blobs, (), ()
+    with it:
+        for e in it:
+            if e.name.endswith(INCOMPLETE_SUFFIX):
+                incomplete.append(_entry(e))
+                continue
+            if e.name.startswith("."):  # a writer's temporary file (e.g. the store's import)
+                temps.append(_entry(e))
+                continue
+            try:
+                st = e.stat()  # follows a blob that links into a shared store
+            except OSError:
+                continue  # a dangling blob link: links to it count as broken
+            if not e.is_dir():
+                blobs[e.name] = Entry(e.name, st.st_size, st.st_mtime)
+    by_name = lambda x: x.name  # noqa: E731
+    return blobs, tuple(sorted(incomplete, key=by_name)), tuple(sorted(temps, key=by_name))
+
+
+def _scan_refs(folder: Path) -> tuple[RefScan, ...]:
+    out: list[RefScan] = []
+
+    def walk(directory: str, prefix: str) -> None:
+        try:
+            it = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        with it:
+            for e in it:
+                if e.name in IGNORED_NAMES:
+                    continue
+                name = prefix + e.name
+                if e.is_dir(follow_symlinks=False):
+                    walk(e.path, name + "/")
+                    continue
+                try:
+                    raw = Path(e.path).read_bytes()[:1024].decode()
+                    mtime = e.stat(follow_symlinks=False).st_mtime
+                except (OSError, UnicodeDecodeError):
+                    out.append(RefScan(name, None, False, 0.0))
+                    continue
+                text = raw.strip()
+                commit = text if COMMIT_RE.match(text) else None
+                out.append(RefScan(name, commit, commit is not None and raw == text, mtime))
+
+    walk(os.fspath(folder), "")
+    return tuple(sorted(out, key=lambda r: r.name))
+
+
+def _scan_snapshot(snapshot: str, blobs_dir: str, blobs: dict[str, Entry]) -> list[SnapshotFile]:
+    files: list[SnapshotFile] = []
+
+    def walk(directory: str, prefix: str) -> None:
+        with os.scandir(directory) as it:
+            for e in it:
+                rel = prefix + e.name
+                temp = any(mark in e.name for mark in TEMP_MARKS)
+                if e.is_symlink():
+                    target = os.readlink(e.path)
+                    resolved = os.path.normpath(os.path.join(directory, target))
+                    if os.path.dirname(resolved) == blobs_dir:
+                        name = os.path.basename(resolved)
+                        blob = blobs.get(name)
+                        size = blob.size if blob is not None else 0
+                        files.append(SnapshotFile(rel, name, size, blob is None, None, temp))
+                    else:
+                        try:
+                            size = os.stat(e.path).st_size
+                            broken = False
+                        except OSError:
+                            size, broken = 0, True
+                        files.append(SnapshotFile(rel, None, size, broken, None, temp))
+                elif e.is_dir(follow_symlinks=False):
+                    walk(e.path, rel + "/")
+                else:
+                    size = e.stat(follow_symlinks=False).st_size
+                    files.append(SnapshotFile(rel, None, size, False, None, temp))
+
+    walk(snapshot, "")
+    files.sort(key=lambda f: f.path)
+    return files
+
+
+def _with_expiry(
+    f: SnapshotFile, snapshot: str, blobs_dir: str, cache: dict[str, int | None]
+) -> SnapshotFile:
+    if f.broken or f.temp or not f.path.endswith(".safetensors"):
+        return f
+    key = f.blob if f.blob is not None else f"\0{snapshot}/{f.path}"
+    if key not in cache:
+        target = os.path.join(blobs_dir, f.blob) if f.blob is not None else f"{snapshot}/{f.path}"
+        cache[key] = stamped_expiry(target)
+    expires = cache[key]
+    if expires is None:
+        return f
+    return SnapshotFile(f.path, f.blob, f.size, f.broken, expires, f.temp)
+
+
+def etag_of(name: str) -> str:
+    """The blob a partial or temporary file is for: ``{etag}.{id}.incomplete``, ``.{etag}.x``."""
+    return name.lstrip(".").split(".", 1)[0]
+
+
+def _commit_time(path: Path) -> float | None:
+    """A store's record of when it created a commit (``created_at``), if readable."""
+    return _record_number(path, "created_at")
+
+
+def _record_number(path: Path, key: str) -> float | None:
+    """The number under ``key`` in a small JSON record file, if readable."""
+    try:
+        return record_number(path.read_bytes(), key)
+    except OSError:
+        return None
+
+
+def record_number(text: bytes, key: str) -> float | None:
+    """The number under ``key`` in a small JSON record (a file's or an object's bytes),
+    ``None`` when it is not one."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    value = data.get(key) if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def stamped_expiry(path: str | os.PathLike[str]) -> int | None:
+    """``expires_at`` of a stamped safetensors file, from its header's record alone.
+
+    Reads the 8-byte length and the JSON header (bounded by the file size),
+    decodes ``__metadata__["cmh"]`` and checks the record; tensors and
+    manifests are not validated (a verifier does that). Unreadable, invalid
+    or unstamped files give ``None``: they never expire.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+
+            def read(start: int, length: int) -> bytes:
+                f.seek(start)
+                return f.read(length)
+
+            return stamped_expiry_from(read, size)
+    except OSError:
+        return None
+
+
+def stamped_expiry_from(read: Callable[[int, int], bytes], size: int) -> int | None:
+    """:func:`stamped_expiry` of any ``size``-byte object that ``read(start, length)``
+    reads (a local file, a bucket's blob by range requests). Errors of ``read``
+    propagate; an invalid or unstamped header gives ``None``."""
+    from cmh import (
+        KEY_RECORD,
+        MAX_HEADER_SIZE,
+        METADATA_KEY,
+        PREFIX_SIZE,
+        CMHError,
+        Record,
+        header_size_from_prefix,
+    )
+
+    if size <= PREFIX_SIZE:
+        return None
+    try:
+        length = header_size_from_prefix(read(0, PREFIX_SIZE))
+        if length > min(MAX_HEADER_SIZE, size - PREFIX_SIZE):
+            return None
+        header = _json_object(read(PREFIX_SIZE, length))
+        metadata = header.get(METADATA_KEY) if header is not None else None
+        text = metadata.get(KEY_RECORD) if isinstance(metadata, dict) else None
+        if not isinstance(text, str):
+            return None
+        return Record.from_hex(text).expires_at
+    except (CMHError, ValueError):
+        return None
+
+
+def _json_object(raw: bytes) -> dict[str, object] | None:
+    import json
+
+    value = json.loads(raw.decode("utf-8"))
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,866 @@
+"""HTTP transport to a Hub (the real one or a ``cmh serve`` mirror).
+
+Only talks HTTP and decodes answers: which requests to make, and when, is the
+resolver's business. Every request and every body byte received is counted so
+that a :class:`~cmh.hub.Resolution` can report what it cost. Proxies come from
+the environment (``HTTP(S)_PROXY``, ``NO_PROXY``), like the stock client.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import email.utils
+import fcntl
+import json
+import logging
+import os
+import re
+import struct
+import termios
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx2
+from cmh.hub.cache import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, LayoutError, validate_relpath
+
+from cmh import __version__
+
+from ._answers import MAX_KEPT_BODY, ApiAnswer
+from ._credentials import default_endpoint
+from ._multipart import MultipartParser
+from ._origins import MAX_REDIRECTS, OriginRule, UnsafeRedirect
+from ._retry import DEFAULT_RETRY, RetryPolicy
+from ._types import (
+    AccessError,
+    AnswerTooLarge,
+    HubProtocolError,
+    HubUnreachableError,
+    InvalidListing,
+    NotFoundError,
+    RemoteFile,
+    RemoteRevision,
+)
+
+#: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
+#: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
+MAX_API_BYTES = 32 << 20
+#: API answers a client keeps for :mod:`~cmh.hub.resolver._answers` (the first ones).
+MAX_ANSWERS_KEPT = 16
+MAX_LISTED_FILES = 100_000
+MAX_PATH_BYTES = 4096
+MAX_SEGMENT_BYTES = 255
+
+logger = logging.getLogger("cmh.hub")
+
+_clients: dict[tuple[str | None, float, int], httpx2.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment, read now (else ``default``)."""
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def download_timeout() -> float:
+    """``HF_HUB_DOWNLOAD_TIMEOUT`` (default 10 s): how long a transfer may stay silent."""
+    return env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0)
+
+
+def metadata_timeout() -> float:
+    """``HF_HUB_ETAG_TIMEOUT`` (default 10 s): how long a metadata request may take."""
+    return env_seconds("HF_HUB_ETAG_TIMEOUT", 10.0)
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    """What ``resolve`` of one path at one commit says the file is (headers of a HEAD)."""
+
+    etag: str | None  # X-Linked-Etag, else ETag (quotes and W/ removed); None if absent
+    size: int | None  # X-Linked-Size, else Content-Length
+    commit: str | None  # X-Repo-Commit
+
+
+#: The request extension holding a request's :class:`_Chain` (kept across its redirects).
+_CHAIN = "cmh_chain"
+
+
+class _Chain:
+    """One request and the redirects it leads to: the rule, the token, the last URL."""
+
+    def __init__(self, rule: OriginRule, token: str | None, file_request: bool) -> None:
+        self.rule = rule
+        self.token = token
+        self.file_request = file_request
+        self.last: str | None = None
+        self.hops = 0
+
+
+def _apply_rule(request: httpx2.Request) -> None:
+    """The client's request hook, run for every request and every redirect it follows:
+    refuse a hop the rule forbids; ``Authorization`` only to the endpoint's origin."""
+    chain = request.extensions.get(_CHAIN)
+    request.headers.pop("Authorization", None)
+    if not isinstance(chain, _Chain):
+        return
+    url = str(request.url)
+    if chain.last is not None:
+        chain.hops += 1
+        if chain.hops > MAX_REDIRECTS:
+            raise UnsafeRedirect(f"{url}: more than {MAX_REDIRECTS} redirects")
+        chain.rule.hop(chain.last, url, chain.file_request)
+    chain.last = url
+    if chain.token and chain.rule.carries_token(url):
+        request.headers["Authorization"] = f"Bearer {chain.token}"
+
+
+def user_agent() -> str:
+    """``cmh/VERSION``, with ``; origin/...`` from ``HF_HUB_USER_AGENT_ORIGIN`` as the stock
+    client adds it (so a mirror's log attributes the resolver's requests as the stock ones)."""
+    origin = os.environ.get("HF_HUB_USER_AGENT_ORIGIN")
+    return f"cmh/{__version__}" + (f"; origin/{origin}" if origin else "")
+
+
+def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
+    """One pooled HTTP client per token and process (building one costs ~0.1 s of TLS setup).
+
+    The token is not a default header: :func:`_apply_rule` adds it per request."""
+    key = (token, timeout, os.getpid())
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            headers = {"User-Agent": user_agent()}
+            client = httpx2.Client(
+                headers=headers,
+                event_hooks={"request": [_apply_rule]},
+                follow_redirects=True,
+                trust_env=True,
+                timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
+                limits=httpx2.Limits(max_connections=32, max_keepalive_connections=8),
+            )
+            if not _clients:
+                atexit.register(_close_clients)
+            _clients[key] = client
+        return client
+
+
+def _close_clients() -> None:
+    with _clients_lock:
+        for client in _clients.values():
+            client.close()
+        _clients.clear()
+
+
+#: Compression where the body is not range-addressed (API answers, whole small files);
+#: ``identity`` where offsets matter (ranges, resumes, multi-range).
+COMPRESSED = {"Accept-Encoding": "gzip"}
+IDENTITY = {"Accept-Encoding": "identity"}
+
+
+def _wire(response: httpx2.Response) -> tuple[int, int]:
+    """Requests sent and body bytes received for ``response``, redirects included.
+
+    A redirect (a 302 to a CDN) and the request it leads to are two requests;
+    bytes are counted as they came over the wire (compressed, if they were).
+    """
+    chain = [*response.history, response]
+    return len(chain), sum(r.num_bytes_downloaded for r in chain)
+
+
+def _origin(url: str | httpx2.URL) -> tuple[str, str, int | None]:
+    parsed = httpx2.URL(url)
+    return parsed.scheme, parsed.host, parsed.port
+
+
+class Located:
+    """A ``resolve`` URL and, once an answer to it came through a redirect, where it led.
+
+    The chunks and ranges of one file are then asked from there (the Hub's
+    signed CDN URL) instead of costing a redirect each. The Hub's token is
+    never sent to that URL when it lies on another origin than the endpoint
+    (as when the redirect is followed); a failure there (an expired
+    signature) sends the next try through the ``resolve`` URL again.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._direct: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> str:
+        """The URL the next request goes to."""
+        with self._lock:
+            return self._direct or self.url
+
+    def landed(self, final: str) -> None:
+        """An answer to :attr:`url` came from ``final`` after redirects."""
+        with self._lock:
+            if self._direct is None and final != self.url:
+                self._direct = final
+
+    def forget(self, used: str) -> None:
+        """``used`` failed: go through :attr:`url` again."""
+        with self._lock:
+            if self._direct == used:
+                self._direct = None
+
+
+class RangeNotSatisfied(HubProtocolError):
+    """The server did not answer a Range request with the range asked for."""
+
+
+@contextlib.contextmanager
+def _asking(url: str | Located) -> Iterator[tuple[Located | None, str]]:
+    """(the :class:`Located`, the URL to ask now); a failure at a reused redirect target
+    forgets it and becomes transient, so the retry goes through the ``resolve`` URL."""
+    located = url if isinstance(url, Located) else None
+    target = located.current if located is not None else str(url)
+    try:
+        yield located, target
+    except (AccessError, NotFoundError, HubProtocolError, HubUnreachableError) as exc:
+        if located is None or target == located.url or isinstance(exc, RangeNotSatisfied):
+            raise
+        located.forget(target)
+        raise HubUnreachableError(f"{exc} (from the redirected URL; asking again)") from exc
+
+
+class HubClient:
+    """A counting HTTP client for one endpoint."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        self.endpoint = (endpoint or default_endpoint()).rstrip("/")
+        # A transfer silent this long fails (read timeout) and is resumed by its caller.
+        self.timeout = timeout if timeout is not None else download_timeout()
+        self.retry = retry
+        self.token = token or None
+        self.rule = OriginRule(self.endpoint)  # where redirects may lead (origins.py)
+        self._client = _shared_client(token, self.timeout)
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.bytes_received = 0
+        #: The API answers received, for the stored answers of install()'s hook (answers.py).
+        self.answers: list[ApiAnswer] = []
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _chain(self, file_request: bool) -> dict[str, Any]:
+        """The extensions of a request that carries the credential rule (origins.py)."""
+        return {_CHAIN: _Chain(self.rule, self.token, file_request)}
+
+    def _count(self, requests: int = 0, nbytes: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes_received += nbytes
+
+    def _count_answer(self, response: httpx2.Response) -> None:
+        """Count the request of a streamed answer and the redirects before it (with bodies)."""
+        self._count(
+            requests=len(response.history) + 1,
+            nbytes=sum(r.num_bytes_downloaded for r in response.history),
+        )
+
+    def _answered(self, response: httpx2.Response) -> None:
+        """Count a streamed answer; an error status is read, counted and raised."""
+        self._count_answer(response)
+        if response.status_code >= 400:
+            response.read()
+            self._count(nbytes=response.num_bytes_downloaded)
+            raise_for_status(response)
+
+    def _count_unread(self, response: httpx2.Response) -> None:
+        """Count the body bytes of an answer given up unread that already reached this host.
+
+        What the HTTP parser holds is read (only when the socket has bytes
+        waiting, so this never blocks), then the socket's receive queue is
+        added: the bytes the server sent that arrived before the close.
+        """
+        before = response.num_bytes_downloaded
+        if _waiting(response):
+            with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError):
+                next(response.iter_raw(), b"")
+        self._count(nbytes=response.num_bytes_downloaded - before + _waiting(response))
+
+    def close(self) -> None:
+        """Nothing to release: connections are pooled per process (see ``_shared_client``)."""
+
+    def __enter__(self) -> HubClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _open(self, url: str, headers: dict[str, str]) -> Iterator[httpx2.Response]:
+        """A streamed GET of ``url``; the token goes to the endpoint's origin only."""
+        request = self._client.build_request(
+            "GET", url, headers=headers, extensions=self._chain(True)
+        )
+        response = self._client.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            response.close()
+
+    def _landed(self, located: Located | None, target: str, response: httpx2.Response) -> None:
+        """Remember where a redirected answer of ``located`` came from (another origin only)."""
+        if located is not None and target == located.url and response.history:
+            final = str(response.url)
+            if _origin(final) != _origin(self.endpoint):
+                located.landed(final)
+
+    # -- URLs ----------------------------------------------------------------------------
+
+    def api_url(self, repo_id: str, repo_type: str, *parts: str) -> str:
+        base = f"{self.endpoint}/api/{REPO_TYPE_PREFIX[repo_type]}/{repo_id}"
+        return "/".join([base, *parts])
+
+    def file_url(self, repo_id: str, repo_type: str, commit: str, path: str) -> str:
+        """The ``resolve`` URL of ``path`` at ``commit``."""
+        prefix = "" if repo_type == "model" else f"{REPO_TYPE_PREFIX[repo_type]}/"
+        return (
+            f"{self.endpoint}/{prefix}{repo_id}/resolve/{quote(commit, safe='')}/"
+            f"{quote(validate_relpath(path))}"
+        )
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _get_json(
+        self, url: str, params: dict[str, str] | None = None
+    ) -> tuple[Any, httpx2.Response]:
+        """GET an API answer, tried again under the retry policy (429, 5xx, network), all
+        tries within one ``HF_HUB_ETAG_TIMEOUT`` (a blackholed Hub costs 10 s, not 60)."""
+        budget = metadata_timeout()
+        deadline = time.monotonic() + budget
+
+        def once() -> tuple[Any, httpx2.Response]:
+            request = self._client.build_request(
+                "GET",
+                url,
+                params=params,
+                headers=COMPRESSED,
+                timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                extensions=self._chain(False),
+            )
+            try:
+                response = self._client.send(request, stream=True)
+            except httpx2.TransportError as exc:
+                self._count(requests=1)
+                raise _unreachable(self.endpoint, exc) from exc
+            try:
+                body = _read_capped(response, url)
+            except httpx2.TransportError as exc:
+                raise _unreachable(self.endpoint, exc) from exc
+            finally:
+                response.close()
+                sent, received = _wire(response)
+                self._count(requests=sent, nbytes=received)
+            raise_for_status(response)
+            try:
+                obj = json.loads(body)
+            except ValueError as exc:
+                raise HubProtocolError(f"{url} did not answer JSON") from exc
+            if len(self.answers) < MAX_ANSWERS_KEPT and len(body) <= MAX_KEPT_BODY:
+                headers = tuple(response.headers.items())
+                self.answers.append(ApiAnswer(str(response.request.url), headers, body))
+            return obj, response
+
+        return self.retry.run(once, f"GET {url}", deadline)
+
+    def served(self, url: str) -> ServedFile:
+        """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is.
+
+        A redirect that carries the file's ETag is not followed (the Hub's 302
+        to its CDN does, and the CDN is not asked); others are, up to 5.
+        Tried again under the retry policy.
+        """
+
+        budget = metadata_timeout()
+        deadline = time.monotonic() + budget
+
+        def once() -> ServedFile:
+            target = url
+            chain = self._chain(True)  # one chain across the hops followed here
+            for _ in range(MAX_REDIRECTS + 1):
+                self._count(requests=1)
+                try:
+                    response = self._client.head(
+                        target,
+                        follow_redirects=False,
+                        timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                        extensions=chain,
+                    )
+                except httpx2.TransportError as exc:
+                    raise _unreachable(self.endpoint, exc) from exc
+                headers = response.headers
+                etag = headers.get("X-Linked-Etag") or headers.get("ETag")
+                if response.is_redirect and not etag and "Location" in headers:
+                    target = str(response.url.join(headers["Location"]))
+                    continue
+                raise_for_status(response)
+                size = headers.get("X-Linked-Size") or headers.get("Content-Length")
+                return ServedFile(
+                    etag=etag.strip().removeprefix("W/").strip('"') if etag else None,
+                    size=int(size) if size and size.isdigit() else None,
+                    commit=headers.get("X-Repo-Commit"),
+                )
+            raise HubProtocolError(f"{url}: too many redirects")
+
+        return self.retry.run(once, f"HEAD {url}", deadline)
+
+    def revision(self, repo_id: str, repo_type: str, revision: str) -> RemoteRevision:
+        """Resolve ``revision`` to a commit (one request); lists blobs if the Hub does."""
+        url = self.api_url(repo_id, repo_type, "revision", quote(revision, safe=""))
+        obj, _ = self._get_json(url, params={"blobs": "true"})
+        if not isinstance(obj, dict) or not isinstance(obj.get("sha"), str):
+            raise HubProtocolError(f"{url}: answer has no commit 'sha'")
+        commit = obj["sha"]
+        if not COMMIT_RE.match(commit):
+            raise HubProtocolError(f"{url}: {commit!r} is not a commit")
+        return RemoteRevision(
+            commit,
+            _files_from_siblings(obj.get("siblings")),
+            private=obj.get("private") is True,
+            gated=obj.get("gated") not in (None, False, "false", "False"),
+        )
+
+    def auth_check(self, repo_id: str, repo_type: str) -> None:
+        """``GET .../auth-check``: returns when the token may read the repo's files, else
+        raises the Hub's refusal (:class:`AccessError` with its status, code and message)."""
+        self._get_json(self.api_url(repo_id, repo_type, "auth-check"))
+
+    def tree(self, repo_id: str, repo_type: str, commit: str) -> dict[str, RemoteFile]:
+        """Every file of ``commit`` (follows ``Link: rel="next"`` pages)."""
+        url: str | None = self.api_url(repo_id, repo_type, "tree", commit)
+        params: dict[str, str] | None = {"recursive": "true"}
+        files: dict[str, RemoteFile] = {}
+        pages = 0
+        while url is not None:
+            pages += 1
+            if pages > 10_000:
+                raise HubProtocolError("tree listing does not end")
+            obj, response = self._get_json(url, params=params)
+            if not isinstance(obj, list):
+                raise HubProtocolError(f"{url}: tree answer is not a list")
+            for entry in obj:
+                remote = _file_from_tree_entry(entry)
+                if remote is not None:
+                    files[remote.path] = remote
+            if len(files) > MAX_LISTED_FILES:
+                raise InvalidListing(f"{url}: more than {MAX_LISTED_FILES} files listed")
+            nxt = response.links.get("next", {}).get("url")
+            url, params = (str(response.url.join(nxt)), None) if nxt else (None, None)
+            if url is not None:
+                self.rule.link(str(response.url), url)
+        check_listing(files)
+        return files
+
+    def tensor_manifest(
+        self, repo_id: str, repo_type: str, commit: str, path: str
+    ) -> list[dict[str, Any]] | None:
+        """A cmh mirror's tensor manifest of ``path`` at ``commit`` (spec/hub-mirror.md 2.9).
+
+        One request, not retried: any failure (another Hub, no manifest yet)
+        answers ``None``. The entries are ``{"name", "begin", "end", "sha256"}``.
+        """
+        prefix = "" if repo_type == "model" else f"{REPO_TYPE_PREFIX[repo_type]}/"
+        url = (
+            f"{self.endpoint}/api/cmh/manifest/{prefix}{repo_id}/resolve/"
+            f"{quote(commit, safe='')}/{quote(validate_relpath(path))}"
+        )
+        self._count(requests=1)
+        try:
+            response = self._client.get(
+                url, timeout=metadata_timeout(), extensions=self._chain(False)
+            )
+        except (httpx2.TransportError, UnsafeRedirect):
+            return None
+        self._count(nbytes=len(response.content))
+        if response.status_code != 200:
+            return None
+        try:
+            doc = json.loads(response.content)
+            tensors = doc["tensors"]
+            if doc.get("schema") != "cmh-tensor-manifest/1" or not isinstance(tensors, list):
+                return None
+            return [
+                {"name": str(t["name"]), "begin": int(t["begin"]), "end": int(t["end"]),
+                 "sha256": bytes.fromhex(t["sha256"])}
+                for t in tensors
+            ]  # fmt: skip
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def stream(
+        self,
+        url: str | Located,
+        start: int,
+        sink: Callable[[bytes], None],
+        *,
+        end: int | None = None,
+        on_restart: Callable[[], None] | None = None,
+        limit: int | None = None,
+    ) -> bool:
+        """Send the body of ``url`` from ``start`` (to ``end``, exclusive) to ``sink``.
+
+        ``limit`` is the file's listed size: a body that would pass it raises
+        :class:`~cmh.hub.resolver._types.AnswerTooLarge` before the byte past it
+        reaches ``sink`` (the transfer stops there).
+
+        Returns ``True`` when the server honoured the range (206, or 200 for a
+        request from 0 to the end), ``False`` when it answered a ranged request
+        with the whole body (200): the sink then received the file from byte 0.
+        ``on_restart`` is called before the first byte in that case. Only a
+        request with ``end`` set raises :class:`RangeNotSatisfied` for that.
+        Network failures mid-body raise :class:`HubUnreachableError`; what
+        arrived before the failure has been given to ``sink``. A
+        :class:`Located` URL is asked where an earlier answer led; a failure
+        there is transient (the next try goes through the ``resolve`` URL).
+        """
+        with _asking(url) as (located, target):
+            return self._stream(located, target, start, sink, end, on_restart, limit)
+
+    def _stream(
+        self,
+        located: Located | None,
+        url: str,
+        start: int,
+        sink: Callable[[bytes], None],
+        end: int | None,
+        on_restart: Callable[[], None] | None,
+        limit: int | None = None,
+    ) -> bool:
+        headers: dict[str, str] = dict(COMPRESSED)
+        ranged = bool(start or end is not None)
+        if ranged:
+            last = "" if end is None else str(end - 1)
+            headers = {**IDENTITY, "Range": f"bytes={start}-{last}"}
+        counted = 0
+        answered = False
+        try:
+            with self._open(url, headers) as response:
+                answered = True
+                self._answered(response)
+                self._landed(located, url, response)
+                try:
+                    honoured = _honoured(response, url, start, end)
+                except HubProtocolError:
+                    self._count_unread(response)  # its bytes crossed the wire all the same
+                    raise
+                if not honoured and on_restart is not None:
+                    on_restart()
+                expected = None if end is None else end - start
+                allowed = None if limit is None else limit - (start if honoured else 0)
+                got = 0
+                # A compressed answer (asked for only without Range) is decoded for the sink.
+                encoded = response.headers.get("Content-Encoding", "identity") != "identity"
+                for chunk in response.iter_bytes() if encoded else response.iter_raw():
+                    if expected is not None and got + len(chunk) > expected:
+                        raise HubProtocolError(f"{url}: more bytes than the range asked for")
+                    if allowed is not None and got + len(chunk) > allowed:
+                        raise AnswerTooLarge(f"{url}: body longer than the listed {limit} bytes")
+                    got += len(chunk)
+                    self._count(nbytes=response.num_bytes_downloaded - counted)
+                    counted = response.num_bytes_downloaded
+                    sink(chunk)
+                if expected is not None and got != expected:
+                    raise HubUnreachableError(f"{url}: range ended after {got} of {expected} bytes")
+                return honoured
+        except httpx2.TransportError as exc:
+            if not answered:
+                self._count(requests=1)
+            raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+        except httpx2.DecodingError as exc:
+            raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc
+
+    def stream_ranges(
+        self,
+        url: str | Located,
+        ranges: list[tuple[int, int]],
+        sink: Callable[[int, bytes], None],
+    ) -> None:
+        """Fetch several ``[begin, end)`` ranges in one request (``multipart/byteranges``).
+
+        ``sink(offset, data)`` receives the bytes with their absolute offset, in
+        the order the server sends them. :class:`RangeNotSatisfied` when the
+        server does not answer with exactly these ranges (e.g. a 200, or one
+        range only): nothing has been given to ``sink`` then, and the caller
+        fetches range by range. A single range is sent as a plain Range request.
+        A :class:`Located` URL is used as by :meth:`stream`.
+        """
+        if len(ranges) == 1:
+            b, e = ranges[0]
+            self.stream(url, b, _at(sink, b), end=e)
+            return
+        with _asking(url) as (located, target):
+            self._stream_ranges(located, target, ranges, sink)
+
+    def _stream_ranges(
+        self,
+        located: Located | None,
+        url: str,
+        ranges: list[tuple[int, int]],
+        sink: Callable[[int, bytes], None],
+    ) -> None:
+        spec = ",".join(f"{b}-{e - 1}" for b, e in ranges)
+        answered = False
+        try:
+            with self._open(url, {**IDENTITY, "Range": f"bytes={spec}"}) as response:
+                answered = True
+                self._answered(response)
+                ctype = response.headers.get("Content-Type", "")
+                match = re.search(r"boundary=\"?([^\";]+)\"?", ctype)
+                if response.status_code != 206 or "multipart/byteranges" not in ctype or not match:
+                    # A CDN answers several ranges with its whole body: what it sent before
+                    # the close crossed the wire all the same.
+                    self._count_unread(response)
+                    raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
+                self._landed(located, url, response)
+                parser = MultipartParser(match.group(1).encode(), set(ranges), sink)
+                for chunk in response.iter_raw():
+                    self._count(nbytes=len(chunk))
+                    parser.feed(chunk)
+                parser.close()
+        except httpx2.TransportError as exc:
+            if not answered:
+                self._count(requests=1)
+            raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _unreachable(endpoint: str, exc: httpx2.TransportError) -> HubUnreachableError:
+    """A failed metadata request: retried, unless no connection could be made at all.
+
+    Like the stock client, a Hub that cannot be connected to (offline, refused,
+    no such host) is not asked again: the caller falls back to the cache at once.
+    """
+    transient = not isinstance(exc, httpx2.ConnectError)
+    return HubUnreachableError(f"cannot reach {endpoint}: {exc}", transient=transient)
+
+
+def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], None]:
+    pos = start
+
+    def write(chunk: bytes) -> None:
+        nonlocal pos
+        sink(pos, chunk)
+        pos += len(chunk)
+
+    return write
+
+
+def _honoured(response: httpx2.Response, url: str, start: int, end: int | None) -> bool:
+    """Whether an answer from ``start`` (to ``end``) honoured the range; ``False``: a 200 with
+    the whole body for an open range (the sink restarts). Raises :class:`HubProtocolError`
+    for an answer that cannot be used (:class:`RangeNotSatisfied`: a 200 for a closed range)."""
+    status = response.status_code
+    if not (start or end is not None):
+        if status != 200:
+            raise HubProtocolError(f"{url}: unexpected status {status}")
+        return True
+    if status == 206:
+        _check_content_range(response, start, end)
+        return True
+    if status != 200:
+        raise HubProtocolError(f"{url}: unexpected status {status}")
+    if end is not None:
+        raise RangeNotSatisfied(f"{url}: Range ignored (200 instead of 206)")
+    return start == 0
+
+
+def _waiting(response: httpx2.Response) -> int:
+    """Bytes waiting in the receive queue of the answer's socket (0 where unknown)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return max(0, int(struct.unpack("i", raw)[0]))
+
+
+def _check_content_range(response: httpx2.Response, start: int, end: int | None) -> None:
+    value = response.headers.get("Content-Range", "")
+    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", value.strip())
+    if not match:
+        raise RangeNotSatisfied(f"206 without a valid Content-Range ({value!r})")
+    first, last = int(match.group(1)), int(match.group(2))
+    if first != start or (end is not None and last != end - 1):
+        raise RangeNotSatisfied(
+            f"asked bytes {start}-{'' if end is None else end - 1}, got {value}"
+        )
+
+
+def raise_for_status(response: httpx2.Response) -> None:
+    """Map an error answer to a typed error (``X-Error-Code`` first, then the status)."""
+    status = response.status_code
+    if status < 400:
+        return
+    code = response.headers.get("X-Error-Code", "")
+    url = str(response.request.url)
+    if code == "RepoNotFound":
+        said = hub_message(response)
+        raise NotFoundError(f"repository not found: {url}", "repo", status=status, said=said)
+    if code == "RevisionNotFound":
+        raise NotFoundError(f"revision not found: {url}", "revision")
+    if code == "EntryNotFound":
+        raise NotFoundError(f"file not found: {url}", "entry")
+    if code == "GatedRepo" or status in (401, 403):
+        said = hub_message(response)
+        raise AccessError(
+            f"access refused ({status}): {url}" + (f": {said}" if said else ""),
+            status if status in (401, 403) else 403,
+            code or None,
+            said,
+        )
+    if status == 429 or status >= 500:
+        raise HubUnreachableError(
+            f"{url}: server error {status}", retry_after=retry_after(response.headers)
+        )
+    if status == 404:
+        raise HubProtocolError(f"{url}: 404 without X-Error-Code (not a Hub endpoint?)")
+    if status == 416:
+        raise RangeNotSatisfied(f"{url}: 416 range not satisfiable")
+    raise HubProtocolError(f"{url}: unexpected status {status}")
+
+
+def hub_message(response: httpx2.Response) -> str:
+    """What the Hub says about an error: ``X-Error-Message``, else the JSON body's ``error``."""
+    said = response.headers.get("X-Error-Message", "").strip()
+    if said:
+        return said
+    try:
+        body = json.loads(response.content)
+    except (ValueError, httpx2.ResponseNotRead):
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.strip() if isinstance(error, str) else ""
+
+
+def retry_after(headers: httpx2.Headers) -> float | None:
+    """Seconds ``Retry-After`` asks to wait (delay-seconds or an HTTP date), else ``None``."""
+    value = headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
+    if isinstance(lfs, dict):
+        oid = lfs.get("sha256") or lfs.get("oid")
+        if isinstance(oid, str) and len(oid) == 64 and ETAG_RE.match(oid):  # an LFS ETag: SHA-256
+            return oid, True
+        return None
+    if isinstance(blob_id, str) and ETAG_RE.match(blob_id):
+        return blob_id, False
+    return None
+
+
+def _read_capped(response: httpx2.Response, url: str) -> bytes:
+    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES`."""
+    parts: list[bytes] = []
+    total = 0
+    try:
+        for chunk in response.iter_bytes():
+            total += len(chunk)
+            if total > MAX_API_BYTES:
+                raise AnswerTooLarge(f"{url}: answer over {MAX_API_BYTES >> 20} MiB once decoded")
+            parts.append(chunk)
+    except httpx2.DecodingError as exc:
+        raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc
+    return b"".join(parts)
+
+
+def listed_path(path: str) -> str:
+    """A listed file name checked as a cache path, else :class:`InvalidListing`."""
+    try:
+        checked = validate_relpath(path)
+    except LayoutError as exc:
+        raise InvalidListing(f"the Hub lists an unusable file name {path[:300]!r}: {exc}") from None
+    encoded = checked.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_PATH_BYTES or any(
+        len(s) > MAX_SEGMENT_BYTES for s in encoded.split(b"/")
+    ):
+        raise InvalidListing(f"the Hub lists a file name too long for a cache: {path[:300]!r}")
+    return checked
+
+
+def check_listing(files: dict[str, RemoteFile]) -> None:
+    """Refuse a listing too long or with a name that is a file and a folder at once."""
+    if len(files) > MAX_LISTED_FILES:
+        raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
+    for path in files:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in files:
+                raise InvalidListing(f"the Hub lists {folder!r} as a file and as a folder")
+
+
+def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
+    if not isinstance(entry, dict) or entry.get("type") != "file":
+        return None
+    path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
+    if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
+        raise InvalidListing(f"malformed tree entry {str(entry)[:300]}")
+    if size < 0:
+        raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
+    # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
+    # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
+    etag = _etag_of(oid, entry.get("lfs"))
+    if etag is None:
+        raise HubProtocolError(f"{path}: tree entry has no usable oid")
+    lfs = entry.get("lfs")
+    if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
+        size = lfs["size"]
+    return RemoteFile(listed_path(path), size, etag[0], etag[1], str(oid))
+
+
+def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
+    """Blob data from ``siblings`` when every entry carries it, else ``None``."""
+    if not isinstance(siblings, list):
+        return None
+    files: dict[str, RemoteFile] = {}
+    for s in siblings:
+        if not isinstance(s, dict):
+            return None
+        path, size, blob_id = s.get("rfilename"), s.get("size"), s.get("blobId")
+        if not isinstance(path, str) or not isinstance(size, int) or not isinstance(blob_id, str):
+            return None
+        etag = _etag_of(blob_id, s.get("lfs"))
+        if etag is None:
+            return None
+        lfs = s.get("lfs")
+        if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
+            size = lfs["size"]
+        if size < 0:
+            raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
+        files[listed_path(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+        if len(files) > MAX_LISTED_FILES:
+            raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
+    check_listing(files)
+    return files

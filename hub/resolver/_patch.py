@@ -1,0 +1,524 @@
+"""``install()``: route the downloads of unchanged user code through the resolver.
+
+Patched (huggingface_hub 2.x, transformers 4.40+/5.x), only while installed:
+
+- ``huggingface_hub.file_download.hf_hub_download`` and
+  ``huggingface_hub._snapshot_download.snapshot_download`` (where they are
+  defined; ``HfApi.hf_hub_download``/``HfApi.snapshot_download`` import them
+  from there at call time);
+- the re-exports ``huggingface_hub.hf_hub_download`` and
+  ``huggingface_hub.snapshot_download`` (so code imported later, such as
+  ``from huggingface_hub import hf_hub_download``, gets the wrapper);
+- every attribute of an already imported module that is bound to one of the
+  two original functions (``transformers.utils.hub.hf_hub_download`` and
+  ``.snapshot_download`` imported by name, sentence-transformers, ...).
+
+Fail safe: before patching, the signature of each original is checked for the
+parameters the wrapper reads; if one is missing the function is left alone and
+a :class:`RuntimeWarning` says so. At call time, anything the resolver does
+not handle (``local_dir``, ``dry_run``, ``force_download``, ``ignore_patterns``,
+unknown arguments, an unsupported repo type, errors other than integrity or
+policy refusals) goes to the original function unchanged.
+
+Within one process, a branch resolved less than ``window`` seconds ago is used
+at the commit it named then, so a ``from_pretrained`` asking for ten files
+costs one revalidation request, not ten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import inspect
+import logging
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from cmh.hub.cache import COMMIT_RE, RepoLayout
+
+from . import _window as window_state
+from ._types import (
+    DiskFullError,
+    IntegrityError,
+    InvalidRemoteFileError,
+    NotFoundError,
+    OfflineError,
+    Policy,
+    PolicyError,
+    ResolveError,
+    State,
+)
+from ._window import (
+    DEFAULT_WINDOW,
+    cache_root,
+    current_policy,
+    recent_commit,
+    remember_commit,
+)
+from ._window import in_cache as _in_cache
+
+#: Resolver errors raised to the caller instead of handing the call to the stock function:
+#: refused content is never returned, and a full disk is full for the stock client too.
+RAISED = (IntegrityError, PolicyError, InvalidRemoteFileError, DiskFullError)
+
+
+logger = logging.getLogger("cmh.hub")
+
+HF_HUB_DOWNLOAD_PARAMS = (
+    "repo_id",
+    "filename",
+    "subfolder",
+    "repo_type",
+    "revision",
+    "cache_dir",
+    "local_dir",
+    "force_download",
+    "token",
+    "local_files_only",
+    "endpoint",
+)
+SNAPSHOT_DOWNLOAD_PARAMS = (
+    "repo_id",
+    "repo_type",
+    "revision",
+    "cache_dir",
+    "local_dir",
+    "allow_patterns",
+    "ignore_patterns",
+    "force_download",
+    "token",
+    "local_files_only",
+    "endpoint",
+)
+
+_lock = threading.RLock()
+_patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
+_recent = window_state.recent  # the revalidation window (tests clear it as a new process would)
+_warned: set[tuple[str, ...]] = set()  # warnings already logged (once per repo and process)
+
+
+def installed() -> bool:
+    """True while the resolver is installed."""
+    return bool(_patched)
+
+
+def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> bool:
+    """Patch the stock download functions; returns ``False`` if nothing could be patched.
+
+    ``policy`` overrides :meth:`Policy.from_env` for routed calls (the
+    ``local_files_only`` argument still forces offline).
+    """
+    with _lock:
+        if _patched:
+            return True
+        window_state.configure(window, policy)
+        from huggingface_hub import _snapshot_download, file_download
+
+        targets = [
+            (file_download, "hf_hub_download", HF_HUB_DOWNLOAD_PARAMS, _wrap_hf_hub_download),
+            (_snapshot_download, "snapshot_download", SNAPSHOT_DOWNLOAD_PARAMS, _wrap_snapshot),
+        ]
+        import huggingface_hub
+
+        for module, name, params, make in targets:
+            original = getattr(module, name, None)
+            problem = _signature_problem(original, params)
+            if problem is not None:
+                warnings.warn(
+                    f"cmh.hub.install: {module.__name__}.{name} left unpatched: {problem}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            assert original is not None
+            wrapper = make(original)
+            for owner in _owners_of(original):
+                _patched.append((owner, name, original, wrapper))
+                setattr(owner, name, wrapper)
+            if name not in huggingface_hub.__dict__:  # lazy re-export not loaded yet
+                _patched.append((huggingface_hub, name, _Absent, wrapper))
+                setattr(huggingface_hub, name, wrapper)
+        _scope_resolve_revision()
+        _install_client_hook()
+        return bool(_patched)
+
+
+def _scope_resolve_revision() -> None:
+    """``HfApi.resolve_revision(cache_dir=...)`` (transformers' first call) asks in that cache.
+
+    Its repo info request goes through the client hook, which answers from the
+    cache of the call under way: without the scope the default cache would
+    vouch for the commit another ``cache_dir`` then loads.
+    """
+    from huggingface_hub import hf_api
+
+    original = hf_api.HfApi.__dict__.get("resolve_revision")
+    if original is None or _signature_problem(original, ("repo_id", "cache_dir")) is not None:
+        return
+
+    @functools.wraps(original)
+    def resolve_revision(self: Any, *args: Any, **kwargs: Any) -> Any:
+        repo_id = args[0] if args else kwargs.get("repo_id")
+        with _in_cache(kwargs.get("cache_dir"), kwargs.get("repo_type"), repo_id):
+            return original(self, *args, **kwargs)
+
+    _patched.append((hf_api.HfApi, "resolve_revision", original, resolve_revision))
+    hf_api.HfApi.resolve_revision = resolve_revision  # type: ignore[method-assign]
+    for module in (hf_api, sys.modules.get("huggingface_hub")):  # ``resolve_revision = api.…``
+        bound = module.__dict__.get("resolve_revision") if module is not None else None
+        if getattr(bound, "__func__", None) is original:
+            rebound = bound.__self__.resolve_revision  # type: ignore[union-attr]
+            _patched.append((module, "resolve_revision", bound, rebound))
+            module.resolve_revision = rebound  # type: ignore[union-attr]
+
+
+def _install_client_hook() -> None:
+    """Put :class:`~cmh.hub.resolver._session.FreshCacheTransport` in huggingface_hub's client."""
+    from huggingface_hub.utils import _http
+
+    from ._session import client_factory
+
+    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
+    set_factory = getattr(_http, "set_client_factory", None)
+    if not callable(previous) or not callable(set_factory):
+        warnings.warn(
+            "cmh.hub.install: huggingface_hub has no client factory hook; Hub API calls "
+            "of fresh snapshots still go to the network",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    set_factory(client_factory(previous))
+    _patched.append((_http, "_GLOBAL_CLIENT_FACTORY", previous, _FactoryRestore(set_factory)))
+
+
+class _FactoryRestore:
+    """Marks the client factory entry of ``_patched``: uninstall restores it through the hook."""
+
+    def __init__(self, set_factory: Callable[[Any], None]) -> None:
+        self.set_factory = set_factory
+
+
+class _Absent:
+    """Marks an attribute that did not exist before install (deleted on uninstall)."""
+
+
+def uninstall() -> None:
+    """Restore every patched attribute that still holds the wrapper."""
+    with _lock:
+        for owner, attr, original, wrapper in reversed(_patched):
+            if isinstance(wrapper, _FactoryRestore):
+                wrapper.set_factory(original)  # closes the client built with the hook
+                continue
+            if owner.__dict__.get(attr) is wrapper:
+                if original is _Absent:
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, original)
+        _patched.clear()
+        window_state.forget()
+        _warned.clear()
+
+
+def _owners_of(original: Any) -> list[Any]:
+    """Modules holding ``original`` under its own name."""
+    name = original.__name__
+    owners = []
+    for module in list(sys.modules.values()):
+        try:
+            if module is not None and module.__dict__.get(name) is original:
+                owners.append(module)
+        except Exception:  # exotic modules without a usable __dict__
+            continue
+    return owners
+
+
+def _signature_problem(original: Any, params: tuple[str, ...]) -> str | None:
+    if original is None or not callable(original):
+        return "function not found"
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError) as exc:
+        return f"signature unreadable ({exc})"
+    missing = [p for p in params if p not in signature.parameters]
+    if missing:
+        return f"parameters {', '.join(missing)} are gone (signature changed)"
+    return None
+
+
+#: Legacy arguments the stock functions accept and ignore (transformers still passes ``proxies``).
+IGNORED_KWARGS = frozenset(
+    {"proxies", "resume_download", "force_filename", "local_dir_use_symlinks"}
+)
+
+
+def _bind(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    kwargs = {k: v for k, v in kwargs.items() if k not in IGNORED_KWARGS}
+    try:
+        bound = inspect.signature(original).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _policy_for(local_files_only: bool) -> Policy:
+    base = current_policy()
+    if local_files_only and not base.offline:
+        from dataclasses import replace
+
+        return replace(base, offline=True)
+    return base
+
+
+def _token(value: Any) -> str | bool | None:
+    """The caller's ``token`` as the stock client reads it: a string, ``False``, else ``None``."""
+    if value is False:
+        return False
+    return value if isinstance(value, str) and value else None
+
+
+def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
+    """Resolve the bound call ``a`` (its ``allow_patterns``: ``patterns``) through the
+    per-process revalidation window."""
+    from ._negotiate import resolve
+
+    repo_id, repo_type = a["repo_id"], a.get("repo_type") or "model"
+    endpoint, local_files_only = a.get("endpoint"), bool(a.get("local_files_only"))
+    revision = _revision(a.get("revision")) or "main"
+    root = cache_root(a.get("cache_dir"))
+    use = revision
+    if not local_files_only:
+        use = recent_commit(root, endpoint, repo_type, repo_id, revision) or revision
+    if use == revision and not local_files_only and not COMMIT_RE.match(revision):
+        # A fresh snapshot (its stamps) vouches for its commit, whichever file is asked.
+        from ._negotiate import fresh_commit
+
+        with contextlib.suppress(OSError, ValueError):
+            use = (
+                fresh_commit(RepoLayout(root, repo_id, repo_type), revision, current_policy())
+                or use
+            )
+    policy = _policy_for(local_files_only)
+    try:
+        res = resolve(
+            repo_id,
+            use,
+            repo_type=repo_type,
+            cache_dir=root,
+            endpoint=endpoint,
+            token=_token(a.get("token")),
+            allow_patterns=patterns,
+            policy=policy,
+        )
+    except NotFoundError as exc:
+        if exc.commit is not None and use == revision:
+            remember_commit(root, endpoint, repo_type, repo_id, revision, exc.commit)
+        raise
+    if use == revision and res.state is not State.STALE_OFFLINE:
+        remember_commit(root, endpoint, repo_type, repo_id, revision, res.commit)
+    for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
+        _warn_once((str(root), repo_type, repo_id, w), "%s: %s", repo_id, w)
+    return res
+
+
+def _warn_once(key: tuple[str, ...], message: str, *args: Any) -> None:
+    """Log a WARNING the first time ``key`` (repo and what is said) comes up in this install."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message, *args)
+
+
+def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
+    """Say why a call goes to the stock function after the resolver failed.
+
+    Offline, a cache the resolver cannot vouch for (a partial snapshot, as
+    transformers' ``list_repo_templates`` reads with ``local_files_only``) is
+    read by the stock client from the same cache, as without ``install()``:
+    nothing to warn about.
+    """
+    if offline and isinstance(exc, OfflineError):
+        logger.debug("cmh.hub.install: %s read by the stock client offline: %s", what, exc)
+        return
+    logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
+
+
+def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) -> Exception:
+    """The stock client's answer to a missing file: ``.no_exist`` entry and its error type."""
+    if commit is not None:
+        marker = repo.no_exist / commit / path
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass
+    import httpx2
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    response = httpx2.Response(
+        404,
+        headers={"X-Error-Code": "EntryNotFound", **({"X-Repo-Commit": commit} if commit else {})},
+        request=httpx2.Request("HEAD", url),
+    )
+    return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
+
+
+def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
+    """The ``resolve`` URL the stock client asks for ``filename`` (shown in its errors)."""
+    from huggingface_hub.file_download import hf_hub_url
+
+    return str(
+        hf_hub_url(
+            a["repo_id"],
+            filename,
+            repo_type=repo_type,
+            revision=_revision(a.get("revision")),
+            endpoint=a.get("endpoint"),
+        )
+    )
+
+
+def _local_entry_not_found(local_files_only: bool) -> Exception:
+    """The stock client's error for a file the cache lacks while offline (nothing written)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if local_files_only:
+        return LocalEntryNotFoundError(
+            "Cannot find the requested files in the disk cache and outgoing traffic has been "
+            "disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' to "
+            "False."
+        )
+    error = LocalEntryNotFoundError(
+        "An error happened while trying to locate the file on the Hub and we cannot find the "
+        "requested files in the local cache. Please check your connection and try again or make "
+        "sure your Internet connection is on."
+    )
+    error.__cause__ = OfflineModeIsEnabled(
+        "Cannot reach the Hub: offline mode is enabled. To disable it, please unset the "
+        "`HF_HUB_OFFLINE` environment variable."
+    )
+    return error
+
+
+def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
+    """The file the stock ``hf_hub_download`` asks for, and the path it returns under the snapshot.
+
+    The stock client joins ``subfolder/filename`` with a ``/`` (an empty
+    subfolder counts as none), puts that in the ``resolve`` URL, whose ``.``
+    segments the HTTP client removes, and joins the unchanged segments under
+    the snapshot folder (``subfolder="."`` reads ``modules.json`` and returns
+    ``snapshots/{commit}/./modules.json``). Returns ``(repo path, local
+    relative path)``, or ``None`` for a name the resolver leaves to the stock
+    function (which rejects ``..`` and absolute names, and sends empty
+    segments to the server as they are).
+    """
+    if not isinstance(filename, str) or not isinstance(subfolder, (str, type(None))):
+        return None
+    joined = f"{subfolder}/{filename}" if subfolder else filename
+    segments = joined.split("/")
+    if joined.startswith("/") or any(s == ".." or "\\" in s or ":" in s for s in segments):
+        return None  # refused by the stock function, with its own error
+    kept = [s for s in segments if s != "."]
+    if not kept or any(s == "" for s in kept):
+        return None
+    return "/".join(kept), os.path.join(*segments)
+
+
+Routed = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]:
+    """``original`` with its calls bound and run by ``routed`` in the cache they name
+    (calls it cannot bind go to ``original`` as they are)."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(original, args, kwargs)
+        if a is None:
+            return original(*args, **kwargs)
+        with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
+            return routed(a, args, kwargs)
+
+    wrapper.__cmh_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
+    def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _stock_only(a):
+            return original(*args, **kwargs)
+        repo_type = a.get("repo_type") or "model"
+        names = repo_filename(a["filename"], a.get("subfolder"))
+        if names is None:
+            return original(*args, **kwargs)
+        filename, relative = names
+        try:
+            # A name, not a pattern: "a[1].txt" is itself.
+            res = _route(a, [glob.escape(filename)])
+        except NotFoundError as exc:
+            if exc.kind != "entry" or exc.commit is None:
+                return original(*args, **kwargs)
+            if _offline(a):
+                raise _local_entry_not_found(bool(a.get("local_files_only"))) from None
+            repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
+            url = _stock_url(a, filename, repo_type)
+            raise _entry_not_found(repo, exc.commit, filename, url) from None
+        except RAISED:
+            raise
+        except (ResolveError, OSError) as exc:
+            _fall_back(f"{a['repo_id']}/{filename}", exc, _offline(a))
+            return original(*args, **kwargs)
+        target = os.path.join(str(res.path), relative)
+        if not os.path.isfile(target):
+            return original(*args, **kwargs)
+        return target
+
+    return _wrapper(original, routed)
+
+
+def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
+    def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _stock_only(a) or a.get("ignore_patterns"):
+            return original(*args, **kwargs)
+        patterns = a.get("allow_patterns")
+        try:
+            res = _route(a, list(patterns) if isinstance(patterns, (list, tuple)) else patterns)
+        except RAISED:
+            raise
+        except (ResolveError, OSError) as exc:
+            _fall_back(str(a["repo_id"]), exc, _offline(a))
+            return original(*args, **kwargs)
+        return str(res.path)
+
+    return _wrapper(original, routed)
+
+
+def _offline(a: dict[str, Any]) -> bool:
+    """The call may not use the network (``local_files_only`` or the offline policy)."""
+    return _policy_for(bool(a.get("local_files_only"))).offline
+
+
+def _stock_only(a: dict[str, Any]) -> bool:
+    """Arguments the resolver does not take over: the call goes to the stock function."""
+    return bool(
+        a.get("local_dir") is not None
+        or a.get("force_download")
+        or a.get("dry_run")
+        or a.get("headers")
+        or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
+    )
+
+
+def _revision(value: Any) -> str | None:
+    """A plain string revision (``ResolvedRevision`` carries the commit in ``.resolved``)."""
+    if value is None:
+        return None
+    resolved = getattr(value, "resolved", None)
+    return resolved if isinstance(resolved, str) else str(value)

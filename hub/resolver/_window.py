@@ -1,0 +1,126 @@
+"""What ``install()`` and its HTTP hook share in one process: the window, the cache, the policy.
+
+The download hook (:mod:`cmh.hub.resolver._patch`) writes here and the client
+hook (:mod:`cmh.hub.resolver._session`) reads here; neither imports the other
+for it, so the two hooks have no import cycle:
+
+- the revalidation window: the commit the Hub named for a branch less than
+  ``window`` seconds ago (:func:`recent_commit`, :func:`remember_commit`);
+- the cache folder a Hub request is answered from (:func:`scoped_cache`,
+  set by :func:`in_cache` around every patched call);
+- the policy routed calls use (:func:`current_policy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cmh.hub.cache import COMMIT_RE
+
+from ._credentials import default_endpoint
+from ._types import Policy
+
+DEFAULT_WINDOW = 10.0
+
+_lock = threading.Lock()
+#: (cache, endpoint, repo type, repo id, revision) -> (commit, time.monotonic() when named).
+recent: dict[tuple[str, ...], tuple[str, float]] = {}
+_window = DEFAULT_WINDOW
+_policy: Policy | None = None
+#: The cache folder of the patched call under way (``None``: none is). The client hook
+#: answers from this folder only, so no other cache vouches for a commit.
+_scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope", default=None)
+#: The folder the last patched call of each repo (type, id) named in this install.
+_last_cache: dict[tuple[str, str], Path] = {}
+
+
+def configure(window: float, policy: Policy | None) -> None:
+    """Set the window length and the policy of routed calls (``install()``)."""
+    global _window, _policy
+    with _lock:
+        _window, _policy = window, policy
+
+
+def forget() -> None:
+    """Drop every remembered commit and cache folder (``uninstall()``)."""
+    with _lock:
+        recent.clear()
+        _last_cache.clear()
+
+
+def current_policy() -> Policy:
+    """The policy routed calls use (``install(policy=...)``, else from the environment)."""
+    return _policy if _policy is not None else Policy.from_env()
+
+
+def cache_root(cache_dir: Any = None) -> Path:
+    """The cache folder the stock client uses for ``cache_dir``: as given, else its default.
+
+    As ``hf_hub_download`` computes it: ``huggingface_hub.constants.HF_HUB_CACHE``
+    (read from ``HF_HUB_CACHE``/``HF_HOME`` when huggingface_hub was imported) when
+    ``cache_dir`` is ``None``, user-expanded and made absolute.
+    """
+    if cache_dir is None:
+        from huggingface_hub import constants
+
+        cache_dir = constants.HF_HUB_CACHE
+    return Path(str(cache_dir)).expanduser().resolve()
+
+
+def scoped_cache(repo_type: str, repo_id: str) -> Path:
+    """The cache folder a Hub request of ``repo_id`` is answered from.
+
+    Inside a patched call, the folder it names. Outside (a bare API call such
+    as transformers' ``list_repo_templates`` or peft's file probes, made in the
+    middle of a load whose downloads name ``cache_dir``), the folder the last
+    patched call of that repo named, else the stock default.
+    """
+    return _scope.get() or _last_cache.get((repo_type, repo_id)) or cache_root(None)
+
+
+@contextlib.contextmanager
+def in_cache(cache_dir: Any, repo_type: Any, repo_id: Any) -> Iterator[Path]:
+    """Run a patched call (and the stock calls inside it) against the cache it names."""
+    root = cache_root(cache_dir)
+    if isinstance(repo_id, str):
+        with _lock:
+            _last_cache[(repo_type if isinstance(repo_type, str) else "model", repo_id)] = root
+    token = _scope.set(root)
+    try:
+        yield root
+    finally:
+        _scope.reset(token)
+
+
+def _key(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+) -> tuple[str, ...]:
+    where = (endpoint or default_endpoint()).rstrip("/")
+    return (str(Path(root).expanduser()), where, repo_type, repo_id, revision)
+
+
+def recent_commit(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+) -> str | None:
+    """The commit the Hub named for ``revision`` less than ``window`` seconds ago, if it did."""
+    with _lock:
+        hit = recent.get(_key(root, endpoint, repo_type, repo_id, revision))
+    if hit is not None and time.monotonic() - hit[1] < _window:
+        return hit[0]
+    return None
+
+
+def remember_commit(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
+) -> None:
+    """Record that the Hub named ``commit`` for ``revision`` now (opens the window)."""
+    if COMMIT_RE.match(revision):
+        return
+    with _lock:
+        recent[_key(root, endpoint, repo_type, repo_id, revision)] = (commit, time.monotonic())
