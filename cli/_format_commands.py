@@ -43,17 +43,15 @@ from ._documents import (
     verify_document,
 )
 from ._interrupt import stop_on_interrupt
+from ._options import count_option, flag_option
 from ._targets import Target, data_size, expand
 
 if TYPE_CHECKING:
     from cmh import Record, VerifyResult
 
 _PATHS = click.argument("paths", nargs=-1, required=True, metavar="PATH...")
-_THREADS = click.option(
-    "--threads",
-    type=click.IntRange(1, 64),
-    default=None,
-    help="Hashing threads (default: one per core, at most 8).",
+_THREADS = count_option(
+    "--threads", 1, 64, None, "Hashing threads (default: one per core, at most 8)."
 )
 
 
@@ -232,15 +230,13 @@ class _VerifyOptions:
     metavar="FILE",
     help="A trusted public key (PEM), or a directory of *.pem/*.pub keys. Repeatable.",
 )
-@click.option(
+@flag_option(
     "--require-signature",
-    is_flag=True,
-    help="Fail unless each file is signed by a trusted key (needs --key; the default with --key).",
+    "Fail unless each file is signed by a trusted key (needs --key; the default with --key).",
 )
-@click.option(
+@flag_option(
     "--allow-unsigned",
-    is_flag=True,
-    help="With --key: accept files that carry no signature (a signature present is still checked).",
+    "With --key: accept files that carry no signature (a signature present is still checked).",
 )
 @click.option("--allow-expired", is_flag=True, help="Report expiry as a note, not a failure.")
 @click.option(
@@ -250,10 +246,8 @@ class _VerifyOptions:
     metavar="TIME",
     help="Judge expiry at TIME (Unix seconds, ISO 8601, or +30d/-12h from now) instead of now.",
 )
-@click.option(
-    "--fast",
-    is_flag=True,
-    help="Check tensor bytes against the XXH3 manifest (accidental corruption, not tampering).",
+@flag_option(
+    "--fast", "Check tensor bytes against the XXH3 manifest (accidental corruption, not tampering)."
 )
 @_THREADS
 @json_option
@@ -544,10 +538,8 @@ def _signature_words(doc: dict[str, Any]) -> str:
 
 @click.command()
 @click.argument("path", metavar="PATH")
-@click.option(
-    "--semantic",
-    is_flag=True,
-    help="The semantic fingerprint (what the weights compute), from cmh.semantic.",
+@flag_option(
+    "--semantic", "The semantic fingerprint (what the weights compute), from cmh.semantic."
 )
 @click.option(
     "--base",
@@ -671,10 +663,8 @@ def _print_semantic(path: str, fields: dict[str, Any]) -> None:
     help="Write PREFIX.key (private, mode 0600) and PREFIX.pub (public).",
 )
 @click.option("--force", is_flag=True, help="Overwrite existing key files.")
-@click.option(
-    "--encrypt",
-    is_flag=True,
-    help="Protect the private key with a passphrase ($CMH_KEY_PASSPHRASE, else a prompt).",
+@flag_option(
+    "--encrypt", "Protect the private key with a passphrase ($CMH_KEY_PASSPHRASE, else a prompt)."
 )
 @json_option
 @handle_errors

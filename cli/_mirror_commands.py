@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ._common import (
-    DURATION,
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_UNREADABLE,
@@ -31,7 +30,16 @@ from ._common import (
 )
 from ._documents import envelope
 from ._interrupt import stop_on_interrupt
-from ._store_location import STORE, StoreLocation, open_store_or_fail
+from ._options import (
+    count_option,
+    duration_option,
+    file_option,
+    flag_option,
+    repo_type_option,
+    seconds_option,
+    url_option,
+)
+from ._store_location import STORE, StoreLocation, open_store_or_fail, store_exit_status
 
 if TYPE_CHECKING:
     from cmh.hub.mirror import UpstreamConfig
@@ -54,13 +62,7 @@ def mirror() -> None:
 @STORE_OPTION
 @click.option("--repo", "repo_id", required=True, help="Repo id, ORG/NAME or NAME.")
 @click.option("--revision", default="main", show_default=True, help="Branch or tag to move.")
-@click.option(
-    "--repo-type",
-    type=click.Choice(["model", "dataset"]),
-    default="model",
-    show_default=True,
-    help="Import as a model or a dataset repo.",
-)
+@repo_type_option("Import as a model or a dataset repo.")
 @json_option
 @handle_errors
 def add(
@@ -71,7 +73,6 @@ def add(
         ConditionalWritesUnsupported,
         InvalidNameError,
         StoreError,
-        StoreUnavailable,
         scan_folder,
     )
 
@@ -88,12 +89,15 @@ def add(
             result = target.add_folder(
                 src_dir, repo_id, revision=revision, repo_type=repo_type, progress=advance
             )
-    except (InvalidNameError, ConditionalWritesUnsupported) as exc:
-        fail(str(exc), EXIT_USAGE)
-    except StoreUnavailable as exc:
-        fail(str(exc), EXIT_UNREADABLE)
     except StoreError as exc:
-        if snapshot is not None and "symlink points outside" in str(exc):
+        code = store_exit_status(
+            exc, usage=(InvalidNameError, ConditionalWritesUnsupported), otherwise=EXIT_CHECK_FAILED
+        )
+        if (
+            code == EXIT_CHECK_FAILED
+            and snapshot is not None
+            and "symlink points outside" in str(exc)
+        ):
             fail(
                 f"{src_dir} is a snapshot folder of a Hugging Face cache: its files are links "
                 f"into {snapshot}. Import a plain folder instead, e.g. "
@@ -101,7 +105,7 @@ def add(
                 "the cache folder itself as a store (it already has the store layout)",
                 EXIT_USAGE,
             )
-        fail(str(exc), EXIT_CHECK_FAILED)
+        fail(str(exc), code)
     if as_json:
         emit_json(
             envelope("mirror add", **{**result.to_dict(), "ok": True, "exit_status": EXIT_OK})
@@ -133,11 +137,9 @@ TOKENS_HELP = "Tokens file: private repos and the bearer tokens that open them."
 
 @mirror.command("ls")
 @STORE_OPTION
-@click.option(
+@file_option(
     "--tokens",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="The tokens file of `cmh serve`: mark private repos, warn about names the store lacks.",
+    "The tokens file of `cmh serve`: mark private repos, warn about names the store lacks.",
 )
 @json_option
 @handle_errors
@@ -196,9 +198,7 @@ _SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the 
 
 @mirror.command("scrub")
 @STORE_OPTION
-@click.option(
-    "--full", is_flag=True, help="Kept for compatibility: every blob is always hashed whole."
-)
+@flag_option("--full", "Kept for compatibility: every blob is always hashed whole.")
 @click.option("--no-quarantine", is_flag=True, help="Report bad blobs without moving them.")
 @click.option("--threads", type=click.IntRange(1, 64), default=None, help="Hashing threads.")
 @json_option
@@ -285,68 +285,44 @@ class _ServeOptions:
     show_default=True,
     help="Address to listen on (0.0.0.0: every interface; :: every IPv6 one).",
 )
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8080,
-    show_default=True,
-    help="TCP port (0: a free one, printed at start).",
-)
-@click.option(
-    "--tokens",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help=TOKENS_HELP,
-)
-@click.option(
+@count_option("--port", 0, 65535, 8080, "TCP port (0: a free one, printed at start).")
+@file_option("--tokens", TOKENS_HELP)
+@count_option(
     "--workers",
-    type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
-    help="Worker processes sharing the port (about one per core for heavy traffic).",
+    1,
+    64,
+    1,
+    "Worker processes sharing the port (about one per core for heavy traffic).",
 )
-@click.option(
-    "--access-log",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Append JSON access-log lines here (default: stderr).",
-)
+@file_option("--access-log", "Append JSON access-log lines here (default: stderr).", exists=False)
 @click.option(
     "--public-url",
     default=None,
     help="URL clients reach the mirror by, for links it sends (default: the bound address).",
 )
-@click.option(
+@count_option(
     "--max-connections",
-    type=click.IntRange(1, 1_000_000),
-    default=None,
-    help="Open connections per worker (default: 1000, or what the open-file limit allows).",
+    1,
+    1_000_000,
+    None,
+    "Open connections per worker (default: 1000, or what the open-file limit allows).",
 )
-@click.option(
+@seconds_option(
     "--header-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=20.0,
-    show_default=True,
-    help="Seconds a client may take to send a request's headers.",
+    20.0,
+    "Seconds a client may take to send a request's headers.",
+    positive=True,
 )
-@click.option(
-    "--idle-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="Seconds an idle (keep-alive) connection stays open.",
+@seconds_option(
+    "--idle-timeout", 30.0, "Seconds an idle (keep-alive) connection stays open.", positive=True
 )
-@click.option(
+@url_option(
     "--upstream",
-    default=None,
-    metavar="URL",
-    help="Pull-through: fill what the store lacks from this Hub (huggingface.co or a mirror).",
+    "Pull-through: fill what the store lacks from this Hub (huggingface.co or a mirror).",
 )
-@click.option(
+@file_option(
     "--upstream-token-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="File holding the mirror's own token for the upstream (gated or private repos).",
+    "File holding the mirror's own token for the upstream (gated or private repos).",
 )
 @click.option(
     "--public-upstream-repos",
@@ -355,25 +331,16 @@ class _ServeOptions:
     help="Serve repos the upstream marks private or gated to anyone (default: only to tokens "
     "that --tokens grants them).",
 )
-@click.option(
-    "--fresh-for",
-    type=DURATION,
-    default="5m",
-    show_default=True,
-    help="How long a branch stays fresh after a revalidation (unstamped files).",
+@duration_option(
+    "--fresh-for", "5m", "How long a branch stays fresh after a revalidation (unstamped files)."
 )
-@click.option(
+@duration_option(
     "--stale-if-error",
-    type=DURATION,
-    default="1d",
-    show_default=True,
-    help="How long past freshness stale content is served when the upstream fails.",
+    "1d",
+    "How long past freshness stale content is served when the upstream fails.",
 )
-@click.option(
-    "--admin-tokens",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="File of admin tokens (one a line): they open the web operator page.",
+@file_option(
+    "--admin-tokens", "File of admin tokens (one a line): they open the web operator page."
 )
 @click.option(
     "--key",
@@ -391,27 +358,25 @@ class _ServeOptions:
     "302 to a presigned URL (bucket stores); x-accel: nginx sends the file named in "
     "X-Accel-Redirect (local stores).",
 )
-@click.option(
+@seconds_option(
     "--ref-ttl",
-    type=click.FloatRange(min=0),
-    default=2.0,
-    show_default=True,
-    help="Bucket stores: seconds a replica trusts a ref it read (a new commit is "
-    "served by every replica at most this long after it is added).",
+    2.0,
+    (
+        "Bucket stores: seconds a replica trusts a ref it read (a new commit is "
+        "served by every replica at most this long after it is added)."
+    ),
 )
-@click.option(
+@seconds_option(
     "--graceful-timeout",
-    type=click.FloatRange(min=0),
-    default=2.0,
-    show_default=True,
-    help="On SIGTERM or Ctrl-C: seconds requests in flight get to finish before the server stops.",
+    2.0,
+    "On SIGTERM or Ctrl-C: seconds requests in flight get to finish before the server stops.",
 )
-@click.option(
+@url_option(
     "--public-storage-url",
-    default=None,
-    metavar="URL",
-    help="Bucket stores, --blob-delivery redirect: the storage endpoint as clients reach it "
-    "(when it differs from the one the replicas use); redirects are signed for it.",
+    (
+        "Bucket stores, --blob-delivery redirect: the storage endpoint as clients reach it "
+        "(when it differs from the one the replicas use); redirects are signed for it."
+    ),
 )
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
 @handle_errors
@@ -494,19 +459,8 @@ def _read_token(path: Path | None) -> str | None:
 @STORE_OPTION
 @click.option("--from", "upstream", required=True, metavar="URL", help="The Hub to fill from.")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
-@click.option(
-    "--repo-type",
-    type=click.Choice(["model", "dataset"]),
-    default="model",
-    show_default=True,
-    help="Kind of the repos named.",
-)
-@click.option(
-    "--token-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="File holding the token for the upstream (gated or private repos).",
-)
+@repo_type_option("Kind of the repos named.")
+@file_option("--token-file", "File holding the token for the upstream (gated or private repos).")
 @json_option
 @handle_errors
 def sync(
@@ -526,7 +480,6 @@ def sync(
         ConditionalWritesUnsupported,
         InvalidNameError,
         StoreError,
-        StoreUnavailable,
     )
 
     check_hub_url(upstream, "--from")
@@ -549,12 +502,9 @@ def sync(
                 res = target.sync(fetch, repo_id, revision, repo_type)
         except (LayoutError, InvalidNameError) as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
-        except ConditionalWritesUnsupported as exc:
-            fail(str(exc), EXIT_USAGE)
-        except StoreUnavailable as exc:
-            fail(str(exc), EXIT_UNREADABLE)
         except StoreError as exc:
-            fail(str(exc), EXIT_CHECK_FAILED)
+            usage = (ConditionalWritesUnsupported,)
+            fail(str(exc), store_exit_status(exc, usage=usage, otherwise=EXIT_CHECK_FAILED))
         results.append(res)
         if not as_json:
             from ._pull_command import outcome_words

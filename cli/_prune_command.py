@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ._common import (
-    DURATION,
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -25,6 +24,7 @@ from ._common import (
     usage_error,
     warn,
 )
+from ._options import duration_option, flag_option, seconds_option
 from ._store_location import STORE, StoreLocation
 
 if TYPE_CHECKING:
@@ -72,25 +72,18 @@ class _PruneOptions:
     type=STORE,
     help="A mirror store (same layout), or a bucket store s3://BUCKET/PREFIX.",
 )
-@click.option(
+@seconds_option(
     "--settle",
-    type=click.FloatRange(min=0),
-    default=None,
-    help="Bucket stores: seconds to wait, once per run, after taking the leases of the repos "
-    "with something to delete (default: the writers' window + the S3 client's longest try, "
-    "250 s; lower only when no import runs).",
+    None,
+    (
+        "Bucket stores: seconds to wait, once per run, after taking the leases of the repos "
+        "with something to delete (default: the writers' window + the S3 client's longest try, "
+        "250 s; lower only when no import runs)."
+    ),
 )
 @click.option("--expired", is_flag=True, help="Revisions whose stamped files are past expires_at.")
-@click.option(
-    "--grace",
-    type=DURATION,
-    help="With --expired: only once expired for this long (e.g. 7d).",
-)
-@click.option(
-    "--include-referenced",
-    is_flag=True,
-    help="With --expired: also revisions a ref points to.",
-)
+@duration_option("--grace", None, "With --expired: only once expired for this long (e.g. 7d).")
+@flag_option("--include-referenced", "With --expired: also revisions a ref points to.")
 @click.option("--unreferenced", is_flag=True, help="Revisions no ref points to.")
 @click.option(
     "--keep-latest",
@@ -98,35 +91,21 @@ class _PruneOptions:
     metavar="N",
     help="Keep the N latest revisions of each repo; the older ones go.",
 )
-@click.option(
-    "--older-than",
-    type=DURATION,
-    help="Revisions not used for this long (recorded use, else snapshot time).",
+@duration_option(
+    "--older-than", None, "Revisions not used for this long (recorded use, else snapshot time)."
 )
 @click.option(
     "--max-size",
     type=SIZE,
     help="Evict least recently used revisions until the whole fits (e.g. 50GB).",
 )
-@click.option(
-    "--stale-incomplete",
-    type=DURATION,
-    default="1d",
-    show_default=True,
-    help="Age after which an interrupted download is removed.",
-)
+@duration_option("--stale-incomplete", "1d", "Age after which an interrupted download is removed.")
 @click.option(
     "--at",
     type=TIME,
     help="With --dry-run: judge expiry and age as at this time (e.g. +30d).",
 )
-@click.option(
-    "--lock-timeout",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for a busy repo before skipping it.",
-)
+@seconds_option("--lock-timeout", 10.0, "Seconds to wait for a busy repo before skipping it.")
 @click.option("--dry-run", is_flag=True, help="Show what would go; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before deleting.")
 @json_option

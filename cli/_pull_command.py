@@ -33,6 +33,7 @@ from ._common import (
     warn,
 )
 from ._interrupt import stop_on_interrupt
+from ._options import count_option, repo_type_option
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,9 @@ class _PullOptions:
 @click.command("pull")
 @click.argument("repo_id")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
-@click.option(
-    "--repo-type",
-    type=click.Choice(["model", "dataset", "space"]),
-    default="model",
-    show_default=True,
-    help="What kind of repo REPO_ID names (as the Hub's /models, /datasets, /spaces).",
+@repo_type_option(
+    "What kind of repo REPO_ID names (as the Hub's /models, /datasets, /spaces).",
+    kinds=("model", "dataset", "space"),
 )
 @click.option(
     "--cache-dir",
@@ -72,11 +70,12 @@ class _PullOptions:
 @click.option("--offline", is_flag=True, help="Never touch the network (also HF_HUB_OFFLINE=1).")
 @click.option("--strict", is_flag=True, help="Refuse expired or unverified content.")
 @click.option("--revalidate", is_flag=True, help="Ask the Hub even if the snapshot is fresh.")
-@click.option(
+@count_option(
     "--connections",
-    type=click.IntRange(1, 64),
-    default=None,
-    help="Parallel range connections per large file (default: CMH_DOWNLOAD_CONNECTIONS, else 8).",
+    1,
+    64,
+    None,
+    "Parallel range connections per large file (default: CMH_DOWNLOAD_CONNECTIONS, else 8).",
 )
 @json_option
 def pull(repo_id: str, **options: Any) -> None:

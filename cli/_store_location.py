@@ -10,7 +10,7 @@ import click
 from ._common import EXIT_UNREADABLE, EXIT_USAGE, fail
 
 if TYPE_CHECKING:
-    from cmh.hub.mirror import MirrorStore
+    from cmh.hub.mirror import MirrorStore, StoreError
 
 #: What ``--store`` gives a command: a folder, or the URL of a bucket store.
 StoreLocation = Path | str
@@ -43,16 +43,26 @@ STORE = StoreType()
 def open_store_or_fail(location: StoreLocation, *, existing: bool = True) -> MirrorStore:
     """The store ``--store`` names; a clear error (exit 2) when it cannot be opened, or,
     with ``existing``, when it does not exist (exit 2) or its storage fails (exit 3)."""
-    from cmh.hub.mirror import StoreError, StoreMissing, StoreUnavailable, open_store
+    from cmh.hub.mirror import StoreError, StoreMissing, open_store
 
     try:
         store = open_store(location)
         if existing:
             store.check()
-    except StoreMissing as exc:
-        fail(str(exc), EXIT_USAGE)
-    except StoreUnavailable as exc:
-        fail(str(exc), EXIT_UNREADABLE)
     except StoreError as exc:
-        fail(str(exc), EXIT_USAGE)
+        fail(str(exc), store_exit_status(exc, usage=(StoreMissing,), otherwise=EXIT_USAGE))
     return store
+
+
+def store_exit_status(
+    exc: StoreError, *, usage: tuple[type[StoreError], ...], otherwise: int
+) -> int:
+    """The exit status for a store error: 2 for the kinds in ``usage`` (the command asked
+    for something the store cannot do), 3 when the storage is unavailable, else ``otherwise``."""
+    from cmh.hub.mirror import StoreUnavailable
+
+    if isinstance(exc, usage):
+        return EXIT_USAGE
+    if isinstance(exc, StoreUnavailable):
+        return EXIT_UNREADABLE
+    return otherwise

@@ -10,34 +10,18 @@ import click
 
 from cmh import __version__
 
-# name -> (module, attribute, one-line help shown by `cmh --help`)
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "stamp": ("cmh.cli._format_commands", "stamp", "Stamp safetensors files with a CMH record."),
-    "verify": (
-        "cmh.cli._format_commands",
-        "verify",
-        "Verify stamped files; exit 1 on any failure.",
-    ),
-    "inspect": (
-        "cmh.cli._format_commands",
-        "inspect",
-        "Show a file's record, manifests and tensors.",
-    ),
-    "fingerprint": (
-        "cmh.cli._format_commands",
-        "fingerprint",
-        "Print a file's root or a directory's identity.",
-    ),
-    "keygen": ("cmh.cli._format_commands", "keygen", "Write a new Ed25519 key pair."),
-    "sign": ("cmh.cli._format_commands", "sign", "Sign an already stamped file in place."),
-    "mirror": (
-        "cmh.cli._mirror_commands",
-        "mirror",
-        "Manage a mirror store (add, ls, scrub, sync).",
-    ),
-    "serve": ("cmh.cli._mirror_commands", "serve", "Serve a store through the Hub HTTP API."),
-    "pull": ("cmh.cli._pull_command", "pull", "Resolve a repo into the local Hugging Face cache."),
-    "prune": ("cmh.cli._prune_command", "prune", "Prune stale revisions from a cache or store."),
+# name -> (module below cmh.cli holding the command of that name, one-line help for `cmh --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "stamp": ("_format_commands", "Stamp safetensors files with a CMH record."),
+    "verify": ("_format_commands", "Verify stamped files; exit 1 on any failure."),
+    "inspect": ("_format_commands", "Show a file's record, manifests and tensors."),
+    "fingerprint": ("_format_commands", "Print a file's root or a directory's identity."),
+    "keygen": ("_format_commands", "Write a new Ed25519 key pair."),
+    "sign": ("_format_commands", "Sign an already stamped file in place."),
+    "mirror": ("_mirror_commands", "Manage a mirror store (add, ls, scrub, sync)."),
+    "serve": ("_mirror_commands", "Serve a store through the Hub HTTP API."),
+    "pull": ("_pull_command", "Resolve a repo into the local Hugging Face cache."),
+    "prune": ("_prune_command", "Prune stale revisions from a cache or store."),
 }
 
 
@@ -51,21 +35,21 @@ class LazyGroup(click.Group):
         entry = COMMANDS.get(cmd_name)
         if entry is None:
             return None
-        module_name, attribute, _ = entry
+        module_name = f"cmh.cli.{entry[0]}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name != module_name:
                 raise
             return None
-        command = getattr(module, attribute)
+        command = getattr(module, cmd_name)
         assert isinstance(command, click.Command)
         from ._examples import add_epilogs
 
         return add_epilogs(command, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

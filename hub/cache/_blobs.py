@@ -20,6 +20,7 @@ import queue
 import struct
 import threading
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -150,6 +151,7 @@ def blob_matches(path: Path, etag: str, size: int) -> bool:
     return digest.hexdigest() == etag
 
 
+@dataclass(eq=False)
 class ContentCheck:
     """Checks a file's bytes fed in order, without a second read.
 
@@ -158,26 +160,20 @@ class ContentCheck:
     ``trusted`` (indexes in data order) hashes to its manifest digest.
     """
 
-    def __init__(
-        self,
-        etag: str,
-        size: int,
-        *,
-        safetensors: bool,
-        strict: bool = False,
-        name: str | None = None,
-    ) -> None:
-        self.etag = etag
-        self.size = size
-        self.safetensors = safetensors
-        self.strict = strict
-        #: A file named ``*.safetensors`` (``name``) must have a valid header: otherwise
-        #: :meth:`finish` raises :class:`InvalidRemoteFileError` once the bytes are known
-        #: to be the blob (so bytes damaged in transit stay an :class:`IntegrityError`). A
-        #: file only sniffed as safetensors is just not checked tensor by tensor then.
-        self.name = name
-        self.trusted: frozenset[int] = frozenset()
-        self.warnings: list[str] = []
+    etag: str
+    size: int
+    _: KW_ONLY
+    safetensors: bool
+    strict: bool = False
+    #: A file named ``*.safetensors`` (``name``) must have a valid header: otherwise
+    #: :meth:`finish` raises :class:`InvalidRemoteFileError` once the bytes are known
+    #: to be the blob (so bytes damaged in transit stay an :class:`IntegrityError`). A
+    #: file only sniffed as safetensors is just not checked tensor by tensor then.
+    name: str | None = None
+    trusted: frozenset[int] = field(default=frozenset(), init=False)
+    warnings: list[str] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:

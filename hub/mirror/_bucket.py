@@ -38,7 +38,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -209,28 +209,21 @@ class RefState:
     etag: str
 
 
+@dataclass(eq=False, repr=False)
 class BucketStore:
     """A mirror store in a bucket: read by any number of replicas, written by any number
     of importers, maintained by scrub and prune (:mod:`cmh.hub.mirror.bucket_prune`)."""
 
-    def __init__(
-        self,
-        objects: ObjectStore,
-        *,
-        write_window: float = WRITE_WINDOW,
-        lease_ttl: float = LEASE_TTL,
-        lease_poll: float = LEASE_POLL,
-        clock: Clock | None = None,  # None: this process's (cmh.hub.cache._clock)
-        on_notice: NoticeCallback | None = None,
-    ) -> None:
-        self.objects = objects
-        self.write_window = write_window
-        self.lease_ttl = lease_ttl
-        self.lease_poll = lease_poll
-        self.clock = clock if clock is not None else process_clock()
-        self.on_notice = on_notice
-        self._conditional_writes_checked = False
-        self._leases: dict[str, str] = {}  # lease object -> ETag of a lease held here
+    objects: ObjectStore
+    _: KW_ONLY
+    write_window: float = WRITE_WINDOW
+    lease_ttl: float = LEASE_TTL
+    lease_poll: float = LEASE_POLL
+    clock: Clock = field(default_factory=process_clock)  # this process's (cmh.hub.cache._clock)
+    on_notice: NoticeCallback | None = None
+    _conditional_writes_checked: bool = field(default=False, init=False)
+    #: lease object -> ETag of a lease held here
+    _leases: dict[str, str] = field(default_factory=dict, init=False)
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:

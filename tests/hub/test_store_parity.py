@@ -346,7 +346,11 @@ def test_page_verification_reads_through_the_store(served: Served) -> None:
         got = StampCache().verify(store, index, entry)
         stamp = StampCache().stamp(store, entry)
     want = verify_file(served.minilm_dir / "model.safetensors")
-    assert (got.ok, got.outcome, got.mismatched) == (want.ok, want.outcome, want.mismatched)
+    assert (got.result.ok, got.result.outcome, got.result.mismatched) == (
+        want.result.ok,
+        want.result.outcome,
+        want.result.mismatched,
+    )
     assert stamp.tensor_count > 100 and not stamp.stamped
 
 

@@ -45,7 +45,7 @@ from .._bucket import BucketError, BucketStore, TreeFile, TreeObject
 from .._gitobjects import lfs_pointer_oid, tree_oids
 from .._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from ._bucket import _storage_errors
-from ._pull import FillFailed, SentRanges
+from ._pull import FillFailed, FillWait, SentRanges
 
 if TYPE_CHECKING:
     from cmh.hub.resolver import RemoteFile
@@ -733,7 +733,7 @@ class PartTail:
 
     async def read(self, pos: int, count: int) -> bytes:
         n = pos // PART
-        finished_once = False
+        waiting = FillWait(self.fill, "the filled blob is not in the store", READ_POLL)
         while True:
             if self._segment is not None and self._segment[0] == n:
                 data = self._segment[1]
@@ -748,14 +748,7 @@ class PartTail:
             if loaded is not None:
                 self._segment = (n, loaded)
                 continue
-            if self.fill.done():
-                if self.fill.exception() is not None:
-                    raise FillFailed(f"fill failed: {self.fill.exception()}")
-                if finished_once:
-                    raise FillFailed("the filled blob is not in the store")
-                finished_once = True
-                continue
-            await asyncio.wait([self.fill], timeout=READ_POLL)
+            await waiting.wait()
 
     def ranges_match(self, sent: SentRanges) -> bool:
         try:

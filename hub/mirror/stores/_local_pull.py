@@ -25,7 +25,7 @@ from cmh.hub.cache import COMMIT_RE, RepoLayout, process_clock, repo_lock
 
 from cmh import atomic_write
 
-from ._pull import FillFailed, SentRanges
+from ._pull import FillWait, SentRanges
 
 if TYPE_CHECKING:
     from cmh.hub.resolver import RemoteFile
@@ -258,7 +258,7 @@ class FileTail:
         return True
 
     async def read(self, pos: int, count: int) -> bytes:
-        finished_once = False
+        waiting = FillWait(self.fill, "the filled blob is shorter than listed", POLL)
         while True:
             if self.fd is None:
                 self._open()
@@ -269,15 +269,8 @@ class FileTail:
                 if self._replaced():
                     self.close()
                     continue
-            if self.fill.done():
-                if self.fill.exception() is not None:
-                    raise FillFailed(f"fill failed: {self.fill.exception()}")
-                if finished_once:
-                    raise FillFailed("the filled blob is shorter than listed")
-                finished_once = True
+            if await waiting.wait():
                 self.close()  # read the installed blob from now on
-                continue
-            await asyncio.wait([self.fill], timeout=POLL)
 
     def ranges_match(self, sent: SentRanges) -> bool:
         try:

@@ -28,6 +28,30 @@ class FillFailed(OSError):
     """The fill ended without installing the blob, or the bytes sent are not the blob's."""
 
 
+class FillWait:
+    """What a :class:`FillReader` does when it finds no new bytes: wait a poll for the fill,
+    fail when the fill failed, and fail with ``short`` when the fill had already ended at
+    the previous look (a reader looks once more after the fill ends)."""
+
+    def __init__(self, fill: asyncio.Future[None], short: str, poll: float) -> None:
+        self.fill = fill
+        self.short = short
+        self.poll = poll
+        self._ended = False
+
+    async def wait(self) -> bool:
+        """Wait for more; True the first time the fill is seen ended (look once more)."""
+        if not self.fill.done():
+            await asyncio.wait([self.fill], timeout=self.poll)
+            return False
+        if self.fill.exception() is not None:
+            raise FillFailed(f"fill failed: {self.fill.exception()}")
+        if self._ended:
+            raise FillFailed(self.short)
+        self._ended = True
+        return True
+
+
 class FillReader(Protocol):
     """Reads a blob while it is filled: what has arrived, then the installed blob."""
 

@@ -29,6 +29,8 @@ from .._scrub_history import ScrubView
 from .._store import StoreError
 
 if TYPE_CHECKING:
+    from cmh import VerifyResult
+
     from .._history import CommitRecord
     from ..stores import MirrorStore
 from ._session import Viewer
@@ -74,13 +76,10 @@ class FileStamp:
 
 @dataclass(frozen=True)
 class Verification:
-    """The outcome of ``cmh.verify`` on a file (tensors hashed against the manifest)."""
+    """The verdict of ``cmh.verify`` on a file (tensors hashed against the manifest) and
+    when it was reached."""
 
-    ok: bool
-    outcome: str
-    message: str
-    mismatched: tuple[str, ...]
-    signature_checked: bool
+    result: VerifyResult
     at: float
 
 
@@ -186,14 +185,7 @@ def verify_file(path: Path, trusted_keys: Any = None) -> Verification:
     from cmh import verify
 
     result = verify(path, trusted_keys=trusted_keys, require_signature=False, allow_expired=True)
-    return Verification(
-        ok=result.ok,
-        outcome=result.outcome.value,
-        message=result.message,
-        mismatched=result.mismatched,
-        signature_checked=result.signature_checked,
-        at=time.time(),
-    )
+    return Verification(result, time.time())
 
 
 # -- repos -----------------------------------------------------------------------------
