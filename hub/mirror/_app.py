@@ -637,7 +637,7 @@ async def _resolve_filling(
     try:
         source = state.upstream.pull.reader(route.repo_type, route.repo_id, entry, fill)
         request[BYTES_KEY] = await send_filling(
-            request, response, fill, source, entry.etag, entry.size, pieces, tail
+            request, response, fill, source, entry, pieces, tail
         )
     except (BodyCut, FillFailed) as cut:
         request[BYTES_KEY] = getattr(cut, "sent", 0)

@@ -37,6 +37,7 @@ from ._send import BodyCut
 from .stores import FillFailed, FillReader, SentRanges
 
 if TYPE_CHECKING:
+    from ._index import FileEntry
     from ._upstream import Upstream
 
 CHUNK = 1 << 20
@@ -114,17 +115,18 @@ async def send_filling(
     response: web.StreamResponse,
     fill: asyncio.Future[None],
     source: FillReader,
-    etag: str,
-    size: int,
+    entry: FileEntry,
     pieces: list[tuple[bytes, int, int]],
     tail: bytes = b"",
 ) -> int:
-    """Send ``(prefix, offset, count)`` pieces of a filling blob, then ``tail``; bytes sent.
+    """Send ``(prefix, offset, count)`` pieces of ``entry``'s filling blob, then ``tail``;
+    bytes sent.
 
     ``response`` is prepared. The last byte is sent only once the fill has
     installed the blob and what was sent is checked against it; otherwise the
     connection is aborted and :class:`~cmh.hub.mirror._send.BodyCut` raised.
     """
+    etag, size = entry.etag, entry.size
     whole = len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == size and not tail
     digest = new_digest(etag, size) if whole else None
     sent_ranges: SentRanges = []  # h: SHA-256 of each range sent
