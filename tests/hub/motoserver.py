@@ -57,15 +57,40 @@ def have_moto() -> bool:
     return importlib.util.find_spec("moto") is not None
 
 
+# moto's server checks ``If-Match``/``If-None-Match`` and then writes, with no lock between
+# (moto/s3/responses.py ``put_object``): two racing conditional PUTs can both succeed, which
+# real S3 and SeaweedFS never let happen (a loaded machine showed it: one lost commit in 20
+# racing pairs). So that moto stands for the conditional-write storage it emulates, its PUTs
+# and DELETEs of objects are decided one at a time; everything else runs as moto runs it.
+LAUNCHER = """
+import sys, threading
+from moto.s3.responses import S3Response
+from moto.server import main
+
+_decide = threading.Lock()
+
+def _one_at_a_time(method):
+    def run(self, *args, **kwargs):
+        with _decide:
+            return method(self, *args, **kwargs)
+    return run
+
+S3Response.put_object = _one_at_a_time(S3Response.put_object)
+S3Response.delete_object = _one_at_a_time(S3Response.delete_object)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 class MotoServer:
-    """``python -m moto.server`` on a free 127.0.0.1 port with :data:`BUCKET` created."""
+    """moto's server (its PUTs decided atomically, see :data:`LAUNCHER`) on a free
+    127.0.0.1 port with :data:`BUCKET` created."""
 
     def __init__(self, log: Path) -> None:
         self.port = _free_port()
         self.log = log
         with open(log, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, "-c", LAUNCHER, "-H", "127.0.0.1", "-p", str(self.port)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
             )  # fmt: skip
