@@ -186,7 +186,7 @@ def test_a_named_cache_folder_has_its_own_freshness(
 
 # -- item 3 and the URL of item 6: missing files offline and online -----------------------------
 
-from test_dropin_hook import REPO, installed, toy  # noqa: E402, F401 (the hook tests' fixtures)
+from test_dropin_hook import REPO, aim_stock_client, installed, toy  # noqa: E402, F401 (the hook tests' fixtures)
 
 
 def _no_exist(cache: Path) -> list[str]:
@@ -265,7 +265,6 @@ def test_expiry_warning_once_per_repo_and_process(
     import cmh.hub as hub
     import huggingface_hub
     from cmh.hub.mirror import add_folder
-    from huggingface_hub import constants
     from resolver_support import write_checkpoint_repo
 
     import cmh
@@ -274,15 +273,7 @@ def test_expiry_warning_once_per_repo_and_process(
     cmh.stamp(src / "model.safetensors", ttl="1d", now=1_700_000_000)  # expired long ago
     commit = add_folder(tmp_path / "store", src, REPO).commit
     server = mirror_server_factory(tmp_path / "store")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setattr(constants, "ENDPOINT", server.url)
-    monkeypatch.setattr(
-        constants,
-        "HUGGINGFACE_CO_URL_TEMPLATE",
-        server.url + "/{repo_id}/resolve/{revision}/{filename}",
-    )
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    aim_stock_client(monkeypatch, server.url, tmp_path / "cache")
     assert hub.install()
     try:
         caplog.set_level("WARNING", logger="cmh.hub")

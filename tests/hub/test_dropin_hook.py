@@ -14,11 +14,23 @@ from resolver_support import write_checkpoint_repo
 REPO = "org/hooked"
 
 
+def aim_stock_client(monkeypatch: pytest.MonkeyPatch, url: str, cache: Path) -> None:
+    """Point this process's huggingface_hub at the Hub ``url`` and the cache ``cache``, online."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
 @pytest.fixture
 def toy(tmp_path: Path, mirror_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A stamped repo on its own ``cmh serve``; the default cache points at ``tmp_path``."""
     from cmh.hub.mirror import add_folder
-    from huggingface_hub import constants
 
     src = write_checkpoint_repo(tmp_path / "src", 1, ttl="30d")
     (src / "sub").mkdir()
@@ -27,16 +39,8 @@ def toy(tmp_path: Path, mirror_server_factory: Any, monkeypatch: pytest.MonkeyPa
     add_folder(store, src, REPO)
     server = mirror_server_factory(store)
     cache = tmp_path / "cache"
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    aim_stock_client(monkeypatch, server.url, cache)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setattr(constants, "ENDPOINT", server.url)
-    monkeypatch.setattr(
-        constants,
-        "HUGGINGFACE_CO_URL_TEMPLATE",
-        server.url + "/{repo_id}/resolve/{revision}/{filename}",
-    )
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
     class Toy:
         pass
