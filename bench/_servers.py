@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub"))
+from processes import stop_process
 
-def stop(proc: subprocess.Popen[str] | subprocess.Popen[bytes], timeout: float = 15) -> None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds; waits for the process either way."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+__all__ = ["nginx_config", "stop_process"]
 
 
 def nginx_config(tmp: Path, workers: int, access_log: bool, servers: str) -> str:

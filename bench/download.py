@@ -54,7 +54,7 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _servers import stop  # noqa: E402
+from _servers import stop_process  # noqa: E402
 from _synthetic import make_versions  # noqa: E402
 from _timing import durable_kernel_copy, warm  # noqa: E402
 
@@ -97,7 +97,7 @@ def start_url_process(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     line = proc.stdout.readline()
     match = re.search(r"http://127\.0\.0\.1:\d+", line)
     if not match:
-        stop(proc)
+        stop_process(proc)
         sys.exit(f"{args[2:4]} did not start: {line!r}")
     return proc, match.group(0)
 
@@ -249,9 +249,9 @@ def main() -> int:
                     results[(link.name, scenario, client)] = value
             finally:
                 if proxy is not None:
-                    stop(proxy)
+                    stop_process(proxy)
     finally:
-        stop(server)
+        stop_process(server)
         shutil.rmtree(scratch, ignore_errors=True)
     load_after = os.getloadavg()
 

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "tests" / "hub"))  # the Hub-like front is a test 
 from hublike import HubLike, running  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from _servers import stop  # noqa: E402
+from _servers import stop_process  # noqa: E402
 
 #: Starts a mirror on an empty cache (a folder to use) and yields the base URLs of its
 #: servers (one, or one per replica); raises :class:`Skipped` when it cannot run.
@@ -126,7 +126,7 @@ def process(
             wait_port(port, proc, log)
             yield
         finally:
-            stop(proc)
+            stop_process(proc)
 
 
 def cmh_serve(store: Path | str, port: int, upstream: str | None = None) -> list[str]:

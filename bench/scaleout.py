@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub")
 from seaweed import SeaweedServer, find_weed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _servers import nginx_config, stop
+from _servers import nginx_config, stop_process
 
 REPO = "bench/scaleout"
 TARGETS = {"redirect": 0.9, "proxy": 0.8, "x-accel": 0.9}
@@ -265,7 +265,7 @@ def main() -> int:
             best = measure(args, tmp, weed, nginx, procs)
         finally:
             for proc in procs:
-                stop(proc, timeout=10)
+                stop_process(proc, grace=10)
             weed.stop()
     failed = []
     for name, rate in best.items():

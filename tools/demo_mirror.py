@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub"))
+from mirror_support import hf_env  # the stock-client environment the tests use
+from processes import stop_process
 
 CMH = [sys.executable, "-m", "cmh.cli.main"]
 REPO = "demo/all-MiniLM-L6-v2-stamped"
@@ -45,22 +48,6 @@ print(json.dumps({"model": type(model).__name__, "same_weights": same,
                   "shape": list(out.shape), "cached": weights, "verify_ok": check.ok,
                   "outcome": str(getattr(check, "outcome", ""))}))
 """
-
-
-def client_env(base: Mapping[str, str], url: str, home: Path, **extra: str) -> dict[str, str]:
-    """``base`` without its Hugging Face settings, for a stock client of the mirror at ``url``
-    with its cache in ``home`` (no Xet, telemetry or progress bars), plus ``extra``."""
-    env = {k: v for k, v in base.items() if not k.startswith(("HF_", "HUGGING"))}
-    env.update(
-        HF_ENDPOINT=url,
-        HF_HOME=str(home),
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        TRANSFORMERS_VERBOSITY="error",
-    )
-    env.update(extra)
-    return env
 
 
 def _cmh(*args: str) -> str:
@@ -111,7 +98,7 @@ def run(work_dir: Path, model_dir: Path) -> str:
     _cmh("mirror", "ls", "--store", str(store))
     proc, url = _start_server(store, log)
     try:
-        env = client_env(os.environ, url, home, DEMO_REPO=REPO, DEMO_LOCAL=str(model_dir))
+        env = {**hf_env(url, home), "DEMO_REPO": REPO, "DEMO_LOCAL": str(model_dir)}
         print(f"$ HF_ENDPOINT={url} python -c 'AutoModel.from_pretrained(\"{REPO}\") ...'")
         loaded = subprocess.run(
             [sys.executable, "-c", LOAD_SCRIPT], env=env, capture_output=True, text=True
@@ -120,8 +107,7 @@ def run(work_dir: Path, model_dir: Path) -> str:
             raise RuntimeError(f"loading through the mirror failed:\n{loaded.stderr[-3000:]}")
         result = json.loads(loaded.stdout.strip().splitlines()[-1])
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
+        code = stop_process(proc, grace=30)
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     gets = [e for e in entries if e["method"] == "GET" and e["route"] == "resolve"]
     heads = [e for e in entries if e["method"] == "HEAD"]

@@ -10,7 +10,6 @@ pull-through mirror's ``/metrics``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,8 @@ import sys
 from pathlib import Path
 from urllib.request import Request, urlopen
 
-from demo_mirror import client_env, serving
+from demo_mirror import serving
+from mirror_support import hf_env  # tests/hub is on the path (demo_mirror)
 
 CLIENT = r"""
 import hashlib, json, os
@@ -39,7 +39,7 @@ def _upstream_counters(url: str) -> tuple[float, float]:
 
 
 def _load(url: str, home: Path, repo: str) -> str:
-    env = client_env(os.environ, url, home, DEMO_REPO=repo)
+    env = {**hf_env(url, home), "DEMO_REPO": repo}
     proc = subprocess.run([sys.executable, "-c", CLIENT], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"FAILED: the stock client could not load {repo}:\n{proc.stderr[-2000:]}")

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +23,8 @@ from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "hub"))
-from demo_mirror import client_env  # noqa: E402
+from mirror_support import hf_env  # noqa: E402
+from processes import stop_process  # noqa: E402
 from seaweed import SeaweedServer, find_weed  # noqa: E402
 
 CMH = [sys.executable, "-m", "cmh.cli.main"]
@@ -92,7 +92,7 @@ def seaweed_env(weed: SeaweedServer, base: Path) -> dict[str, str]:
 
 
 def _load(env: dict[str, str], url: str, home: Path, model_dir: Path) -> dict[str, object]:
-    client = client_env(env, url, home, DEMO_REPO=REPO, DEMO_LOCAL=str(model_dir))
+    client = {**hf_env(url, home, base=env), "DEMO_REPO": REPO, "DEMO_LOCAL": str(model_dir)}
     print(f"$ HF_ENDPOINT={url} python -c 'AutoModel.from_pretrained(\"{REPO}\")'", flush=True)
     done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT], env=client, capture_output=True,
                           text=True)  # fmt: skip
@@ -106,13 +106,7 @@ def _load(env: dict[str, str], url: str, home: Path, model_dir: Path) -> dict[st
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, grace=30)
 
 
 def run(work_dir: Path, model_dir: Path) -> str:

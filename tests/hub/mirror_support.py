@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from urllib.request import urlopen
 
 from cmh.hub.cache import CLOCK_FILE_ENV
 from cmh.hub.mirror._store import ImportResult, add_folder
+from processes import stop_process
 
 START_TIMEOUT = 30.0
 _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
@@ -206,13 +207,7 @@ class MirrorServer:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM the server and wait; returns its exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout)
         if self.process.stdout is not None:
             self.process.stdout.close()
         self._stderr.close()
@@ -245,9 +240,14 @@ def raw_request(
     return status, headers, body
 
 
-def hf_env(url: str, home: Path, token: str | None = None) -> dict[str, str]:
-    """Environment for a stock-client subprocess pointed at the mirror (and nowhere else)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+def hf_env(
+    url: str, home: Path, token: str | None = None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Environment for a stock-client subprocess pointed at the mirror at ``url`` and
+    nowhere else: ``base`` (default ``os.environ``) without its Hugging Face settings,
+    the cache in ``home``, no Xet, telemetry or progress bars."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if not k.startswith(("HF_", "HUGGING"))}
     env.update(
         HF_ENDPOINT=url,
         HF_HOME=str(home),

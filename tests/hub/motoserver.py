@@ -34,6 +34,7 @@ from pathlib import Path
 from urllib.request import Request, urlopen
 
 import pytest
+from processes import stop_process
 
 BUCKET = "cmh-moto"
 ACCESS_KEY = "moto-access"
@@ -112,13 +113,7 @@ class MotoServer:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, grace=5)
 
 
 class HeaderDroppingProxy:

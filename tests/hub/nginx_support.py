@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cmh.hub.mirror._xaccel import nginx_server
+from processes import stop_process
 
 
 def find_nginx() -> str | None:
@@ -68,10 +68,4 @@ class Nginx:
         raise RuntimeError("nginx did not listen")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, grace=5)

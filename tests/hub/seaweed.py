@@ -51,6 +51,7 @@ from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
+from processes import stop_process
 
 ACCESS_KEY = "cmh-test-access"
 SECRET_KEY = "cmh-test-secret"
@@ -269,13 +270,7 @@ class SeaweedServer:
         process, self.process = self.process, None
         if process is None:
             return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(grace)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, grace)
         if self._short_dir is not None:
             shutil.rmtree(self._short_dir, ignore_errors=True)
             self._short_dir = None
