@@ -5,6 +5,7 @@ Each test names the finding it covers; each failed on the code before its fix.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable
@@ -631,13 +632,10 @@ def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: P
     listener.listen(16)
     accepted: list[socket.socket] = []
 
-    def hold() -> None:  # accept and read, never answer
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            accepted.append(conn)
+    def hold() -> None:  # accept, never answer; ends when the listener is closed
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
 
     threading.Thread(target=hold, daemon=True).start()
     port = listener.getsockname()[1]
