@@ -159,6 +159,12 @@ def set_metadata(**values: str | None) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def stale_xxh3(src: Path, dst: Path) -> Path:
+    """Copy ``src`` to ``dst`` with each ``cmh.xxh3`` digest replaced by a wrong one."""
+    count = len(split(src)[0]["__metadata__"]["cmh.xxh3"].split(","))
+    return rewrite(src, dst, set_metadata(cmh_xxh3=",".join(["0" * 31 + "1"] * count)))
+
+
 def record_of(path: Path) -> bytes:
     return bytes.fromhex(split(path)[0]["__metadata__"]["cmh"])
 
@@ -739,9 +745,7 @@ def contents_and_signatures(b: Builder) -> None:
     flip_byte(b.file("tensor-mismatch"), "bias")
     b.add("tensor-mismatch", "a tensor byte changed", "9", "tensor_mismatch")
 
-    meta = split(base)[0]["__metadata__"]
-    stale = ",".join("0" * 31 + "1" for _ in meta["cmh.xxh3"].split(","))
-    rewrite(base, b.file("xxh3-stale"), set_metadata(cmh_xxh3=stale))
+    stale_xxh3(base, b.file("xxh3-stale"))
     b.add(
         "xxh3-stale",
         "XXH3 manifest wrong, bytes right: only fast mode reads it",
@@ -1013,10 +1017,7 @@ def more_contents_and_signatures(b: Builder) -> None:
         expires_at=expiry_of(signed),
     )
     # Fast mode falls back to full with bit0 clear: a stale cmh.xxh3 is then not read.
-    bare = b.file("no-sha256-manifest")
-    meta = split(bare)[0]["__metadata__"]
-    stale = ",".join("0" * 31 + "1" for _ in meta["cmh.xxh3"].split(","))
-    path = rewrite(bare, b.file("fast-fallback-no-sha256"), set_metadata(cmh_xxh3=stale))
+    path = stale_xxh3(b.file("no-sha256-manifest"), b.file("fast-fallback-no-sha256"))
     b.add(
         "fast-fallback-no-sha256",
         "bit0 clear and a stale cmh.xxh3: fast mode must hash with SHA-256 instead",
