@@ -182,13 +182,20 @@ def main() -> int:
     ).returncode
     assert refused != 0, "model_signing accepted a file it did not sign"
 
+    gib = size / GIB
+    print(f"file: {gib:.2f} GiB, {args.tensors} tensors, page cache warm, {os.cpu_count()} cores")
+    print(f"setup: cmh stamp --sign-key {stamp_s:.2f} s; model_signing sign key {sign_s:.2f} s")
+    print_times(times, gib)
+    return 0
+
+
+def print_times(times: dict[str, list[float]], gib: float) -> None:
+    """The table of wall times (best and median per command) and the ratio to the target."""
     best = {k: min(v) for k, v in times.items()}
     median = {k: statistics.median(v) for k, v in times.items()}
-    gib = size / GIB
     cores = os.cpu_count()
-    print(f"file: {gib:.2f} GiB, {args.tensors} tensors, page cache warm, {cores} cores")
-    print(f"setup: cmh stamp --sign-key {stamp_s:.2f} s; model_signing sign key {sign_s:.2f} s")
-    print(f"wall seconds, process start to exit, {args.repeat} alternating runs (best / median):")
+    repeat = len(times["cmh"])
+    print(f"wall seconds, process start to exit, {repeat} alternating runs (best / median):")
     rows = (
         ("cmh", "cmh verify --key --require-signature (SHA-256)"),
         ("ms", "model_signing verify key (SHA-256)"),
@@ -210,7 +217,6 @@ def main() -> int:
         f"{median['ms'] / median['cmh']:.2f}x median ({verdict} the {TARGET:.0f}x target)"
     )
     print(f"ratio model_signing / cmh --fast: {best['ms'] / best['fast']:.2f}x best-of")
-    return 0
 
 
 if __name__ == "__main__":
