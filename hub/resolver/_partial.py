@@ -91,9 +91,10 @@ class PatchPlan:
 
 @dataclass(frozen=True)
 class PatchResult:
-    bytes_received: int
+    """What an update took from the old blob, and the check's warnings (the bytes it
+    received are counted in the job's tally)."""
+
     bytes_reused: int
-    requests: int
     warnings: tuple[str, ...]
 
 
@@ -308,7 +309,6 @@ def patch_blob(
     version is unstamped.
     """
     client, remote = job.client, job.remote
-    requests_before, received_before = client.requests, job.tally.total
     source = Source(client, Located(job.url))  # after the first redirect, go where it led
     header, prefix = fetch_header(client, source.url, remote.size)
     job.tally.add(len(prefix), shown=False)
@@ -351,12 +351,7 @@ def patch_blob(
         raise
     install_blob(job.repo, remote.etag, update.target, check)
     discard(log_path)
-    return PatchResult(
-        bytes_received=job.tally.total - received_before,
-        bytes_reused=plan.copied_bytes,
-        requests=client.requests - requests_before,
-        warnings=tuple(check.warnings),
-    )
+    return PatchResult(bytes_reused=plan.copied_bytes, warnings=tuple(check.warnings))
 
 
 def _assemble(update: _Update, check: ContentCheck) -> None:
