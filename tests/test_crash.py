@@ -60,7 +60,7 @@ def test_sigkill_during_first_stamp_leaves_a_loadable_file(tmp_path: Path) -> No
         assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        time.sleep(chooser.uniform(0, duration * 1.1))
+        time.sleep(chooser.uniform(0, duration * 1.1))  # a kill point inside the real stamping
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         loaded = load_file(str(work))

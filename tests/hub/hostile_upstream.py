@@ -98,7 +98,7 @@ class HostileHub(LoopServer):
         path = request.path
         api = f"/api/models/{self.repo_id}/"
         if path.startswith(api + "revision/"):
-            if self.revision_delay:
+            if self.revision_delay:  # a Hub slow to answer: the client's timeouts are real
                 await asyncio.sleep(self.revision_delay)
             doc: dict[str, Any] = {"id": self.repo_id, "sha": COMMIT, "private": False}
             if self.siblings:
@@ -140,7 +140,7 @@ class HostileHub(LoopServer):
             data = self.files.get(file_path)
             if data is None:
                 return web.Response(status=404, headers={"X-Error-Code": "EntryNotFound"})
-            if request.method == "GET" and self.resolve_delay:
+            if request.method == "GET" and self.resolve_delay:  # no first byte for a while
                 await asyncio.sleep(self.resolve_delay)
             headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": COMMIT}
             if request.method == "HEAD" or not self.overlong:

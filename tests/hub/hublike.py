@@ -773,6 +773,7 @@ class HubLike:
             await response.write(chunk[:head])
             exchange.bytes_sent += head
             chunk = chunk[head:]
+            # A stalled body is a fault of real seconds: the client's read timeout sees it.
             await asyncio.sleep(plan.stall_seconds)
             plan.stall_at = None
             if request.transport is None or request.transport.is_closing():

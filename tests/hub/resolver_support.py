@@ -154,7 +154,7 @@ class FaultProxy(LoopServer):
                 await response.prepare(request)
                 for i in range(0, len(payload), 1 << 16):
                     await response.write(payload[i : i + (1 << 16)])
-                    await asyncio.sleep(self.delay)
+                    await asyncio.sleep(self.delay)  # a slow link, not a wait
                 await response.write_eof()
                 return response
             if fault is not None and fault.kind == "status":

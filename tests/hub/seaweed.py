@@ -159,6 +159,7 @@ class SeaweedServer:
         if process is not None:
             process.kill()
             process.wait()
+        # The outage itself: its clients' socket timeouts and retries run on real time.
         time.sleep(down_for)
         self._start(keep_ports=True)
 

@@ -94,6 +94,8 @@ def test_a_good_check_is_recorded_and_another_worker_takes_it_without_hashing(
     fd = os.open(blob, os.O_RDONLY)
     version = FileVersion.of(fd)
     os.close(fd)
+    # 0.15 s here: a check is remembered only once the kernel's file times lie this far
+    # behind; those are the file system's, which no injected clock moves.
     time.sleep(verify.racy_seconds(version) + 0.05)
     record = record_path(blob, blob.name)
     assert record is not None and read_record(record) == version  # mirror add recorded it

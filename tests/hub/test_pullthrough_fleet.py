@@ -27,7 +27,7 @@ from cmh.hub.mirror._bucket import BucketStore
 from cmh.hub.mirror._objectstore import ObjectStoreError
 from cmh.hub.mirror._store import add_folder
 from hublike import HubLike, running
-from mirror_support import MirrorServer, hf_env, run_python
+from mirror_support import MirrorServer, ProcessClock, hf_env, run_python
 from seaweed import SeaweedBucket
 
 BIG_REPO = "fleet/big"
@@ -115,7 +115,9 @@ class Fleet:
         self.env = env
         self.replicas: list[MirrorServer] = []
 
-    def start(self, *extra: str, lease_ttl: float = 3.0) -> MirrorServer:
+    def start(
+        self, *extra: str, lease_ttl: float = 3.0, clock: ProcessClock | None = None
+    ) -> MirrorServer:
         saved = dict(os.environ)
         os.environ.update(self.env)
         os.environ["CMH_FILL_LEASE_TTL"] = str(lease_ttl)
@@ -132,6 +134,7 @@ class Fleet:
                     "0.5",
                     *extra,
                 ),
+                clock=clock,
             )
         finally:
             os.environ.clear()
@@ -511,11 +514,13 @@ def _revision_asks(front: HubLike, revision: str) -> int:
     return len(front.records(origin="hub", path=f"/api/models/{SMALL_REPO}/revision/{revision}$"))
 
 
-def test_fleet_keeps_local_pull_through_behaviour(any_fleet: Fleet, origin: dict[str, Any]) -> None:
+def test_fleet_keeps_local_pull_through_behaviour(
+    any_fleet: Fleet, origin: dict[str, Any], process_clock: ProcessClock
+) -> None:
     """Freshness per fleet, pinned commits, typed errors, tokens, manifests, stale answers."""
     fleet = any_fleet
     sha = origin["blobs"][SMALL_REPO]
-    a, b = fleet.start("--fresh-for", "3s"), fleet.start("--fresh-for", "3s")
+    a, b = (fleet.start("--fresh-for", "3s", clock=process_clock) for _ in range(2))
     store = fleet.store()
     status, _, body = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
     assert status == 200, (body, a.stderr_text()[-3000:])
@@ -547,7 +552,7 @@ def test_fleet_keeps_local_pull_through_behaviour(any_fleet: Fleet, origin: dict
     _wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")
     status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
     assert status == 200 and len(json.loads(body)["tensors"]) == 4
-    time.sleep(3.2)  # --fresh-for passes (the replicas' own clocks: no way to inject one)
+    process_clock.advance(3.2)  # --fresh-for passes on both replicas
     # A commit id never revalidates.
     before = len(fleet.front.records(origin="hub", path="/revision/"))
     for server in (a, b):
@@ -560,7 +565,7 @@ def test_fleet_keeps_local_pull_through_behaviour(any_fleet: Fleet, origin: dict
         )
     assert answers == [200, 200]
     assert _revision_asks(fleet.front, "main") == 2
-    time.sleep(3.2)
+    process_clock.advance(3.2)
     # The upstream failing: the held copy answers, with a Warning.
     fleet.front.fail(503, times=50, path=f"/api/models/{SMALL_REPO}/revision/main")
     status, headers, _ = _get(a, f"/api/models/{SMALL_REPO}/revision/main")

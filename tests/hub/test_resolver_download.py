@@ -367,7 +367,9 @@ def test_an_expired_cdn_url_sends_the_chunk_back_through_the_hub(repo):
             with lock:
                 if not deadline:
                     deadline.append(time.monotonic() + 2.2)
-            # Every connection waits until the URLs issued so far have expired ...
+            # Every connection waits until the URLs issued so far have expired ... (a real
+            # wait: moving the front's clock instead also expires a URL between its issue and
+            # its first use, which the resolver rightly takes for a refusal, not an expiry)
             time.sleep(max(0.0, deadline[0] - time.monotonic()))
             front.url_lifetime = 3600  # ... and those issued from now on last.
 

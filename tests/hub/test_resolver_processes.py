@@ -126,7 +126,7 @@ def test_sigkill_at_random_moments(tmp_path, mirror_server_factory):
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            time.sleep(rng.uniform(0.05, 1.0) * full)
+            time.sleep(rng.uniform(0.05, 1.0) * full)  # a kill point inside the real transfer
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
             ref = layout.read_ref("main")
