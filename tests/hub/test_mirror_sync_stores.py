@@ -80,6 +80,7 @@ class Target:
 def target(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Target:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))  # a bucket's sync cache
     if request.param == "local":
         location = str(tmp_path / "carried")
         return Target("local", location, open_store(Path(location)))
