@@ -261,7 +261,7 @@ class LocalStore:
         self.root.mkdir(parents=True, exist_ok=True)
         before = self._held(repo_type, repo_id, revision)
         res = fetch(self.root)
-        same = before == res.commit and res.bytes_transferred == 0
+        same = before == res.commit and not any(f.bytes_transferred for f in res.files)
         return SyncResult(res, UNCHANGED if same else UPDATED, self.root)
 
     def _held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
