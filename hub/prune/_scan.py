@@ -72,6 +72,26 @@ class SnapshotFile:
 
 
 @dataclass(frozen=True)
+class FillScan:
+    """A bucket pull-through fill's state, ``{repo}/.cmh/fills/{etag}/`` (spec/hub-mirror.md
+    8.6): its lease, part objects and failure record.
+
+    Times are the storage's (each object's Last-Modified) moved onto this process's clock
+    by one offset taken at the scan, so an age is measured on the storage's clock alone.
+    """
+
+    etag: str
+    #: bytes of its objects (the parts hold them)
+    size: int
+    #: when its lease was last written, ``None`` when it has none
+    lease_written: float | None
+    #: the lifetime its holder wrote in the lease (``None``: none readable)
+    lease_ttl: float | None
+    #: when its newest object other than the lease was written (``None``: it has none)
+    newest: float | None
+
+
+@dataclass(frozen=True)
 class RevisionScan:
     """One folder of ``snapshots/``: a revision."""
 
@@ -152,6 +172,9 @@ class RepoScan:
     checked: tuple[Entry, ...] = ()
     commit_meta: tuple[Entry, ...] = ()
     upstream_records: tuple[Entry, ...] = ()
+    #: A bucket's pull-through fills (a folder fills ``blobs/{etag}.incomplete`` under the
+    #: blob lock: those are :attr:`incomplete`).
+    fills: tuple[FillScan, ...] = ()
     #: True when what refs name is served to clients (a bucket store's replicas): a commit
     #: a ref names then goes only by ``--expired --include-referenced``, never by rank,
     #: age or size.
