@@ -29,6 +29,8 @@ from ._housekeeping import adopt_orphans, clean_no_exist
 from ._layout import (
     CHECK_RECORDS,
     COMMIT_RE,
+    CUT_MEMORY,
+    CUT_RECORDS,
     ETAG_RE,
     FILL_LEASE_TTL,
     FILL_STATE,
@@ -52,6 +54,8 @@ __all__ = [
     "CHECK_RECORDS",
     "CLOCK_FILE_ENV",
     "COMMIT_RE",
+    "CUT_MEMORY",
+    "CUT_RECORDS",
     "ETAG_RE",
     "FILL_LEASE_TTL",
     "FILL_STATE",

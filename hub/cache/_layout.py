@@ -118,6 +118,10 @@ FILL_STATE = ".cmh/fills"
 #: seconds a fill lease lives without renewal, unless its holder wrote another lifetime in
 #: it (``cmh serve --fill-lease-ttl``); the pull-through and the pruner both judge by it
 FILL_LEASE_TTL = 30.0
+#: where a mirror records, per repo, when a body of each blob was last cut (spec 8.3)
+CUT_RECORDS = ".cmh/cuts"
+#: seconds after a cut during which ranges of that blob are answered whole (200)
+CUT_MEMORY = 3600.0
 
 
 class _RepoFolder:

@@ -46,6 +46,7 @@ from typing import Any
 from cmh.hub.cache import (
     CHECK_RECORDS,
     COMMIT_RE,
+    CUT_RECORDS,
     ETAG_RE,
     FILL_STATE,
     READ_CHUNK,
@@ -348,6 +349,14 @@ class BucketStore:
     def check_infos(self, folder: str) -> dict[str, ObjectInfo]:
         """Check records of a repo (``.cmh/checked/{etag}``) by blob name."""
         return self._infos(folder, CHECK_RECORDS, ETAG_RE)
+
+    @staticmethod
+    def cut_name(folder: str, etag: str) -> str:
+        return f"{folder}/{CUT_RECORDS}/{etag}"
+
+    def cut_infos(self, folder: str) -> dict[str, ObjectInfo]:
+        """Cut records of a repo (``.cmh/cuts/{etag}``, spec 8.3) by blob name."""
+        return self._infos(folder, CUT_RECORDS, ETAG_RE)
 
     @staticmethod
     def fill_name(folder: str, etag: str) -> str:

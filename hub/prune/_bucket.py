@@ -59,6 +59,7 @@ from ._execute import PruneReport, RepoOutcome
 from ._plan import (
     KIND_BLOB,
     KIND_CHECKED,
+    KIND_CUT,
     KIND_FILL,
     KIND_REF,
     KIND_UPSTREAM,
@@ -67,6 +68,7 @@ from ._plan import (
     PrunePlan,
     PrunePolicy,
     RepoPlan,
+    cut_spent,
     fill_lifetime,
     plan_prune,
     plan_repo,
@@ -151,7 +153,9 @@ def scan_bucket_repo(
     times: StorageTime | None = None,
 ) -> RepoScan:
     """One repo of a bucket as a :class:`RepoScan` (raises :class:`BucketError` on a tree
-    object that is not one); ``times`` reads the storage's clock for the fills' ages."""
+    object that is not one); ``times`` reads the storage's clock for the ages of fills and
+    cut records."""
+    times = times or StorageTime(store)
     refs = tuple(
         RefScan(name, state.commit or None, True, 0.0)
         for name, state in sorted(store.refs(folder).items())
@@ -190,8 +194,21 @@ def scan_bucket_repo(
         upstream_records=tuple(
             Entry(f"{commit}.json", info.size, 0.0) for commit, info in sorted(upstream.items())
         ),
-        fills=_fills(store, folder, times or StorageTime(store)),
+        fills=_fills(store, folder, times),
+        cuts=_cuts(store, folder, times),
     )
+
+
+def _cuts(store: BucketStore, folder: str, times: StorageTime) -> tuple[Entry, ...]:
+    """The cut records of a repo, by when the storage wrote them (none when its clock is
+    unknown: then none goes)."""
+    out = []
+    for etag, info in sorted(store.cut_infos(folder).items()):
+        written = times.local(info.last_modified)
+        if written is None:
+            return ()
+        out.append(Entry(etag, info.size, written))
+    return tuple(out)
 
 
 def _fills(store: BucketStore, folder: str, times: StorageTime) -> tuple[FillScan, ...]:
@@ -365,8 +382,9 @@ class _RepoDeleter:
 
     def run(self) -> None:
         store, shown = self.store, self.shown
+        times = StorageTime(store)
         repo = scan_bucket_repo(store, shown.repo_type, shown.repo_id, shown.folder,
-                                self.plan.policy.expired)  # fmt: skip
+                                self.plan.policy.expired, times=times)  # fmt: skip
         shown_commits = {r.commit for r in shown.revisions}
         evicted = [r.commit for r in shown.revisions if OVER_SIZE in r.reasons]
         fresh = plan_repo(repo, self.plan.policy, self.plan.now, evicted, only=shown_commits)
@@ -394,11 +412,23 @@ class _RepoDeleter:
             if item.kind == KIND_CHECKED:
                 self.delete(item.path, 0)
                 self.outcome.items.append(item)
+        for item in items:
+            if item.kind == KIND_CUT and self.cut_still_spent(item.path, times):
+                self.delete(item.path, 0)
+                self.outcome.items.append(item)
         fills = {store.fill_name(shown.folder, f.etag): f for f in repo.fills}
         for item in items:
             fill = fills.get(item.path)
             if item.kind == KIND_FILL and fill is not None:
                 self.remove_fill(item, fill)
+
+    def cut_still_spent(self, name: str, times: StorageTime) -> bool:
+        """The cut record was not written again since the scan (a cut just now)."""
+        try:
+            written = times.local(self.store.objects.head(name).last_modified)
+        except ObjectNotFound:
+            return False
+        return written is not None and cut_spent(written, self.plan.policy, self.plan.now)
 
     def remove_fill(self, item: ItemRemoval, fill: FillScan) -> None:
         """Delete a fill's state under its own lease, taken as a replica takes it (created,

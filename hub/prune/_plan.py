@@ -23,7 +23,15 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cmh.hub.cache import CHECK_RECORDS, COMMIT_RE, FILL_LEASE_TTL, FILL_STATE, VERIFIED_MARKERS
+from cmh.hub.cache import (
+    CHECK_RECORDS,
+    COMMIT_RE,
+    CUT_MEMORY,
+    CUT_RECORDS,
+    FILL_LEASE_TTL,
+    FILL_STATE,
+    VERIFIED_MARKERS,
+)
 
 from ._scan import REPO_TRASH, ROOT_TRASH, CacheScan, FillScan, RepoScan, etag_of
 
@@ -72,6 +80,7 @@ KIND_CHECKED = "checked"  # a mirror's record of a good blob check (spec/hub-mir
 KIND_COMMIT_META = "commit-meta"
 KIND_UPSTREAM = "upstream-record"
 KIND_FILL = "fill"  # a bucket pull-through fill's state: {repo}/.cmh/fills/{etag}/
+KIND_CUT = "cut-record"  # when a body of a blob was last cut (spec/hub-mirror.md 8.3)
 
 #: Kinds whose size counts as freed (blobs and partial downloads hold the bytes).
 _SIZED_KINDS = frozenset(
@@ -382,6 +391,7 @@ class _RepoPlanner:
         self._snapshots()
         self._blobs()
         self._fills()
+        self._cuts()
         named = self.kept_commits | self.surviving_refs
         self._per_commit(named)
         self._per_blob()
@@ -484,6 +494,14 @@ class _RepoPlanner:
                 continue  # a failure record its waiters still read, parts of a stalled holder
             self.item(KIND_FILL, f"{FILL_STATE}/{f.etag}", reason, f.size)
 
+    def _cuts(self) -> None:
+        """Cut records that no longer change any answer: a cut counts for
+        :data:`CUT_MEMORY` seconds; the in-flight grace on top covers the clocks of the
+        servers that compare it with their own."""
+        for e in self.repo.cuts:
+            if cut_spent(e.mtime, self.policy, self.now):
+                self.item(KIND_CUT, f"{CUT_RECORDS}/{e.name}", STALE)
+
     def _per_commit(self, named: set[str]) -> None:
         """``.no_exist/``, ``trees/``, usage and commit records of revisions that are gone."""
         for kind, entries, prefix in (
@@ -581,6 +599,7 @@ class _RepoPlanner:
             ("snapshots/", self.repo.snapshot_strays),
             ("blobs/", self.repo.blob_temps),
             (".cmh/commits/", self.repo.commit_meta),
+            (f"{CUT_RECORDS}/", self.repo.cuts),  # a recent cut outlives its blob
         ):
             if any(f"{self.folder}/{prefix}{e.name}" not in going for e in entries):
                 return False
@@ -588,6 +607,12 @@ class _RepoPlanner:
             return False
         # A folder with nothing in it at all goes only once it has been there a while.
         return bool(self.removed or self.items) or self.old(self.repo.mtime)
+
+
+def cut_spent(written: float, policy: PrunePolicy, now: float) -> bool:
+    """True when a cut record written at ``written`` no longer changes any answer (the
+    executors check it again just before deleting: a cut may have rewritten it)."""
+    return now - written >= CUT_MEMORY + policy.in_flight_grace
 
 
 def fill_lifetime(fill: FillScan, policy: PrunePolicy) -> float:

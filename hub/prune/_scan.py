@@ -24,6 +24,7 @@ from pathlib import Path
 from cmh.hub.cache import (
     CHECK_RECORDS,
     COMMIT_RE,
+    CUT_RECORDS,
     VERIFIED_MARKERS,
     RepoLayout,
     iter_repos,
@@ -175,6 +176,8 @@ class RepoScan:
     #: A bucket's pull-through fills (a folder fills ``blobs/{etag}.incomplete`` under the
     #: blob lock: those are :attr:`incomplete`).
     fills: tuple[FillScan, ...] = ()
+    #: Records of cut bodies (``.cmh/cuts/{etag}``), by their time of writing.
+    cuts: tuple[Entry, ...] = ()
     #: True when what refs name is served to clients (a bucket store's replicas): a commit
     #: a ref names then goes only by ``--expired --include-referenced``, never by rank,
     #: age or size.
@@ -337,6 +340,7 @@ def scan_repo(
         checked=_entries(path / CHECK_RECORDS),
         commit_meta=commit_meta,
         upstream_records=upstream_records,
+        cuts=_entries(path / CUT_RECORDS),
     )
 
 

@@ -14,6 +14,7 @@ storage's own clock has aged the lease past it (no test can move a Last-Modified
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import pytest
 from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
+from cmh.hub.cache import CUT_MEMORY
 from cmh.hub.mirror import SYSTEM_CLOCK, BucketStore, ObjectNotFound
 from cmh.hub.prune import (
     PrunePlan,
@@ -224,3 +226,51 @@ def test_dry_run_lists_fills_with_reason_and_bytes_and_removes_nothing(
     assert text.exit_code == 0, text.output
     assert "fill x1 (blob-stored)" in text.output
     assert {i.name for i in fills.store.objects.list(FOLDER)} == before
+
+
+def test_cut_records_go_once_they_change_no_answer(fills: Fills) -> None:
+    """``.cmh/cuts/{etag}`` answers ranges of a blob whole for an hour after a cut (8.3);
+    past that (plus the in-flight grace, for the servers' clocks) the record goes, judged by
+    its age on the storage's clock (here at an injected time: no test waits an hour)."""
+    store = fills.store
+    gone, served = "c" * 64, store.cut_name(FOLDER, fills.served)
+    store.objects.put(store.cut_name(FOLDER, gone), f"{time.time():.3f}\n".encode())
+    store.objects.put(served, f"{time.time():.3f}\n".encode())
+    policy = PrunePolicy(in_flight_grace=0)
+    assert not [i for r in planned(store, policy).repos for i in r.items if i.kind == "cut-record"]
+    later = time.time() + CUT_MEMORY + 5
+    plan = plan_prune(scan_bucket(store), policy, now=later)
+    items = sorted((i.path, i.reason) for r in plan.repos for i in r.items)
+    assert items == sorted([(store.cut_name(FOLDER, gone), "stale"), (served, "stale")])
+    report = execute_bucket_plan(store, plan, settle=0, clock=Clock())
+    assert not report.all_errors and len(report.repos[0].items) == 2
+    assert not fills.has(store.cut_name(FOLDER, gone)) and not fills.has(served)
+    assert fills.has(store.blob_name(FOLDER, fills.served))
+
+
+def test_cut_records_of_a_folder_store_go_by_the_same_rule(tmp_path: Path) -> None:
+    from cmh.hub.mirror import open_store
+    from cmh.hub.prune import execute_plan, scan_cache
+
+    root = tmp_path / "store"
+    store = open_store(root)
+    store.create()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(b"served" * 5000)
+    store.add_folder(src, REPO)
+    cuts = root / FOLDER / ".cmh" / "cuts"
+    cuts.mkdir(parents=True)
+    old, recent = cuts / ("a" * 64), cuts / ("b" * 64)
+    for path in (old, recent):
+        path.write_text(f"{time.time():.3f}\n")
+    spent = time.time() - CUT_MEMORY - PrunePolicy().in_flight_grace - 60
+    os.utime(old, (spent, spent))
+    plan = plan_prune(scan_cache(root), PrunePolicy())
+    (repo,) = plan.repos
+    assert [(i.kind, i.path, i.reason) for i in repo.items] == [
+        ("cut-record", f"{FOLDER}/.cmh/cuts/{'a' * 64}", "stale")
+    ]
+    report = execute_plan(plan)
+    assert not report.all_errors
+    assert not old.exists() and recent.exists()

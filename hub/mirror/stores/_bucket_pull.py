@@ -40,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from cmh.hub.cache import COMMIT_RE, FILL_LEASE_TTL, new_digest
+from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, FILL_LEASE_TTL, new_digest
 
 from .._bucket import BucketError, BucketStore, TreeFile, TreeObject
 from .._gitobjects import lfs_pointer_oid, tree_oids
@@ -343,15 +343,13 @@ class BucketPullThrough:
         """``{repo}/.cmh/cuts/{etag}``: the time of the last cut (best effort)."""
         folder = self._folder(repo_type, repo_id)
         with contextlib.suppress(ObjectStoreError):
-            self.objects.put(f"{folder}/.cmh/cuts/{etag}", f"{time.time():.3f}\n".encode())
+            self.objects.put(self.store.cut_name(folder, etag), f"{time.time():.3f}\n".encode())
         with self._lock:
             self._cuts[f"{folder}/{etag}"] = (time.monotonic(), time.time())
 
     def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
         """Read at most once every ``ref_ttl`` seconds per blob; a storage that fails:
         cut (a whole body is always safe)."""
-        from .._cuts import CUT_MEMORY
-
         folder = self._folder(repo_type, repo_id)
         key = f"{folder}/{etag}"
         now = time.monotonic()
@@ -359,7 +357,7 @@ class BucketPullThrough:
             hit = self._cuts.get(key)
         if hit is None or now - hit[0] >= self.cache.ref_ttl:
             try:
-                at = float(self.objects.get(f"{folder}/.cmh/cuts/{etag}"))
+                at = float(self.objects.get(self.store.cut_name(folder, etag)))
             except ObjectNotFound:
                 at = None
             except ValueError:
