@@ -99,7 +99,7 @@ class MirrorState:
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
-STALE_KEY = "cmh_stale_warning"  # request key: the Warning of an answer served stale
+STALE_KEY = web.RequestKey("cmh_stale_warning", str)  # the Warning of an answer served stale
 
 
 def make_app(state: MirrorState, pages: Any = None) -> web.Application:

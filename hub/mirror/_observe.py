@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web import BaseRequest, StreamResponse
+from aiohttp.web import BaseRequest, RequestKey, StreamResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -34,10 +34,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 # Keys a handler sets on the request for the access log and metrics.
-ROUTE_KEY = "cmh_route"
-BYTES_KEY = "cmh_bytes"
-RANGE_KEY = "cmh_range"
-INFO_KEY = "cmh_info"
+ROUTE_KEY = RequestKey("cmh_route", str)
+BYTES_KEY = RequestKey("cmh_bytes", int)
+RANGE_KEY = RequestKey("cmh_range", str)
+INFO_KEY = RequestKey("cmh_info", dict[str, Any])
 
 
 class StoreSizeCollector(Collector):
