@@ -10,9 +10,9 @@ the writers' clocks), and a commit a ref names is served, so only ``--expired
 (``{repo}/.cmh/upstream/{commit}.json``, written by ``cmh serve --upstream``) gives
 its upstream expiry, as in a folder. Objects carry no timestamps into the plan:
 the lease below, not a grace period, keeps an import in flight whole. The one
-exception is a pull-through fill's state (``{repo}/.cmh/fills/{etag}/``): its
-objects' ages, measured on the storage's clock (:class:`StorageTime`), say whether
-its lease is live.
+exception is pull-through state (a fill's ``{repo}/.cmh/fills/{etag}/``, cut records
+``{repo}/.cmh/cuts/{etag}``): ages measured on the storage's clock
+(:class:`StorageTime`) say whether a fill's lease is live and a cut still counts.
 
 :func:`execute_bucket_plan` carries out a plan that was shown:
 
@@ -27,7 +27,8 @@ its lease is live.
    and delete only what both plans name (a subset of what was shown, never
    more): refs, then tree objects, then the freshness records of commits gone,
    then blobs, then the check records of removed blobs (``.cmh/checked/{etag}``),
-   then the state of fills nobody holds, each under its own fill lease taken as a
+   then spent cut records (each unless rewritten since), then the state of fills
+   nobody holds, each under its own fill lease taken as a
    replica takes it (a live one keeps the fill); stop (reported) once half the
    lease's lifetime has passed since it was last rewritten; release the lease.
 
@@ -138,7 +139,7 @@ def scan_bucket(store: BucketStore, *, read_expiry: bool = False) -> CacheScan:
         except BucketError as exc:
             notes.append(f"{repo_id}: {exc}: nothing pruned in this repo")
     if times.error is not None:
-        notes.append(f"pull-through fills kept: cannot read the storage's clock: {times.error}")
+        notes.append(f"fills and cut records kept: cannot read the storage's clock: {times.error}")
     return CacheScan(store.url, started, tuple(repos), read_expiry=read_expiry,
                      notes=tuple(notes))  # fmt: skip
 
