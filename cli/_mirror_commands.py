@@ -269,6 +269,7 @@ class _ServeOptions:
     public_upstream_repos: bool
     fresh_for: int
     stale_if_error: int
+    fill_lease_ttl: float | None
     admin_tokens: Path | None
     keys: tuple[Path, ...]
     blob_delivery: str
@@ -340,6 +341,19 @@ class _ServeOptions:
     "1d",
     "How long past freshness stale content is served when the upstream fails.",
 )
+@click.option(
+    "--fill-lease-ttl",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    callback=lambda ctx, param, value: _fill_lease_ttl(value),
+    help=(
+        "Bucket stores, with --upstream: seconds a replica's lease on a blob it fills lives "
+        "without renewal (renewed every quarter of it); a dead replica's fill is taken over, "
+        "and cmh prune removes its parts, after it. Every replica of a bucket should use the "
+        "same. Default: 30 (1 to 3600)."
+    ),
+)
 @file_option(
     "--admin-tokens", "File of admin tokens (one a line): they open the web operator page."
 )
@@ -394,19 +408,28 @@ def serve(**options: Any) -> None:
     pull = None
     check_hub_url(opt.upstream, "--upstream")
     if opt.upstream is not None:
+        if opt.fill_lease_ttl is not None and not isinstance(opt.store, str):
+            usage_error(
+                "--fill-lease-ttl applies to bucket stores (--store s3://...) only: a folder's "
+                "fills are held by the blob lock, which has no lifetime"
+            )
         pull = UpstreamConfig(
             opt.upstream,
             _read_token(opt.upstream_token_file),
             float(opt.fresh_for),
             float(opt.stale_if_error),
             public_repos=opt.public_upstream_repos,
+            fill_lease_ttl=opt.fill_lease_ttl,
         )
+
         open_store_or_fail(opt.store, existing=False).create()  # a pull-through cache starts empty
         click.echo(_exposure(pull, opt.tokens), err=True)
     elif opt.upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")
     elif opt.public_upstream_repos:
         usage_error("--public-upstream-repos needs --upstream")
+    elif opt.fill_lease_ttl is not None:
+        usage_error("--fill-lease-ttl needs --upstream (it is the lease of a pull-through fill)")
 
     def announce(url: str) -> None:
         plural = "s" if opt.workers > 1 else ""
@@ -424,6 +447,25 @@ def serve(**options: Any) -> None:
     except ServeError as exc:
         usage_error(str(exc))
     raise click.exceptions.Exit(code)
+
+
+#: Bounds of ``--fill-lease-ttl``: renewals every quarter of it need a second or so; a
+#: dead replica's fill waits this long before another replica takes it over.
+FILL_LEASE_TTL_RANGE = (1.0, 3600.0)
+
+
+def _fill_lease_ttl(value: float | None) -> float | None:
+    """``--fill-lease-ttl``, checked (a clear usage error, exit 2, when out of range)."""
+    low, high = FILL_LEASE_TTL_RANGE
+    if value is None:
+        return None
+    if not low <= value <= high:  # also NaN
+        raise click.BadParameter(
+            f"{value:g} seconds is not a lease lifetime: give {low:g} to {high:g} seconds "
+            "(default 30; the holder renews the lease every quarter of it, and a dead "
+            "replica's fill is taken over after it)"
+        )
+    return value
 
 
 def _exposure(pull: UpstreamConfig, tokens: Path | None) -> str:

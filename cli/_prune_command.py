@@ -115,7 +115,8 @@ def prune(**options: Any) -> None:
 
     Policies combine: a revision goes when any of them names it, and the refs
     that name it go with it. Always: orphan blobs, stale *.incomplete files,
-    dangling refs, and .no_exist/, trees/ and lock files of what is gone.
+    dangling refs, and .no_exist/, trees/ and lock files of what is gone; in a
+    bucket store, the parts of pull-through fills whose lease expired.
     Anything touched in the last 10 minutes is left alone. Safe to run while
     the mirror serves and resolvers run: busy repos and revisions in use are
     skipped.

@@ -112,6 +112,16 @@ def parse_repo_folder(name: str) -> tuple[str, str] | None:
 CHECK_RECORDS = ".cmh/checked"
 #: where the resolver marks, per repo, the blobs it hashed against their names
 VERIFIED_MARKERS = ".cmh/verified"
+#: where a bucket pull-through keeps, per repo, each blob's fill: ``{etag}/lease``, its
+#: ``part-NNNNNN`` objects and ``failed`` (spec/hub-mirror.md 8.6)
+FILL_STATE = ".cmh/fills"
+#: seconds a fill lease lives without renewal, unless its holder wrote another lifetime in
+#: it (``cmh serve --fill-lease-ttl``); the pull-through and the pruner both judge by it
+FILL_LEASE_TTL = 30.0
+#: where a mirror records, per repo, when a body of each blob was last cut (spec 8.3)
+CUT_RECORDS = ".cmh/cuts"
+#: seconds after a cut during which ranges of that blob are answered whole (200)
+CUT_MEMORY = 3600.0
 
 
 class _RepoFolder:

@@ -9,7 +9,8 @@ relative to the store URL's prefix, ``{repo}`` is the stock folder name
 {repo}/trees/{commit}.json     one immutable tree object per commit (cmh-tree/1)
 {repo}/refs/{revision}         40 hex + "\\n"; moved last, by compare-and-swap
 {repo}/.cmh/lease              held by a pruner while it works on the repo
-{repo}/.cmh/fills/{etag}/...   a pull-through fill: its lease and parts (spec 8.6)
+{repo}/.cmh/fills/{etag}/...   a pull-through fill: its lease and parts (spec 8.6);
+                               cmh prune removes those nobody holds any more
 {repo}/.cmh/upstream/...       pull-through records: validations, access, freshness
 {repo}/.cmh/checked/{etag}     the blob object version (storage ETag) known to hash to its name
 {repo}/.cmh/manifests/{etag}.json  the tensor manifest of a safetensors blob
@@ -45,7 +46,9 @@ from typing import Any
 from cmh.hub.cache import (
     CHECK_RECORDS,
     COMMIT_RE,
+    CUT_RECORDS,
     ETAG_RE,
+    FILL_STATE,
     READ_CHUNK,
     SYSTEM_CLOCK,
     Clock,
@@ -346,6 +349,30 @@ class BucketStore:
     def check_infos(self, folder: str) -> dict[str, ObjectInfo]:
         """Check records of a repo (``.cmh/checked/{etag}``) by blob name."""
         return self._infos(folder, CHECK_RECORDS, ETAG_RE)
+
+    @staticmethod
+    def cut_name(folder: str, etag: str) -> str:
+        return f"{folder}/{CUT_RECORDS}/{etag}"
+
+    def cut_infos(self, folder: str) -> dict[str, ObjectInfo]:
+        """Cut records of a repo (``.cmh/cuts/{etag}``, spec 8.3) by blob name."""
+        return self._infos(folder, CUT_RECORDS, ETAG_RE)
+
+    @staticmethod
+    def fill_name(folder: str, etag: str) -> str:
+        """The folder of a pull-through fill's state (spec/hub-mirror.md 8.6)."""
+        return f"{folder}/{FILL_STATE}/{etag}"
+
+    def fill_infos(self, folder: str) -> dict[str, dict[str, ObjectInfo]]:
+        """The pull-through fills of a repo (one listing): blob name -> the objects of its
+        ``.cmh/fills/{etag}/`` (``lease``, ``part-NNNNNN``, ``failed``) by their own name."""
+        base = f"{folder}/{FILL_STATE}/"
+        out: dict[str, dict[str, ObjectInfo]] = {}
+        for info in self.objects.list(f"{folder}/{FILL_STATE}"):
+            etag, _, name = info.name[len(base) :].partition("/")
+            if ETAG_RE.match(etag) and name:
+                out.setdefault(etag, {})[name] = info
+        return out
 
     def _infos(
         self, folder: str, sub: str, pattern: re.Pattern[str], suffix: str = ""

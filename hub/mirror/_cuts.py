@@ -9,7 +9,8 @@ complete the wrong head with the right tail under the right ETag. So for
 that blob is answered ``200`` with the whole body (RFC 9110 lets a server
 ignore ``Range``), which a stock client takes as "start again": it truncates
 its partial file. Cuts are kept in ``{repo}/.cmh/cuts/{etag}`` (the time of the
-last cut, unix seconds), so every worker of the store sees them.
+last cut, unix seconds), so every worker of the store sees them; ``cmh prune`` removes
+a record once it is :data:`CUT_MEMORY` seconds old (plus its in-flight grace).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-#: Seconds after a cut during which ranges of that blob are answered whole (200).
-CUT_MEMORY = 3600.0
+from cmh.hub.cache import CUT_MEMORY, CUT_RECORDS
 
 
 class CutLedger:
@@ -32,7 +32,7 @@ class CutLedger:
 
     @staticmethod
     def _marker(repo_path: Path, etag: str) -> Path:
-        return repo_path / ".cmh" / "cuts" / etag
+        return repo_path / CUT_RECORDS / etag
 
     def record(self, repo_path: Path, etag: str) -> None:
         """Note that a body of ``etag`` was cut now (best effort: a refused write is skipped)."""

@@ -220,7 +220,11 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
     store = _open_store(config)  # each worker has its own client and caches
-    pull = None if config.upstream is None else store.pull_through(config.upstream.fresh_for)
+    pull = None
+    if config.upstream is not None:
+        pull = store.pull_through(
+            config.upstream.fresh_for, fill_lease_ttl=config.upstream.fill_lease_ttl
+        )
     if pull is not None and config.upstream is not None and not config.upstream.public_repos:
         # deny by default (upstream.py, "Access")
         policy = replace(policy, restricted=pull.restricted)

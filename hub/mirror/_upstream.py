@@ -70,6 +70,9 @@ class UpstreamConfig:
     stale_for: float = 86400.0  # seconds past freshness stale content may be served on error
     #: Serve repos the upstream marks private or gated to anyone (``--public-upstream-repos``).
     public_repos: bool = False
+    #: Seconds a bucket fill's lease lives without renewal (``--fill-lease-ttl``; ``None``:
+    #: ``CMH_FILL_LEASE_TTL``, else 30 s).
+    fill_lease_ttl: float | None = None
 
 
 class UpstreamError(HubError):

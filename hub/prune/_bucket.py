@@ -9,7 +9,10 @@ the writers' clocks), and a commit a ref names is served, so only ``--expired
 --include-referenced`` removes it. A pull-through commit's freshness record
 (``{repo}/.cmh/upstream/{commit}.json``, written by ``cmh serve --upstream``) gives
 its upstream expiry, as in a folder. Objects carry no timestamps into the plan:
-the lease below, not a grace period, keeps an import in flight whole.
+the lease below, not a grace period, keeps an import in flight whole. The one
+exception is pull-through state (a fill's ``{repo}/.cmh/fills/{etag}/``, cut records
+``{repo}/.cmh/cuts/{etag}``): ages measured on the storage's clock
+(:class:`StorageTime`) say whether a fill's lease is live and a cut still counts.
 
 :func:`execute_bucket_plan` carries out a plan that was shown:
 
@@ -23,8 +26,10 @@ the lease below, not a grace period, keeps an import in flight whole.
 3. per repo: scan the repo again, re-plan it restricted to the revisions shown,
    and delete only what both plans name (a subset of what was shown, never
    more): refs, then tree objects, then the freshness records of commits gone,
-   then blobs, then the check records of removed blobs (``.cmh/checked/{etag}``);
-   stop (reported) once half the
+   then blobs, then the check records of removed blobs (``.cmh/checked/{etag}``),
+   then spent cut records (each unless rewritten since), then the state of fills
+   nobody holds, each under its own fill lease taken as a
+   replica takes it (a live one keeps the fill); stop (reported) once half the
    lease's lifetime has passed since it was last rewritten; release the lease.
 
 Repos with nothing to delete get no lease, and a run with nothing to delete no wait.
@@ -37,6 +42,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from cmh.hub.cache import RepoLayout
@@ -45,6 +51,7 @@ from cmh.hub.mirror import (
     BucketError,
     BucketStore,
     Clock,
+    ObjectNotFound,
     ObjectStoreError,
     TreeObject,
 )
@@ -53,16 +60,30 @@ from ._execute import PruneReport, RepoOutcome
 from ._plan import (
     KIND_BLOB,
     KIND_CHECKED,
+    KIND_CUT,
+    KIND_FILL,
     KIND_REF,
     KIND_UPSTREAM,
     OVER_SIZE,
+    ItemRemoval,
     PrunePlan,
     PrunePolicy,
     RepoPlan,
+    cut_spent,
+    fill_lifetime,
     plan_prune,
     plan_repo,
 )
-from ._scan import CacheScan, Entry, RefScan, RepoScan, RevisionScan, SnapshotFile
+from ._scan import (
+    CacheScan,
+    Entry,
+    FillScan,
+    RefScan,
+    RepoScan,
+    RevisionScan,
+    SnapshotFile,
+    record_number,
+)
 from ._scan import stamped_expiry_from as _stamped_expiry_from
 
 #: The longest cmh's S3 client keeps trying one request (``ObjectStore``'s defaults: a
@@ -79,26 +100,63 @@ def default_settle(store: BucketStore) -> float:
 # -- scan ------------------------------------------------------------------------------
 
 
+class StorageTime:
+    """The storage's clock moved onto this process's: object times become comparable with
+    a plan's ``now`` while every age is still measured on the storage's clock alone.
+
+    The offset is taken once, when first needed, from a scratch object
+    (:meth:`BucketStore.storage_now`); a storage that refuses it leaves every time
+    unknown (:attr:`error` says why), and what needs one is then kept."""
+
+    def __init__(self, store: BucketStore) -> None:
+        self.store = store
+        self.offset: float | None = None
+        self.error: str | None = None
+
+    def local(self, when: datetime) -> float | None:
+        """``when`` (a Last-Modified) on this process's clock, ``None`` when unknown."""
+        if self.offset is None and self.error is None:
+            try:
+                storage = self.store.storage_now()
+                self.offset = time.time() - storage  # taken after: ages come out no longer
+            except ObjectStoreError as exc:
+                self.error = str(exc)
+        return None if self.offset is None else when.timestamp() + self.offset
+
+
 def scan_bucket(store: BucketStore, *, read_expiry: bool = False) -> CacheScan:
     """Scan every repo of a bucket store (a repo with an unreadable tree object is left
     out, with a note: nothing of it can be judged)."""
     started = time.time()
     repos: list[RepoScan] = []
     notes: list[str] = []
+    times = StorageTime(store)
     for repo_type, repo_id, folder in store.repos():
         try:
-            repos.append(scan_bucket_repo(store, repo_type, repo_id, folder, read_expiry))
+            repos.append(
+                scan_bucket_repo(store, repo_type, repo_id, folder, read_expiry, times=times)
+            )
         except BucketError as exc:
             notes.append(f"{repo_id}: {exc}: nothing pruned in this repo")
+    if times.error is not None:
+        notes.append(f"fills and cut records kept: cannot read the storage's clock: {times.error}")
     return CacheScan(store.url, started, tuple(repos), read_expiry=read_expiry,
                      notes=tuple(notes))  # fmt: skip
 
 
 def scan_bucket_repo(
-    store: BucketStore, repo_type: str, repo_id: str, folder: str, read_expiry: bool = False
+    store: BucketStore,
+    repo_type: str,
+    repo_id: str,
+    folder: str,
+    read_expiry: bool = False,
+    *,
+    times: StorageTime | None = None,
 ) -> RepoScan:
     """One repo of a bucket as a :class:`RepoScan` (raises :class:`BucketError` on a tree
-    object that is not one)."""
+    object that is not one); ``times`` reads the storage's clock for the ages of fills and
+    cut records."""
+    times = times or StorageTime(store)
     refs = tuple(
         RefScan(name, state.commit or None, True, 0.0)
         for name, state in sorted(store.refs(folder).items())
@@ -137,7 +195,46 @@ def scan_bucket_repo(
         upstream_records=tuple(
             Entry(f"{commit}.json", info.size, 0.0) for commit, info in sorted(upstream.items())
         ),
+        fills=_fills(store, folder, times),
+        cuts=_cuts(store, folder, times),
     )
+
+
+def _cuts(store: BucketStore, folder: str, times: StorageTime) -> tuple[Entry, ...]:
+    """The cut records of a repo, by when the storage wrote them (none when its clock is
+    unknown: then none goes)."""
+    out = []
+    for etag, info in sorted(store.cut_infos(folder).items()):
+        written = times.local(info.last_modified)
+        if written is None:
+            return ()
+        out.append(Entry(etag, info.size, written))
+    return tuple(out)
+
+
+def _fills(store: BucketStore, folder: str, times: StorageTime) -> tuple[FillScan, ...]:
+    """The fills of a repo, their ages on the storage's clock (none when it is unknown:
+    then no fill can be judged, so none is listed and none goes)."""
+    out = []
+    for etag, objects in sorted(store.fill_infos(folder).items()):
+        lease_written = lease_ttl = None
+        if "lease" in objects:
+            try:  # its own read: a lease renewed since the listing is judged by its renewal
+                data, info = store.objects.get_with_info(objects["lease"].name)
+            except ObjectNotFound:
+                pass  # released meanwhile
+            else:
+                lease_written = times.local(info.last_modified)
+                lease_ttl = record_number(data, "ttl")
+                if lease_written is None:
+                    return ()
+        others = [times.local(i.last_modified) for n, i in objects.items() if n != "lease"]
+        if None in others:
+            return ()
+        newest = max((t for t in others if t is not None), default=None)
+        size = sum(i.size for n, i in objects.items() if n != "lease")
+        out.append(FillScan(etag, size, lease_written, lease_ttl, newest))
+    return tuple(out)
 
 
 def _revision(
@@ -286,8 +383,9 @@ class _RepoDeleter:
 
     def run(self) -> None:
         store, shown = self.store, self.shown
+        times = StorageTime(store)
         repo = scan_bucket_repo(store, shown.repo_type, shown.repo_id, shown.folder,
-                                self.plan.policy.expired)  # fmt: skip
+                                self.plan.policy.expired, times=times)  # fmt: skip
         shown_commits = {r.commit for r in shown.revisions}
         evicted = [r.commit for r in shown.revisions if OVER_SIZE in r.reasons]
         fresh = plan_repo(repo, self.plan.policy, self.plan.now, evicted, only=shown_commits)
@@ -315,6 +413,41 @@ class _RepoDeleter:
             if item.kind == KIND_CHECKED:
                 self.delete(item.path, 0)
                 self.outcome.items.append(item)
+        for item in items:
+            if item.kind == KIND_CUT and self.cut_still_spent(item.path, times):
+                self.delete(item.path, 0)
+                self.outcome.items.append(item)
+        fills = {store.fill_name(shown.folder, f.etag): f for f in repo.fills}
+        for item in items:
+            fill = fills.get(item.path)
+            if item.kind == KIND_FILL and fill is not None:
+                self.remove_fill(item, fill)
+
+    def cut_still_spent(self, name: str, times: StorageTime) -> bool:
+        """The cut record was not written again since the scan (a cut just now)."""
+        try:
+            written = times.local(self.store.objects.head(name).last_modified)
+        except ObjectNotFound:
+            return False
+        return written is not None and cut_spent(written, self.plan.policy, self.plan.now)
+
+    def remove_fill(self, item: ItemRemoval, fill: FillScan) -> None:
+        """Delete a fill's state under its own lease, taken as a replica takes it (created,
+        or taken over once older than its lifetime): a replica that holds it, or takes it
+        first, keeps its fill; one that comes later waits, then fills anew."""
+        store, folder = self.store, self.shown.folder
+        lease = f"{item.path}/lease"
+        self.leases.check(folder)
+        ttl = fill_lifetime(fill, self.plan.policy)
+        if not store.take_lease(folder, self.leases.owner, name=lease, ttl=ttl):
+            return
+        try:
+            for info in list(store.objects.list(item.path)):
+                if info.name != lease:
+                    self.delete(info.name, info.size)
+        finally:
+            store.release_lease(folder, name=lease)
+        self.outcome.items.append(item)
 
     def delete(self, name: str, size: int) -> None:
         self.leases.check(self.shown.folder)

@@ -42,6 +42,7 @@ from cmh.hub.cache import (
 
 from ._plan import (
     KIND_BLOB,
+    KIND_CUT,
     KIND_INCOMPLETE,
     KIND_LOCK,
     KIND_LOCK_DIR,
@@ -56,6 +57,7 @@ from ._plan import (
     PrunePlan,
     RepoPlan,
     RevisionRemoval,
+    cut_spent,
     plan_repo,
 )
 from ._scan import REPO_TRASH, ROOT_TRASH, RepoScan, etag_of, scan_repo
@@ -251,6 +253,11 @@ class _RepoPruner:
                     by_kind.setdefault(KIND_TEMP + "-link", []).append(item)
                 else:
                     per_blob.append(item)
+        for item in by_kind.pop(KIND_CUT, []):  # unless a cut rewrote it meanwhile
+            with contextlib.suppress(OSError):
+                written = (self.root / item.path).stat().st_mtime
+                if cut_spent(written, self.plan.policy, self.plan.now):
+                    self._attempt_item("unlink-cut", item, _unlink)
         for kind_items in by_kind.values():
             for item in kind_items:
                 if leftover_commit(item) not in failed:

@@ -8,9 +8,11 @@ Policies select revisions; a revision goes when any selected policy names it
 (reasons accumulate). Removing a revision removes the refs that name it, its
 snapshot, its ``.no_exist/``, ``trees/``, usage record and lock, and every blob
 that no surviving snapshot links to. Housekeeping always runs: orphan blobs,
-stale ``*.incomplete`` files, dangling or malformed refs, stray files and the
-leftovers of revisions that are gone. Housekeeping never touches anything
-modified within :attr:`PrunePolicy.in_flight_grace` (a download in flight).
+stale ``*.incomplete`` files, dangling or malformed refs, stray files, the
+leftovers of revisions that are gone and, in a bucket, the state of abandoned
+pull-through fills. Housekeeping never touches anything modified within
+:attr:`PrunePolicy.in_flight_grace` (a download in flight), nor a fill whose lease
+is live (:attr:`PrunePolicy.fill_lease_ttl`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,17 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cmh.hub.cache import CHECK_RECORDS, COMMIT_RE, VERIFIED_MARKERS
+from cmh.hub.cache import (
+    CHECK_RECORDS,
+    COMMIT_RE,
+    CUT_MEMORY,
+    CUT_RECORDS,
+    FILL_LEASE_TTL,
+    FILL_STATE,
+    VERIFIED_MARKERS,
+)
 
-from ._scan import REPO_TRASH, ROOT_TRASH, CacheScan, RepoScan, etag_of
+from ._scan import REPO_TRASH, ROOT_TRASH, CacheScan, FillScan, RepoScan, etag_of
 
 DAY = 86400.0
 
@@ -47,6 +57,8 @@ BLOB_GONE = "blob-gone"
 REPO_GONE = "repo-gone"
 LEFTOVER = "leftover"
 EMPTY = "empty"
+ABANDONED = "abandoned"  # a fill with no live lease whose objects all outlived it
+BLOB_STORED = "blob-stored"  # a fill's state left beside the blob it filled
 
 # Kinds of housekeeping items (each path relative to the cache root).
 KIND_BLOB = "blob"
@@ -67,11 +79,14 @@ KIND_VERIFIED = "verified"
 KIND_CHECKED = "checked"  # a mirror's record of a good blob check (spec/hub-mirror.md 2.1)
 KIND_COMMIT_META = "commit-meta"
 KIND_UPSTREAM = "upstream-record"
+KIND_FILL = "fill"  # a bucket pull-through fill's state: {repo}/.cmh/fills/{etag}/
+KIND_CUT = "cut-record"  # when a body of a blob was last cut (spec/hub-mirror.md 8.3)
 
 #: Kinds whose size counts as freed (blobs and partial downloads hold the bytes).
 _SIZED_KINDS = frozenset(
-    {KIND_BLOB, KIND_INCOMPLETE, KIND_TEMP, KIND_PARTIAL, KIND_TREE, KIND_SNAPSHOT_STRAY}
-)
+    {KIND_BLOB, KIND_INCOMPLETE, KIND_TEMP, KIND_PARTIAL, KIND_TREE, KIND_SNAPSHOT_STRAY,
+     KIND_FILL}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,11 +102,16 @@ class PrunePolicy:
     max_size: int | None = None
     stale_incomplete: float = DAY
     in_flight_grace: float = 600.0
+    #: A fill lease's lifetime (seconds): a fill's state goes only once its lease is older
+    #: than the longer of this and the lifetime its holder wrote in it.
+    fill_lease_ttl: float = FILL_LEASE_TTL
 
     def __post_init__(self) -> None:
         for name in ("grace", "stale_incomplete", "in_flight_grace"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} cannot be negative")
+        if not self.fill_lease_ttl > 0:
+            raise ValueError("fill_lease_ttl must be above 0")
         if self.keep_latest is not None and self.keep_latest < 0:
             raise ValueError("keep_latest cannot be negative")
         if self.older_than is not None and self.older_than < 0:
@@ -370,6 +390,8 @@ class _RepoPlanner:
         self._refs()
         self._snapshots()
         self._blobs()
+        self._fills()
+        self._cuts()
         named = self.kept_commits | self.surviving_refs
         self._per_commit(named)
         self._per_blob()
@@ -455,6 +477,30 @@ class _RepoPlanner:
             for e in entries:
                 if self.stale(e.mtime):
                     self.item(kind, prefix + e.name, STALE, e.size)
+
+    def _fills(self) -> None:
+        """The state of pull-through fills nobody holds: beside the blob it filled, or
+        abandoned (every object of it older than the lease's lifetime). A live lease
+        keeps it whole: its holder still writes parts and deletes them itself."""
+        for f in self.repo.fills:
+            lifetime = fill_lifetime(f, self.policy)
+            if f.lease_written is not None and self.now - f.lease_written <= lifetime:
+                continue
+            if f.etag in self.repo.blobs:
+                reason = BLOB_STORED
+            elif f.newest is None or self.now - f.newest > lifetime:
+                reason = ABANDONED
+            else:
+                continue  # a failure record its waiters still read, parts of a stalled holder
+            self.item(KIND_FILL, f"{FILL_STATE}/{f.etag}", reason, f.size)
+
+    def _cuts(self) -> None:
+        """Cut records that no longer change any answer: a cut counts for
+        :data:`CUT_MEMORY` seconds; the in-flight grace on top covers the clocks of the
+        servers that compare it with their own."""
+        for e in self.repo.cuts:
+            if cut_spent(e.mtime, self.policy, self.now):
+                self.item(KIND_CUT, f"{CUT_RECORDS}/{e.name}", STALE)
 
     def _per_commit(self, named: set[str]) -> None:
         """``.no_exist/``, ``trees/``, usage and commit records of revisions that are gone."""
@@ -553,6 +599,7 @@ class _RepoPlanner:
             ("snapshots/", self.repo.snapshot_strays),
             ("blobs/", self.repo.blob_temps),
             (".cmh/commits/", self.repo.commit_meta),
+            (f"{CUT_RECORDS}/", self.repo.cuts),  # a recent cut outlives its blob
         ):
             if any(f"{self.folder}/{prefix}{e.name}" not in going for e in entries):
                 return False
@@ -562,10 +609,22 @@ class _RepoPlanner:
         return bool(self.removed or self.items) or self.old(self.repo.mtime)
 
 
+def cut_spent(written: float, policy: PrunePolicy, now: float) -> bool:
+    """True when a cut record written at ``written`` no longer changes any answer (the
+    executors check it again just before deleting: a cut may have rewritten it)."""
+    return now - written >= CUT_MEMORY + policy.in_flight_grace
+
+
+def fill_lifetime(fill: FillScan, policy: PrunePolicy) -> float:
+    """How long a fill's lease lives: the longer of the policy's and its holder's."""
+    return max(policy.fill_lease_ttl, fill.lease_ttl or 0.0)
+
+
 def _repo_size(repo: RepoScan) -> int:
     plain = sum(f.size for rev in repo.revisions for f in rev.files if f.blob is None)
     return (
         sum(b.size for b in repo.blobs.values())
+        + sum(f.size for f in repo.fills)
         + sum(e.size for e in (*repo.incomplete, *repo.blob_temps, *repo.partials))
         + sum(t.size for t in repo.trees)
         + sum(s.size for s in repo.snapshot_strays)

@@ -24,6 +24,7 @@ from pathlib import Path
 from cmh.hub.cache import (
     CHECK_RECORDS,
     COMMIT_RE,
+    CUT_RECORDS,
     VERIFIED_MARKERS,
     RepoLayout,
     iter_repos,
@@ -69,6 +70,26 @@ class SnapshotFile:
     broken: bool = False
     expires_at: int | None = None
     temp: bool = False
+
+
+@dataclass(frozen=True)
+class FillScan:
+    """A bucket pull-through fill's state, ``{repo}/.cmh/fills/{etag}/`` (spec/hub-mirror.md
+    8.6): its lease, part objects and failure record.
+
+    Times are the storage's (each object's Last-Modified) moved onto this process's clock
+    by one offset taken at the scan, so an age is measured on the storage's clock alone.
+    """
+
+    etag: str
+    #: bytes of its objects (the parts hold them)
+    size: int
+    #: when its lease was last written, ``None`` when it has none
+    lease_written: float | None
+    #: the lifetime its holder wrote in the lease (``None``: none readable)
+    lease_ttl: float | None
+    #: when its newest object other than the lease was written (``None``: it has none)
+    newest: float | None
 
 
 @dataclass(frozen=True)
@@ -152,6 +173,11 @@ class RepoScan:
     checked: tuple[Entry, ...] = ()
     commit_meta: tuple[Entry, ...] = ()
     upstream_records: tuple[Entry, ...] = ()
+    #: A bucket's pull-through fills (a folder fills ``blobs/{etag}.incomplete`` under the
+    #: blob lock: those are :attr:`incomplete`).
+    fills: tuple[FillScan, ...] = ()
+    #: Records of cut bodies (``.cmh/cuts/{etag}``), by their time of writing.
+    cuts: tuple[Entry, ...] = ()
     #: True when what refs name is served to clients (a bucket store's replicas): a commit
     #: a ref names then goes only by ``--expired --include-referenced``, never by rank,
     #: age or size.
@@ -314,6 +340,7 @@ def scan_repo(
         checked=_entries(path / CHECK_RECORDS),
         commit_meta=commit_meta,
         upstream_records=upstream_records,
+        cuts=_entries(path / CUT_RECORDS),
     )
 
 

@@ -4,7 +4,7 @@ The chain: stock huggingface_hub clients -> two ``cmh serve`` replicas over one
 SeaweedFS bucket prefix (tests/hub/seaweed.py) -> ``tests/hub/hublike.py`` (302 to a
 signed CDN, paginated trees, ``xetHash`` in listings) -> an origin ``cmh serve`` of a
 local store. Every process is real; fill leases use a short lifetime
-(``CMH_FILL_LEASE_TTL``), measured on the storage's clock.
+(``cmh serve --fill-lease-ttl``), measured on the storage's clock.
 """
 
 from __future__ import annotations
@@ -120,7 +120,6 @@ class Fleet:
     ) -> MirrorServer:
         saved = dict(os.environ)
         os.environ.update(self.env)
-        os.environ["CMH_FILL_LEASE_TTL"] = str(lease_ttl)
         try:
             server = MirrorServer(
                 self.bucket.url,  # type: ignore[arg-type]
@@ -132,6 +131,8 @@ class Fleet:
                     "1h",
                     "--ref-ttl",
                     "0.5",
+                    "--fill-lease-ttl",
+                    str(lease_ttl),
                     *extra,
                 ),
                 clock=clock,
@@ -352,6 +353,8 @@ def test_filling_replica_killed_mid_fill_another_resumes_after_the_lease_expires
     fleet.front.stall(after_bytes=20 << 20, seconds=8, path=sha)  # the first transfer stops
     thread, _, outcome = _start_get(first, MID_REPO)
     _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+    lease = json.loads(store.objects.get(f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"))
+    assert lease["ttl"] == 2.0  # --fill-lease-ttl reached the filling worker
     os.kill(first.process.pid, signal.SIGKILL)
     first.process.wait()
     thread.join(30)
@@ -578,3 +581,43 @@ def _exists(store: BucketStore, name: str) -> bool:
         return True
     except ObjectStoreError:
         return False
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--fill-lease-ttl", "0"), "0 seconds is not a lease lifetime: give 1 to 3600"),
+        (("--fill-lease-ttl", "nan"), "nan seconds is not a lease lifetime"),
+        (("--fill-lease-ttl", "1e9"), "give 1 to 3600 seconds"),
+        (("--fill-lease-ttl", "soon"), "'soon' is not a valid float"),
+    ],
+)
+def test_fill_lease_ttl_out_of_range_is_a_usage_error(
+    args: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+    from cmh.cli.main import cli
+
+    store = "s3://cmh-test/fills"
+    result = CliRunner().invoke(
+        cli, ["serve", "--store", store, "--upstream", "http://127.0.0.1:9", *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_fill_lease_ttl_needs_upstream_and_a_bucket(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from cmh.cli.main import cli
+
+    folder = tmp_path / "store"
+    result = CliRunner().invoke(cli, ["serve", "--store", str(folder), "--fill-lease-ttl", "5"])
+    assert result.exit_code == 2 and "--fill-lease-ttl needs --upstream" in result.output
+    result = CliRunner().invoke(
+        cli, ["serve", "--store", str(folder), "--upstream", "http://127.0.0.1:9",
+              "--fill-lease-ttl", "5"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "applies to bucket stores" in result.output
+    assert not folder.exists()  # refused before anything was made
+    help_text = CliRunner().invoke(cli, ["serve", "--help"]).output
+    assert "--fill-lease-ttl SECONDS" in help_text

@@ -143,9 +143,10 @@ class MirrorStore(Protocol):
         """How a remote store sends bytes in ``delivery`` mode (None: this process opens
         and sends the file itself, :mod:`~cmh.hub.mirror._send`)."""
 
-    def pull_through(self, fresh_for: float) -> PullThrough:
+    def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> PullThrough:
         """The store's side of ``cmh serve --upstream`` (``fresh_for``: seconds an unstamped
-        branch stays fresh after a validation)."""
+        branch stays fresh after a validation; ``fill_lease_ttl``: the lifetime of a
+        bucket fill's lease, ``None`` for the default)."""
 
     def local_root(self) -> Path | None:
         """The folder the store lives in, for what only a folder has (x-accel,

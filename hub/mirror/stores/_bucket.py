@@ -118,10 +118,10 @@ class BucketBackedStore:
     def local_root(self) -> Path | None:
         return None
 
-    def pull_through(self, fresh_for: float) -> Any:
+    def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> Any:
         from ._bucket_pull import BucketPullThrough
 
-        pull = BucketPullThrough(self.bucket, self.reader, fresh_for)
+        pull = BucketPullThrough(self.bucket, self.reader, fresh_for, fill_lease_ttl)
         pull.store_backend = self
         return pull
 

@@ -11,6 +11,7 @@ refs/{revision}                      moved after each validation
 .cmh/fills/{etag}/lease              the filling replica's lease (conditional writes)
 .cmh/fills/{etag}/part-{n:06d}       bytes [n * PART, (n + 1) * PART) as they arrived
 .cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed (its waiters give up)
+                                     (cmh prune removes a fill's state once nobody holds it)
 .cmh/cuts/{etag}                     the time a filling body of the blob was last cut
 blobs/{etag}                         written only once the whole SHA-256 matched
 ```
@@ -39,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from cmh.hub.cache import COMMIT_RE, new_digest
+from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, FILL_LEASE_TTL, new_digest
 
 from .._bucket import BucketError, BucketStore, TreeFile, TreeObject
 from .._gitobjects import lfs_pointer_oid, tree_oids
@@ -56,8 +57,6 @@ if TYPE_CHECKING:
 
 #: Bytes of each part object of a fill (the last may be shorter).
 PART = 8 << 20
-#: Seconds a fill lease lives without renewal (``CMH_FILL_LEASE_TTL`` overrides it).
-FILL_LEASE_TTL = 30.0
 #: Seconds between a waiting replica's looks at a fill another replica runs.
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
@@ -69,8 +68,13 @@ CLAIM_WAIT = 5.0
 MAX_ATTEMPTS = 5  # upstream transfers of one fill (each resumes where the last stopped)
 
 
-def fill_lease_ttl() -> float:
-    """The fill lease's lifetime: ``CMH_FILL_LEASE_TTL`` seconds, else :data:`FILL_LEASE_TTL`."""
+def fill_lease_ttl(given: float | None = None) -> float:
+    """The fill lease's lifetime: ``given`` (``cmh serve --fill-lease-ttl``), else
+    ``CMH_FILL_LEASE_TTL`` seconds (tests), else :data:`FILL_LEASE_TTL` (30 s)."""
+    if given is not None:
+        if not given > 0:
+            raise ValueError("the fill lease's lifetime must be above 0 seconds")
+        return float(given)
     try:
         value = float(os.environ.get("CMH_FILL_LEASE_TTL", FILL_LEASE_TTL))
     except ValueError:
@@ -85,12 +89,18 @@ def _owner() -> str:
 class BucketPullThrough:
     """The pull-through state and fills of one bucket store (one per worker)."""
 
-    def __init__(self, store: BucketStore, reader: BucketReader, fresh_for: float) -> None:
+    def __init__(
+        self,
+        store: BucketStore,
+        reader: BucketReader,
+        fresh_for: float,
+        lease_ttl: float | None = None,
+    ) -> None:
         self.store = store
         self.objects = store.objects
         self.cache = reader
         self.fresh_for = fresh_for
-        self.lease_ttl = fill_lease_ttl()
+        self.lease_ttl = fill_lease_ttl(lease_ttl)
         self.owner = _owner()
         self._lock = threading.Lock()
         self._expiries: dict[tuple[str, str, str], tuple[float, float]] = {}
@@ -333,15 +343,13 @@ class BucketPullThrough:
         """``{repo}/.cmh/cuts/{etag}``: the time of the last cut (best effort)."""
         folder = self._folder(repo_type, repo_id)
         with contextlib.suppress(ObjectStoreError):
-            self.objects.put(f"{folder}/.cmh/cuts/{etag}", f"{time.time():.3f}\n".encode())
+            self.objects.put(self.store.cut_name(folder, etag), f"{time.time():.3f}\n".encode())
         with self._lock:
             self._cuts[f"{folder}/{etag}"] = (time.monotonic(), time.time())
 
     def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
         """Read at most once every ``ref_ttl`` seconds per blob; a storage that fails:
         cut (a whole body is always safe)."""
-        from .._cuts import CUT_MEMORY
-
         folder = self._folder(repo_type, repo_id)
         key = f"{folder}/{etag}"
         now = time.monotonic()
@@ -349,7 +357,7 @@ class BucketPullThrough:
             hit = self._cuts.get(key)
         if hit is None or now - hit[0] >= self.cache.ref_ttl:
             try:
-                at = float(self.objects.get(f"{folder}/.cmh/cuts/{etag}"))
+                at = float(self.objects.get(self.store.cut_name(folder, etag)))
             except ObjectNotFound:
                 at = None
             except ValueError:

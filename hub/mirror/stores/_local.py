@@ -97,7 +97,8 @@ class LocalStore:
     def local_root(self) -> Path | None:
         return self.root
 
-    def pull_through(self, fresh_for: float) -> Any:
+    def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> Any:
+        # A folder's fills are held by the blob lock, not a lease: no lifetime to set.
         from ._local_pull import LocalPullThrough
 
         return LocalPullThrough(self.root, fresh_for)
