@@ -213,6 +213,8 @@ def test_sync_again_of_an_unchanged_repo_fetches_no_file_and_writes_nothing(
     assert doc["store"]["state"] == "unchanged"
     assert [f["bytes_transferred"] for f in doc["files"] if f["bytes_transferred"]] == []
     assert doc["commit"] == first["commit"] and written == []
+    pinned = sync(target, upstream, REPO, revision=first["commit"])["repos"][0]
+    assert pinned["store"]["state"] == "unchanged" and written == []  # held by its id
 
 
 def test_sync_of_a_new_version_fetches_and_uploads_only_the_changed_file(
