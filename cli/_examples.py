@@ -61,7 +61,11 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
         "0 every blob good, 1 a bad blob, 3 an unreadable or invalid blob",
     ),
     "mirror sync": (
-        ("cmh mirror sync acme/my-model --store ./store --from https://huggingface.co",),
+        (
+            "cmh mirror sync acme/my-model --store ./store --from https://huggingface.co",
+            "cmh mirror sync acme/my-model --store s3://bucket/hub --from https://huggingface.co "
+            "--cache-dir /data/sync-cache",
+        ),
         "0 synced, 1 refused by a check, 2 usage error, 3 could not be obtained",
     ),
     "serve": (

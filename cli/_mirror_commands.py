@@ -43,6 +43,7 @@ from ._store_location import STORE, StoreLocation, open_store_or_fail, store_exi
 
 if TYPE_CHECKING:
     from cmh.hub.mirror import UpstreamConfig
+    from cmh.hub.mirror.stores import SyncResult
 
 STORE_OPTION = click.option(
     "--store",
@@ -503,6 +504,16 @@ def _read_token(path: Path | None) -> str | None:
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @repo_type_option("Kind of the repos named.")
 @file_option("--token-file", "File holding the token for the upstream (gated or private repos).")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="For a bucket store: the local Hugging Face cache each repo is resolved into "
+    "before its import, kept between runs (a sync again asks the Hub what changed and "
+    "fetches only that; an interrupted one resumes). Default: "
+    "$XDG_CACHE_HOME/cmh/sync/DIGEST (~/.cache when unset; DIGEST names the bucket URL). "
+    "A folder store is its own cache: it ignores this.",
+)
 @json_option
 @handle_errors
 def sync(
@@ -512,9 +523,14 @@ def sync(
     revision: str,
     repo_type: str,
     token_file: Path | None,
+    cache_dir: Path | None,
     as_json: bool,
 ) -> None:
-    """Fill a store from a Hub ahead of time, with the resolver's checks (for air gaps)."""
+    """Fill a store from a Hub ahead of time, with the resolver's checks (for air gaps).
+
+    A sync again asks the Hub what changed and fetches only that; one interrupted
+    (Ctrl-C, a lost connection) resumes when run again.
+    """
     import functools
 
     from cmh.hub.cache import LayoutError
@@ -541,7 +557,7 @@ def sync(
                 late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
             ):
                 fetch = functools.partial(_sync_one, source, repo_id, bar)
-                res = target.sync(fetch, repo_id, revision, repo_type)
+                res = target.sync(fetch, repo_id, revision, repo_type, cache_dir=cache_dir)
         except (LayoutError, InvalidNameError) as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
         except StoreError as exc:
@@ -549,15 +565,29 @@ def sync(
             fail(str(exc), store_exit_status(exc, usage=usage, otherwise=EXIT_CHECK_FAILED))
         results.append(res)
         if not as_json:
-            from ._pull_command import outcome_words
-
-            echo(f"{repo_id}@{revision}: {outcome_words(res)}")
+            echo(f"{repo_id}@{revision}: {_sync_words(res)}")
     if as_json:
         emit_json(
             envelope(
                 "mirror sync", ok=True, exit_status=EXIT_OK, repos=[r.to_json() for r in results]
             )
         )
+
+
+def _sync_words(res: SyncResult) -> str:
+    """What a sync did, in a person's words: the resolve, then the store."""
+    from cmh.hub.mirror.stores import UNCHANGED
+
+    from ._pull_command import outcome_words
+
+    done = outcome_words(res.resolution)
+    if res.store == UNCHANGED:
+        return f"{done}; the store held it already (nothing written)"
+    if res.new_blobs is None:  # resolved in place
+        return done
+    plural = "s" if res.new_blobs != 1 else ""
+    uploaded = human_bytes(res.new_bytes or 0)
+    return f"{done}; imported: {res.new_blobs} new blob{plural} ({uploaded}) uploaded"
 
 
 @dataclass(frozen=True)

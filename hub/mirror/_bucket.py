@@ -418,12 +418,15 @@ class BucketStore:
         repo_type: str = "model",
         progress: ProgressCallback | None = None,
         commit: str | None = None,
+        links_within: Path | None = None,
     ) -> ImportResult:
         """Import ``src`` as a new commit of ``repo_id`` at ``revision`` (spec 7.2).
 
         ``commit``: the id the commit keeps (a commit synced from a Hub keeps the Hub's,
         spec 8.4); its tree object is then named so, and ``revision`` may be that id
-        itself (no ref moves). ``None``: the id is computed (1.2 step 6)."""
+        itself (no ref moves). ``None``: the id is computed (1.2 step 6).
+        ``links_within``: links of ``src`` may point anywhere in that folder (a cache
+        snapshot, read through its links into ``blobs/``: see :func:`scan_folder`)."""
         if commit is not None and not COMMIT_RE.match(commit):
             raise InvalidNameError(f"{commit!r} is not a commit id")
         ref = None if commit is not None and revision == commit else revision
@@ -431,7 +434,7 @@ class BucketStore:
         folder = self.folder(repo_id, repo_type)
         self.ensure_conditional_writes()
         files: list[SourceFile] = []
-        for rel, path in scan_folder(src):
+        for rel, path in scan_folder(src, links_within=links_within):
             size, sha256, git_oid = hash_source(path, progress)  # pass 1 of 2 (see add_folder)
             files.append(SourceFile(rel, path, size, sha256, git_oid, is_lfs(rel, size)))
         tree = tree_oids({f.path: f.tree_oid for f in files})[""]

@@ -119,9 +119,12 @@ def hash_source(path: Path, progress: ProgressCallback | None = None) -> tuple[i
     return size, sha256, git_oid
 
 
-def scan_folder(src: Path) -> list[tuple[str, Path]]:
-    """Files of a source folder by repo path (sorted), refusing links that leave it."""
+def scan_folder(src: Path, *, links_within: Path | None = None) -> list[tuple[str, Path]]:
+    """Files of a source folder by repo path (sorted), refusing links that leave it
+    (``links_within``: or leave that folder instead, as a cache snapshot's links into
+    its repo's ``blobs/`` do; each path is then the file linked to, so nothing is copied)."""
     root = src.resolve()
+    within = links_within.resolve() if links_within is not None else root
     if not root.is_dir():
         raise StoreError(f"{src}: not a directory")
     out: list[tuple[str, Path]] = []
@@ -140,7 +143,7 @@ def scan_folder(src: Path) -> list[tuple[str, Path]]:
                 raise StoreError(f"{full}: {exc}") from None
             if full.is_symlink():
                 target = full.resolve()
-                if root not in target.parents or not target.is_file():
+                if within not in target.parents or not target.is_file():
                     raise StoreError(f"{full}: symlink points outside the folder or at no file")
                 full = target
             elif not full.is_file():

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from bucket_support import use_bucket
 from cli_support import CMH, run_subprocess
-from cmh.hub.mirror import add_folder
+from cmh.hub.mirror import BucketStore, add_folder
 from resolver_support import FaultProxy, write_checkpoint_repo
 from safetensors.numpy import save_file
 
@@ -107,6 +108,60 @@ def test_ctrl_c_stops_pull_at_once_and_the_rerun_resumes(
         assert weights["bytes_transferred"] <= size - kept * (4 << 20)  # only what was missing
         pulled = Path(rerun.json()["path"]) / "model.safetensors"
         assert pulled.read_bytes() == (src / "model.safetensors").read_bytes()
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_ctrl_c_stops_a_sync_into_a_bucket_and_the_rerun_resumes(
+    tmp_path: Path,
+    mirror_server_factory: Any,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    """A bucket store's sync resolves into a cache kept between runs: the chunks finished
+    before Ctrl-C are not fetched again, and the rerun completes the import."""
+    bucket = request.getfixturevalue(f"{kind}_bucket")
+    env = {**_env(tmp_path), **use_bucket(bucket, tmp_path, monkeypatch)}
+    env.update(CMH_DOWNLOAD_CONNECTIONS="2", XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)  # 32 MiB
+    commit = add_folder(store, src, "org/big").commit
+    proxy = FaultProxy(mirror_server_factory(store).url)
+    proxy.delay = 0.03  # about 2 s per 4 MiB chunk and connection
+    partial = cache / "models--org--big" / ".cmh" / "partial"
+
+    def chunks_logged() -> int:
+        logs = list(partial.glob("*.chunks.log")) if partial.is_dir() else []
+        return sum(line.startswith("chunk ") for p in logs for line in p.read_text().splitlines())
+
+    try:
+        argv = ["mirror", "sync", "org/big", "--store", bucket.url, "--from", proxy.url,
+                "--cache-dir", str(cache)]  # fmt: skip
+        code, seconds, output = interrupt_when(argv, env, lambda: chunks_logged() >= 1)
+        assert code == 130, output
+        assert seconds < STOP_WITHIN, (seconds, output)
+        assert "interrupted:" in output and "run the same command again to resume" in output
+        assert "Traceback" not in output
+        kept = chunks_logged()
+        assert 1 <= kept < 8, kept
+        target = BucketStore.open(bucket.url)
+        assert target.read_ref("models--org--big", "main") is None  # nothing half-done
+
+        proxy.delay = 0.0
+        rerun = run_subprocess([*argv, "--json"], env={**env, "HF_HUB_OFFLINE": None})
+        assert rerun.exit_code == 0, rerun.stderr
+        (doc,) = rerun.json()["repos"]
+        size = (src / "model.safetensors").stat().st_size
+        weights = next(f for f in doc["files"] if f["path"] == "model.safetensors")
+        assert weights["action"] == "resumed"
+        assert weights["bytes_transferred"] <= size - kept * (4 << 20)  # only what was missing
+        assert doc["commit"] == commit and doc["store"]["state"] == "updated"
+        ref = target.read_ref("models--org--big", "main")
+        assert ref is not None and ref.commit == commit
+        blob = target.objects.get(target.blob_name("models--org--big", weights["etag"]))
+        assert blob == (src / "model.safetensors").read_bytes()
     finally:
         proxy.stop()
 

@@ -14,7 +14,7 @@ from cmh.hub.cache import RepoLayout
 from cmh.hub.mirror._gitobjects import lfs_pointer_oid
 from cmh.hub.mirror._index import build_index
 from cmh.hub.mirror._scrub import QUARANTINE, scrub_store
-from cmh.hub.mirror._store import StoreError, add_folder, list_store
+from cmh.hub.mirror._store import StoreError, add_folder, list_store, scan_folder
 from mirror_support import write_tiny_repo
 
 REPO = "org/tiny"
@@ -103,6 +103,31 @@ def test_bad_sources_are_refused(tmp_path: Path, tiny_src: Path) -> None:
     with pytest.raises(StoreError, match="outside the folder"):
         add_folder(store, tiny_src, REPO)
     assert not (store / "models--org--tiny").exists()  # nothing partial was written
+
+
+def test_a_cache_snapshot_is_read_through_its_links_within_the_repo_folder(
+    tmp_path: Path,
+) -> None:
+    """What a bucket sync imports: a snapshot whose files link into ``../../blobs``; a
+    link may leave the snapshot for the repo folder named, never the repo folder."""
+    repo = tmp_path / "cache" / "models--org--tiny"
+    snap = repo / "snapshots" / ("c" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    (snap / "sub").mkdir(parents=True)
+    (repo / "blobs" / "b1").write_text("one")
+    (repo / "blobs" / "b2").write_text("two")
+    (snap / "a.txt").symlink_to("../../blobs/b1")
+    (snap / "sub" / "b.txt").symlink_to("../../../blobs/b2")
+    with pytest.raises(StoreError, match="outside the folder"):
+        scan_folder(snap)  # the default: links stay within the folder imported
+    found = scan_folder(snap, links_within=repo)
+    blobs = repo.resolve() / "blobs"
+    assert found == [("a.txt", blobs / "b1"), ("sub/b.txt", blobs / "b2")]
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    (snap / "leak.txt").symlink_to(outside)
+    with pytest.raises(StoreError, match="outside the folder"):
+        scan_folder(snap, links_within=repo)
 
 
 def test_list_store(tmp_path: Path, tiny_src: Path) -> None:

@@ -80,6 +80,7 @@ class Target:
 def target(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Target:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))  # a bucket's sync cache
     if request.param == "local":
         location = str(tmp_path / "carried")
         return Target("local", location, open_store(Path(location)))
@@ -153,3 +154,138 @@ def test_sync_again_is_idempotent_and_follows_the_upstream_branch(
         ref = upstream.store / "models--cmh-test--history" / "refs" / "main"
         ref.write_text(first)
         os.utime(ref)
+
+
+# -- a sync again: incremental into every kind ----------------------------------------------
+
+WRITES = ("put", "put_file", "put_stream", "put_if_absent", "put_if_match", "copy", "delete")
+
+
+def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every object written (or removed) by this process from now on: ``(method, name)``."""
+    from cmh.hub.mirror._objectstore import ObjectStore
+
+    written: list[tuple[str, str]] = []
+    for method in WRITES:
+        original = getattr(ObjectStore, method)
+
+        def wrapper(self: object, name: str, *args: object, _m: str = method,
+                    _f: object = original, **kwargs: object) -> object:  # fmt: skip
+            written.append((_m, name))
+            return _f(self, name, *args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(ObjectStore, method, wrapper)
+    return written
+
+
+def listing(target: Target) -> dict[str, tuple[str, object]]:
+    """Every object of a bucket store: name -> (ETag, LastModified)."""
+    objects = target.store.bucket.objects  # type: ignore[attr-defined]
+    return {i.name: (i.etag, i.last_modified) for i in objects.list("")}
+
+
+def file_bodies(upstream: Upstream) -> dict[str, int]:
+    """Body bytes the upstream sent for file downloads (hub resolves and the CDN), by path."""
+    out: dict[str, int] = {}
+    for r in upstream.front.records():
+        if (r.origin == "cdn" or "/resolve/" in r.path) and r.bytes_sent:
+            out[r.path] = out.get(r.path, 0) + r.bytes_sent
+    return out
+
+
+def test_sync_again_of_an_unchanged_repo_fetches_no_file_and_writes_nothing(
+    target: Target, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = sync(target, upstream, REPO)["repos"][0]
+    assert first["store"]["state"] == "updated"
+    before = listing(target) if target.kind != "local" else {}
+    upstream.front.clear_records()
+    written = count_writes(monkeypatch)
+    again = CliRunner().invoke(cli, ["mirror", "sync", REPO, "--store", target.location,
+                                     "--from", upstream.front.url])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert "the store held it already (nothing written)" in again.output
+    assert file_bodies(upstream) == {}  # metadata requests only
+    assert written == []
+    if target.kind != "local":
+        assert listing(target) == before  # same objects, same versions
+    doc = sync(target, upstream, REPO)["repos"][0]
+    assert doc["store"]["state"] == "unchanged"
+    assert [f["bytes_transferred"] for f in doc["files"] if f["bytes_transferred"]] == []
+    assert doc["commit"] == first["commit"] and written == []
+    pinned = sync(target, upstream, REPO, revision=first["commit"])["repos"][0]
+    assert pinned["store"]["state"] == "unchanged" and written == []  # held by its id
+
+
+def test_sync_of_a_new_version_fetches_and_uploads_only_the_changed_file(
+    target: Target, upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = upstream.commit()
+    sync(target, upstream, REPO)
+    changed = tmp_path / "v2-changed"
+    changed.mkdir()
+    for path, _ in sha256_tree(upstream.sources[2]).items():
+        (changed / path).parent.mkdir(parents=True, exist_ok=True)
+        (changed / path).write_bytes((upstream.sources[2] / path).read_bytes())
+    (changed / "config.json").write_text('{"model_type": "tiny", "version": 2, "edited": 1}\n')
+    moved = add_folder(upstream.store, changed, REPO)
+    try:
+        upstream.front.clear_records()
+        written = count_writes(monkeypatch)
+        doc = sync(target, upstream, REPO)["repos"][0]
+        assert doc["commit"] == moved.commit != first
+        assert set(file_bodies(upstream)) == {f"/{REPO}/resolve/{moved.commit}/config.json"}
+        fetched = {
+            f["path"]: f["bytes_transferred"] for f in doc["files"] if f["bytes_transferred"]
+        }
+        assert list(fetched) == ["config.json"]
+        assert doc["bytes_reused"] >= 300_000  # weights.bin came from the kept cache
+        assert doc["store"]["state"] == "updated"
+        if target.kind != "local":
+            assert (doc["store"]["new_blobs"], doc["store"]["new_bytes"]) == (
+                1, (changed / "config.json").stat().st_size)  # fmt: skip
+            blobs = [name for _, name in written if "/blobs/" in name]
+            etag = next(f["etag"] for f in doc["files"] if f["path"] == "config.json")
+            assert blobs == [f"models--cmh-test--history/blobs/{etag}"]
+        assert target.store.refs("model", REPO) == {"main": moved.commit}
+        index = target.store.resolve("model", REPO, moved.commit)
+        assert index is not None
+        assert json.loads(target.store.opener(index.files["config.json"]).read())["edited"] == 1
+    finally:  # the module's upstream goes back to v2 for the other kinds
+        ref = upstream.store / "models--cmh-test--history" / "refs" / "main"
+        ref.write_text(first)
+        os.utime(ref)
+
+
+def test_sync_cache_dir_defaults_to_the_user_cache_and_a_folder_store_is_its_own(
+    target: Target, upstream: Upstream, tmp_path: Path
+) -> None:
+    from cmh.hub.mirror.stores import default_sync_cache
+
+    doc = sync(target, upstream, REPO)["repos"][0]
+    if target.kind == "local":
+        assert doc["store"]["cache_dir"] == target.location
+    else:
+        default = default_sync_cache(target.location)
+        assert default.parent == tmp_path / "xdg-cache" / "cmh" / "sync"
+        assert doc["store"]["cache_dir"] == str(default)
+        assert Path(doc["path"]).is_relative_to(default) and Path(doc["path"]).is_dir()
+    chosen = tmp_path / "chosen"
+    result = CliRunner().invoke(cli, ["mirror", "sync", REPO, "--store", target.location,
+                                      "--from", upstream.front.url, "--cache-dir", str(chosen),
+                                      "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["repos"][0]
+    if target.kind == "local":  # ignored: the folder store is the cache
+        assert doc["store"]["cache_dir"] == target.location and not chosen.exists()
+    else:
+        assert doc["store"]["cache_dir"] == str(chosen)
+        assert Path(doc["path"]).is_relative_to(chosen)
+        assert doc["store"]["state"] == "unchanged"  # a new cache: fetched, not uploaded
+
+
+def test_sync_help_says_what_cache_dir_is_for() -> None:
+    shown = CliRunner().invoke(cli, ["mirror", "sync", "--help"], terminal_width=200).output
+    words = " ".join(shown.split())
+    assert "--cache-dir" in words and "For a bucket store" in words
+    assert "A folder store is its own cache: it ignores this." in words

@@ -385,12 +385,13 @@ def test_page_operator(served: Served) -> None:
     assert "all good" in scrub  # the scrub just run, as the store recorded it
 
 
-def test_mirror_sync(served: Served) -> None:
+def test_mirror_sync(served: Served, tmp_path: Path) -> None:
     """``cmh mirror sync X --store S --from URL`` fills the store (here from the mirror
     itself: it is a Hub), and the synced repo is then served with its files."""
     target = served.store + "synced/" if served.kind != "local" else served.store + "-synced"
+    env = {**served.env, "XDG_CACHE_HOME": str(tmp_path / "xdg")}  # a bucket's sync cache
     out = cmh(["mirror", "sync", TINY_REPO, "--store", target, "--from", served.server.url,
-               "--json"], served.env)  # fmt: skip
+               "--json"], env)  # fmt: skip
     assert json.loads(out.stdout)["repos"][0]["commit"] == served.commits[TINY_REPO]
     listed = cmh(["mirror", "ls", "--store", target, "--json"], served.env)
     (repo,) = json.loads(listed.stdout)["repos"]

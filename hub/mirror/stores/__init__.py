@@ -12,8 +12,11 @@ from __future__ import annotations
 from ._base import MirrorStore, StoreMissing, StoreUnavailable
 from ._open import open_store, parse_location
 from ._pull import FillFailed, FillReader, PullThrough, SentRanges
+from ._sync import UNCHANGED, UPDATED, SyncResult, default_sync_cache
 
 __all__ = [
+    "UNCHANGED",
+    "UPDATED",
     "FillFailed",
     "FillReader",
     "MirrorStore",
@@ -21,6 +24,8 @@ __all__ = [
     "SentRanges",
     "StoreMissing",
     "StoreUnavailable",
+    "SyncResult",
+    "default_sync_cache",
     "open_store",
     "parse_location",
 ]

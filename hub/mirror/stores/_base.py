@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .._scrub_history import ScrubView
     from .._store import ImportOptions, ImportResult, RepoSummary
     from ._pull import PullThrough
+    from ._sync import SyncResult
 
 
 class StoreUnavailable(StoreError):
@@ -124,10 +125,19 @@ class MirrorStore(Protocol):
         """Bytes a scrub reads (for its progress bar)."""
 
     def sync(
-        self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str
-    ) -> Any:
-        """Fill the store from a Hub: ``fetch(cache_dir)`` resolves into a local cache
-        folder (the store itself, or a scratch one imported afterwards); its result."""
+        self,
+        fetch: Callable[[Path], Any],
+        repo_id: str,
+        revision: str,
+        repo_type: str,
+        *,
+        cache_dir: Path | None = None,
+    ) -> SyncResult:
+        """Fill the store from a Hub: ``fetch(cache)`` resolves into a local Hugging Face
+        cache kept between runs, so a sync again fetches only what changed and an
+        interrupted one resumes: the store itself (a folder; ``cache_dir`` is not used),
+        or ``cache_dir`` (default :func:`~._sync.default_sync_cache`) whose snapshot is
+        then imported (a bucket; not when it holds the commit at the revision already)."""
 
     def remote_sender(self, delivery: str) -> Any:
         """How a remote store sends bytes in ``delivery`` mode (None: this process opens

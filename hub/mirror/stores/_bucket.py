@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from .._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from .._scrub import ScrubOptions, ScrubReport
 from .._store import ImportOptions, ImportResult, RepoSummary
 from ._base import StoreMissing, StoreUnavailable
+from ._sync import UNCHANGED, UPDATED, SyncResult, default_sync_cache
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -251,7 +251,9 @@ class BucketBackedStore:
         self._keep_manifests(src, result)
         return result
 
-    def _keep_manifests(self, src: Path, result: ImportResult) -> None:
+    def _keep_manifests(
+        self, src: Path, result: ImportResult, *, links_within: Path | None = None
+    ) -> None:
         """The tensor manifest of every safetensors file just imported, as a local import
         keeps them."""
         from .._manifests import ManifestError, compute
@@ -260,7 +262,7 @@ class BucketBackedStore:
         folder = self._folder(result.repo_type, result.repo_id)
         tree = self.bucket.read_tree(folder, result.commit)
         by_path = {f.path: f for f in tree.files} if tree is not None else {}
-        for rel, path in scan_folder(src):
+        for rel, path in scan_folder(src, links_within=links_within):
             f = by_path.get(rel)
             if f is None or not rel.endswith(".safetensors") or f.lfs_sha256 is None:
                 continue
@@ -328,19 +330,47 @@ class BucketBackedStore:
         return report
 
     def sync(
-        self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str
-    ) -> Any:
-        """Resolve into a scratch cache, then import its snapshot here as the Hub's commit
+        self,
+        fetch: Callable[[Path], Any],
+        repo_id: str,
+        revision: str,
+        repo_type: str,
+        *,
+        cache_dir: Path | None = None,
+    ) -> SyncResult:
+        """Resolve into a cache kept between runs (``cache_dir``, else
+        :func:`default_sync_cache`: a sync again asks what changed and fetches only that,
+        an interrupted one resumes), then import its snapshot here as the Hub's commit
         (same id, so clients pinned to it are answered): at ``revision``, or under its id
-        alone when ``revision`` is a commit id (no branch moves)."""
+        alone when ``revision`` is a commit id (no branch moves). Nothing is read or
+        written when the bucket holds that commit at that revision already."""
         from cmh.hub.cache import COMMIT_RE
 
-        with tempfile.TemporaryDirectory(prefix="cmh-sync-") as tmp:
-            res = fetch(Path(tmp) / "cache")
-            plain = Path(tmp) / "files"  # the snapshot's links followed: files to import
-            shutil.copytree(Path(res.path), plain, symlinks=False)
-            target = res.commit if COMMIT_RE.match(revision) else revision
-            result = self.bucket.add_folder(plain, repo_id, revision=target,
-                                            repo_type=repo_type, commit=res.commit)  # fmt: skip
-            self._keep_manifests(plain, result)
-        return res
+        cache = cache_dir if cache_dir is not None else default_sync_cache(self.location)
+        res = fetch(cache)
+        target = res.commit if COMMIT_RE.match(revision) else revision
+        folder = self.bucket.folder(repo_id, repo_type)
+        if self._holds(folder, target, res):
+            return SyncResult(res, UNCHANGED, cache)
+        snapshot = Path(res.path)  # read through its links: no copy of the files
+        repo_root = snapshot.parent.parent  # {cache}/{models--org--name}: blobs/ and snapshots/
+        result = self.bucket.add_folder(snapshot, repo_id, revision=target, repo_type=repo_type,
+                                        commit=res.commit, links_within=repo_root)  # fmt: skip
+        self._keep_manifests(snapshot, result, links_within=repo_root)
+        return SyncResult(res, UPDATED, cache, result.new_blobs, result.new_bytes)
+
+    def _holds(self, folder: str, target: str, res: Any) -> bool:
+        """True when the bucket has the tree object of ``res.commit`` with the resolved
+        files, and ``target`` (a ref, or that commit id itself) names it."""
+        with _storage_errors():
+            tree = self.bucket.read_tree(folder, res.commit)
+            if tree is None:
+                return False
+            if {f.path: (f.etag, f.size) for f in tree.files} != {
+                f.path: (f.etag, f.size) for f in res.files
+            }:
+                return False  # another selection, or other files: the import decides
+            if target == res.commit:
+                return True
+            ref = self.bucket.read_ref(folder, target)
+            return ref is not None and ref.commit == res.commit

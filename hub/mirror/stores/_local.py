@@ -24,6 +24,7 @@ from .._scrub import ScrubOptions, ScrubReport
 from .._send import BlobUnavailable, open_blob
 from .._store import ImportOptions, ImportResult, RepoSummary, StoreError
 from ._base import StoreMissing
+from ._sync import UNCHANGED, UPDATED, SyncResult
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -248,7 +249,25 @@ class LocalStore:
         return report
 
     def sync(
-        self, fetch: Callable[[Path], Any], repo_id: str, revision: str, repo_type: str
-    ) -> Any:
+        self,
+        fetch: Callable[[Path], Any],
+        repo_id: str,
+        revision: str,
+        repo_type: str,
+        *,
+        cache_dir: Path | None = None,
+    ) -> SyncResult:
+        """Resolve into the store itself (it is a Hugging Face cache, so a sync again
+        asks what changed and an interrupted one resumes); ``cache_dir`` is not used."""
         self.root.mkdir(parents=True, exist_ok=True)
-        return fetch(self.root)
+        before = self._held(repo_type, repo_id, revision)
+        res = fetch(self.root)
+        same = before == res.commit and not any(f.bytes_transferred for f in res.files)
+        return SyncResult(res, UNCHANGED if same else UPDATED, self.root)
+
+    def _held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
+        """The commit ``revision`` names here before a sync (None: none, or unreadable)."""
+        try:
+            return resolve_revision(self._repo(repo_type, repo_id), revision)
+        except (LayoutError, StoreError, OSError):
+            return None  # the resolver says what is wrong with the names
