@@ -27,6 +27,9 @@ from ._layout import RepoLayout
 #: Lock files are group-writable, like the stock client's (``FileLock(mode=0o664)``),
 #: so a cache shared by a group can be locked by every member.
 LOCK_FILE_MODE = 0o664
+#: Times a lock folder is made again after it vanished between our looks (a pruner's
+#: race); a folder that cannot be made at all (``/proc/x``) fails after these, not never.
+FOLDER_RETRIES = 20
 
 
 class LockBusy(TimeoutError):
@@ -44,12 +47,16 @@ def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> 
     """
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     deadline = None if timeout is None else time.monotonic() + timeout
+    vanished = 0
     while True:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_FILE_MODE)
         except (FileNotFoundError, FileExistsError):
             # A pruner removed the lock folder between our looks at it: make it again.
+            vanished += 1
+            if vanished > FOLDER_RETRIES:
+                raise
             continue
         with contextlib.suppress(PermissionError):  # another user's lock file: keep its mode
             os.fchmod(fd, LOCK_FILE_MODE)  # not narrowed by the umask, as the stock client does

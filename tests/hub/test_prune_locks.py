@@ -89,3 +89,28 @@ def test_lock_files_are_group_writable_like_the_stock_clients(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o664
+
+
+def test_a_lock_folder_that_cannot_be_made_fails_at_once() -> None:
+    """Was: ``flock`` made the folder again forever (``cmh pull --cache-dir /proc/x`` spun at
+    full CPU). A folder that vanishes between looks is made again; one that cannot be made
+    at all raises after a few tries."""
+    import pytest
+
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError), flock(Path("/proc/cmh-no-such-folder/x.lock")):
+        pass
+    assert time.monotonic() - started < 5
+
+
+def test_pull_into_a_cache_folder_that_cannot_be_made_says_so(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cmh = Path(sys.executable).parent / "cmh"
+    argv = [str(cmh), "pull", "org/x", "--cache-dir", "/proc/cmh-no-such-folder",
+            "--endpoint", "http://127.0.0.1:9"]  # fmt: skip
+    env = {**os.environ, "HF_HOME": str(tmp_path / "home")}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip() == "error: /proc/cmh-no-such-folder: No such file or directory"
