@@ -217,6 +217,23 @@ def test_sync_again_of_an_unchanged_repo_fetches_no_file_and_writes_nothing(
     assert pinned["store"]["state"] == "unchanged" and written == []  # held by its id
 
 
+def test_sync_again_puts_back_a_blob_the_store_lost(target: Target, upstream: Upstream) -> None:
+    """A blob scrub quarantined or a hand removed: a sync again does not take the tree
+    object's word for it, it stores the blob again."""
+    first = sync(target, upstream, REPO)["repos"][0]
+    etag = next(f["etag"] for f in first["files"] if f["path"] == "config.json")
+    folder = "models--cmh-test--history"
+    if target.kind == "local":
+        (Path(target.location) / folder / "blobs" / etag).unlink()
+    else:
+        target.store.bucket.objects.delete(f"{folder}/blobs/{etag}")  # type: ignore[attr-defined]
+    again = sync(target, upstream, REPO)["repos"][0]
+    assert again["store"]["state"] == "updated"
+    index = target.store.resolve("model", REPO, first["commit"])
+    assert index is not None
+    assert json.loads(target.store.opener(index.files["config.json"]).read())["version"] == 2
+
+
 def test_sync_of_a_new_version_fetches_and_uploads_only_the_changed_file(
     target: Target, upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -361,7 +361,8 @@ class BucketBackedStore:
 
     def _holds(self, folder: str, target: str, res: Any) -> bool:
         """True when the bucket has the tree object of ``res.commit`` with the resolved
-        files, and ``target`` (a ref, or that commit id itself) names it."""
+        files, each of its blobs stored at its size, and ``target`` (a ref, or that commit
+        id itself) names it."""
         with _storage_errors():
             tree = self.bucket.read_tree(folder, res.commit)
             if tree is None:
@@ -370,6 +371,9 @@ class BucketBackedStore:
                 f.path: (f.etag, f.size) for f in res.files
             }:
                 return False  # another selection, or other files: the import decides
+            blobs = self.bucket.blob_infos(folder)
+            if any(f.etag not in blobs or blobs[f.etag].size != f.size for f in tree.files):
+                return False  # a blob scrub quarantined or prune removed: import it again
             if target == res.commit:
                 return True
             ref = self.bucket.read_ref(folder, target)
