@@ -227,6 +227,8 @@ class BucketStore:
     _conditional_writes_checked: bool = field(default=False, init=False)
     #: lease object -> ETag of a lease held here
     _leases: dict[str, str] = field(default_factory=dict, init=False)
+    #: lease rewrites whose answer never came (the storage may have taken them)
+    _unsure: dict[str, bytes] = field(default_factory=dict, init=False)
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
@@ -647,7 +649,12 @@ class BucketStore:
         self, folder: str, owner: str, *, name: str | None = None, ttl: float | None = None
     ) -> bool:
         """Rewrite a lease this store holds (``If-Match``), so its lifetime starts again;
-        False when it is no longer ours (it expired and was taken over)."""
+        False when it is no longer ours (it expired and was taken over).
+
+        A rewrite whose answer was lost (the client retried it and the storage refused
+        the retry, or it failed after the storage may have taken it) is not a lost lease:
+        on a refusal the lease is read, and if it holds this rewrite or the one whose
+        answer never came (each has a unique nonce), it is still ours."""
         key = name or self.lease_name(folder)
         etag = self._leases.get(key)
         if etag is None:
@@ -655,10 +662,25 @@ class BucketStore:
         doc = self._lease_doc(owner, self.lease_ttl if ttl is None else ttl)
         try:
             self._leases[key] = self.objects.put_if_match(key, doc, etag)
-            return True
         except PreconditionFailed:
+            unsure = self._unsure.pop(key, None)
+            try:
+                data, info = self.objects.get_with_info(key)
+            except ObjectNotFound:
+                data = b""
+            if data == doc:  # this rewrite landed; its retry was refused
+                self._leases[key] = info.etag
+                return True
+            if unsure is not None and data == unsure:  # the unanswered one landed
+                self._leases[key] = info.etag
+                return self.renew_lease(folder, owner, name=key, ttl=ttl)
             del self._leases[key]
             return False
+        except ObjectStoreError:
+            self._unsure[key] = doc
+            raise
+        self._unsure.pop(key, None)
+        return True
 
     def release_lease(self, folder: str, *, name: str | None = None) -> None:
         """Delete the repo's lease (or the lease object ``name``) if this store still holds it."""

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -117,11 +117,21 @@ class MotoServer:
 
 
 class HeaderDroppingProxy:
-    """A pass-through HTTP proxy on 127.0.0.1 that removes conditional-write headers."""
+    """A pass-through HTTP proxy on 127.0.0.1 that removes the ``dropped`` request headers
+    (the conditional-write ones by default). ``lose_answers`` counts down requests whose
+    answer is lost: a request that :attr:`loses` accepts is forwarded (the storage acts on
+    it) and the connection is closed with no answer."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        dropped: frozenset[str] = DROPPED,
+        loses: Callable[[str, str, dict[str, str]], bool] | None = None,
+    ) -> None:
         host, _, port = upstream.removeprefix("http://").partition(":")
         target = (host, int(port))
+        self.lose_answers = 0
+        proxy = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -129,7 +139,7 @@ class HeaderDroppingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in DROPPED}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
                 conn = http.client.HTTPConnection(*target, timeout=60)
                 try:
                     conn.request(self.command, self.path, body=body, headers=headers)
@@ -137,6 +147,11 @@ class HeaderDroppingProxy:
                     data = resp.read()
                 finally:
                     conn.close()
+                lose = loses is not None and loses(self.command, self.path, headers)
+                if lose and proxy.lose_answers > 0:
+                    proxy.lose_answers -= 1
+                    self.close_connection = True  # acted on, never answered
+                    return
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "content-length", "connection"):

@@ -20,7 +20,8 @@ import pytest
 from bucket_support import Bucket, history, open_store, use_bucket
 from cli_support import CMH
 from cmh.hub.mirror._bucket import BucketStore, ConditionalWritesUnsupported
-from cmh.hub.mirror._objectstore import ObjectStore
+from cmh.hub.mirror._objectstore import ObjectStore, ObjectStoreError
+from motoserver import HeaderDroppingProxy
 
 PAIRS = 20
 PARALLEL_PAIRS = 4
@@ -177,3 +178,37 @@ def test_prune_refuses_a_storage_without_conditional_writes(
     assert proc.returncode == 2, proc.stderr
     assert "does not honour conditional writes" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(i.name for i in store.objects.list("")) == before  # nothing deleted
+
+
+def test_a_lease_renewal_whose_answer_is_lost_keeps_the_lease(
+    conformant: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a renewal that reached the storage but whose answer was lost made the next
+    renewal's ``If-Match`` refused, so the holder gave up a lease it still held (a fill
+    then cut its clients). The holder now reads the lease and finds its own rewrite."""
+    proxy = HeaderDroppingProxy(
+        conformant.endpoint,
+        dropped=frozenset(),
+        loses=lambda method, _, headers: method == "PUT" and "if-match" in map(str.lower, headers),
+    )
+    try:
+        use_bucket(conformant, tmp_path, monkeypatch)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # the same storage, through it
+        store = BucketStore.open(conformant.url)
+        lease = "org--x/.cmh/fills/" + "a" * 64 + "/lease"
+        assert store.take_lease("org--x", "me", name=lease, ttl=30.0)
+        for _ in range(3):  # each renewal's answer lost once, then the next one answered
+            proxy.lose_answers = 1
+            try:
+                kept = store.renew_lease("org--x", "me", name=lease, ttl=30.0)
+            except ObjectStoreError:
+                kept = store.renew_lease("org--x", "me", name=lease, ttl=30.0)
+            assert kept
+        assert proxy.lose_answers == 0  # the answers were lost indeed
+        assert json.loads(store.objects.get(lease))["owner"] == "me"
+        other = BucketStore.open(conformant.url)
+        assert not other.take_lease("org--x", "another", name=lease, ttl=30.0)  # held
+        store.objects.put(lease, b'{"owner": "another", "ttl": 30.0, "nonce": "x"}')
+        assert not store.renew_lease("org--x", "me", name=lease, ttl=30.0)  # taken: lost
+    finally:
+        proxy.stop()

@@ -372,6 +372,33 @@ def test_filling_replica_killed_mid_fill_another_resumes_after_the_lease_expires
     _wait_stored(store, sha)  # whole bodies end before the fill stores the blob
 
 
+def test_a_filler_whose_lease_is_taken_over_keeps_its_client_and_waits_for_the_fleet(
+    any_fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    """Was: the replica whose lease another took over (it stalled past the lifetime, or a
+    lost answer to its renewal) cut its own clients. Now it waits for the fleet's fill like
+    any replica, here takes it back once the other's lease expired, and its client gets the
+    whole body."""
+    fleet = any_fleet
+    sha = origin["blobs"][MID_REPO]
+    first = fleet.start(lease_ttl=2.0)
+    store = fleet.store()
+    fleet.front.stall(after_bytes=20 << 20, seconds=3, path=sha)  # renewals fail meanwhile
+    thread, _, outcome = _start_get(first, MID_REPO)
+    _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+    lease = f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"
+    other = {"owner": "another-replica", "ttl": 2.0, "nonce": "0" * 32}
+    store.objects.put(lease, json.dumps(other).encode())  # another replica took it over
+    thread.join(60)
+    assert outcome[0] == f"complete {sha}", outcome
+    fleet.front.wait_idle(30)
+    ranges = _cdn_ranges(fleet.front, sha)
+    assert len(ranges) == 2 and ranges[0] is None, ranges
+    resumed = int((ranges[1] or "bytes=0-").removeprefix("bytes=").split("-")[0])
+    assert resumed >= 16 << 20 and resumed % (8 << 20) == 0, ranges  # from the stored parts
+    _wait_stored(store, sha)
+
+
 def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     any_fleet: Fleet, origin: dict[str, Any]
 ) -> None:

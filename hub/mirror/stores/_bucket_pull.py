@@ -86,6 +86,11 @@ def _owner() -> str:
     return f"cmh serve {socket.gethostname()}:{os.getpid()}"
 
 
+class _LeaseLost(Exception):
+    """Another replica took this fill's lease over (it judged it expired): this replica
+    stops filling and waits for that fill like any other replica, its clients with it."""
+
+
 class BucketPullThrough:
     """The pull-through state and fills of one bucket store (one per worker)."""
 
@@ -407,6 +412,8 @@ class BucketPullThrough:
                     try:
                         if not self._present(blob):  # filled between the look and the lease
                             _Fill(self, upstream, folder, commit, f).run()
+                    except _LeaseLost:
+                        continue  # the fill goes on elsewhere: wait for it (or take it back)
                     finally:
                         with contextlib.suppress(ObjectStoreError):
                             self.store.release_lease(folder, name=lease)
@@ -567,7 +574,7 @@ class _Fill:
     def run(self) -> None:
         from cmh.hub.resolver import IntegrityError
 
-        from .._upstream import failed, unavailable
+        from .._upstream import failed
 
         name = self.pull.store.blob_name(self.folder, self.f.etag)
         upload: _Upload | _SmallUpload = (
@@ -590,7 +597,7 @@ class _Fill:
                 raise failed(error, "fill failed")
             if self.lost.is_set():
                 upload.abort()
-                raise unavailable("the fill's lease was lost (another replica took it over)")
+                raise _LeaseLost(self.fills)
             storage_etag = upload.finish()
         except BaseException:
             upload.abort()
@@ -681,7 +688,7 @@ class _Fill:
                         if not chunk:
                             return
                     if self.lost.is_set():
-                        raise FillFailed("the fill's lease was lost")
+                        raise _LeaseLost(self.fills)
                     self._take(chunk, upload)
                     self.buffer += chunk
                     while len(self.buffer) >= PART:
