@@ -516,16 +516,7 @@ def _read_token(path: Path | None) -> str | None:
 )
 @json_option
 @handle_errors
-def sync(
-    repo_ids: tuple[str, ...],
-    store: StoreLocation,
-    upstream: str,
-    revision: str,
-    repo_type: str,
-    token_file: Path | None,
-    cache_dir: Path | None,
-    as_json: bool,
-) -> None:
+def sync(repo_ids: tuple[str, ...], store: StoreLocation, as_json: bool, **source: Any) -> None:
     """Fill a store from a Hub ahead of time, with the resolver's checks (for air gaps).
 
     A sync again asks the Hub what changed and fetches only that; one interrupted
@@ -539,11 +530,13 @@ def sync(
         InvalidNameError,
         StoreError,
     )
+    from cmh.hub.mirror.stores import SyncRequest
 
-    check_hub_url(upstream, "--from")
-    token = _read_token(token_file)
+    src = _SyncSource(**source)
+    revision, repo_type = src.revision, src.repo_type
+    check_hub_url(src.upstream, "--from")
+    token = _read_token(src.token_file)
     target = open_store_or_fail(store, existing=False)
-    source = _SyncSource(upstream, token, revision, repo_type)
     results = []
     resume = (
         "repos reported synced are complete, finished files and chunks of the one in progress "
@@ -556,8 +549,8 @@ def sync(
                 report_waits(),
                 late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
             ):
-                fetch = functools.partial(_sync_one, source, repo_id, bar)
-                res = target.sync(fetch, repo_id, revision, repo_type, cache_dir=cache_dir)
+                fetch = functools.partial(_sync_one, src, token, repo_id, bar)
+                res = target.sync(SyncRequest(fetch, repo_id, revision, repo_type, src.cache_dir))
         except (LayoutError, InvalidNameError) as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
         except StoreError as exc:
@@ -592,15 +585,19 @@ def _sync_words(res: SyncResult) -> str:
 
 @dataclass(frozen=True)
 class _SyncSource:
-    """Where `mirror sync` fetches from, and what."""
+    """Where `mirror sync` fetches from, what, and the bucket's local cache (the options
+    click gives beside the repos, the store and ``--json``)."""
 
     upstream: str
-    token: str | None
     revision: str
     repo_type: str
+    token_file: Path | None
+    cache_dir: Path | None
 
 
-def _sync_one(source: _SyncSource, repo_id: str, bar: Any, cache: Path) -> object:
+def _sync_one(
+    source: _SyncSource, token: str | None, repo_id: str, bar: Any, cache: Path
+) -> object:
     """Resolve one repo from ``source.upstream`` into the cache folder ``cache``."""
     import cmh.hub as hub
 
@@ -610,7 +607,7 @@ def _sync_one(source: _SyncSource, repo_id: str, bar: Any, cache: Path) -> objec
         repo_type=source.repo_type,
         cache_dir=cache,
         endpoint=source.upstream,
-        token=source.token or False,
+        token=token or False,
         policy=hub.Policy(stale_if_error=False),
         progress=bar.advance,
         on_total=bar.on_total,

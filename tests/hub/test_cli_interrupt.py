@@ -75,29 +75,40 @@ def interrupt_when(
     return status, time.monotonic() - pressed_at, transcript.decode(errors="replace")
 
 
+def _slow_hub(tmp_path: Path, mirror_server_factory: Any) -> tuple[Path, str, FaultProxy]:
+    """``org/big`` (32 MiB) behind a proxy that slows it to about 2 s per 4 MiB chunk and
+    connection: its source folder, its commit, the proxy."""
+    store = tmp_path / "store"
+    src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)
+    commit = add_folder(store, src, "org/big").commit
+    proxy = FaultProxy(mirror_server_factory(store).url)
+    proxy.delay = 0.03
+    return src, commit, proxy
+
+
+def _chunks_logged(cache: Path) -> int:
+    """Chunks of ``org/big`` finished in ``cache`` (its transfer logs)."""
+    partial = cache / "models--org--big" / ".cmh" / "partial"
+    logs = list(partial.glob("*.chunks.log")) if partial.is_dir() else []
+    return sum(line.startswith("chunk ") for p in logs for line in p.read_text().splitlines())
+
+
 def test_ctrl_c_stops_pull_at_once_and_the_rerun_resumes(
     tmp_path: Path, mirror_server_factory: Any
 ) -> None:
-    store, cache = tmp_path / "store", tmp_path / "cache"
-    src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)  # 32 MiB
-    add_folder(store, src, "org/big")
-    proxy = FaultProxy(mirror_server_factory(store).url)
-    proxy.delay = 0.03  # about 2 s per 4 MiB chunk and connection
-    partial = cache / "models--org--big" / ".cmh" / "partial"
-
-    def chunks_logged() -> int:
-        logs = list(partial.glob("*.chunks.log")) if partial.is_dir() else []
-        return sum(line.startswith("chunk ") for p in logs for line in p.read_text().splitlines())
-
+    cache = tmp_path / "cache"
+    src, _, proxy = _slow_hub(tmp_path, mirror_server_factory)
     try:
         argv = ["pull", "org/big", "--cache-dir", str(cache), "--endpoint", proxy.url,
                 "--connections", "2"]  # fmt: skip
-        code, seconds, output = interrupt_when(argv, _env(tmp_path), lambda: chunks_logged() >= 1)
+        code, seconds, output = interrupt_when(
+            argv, _env(tmp_path), lambda: _chunks_logged(cache) >= 1
+        )
         assert code == 130, output
         assert seconds < STOP_WITHIN, (seconds, output)
         assert "interrupted:" in output and "run the same command again to resume" in output
         assert "Aborted!" not in output and "Traceback" not in output
-        kept = chunks_logged()
+        kept = _chunks_logged(cache)
         assert 1 <= kept < 8, kept  # finished chunks are kept, the rest was not fetched
 
         proxy.delay = 0.0
@@ -125,26 +136,17 @@ def test_ctrl_c_stops_a_sync_into_a_bucket_and_the_rerun_resumes(
     bucket = request.getfixturevalue(f"{kind}_bucket")
     env = {**_env(tmp_path), **use_bucket(bucket, tmp_path, monkeypatch)}
     env.update(CMH_DOWNLOAD_CONNECTIONS="2", XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    store, cache = tmp_path / "store", tmp_path / "cache"
-    src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)  # 32 MiB
-    commit = add_folder(store, src, "org/big").commit
-    proxy = FaultProxy(mirror_server_factory(store).url)
-    proxy.delay = 0.03  # about 2 s per 4 MiB chunk and connection
-    partial = cache / "models--org--big" / ".cmh" / "partial"
-
-    def chunks_logged() -> int:
-        logs = list(partial.glob("*.chunks.log")) if partial.is_dir() else []
-        return sum(line.startswith("chunk ") for p in logs for line in p.read_text().splitlines())
-
+    cache = tmp_path / "cache"
+    src, commit, proxy = _slow_hub(tmp_path, mirror_server_factory)
     try:
         argv = ["mirror", "sync", "org/big", "--store", bucket.url, "--from", proxy.url,
                 "--cache-dir", str(cache)]  # fmt: skip
-        code, seconds, output = interrupt_when(argv, env, lambda: chunks_logged() >= 1)
+        code, seconds, output = interrupt_when(argv, env, lambda: _chunks_logged(cache) >= 1)
         assert code == 130, output
         assert seconds < STOP_WITHIN, (seconds, output)
         assert "interrupted:" in output and "run the same command again to resume" in output
         assert "Traceback" not in output
-        kept = chunks_logged()
+        kept = _chunks_logged(cache)
         assert 1 <= kept < 8, kept
         target = BucketStore.open(bucket.url)
         assert target.read_ref("models--org--big", "main") is None  # nothing half-done

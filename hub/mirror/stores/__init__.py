@@ -12,7 +12,7 @@ from __future__ import annotations
 from ._base import MirrorStore, StoreMissing, StoreUnavailable
 from ._open import open_store, parse_location
 from ._pull import FillFailed, FillReader, PullThrough, SentRanges
-from ._sync import UNCHANGED, UPDATED, SyncResult, default_sync_cache
+from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 
 __all__ = [
     "UNCHANGED",
@@ -24,6 +24,7 @@ __all__ = [
     "SentRanges",
     "StoreMissing",
     "StoreUnavailable",
+    "SyncRequest",
     "SyncResult",
     "default_sync_cache",
     "open_store",

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .._scrub_history import ScrubView
     from .._store import ImportOptions, ImportResult, RepoSummary
     from ._pull import PullThrough
-    from ._sync import SyncResult
+    from ._sync import SyncRequest, SyncResult
 
 
 class StoreUnavailable(StoreError):
@@ -124,16 +124,8 @@ class MirrorStore(Protocol):
     def scrub_bytes(self) -> int:
         """Bytes a scrub reads (for its progress bar)."""
 
-    def sync(
-        self,
-        fetch: Callable[[Path], Any],
-        repo_id: str,
-        revision: str,
-        repo_type: str,
-        *,
-        cache_dir: Path | None = None,
-    ) -> SyncResult:
-        """Fill the store from a Hub: ``fetch(cache)`` resolves into a local Hugging Face
+    def sync(self, request: SyncRequest) -> SyncResult:
+        """Fill the store from a Hub: ``request.fetch(cache)`` resolves into a local Hugging Face
         cache kept between runs, so a sync again fetches only what changed and an
         interrupted one resumes: the store itself (a folder; ``cache_dir`` is not used),
         or ``cache_dir`` (default :func:`~._sync.default_sync_cache`) whose snapshot is

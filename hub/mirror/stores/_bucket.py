@@ -22,7 +22,7 @@ from .._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from .._scrub import ScrubOptions, ScrubReport
 from .._store import ImportOptions, ImportResult, RepoSummary
 from ._base import StoreMissing, StoreUnavailable
-from ._sync import UNCHANGED, UPDATED, SyncResult, default_sync_cache
+from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -329,15 +329,7 @@ class BucketBackedStore:
             self.bucket.objects.put(f"{QUARANTINE}/{LAST_SCRUB}", json.dumps(body).encode())
         return report
 
-    def sync(
-        self,
-        fetch: Callable[[Path], Any],
-        repo_id: str,
-        revision: str,
-        repo_type: str,
-        *,
-        cache_dir: Path | None = None,
-    ) -> SyncResult:
+    def sync(self, request: SyncRequest) -> SyncResult:
         """Resolve into a cache kept between runs (``cache_dir``, else
         :func:`default_sync_cache`: a sync again asks what changed and fetches only that,
         an interrupted one resumes), then import its snapshot here as the Hub's commit
@@ -346,16 +338,17 @@ class BucketBackedStore:
         written when the bucket holds that commit at that revision already."""
         from cmh.hub.cache import COMMIT_RE
 
-        cache = cache_dir if cache_dir is not None else default_sync_cache(self.location)
-        res = fetch(cache)
-        target = res.commit if COMMIT_RE.match(revision) else revision
-        folder = self.bucket.folder(repo_id, repo_type)
+        cache = request.cache_dir or default_sync_cache(self.location)
+        res = request.fetch(cache)
+        target = res.commit if COMMIT_RE.match(request.revision) else request.revision
+        folder = self.bucket.folder(request.repo_id, request.repo_type)
         if self._holds(folder, target, res):
             return SyncResult(res, UNCHANGED, cache)
         snapshot = Path(res.path)  # read through its links: no copy of the files
         repo_root = snapshot.parent.parent  # {cache}/{models--org--name}: blobs/ and snapshots/
-        result = self.bucket.add_folder(snapshot, repo_id, revision=target, repo_type=repo_type,
-                                        commit=res.commit, links_within=repo_root)  # fmt: skip
+        result = self.bucket.add_folder(snapshot, request.repo_id, revision=target,
+                                        repo_type=request.repo_type, commit=res.commit,
+                                        links_within=repo_root)  # fmt: skip
         self._keep_manifests(snapshot, result, links_within=repo_root)
         return SyncResult(res, UPDATED, cache, result.new_blobs, result.new_bytes)
 

@@ -24,7 +24,7 @@ from .._scrub import ScrubOptions, ScrubReport
 from .._send import BlobUnavailable, open_blob
 from .._store import ImportOptions, ImportResult, RepoSummary, StoreError
 from ._base import StoreMissing
-from ._sync import UNCHANGED, UPDATED, SyncResult
+from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -248,20 +248,12 @@ class LocalStore:
         record_scrub(self.root, report.to_dict())  # shown on the web operator page
         return report
 
-    def sync(
-        self,
-        fetch: Callable[[Path], Any],
-        repo_id: str,
-        revision: str,
-        repo_type: str,
-        *,
-        cache_dir: Path | None = None,
-    ) -> SyncResult:
+    def sync(self, request: SyncRequest) -> SyncResult:
         """Resolve into the store itself (it is a Hugging Face cache, so a sync again
         asks what changed and an interrupted one resumes); ``cache_dir`` is not used."""
         self.root.mkdir(parents=True, exist_ok=True)
-        before = self._held(repo_type, repo_id, revision)
-        res = fetch(self.root)
+        before = self._held(request.repo_type, request.repo_id, request.revision)
+        res = request.fetch(self.root)
         same = before == res.commit and not any(f.bytes_transferred for f in res.files)
         return SyncResult(res, UNCHANGED if same else UPDATED, self.root)
 

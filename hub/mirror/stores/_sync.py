@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,19 @@ from typing import Any
 #: written), or it was written (a new commit, a moved ref, new or repaired files).
 UNCHANGED = "unchanged"
 UPDATED = "updated"
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    """One repo to sync: ``fetch(cache)`` resolves ``repo_id`` at ``revision`` into the
+    local Hugging Face cache folder ``cache``; ``cache_dir`` is where a bucket store keeps
+    that cache (None: :func:`default_sync_cache`; a folder store is its own)."""
+
+    fetch: Callable[[Path], Any]
+    repo_id: str
+    revision: str
+    repo_type: str
+    cache_dir: Path | None = None
 
 
 @dataclass(frozen=True)
