@@ -402,17 +402,12 @@ def serve(**options: Any) -> None:
     flight get --graceful-timeout seconds to finish.
     """
     opt = _ServeOptions(**options)
-    from cmh.hub.mirror import ServeConfig, ServeError, UpstreamConfig
+    from cmh.hub.mirror import ServeConfig, ServeError, StoreError, UpstreamConfig
     from cmh.hub.mirror import serve as run
 
     pull = None
     check_hub_url(opt.upstream, "--upstream")
     if opt.upstream is not None:
-        if opt.fill_lease_ttl is not None and not isinstance(opt.store, str):
-            usage_error(
-                "--fill-lease-ttl applies to bucket stores (--store s3://...) only: a folder's "
-                "fills are held by the blob lock, which has no lifetime"
-            )
         pull = UpstreamConfig(
             opt.upstream,
             _read_token(opt.upstream_token_file),
@@ -421,8 +416,12 @@ def serve(**options: Any) -> None:
             public_repos=opt.public_upstream_repos,
             fill_lease_ttl=opt.fill_lease_ttl,
         )
-
-        open_store_or_fail(opt.store, existing=False).create()  # a pull-through cache starts empty
+        target = open_store_or_fail(opt.store, existing=False)
+        try:  # the store refuses what it cannot do, before anything is made
+            target.pull_through(pull.fresh_for, fill_lease_ttl=pull.fill_lease_ttl)
+        except StoreError as exc:
+            usage_error(f"--fill-lease-ttl: {exc}")
+        target.create()  # a pull-through cache starts empty
         click.echo(_exposure(pull, opt.tokens), err=True)
     elif opt.upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")

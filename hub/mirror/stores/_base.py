@@ -138,7 +138,8 @@ class MirrorStore(Protocol):
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> PullThrough:
         """The store's side of ``cmh serve --upstream`` (``fresh_for``: seconds an unstamped
         branch stays fresh after a validation; ``fill_lease_ttl``: the lifetime of a
-        bucket fill's lease, ``None`` for the default)."""
+        bucket fill's lease, ``None`` for the default; a store without fill leases raises
+        :class:`StoreError` when it is given)."""
 
     def local_root(self) -> Path | None:
         """The folder the store lives in, for what only a folder has (x-accel,

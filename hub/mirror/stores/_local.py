@@ -98,7 +98,11 @@ class LocalStore:
         return self.root
 
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> Any:
-        # A folder's fills are held by the blob lock, not a lease: no lifetime to set.
+        if fill_lease_ttl is not None:
+            raise StoreError(
+                "a fill lease's lifetime applies to bucket stores (--store s3://...) only: "
+                "a folder's fills are held by the blob lock, which has no lifetime"
+            )
         from ._local_pull import LocalPullThrough
 
         return LocalPullThrough(self.root, fresh_for)
