@@ -254,10 +254,12 @@ class _RepoPruner:
                 else:
                     per_blob.append(item)
         for item in by_kind.pop(KIND_CUT, []):  # unless a cut rewrote it meanwhile
-            with contextlib.suppress(OSError):
+            try:
                 written = (self.root / item.path).stat().st_mtime
-                if cut_spent(written, self.plan.policy, self.plan.now):
-                    self._attempt_item("unlink-cut", item, _unlink)
+            except OSError:
+                continue  # gone meanwhile
+            if cut_spent(written, self.plan.policy, self.plan.now):
+                self._attempt_item("unlink-cut", item, _unlink)
         for kind_items in by_kind.values():
             for item in kind_items:
                 if leftover_commit(item) not in failed:

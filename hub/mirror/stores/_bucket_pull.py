@@ -401,7 +401,7 @@ class BucketPullThrough:
         try:
             f = self._entry(folder, commit, path)
             blob = self.store.blob_name(folder, f.etag)
-            fills = f"{folder}/.cmh/fills/{f.etag}"
+            fills = self.store.fill_name(folder, f.etag)
             while not self._present(blob):
                 # A fill this request waited for failed: its outcome is shared, not retried.
                 failure = self._failure(fills, started)
@@ -458,7 +458,7 @@ class BucketPullThrough:
     def reader_for(self, entry: FileEntry, fill: asyncio.Future[None]) -> PartTail:
         folder, _, etag = entry.source.as_posix().rpartition("/blobs/")
         return PartTail(self.objects, entry.source.as_posix(),
-                        f"{folder}/.cmh/fills/{etag}", entry.size, fill)  # fmt: skip
+                        BucketStore.fill_name(folder, etag), entry.size, fill)  # fmt: skip
 
     def reader(
         self, repo_type: str, repo_id: str, entry: FileEntry, fill: asyncio.Future[None]
@@ -560,7 +560,7 @@ class _Fill:
         assert parsed is not None  # the folder was made from a repo name
         self.repo_type, self.repo_id = parsed
         self.objects = pull.objects
-        self.fills = f"{folder}/.cmh/fills/{f.etag}"
+        self.fills = pull.store.fill_name(folder, f.etag)
         self.digest = new_digest(f.etag, f.size)
         self.pos = 0  # bytes hashed, stored as parts or in ``buffer``
         self.part = 0  # the next part number
