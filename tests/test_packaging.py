@@ -45,13 +45,12 @@ def test_the_wheel_holds_every_module_and_data_file(tmp_path: Path) -> None:
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        held = {name for name in archive.namelist() if name.startswith("cmh/")}
-    missing = sorted(_source_files() - held)
-    assert missing == [], f"not in the wheel (add the package to pyproject.toml): {missing}"
     target = tmp_path / "installed"
     with zipfile.ZipFile(wheel) as archive:
+        held = {name for name in archive.namelist() if name.startswith("cmh/")}
         archive.extractall(target)
+    missing = sorted(_source_files() - held)
+    assert missing == [], f"not in the wheel (add the package to pyproject.toml): {missing}"
     probe = "import cmh.hub.mirror, cmh.hub.mirror.stores, cmh.hub.mirror.web, cmh.cli.main"
     imported = subprocess.run(
         [sys.executable, "-c", f"{probe}; print(cmh.hub.mirror.__file__)"],

@@ -1,11 +1,12 @@
-"""A real moto S3 server on 127.0.0.1, and a proxy that drops conditional headers.
+"""A real moto S3 server on 127.0.0.1, and a proxy that breaks a storage on purpose.
 
 :class:`MotoServer` runs ``moto_server`` (PyPI ``moto[server]``, of the dev extra; a
 version with conditional writes) on a free 127.0.0.1 port, creates a bucket and stops
-the process it started. :class:`HeaderDroppingProxy` forwards every request to an
+the process it started. :class:`FaultyS3Proxy` forwards every request to an
 endpoint with ``If-None-Match`` and ``If-Match`` removed: a storage that ignores
 conditional writes, as moto 5.0.0 and some S3 gateways do. moto checks no signature,
-so the requests stay valid once the headers are gone.
+so the requests stay valid once the headers are gone. With no header dropped it can
+lose the answers of chosen requests instead (the storage acted on them).
 
 Fixtures (from ``tests/hub/conftest.py``, so one server serves the session):
 ``moto``, ``moto_bucket`` (a fresh prefix, with ``.url`` and ``.aws_env()`` like
@@ -116,7 +117,7 @@ class MotoServer:
         stop_process(self.process, grace=5)
 
 
-class HeaderDroppingProxy:
+class FaultyS3Proxy:
     """A pass-through HTTP proxy on 127.0.0.1 that removes the ``dropped`` request headers
     (the conditional-write ones by default). ``lose_answers`` counts down requests whose
     answer is lost: a request that :attr:`loses` accepts is forwarded (the storage acts on
@@ -220,8 +221,8 @@ def moto_bucket_fixture(moto: MotoServer) -> S3Bucket:
 
 @pytest.fixture(name="no_cas_bucket")
 def no_cas_bucket_fixture(moto: MotoServer) -> Iterator[S3Bucket]:
-    """moto behind :class:`HeaderDroppingProxy`: a storage without conditional writes."""
-    proxy = HeaderDroppingProxy(moto.endpoint)
+    """moto behind :class:`FaultyS3Proxy`: a storage without conditional writes."""
+    proxy = FaultyS3Proxy(moto.endpoint)
     try:
         yield S3Bucket(proxy.endpoint, BUCKET, f"t-{uuid.uuid4().hex[:12]}/")
     finally:

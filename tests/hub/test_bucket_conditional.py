@@ -21,7 +21,7 @@ from bucket_support import Bucket, history, open_store, use_bucket
 from cli_support import CMH
 from cmh.hub.mirror._bucket import BucketStore, ConditionalWritesUnsupported
 from cmh.hub.mirror._objectstore import ObjectStore, ObjectStoreError
-from motoserver import HeaderDroppingProxy
+from motoserver import FaultyS3Proxy
 
 PAIRS = 20
 PARALLEL_PAIRS = 4
@@ -186,7 +186,7 @@ def test_a_lease_renewal_whose_answer_is_lost_keeps_the_lease(
     """Was: a renewal that reached the storage but whose answer was lost made the next
     renewal's ``If-Match`` refused, so the holder gave up a lease it still held (a fill
     then cut its clients). The holder now reads the lease and finds its own rewrite."""
-    proxy = HeaderDroppingProxy(
+    proxy = FaultyS3Proxy(
         conformant.endpoint,
         dropped=frozenset(),
         loses=lambda method, _, headers: method == "PUT" and "if-match" in map(str.lower, headers),
