@@ -7,6 +7,13 @@ holds only valid Unicode. ``cmh fingerprint --json DIR`` must name the same
 ``invalid_file`` / ``index_inconsistent`` as ``cmh verify DIR``. A few runs of
 the real ``cmh`` command check the bytes on stdout are UTF-8 JSON and that no
 traceback reaches stderr, whatever the file names.
+
+The inputs include what is not a regular file (FIFOs, sockets, devices, link
+loops, dangling links: as PATH, as a shard, a stray or the index), deep and wide
+JSON and huge numbers (spec 2.2's own limits), and snapshots laid out as the
+Hugging Face cache lays them out, some with a link out. The real command then
+runs over every case with ``PYTHONINTMAXSTRDIGITS`` at its default and at 0
+(under a small recursion limit): the outcomes must be equal.
 """
 
 from __future__ import annotations
