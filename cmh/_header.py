@@ -17,7 +17,7 @@ import os
 import re
 import struct
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, BinaryIO
@@ -226,13 +226,7 @@ def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Head
         raise InvalidFileError("header does not start with '{'", path)
     text = strict_utf8(raw, "header", path)
     try:
-        check_json_limits(text)
-        obj = json.loads(
-            text,
-            object_pairs_hook=_checked_object,
-            parse_int=_parse_json_integer,
-            parse_constant=_reject_constant,
-        )
+        obj = _load_json(text, _parse_json_integer, float)
     except _DuplicateKeyError as exc:
         raise InvalidFileError(f"header has the key {exc.key!r} twice", path) from exc
     except _LoneSurrogateError as exc:
@@ -292,14 +286,7 @@ def parse_strict_json(text: str) -> Any:
     an unpaired surrogate escape. Raises ``ValueError`` saying which rule broke.
     """
     try:
-        check_json_limits(text)
-        value = json.loads(
-            text,
-            object_pairs_hook=_checked_object,
-            parse_int=JSONNumber,
-            parse_float=JSONNumber,
-            parse_constant=_reject_constant,
-        )
+        value = _load_json(text, JSONNumber, JSONNumber)
     except _DuplicateKeyError as exc:
         raise ValueError(f"the key {exc.key!r} appears twice in one object") from exc
     except _LoneSurrogateError as exc:
@@ -338,6 +325,21 @@ class JSONNumber:
 
     def __repr__(self) -> str:
         return self.text
+
+
+def _load_json(
+    text: str, parse_int: Callable[[str], Any], parse_float: Callable[[str], Any]
+) -> Any:
+    """The JSON value of ``text`` within the format's limits: no key twice, no unpaired
+    surrogate in an object's keys or string values, no ``NaN``/``Infinity``."""
+    check_json_limits(text)
+    return json.loads(
+        text,
+        object_pairs_hook=_checked_object,
+        parse_int=parse_int,
+        parse_float=parse_float,
+        parse_constant=_reject_constant,
+    )
 
 
 def _check_list_strings(value: Any) -> None:
