@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror import add_folder
 from mirror_support import MirrorServer, hf_env, run_python
 from safetensors.numpy import save_file
 
