@@ -51,7 +51,7 @@ typecheck: $(STAMP)
 	$(PY) tools/typecheck.py
 
 # Every benchmark; each prints ratios against a baseline measured in the same run.
-BENCHES := fingerprint verify_cli mirror delta download prune semantic web scaleout pullthrough
+BENCHES := fingerprint verify_cli load mirror delta download prune semantic web scaleout pullthrough
 bench: $(STAMP)
 	@for b in $(BENCHES); do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
 

@@ -435,7 +435,7 @@ def main() -> int:
         "AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_EC2_METADATA_DISABLED": "true",
     }  # fmt: skip
     opened = import_seconds(
-        "from cmh.hub.mirror._objectstore import ObjectStore\nObjectStore.open('s3://bench/p')",
+        "from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore\nObjectStore.open('s3://bench/p')",
         env=env,
     )
     print(f"  cmh ObjectStore.open (obstore + botocore settings) {opened * 1000:6.0f} ms "

@@ -15,7 +15,7 @@ whole files, every answer checked for status and size), for each way of serving:
 - ``nginx``: a bare nginx serving the local store's blob folder (the baseline of the
   x-accel row);
 - ``x-accel``: the same nginx in front of ``cmh serve --blob-delivery x-accel``
-  (config from ``cmh.hub.mirror._xaccel``).
+  (config from ``cmh.hub.mirror.stores.local._xaccel``).
 
 Throughput is the best of ``--repeat`` runs (runs alternate so machine load hits all
 alike); ratios are against the baseline measured in the same run. Targets (issues 15

@@ -129,3 +129,39 @@ def test_verified_load_of_a_file_without_sha256_manifest_checks_the_root_from_by
     with pytest.raises(VerificationError) as unsupported:
         load_file(vectors / "record-version-2.safetensors", allow_expired=True)
     assert unsupported.value.result.outcome is Outcome.UNSUPPORTED_VERSION  # type: ignore[attr-defined]
+
+
+def test_verified_load_owns_its_memory_and_reads_large_tensors_in_pieces(tmp_path: Path) -> None:
+    # Larger than one read piece (4 MiB), an odd size, and an empty and a scalar tensor.
+    big = torch.arange((9 << 20) // 4 + 3, dtype=torch.int32)
+    tensors = {"big": big, "empty": torch.empty(0, 5), "scalar": torch.tensor(2.5)}
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    cmh.stamp(path)
+    loaded = cmh.torch.load_file(path)
+    for name, value in tensors.items():
+        assert loaded[name].shape == value.shape and torch.equal(loaded[name], value)
+    # The tensors are the loader's own memory, not a view of the file: a later
+    # change to the file does not reach them, and writing to them leaves the file alone.
+    header = cmh.read_header(path)
+    entry = next(t for t in header.tensors if t.name == "big")
+    with open(path, "r+b") as f:
+        f.seek(header.data_start + entry.begin)
+        f.write(b"\xff" * 64)
+    assert torch.equal(loaded["big"], big)
+    loaded["big"][0] = 7
+    with pytest.raises(cmh.VerificationError):
+        cmh.torch.load_file(path)
+
+
+def test_verified_load_refuses_a_file_cut_while_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": torch.ones(1 << 20)}, str(path))
+    cmh.stamp(path)
+    header = cmh.read_header(path)
+    from cmh.torch import _read_and_hash
+
+    with open(path, "r+b") as f:
+        f.truncate(header.data_start + 1000)
+    with pytest.raises(cmh.VerificationError, match="truncated"):
+        _read_and_hash(str(path), header, 2, hash_bytes=True)

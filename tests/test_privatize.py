@@ -48,13 +48,13 @@ def test_a_rerun_fixes_stragglers_and_changes_nothing_else(tmp_path: Path) -> No
     root = _copy(tmp_path)
     # New code written with the old names, as a branch merged after the rename brings it.
     app = root / "hub/mirror/_app.py"
-    app.write_text(app.read_text() + "\nfrom .store import add_folder  # straggler\n")
+    app.write_text(app.read_text() + "\nfrom .stores.local.folder import add_folder  # straggler\n")
     common = root / "cli/_common.py"
-    common.write_text(common.read_text() + "\nfrom cmh.hub.mirror.bucket import BucketStore\n")
+    common.write_text(common.read_text() + "\nfrom cmh.hub.mirror.auth import load_tokens\n")
     plan = root / "hub/prune/_plan.py"
     plan.write_text(
-        plan.read_text() + "\n\ndef _late():\n    from ..mirror.bucket import SourceChanged\n\n"
-        "    return SourceChanged\n"
+        plan.read_text() + "\n\ndef _late():\n    from ..mirror.auth import bearer_token\n\n"
+        "    return bearer_token\n"
     )
     (root / "hub/mirror/fleet.py").write_text(
         '"""A module added since."""\n\nfrom ..cache.layout import RepoLayout\n\n'
@@ -70,14 +70,14 @@ def test_a_rerun_fixes_stragglers_and_changes_nothing_else(tmp_path: Path) -> No
     subprocess.run(["git", "add", "-A"], cwd=root, check=True)
 
     first = run(root)
-    assert first.returncode == 1  # SourceChanged is not on the mirror's face
-    assert "SourceChanged (from cmh.hub.mirror._bucket) is not in cmh.hub.mirror.__all__" in (
+    assert first.returncode == 1  # bearer_token is not on the mirror's face
+    assert "bearer_token (from cmh.hub.mirror._auth) is not in cmh.hub.mirror.__all__" in (
         first.stdout
     )
     assert "note: cmh.hub.mirror.fleet is not in PRIVATE" in first.stdout
-    assert "from ._store import add_folder  # straggler" in app.read_text()
-    assert "from cmh.hub.mirror import BucketStore" in common.read_text()
-    assert "from cmh.hub.mirror._bucket import SourceChanged" in plan.read_text()
+    assert "from .stores.local._folder import add_folder  # straggler" in app.read_text()
+    assert "from cmh.hub.mirror import load_tokens" in common.read_text()
+    assert "from cmh.hub.mirror._auth import bearer_token" in plan.read_text()
     assert not (root / "hub/mirror/fleet.py").exists()
     assert "from cmh.hub.cache import RepoLayout" in (root / "hub/mirror/_fleet.py").read_text()
     assert '"cmh.hub.mirror._app.X"' in test.read_text()

@@ -98,10 +98,6 @@ PRIVATE = (
     "cmh.hub.cache.usage",
     "cmh.hub.mirror.app",
     "cmh.hub.mirror.auth",
-    "cmh.hub.mirror.bucket",
-    "cmh.hub.mirror.bucket_read",
-    "cmh.hub.mirror.bucket_scrub",
-    "cmh.hub.mirror.bucket_send",
     "cmh.hub.mirror.catalog",
     "cmh.hub.mirror.connections",
     "cmh.hub.mirror.cuts",
@@ -117,23 +113,27 @@ PRIVATE = (
     "cmh.hub.mirror.index",
     "cmh.hub.mirror.manifests",
     "cmh.hub.mirror.memo",
-    "cmh.hub.mirror.objectstore",
     "cmh.hub.mirror.observe",
     "cmh.hub.mirror.ranges",
     "cmh.hub.mirror.routes",
     "cmh.hub.mirror.run",
-    "cmh.hub.mirror.scrub",
     "cmh.hub.mirror.scrub_history",
     "cmh.hub.mirror.send",
-    "cmh.hub.mirror.store",
     "cmh.hub.mirror.upstream",
-    "cmh.hub.mirror.verify",
-    "cmh.hub.mirror.xaccel",
-    "cmh.hub.mirror.stores.bucket",
-    "cmh.hub.mirror.stores.bucket_delivery",
-    "cmh.hub.mirror.stores.bucket_pull",
-    "cmh.hub.mirror.stores.local",
-    "cmh.hub.mirror.stores.local_pull",
+    "cmh.hub.mirror.stores.bucket.bucket",
+    "cmh.hub.mirror.stores.bucket.delivery",
+    "cmh.hub.mirror.stores.bucket.objectstore",
+    "cmh.hub.mirror.stores.bucket.pull",
+    "cmh.hub.mirror.stores.bucket.read",
+    "cmh.hub.mirror.stores.bucket.scrub",
+    "cmh.hub.mirror.stores.bucket.send",
+    "cmh.hub.mirror.stores.bucket.store",
+    "cmh.hub.mirror.stores.local.folder",
+    "cmh.hub.mirror.stores.local.pull",
+    "cmh.hub.mirror.stores.local.scrub",
+    "cmh.hub.mirror.stores.local.store",
+    "cmh.hub.mirror.stores.local.verify",
+    "cmh.hub.mirror.stores.local.xaccel",
     "cmh.hub.mirror.web.card_images",
     "cmh.hub.mirror.web.cards",
     "cmh.hub.mirror.web.facets",
@@ -633,7 +633,7 @@ def _export_tables(src: Source, module: ast.Module) -> list[Edit]:
         if not all(tree.is_module(tree.new_name(f"{package}.{name}")) for _, name in values):
             continue
         for v, name in values:
-            new = tree.new_name(f"{package}.{name}").rsplit(".", 1)[1]
+            new = tree.new_name(f"{package}.{name}")[len(package) + 1 :]  # a subpackage's too
             if new != name:
                 assert v.end_lineno is not None and v.end_col_offset is not None
                 start, end = src.at(v.lineno, v.col_offset), src.at(v.end_lineno, v.end_col_offset)

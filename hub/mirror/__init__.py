@@ -13,7 +13,11 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
-    from ._bucket import (
+    from ._index import build_index
+    from ._run import ServeConfig, ServeError, serve
+    from ._upstream import UpstreamConfig
+    from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
+    from .stores.bucket._bucket import (
         SYSTEM_CLOCK,
         BucketError,
         BucketStore,
@@ -22,11 +26,13 @@ if TYPE_CHECKING:
         TreeObject,
         open_bucket,
     )
-    from ._index import build_index
-    from ._objectstore import InvalidLocation, ObjectNotFound, ObjectStoreError, S3Location
-    from ._run import ServeConfig, ServeError, serve
-    from ._scrub import ScrubReport, scrub_store
-    from ._store import (
+    from .stores.bucket._objectstore import (
+        InvalidLocation,
+        ObjectNotFound,
+        ObjectStoreError,
+        S3Location,
+    )
+    from .stores.local._folder import (
         InvalidNameError,
         RepoSummary,
         StoreError,
@@ -34,9 +40,8 @@ if TYPE_CHECKING:
         list_store,
         scan_folder,
     )
-    from ._upstream import UpstreamConfig
-    from ._xaccel import nginx_server
-    from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
+    from .stores.local._scrub import ScrubReport, scrub_store
+    from .stores.local._xaccel import nginx_server
 
 _EXPORTS = {
     "AccessPolicy": "_auth",
@@ -44,33 +49,33 @@ _EXPORTS = {
     "load_tokens": "_auth",
     "repo_key": "_auth",
     "unserved_grants": "_auth",
-    "BucketError": "_bucket",
-    "BucketStore": "_bucket",
-    "ConditionalWritesUnsupported": "_bucket",
-    "open_bucket": "_bucket",
-    "Clock": "_bucket",
-    "SYSTEM_CLOCK": "_bucket",
-    "TreeObject": "_bucket",
+    "BucketError": "stores.bucket._bucket",
+    "BucketStore": "stores.bucket._bucket",
+    "ConditionalWritesUnsupported": "stores.bucket._bucket",
+    "open_bucket": "stores.bucket._bucket",
+    "Clock": "stores.bucket._bucket",
+    "SYSTEM_CLOCK": "stores.bucket._bucket",
+    "TreeObject": "stores.bucket._bucket",
     "build_index": "_index",
-    "ObjectNotFound": "_objectstore",
-    "ObjectStoreError": "_objectstore",
-    "nginx_server": "_xaccel",
-    "InvalidLocation": "_objectstore",
-    "S3Location": "_objectstore",
+    "ObjectNotFound": "stores.bucket._objectstore",
+    "ObjectStoreError": "stores.bucket._objectstore",
+    "nginx_server": "stores.local._xaccel",
+    "InvalidLocation": "stores.bucket._objectstore",
+    "S3Location": "stores.bucket._objectstore",
     "MirrorStore": "stores",
     "StoreMissing": "stores",
     "StoreUnavailable": "stores",
     "open_store": "stores",
     "parse_location": "stores",
     "UpstreamConfig": "_upstream",
-    "InvalidNameError": "_store",
-    "RepoSummary": "_store",
-    "StoreError": "_store",
-    "add_folder": "_store",
-    "list_store": "_store",
-    "scan_folder": "_store",
-    "ScrubReport": "_scrub",
-    "scrub_store": "_scrub",
+    "InvalidNameError": "stores.local._folder",
+    "RepoSummary": "stores.local._folder",
+    "StoreError": "stores.local._folder",
+    "add_folder": "stores.local._folder",
+    "list_store": "stores.local._folder",
+    "scan_folder": "stores.local._folder",
+    "ScrubReport": "stores.local._scrub",
+    "scrub_store": "stores.local._scrub",
     "ServeConfig": "_run",
     "ServeError": "_run",
     "serve": "_run",

@@ -42,7 +42,7 @@ from ._ranges import ByteRange, RangeNotSatisfiable, parse_range, reaches_end
 from ._routes import BadTarget, NoRoute, Route, parse_target
 from ._send import BlobUnavailable, BodyCut, Gate, Pieces, frame, open_blob, send_body
 from ._upstream import UpstreamError
-from ._verify import BlobVerifier, FileVersion, record_path
+from .stores.local._verify import BlobVerifier, FileVersion, record_path
 
 if TYPE_CHECKING:
     from ._filling import Fills

@@ -179,8 +179,8 @@ def _check_store(config: ServeConfig) -> MirrorStore:
 
 def _open_store(config: ServeConfig) -> MirrorStore:
     """A worker's store, checked reachable (the folder or the bucket exists)."""
-    from ._store import StoreError
     from .stores import open_store
+    from .stores.local._folder import StoreError
 
     try:
         store = open_store(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._scrub import QUARANTINE
+from .stores.local._scrub import QUARANTINE
 
 LAST_SCRUB = "last-scrub.json"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
-from cmh.hub.mirror._bucket import BucketStore
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 
 
 class Bucket(Protocol):

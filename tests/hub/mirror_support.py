@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from urllib.request import urlopen
 
 from cmh.hub.cache import CLOCK_FILE_ENV
-from cmh.hub.mirror._store import ImportResult, add_folder
+from cmh.hub.mirror.stores.local._folder import ImportResult, add_folder
 from processes import stop_process
 
 START_TIMEOUT = 30.0

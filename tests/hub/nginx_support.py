@@ -1,7 +1,7 @@
 """A real nginx on a free 127.0.0.1 port with its own config and prefix in a tmp folder.
 
 Used by the x-accel tests: nginx in front of ``cmh serve --blob-delivery x-accel``,
-configured with :func:`cmh.hub.mirror._xaccel.nginx_server`. A test is skipped, with a
+configured with :func:`cmh.hub.mirror.stores.local._xaccel.nginx_server`. A test is skipped, with a
 message saying so, only when nginx is not installed (Debian: ``nginx-light``).
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cmh.hub.mirror._xaccel import nginx_server
+from cmh.hub.mirror.stores.local._xaccel import nginx_server
 from processes import stop_process
 
 

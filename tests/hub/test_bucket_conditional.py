@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from bucket_support import Bucket, history, open_store, use_bucket
 from cli_support import CMH
-from cmh.hub.mirror._bucket import BucketStore, ConditionalWritesUnsupported
-from cmh.hub.mirror._objectstore import ObjectStore, ObjectStoreError
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore, ConditionalWritesUnsupported
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore, ObjectStoreError
 from motoserver import FaultyS3Proxy
 
 PAIRS = 20

@@ -108,7 +108,7 @@ def test_an_upload_the_client_abandons_is_a_typed_error_not_generator_exit(
     obstore does when the connection dies between parts. This used to re-raise the
     iterator's GeneratorExit as the error (a traceback ending in GeneratorExit)."""
     import obstore
-    from cmh.hub.mirror._objectstore import (
+    from cmh.hub.mirror.stores.bucket._objectstore import (
         Credentials,
         ObjectStore,
         ObjectStoreError,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 from bucket_support import Bucket, history, use_bucket
-from cmh.hub.mirror import _bucket as bucket_module
-from cmh.hub.mirror._bucket import BucketStore
-from cmh.hub.mirror._objectstore import ObjectNotFound
+from cmh.hub.mirror.stores.bucket import _bucket as bucket_module
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound
 from cmh.hub.prune import PrunePolicy, execute_bucket_plan, plan_prune, prune_bucket, scan_bucket
 from seaweed import SeaweedBucket
 

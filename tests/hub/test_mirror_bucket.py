@@ -1,4 +1,4 @@
-"""A mirror store in a bucket (``cmh.hub.mirror._bucket``) on a real SeaweedFS.
+"""A mirror store in a bucket (``cmh.hub.mirror.stores.bucket._bucket``) on a real SeaweedFS.
 
 Every request goes to the ``weed server`` the ``seaweed`` fixture starts on 127.0.0.1
 (tests/hub/seaweed.py); there is no S3 mock.
@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 from bucket_support import use_bucket
 from cmh.hub.cache import RepoLayout
-from cmh.hub.mirror._bucket import (
+from cmh.hub.mirror._index import build_index
+from cmh.hub.mirror.stores.bucket._bucket import (
     BucketError,
     BucketStore,
     SourceChanged,
     TreeObject,
 )
-from cmh.hub.mirror._index import build_index
-from cmh.hub.mirror._objectstore import ObjectNotFound, ObjectStore
-from cmh.hub.mirror._store import InvalidNameError, add_folder
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, ObjectStore
+from cmh.hub.mirror.stores.local._folder import InvalidNameError, add_folder
 from seaweed import SeaweedBucket
 
 REPO = "cmh-test/bucket"
@@ -139,8 +139,8 @@ def test_a_source_that_changes_during_upload_creates_no_blob(
     objects = ObjectStore.open(seaweed_bucket.url, part_size=5 << 20)
     bucket = BucketStore(objects)
     src = write_folder(tmp_path / "src", {"big.bin": os.urandom(11 << 20)})
-    from cmh.hub.mirror import _bucket as bucket_module
-    from cmh.hub.mirror._store import SourceFile, hash_source
+    from cmh.hub.mirror.stores.bucket import _bucket as bucket_module
+    from cmh.hub.mirror.stores.local._folder import SourceFile, hash_source
 
     size, sha, git = hash_source(src / "big.bin")
     wrong = SourceFile("big.bin", src / "big.bin", size, "0" * 64, git, True)
@@ -169,7 +169,7 @@ def test_a_corrupt_tree_object_is_refused(bucket: BucketStore, tmp_path: Path) -
 _WRITER = """
 import sys, json
 from pathlib import Path
-from cmh.hub.mirror._bucket import BucketStore
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 url, src, repo, go, ready = sys.argv[1:6]
 store = BucketStore.open(url, write_window=5.0, lease_poll=0.1)
 Path(ready).touch()
@@ -260,7 +260,7 @@ def blob_bytes(bucket: BucketStore) -> int:
 def test_scrub_finds_and_quarantines_a_corrupted_object(
     bucket: BucketStore, tmp_path: Path
 ) -> None:
-    from cmh.hub.mirror._bucket_scrub import scrub_bucket
+    from cmh.hub.mirror.stores.bucket._scrub import scrub_bucket
 
     result = bucket.add_folder(sample(tmp_path / "src"), REPO)
     clean = scrub_bucket(bucket)

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
-from cmh.hub.mirror._bucket import BucketStore
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from mirror_support import (
     MINILM_REPO,
     TINY_REPO,

@@ -23,8 +23,8 @@ from urllib.error import HTTPError
 from urllib.request import urlopen
 
 import pytest
-from cmh.hub.mirror import _verify as verify
-from cmh.hub.mirror._verify import BlobVerifier, FileVersion, read_record, record_path
+from cmh.hub.mirror.stores.local import _verify as verify
+from cmh.hub.mirror.stores.local._verify import BlobVerifier, FileVersion, read_record, record_path
 from mirror_support import MirrorServer
 
 REPO = "org/records"

@@ -26,7 +26,7 @@ from urllib.request import Request, urlopen
 
 import numpy as np
 import pytest
-from cmh.hub.mirror._verify import FileVersion, racy_seconds
+from cmh.hub.mirror.stores.local._verify import FileVersion, racy_seconds
 from mirror_support import MirrorServer, hf_env
 from safetensors.numpy import save_file
 

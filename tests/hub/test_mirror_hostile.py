@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from cmh.hub.cache import RepoLayout
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror.stores.local._folder import add_folder
 from mirror_support import MirrorServer, raw_request, write_tiny_repo
 
 CANARY = f"CANARY-{uuid.uuid4().hex}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror.stores.local._folder import add_folder
 
 CLIENTS = 64
 SECONDS = float(os.environ.get("CMH_LOAD_SECONDS", "30"))

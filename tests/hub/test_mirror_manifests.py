@@ -16,7 +16,7 @@ from pathlib import Path
 import cmh.hub as hub
 import httpx2
 import numpy as np
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror.stores.local._folder import add_folder
 from hublike import running
 from mirror_support import MirrorServer, ProcessClock
 from safetensors.numpy import save_file

@@ -15,7 +15,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 from cmh.hub.mirror._ranges import ByteRange, RangeNotSatisfiable, parse_range
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror.stores.local._folder import add_folder
 from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_python
 
 

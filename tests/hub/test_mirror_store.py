@@ -13,8 +13,8 @@ import pytest
 from cmh.hub.cache import RepoLayout
 from cmh.hub.mirror._gitobjects import lfs_pointer_oid
 from cmh.hub.mirror._index import build_index
-from cmh.hub.mirror._scrub import QUARANTINE, scrub_store
-from cmh.hub.mirror._store import StoreError, add_folder, list_store, scan_folder
+from cmh.hub.mirror.stores.local._folder import StoreError, add_folder, list_store, scan_folder
+from cmh.hub.mirror.stores.local._scrub import QUARANTINE, scrub_store
 from mirror_support import write_tiny_repo
 
 REPO = "org/tiny"

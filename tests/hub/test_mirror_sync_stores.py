@@ -23,8 +23,8 @@ import pytest
 from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror._store import add_folder
 from cmh.hub.mirror.stores import MirrorStore, open_store
+from cmh.hub.mirror.stores.local._folder import add_folder
 from hublike import HubLike, running
 from mirror_support import MINILM_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
 
@@ -163,7 +163,7 @@ WRITES = ("put", "put_file", "put_stream", "put_if_absent", "put_if_match", "cop
 
 def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Every object written (or removed) by this process from now on: ``(method, name)``."""
-    from cmh.hub.mirror._objectstore import ObjectStore
+    from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore
 
     written: list[tuple[str, str]] = []
     for method in WRITES:

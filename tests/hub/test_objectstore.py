@@ -1,4 +1,4 @@
-"""The object-store primitives (``cmh.hub.mirror._objectstore``) against a real SeaweedFS.
+"""The object-store primitives (``mirror.stores.bucket._objectstore``) against a real SeaweedFS.
 
 Every request goes to a ``weed server`` started on 127.0.0.1 by the ``seaweed``
 fixture (tests/hub/seaweed.py); no S3 mock.
@@ -20,7 +20,7 @@ from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
-from cmh.hub.mirror._objectstore import (
+from cmh.hub.mirror.stores.bucket._objectstore import (
     MIN_PART_SIZE,
     Credentials,
     InvalidLocation,
@@ -68,7 +68,7 @@ def random_bytes(size: int, seed: int = 0) -> bytes:
 def test_clients_are_imported_lazily() -> None:
     """Importing the module loads neither obstore nor botocore (cmh start-up stays light)."""
     code = (
-        "import sys, cmh.hub.mirror._objectstore as m\n"
+        "import sys, cmh.hub.mirror.stores.bucket._objectstore as m\n"
         "m.S3Location.parse('s3://bucket/p')\n"
         "print(sorted(n for n in ('obstore', 'botocore', 'boto3') if n in sys.modules))"
     )
@@ -112,7 +112,7 @@ def test_settings_environment_order(aws_env: Path, monkeypatch: pytest.MonkeyPat
 def test_settings_from_variables_alone_skip_botocore(aws_env: Path) -> None:
     """Keys, endpoint and region in variables: the answer needs no botocore import."""
     code = (
-        "import sys\nfrom cmh.hub.mirror._objectstore import S3Settings\n"
+        "import sys\nfrom cmh.hub.mirror.stores.bucket._objectstore import S3Settings\n"
         "s = S3Settings.from_environment()\n"
         "print(s.endpoint, s.region, s.source, 'botocore' in sys.modules)"
     )
@@ -343,7 +343,7 @@ def test_compare_and_swap(store: ObjectStore) -> None:
 RACER = """
 import json, os, sys, time
 from pathlib import Path
-from cmh.hub.mirror._objectstore import ObjectStore, PreconditionFailed
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore, PreconditionFailed
 store = ObjectStore.open(sys.argv[1])
 me, keys, go = sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 print("ready", flush=True)
@@ -395,7 +395,9 @@ def test_two_processes_racing_a_create_only_put(
 
 APPENDER = """
 import sys
-from cmh.hub.mirror._objectstore import ObjectNotFound, ObjectStore, PreconditionFailed
+from cmh.hub.mirror.stores.bucket._objectstore import (
+    ObjectNotFound, ObjectStore, PreconditionFailed
+)
 store = ObjectStore.open(sys.argv[1])
 me, count = sys.argv[2], int(sys.argv[3])
 print("ready", flush=True)

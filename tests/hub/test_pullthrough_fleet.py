@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cmh.hub.mirror._bucket import BucketStore
-from cmh.hub.mirror._objectstore import ObjectStoreError
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
+from cmh.hub.mirror.stores.local._folder import add_folder
 from hublike import HubLike, running
 from mirror_support import MirrorServer, ProcessClock, hf_env, run_python
 from seaweed import SeaweedBucket

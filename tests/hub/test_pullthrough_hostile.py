@@ -16,7 +16,7 @@ import httpx2
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror.stores.local._folder import add_folder
 from hostile_upstream import COMMIT, HostileHub, Recorder
 from hublike import running
 from mirror_support import (
@@ -540,7 +540,7 @@ def test_hostile_cards_never_break_listings_info_or_pages(
     assert "not valid YAML" in httpx2.get(f"{server.url}/-/models/cards/digits", timeout=60).text
     assert "Traceback" not in server.stderr_text()
     # Rendered once per blob: the second read of a card is the cached object.
-    from cmh.hub.mirror.stores._local import LocalStore
+    from cmh.hub.mirror.stores.local._store import LocalStore
 
     backend = LocalStore(store)
     index = backend.resolve("model", "cards/nested", "main")

@@ -187,7 +187,7 @@ def _store_file(served: Served, name: str) -> bytes | None:
     if served.kind == "local":
         path = Path(served.store) / name
         return path.read_bytes() if path.is_file() else None
-    from cmh.hub.mirror._objectstore import ObjectNotFound, ObjectStore
+    from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, ObjectStore
 
     with storage_env(served):
         try:
@@ -204,7 +204,7 @@ def _overwrite(served: Served, name: str, data: bytes) -> None:
         with open(path, "r+b") as f:  # in place, as a storage fault would
             f.write(data)
         return
-    from cmh.hub.mirror._objectstore import ObjectStore
+    from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore
 
     with storage_env(served):
         ObjectStore.open(served.store).put(name, data)
@@ -284,7 +284,7 @@ def test_page_list(served: Served) -> None:
 def test_page_list_shows_only_repos(served: Served) -> None:
     """A folder holding no commit (only a blob: an import killed before its ref moved,
     or another tool's leftovers) is no repo: neither the list page nor the API lists it."""
-    from cmh.hub.mirror._objectstore import ObjectStore
+    from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore
 
     stray = "models--cmh-test--nocommit"
     name = f"{stray}/blobs/{'a' * 64}"  # a bad blob too: removed below, before any scrub

@@ -452,7 +452,7 @@ def test_the_list_sees_a_snapshot_added_to_a_repo_it_read_before(tmp_path: Path)
     import os
 
     from cmh.hub.mirror._auth import AccessPolicy
-    from cmh.hub.mirror.stores._local import LocalStore
+    from cmh.hub.mirror.stores.local._store import LocalStore
     from cmh.hub.mirror.web import _views as views
     from cmh.hub.mirror.web._session import Viewer
 

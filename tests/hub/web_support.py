@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cmh.hub.mirror._store import add_folder
+from cmh.hub.mirror.stores.local._folder import add_folder
 from safetensors.numpy import save_file
 
 import cmh

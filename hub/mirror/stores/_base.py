@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from .._store import StoreError
+from .local._folder import StoreError
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -15,11 +15,11 @@ if TYPE_CHECKING:
 
     from .._history import CommitRecord
     from .._index import CommitIndex, FileEntry
-    from .._scrub import ScrubOptions, ScrubReport
     from .._scrub_history import ScrubView
-    from .._store import ImportOptions, ImportResult, RepoSummary
     from ._pull import PullThrough
     from ._sync import SyncRequest, SyncResult
+    from .local._folder import ImportOptions, ImportResult, RepoSummary
+    from .local._scrub import ScrubOptions, ScrubReport
 
 
 class StoreUnavailable(StoreError):

@@ -9,8 +9,8 @@ from ._base import MirrorStore
 
 def parse_location(text: str) -> Path | str:
     """What ``--store`` names, checked but not opened: an ``s3://`` URL (kept as text) or
-    a folder path (:class:`~cmh.hub.mirror._objectstore.InvalidLocation` otherwise)."""
-    from .._objectstore import InvalidLocation, S3Location
+    a folder path (:class:`~cmh.hub.mirror.InvalidLocation` otherwise)."""
+    from .bucket._objectstore import InvalidLocation, S3Location
 
     if text.startswith("s3://"):
         S3Location.parse(text)
@@ -40,11 +40,11 @@ def open_store(
     """
     text = str(location)
     if isinstance(location, str) and text.startswith("s3://"):
-        from ._bucket import BucketBackedStore
+        from .bucket._store import BucketBackedStore
 
         return BucketBackedStore.open(text, ref_ttl=ref_ttl, public_storage_url=public_storage_url)
-    from .._store import StoreError
-    from ._local import LocalStore
+    from .local._folder import StoreError
+    from .local._store import LocalStore
 
     if public_storage_url is not None:
         raise StoreError("--public-storage-url applies to bucket stores (redirect delivery)")

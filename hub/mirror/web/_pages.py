@@ -27,7 +27,7 @@ from .._auth import repo_key
 from .._derived import NO_CARD
 from .._index import CommitIndex
 from .._observe import ROUTE_KEY
-from .._store import StoreError
+from ..stores.local._folder import StoreError
 from . import _views as views
 from ._card_images import foreign_images
 from ._cards import Card, read_card, render_markdown, split_front_matter

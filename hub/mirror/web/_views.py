@@ -26,7 +26,7 @@ from .._auth import AccessPolicy, repo_key
 from .._index import CommitIndex, FileEntry
 from .._memo import Memo
 from .._scrub_history import ScrubView
-from .._store import StoreError
+from ..stores.local._folder import StoreError
 
 if TYPE_CHECKING:
     from cmh import VerifyResult

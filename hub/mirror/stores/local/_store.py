@@ -18,19 +18,19 @@ from cmh.hub.cache import (
     record_use,
 )
 
-from .._history import CommitRecord, history, last_commits
-from .._index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
-from .._scrub import ScrubOptions, ScrubReport
-from .._send import BlobUnavailable, open_blob
-from .._store import ImportOptions, ImportResult, RepoSummary, StoreError
-from ._base import StoreMissing
-from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult
+from ..._history import CommitRecord, history, last_commits
+from ..._index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
+from ..._send import BlobUnavailable, open_blob
+from .._base import StoreMissing
+from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult
+from ._folder import ImportOptions, ImportResult, RepoSummary, StoreError
+from ._scrub import ScrubOptions, ScrubReport
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
-    from .._scrub_history import ScrubView
+    from ..._scrub_history import ScrubView
 
 
 #: Whether a repo folder holds a snapshot, by the mtime of its ``snapshots/`` folder:
@@ -103,7 +103,7 @@ class LocalStore:
                 "a fill lease's lifetime applies to bucket stores (--store s3://...) only: "
                 "a folder's fills are held by the blob lock, which has no lifetime"
             )
-        from ._local_pull import LocalPullThrough
+        from ._pull import LocalPullThrough
 
         return LocalPullThrough(self.root, fresh_for)
 
@@ -184,7 +184,7 @@ class LocalStore:
         return os.path.lexists(entry.source)
 
     def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> dict[str, Any]:
-        from .._manifests import load_or_compute
+        from ..._manifests import load_or_compute
 
         return load_or_compute(self._repo(repo_type, repo_id), entry.etag, entry.source)
 
@@ -204,20 +204,20 @@ class LocalStore:
         return total, repos
 
     def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
-        from .._store import add_folder
+        from ._folder import add_folder
 
         result = add_folder(self.root, src, repo_id, **options)
         self.root = self.root.resolve()
         return result
 
     def list_store(self) -> list[RepoSummary]:
-        from .._store import list_store
+        from ._folder import list_store
 
         self.check()
         return list_store(self.root)
 
     def scrub_history(self) -> ScrubView:
-        from .._scrub_history import scrub_view
+        from ..._scrub_history import scrub_view
 
         return scrub_view(self.root)
 
@@ -229,7 +229,7 @@ class LocalStore:
     def record_upstream_freshness(
         self, repo_type: str, repo_id: str, commit: str, fresh_until: float
     ) -> None:
-        from ._local_pull import write_upstream_record
+        from ._pull import write_upstream_record
 
         try:
             write_upstream_record(self._repo(repo_type, repo_id), commit, fresh_until)
@@ -244,8 +244,8 @@ class LocalStore:
         return total
 
     def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
-        from .._scrub import scrub_store
-        from .._scrub_history import record_scrub
+        from ..._scrub_history import record_scrub
+        from ._scrub import scrub_store
 
         self.check()
         report = scrub_store(self.root, **options)

@@ -42,18 +42,18 @@ from typing import TYPE_CHECKING, Any
 
 from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, FILL_LEASE_TTL, new_digest
 
-from .._bucket import BucketError, BucketStore, TreeFile, TreeObject
-from .._gitobjects import lfs_pointer_oid, tree_oids
-from .._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
-from ._bucket import _storage_errors
-from ._pull import FillFailed, FillWait, SentRanges
+from ..._gitobjects import lfs_pointer_oid, tree_oids
+from .._pull import FillFailed, FillWait, SentRanges
+from ._bucket import BucketError, BucketStore, TreeFile, TreeObject
+from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
+from ._store import _storage_errors
 
 if TYPE_CHECKING:
     from cmh.hub.resolver import RemoteFile
 
-    from .._bucket_read import BucketReader
-    from .._index import FileEntry
-    from .._objectstore import ObjectStore
+    from ..._index import FileEntry
+    from ._objectstore import ObjectStore
+    from ._read import BucketReader
 
 #: Bytes of each part object of a fill (the last may be shorter).
 PART = 8 << 20
@@ -376,7 +376,7 @@ class BucketPullThrough:
     # -- fills ---------------------------------------------------------------------------
 
     def _entry(self, folder: str, commit: str, path: str) -> TreeFile:
-        from .._upstream import UpstreamError
+        from ..._upstream import UpstreamError
 
         tree = self.cache.tree(folder, commit)
         found = None if tree is None else next((f for f in tree.files if f.path == path), None)
@@ -394,7 +394,7 @@ class BucketPullThrough:
     def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
         """Fill the blob under the fleet's lease, or wait while another replica holds it
         (taking it over once it expired); raise what a failed fill of it recorded."""
-        from .._upstream import UpstreamError, unavailable
+        from ..._upstream import UpstreamError, unavailable
 
         folder = self._folder(repo_type, repo_id)
         started = time.time()
@@ -439,7 +439,7 @@ class BucketPullThrough:
     ) -> None:
         """The tensor manifest of a filled safetensors blob, computed in the background
         (the fill's waiters do not wait for it; a request for it computes it if absent)."""
-        from ._bucket import manifest_name
+        from ._store import manifest_name
 
         index = self.cache.index(folder, commit)
         entry = None if index is None else index.files.get(path)
@@ -574,7 +574,7 @@ class _Fill:
     def run(self) -> None:
         from cmh.hub.resolver import IntegrityError
 
-        from .._upstream import failed
+        from ..._upstream import failed
 
         name = self.pull.store.blob_name(self.folder, self.f.etag)
         upload: _Upload | _SmallUpload = (
@@ -666,7 +666,7 @@ class _Fill:
         token), resuming with ``Range`` after a failure, at most :data:`MAX_ATTEMPTS`."""
         from cmh.hub.resolver import AccessError, HubUnreachableError, NotFoundError, ResolveError
 
-        from .._upstream import failed, typed, unavailable
+        from ..._upstream import failed, typed, unavailable
 
         client = self.upstream.client()
         url = client.file_url(self.repo_id, self.repo_type, self.commit, self.f.path)

@@ -25,12 +25,12 @@ from cmh.hub.cache import COMMIT_RE, RepoLayout, process_clock, repo_lock
 
 from cmh import atomic_write
 
-from ._pull import FillWait, SentRanges
+from .._pull import FillWait, SentRanges
 
 if TYPE_CHECKING:
     from cmh.hub.resolver import RemoteFile
 
-    from .._index import FileEntry
+    from ..._index import FileEntry
 
 CHUNK = 1 << 20
 POLL = 0.02  # seconds between looks at a partial file that has not grown
@@ -63,7 +63,7 @@ class LocalPullThrough:
     """The pull-through state and fills of one store folder."""
 
     def __init__(self, root: Path, fresh_for: float) -> None:
-        from .._cuts import CutLedger
+        from ..._cuts import CutLedger
 
         self.root = root
         self.fresh_for = fresh_for
@@ -180,7 +180,7 @@ class LocalPullThrough:
     def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
         from cmh.hub.resolver import read_tree
 
-        from .._manifests import keep_for
+        from ..._manifests import keep_for
 
         repo = self._repo(repo_type, repo_id)
         self._resolve(upstream, repo, commit, [path])
@@ -191,7 +191,7 @@ class LocalPullThrough:
     def _resolve(self, upstream: Any, repo: RepoLayout, commit: str, paths: list[str]) -> None:
         from cmh.hub.resolver import AccessError, NotFoundError, Policy, ResolveError, resolve
 
-        from .._upstream import failed, typed
+        from ..._upstream import failed, typed
 
         try:
             res = resolve(

@@ -61,16 +61,9 @@ from cmh.hub.cache import (
     validate_revision,
 )
 
-from ._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
-from ._index import CommitIndex, FileEntry
-from ._objectstore import (
-    ObjectInfo,
-    ObjectNotFound,
-    ObjectStore,
-    ObjectStoreError,
-    PreconditionFailed,
-)
-from ._store import (
+from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
+from ..._index import CommitIndex, FileEntry
+from ..local._folder import (
     ImportResult,
     InvalidNameError,
     ProgressCallback,
@@ -81,6 +74,13 @@ from ._store import (
     check_import_names,
     hash_source,
     scan_folder,
+)
+from ._objectstore import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
 )
 
 TREE_FORMAT = "cmh-tree/1"

@@ -34,9 +34,10 @@ import aiohttp
 from aiohttp import web
 from cmh.hub.cache import new_digest
 
-from ._bucket_read import BucketReader
-from ._index import FileEntry
-from ._memo import Memo
+from ..._index import FileEntry
+from ..._memo import Memo
+from ..._ranges import ByteRange, is_whole, reaches_end
+from ..._send import BlobUnavailable, frame
 from ._objectstore import (
     ObjectInfo,
     ObjectNotFound,
@@ -44,8 +45,7 @@ from ._objectstore import (
     ObjectStoreError,
     PreconditionFailed,
 )
-from ._ranges import ByteRange, is_whole, reaches_end
-from ._send import BlobUnavailable, frame
+from ._read import BucketReader
 
 PROXY = "proxy"
 REDIRECT = "redirect"

@@ -31,8 +31,8 @@ from cmh.hub.cache import ETAG_RE, RepoLayout, blob_lock, blob_matches, iter_rep
 
 from cmh import atomic_write
 
-from ._index import build_index
-from ._store import ProgressCallback
+from ..._index import build_index
+from ._folder import ProgressCallback
 from ._verify import forget_record
 
 QUARANTINE = ".quarantine"

@@ -1,5 +1,5 @@
-"""A store in an S3-compatible bucket (delegates to :mod:`~cmh.hub.mirror._bucket`,
-:mod:`~cmh.hub.mirror._bucket_read` and :mod:`~cmh.hub.mirror._bucket_scrub`)."""
+"""A store in an S3-compatible bucket (delegates to :mod:`~cmh.hub.mirror.stores.bucket._bucket`,
+:mod:`~cmh.hub.mirror.stores.bucket._read` and :mod:`~cmh.hub.mirror.stores.bucket._scrub`)."""
 
 from __future__ import annotations
 
@@ -14,21 +14,21 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cmh.hub.cache import new_digest, repo_folder_name
 
-from .._bucket import BucketError, BucketStore, open_bucket
-from .._bucket_read import DEFAULT_REF_TTL, BucketReader
-from .._history import CommitRecord
-from .._index import CommitIndex, FileEntry
-from .._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
-from .._scrub import ScrubOptions, ScrubReport
-from .._store import ImportOptions, ImportResult, RepoSummary
-from ._base import StoreMissing, StoreUnavailable
-from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
+from ..._history import CommitRecord
+from ..._index import CommitIndex, FileEntry
+from .._base import StoreMissing, StoreUnavailable
+from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
+from ..local._folder import ImportOptions, ImportResult, RepoSummary
+from ..local._scrub import ScrubOptions, ScrubReport
+from ._bucket import BucketError, BucketStore, open_bucket
+from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
+from ._read import DEFAULT_REF_TTL, BucketReader
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
-    from .._scrub_history import ScrubView
+    from ..._scrub_history import ScrubView
 
 #: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
 #: the storage lists by name).
@@ -77,7 +77,7 @@ class BucketBackedStore:
         if public_storage_url is not None:
             from dataclasses import replace
 
-            from .._objectstore import ObjectStore
+            from ._objectstore import ObjectStore
 
             objects = bucket.objects
             settings = replace(objects.settings, endpoint=public_storage_url)
@@ -106,7 +106,7 @@ class BucketBackedStore:
         """Nothing to make: the bucket is the storage's (``check`` says when it is missing)."""
 
     def check(self) -> None:
-        from .._objectstore import NoSuchBucket
+        from ._objectstore import NoSuchBucket
 
         try:
             self.bucket.objects.list_folders("")
@@ -119,7 +119,7 @@ class BucketBackedStore:
         return None
 
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> Any:
-        from ._bucket_pull import BucketPullThrough
+        from ._pull import BucketPullThrough
 
         pull = BucketPullThrough(self.bucket, self.reader, fresh_for, fill_lease_ttl)
         pull.store_backend = self
@@ -129,7 +129,7 @@ class BucketBackedStore:
         """The proxy or redirect sender of this store (one per worker, made on first use)."""
         sender = self._senders.get(delivery)
         if sender is None:
-            from ._bucket_delivery import make_sender
+            from ._delivery import make_sender
 
             sender = self._senders[delivery] = make_sender(self.reader, delivery, self.signer)
         return sender
@@ -208,7 +208,7 @@ class BucketBackedStore:
             yield out
 
     def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> dict[str, Any]:
-        from .._manifests import SCHEMA, compute
+        from ..._manifests import SCHEMA, compute
 
         name = manifest_name(self._folder(repo_type, repo_id), entry.etag)
         try:
@@ -256,8 +256,8 @@ class BucketBackedStore:
     ) -> None:
         """The tensor manifest of every safetensors file just imported, as a local import
         keeps them."""
-        from .._manifests import ManifestError, compute
-        from .._store import scan_folder
+        from ..._manifests import ManifestError, compute
+        from ..local._folder import scan_folder
 
         folder = self._folder(result.repo_type, result.repo_id)
         tree = self.bucket.read_tree(folder, result.commit)
@@ -280,8 +280,8 @@ class BucketBackedStore:
     def scrub_history(self) -> ScrubView:
         """The report kept by the last scrub (``.quarantine/last-scrub.json``) and the
         notes beside the quarantined blobs (at most :data:`MAX_QUARANTINE_NOTES`)."""
-        from .._bucket import QUARANTINE
-        from .._scrub_history import LAST_SCRUB, ScrubView
+        from ..._scrub_history import LAST_SCRUB, ScrubView
+        from ._bucket import QUARANTINE
 
         last: dict[str, Any] | None = None
         notes: list[dict[str, Any]] = []
@@ -319,9 +319,9 @@ class BucketBackedStore:
         return 0  # the scrub reports its progress blob by blob without a total
 
     def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
-        from .._bucket import QUARANTINE
-        from .._bucket_scrub import scrub_bucket
-        from .._scrub_history import LAST_SCRUB
+        from ..._scrub_history import LAST_SCRUB
+        from ._bucket import QUARANTINE
+        from ._scrub import scrub_bucket
 
         with _storage_errors():  # every blob is streamed and hashed whole (full or not)
             report = scrub_bucket(self.bucket, **options)

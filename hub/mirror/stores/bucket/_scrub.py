@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from cmh.hub.cache import new_digest
 
+from ..local._scrub import UNREADABLE, BlobCheck, ScrubOptions, ScrubReport
 from ._bucket import QUARANTINE, BucketError, BucketStore
 from ._objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
-from ._scrub import UNREADABLE, BlobCheck, ScrubOptions, ScrubReport
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -24,10 +24,10 @@ from __future__ import annotations
 import io
 from typing import Any, BinaryIO
 
+from ..._history import MAX_HISTORY, CommitRecord, place_changes
+from ..._index import CommitIndex, FileEntry
+from ..._memo import Memo
 from ._bucket import BucketStore, TreeObject
-from ._history import MAX_HISTORY, CommitRecord, place_changes
-from ._index import CommitIndex, FileEntry
-from ._memo import Memo
 from ._objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
 
 DEFAULT_REF_TTL = 2.0

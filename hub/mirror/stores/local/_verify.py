@@ -39,7 +39,7 @@ from cmh.hub.cache import CHECK_RECORDS, new_digest
 from cmh import FileVersion as FileVersion  # one definition; callers import it here
 from cmh import atomic_write
 
-from ._memo import Memo
+from ..._memo import Memo
 
 RACY_SECONDS = 2.0
 #: The racy window where file times have sub-second resolution.

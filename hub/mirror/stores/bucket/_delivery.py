@@ -1,12 +1,12 @@
 """How a bucket store's bytes reach a client: proxied through this process or a
-redirect to a presigned URL (:mod:`~cmh.hub.mirror._bucket_send`)."""
+redirect to a presigned URL (:mod:`~cmh.hub.mirror.stores.bucket._send`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from .._bucket_read import BucketReader
+from ._read import BucketReader
 
 
 @dataclass
@@ -23,7 +23,7 @@ class RemoteSender:
     async def send(
         self, request: Any, entry: Any, headers: dict[str, str], ranges: Any
     ) -> tuple[Any, int, str | None]:
-        from .. import _bucket_send as bucket_send
+        from . import _send as bucket_send
 
         if self.delivery == bucket_send.REDIRECT:
             answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
@@ -35,14 +35,14 @@ class RemoteSender:
     @property
     def redirects(self) -> bool:
         """True when the answer is a redirect (a ``HEAD`` is answered as a ``GET``)."""
-        from .. import _bucket_send as bucket_send
+        from . import _send as bucket_send
 
         return self.delivery == bucket_send.REDIRECT
 
     async def ready(self, entry: Any) -> None:
         """Raise :class:`~cmh.hub.mirror._send.BlobUnavailable` unless the blob can be
         sent (present, of its size, not known bad); reads none of its bytes."""
-        from .. import _bucket_send as bucket_send
+        from . import _send as bucket_send
 
         await bucket_send.ready(self.reader, self.verifier, entry)
 
@@ -52,7 +52,7 @@ class RemoteSender:
 
 
 def make_sender(reader: BucketReader, delivery: str, signer: Any = None) -> RemoteSender:
-    from .. import _bucket_send as bucket_send
+    from . import _send as bucket_send
 
     if delivery == bucket_send.REDIRECT:
         return RemoteSender(reader, delivery, signer=signer)
