@@ -25,13 +25,24 @@ def envelope(command: str, **fields: Any) -> dict[str, Any]:
     return {"schema": JSON_SCHEMA_VERSION, "command": command, "cmh_version": __version__, **fields}
 
 
-def path_hex(path: str) -> str | None:
-    """The path's bytes in lowercase hex when they are not UTF-8 (``path`` then has U+FFFD)."""
+def path_hex(path: str | None) -> str | None:
+    """The path's bytes in lowercase hex when they are not UTF-8 (``path`` then has U+FFFD).
+
+    The path is the one the document reports, as given (the argument, joined to an
+    entry's name), never made absolute: spec section 6, "Names in reports".
+    """
+    if path is None:
+        return None
     try:
         path.encode("utf-8")
         return None
     except UnicodeEncodeError:
         return os.fsencode(path).hex()
+
+
+def paths_hex(paths: list[str] | tuple[str, ...]) -> list[str | None]:
+    """:func:`path_hex` of each path of a list (the ``files_hex`` beside a ``files``)."""
+    return [path_hex(p) for p in paths]
 
 
 def record_document(record: Record, now: float) -> dict[str, Any]:
@@ -76,6 +87,7 @@ def inspection_document(insp: Inspection, now: float) -> dict[str, Any]:
     """What a file says about itself."""
     return {
         "path": insp.path,
+        "path_hex": path_hex(insp.path),
         "file_size": insp.file_size,
         "header_size": insp.header_size,
         "tensor_count": insp.tensor_count,
@@ -97,8 +109,11 @@ def checkpoint_document(target: Target, ok: bool, identity: str | None = None) -
     """A directory argument: its shards, its index and what disagrees."""
     return {
         "path": target.argument,
+        "path_hex": path_hex(target.argument),
         "index": target.index,
+        "index_hex": path_hex(target.index),
         "files": list(target.files),
+        "files_hex": paths_hex(target.files),
         "problems": list(target.problems),
         "error": target.error,
         "ok": ok,

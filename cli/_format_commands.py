@@ -39,6 +39,8 @@ from ._documents import (
     checkpoint_document,
     envelope,
     inspection_document,
+    path_hex,
+    paths_hex,
     record_document,
     verify_document,
 )
@@ -104,7 +106,11 @@ def _write_each(
                     click.echo(f"FAILED   {target.argument}: not {participle}: {why}")
                 continue
         for path in target.files:
-            doc: dict[str, Any] = {"path": path, "checkpoint": checkpoint}
+            doc: dict[str, Any] = {
+                "path": path,
+                "path_hex": path_hex(path),
+                "checkpoint": checkpoint,
+            }
             try:
                 fields, line = write(path)
             except InvalidFileError as exc:
@@ -377,12 +383,15 @@ def _identity_from_manifests(target: Target) -> str | None:
 
 def _print_verdict(result: VerifyResult, now: float) -> None:
     record = result.record
+    notes = list(result.notes)
     if result.ok and record is not None:
         details = [f"root {record.fingerprint.hex()[:16]}…", _expiry_words(record, now)]
         if result.signer_key_id and result.signature_checked:
             details.append(f"signed by trusted key {result.signer_key_id}")
         elif result.signer_key_id:
             details.append(f"signed by key {result.signer_key_id}, NOT checked (no --key)")
+            # Said once, on the verdict's line: not again as a warning.
+            notes = [n for n in notes if "signature not checked" not in n]
         mode = " (fast: XXH3)" if result.mode == "fast" else ""
         click.echo(f"ok       {result.path}{mode}: {', '.join(details)}")
     else:
@@ -394,7 +403,7 @@ def _print_verdict(result: VerifyResult, now: float) -> None:
                     f"           (if its content is still right: restamp it, `cmh stamp "
                     f"{result.path} --ttl 30d`; or accept it once with --allow-expired)"
                 )
-    for note in result.notes:
+    for note in notes:
         warn(f"{result.path}: {note}")
 
 
@@ -450,7 +459,7 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
             insp = cmh.inspect(file, trusted)
         except InvalidFileError as exc:
             status = EXIT_UNREADABLE
-            files.append({"path": file, "error": str(exc)})
+            files.append({"path": file, "path_hex": path_hex(file), "error": str(exc)})
             if not as_json:
                 click.echo(f"{file}: not a readable safetensors file: {exc.reason}", err=True)
             continue
@@ -470,7 +479,14 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
             click.echo(f"{path}: index_inconsistent: {problem}", err=True)
     _finish(
         as_json,
-        envelope("inspect", path=path, kind=target.kind, files=files, checkpoint=checkpoint),
+        envelope(
+            "inspect",
+            path=path,
+            path_hex=path_hex(path),
+            kind=target.kind,
+            files=files,
+            checkpoint=checkpoint,
+        ),
         status,
     )
 
@@ -563,7 +579,7 @@ def fingerprint(
     def document(code: int, outcome: str, error: str | None, **fields: Any) -> None:
         emit_json(
             envelope(
-                "fingerprint", path=path, kind=kind, **fields,
+                "fingerprint", path=path, path_hex=path_hex(path), kind=kind, **fields,
                 outcome=None if semantic else outcome, error=error, ok=code == EXIT_OK,
                 exit_status=code,
             )
@@ -615,6 +631,7 @@ def _fingerprint_fields(path: str, threads: int | None) -> dict[str, Any]:
         "tensor_count": fp.tensor_count,
         "tensor_bytes": fp.tensor_bytes,
         "files": list(fp.files),
+        "files_hex": paths_hex(fp.files),
     }
 
 

@@ -18,6 +18,7 @@ from ._digests import (
 )
 from ._errors import CMHError, IndexInconsistentError, InvalidFileError
 from ._header import Header, parse_strict_json, read_header, strict_utf8
+from ._regular import NotARegularFileError, open_regular
 
 SHARD_SUFFIX = ".safetensors"
 INDEX_SUFFIX = SHARD_SUFFIX + ".index.json"
@@ -46,42 +47,50 @@ def find_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     """The shards named by the index file, else every top-level ``*.safetensors``.
 
     Raises :class:`InvalidFileError` when the directory is not a usable
-    checkpoint (spec section 6): an index that breaks the index rules, a shard
-    name that is not a plain file name, a missing shard or one outside the
-    directory, or no index and no ``*.safetensors`` file. With several index
-    files, ``model.safetensors.index.json`` (else the first by name bytes) is
-    read and the others are listed in ``other_indexes``.
+    checkpoint (spec section 6): it cannot be listed, an index that breaks the
+    index rules, a shard name that is not a plain file name or names no regular
+    file of the listing, a file judged (the index, a shard, a stray) whose real
+    path leaves the directory (see :class:`_Bounds`), or no index and no
+    ``*.safetensors`` file. With several index files,
+    ``model.safetensors.index.json`` (else the first by name bytes) is read and
+    the others are listed in ``other_indexes``. Nothing is opened but the index,
+    and it only once it is known to be a regular file.
     """
-    root = Path(directory)
-    if not root.is_dir():
-        raise InvalidFileError("not a directory", str(root))
-    entries = _regular_files(root)
+    root = str(Path(directory))
+    try:
+        entries = _regular_files(root)
+    except OSError as exc:
+        why = "not a directory" if isinstance(exc, NotADirectoryError) else exc.strerror or exc
+        raise InvalidFileError(f"cannot list the directory: {why}", root) from exc
+    bounds = _Bounds.of(root)
+    listed = set(entries)
     indexes = [n for n in entries if n.endswith(INDEX_SUFFIX)]
     index = DEFAULT_INDEX if DEFAULT_INDEX in indexes else (indexes[0] if indexes else None)
     top_level = [n for n in entries if n.endswith(SHARD_SUFFIX)]
-    if index is not None:
-        weight_map = read_index(root / index)
-        files = tuple(sorted(set(weight_map.values()), key=name_bytes))
-        for name in files:
-            shard = (root / name).resolve()
-            if root.resolve() not in shard.parents:
-                raise InvalidFileError(
-                    f"index names a shard outside the directory: {name!r}", str(root / index)
-                )
-            if not shard.is_file():
-                raise InvalidFileError(f"index names a missing shard {name!r}", str(root / index))
-        return Checkpoint(
-            str(root),
-            files,
-            index,
-            weight_map,
-            other_indexes=tuple(i for i in indexes if i != index),
-            unindexed=tuple(f for f in top_level if f not in files),
-        )
-    files = tuple(top_level)
-    if not files:
-        raise InvalidFileError("directory holds no *.safetensors file", str(root))
-    return Checkpoint(str(root), files, None, None)
+    if index is None:
+        if not top_level:
+            raise InvalidFileError("directory holds no *.safetensors file", root)
+        bounds.check(top_level)
+        return Checkpoint(root, tuple(top_level), None, None)
+    bounds.check([index])
+    index_path = os.path.join(root, index)
+    weight_map = read_index(index_path)
+    files = tuple(sorted(set(weight_map.values()), key=name_bytes))
+    for name in files:
+        # The listing decides, never an open: a case-insensitive or normalising file
+        # system would open M.safetensors for m.safetensors (spec section 6, rule h).
+        if name not in listed:
+            raise InvalidFileError(f"index names a missing shard {name!r}", index_path)
+    unindexed = tuple(f for f in top_level if f not in files)
+    bounds.check([*files, *unindexed])
+    return Checkpoint(
+        root,
+        files,
+        index,
+        weight_map,
+        other_indexes=tuple(i for i in indexes if i != index),
+        unindexed=unindexed,
+    )
 
 
 def name_bytes(name: str) -> bytes:
@@ -89,28 +98,83 @@ def name_bytes(name: str) -> bytes:
     return os.fsencode(name)
 
 
-def _regular_files(root: Path) -> list[str]:
-    """Names of the regular files (after following links) directly in ``root``, by bytes."""
+def _regular_files(root: str) -> list[str]:
+    """Names of the regular files (after following links) directly in ``root``, by bytes.
+
+    Types come from ``stat``, nothing is opened: a FIFO, a device, a dangling link, a
+    link loop or an entry whose type cannot be learnt is not a regular file.
+    """
     names = []
     with os.scandir(root) as it:
         for entry in it:
             try:
                 if entry.is_file():
                     names.append(entry.name)
-            except OSError:  # a link loop or an entry gone meanwhile: not a regular file
+            except OSError:  # a link loop, a permission denied, an entry gone meanwhile
                 continue
     return sorted(names, key=name_bytes)
 
 
-def read_index(path: Path) -> dict[str, str]:
-    """The ``weight_map`` of an index file, judged by the index rules of spec section 6."""
-    if path.stat().st_size > MAX_INDEX_SIZE:
-        raise InvalidFileError("index file is over 100 MB", str(path))
-    weight_map = parse_index(path.read_bytes(), str(path))
-    for name in weight_map.values():
-        why = shard_name_problem(name)
+#: Last-component prefixes of a repository folder of the Hugging Face cache.
+_CACHE_REPO_PREFIXES = ("models--", "datasets--", "spaces--")
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """Where a checkpoint directory's files may really be (spec section 6, "Links").
+
+    A file judged stays inside when its real path is below the directory's real
+    path (at any depth, compared by components), or, for a snapshot of the Hugging
+    Face cache (real path ``R/snapshots/S``, ``R`` named ``models--...``,
+    ``datasets--...`` or ``spaces--...``), below its repository folder ``R``,
+    whose ``blobs/`` its links point into.
+    """
+
+    directory: str
+    allowed: str
+
+    @classmethod
+    def of(cls, directory: str) -> _Bounds:
+        real = os.path.realpath(directory)
+        snapshots, _ = os.path.split(real)
+        repo, folder = os.path.split(snapshots)
+        in_cache = folder == "snapshots" and os.path.basename(repo).startswith(_CACHE_REPO_PREFIXES)
+        return cls(directory, repo if in_cache else real)
+
+    def check(self, names: list[str] | tuple[str, ...]) -> None:
+        """Raise :class:`InvalidFileError` for the first name whose real path is outside."""
+        for name in names:
+            real = os.path.realpath(os.path.join(self.directory, name))
+            if os.path.commonpath([self.allowed, real]) != self.allowed or real == self.allowed:
+                raise InvalidFileError(
+                    f"{name!r} is a link that resolves outside the directory (to {real})",
+                    self.directory,
+                )
+
+
+def read_index(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The ``weight_map`` of an index file, judged by the index rules of spec section 6.
+
+    Rule a is judged on the size ``fstat`` gives before anything is read, and no more
+    than the limit is ever read (a file growing meanwhile is judged by what was read).
+    """
+    name = os.fspath(path)
+    try:
+        with open_regular(name) as f:
+            if os.fstat(f.fileno()).st_size > MAX_INDEX_SIZE:
+                raise InvalidFileError("index file is over 100,000,000 bytes", name)
+            raw = f.read(MAX_INDEX_SIZE + 1)
+    except NotARegularFileError as exc:
+        raise InvalidFileError(f"index {exc.strerror}", name) from exc
+    except OSError as exc:
+        raise InvalidFileError(f"cannot read the index: {exc.strerror or exc}", name) from exc
+    if len(raw) > MAX_INDEX_SIZE:
+        raise InvalidFileError("index file is over 100,000,000 bytes", name)
+    weight_map = parse_index(raw, name)
+    for shard in weight_map.values():
+        why = shard_name_problem(shard)
         if why is not None:
-            raise InvalidFileError(f"index names the shard {name!r}: {why}", str(path))
+            raise InvalidFileError(f"index names the shard {shard!r}: {why}", name)
     return weight_map
 
 

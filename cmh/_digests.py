@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import xxhash
 
 from ._header import Header, TensorEntry, TensorSpec
+from ._regular import open_regular
 
 FILE_DOMAIN = b"CMH-FP-v1\n"
 DIRECTORY_DOMAIN = b"CMH-DIR-v1\n"
@@ -78,7 +79,7 @@ def hash_tensors(
     """
     if not header.tensors:
         return []
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         if header.data_size == 0:
             empty = _digest_bytes(b"", sha256, xxh3)
             return [TensorDigest(t.name, *empty) for t in header.tensors]

@@ -14,14 +14,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
-from collections.abc import Mapping
+from array import array
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, BinaryIO
 
 from ._errors import InvalidFileError
+from ._regular import NotARegularFileError, open_regular
 
 MAX_HEADER_SIZE = 100_000_000
+#: Deepest nesting of arrays and objects in a header or an index (spec 2.2): ``{}`` is 1.
+MAX_JSON_DEPTH = 64
+#: Longest JSON number token in a header or an index, in characters (spec 2.2).
+MAX_NUMBER_LENGTH = 100
 PREFIX_SIZE = 8
 METADATA_KEY = "__metadata__"
 #: Largest value of a dimension or an offset: they are u64 in the fingerprint.
@@ -107,10 +115,10 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     """Read and validate the header of the safetensors file at ``path``."""
     name = os.fspath(path)
     try:
-        with open(name, "rb") as f:
+        with open_regular(name) as f:
             return read_header_from(f, os.fstat(f.fileno()).st_size, path=name)
-    except IsADirectoryError as exc:
-        raise InvalidFileError("is a directory, not a safetensors file", name) from exc
+    except NotARegularFileError as exc:
+        raise InvalidFileError(str(exc.strerror), name) from exc
     except OSError as exc:
         raise InvalidFileError(f"cannot read file: {exc.strerror or exc}", name) from exc
 
@@ -143,6 +151,15 @@ _OTHER_FORMATS = (
 )
 
 
+#: First bytes of text files people take for safetensors, and what they most likely are.
+_TEXT_FORMATS = (
+    (b"version ", "a Git LFS pointer: the weights were never downloaded (run `git lfs pull`)"),
+    (b"<", "an HTML or XML page (a login or error page saved instead of the file?)"),
+    (b"{", "a JSON file (a config or an index: give its directory instead)"),
+    (b"[", "a JSON file"),
+)
+
+
 def _other_format(header_size: int) -> str:
     """``; it looks like ...`` with a hint, when the first bytes are another format's."""
     prefix = struct.pack("<Q", header_size)
@@ -155,7 +172,23 @@ def _other_format(header_size: int) -> str:
                 else ""
             )
             return f"; this is not a safetensors file, it looks like {what}{hint}"
-    return ""
+    return _text_hint(prefix)
+
+
+def _text_hint(prefix: bytes) -> str:
+    """A hint for a file whose first 8 bytes are printable text (a safetensors file's never
+    are: its header length would be over 100 MB)."""
+    try:
+        text = prefix.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    if not all(c.isprintable() or c in "\t\r\n" for c in text):
+        return ""
+    stripped = prefix.lstrip()
+    what = next((w for magic, w in _TEXT_FORMATS if stripped.startswith(magic)), "a text file")
+    return (
+        f"; this is not a safetensors file, it starts with the text {text!r}: it looks like {what}"
+    )
 
 
 def _check_header_size(header_size: int, file_size: int, path: str | None) -> None:
@@ -193,12 +226,7 @@ def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Head
         raise InvalidFileError("header does not start with '{'", path)
     text = strict_utf8(raw, "header", path)
     try:
-        obj = json.loads(
-            text,
-            object_pairs_hook=_checked_object,
-            parse_int=_parse_json_integer,
-            parse_constant=_reject_constant,
-        )
+        obj = _load_json(text, _parse_json_integer, float)
     except _DuplicateKeyError as exc:
         raise InvalidFileError(f"header has the key {exc.key!r} twice", path) from exc
     except _LoneSurrogateError as exc:
@@ -207,7 +235,7 @@ def parse_header(raw: bytes, file_size: int, *, path: str | None = None) -> Head
             "(not a Unicode scalar value)",
             path,
         ) from exc
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise InvalidFileError(f"header is not valid JSON: {exc}", path) from exc
     if not isinstance(obj, dict):
         raise InvalidFileError("header JSON is not an object", path)
@@ -258,15 +286,60 @@ def parse_strict_json(text: str) -> Any:
     an unpaired surrogate escape. Raises ``ValueError`` saying which rule broke.
     """
     try:
-        value = json.loads(text, object_pairs_hook=_checked_object, parse_constant=_reject_constant)
+        value = _load_json(text, JSONNumber, JSONNumber)
     except _DuplicateKeyError as exc:
         raise ValueError(f"the key {exc.key!r} appears twice in one object") from exc
     except _LoneSurrogateError as exc:
         raise ValueError(f"the string {exc.text!r} holds an unpaired surrogate escape") from exc
-    except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
     _check_list_strings(value)
     return value
+
+
+#: A JSON string (to skip over), and a run of the characters a JSON number is made of.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NUMBER_RUN = re.compile(rf"[-+.0-9eE]{{{MAX_NUMBER_LENGTH + 1},}}")
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+_DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+
+
+def check_json_limits(text: str) -> None:
+    """Spec 2.2's own limits, judged on the text before it is parsed (so no interpreter
+    setting, stack depth or integer-digit limit changes a verdict): nesting at most
+    :data:`MAX_JSON_DEPTH` deep, no number token over :data:`MAX_NUMBER_LENGTH` characters.
+    Raises ``ValueError``."""
+    outside_strings = _JSON_STRING.sub('""', text)
+    if _NUMBER_RUN.search(outside_strings):
+        raise ValueError(f"a number is longer than {MAX_NUMBER_LENGTH} characters")
+    brackets = _NOT_A_BRACKET.sub("", outside_strings).encode("ascii")
+    steps = array("b", brackets.translate(_DEPTH_STEP))
+    if brackets and max(accumulate(steps)) > MAX_JSON_DEPTH:
+        raise ValueError(f"arrays and objects are nested more than {MAX_JSON_DEPTH} deep")
+
+
+class JSONNumber:
+    """A number of an index kept as written: never converted, so neither its size nor its
+    precision can fail (an index's ``metadata`` may hold ``1e400``)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _load_json(
+    text: str, parse_int: Callable[[str], Any], parse_float: Callable[[str], Any]
+) -> Any:
+    """The JSON value of ``text`` within the format's limits: no key twice, no unpaired
+    surrogate in an object's keys or string values, no ``NaN``/``Infinity``."""
+    check_json_limits(text)
+    return json.loads(
+        text,
+        object_pairs_hook=_checked_object,
+        parse_int=parse_int,
+        parse_float=parse_float,
+        parse_constant=_reject_constant,
+    )
 
 
 def _check_list_strings(value: Any) -> None:

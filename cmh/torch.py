@@ -29,6 +29,7 @@ from ._errors import (
     VerificationError,
 )
 from ._header import Header, TensorEntry, read_header
+from ._regular import open_regular
 from ._verification import Outcome, Problem, VerifyResult
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -153,7 +154,8 @@ def _read_and_hash(
     CPU cache; tensors are spread over threads (both calls release the GIL), largest
     first, so hashing overlaps reading on every core.
     """
-    fd = os.open(path, os.O_RDONLY)
+    regular = open_regular(path)  # never blocks on a FIFO swapped in since the header
+    fd = regular.fileno()
     try:
 
         def work(t: TensorEntry) -> tuple[torch.Tensor, bytes | None]:
@@ -171,7 +173,7 @@ def _read_and_hash(
             futures = {t.name: pool.submit(work, t) for t in order}
             return [futures[t.name].result() for t in header.tensors]
     finally:
-        os.close(fd)
+        regular.close()
 
 
 def _read_into(

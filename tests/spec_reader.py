@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import struct
 import sys
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ ORDER = [
 ]  # fmt: skip
 U64_MAX = 2**64 - 1
 INTEGER = re.compile(r"0|[1-9][0-9]*")  # section 2.5: no sign, fraction or exponent
+MAX_DEPTH = 64  # section 2.2: arrays and objects nest at most 64 deep
+MAX_NUMBER = 100  # section 2.2: no number token over 100 characters
+LIMIT = 100_000_000  # sections 2.1 and 6 rule a
 
 
 class Verdict(Exception):
@@ -94,6 +98,50 @@ def _count(value: object) -> int:
     return n
 
 
+#: The tokens that matter for section 2.2's limits: a string, a bracket, a number.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|-?[0-9][-+.0-9eE]*')
+
+
+def check_limits(text: str) -> None:
+    """Section 2.2's depth and number limits, on the text, before any parser sees it."""
+    depth = 0
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise Verdict("invalid_file", "nested too deep")
+        elif token in ("]", "}"):
+            depth -= 1
+        elif token[0] != '"' and len(token) > MAX_NUMBER:
+            raise Verdict("invalid_file", "number too long")
+
+
+def read_regular(path: bytes | str, limit: int | None = None) -> bytes:
+    """Section 9's PATH rule: stat first, open without blocking, check the open file again.
+
+    ``limit``: a file larger than it (by fstat) raises Verdict before a byte is read.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise Verdict("invalid_file", "not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Verdict("invalid_file", "not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise Verdict("invalid_file", "over the size limit")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Parsed:
     tensors: list[tuple[str, str, list[int], int, int]]  # manifest order
@@ -114,6 +162,7 @@ def parse(data: bytes) -> Parsed:
         raise Verdict("invalid_file", "not UTF-8") from exc
     if not text.startswith("{"):
         raise Verdict("invalid_file", "no {")
+    check_limits(text)
     try:
         obj = json.loads(
             text,
@@ -263,9 +312,9 @@ def manifest(
     return [bytes.fromhex(i) for i in items]
 
 
-def verify_file(path: Path, options: Options) -> str:
+def verify_file(path: Path | bytes, options: Options) -> str:
     try:
-        return _verify(parse(path.read_bytes()), options)
+        return _verify(parse(read_regular(path)), options)
     except Verdict as verdict:
         return verdict.outcome
     except OSError:  # no file to read is no valid file
@@ -340,13 +389,20 @@ def _strings(value: Any) -> list[str]:
 
 
 def read_index(data: bytes) -> dict[str, str]:
-    """Section 6 index rules a-g; raises Verdict("invalid_file")."""
-    if len(data) > 100_000_000 or data.startswith(b"\xef\xbb\xbf"):
+    """Section 6 index rules b-g (rule a is judged by stat, before reading); raises Verdict."""
+    if len(data) > LIMIT or data.startswith(b"\xef\xbb\xbf"):
         raise Verdict("invalid_file", "index size or byte-order mark")
     try:
         text = data.decode("utf-8")
-        obj = json.loads(text, object_pairs_hook=_pairs, parse_constant=_bad_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        check_limits(text)
+        obj = json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_int=_Number,
+            parse_float=_Number,
+            parse_constant=_bad_constant,
+        )
+    except (UnicodeDecodeError, ValueError) as exc:
         raise Verdict("invalid_file", "index is not UTF-8 JSON") from exc
     if any(0xD800 <= ord(c) <= 0xDFFF for s in _strings(obj) for c in s):
         raise Verdict("invalid_file", "unpaired surrogate in a list")
@@ -370,40 +426,60 @@ def verify_directory(folder: Path, options: Options) -> str:
         return "invalid_file"
 
 
+def _is_regular(path: bytes) -> bool:
+    """Section 6: the type after following links, by stat; no type learnt is not regular."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _allowed_root(folder: bytes) -> bytes:
+    """Section 6, Links: the directory's real path, or a cache snapshot's repository folder."""
+    real = os.path.realpath(folder)
+    parent = os.path.dirname(real)
+    repo = os.path.dirname(parent)
+    cache = (b"models--", b"datasets--", b"spaces--")
+    if os.path.basename(parent) == b"snapshots" and os.path.basename(repo).startswith(cache):
+        return repo
+    return real
+
+
+def _stays_inside(folder: bytes, name: bytes, allowed: bytes) -> bool:
+    real = os.path.realpath(os.path.join(folder, name)).split(b"/")
+    parts = allowed.rstrip(b"/").split(b"/")
+    return len(real) > len(parts) and real[: len(parts)] == parts
+
+
 def _verify_directory(folder: bytes, options: Options) -> str:
-    names = sorted(
-        e.name for e in os.scandir(folder) if os.path.isfile(os.path.join(folder, e.name))
-    )
+    names = sorted(e.name for e in os.scandir(folder) if _is_regular(os.path.join(folder, e.name)))
     indexes = [n for n in names if n.endswith(b".safetensors.index.json")]
     top = [n for n in names if n.endswith(b".safetensors")]
+    allowed = _allowed_root(folder)
     weight_map: dict[str, str] | None = None
     if indexes:
         chosen = b"model.safetensors.index.json"
         chosen = chosen if chosen in indexes else indexes[0]
-        with open(os.path.join(folder, chosen), "rb") as f:
-            weight_map = read_index(f.read())
+        if not _stays_inside(folder, chosen, allowed):
+            return "invalid_file"
+        weight_map = read_index(read_regular(os.path.join(folder, chosen), LIMIT))
         shards = sorted({v.encode("utf-8") for v in weight_map.values()})
-        real_folder = os.path.realpath(folder)
-        for name in shards:
-            target = os.path.join(folder, name)
-            real = os.path.realpath(target)
-            if not os.path.isfile(target) or not real.startswith(real_folder + b"/"):
-                return "invalid_file"
+        if any(name not in names for name in shards):  # the listing decides (rule h)
+            return "invalid_file"
     else:
         shards = top
         if not shards:
             return "invalid_file"
     files = sorted(set(shards) | set(top))
-    outcomes = {
-        name: verify_file(Path(os.fsdecode(os.path.join(folder, name))), options) for name in files
-    }
+    if not all(_stays_inside(folder, name, allowed) for name in files):
+        return "invalid_file"
+    outcomes = {name: verify_file(os.path.join(folder, name), options) for name in files}
     if "invalid_file" in outcomes.values():
         return "invalid_file"
     holder: dict[str, bytes] = {}
     disagree = len(indexes) > 1 or (weight_map is not None and set(top) - set(shards) != set())
     for name in shards:
-        with open(os.path.join(folder, name), "rb") as f:
-            tensors = parse(f.read()).tensors
+        tensors = parse(read_regular(os.path.join(folder, name))).tensors
         for tensor in tensors:
             disagree |= tensor[0] in holder
             holder[tensor[0]] = name
@@ -442,8 +518,13 @@ def run(argv: list[str]) -> dict[str, object]:
     require = args.require_signature or (bool(keys) and not args.allow_unsigned)
     options = Options(keys, require, args.fast, args.at)
     path = Path(args.path)
-    outcome = verify_directory(path, options) if path.is_dir() else verify_file(path, options)
-    return {"outcome": outcome}
+    try:  # section 9, What a PATH is: its type by stat, links followed
+        mode = os.stat(path).st_mode
+    except OSError:
+        return {"outcome": "invalid_file"}
+    if stat.S_ISDIR(mode):
+        return {"outcome": verify_directory(path, options)}
+    return {"outcome": verify_file(path, options)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -589,3 +589,139 @@ def test_minilm_release_pipeline(run, minilm_copy: Path, keys) -> None:
     r = run(["verify", minilm_copy, "--key", public, "--json"])
     assert r.exit_code == 1
     assert r.json()["files"][0]["mismatched_tensors"] == ["embeddings.word_embeddings.weight"]
+
+
+# -- every file type, every name (issue 39) -------------------------------------------------
+
+
+def _special_paths(folder: Path) -> list[Path]:
+    """PATHs that are not regular files, and a directory whose index names a link loop."""
+    import os
+    import socket
+
+    folder.mkdir()
+    os.mkfifo(folder / "fifo.safetensors")
+    parent = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:  # bound through /proc: a short address
+            sock.bind(f"/proc/self/fd/{parent}/socket.safetensors")
+    finally:
+        os.close(parent)
+    (folder / "null.safetensors").symlink_to("/dev/null")
+    (folder / "loop.safetensors").symlink_to("loop.safetensors")
+    (folder / "dangling.safetensors").symlink_to("gone.safetensors")
+    looped = make_sharded(folder / "looped", tensors(2), 2)
+    (looped / "model-00002-of-00002.safetensors").unlink()
+    (looped / "model-00002-of-00002.safetensors").symlink_to("model-00002-of-00002.safetensors")
+    names = ["fifo", "socket", "null", "loop", "dangling", "missing"]
+    return [*(folder / f"{n}.safetensors" for n in names), looped]
+
+
+def test_no_format_command_blocks_or_crashes_on_any_file_type(tmp_path: Path, keys) -> None:
+    """A FIFO, a socket, a device, link loops (also one the index names), a dangling link,
+    a missing path: each command answers at once, exit 3, one JSON document, no traceback."""
+    from cli_support import run_subprocess
+
+    paths = _special_paths(tmp_path / "special")
+    alice_key, alice_pub, _ = keys["alice"]
+    many = [
+        ["verify", "--json", *paths],
+        ["verify", "--json", "--key", alice_pub, *paths],
+        ["stamp", "--json", *paths],
+        ["sign", "--json", "--key", alice_key, *paths],
+    ]
+    for args in many:
+        r = run_subprocess(args)  # a 120 s timeout: a FIFO opened blocking would hang here
+        assert r.exit_code == 3, (args, r.stderr)
+        document = r.json()
+        outcomes = [f["outcome"] for f in document["files"]]
+        assert outcomes == ["invalid_file"] * 6, (args, outcomes)
+        assert document["checkpoints"][0]["error"].endswith(
+            "index names a missing shard 'model-00002-of-00002.safetensors'"
+        )
+    for command in ("inspect", "fingerprint"):
+        for path in (paths[0], paths[1], paths[-1]):
+            r = run_subprocess([command, "--json", path])
+            assert r.exit_code == 3 and r.json()["ok"] is False, (command, path, r.stderr)
+    fifo = run_subprocess(["verify", paths[0]])
+    assert "is a FIFO (named pipe), not a regular file" in fifo.stdout
+    # A key file that is a FIFO is a usage error, also reached without blocking.
+    r = run_subprocess(["verify", "--key", paths[0], tmp_path / "special" / "null.safetensors"])
+    assert r.exit_code == 2 and "FIFO" in r.stderr
+
+
+def test_path_hex_in_every_format_command(tmp_path: Path) -> None:
+    """Non-UTF-8 names keep their bytes in every command's --json: files, the checkpoint,
+    its index and its files (spec section 6, "Names in reports")."""
+    import os
+
+    from cli_support import run_runner
+
+    folder = tmp_path / os.fsdecode(b"ckpt-\xff")
+    make_sharded(folder, tensors(3), 1)
+    (folder / "model-00001-of-00001.safetensors").rename(folder / os.fsdecode(b"m\xfe.safetensors"))
+    (folder / "model.safetensors.index.json").unlink()
+    shard = str(folder / os.fsdecode(b"m\xfe.safetensors"))
+
+    def exact(path: str) -> str:
+        return os.fsencode(path).hex()
+
+    for command in ("stamp", "verify"):
+        document = run_runner([command, "--json", str(folder)]).json()
+        (checkpoint,) = document["checkpoints"]
+        assert checkpoint["path_hex"] == exact(str(folder))
+        assert checkpoint["files_hex"] == [exact(shard)]
+        assert checkpoint["index_hex"] is None
+        (file,) = document["files"]
+        shown = os.fsencode(shard).decode("utf-8", "replace")  # U+FFFD for each bad byte
+        assert (file["path"], file["path_hex"]) == (shown, exact(shard))
+    document = run_runner(["inspect", "--json", str(folder)]).json()
+    assert document["path_hex"] == exact(str(folder))
+    assert document["checkpoint"]["path_hex"] == exact(str(folder))
+    assert document["files"][0]["path_hex"] == exact(shard)
+    document = run_runner(["fingerprint", "--json", str(folder)]).json()
+    assert document["path_hex"] == exact(str(folder))
+    assert document["files_hex"] == [os.fsencode(os.fsdecode(b"m\xfe.safetensors")).hex()]
+    document = run_runner(["fingerprint", "--json", shard]).json()
+    assert document["path_hex"] == exact(shard)
+    # A UTF-8 name has null there.
+    save_file(tensors(1), str(tmp_path / "plain.safetensors"))
+    assert (
+        run_runner(["inspect", "--json", tmp_path / "plain.safetensors"]).json()["path_hex"] is None
+    )
+
+
+def test_verify_says_an_unchecked_signature_once(run, model: Path, keys) -> None:
+    alice_key, _, alice_id = keys["alice"]
+    cmh.stamp(model, "30d")
+    assert run(["sign", model, "--key", alice_key]).exit_code == 0
+    r = run(["verify", model])
+    assert r.exit_code == 0
+    assert r.stdout.count("NOT checked") == 1 and f"signed by key {alice_id}" in r.stdout
+    assert "not checked" not in r.stderr.lower()
+    # In JSON the note stays: a machine reads no line.
+    notes = run(["verify", model, "--json"]).json()["files"][0]["notes"]
+    assert any("signature not checked" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        (b"hello, this is not a model\n", "looks like a text file"),
+        (b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n", "git lfs pull"),
+        (b"<!DOCTYPE html><html>login</html>", "HTML"),
+        (b'{"architectures": ["BertModel"]}', "a JSON file"),
+    ],
+)
+def test_a_text_file_gets_a_hint(text: bytes, hint: str, tmp_path: Path) -> None:
+    from cli_support import run_runner
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(text)
+    r = run_runner(["verify", path])
+    assert (
+        r.exit_code == 3 and "this is not a safetensors file, it starts with the text" in r.stdout
+    )
+    assert hint in r.stdout
+    r = run_runner(["inspect", path])
+    assert r.exit_code == 3 and hint in r.stderr

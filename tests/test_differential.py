@@ -7,13 +7,22 @@ holds only valid Unicode. ``cmh fingerprint --json DIR`` must name the same
 ``invalid_file`` / ``index_inconsistent`` as ``cmh verify DIR``. A few runs of
 the real ``cmh`` command check the bytes on stdout are UTF-8 JSON and that no
 traceback reaches stderr, whatever the file names.
+
+The inputs include what is not a regular file (FIFOs, sockets, devices, link
+loops, dangling links: as PATH, as a shard, a stray or the index), deep and wide
+JSON and huge numbers (spec 2.2's own limits), and snapshots laid out as the
+Hugging Face cache lays them out, some with a link out. The real command then
+runs over every case with ``PYTHONINTMAXSTRDIGITS`` at its default and at 0
+(under a small recursion limit): the outcomes must be equal.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import socket
 import struct
 import subprocess
 import sys
@@ -49,6 +58,7 @@ MODES = [
 ]
 FILES = 320
 DIRECTORIES = 320
+CACHE_SNAPSHOTS = 40
 INDEX = "model.safetensors.index.json"
 
 Header = dict[str, Any]
@@ -276,6 +286,10 @@ def _text_variant(rng: random.Random, text: bytes) -> bytes:
         )
     if choice == 6:
         return b" " + text
+    if choice == 7:  # huge numbers where a count must be (issue 39)
+        return text.replace(b"[0, 24]", b"[0, " + b"9" * rng.choice([21, 101, 5000]) + b"]", 1)
+    if choice == 8:  # deep JSON in the header
+        return text.replace(b'"pt"', rng.choice(METADATA_VALUES)(rng).encode(), 1)
     return text
 
 
@@ -323,8 +337,26 @@ GROUP_TENSORS = {
 RAW_NAMES = [b"\xff.safetensors", b"m\xc0\xaf.safetensors", b"\xed\xa0\x80.safetensors"]
 
 
+#: JSON values for an index's ``metadata``: deep, wide, huge numbers (issue 39). The index
+#: object is depth 1, so a metadata value of depth d makes an index of depth d + 1.
+def _deep(depth: int, rng: random.Random) -> str:
+    opener = rng.choice(["[", '{"k":'])
+    closer = "]" if opener == "[" else "}"
+    return opener * depth + "1" + closer * depth
+
+
+METADATA_VALUES: list[Callable[[random.Random], str]] = [
+    lambda rng: _deep(rng.choice([62, 63, 63, 64, 64, 65, 200, 1000, 5000]), rng),
+    lambda rng: "[" + ",".join(["[]"] * rng.choice([10, 10_000])) + "]",
+    lambda rng: "{" + ",".join(f'"k{i}":{i}' for i in range(rng.choice([10, 5_000]))) + "}",
+    lambda rng: rng.choice(["", "-"]) + "9" * rng.choice([20, 99, 100, 101, 4300, 4301, 5000]),
+    lambda rng: rng.choice(["1e400", "-1E-400", "0.1e99999", "1." + "5" * 98, "1." + "5" * 99]),
+    lambda rng: rng.choice(["Infinity", "-Infinity", "True", "None", "'x'", "0x10", "01", "+1"]),
+]
+
+
 def _index_text(rng: random.Random, weight_map: dict[str, Any]) -> bytes:
-    choice = rng.randrange(24)  # 13 and over: a well-formed index
+    choice = rng.randrange(24)  # 13 and over: a well-formed index (but its metadata)
     if choice == 0:
         weight_map = {
             k: rng.choice(["./", ""]) + v + rng.choice(["/", ""]) for k, v in weight_map.items()
@@ -368,7 +400,49 @@ def _index_text(rng: random.Random, weight_map: dict[str, Any]) -> bytes:
         text = text.replace(b'"metadata"', rng.choice([b'"m\xff"', b'"m\xed\xa0\x80"']))
     elif choice == 12:
         text = text[: len(text) // 2]
+    elif choice in (13, 14, 15, 16):
+        text = text.replace(b"64", rng.choice(METADATA_VALUES)(rng).encode(), 1)
+    elif choice == 17:
+        text = text + rng.choice([b" x", b"{}", b",", b"\x00", b"//", b" \t\r\n"])
+    elif choice == 18 and weight_map:
+        k, v = next(iter(weight_map.items()))
+        escaped = json.dumps(k)[:-2] + f"\\u{ord(k[-1]):04x}" + '"'
+        text = text.replace(b'"weight_map": {', b'"weight_map": {' + escaped.encode() + b": "
+                            + json.dumps(v).encode() + b", ", 1)  # fmt: skip
     return text
+
+
+def _special_entry(rng: random.Random, folder: Path, name: str) -> None:
+    """``name`` in ``folder`` made something that is not a regular file (issue 39)."""
+    path = folder / name
+    path.unlink(missing_ok=True)
+    kind = rng.randrange(7)
+    if kind == 0:
+        os.mkfifo(path)
+    elif kind == 1:
+        bind_socket(path)
+    elif kind == 2:
+        path.symlink_to(name)  # a loop
+    elif kind == 3:
+        path.symlink_to("gone.safetensors")
+    elif kind == 4:
+        path.symlink_to("/dev/null")
+    elif kind == 5:
+        path.mkdir()
+    else:
+        (folder / "a-loop").symlink_to("b-loop")
+        (folder / "b-loop").symlink_to("a-loop")
+        path.symlink_to("a-loop")
+
+
+def bind_socket(path: Path) -> None:
+    """A Unix-domain socket file at ``path`` (bound through /proc/self/fd: short address)."""
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(f"/proc/self/fd/{parent}/{path.name}")
+    finally:
+        os.close(parent)
 
 
 def hostile_directory(
@@ -395,8 +469,20 @@ def hostile_directory(
         )
         if rng.random() < 0.1:
             (folder / "b.safetensors.index.json").write_bytes(b"{}")
-    extra = rng.randrange(10)
-    if extra == 0:
+    extra = rng.randrange(14)
+    if extra in (10, 11):  # a shard, a stray or the index that is no regular file
+        victims = [*names, INDEX, "stray.safetensors"]
+        _special_entry(rng, folder, rng.choice(victims))
+    elif extra == 12 and (folder / names[0]).exists():  # a link inside, at some depth
+        (folder / "blobs").mkdir(exist_ok=True)
+        (folder / names[0]).rename(folder / "blobs" / "x")
+        (folder / names[0]).symlink_to(rng.choice(["blobs/x", "./blobs/../blobs/x"]))
+    elif extra == 13:  # a link to a sibling whose name starts with this directory's
+        sibling = folder.parent / (folder.name + "-x")
+        sibling.mkdir(exist_ok=True)
+        (sibling / "s.safetensors").write_bytes(seeds.shards["ab"])
+        (folder / "s.safetensors").symlink_to(f"../{folder.name}-x/s.safetensors")
+    elif extra == 0:
         (folder / os.fsdecode(rng.choice(RAW_NAMES))).write_bytes(seeds.shards["ab"])
     elif extra == 1:
         (folder / "extra.safetensors").write_bytes(rng.choice([seeds.shards["bc"], b"\x05\x00"]))
@@ -409,6 +495,50 @@ def hostile_directory(
             (folder / name).unlink()
         if rng.random() < 0.5:
             (folder / os.fsdecode(rng.choice(RAW_NAMES))).write_bytes(seeds.shards["ab"])
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_snapshot(rng: random.Random, seeds: Seeds, cache: Path, i: int) -> Path:
+    """A snapshot laid out as the Hugging Face cache lays it out, sometimes with a way out."""
+    prefix = rng.choice(["models--", "models--", "datasets--", "", "models-"])
+    repo = cache / f"{prefix}org--m{i}"
+    snap = repo / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    groups = rng.choice([("ab", "cd"), ("ab", "cd-signed"), ("ab", "bc")])
+    weight_map: dict[str, str] = {}
+    files: dict[str, bytes] = {}
+    for name, group in zip(SHARD_NAMES[:2], groups, strict=True):
+        files[name] = seeds.shards[group]
+        for tensor in GROUP_TENSORS[group]:
+            weight_map.setdefault(tensor, name)
+    if rng.random() < 0.7:
+        files[INDEX] = json.dumps(
+            {"metadata": {"total_size": 64}, "weight_map": weight_map}
+        ).encode()
+    for name, data in files.items():
+        blob = hashlib.sha256(data).hexdigest()
+        (repo / "blobs" / blob).write_bytes(data)
+        (snap / name).symlink_to(f"../../blobs/{blob}")
+    way = rng.randrange(8)
+    victim = snap / rng.choice(list(files))
+    if way == 0:  # into another repository's blobs
+        other = cache / "models--org--other" / "blobs"
+        other.mkdir(parents=True, exist_ok=True)
+        (other / "x").write_bytes(victim.read_bytes())
+        victim.unlink()
+        victim.symlink_to("../../../models--org--other/blobs/x")
+    elif way == 1:  # a blob gone: a dangling link
+        os.unlink(os.path.realpath(victim))
+    elif way == 2:  # a link to a link inside the repository folder
+        (repo / "refs").mkdir()
+        target = os.readlink(victim)
+        (repo / "refs" / "alias").symlink_to("../blobs/" + target.split("/")[-1])
+        victim.unlink()
+        victim.symlink_to("../../refs/alias")
+    return snap
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -450,6 +580,9 @@ def test_cmh_and_the_spec_reader_agree_on_hostile_inputs(seeds: Seeds, tmp_path:
         cases.append(("directory", folder))
     (tmp_path / "empty").mkdir()  # git keeps no empty directory, so no vector has one
     cases.append(("directory", tmp_path / "empty"))
+    for i in range(CACHE_SNAPSHOTS):
+        cases.append(("directory", cache_snapshot(rng, seeds, tmp_path / "cache", i)))
+    cases += [("other", p) for p in special_paths(tmp_path / "special")]
     disagreements = []
     seen: dict[str, int] = {}
     for kind, path in cases:
@@ -463,13 +596,73 @@ def test_cmh_and_the_spec_reader_agree_on_hostile_inputs(seeds: Seeds, tmp_path:
         if kind == "directory":
             _check_fingerprint_agrees(path, ours)
     assert disagreements == []
-    assert len(cases) >= 500
+    assert len(cases) >= 690
+    _check_no_setting_changes_a_verdict(cases, tmp_path)
     # The generator reaches every outcome, so the agreement means something.
     assert set(seen) >= {
         "ok", "invalid_file", "index_inconsistent", "unstamped", "corrupt_record",
         "unsupported_version", "manifest_inconsistent", "root_mismatch", "tensor_mismatch",
         "signature_missing", "signature_untrusted", "expired",
     }  # fmt: skip
+
+
+def special_paths(folder: Path) -> list[Path]:
+    """PATHs of every file type: FIFO, socket, device, missing, dangling link, loops."""
+    folder.mkdir()
+    os.mkfifo(folder / "fifo.safetensors")
+    bind_socket(folder / "socket.safetensors")
+    (folder / "null.safetensors").symlink_to("/dev/null")
+    (folder / "loop.safetensors").symlink_to("loop.safetensors")
+    (folder / "dangling.safetensors").symlink_to("gone.safetensors")
+    (folder / "fifo-link.safetensors").symlink_to("fifo.safetensors")
+    (folder / "dir-loop").symlink_to("dir-loop")
+    names = ["fifo", "socket", "null", "loop", "dangling", "fifo-link", "missing"]
+    return [
+        *(folder / f"{n}.safetensors" for n in names),
+        folder / "dir-loop",
+        Path("/dev/zero"),
+        Path("/dev/null"),
+    ]
+
+
+def _check_no_setting_changes_a_verdict(cases: list[tuple[str, Path]], tmp_path: Path) -> None:
+    """The same outcomes, in full mode, with ``PYTHONINTMAXSTRDIGITS`` at its default and at
+    0 under a small recursion limit (the real command, one process per setting over every
+    case), and from the spec reader under both changed: the JSON limits are the format's
+    own (spec section 2.2)."""
+    paths = [str(p) for _, p in cases]
+    listing = tmp_path / "paths.json"
+    listing.write_text(json.dumps(paths))
+    script = (
+        "import json, sys\n"
+        "sys.setrecursionlimit(int(sys.argv[2]))\n"
+        "from cmh.cli.main import cli\n"
+        f"cli(['verify', '--json', '--at', '{AT}', *json.load(open(sys.argv[1]))])\n"
+    )
+    runs = {}
+    for digits, limit in (("4300", 1000), ("0", 250)):
+        env = {**os.environ, "PYTHONINTMAXSTRDIGITS": digits}
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(listing), str(limit)],
+            capture_output=True, timeout=600, check=False, env=env,
+        )  # fmt: skip
+        assert b"Traceback" not in proc.stderr, proc.stderr[-2000:]
+        document = json.loads(proc.stdout)
+        outcomes = {f["path"]: f["outcome"] for f in document["files"] if f["checkpoint"] is None}
+        outcomes.update({c["path"]: c["outcome"] for c in document["checkpoints"]})
+        runs[(digits, limit)] = [outcomes[p] for p in paths]
+    default = runs[("4300", 1000)]
+    assert runs[("0", 250)] == default
+    # The spec reader too, in this process, with the same settings changed.
+    old_digits, old_limit = sys.get_int_max_str_digits(), sys.getrecursionlimit()
+    try:
+        sys.set_int_max_str_digits(0)
+        sys.setrecursionlimit(250)
+        theirs = [spec_reader.run(["--at", str(AT), p])["outcome"] for p in paths]
+    finally:
+        sys.set_int_max_str_digits(old_digits)
+        sys.setrecursionlimit(old_limit)
+    assert theirs == default
 
 
 def _check_fingerprint_agrees(folder: Path, verify_outcome: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -51,14 +52,38 @@ def cmh_reader(args: list[str]) -> dict[str, Any]:
     return document
 
 
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the vectors with ``made`` steps are built (a FIFO, a socket, a 100 MB index)."""
+    return tmp_path_factory.mktemp("made")
+
+
+@pytest.fixture(scope="module")
+def checks(scratch: Path) -> list[Any]:
+    return conformance.load_checks(VECTORS, scratch=scratch)
+
+
+def _tree(root: Path) -> dict[str, tuple[str, bytes]]:
+    """Every file and symbolic link under ``root``: links by their target, never followed."""
+    out: dict[str, tuple[str, bytes]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
+            path = Path(folder, name)
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                out[rel] = ("link", os.readlink(path).encode())
+            else:
+                out[rel] = ("file", path.read_bytes())
+    return out
+
+
 def test_vectors_regenerate_byte_for_byte(tmp_path: Path) -> None:
     make_vectors = load_tool("make_vectors")
     make_vectors.write_vectors(tmp_path / "v")
-    committed = {p.relative_to(VECTORS): p for p in VECTORS.rglob("*") if p.is_file()}
-    rebuilt = {p.relative_to(tmp_path / "v"): p for p in (tmp_path / "v").rglob("*") if p.is_file()}
+    committed, rebuilt = _tree(VECTORS), _tree(tmp_path / "v")
     assert sorted(rebuilt) == sorted(committed)
-    changed = [str(n) for n, p in committed.items() if p.read_bytes() != rebuilt[n].read_bytes()]
-    assert changed == []
+    assert [n for n in committed if committed[n] != rebuilt[n]] == []
+    assert sum(kind == "link" for kind, _ in committed.values()) >= 20
 
 
 def test_the_index_covers_every_outcome_and_rule() -> None:
@@ -77,12 +102,21 @@ def test_the_index_covers_every_outcome_and_rule() -> None:
     assert len(every) == 8
     assert all({c["mode"] for c in v["checks"]} >= every for v in vectors)
     directories = [v for v in vectors if v["kind"] == "directory"]
-    assert len(directories) >= 40
+    assert len(directories) >= 85
+    assert all(
+        v["fingerprint"] in ("ok", "invalid_file", "index_inconsistent") for v in directories
+    )
+    # Issue 39: every file type as PATH and inside a directory; the stock cache's layout.
+    others = {v["name"] for v in vectors if v["kind"] == "other"}
+    assert others >= {"path-fifo", "path-socket", "path-missing", "path-link-loop"}
+    assert {v["name"] for v in vectors if "made" in v} >= {"dir-index-over-limit", "dir-shard-fifo"}
+    assert sum(v["path"].startswith("cache/models--") for v in vectors) >= 4
     assert {c["outcome"] for v in directories for c in v["checks"]} >= {
         "ok", "invalid_file", "index_inconsistent", "unstamped", "tensor_mismatch",
         "signature_missing", "signature_untrusted",
     }  # fmt: skip
-    listed = {v["path"] for v in vectors} | {"index.json", "signing-key.pub", "other-key.pub"}
+    kept = [v["path"].split("/")[0] for v in vectors if "made" not in v]
+    listed = {*kept, "index.json", "signing-key.pub", "other-key.pub"}
     assert {p.name for p in VECTORS.iterdir()} == listed
     # no-metadata really has no __metadata__ entry.
     data = (VECTORS / "no-metadata.safetensors").read_bytes()
@@ -90,17 +124,39 @@ def test_the_index_covers_every_outcome_and_rule() -> None:
     assert cmh.read_header(VECTORS / "no-metadata.safetensors").metadata is None
 
 
-def test_cmh_agrees_on_every_check() -> None:
-    results = conformance.run_checks(cmh_reader, conformance.load_checks(VECTORS))
+def test_cmh_agrees_on_every_check(checks: list[Any]) -> None:
+    results = conformance.run_checks(cmh_reader, checks)
     disagreements = [(r.check.vector, r.check.mode, r.check.expected, r.found) for r in results]
     assert [d for d in disagreements if d[2] != d[3]] == []
     assert len(results) == sum(len(v["checks"]) for v in INDEX["vectors"])
 
 
-def test_spec_reader_agrees_on_every_check() -> None:
-    results = conformance.run_checks(spec_reader.run, conformance.load_checks(VECTORS))
+def test_spec_reader_agrees_on_every_check(checks: list[Any]) -> None:
+    results = conformance.run_checks(spec_reader.run, checks)
     disagreements = [(r.check.vector, r.check.mode, r.check.expected, r.found) for r in results]
     assert [d for d in disagreements if d[2] != d[3]] == []
+    assert len(results) == sum(len(v["checks"]) for v in INDEX["vectors"])
+
+
+DIRECTORIES = [v for v in INDEX["vectors"] if v["kind"] == "directory"]
+
+
+def test_fingerprint_refuses_a_directory_where_verify_does(scratch: Path, checks: Any) -> None:
+    """Section 6: ``cmh fingerprint`` reports the vector's ``fingerprint`` outcome, with the
+    exit status verify gives it, and an identity exactly when ``ok``."""
+    from cmh.cli.main import cli
+
+    wrong = []
+    for vector in DIRECTORIES:
+        root = scratch if "made" in vector else VECTORS
+        result = CliRunner().invoke(cli, ["fingerprint", "--json", str(root / vector["path"])])
+        document = json.loads(result.stdout)
+        want = vector["fingerprint"]
+        status = {"ok": 0, "invalid_file": 3, "index_inconsistent": 1}[want]
+        got = (document["outcome"], result.exit_code, document.get("fingerprint") is not None)
+        if got != (want, status, want == "ok"):
+            wrong.append((vector["name"], got))
+    assert wrong == []
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,10 @@ spec section 10 and one path, and prints one JSON object on stdout whose
     READER [--fast] [--key FILE]... [--require-signature] [--allow-unsigned] --at SECONDS PATH
 
 fixtures/vectors/index.json lists every vector and, for each mode, the
-options and the outcome a conforming reader reports. Usage::
+options and the outcome a conforming reader reports. Vectors a source tree
+cannot hold (a FIFO, a socket, an index over 100,000,000 bytes) list the
+steps that build them (``made``, spec section 10): they are built in a
+scratch directory first. Usage::
 
     python tools/conformance.py -- cmh verify --json
     python tools/conformance.py -- python tests/spec_reader.py
@@ -22,8 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +66,13 @@ def load_checks(
     vectors: Path = VECTORS,
     only: Iterable[str] | None = None,
     modes: Iterable[str] | None = None,
+    scratch: Path | None = None,
 ) -> list[Check]:
-    """Every check of the index, with ``{dir}`` resolved and the vector's path appended."""
+    """Every check of the index, with ``{dir}`` resolved and the vector's path appended.
+
+    Vectors with ``made`` steps are built in ``scratch`` (an empty directory), and left
+    out when no scratch directory is given.
+    """
     index = json.loads((vectors / "index.json").read_text(encoding="utf-8"))
     wanted = set(only) if only else None
     wanted_modes = set(modes) if modes else None
@@ -68,13 +80,61 @@ def load_checks(
     for vector in index["vectors"]:
         if wanted is not None and vector["name"] not in wanted:
             continue
-        path = str(vectors / vector["path"])
+        if "made" in vector:
+            if scratch is None:
+                continue
+            build(vector["made"], vectors, scratch)
+            path = str(scratch / vector["path"])
+        else:
+            path = str(vectors / vector["path"])
         for check in vector["checks"]:
             if wanted_modes is not None and check["mode"] not in wanted_modes:
                 continue
             args = [a.replace("{dir}", str(vectors)) for a in check["args"]]
             checks.append(Check(vector["name"], check["mode"], (*args, path), check["outcome"]))
     return checks
+
+
+def build(steps: list[dict[str, Any]], vectors: Path, scratch: Path) -> None:
+    """Perform a vector's ``made`` steps (spec section 10) in ``scratch``."""
+    for step in steps:
+        op = step["op"]
+        if op == "copy":
+            source, target = vectors / step["from"], scratch / step["to"]
+            if source.is_dir():
+                shutil.copytree(source, target, symlinks=True)
+            else:
+                shutil.copyfile(source, target, follow_symlinks=False)
+        elif op == "remove":
+            (scratch / step["path"]).unlink()
+        elif op == "fifo":
+            os.mkfifo(scratch / step["path"])
+        elif op == "socket":
+            _bind_socket(scratch / step["path"])
+        elif op == "write":
+            _write_padded(scratch / step["path"], step["text"].encode(), step["pad_to"])
+        else:
+            raise ValueError(f"unknown step {op!r}")
+
+
+def _bind_socket(path: Path) -> None:
+    """A Unix-domain socket file at ``path``; bound through /proc/self/fd, so a long
+    scratch path does not meet the 107-byte limit of a socket address."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(f"/proc/self/fd/{folder}/{path.name}")
+    finally:
+        os.close(folder)
+
+
+def _write_padded(path: Path, text: bytes, size: int) -> None:
+    with open(path, "wb") as f:
+        f.write(text)
+        spaces = b" " * (1 << 20)
+        left = size - len(text)
+        while left > 0:
+            left -= f.write(spaces[: min(left, len(spaces))])
 
 
 def run_checks(reader: Reader, checks: Iterable[Check]) -> list[Result]:
@@ -133,14 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the reader command after --")
-    checks = load_checks(
-        args.vectors,
-        [n for n in args.only.split(",") if n] or None,
-        [m for m in args.mode.split(",") if m] or None,
-    )
-    if not checks:
-        parser.error("no check selected")
-    return 0 if report(run_checks(command_reader(command), checks)) else 1
+    with tempfile.TemporaryDirectory(prefix="cmh-vectors-") as scratch:
+        checks = load_checks(
+            args.vectors,
+            [n for n in args.only.split(",") if n] or None,
+            [m for m in args.mode.split(",") if m] or None,
+            Path(scratch),
+        )
+        if not checks:
+            parser.error("no check selected")
+        return 0 if report(run_checks(command_reader(command), checks)) else 1
 
 
 if __name__ == "__main__":

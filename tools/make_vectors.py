@@ -15,6 +15,7 @@ Run: ``python tools/make_vectors.py [OUT]``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -211,6 +212,7 @@ class Vector:
     details: dict[str, Any] | None = None
     made_to_fail_with_key: bool = False
     parts: list[Vector] | None = None  # a directory's files, each judged as a file
+    made: list[dict[str, Any]] | None = None  # steps that build it in a scratch directory
 
     @property
     def negative(self) -> bool:
@@ -274,6 +276,11 @@ class Vector:
             "description": self.description,
             "checks": self.checks(),
         }
+        if self.kind == "directory":
+            # Section 6: the identity is refused exactly where a verification says so.
+            out["fingerprint"] = self.full if self.full in DIRECTORY_OUTCOMES else "ok"
+        if self.made is not None:
+            out["made"] = self.made
         if self.details is not None:
             out["details"] = self.details
         return out
@@ -385,6 +392,7 @@ def write_vectors(out: Path) -> None:
     more_records_and_manifests(b)
     more_contents_and_signatures(b)
     directories(b)
+    paths_of_every_type(b)
     index = {
         "format": "cmh-v1-vectors",
         "version": 1,
@@ -392,7 +400,9 @@ def write_vectors(out: Path) -> None:
         "reader": (
             "Run the reader once per check: its command, then the check's args with {dir} "
             "replaced by this directory, then the vector's path. The reader prints one JSON "
-            "object whose 'outcome' is one of section 9's names (or index_inconsistent)."
+            "object whose 'outcome' is one of section 9's names (or index_inconsistent). "
+            "A vector with 'made' is first built in a scratch directory by its steps, and its "
+            "path is relative to that directory."
         ),
         "vectors": [v.entry() for v in b.vectors],
     }
@@ -1301,6 +1311,397 @@ def more_directories(
             Vector(second, second, "", "6", "ok"),
         ],
     )
+    index_json_limits(b, with_index, halves, mapping)
+    entries_and_links(b, shard_dir, mapping, halves)
+
+
+def index_json_limits(
+    b: Builder,
+    with_index: Callable[..., Path],
+    halves: list[list[str]],
+    mapping: Callable[[list[list[str]]], dict[str, str]],
+) -> None:
+    """Section 6 rules c-e beyond NaN, and section 2.2's limits applied to the index (issue 39)."""
+    weight_map = json.dumps(mapping(halves), separators=(",", ":"))
+    body = weight_map[1:-1]
+    first_tensor, first_file = next(iter(mapping(halves).items()))
+
+    def index(metadata: str, tail: str = "") -> bytes:
+        return ("{" + f'"metadata":{metadata},"weight_map":{weight_map}' + "}" + tail).encode()
+
+    with_index(
+        "dir-index-whitespace",
+        b" \t\r\n" + index('{"total_size":256}') + b"\n\r\t ",
+        "JSON whitespace (0x20, 0x09, 0x0D, 0x0A) before and after the index: rule c allows it",
+        "ok",
+    )
+    with_index("dir-index-trailing-data", index("{}", " x"), "a stray token after the object")
+    with_index("dir-index-second-value", index("{}", "{}"), "a second JSON value after the object")
+    with_index("dir-index-infinity", index('{"total_size":Infinity}'), "Infinity in the metadata")
+    with_index(
+        "dir-index-python-true", index('{"sharded":True}'), "True (not JSON's true) in the metadata"
+    )
+    with_index(
+        "dir-index-trailing-comma", index('{"total_size":256,}'), "a trailing comma in an object"
+    )
+    with_index(
+        "dir-index-escaped-duplicate",
+        (
+            "{" + f'"weight_map":{{{body},"{first_tensor[:-1]}\\u{ord(first_tensor[-1]):04x}":'
+            f'"{first_file}"}}' + "}"
+        ).encode(),
+        f"weight_map names {first_tensor!r} twice, once with its last letter escaped (rule d)",
+    )
+    with_index(
+        "dir-index-duplicate-in-metadata",
+        index('{"total_size":256,"total_size":256}'),
+        "a key twice in metadata, outside weight_map (rule d: any object)",
+    )
+    with_index(
+        "dir-index-duplicate-member",
+        ("{" + f'"metadata":{{}},"weight_map":{weight_map},"metadata":{{}}' + "}").encode(),
+        "the top-level member metadata twice",
+    )
+    with_index(
+        "dir-index-surrogate-at-depth",
+        index('{"a":[[{"b":["x","\\ud800"]}]]}'),
+        "an unpaired surrogate escape in a list item four levels down (rule e, any depth)",
+    )
+    with_index(
+        "dir-index-surrogate-key-at-depth",
+        index('{"a":{"b":{"\\udc00":1}}}'),
+        "an unpaired surrogate escape in a key three objects down",
+    )
+    # Section 2.2's limits: the index object is depth 1, metadata's value depth 2.
+    with_index(
+        "dir-index-depth-64",
+        index("[" * 63 + "]" * 63),
+        "arrays nested 64 deep, the index object counted: the limit",
+        "ok",
+    )
+    with_index(
+        "dir-index-depth-65",
+        index("[" * 64 + "]" * 64),
+        "arrays nested 65 deep: past the 64 of section 2.2, whatever a parser allows",
+    )
+    with_index(
+        "dir-index-depth-1000",
+        index('{"a":' * 999 + "1" + "}" * 999),
+        "objects nested 1,000 deep (a parser's recursion limit must not decide)",
+    )
+    with_index(
+        "dir-index-number-100",
+        index('{"total_size":' + "9" * 100 + "}"),
+        "a 100-digit integer: the longest number section 2.2 allows",
+        "ok",
+    )
+    with_index(
+        "dir-index-number-101",
+        index('{"total_size":-' + "9" * 100 + "}"),
+        "a number token of 101 characters (a sign and 100 digits)",
+    )
+    with_index(
+        "dir-index-number-5000",
+        index('{"total_size":' + "1" * 5000 + "}"),
+        "a 5,000-digit integer (no integer-digit setting may decide)",
+    )
+    with_index(
+        "dir-index-huge-exponent",
+        index('{"total_size":1e400,"tiny":-1E-400,"pi":3.14159265358979323846264338327950288}'),
+        "numbers past a double's range and precision: valid JSON numbers below the length limit",
+        "ok",
+    )
+
+
+def entries_and_links(
+    b: Builder,
+    shard_dir: Callable[[str, list[list[str]], dict[str, str] | None], Path],
+    mapping: Callable[[list[list[str]]], dict[str, str]],
+    halves: list[list[str]],
+) -> None:
+    """Section 6's Entries, rule h and the Links rule, with and without an index (issue 39)."""
+    index_name = "model.safetensors.index.json"
+    first, second = (f"model-0000{i}-of-00002.safetensors" for i in (1, 2))
+
+    def add(name: str, description: str, full: str, **kw: Any) -> Vector:
+        vector = Vector(name, name, description, "6", full, kind="directory", **kw)
+        b.vectors.append(vector)
+        return vector
+
+    def link(path: Path, target: str) -> None:
+        path.unlink(missing_ok=True)
+        path.symlink_to(target)
+
+    folder = shard_dir("dir-shard-dangling-link", halves, mapping(halves))
+    link(folder / second, "gone.safetensors")
+    add(
+        "dir-shard-dangling-link",
+        "the index names a dangling link: a missing shard",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-shard-link-loop", halves, mapping(halves))
+    link(folder / second, second)
+    add(
+        "dir-shard-link-loop",
+        "the index names a link to itself (a loop): a missing shard, not a crash",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-shard-is-directory", halves, mapping(halves))
+    (folder / second).unlink()
+    (folder / second).mkdir()
+    (folder / second / "README.md").write_text("A directory named like a shard.\n")
+    add(
+        "dir-shard-is-directory",
+        "the index names a directory called model-00002-of-00002.safetensors: a missing shard",
+        "invalid_file",
+    )
+    index = {n: (f[0].upper() + f[1:] if f == second else f) for n, f in mapping(halves).items()}
+    shard_dir("dir-shard-other-case", halves, index)
+    add(
+        "dir-shard-other-case",
+        "the index names Model-00002-..., the file is model-00002-...: missing on every file "
+        "system, since the listing decides (never an open)",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-dangling-link-beside", halves, None)
+    link(folder / "gone.safetensors", "nowhere.safetensors")
+    add("dir-dangling-link-beside", "no index; a dangling *.safetensors link is no shard", "ok")
+    folder = shard_dir("dir-link-loop-beside", halves, mapping(halves))
+    link(folder / "loop.safetensors", "loop.safetensors")
+    add("dir-link-loop-beside", "a link loop the index does not name is not a stray file", "ok")
+    folder = shard_dir("dir-directory-beside", halves, None)
+    (folder / "sub.safetensors").mkdir()
+    (folder / "sub.safetensors" / "README.md").write_text("A directory is not a shard.\n")
+    add("dir-directory-beside", "no index; a directory named sub.safetensors is no shard", "ok")
+    folder = shard_dir("dir-index-link-loop", halves, None)
+    link(folder / index_name, index_name)
+    add(
+        "dir-index-link-loop",
+        "model.safetensors.index.json is a link loop: no index file, the shards are judged alone",
+        "ok",
+    )
+    # Links that stay inside the directory, at any depth: positives.
+    folder = shard_dir("dir-link-inside", halves, mapping(halves))
+    (folder / "blobs").mkdir()
+    (folder / second).rename(folder / "blobs" / "second.bin")
+    link(folder / second, "blobs/second.bin")
+    add("dir-link-inside", "a shard that is a link into a subfolder of the directory", "ok")
+    folder = shard_dir("dir-link-inside-no-index", halves, None)
+    (folder / first).rename(folder / "first.bin")
+    link(folder / first, "first.bin")
+    add("dir-link-inside-no-index", "no index; a shard linked to a file beside it", "ok")
+    folder = shard_dir("dir-index-link-inside", halves, None)
+    (folder / "meta").mkdir()
+    good = json.dumps({"weight_map": mapping(halves)}).encode()
+    (folder / "meta" / "index.json").write_bytes(good)
+    link(folder / index_name, "meta/index.json")
+    add("dir-index-link-inside", "the index is a link to a file in a subfolder", "ok")
+    # Links out: with an index, without one, as the index, as a stray.
+    folder = shard_dir("dir-index-link-outside", halves, None)
+    link(folder / index_name, "../sharded/" + index_name)
+    add(
+        "dir-index-link-outside",
+        "the index is a link to another directory's index: it resolves outside",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-no-index-link-outside", halves, None)
+    link(folder / second, "../sharded/" + second)
+    add(
+        "dir-no-index-link-outside",
+        "no index; a shard is a link out of the directory (Links: with or without an index)",
+        "invalid_file",
+    )
+    folder = shard_dir("dir-stray-link-outside", halves, mapping(halves))
+    link(folder / "extra.safetensors", "../basic.safetensors")
+    add(
+        "dir-stray-link-outside", "a stray file that is a link out of the directory", "invalid_file"
+    )
+    folder = shard_dir("dir-shard-link-prefix", halves, mapping(halves))
+    sibling = b.out / "dir-shard-link-prefix-2"
+    sibling.mkdir()
+    (folder / second).rename(sibling / second)
+    link(folder / second, "../dir-shard-link-prefix-2/" + second)
+    add(
+        "dir-shard-link-prefix",
+        "a shard linked into dir-shard-link-prefix-2, whose name starts with the directory's: "
+        "outside (paths compare by components)",
+        "invalid_file",
+    )
+    add(
+        "dir-shard-link-prefix-2",
+        "holds one shard, no index (the target of dir-shard-link-prefix)",
+        "ok",
+    )
+    cache_snapshots(b, shard_dir, mapping, halves)
+    made_directories(b)
+
+
+def cache_snapshots(
+    b: Builder,
+    shard_dir: Callable[[str, list[list[str]], dict[str, str] | None], Path],
+    mapping: Callable[[list[list[str]]], dict[str, str]],
+    halves: list[list[str]],
+) -> None:
+    """Snapshots laid out as the Hugging Face cache lays them out: links into ``../../blobs``."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+
+    def snapshot(repo: str, source: Path, parent: str = "cache") -> Path:
+        """``parent/repo/{blobs,refs,snapshots/commit}``, each file of ``source`` a blob."""
+        root = b.out / parent / repo
+        snap = root / "snapshots" / commit
+        snap.mkdir(parents=True)
+        (root / "blobs").mkdir()
+        (root / "refs").mkdir()
+        (root / "refs" / "main").write_text(commit)
+        for file in sorted(source.iterdir()):
+            data = file.read_bytes()
+            blob = hashlib.sha256(data).hexdigest()
+            (root / "blobs" / blob).write_bytes(data)
+            (snap / file.name).symlink_to(f"../../blobs/{blob}")
+        shutil.rmtree(source)
+        return snap
+
+    def add(name: str, snap: Path, description: str, full: str) -> None:
+        path = snap.relative_to(b.out).as_posix()
+        b.vectors.append(Vector(name, path, description, "6", full, kind="directory"))
+
+    staging = b.out / "staging"
+    shard_dir("staging", halves, mapping(halves))
+    add(
+        "cache-snapshot-sharded",
+        snapshot("models--acme--sharded", staging),
+        "a stock-cache snapshot: index and shards are links into ../../blobs",
+        "ok",
+    )
+    shard_dir("staging", halves, None)
+    add(
+        "cache-snapshot-no-index",
+        snapshot("models--acme--no-index", staging),
+        "a stock-cache snapshot of two shards and no index",
+        "ok",
+    )
+    shard_dir("staging", [halves[0] + halves[1]], None)
+    add(
+        "cache-snapshot-single",
+        snapshot("models--acme--single", staging),
+        "a stock-cache snapshot of one model.safetensors",
+        "ok",
+    )
+    shard_dir("staging", halves, mapping(halves))
+    snap = snapshot("models--acme--escape", staging)
+    second = "model-00002-of-00002.safetensors"
+    target = os.readlink(snap / second)
+    (snap / second).unlink()
+    (snap / second).symlink_to("../../../models--acme--sharded/blobs/" + target.split("/")[-1])
+    add(
+        "cache-snapshot-other-repo",
+        snap,
+        "a snapshot whose shard links into another repository's blobs: outside",
+        "invalid_file",
+    )
+    shard_dir("staging", halves, mapping(halves))
+    add(
+        "cache-snapshot-not-a-repo",
+        snapshot("acme--sharded", staging, parent="not-a-cache"),
+        "the cache layout under a folder not named models--...: links into ../../blobs leave "
+        "the directory",
+        "invalid_file",
+    )
+
+
+def made_directories(b: Builder) -> None:
+    """Vectors no source tree can hold, built by the runner from their ``made`` steps."""
+    second = "model-00002-of-00002.safetensors"
+    index_name = "model.safetensors.index.json"
+
+    def add(name: str, kind: str, description: str, full: str, made: list[dict[str, Any]]) -> None:
+        path = name if kind == "directory" else f"{name}.safetensors"
+        b.vectors.append(Vector(name, path, description, "6, 9", full, kind=kind, made=made))
+
+    def copy(name: str) -> dict[str, Any]:
+        return {"op": "copy", "from": "sharded", "to": name}
+
+    add(
+        "dir-shard-fifo",
+        "directory",
+        "the index names a FIFO: a missing shard, judged without opening it",
+        "invalid_file",
+        [copy("dir-shard-fifo"), {"op": "remove", "path": f"dir-shard-fifo/{second}"},
+         {"op": "fifo", "path": f"dir-shard-fifo/{second}"}],
+    )  # fmt: skip
+    add(
+        "dir-fifo-beside",
+        "directory",
+        "a FIFO named x.safetensors beside the shards is not a stray file",
+        "ok",
+        [copy("dir-fifo-beside"), {"op": "fifo", "path": "dir-fifo-beside/x.safetensors"}],
+    )
+    add(
+        "dir-socket-beside",
+        "directory",
+        "a socket named x.safetensors beside the shards is not a stray file",
+        "ok",
+        [copy("dir-socket-beside"), {"op": "socket", "path": "dir-socket-beside/x.safetensors"}],
+    )
+    add(
+        "dir-index-fifo",
+        "directory",
+        "model.safetensors.index.json is a FIFO: not an index file, the shards are judged alone",
+        "ok",
+        [copy("dir-index-fifo"), {"op": "remove", "path": f"dir-index-fifo/{index_name}"},
+         {"op": "fifo", "path": f"dir-index-fifo/{index_name}"}],
+    )  # fmt: skip
+    weight_map = json.loads((b.out / "sharded" / index_name).read_text())["weight_map"]
+    good = json.dumps({"weight_map": weight_map})
+    add(
+        "dir-index-over-limit",
+        "directory",
+        "an index of 100,000,001 bytes (a valid index padded with spaces): rule a, by stat",
+        "invalid_file",
+        [copy("dir-index-over-limit"),
+         {"op": "write", "path": f"dir-index-over-limit/{index_name}", "text": good,
+          "pad_to": 100_000_001}],
+    )  # fmt: skip
+    add("path-fifo", "other", "PATH is a FIFO: invalid_file, without blocking", "invalid_file",
+        [{"op": "fifo", "path": "path-fifo.safetensors"}])  # fmt: skip
+    add(
+        "path-socket",
+        "other",
+        "PATH is a Unix-domain socket",
+        "invalid_file",
+        [{"op": "socket", "path": "path-socket.safetensors"}],
+    )
+    add("path-missing", "other", "PATH does not exist", "invalid_file", [])
+
+
+def paths_of_every_type(b: Builder) -> None:
+    """Section 9, What a PATH is: links to a file or a directory, and what is neither."""
+    target = "no-user-metadata.safetensors"
+    (b.out / "path-link-to-file.safetensors").symlink_to(target)
+    record = cmh.inspect(b.out / target).record
+    assert record is not None
+    vector = b.add("path-link-to-file", "PATH is a link to a valid file", "9", "ok")
+    vector.details = describe(b.out / target)
+    (b.out / "path-link-to-directory").symlink_to("sharded")
+    b.vectors.append(
+        Vector(
+            "path-link-to-directory",
+            "path-link-to-directory",
+            "PATH is a link to a checkpoint directory",
+            "6, 9",
+            "ok",
+            kind="directory",
+        )
+    )
+    for name, link, description in (
+        ("path-dangling-link", "gone.safetensors", "PATH is a dangling link"),
+        ("path-link-loop", "path-link-loop.safetensors", "PATH is a link to itself"),
+        ("path-char-device", "/dev/null", "PATH is a link to a character device (/dev/null)"),
+    ):
+        (b.out / f"{name}.safetensors").symlink_to(link)
+        b.vectors.append(
+            Vector(name, f"{name}.safetensors", description, "9", "invalid_file", kind="other")
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,56 @@
+"""Opening a file that must be a regular file, without ever blocking on one that is not.
+
+A FIFO opened for reading blocks until a writer appears, a device may do anything:
+a path is looked at with ``stat`` first, then opened with ``O_NONBLOCK`` (so a path
+swapped for a FIFO meanwhile still cannot block) and looked at again on the open
+descriptor. What is not a regular file raises :class:`NotARegularFileError`, an
+``OSError`` whose ``strerror`` names what it is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from typing import BinaryIO
+
+_KINDS = (
+    (stat.S_ISDIR, "is a directory"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "is a socket"),
+    (stat.S_ISCHR, "is a character device"),
+    (stat.S_ISBLK, "is a block device"),
+)
+
+
+class NotARegularFileError(OSError):
+    """The path exists but is not a regular file (``strerror`` says what it is)."""
+
+
+def file_kind(mode: int) -> str:
+    """``is a FIFO (named pipe)`` and the like, for a mode that is not a regular file's."""
+    return next((what for test, what in _KINDS if test(mode)), "is not a regular file")
+
+
+def _check(mode: int, path: str) -> None:
+    if not stat.S_ISREG(mode):
+        raise NotARegularFileError(0, f"{file_kind(mode)}, not a regular file", path)
+
+
+def open_regular(path: str | os.PathLike[str], writable: bool = False) -> BinaryIO:
+    """Open the regular file at ``path`` (links followed) for reading, or reading and writing.
+
+    Raises :class:`NotARegularFileError` for anything else, and ``OSError`` when the
+    path cannot be looked at or opened; never blocks on a FIFO or a device.
+    """
+    name = os.fspath(path)
+    _check(os.stat(name).st_mode, name)
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(name, flags)
+    try:
+        _check(os.fstat(fd).st_mode, name)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "r+b" if writable else "rb")
+    except BaseException:
+        os.close(fd)
+        raise
