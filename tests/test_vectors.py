@@ -11,6 +11,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -59,8 +60,17 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checks(scratch: Path) -> list[Any]:
-    return conformance.load_checks(VECTORS, scratch=scratch)
+def vectors(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the vectors to check: ``cmh verify`` writes check records beside the blobs of
+    a Hub-cache layout (``cache/models--*/.cmh/``), which must never land in the checkout."""
+    copy = tmp_path_factory.mktemp("vectors") / "vectors"
+    shutil.copytree(VECTORS, copy, symlinks=True)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def checks(vectors: Path, scratch: Path) -> list[Any]:
+    return conformance.load_checks(vectors, scratch=scratch)
 
 
 def _tree(root: Path) -> dict[str, tuple[str, bytes]]:
@@ -141,14 +151,16 @@ def test_spec_reader_agrees_on_every_check(checks: list[Any]) -> None:
 DIRECTORIES = [v for v in INDEX["vectors"] if v["kind"] == "directory"]
 
 
-def test_fingerprint_refuses_a_directory_where_verify_does(scratch: Path, checks: Any) -> None:
+def test_fingerprint_refuses_a_directory_where_verify_does(
+    vectors: Path, scratch: Path, checks: Any
+) -> None:
     """Section 6: ``cmh fingerprint`` reports the vector's ``fingerprint`` outcome, with the
     exit status verify gives it, and an identity exactly when ``ok``."""
     from cmh.cli.main import cli
 
     wrong = []
     for vector in DIRECTORIES:
-        root = scratch if "made" in vector else VECTORS
+        root = scratch if "made" in vector else vectors
         result = CliRunner().invoke(cli, ["fingerprint", "--json", str(root / vector["path"])])
         document = json.loads(result.stdout)
         want = vector["fingerprint"]
