@@ -46,6 +46,7 @@ nginx:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) tools/lint_imports.py
 
 typecheck: $(STAMP)
 	$(PY) tools/typecheck.py

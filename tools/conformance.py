@@ -194,8 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("give the reader command after --")
     with tempfile.TemporaryDirectory(prefix="cmh-vectors-") as scratch:
+        # Readers run on a copy: one may write beside what it reads (cmh verify keeps check
+        # records beside a Hub-cache layout's blobs), and the vectors must stay as committed.
+        vectors = Path(scratch) / "vectors"
+        shutil.copytree(args.vectors, vectors, symlinks=True)
         checks = load_checks(
-            args.vectors,
+            vectors,
             [n for n in args.only.split(",") if n] or None,
             [m for m in args.mode.split(",") if m] or None,
             Path(scratch),

@@ -25,6 +25,7 @@ from ._blobs import (
     partial_path,
 )
 from ._clock import CLOCK_FILE_ENV, SYSTEM_CLOCK, Clock, process_clock
+from ._errors import DiskFullError, IntegrityError, InvalidRemoteFileError, ResolveError
 from ._housekeeping import adopt_orphans, clean_no_exist
 from ._layout import (
     CHECK_RECORDS,
@@ -67,10 +68,14 @@ __all__ = [
     "VERIFIED_MARKERS",
     "Clock",
     "ContentCheck",
+    "DiskFullError",
+    "IntegrityError",
+    "InvalidRemoteFileError",
     "LayoutError",
     "LockBusy",
     "Progress",
     "RepoLayout",
+    "ResolveError",
     "adopt_orphans",
     "blob_lock",
     "blob_matches",

@@ -24,8 +24,6 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from cmh.hub.resolver import DiskFullError, IntegrityError, InvalidRemoteFileError
-
 from cmh import (
     PREFIX_SIZE,
     CMHError,
@@ -38,6 +36,7 @@ from cmh import (
     record_check,
 )
 
+from ._errors import DiskFullError, IntegrityError, InvalidRemoteFileError
 from ._layout import VERIFIED_MARKERS, RepoLayout
 
 READ_CHUNK = 8 << 20

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._run import ServeConfig, ServeError, serve
     from ._upstream import UpstreamConfig
     from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
+    from .stores._base import StoreError
     from .stores.bucket._bucket import (
         SYSTEM_CLOCK,
         BucketError,
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from .stores.local._folder import (
         InvalidNameError,
         RepoSummary,
-        StoreError,
         add_folder,
         list_store,
         scan_folder,
@@ -70,7 +70,7 @@ _EXPORTS = {
     "UpstreamConfig": "_upstream",
     "InvalidNameError": "stores.local._folder",
     "RepoSummary": "stores.local._folder",
-    "StoreError": "stores.local._folder",
+    "StoreError": "stores._base",
     "add_folder": "stores.local._folder",
     "list_store": "stores.local._folder",
     "scan_folder": "stores.local._folder",

@@ -17,9 +17,8 @@ import asyncio
 import contextlib
 import io
 import os
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -30,26 +29,21 @@ from cmh.hub.cache import LayoutError, RepoLayout, validate_relpath
 from . import _catalog as catalog
 from . import _documents as documents
 from . import _hub_documents as hub_documents
-from ._auth import AccessPolicy, bearer_token
-from ._connections import ConnectionGuard
-from ._cuts import CutLedger
-from ._derived import DerivedCache
+from ._auth import bearer_token
 from ._errors import HubError
-from ._fingerprints import FingerprintCache
-from ._index import CommitIndex, FileEntry, IndexCache
-from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY, Metrics
+from ._fingerprints import fingerprint_of
+from ._index import CommitIndex, FileEntry
+from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range, reaches_end
 from ._routes import BadTarget, NoRoute, Route, parse_target
 from ._send import BlobUnavailable, BodyCut, Gate, Pieces, frame, open_blob, send_body
+from ._state import STALE_KEY, STORE_KEY, MirrorState, base_url
 from ._upstream import UpstreamError
-from .stores.local._verify import BlobVerifier, FileVersion, record_path
+from .stores.local._verify import FileVersion, record_path
 
 if TYPE_CHECKING:
-    from ._filling import Fills
     from ._upstream import Upstream
-    from .stores import MirrorStore
 
-DEFAULT_PAGE_SIZE = 1000
 EXPAND_PAGE_SIZE = 50
 COMMITS_PAGE_SIZE = 50
 MAX_PATHS_INFO = 1000
@@ -64,42 +58,6 @@ _TRUE = {"1", "true", "yes", "on"}
 STALE_AFTER = 3.0
 #: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
 MANIFEST_FILL_WAIT = 8.0
-
-
-@dataclass
-class MirrorState:
-    """Everything the handlers share in one worker process."""
-
-    backend: MirrorStore
-    policy: AccessPolicy
-    metrics: Metrics
-    page_size: int = DEFAULT_PAGE_SIZE
-    public_url: str | None = None  # base of links sent; None: each connection's local address
-    guard: ConnectionGuard | None = None
-    body_timeout: float = 20.0  # seconds to receive a request body (paths-info)
-    indexes: IndexCache | None = None
-    verifier: BlobVerifier = field(default_factory=BlobVerifier)
-    fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
-    derived: DerivedCache = field(default_factory=DerivedCache)
-    delivery: str = "proxy"  # one of ``backend.deliveries``
-    x_accel_prefix: str = "/_cmh_blobs/"
-    upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
-    fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
-    cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
-
-    #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
-    #: fills); a placeholder that holds nothing for a remote store.
-    store: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        root = self.backend.local_root()
-        self.store = (root or Path(os.devnull)).resolve()
-        # one cache of commit indexes for the API and the pages (the store's own, if any)
-        self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
-
-
-STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
-STALE_KEY = web.RequestKey("cmh_stale_warning", str)  # the Warning of an answer served stale
 
 
 def make_app(state: MirrorState, pages: Any = None) -> web.Application:
@@ -797,17 +755,6 @@ def _properties(
     )  # fmt: skip
 
 
-def base_url(request: web.Request, state: MirrorState) -> str:
-    """The configured public URL, else the address this connection reached (never ``Host``)."""
-    if state.public_url is not None:
-        return state.public_url
-    sock = request.transport.get_extra_info("sockname") if request.transport else None
-    if not sock:
-        return "http://127.0.0.1"
-    host = f"[{sock[0]}]" if ":" in sock[0] else sock[0]
-    return f"http://{host}:{sock[1]}"
-
-
 async def _tree(request: web.Request, route: Route, index: CommitIndex) -> web.Response:
     if route.path and not index.is_dir(route.path):
         raise HubError(
@@ -1041,33 +988,3 @@ def _present(state: MirrorState, entry: FileEntry) -> bool:
 async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
     body = await _run(fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
-
-
-def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
-    """``cmh.semantic`` fingerprint of a commit, computed once per commit.
-
-    It reads only the index's checked sources (blobs inside the store), through
-    ``fingerprint_files``, so a hostile link in a snapshot is never followed.
-    """
-    from cmh import InvalidFileError
-    from cmh.semantic import SemanticError, fingerprint_files
-
-    def compute() -> dict[str, Any]:
-        paths = sorted(index.files)  # fingerprint_files picks what it reads (spec/semantic.md)
-        try:
-            with state.backend.local_files(index, paths) as files:
-                result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}")
-            result_doc = result.to_dict()
-        except InvalidFileError as exc:
-            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
-        except SemanticError as exc:
-            if isinstance(exc.__cause__, InvalidFileError):
-                raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
-            raise HubError(422, "NotAModel", f"cannot fingerprint this snapshot: {exc}") from None
-        except (ValueError, OverflowError, struct.error) as exc:  # a header no layer typed
-            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
-        except OSError as exc:
-            raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
-        return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result_doc}
-
-    return state.fingerprints.get((f"{route.repo_type}:{route.repo_id}", index.commit), compute)

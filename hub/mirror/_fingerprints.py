@@ -8,10 +8,17 @@ asked stayed in memory for the life of the worker).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._errors import HubError
 from ._memo import Memo
+
+if TYPE_CHECKING:
+    from ._index import CommitIndex
+    from ._routes import Route
+    from ._state import MirrorState
 
 MAX_ENTRIES = 256
 
@@ -31,3 +38,33 @@ class FingerprintCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict[str, Any]:
+    """``cmh.semantic`` fingerprint of a commit, computed once per commit.
+
+    It reads only the index's checked sources (blobs inside the store), through
+    ``fingerprint_files``, so a hostile link in a snapshot is never followed.
+    """
+    from cmh import InvalidFileError
+    from cmh.semantic import SemanticError, fingerprint_files
+
+    def compute() -> dict[str, Any]:
+        paths = sorted(index.files)  # fingerprint_files picks what it reads (spec/semantic.md)
+        try:
+            with state.backend.local_files(index, paths) as files:
+                result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}")
+            result_doc = result.to_dict()
+        except InvalidFileError as exc:
+            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
+        except SemanticError as exc:
+            if isinstance(exc.__cause__, InvalidFileError):
+                raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
+            raise HubError(422, "NotAModel", f"cannot fingerprint this snapshot: {exc}") from None
+        except (ValueError, OverflowError, struct.error) as exc:  # a header no layer typed
+            raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
+        except OSError as exc:
+            raise HubError(503, "BlobUnavailable", f"blob unavailable: {exc.strerror}") from None
+        return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result_doc}
+
+    return state.fingerprints.get((f"{route.repo_type}:{route.repo_id}", index.commit), compute)

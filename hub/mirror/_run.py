@@ -179,8 +179,7 @@ def _check_store(config: ServeConfig) -> MirrorStore:
 
 def _open_store(config: ServeConfig) -> MirrorStore:
     """A worker's store, checked reachable (the folder or the bucket exists)."""
-    from .stores import open_store
-    from .stores.local._folder import StoreError
+    from .stores import StoreError, open_store
 
     try:
         store = open_store(
@@ -213,10 +212,11 @@ def _log_stream(config: ServeConfig) -> IO[str]:
 def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[], None]) -> int:
     from aiohttp import web
 
-    from ._app import MirrorState, make_app
+    from ._app import make_app
     from ._auth import AccessPolicy, load_tokens
     from ._connections import ConnectionGuard
     from ._observe import AccessLogger, Metrics, configure
+    from ._state import MirrorState
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
     store = _open_store(config)  # each worker has its own client and caches

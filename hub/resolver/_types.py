@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cmh import CMHError, InvalidFileError
+from cmh.hub.cache import DiskFullError, IntegrityError, InvalidRemoteFileError, ResolveError
 
 
 class State(str, enum.Enum):
@@ -228,10 +228,6 @@ class Resolution:
         }
 
 
-class ResolveError(CMHError):
-    """A snapshot could not be resolved; the cache is left as it was."""
-
-
 class HubUnreachableError(ResolveError):
     """The Hub could not be reached (connection, timeout, 429, 5xx).
 
@@ -292,24 +288,12 @@ class AnswerTooLarge(HubProtocolError):
     over :data:`~cmh.hub.resolver._http.MAX_API_BYTES` once decoded."""
 
 
-class IntegrityError(ResolveError):
-    """Content failed its check (ETag, size or CMH manifest) and was not installed."""
-
-
 class OfflineError(ResolveError):
     """Offline, and no usable local snapshot."""
 
 
 class PolicyError(ResolveError):
     """The policy refuses what is available (expired or unverified under ``strict``)."""
-
-
-class DiskFullError(ResolveError):
-    """The cache's filesystem is full (or a file size limit was hit); the partial was removed."""
-
-
-class InvalidRemoteFileError(ResolveError, InvalidFileError):
-    """A ``*.safetensors`` file the Hub serves has a header no reader accepts; not installed."""
 
 
 __all__ = [

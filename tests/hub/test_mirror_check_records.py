@@ -244,9 +244,10 @@ def test_a_range_short_of_the_end_and_a_head_never_wait_on_the_check(tmp_path: P
     short of its end and a HEAD are answered while the check (started beside them) is
     held; a range holding the last byte waits at that byte until the check passes."""
     from aiohttp.test_utils import TestClient, TestServer
-    from cmh.hub.mirror._app import MirrorState, make_app
+    from cmh.hub.mirror._app import make_app
     from cmh.hub.mirror._auth import AccessPolicy
     from cmh.hub.mirror._observe import Metrics
+    from cmh.hub.mirror._state import MirrorState
     from cmh.hub.mirror.stores import open_store
 
     data = os.urandom(4 << 20)

@@ -153,10 +153,11 @@ def test_a_refused_name_does_the_same_work_as_an_unknown_one(tmp_path, monkeypat
     from cmh.hub.mirror._errors import HubError
     from cmh.hub.mirror._observe import Metrics
     from cmh.hub.mirror._routes import parse_target
+    from cmh.hub.mirror._state import MirrorState
     from cmh.hub.mirror.stores import open_store
 
     backend = open_store(tmp_path)
-    state = app_module.MirrorState(
+    state = MirrorState(
         backend, AccessPolicy({"secret-token-1": frozenset({"acme/private"})}), Metrics(None)
     )
     looked: list[str] = []

@@ -9,7 +9,7 @@ blob's bytes reach a client) is a capability the store reports
 
 from __future__ import annotations
 
-from ._base import MirrorStore, StoreMissing, StoreUnavailable
+from ._base import MirrorStore, ScrubView, StoreError, StoreMissing, StoreUnavailable
 from ._open import open_store, parse_location
 from ._pull import FillFailed, FillReader, PullThrough, SentRanges
 from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
@@ -21,7 +21,9 @@ __all__ = [
     "FillReader",
     "MirrorStore",
     "PullThrough",
+    "ScrubView",
     "SentRanges",
+    "StoreError",
     "StoreMissing",
     "StoreUnavailable",
     "SyncRequest",

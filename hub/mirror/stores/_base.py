@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
-
-from .local._folder import StoreError
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -15,11 +14,26 @@ if TYPE_CHECKING:
 
     from .._history import CommitRecord
     from .._index import CommitIndex, FileEntry
-    from .._scrub_history import ScrubView
     from ._pull import PullThrough
     from ._sync import SyncRequest, SyncResult
     from .local._folder import ImportOptions, ImportResult, RepoSummary
     from .local._scrub import ScrubOptions, ScrubReport
+
+
+#: The file of a store's last scrub report, beside its quarantined blobs.
+LAST_SCRUB = "last-scrub.json"
+
+
+@dataclass(frozen=True)
+class ScrubView:
+    """The last ``cmh mirror scrub`` (if recorded) and every quarantined blob."""
+
+    last: dict[str, Any] | None
+    quarantined: list[dict[str, Any]]
+
+
+class StoreError(Exception):
+    """An import or listing that cannot be done (bad source, bad name, failed check)."""
 
 
 class StoreUnavailable(StoreError):

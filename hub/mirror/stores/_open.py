@@ -43,7 +43,7 @@ def open_store(
         from .bucket._store import BucketBackedStore
 
         return BucketBackedStore.open(text, ref_ttl=ref_ttl, public_storage_url=public_storage_url)
-    from .local._folder import StoreError
+    from ._base import StoreError
     from .local._store import LocalStore
 
     if public_storage_url is not None:

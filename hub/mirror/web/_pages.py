@@ -27,7 +27,7 @@ from .._auth import repo_key
 from .._derived import NO_CARD
 from .._index import CommitIndex
 from .._observe import ROUTE_KEY
-from ..stores.local._folder import StoreError
+from ..stores import StoreError
 from . import _views as views
 from ._card_images import foreign_images
 from ._cards import Card, read_card, render_markdown, split_front_matter
@@ -118,7 +118,7 @@ class Where:
 
 
 def _viewer(request: web.Request) -> Viewer:
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     return viewer(
         request.app[STORE_KEY].policy,
@@ -221,7 +221,7 @@ def mirror_url(request: web.Request) -> str:
     reached; never the ``Host`` header (spec/hub-mirror.md: links the mirror
     sends never reflect an arbitrary ``Host``).
     """
-    from .._app import STORE_KEY, base_url
+    from .._state import STORE_KEY, base_url
 
     return base_url(request, request.app[STORE_KEY]).rstrip("/")
 
@@ -290,7 +290,7 @@ def _filters(request: web.Request, kind: str | None) -> ListFilters:
 def _list_page(
     request: web.Request, who: Viewer, ctx: dict[str, Any], filters: ListFilters
 ) -> bytes:
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
@@ -326,7 +326,7 @@ def _list_page(
 
 def _open_repo(request: web.Request, who: Viewer, where: Where) -> tuple[str, CommitIndex]:
     """``(revision, index)`` of the revision asked, with the API's access rule."""
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     state = request.app[STORE_KEY]
     store = state.backend
@@ -354,7 +354,7 @@ def _repo_context(
     request: web.Request, where: Where, revision: str, index: CommitIndex
 ) -> dict[str, Any]:
     """What every page of one repo shows in its header: id, revision, chips, parameters."""
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     state = request.app[STORE_KEY]
     repo = where.repo
@@ -375,7 +375,7 @@ def _repo_context(
 
 
 def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
@@ -418,7 +418,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
 
 def _commits_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
     """A revision's history (``/{repo}/commits/{rev}``): message, author, date of each."""
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     store = request.app[STORE_KEY].backend
     repo = where.repo
@@ -437,9 +437,10 @@ def _crumbs(directory: str) -> list[tuple[str, str]]:
 
 def _fingerprint(request: web.Request, repo: views.RepoName, index: CommitIndex) -> dict[str, Any]:
     """The semantic fingerprint summary: the API's own computation and cache."""
-    from .._app import STORE_KEY, fingerprint_of
     from .._errors import HubError
+    from .._fingerprints import fingerprint_of
     from .._routes import Route
+    from .._state import STORE_KEY
 
     state = request.app[STORE_KEY]
     route = Route("fingerprint", repo.repo_type, repo.repo_id, index.commit)
@@ -463,7 +464,7 @@ def _fingerprint(request: web.Request, repo: views.RepoName, index: CommitIndex)
 
 
 def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Where) -> bytes:
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     store = request.app[STORE_KEY].backend
     options = request.app[WEB_KEY]
@@ -508,7 +509,7 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
 
 
 def _operator_page(request: web.Request, who: Viewer, ctx: dict[str, Any]) -> bytes:
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
@@ -552,7 +553,7 @@ async def _login(request: web.Request, who: Viewer) -> web.StreamResponse:
         form = await _checked_form(request, "this form was not sent from this site's login page")
         raw = form.get("token")
         token = valid_token(raw.strip()) if isinstance(raw, str) else None
-        from .._app import STORE_KEY
+        from .._state import STORE_KEY
 
         state = request.app[STORE_KEY]
         options = request.app[WEB_KEY]

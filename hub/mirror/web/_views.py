@@ -25,8 +25,7 @@ from cmh import TensorSpec
 from .._auth import AccessPolicy, repo_key
 from .._index import CommitIndex, FileEntry
 from .._memo import Memo
-from .._scrub_history import ScrubView
-from ..stores.local._folder import StoreError
+from ..stores import ScrubView, StoreError
 
 if TYPE_CHECKING:
     from cmh import VerifyResult

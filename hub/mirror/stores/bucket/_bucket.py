@@ -63,6 +63,7 @@ from cmh.hub.cache import (
 
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from ..._index import CommitIndex, FileEntry
+from .._base import StoreError, StoreUnavailable
 from ..local._folder import (
     ImportResult,
     InvalidNameError,
@@ -70,7 +71,6 @@ from ..local._folder import (
     RefSummary,
     RepoSummary,
     SourceFile,
-    StoreError,
     check_import_names,
     hash_source,
     scan_folder,
@@ -896,3 +896,19 @@ __all__ = [
     "is_bucket_url",
     "open_bucket",
 ]
+
+
+@contextlib.contextmanager
+def _storage_errors() -> Iterator[None]:
+    """A storage that fails (or holds an invalid object) is :class:`StoreUnavailable`."""
+    try:
+        yield
+    except (ObjectStoreError, BucketError) as exc:
+        if isinstance(exc, StoreUnavailable):
+            raise
+        raise StoreUnavailable(str(exc)) from None
+
+
+def manifest_name(folder: str, etag: str) -> str:
+    """Where the tensor manifest of blob ``etag`` is kept in the bucket."""
+    return f"{folder}/.cmh/manifests/{etag}.json"

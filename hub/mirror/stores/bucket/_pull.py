@@ -44,9 +44,8 @@ from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, FILL_LEASE_TTL, new_digest
 
 from ..._gitobjects import lfs_pointer_oid, tree_oids
 from .._pull import FillFailed, FillWait, SentRanges
-from ._bucket import BucketError, BucketStore, TreeFile, TreeObject
+from ._bucket import BucketError, BucketStore, TreeFile, TreeObject, _storage_errors
 from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
-from ._store import _storage_errors
 
 if TYPE_CHECKING:
     from cmh.hub.resolver import RemoteFile
@@ -439,7 +438,7 @@ class BucketPullThrough:
     ) -> None:
         """The tensor manifest of a filled safetensors blob, computed in the background
         (the fill's waiters do not wait for it; a request for it computes it if absent)."""
-        from ._store import manifest_name
+        from ._bucket import manifest_name
 
         index = self.cache.index(folder, commit)
         entry = None if index is None else index.files.get(path)

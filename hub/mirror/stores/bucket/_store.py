@@ -20,7 +20,7 @@ from .._base import StoreMissing, StoreUnavailable
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
 from ..local._scrub import ScrubOptions, ScrubReport
-from ._bucket import BucketError, BucketStore, open_bucket
+from ._bucket import BucketError, BucketStore, _storage_errors, manifest_name, open_bucket
 from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from ._read import DEFAULT_REF_TTL, BucketReader
 
@@ -28,27 +28,11 @@ if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
-    from ..._scrub_history import ScrubView
+    from .._base import ScrubView
 
 #: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
 #: the storage lists by name).
 MAX_QUARANTINE_NOTES = 1000
-
-
-@contextlib.contextmanager
-def _storage_errors() -> Iterator[None]:
-    """A storage that fails (or holds an invalid object) is :class:`StoreUnavailable`."""
-    try:
-        yield
-    except (ObjectStoreError, BucketError) as exc:
-        if isinstance(exc, StoreUnavailable):
-            raise
-        raise StoreUnavailable(str(exc)) from None
-
-
-def manifest_name(folder: str, etag: str) -> str:
-    """Where the tensor manifest of blob ``etag`` is kept in the bucket."""
-    return f"{folder}/.cmh/manifests/{etag}.json"
 
 
 class BucketBackedStore:
@@ -280,7 +264,7 @@ class BucketBackedStore:
     def scrub_history(self) -> ScrubView:
         """The report kept by the last scrub (``.quarantine/last-scrub.json``) and the
         notes beside the quarantined blobs (at most :data:`MAX_QUARANTINE_NOTES`)."""
-        from ..._scrub_history import LAST_SCRUB, ScrubView
+        from .._base import LAST_SCRUB, ScrubView
         from ._bucket import QUARANTINE
 
         last: dict[str, Any] | None = None
@@ -319,7 +303,7 @@ class BucketBackedStore:
         return 0  # the scrub reports its progress blob by blob without a total
 
     def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
-        from ..._scrub_history import LAST_SCRUB
+        from .._base import LAST_SCRUB
         from ._bucket import QUARANTINE
         from ._scrub import scrub_bucket
 

@@ -47,6 +47,7 @@ from cmh import atomic_file, atomic_write
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from ..._index import build_index, commit_meta_path, resolve_revision
 from ..._manifests import keep_for as keep_manifest
+from .._base import StoreError
 
 SKIPPED_DIRS = frozenset({".git"})
 
@@ -60,10 +61,6 @@ class ImportOptions(TypedDict, total=False):
     revision: str  # the ref the import moves ("main")
     repo_type: str  # "model" (default) or "dataset"
     progress: ProgressCallback | None  # told the bytes of both passes
-
-
-class StoreError(Exception):
-    """An import or listing that cannot be done (bad source, bad name, failed check)."""
 
 
 class InvalidNameError(StoreError):

@@ -21,16 +21,16 @@ from cmh.hub.cache import (
 from ..._history import CommitRecord, history, last_commits
 from ..._index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from ..._send import BlobUnavailable, open_blob
-from .._base import StoreMissing
+from .._base import StoreError, StoreMissing
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult
-from ._folder import ImportOptions, ImportResult, RepoSummary, StoreError
+from ._folder import ImportOptions, ImportResult, RepoSummary
 from ._scrub import ScrubOptions, ScrubReport
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
-    from ..._scrub_history import ScrubView
+    from .._base import ScrubView
 
 
 #: Whether a repo folder holds a snapshot, by the mtime of its ``snapshots/`` folder:
@@ -217,7 +217,7 @@ class LocalStore:
         return list_store(self.root)
 
     def scrub_history(self) -> ScrubView:
-        from ..._scrub_history import scrub_view
+        from ._scrub_history import scrub_view
 
         return scrub_view(self.root)
 
@@ -244,8 +244,8 @@ class LocalStore:
         return total
 
     def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
-        from ..._scrub_history import record_scrub
         from ._scrub import scrub_store
+        from ._scrub_history import record_scrub
 
         self.check()
         report = scrub_store(self.root, **options)

@@ -10,21 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .stores.local._scrub import QUARANTINE
-
-LAST_SCRUB = "last-scrub.json"
-
-
-@dataclass(frozen=True)
-class ScrubView:
-    """The last ``cmh mirror scrub`` (if recorded) and every quarantined blob."""
-
-    last: dict[str, Any] | None
-    quarantined: list[dict[str, Any]]
+from .._base import LAST_SCRUB, ScrubView
+from ._scrub import QUARANTINE
 
 
 def record_scrub(store: Path, report: dict[str, Any], at: float | None = None) -> None:

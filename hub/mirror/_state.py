@@ -1,0 +1,78 @@
+"""What the mirror's handlers and web pages share in one worker process.
+
+The application module (:mod:`~cmh.hub.mirror._app`) builds a :class:`MirrorState` and
+puts it under :data:`STORE_KEY`; the handlers and the web pages read it from there, so
+the pages never import the application module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ._auth import AccessPolicy
+from ._connections import ConnectionGuard
+from ._cuts import CutLedger
+from ._derived import DerivedCache
+from ._fingerprints import FingerprintCache
+from ._index import IndexCache
+from ._observe import Metrics
+from .stores.local._verify import BlobVerifier
+
+if TYPE_CHECKING:
+    from ._filling import Fills
+    from ._upstream import Upstream
+    from .stores import MirrorStore
+
+DEFAULT_PAGE_SIZE = 1000
+
+
+@dataclass
+class MirrorState:
+    """Everything the handlers share in one worker process."""
+
+    backend: MirrorStore
+    policy: AccessPolicy
+    metrics: Metrics
+    page_size: int = DEFAULT_PAGE_SIZE
+    public_url: str | None = None  # base of links sent; None: each connection's local address
+    guard: ConnectionGuard | None = None
+    body_timeout: float = 20.0  # seconds to receive a request body (paths-info)
+    indexes: IndexCache | None = None
+    verifier: BlobVerifier = field(default_factory=BlobVerifier)
+    fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
+    derived: DerivedCache = field(default_factory=DerivedCache)
+    delivery: str = "proxy"  # one of ``backend.deliveries``
+    x_accel_prefix: str = "/_cmh_blobs/"
+    upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
+    fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
+    cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
+
+    #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
+    #: fills); a placeholder that holds nothing for a remote store.
+    store: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        root = self.backend.local_root()
+        self.store = (root or Path(os.devnull)).resolve()
+        # one cache of commit indexes for the API and the pages (the store's own, if any)
+        self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
+
+
+STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
+STALE_KEY = web.RequestKey("cmh_stale_warning", str)  # the Warning of an answer served stale
+
+
+def base_url(request: web.Request, state: MirrorState) -> str:
+    """The configured public URL, else the address this connection reached (never ``Host``)."""
+    if state.public_url is not None:
+        return state.public_url
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sock:
+        return "http://127.0.0.1"
+    host = f"[{sock[0]}]" if ":" in sock[0] else sock[0]
+    return f"http://{host}:{sock[1]}"
