@@ -36,7 +36,7 @@ from ._index import CommitIndex, FileEntry
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range, reaches_end
 from ._routes import BadTarget, NoRoute, Route, parse_target
-from ._send import BlobUnavailable, BodyCut, Gate, Pieces, frame, open_blob, send_body
+from ._send import CLIENT_LEFT, BlobUnavailable, BodyCut, Gate, Pieces, frame, open_blob, send_body
 from ._state import STALE_KEY, STORE_KEY, MirrorState, base_url
 from ._upstream import UpstreamError
 from .stores.local._verify import FileVersion, record_path
@@ -411,7 +411,7 @@ async def _resolve(
             request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
             await _run(_record_cut, state, route, entry.etag)
         except ConnectionError:  # the client went away mid-body: nothing to report
-            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
+            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": CLIENT_LEFT}
         return response
     finally:
         f.close()
@@ -607,7 +607,7 @@ async def _resolve_filling(
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": why}
         await _run(_record_cut, state, route, entry.etag)
     except ConnectionError:  # the client went away mid-body; the fill goes on
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": CLIENT_LEFT}
         # What it holds was sent unchecked: its resume must start again too (cuts.py).
         await _run(_record_cut, state, route, entry.etag)
     return response

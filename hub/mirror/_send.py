@@ -30,6 +30,8 @@ from aiohttp import web
 from ._ranges import ByteRange
 
 _FALLBACK_CHUNK = 1 << 20
+#: Why a body ended early when its client left: logged as its ``cut``, never a cut record.
+CLIENT_LEFT = "client went away"
 
 
 #: Checked before the last byte of a body is sent; False cuts the connection.
@@ -206,7 +208,7 @@ class _Sender:
             return
         transport = self.request.transport
         if transport is None or transport.is_closing():
-            raise ConnectionResetError("client went away")
+            raise ConnectionResetError(CLIENT_LEFT)
         loop = asyncio.get_running_loop()
         if self.use_sendfile:
             try:

@@ -520,3 +520,33 @@ def test_pages_answer_503_while_the_storage_is_down(tmp_path: Path) -> None:
         if server is not None:
             server.stop()
         moto.stop()
+
+
+def test_a_client_that_drops_mid_body_leaves_no_traceback(served: Served) -> None:
+    """Issue 34: the folder path logged a client that left mid-body as ``cut: client went
+    away``; the bucket proxy printed a traceback per dropped client. Every kind alike now."""
+    import http.client
+    import socket
+
+    with open(served.minilm_dir / "model.safetensors", "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+    assert size > 16 << 20  # far more than the loopback socket buffers hold
+    path = f"/{MINILM_REPO}/resolve/main/model.safetensors?drop={uuid.uuid4().hex}"
+    server = served.server
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    assert response.status == 200
+    assert len(response.read(1 << 20)) == 1 << 20  # the server is mid-body
+    assert conn.sock is not None
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    conn.close()  # a reset, as a killed client's kernel sends
+    entries: list[dict[str, Any]] = []
+    for _ in range(200):  # the handler notices at its next write; its log line follows
+        entries = [e for e in server.log(route="resolve") if path in e["target"]]
+        if entries:
+            break
+        time.sleep(0.05)
+    assert len(entries) == 1 and entries[0]["bytes"] < size, entries
+    assert entries[0].get("cut") == "client went away", entries
+    assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]

@@ -37,7 +37,7 @@ from cmh.hub.cache import new_digest
 from ..._index import FileEntry
 from ..._memo import Memo
 from ..._ranges import ByteRange, is_whole, reaches_end
-from ..._send import BlobUnavailable, frame
+from ..._send import CLIENT_LEFT, BlobUnavailable, frame
 from ._objectstore import (
     ObjectInfo,
     ObjectNotFound,
@@ -258,6 +258,9 @@ async def proxy(
     except ObjectStoreError as exc:
         reader.forget_blob(info.name)
         return response, sent, _cut(request, f"storage read failed: {exc}")
+    except ConnectionError:  # the client went away mid-body: nothing to report
+        await chunks.aclose()  # the storage read ends with it
+        return response, sent, CLIENT_LEFT
     if held is not None:
         if hasher is not None:
             hasher.update(held[1])
@@ -274,11 +277,14 @@ async def proxy(
             good = True
         if not good:
             return response, sent, _cut(request, "blob does not match its name")
-        sent += await _write(response, held, None)
-    if tail:
-        await response.write(tail)
-        sent += len(tail)
-    await response.write_eof()
+        try:
+            sent += await _write(response, held, None)
+            if tail:
+                await response.write(tail)
+                sent += len(tail)
+            await response.write_eof()
+        except ConnectionError:
+            return response, sent, CLIENT_LEFT
     return response, sent, None
 
 
