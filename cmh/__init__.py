@@ -35,7 +35,7 @@ from ._checkpoint import (
     index_problems,
     name_bytes,
 )
-from ._checks import FileVersion, record_check
+from ._checks import FileVersion, forget_check, record_check
 from ._digests import (
     Hashing,
     ProgressCallback,
@@ -189,6 +189,7 @@ __all__ += [
     "carrier_values",
     "claimed_digests",
     "file_root",
+    "forget_check",
     "format_duration",
     "fsync_dir",
     "generate_keypair",

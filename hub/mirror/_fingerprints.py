@@ -52,8 +52,12 @@ def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict
     def compute() -> dict[str, Any]:
         paths = sorted(index.files)  # fingerprint_files picks what it reads (spec/semantic.md)
         try:
-            with state.backend.local_files(index, paths) as files:
-                result = fingerprint_files(files, source=f"{route.repo_id}@{index.commit}")
+            source = f"{route.repo_id}@{index.commit}"
+            with state.backend.local_files(index, paths, stamped_headers=True) as files:
+                result = fingerprint_files(files, source=source)
+            if result.hashed_files:  # a stamp not taken: its bytes are read whole
+                with state.backend.local_files(index, paths) as files:
+                    result = fingerprint_files(files, source=source)
             result_doc = result.to_dict()
         except InvalidFileError as exc:
             raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None

@@ -127,3 +127,35 @@ def test_pullthrough_fill_and_downstream_update_use_manifests(
         assert (update.path / "model.safetensors").read_bytes() == (
             new_src / "model.safetensors"
         ).read_bytes()
+
+
+def test_a_streamed_manifest_equals_the_one_computed_from_a_file(tmp_path: Path) -> None:
+    """Issue 34: a bucket computed a manifest from a whole copy of the blob in TMPDIR; it is
+    computed from the storage's stream now, in one pass, whatever the chunks' sizes."""
+    import struct
+
+    import pytest
+    from cmh.hub.mirror._manifests import ManifestError, compute, compute_streamed
+
+    rng = np.random.default_rng(3)
+    tensors = {
+        "a": rng.standard_normal(1000).astype(np.float32),
+        "empty": np.zeros((0, 4), dtype=np.float32),
+        "b": rng.integers(0, 255, 333).astype(np.uint8),
+        "c": rng.standard_normal((7, 9)).astype(np.float64),
+    }
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path), {"format": "pt"})
+    data = path.read_bytes()
+    etag = hashlib.sha256(data).hexdigest()
+    want = compute(path, etag)
+    for size in (1, 7, 4096, len(data)):
+        chunks = (data[i : i + size] for i in range(0, len(data), size))
+        assert compute_streamed(chunks, etag, len(data)) == want, size
+    with pytest.raises(ManifestError, match="does not hash to its name"):
+        compute_streamed([data[:-1]], etag, len(data))
+    with pytest.raises(ManifestError, match="does not hash to its name"):
+        compute_streamed([data], "0" * 64, len(data))
+    huge = struct.pack("<Q", 1 << 40) + b"{" * 64
+    with pytest.raises(ManifestError, match="exceeds"):
+        compute_streamed(iter([huge] * 4), "0" * 64, 1 << 41)

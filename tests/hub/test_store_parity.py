@@ -37,6 +37,8 @@ from motoserver import BUCKET, S3Bucket
 from seaweed import SeaweedBucket
 
 KINDS = ("local", "seaweed", "moto")
+#: A tiny stamped model: its fingerprint takes the stamp, checked at import, for its bytes.
+STAMPED_REPO = "acme/stamped"
 #: Opens the web operator page (``--admin-tokens``).
 ADMIN_TOKEN = "hf_cmh_parity_admin_0001"
 
@@ -50,6 +52,26 @@ class Served:
     tokens: Path
     commits: dict[str, str]  # repo -> commit of main
     minilm_dir: Path
+    stamped_dir: Path
+
+
+def write_stamped_model(folder: Path) -> Path:
+    """A two-tensor BERT-shaped model, stamped (``cmh stamp``)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder.mkdir()
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 8,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 32}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(7)
+    tensors = {
+        "embeddings.word_embeddings.weight": rng.standard_normal((32, 8)).astype("float32"),
+        "pooler.dense.weight": rng.standard_normal((8, 8)).astype("float32"),
+    }
+    save_file(tensors, str(folder / "model.safetensors"))
+    cmh(["stamp", str(folder / "model.safetensors"), "--ttl", "30d"], dict(os.environ))
+    return folder
 
 
 def cmh(
@@ -91,6 +113,7 @@ def served(
         bucket = S3Bucket(moto.endpoint, BUCKET, f"parity-{uuid.uuid4().hex[:10]}/")
         store, env = bucket.url, _aws_env(bucket.aws_env(), tmp)
     commits = {}
+    stamped = write_stamped_model(tmp / "stamped")
     private = tmp / "private"
     private.mkdir()
     (private / "config.json").write_text('{"secret": true}\n')
@@ -98,6 +121,7 @@ def served(
         (minilm_dir, MINILM_REPO),
         (write_tiny_repo(tmp / "tiny", 1), TINY_REPO),
         (private, PRIVATE_REPO),
+        (stamped, STAMPED_REPO),
     ):
         out = cmh(["mirror", "add", str(src), "--store", store, "--repo", repo, "--json"], env)
         commits[repo] = json.loads(out.stdout)["commit"]
@@ -109,7 +133,7 @@ def served(
     server = MirrorServer(store, tmp / "logs", tokens=tokens, env=env,
                           extra_args=("--admin-tokens", str(admins)))  # fmt: skip
     try:
-        yield Served(kind, store, env, server, tokens, commits, minilm_dir)
+        yield Served(kind, store, env, server, tokens, commits, minilm_dir, stamped)
     finally:
         server.stop()
 
@@ -167,6 +191,22 @@ def test_fingerprint(served: Served) -> None:
     assert doc["fingerprint"] == json.loads(json.dumps(fingerprint(served.minilm_dir).to_dict()))
     status, headers, _ = get(f"{served.server.url}/api/cmh/fingerprint/{TINY_REPO}/main")
     assert status == 422 and headers["X-Error-Code"] == "NotAModel"
+
+
+def test_fingerprint_of_a_stamped_model_hashes_no_blob(served: Served) -> None:
+    """Issue 34: a bucket's fingerprint re-read and re-hashed every blob on a cold replica
+    ("no check record"), though ``mirror add`` had checked each; a folder hashed none.
+    Every kind now takes the stamp checked at import: nothing is hashed."""
+    from cmh.semantic import fingerprint
+
+    status, _, body = get(f"{served.server.url}/api/cmh/fingerprint/{STAMPED_REPO}/main")
+    assert status == 200, body
+    doc = json.loads(body)["fingerprint"]
+    assert doc["hashed_files"] == [] and doc["untrusted_stamps"] == {}, doc
+    local = fingerprint(served.stamped_dir).to_dict()
+    assert {k: doc[k] for k in ("scope", "graph", "weights", "config")} == {
+        k: local[k] for k in ("scope", "graph", "weights", "config")
+    }
 
 
 @contextlib.contextmanager
@@ -239,7 +279,7 @@ def test_metrics_store_size(served: Served) -> None:
         p.stat().st_size for p in served.minilm_dir.rglob("*") if p.is_file()
     )  # at least MiniLM's bytes; the private repo is not counted
     assert size["cmh_mirror_store_bytes"] >= public
-    assert size["cmh_mirror_store_repos"] == 2
+    assert size["cmh_mirror_store_repos"] == 3  # MiniLM, the tiny repo, the stamped one
 
 
 def test_tokens_typo_warned(served: Served) -> None:
@@ -251,7 +291,7 @@ def test_tokens_typo_warned(served: Served) -> None:
 def test_mirror_ls(served: Served) -> None:
     out = cmh(["mirror", "ls", "--store", served.store, "--json"], served.env)
     repos = {r["repo_id"] for r in json.loads(out.stdout)["repos"]}
-    assert repos == {MINILM_REPO, TINY_REPO, PRIVATE_REPO}
+    assert repos == {MINILM_REPO, TINY_REPO, PRIVATE_REPO, STAMPED_REPO}
 
 
 def test_scrub(served: Served) -> None:

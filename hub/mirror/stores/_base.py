@@ -97,10 +97,12 @@ class MirrorStore(Protocol):
         """A seekable reader of an entry's stored bytes (for documents derived from files)."""
 
     def local_files(
-        self, index: CommitIndex, paths: list[str]
+        self, index: CommitIndex, paths: list[str], *, stamped_headers: bool = False
     ) -> AbstractContextManager[dict[str, Path]]:
         """The files ``paths`` of a commit as local files (checked against their names
-        where they had to be copied), for readers that need paths."""
+        where they had to be copied), for readers that need paths. ``stamped_headers``:
+        a reader that takes a checked stamp for a file's tensor bytes (the semantic
+        fingerprint) may get such a file as its header alone, with its check record."""
 
     def blob_present(self, entry: FileEntry) -> bool:
         """True when the entry's blob is in the store (it may still be bad)."""

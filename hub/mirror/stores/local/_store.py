@@ -177,8 +177,10 @@ class LocalStore:
         return f
 
     @contextlib.contextmanager
-    def local_files(self, index: CommitIndex, paths: list[str]) -> Iterator[dict[str, Path]]:
-        yield {p: index.files[p].source for p in paths}
+    def local_files(
+        self, index: CommitIndex, paths: list[str], *, stamped_headers: bool = False
+    ) -> Iterator[dict[str, Path]]:
+        yield {p: index.files[p].source for p in paths}  # the blobs, with their records
 
     def blob_present(self, entry: FileEntry) -> bool:
         return os.path.lexists(entry.source)
