@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import timedelta
 
 import aiohttp
@@ -296,7 +296,7 @@ def _outcome_kept(task: asyncio.Task[bool]) -> None:
 
 async def _pieces(
     fetcher: ObjectFetcher, info: ObjectInfo, pieces: list[tuple[bytes, int, int]]
-) -> AsyncIterator[tuple[bytes, bytes]]:
+) -> AsyncGenerator[tuple[bytes, bytes], None]:
     """``(prefix, data)`` chunks of every piece (a part's header rides with its first
     chunk), each piece one ranged GET of the checked object version."""
     for prefix, start, length in pieces:
