@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 #: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
 #: the storage lists by name).
 MAX_QUARANTINE_NOTES = 1000
+#: The files a fingerprint reads as a model's weights (their stamps stand for their bytes):
+#: a top-level model or adapter file, or a shard of a sharded model. Any other file may be
+#: read byte for byte (remote code's data, a module's weights), so it is copied whole.
+_WEIGHTS = re.compile(r"(model|adapter_model|model-\d{5}-of-\d{5})\.safetensors")
 #: Seconds a stamp must stay unexpired for a blob to be copied as its header alone.
 HEADER_COPY_MARGIN = 3600.0
 
@@ -187,10 +192,10 @@ class BucketBackedStore:
     def local_files(
         self, index: CommitIndex, paths: list[str], *, stamped_headers: bool = False
     ) -> Iterator[dict[str, Path]]:
-        """Checked copies of ``paths``. With ``stamped_headers``, a top-level
-        ``*.safetensors`` blob of a commit without code, whose kept manifest shows its
-        stamp true, is copied as its header alone (a sparse file of the blob's size) with
-        the stamp's check record, so a fingerprint reads its header and hashes nothing."""
+        """Checked copies of ``paths``. With ``stamped_headers``, a model's own weights
+        (:data:`_WEIGHTS`) in a commit without code, whose kept manifest shows the stamp
+        true, are copied as their header alone (a sparse file of the blob's size) with the
+        stamp's check record: a fingerprint reads their header and hashes nothing."""
         from cmh import forget_check
 
         headers = stamped_headers and not any(p.endswith(".py") for p in index.files)
@@ -202,8 +207,7 @@ class BucketBackedStore:
                 for i, path in enumerate(paths):
                     dest = Path(tmp) / f"{i}-{os.path.basename(path)}"
                     entry = index.files[path]
-                    top = "/" not in path and path.endswith(".safetensors")
-                    if headers and top and self._header_copy(entry, dest):
+                    if headers and _WEIGHTS.match(path) and self._header_copy(entry, dest):
                         recorded.append(dest)
                     else:
                         self._download(entry, dest)
