@@ -504,3 +504,91 @@ def test_case7_generation_config_and_chat_template_split_the_generation_key(
     assert not ft.compatible(fp, "generation") and ft.compatible(fp, "tokenizer")
     assert not fp.compatible(fa, "generation")  # the chat_template member counts too
     assert fp.compatible(fa, "tokenizer") and fp.compatible(fa, "kv")
+
+
+# -- false splits: the list of docs/semantic.md -------------------------------------------
+
+
+def _rope_v4(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    theta = config.pop("rope_parameters")["rope_theta"]
+    (d / "config.json").write_text(json.dumps({**config, "rope_theta": theta}))
+
+
+def _subfolder_file(d: Path, name: str) -> None:
+    (d / name).parent.mkdir()
+    (d / name).write_bytes(b"bytes")
+
+
+_NEUTRAL: dict[str, tuple[Any, str]] = {
+    "model_max_length": (lambda d: _edit_json(d / "tokenizer_config.json", model_max_length=1024),
+                         "tokenizer"),
+    "unused vocab.json": (lambda d: (d / "vocab.json").write_text('{"x": 0}'), "tokenizer"),
+    "architectures": (lambda d: _edit_json(d / "config.json", architectures=["LlamaModel"]),
+                      "kv,graph,quant_weight"),
+    "notes.txt": (lambda d: (d / "notes.txt").write_text("notes"), "tokenizer,kv,graph"),
+    "transformers_version": (
+        lambda d: _edit_json(d / "config.json", transformers_version="5.1.0"), "tokenizer"),
+    "logo.png": (lambda d: (d / "logo.png").write_bytes(b"png"), "tokenizer,kv,graph"),
+    "images/diagram.png": (lambda d: _subfolder_file(d, "images/diagram.png"),
+                           "tokenizer,kv,graph"),
+    "onnx/model.onnx": (lambda d: _subfolder_file(d, "onnx/model.onnx"), "tokenizer,kv,graph"),
+    "README.md": (lambda d: (d / "README.md").write_text("another card"), ""),
+    "LICENSE": (lambda d: (d / "LICENSE").write_text("MIT"), ""),
+    ".gitattributes": (lambda d: (d / ".gitattributes").write_text("* -text"), ""),
+    "trainer_state.json": (lambda d: (d / "trainer_state.json").write_text("{}"), ""),
+    "pytorch_model.bin": (lambda d: (d / "pytorch_model.bin").write_bytes(b"bin"), ""),
+    "_name_or_path": (lambda d: _edit_json(d / "config.json", _name_or_path="/elsewhere"), ""),
+    "id2label": (lambda d: _edit_json(d / "config.json", id2label={"0": "A"}), ""),
+    "torch_dtype": (lambda d: _edit_json(d / "config.json", torch_dtype="float32", dtype=None),
+                    ""),
+    "rope_theta (llama)": (_rope_v4, ""),
+}  # fmt: skip
+#: Kinds whose keys follow from the ones a change splits directly.
+_DERIVED = {
+    "tokenizer": {"tokenizer", "kv_text", "embedding", "generation"},
+    "kv": {"kv", "kv_text", "embedding", "generation"},
+    "graph": {"graph"},
+    "quant_weight": {"quant_weight"},
+}
+
+
+def test_false_splits_are_the_documented_ones(tmp_path: Path) -> None:
+    """17 output-neutral changes of a tiny Llama directory and the keys each splits, as
+    docs/semantic.md lists them (8 of 17 split some key)."""
+    base = tmp_path / "base"
+    _tiny_llama(0).save_pretrained(base)
+    _word_tokenizer(base, TEXT.split())
+    (base / "README.md").write_text("card")
+    _edit_json(base / "config.json", dtype="float32")
+    before = fingerprint(base).keys()
+    splitting = 0
+    for i, (name, (change, direct)) in enumerate(_NEUTRAL.items()):
+        d = copy_model(base, tmp_path / f"c{i}")
+        change(d)
+        after = fingerprint(d).keys()
+        expected = set().union(*(_DERIVED[k] for k in direct.split(",") if k))
+        assert {k for k in before if before[k] != after[k]} == expected, name
+        splitting += bool(expected)
+    assert (len(_NEUTRAL), splitting) == (17, 8)
+
+
+def test_spec_names_the_exact_lists() -> None:
+    """spec/semantic.md 1.2 lists exactly the inert paths, unread weight patterns,
+    generation files and quantization sidecars of the reference implementation."""
+    import re
+
+    from cmh.semantic import _files
+
+    spec = (Path(__file__).resolve().parent.parent / "spec" / "semantic.md").read_text()
+
+    def names(start: str, end: str) -> set[str]:
+        text = spec[spec.index(start) : spec.index(end, spec.index(start))]
+        return set(re.findall(r"`([^`\s]+)`", text.split("| argument |")[-1]))
+
+    assert names("**Inert files**", "**Unread weight files**") == set(_files.INERT_PATHS)
+    unread = names("**Unread weight files**", "that are not weight files of 1.1")
+    assert unread == set(_files.UNREAD_WEIGHT_PATTERNS)
+    generation = names("1. **Generation files**", "and every file under")
+    assert generation == set(_files.GENERATION_FILES)
+    assert names("4. **Quantization sidecars**", "Runtimes build") == set(_files.QUANT_FILES)
