@@ -1,8 +1,10 @@
 """Which file of a model directory goes into which id (``spec/semantic.md`` 1.2, v3).
 
-Conservative by default: every file is an input of each kind it may affect
-unless it is on a short, argued inert list. The lists here are normative and
-repeated, with the argument for each entry, in the spec.
+Conservative by default: every file, at any depth, is an input of each kind it may
+affect unless it is on the exact, argued inert list of top-level paths (or a weight file
+the loader does not read); a file the rules do not understand reaches every group it may
+reach, and with code in the directory every file is the code's data. The lists here are
+normative and repeated, with the argument for each entry, in the spec.
 """
 
 from __future__ import annotations
