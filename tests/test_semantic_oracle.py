@@ -45,6 +45,15 @@ TEXT_TYPES = (
 )  # fmt: skip
 VISION_TYPES = ("vit", "deit", "beit", "dinov2")
 AUDIO_TYPES = ("wav2vec2", "hubert")
+MULTIMODAL_TYPES = ("clip", "siglip", "blip")
+_TEXT_CONFIG = dict(
+    vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, max_position_embeddings=64,
+)  # fmt: skip
+_VISION_CONFIG = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+    image_size=16, patch_size=4, num_channels=3,
+)  # fmt: skip
 #: Inert config members a forward pass may read, and why the value still does not change:
 #: switches of what is returned, dropout (identity in eval mode), initialization of
 #: weights the checkpoint provides, labels whose count is the head's shape (graph).
@@ -168,7 +177,13 @@ def _build(directory: Path, model_type: str) -> Any:
     from transformers import AutoConfig, AutoModel
 
     torch.manual_seed(0)
-    model = AutoModel.from_config(AutoConfig.for_model(model_type, **_SMALL))
+    if model_type in MULTIMODAL_TYPES:
+        kwargs: dict[str, Any] = dict(
+            text_config=_TEXT_CONFIG, vision_config=_VISION_CONFIG, projection_dim=8
+        )
+    else:
+        kwargs = _SMALL
+    model = AutoModel.from_config(AutoConfig.for_model(model_type, **kwargs))
     model.save_pretrained(directory)
     return model
 
@@ -177,6 +192,9 @@ def _inputs(model: Any) -> dict[str, Any]:
     import torch
 
     name = model.main_input_name
+    if model.config.model_type in MULTIMODAL_TYPES:
+        pixels = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+        return {"input_ids": torch.tensor([[3, 7, 1, 12, 5, 9]]), "pixel_values": pixels}
     if name == "pixel_values":
         return {name: torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))}
     if name == "input_values":
@@ -230,15 +248,15 @@ def _check_model(directory: Path, model_type: str) -> None:
 def test_oracle_stock_loaders_read_only_inputs_of_their_kinds(tmp_path: Path) -> None:
     from transformers import Wav2Vec2FeatureExtractor
 
-    for model_type in (*TEXT_TYPES, *VISION_TYPES, *AUDIO_TYPES):
+    for model_type in (*TEXT_TYPES, *VISION_TYPES, *AUDIO_TYPES, *MULTIMODAL_TYPES):
         d = tmp_path / model_type
         _build(d, model_type)
-        if model_type in TEXT_TYPES:
+        if model_type in (*TEXT_TYPES, *MULTIMODAL_TYPES):
             _word_tokenizer(d, ["the", "cache", "key", "weights"])
         if model_type in AUDIO_TYPES:
             Wav2Vec2FeatureExtractor(feature_size=1).save_pretrained(d)
         _check_model(d, model_type)
-    assert len(LISTING) >= 36
+    assert len(LISTING) >= 39
     for model_type, read in LISTING.items():
         print(model_type, json.dumps(read))
 
