@@ -181,6 +181,7 @@ def test_case2_processor_code_of_another_repository_gives_no_key(tmp_path: Path)
         ("tokenizer_config.json", {"AutoTokenizer": [None, "tokenization_x.XTokenizerFast"]},
          "tokenizer"),
         ("config.json", {"AutoModel": "o/r--modeling_x.XModel"}, "model"),
+        ("config.json", 7, "model"),  # neither an object nor a list: not understood
     ],
 )  # fmt: skip
 def test_case2_every_config_file_and_form_is_scanned(

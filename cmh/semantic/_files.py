@@ -315,12 +315,12 @@ def auto_map_references(
 
 def _auto_map_entries(file_name: str, obj: Any) -> list[tuple[str, object]]:
     auto_map = obj.get("auto_map") if isinstance(obj, dict) else None
-    if isinstance(auto_map, list):
+    if auto_map is None:
+        return []
+    if not isinstance(auto_map, dict):  # the legacy list form (anything else: a reason)
         default = _LIST_FORM_CLASS.get(file_name, "AutoProcessor" if file_name != CONFIG_FILE
                                        else "AutoModel")  # fmt: skip
         return [(default, ref) for ref in _references(auto_map)]
-    if not isinstance(auto_map, dict):
-        return []
     out: list[tuple[str, object]] = []
     for auto_class, value in auto_map.items():
         for ref in _references(value):
