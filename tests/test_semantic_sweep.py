@@ -124,6 +124,8 @@ FILES: dict[str, bytes] = {
     "data.bin": b"opaque",
     "modeling_x.py": b"X = 1\n",
     "nested/code/helper.py": b"Y = 2\n",
+    "assets/logo.png": b"png",
+    "logo.png": b"png",
 }
 
 
@@ -165,8 +167,21 @@ def test_one_byte_in_any_non_inert_file_changes_a_key(
             if after.compatible(base, "kv") and after.compatible(base, "tokenizer"):
                 shared.append(f"{model_type}: {name}")
     assert shared == []
-    for name in ("README.md", ".gitattributes", "generation_config.json", "logo.png"):
+    with_code = fingerprint(directory)
+    (directory / "README.md").write_bytes(b"read by the code")
+    changed = fingerprint(directory)
+    for kind in ("kv", "graph", "quant_weight"):  # code may open any file: nothing is inert
+        assert not changed.compatible(with_code, kind), kind
+    for name in ("modeling_x.py", "nested/code/helper.py"):
+        (directory / name).unlink()
+    for name in ("README.md", ".gitattributes", "LICENSE", "trainer_state.json"):
         (directory / name).write_bytes(b"one")
         first = fingerprint(directory)
         (directory / name).write_bytes(b"two")
-        assert fingerprint(directory).keys() == first.keys(), name  # argued inert
+        assert fingerprint(directory).keys() == first.keys(), name  # on the exact inert list
+    (directory / "generation_config.json").write_bytes(b'{"max_new_tokens": 1}')
+    first = fingerprint(directory)
+    (directory / "generation_config.json").write_bytes(b'{"max_new_tokens": 2}')
+    second = fingerprint(directory)
+    first_keys, second_keys = first.keys(), second.keys()
+    assert [k for k in first_keys if first_keys[k] != second_keys[k]] == ["generation"]

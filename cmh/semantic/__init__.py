@@ -28,6 +28,7 @@ from ._canonical import (
 from ._errors import CacheKindError, FingerprintFormatError, NotAModelError, SemanticError
 from ._files import (
     CODE_PATTERNS,
+    INERT_PATHS,
     INERT_PATTERNS,
     SENTENCE_TRANSFORMERS_PATTERNS,
     TOKENIZER_ONLY_PATTERNS,
@@ -43,6 +44,7 @@ __all__ = [
     "CODE_PATTERNS",
     "CONFIG_DROPPED",
     "FORMAT",
+    "INERT_PATHS",
     "INERT_PATTERNS",
     "KV_CONFIG_DROPPED",
     "LORA_DEFAULTS",

@@ -29,10 +29,20 @@ TOKENIZER_DOMAIN = b"CMH-SEM-TOKENIZER-v3\n"
 PROCESSOR_DOMAIN = b"CMH-SEM-PROCESSOR-v3\n"
 CODE_DOMAIN = b"CMH-SEM-CODE-v3\n"
 EMBEDDING_DOMAIN = b"CMH-SEM-EMBEDDING-v3\n"
+GENERATION_DOMAIN = b"CMH-SEM-GENERATION-v3\n"
+QUANT_DOMAIN = b"CMH-SEM-QUANT-v3\n"
 
-#: ``config.json`` members that decide which tokenizer class transformers builds (and
-#: whose code it runs): the only part of ``config.json`` in the ``tokenizer`` id.
-TOKENIZER_CONFIG_MEMBERS: tuple[str, ...] = ("auto_map", "model_type", "tokenizer_class")
+#: ``config.json`` members the tokenizer loading code reads (``AutoTokenizer``: the class
+#: from ``model_type``, ``model_name`` and ``tokenizer_class``, the code ``auto_map``
+#: names; the Mistral regex fix from ``transformers_version`` and ``model_type``): the
+#: only part of ``config.json`` in the ``tokenizer`` id. Checked by a recording config.
+TOKENIZER_CONFIG_MEMBERS: tuple[str, ...] = (
+    "auto_map",
+    "model_name",
+    "model_type",
+    "tokenizer_class",
+    "transformers_version",
+)
 
 MAX_JSON_SIZE = 64 << 20
 MAX_SMALL_FILE_SIZE = 512 << 20
@@ -93,6 +103,12 @@ KV_CONFIG_DROPPED: frozenset[str] = frozenset()
 
 #: Top-level config members that transformers 5 moves into ``rope_parameters``.
 ROPE_MOVED: tuple[str, ...] = ("rope_scaling", "rope_theta", "partial_rotary_factor")
+#: Model types whose classes are shown (by the reference tests, with torch) to compute the
+#: same outputs from the transformers 4 and 5 spellings of RoPE: only their configs are
+#: normalized. Any other type keeps both spellings distinct (``dinov3_vit`` reads
+#: ``rope_theta`` itself, ``gpt_neox`` ``rotary_emb_base``, ``apertus`` defaults to llama3
+#: scaling when ``rope_parameters`` is absent).
+ROPE_NORMALIZED_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 #: RoPE types whose parameters carry ``original_max_position_embeddings``.
 ROPE_WITH_ORIGINAL_LENGTH: frozenset[str] = frozenset({"llama3", "yarn", "longrope"})
 
@@ -285,8 +301,10 @@ def _drop_in_subconfigs(value: Any, dropped: frozenset[str]) -> Any:
 def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Rewrite transformers 4 spellings of one config object as transformers 5 reads them.
 
-    - ``torch_dtype`` is ``dtype`` (transformers 5 takes ``dtype`` when both are set);
-    - RoPE: ``rope_parameters`` is ``rope_scaling`` if set, else ``rope_parameters``,
+    - ``torch_dtype`` is ``dtype`` (transformers 5 takes ``dtype`` when both are set;
+      ``config.torch_dtype`` is a property reading ``dtype`` in every config class);
+    - RoPE, for the model types of :data:`ROPE_NORMALIZED_TYPES` only:
+      ``rope_parameters`` is ``rope_scaling`` if set, else ``rope_parameters``,
       with the top-level ``rope_theta`` and ``partial_rotary_factor`` moved in when
       absent there, ``rope_type`` defaulting to ``type``, else ``"default"`` (a ``type``
       equal to it is dropped), and ``original_max_position_embeddings`` defaulting to
@@ -297,6 +315,8 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     torch_dtype = out.pop("torch_dtype", None)
     if out.get("dtype") is None and torch_dtype is not None:
         out["dtype"] = torch_dtype
+    if out.get("model_type") not in ROPE_NORMALIZED_TYPES:
+        return out  # not shown to read both RoPE spellings alike: both kept
     if not any(out.get(k) is not None for k in (*ROPE_MOVED, "rope_parameters")):
         return out
     source = out.get("rope_scaling") or out.get("rope_parameters") or {}
@@ -382,6 +402,42 @@ def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
         return canonical_json(value)
     except NotAModelError as exc:
         raise NotAModelError(f"{name}: {exc.reason}", os.fspath(path)) from exc
+
+
+def raw_files_hash(
+    domain: bytes, files: Iterable[tuple[str, str | os.PathLike[str]]]
+) -> str | None:
+    """Like :func:`files_hash` with every file's content its raw bytes, streamed (any size)."""
+    items = sorted(((name.encode(), src) for name, src in files), key=lambda x: x[0])
+    if not items:
+        return None
+    h = hashlib.sha256(domain)
+    h.update(struct.pack("<I", len(items)))
+    for encoded, src in items:
+        h.update(struct.pack("<I", len(encoded)) + encoded)
+        try:
+            with open(src, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                h.update(struct.pack("<Q", size))
+                left = size
+                while left > 0:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise NotAModelError(f"{encoded.decode()} changed while it was read")
+                    h.update(chunk)
+                    left -= len(chunk)
+        except OSError as exc:
+            raise NotAModelError(
+                f"cannot read {encoded.decode()}: {exc.strerror or exc}", os.fspath(src)
+            ) from exc
+    return h.hexdigest()
+
+
+def chat_template_view(value: Any) -> bytes | None:
+    """The ``chat_template`` member of a tokenizer or processor config, canonical, or None."""
+    if isinstance(value, dict) and "chat_template" in value:
+        return canonical_json({"chat_template": value["chat_template"]})
+    return None
 
 
 #: A small file to hash: ``(repository path, local path)``, or ``(name, content bytes)``.

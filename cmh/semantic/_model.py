@@ -33,16 +33,23 @@ CACHE_KINDS: tuple[str, ...] = (
     "graph",
     "quant_weight",
     "embedding",
+    "generation",
 )
 #: Kinds whose entries are shared across models: their scope is their own id's prefix.
 SHARED_KINDS: frozenset[str] = frozenset({"tokenizer", "graph"})
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_OPTIONAL_IDS = ("tokenizer", "config", "kv_config", "processor", "code", "embedding")
-#: Kinds whose entries depend on the model's code: none when that code is unavailable.
-_MODEL_CODE_KINDS = frozenset({"kv", "kv_text", "graph", "quant_weight", "embedding"})
-#: Kinds whose entries depend on the tokenizer's code.
-_TOKENIZER_CODE_KINDS = frozenset({"tokenizer", "kv_text", "embedding"})
+_OPTIONAL_IDS = (
+    "tokenizer", "config", "kv_config", "processor", "code", "embedding", "generation",
+    "quant_config",
+)  # fmt: skip
+#: Per group of ``missing_code`` reasons: the kinds that have no key (1.2).
+_CODE_KINDS: dict[str, frozenset[str]] = {
+    "model": frozenset({"kv", "kv_text", "graph", "quant_weight", "embedding", "generation"}),
+    "processor": frozenset({"kv", "kv_text", "graph", "embedding", "generation"}),
+    "tokenizer": frozenset({"tokenizer", "kv_text", "embedding", "generation"}),
+    "embedding": frozenset({"embedding"}),
+}
 
 
 def key_id(kind: str, *fields: str) -> str:
@@ -80,11 +87,19 @@ class ModelFingerprint:
     processor: str | None = None
     code: str | None = None
     embedding: str | None = None
+    #: ``generate()`` settings and chat templates (``generation`` kind).
+    generation: str | None = None
+    #: Quantization sidecars (``quantize_config.json``, ...): part of ``quant_weight``.
+    quant_config: str | None = None
     #: Why no key can cover the model's code (``auto_map`` naming another repository's
     #: code, or a module the directory lacks): kinds depending on it have no key.
     missing_code: tuple[str, ...] = ()
     #: The same for the tokenizer's code (``auto_map`` ``AutoTokenizer``).
     missing_tokenizer_code: tuple[str, ...] = ()
+    #: The same for processor code (``auto_map`` of a processor or its config).
+    missing_processor_code: tuple[str, ...] = ()
+    #: The same for sentence-transformers modules (``modules.json`` types).
+    missing_embedding_code: tuple[str, ...] = ()
     adapter_type: str | None = None
     base_model: str | None = None
     base: ModelFingerprint | None = None
@@ -168,9 +183,18 @@ class ModelFingerprint:
             return key_id(
                 "embedding", self.component("kv_text"), self._effective("embedding") or ""
             )
+        if kind == "generation":
+            return key_id(
+                "generation", self.component("kv_text"), self._effective("generation") or ""
+            )
         if kind == "quant_weight":
             return key_id(
-                "quant_weight", model.weights, model.config or "", model.code or "", variant
+                "quant_weight",
+                model.weights,
+                model.config or "",
+                model.code or "",
+                model.quant_config or "",
+                variant,
             )
         processor = self._effective("processor") or ""
         code = self._effective("code") or ""
@@ -200,10 +224,19 @@ class ModelFingerprint:
         """Refuse a key for ``kind`` when code it depends on is not in the directory."""
         sources = [self, *([self.base] if self.base is not None else [])]
         for fp in sources:
-            if kind in _MODEL_CODE_KINDS and fp.missing_code:
-                raise CacheKindError(f"no {kind} key: {fp.missing_code[0]}")
-            if kind in _TOKENIZER_CODE_KINDS and fp.missing_tokenizer_code:
-                raise CacheKindError(f"no {kind} key: {fp.missing_tokenizer_code[0]}")
+            for group, reasons in fp.missing_groups().items():
+                if kind in _CODE_KINDS[group] and reasons:
+                    raise CacheKindError(f"no {kind} key: {reasons[0]}")
+
+    def missing_groups(self) -> dict[str, tuple[str, ...]]:
+        """The ``missing_code`` reasons by group (``model``, ``processor``, ``tokenizer``,
+        ``embedding``)."""
+        return {
+            "model": self.missing_code,
+            "processor": self.missing_processor_code,
+            "tokenizer": self.missing_tokenizer_code,
+            "embedding": self.missing_embedding_code,
+        }
 
     def _model_for(self, kind: str) -> ModelFingerprint:
         """The full model whose files a ``kind`` key covers: self, or an adapter's base."""
@@ -286,10 +319,9 @@ class ModelFingerprint:
             "processor": self.processor,
             "code": self.code,
             "embedding": self.embedding,
-            "missing_code": {
-                "model": list(self.missing_code),
-                "tokenizer": list(self.missing_tokenizer_code),
-            },
+            "generation": self.generation,
+            "quant_config": self.quant_config,
+            "missing_code": {k: list(v) for k, v in self.missing_groups().items()},
             "adapter_type": self.adapter_type,
             "base_model": self.base_model,
             "base": self.base.to_dict() if self.base is not None else None,
@@ -323,8 +355,12 @@ class ModelFingerprint:
             processor=_opt_str(data, "processor"),
             code=_opt_str(data, "code"),
             embedding=_opt_str(data, "embedding"),
+            generation=_opt_str(data, "generation"),
+            quant_config=_opt_str(data, "quant_config"),
             missing_code=_missing(data, "model"),
             missing_tokenizer_code=_missing(data, "tokenizer"),
+            missing_processor_code=_missing(data, "processor"),
+            missing_embedding_code=_missing(data, "embedding"),
             adapter_type=_opt_str(data, "adapter_type"),
             base_model=_opt_str(data, "base_model"),
             base=cls.from_dict(base_data) if base_data is not None else None,

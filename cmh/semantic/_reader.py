@@ -11,14 +11,18 @@ from .._errors import CMHError
 from ._canonical import (
     CODE_DOMAIN,
     EMBEDDING_DOMAIN,
+    GENERATION_DOMAIN,
     PROCESSOR_DOMAIN,
+    QUANT_DOMAIN,
     TOKENIZER_DOMAIN,
     SmallFile,
     adapter_config_hash,
     canonical_json,
+    chat_template_view,
     config_hash,
     files_hash,
     kv_config_hash,
+    raw_files_hash,
     read_json,
     read_json_object,
     tokenizer_view_of_config,
@@ -27,9 +31,13 @@ from ._errors import NotAModelError, SemanticError
 from ._files import (
     ADAPTER_CONFIG_FILE,
     CONFIG_FILE,
+    MODULES_FILE,
     TOKENIZER_CONFIG_FILE,
+    GroupingInputs,
     auto_map_references,
     group_files,
+    is_config_file,
+    module_dirs,
 )
 from ._model import ModelFingerprint
 from ._task import adapter_task, model_task
@@ -169,7 +177,7 @@ def _model(
     if CONFIG_FILE in top:
         config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
     family = _family(config)
-    small = _SmallFiles(top, config)
+    small = _SmallFiles(top, config, weight_files)
     read = [*weight_files, *([index_name] if index_name else []), *small.names]
     if config is not None:
         read.append(CONFIG_FILE)
@@ -189,7 +197,11 @@ def _read_fields(summary: TensorSummary, small: _SmallFiles) -> dict[str, Any]:
     return {
         "graph": summary.graph, "weights": summary.weights, "tokenizer": small.tokenizer,
         "processor": small.processor, "code": small.code, "embedding": small.embedding,
-        "missing_code": small.missing_code, "missing_tokenizer_code": small.missing_tokenizer_code,
+        "generation": small.generation, "quant_config": small.quant_config,
+        "missing_code": small.refs.missing_model_code,
+        "missing_tokenizer_code": small.refs.missing_tokenizer_code,
+        "missing_processor_code": small.refs.missing_processor_code,
+        "missing_embedding_code": small.refs.missing_embedding_code,
         "tensor_count": summary.tensor_count, "tensor_bytes": summary.tensor_bytes,
         "hashed_files": summary.hashed_files, "untrusted_stamps": summary.untrusted_stamps,
     }  # fmt: skip
@@ -208,7 +220,7 @@ def _adapter(
     summary = summarize(
         {ADAPTER_WEIGHTS_FILE: top[ADAPTER_WEIGHTS_FILE]}, threads=threads, source=source
     )
-    small = _SmallFiles(top, None)
+    small = _SmallFiles(top, None, (ADAPTER_WEIGHTS_FILE,))
     peft_type = _nonempty_str(adapter_config, "peft_type")
     return ModelFingerprint(
         arch=None,
@@ -223,32 +235,54 @@ def _adapter(
 
 
 class _SmallFiles:
-    """The tokenizer, processor, code and embedding files of a directory and their ids."""
+    """The tokenizer, processor, code, embedding, generation and quantization files of a
+    directory and their ids."""
 
-    def __init__(self, files: Mapping[str, PathLike], config: Mapping[str, Any] | None) -> None:
-        tokenizer_config: dict[str, Any] | None = None
-        if TOKENIZER_CONFIG_FILE in files:
-            raw = read_json(files[TOKENIZER_CONFIG_FILE], TOKENIZER_CONFIG_FILE)
-            tokenizer_config = raw if isinstance(raw, dict) else None
-        refs = auto_map_references(
-            [(CONFIG_FILE, config), (TOKENIZER_CONFIG_FILE, tokenizer_config)], files
-        )
+    def __init__(
+        self,
+        files: Mapping[str, PathLike],
+        config: Mapping[str, Any] | None,
+        weight_files: tuple[str, ...],
+    ) -> None:
+        parsed: dict[str, Any] = {CONFIG_FILE: config}
+        for name in sorted(files):
+            if name != CONFIG_FILE and (is_config_file(name) or name == MODULES_FILE):
+                parsed[name] = read_json(files[name], name)
+        tokenizer_config = parsed.get(TOKENIZER_CONFIG_FILE)
+        if not isinstance(tokenizer_config, dict):
+            tokenizer_config = None
+        self.refs = auto_map_references(parsed.items(), files)
         groups = group_files(
             files,
-            tokenizer_code=refs.tokenizer_code,
-            tokenizer_only=_fast_tokenizer_files(tokenizer_config),
+            inputs=GroupingInputs(
+                weight_files=weight_files,
+                tokenizer_only=tuple(_fast_tokenizer_files(tokenizer_config)),
+                module_dirs=module_dirs(parsed.get(MODULES_FILE)),
+            ),
         )
         self.names = groups.names
-        self.missing_code = refs.missing_model_code
-        self.missing_tokenizer_code = refs.missing_tokenizer_code
+        # code may open any file of its directory: the data files are part of the code id
+        self.code = raw_files_hash(
+            CODE_DOMAIN, [(n, files[n]) for n in (*groups.code, *groups.data)]
+        )
         tokenizer: list[SmallFile] = [(n, files[n]) for n in groups.tokenizer]
+        if self.refs.tokenizer_code and self.code is not None:
+            tokenizer.append(("/code", self.code.encode()))  # the tokenizer runs the code
         if tokenizer and config is not None:
             # config.json decides the tokenizer class: its deciding members join the id
             tokenizer.append((CONFIG_FILE, canonical_json(tokenizer_view_of_config(config))))
         self.tokenizer = files_hash(TOKENIZER_DOMAIN, tokenizer)
         self.processor = files_hash(PROCESSOR_DOMAIN, [(n, files[n]) for n in groups.processor])
-        self.code = files_hash(CODE_DOMAIN, [(n, files[n]) for n in groups.code])
         self.embedding = files_hash(EMBEDDING_DOMAIN, [(n, files[n]) for n in groups.embedding])
+        self.quant_config = files_hash(QUANT_DOMAIN, [(n, files[n]) for n in groups.quant])
+        generation: list[SmallFile] = [(n, files[n]) for n in groups.generation]
+        for name, value in parsed.items():
+            if name == CONFIG_FILE or name in groups.generation:
+                continue
+            view = chat_template_view(value)
+            if view is not None:
+                generation.append((name, view))  # chat_template inside a tokenizer config
+        self.generation = files_hash(GENERATION_DOMAIN, generation)
 
 
 def _fast_tokenizer_files(tokenizer_config: Mapping[str, Any] | None) -> list[str]:
