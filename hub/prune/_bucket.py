@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -108,8 +107,9 @@ class StorageTime:
     (:meth:`BucketStore.storage_now`); a storage that refuses it leaves every time
     unknown (:attr:`error` says why), and what needs one is then kept."""
 
-    def __init__(self, store: BucketStore) -> None:
+    def __init__(self, store: BucketStore, clock: Clock | None = None) -> None:
         self.store = store
+        self.clock = clock or store.clock
         self.offset: float | None = None
         self.error: str | None = None
 
@@ -118,19 +118,21 @@ class StorageTime:
         if self.offset is None and self.error is None:
             try:
                 storage = self.store.storage_now()
-                self.offset = time.time() - storage  # taken after: ages come out no longer
+                self.offset = self.clock.time() - storage  # taken after: ages come out no longer
             except ObjectStoreError as exc:
                 self.error = str(exc)
         return None if self.offset is None else when.timestamp() + self.offset
 
 
-def scan_bucket(store: BucketStore, *, read_expiry: bool = False) -> CacheScan:
+def scan_bucket(
+    store: BucketStore, *, read_expiry: bool = False, clock: Clock | None = None
+) -> CacheScan:
     """Scan every repo of a bucket store (a repo with an unreadable tree object is left
-    out, with a note: nothing of it can be judged)."""
-    started = time.time()
+    out, with a note: nothing of it can be judged); ``clock``: the store's by default."""
+    times = StorageTime(store, clock)
+    started = times.clock.time()
     repos: list[RepoScan] = []
     notes: list[str] = []
-    times = StorageTime(store)
     for repo_type, repo_id, folder in store.repos():
         try:
             repos.append(
@@ -141,7 +143,7 @@ def scan_bucket(store: BucketStore, *, read_expiry: bool = False) -> CacheScan:
     if times.error is not None:
         notes.append(f"fills and cut records kept: cannot read the storage's clock: {times.error}")
     return CacheScan(store.url, started, tuple(repos), read_expiry=read_expiry,
-                     notes=tuple(notes))  # fmt: skip
+                     notes=tuple(notes), refs_served=True)  # fmt: skip
 
 
 def scan_bucket_repo(
@@ -383,7 +385,7 @@ class _RepoDeleter:
 
     def run(self) -> None:
         store, shown = self.store, self.shown
-        times = StorageTime(store)
+        times = StorageTime(store, self.leases.clock)
         repo = scan_bucket_repo(store, shown.repo_type, shown.repo_id, shown.folder,
                                 self.plan.policy.expired, times=times)  # fmt: skip
         shown_commits = {r.commit for r in shown.revisions}
@@ -465,7 +467,8 @@ def prune_bucket(
     clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[PrunePlan, PruneReport | None]:
     """Scan, plan and (unless ``dry_run``) execute in one call; the plan and the report."""
-    plan = plan_prune(scan_bucket(store, read_expiry=policy.expired), policy, now)
+    scan = scan_bucket(store, read_expiry=policy.expired, clock=clock)
+    plan = plan_prune(scan, policy, now, clock)
     if dry_run:
         return plan, None
     return plan, execute_bucket_plan(store, plan, settle=settle, clock=clock)

@@ -60,7 +60,7 @@ from ._plan import (
     cut_spent,
     plan_repo,
 )
-from ._scan import REPO_TRASH, ROOT_TRASH, RepoScan, etag_of, scan_repo
+from ._scan import REPO_TRASH, ROOT_TRASH, RepoScan, ScanOptions, etag_of, scan_repo
 
 #: Called with a short action name and the path just before each change on disk.
 ChangeHook = Callable[[str, Path], None]
@@ -166,11 +166,9 @@ class _RepoPruner:
 
     def _run_locked(self) -> None:
         try:
-            scan = scan_repo(
-                self.layout,
-                read_expiry=self.plan.policy.expired,
-                read_commit_times=self.plan.policy.keep_latest is not None,
-            )
+            policy = self.plan.policy
+            options = ScanOptions(policy.expired, policy.ranks, self.plan.refs_served)
+            scan = scan_repo(self.layout, options)
         except FileNotFoundError:
             self.out.skipped = "gone: the repo was removed meanwhile"
             return

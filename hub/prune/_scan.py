@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,9 @@ from cmh.hub.cache import (
     CHECK_RECORDS,
     COMMIT_RE,
     CUT_RECORDS,
+    SYSTEM_CLOCK,
     VERIFIED_MARKERS,
+    Clock,
     RepoLayout,
     iter_repos,
     parse_repo_folder,
@@ -218,19 +219,38 @@ class CacheScan:
     read_expiry: bool = field(default=True)
     #: Repos the scan could not judge (left out of it, so nothing of them goes), and why.
     notes: tuple[str, ...] = ()
+    #: A store: what its refs name is served (see :attr:`RepoScan.refs_served`).
+    refs_served: bool = False
 
     @property
     def revision_count(self) -> int:
         return sum(len(r.revisions) for r in self.repos)
 
 
-def scan_cache(
-    root: str | os.PathLike[str], *, read_expiry: bool = True, read_commit_times: bool = False
-) -> CacheScan:
-    """Scan every repo under ``root``.
+@dataclass(frozen=True)
+class ScanOptions:
+    """What a folder scan reads besides the listing.
 
     ``read_expiry`` reads the header of each stamped blob; ``read_commit_times``
-    reads a mirror store's commit records (``.cmh/commits/{commit}.json``).
+    reads a mirror store's commit records (``.cmh/commits/{commit}.json``: when it
+    created each commit, and its parents); ``served`` scans a mirror store, whose
+    refs name what it serves (a cache's refs do not: it can fetch again).
+    """
+
+    read_expiry: bool = True
+    read_commit_times: bool = False
+    served: bool = False
+
+
+def scan_cache(
+    root: str | os.PathLike[str],
+    *,
+    read_expiry: bool = True,
+    read_commit_times: bool = False,
+    served: bool = False,
+    clock: Clock = SYSTEM_CLOCK,
+) -> CacheScan:
+    """Scan every repo under ``root`` (the options as in :class:`ScanOptions`).
 
     Raises :class:`FileNotFoundError` / :class:`NotADirectoryError` when
     ``root`` is not a folder.
@@ -240,13 +260,12 @@ def scan_cache(
         raise FileNotFoundError(2, "No such directory", str(base))
     if not base.is_dir():
         raise NotADirectoryError(20, "Not a directory", str(base))
-    started = time.time()
+    started = clock.time()
+    options = ScanOptions(read_expiry, read_commit_times, served)
     repos: list[RepoScan] = []
     for layout in iter_repos(base):
         with contextlib.suppress(FileNotFoundError):  # removed while we scanned
-            repos.append(
-                scan_repo(layout, read_expiry=read_expiry, read_commit_times=read_commit_times)
-            )
+            repos.append(scan_repo(layout, options))
     repo_names = {r.layout.folder_name for r in repos}
     strays = tuple(
         sorted(
@@ -266,13 +285,13 @@ def scan_cache(
         and e.name not in repo_names
     )
     trash = _entries(base.joinpath(*ROOT_TRASH))
-    return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry)
+    return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry,
+                     refs_served=served)  # fmt: skip
 
 
-def scan_repo(
-    layout: RepoLayout, *, read_expiry: bool = True, read_commit_times: bool = False
-) -> RepoScan:
+def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoScan:
     """Scan one repo folder (which need not be well formed)."""
+    read_expiry, read_commit_times = options.read_expiry, options.read_commit_times
     path = layout.path
     repo_stat = path.stat()
     blobs_path, snapshots_path, refs_path, cmh_path = (
@@ -310,15 +329,16 @@ def scan_repo(
             if read_expiry:
                 files = [_with_expiry(f, entry.path, blobs_dir, expiry_cache) for f in files]
             name = entry.name
-            created = None
+            created, parents = None, None
             if f"{name}.json" in with_meta and COMMIT_RE.match(name):
-                created = _commit_time(cmh_path / "commits" / f"{name}.json")
+                created, parents = _commit_record(cmh_path / "commits" / f"{name}.json")
             until = None
             if f"{name}.json" in with_upstream and COMMIT_RE.match(name):
                 until = _record_number(cmh_path / "upstream" / f"{name}.json", "fresh_until")
             revisions.append(
-                RevisionScan(name, tuple(files), mtime, last_used.get(name), created, until)
-            )
+                RevisionScan(name, tuple(files), mtime, last_used.get(name), created, until,
+                             parents)
+            )  # fmt: skip
     return RepoScan(
         layout=layout,
         mtime=repo_stat.st_mtime,
@@ -341,6 +361,7 @@ def scan_repo(
         commit_meta=commit_meta,
         upstream_records=upstream_records,
         cuts=_entries(path / CUT_RECORDS),
+        refs_served=options.served,
     )
 
 
@@ -481,9 +502,30 @@ def etag_of(name: str) -> str:
     return name.lstrip(".").split(".", 1)[0]
 
 
-def _commit_time(path: Path) -> float | None:
-    """A store's record of when it created a commit (``created_at``), if readable."""
-    return _record_number(path, "created_at")
+def _commit_record(path: Path) -> tuple[float | None, tuple[str, ...] | None]:
+    """A store's record of a commit: when it created it (``created_at``) and its
+    ``parents``, each ``None`` when unreadable."""
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return None, None
+    return record_number(text, "created_at"), record_parents(text)
+
+
+def record_parents(text: bytes) -> tuple[str, ...] | None:
+    """The ``parents`` of a commit record, ``None`` unless a list of commit ids."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    parents = data.get("parents") if isinstance(data, dict) else None
+    if not isinstance(parents, list) or not all(
+        isinstance(p, str) and COMMIT_RE.match(p) for p in parents
+    ):
+        return None
+    return tuple(parents)
 
 
 def _record_number(path: Path, key: str) -> float | None:
