@@ -13,9 +13,9 @@ plan and :mod:`cmh.hub.prune._execute` carries it out.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +44,16 @@ REPO_TRASH = (".cmh", "trash")
 #: Marks of cmh's own temporary files (atomic ref writes, atomic links).
 TEMP_MARKS = (".cmh-tmp.", ".cmh-link.")
 INCOMPLETE_SUFFIX = ".incomplete"
+#: The folders of a repo that prune walks and removes entries from (relative to the repo
+#: folder; ``""``: the repo folder itself). One of them that is a symbolic link leaves
+#: the whole repo out of the scan: prune never follows a link out of the store.
+WALKED_FOLDERS = ("", "blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh",
+                  ".cmh/used", ".cmh/commits", ".cmh/upstream", ".cmh/partial",
+                  "/".join(REPO_TRASH), VERIFIED_MARKERS, CHECK_RECORDS, CUT_RECORDS)  # fmt: skip
+
+
+class LinkedFolder(Exception):
+    """A folder prune would walk is a symbolic link: the repo is left alone."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,8 @@ class Entry:
     name: str
     size: int
     mtime: float
+    #: a symbolic link (removing it removes the link, never what it points to)
+    link: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,9 +275,14 @@ def scan_cache(
     started = clock.time()
     options = ScanOptions(read_expiry, read_commit_times, served)
     repos: list[RepoScan] = []
+    notes: list[str] = []
     for layout in iter_repos(base):
-        with contextlib.suppress(FileNotFoundError):  # removed while we scanned
+        try:
             repos.append(scan_repo(layout, options))
+        except FileNotFoundError:  # removed while we scanned
+            continue
+        except LinkedFolder as exc:
+            notes.append(f"{layout.repo_id}: {exc}")
     repo_names = {r.layout.folder_name for r in repos}
     strays = tuple(
         sorted(
@@ -276,23 +293,51 @@ def scan_cache(
             and not (e.is_dir() and parse_repo_folder(e.name) is not None)
         )
     )
-    locks_dir = base / ".locks"
-    orphan_locks = tuple(
-        e
-        for e in _entries(locks_dir)
-        if e.name != ROOT_TRASH[1]
-        and parse_repo_folder(e.name) is not None
-        and e.name not in repo_names
-    )
-    trash = _entries(base.joinpath(*ROOT_TRASH))
+    orphan_locks: tuple[Entry, ...] = ()
+    trash: tuple[Entry, ...] = ()
+    linked = linked_folder(base, (".locks", "/".join(ROOT_TRASH)))
+    if linked is not None:
+        notes.append(f"{linked} is a link to another folder, never followed: left alone")
+    else:
+        orphan_locks = tuple(
+            e
+            for e in _entries(base / ".locks")
+            if e.name != ROOT_TRASH[1]
+            and parse_repo_folder(e.name) is not None
+            and e.name not in repo_names
+            and not e.link
+        )
+        trash = _entries(base.joinpath(*ROOT_TRASH))
     return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry,
-                     refs_served=served)  # fmt: skip
+                     notes=tuple(notes), refs_served=served)  # fmt: skip
+
+
+def linked_folder(base: Path, folders: tuple[str, ...]) -> str | None:
+    """The first of ``folders`` (relative to ``base``) that is a symbolic link."""
+    for rel in folders:
+        try:
+            mode = os.lstat(base / rel if rel else base).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISLNK(mode):
+            return f"{rel}/" if rel else "the repo folder"
+    return None
 
 
 def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoScan:
-    """Scan one repo folder (which need not be well formed)."""
+    """Scan one repo folder (which need not be well formed).
+
+    Raises :class:`LinkedFolder` when a folder it walks (:data:`WALKED_FOLDERS`, the
+    repo's lock folder) is a symbolic link."""
     read_expiry, read_commit_times = options.read_expiry, options.read_commit_times
     path = layout.path
+    linked = linked_folder(path, WALKED_FOLDERS) or linked_folder(
+        layout.root, (".locks", f".locks/{layout.folder_name}")
+    )
+    if linked is not None:
+        raise LinkedFolder(
+            f"{linked} is a link to another folder, never followed: nothing pruned in this repo"
+        )
     repo_stat = path.stat()
     blobs_path, snapshots_path, refs_path, cmh_path = (
         path / "blobs",
@@ -378,9 +423,8 @@ def _entry(entry: os.DirEntry[str]) -> Entry:
         st = entry.stat(follow_symlinks=False)
     except OSError:
         return Entry(entry.name, 0, 0.0)
-    return Entry(
-        entry.name, st.st_size if not entry.is_dir(follow_symlinks=False) else 0, st.st_mtime
-    )
+    return Entry(entry.name, 0 if stat.S_ISDIR(st.st_mode) else st.st_size, st.st_mtime,
+                 stat.S_ISLNK(st.st_mode))  # fmt: skip
 
 
 def _entries(folder: Path) -> tuple[Entry, ...]:
