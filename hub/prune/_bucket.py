@@ -307,7 +307,8 @@ def execute_bucket_plan(
     if leased:
         wait = default_settle(store) if settle is None else settle
         store.notice(
-            f"{store.url}: holding the leases of {len(leased)} repo(s); waiting {wait:.0f} s "
+            f"{store.url}: holding the leases of {len(leased)} "
+            f"{'repo' if len(leased) == 1 else 'repos'}; waiting {wait:.0f} s "
             "(--settle, once for the run) for imports in flight before deleting"
         )
         leases.wait(wait)

@@ -35,8 +35,9 @@ from cmh.hub.cache import (
 
 #: Names the stock scanner skips wherever they appear.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
-#: Top-level entries of a cache that are not repos and belong to someone else.
-ROOT_SPECIAL = frozenset({".locks", "CACHEDIR.TAG", "blobs"})
+#: Top-level entries of a cache or store that are not repos and are not strays: the
+#: stock client's, and a store's quarantine (``cmh mirror scrub``). Never removed.
+ROOT_SPECIAL = frozenset({".locks", "CACHEDIR.TAG", "blobs", ".quarantine"})
 #: Where whole repos are moved before they are deleted (the stock scanner skips ``.locks``).
 ROOT_TRASH = (".locks", ".cmh-trash")
 #: Where one repo's snapshots are moved before they are deleted.

@@ -224,7 +224,7 @@ def test_dry_run_lists_fills_with_reason_and_bytes_and_removes_nothing(
     ]
     text = CliRunner().invoke(cli, ["prune", "--store", fills.location, "--dry-run"])
     assert text.exit_code == 0, text.output
-    assert "fill x1 (blob-stored)" in text.output
+    assert "fill x1 (blob-stored: a fill whose blob is stored)" in text.output
     assert {i.name for i in fills.store.objects.list(FOLDER)} == before
 
 
