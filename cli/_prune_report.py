@@ -200,7 +200,7 @@ def plan_lines(plan: PrunePlan, kind: str, *, dry_run: bool) -> list[str]:
         lines += [_revision_line(x) for x in r.revisions]
         lines += _item_lines(r.items)
     if plan.root_items:
-        lines.append("cache root")
+        lines.append(f"{kind} root")
         lines += _item_lines(plan.root_items)
     lines.append(
         f"Total: {counted(plan.revision_count, 'revision')}, {human_bytes(plan.freed)} freed "
@@ -216,7 +216,7 @@ def report_lines(report: PruneReport, kind: str) -> list[str]:
     for o in report.repos:
         lines += _outcome_lines(o)
     if report.root_items:
-        lines.append("cache root")
+        lines.append(f"{kind} root")
         lines += _item_lines(report.root_items)
     count = sum(len(o.revisions) for o in report.repos)
     lines.append(f"Total: {counted(count, 'revision')}, {human_bytes(report.freed)} freed.")

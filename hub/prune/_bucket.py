@@ -62,6 +62,7 @@ from ._plan import (
     KIND_CUT,
     KIND_FILL,
     KIND_REF,
+    KIND_UPLOAD,
     KIND_UPSTREAM,
     OVER_SIZE,
     ItemRemoval,
@@ -72,6 +73,8 @@ from ._plan import (
     fill_lifetime,
     plan_prune,
     plan_repo,
+    upload_path,
+    upload_stale,
 )
 from ._scan import (
     CacheScan,
@@ -81,6 +84,7 @@ from ._scan import (
     RepoScan,
     RevisionScan,
     SnapshotFile,
+    UploadScan,
     record_number,
 )
 from ._scan import stamped_expiry_from as _stamped_expiry_from
@@ -140,10 +144,30 @@ def scan_bucket(
             )
         except BucketError as exc:
             notes.append(f"{repo_id}: {exc}: nothing pruned in this repo")
+    uploads = _uploads(store, times, notes)
     if times.error is not None:
-        notes.append(f"fills and cut records kept: cannot read the storage's clock: {times.error}")
+        notes.append(
+            f"fills, cut records and uploads kept: cannot read the storage's clock: {times.error}"
+        )
     return CacheScan(store.url, started, tuple(repos), read_expiry=read_expiry,
-                     notes=tuple(notes), refs_served=True)  # fmt: skip
+                     notes=tuple(notes), refs_served=True, uploads=uploads)  # fmt: skip
+
+
+def _uploads(store: BucketStore, times: StorageTime, notes: list[str]) -> tuple[UploadScan, ...]:
+    """The store's incomplete multipart uploads, by when each was last written on the
+    storage's clock (none when that clock or the listing is not available: none goes)."""
+    try:
+        listed = store.objects.list_uploads()
+    except ObjectStoreError as exc:
+        notes.append(f"incomplete multipart uploads kept: cannot list them: {exc}")
+        return ()
+    out = []
+    for u in sorted(listed, key=lambda u: (u.name, u.upload_id)):
+        written = times.local(u.last_modified)
+        if written is None:
+            return ()
+        out.append(UploadScan(u.name, u.upload_id, u.size, written))
+    return tuple(out)
 
 
 def scan_bucket_repo(
@@ -288,6 +312,7 @@ def execute_bucket_plan(
     as it still holds under the leases; what went, repo by repo. ``progress`` is told the
     bytes each repo was planned to free once it is done (as for a local store)."""
     report = PruneReport(plan)
+    _abort_uploads(store, plan, report, clock)
     changes = plan.changes
     if not changes:
         return report
@@ -329,6 +354,31 @@ def execute_bucket_plan(
             if progress is not None:
                 progress(repo_plan.freed)
     return report
+
+
+def _abort_uploads(store: BucketStore, plan: PrunePlan, report: PruneReport, clock: Clock) -> None:
+    """Abort the incomplete multipart uploads the plan shows, each still there and still
+    stale when listed again (a part written since keeps it)."""
+    shown = {i.path: i for i in plan.root_items if i.kind == KIND_UPLOAD}
+    if not shown:
+        return
+    times = StorageTime(store, clock)
+    try:
+        uploads = store.objects.list_uploads()
+    except ObjectStoreError as exc:
+        report.errors.append(str(exc))
+        return
+    for upload in uploads:
+        item = shown.get(upload_path(upload.name, upload.upload_id))
+        written = times.local(upload.last_modified)
+        if item is None or written is None or not upload_stale(written, plan.policy, plan.now):
+            continue
+        try:
+            store.objects.abort_upload(upload.name, upload.upload_id)
+        except ObjectStoreError as exc:
+            report.errors.append(str(exc))
+            continue
+        report.root_items.append(item)
 
 
 class _Leases:

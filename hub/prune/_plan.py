@@ -87,11 +87,12 @@ KIND_COMMIT_META = "commit-meta"
 KIND_UPSTREAM = "upstream-record"
 KIND_FILL = "fill"  # a bucket pull-through fill's state: {repo}/.cmh/fills/{etag}/
 KIND_CUT = "cut-record"  # when a body of a blob was last cut (spec/hub-mirror.md 8.3)
+KIND_UPLOAD = "upload"  # a bucket's incomplete multipart upload: ``{name}?uploadId={id}``
 
 #: Kinds whose size counts as freed (blobs and partial downloads hold the bytes).
 _SIZED_KINDS = frozenset(
     {KIND_BLOB, KIND_INCOMPLETE, KIND_TEMP, KIND_PARTIAL, KIND_TREE, KIND_SNAPSHOT_STRAY,
-     KIND_FILL}
+     KIND_FILL, KIND_UPLOAD}
 )  # fmt: skip
 
 
@@ -720,4 +721,22 @@ def _plan_root(scan: CacheScan, policy: PrunePolicy, now: float) -> tuple[ItemRe
     items += [
         ItemRemoval(KIND_TRASH, "/".join((*ROOT_TRASH, e.name)), LEFTOVER) for e in scan.trash
     ]
+    items += [
+        ItemRemoval(KIND_UPLOAD, upload_path(u.name, u.upload_id), STALE, u.size)
+        for u in scan.uploads
+        if upload_stale(u.mtime, policy, now)
+    ]
     return tuple(items)
+
+
+def upload_path(name: str, upload_id: str) -> str:
+    """How a plan names an incomplete multipart upload (as S3 addresses it)."""
+    return f"{name}?uploadId={upload_id}"
+
+
+def upload_stale(written: float, policy: PrunePolicy, now: float) -> bool:
+    """True when an incomplete multipart upload last written at ``written`` is an
+    interrupted one (``--stale-incomplete``, as a folder's partial files; the executor
+    checks it again just before aborting it)."""
+    settled = now - max(policy.stale_incomplete, policy.in_flight_grace)
+    return written <= settled

@@ -107,6 +107,18 @@ class FillScan:
 
 
 @dataclass(frozen=True)
+class UploadScan:
+    """An incomplete multipart upload in a bucket store (a killed import's, or one in
+    flight): the object it would create, its id, its parts' bytes, and when it was last
+    written (its newest part), on this process's clock."""
+
+    name: str
+    upload_id: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
 class RevisionScan:
     """One folder of ``snapshots/``: a revision."""
 
@@ -234,6 +246,8 @@ class CacheScan:
     notes: tuple[str, ...] = ()
     #: A store: what its refs name is served (see :attr:`RepoScan.refs_served`).
     refs_served: bool = False
+    #: A bucket store's incomplete multipart uploads.
+    uploads: tuple[UploadScan, ...] = ()
 
     @property
     def revision_count(self) -> int:
