@@ -37,6 +37,7 @@ Repos with nothing to delete get no lease, and a run with nothing to delete no w
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -127,6 +128,12 @@ class StorageTime:
                 self.error = str(exc)
         return None if self.offset is None else when.timestamp() + self.offset
 
+    def written(self, when: datetime) -> float:
+        """:meth:`local`, infinitely recent when the storage's clock is unknown (the
+        in-flight grace then keeps what was written then)."""
+        local = self.local(when)
+        return math.inf if local is None else local
+
 
 def scan_bucket(
     store: BucketStore, *, read_expiry: bool = False, clock: Clock | None = None
@@ -187,10 +194,14 @@ def scan_bucket_repo(
         RefScan(name, state.commit or None, True, 0.0)
         for name, state in sorted(store.refs(folder).items())
     )
-    blobs = {etag: Entry(etag, info.size, 0.0) for etag, info in store.blob_infos(folder).items()}
+    blobs = {
+        etag: Entry(etag, info.size, times.written(info.last_modified))
+        for etag, info in store.blob_infos(folder).items()
+    }
     upstream = store.upstream_record_infos(folder)
     checked = tuple(
-        Entry(etag, info.size, 0.0) for etag, info in sorted(store.check_infos(folder).items())
+        Entry(etag, info.size, times.written(info.last_modified))
+        for etag, info in sorted(store.check_infos(folder).items())
     )
     expiry: dict[str, int | None] = {}
     revisions: list[RevisionScan] = []
@@ -219,7 +230,8 @@ def scan_bucket_repo(
         refs_served=True,
         whole_folder=False,
         upstream_records=tuple(
-            Entry(f"{commit}.json", info.size, 0.0) for commit, info in sorted(upstream.items())
+            Entry(f"{commit}.json", info.size, times.written(info.last_modified))
+            for commit, info in sorted(upstream.items())
         ),
         fills=_fills(store, folder, times),
         cuts=_cuts(store, folder, times),

@@ -161,3 +161,20 @@ def test_settle_is_one_wait_before_deleting_on_every_kind(kind: Kind, tmp_path: 
     assert not report.all_errors and len(report.repos[0].revisions) == 1
     assert sum(clock.slept) == pytest.approx(40.0)
     assert kind.head("main") == served
+
+
+def test_the_in_flight_grace_keeps_a_fresh_orphan_on_every_kind(kind: Kind, tmp_path: Path) -> None:
+    kind.add(tmp_path, 1)
+    etag = "b" * 64  # a blob no revision names yet: an import in flight, or a leftover
+    name = f"models--{REPO.replace('/', '--')}/blobs/{etag}"
+    if kind.name == "folder":
+        (Path(kind.location) / name).write_bytes(b"in flight")
+    else:
+        BucketStore.open(kind.location).objects.put(name, b"in flight")
+
+    def orphans(*at: str) -> list[str]:
+        doc = prune(kind, "--dry-run", *at)
+        return [i["path"] for r in doc["repos"] for i in r["items"] if i["reason"] == "orphan"]
+
+    assert orphans() == []  # written just now: left alone for the 10-minute grace
+    assert orphans("--at", "+1h") == [name]
