@@ -148,7 +148,7 @@ ITEM_WORDS = {
     "blob-gone": "its blob is gone",
     "repo-gone": "its repo is gone",
     "leftover": "left over by an interrupted write or prune",
-    "empty": "empty",
+    "empty": "an empty folder",
     "abandoned": "a fill nobody holds any more",
     "blob-stored": "a fill whose blob is stored",
 }
