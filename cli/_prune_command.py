@@ -76,9 +76,10 @@ class _PruneOptions:
     "--settle",
     None,
     (
-        "Bucket stores: seconds to wait, once per run, after taking the leases of the repos "
-        "with something to delete (default: the writers' window + the S3 client's longest try, "
-        "250 s; lower only when no import runs)."
+        "Seconds to wait, once per run, before deleting, so that writes in flight show in "
+        "the second scan (default: 0 on a folder, whose writers hold the repo lock; on a "
+        "bucket store, after taking the leases, the writers' window + the S3 client's "
+        "longest try, 250 s: lower it only when no import runs)."
     ),
 )
 @click.option("--expired", is_flag=True, help="Revisions whose stamped files are past expires_at.")
@@ -148,13 +149,9 @@ def prune(**options: Any) -> None:
         max_size=opt.max_size,
         stale_incomplete=float(opt.stale_incomplete),
     )
-    target = _open_target(root)
-    if opt.settle is not None and not target.settles:
-        usage_error("--settle applies to a bucket store (--store s3://...) only")
-    scan = target.scan(read_expiry=opt.expired, read_commit_times=opt.keep_latest is not None)
-    from cmh.hub.cache import process_clock
-
-    plan = plan_prune(scan, policy, opt.at if opt.at is not None else process_clock().time())
+    target = _open_target(root, store=opt.store is not None)
+    scan = target.scan(policy)
+    plan = plan_prune(scan, policy, opt.at, target.clock)
 
     if opt.dry_run or plan.empty:
         if opt.as_json:
@@ -175,7 +172,7 @@ def prune(**options: Any) -> None:
         if not click.confirm("Delete these?", default=False, err=True):
             click.echo("Kept everything: nothing deleted.", err=True)
             raise click.exceptions.Exit(EXIT_CHECK_FAILED)
-    elif target.settles and not opt.as_json:
+    elif _settles(root, opt.settle) and not opt.as_json:
         for line in plan_lines(plan, kind, dry_run=False):  # what the settle waits to delete
             click.echo(line, err=True)
 
@@ -184,13 +181,18 @@ def prune(**options: Any) -> None:
         _execute(target, plan, kind, execution, opt.as_json)
 
 
-def _open_target(root: StoreLocation) -> PruneTarget:
+def _settles(root: StoreLocation, settle: float | None) -> bool:
+    """True when the run waits before deleting (a bucket by default, a folder if asked)."""
+    return settle > 0 if settle is not None else not isinstance(root, Path)
+
+
+def _open_target(root: StoreLocation, *, store: bool) -> PruneTarget:
     """The cache or store to prune; a bucket that cannot be opened exits 2."""
     from cmh.hub.mirror import BucketError
     from cmh.hub.prune import open_target
 
     try:
-        return open_target(root, on_notice=lambda text: click.echo(text, err=True))
+        return open_target(root, store=store, on_notice=lambda text: click.echo(text, err=True))
     except BucketError as exc:
         fail(str(exc), EXIT_USAGE)
     except NotADirectoryError:

@@ -90,6 +90,7 @@ def plan_document(plan: PrunePlan, kind: str, dry_run: bool = True) -> dict[str,
         size_after=plan.size_after,
         freed=plan.freed,
         ok=True,
+        exit_status=0,
     )
 
 
@@ -123,14 +124,39 @@ def report_document(report: PruneReport, kind: str, exit_status: int) -> dict[st
 # -- text ------------------------------------------------------------------------------
 
 
-#: Reasons as a person says them (the ``--json`` documents keep the stable names).
+#: Why a revision goes, as a person says it, for each reason a plan gives
+#: (:data:`cmh.hub.prune.REVISION_REASONS`; the ``--json`` documents keep the names).
 REASON_WORDS = {
     "expired": "its stamped files expired",
     "unreferenced": "no branch or tag points to it",
     "beyond-keep-latest": "older than the revisions --keep-latest keeps",
-    "older-than": "not used for longer than --older-than",
-    "max-size": "the oldest, over --max-size",
+    "unused": "not used for longer than --older-than",
+    "over-size": "least recently used, over --max-size",
+    "broken": "a file of it lost its blob",
 }
+
+#: Why a housekeeping item goes, for each reason a plan gives
+#: (:data:`cmh.hub.prune.ITEM_REASONS`).
+ITEM_WORDS = {
+    "orphan": "no revision links to it",
+    "unlinked": "only removed revisions linked to it",
+    "stale": "interrupted or spent, past its age limit",
+    "dangling": "names a commit that is not there",
+    "invalid": "holds no commit, or is not what its place expects",
+    "not-exact": "rewritten as the bare commit",
+    "revision-gone": "its revision is gone",
+    "blob-gone": "its blob is gone",
+    "repo-gone": "its repo is gone",
+    "leftover": "left over by an interrupted write or prune",
+    "empty": "an empty folder",
+    "abandoned": "a fill nobody holds any more",
+    "blob-stored": "a fill whose blob is stored",
+}
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 revision``, ``0 revisions``: a count with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _revision_line(rev: RevisionRemoval) -> str:
@@ -150,7 +176,9 @@ def _item_lines(items: Sequence[ItemRemoval]) -> list[str]:
     lines = []
     for (kind, reason), n in sorted(counts.items()):
         size = sizes[(kind, reason)]
-        lines.append(f"  {kind} x{n} ({reason})" + (f", {human_bytes(size)}" if size else ""))
+        words = ITEM_WORDS.get(reason, reason)
+        line = f"  {kind} x{n} ({reason}: {words})"
+        lines.append(line + (f", {human_bytes(size)}" if size else ""))
     return lines
 
 
@@ -172,10 +200,10 @@ def plan_lines(plan: PrunePlan, kind: str, *, dry_run: bool) -> list[str]:
         lines += [_revision_line(x) for x in r.revisions]
         lines += _item_lines(r.items)
     if plan.root_items:
-        lines.append("cache root")
+        lines.append(f"{kind} root")
         lines += _item_lines(plan.root_items)
     lines.append(
-        f"Total: {plan.revision_count} revision(s), {human_bytes(plan.freed)} freed "
+        f"Total: {counted(plan.revision_count, 'revision')}, {human_bytes(plan.freed)} freed "
         f"({human_bytes(plan.size_before)} -> {human_bytes(plan.size_after)})."
     )
     lines += _tail(plan)
@@ -188,10 +216,10 @@ def report_lines(report: PruneReport, kind: str) -> list[str]:
     for o in report.repos:
         lines += _outcome_lines(o)
     if report.root_items:
-        lines.append("cache root")
+        lines.append(f"{kind} root")
         lines += _item_lines(report.root_items)
     count = sum(len(o.revisions) for o in report.repos)
-    lines.append(f"Total: {count} revision(s), {human_bytes(report.freed)} freed.")
+    lines.append(f"Total: {counted(count, 'revision')}, {human_bytes(report.freed)} freed.")
     lines += _tail(report.plan)
     return lines
 

@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 from ._execute import PruneReport, RepoOutcome, execute_plan
-from ._plan import ItemRemoval, PrunePlan, PrunePolicy, RepoPlan, RevisionRemoval, plan_prune
+from ._plan import (
+    ITEM_REASONS,
+    REVISION_REASONS,
+    ItemRemoval,
+    PrunePlan,
+    PrunePolicy,
+    RepoPlan,
+    RevisionRemoval,
+    plan_prune,
+)
 from ._scan import CacheScan, RepoScan, record_number, scan_cache
 
 if TYPE_CHECKING:
@@ -28,6 +37,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ITEM_REASONS",
+    "REVISION_REASONS",
     "CacheScan",
     "ExecuteOptions",
     "ItemRemoval",

@@ -37,9 +37,9 @@ Repos with nothing to delete get no lease, and a run with nothing to delete no w
 
 from __future__ import annotations
 
+import math
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,6 +63,7 @@ from ._plan import (
     KIND_CUT,
     KIND_FILL,
     KIND_REF,
+    KIND_UPLOAD,
     KIND_UPSTREAM,
     OVER_SIZE,
     ItemRemoval,
@@ -73,6 +74,8 @@ from ._plan import (
     fill_lifetime,
     plan_prune,
     plan_repo,
+    upload_path,
+    upload_stale,
 )
 from ._scan import (
     CacheScan,
@@ -82,6 +85,7 @@ from ._scan import (
     RepoScan,
     RevisionScan,
     SnapshotFile,
+    UploadScan,
     record_number,
 )
 from ._scan import stamped_expiry_from as _stamped_expiry_from
@@ -108,8 +112,9 @@ class StorageTime:
     (:meth:`BucketStore.storage_now`); a storage that refuses it leaves every time
     unknown (:attr:`error` says why), and what needs one is then kept."""
 
-    def __init__(self, store: BucketStore) -> None:
+    def __init__(self, store: BucketStore, clock: Clock | None = None) -> None:
         self.store = store
+        self.clock = clock or store.clock
         self.offset: float | None = None
         self.error: str | None = None
 
@@ -118,19 +123,27 @@ class StorageTime:
         if self.offset is None and self.error is None:
             try:
                 storage = self.store.storage_now()
-                self.offset = time.time() - storage  # taken after: ages come out no longer
+                self.offset = self.clock.time() - storage  # taken after: ages come out no longer
             except ObjectStoreError as exc:
                 self.error = str(exc)
         return None if self.offset is None else when.timestamp() + self.offset
 
+    def written(self, when: datetime) -> float:
+        """:meth:`local`, infinitely recent when the storage's clock is unknown (the
+        in-flight grace then keeps what was written then)."""
+        local = self.local(when)
+        return math.inf if local is None else local
 
-def scan_bucket(store: BucketStore, *, read_expiry: bool = False) -> CacheScan:
+
+def scan_bucket(
+    store: BucketStore, *, read_expiry: bool = False, clock: Clock | None = None
+) -> CacheScan:
     """Scan every repo of a bucket store (a repo with an unreadable tree object is left
-    out, with a note: nothing of it can be judged)."""
-    started = time.time()
+    out, with a note: nothing of it can be judged); ``clock``: the store's by default."""
+    times = StorageTime(store, clock)
+    started = times.clock.time()
     repos: list[RepoScan] = []
     notes: list[str] = []
-    times = StorageTime(store)
     for repo_type, repo_id, folder in store.repos():
         try:
             repos.append(
@@ -138,10 +151,30 @@ def scan_bucket(store: BucketStore, *, read_expiry: bool = False) -> CacheScan:
             )
         except BucketError as exc:
             notes.append(f"{repo_id}: {exc}: nothing pruned in this repo")
+    uploads = _uploads(store, times, notes)
     if times.error is not None:
-        notes.append(f"fills and cut records kept: cannot read the storage's clock: {times.error}")
+        notes.append(
+            f"fills, cut records and uploads kept: cannot read the storage's clock: {times.error}"
+        )
     return CacheScan(store.url, started, tuple(repos), read_expiry=read_expiry,
-                     notes=tuple(notes))  # fmt: skip
+                     notes=tuple(notes), refs_served=True, uploads=uploads)  # fmt: skip
+
+
+def _uploads(store: BucketStore, times: StorageTime, notes: list[str]) -> tuple[UploadScan, ...]:
+    """The store's incomplete multipart uploads, by when each was last written on the
+    storage's clock (none when that clock or the listing is not available: none goes)."""
+    try:
+        listed = store.objects.list_uploads()
+    except ObjectStoreError as exc:
+        notes.append(f"incomplete multipart uploads kept: cannot list them: {exc}")
+        return ()
+    out = []
+    for u in sorted(listed, key=lambda u: (u.name, u.upload_id)):
+        written = times.local(u.last_modified)
+        if written is None:
+            return ()
+        out.append(UploadScan(u.name, u.upload_id, u.size, written))
+    return tuple(out)
 
 
 def scan_bucket_repo(
@@ -161,10 +194,14 @@ def scan_bucket_repo(
         RefScan(name, state.commit or None, True, 0.0)
         for name, state in sorted(store.refs(folder).items())
     )
-    blobs = {etag: Entry(etag, info.size, 0.0) for etag, info in store.blob_infos(folder).items()}
+    blobs = {
+        etag: Entry(etag, info.size, times.written(info.last_modified))
+        for etag, info in store.blob_infos(folder).items()
+    }
     upstream = store.upstream_record_infos(folder)
     checked = tuple(
-        Entry(etag, info.size, 0.0) for etag, info in sorted(store.check_infos(folder).items())
+        Entry(etag, info.size, times.written(info.last_modified))
+        for etag, info in sorted(store.check_infos(folder).items())
     )
     expiry: dict[str, int | None] = {}
     revisions: list[RevisionScan] = []
@@ -193,7 +230,8 @@ def scan_bucket_repo(
         refs_served=True,
         whole_folder=False,
         upstream_records=tuple(
-            Entry(f"{commit}.json", info.size, 0.0) for commit, info in sorted(upstream.items())
+            Entry(f"{commit}.json", info.size, times.written(info.last_modified))
+            for commit, info in sorted(upstream.items())
         ),
         fills=_fills(store, folder, times),
         cuts=_cuts(store, folder, times),
@@ -286,6 +324,7 @@ def execute_bucket_plan(
     as it still holds under the leases; what went, repo by repo. ``progress`` is told the
     bytes each repo was planned to free once it is done (as for a local store)."""
     report = PruneReport(plan)
+    _abort_uploads(store, plan, report, clock)
     changes = plan.changes
     if not changes:
         return report
@@ -305,7 +344,8 @@ def execute_bucket_plan(
     if leased:
         wait = default_settle(store) if settle is None else settle
         store.notice(
-            f"{store.url}: holding the leases of {len(leased)} repo(s); waiting {wait:.0f} s "
+            f"{store.url}: holding the leases of {len(leased)} "
+            f"{'repo' if len(leased) == 1 else 'repos'}; waiting {wait:.0f} s "
             "(--settle, once for the run) for imports in flight before deleting"
         )
         leases.wait(wait)
@@ -326,6 +366,31 @@ def execute_bucket_plan(
             if progress is not None:
                 progress(repo_plan.freed)
     return report
+
+
+def _abort_uploads(store: BucketStore, plan: PrunePlan, report: PruneReport, clock: Clock) -> None:
+    """Abort the incomplete multipart uploads the plan shows, each still there and still
+    stale when listed again (a part written since keeps it)."""
+    shown = {i.path: i for i in plan.root_items if i.kind == KIND_UPLOAD}
+    if not shown:
+        return
+    times = StorageTime(store, clock)
+    try:
+        uploads = store.objects.list_uploads()
+    except ObjectStoreError as exc:
+        report.errors.append(str(exc))
+        return
+    for upload in uploads:
+        item = shown.get(upload_path(upload.name, upload.upload_id))
+        written = times.local(upload.last_modified)
+        if item is None or written is None or not upload_stale(written, plan.policy, plan.now):
+            continue
+        try:
+            store.objects.abort_upload(upload.name, upload.upload_id)
+        except ObjectStoreError as exc:
+            report.errors.append(str(exc))
+            continue
+        report.root_items.append(item)
 
 
 class _Leases:
@@ -383,7 +448,7 @@ class _RepoDeleter:
 
     def run(self) -> None:
         store, shown = self.store, self.shown
-        times = StorageTime(store)
+        times = StorageTime(store, self.leases.clock)
         repo = scan_bucket_repo(store, shown.repo_type, shown.repo_id, shown.folder,
                                 self.plan.policy.expired, times=times)  # fmt: skip
         shown_commits = {r.commit for r in shown.revisions}
@@ -465,7 +530,8 @@ def prune_bucket(
     clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[PrunePlan, PruneReport | None]:
     """Scan, plan and (unless ``dry_run``) execute in one call; the plan and the report."""
-    plan = plan_prune(scan_bucket(store, read_expiry=policy.expired), policy, now)
+    scan = scan_bucket(store, read_expiry=policy.expired, clock=clock)
+    plan = plan_prune(scan, policy, now, clock)
     if dry_run:
         return plan, None
     return plan, execute_bucket_plan(store, plan, settle=settle, clock=clock)

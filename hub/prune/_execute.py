@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from cmh.hub.cache import (
     revision_lock,
 )
 
+from ._fs import Below
 from ._plan import (
     KIND_BLOB,
     KIND_CUT,
@@ -60,7 +60,15 @@ from ._plan import (
     cut_spent,
     plan_repo,
 )
-from ._scan import REPO_TRASH, ROOT_TRASH, RepoScan, etag_of, scan_repo
+from ._scan import (
+    REPO_TRASH,
+    ROOT_TRASH,
+    LinkedFolder,
+    RepoScan,
+    ScanOptions,
+    etag_of,
+    scan_repo,
+)
 
 #: Called with a short action name and the path just before each change on disk.
 ChangeHook = Callable[[str, Path], None]
@@ -144,6 +152,7 @@ class _RepoPruner:
     ) -> None:
         self.plan = plan
         self.root = Path(plan.root)  # a local plan: its root is a folder
+        self.below = Below(self.root)
         self.planned = repo_plan
         self.layout = RepoLayout(self.root, repo_plan.repo_id, repo_plan.repo_type)
         self.lock_timeout = lock_timeout
@@ -166,13 +175,14 @@ class _RepoPruner:
 
     def _run_locked(self) -> None:
         try:
-            scan = scan_repo(
-                self.layout,
-                read_expiry=self.plan.policy.expired,
-                read_commit_times=self.plan.policy.keep_latest is not None,
-            )
+            policy = self.plan.policy
+            options = ScanOptions(policy.expired, policy.ranks, self.plan.refs_served)
+            scan = scan_repo(self.layout, options)
         except FileNotFoundError:
             self.out.skipped = "gone: the repo was removed meanwhile"
+            return
+        except LinkedFolder as exc:
+            self.out.skipped = str(exc)
             return
         planned = {r.commit for r in self.planned.revisions}
         evict = [r.commit for r in self.planned.revisions if OVER_SIZE in r.reasons]
@@ -199,22 +209,21 @@ class _RepoPruner:
     # -- a whole repo ------------------------------------------------------------------
 
     def _remove_repo(self, fresh: RepoPlan) -> bool:
-        trash = _trash_name(self.root.joinpath(*ROOT_TRASH), self.layout.folder_name)
+        trash = _trash_name("/".join(ROOT_TRASH), self.layout.folder_name)
         self.change("rename-repo", self.layout.path)
         try:
-            trash.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(self.layout.path, trash)
+            self.below.rename(self.layout.folder_name, trash)
         except OSError as exc:
             self.out.errors.append(f"{self.layout.path}: {exc.strerror or exc}")
             return False
         self.out.removed_repo = True
         self.out.revisions = list(fresh.revisions)
         self.out.freed = fresh.size_before
-        self.change("delete-trash", trash)
-        _delete_trash(trash)
+        self.change("delete-trash", self.root / trash)
+        _delete_trash(self.below, trash)
         # Lock files last, each removed while held (the repo and revision locks are ours).
         held = {"cmh.repo.lock"} | {f"cmh.rev.{r.commit}.lock" for r in fresh.revisions}
-        _remove_lock_dir(self.layout.locks, held, self.change)
+        _remove_lock_dir(self.below, f".locks/{self.layout.folder_name}", held, self.change)
         self.out.items = [i for i in fresh.items if i.kind == KIND_LOCK_DIR]
         return True
 
@@ -226,18 +235,20 @@ class _RepoPruner:
             by_kind.setdefault(item.kind, []).append(item)
 
         # 1. refs: of removed revisions, then dangling and invalid ones.
+        folder = self.layout.folder_name
         for rev in fresh.revisions:
             for name in rev.refs:
-                self._attempt("unlink-ref", self.layout.ref_path(name), _unlink)
+                self._attempt("unlink-ref", f"{folder}/refs/{name}", self.below.unlink)
         for item in by_kind.pop(KIND_REF, []) + by_kind.pop(KIND_REFS_FILE, []):
-            self._attempt_item("unlink-ref", item, _remove_tree)
+            self._attempt_item("unlink-ref", item, self.below.remove_tree)
         for item in by_kind.pop(KIND_REF_REWRITE, []):
             self._attempt_item("rewrite-ref", item, self._rewrite_ref)
-        _prune_empty_dirs(self.layout.refs)
+        with contextlib.suppress(OSError):  # no refs/ (or not a folder): nothing to tidy
+            self.below.remove_empty_folders(f"{folder}/refs")
 
         # 2. snapshots, each in one rename.
         for rev in fresh.revisions:
-            snapshot = self.layout.snapshots / rev.commit
+            snapshot = f"{folder}/snapshots/{rev.commit}"
             if self._attempt("rename-snapshot", snapshot, self._trash_snapshot):
                 self.out.revisions.append(rev)
                 self.out.freed += rev.plain_bytes
@@ -255,15 +266,15 @@ class _RepoPruner:
                     per_blob.append(item)
         for item in by_kind.pop(KIND_CUT, []):  # unless a cut rewrote it meanwhile
             try:
-                written = (self.root / item.path).stat().st_mtime
+                written = self.below.lstat(item.path).st_mtime
             except OSError:
                 continue  # gone meanwhile
             if cut_spent(written, self.plan.policy, self.plan.now):
-                self._attempt_item("unlink-cut", item, _unlink)
+                self._attempt_item("unlink-cut", item, self.below.unlink)
         for kind_items in by_kind.values():
             for item in kind_items:
                 if leftover_commit(item) not in failed:
-                    self._attempt_item(f"remove-{item.kind}", item, _remove_tree)
+                    self._attempt_item(f"remove-{item.kind}", item, self.below.remove_tree)
 
         # 4. blobs no surviving snapshot links to, and stale partials, under the blob lock.
         still_linked: set[str] = set()
@@ -280,17 +291,16 @@ class _RepoPruner:
                 continue
             try:
                 with blob_lock(self.layout, etag, timeout=0):
-                    if not self._attempt_item(f"unlink-{item.kind}", item, _unlink):
+                    if not self._attempt_item(f"unlink-{item.kind}", item, self.below.unlink):
                         continue
                     if item.kind == KIND_TEMP:
                         continue
                     remaining[etag] = remaining.get(etag, 1) - 1
                     if remaining[etag] <= 0:  # nothing of this blob is left: nor its lock
-                        lock_path = self.layout.locks / f"{etag}.lock"
-                        self.change("unlink-lock", lock_path)
-                        with contextlib.suppress(FileNotFoundError):
-                            lock_path.unlink()
-                        key = lock_path.relative_to(self.root).as_posix()
+                        key = f".locks/{folder}/{etag}.lock"
+                        self.change("unlink-lock", self.root / key)
+                        with contextlib.suppress(OSError):  # gone, or not ours to follow
+                            self.below.unlink(key)
                         if key in locks:
                             self.out.items.append(locks.pop(key))
             except LockBusy:
@@ -299,11 +309,11 @@ class _RepoPruner:
         # 5. lock files of what is gone, each removed while held.
         held = {f"cmh.rev.{c}.lock" for c in removed}
         for name in sorted(held):  # ours: taken above, whether or not the plan listed them
-            path = self.layout.locks / name
-            listed = locks.pop(path.relative_to(self.root).as_posix(), None)
-            self.change("unlink-lock", path)
+            key = f".locks/{folder}/{name}"
+            listed = locks.pop(key, None)
+            self.change("unlink-lock", self.root / key)
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                self.below.unlink(key)
                 if listed is not None:
                     self.out.items.append(listed)
         for item in locks.values():
@@ -311,40 +321,41 @@ class _RepoPruner:
             if leftover_commit(item) in failed:
                 continue
             if path.name in held:
-                self._attempt_item("unlink-lock", item, _unlink)
+                self._attempt_item("unlink-lock", item, self.below.unlink)
                 continue
             try:
                 with flock(path, timeout=0):
-                    self._attempt_item("unlink-lock", item, _unlink)
+                    self._attempt_item("unlink-lock", item, self.below.unlink)
             except LockBusy:
                 continue
 
-    def _trash_snapshot(self, snapshot: Path) -> None:
-        trash = _trash_name(self.layout.path.joinpath(*REPO_TRASH), snapshot.name)
-        trash.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(snapshot, trash)
-        self.change("delete-trash", trash)
-        _delete_trash(trash)
+    def _trash_snapshot(self, snapshot: str) -> None:
+        trash_folder = "/".join((self.layout.folder_name, *REPO_TRASH))
+        trash = _trash_name(trash_folder, snapshot.rsplit("/", 1)[1])
+        self.below.rename(snapshot, trash)
+        self.change("delete-trash", self.root / trash)
+        _delete_trash(self.below, trash)
 
-    def _rewrite_ref(self, path: Path) -> None:
-        name = path.relative_to(self.layout.refs).as_posix()
+    def _rewrite_ref(self, rel: str) -> None:
+        name = rel.split("/refs/", 1)[1]
         commit = self.layout.read_ref(name)
         if commit is not None:
             self.layout.write_ref(name, commit)
 
-    def _attempt(self, action: str, path: Path, do: Callable[[Path], None]) -> bool:
-        self.change(action, path)
+    def _attempt(self, action: str, rel: str, do: Callable[[str], None]) -> bool:
+        """Do ``do(rel)`` (``rel`` relative to the root); an error is reported, not raised."""
+        self.change(action, self.root / rel)
         try:
-            do(path)
+            do(rel)
         except FileNotFoundError:
             return False
         except OSError as exc:
-            self.out.errors.append(f"{path}: {exc.strerror or exc}")
+            self.out.errors.append(f"{self.root / rel}: {exc.strerror or exc}")
             return False
         return True
 
-    def _attempt_item(self, action: str, item: ItemRemoval, do: Callable[[Path], None]) -> bool:
-        if self._attempt(action, self.root / item.path, do):
+    def _attempt_item(self, action: str, item: ItemRemoval, do: Callable[[str], None]) -> bool:
+        if self._attempt(action, item.path, do):
             self.out.items.append(item)
             self.out.freed += item.size
             return True
@@ -356,6 +367,7 @@ class _RootPruner:
 
     def __init__(self, root: Path, on_change: ChangeHook | None) -> None:
         self.root = root
+        self.below = Below(root)
         self.on_change = on_change
 
     def change(self, action: str, path: Path) -> None:
@@ -366,71 +378,54 @@ class _RootPruner:
         path = self.root / item.path
         if item.kind == KIND_TRASH:
             self.change("delete-trash", path)
-            _delete_trash(path)
+            _delete_trash(self.below, item.path)
             return True
         if item.kind == KIND_LOCK_DIR:
             if (self.root / path.name).exists() or parse_repo_folder(path.name) is None:
                 return False  # the repo came back meanwhile
-            return _remove_lock_dir(path, set(), self.change)
+            return _remove_lock_dir(self.below, item.path, set(), self.change)
         return False
 
 
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _trash_name(folder: Path, name: str) -> Path:
-    return folder / f"{name}.{os.getpid()}.{next(_counter)}"
+def _trash_name(folder: str, name: str) -> str:
+    return f"{folder}/{name}.{os.getpid()}.{next(_counter)}"
 
 
-def _delete_trash(trash: Path) -> None:
+def _delete_trash(below: Below, trash: str) -> None:
     """Delete a folder moved to a trash, then the trash folder itself once empty."""
-    shutil.rmtree(trash, ignore_errors=True)
     with contextlib.suppress(OSError):
-        trash.parent.rmdir()
+        below.remove_tree(trash)
+    with contextlib.suppress(OSError):
+        below.rmdir(trash.rsplit("/", 1)[0])
 
 
-def _unlink(path: Path) -> None:
-    path.unlink()
-
-
-def _remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
-def _prune_empty_dirs(top: Path) -> None:
-    """Remove empty folders below ``top`` (``refs/pr`` after its last ref went)."""
-    if not top.is_dir():
-        return
-    for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
-        if Path(dirpath) != top:
-            with contextlib.suppress(OSError):
-                os.rmdir(dirpath)
-
-
-def _remove_lock_dir(folder: Path, held: set[str], change: ChangeHook) -> bool:
+def _remove_lock_dir(below: Below, folder: str, held: set[str], change: ChangeHook) -> bool:
     """Delete every lock file in ``folder`` (taking each that is not ours), then the folder."""
     try:
-        names = sorted(os.listdir(folder))
+        names = sorted(below.listdir(folder))
     except FileNotFoundError:
         return False
+    except NotADirectoryError:  # a link: never followed
+        return False
     for name in names:
-        path = folder / name
+        key = f"{folder}/{name}"
+        path = below.root / key
         if name in held:
             change("unlink-lock", path)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                below.unlink(key)
             continue
         with (
             contextlib.suppress(LockBusy, IsADirectoryError, FileNotFoundError),
             flock(path, timeout=0),
         ):
             change("unlink-lock", path)
-            path.unlink()
+            below.unlink(key)
     try:
-        os.rmdir(folder)
+        below.rmdir(folder)
     except OSError:
         return False
     return True

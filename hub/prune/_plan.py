@@ -18,7 +18,6 @@ is live (:attr:`PrunePolicy.fill_lease_ttl`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,9 @@ from cmh.hub.cache import (
     CUT_RECORDS,
     FILL_LEASE_TTL,
     FILL_STATE,
+    SYSTEM_CLOCK,
     VERIFIED_MARKERS,
+    Clock,
 )
 
 from ._scan import REPO_TRASH, ROOT_TRASH, CacheScan, FillScan, RepoScan, etag_of
@@ -60,6 +61,11 @@ EMPTY = "empty"
 ABANDONED = "abandoned"  # a fill with no live lease whose objects all outlived it
 BLOB_STORED = "blob-stored"  # a fill's state left beside the blob it filled
 
+#: Every reason a plan gives a revision, and every reason it gives a housekeeping item.
+REVISION_REASONS = (EXPIRED, UNREFERENCED, BEYOND_KEEP_LATEST, UNUSED, OVER_SIZE, BROKEN)
+ITEM_REASONS = (ORPHAN, UNLINKED, STALE, DANGLING, INVALID, NOT_EXACT, REVISION_GONE,
+                BLOB_GONE, REPO_GONE, LEFTOVER, EMPTY, ABANDONED, BLOB_STORED)  # fmt: skip
+
 # Kinds of housekeeping items (each path relative to the cache root).
 KIND_BLOB = "blob"
 KIND_INCOMPLETE = "incomplete"
@@ -81,11 +87,12 @@ KIND_COMMIT_META = "commit-meta"
 KIND_UPSTREAM = "upstream-record"
 KIND_FILL = "fill"  # a bucket pull-through fill's state: {repo}/.cmh/fills/{etag}/
 KIND_CUT = "cut-record"  # when a body of a blob was last cut (spec/hub-mirror.md 8.3)
+KIND_UPLOAD = "upload"  # a bucket's incomplete multipart upload: ``{name}?uploadId={id}``
 
 #: Kinds whose size counts as freed (blobs and partial downloads hold the bytes).
 _SIZED_KINDS = frozenset(
     {KIND_BLOB, KIND_INCOMPLETE, KIND_TEMP, KIND_PARTIAL, KIND_TREE, KIND_SNAPSHOT_STRAY,
-     KIND_FILL}
+     KIND_FILL, KIND_UPLOAD}
 )  # fmt: skip
 
 
@@ -118,6 +125,12 @@ class PrunePolicy:
             raise ValueError("older_than cannot be negative")
         if self.max_size is not None and self.max_size < 0:
             raise ValueError("max_size cannot be negative")
+
+    @property
+    def ranks(self) -> bool:
+        """True when a policy ranks revisions (``keep_latest``, ``max_size``): the scan
+        then reads the store's commit records (creation times and parents)."""
+        return self.keep_latest is not None or self.max_size is not None
 
 
 @dataclass(frozen=True)
@@ -183,6 +196,9 @@ class PrunePlan:
     size_before: int = 0
     size_after: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Planned from a store's scan (:attr:`CacheScan.refs_served`): the executor's
+    #: second scan reads it the same way.
+    refs_served: bool = False
 
     @property
     def freed(self) -> int:
@@ -211,9 +227,11 @@ class PrunePlan:
 # -- planning --------------------------------------------------------------------------
 
 
-def plan_prune(scan: CacheScan, policy: PrunePolicy, now: float | None = None) -> PrunePlan:
-    """The plan for ``scan`` under ``policy`` at ``now`` (default: the clock)."""
-    at = time.time() if now is None else now
+def plan_prune(
+    scan: CacheScan, policy: PrunePolicy, now: float | None = None, clock: Clock = SYSTEM_CLOCK
+) -> PrunePlan:
+    """The plan for ``scan`` under ``policy`` at ``now`` (default: ``clock``'s time)."""
+    at = clock.time() if now is None else now
     repo_plans = {r.layout.folder_name: plan_repo(r, policy, at) for r in scan.repos}
     notes: list[str] = list(scan.notes)
     if policy.max_size is not None:
@@ -240,6 +258,7 @@ def plan_prune(scan: CacheScan, policy: PrunePolicy, now: float | None = None) -
         size_before=sum(p.size_before for p in plans),
         size_after=sum(p.size_after for p in plans),
         notes=tuple(notes),
+        refs_served=scan.refs_served,
     )
 
 
@@ -293,10 +312,26 @@ def recency(repo: RepoScan) -> dict[str, tuple[float, float]]:
 
 
 def protected(repo: RepoScan) -> frozenset[str]:
-    """Commits that go by no rank, age or size: those a ref names in a served store."""
+    """Commits that go by no rank, age or size: those a ref names in a served store
+    (a folder or a bucket alike)."""
     if not repo.refs_served:
         return frozenset()
     return frozenset(r.commit for r in repo.refs if r.commit is not None)
+
+
+def latest(repo: RepoScan, keep: int) -> frozenset[str]:
+    """The revisions ``--keep-latest keep`` keeps: the ``keep`` newest of the repo by
+    :func:`recency` and, where the store records parents, the ``keep`` latest commits
+    of each branch's history (a ref's commit and its ``keep - 1`` nearest ancestors),
+    so no timestamp of any writer decides what a branch keeps."""
+    order = recency(repo)
+    commits = [rev.commit for rev in repo.revisions if rev.is_commit]
+    newest = sorted(commits, key=lambda c: (order[c], c), reverse=True)
+    kept = set(newest[:keep])
+    depths = history_depths(repo)
+    if depths is not None:
+        kept.update(c for c in commits if depths[c] < keep)
+    return frozenset(kept)
 
 
 def select_revisions(
@@ -328,10 +363,10 @@ def select_revisions(
         if policy.older_than is not None and rev.last_activity < now - policy.older_than:
             select(commit, UNUSED)
     if policy.keep_latest is not None:
-        order = recency(repo)
-        newest = sorted(commits, key=lambda c: (order[c], c), reverse=True)
-        for commit in newest[policy.keep_latest :]:
-            select(commit, BEYOND_KEEP_LATEST)
+        kept = latest(repo, policy.keep_latest)
+        for commit in sorted(commits):
+            if commit not in kept:
+                select(commit, BEYOND_KEEP_LATEST)
     for commit in evict:
         if commit in commits:
             select(commit, OVER_SIZE)
@@ -686,4 +721,22 @@ def _plan_root(scan: CacheScan, policy: PrunePolicy, now: float) -> tuple[ItemRe
     items += [
         ItemRemoval(KIND_TRASH, "/".join((*ROOT_TRASH, e.name)), LEFTOVER) for e in scan.trash
     ]
+    items += [
+        ItemRemoval(KIND_UPLOAD, upload_path(u.name, u.upload_id), STALE, u.size)
+        for u in scan.uploads
+        if upload_stale(u.mtime, policy, now)
+    ]
     return tuple(items)
+
+
+def upload_path(name: str, upload_id: str) -> str:
+    """How a plan names an incomplete multipart upload (as S3 addresses it)."""
+    return f"{name}?uploadId={upload_id}"
+
+
+def upload_stale(written: float, policy: PrunePolicy, now: float) -> bool:
+    """True when an incomplete multipart upload last written at ``written`` is an
+    interrupted one (``--stale-incomplete``, as a folder's partial files; the executor
+    checks it again just before aborting it)."""
+    settled = now - max(policy.stale_incomplete, policy.in_flight_grace)
+    return written <= settled

@@ -13,10 +13,9 @@ plan and :mod:`cmh.hub.prune._execute` carries it out.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import time
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,9 @@ from cmh.hub.cache import (
     CHECK_RECORDS,
     COMMIT_RE,
     CUT_RECORDS,
+    SYSTEM_CLOCK,
     VERIFIED_MARKERS,
+    Clock,
     RepoLayout,
     iter_repos,
     parse_repo_folder,
@@ -34,8 +35,9 @@ from cmh.hub.cache import (
 
 #: Names the stock scanner skips wherever they appear.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
-#: Top-level entries of a cache that are not repos and belong to someone else.
-ROOT_SPECIAL = frozenset({".locks", "CACHEDIR.TAG", "blobs"})
+#: Top-level entries of a cache or store that are not repos and are not strays: the
+#: stock client's, and a store's quarantine (``cmh mirror scrub``). Never removed.
+ROOT_SPECIAL = frozenset({".locks", "CACHEDIR.TAG", "blobs", ".quarantine"})
 #: Where whole repos are moved before they are deleted (the stock scanner skips ``.locks``).
 ROOT_TRASH = (".locks", ".cmh-trash")
 #: Where one repo's snapshots are moved before they are deleted.
@@ -43,6 +45,16 @@ REPO_TRASH = (".cmh", "trash")
 #: Marks of cmh's own temporary files (atomic ref writes, atomic links).
 TEMP_MARKS = (".cmh-tmp.", ".cmh-link.")
 INCOMPLETE_SUFFIX = ".incomplete"
+#: The folders of a repo that prune walks and removes entries from (relative to the repo
+#: folder; ``""``: the repo folder itself). One of them that is a symbolic link leaves
+#: the whole repo out of the scan: prune never follows a link out of the store.
+WALKED_FOLDERS = ("", "blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh",
+                  ".cmh/used", ".cmh/commits", ".cmh/upstream", ".cmh/partial",
+                  "/".join(REPO_TRASH), VERIFIED_MARKERS, CHECK_RECORDS, CUT_RECORDS)  # fmt: skip
+
+
+class LinkedFolder(Exception):
+    """A folder prune would walk is a symbolic link: the repo is left alone."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,8 @@ class Entry:
     name: str
     size: int
     mtime: float
+    #: a symbolic link (removing it removes the link, never what it points to)
+    link: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,18 @@ class FillScan:
     lease_ttl: float | None
     #: when its newest object other than the lease was written (``None``: it has none)
     newest: float | None
+
+
+@dataclass(frozen=True)
+class UploadScan:
+    """An incomplete multipart upload in a bucket store (a killed import's, or one in
+    flight): the object it would create, its id, its parts' bytes, and when it was last
+    written (its newest part), on this process's clock."""
+
+    name: str
+    upload_id: str
+    size: int
+    mtime: float
 
 
 @dataclass(frozen=True)
@@ -218,19 +244,40 @@ class CacheScan:
     read_expiry: bool = field(default=True)
     #: Repos the scan could not judge (left out of it, so nothing of them goes), and why.
     notes: tuple[str, ...] = ()
+    #: A store: what its refs name is served (see :attr:`RepoScan.refs_served`).
+    refs_served: bool = False
+    #: A bucket store's incomplete multipart uploads.
+    uploads: tuple[UploadScan, ...] = ()
 
     @property
     def revision_count(self) -> int:
         return sum(len(r.revisions) for r in self.repos)
 
 
-def scan_cache(
-    root: str | os.PathLike[str], *, read_expiry: bool = True, read_commit_times: bool = False
-) -> CacheScan:
-    """Scan every repo under ``root``.
+@dataclass(frozen=True)
+class ScanOptions:
+    """What a folder scan reads besides the listing.
 
     ``read_expiry`` reads the header of each stamped blob; ``read_commit_times``
-    reads a mirror store's commit records (``.cmh/commits/{commit}.json``).
+    reads a mirror store's commit records (``.cmh/commits/{commit}.json``: when it
+    created each commit, and its parents); ``served`` scans a mirror store, whose
+    refs name what it serves (a cache's refs do not: it can fetch again).
+    """
+
+    read_expiry: bool = True
+    read_commit_times: bool = False
+    served: bool = False
+
+
+def scan_cache(
+    root: str | os.PathLike[str],
+    *,
+    read_expiry: bool = True,
+    read_commit_times: bool = False,
+    served: bool = False,
+    clock: Clock = SYSTEM_CLOCK,
+) -> CacheScan:
+    """Scan every repo under ``root`` (the options as in :class:`ScanOptions`).
 
     Raises :class:`FileNotFoundError` / :class:`NotADirectoryError` when
     ``root`` is not a folder.
@@ -240,13 +287,17 @@ def scan_cache(
         raise FileNotFoundError(2, "No such directory", str(base))
     if not base.is_dir():
         raise NotADirectoryError(20, "Not a directory", str(base))
-    started = time.time()
+    started = clock.time()
+    options = ScanOptions(read_expiry, read_commit_times, served)
     repos: list[RepoScan] = []
+    notes: list[str] = []
     for layout in iter_repos(base):
-        with contextlib.suppress(FileNotFoundError):  # removed while we scanned
-            repos.append(
-                scan_repo(layout, read_expiry=read_expiry, read_commit_times=read_commit_times)
-            )
+        try:
+            repos.append(scan_repo(layout, options))
+        except FileNotFoundError:  # removed while we scanned
+            continue
+        except LinkedFolder as exc:
+            notes.append(f"{layout.repo_id}: {exc}")
     repo_names = {r.layout.folder_name for r in repos}
     strays = tuple(
         sorted(
@@ -257,23 +308,51 @@ def scan_cache(
             and not (e.is_dir() and parse_repo_folder(e.name) is not None)
         )
     )
-    locks_dir = base / ".locks"
-    orphan_locks = tuple(
-        e
-        for e in _entries(locks_dir)
-        if e.name != ROOT_TRASH[1]
-        and parse_repo_folder(e.name) is not None
-        and e.name not in repo_names
-    )
-    trash = _entries(base.joinpath(*ROOT_TRASH))
-    return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry)
+    orphan_locks: tuple[Entry, ...] = ()
+    trash: tuple[Entry, ...] = ()
+    linked = linked_folder(base, (".locks", "/".join(ROOT_TRASH)))
+    if linked is not None:
+        notes.append(f"{linked} is a link to another folder, never followed: left alone")
+    else:
+        orphan_locks = tuple(
+            e
+            for e in _entries(base / ".locks")
+            if e.name != ROOT_TRASH[1]
+            and parse_repo_folder(e.name) is not None
+            and e.name not in repo_names
+            and not e.link
+        )
+        trash = _entries(base.joinpath(*ROOT_TRASH))
+    return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry,
+                     notes=tuple(notes), refs_served=served)  # fmt: skip
 
 
-def scan_repo(
-    layout: RepoLayout, *, read_expiry: bool = True, read_commit_times: bool = False
-) -> RepoScan:
-    """Scan one repo folder (which need not be well formed)."""
+def linked_folder(base: Path, folders: tuple[str, ...]) -> str | None:
+    """The first of ``folders`` (relative to ``base``) that is a symbolic link."""
+    for rel in folders:
+        try:
+            mode = os.lstat(base / rel if rel else base).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISLNK(mode):
+            return f"{rel}/" if rel else "the repo folder"
+    return None
+
+
+def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoScan:
+    """Scan one repo folder (which need not be well formed).
+
+    Raises :class:`LinkedFolder` when a folder it walks (:data:`WALKED_FOLDERS`, the
+    repo's lock folder) is a symbolic link."""
+    read_expiry, read_commit_times = options.read_expiry, options.read_commit_times
     path = layout.path
+    linked = linked_folder(path, WALKED_FOLDERS) or linked_folder(
+        layout.root, (".locks", f".locks/{layout.folder_name}")
+    )
+    if linked is not None:
+        raise LinkedFolder(
+            f"{linked} is a link to another folder, never followed: nothing pruned in this repo"
+        )
     repo_stat = path.stat()
     blobs_path, snapshots_path, refs_path, cmh_path = (
         path / "blobs",
@@ -310,15 +389,16 @@ def scan_repo(
             if read_expiry:
                 files = [_with_expiry(f, entry.path, blobs_dir, expiry_cache) for f in files]
             name = entry.name
-            created = None
+            created, parents = None, None
             if f"{name}.json" in with_meta and COMMIT_RE.match(name):
-                created = _commit_time(cmh_path / "commits" / f"{name}.json")
+                created, parents = _commit_record(cmh_path / "commits" / f"{name}.json")
             until = None
             if f"{name}.json" in with_upstream and COMMIT_RE.match(name):
                 until = _record_number(cmh_path / "upstream" / f"{name}.json", "fresh_until")
             revisions.append(
-                RevisionScan(name, tuple(files), mtime, last_used.get(name), created, until)
-            )
+                RevisionScan(name, tuple(files), mtime, last_used.get(name), created, until,
+                             parents)
+            )  # fmt: skip
     return RepoScan(
         layout=layout,
         mtime=repo_stat.st_mtime,
@@ -341,6 +421,7 @@ def scan_repo(
         commit_meta=commit_meta,
         upstream_records=upstream_records,
         cuts=_entries(path / CUT_RECORDS),
+        refs_served=options.served,
     )
 
 
@@ -357,9 +438,8 @@ def _entry(entry: os.DirEntry[str]) -> Entry:
         st = entry.stat(follow_symlinks=False)
     except OSError:
         return Entry(entry.name, 0, 0.0)
-    return Entry(
-        entry.name, st.st_size if not entry.is_dir(follow_symlinks=False) else 0, st.st_mtime
-    )
+    return Entry(entry.name, 0 if stat.S_ISDIR(st.st_mode) else st.st_size, st.st_mtime,
+                 stat.S_ISLNK(st.st_mode))  # fmt: skip
 
 
 def _entries(folder: Path) -> tuple[Entry, ...]:
@@ -481,9 +561,30 @@ def etag_of(name: str) -> str:
     return name.lstrip(".").split(".", 1)[0]
 
 
-def _commit_time(path: Path) -> float | None:
-    """A store's record of when it created a commit (``created_at``), if readable."""
-    return _record_number(path, "created_at")
+def _commit_record(path: Path) -> tuple[float | None, tuple[str, ...] | None]:
+    """A store's record of a commit: when it created it (``created_at``) and its
+    ``parents``, each ``None`` when unreadable."""
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return None, None
+    return record_number(text, "created_at"), record_parents(text)
+
+
+def record_parents(text: bytes) -> tuple[str, ...] | None:
+    """The ``parents`` of a commit record, ``None`` unless a list of commit ids."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    parents = data.get("parents") if isinstance(data, dict) else None
+    if not isinstance(parents, list) or not all(
+        isinstance(p, str) and COMMIT_RE.match(p) for p in parents
+    ):
+        return None
+    return tuple(parents)
 
 
 def _record_number(path: Path, key: str) -> float | None:

@@ -9,22 +9,28 @@ that tells the kinds apart.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from cmh.hub.cache import Clock, process_clock
+
 from ._execute import PruneReport, execute_plan
-from ._plan import PrunePlan
+from ._plan import PrunePlan, PrunePolicy
 from ._scan import CacheScan, scan_cache
 
 if TYPE_CHECKING:
-    from cmh.hub.mirror import BucketStore, Clock
+    from cmh.hub.mirror import BucketStore
+
+#: What a notice (a wait about to start) is told to.
+Notice = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class ExecuteOptions:
-    """How a plan is carried out: ``lock_timeout`` for local repo locks, ``settle``
-    (``None``: the default) for bucket leases."""
+    """How a plan is carried out: ``lock_timeout`` for a folder's repo locks, ``settle``
+    (``None``: the kind's default) the one wait per run before deleting, on both kinds:
+    writes in flight when the plan was made show in the executor's second scan."""
 
     lock_timeout: float = 10.0
     settle: float | None = None
@@ -38,29 +44,44 @@ class PruneTarget(Protocol):
     @property
     def location(self) -> str: ...
 
-    #: True when carrying out a plan waits a settle period (``--settle`` applies).
-    settles: bool
+    #: The clock the plan's time and every wait are taken on.
+    clock: Clock
 
-    def scan(self, *, read_expiry: bool, read_commit_times: bool) -> CacheScan: ...
+    def scan(self, policy: PrunePolicy) -> CacheScan:
+        """The read-only scan ``policy`` is planned from."""
+        ...
 
     def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport: ...
 
 
 @dataclass
 class LocalTarget:
-    """A Hugging Face cache or a mirror store folder (pruned under the stock locks)."""
+    """A Hugging Face cache or a mirror store folder (pruned under the stock locks).
+
+    A store's refs name what it serves (``served``); a cache's do not."""
 
     root: Path
-    settles = False
+    served: bool = False
+    clock: Clock = field(default_factory=process_clock)
+    on_notice: Notice | None = None
 
     @property
     def location(self) -> str:
         return str(self.root)
 
-    def scan(self, *, read_expiry: bool, read_commit_times: bool) -> CacheScan:
-        return scan_cache(self.root, read_expiry=read_expiry, read_commit_times=read_commit_times)
+    def scan(self, policy: PrunePolicy) -> CacheScan:
+        return scan_cache(self.root, read_expiry=policy.expired, read_commit_times=policy.ranks,
+                          served=self.served, clock=self.clock)  # fmt: skip
 
     def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport:
+        """Wait ``settle`` (default 0: a folder's writers hold the repo lock, so what
+        they wrote shows at once), then delete under the locks."""
+        settle = options.settle or 0.0
+        if settle > 0 and not plan.empty:
+            if self.on_notice is not None:
+                self.on_notice(f"{self.root}: waiting {settle:.0f} s (--settle, once for the "
+                               "run) for writes in flight before deleting")  # fmt: skip
+            self.clock.sleep(settle)
         return execute_plan(plan, lock_timeout=options.lock_timeout, progress=options.progress)
 
 
@@ -69,37 +90,39 @@ class BucketTarget:
     """A bucket store (pruned under per-repo leases, one settle per run)."""
 
     store: BucketStore
-    clock: Clock | None = None
-    settles = True
+    clock: Clock = field(default_factory=process_clock)
 
     @property
     def location(self) -> str:
         return self.store.url
 
-    def scan(self, *, read_expiry: bool, read_commit_times: bool) -> CacheScan:
+    def scan(self, policy: PrunePolicy) -> CacheScan:
         from ._bucket import scan_bucket
 
-        return scan_bucket(self.store, read_expiry=read_expiry)
+        return scan_bucket(self.store, read_expiry=policy.expired)
 
     def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport:
-        from cmh.hub.mirror import SYSTEM_CLOCK
-
         from ._bucket import execute_bucket_plan
 
-        return execute_bucket_plan(self.store, plan, settle=options.settle,
-                                   clock=self.clock or SYSTEM_CLOCK,
+        return execute_bucket_plan(self.store, plan, settle=options.settle, clock=self.clock,
                                    progress=options.progress)  # fmt: skip
 
 
 def open_target(
-    location: Path | str, *, on_notice: Callable[[str], None] | None = None
+    location: Path | str,
+    *,
+    store: bool = False,
+    on_notice: Notice | None = None,
+    clock: Clock | None = None,
 ) -> PruneTarget:
-    """The target ``--cache-dir``/``--store`` names: a folder, or ``s3://...`` (opened
-    with the standard AWS settings; ``on_notice`` hears about leases)."""
+    """The target ``--cache-dir``/``--store`` names: a folder (a mirror store when
+    ``store``), or ``s3://...`` (opened with the standard AWS settings); ``on_notice``
+    hears about waits and leases; ``clock`` (default: this process's) times them."""
+    clock = clock or process_clock()
     if isinstance(location, Path):
         if not location.is_dir():
             raise NotADirectoryError(20, "No such directory", str(location))
-        return LocalTarget(location)
+        return LocalTarget(location, store, clock, on_notice)
     from cmh.hub.mirror import open_bucket
 
-    return BucketTarget(open_bucket(location, on_notice=on_notice))
+    return BucketTarget(open_bucket(location, on_notice=on_notice), clock)

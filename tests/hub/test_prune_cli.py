@@ -70,7 +70,7 @@ def test_dry_run_reports_and_changes_nothing(cache: tuple[Path, dict[str, str]])
     assert run.exit_code == 0, run.stderr
     assert f"revision {commits['expired'][:12]}: its stamped files expired" in run.stdout
     assert (
-        "blob x1 (orphan), 6 B" in run.stdout
+        "blob x1 (orphan: no revision links to it), 6 B" in run.stdout
         and "Left alone (not cache entries): notes.txt" in run.stdout
     )
     doc = run_runner(["prune", "--cache-dir", root, "--expired", "--dry-run", "--json"]).json()
@@ -160,3 +160,76 @@ def test_asks_on_a_terminal(cache: tuple[Path, dict[str, str]]) -> None:
     status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"y")
     assert status == 0 and "Removed from cache" in shown
     assert stock_revisions(root) == {"org/a": {commits["main"]}}
+
+
+def test_the_plan_declares_every_reason_it_gives() -> None:
+    """Every reason constant of the plan module is in ``REVISION_REASONS`` or
+    ``ITEM_REASONS`` (which ``tests/test_cli_prune_words.py`` checks have words)."""
+    import ast
+    import inspect
+
+    from cmh.hub.prune import ITEM_REASONS, REVISION_REASONS, _plan
+
+    # Every string constant the plan module declares, other than an item's kind.
+    declared = {
+        node.value.value
+        for node in ast.parse(inspect.getsource(_plan)).body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        and not any(isinstance(t, ast.Name) and t.id.startswith("KIND_") for t in node.targets)
+    }
+    assert declared == set(REVISION_REASONS) | set(ITEM_REASONS)
+
+
+@pytest.mark.parametrize(
+    ("policy", "words", "name"),
+    [
+        (["--older-than", "1d"], "not used for longer than --older-than", "unused"),
+        (["--max-size", "1"], "least recently used, over --max-size", "over-size"),
+    ],
+)
+def test_size_and_age_reasons_are_said_in_words(
+    cache: tuple[Path, dict[str, str]], policy: list[str], words: str, name: str
+) -> None:
+    root, commits = cache
+    run = run_runner(["prune", "--cache-dir", root, *policy, "--dry-run"])
+    assert run.exit_code == 0, run.stderr
+    assert f"revision {commits['expired'][:12]}: {words}" in run.stdout
+    assert f": {name}" not in run.stdout and f"{name};" not in run.stdout
+
+
+def test_json_dry_run_and_nothing_to_do_carry_the_exit_status(
+    cache: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root, _ = cache
+    dry = run_runner(["prune", "--cache-dir", root, "--expired", "--dry-run", "--json"]).json()
+    assert dry["exit_status"] == 0 and dry["ok"] is True
+    (tmp_path / "empty").mkdir()
+    nothing = run_runner(["prune", "--cache-dir", tmp_path / "empty", "--yes", "--json"]).json()
+    assert nothing["exit_status"] == 0 and nothing["repos"] == []
+
+
+def test_counts_say_one_revision_and_two_revisions(cache: tuple[Path, dict[str, str]]) -> None:
+    root, _ = cache
+    one = run_runner(["prune", "--cache-dir", root, "--expired", "--dry-run"])
+    assert "Total: 1 revision, " in one.stdout
+    two = run_runner(["prune", "--cache-dir", root, "--max-size", "0", "--dry-run"])
+    assert "Total: 2 revisions, " in two.stdout and "(s)" not in two.stdout
+
+
+def test_a_stores_quarantine_is_not_listed_as_left_alone(tmp_path: Path) -> None:
+    from cmh.hub.mirror import add_folder, scrub_store
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello\n")
+    store = tmp_path / "store"
+    add_folder(store, src, "org/x")
+    [blob] = (store / "models--org--x" / "blobs").iterdir()
+    blob.write_text("rot\n")
+    scrub_store(store)
+    assert (store / ".quarantine").is_dir()
+    run = run_runner(["prune", "--store", store, "--dry-run"])
+    assert run.exit_code == 0, run.stderr
+    assert "Left alone" not in run.stdout

@@ -136,9 +136,9 @@ def test_a_record_renewed_after_the_plan_keeps_the_commit(kind: Kind, tmp_path: 
     """The mirror revalidated between the plan shown and its execution: the executor's
     second scan sees the new record and deletes nothing of that commit."""
     commits = import_three(kind, tmp_path)
-    target = open_target(kind.target())
+    target = open_target(kind.target(), store=True)
     policy = PrunePolicy(expired=True, include_referenced=True)
-    plan = plan_prune(target.scan(read_expiry=True, read_commit_times=False), policy)
+    plan = plan_prune(target.scan(policy), policy)
     assert [r.repo_id for r in plan.changes] == [STALE]
     kind.store.record_upstream_freshness("model", STALE, commits[STALE], time.time() + HOUR)
     report = target.execute(plan, ExecuteOptions(settle=0.0))
@@ -189,9 +189,9 @@ def test_a_pulled_through_commit_goes_by_its_freshness_and_is_filled_again(
             commit = first.headers["X-Repo-Commit"]
             assert kind.has(record(TINY_REPO, commit))
             filled(kind, commit)
-            target = open_target(kind.target())
+            target = open_target(kind.target(), store=True)
             policy = PrunePolicy(expired=True, include_referenced=True)
-            scan = target.scan(read_expiry=True, read_commit_times=False)
+            scan = target.scan(policy)
             now = time.time()
             assert plan_prune(scan, policy, now).changes == ()  # fresh for a minute
             later = plan_prune(scan, policy, now + 120)

@@ -13,6 +13,8 @@ and on one :class:`ObjectStore`:
   :meth:`~ObjectStore.put_if_match` (``If-Match``: compare-and-swap), both raising
   :class:`PreconditionFailed` when the storage refuses;
 - :meth:`~ObjectStore.list` (by prefix, paginated by the storage, streamed),
+  :meth:`~ObjectStore.list_uploads` and :meth:`~ObjectStore.abort_upload` (incomplete
+  multipart uploads, through botocore: obstore has no call for them),
   :meth:`~ObjectStore.copy` (server-side), :meth:`~ObjectStore.delete`,
   :meth:`~ObjectStore.presigned_get_url`.
 
@@ -30,6 +32,7 @@ roles) exactly as the AWS CLI does. Both come with the ``s3`` extra.
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
@@ -252,6 +255,18 @@ class ObjectInfo:
     last_modified: datetime
 
 
+@dataclass(frozen=True)
+class UploadInfo:
+    """An incomplete multipart upload: the object it would create (relative to the
+    prefix), its id, the bytes of its parts so far, and when it was last written (its
+    newest part, else when it was started), on the storage's clock."""
+
+    name: str
+    upload_id: str
+    size: int
+    last_modified: datetime
+
+
 class _CredentialProvider:
     """obstore's credential callback over :attr:`S3Settings.credentials`."""
 
@@ -331,6 +346,7 @@ class ObjectStore:
         self.settings = settings
         self.part_size = part_size
         self._secrets: tuple[str, ...] = ()
+        self._botocore: Any = None  # made when first needed (:meth:`_s3_client`)
         config: dict[str, Any] = {"region": settings.region}
         if settings.endpoint:
             config["endpoint"] = settings.endpoint
@@ -642,6 +658,87 @@ class ObjectStore:
                     yield self._info(meta["path"][len(self.location.prefix) :], meta)
         except self._errors() as exc:
             self._fail("LIST", prefix, exc)
+
+    def _s3_client(self) -> Any:
+        """A botocore S3 client with this store's settings (for what obstore lacks)."""
+        if self._botocore is not None:
+            return self._botocore
+        try:
+            import botocore.config
+            import botocore.session
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise SettingsError(_EXTRA_HINT) from exc
+        creds = self.settings.credentials() if self.settings.credentials else None
+        config = botocore.config.Config(
+            connect_timeout=10,
+            read_timeout=60,
+            retries={"max_attempts": 4, "mode": "standard"},
+            s3={"addressing_style": "path"} if self.settings.endpoint else {},
+            signature_version=None if creds else botocore.UNSIGNED,
+        )
+        client = botocore.session.get_session().create_client(
+            "s3",
+            endpoint_url=self.settings.endpoint,
+            region_name=self.settings.region,
+            aws_access_key_id=creds.access_key_id if creds else None,
+            aws_secret_access_key=creds.secret_access_key if creds else None,
+            aws_session_token=creds.session_token if creds else None,
+            config=config,
+        )
+        self._botocore = client
+        return client
+
+    def _upload_error(self, op: str, name: str, exc: Exception) -> NoReturn:
+        reason = str(exc)
+        for secret in self._secrets:
+            reason = reason.replace(secret, "***")
+        error = ObjectStoreError(f"{op} {self.location}{name}: {reason}")
+        error.operation, error.endpoint = op, self.settings.endpoint
+        raise error from None
+
+    def list_uploads(self, prefix: str = "") -> tuple[UploadInfo, ...]:
+        """The incomplete multipart uploads of objects under the folder ``prefix`` ("" for
+        all), each with its parts listed (one ListParts per upload)."""
+        import botocore.exceptions
+
+        full = self.location.prefix
+        if prefix:
+            full += _check_relpath(prefix.rstrip("/"), "list prefix", InvalidObjectName) + "/"
+        client, bucket = self._s3_client(), self.location.bucket
+        out: builtins.list[UploadInfo] = []
+        try:
+            pages = client.get_paginator("list_multipart_uploads")
+            for page in pages.paginate(Bucket=bucket, Prefix=full):
+                for upload in page.get("Uploads", []):
+                    key, upload_id = str(upload["Key"]), str(upload["UploadId"])
+                    size, newest = 0, upload["Initiated"]
+                    parts = client.get_paginator("list_parts")
+                    for listed in parts.paginate(Bucket=bucket, Key=key, UploadId=upload_id):
+                        for part in listed.get("Parts", []):
+                            size += int(part.get("Size", 0))
+                            newest = max(newest, part.get("LastModified", newest))
+                    out.append(UploadInfo(key[len(self.location.prefix) :], upload_id, size,
+                                          newest))  # fmt: skip
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            self._upload_error("LIST-UPLOADS", prefix, exc)
+        return tuple(out)
+
+    def abort_upload(self, name: str, upload_id: str) -> None:
+        """Abort an incomplete multipart upload of ``name`` (its parts are freed); one
+        already completed or aborted is not an error."""
+        import botocore.exceptions
+
+        client = self._s3_client()
+        try:
+            client.abort_multipart_upload(
+                Bucket=self.location.bucket, Key=self.location.key(name), UploadId=upload_id
+            )
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                return
+            self._upload_error("ABORT-UPLOAD", name, exc)
+        except botocore.exceptions.BotoCoreError as exc:
+            self._upload_error("ABORT-UPLOAD", name, exc)
 
     def list_folders(self, prefix: str = "") -> tuple[str, ...]:
         """The names of the folders directly under ``prefix`` ("" for the top), one

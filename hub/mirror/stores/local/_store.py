@@ -226,7 +226,7 @@ class LocalStore:
     def prune_scan(self) -> CacheScan:
         from cmh.hub.prune import scan_cache
 
-        return scan_cache(self.root, read_expiry=True, read_commit_times=True)
+        return scan_cache(self.root, read_expiry=True, read_commit_times=True, served=True)
 
     def record_upstream_freshness(
         self, repo_type: str, repo_id: str, commit: str, fresh_until: float
