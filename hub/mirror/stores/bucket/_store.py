@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -325,7 +324,8 @@ class BucketBackedStore:
 
         with _storage_errors():  # every blob is streamed and hashed whole (full or not)
             report = scrub_bucket(self.bucket, **options)
-            body = {**report.to_dict(), "finished_at": time.time()}  # for the web page
+            finished = self.bucket.storage_time()  # for the web page, on the storage's clock
+            body = {**report.to_dict(), "finished_at": finished}
             self.bucket.objects.put(f"{QUARANTINE}/{LAST_SCRUB}", json.dumps(body).encode())
         return report
 

@@ -68,7 +68,7 @@ class LocalPullThrough:
         self.root = root
         self.fresh_for = fresh_for
         self.clock = process_clock()  # freshness records (tests move it)
-        self.cuts = CutLedger()  # {repo}/.cmh/cuts/{etag}, as for bodies cut outside fills
+        self.cuts = CutLedger(self.clock)  # {repo}/.cmh/cuts/{etag}, as bodies cut outside fills
 
     def _repo(self, repo_type: str, repo_id: str) -> RepoLayout:
         return RepoLayout(self.root, repo_id, repo_type)
