@@ -302,6 +302,8 @@ class BucketPullThrough:
                 self.cache.forget_ref(folder, revision)
                 self._forget(repo_type, repo_id, revision)
                 until = self._expiry(repo_type, repo_id, revision, commit)
+                if until not in (float("inf"), float("-inf")):  # onto the storage's clock
+                    until += self.store.storage_time() - self.store.clock.time()
             else:
                 until = self.store.storage_time() + self.fresh_for
             if until == float("inf"):
