@@ -43,10 +43,11 @@ STORE = StoreType()
 def open_store_or_fail(location: StoreLocation, *, existing: bool = True) -> MirrorStore:
     """The store ``--store`` names; a clear error (exit 2) when it cannot be opened, or,
     with ``existing``, when it does not exist (exit 2) or its storage fails (exit 3)."""
+    from cmh.hub.cache import process_clock
     from cmh.hub.mirror import StoreError, StoreMissing, open_store
 
     try:
-        store = open_store(location)
+        store = open_store(location, clock=process_clock())  # the command's one clock
         if existing:
             store.check()
     except StoreError as exc:

@@ -18,10 +18,10 @@ import contextlib
 import errno
 import fcntl
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ._clock import SYSTEM_CLOCK, Clock
 from ._layout import RepoLayout
 
 #: Lock files are group-writable, like the stock client's (``FileLock(mode=0o664)``),
@@ -37,16 +37,19 @@ class LockBusy(TimeoutError):
 
 
 @contextlib.contextmanager
-def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> Iterator[None]:
+def flock(
+    path: Path, *, shared: bool = False, timeout: float | None = None, clock: Clock = SYSTEM_CLOCK
+) -> Iterator[None]:
     """Hold an ``flock`` on ``path`` (created if needed).
 
-    ``timeout=None`` waits forever, ``0`` tries once; :class:`LockBusy` otherwise.
+    ``timeout=None`` waits forever, ``0`` tries once; :class:`LockBusy` otherwise. The
+    wait is measured (and slept) on ``clock``, the caller's (:mod:`cmh.hub.cache._clock`).
     A holder may delete the lock file (:func:`unlink_held`): a process that was
     waiting on the old file then locks the new one instead, so mutual exclusion
     survives lock-file cleanup.
     """
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else clock.monotonic() + timeout
     vanished = 0
     while True:
         try:
@@ -61,7 +64,7 @@ def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> 
         with contextlib.suppress(PermissionError):  # another user's lock file: keep its mode
             os.fchmod(fd, LOCK_FILE_MODE)  # not narrowed by the umask, as the stock client does
         try:
-            _acquire(fd, mode, deadline, path)
+            _acquire(fd, mode, deadline, path, clock)
         except BaseException:
             os.close(fd)
             raise
@@ -79,7 +82,7 @@ def flock(path: Path, *, shared: bool = False, timeout: float | None = None) -> 
             os.close(fd)
 
 
-def _acquire(fd: int, mode: int, deadline: float | None, path: Path) -> None:
+def _acquire(fd: int, mode: int, deadline: float | None, path: Path, clock: Clock) -> None:
     if deadline is None:
         fcntl.flock(fd, mode)
         return
@@ -91,9 +94,9 @@ def _acquire(fd: int, mode: int, deadline: float | None, path: Path) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 raise LockBusy(f"lock {path} is held by another process") from None
-            time.sleep(delay)
+            clock.sleep(delay)
             delay = min(delay * 2, 0.1)
 
 
@@ -114,30 +117,36 @@ def unlink_held(path: Path) -> None:
 
 
 def blob_lock(
-    repo: RepoLayout, etag: str, timeout: float | None = None
+    repo: RepoLayout, etag: str, timeout: float | None = None, *, clock: Clock = SYSTEM_CLOCK
 ) -> contextlib.AbstractContextManager[None]:
     """The stock client's per-blob download lock."""
-    return flock(repo.locks / f"{etag}.lock", timeout=timeout)
+    return flock(repo.locks / f"{etag}.lock", timeout=timeout, clock=clock)
 
 
 def repo_lock(
-    repo: RepoLayout, *, shared: bool, timeout: float | None = None
+    repo: RepoLayout, *, shared: bool, timeout: float | None = None, clock: Clock = SYSTEM_CLOCK
 ) -> contextlib.AbstractContextManager[None]:
     """Shared while filling or reading, exclusive while deleting."""
-    return flock(repo.locks / "cmh.repo.lock", shared=shared, timeout=timeout)
+    return flock(repo.locks / "cmh.repo.lock", shared=shared, timeout=timeout, clock=clock)
 
 
 def revision_lock(
-    repo: RepoLayout, commit: str, *, shared: bool, timeout: float | None = None
+    repo: RepoLayout,
+    commit: str,
+    *,
+    shared: bool,
+    timeout: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> contextlib.AbstractContextManager[None]:
     """Shared while a commit's snapshot is in use, exclusive while it is deleted."""
     repo.snapshot_dir(commit)  # validates the commit
-    return flock(repo.locks / f"cmh.rev.{commit}.lock", shared=shared, timeout=timeout)
+    path = repo.locks / f"cmh.rev.{commit}.lock"
+    return flock(path, shared=shared, timeout=timeout, clock=clock)
 
 
 @contextlib.contextmanager
 def snapshot_in_use(
-    repo: RepoLayout, commit: str, *, timeout: float | None = None
+    repo: RepoLayout, commit: str, *, timeout: float | None = None, clock: Clock = SYSTEM_CLOCK
 ) -> Iterator[Path]:
     """Hold ``commit``'s snapshot against pruning while it is read; yield its folder.
 
@@ -145,7 +154,7 @@ def snapshot_in_use(
     before the lock was taken): resolve again. To leave no such window, take it
     while the shared repo lock that covered the resolve is still held.
     """
-    with revision_lock(repo, commit, shared=True, timeout=timeout):
+    with revision_lock(repo, commit, shared=True, timeout=timeout, clock=clock):
         folder = repo.snapshot_dir(commit)
         if not folder.is_dir():
             raise FileNotFoundError(2, "snapshot was pruned", str(folder))

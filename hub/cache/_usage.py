@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 
+from ._clock import SYSTEM_CLOCK
 from ._layout import RepoLayout
 
 #: Uses closer than this to the recorded one are not written again.
@@ -26,9 +26,10 @@ def usage_path(repo: RepoLayout, commit: str) -> Path:
 
 
 def record_use(repo: RepoLayout, commit: str, now: float | None = None) -> None:
-    """Note that ``commit`` of ``repo`` was used at ``now`` (default: the clock)."""
+    """Note that ``commit`` of ``repo`` was used at ``now`` (the caller's clock's time;
+    default: the system clock's)."""
     path = usage_path(repo, commit)
-    at = time.time() if now is None else now
+    at = SYSTEM_CLOCK.time() if now is None else now
     try:
         previous = path.stat().st_mtime
     except FileNotFoundError:

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-from cmh.hub.cache import CUT_MEMORY, CUT_RECORDS
+from cmh.hub.cache import CUT_MEMORY, CUT_RECORDS, Clock, process_clock
 
 
 class CutLedger:
-    """Cuts per blob in one store, timed by an injectable clock (unix seconds)."""
+    """Cuts per blob in one store folder, timed on ``clock`` (this process's by default)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.clock = clock
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock if clock is not None else process_clock()
 
     @staticmethod
     def _marker(repo_path: Path, etag: str) -> Path:
@@ -40,13 +38,14 @@ class CutLedger:
         with contextlib.suppress(OSError):
             marker.parent.mkdir(parents=True, exist_ok=True)
             tmp = marker.with_name(f"{etag}.{os.getpid()}.tmp")
-            tmp.write_text(f"{self.clock():.3f}\n")
+            tmp.write_text(f"{self.clock.time():.3f}\n")
             os.replace(tmp, marker)
 
     def recent(self, repo_path: Path, etag: str) -> bool:
-        """True when a body of ``etag`` was cut less than :data:`CUT_MEMORY` seconds ago."""
+        """True when a body of ``etag`` was cut less than :data:`CUT_MEMORY` seconds ago, or
+        at a time in this clock's future (another writer's clock ahead: recent)."""
         try:
             at = float(self._marker(repo_path, etag).read_text())
         except (OSError, ValueError):
             return False
-        return 0 <= self.clock() - at < CUT_MEMORY
+        return self.clock.time() - at < CUT_MEMORY

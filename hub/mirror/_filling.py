@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import hashlib
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,7 +51,7 @@ class Fills:
         self._slots = threading.BoundedSemaphore(MAX_FILLS)
         self._running: dict[Path, asyncio.Future[None]] = {}
         self._failed: dict[Path, tuple[float, BaseException]] = {}
-        self.clock = time.monotonic
+        self.clock = upstream.clock.monotonic  # the negative cache's (tests move it)
 
     def recent_failure(self, blob: Path) -> BaseException | None:
         """The error of a fill of ``blob`` that failed less than ``NEGATIVE_FOR`` s ago."""

@@ -10,11 +10,11 @@ callers share: the value kept for a key, else one computed and kept.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from cachetools import Cache, LRUCache, TTLCache
+from cmh.hub.cache import SYSTEM_CLOCK
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -25,7 +25,10 @@ class Memo(Generic[K, V]):
     ``timer`` after it was put. Safe to use from several threads."""
 
     def __init__(
-        self, size: int, ttl: float | None = None, timer: Callable[[], float] = time.monotonic
+        self,
+        size: int,
+        ttl: float | None = None,
+        timer: Callable[[], float] = SYSTEM_CLOCK.monotonic,
     ) -> None:
         self.size, self.ttl = size, ttl
         self._lock = threading.Lock()

@@ -13,13 +13,13 @@ import os
 import re
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, RequestKey, StreamResponse
+from cmh.hub.cache import SYSTEM_CLOCK, Clock
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -53,9 +53,11 @@ class StoreSizeCollector(Collector):
         max_age: float = 10.0,
         private: frozenset[str] = frozenset(),
         restricted: Callable[[str, str], bool] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
         self.max_age = max_age
+        self.clock = clock
         self.private = private
         self.restricted = restricted  # also private (AccessPolicy.restricted)
         self._lock = threading.Lock()
@@ -77,9 +79,9 @@ class StoreSizeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            if time.monotonic() - self._at > self.max_age:
+            if self.clock.monotonic() - self._at > self.max_age:
                 self._value = self._measure()
-                self._at = time.monotonic()
+                self._at = self.clock.monotonic()
             size, repos = self._value
         yield GaugeMetricFamily(
             "cmh_mirror_store_bytes", "Bytes of blobs of the public repos in the store", size
@@ -95,10 +97,13 @@ class Metrics:
         store: MirrorStore | None,
         private: frozenset[str] = frozenset(),
         restricted: Callable[[str, str], bool] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``store``: the store whose size is reported (``None``: none reported);
         ``private`` and ``restricted`` say which repos it leaves out
-        (:class:`~cmh.hub.mirror._auth.AccessPolicy`)."""
+        (:class:`~cmh.hub.mirror._auth.AccessPolicy`); ``clock``: the server's, for the
+        size's age and the access log's times."""
+        self.clock = clock
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         count = self._counter
@@ -137,7 +142,7 @@ class Metrics:
             "Body bytes a pull-through mirror received from its upstream",
         )
         self.store_collector = (
-            StoreSizeCollector(store, private=private, restricted=restricted)
+            StoreSizeCollector(store, private=private, restricted=restricted, clock=clock)
             if store is not None
             else None
         )
@@ -248,4 +253,4 @@ class AccessLogger(AbstractAccessLogger):
 
 
 def _now() -> float:
-    return time.time()
+    return (_metrics.clock if _metrics is not None else SYSTEM_CLOCK).time()

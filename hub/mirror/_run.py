@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from cmh.hub.cache import Clock, process_clock
+
 if TYPE_CHECKING:
     from .stores import MirrorStore
 from ._upstream import UpstreamConfig
@@ -177,13 +179,16 @@ def _check_store(config: ServeConfig) -> MirrorStore:
     return store
 
 
-def _open_store(config: ServeConfig) -> MirrorStore:
+def _open_store(config: ServeConfig, clock: Clock | None = None) -> MirrorStore:
     """A worker's store, checked reachable (the folder or the bucket exists)."""
     from .stores import StoreError, open_store
 
     try:
         store = open_store(
-            config.store, ref_ttl=config.ref_ttl, public_storage_url=config.public_storage_url
+            config.store,
+            ref_ttl=config.ref_ttl,
+            public_storage_url=config.public_storage_url,
+            clock=clock,
         )
         store.check()
     except StoreError as exc:
@@ -219,7 +224,8 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     from ._state import MirrorState
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
-    store = _open_store(config)  # each worker has its own client and caches
+    clock = process_clock()  # the worker's one clock, passed to all that measures time
+    store = _open_store(config, clock)  # each worker has its own client and caches
     pull = None
     if config.upstream is not None:
         pull = store.pull_through(
@@ -228,7 +234,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     if pull is not None and config.upstream is not None and not config.upstream.public_repos:
         # deny by default (upstream.py, "Access")
         policy = replace(policy, restricted=pull.restricted)
-    metrics = Metrics(store, private=policy.private, restricted=policy.restricted)
+    metrics = Metrics(store, private=policy.private, restricted=policy.restricted, clock=clock)
     stream = _log_stream(config)
     configure(metrics, stream)
     assert config.max_connections is not None
@@ -246,13 +252,14 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         public_url=config.public_url or _bound_url(sock),
         guard=guard,
         body_timeout=config.header_timeout,
+        clock=clock,
     )
     state.delivery = config.blob_delivery
     if config.upstream is not None:
         from ._filling import Fills
         from ._upstream import Upstream
 
-        state.upstream = Upstream(pull, config.upstream)
+        state.upstream = Upstream(pull, config.upstream, clock)
         state.upstream.on_traffic = metrics.upstream_traffic
         state.fills = Fills(state.upstream)
 

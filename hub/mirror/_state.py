@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from cmh.hub.cache import Clock, process_clock
 
 from ._auth import AccessPolicy
 from ._connections import ConnectionGuard
@@ -50,13 +51,16 @@ class MirrorState:
     x_accel_prefix: str = "/_cmh_blobs/"
     upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
-    cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
+    #: the worker's one clock (cuts, pages); the server passes it, a test may move it
+    clock: Clock = field(default_factory=process_clock)
+    cuts: CutLedger = field(init=False)  # blobs whose body was cut (cuts.py), on ``clock``
 
     #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
     #: fills); a placeholder that holds nothing for a remote store.
     store: Path = field(init=False)
 
     def __post_init__(self) -> None:
+        self.cuts = CutLedger(self.clock)
         root = self.backend.local_root()
         self.store = (root or Path(os.devnull)).resolve()
         # one cache of commit indexes for the API and the pages (the store's own, if any)

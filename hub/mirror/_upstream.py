@@ -117,7 +117,7 @@ class Upstream:
     store's pull-through side (:class:`~cmh.hub.mirror.stores.PullThrough`: a folder's
     or a bucket's; the policy here is the same for both)."""
 
-    def __init__(self, pull: Any, config: UpstreamConfig) -> None:
+    def __init__(self, pull: Any, config: UpstreamConfig, clock: Clock | None = None) -> None:
         self.pull = pull
         self.config = config
         self.url = config.url.rstrip("/")
@@ -127,7 +127,8 @@ class Upstream:
         self.requests = 0  # requests made to the upstream by this worker
         self.bytes = 0  # body bytes received from the upstream by this worker
         self.on_traffic: Any = None  # callable(requests, nbytes), set by the server for metrics
-        self.clock: Clock = process_clock()  # freshness and the negative cache (tests move it)
+        #: freshness and the negative cache: the process's (a test's ProcessClock moves it)
+        self.clock: Clock = clock if clock is not None else process_clock()
         self._failed: dict[tuple[str, str, str], tuple[float, UpstreamError | str]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -153,7 +154,7 @@ class Upstream:
         """A client of the upstream with the mirror's own token (never a client's)."""
         from cmh.hub.resolver import HubClient
 
-        return HubClient(self.url, self.config.token)
+        return HubClient(self.url, self.config.token, clock=self.clock)
 
     _client = client
 

@@ -19,14 +19,21 @@ import re
 import struct
 import termios
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
 import httpx2
-from cmh.hub.cache import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, LayoutError, validate_relpath
+from cmh.hub.cache import (
+    COMMIT_RE,
+    ETAG_RE,
+    REPO_TYPE_PREFIX,
+    SYSTEM_CLOCK,
+    Clock,
+    LayoutError,
+    validate_relpath,
+)
 
 from cmh import __version__
 
@@ -243,11 +250,12 @@ class HubClient:
         *,
         timeout: float | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        clock: Clock | None = None,
     ) -> None:
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         # A transfer silent this long fails (read timeout) and is resumed by its caller.
         self.timeout = timeout if timeout is not None else download_timeout()
-        self.retry = retry
+        self.retry = retry if clock is None else replace(retry, clock=clock)  # its waits
         self.token = token or None
         self.rule = OriginRule(self.endpoint)  # where redirects may lead (origins.py)
         self._client = _shared_client(token, self.timeout)
@@ -346,7 +354,7 @@ class HubClient:
         """GET an API answer, tried again under the retry policy (429, 5xx, network), all
         tries within one ``HF_HUB_ETAG_TIMEOUT`` (a blackholed Hub costs 10 s, not 60)."""
         budget = metadata_timeout()
-        deadline = time.monotonic() + budget
+        deadline = self.retry.clock.monotonic() + budget
 
         def once() -> tuple[Any, httpx2.Response]:
             request = self._client.build_request(
@@ -354,7 +362,7 @@ class HubClient:
                 url,
                 params=params,
                 headers=COMPRESSED,
-                timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                timeout=max(0.1, min(budget, deadline - self.retry.clock.monotonic())),
                 extensions=self._chain(False),
             )
             try:
@@ -391,7 +399,7 @@ class HubClient:
         """
 
         budget = metadata_timeout()
-        deadline = time.monotonic() + budget
+        deadline = self.retry.clock.monotonic() + budget
 
         def once() -> ServedFile:
             target = url
@@ -402,7 +410,7 @@ class HubClient:
                     response = self._client.head(
                         target,
                         follow_redirects=False,
-                        timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                        timeout=max(0.1, min(budget, deadline - self.retry.clock.monotonic())),
                         extensions=chain,
                     )
                 except httpx2.TransportError as exc:
@@ -754,7 +762,8 @@ def hub_message(response: httpx2.Response) -> str:
 
 
 def retry_after(headers: httpx2.Headers) -> float | None:
-    """Seconds ``Retry-After`` asks to wait (delay-seconds or an HTTP date), else ``None``."""
+    """Seconds ``Retry-After`` asks to wait (delay-seconds or an HTTP date, taken relative
+    to this machine's clock), else ``None``."""
     value = headers.get("Retry-After", "").strip()
     if not value:
         return None
@@ -766,7 +775,7 @@ def retry_after(headers: httpx2.Headers) -> float | None:
         return None
     if when.tzinfo is None:
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return max(0.0, when.timestamp() - SYSTEM_CLOCK.time())
 
 
 def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:

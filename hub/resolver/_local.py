@@ -12,7 +12,6 @@ import contextlib
 import fnmatch
 import json
 import os
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,12 +152,12 @@ def read_validation(repo: RepoLayout, revision: str) -> Validation | None:
     return Validation(commit, at) if isinstance(commit, str) and COMMIT_RE.match(commit) else None
 
 
-def write_validation(repo: RepoLayout, revision: str, commit: str, at: float | None = None) -> None:
+def write_validation(repo: RepoLayout, revision: str, commit: str, *, at: float) -> None:
+    """Record that the Hub named ``commit`` for ``revision`` at ``at`` (the caller's clock)."""
     path = _validation_path(repo, revision)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        stamp = time.time() if at is None else at
-        atomic_write(path, json.dumps({"commit": commit, "at": stamp}).encode())
+        atomic_write(path, json.dumps({"commit": commit, "at": at}).encode())
 
 
 # -- freshness ----------------------------------------------------------------------------

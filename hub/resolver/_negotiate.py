@@ -21,7 +21,6 @@ import glob
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -185,7 +184,8 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
             fresh = _local_answer(ask, local)
             if fresh is not None:
                 return fresh
-        client = HubClient(o.get("endpoint"), _token_to_send(o.get("token")))
+        token = _token_to_send(o.get("token"))
+        client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock)
         try:
             return _answer_online(client, ask, local)
         except (HubUnreachableError, HubProtocolError) as exc:
@@ -303,7 +303,7 @@ class _Outcome:
 def _result(ask: _Ask, commit: str, outcome: _Outcome) -> Resolution:
     """The answer for ``commit`` (its use recorded for pruning)."""
     repo, files = ask.repo, outcome.files
-    record_use(repo, commit)
+    record_use(repo, commit, ask.policy.clock.time())
     received = outcome.received
     return Resolution(
         repo_id=repo.repo_id,
@@ -329,9 +329,9 @@ def _local_answer(ask: _Ask, local: _Local) -> Resolution | None:
     repo, revision, policy, pinned = ask.repo, ask.revision, ask.policy, ask.pinned
     assert local.commit is not None
     expiry = _expiry(repo, revision, local.commit, local.selection, policy)
-    if not local.selection and (pinned or time.time() < expiry):
+    now = policy.clock.time()
+    if not local.selection and (pinned or now < expiry):
         raise NotFoundError(f"{ask.where}: no such file", "entry", local.commit)
-    now = time.time()
     warnings: list[str] = []
     if now >= expiry:
         if not pinned:
@@ -418,7 +418,7 @@ def _serve_local(ask: _Ask, commit: str, paths: list[str], why: _Why) -> Resolut
     else:
         expiry = _expiry(repo, ask.revision, commit, paths, policy)
     warnings = [why.note] if why.note else []
-    stale = time.time() >= expiry and not (ask.pinned and not policy.strict)
+    stale = policy.clock.time() >= expiry and not (ask.pinned and not policy.strict)
     if not stale and why.note is None and why.offline:
         state = State.LOCAL_ONLY
     else:
@@ -598,7 +598,10 @@ def _refuse_expired(ask: _Ask, brought: _Brought) -> None:
     if not ask.policy.strict:
         return
     files = brought.listing.files
-    expired = [p for p in brought.selection if _stamp_expired(ask.repo.blob_path(files[p].etag), p)]
+    now = ask.policy.clock.time()
+    expired = [
+        p for p in brought.selection if _stamp_expired(ask.repo.blob_path(files[p].etag), p, now)
+    ]
     if expired:
         raise PolicyError(f"{ask.where}: {', '.join(expired)} past its CMH expiry (strict policy)")
 
@@ -621,7 +624,7 @@ def _swap(ask: _Ask, listing: _Listing) -> str | None:
     if not ask.pinned and previous != commit:
         repo.write_ref(revision, commit)
     if not ask.pinned:
-        write_validation(repo, revision, commit)
+        write_validation(repo, revision, commit, at=ask.policy.clock.time())
     clean_no_exist(repo, commit, listing.files)
     return previous
 
@@ -730,11 +733,11 @@ class _ListingDisagrees(Exception):
     """The listing names another blob for a path than ``resolve`` serves for the commit."""
 
 
-def _stamp_expired(blob: Path, path: str) -> bool:
+def _stamp_expired(blob: Path, path: str, now: float) -> bool:
     if not path.endswith(".safetensors"):
         return False
     value = stamped_expiry(blob)
-    return value is not None and value != 0 and time.time() >= value
+    return value is not None and value != 0 and now >= value
 
 
 class _Fetcher:
@@ -905,4 +908,4 @@ def fresh_commit(repo: RepoLayout, revision: str, policy: Policy | None = None) 
     if pinned:
         return local.commit
     expiry = _expiry(repo, revision, local.commit, local.selection, policy)
-    return local.commit if time.time() < expiry else None
+    return local.commit if policy.clock.time() < expiry else None

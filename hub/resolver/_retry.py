@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from cmh.hub.cache import SYSTEM_CLOCK, Clock
 
 from ._types import HubUnreachableError
 
@@ -34,8 +35,10 @@ class RetryPolicy:
     base_delay: float = 0.05
     max_delay: float = 1.0
     max_retry_after: float = 10.0
-    #: How to wait (``time.sleep``; a test may pass a recorder that also waits).
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    #: The clock of the deadlines and waits (the policy's: :class:`~cmh.hub.cache.Clock`).
+    clock: Clock = field(default=SYSTEM_CLOCK, repr=False, compare=False)
+    #: How to wait (``clock.sleep`` when None; a test may pass a recorder that also waits).
+    sleep: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
 
     def delay(self, attempt: int, error: BaseException) -> float:
         """Seconds to wait after failed try number ``attempt`` (0-based) ended with ``error``."""
@@ -55,7 +58,7 @@ class RetryPolicy:
             pause = self.delay(attempt, error)
             seconds = f"{pause:.1f}" if pause < 10 else f"{pause:.0f}"
             _tell_waiting(f"{what}: {error}, retry {attempt + 2} of {self.attempts} in {seconds} s")
-            self.sleep(pause)
+            (self.sleep or self.clock.sleep)(pause)
 
     def run(
         self,
@@ -67,11 +70,11 @@ class RetryPolicy:
     ) -> T:
         """``step()``, tried again on a transient :class:`HubUnreachableError` until the
         attempts run out (one that is not ``transient`` is raised at once), or, with a
-        ``deadline`` (a ``time.monotonic()`` value), until the next try would start past it.
+        ``deadline`` (a ``clock.monotonic()`` value), until the next try would start past it.
         ``notice``: tell when a try has no answer within seconds (off for a step that
         streams a body, whose length says nothing of an answer)."""
         last: HubUnreachableError | None = None
-        start = time.monotonic()
+        start = self.clock.monotonic()
         for attempt in self.tries():
             timer = no_answer_notice(what, attempt, self.attempts) if notice else None
             try:
@@ -80,8 +83,9 @@ class RetryPolicy:
                 if not exc.transient:
                     raise
                 last = exc
-                if deadline is not None and time.monotonic() + self.delay(attempt, exc) >= deadline:
-                    spent = time.monotonic() - start
+                now = self.clock.monotonic()
+                if deadline is not None and now + self.delay(attempt, exc) >= deadline:
+                    spent = now - start
                     raise HubUnreachableError(
                         f"{what}: gave up after {spent:.1f} s ({attempt + 1} tries): {last}"
                     ) from last

@@ -269,7 +269,8 @@ class FreshCacheTransport(httpx2.BaseTransport):
                 )
                 confirmed = repo.read_ref(target.revision) == commit and read_tree(repo, commit)
                 if confirmed:
-                    write_validation(repo, target.revision, commit)
+                    at = current_policy().clock.time()
+                    write_validation(repo, target.revision, commit, at=at)
                 url = _rewritten(request.url, target, commit)
                 key = f"{request.method} {url.raw_path.decode()}"
                 write_answer(repo, commit, key, status, headers.items(), body)

@@ -9,9 +9,18 @@ import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cmh.hub.cache import DiskFullError, IntegrityError, InvalidRemoteFileError, ResolveError
+
+if TYPE_CHECKING:
+    from cmh.hub.cache import Clock
+
+
+def _process_clock() -> Clock:
+    from cmh.hub.cache import process_clock  # cmh.hub.cache imports this module's errors
+
+    return process_clock()
 
 
 class State(str, enum.Enum):
@@ -48,6 +57,9 @@ class Policy:
     ``connections``: parallel range connections for one large file (default
     ``CMH_DOWNLOAD_CONNECTIONS``, else 8; 1 = one connection per file).
     ``chunk_bytes``: the largest range one such request asks for (16 MiB).
+    ``clock``: the clock of every freshness, window and wait of the calls made with this
+    policy (:class:`~cmh.hub.cache.Clock`; this process's by default, a test passes one
+    it moves).
     """
 
     default_lifetime: float = 0.0
@@ -58,6 +70,7 @@ class Policy:
     max_workers: int = 4
     connections: int = field(default_factory=lambda: default_connections())
     chunk_bytes: int = 16 << 20
+    clock: Clock = field(default_factory=_process_clock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.connections < 1 or self.chunk_bytes < 1 or self.max_workers < 1:

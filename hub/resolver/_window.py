@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,8 @@ from ._types import Policy
 DEFAULT_WINDOW = 10.0
 
 _lock = threading.Lock()
-#: (cache, endpoint, repo type, repo id, revision) -> (commit, time.monotonic() when named).
+#: (cache, endpoint, repo type, repo id, revision) -> (commit, the policy clock's monotonic
+#: time when named).
 recent: dict[tuple[str, ...], tuple[str, float]] = {}
 _window = DEFAULT_WINDOW
 _policy: Policy | None = None
@@ -111,7 +111,7 @@ def recent_commit(
     """The commit the Hub named for ``revision`` less than ``window`` seconds ago, if it did."""
     with _lock:
         hit = recent.get(_key(root, endpoint, repo_type, repo_id, revision))
-    if hit is not None and time.monotonic() - hit[1] < _window:
+    if hit is not None and current_policy().clock.monotonic() - hit[1] < _window:
         return hit[0]
     return None
 
@@ -122,5 +122,6 @@ def remember_commit(
     """Record that the Hub named ``commit`` for ``revision`` now (opens the window)."""
     if COMMIT_RE.match(revision):
         return
+    now = current_policy().clock.monotonic()
     with _lock:
-        recent[_key(root, endpoint, repo_type, repo_id, revision)] = (commit, time.monotonic())
+        recent[_key(root, endpoint, repo_type, repo_id, revision)] = (commit, now)

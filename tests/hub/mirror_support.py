@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import urlopen
 
-from cmh.hub.cache import CLOCK_FILE_ENV
+from cmh.hub.cache import CLOCK_FILE_ENV, Clock
 from cmh.hub.mirror.stores.local._folder import ImportResult, add_folder
 from processes import stop_process
 
@@ -61,6 +61,27 @@ def big_store(tmp_path: Path, size: int) -> tuple[Path, bytes]:
     store = tmp_path / "upstream-store"
     add_folder(store, src, "cmh-test/big")
     return store, data
+
+
+class ManualClock(Clock):
+    """A clock of this process that moves only when told (``advance``) or when it sleeps."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+        self.slept = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        self.now += seconds
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class ProcessClock:

@@ -73,11 +73,12 @@ def test_leftover_tree_and_a_clock_ahead_never_cost_the_served_commit(
     folder = store.folder(REPO, "model")
     old = store.add_folder(src(tmp_path / "v1", "v1"), REPO)
     served = store.add_folder(src(tmp_path / "v2", "v2"), REPO)
-    # A writer whose clock is 10 minutes ahead is killed after writing its tree object,
-    # while it waited for a lease: its tree is newest by created_at and named by no ref.
-    ahead = time.time() + 600
+    # A writer whose created_at is 10 minutes ahead (an older cmh stamped its own wall
+    # clock) is killed after writing its tree object, while it waited for a lease: its
+    # tree is newest by created_at and named by no ref.
+    ahead = store.storage_time() + 600
     with monkeypatch.context() as m:
-        m.setattr(bucket_module.time, "time", lambda: ahead)
+        m.setattr(store, "storage_time", lambda: ahead)
         m.setattr(store, "_wait_for_no_lease", lambda folder: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             store.add_folder(src(tmp_path / "v3", "v3"), REPO)

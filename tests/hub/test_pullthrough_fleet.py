@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cmh.hub.mirror._upstream import NEGATIVE_FOR
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
 from cmh.hub.mirror.stores.local._folder import add_folder
@@ -400,7 +401,7 @@ def test_a_filler_whose_lease_is_taken_over_keeps_its_client_and_waits_for_the_f
 
 
 def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
-    any_fleet: Fleet, origin: dict[str, Any]
+    any_fleet: Fleet, origin: dict[str, Any], process_clock: ProcessClock
 ) -> None:
     fleet = any_fleet
     sha = origin["blobs"][MID_REPO]
@@ -421,8 +422,12 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     )
     assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
     assert len(_cdn_ranges(fleet.front, sha)) == 1  # the failure was shared, not re-fetched
-    # A replica asked later fills it again, and right this time.
-    later = fleet.start()
+    # A replica asked within 10 s shares the failure (the fleet's negative cache); asked
+    # once they passed on the storage's clock, it fills the blob again, right this time.
+    later = fleet.start(clock=process_clock)
+    assert not _raw_get(later, MID_REPO, [0]).startswith("complete")  # 502, or cut at byte 0
+    assert len(_cdn_ranges(fleet.front, sha)) == 1
+    process_clock.advance(NEGATIVE_FOR + 1)
     thread, _, outcome = _start_get(later, MID_REPO)
     thread.join(120)
     assert outcome[0] == f"complete {sha}"
@@ -431,6 +436,53 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     status, _, body = _get(later, f"/{MID_REPO}/resolve/main/shard.bin", {"Range": "bytes=1000-"})
     assert status == 200 and len(body) == MID
     _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+
+
+def _status(server: MirrorServer, target: str, headers: dict[str, str]) -> int:
+    """The status of a GET, read before its body (which may then be cut)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    try:
+        conn.request("GET", target, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_replica_clocks_60_s_apart_never_splice_a_resume_and_keep_the_negative_cache_10_s(
+    any_fleet: Fleet, origin: dict[str, Any], tmp_path: Path
+) -> None:
+    """Fleet records are aged on the storage's clock, never on a replica's wall clock.
+
+    Replica A's clock runs 60 s ahead of B's. A's clients are cut by a fill whose bytes
+    fail their check. A cut client's resume (``Range``, no ``If-Range``) is answered whole
+    on B and A, never 206 (which would splice the wrong head onto the right tail); B shares
+    the fleet's failure for 10 s of the storage's clock (not 60 s more), then fills the
+    blob again, right this time."""
+    fleet = any_fleet
+    sha = origin["blobs"][MID_REPO]
+    target = f"/{MID_REPO}/resolve/main/shard.bin"
+    ahead, behind = ProcessClock(tmp_path / "clock-a"), ProcessClock(tmp_path / "clock-b")
+    ahead.advance(60.0)
+    a, b = fleet.start(clock=ahead), fleet.start(clock=behind)
+    store = fleet.store()
+    fleet.front.flip_byte(sha, offset=30 << 20)
+    gets = [_start_get(a, MID_REPO) for _ in range(2)]
+    for thread, _, _ in gets:
+        thread.join(120)
+    assert all(g[2][0].startswith(("cut", "short")) for g in gets), [g[2][0] for g in gets]
+    _wait_for(lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill")
+    # A resume at B while the failure is fresh: never a 206 (its body is then cut, or a
+    # 502: the failure is shared, not fetched again).
+    assert _status(b, target, {"Range": "bytes=1000-"}) in (200, 502)
+    assert len(_cdn_ranges(fleet.front, sha)) == 1
+    for clock in (ahead, behind):
+        clock.advance(NEGATIVE_FOR + 1)  # on every clock, so on the storage's as B counts it
+    assert _raw_get(b, MID_REPO, [0]) == f"complete {sha}"
+    assert len(_cdn_ranges(fleet.front, sha)) == 2
+    for server in (b, a):  # the stock client's resume of its cut download: whole, never 206
+        status, _, body = _get(server, target, {"Range": "bytes=1000-"})
+        assert status == 200 and hashlib.sha256(body).hexdigest() == sha, status
+    _wait_stored(store, sha)
 
 
 def test_upstream_truncating_mid_fill_is_resumed_with_a_range(

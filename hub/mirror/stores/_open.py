@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cmh.hub.cache import Clock
+
 from ._base import MirrorStore
 
 
@@ -31,22 +33,26 @@ def open_store(
     *,
     ref_ttl: float | None = None,
     public_storage_url: str | None = None,
+    clock: Clock | None = None,
 ) -> MirrorStore:
     """The store at ``location``: an ``s3://bucket/prefix`` URL or a folder.
 
     ``ref_ttl``: how long a server's bucket reader trusts a ref it read (None: the
-    default); ``public_storage_url``: the storage endpoint redirects are signed for.
+    default); ``public_storage_url``: the storage endpoint redirects are signed for;
+    ``clock``: the process's (:func:`~cmh.hub.cache.process_clock` when None).
     Opening does not touch the storage; a bucket's settings are checked.
     """
     text = str(location)
     if isinstance(location, str) and text.startswith("s3://"):
         from .bucket._store import BucketBackedStore
 
-        return BucketBackedStore.open(text, ref_ttl=ref_ttl, public_storage_url=public_storage_url)
+        return BucketBackedStore.open(
+            text, ref_ttl=ref_ttl, public_storage_url=public_storage_url, clock=clock
+        )
     from ._base import StoreError
     from .local._store import LocalStore
 
     if public_storage_url is not None:
         raise StoreError("--public-storage-url applies to bucket stores (redirect delivery)")
 
-    return LocalStore(Path(location))
+    return LocalStore(Path(location), clock)

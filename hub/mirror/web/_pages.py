@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -312,7 +311,7 @@ def _list_page(
     page = filters.page
     number = int(page) if page.isdigit() and 1 <= int(page) <= pages else 1
     chunk = repos[(number - 1) * views.PAGE_SIZE : number * views.PAGE_SIZE]
-    now = time.time()
+    now = state.clock.time()
     rows = [(views.repo_row(store, r, state.policy, options.stamps, now), f)
             for r, f in chunk]  # fmt: skip
     ctx.update(rows=rows, filters=filters, query=filters.query, kind=filters.kind,
@@ -370,7 +369,7 @@ def _repo_context(
         "private": state.policy.is_private(repo.repo_type, repo.repo_id),
         "urls": RepoUrls(repo.repo_type, repo.repo_id),
         "chips": tag_groups(fields, repo.repo_type), "params": params, "list_url": list_url,
-        "human_count": human_count, "now": time.time(),
+        "human_count": human_count, "now": state.clock.time(),
     }  # fmt: skip
 
 
@@ -406,7 +405,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
         commits=[(c, records.get(c.commit)) for c in commits[:MAX_SIDE_COMMITS]],
         more_commits=max(0, len(commits) - MAX_SIDE_COMMITS),
         card=card, images=foreign_images(card.html) if card else None,
-        stamp=views.stamp_state(store, index, options.stamps, time.time()),
+        stamp=views.stamp_state(store, index, options.stamps, state.clock.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
     )  # fmt: skip
     ctx["snippet"] = use_snippet(
@@ -513,7 +512,9 @@ def _operator_page(request: web.Request, who: Viewer, ctx: dict[str, Any]) -> by
 
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
-    view = views.operator_view(state.backend, state.metrics.exposition(), options.access_log)
+    view = views.operator_view(
+        state.backend, state.metrics.exposition(), options.access_log, state.clock.time()
+    )
     ctx.update(view=view, chart=views.size_chart(view.sizes))
     return render("operator.html", ctx)
 

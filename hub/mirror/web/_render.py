@@ -19,11 +19,12 @@ def when(ts: float | int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
 
 
-def ago(ts: float | int | None, now: float | None = None) -> str:
-    """How long ago (or from now) a time is, roughly: ``3 days ago``, ``in 2 hours``."""
+def ago(ts: float | int | None, now: float) -> str:
+    """How long ago (or from ``now``, the page's time) a time is, roughly: ``3 days ago``,
+    ``in 2 hours``."""
     if not ts:
         return ""
-    delta = (time.time() if now is None else now) - float(ts)
+    delta = now - float(ts)
     future = delta < 0
     seconds = abs(delta)
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):

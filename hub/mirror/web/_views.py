@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from cmh.hub.cache import repo_folder_name
+from cmh.hub.cache import SYSTEM_CLOCK, repo_folder_name
 
 from cmh import TensorSpec
 
@@ -176,15 +175,16 @@ def read_stamp(f: BinaryIO, size: int, name: str, trusted_keys: Any = None) -> F
     )
 
 
-def verify_file(path: Path, trusted_keys: Any = None) -> Verification:
+def verify_file(path: Path, trusted_keys: Any = None, at: float | None = None) -> Verification:
     """``cmh.verify`` of one file: every tensor hashed; a signature checked when keys are given.
 
-    Expiry is shown on its own, so it does not fail the verification here.
+    Expiry is shown on its own, so it does not fail the verification here. ``at``: when it
+    was verified (default: the system clock's now), shown on the page.
     """
     from cmh import verify
 
     result = verify(path, trusted_keys=trusted_keys, require_signature=False, allow_expired=True)
-    return Verification(result, time.time())
+    return Verification(result, SYSTEM_CLOCK.time() if at is None else at)
 
 
 # -- repos -----------------------------------------------------------------------------
@@ -463,12 +463,13 @@ def _label(repo_type: str, repo_id: str) -> str:
 
 
 def operator_view(
-    store: MirrorStore, exposition: bytes, access_log: Path | None, now: float | None = None
+    store: MirrorStore, exposition: bytes, access_log: Path | None, now: float
 ) -> OperatorView:
-    """Read the whole store (prune's scan, read-only) and this server's metrics."""
+    """Read the whole store (prune's scan, read-only) and this server's metrics, at ``now``
+    (the server's clock)."""
     from cmh.hub.prune import PrunePolicy, plan_prune
 
-    at = time.time() if now is None else now
+    at = now
     scan = store.prune_scan()
     sizes: list[RepoSize] = []
     expired: list[RevisionNote] = []

@@ -36,7 +36,6 @@ import contextlib
 import hashlib
 import json
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
@@ -96,6 +95,9 @@ MAX_REF_ATTEMPTS = 50
 MAX_TREE_BYTES = 64 << 20
 
 PROBE_FOLDER = ".cmh/probe"
+#: Seconds after which a process looks at the storage's clock again (between two looks it
+#: counts on its own monotonic clock, which does not drift by much in an hour).
+STORAGE_CLOCK_RESYNC = 3600.0
 #: Per commit, when its upstream freshness ends (spec/hub-mirror.md 8.5), as in a folder.
 UPSTREAM_RECORDS = ".cmh/upstream"
 
@@ -229,6 +231,8 @@ class BucketStore:
     _leases: dict[str, str] = field(default_factory=dict, init=False)
     #: lease rewrites whose answer never came (the storage may have taken them)
     _unsure: dict[str, bytes] = field(default_factory=dict, init=False)
+    #: (storage time, this process's monotonic time) of the last look at the storage's clock
+    _storage_base: tuple[float, float] | None = field(default=None, init=False)
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
@@ -473,7 +477,9 @@ class BucketStore:
         existing = self.read_tree(folder, commit)
         if existing is not None and existing.tree != tree:
             raise BucketError(f"{folder}: commit {commit} is stored with other files")
-        obj = existing or TreeObject(commit, tree, (), time.time(), tuple(_tree_files(files)))
+        obj = existing or TreeObject(
+            commit, tree, (), self.storage_time(), tuple(_tree_files(files))
+        )
         self._put_tree(folder, obj)
         self._wait_for_no_lease(folder)
         self._put_tree(folder, obj)  # a pruner may have removed it meanwhile
@@ -511,7 +517,7 @@ class BucketStore:
                 obj = base_tree
             else:
                 commit = named or commit_oid(tree, [parent] if parent else [])
-                obj = TreeObject(commit, tree, (parent,) if parent else (), time.time(),
+                obj = TreeObject(commit, tree, (parent,) if parent else (), self.storage_time(),
                                  tuple(_tree_files(files)))  # fmt: skip
                 created = True
                 self._put_tree(folder, obj)
@@ -598,6 +604,24 @@ class BucketStore:
         finally:
             with contextlib.suppress(ObjectStoreError):
                 self.objects.delete(name)
+
+    def storage_time(self) -> float:
+        """The storage's clock now (unix seconds), from one look at it (:meth:`storage_now`)
+        plus the time passed since on this process's monotonic clock; looked at again every
+        :data:`STORAGE_CLOCK_RESYNC` seconds. Every fleet record (cuts, failed fills, claims,
+        validations, ``created_at``) is written and aged on it, so no two replicas' wall
+        clocks are ever compared (spec/hub-mirror.md 8.6)."""
+        base = self._storage_base
+        now = self.clock.monotonic()
+        if base is None or not 0 <= now - base[1] < STORAGE_CLOCK_RESYNC:
+            base = self._storage_base = (self.storage_now(), self.clock.monotonic())
+            now = base[1]
+        return base[0] + (now - base[1])
+
+    def storage_age(self, at: float) -> float:
+        """Seconds since ``at`` (a time on the storage's clock); negative when ``at`` is in
+        its future, which a caller takes as recent."""
+        return self.storage_time() - at
 
     def lease_state(self, folder: str, *, name: str | None = None) -> LeaseState | None:
         """The repo's lease (or the lease object ``name``; ``None`` when there is none),
@@ -788,7 +812,7 @@ class BucketStore:
     def record_upstream_freshness(self, folder: str, commit: str, fresh_until: float) -> None:
         """Keep when ``commit``'s upstream freshness ends (``cmh prune --expired`` reads it);
         written after the commit's tree object, replacing the previous record."""
-        doc = {"fresh_until": fresh_until, "at": time.time()}
+        doc = {"fresh_until": fresh_until, "at": self.storage_time()}
         self.objects.put(self.upstream_record_name(folder, commit), json.dumps(doc).encode())
 
     def upstream_record_infos(self, folder: str) -> dict[str, ObjectInfo]:

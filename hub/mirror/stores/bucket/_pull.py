@@ -6,13 +6,14 @@ Normative text: ``spec/hub-mirror.md`` 8.6. In short, under ``{repo}/``:
 trees/{commit}.json                  the upstream commit's listing, as a cmh-tree/1 object
 refs/{revision}                      moved after each validation
 .cmh/upstream/validated/{revision}   {"commit", "at"}: the fleet's last validation (+ a claim)
+                                     (times on the storage's clock, BucketStore.storage_time)
 .cmh/upstream/access.json            present while the upstream says private or gated
 .cmh/upstream/{commit}.json          {"fresh_until"}: for cmh prune --expired
 .cmh/fills/{etag}/lease              the filling replica's lease (conditional writes)
 .cmh/fills/{etag}/part-{n:06d}       bytes [n * PART, (n + 1) * PART) as they arrived
-.cmh/fills/{etag}/failed             {"at", "error"}: the last fill failed (its waiters give up)
+.cmh/fills/{etag}/failed             {"at", "error"}: a fill failed (aged by its Last-Modified)
                                      (cmh prune removes a fill's state once nobody holds it)
-.cmh/cuts/{etag}                     the time a filling body of the blob was last cut
+.cmh/cuts/{etag}                     a filling body of the blob was cut (its Last-Modified)
 blobs/{etag}                         written only once the whole SHA-256 matched
 ```
 
@@ -25,6 +26,12 @@ name. Then the check record is written, the parts and the lease deleted. A lease
 not renewed for its lifetime (on the storage's clock) is taken over; the new
 holder re-reads the stored parts (rebuilding the digest and feeding the upload)
 and asks the upstream for the rest with ``Range``.
+
+Every age of a record here is measured on the storage's clock: an object's
+``Last-Modified``, or a time written from :meth:`BucketStore.storage_time`, against
+``storage_time()``; a record in the storage's future counts as recent. No replica's wall
+clock is ever compared with another's. Waits and per-process memories are on the store's
+:class:`~cmh.hub.cache.Clock`.
 """
 
 from __future__ import annotations
@@ -37,12 +44,12 @@ import os
 import queue
 import socket
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, FILL_LEASE_TTL, new_digest
 
 from ..._gitobjects import lfs_pointer_oid, tree_oids
+from ..._upstream import NEGATIVE_FOR
 from .._pull import FillFailed, FillWait, SentRanges
 from ._bucket import BucketError, BucketStore, TreeFile, TreeObject, _storage_errors
 from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
@@ -159,7 +166,7 @@ class BucketPullThrough:
         fleet's validation record), so every replica sees another's validation."""
         with _storage_errors():
             key = (repo_type, repo_id, revision)
-            now = time.monotonic()
+            now = self.store.clock.monotonic()
             with self._lock:
                 hit = self._expiries.get(key)
             if hit is not None and now - hit[0] < self.cache.ref_ttl:
@@ -174,13 +181,19 @@ class BucketPullThrough:
             self._expiries.pop((repo_type, repo_id, revision), None)
 
     def _expiry(self, repo_type: str, repo_id: str, revision: str, commit: str) -> float:
+        """When the held commit goes stale, on this process's clock (``clock.time()``): the
+        validation record's ``at`` is on the storage's clock, so what is left of its
+        freshness there is added to this clock's now; stamped expiries are unix times."""
         folder = self._folder(repo_type, repo_id)
         at: float | None = None
         found = None if COMMIT_RE.match(revision) else self._validation(folder, revision)
         if found is not None and found[0].get("commit") == commit:
             with contextlib.suppress(TypeError, ValueError):
                 at = float(found[0]["at"])
-        unstamped = float("-inf") if at is None else at + max(0.0, self.fresh_for)
+        unstamped = float("-inf")
+        if at is not None:
+            left = at + max(0.0, self.fresh_for) - self.store.storage_time()
+            unstamped = self.store.clock.time() + left
         index = self.cache.index(folder, commit)
         if index is None:
             return float("-inf")
@@ -229,18 +242,19 @@ class BucketPullThrough:
                 return True
             doc, etag = found
             since = doc.get("checking_since")
-            if not (
-                isinstance(since, (int, float)) and self.store.clock.time() - since < CLAIM_TTL
+            if not (  # a claim in the storage's future is recent
+                isinstance(since, (int, float)) and self.store.storage_age(since) < CLAIM_TTL
             ):
-                claimed = {**doc, "checking_since": self.store.clock.time(), "by": self.owner}
+                claimed = {**doc, "checking_since": self.store.storage_time(), "by": self.owner}
                 try:
                     self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
                     return True
                 except PreconditionFailed:
                     pass  # another replica claimed it first
-            deadline = time.monotonic() + CLAIM_WAIT
-            while time.monotonic() < deadline:
-                time.sleep(FILL_POLL)
+            clock = self.store.clock
+            deadline = clock.monotonic() + CLAIM_WAIT
+            while clock.monotonic() < deadline:
+                clock.sleep(FILL_POLL)
                 again = self._validation(folder, revision)
                 if again is None or "checking_since" not in again[0]:
                     break
@@ -266,7 +280,7 @@ class BucketPullThrough:
                 else:
                     entries.append(TreeFile(path, remote.size, remote.etag, remote.etag, None))
             tree = tree_oids({f.path: f.oid for f in entries})[""]
-            obj = TreeObject(commit, tree, (), time.time(), tuple(entries))
+            obj = TreeObject(commit, tree, (), self.store.storage_time(), tuple(entries))
             with contextlib.suppress(PreconditionFailed):
                 self.objects.put_if_absent(self.store.tree_name(folder, commit), obj.to_bytes())
 
@@ -280,15 +294,17 @@ class BucketPullThrough:
                 current = self.store.read_ref(folder, revision)
                 if current is None or current.commit != commit:
                     self.objects.put(ref, f"{commit}\n".encode())
-                record = {"commit": commit, "at": self.store.clock.time()}
+                record = {"commit": commit, "at": self.store.storage_time()}
                 self.objects.put(
                     self._validation_name(folder, revision), json.dumps(record).encode()
                 )
                 self.cache.forget_ref(folder, revision)
                 self._forget(repo_type, repo_id, revision)
                 until = self._expiry(repo_type, repo_id, revision, commit)
+                if until not in (float("inf"), float("-inf")):  # onto the storage's clock
+                    until += self.store.storage_time() - self.store.clock.time()
             else:
-                until = self.store.clock.time() + self.fresh_for
+                until = self.store.storage_time() + self.fresh_for
             if until == float("inf"):
                 return
             with contextlib.suppress(ObjectStoreError):  # for prune only: best effort
@@ -299,14 +315,15 @@ class BucketPullThrough:
             folder = self._folder(repo_type, repo_id)
             name = f"{folder}/.cmh/upstream/access.json"
             if private or gated:
-                doc = {"private": private, "gated": gated, "at": time.time()}
+                doc = {"private": private, "gated": gated, "at": self.store.storage_time()}
                 self.objects.put(name, json.dumps(doc).encode())
             else:
                 with contextlib.suppress(ObjectNotFound):
                     self.objects.head(name)
                     self.objects.delete(name)
             with self._lock:
-                self._access[folder] = (time.monotonic(), private or gated, gated and not private)
+                seen = self.store.clock.monotonic()
+                self._access[folder] = (seen, private or gated, gated and not private)
 
     def restricted(self, repo_type: str, repo_id: str) -> bool:
         """Read at most once every ``ref_ttl`` seconds; a storage that fails: restricted
@@ -323,7 +340,7 @@ class BucketPullThrough:
             folder = self._folder(repo_type, repo_id)
         except ValueError:
             return False, False
-        now = time.monotonic()
+        now = self.store.clock.monotonic()
         with self._lock:
             hit = self._access.get(folder)
         if hit is not None and now - hit[0] < self.cache.ref_ttl:
@@ -344,33 +361,41 @@ class BucketPullThrough:
         return value
 
     def record_cut(self, repo_type: str, repo_id: str, etag: str) -> None:
-        """``{repo}/.cmh/cuts/{etag}``: the time of the last cut (best effort)."""
+        """``{repo}/.cmh/cuts/{etag}``: a cut now (best effort). Its age is its
+        ``Last-Modified`` on the storage's clock; the body says the same time for people."""
         folder = self._folder(repo_type, repo_id)
+        at: float | None = float("inf")  # the write failed: cut, until read again
         with contextlib.suppress(ObjectStoreError):
-            self.objects.put(self.store.cut_name(folder, etag), f"{time.time():.3f}\n".encode())
+            at = self.store.storage_time()
+            self.objects.put(self.store.cut_name(folder, etag), f"{at:.3f}\n".encode())
         with self._lock:
-            self._cuts[f"{folder}/{etag}"] = (time.monotonic(), time.time())
+            self._cuts[f"{folder}/{etag}"] = (self.store.clock.monotonic(), at)
 
     def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
-        """Read at most once every ``ref_ttl`` seconds per blob; a storage that fails:
-        cut (a whole body is always safe)."""
+        """True when the blob's cut record is younger than :data:`CUT_MEMORY` on the
+        storage's clock (or in its future: two replicas' clocks are never compared). Read
+        at most once every ``ref_ttl`` seconds per blob; a storage that fails: cut (a
+        whole body is always safe)."""
         folder = self._folder(repo_type, repo_id)
         key = f"{folder}/{etag}"
-        now = time.monotonic()
+        now = self.store.clock.monotonic()
         with self._lock:
             hit = self._cuts.get(key)
-        if hit is None or now - hit[0] >= self.cache.ref_ttl:
-            try:
-                at = float(self.objects.get(self.store.cut_name(folder, etag)))
-            except ObjectNotFound:
-                at = None
-            except ValueError:
-                at = None
-            except ObjectStoreError:
-                return True
-            with self._lock:
-                self._cuts[key] = hit = (now, at)
-        return hit[1] is not None and 0 <= time.time() - hit[1] < CUT_MEMORY
+        try:
+            if hit is None or now - hit[0] >= self.cache.ref_ttl:
+                try:
+                    at: float | None = self._written_at(self.store.cut_name(folder, etag))
+                except ObjectNotFound:
+                    at = None
+                with self._lock:
+                    self._cuts[key] = hit = (now, at)
+            return hit[1] is not None and self.store.storage_age(hit[1]) < CUT_MEMORY
+        except ObjectStoreError:
+            return True
+
+    def _written_at(self, name: str) -> float:
+        """When the object ``name`` was last written, on the storage's clock."""
+        return self.objects.head(name).last_modified.timestamp()
 
     # -- fills ---------------------------------------------------------------------------
 
@@ -396,14 +421,13 @@ class BucketPullThrough:
         from ..._upstream import UpstreamError, unavailable
 
         folder = self._folder(repo_type, repo_id)
-        started = time.time()
         try:
             f = self._entry(folder, commit, path)
             blob = self.store.blob_name(folder, f.etag)
             fills = self.store.fill_name(folder, f.etag)
             while not self._present(blob):
                 # A fill this request waited for failed: its outcome is shared, not retried.
-                failure = self._failure(fills, started)
+                failure = self._failure(fills)
                 if failure is not None:
                     raise UpstreamError(502, "UpstreamProtocolError", failure)
                 lease = f"{fills}/lease"
@@ -417,21 +441,26 @@ class BucketPullThrough:
                         with contextlib.suppress(ObjectStoreError):
                             self.store.release_lease(folder, name=lease)
                     break
-                time.sleep(FILL_POLL)
+                self.store.clock.sleep(FILL_POLL)
         except (ObjectStoreError, BucketError) as exc:
             raise unavailable(f"store unavailable during the fill: {exc}") from None
         if path.endswith(".safetensors") and f.lfs_sha256 is not None:
             self._keep_manifest(repo_type, repo_id, folder, commit, path)
 
-    def _failure(self, fills: str, since: float) -> str | None:
+    def _failure(self, fills: str) -> str | None:
+        """The error of a fill of the blob that failed less than :data:`NEGATIVE_FOR`
+        seconds ago on the storage's clock (or in its future), at any replica: the fleet's
+        negative cache. An older failure is tried again."""
         try:
-            doc = json.loads(self.objects.get(f"{fills}/failed"))
-            at = float(doc["at"])
-        except (ObjectNotFound, ValueError, KeyError, TypeError):
+            data, info = self.objects.get_with_info(f"{fills}/failed")
+        except ObjectNotFound:
             return None
-        if at < since:
-            return None  # failed before this request came: it tries again
-        return f"the upstream's blob failed its check at another replica: {doc.get('error')}"
+        if self.store.storage_age(info.last_modified.timestamp()) >= NEGATIVE_FOR:
+            return None
+        error = "?"
+        with contextlib.suppress(ValueError, AttributeError):
+            error = str(json.loads(data).get("error"))
+        return f"the upstream's blob failed its check at another replica: {error}"
 
     def _keep_manifest(
         self, repo_type: str, repo_id: str, folder: str, commit: str, path: str
@@ -612,8 +641,8 @@ class _Fill:
         """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""
         upload.abort()
         self._delete_parts()
-        doc = {"at": time.time(), "error": error[:500]}
         with contextlib.suppress(ObjectStoreError):
+            doc = {"at": self.pull.store.storage_time(), "error": error[:500]}
             self.objects.put(f"{self.fills}/failed", json.dumps(doc).encode())
 
     def _delete_parts(self) -> None:
@@ -701,7 +730,7 @@ class _Fill:
                 except HubUnreachableError:
                     if attempt == MAX_ATTEMPTS - 1:
                         raise
-                    time.sleep(min(2.0, 0.2 * (attempt + 1)))
+                    self.pull.store.clock.sleep(min(2.0, 0.2 * (attempt + 1)))
         except (NotFoundError, AccessError) as exc:
             raise typed(exc) from None
         except ResolveError as exc:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -50,9 +49,10 @@ def check_blob(store: BucketStore, label: str, info: ObjectInfo, etag: str) -> B
 
 def quarantine_blob(store: BucketStore, folder: str, check: BlobCheck) -> str:
     """Copy a bad blob to ``.quarantine/`` with its note, then delete it; where it went."""
-    dest = f"{QUARANTINE}/{folder}/{check.blob}.{int(time.time())}"
+    at = store.storage_time()  # the fleet's clock, as every record in the bucket
+    dest = f"{QUARANTINE}/{folder}/{check.blob}.{int(at)}"
     store.objects.copy(store.blob_name(folder, check.blob), dest)
-    note = {**check.__dict__, "quarantined_at": time.time()}
+    note = {**check.__dict__, "quarantined_at": at}
     store.objects.put(dest + ".json", json.dumps(note, indent=1).encode())
     store.objects.delete(store.check_name(folder, check.blob))  # no replica trusts it now
     store.objects.delete(store.blob_name(folder, check.blob))

@@ -8,12 +8,11 @@ import json
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from cmh.hub.cache import new_digest, repo_folder_name
+from cmh.hub.cache import Clock, new_digest, repo_folder_name
 
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
@@ -59,11 +58,17 @@ class BucketBackedStore:
 
     @classmethod
     def open(
-        cls, url: str, *, ref_ttl: float | None = None, public_storage_url: str | None = None
+        cls,
+        url: str,
+        *,
+        ref_ttl: float | None = None,
+        public_storage_url: str | None = None,
+        clock: Clock | None = None,
     ) -> BucketBackedStore:
         """Open ``s3://bucket/prefix``; redirects signed for ``public_storage_url`` when
-        given (signing is local: that address is never contacted by the server)."""
-        bucket = open_bucket(url)
+        given (signing is local: that address is never contacted by the server); waits and
+        memories on ``clock`` (this process's by default)."""
+        bucket = open_bucket(url) if clock is None else open_bucket(url, clock=clock)
         signer = None
         if public_storage_url is not None:
             from dataclasses import replace
@@ -371,7 +376,8 @@ class BucketBackedStore:
 
         with _storage_errors():  # every blob is streamed and hashed whole (full or not)
             report = scrub_bucket(self.bucket, **options)
-            body = {**report.to_dict(), "finished_at": time.time()}  # for the web page
+            finished = self.bucket.storage_time()  # for the web page, on the storage's clock
+            body = {**report.to_dict(), "finished_at": finished}
             self.bucket.objects.put(f"{QUARANTINE}/{LAST_SCRUB}", json.dumps(body).encode())
         return report
 

@@ -30,6 +30,8 @@ from typing import TypedDict
 
 from cmh.hub.cache import (
     COMMIT_RE,
+    SYSTEM_CLOCK,
+    Clock,
     LayoutError,
     RepoLayout,
     blob_lock,
@@ -172,8 +174,10 @@ def add_folder(
     revision: str = "main",
     repo_type: str = "model",
     progress: ProgressCallback | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> ImportResult:
-    """Import ``src`` as a new commit of ``repo_id`` at ``revision`` in ``store``.
+    """Import ``src`` as a new commit of ``repo_id`` at ``revision`` in ``store``
+    (``created_at`` on ``clock``, the store's).
 
     ``progress`` is told the bytes of two passes: hashing the folder, then storing it
     (a blob already stored counts whole once checked): twice the folder's size in all.
@@ -212,7 +216,7 @@ def add_folder(
             for f in files:
                 repo.link_snapshot_file(commit, f.path, f.etag)
             _write_tree_cache(repo, commit, files)
-            meta = {"tree": tree, "parents": [parent] if parent else [], "created_at": time.time()}
+            meta = {"tree": tree, "parents": [parent] if parent else [], "created_at": clock.time()}
             commit_meta_path(repo, commit).parent.mkdir(parents=True, exist_ok=True)
             atomic_write(commit_meta_path(repo, commit), json.dumps(meta, indent=1).encode())
         if head != commit:

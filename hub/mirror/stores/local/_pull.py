@@ -17,11 +17,10 @@ import contextlib
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cmh.hub.cache import COMMIT_RE, RepoLayout, process_clock, repo_lock
+from cmh.hub.cache import COMMIT_RE, Clock, RepoLayout, process_clock, repo_lock
 
 from cmh import atomic_write
 
@@ -52,23 +51,23 @@ def upstream_record_path(repo: RepoLayout, commit: str) -> Path:
     return repo.cmh_dir / "upstream" / f"{commit}.json"
 
 
-def write_upstream_record(repo: RepoLayout, commit: str, fresh_until: float) -> None:
-    """Write ``commit``'s freshness record (replacing it; raises :class:`OSError`)."""
+def write_upstream_record(repo: RepoLayout, commit: str, fresh_until: float, at: float) -> None:
+    """Write ``commit``'s freshness record at ``at`` (replacing it; raises :class:`OSError`)."""
     path = upstream_record_path(repo, commit)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"fresh_until": fresh_until, "at": time.time()}).encode())
+    atomic_write(path, json.dumps({"fresh_until": fresh_until, "at": at}).encode())
 
 
 class LocalPullThrough:
     """The pull-through state and fills of one store folder."""
 
-    def __init__(self, root: Path, fresh_for: float) -> None:
+    def __init__(self, root: Path, fresh_for: float, clock: Clock | None = None) -> None:
         from ..._cuts import CutLedger
 
         self.root = root
         self.fresh_for = fresh_for
-        self.clock = process_clock()  # freshness records (tests move it)
-        self.cuts = CutLedger()  # {repo}/.cmh/cuts/{etag}, as for bodies cut outside fills
+        self.clock = clock if clock is not None else process_clock()  # the store's
+        self.cuts = CutLedger(self.clock)  # {repo}/.cmh/cuts/{etag}, as bodies cut outside fills
 
     def _repo(self, repo_type: str, repo_id: str) -> RepoLayout:
         return RepoLayout(self.root, repo_id, repo_type)
@@ -142,7 +141,7 @@ class LocalPullThrough:
         if until == float("inf"):
             return
         with contextlib.suppress(OSError):
-            write_upstream_record(repo, commit, until)
+            write_upstream_record(repo, commit, until, self.clock.time())
 
     def record_access(self, repo_type: str, repo_id: str, private: bool, gated: bool) -> None:
         path = access_record_path(self._repo(repo_type, repo_id))
@@ -151,7 +150,7 @@ class LocalPullThrough:
                 path.unlink()
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"private": private, "gated": gated, "at": time.time()}
+        doc = {"private": private, "gated": gated, "at": self.clock.time()}
         atomic_write(path, json.dumps(doc).encode())
 
     def restricted(self, repo_type: str, repo_id: str) -> bool:

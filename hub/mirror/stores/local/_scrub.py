@@ -21,13 +21,20 @@ import contextlib
 import json
 import os
 import struct
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from cmh.hub.cache import ETAG_RE, RepoLayout, blob_lock, blob_matches, iter_repos
+from cmh.hub.cache import (
+    ETAG_RE,
+    SYSTEM_CLOCK,
+    Clock,
+    RepoLayout,
+    blob_lock,
+    blob_matches,
+    iter_repos,
+)
 
 from cmh import atomic_write
 
@@ -199,14 +206,14 @@ def _why(exc: OSError) -> str:
     return f"cannot read the blob: {exc.strerror or exc}"
 
 
-def quarantine(store: Path, repo: RepoLayout, check: BlobCheck) -> str:
-    """Move a bad blob out of the served tree; return where it went."""
+def quarantine(store: Path, repo: RepoLayout, check: BlobCheck, at: float) -> str:
+    """Move a bad blob out of the served tree at ``at`` (unix seconds); where it went."""
     dest_dir = store / QUARANTINE / repo.folder_name
     dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / f"{check.blob}.{int(time.time())}"
+    dest = dest_dir / f"{check.blob}.{int(at)}"
     with blob_lock(repo, check.blob):
         os.replace(repo.blobs / check.blob, dest)
-    note = {**check.__dict__, "quarantined_at": time.time()}
+    note = {**check.__dict__, "quarantined_at": at}
     atomic_write(dest.with_name(dest.name + ".json"), json.dumps(note, indent=1).encode())
     return str(dest)
 
@@ -218,10 +225,12 @@ def scrub_store(
     full: bool = False,
     threads: int | None = None,
     progress: ProgressCallback | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> ScrubReport:
     """Check every blob of every repo of ``store``; quarantine the bad ones unless told not to.
 
-    ``full`` is kept for compatibility: every blob is hashed whole anyway.
+    ``full`` is kept for compatibility: every blob is hashed whole anyway. ``clock``: the
+    store's, for the quarantine's times.
     """
     del full
     report = ScrubReport()
@@ -246,7 +255,7 @@ def scrub_store(
                 forget_record(repo.blobs / check.blob, check.blob)
             if not check.ok and check.error != UNREADABLE and do_quarantine:
                 try:
-                    where: str | None = quarantine(store, repo, check)
+                    where: str | None = quarantine(store, repo, check, clock.time())
                     message = check.message
                 except OSError as exc:
                     where, message = None, f"{check.message}; not quarantined: {_why(exc)}"

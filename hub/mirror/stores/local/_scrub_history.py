@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,14 @@ from .._base import LAST_SCRUB, ScrubView
 from ._scrub import QUARANTINE
 
 
-def record_scrub(store: Path, report: dict[str, Any], at: float | None = None) -> None:
-    """Keep a scrub's JSON report as the store's last scrub (``.quarantine/last-scrub.json``)."""
+def record_scrub(store: Path, report: dict[str, Any], at: float) -> None:
+    """Keep a scrub's JSON report, ended at ``at``, as the store's last scrub
+    (``.quarantine/last-scrub.json``)."""
     from cmh import atomic_write
 
     folder = store / QUARANTINE
     folder.mkdir(parents=True, exist_ok=True)
-    body = {**report, "finished_at": time.time() if at is None else at}
+    body = {**report, "finished_at": at}
     atomic_write(folder / LAST_SCRUB, json.dumps(body, indent=1).encode())
 
 

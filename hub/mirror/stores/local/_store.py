@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cmh.hub.cache import (
     COMMIT_RE,
+    Clock,
     LayoutError,
     RepoLayout,
     iter_repos,
     parse_repo_folder,
+    process_clock,
     record_use,
 )
 
@@ -68,7 +70,8 @@ class LocalStore:
     kind: str = "a local store"
     deliveries: tuple[str, ...] = ("proxy", "x-accel")
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, clock: Clock | None = None) -> None:
+        self.clock = clock if clock is not None else process_clock()  # its records' times
         self.on_notice: Callable[[str], None] | None = None  # a folder's writers never wait
         self.root = root.resolve() if root.exists() else root.absolute()
         self.location = str(root)
@@ -105,7 +108,7 @@ class LocalStore:
             )
         from ._pull import LocalPullThrough
 
-        return LocalPullThrough(self.root, fresh_for)
+        return LocalPullThrough(self.root, fresh_for, self.clock)
 
     def remote_sender(self, delivery: str) -> Any:
         return None
@@ -142,7 +145,7 @@ class LocalStore:
         except (OSError, LayoutError):
             return None  # a snapshot removed since
         if used:
-            record_use(repo, commit)
+            record_use(repo, commit, self.clock.time())
         return index
 
     def refs(self, repo_type: str, repo_id: str) -> dict[str, str]:
@@ -208,7 +211,7 @@ class LocalStore:
     def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
         from ._folder import add_folder
 
-        result = add_folder(self.root, src, repo_id, **options)
+        result = add_folder(self.root, src, repo_id, clock=self.clock, **options)
         self.root = self.root.resolve()
         return result
 
@@ -234,7 +237,9 @@ class LocalStore:
         from ._pull import write_upstream_record
 
         try:
-            write_upstream_record(self._repo(repo_type, repo_id), commit, fresh_until)
+            write_upstream_record(
+                self._repo(repo_type, repo_id), commit, fresh_until, self.clock.time()
+            )
         except OSError as exc:
             raise StoreError(f"{repo_id}@{commit}: cannot record its freshness: {exc}") from None
 
@@ -250,8 +255,8 @@ class LocalStore:
         from ._scrub_history import record_scrub
 
         self.check()
-        report = scrub_store(self.root, **options)
-        record_scrub(self.root, report.to_dict())  # shown on the web operator page
+        report = scrub_store(self.root, clock=self.clock, **options)
+        record_scrub(self.root, report.to_dict(), self.clock.time())  # for the web operator page
         return report
 
     def sync(self, request: SyncRequest) -> SyncResult:
