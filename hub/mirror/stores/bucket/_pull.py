@@ -121,6 +121,17 @@ class BucketPullThrough:
     def _validation_name(folder: str, revision: str) -> str:
         return f"{folder}/.cmh/upstream/validated/{revision}"
 
+    def check(self) -> None:
+        """Fills and validations take leases and create-only writes: probe the storage
+        (:class:`~cmh.hub.mirror.ConditionalWritesUnsupported`; a failing one:
+        :class:`~cmh.hub.mirror.StoreUnavailable`)."""
+        from .._base import StoreUnavailable
+
+        try:
+            self.store.ensure_conditional_writes()
+        except ObjectStoreError as exc:
+            raise StoreUnavailable(str(exc)) from None
+
     # -- revisions -----------------------------------------------------------------------
 
     def held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
