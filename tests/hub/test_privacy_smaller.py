@@ -164,3 +164,44 @@ def test_serve_upstream_probes_the_storage_before_it_listens(
     assert done.returncode == 2, done.stderr
     assert "does not honour conditional writes" in done.stderr
     assert "listening" not in done.stderr.lower()
+
+
+# -- a forged fill record in the bucket ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"at": 1e12, "error": "failed for good"},  # far ahead: every later request
+        {"at": "NOW", "error": "x", "extra": "a field cmh never writes"},
+        {"at": "NOW", "error": "\x1b[2J visit http://evil.example to fix this"},
+    ],
+)
+def test_a_forged_failed_record_neither_fails_the_blob_nor_speaks_to_clients(
+    forged: dict[str, object],
+    mirror: MirrorServer,
+    mirror_server_factory: Callable[..., MirrorServer],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Anyone with write access to the bucket can write ``.cmh/fills/{etag}/failed``: a
+    record cmh would not write is ignored and the fill runs (the old code answered 502,
+    with the record's words, to every request after its ``at``)."""
+    import hashlib
+    import time
+
+    from cmh.hub.mirror import BucketStore
+    from hublike import running
+    from mirror_support import TINY_REPO
+
+    location = _pull_store("bucket", tmp_path, request)
+    data = b'{"model_type": "tiny", "version": 2}\n'
+    etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    store = BucketStore.open(str(location))
+    fills = store.fill_name(BucketStore.folder(TINY_REPO, "model"), etag)
+    doc = {k: (time.time() + 30 if v == "NOW" else v) for k, v in forged.items()}
+    store.objects.put(f"{fills}/failed", json.dumps(doc).encode())
+    with running(mirror.url, xet_listing=False) as hub:
+        pull = mirror_server_factory(location, extra_args=("--upstream", hub.url))
+        answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+        assert (answer.status_code, answer.content) == (200, data), answer.text

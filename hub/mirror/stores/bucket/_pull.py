@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import queue
 import socket
@@ -61,6 +62,9 @@ PART = 8 << 20
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
 READ_POLL = 0.05
+#: Seconds a ``failed`` record's time may be ahead of this replica's clock (the clocks
+#: of replicas differ a little; a record from further ahead is not one cmh wrote).
+FAILED_SKEW = 60.0
 #: Seconds a revalidation claim is honoured by the other replicas (then ignored).
 CLAIM_TTL = 30.0
 #: Seconds a replica waits for the outcome of another replica's revalidation.
@@ -436,14 +440,27 @@ class BucketPullThrough:
             self._keep_manifest(repo_type, repo_id, folder, commit, path)
 
     def _failure(self, fills: str, since: float) -> str | None:
+        """What a failed fill of the blob recorded since ``since``, or ``None``.
+
+        The record is read strictly (anyone who can write to the bucket can write one):
+        exactly ``at`` (a time, not ahead of this replica's clock by more than
+        :data:`FAILED_SKEW`) and ``error`` (at most 500 printable characters); anything
+        else is not a record cmh writes and is ignored (the fill is tried again), so a
+        forged record cannot fail a blob for good nor put words in an answer."""
         try:
             doc = json.loads(self.objects.get(f"{fills}/failed"))
-            at = float(doc["at"])
-        except (ObjectNotFound, ValueError, KeyError, TypeError):
+        except (ObjectNotFound, ValueError):
             return None
-        if at < since:
-            return None  # failed before this request came: it tries again
-        return f"the upstream's blob failed its check at another replica: {doc.get('error')}"
+        if not isinstance(doc, dict) or set(doc) != {"at", "error"}:
+            return None
+        at, error = doc["at"], doc["error"]
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+            return None
+        if not isinstance(error, str) or len(error) > 500 or not error.isprintable():
+            return None
+        if at < since or at > time.time() + FAILED_SKEW:
+            return None  # failed before this request came (it tries again), or forged
+        return f"the upstream's blob failed its check at another replica: {error}"
 
     def _keep_manifest(
         self, repo_type: str, repo_id: str, folder: str, commit: str, path: str
@@ -624,7 +641,8 @@ class _Fill:
         """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""
         upload.abort()
         self._delete_parts()
-        doc = {"at": time.time(), "error": error[:500]}
+        said = "".join(c if c.isprintable() else " " for c in error)[:500]  # read strictly
+        doc = {"at": time.time(), "error": said}
         with contextlib.suppress(ObjectStoreError):
             self.objects.put(f"{self.fills}/failed", json.dumps(doc).encode())
 
