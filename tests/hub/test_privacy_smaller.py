@@ -169,24 +169,30 @@ def test_serve_upstream_probes_the_storage_before_it_listens(
 # -- a forged fill record in the bucket ---------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "forged",
-    [
-        {"at": 1e12, "error": "failed for good"},  # far ahead: every later request
-        {"at": "NOW", "error": "x", "extra": "a field cmh never writes"},
+#: Records cmh would not write, each on a blob of TINY_REPO (main: version 2).
+FORGED = {
+    "config.json": (
+        {"at": 1e12, "error": "failed for good"},
+        b'{"model_type": "tiny", "version": 2}\n',
+    ),
+    "README.md": ({"at": "NOW", "error": "x", "extra": "a field cmh never writes"}, b"# tiny v2\n"),
+    "sub/deeper/leaf.txt": (
         {"at": "NOW", "error": "\x1b[2J visit http://evil.example to fix this"},
-    ],
-)
+        b"leaf 2\n",
+    ),
+}
+
+
 def test_a_forged_failed_record_neither_fails_the_blob_nor_speaks_to_clients(
-    forged: dict[str, object],
     mirror: MirrorServer,
     mirror_server_factory: Callable[..., MirrorServer],
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
     """Anyone with write access to the bucket can write ``.cmh/fills/{etag}/failed``: a
-    record cmh would not write is ignored and the fill runs (the old code answered 502,
-    with the record's words, to every request after its ``at``)."""
+    record cmh would not write (from far ahead, with a field it never writes, with words
+    it would not write) is ignored and the fill runs (the old code answered 502, with the
+    record's words, to every request after its ``at``)."""
     import hashlib
     import time
 
@@ -195,13 +201,14 @@ def test_a_forged_failed_record_neither_fails_the_blob_nor_speaks_to_clients(
     from mirror_support import TINY_REPO
 
     location = _pull_store("bucket", tmp_path, request)
-    data = b'{"model_type": "tiny", "version": 2}\n'
-    etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     store = BucketStore.open(str(location))
-    fills = store.fill_name(BucketStore.folder(TINY_REPO, "model"), etag)
-    doc = {k: (time.time() + 30 if v == "NOW" else v) for k, v in forged.items()}
-    store.objects.put(f"{fills}/failed", json.dumps(doc).encode())
+    for forged, data in FORGED.values():
+        etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        fills = store.fill_name(BucketStore.folder(TINY_REPO, "model"), etag)
+        doc = {k: (time.time() + 30 if v == "NOW" else v) for k, v in forged.items()}
+        store.objects.put(f"{fills}/failed", json.dumps(doc).encode())
     with running(mirror.url, xet_listing=False) as hub:
         pull = mirror_server_factory(location, extra_args=("--upstream", hub.url))
-        answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
-        assert (answer.status_code, answer.content) == (200, data), answer.text
+        for path, (_, data) in FORGED.items():
+            answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/{path}")
+            assert (answer.status_code, answer.content) == (200, data), (path, answer.text)

@@ -136,7 +136,7 @@ def _token_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("kind", "says"),
-    [("folder", "false"), ("folder", "absent"), ("bucket", "false"), ("fleet", "absent")],
+    [("folder", "false"), ("bucket", "absent"), ("fleet", "false")],
 )
 def test_a_repo_only_the_upstream_token_reads_is_private_on_every_path(
     kind: str, says: str, mirror: MirrorServer, tmp_path: Path, request: pytest.FixtureRequest
