@@ -37,6 +37,7 @@ from ._options import (
     flag_option,
     repo_type_option,
     seconds_option,
+    trust_origin_option,
     url_option,
 )
 from ._store_location import STORE, StoreLocation, open_store_or_fail, store_exit_status
@@ -394,6 +395,7 @@ class _ServeOptions:
     ),
 )
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)
+@trust_origin_option()
 @handle_errors
 def serve(**options: Any) -> None:
     """Serve a store through the Hub HTTP API and web pages.
@@ -504,6 +506,12 @@ def _read_token(path: Path | None) -> str | None:
 @repo_type_option("Kind of the repos named.")
 @file_option("--token-file", "File holding the token for the upstream (gated or private repos).")
 @click.option(
+    "--public-upstream-repos",
+    is_flag=True,
+    help="Serve repos the upstream reads only with --token-file to anyone (default: they "
+    "are kept private, opened by a `cmh serve --tokens` grant).",
+)
+@click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -513,6 +521,7 @@ def _read_token(path: Path | None) -> str | None:
     "$XDG_CACHE_HOME/cmh/sync/DIGEST (~/.cache when unset; DIGEST names the bucket URL). "
     "A folder store is its own cache: it ignores this.",
 )
+@trust_origin_option()
 @json_option
 @handle_errors
 def sync(repo_ids: tuple[str, ...], store: StoreLocation, as_json: bool, **source: Any) -> None:
@@ -528,6 +537,8 @@ def sync(repo_ids: tuple[str, ...], store: StoreLocation, as_json: bool, **sourc
         ConditionalWritesUnsupported,
         InvalidNameError,
         StoreError,
+        needs_upstream_token,
+        record_upstream_access,
     )
     from cmh.hub.mirror.stores import SyncRequest
 
@@ -548,22 +559,42 @@ def sync(repo_ids: tuple[str, ...], store: StoreLocation, as_json: bool, **sourc
                 report_waits(),
                 late_progress_bar(f"sync {repo_id}", show=not as_json) as bar,
             ):
+                # Recorded before the repo is visible, lifted only once it synced.
+                needs = token is not None and needs_upstream_token(src.upstream, repo_type, repo_id)
+                private = needs and not src.public_upstream_repos
+                if private:
+                    record_upstream_access(target, repo_type, repo_id, private=True)
                 fetch = functools.partial(_sync_one, src, token, repo_id, bar)
                 res = target.sync(SyncRequest(fetch, repo_id, revision, repo_type, src.cache_dir))
+                if not private:
+                    record_upstream_access(target, repo_type, repo_id, private=False)
         except (LayoutError, InvalidNameError) as exc:
             usage_error(f"{repo_id}@{revision}: {exc}")
         except StoreError as exc:
             usage = (ConditionalWritesUnsupported,)
             fail(str(exc), store_exit_status(exc, usage=usage, otherwise=EXIT_CHECK_FAILED))
-        results.append(res)
+        results.append((res, needs, private))
         if not as_json:
             echo(f"{repo_id}@{revision}: {_sync_words(res)}")
+            if needs:
+                echo(f"{repo_id}: {_access_words(private)}")
     if as_json:
-        emit_json(
-            envelope(
-                "mirror sync", ok=True, exit_status=EXIT_OK, repos=[r.to_json() for r in results]
-            )
+        repos = [
+            {**r.to_json(), "needs_token": needs, "private": private}
+            for r, needs, private in results
+        ]
+        emit_json(envelope("mirror sync", ok=True, exit_status=EXIT_OK, repos=repos))
+
+
+def _access_words(private: bool) -> str:
+    """What a sync made of a repo the upstream reads only with the token."""
+    if private:
+        return (
+            "kept private: the upstream serves it only with the token (an access record in "
+            "the store; a `cmh serve --tokens` grant opens it; --public-upstream-repos "
+            "serves it to anyone)"
         )
+    return "served to anyone (--public-upstream-repos), though the upstream asks a token"
 
 
 def _sync_words(res: SyncResult) -> str:
@@ -592,6 +623,7 @@ class _SyncSource:
     repo_type: str
     token_file: Path | None
     cache_dir: Path | None
+    public_upstream_repos: bool
 
 
 def _sync_one(

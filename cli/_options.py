@@ -65,3 +65,38 @@ def count_option(name: str, low: int, high: int, default: int | None, help: str)
     if default is None:
         return click.option(name, type=kind, default=None, help=help)
     return click.option(name, type=kind, default=default, show_default=True, help=help)
+
+
+def trust_origin_option() -> OptionDecorator:
+    """``--trust-origin URL`` (repeatable): an origin on a local address (a local CDN, the
+    storage a mirror presigns for) a Hub's redirect may lead to. Added to
+    ``CMH_TRUSTED_ORIGINS`` for this process and what it starts (the resolver reads it)."""
+
+    def trust(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> None:
+        import os
+        from urllib.parse import urlsplit
+
+        from cmh.hub.resolver import TRUSTED_ORIGINS_ENV
+
+        for value in values:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise click.BadParameter(
+                    f"{value!r} is not an origin: give scheme, host and port "
+                    "(e.g. http://127.0.0.2:9000)",
+                    ctx,
+                    param,
+                )
+        if values:
+            known = os.environ.get(TRUSTED_ORIGINS_ENV, "").split()
+            os.environ[TRUSTED_ORIGINS_ENV] = " ".join([*known, *values])
+
+    return click.option(
+        "--trust-origin",
+        multiple=True,
+        metavar="URL",
+        expose_value=False,
+        callback=trust,
+        help="An origin on a local address (a local CDN, presigned storage) a Hub's "
+        "redirect may lead to; repeatable (also CMH_TRUSTED_ORIGINS).",
+    )

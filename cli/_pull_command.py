@@ -33,7 +33,7 @@ from ._common import (
     warn,
 )
 from ._interrupt import stop_on_interrupt
-from ._options import count_option, repo_type_option
+from ._options import count_option, repo_type_option, trust_origin_option
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class _PullOptions:
     None,
     "Parallel range connections per large file (default: CMH_DOWNLOAD_CONNECTIONS, else 8).",
 )
+@trust_origin_option()
 @json_option
 def pull(repo_id: str, **options: Any) -> None:
     """Resolve REPO_ID into the local cache and print the snapshot folder."""

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ._auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
     from ._index import build_index
     from ._run import ServeConfig, ServeError, serve
-    from ._upstream import UpstreamConfig
+    from ._upstream import UpstreamConfig, needs_upstream_token, record_upstream_access
     from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
     from .stores._base import StoreError
     from .stores.bucket._bucket import (
@@ -68,6 +68,8 @@ _EXPORTS = {
     "open_store": "stores",
     "parse_location": "stores",
     "UpstreamConfig": "_upstream",
+    "needs_upstream_token": "_upstream",
+    "record_upstream_access": "_upstream",
     "InvalidNameError": "stores.local._folder",
     "RepoSummary": "stores.local._folder",
     "StoreError": "stores._base",
@@ -107,10 +109,12 @@ __all__ = [
     "build_index",
     "list_store",
     "load_tokens",
+    "needs_upstream_token",
     "nginx_server",
     "open_bucket",
     "open_store",
     "parse_location",
+    "record_upstream_access",
     "repo_key",
     "scan_folder",
     "scrub_store",

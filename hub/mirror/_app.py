@@ -280,26 +280,38 @@ async def _run(func: Any, *args: Any) -> Any:
 
 def _readable(state: MirrorState, route: Route, token: str | None) -> None:
     """RepoNotFound when the route's repo is missing or private and not opened; the Hub's
-    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`)."""
-    with _store_errors():  # always looked at: a refused name answers as fast as a missing one
-        exists = state.backend.repo_exists(route.repo_type, route.repo_id)
-    if not state.policy.can_read(route.repo_type, route.repo_id, token):
-        raise _closed(state, route, token)
+    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`).
+
+    Every name takes the same steps (:func:`access_steps`), so a refused repo answers
+    as fast as a missing one."""
+    exists, readable, gated = access_steps(state, route.repo_type, route.repo_id, token)
+    if not readable:
+        raise _closed(state, route, token, gated)
     if not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
 
 
-def _closed(state: MirrorState, route: Route, token: str | None) -> HubError:
+def access_steps(
+    state: MirrorState, repo_type: str, repo_id: str, token: str | None
+) -> tuple[bool, bool, bool]:
+    """``(exists, readable, gated)`` of a repo for ``token``: its existence, the access
+    policy (the tokens file and the access records) and the upstream's gated record,
+    each looked at for every name, private, public or missing alike."""
+    with _store_errors():
+        exists = state.backend.repo_exists(repo_type, repo_id)
+    readable = state.policy.can_read(repo_type, repo_id, token)
+    named = state.policy.names(repo_type, repo_id)
+    gated = state.upstream is not None and state.upstream.pull.gated(repo_type, repo_id)
+    return exists, readable, gated and not named
+
+
+def _closed(state: MirrorState, route: Route, token: str | None, gated: bool) -> HubError:
     """What huggingface.co answers a reader a repo is closed to: for a repo the upstream
     marks gated (public there, and not named in the tokens file), ``GatedRepo`` with 401
     to a reader without a token and 403 to one whose token it does not grant; else the
     answer of a missing repo."""
     upstream = state.upstream
-    if (
-        upstream is None
-        or state.policy.names(route.repo_type, route.repo_id)
-        or not upstream.pull.gated(route.repo_type, route.repo_id)
-    ):
+    if upstream is None or not gated:
         return HubError(404, "RepoNotFound", "Repository not found")
     what = f"Access to {route.repo_type} {route.repo_id} is restricted"
     if token is None:
@@ -587,13 +599,16 @@ async def _resolve_filling(
         request, entry, asked.headers, asked.ranges, asked.range_header
     )
     response.headers["X-Cmh-Filling"] = "1"
+    source = None
+    if request.method != "HEAD":
+        source = state.upstream.pull.reader(route.repo_type, route.repo_id, entry, fill)
+        await _first_byte(source, fill, pieces)
     await response.prepare(request)
-    if request.method == "HEAD":
+    if source is None:
         await response.write_eof()
         request[BYTES_KEY] = 0
         return response
     try:
-        source = state.upstream.pull.reader(route.repo_type, route.repo_id, entry, fill)
         request[BYTES_KEY] = await send_filling(
             request, response, fill, source, entry, pieces, tail
         )
@@ -613,6 +628,32 @@ async def _resolve_filling(
     return response
 
 
+async def _first_byte(source: Any, fill: Any, pieces: Pieces) -> None:
+    """Wait for the first byte a filling answer sends (before its headers): a fill that
+    fails before it answers with the fill's error, never a 200 cut with nothing sent."""
+    from .stores import FillFailed
+
+    first = next((offset for _, offset, count in pieces if count > 0), None)
+    if first is None:
+        return
+    try:
+        await source.read(first, 1)
+    except FillFailed as exc:
+        source.close()
+        error = fill.exception() if fill.done() and not fill.cancelled() else None
+        raise _fill_error(error if error is not None else exc) from None
+
+
+def _fill_error(failed: BaseException) -> HubError:
+    """The Hub-shaped answer for a fill that failed: the upstream's typed error, else 502."""
+    if isinstance(failed, UpstreamError):
+        return HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
+    return HubError(
+        502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
+        {"Retry-After": "10"},
+    )  # fmt: skip
+
+
 async def _start_fill(
     request: web.Request, state: MirrorState, route: Route, index: CommitIndex, entry: FileEntry
 ) -> Any:
@@ -626,12 +667,7 @@ async def _start_fill(
         )  # fmt: skip
     failed = state.fills.recent_failure(entry.source)
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
-        if isinstance(failed, UpstreamError):
-            raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
-        raise HubError(
-            502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
-            {"Retry-After": "10"},
-        )  # fmt: skip
+        raise _fill_error(failed)
     return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
 
 

@@ -56,24 +56,27 @@ class AccessPolicy:
         return repo_key(repo_type, repo_id) in self.private
 
     def is_private(self, repo_type: str, repo_id: str) -> bool:
-        """True for a repo the tokens file names or :attr:`restricted` says is private."""
-        if repo_key(repo_type, repo_id) in self.private:
-            return True
-        return self.restricted is not None and self.restricted(repo_type, repo_id)
+        """True for a repo the tokens file names or :attr:`restricted` says is private
+        (both looked at for every name: a private repo takes the steps of a public one)."""
+        named = repo_key(repo_type, repo_id) in self.private
+        restricted = self.restricted is not None and self.restricted(repo_type, repo_id)
+        return named or restricted
 
     def can_read(self, repo_type: str, repo_id: str, token: str | None) -> bool:
-        """True for a public repo, or a private one opened by ``token``."""
+        """True for a public repo, or a private one opened by ``token``.
+
+        The same steps for every name and token (every token of the file compared, also
+        for a public repo or no token), so the time of an answer does not tell a private
+        repo from a public or missing one, nor which token nearly matched.
+        """
         key = repo_key(repo_type, repo_id)
-        if not self.is_private(repo_type, repo_id):
-            return True
-        if token is None:
-            return False
+        private = self.is_private(repo_type, repo_id)
+        offered = (token or "").encode()
         allowed = False
         for known, repos in self.grants.items():
-            # compare against every token so timing does not tell which prefix matched
-            if hmac.compare_digest(known.encode(), token.encode()) and key in repos:
+            if hmac.compare_digest(known.encode(), offered) and token and key in repos:
                 allowed = True
-        return allowed
+        return allowed or not private
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -18,8 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import resource
 from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 #: File descriptors kept free for blobs being sent, logs and the runtime.
 FD_RESERVE = 32
@@ -177,3 +183,47 @@ class _GuardedProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._inner is not None:
             self._inner.resume_writing()
+
+
+#: Headers of an answer made before any route ran (a request the HTTP parser refused).
+PLAIN_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Error-Code": "BadRequest",
+}
+
+logger = logging.getLogger("cmh.hub.mirror")
+
+
+class _PlainErrors(RequestHandler):
+    """aiohttp's protocol, its answer to a request its parser refuses made plain: the
+    Hub's error shape with ``nosniff`` and a CSP, no echo of the request's bytes (its
+    words quote them), and one log line without them or a traceback (the bytes may
+    hold an ``Authorization`` value)."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:  # a route's failure: aiohttp's own answer and log
+            return super().handle_error(request, status, exc, message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer was started: cannot send another")
+        what = type(exc).__name__ if exc is not None else "refused"
+        logger.info("malformed request from %s refused (%d, %s)", request.remote, status, what)
+        body = json.dumps({"error": "Bad Request: the request is not valid HTTP/1.1"})
+        headers = {**PLAIN_HEADERS, "X-Error-Message": "Bad Request"}
+        response = web.Response(
+            status=status, text=body, content_type="application/json", headers=headers
+        )
+        response.force_close()
+        return response
+
+
+def plain_errors(server: web.Server, kwargs: dict[str, Any]) -> Callable[[], asyncio.Protocol]:
+    """A protocol factory for ``server`` (aiohttp's, made with the handler arguments
+    ``kwargs``) whose parser refusals are plain."""
+    return lambda: _PlainErrors(server, loop=asyncio.get_running_loop(), **kwargs)

@@ -76,10 +76,19 @@ def resolve_revision(repo: RepoLayout, revision: str) -> str | None:
 
 
 def repo_exists(repo: RepoLayout) -> bool:
-    """True when the repo folder is a real directory with at least one ref or snapshot."""
-    if not _is_real_dir(repo.path):
+    """True when the repo folder is a real directory with at least one snapshot or ref.
+
+    A held repo costs what a missing one does (a look at the folder and one at its
+    snapshots; its refs are read only when it has no snapshot), so the time of a
+    refusal does not tell one from the other."""
+    folder = _is_real_dir(repo.path)
+    try:
+        snapshots = any(COMMIT_RE.match(name) for name in os.listdir(repo.snapshots))
+    except OSError:
+        snapshots = False
+    if not folder:
         return False
-    return bool(repo.refs_by_name()) or bool(repo.commits())
+    return snapshots or bool(repo.refs_by_name())
 
 
 def _is_real_dir(path: Path) -> bool:

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from cmh.hub.cache import Clock, process_clock
@@ -171,6 +171,16 @@ def _check_store(config: ServeConfig) -> MirrorStore:
             raise ServeError(str(exc).replace("public URL", "public storage URL")) from None
         config = replace(config, public_storage_url=url)
     store = _open_store(config)
+    if config.upstream is not None:  # fills need what the store's pull-through needs
+        from .stores.local._folder import StoreError
+
+        try:
+            pull = store.pull_through(
+                config.upstream.fresh_for, fill_lease_ttl=config.upstream.fill_lease_ttl
+            )
+            pull.check()
+        except StoreError as exc:
+            raise ServeError(str(exc)) from None
     if config.blob_delivery not in store.deliveries:
         raise ServeError(
             f"--blob-delivery {config.blob_delivery} does not apply to {store.kind} "
@@ -219,7 +229,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     from ._app import make_app
     from ._auth import AccessPolicy, load_tokens
-    from ._connections import ConnectionGuard
+    from ._connections import ConnectionGuard, plain_errors
     from ._observe import AccessLogger, Metrics, configure
     from ._state import MirrorState
 
@@ -231,9 +241,11 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         pull = store.pull_through(
             config.upstream.fresh_for, fill_lease_ttl=config.upstream.fill_lease_ttl
         )
-    if pull is not None and config.upstream is not None and not config.upstream.public_repos:
-        # deny by default (upstream.py, "Access")
-        policy = replace(policy, restricted=pull.restricted)
+    if config.upstream is None or not config.upstream.public_repos:
+        # deny by default (upstream.py, "Access"): the access records of pull-through and
+        # of `cmh mirror sync` keep what the upstream reads only with a token private
+        records = pull if pull is not None else store.pull_through(300.0)
+        policy = replace(policy, restricted=records.restricted)
     metrics = Metrics(store, private=policy.private, restricted=policy.restricted, clock=clock)
     stream = _log_stream(config)
     configure(metrics, stream)
@@ -264,17 +276,21 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         state.fills = Fills(state.upstream)
 
     async def main() -> None:
+        handler_args: dict[str, Any] = {
+            "access_log_class": AccessLogger,
+            "keepalive_timeout": 2 * config.idle_timeout,  # a backstop: the guard closes first
+            "lingering_time": config.header_timeout,  # unread body after an answer: bounded alike
+        }
         runner = web.AppRunner(
             make_app(state, _pages(config)),
-            access_log_class=AccessLogger,
             shutdown_timeout=config.graceful_timeout,
-            keepalive_timeout=2 * config.idle_timeout,  # a backstop: the guard closes first
-            lingering_time=config.header_timeout,  # unread body after an answer: bounded alike
+            **handler_args,
         )
         await runner.setup()
         assert runner.server is not None
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(guard.wrap(runner.server), sock=sock, backlog=1024)
+        protocol = guard.wrap(plain_errors(runner.server, handler_args))
+        server = await loop.create_server(protocol, sock=sock, backlog=1024)
         sweeper = asyncio.create_task(guard.run())
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

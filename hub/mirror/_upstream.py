@@ -24,7 +24,9 @@ upstream cannot be asked, a revision that was fresh less than ``stale_for``
 seconds ago is served with a stale warning; otherwise the answer is a typed
 503. The upstream's refusals map to the Hub's typed errors.
 
-Access: a repo the upstream answers as ``private`` or ``gated`` is recorded
+Access: a repo the upstream answers as ``private`` or ``gated``, or one it
+serves only with the mirror's upstream token (asked ``auth-check`` without it;
+an answer that cannot be had counts as a refusal), is recorded
 (``.cmh/upstream/access.json``) and is private at the mirror
 (``PullThrough.restricted``, used by the server's access policy) unless
 the operator chose ``--public-upstream-repos``. For such a repo the upstream
@@ -110,6 +112,41 @@ def typed(exc: Exception) -> UpstreamError:
         said = exc.said or "the upstream refuses this repo to the mirror's upstream token"
         return UpstreamError(exc.status, exc.code, said)  # the upstream's own words
     return failed(exc, "unavailable")
+
+
+def needs_upstream_token(url: str, repo_type: str, repo_id: str, count: Any = None) -> bool:
+    """True unless the Hub at ``url`` serves the repo to anyone (one anonymous request).
+
+    A Hub's JSON may say nothing of access (no ``private`` key, or ``false``) for a
+    repo only a token reads: the repo is asked ``auth-check`` without a token, and
+    whatever is not a plain yes (a refusal, an error, an unreachable Hub) counts as
+    needing the token, so the repo stays private. ``count(requests, nbytes)`` hears the
+    traffic.
+    """
+    from cmh.hub.resolver import HubClient, ResolveError
+
+    anonymous = HubClient(url, None)
+    try:
+        anonymous.auth_check(repo_id, repo_type)
+    except ResolveError:
+        return True
+    finally:
+        if count is not None:
+            count(anonymous.requests, anonymous.bytes_received)
+    return False
+
+
+def record_upstream_access(store: Any, repo_type: str, repo_id: str, *, private: bool) -> None:
+    """Keep (``private``) or lift the access record of a repo ``cmh mirror sync`` filled
+    (``.cmh/upstream/access.json``): a recorded repo is private at every ``cmh serve`` of
+    the store, opened only by a ``--tokens`` grant. Raises the store's
+    :class:`~cmh.hub.mirror.StoreError`."""
+    from .stores import StoreUnavailable
+
+    try:
+        store.pull_through(300.0).record_access(repo_type, repo_id, private, False)
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot write the access record of {repo_id}: {exc}") from None
 
 
 class Upstream:
@@ -247,7 +284,12 @@ class Upstream:
         repo is private or gated, which decides who reads it here.
         """
         remote = client.revision(repo_id, repo_type, revision)
-        self.pull.record_access(repo_type, repo_id, remote.private, remote.gated)
+        private = remote.private or (
+            not remote.gated
+            and not self.config.public_repos
+            and self._needs_token(repo_type, repo_id)
+        )
+        self.pull.record_access(repo_type, repo_id, private, remote.gated)
         if remote.private or remote.gated:
             client.auth_check(repo_id, repo_type)  # refused: the upstream's answer
         cached = self.pull.listing(repo_type, repo_id, remote.commit)
@@ -256,6 +298,13 @@ class Upstream:
         if remote.files is not None:
             return remote.commit, remote.files
         return remote.commit, client.tree(repo_id, repo_type, remote.commit)
+
+    def _needs_token(self, repo_type: str, repo_id: str) -> bool:
+        """True unless the upstream serves the repo without the mirror's token
+        (:func:`needs_upstream_token`)."""
+        if not self.config.token:
+            return False  # every answer was anonymous already
+        return needs_upstream_token(self.url, repo_type, repo_id, self.count)
 
     # -- files ---------------------------------------------------------------------------
 

@@ -27,13 +27,14 @@ if TYPE_CHECKING:
         write_validation,
     )
     from ._negotiate import hold, resolve
-    from ._origins import OriginRule, UnsafeRedirect
+    from ._origins import TRUSTED_ORIGINS_ENV, OriginRule, UnsafeRedirect
     from ._patch import install, installed, uninstall
     from ._retry import add_wait_listener
 
 _EXPORTS = {
     "HubClient": "_http",
     "OriginRule": "_origins",
+    "TRUSTED_ORIGINS_ENV": "_origins",
     "UnsafeRedirect": "_origins",
     "add_wait_listener": "_retry",
     "hold": "_negotiate",
@@ -54,6 +55,7 @@ __all__ = ["hold", "install", "installed", "resolve", "uninstall"]
 # For the mirror's pull-through (the client and the local records it shares with the
 # resolver) and the CLI's progress notices:
 __all__ += [
+    "TRUSTED_ORIGINS_ENV",
     "HubClient",
     "OriginRule",
     "UnsafeRedirect",

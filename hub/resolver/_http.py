@@ -61,6 +61,8 @@ MAX_ANSWERS_KEPT = 16
 MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
+#: Control characters (C0, DEL, C1): never in a listed name.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 logger = logging.getLogger("cmh.hub")
 
@@ -810,6 +812,8 @@ def listed_path(path: str) -> str:
         checked = validate_relpath(path)
     except LayoutError as exc:
         raise InvalidListing(f"the Hub lists an unusable file name {path[:300]!r}: {exc}") from None
+    if _CONTROL.search(checked):  # a CR/LF would end a header line or a log record
+        raise InvalidListing(f"the Hub lists a file name with a control character: {path[:300]!r}")
     encoded = checked.encode("utf-8", "surrogatepass")
     if len(encoded) > MAX_PATH_BYTES or any(
         len(s) > MAX_SEGMENT_BYTES for s in encoded.split(b"/")

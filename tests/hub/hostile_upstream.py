@@ -116,6 +116,8 @@ class HostileHub(LoopServer):
                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
                 )
             return web.json_response(doc)
+        if path == api + "auth-check":  # a public repo: anyone may read it
+            return web.json_response({})
         if path.startswith(api + "tree/") and self.tree_pages is not None:
             pages, each = self.tree_pages
             page = int(request.query.get("page", "0"))

@@ -74,6 +74,10 @@ class PullThrough(Protocol):
     :class:`~cmh.hub.mirror._upstream.Upstream` asking (its client, its counters).
     """
 
+    def check(self) -> None:
+        """Refuse a storage that cannot hold fills (:class:`~cmh.hub.mirror.StoreError`:
+        a bucket without conditional writes), before the server listens."""
+
     def held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The commit the store holds for ``revision`` with its listing, or None."""
 

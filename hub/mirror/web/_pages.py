@@ -330,9 +330,9 @@ def _open_repo(request: web.Request, who: Viewer, where: Where) -> tuple[str, Co
     state = request.app[STORE_KEY]
     store = state.backend
     repo = where.repo
-    if not who.can_read(state.policy, repo.repo_type, repo.repo_id) or not store.repo_exists(
-        repo.repo_type, repo.repo_id
-    ):
+    readable = who.can_read(state.policy, repo.repo_type, repo.repo_id)
+    exists = store.repo_exists(repo.repo_type, repo.repo_id)  # looked at for every name
+    if not (readable and exists):
         raise PageError(404, "Repository not found")
     asked = where.revision
     if asked:

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import queue
 import socket
@@ -67,6 +68,9 @@ PART = 8 << 20
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
 READ_POLL = 0.05
+#: Seconds a ``failed`` record's ``at`` may differ from the object's ``Last-Modified``
+#: (both the storage's clock; a record written at another time is not one cmh wrote).
+FAILED_SKEW = 60.0
 #: Seconds a revalidation claim is honoured by the other replicas (then ignored).
 CLAIM_TTL = 30.0
 #: Seconds a replica waits for the outcome of another replica's revalidation.
@@ -126,6 +130,17 @@ class BucketPullThrough:
     @staticmethod
     def _validation_name(folder: str, revision: str) -> str:
         return f"{folder}/.cmh/upstream/validated/{revision}"
+
+    def check(self) -> None:
+        """Fills and validations take leases and create-only writes: probe the storage
+        (:class:`~cmh.hub.mirror.ConditionalWritesUnsupported`; a failing one:
+        :class:`~cmh.hub.mirror.StoreUnavailable`)."""
+        from .._base import StoreUnavailable
+
+        try:
+            self.store.ensure_conditional_writes()
+        except ObjectStoreError as exc:
+            raise StoreUnavailable(str(exc)) from None
 
     # -- revisions -----------------------------------------------------------------------
 
@@ -450,16 +465,33 @@ class BucketPullThrough:
     def _failure(self, fills: str) -> str | None:
         """The error of a fill of the blob that failed less than :data:`NEGATIVE_FOR`
         seconds ago on the storage's clock (or in its future), at any replica: the fleet's
-        negative cache. An older failure is tried again."""
+        negative cache. An older failure is tried again.
+
+        The record is read strictly (anyone who can write to the bucket can write one):
+        exactly ``at`` (the storage's time it was written, within :data:`FAILED_SKEW` of
+        the object's own ``Last-Modified``) and ``error`` (at most 500 printable
+        characters); anything else is not a record cmh writes and is ignored (the fill is
+        tried again), so a forged record cannot put words in an answer, and it ages out
+        like any other."""
         try:
             data, info = self.objects.get_with_info(f"{fills}/failed")
         except ObjectNotFound:
             return None
         if self.store.storage_age(info.last_modified.timestamp()) >= NEGATIVE_FOR:
             return None
-        error = "?"
-        with contextlib.suppress(ValueError, AttributeError):
-            error = str(json.loads(data).get("error"))
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or set(doc) != {"at", "error"}:
+            return None
+        at, error = doc["at"], doc["error"]
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+            return None
+        if abs(at - info.last_modified.timestamp()) > FAILED_SKEW:
+            return None  # not written when it says: not a record cmh wrote
+        if not isinstance(error, str) or len(error) > 500 or not error.isprintable():
+            return None
         return f"the upstream's blob failed its check at another replica: {error}"
 
     def _keep_manifest(
@@ -641,8 +673,9 @@ class _Fill:
         """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""
         upload.abort()
         self._delete_parts()
+        said = "".join(c if c.isprintable() else " " for c in error)[:500]  # read strictly
         with contextlib.suppress(ObjectStoreError):
-            doc = {"at": self.pull.store.storage_time(), "error": error[:500]}
+            doc = {"at": self.pull.store.storage_time(), "error": said}
             self.objects.put(f"{self.fills}/failed", json.dumps(doc).encode())
 
     def _delete_parts(self) -> None:

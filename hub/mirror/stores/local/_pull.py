@@ -72,6 +72,9 @@ class LocalPullThrough:
     def _repo(self, repo_type: str, repo_id: str) -> RepoLayout:
         return RepoLayout(self.root, repo_id, repo_type)
 
+    def check(self) -> None:
+        """A folder's fills take the blob lock: nothing to probe."""
+
     # -- revisions -----------------------------------------------------------------------
 
     def held(self, repo_type: str, repo_id: str, revision: str) -> str | None:
