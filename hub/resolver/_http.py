@@ -44,11 +44,16 @@ from ._types import (
     NotFoundError,
     RemoteFile,
     RemoteRevision,
+    ResolveError,
 )
 
 #: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
 #: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
 MAX_API_BYTES = 32 << 20
+#: A body transfer may last its idle timeout plus one second per this many bytes received:
+#: a sender dripping bytes (which never trips the idle timeout) is given up on, a slow but
+#: real link is not (its transfer is resumed where it stopped).
+MIN_TRANSFER_RATE = 16 << 10
 #: API answers a client keeps for :mod:`~cmh.hub.resolver._answers` (the first ones).
 MAX_ANSWERS_KEPT = 16
 MAX_LISTED_FILES = 100_000
@@ -363,7 +368,7 @@ class HubClient:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
             try:
-                body = _read_capped(response, url)
+                body = _read_capped(response, url, deadline)
             except httpx2.TransportError as exc:
                 raise _unreachable(self.endpoint, exc) from exc
             finally:
@@ -484,17 +489,23 @@ class HubClient:
             f"{quote(commit, safe='')}/{quote(validate_relpath(path))}"
         )
         self._count(requests=1)
+        deadline = time.monotonic() + metadata_timeout()
         try:
-            response = self._client.get(
-                url, timeout=metadata_timeout(), extensions=self._chain(False)
+            request = self._client.build_request(
+                "GET", url, timeout=metadata_timeout(), extensions=self._chain(False)
             )
-        except (httpx2.TransportError, UnsafeRedirect):
+            response = self._client.send(request, stream=True)
+            try:
+                content = _read_capped(response, url, deadline)
+            finally:
+                response.close()
+        except (httpx2.TransportError, UnsafeRedirect, ResolveError):
             return None
-        self._count(nbytes=len(response.content))
+        self._count(nbytes=len(content))
         if response.status_code != 200:
             return None
         try:
-            doc = json.loads(response.content)
+            doc = json.loads(content)
             tensors = doc["tensors"]
             if doc.get("schema") != "cmh-tensor-manifest/1" or not isinstance(tensors, list):
                 return None
@@ -567,9 +578,12 @@ class HubClient:
                 expected = None if end is None else end - start
                 allowed = None if limit is None else limit - (start if honoured else 0)
                 got = 0
+                began = time.monotonic()
                 # A compressed answer (asked for only without Range) is decoded for the sink.
                 encoded = response.headers.get("Content-Encoding", "identity") != "identity"
                 for chunk in response.iter_bytes() if encoded else response.iter_raw():
+                    if time.monotonic() - began > self.timeout + got / MIN_TRANSFER_RATE:
+                        raise HubUnreachableError(f"{url}: {_too_slow(self.timeout, got)}")
                     if expected is not None and got + len(chunk) > expected:
                         raise HubProtocolError(f"{url}: more bytes than the range asked for")
                     if allowed is not None and got + len(chunk) > allowed:
@@ -632,7 +646,11 @@ class HubClient:
                     raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
                 self._landed(located, url, response)
                 parser = MultipartParser(match.group(1).encode(), set(ranges), sink)
+                began, got = time.monotonic(), 0
                 for chunk in response.iter_raw():
+                    if time.monotonic() - began > self.timeout + got / MIN_TRANSFER_RATE:
+                        raise HubUnreachableError(f"{url}: {_too_slow(self.timeout, got)}")
+                    got += len(chunk)
                     self._count(nbytes=len(chunk))
                     parser.feed(chunk)
                 parser.close()
@@ -640,6 +658,13 @@ class HubClient:
             if not answered:
                 self._count(requests=1)
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _too_slow(timeout: float, got: int) -> str:
+    return (
+        f"transfer slower than {MIN_TRANSFER_RATE >> 10} KiB/s on average past its first"
+        f" {timeout:.0f} s ({got} bytes): given up, to be resumed"
+    )
 
 
 def _unreachable(endpoint: str, exc: httpx2.TransportError) -> HubUnreachableError:
@@ -780,12 +805,20 @@ def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
     return None
 
 
-def _read_capped(response: httpx2.Response, url: str) -> bytes:
-    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES`."""
+def _read_capped(response: httpx2.Response, url: str, deadline: float) -> bytes:
+    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES` or
+    once ``deadline`` (``time.monotonic()``) has passed: a body sent a byte at a time
+    never trips the read timeout, so the total time is checked at every chunk."""
     parts: list[bytes] = []
     total = 0
     try:
         for chunk in response.iter_bytes():
+            if time.monotonic() > deadline:
+                raise HubUnreachableError(
+                    f"{url}: answer not complete within {metadata_timeout():.0f} s"
+                    " (HF_HUB_ETAG_TIMEOUT)",
+                    transient=False,
+                )
             total += len(chunk)
             if total > MAX_API_BYTES:
                 raise AnswerTooLarge(f"{url}: answer over {MAX_API_BYTES >> 20} MiB once decoded")
