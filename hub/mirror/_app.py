@@ -31,6 +31,7 @@ from . import _catalog as catalog
 from . import _documents as documents
 from . import _hub_documents as hub_documents
 from ._auth import AccessPolicy, bearer_token
+from ._compute import ComputePool
 from ._connections import ConnectionGuard
 from ._cuts import CutLedger
 from ._derived import DerivedCache
@@ -86,6 +87,10 @@ class MirrorState:
     upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
     cuts: CutLedger = field(default_factory=CutLedger)  # blobs whose body was cut (cuts.py)
+    #: CPU-heavy work (fingerprints, manifests, cards, verify now), apart (compute.py).
+    compute: ComputePool = field(default_factory=ComputePool)
+    #: Seconds a request waits for its revision's revalidation in all (pull-through).
+    upstream_wait: float = 60.0
 
     #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
     #: fills); a placeholder that holds nothing for a remote store.
@@ -210,9 +215,9 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         elif route.kind == "commits":
             answer = await _commits(request, state, route, index)
         elif route.kind == "manifest":
-            answer = await _manifest(state, route, index)
+            answer = await _manifest(state, route, index, client_of(request))
         else:
-            answer = await _fingerprint(state, route, index)
+            answer = await _fingerprint(state, route, index, client_of(request))
         if request.get(STALE_KEY):
             answer.headers["Warning"] = request[STALE_KEY]
         return answer
@@ -256,7 +261,7 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
         # A stalled upstream: answer from a usable stale copy while the revalidation goes on.
         note = await _run(state.upstream.stale_note, route.repo_type, route.repo_id, revision)
         if note is None:
-            note = await _settled(pending)
+            note = await _settled(pending, max(0.0, state.upstream_wait - STALE_AFTER))
         else:
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
     except UpstreamError as exc:
@@ -270,9 +275,15 @@ def _prepare_checked(upstream: Upstream, repo_type: str, repo_id: str, revision:
         return upstream.prepare(repo_type, repo_id, revision)
 
 
-async def _settled(pending: asyncio.Future[Any]) -> Any:
+async def _settled(pending: asyncio.Future[Any], wait: float) -> Any:
+    """The outcome of a revalidation, waited for ``wait`` seconds at most (then a typed 503;
+    the revalidation goes on, bounded by its own requests' deadlines)."""
     try:
-        return await pending
+        return await asyncio.wait_for(asyncio.shield(pending), wait)
+    except TimeoutError:
+        pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        message = "the upstream did not answer in time and nothing usable is cached"
+        raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"}) from None
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
 
@@ -318,6 +329,11 @@ def _upstream_harnesses(upstream: Upstream) -> dict[str, Any]:
 
 async def _run(func: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, func, *args)
+
+
+def client_of(request: web.BaseRequest) -> str:
+    """Who asks, for the per-client limit of CPU-heavy work: the peer's address."""
+    return request.remote or "-"
 
 
 def _readable(state: MirrorState, route: Route, token: str | None) -> None:
@@ -668,12 +684,7 @@ async def _start_fill(
         )  # fmt: skip
     failed = state.fills.recent_failure(entry.source)
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
-        if isinstance(failed, UpstreamError):
-            raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
-        raise HubError(
-            502, "UpstreamProtocolError", f"the upstream's blob failed its check: {failed}",
-            {"Retry-After": "10"},
-        )  # fmt: skip
+        raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
     return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
 
 
@@ -1001,7 +1012,9 @@ def _listing(
 # -- tensor manifest (cmh extension) -----------------------------------------------------
 
 
-async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+async def _manifest(
+    state: MirrorState, route: Route, index: CommitIndex, client: str
+) -> web.Response:
     """Per-tensor SHA-256 and v1 root of one safetensors file (manifests.py)."""
     from ._manifests import ManifestError
 
@@ -1021,7 +1034,9 @@ async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web
     if not await _run(_present, state, entry):
         raise HubError(503, "BlobUnavailable", "blob not in the store yet", {"Retry-After": "30"})
     try:
-        doc = await _run(state.backend.manifest, route.repo_type, route.repo_id, entry)
+        doc = await state.compute.run(
+            client, state.backend.manifest, route.repo_type, route.repo_id, entry
+        )
     except ManifestError as exc:
         raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}", commit) from None
     except OSError as exc:
@@ -1038,8 +1053,10 @@ def _present(state: MirrorState, entry: FileEntry) -> bool:
 # -- fingerprint (cmh extension) ---------------------------------------------------------
 
 
-async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
-    body = await _run(fingerprint_of, state, route, index)
+async def _fingerprint(
+    state: MirrorState, route: Route, index: CommitIndex, client: str
+) -> web.Response:
+    body = await state.compute.run(client, fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 
 

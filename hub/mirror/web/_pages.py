@@ -395,7 +395,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
     readme = index.files.get("README.md")
     if readme is not None and not directory:
         try:
-            card = read_card(readme, store.opener)
+            card = _compute(request).call(read_card, readme, store.opener)
         except OSError:
             card = None
     records = views.commit_records(store, repo, index, refs)
@@ -430,6 +430,13 @@ def _commits_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where:
     return render("commits.html", ctx)
 
 
+def _compute(request: web.Request) -> Any:
+    """The worker's pool for CPU-heavy work (cards, verify now): :mod:`.._compute`."""
+    from .._app import STORE_KEY
+
+    return request.app[STORE_KEY].compute
+
+
 def _crumbs(directory: str) -> list[tuple[str, str]]:
     parts = directory.split("/") if directory else []
     return [(p, "/".join(parts[: i + 1])) for i, p in enumerate(parts)]
@@ -444,7 +451,7 @@ def _fingerprint(request: web.Request, repo: views.RepoName, index: CommitIndex)
     state = request.app[STORE_KEY]
     route = Route("fingerprint", repo.repo_type, repo.repo_id, index.commit)
     try:
-        body = fingerprint_of(state, route, index)
+        body = state.compute.call(fingerprint_of, state, route, index)  # the CPU pool
     except HubError as exc:
         return {"error": exc.message}
     fp = body["fingerprint"]
@@ -481,7 +488,8 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
     if stamp is not None and stamp.stamped:
         if request.query.get("verify") == "1":
             try:
-                verification = options.stamps.verify(store, index, entry)
+                verify = options.stamps.verify
+                verification = _compute(request).call(verify, store, index, entry)
             except OSError as exc:
                 raise PageError(503, f"blob unavailable: {exc.strerror or exc}") from None
         else:
