@@ -1,0 +1,442 @@
+"""Issue 35: what a remote party can grow is bounded, every wait has a total deadline, CPU
+work runs apart, and a fill outlives a short upstream outage."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from cmh.hub.cache import Clock
+from cmh.hub.mirror import _upstream
+from cmh.hub.mirror._memo import KeyedLocks, Memo
+from cmh.hub.mirror._upstream import Outcome, Upstream, UpstreamConfig, UpstreamError
+from cmh.hub.mirror.stores import open_store
+from hostile_upstream import COMMIT, HostileHub
+from loop_server import LoopServer
+
+
+class FakeClock(Clock):
+    """Time that moves only when slept (or moved): retry schedules run at once."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+        self.on_sleep: Any = None
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep(self.now)
+
+
+def refused_url() -> tuple[str, socket.socket]:
+    """A loopback port that refuses connections (bound, not listening) and its socket."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", sock
+
+
+def make_upstream(tmp_path: Path, url: str) -> Upstream:
+    backend = open_store(tmp_path / "store")
+    upstream = Upstream(backend.pull_through(300.0), UpstreamConfig(url))
+    upstream.clock = FakeClock()
+    return upstream
+
+
+# -- 1. bounded structures -----------------------------------------------------------------
+
+
+def test_keyed_locks_hold_only_the_keys_in_use() -> None:
+    locks: KeyedLocks[str] = KeyedLocks()
+    inside = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with locks.hold("a"):
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert inside.wait(10)
+    for i in range(1000):
+        with locks.hold(f"k{i}"):
+            pass
+    assert len(locks) == 1  # only the key still held
+    release.set()
+    t.join(10)
+    assert len(locks) == 0
+
+
+def test_exclusive_memo_computes_one_key_without_holding_up_another() -> None:
+    memo: Memo[str, int] = Memo(8)
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> int:
+        started.set()
+        release.wait(10)
+        return 1
+
+    t = threading.Thread(
+        target=memo.get_or_compute, args=("slow", slow), kwargs={"exclusive": True}
+    )
+    t.start()
+    assert started.wait(10)
+    # Another key is answered while "slow" computes (before: one lock for every key).
+    assert memo.get_or_compute("fast", lambda: 2, exclusive=True) == 2
+    release.set()
+    t.join(10)
+    assert memo.get("slow") == 1
+
+
+def test_unknown_names_leave_a_bounded_negative_cache_and_no_locks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20,000 unknown names left 20,000 locks and cached errors; now at most MAX_NEGATIVE
+    outcomes and no lock once no request is under way."""
+    monkeypatch.setattr(_upstream, "MAX_NEGATIVE", 50, raising=False)
+    url, sock = refused_url()
+    try:
+        upstream = make_upstream(tmp_path, url)
+        for i in range(300):
+            with pytest.raises(UpstreamError) as caught:
+                upstream.prepare("model", f"nobody/n{i}", "main")
+            assert caught.value.status == 503
+        assert len(upstream._failed) <= 50
+        assert len(upstream._keys) == 0
+    finally:
+        sock.close()
+
+
+def test_a_cached_failure_is_an_outcome_and_each_raise_is_fresh(tmp_path: Path) -> None:
+    """The cached exception kept the 32 MiB read buffer through its traceback, and was
+    re-raised, its traceback growing at every request."""
+    url, sock = refused_url()
+    try:
+        upstream = make_upstream(tmp_path, url)
+        errors = []
+        for _ in range(5):
+            with pytest.raises(UpstreamError) as caught:
+                upstream.prepare("model", "nobody/x", "main")
+            errors.append(caught.value)
+        kept = upstream._failed.get(("model", "nobody/x", "main"))
+        assert isinstance(kept, Outcome) and kept.status == 503
+        assert len({id(e) for e in errors}) == 5  # never the same object raised again
+        for e in errors[1:]:
+            assert e.__context__ is None and e.__cause__ is None
+            tb, depth = e.__traceback__, 0
+            while tb is not None:
+                depth, tb = depth + 1, tb.tb_next
+            assert depth <= 3  # this test's frame and prepare's: it does not grow
+    finally:
+        sock.close()
+
+
+def test_failed_fills_are_kept_as_outcomes_within_their_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cmh.hub.mirror import _filling
+
+    monkeypatch.setattr(_filling, "MAX_FAILED_FILLS", 20, raising=False)
+
+    class Refusing:
+        def fill(self, *args: Any) -> None:
+            raise UpstreamError(503, "UpstreamUnavailable", "down", {"Retry-After": "30"})
+
+    async def run() -> _filling.Fills:
+        fills = _filling.Fills(Refusing())  # type: ignore[arg-type]
+        for i in range(200):
+            fut = fills.start("model", "o/r", "c" * 40, f"f{i}", Path(f"/nowhere/{i}"))
+            with pytest.raises(UpstreamError):
+                await fut
+        await asyncio.sleep(0)
+        return fills
+
+    fills = asyncio.run(run())
+    assert len(fills._failed) <= 20
+    outcome = fills.recent_failure(Path("/nowhere/199"))
+    assert isinstance(outcome, Outcome) and outcome.status == 503
+
+
+def test_commit_indexes_kept_are_bounded(tmp_path: Path) -> None:
+    from cmh.hub.cache import RepoLayout
+    from cmh.hub.mirror._index import IndexCache
+
+    cache = IndexCache(size=8)
+    repo = RepoLayout(tmp_path, "o/r")
+    for i in range(100):
+        cache.get(repo, f"{i:040x}")
+    assert len(cache) == 8
+
+
+# -- 3. CPU-heavy work apart ---------------------------------------------------------------
+
+
+def test_a_revision_answers_while_fingerprints_compute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 16 fingerprint requests in flight (their computation held), a revision request
+    is answered: before, each took a thread of the worker's 6 and the rest waited on one
+    global lock, so the revision waited for the fingerprints."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+    from cmh.hub.mirror._app import MirrorState, make_app
+    from cmh.hub.mirror._auth import AccessPolicy
+    from cmh.hub.mirror._observe import Metrics
+    from cmh.hub.mirror.stores.local._folder import add_folder
+    from mirror_support import write_tiny_repo
+
+    import cmh.semantic
+
+    store = tmp_path / "store"
+    add_folder(store, write_tiny_repo(tmp_path / "src", 1), "o/r")
+    release = threading.Event()
+    started = threading.Event()
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        release.wait(60)
+        raise cmh.semantic.SemanticError("held")
+
+    monkeypatch.setattr(cmh.semantic, "fingerprint_files", held)
+
+    async def run() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(6))  # as on 2 cores: min(32, 2 + 4)
+        state = MirrorState(open_store(store), AccessPolicy({}), Metrics(None))
+        server = TestServer(make_app(state), host="127.0.0.1")
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as session:
+                base = str(server.make_url(""))
+                fingerprints = [
+                    asyncio.ensure_future(session.get(f"{base}/api/cmh/fingerprint/o/r/main"))
+                    for _ in range(16)
+                ]
+                await loop.run_in_executor(None, started.wait, 30)
+                await asyncio.sleep(0.1)  # the other fingerprint requests are in, too
+                async with asyncio.timeout(30):
+                    async with session.get(f"{base}/api/models/o/r/revision/main") as r:
+                        status = r.status
+                assert not any(f.done() for f in fingerprints)  # still computing
+                release.set()
+                answers = await asyncio.gather(*fingerprints)
+                for a in answers:
+                    a.release()
+                return status, answers[0].status
+        finally:
+            release.set()
+            await server.close()
+            state.compute.close()
+
+    revision, fingerprint = asyncio.run(run())
+    assert revision == 200 and fingerprint == 422
+
+
+def test_card_front_matter_with_aliases_or_oversized_is_ignored() -> None:
+    from cmh.hub.mirror._front_matter import MAX_FRONT_MATTER_BYTES, read_front_matter
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    fm = read_front_matter(f"---\n{bomb}---\n# body\n")
+    assert fm.data is None and fm.problem is not None and "alias" in fm.problem
+    big = "---\n" + "".join(f"k{i}: v\n" for i in range(MAX_FRONT_MATTER_BYTES // 6)) + "---\n"
+    fm = read_front_matter(big + "# body\n")
+    assert fm.data is None and fm.problem is not None and "KiB" in fm.problem
+    assert read_front_matter("---\nlicense: mit\n---\n# body\n").data == {"license": "mit"}
+
+
+# -- a hostile upstream for a real `cmh serve --upstream` ----------------------------------
+
+
+class Hostile(LoopServer):
+    """Any ``big/*`` revision: a gzip body over 32 MiB once decoded; any ``drip/*`` one: a
+    body sent a byte every 50 ms, never ending; any other name: 404 RepoNotFound."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1")
+        raw = b'{"sha": "' + b" " * (33 << 20) + b'"}'
+        self.bomb = __import__("gzip").compress(raw, 6)
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/api/models/big/"):
+            headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+            return web.Response(body=self.bomb, headers=headers)
+        if request.path.startswith("/api/models/drip/"):
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            try:
+                await response.write(b"{")
+                for _ in range(2400):  # 120 s at most
+                    await asyncio.sleep(0.05)
+                    await response.write(b" ")
+            except (ConnectionError, RuntimeError):
+                pass
+            return response
+        return web.Response(status=404, headers={"X-Error-Code": "RepoNotFound"})
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def _ask_all(base: str, paths: list[str], concurrency: int = 8) -> list[int]:
+    import aiohttp
+
+    statuses: list[int] = []
+    queue = list(reversed(paths))
+    timeout = aiohttp.ClientTimeout(total=60)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while queue:
+            path = queue.pop()
+            async with session.get(base + path) as r:
+                await r.read()
+                statuses.append(r.status)
+
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return statuses
+
+
+#: Growth of the server's RSS allowed over the test below (docs/mirror.md, "Bounds").
+RSS_GROWTH_BOUND_MIB = 48
+OVERSIZED, UNKNOWN = 30, 2000  # a few seconds each on 2 busy cores
+
+
+def test_oversized_answers_and_unknown_names_leave_rss_bounded(tmp_path: Path) -> None:
+    """Each oversized upstream answer kept ~33 MB (RSS 64 -> 729 MB after 21 requests);
+    20,000 unknown names kept 51.8 MB. Now the server's RSS stays within a bound."""
+    from mirror_support import MirrorServer
+
+    store = tmp_path / "pull"
+    store.mkdir()
+    with Hostile() as upstream:
+        server = MirrorServer(store, tmp_path / "logs", extra_args=("--upstream", upstream.url))
+        try:
+            base = server.url
+            warm = [f"/api/models/big/w{i}/revision/main" for i in range(4)]
+            warm += [f"/api/models/nobody/w{i}/revision/main" for i in range(100)]
+            asyncio.run(_ask_all(base, warm))
+            before = _rss_kib(server.process.pid)
+            big = [f"/api/models/big/b{i}/revision/main" for i in range(OVERSIZED)]
+            big += ["/api/models/big/b0/revision/main"] * 20  # the same failure, shared
+            unknown = [f"/api/models/nobody/n{i}/revision/main" for i in range(UNKNOWN)]
+            statuses = asyncio.run(_ask_all(base, big + unknown))
+            after = _rss_kib(server.process.pid)
+        finally:
+            server.stop()
+    assert statuses.count(502) == OVERSIZED + 20 and statuses.count(404) == UNKNOWN
+    assert (after - before) / 1024 < RSS_GROWTH_BOUND_MIB, (before, after)
+
+
+# -- 2. total deadlines --------------------------------------------------------------------
+
+
+def test_a_drip_fed_upstream_answer_ends_in_a_typed_error(tmp_path: Path) -> None:
+    """An upstream sending one byte at a time held a mirror request forever (no answer
+    after 200 s). The API request's total deadline (HF_HUB_ETAG_TIMEOUT, 2 s here) ends it;
+    so does the incoming request's."""
+    import os
+
+    from mirror_support import MirrorServer
+
+    store = tmp_path / "pull"
+    store.mkdir()
+    env = {**os.environ, "HF_HUB_ETAG_TIMEOUT": "2"}
+    with Hostile() as upstream:
+        server = MirrorServer(
+            store, tmp_path / "logs", extra_args=("--upstream", upstream.url), env=env
+        )
+        try:
+            # generous: the deadline under test is 2 s; the old code never answered
+            statuses = asyncio.run(_ask_all(server.url, ["/api/models/drip/x/revision/main"]))
+        finally:
+            server.stop()
+    assert statuses == [503]
+
+
+# -- 4. a fill outlives a short outage -----------------------------------------------------
+
+
+class OnPort(HostileHub):
+    """A :class:`HostileHub` on a given port (the one a refused upstream had)."""
+
+    def __init__(self, port: int, files: dict[str, bytes]) -> None:
+        self.port = port
+        super().__init__(files=files)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handler)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self.url = f"http://{self.host}:{self.port}"
+
+
+def test_a_fill_retries_an_upstream_that_refuses_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3 s upstream restart failed fills (4 tries in 1.8 s, all refused). A fill now
+    retries for FILL_RETRY_BUDGET s on the upstream's clock: here the upstream refuses for
+    10 s of that clock, then answers, and the fill completes."""
+    monkeypatch.setattr(_upstream, "FILL_RETRY_FIRST", 4.0, raising=False)  # fewer tries
+    data = b"weights " * 1000
+    files = {"config.json": b"{}\n", "model.bin": data}
+    with HostileHub(files=files) as first:
+        upstream = make_upstream(tmp_path, first.url)
+        upstream.prepare("model", "evil/repo", "main")  # the listing is held
+        port = int(first.url.rsplit(":", 1)[1])
+    # nothing listens on the port now: every connection is refused
+    clock = upstream.clock
+    assert isinstance(clock, FakeClock)
+    back: list[HostileHub] = []
+
+    def restart(now: float) -> None:
+        if now >= 1010.0 and not back:
+            back.append(OnPort(port, files).start())
+
+    clock.on_sleep = restart
+    try:
+        upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+    finally:
+        for hub in back:
+            hub.stop()
+    assert back and sum(clock.slept) >= 10.0
+    blob = next((tmp_path / "store").rglob("blobs/*"))
+    assert data in {p.read_bytes() for p in blob.parent.iterdir()}
+
+
+def test_a_fill_gives_up_after_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_upstream, "FILL_RETRY_FIRST", 10.0)  # fewer tries, the same budget
+    monkeypatch.setattr(_upstream, "FILL_RETRY_MAX", 10.0)
+    with HostileHub() as first:
+        upstream = make_upstream(tmp_path, first.url)
+        upstream.prepare("model", "evil/repo", "main")
+    clock = upstream.clock
+    assert isinstance(clock, FakeClock)
+    with pytest.raises(UpstreamError) as caught:
+        upstream.fill("model", "evil/repo", COMMIT, "config.json")
+    assert caught.value.status == 503
+    assert _upstream.FILL_RETRY_BUDGET - 10.0 <= sum(clock.slept) <= _upstream.FILL_RETRY_BUDGET
