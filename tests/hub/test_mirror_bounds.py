@@ -440,3 +440,16 @@ def test_a_fill_gives_up_after_its_budget(tmp_path: Path, monkeypatch: pytest.Mo
         upstream.fill("model", "evil/repo", COMMIT, "config.json")
     assert caught.value.status == 503
     assert _upstream.FILL_RETRY_BUDGET - 10.0 <= sum(clock.slept) <= _upstream.FILL_RETRY_BUDGET
+
+
+@pytest.mark.parametrize("unit", ["*_", "a*", "**a", "_a"])
+def test_a_card_full_of_emphasis_markers_is_shown_as_text(unit: str) -> None:
+    """500 KB of emphasis markers cost 7.5 s to render; past MAX_CARD_EMPHASIS the card is
+    shown as text (the check counts, it does not time)."""
+    from cmh.hub.mirror.web._cards import MAX_CARD_EMPHASIS, _read_card
+
+    card = _read_card((unit * (500_000 // len(unit))).encode())
+    assert any("shown as text" in n for n in card.notes)
+    assert str(MAX_CARD_EMPHASIS) in " ".join(card.notes)
+    fine = _read_card(b"# title\n\nsome *emphasis* and __strong__ words\n")
+    assert "<em>emphasis</em>" in fine.html and not fine.notes
