@@ -37,7 +37,8 @@ class ComputePool:
         self._clients: dict[str, tuple[asyncio.Semaphore, int]] = {}
 
     @contextlib.asynccontextmanager
-    async def _turn(self, client: str) -> AsyncIterator[None]:
+    async def turn(self, client: str) -> AsyncIterator[None]:
+        """Wait until ``client`` has fewer than ``per_client`` computations under way."""
         gate, users = self._clients.get(client, (None, 0))
         if gate is None:
             gate = asyncio.Semaphore(self.per_client)
@@ -54,7 +55,7 @@ class ComputePool:
 
     async def run(self, client: str, func: Callable[..., T], *args: Any) -> T:
         """``func(*args)`` on the pool, once ``client`` has fewer than ``per_client`` running."""
-        async with self._turn(client):
+        async with self.turn(client):
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._pool, func, *args)
 

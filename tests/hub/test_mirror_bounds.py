@@ -453,3 +453,38 @@ def test_a_card_full_of_emphasis_markers_is_shown_as_text(unit: str) -> None:
     assert str(MAX_CARD_EMPHASIS) in " ".join(card.notes)
     fine = _read_card(b"# title\n\nsome *emphasis* and __strong__ words\n")
     assert "<em>emphasis</em>" in fine.html and not fine.notes
+
+
+def test_the_compute_pool_limits_each_client_and_forgets_idle_ones() -> None:
+    """Six unauthenticated requests stalled a worker; now a client has at most
+    ``per_client`` computations under way and another client is not held up by it."""
+    from cmh.hub.mirror._compute import ComputePool
+
+    pool = ComputePool(workers=4, per_client=2)  # threads to spare: the limit is the client's
+    release = threading.Event()
+    running: list[str] = []
+
+    def work(who: str) -> str:
+        running.append(who)
+        release.wait(30)
+        return who
+
+    async def run() -> list[str]:
+        loop = asyncio.get_running_loop()
+        greedy = [asyncio.ensure_future(pool.run("a", work, "a")) for _ in range(6)]
+        while len(running) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert running == ["a", "a"]  # the other four wait, without a thread
+        async with asyncio.timeout(30):
+            async with pool.turn("b"):  # another client's turn is not held up
+                pass
+        await loop.run_in_executor(None, release.set)
+        return await asyncio.gather(*greedy)
+
+    try:
+        assert asyncio.run(run()) == ["a"] * 6
+        assert pool.clients() == 0
+    finally:
+        release.set()
+        pool.close()

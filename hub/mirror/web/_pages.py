@@ -232,11 +232,20 @@ def _host(request: web.Request) -> str:
 
 
 async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> web.Response:
+    from .._app import client_of
+
     loop = asyncio.get_running_loop()
     context = _base(request, who)
     context["endpoint"] = mirror_url(request)
+    work = partial(build, request, who, context, *args)
     try:
-        body = await loop.run_in_executor(None, partial(build, request, who, context, *args))
+        if build in (_repo_page, _file_page):
+            # They may compute (a card, a fingerprint, verify now): a client builds at most
+            # the compute pool's ``per_client`` at once, so it cannot hold every thread.
+            async with _compute(request).turn(client_of(request)):
+                body = await loop.run_in_executor(None, work)
+        else:
+            body = await loop.run_in_executor(None, work)
     except StoreError as exc:  # the storage failed (StoreUnavailable)
         raise PageError(503, f"the store cannot be read now: {exc}") from None
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)
