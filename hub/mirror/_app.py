@@ -120,6 +120,7 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
     add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_response_prepare.append(_origin_headers)
+
     async def close_compute(app: web.Application) -> None:
         state.compute.close()  # a computation under way does not hold the exit
 
