@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import email.utils
 import fcntl
 import json
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import httpcore2
 import httpx2
 from cmh.hub.cache import COMMIT_RE, ETAG_RE, REPO_TYPE_PREFIX, LayoutError, validate_relpath
 
@@ -143,18 +145,91 @@ def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
         client = _clients.get(key)
         if client is None:
             headers = {"User-Agent": user_agent()}
+            limits = httpx2.Limits(max_connections=32, max_keepalive_connections=8)
+            transport = httpx2.HTTPTransport(trust_env=True, limits=limits)
+            pool = transport._pool
+            if isinstance(pool, httpcore2.ConnectionPool):  # every read sees the deadline
+                pool._network_backend = _DeadlineBackend(pool._network_backend)
             client = httpx2.Client(
                 headers=headers,
                 event_hooks={"request": [_apply_rule]},
                 follow_redirects=True,
                 trust_env=True,
                 timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
-                limits=httpx2.Limits(max_connections=32, max_keepalive_connections=8),
+                limits=limits,
+                transport=transport,
             )
             if not _clients:
                 atexit.register(_close_clients)
             _clients[key] = client
         return client
+
+
+#: The ``time.monotonic()`` by which the request under way in this thread must be done
+#: (``None``: only its idle timeouts): checked at every read from the network, so an
+#: answer whose headers come a byte at a time ends at its deadline too.
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "cmh_http_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def total_deadline(deadline: float) -> Iterator[None]:
+    """Every network read made inside ends by ``deadline`` (a ``time.monotonic()`` value)."""
+    token = _deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A connection whose reads wait no later than the thread's :data:`_deadline`."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        deadline = _deadline.get()
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise httpcore2.ReadTimeout("the request's total deadline has passed")
+            timeout = left if timeout is None else min(timeout, left)
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore2.NetworkBackend):
+    """The pool's network backend, its connections' reads bounded by :data:`_deadline`."""
+
+    def __init__(self, inner: httpcore2.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.connect_tcp(*args, **kwargs))
+
+    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(*args, **kwargs))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
 
 
 def _close_clients() -> None:
@@ -316,7 +391,9 @@ class HubClient:
         request = self._client.build_request(
             "GET", url, headers=headers, extensions=self._chain(True)
         )
-        response = self._client.send(request, stream=True)
+        # The answer's headers within the idle timeout in all (the body has its own bound).
+        with total_deadline(time.monotonic() + self.timeout):
+            response = self._client.send(request, stream=True)
         try:
             yield response
         finally:
@@ -363,12 +440,14 @@ class HubClient:
                 extensions=self._chain(False),
             )
             try:
-                response = self._client.send(request, stream=True)
+                with total_deadline(deadline):
+                    response = self._client.send(request, stream=True)
             except httpx2.TransportError as exc:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
             try:
-                body = _read_capped(response, url, deadline)
+                with total_deadline(deadline):
+                    body = _read_capped(response, url, deadline)
             except httpx2.TransportError as exc:
                 raise _unreachable(self.endpoint, exc) from exc
             finally:
@@ -404,12 +483,13 @@ class HubClient:
             for _ in range(MAX_REDIRECTS + 1):
                 self._count(requests=1)
                 try:
-                    response = self._client.head(
-                        target,
-                        follow_redirects=False,
-                        timeout=max(0.1, min(budget, deadline - time.monotonic())),
-                        extensions=chain,
-                    )
+                    with total_deadline(deadline):
+                        response = self._client.head(
+                            target,
+                            follow_redirects=False,
+                            timeout=max(0.1, min(budget, deadline - time.monotonic())),
+                            extensions=chain,
+                        )
                 except httpx2.TransportError as exc:
                     raise _unreachable(self.endpoint, exc) from exc
                 headers = response.headers
@@ -494,11 +574,12 @@ class HubClient:
             request = self._client.build_request(
                 "GET", url, timeout=metadata_timeout(), extensions=self._chain(False)
             )
-            response = self._client.send(request, stream=True)
-            try:
-                content = _read_capped(response, url, deadline)
-            finally:
-                response.close()
+            with total_deadline(deadline):
+                response = self._client.send(request, stream=True)
+                try:
+                    content = _read_capped(response, url, deadline)
+                finally:
+                    response.close()
         except (httpx2.TransportError, UnsafeRedirect, ResolveError):
             return None
         self._count(nbytes=len(content))

@@ -4,6 +4,10 @@ transfer has a total deadline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +54,44 @@ def test_a_drip_fed_blob_transfer_is_given_up_past_its_deadline() -> None:
         with pytest.raises(HubUnreachableError, match="slower than"):
             client.stream(f"{drip.url}/o/r/resolve/main/f", 0, got.append, limit=200)
     assert 0 < sum(map(len, got)) < 200
+
+
+def test_an_answer_whose_headers_come_a_byte_at_a_time_ends_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Headers sent a byte at a time never trip a read timeout; every read of a request
+    now waits no later than its total deadline (HF_HUB_ETAG_TIMEOUT for metadata)."""
+    from cmh.hub.resolver import HubClient, ResolveError
+
+    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 100
+    rest = b'\r\nETag: "' + b"a" * 40 + b'"\r\nContent-Length: 0\r\n\r\n'
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    stop = threading.Event()
+
+    def drip() -> None:
+        listener.settimeout(30)
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                for byte in head:  # 5 s in all, then a good answer: the old code took it
+                    if stop.is_set():
+                        return
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.05)
+                conn.sendall(rest)
+                stop.wait(10)
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
+    try:
+        client = HubClient(f"http://127.0.0.1:{listener.getsockname()[1]}", None)
+        with pytest.raises(ResolveError):  # a HEAD: no body whose reads would check time
+            client.served(client.file_url("o/r", "model", "main", "f"))
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
