@@ -112,6 +112,11 @@ class Outcome:
         return UpstreamError(self.status, self.code, self.message, dict(self.headers))
 
 
+class UpstreamUnreachable(UpstreamError):
+    """The typed 503 of an upstream that could not be reached (refused, reset, timed out,
+    429/5xx after the resolver's retries): the one failure a fill tries again."""
+
+
 def unavailable(message: str) -> UpstreamError:
     """The typed 503 of an upstream that cannot be asked while nothing usable is cached."""
     return UpstreamError(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
@@ -122,10 +127,13 @@ def failed(exc: Exception, doing: str) -> UpstreamError:
     when it broke the protocol or a limit (a refused redirect, a listing too long...) or
     sent bytes that fail their check,
     else the typed 503."""
-    from cmh.hub.resolver import HubProtocolError, IntegrityError
+    from cmh.hub.resolver import HubProtocolError, HubUnreachableError, IntegrityError
 
     if isinstance(exc, (HubProtocolError, IntegrityError)):
         return UpstreamError(502, "UpstreamProtocolError", f"upstream {doing}: {exc}")
+    if isinstance(exc, HubUnreachableError):
+        message = f"upstream {doing}: {exc}"
+        return UpstreamUnreachable(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
     return unavailable(f"upstream {doing}: {exc}")
 
 
@@ -297,10 +305,11 @@ class Upstream:
         """Bring the blob of ``path`` at ``commit`` into the store (blocking), or wait for
         the fill another process or replica runs.
 
-        An upstream that cannot be reached (a 503 here: refused, reset, timed out, 5xx) is
-        tried again, with pauses doubling from :data:`FILL_RETRY_FIRST` s, until
-        :data:`FILL_RETRY_BUDGET` s of :attr:`clock` have passed; each try resumes what
-        the last one stored. Refusals (4xx) and bad bytes (502) are final at once.
+        An upstream that cannot be reached (:class:`UpstreamUnreachable`: refused, reset,
+        timed out, 5xx) is tried again, with pauses doubling from :data:`FILL_RETRY_FIRST`
+        s, until :data:`FILL_RETRY_BUDGET` s of :attr:`clock` have passed; each try
+        resumes what the last one stored. Refusals (4xx), bad bytes (502) and a failing
+        store are final at once.
         """
         start = self.clock.monotonic()
         pause = FILL_RETRY_FIRST
@@ -308,9 +317,7 @@ class Upstream:
             try:
                 self.pull.fill(self, repo_type, repo_id, commit, path)
                 return
-            except UpstreamError as exc:
-                if exc.status != 503:
-                    raise
+            except UpstreamUnreachable as exc:
                 spent = self.clock.monotonic() - start
                 if spent + pause > FILL_RETRY_BUDGET:
                     raise UpstreamError(

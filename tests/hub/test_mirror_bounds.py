@@ -48,11 +48,26 @@ def refused_url() -> tuple[str, socket.socket]:
     return f"http://127.0.0.1:{sock.getsockname()[1]}", sock
 
 
-def make_upstream(tmp_path: Path, url: str) -> Upstream:
-    backend = open_store(tmp_path / "store")
+def make_upstream(tmp_path: Path, url: str, store: str | None = None) -> Upstream:
+    """An upstream of ``url`` filling ``store`` (a folder or bucket URL; else a folder)."""
+    backend = open_store(store or tmp_path / "store")
     upstream = Upstream(backend.pull_through(300.0), UpstreamConfig(url))
     upstream.clock = FakeClock()
     return upstream
+
+
+@pytest.fixture(params=["folder", "bucket"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store kind a pull-through fills: a folder, a bucket (moto)."""
+    if request.param == "folder":
+        return str(tmp_path / "store")
+    from bucket_support import use_bucket
+
+    bucket = request.getfixturevalue("moto_bucket")
+    use_bucket(bucket, tmp_path, request.getfixturevalue("monkeypatch"))
+    backend = open_store(bucket.url)
+    backend.create()
+    return str(bucket.url)
 
 
 # -- 1. bounded structures -----------------------------------------------------------------
@@ -396,7 +411,7 @@ class OnPort(HostileHub):
 
 
 def test_a_fill_retries_an_upstream_that_refuses_for_a_while(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_url: str
 ) -> None:
     """A 3 s upstream restart failed fills (4 tries in 1.8 s, all refused). A fill now
     retries for FILL_RETRY_BUDGET s on the upstream's clock: here the upstream refuses for
@@ -405,7 +420,7 @@ def test_a_fill_retries_an_upstream_that_refuses_for_a_while(
     data = b"weights " * 1000
     files = {"config.json": b"{}\n", "model.bin": data}
     with HostileHub(files=files) as first:
-        upstream = make_upstream(tmp_path, first.url)
+        upstream = make_upstream(tmp_path, first.url, store_url)
         upstream.prepare("model", "evil/repo", "main")  # the listing is held
         port = int(first.url.rsplit(":", 1)[1])
     # nothing listens on the port now: every connection is refused
@@ -424,8 +439,11 @@ def test_a_fill_retries_an_upstream_that_refuses_for_a_while(
         for hub in back:
             hub.stop()
     assert back and sum(clock.slept) >= 10.0
-    blob = next((tmp_path / "store").rglob("blobs/*"))
-    assert data in {p.read_bytes() for p in blob.parent.iterdir()}
+    backend = open_store(store_url)
+    index = backend.resolve("model", "evil/repo", COMMIT)
+    assert index is not None
+    with backend.opener(index.files["model.bin"]) as f:
+        assert f.read() == data
 
 
 def test_a_fill_gives_up_after_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
