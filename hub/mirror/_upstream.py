@@ -58,6 +58,8 @@ NEGATIVE_FOR = 10.0
 #: Outcomes of failed revalidations kept per worker (the least recently used go first): a
 #: client asking for 20,000 unknown names holds this many, not 20,000.
 MAX_NEGATIVE = 4096
+#: Characters of a failure's message kept with its outcome.
+MAX_OUTCOME_MESSAGE = 2048
 #: Seconds a fill goes on retrying an upstream that cannot be reached (refused, reset, 5xx)
 #: before its clients hear an error: an upstream restart does not fail the fills under way.
 FILL_RETRY_BUDGET = 30.0
@@ -105,7 +107,8 @@ class Outcome:
 
     @classmethod
     def of(cls, exc: HubError, at: float) -> Outcome:
-        return cls(exc.status, exc.code, exc.message, dict(exc.headers), at)
+        message = exc.message[:MAX_OUTCOME_MESSAGE]  # what is kept is bounded, too
+        return cls(exc.status, exc.code, message, dict(exc.headers), at)
 
     def error(self) -> UpstreamError:
         """A new error for this outcome (no traceback, no cause)."""

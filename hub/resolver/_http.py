@@ -52,6 +52,9 @@ from ._types import (
 #: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
 #: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
 MAX_API_BYTES = 32 << 20
+#: Characters of a Hub's error message kept (a 30 MiB ``error`` field would be held by
+#: every answer that passes it on).
+MAX_MESSAGE = 1024
 #: A body transfer may last its idle timeout plus one second per this many bytes received:
 #: a sender dripping bytes (which never trips the idle timeout) is given up on, a slow but
 #: real link is not (its transfer is resumed where it stopped).
@@ -847,16 +850,21 @@ def raise_for_status(response: httpx2.Response) -> None:
 
 
 def hub_message(response: httpx2.Response) -> str:
-    """What the Hub says about an error: ``X-Error-Message``, else the JSON body's ``error``."""
+    """What the Hub says about an error: ``X-Error-Message``, else the JSON body's ``error``
+    (at most :data:`MAX_MESSAGE` characters: it is passed on, and remembered)."""
     said = response.headers.get("X-Error-Message", "").strip()
     if said:
-        return said
+        return _cut(said)
     try:
         body = json.loads(response.content)
     except (ValueError, httpx2.ResponseNotRead):
         return ""
     error = body.get("error") if isinstance(body, dict) else None
-    return error.strip() if isinstance(error, str) else ""
+    return _cut(error.strip()) if isinstance(error, str) else ""
+
+
+def _cut(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
 
 def retry_after(headers: httpx2.Headers) -> float | None:

@@ -95,3 +95,18 @@ def test_an_answer_whose_headers_come_a_byte_at_a_time_ends_at_its_deadline(
         stop.set()
         thread.join(10)
         listener.close()
+
+
+def test_a_hub_error_message_is_kept_short() -> None:
+    """An error answer's ``error`` field (up to 32 MiB) was kept whole, passed on and
+    remembered with the failure."""
+    import httpx2
+    from cmh.hub.resolver._http import MAX_MESSAGE, hub_message
+
+    long = httpx2.Response(404, json={"error": "x" * 1_000_000})
+    assert len(hub_message(long)) <= MAX_MESSAGE
+    header = httpx2.Response(404, headers={"X-Error-Message": "y" * 20_000})
+    assert len(hub_message(header)) <= MAX_MESSAGE
+    assert hub_message(httpx2.Response(404, json={"error": " Repo not found "})) == (
+        "Repo not found"
+    )
