@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 MAX_FILLS = 16  # fills running at once in one worker (each holds a thread while it transfers)
+#: Fills started and not ended in one worker (each holds a thread, running or waiting for
+#: a slot): past this, a request for another blob answers 503 until some end.
+MAX_PENDING_FILLS = 256
 #: Outcomes of failed fills kept per worker (for ``NEGATIVE_FOR`` s; least recent go first).
 MAX_FAILED_FILLS = 4096
 
@@ -73,6 +76,9 @@ class Fills:
         running = self._running.get(blob)
         if running is not None:
             return running
+        if len(self._running) >= MAX_PENDING_FILLS:
+            message = f"{MAX_PENDING_FILLS} fills are under way in this worker: try again soon"
+            raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "5"})
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 

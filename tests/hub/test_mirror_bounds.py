@@ -506,3 +506,36 @@ def test_the_compute_pool_limits_each_client_and_forgets_idle_ones() -> None:
     finally:
         release.set()
         pool.close()
+
+
+def test_fills_under_way_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each fill holds a thread; a client naming many blobs (and leaving) started one per
+    blob without bound."""
+    from cmh.hub.mirror import _filling
+    from cmh.hub.mirror._errors import HubError
+
+    monkeypatch.setattr(_filling, "MAX_PENDING_FILLS", 5, raising=False)
+    release = threading.Event()
+
+    class Held:
+        def fill(self, *args: Any) -> None:
+            release.wait(30)
+
+    async def run() -> int:
+        fills = _filling.Fills(Held())  # type: ignore[arg-type]
+        started = []
+        refused = 0
+        for i in range(20):
+            try:
+                started.append(fills.start("model", "o/r", "c" * 40, f"f{i}", Path(f"/x/{i}")))
+            except HubError as exc:
+                assert exc.status == 503
+                refused += 1
+        await asyncio.get_running_loop().run_in_executor(None, release.set)
+        await asyncio.gather(*started)
+        return refused
+
+    try:
+        assert asyncio.run(run()) == 15
+    finally:
+        release.set()
