@@ -19,6 +19,7 @@ import io
 import os
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,8 @@ _TRUE = {"1", "true", "yes", "on"}
 #: Seconds a pull-through request waits for a revalidation before a usable stale copy
 #: answers (the revalidation goes on; spec/hub-mirror.md 8.2).
 STALE_AFTER = 3.0
+#: Revalidations (pull-through) running at once in one worker; more wait their turn.
+REVALIDATION_THREADS = 8
 #: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
 MANIFEST_FILL_WAIT = 8.0
 
@@ -91,6 +94,10 @@ class MirrorState:
     compute: ComputePool = field(default_factory=ComputePool)
     #: Seconds a request waits for its revision's revalidation in all (pull-through).
     upstream_wait: float = 60.0
+    #: The threads revalidations run on (pull-through), apart from the request threads.
+    revalidations: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(REVALIDATION_THREADS, "cmh-revalidate")
+    )
 
     #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
     #: fills); a placeholder that holds nothing for a remote store.
@@ -123,6 +130,7 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
 
     async def close_compute(app: web.Application) -> None:
         state.compute.close()  # a computation under way does not hold the exit
+        state.revalidations.shutdown(wait=False, cancel_futures=True)
 
     app.on_cleanup.append(close_compute)
     sender = state.backend.remote_sender(state.delivery)
@@ -256,10 +264,17 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
     # token reads is kept but not served without a grant (_readable).
     revision = route.revision or "main"
+    with _store_errors():
+        fresh = await _run(state.upstream.fresh, route.repo_type, route.repo_id, revision)
+    if fresh:
+        return
+    # Revalidations wait on the upstream: on threads of their own, so an upstream that
+    # answers slowly cannot take the threads that answer other requests and read the store.
     loop = asyncio.get_running_loop()
     pending = loop.run_in_executor(
-        None, _prepare_checked, state.upstream, route.repo_type, route.repo_id, revision
-    )
+        state.revalidations, _prepare_checked, state.upstream, route.repo_type, route.repo_id,
+        revision,
+    )  # fmt: skip
     try:
         note = await asyncio.wait_for(asyncio.shield(pending), STALE_AFTER)
     except TimeoutError:

@@ -212,10 +212,7 @@ class Upstream:
         Raises :class:`UpstreamError` for what the upstream refused, or when it
         cannot be asked and nothing usable is cached.
         """
-        if COMMIT_RE.match(revision):
-            if self.pull.held(repo_type, repo_id, revision) is not None:
-                return None  # a commit never changes: never revalidated
-        elif self.clock.time() < self._known_expiry(repo_type, repo_id, revision):
+        if self.fresh(repo_type, repo_id, revision):
             return None
         key = (repo_type, repo_id, revision)
         with self._keys.hold(key):
@@ -241,6 +238,13 @@ class Upstream:
         else:
             self._failed.put(key, note)
         return note
+
+    def fresh(self, repo_type: str, repo_id: str, revision: str) -> bool:
+        """Whether the store answers ``revision`` without asking the upstream (a held
+        commit, or a branch within its freshness): read from the store only."""
+        if COMMIT_RE.match(revision):
+            return self.pull.held(repo_type, repo_id, revision) is not None  # never changes
+        return self.clock.time() < self._known_expiry(repo_type, repo_id, revision)
 
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The ``Warning`` for answering ``revision`` from the store while its revalidation

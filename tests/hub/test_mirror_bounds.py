@@ -16,7 +16,7 @@ from cmh.hub.mirror import _upstream
 from cmh.hub.mirror._memo import KeyedLocks, Memo
 from cmh.hub.mirror._upstream import Outcome, Upstream, UpstreamConfig, UpstreamError
 from cmh.hub.mirror.stores import open_store
-from hostile_upstream import COMMIT, HostileHub
+from hostile_upstream import COMMIT, HostileHub, Seen
 from loop_server import LoopServer
 
 
@@ -539,3 +539,80 @@ def test_fills_under_way_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert asyncio.run(run()) == 15
     finally:
         release.set()
+
+
+class DripOrHub(HostileHub):
+    """:class:`HostileHub` (``evil/repo``), and any ``drip/*`` revision answered a byte
+    every 50 ms, for 60 s at most or until ``ending`` is set."""
+
+    ending = False
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        if not request.path.startswith("/api/models/drip/"):
+            return await super().handler(request)
+        self.seen.append(Seen(request.method, request.path, None))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        try:
+            await response.write(b"{")
+            for _ in range(1200):
+                if self.ending:
+                    break
+                await response.write(b" ")
+                await asyncio.sleep(0.05)
+        except (ConnectionError, RuntimeError):
+            pass
+        return response
+
+
+def test_slow_revalidations_leave_the_request_threads_free(tmp_path: Path) -> None:
+    """With as many drip-fed revalidations in flight as the worker has request threads, a
+    stored repo's tree and the repo list timed out: the revalidations held every thread.
+    They run on threads of their own now."""
+    import os
+
+    import aiohttp
+    from mirror_support import MirrorServer
+
+    drips = min(32, (os.cpu_count() or 1) + 4) + 2  # more than the default executor's threads
+    store = tmp_path / "pull"
+    store.mkdir()
+    env = {**os.environ, "HF_HUB_ETAG_TIMEOUT": "60"}  # the drips stay in flight
+    upstream = DripOrHub().start()
+    server = MirrorServer(
+        store, tmp_path / "logs", extra_args=("--upstream", upstream.url), env=env
+    )
+
+    def dripping() -> int:
+        return sum(s.path.startswith("/api/models/drip/") for s in upstream.seen)
+
+    async def run() -> tuple[list[int], bool]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            async with session.get(f"{server.url}/api/models/evil/repo/tree/main") as first:
+                assert first.status == 200  # now stored and fresh
+            slow = [
+                asyncio.ensure_future(
+                    session.get(f"{server.url}/api/models/drip/d{i}/revision/main")
+                )
+                for i in range(drips)
+            ]
+            async with asyncio.timeout(30):  # the revalidations are under way
+                while dripping() < 6:
+                    await asyncio.sleep(0.05)
+            statuses = []
+            async with asyncio.timeout(20):  # generous; before: no answer at all
+                for path in ("/api/models/evil/repo/tree/main", "/api/models"):
+                    async with session.get(server.url + path) as r:
+                        statuses.append(r.status)
+            in_flight = not any(s.done() for s in slow)
+            for s in slow:
+                s.cancel()
+            return statuses, in_flight
+
+    try:
+        statuses, in_flight = asyncio.run(run())
+    finally:
+        upstream.ending = True  # the drips end: the revalidations too, the server stops at once
+        server.stop()
+        upstream.stop()
+    assert statuses == [200, 200] and in_flight
