@@ -13,11 +13,11 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._auth import AccessPolicy, TokensFileError, load_tokens, repo_key, unserved_grants
+    from ._errors import StoreError
     from ._index import build_index
     from ._run import ServeConfig, ServeError, serve
     from ._upstream import UpstreamConfig, needs_upstream_token, record_upstream_access
     from .stores import MirrorStore, StoreMissing, StoreUnavailable, open_store, parse_location
-    from .stores._base import StoreError
     from .stores.bucket._bucket import (
         SYSTEM_CLOCK,
         BucketError,
@@ -72,7 +72,7 @@ _EXPORTS = {
     "record_upstream_access": "_upstream",
     "InvalidNameError": "stores.local._folder",
     "RepoSummary": "stores.local._folder",
-    "StoreError": "stores._base",
+    "StoreError": "_errors",
     "add_folder": "stores.local._folder",
     "list_store": "stores.local._folder",
     "scan_folder": "stores.local._folder",

@@ -30,6 +30,7 @@ from . import _catalog as catalog
 from . import _documents as documents
 from . import _hub_documents as hub_documents
 from ._auth import bearer_token
+from ._compute import client_of
 from ._errors import HubError
 from ._fingerprints import fingerprint_of
 from ._index import CommitIndex, FileEntry
@@ -73,6 +74,12 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
     add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_response_prepare.append(_origin_headers)
+
+    async def close_compute(app: web.Application) -> None:
+        state.compute.close()  # a computation under way does not hold the exit
+        state.revalidations.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(close_compute)
     sender = state.backend.remote_sender(state.delivery)
     if sender is not None:
 
@@ -168,9 +175,9 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         elif route.kind == "commits":
             answer = await _commits(request, state, route, index)
         elif route.kind == "manifest":
-            answer = await _manifest(state, route, index)
+            answer = await _manifest(state, route, index, client_of(request))
         else:
-            answer = await _fingerprint(state, route, index)
+            answer = await _fingerprint(state, route, index, client_of(request))
         if request.get(STALE_KEY):
             answer.headers["Warning"] = request[STALE_KEY]
         return answer
@@ -204,17 +211,24 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
     # token reads is kept but not served without a grant (_readable).
     revision = route.revision or "main"
+    with _store_errors():
+        fresh = await _run(state.upstream.fresh, route.repo_type, route.repo_id, revision)
+    if fresh:
+        return
+    # Revalidations wait on the upstream: on threads of their own, so an upstream that
+    # answers slowly cannot take the threads that answer other requests and read the store.
     loop = asyncio.get_running_loop()
     pending = loop.run_in_executor(
-        None, _prepare_checked, state.upstream, route.repo_type, route.repo_id, revision
-    )
+        state.revalidations, _prepare_checked, state.upstream, route.repo_type, route.repo_id,
+        revision,
+    )  # fmt: skip
     try:
         note = await asyncio.wait_for(asyncio.shield(pending), STALE_AFTER)
     except TimeoutError:
         # A stalled upstream: answer from a usable stale copy while the revalidation goes on.
         note = await _run(state.upstream.stale_note, route.repo_type, route.repo_id, revision)
         if note is None:
-            note = await _settled(pending)
+            note = await _settled(pending, max(0.0, state.upstream_wait - STALE_AFTER))
         else:
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
     except UpstreamError as exc:
@@ -228,9 +242,15 @@ def _prepare_checked(upstream: Upstream, repo_type: str, repo_id: str, revision:
         return upstream.prepare(repo_type, repo_id, revision)
 
 
-async def _settled(pending: asyncio.Future[Any]) -> Any:
+async def _settled(pending: asyncio.Future[Any], wait: float) -> Any:
+    """The outcome of a revalidation, waited for ``wait`` seconds at most (then a typed 503;
+    the revalidation goes on, bounded by its own requests' deadlines)."""
     try:
-        return await pending
+        return await asyncio.wait_for(asyncio.shield(pending), wait)
+    except TimeoutError:
+        pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        message = "the upstream did not answer in time and nothing usable is cached"
+        raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"}) from None
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
 
@@ -667,7 +687,7 @@ async def _start_fill(
         )  # fmt: skip
     failed = state.fills.recent_failure(entry.source)
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
-        raise _fill_error(failed)
+        raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
     return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
 
 
@@ -984,7 +1004,9 @@ def _listing(
 # -- tensor manifest (cmh extension) -----------------------------------------------------
 
 
-async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
+async def _manifest(
+    state: MirrorState, route: Route, index: CommitIndex, client: str
+) -> web.Response:
     """Per-tensor SHA-256 and v1 root of one safetensors file (manifests.py)."""
     from ._manifests import ManifestError
 
@@ -1004,7 +1026,9 @@ async def _manifest(state: MirrorState, route: Route, index: CommitIndex) -> web
     if not await _run(_present, state, entry):
         raise HubError(503, "BlobUnavailable", "blob not in the store yet", {"Retry-After": "30"})
     try:
-        doc = await _run(state.backend.manifest, route.repo_type, route.repo_id, entry)
+        doc = await state.compute.run(
+            client, state.backend.manifest, route.repo_type, route.repo_id, entry
+        )
     except ManifestError as exc:
         raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}", commit) from None
     except OSError as exc:
@@ -1021,6 +1045,8 @@ def _present(state: MirrorState, entry: FileEntry) -> bool:
 # -- fingerprint (cmh extension) ---------------------------------------------------------
 
 
-async def _fingerprint(state: MirrorState, route: Route, index: CommitIndex) -> web.Response:
-    body = await _run(fingerprint_of, state, route, index)
+async def _fingerprint(
+    state: MirrorState, route: Route, index: CommitIndex, client: str
+) -> web.Response:
+    body = await state.compute.run(client, fingerprint_of, state, route, index)
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})

@@ -1,4 +1,4 @@
-"""The one error type the mirror answers the way the Hub does."""
+"""The error the mirror answers the way the Hub does, and the errors of its stores."""
 
 from __future__ import annotations
 
@@ -14,3 +14,15 @@ class HubError(Exception):
         self.code = code
         self.message = message
         self.headers = headers or {}
+
+
+class StoreError(Exception):
+    """An import or listing that cannot be done (bad source, bad name, failed check)."""
+
+
+class StoreUnavailable(StoreError):
+    """The storage behind a store failed (answered with an error, or not at all)."""
+
+
+class StoreMissing(StoreError):
+    """The store does not exist (no such folder, no such bucket)."""

@@ -32,7 +32,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from cmh.hub.cache import new_digest
 
+from ._errors import HubError
+from ._memo import Memo
 from ._send import BodyCut
+from ._upstream import NEGATIVE_FOR, Outcome
 from .stores import FillFailed, FillReader, SentRanges
 
 if TYPE_CHECKING:
@@ -41,6 +44,11 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 MAX_FILLS = 16  # fills running at once in one worker (each holds a thread while it transfers)
+#: Fills started and not ended in one worker (each holds a thread, running or waiting for
+#: a slot): past this, a request for another blob answers 503 until some end.
+MAX_PENDING_FILLS = 256
+#: Outcomes of failed fills kept per worker (for ``NEGATIVE_FOR`` s; least recent go first).
+MAX_FAILED_FILLS = 4096
 
 
 class Fills:
@@ -49,18 +57,16 @@ class Fills:
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
         self._slots = threading.BoundedSemaphore(MAX_FILLS)
-        self._running: dict[Path, asyncio.Future[None]] = {}
-        self._failed: dict[Path, tuple[float, BaseException]] = {}
+        self._running: dict[Path, asyncio.Future[None]] = {}  # one per fill under way
         self.clock = upstream.clock.monotonic  # the negative cache's (tests move it)
+        #: What each recently failed fill answers (an outcome, never the exception).
+        self._failed: Memo[Path, Outcome] = Memo(
+            MAX_FAILED_FILLS, ttl=NEGATIVE_FOR, timer=lambda: self.clock()
+        )
 
-    def recent_failure(self, blob: Path) -> BaseException | None:
-        """The error of a fill of ``blob`` that failed less than ``NEGATIVE_FOR`` s ago."""
-        from ._upstream import NEGATIVE_FOR
-
-        failed = self._failed.get(blob)
-        if failed is None or self.clock() - failed[0] >= NEGATIVE_FOR:
-            return None
-        return failed[1]
+    def recent_failure(self, blob: Path) -> Outcome | None:
+        """The outcome of a fill of ``blob`` that failed less than ``NEGATIVE_FOR`` s ago."""
+        return self._failed.get(blob)
 
     def start(
         self, repo_type: str, repo_id: str, commit: str, path: str, blob: Path
@@ -69,6 +75,9 @@ class Fills:
         running = self._running.get(blob)
         if running is not None:
             return running
+        if len(self._running) >= MAX_PENDING_FILLS:
+            message = f"{MAX_PENDING_FILLS} fills are under way in this worker: try again soon"
+            raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "5"})
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
@@ -101,12 +110,21 @@ class Fills:
             if not f.cancelled():
                 error = f.exception()  # retrieved: reported to each waiter, not logged
                 if error is not None:
-                    self._failed[blob] = (self.clock(), error)
+                    self._failed.put(blob, _outcome(error, self.clock()))
                 else:
-                    self._failed.pop(blob, None)
+                    self._failed.drop(blob)
 
         fut.add_done_callback(done)
         return fut
+
+
+def _outcome(error: BaseException, at: float) -> Outcome:
+    """What the clients of a failed fill hear: the upstream's answer, else a 502 (the
+    blob failed its check)."""
+    if isinstance(error, HubError):
+        return Outcome.of(error, at)
+    message = f"the upstream's blob failed its check: {error}"
+    return Outcome(502, "UpstreamProtocolError", message, {}, at)
 
 
 async def send_filling(

@@ -23,6 +23,8 @@ from huggingface_hub.repocard import REGEX_YAML_BLOCK
 #: out as JSON; a card whose data is larger than this is ignored.
 MAX_CARD_NODES = 20_000
 MAX_CARD_DEPTH = 32
+#: Front matter longer than this is not parsed (a card's metadata is a few KiB).
+MAX_FRONT_MATTER_BYTES = 64 * 1024
 
 _IGNORED = ": its data is ignored"
 _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in
@@ -73,8 +75,14 @@ def read_front_matter(text: str) -> FrontMatter:
     if match is None:
         return FrontMatter(None, text)
     body = text[match.end() :]
+    block = match.group(2)
+    if len(block.encode("utf-8", "surrogatepass")) > MAX_FRONT_MATTER_BYTES:
+        limit = MAX_FRONT_MATTER_BYTES // 1024
+        return FrontMatter(None, body, f"the card's front matter is over {limit} KiB{_IGNORED}")
     try:
-        data = yaml.load(match.group(2), Loader=_SafeLoader)
+        if _has_alias(block):
+            return FrontMatter(None, body, f"the card's front matter uses YAML aliases{_IGNORED}")
+        data = yaml.load(block, Loader=_SafeLoader)
     except Exception:  # untrusted: YAMLError, RecursionError, ValueError (huge ints), ...
         return FrontMatter(None, body, f"the card's front matter is not valid YAML{_IGNORED}")
     if data is None:
@@ -87,3 +95,9 @@ def read_front_matter(text: str) -> FrontMatter:
         return FrontMatter(None, body, f"the card's front matter is too large{_IGNORED}")
     assert isinstance(plain, dict)
     return FrontMatter(plain, body)
+
+
+def _has_alias(block: str) -> bool:
+    """Whether the YAML text uses an alias (``*name``): refused, since a few aliases can
+    stand for billions of nodes; a card's metadata has no need of them."""
+    return any(isinstance(t, yaml.AliasToken) for t in yaml.scan(block, Loader=_SafeLoader))

@@ -13,13 +13,13 @@ import contextlib
 import json
 import os
 import stat
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cmh.hub.cache import COMMIT_RE, ETAG_RE, LayoutError, RepoLayout, hash_blob, validate_revision
 
 from ._gitobjects import is_lfs, lfs_pointer, lfs_pointer_oid, tree_oids
+from ._memo import Memo
 
 
 @dataclass(frozen=True)
@@ -241,24 +241,30 @@ def _commit_meta(repo: RepoLayout, commit: str) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-class IndexCache:
-    """Commit indexes kept in memory, rebuilt when the snapshot folder or tree file changes."""
+#: Commit indexes kept per worker (the least recently used go first): each lists up to
+#: 100,000 files, and the commits asked for are the clients' choice.
+MAX_INDEXES = 256
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: dict[tuple[Path, str], tuple[tuple[int, int], CommitIndex]] = {}
+
+class IndexCache:
+    """Commit indexes kept in memory (at most ``size``), rebuilt when the snapshot folder
+    or tree file changes."""
+
+    def __init__(self, size: int = MAX_INDEXES) -> None:
+        self._entries: Memo[tuple[Path, str], tuple[tuple[int, int], CommitIndex]] = Memo(size)
 
     def get(self, repo: RepoLayout, commit: str) -> CommitIndex:
         key = (repo.path, commit)
         stamp = self._stamp(repo, commit)
-        with self._lock:
-            hit = self._entries.get(key)
+        hit = self._entries.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
         index = build_index(repo, commit)
-        with self._lock:
-            self._entries[key] = (stamp, index)
+        self._entries.put(key, (stamp, index))
         return index
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     @staticmethod
     def _stamp(repo: RepoLayout, commit: str) -> tuple[int, int]:

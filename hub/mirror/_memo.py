@@ -9,8 +9,9 @@ callers share: the value kept for a key, else one computed and kept.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
 from cachetools import Cache, LRUCache, TTLCache
@@ -32,6 +33,7 @@ class Memo(Generic[K, V]):
     ) -> None:
         self.size, self.ttl = size, ttl
         self._lock = threading.Lock()
+        self._computing = KeyedLocks[K]()
         self._items: Cache[K, V] = (
             LRUCache(size) if ttl is None else TTLCache(size, ttl, timer=timer)
         )
@@ -53,13 +55,19 @@ class Memo(Generic[K, V]):
     def get_or_compute(self, key: K, compute: Callable[[], V], *, exclusive: bool = False) -> V:
         """The value kept for ``key``, else ``compute()``, kept when it returns (an exception
         keeps nothing). ``compute`` runs outside the lock, so a slow one holds up no other
-        key, unless ``exclusive``: then computations run one at a time and a key is
-        computed once even when asked for by several threads at once."""
+        key; with ``exclusive``, a key is computed once even when asked for by several
+        threads at once (they wait for that key only: other keys go on)."""
         with self._lock:
             if key in self._items:
                 return self._items[key]
-            if exclusive:
-                value = self._items[key] = compute()
+        if exclusive:
+            with self._computing.hold(key):
+                with self._lock:
+                    if key in self._items:
+                        return self._items[key]
+                value = compute()
+                with self._lock:
+                    self._items[key] = value
                 return value
         value = compute()
         with self._lock:
@@ -69,3 +77,35 @@ class Memo(Generic[K, V]):
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+class KeyedLocks(Generic[K]):
+    """One lock per key, kept only while a thread holds or waits for it: the locks never
+    outnumber the threads using them, whatever keys a remote party chooses."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[K, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: K) -> Iterator[None]:
+        """Hold the lock of ``key`` (waiting for another holder of the same key only)."""
+        with self._lock:
+            lock, users = self._held.get(key, (None, 0))
+            if lock is None:
+                lock = threading.Lock()
+            self._held[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                lock, users = self._held[key]
+                if users == 1:
+                    del self._held[key]
+                else:
+                    self._held[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)

@@ -172,7 +172,7 @@ def _check_store(config: ServeConfig) -> MirrorStore:
         config = replace(config, public_storage_url=url)
     store = _open_store(config)
     if config.upstream is not None:  # fills need what the store's pull-through needs
-        from .stores.local._folder import StoreError
+        from .stores import StoreError
 
         try:
             pull = store.pull_through(

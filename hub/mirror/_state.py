@@ -8,6 +8,7 @@ the pages never import the application module.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from aiohttp import web
 from cmh.hub.cache import Clock, process_clock
 
 from ._auth import AccessPolicy
+from ._compute import ComputePool
 from ._connections import ConnectionGuard
 from ._cuts import CutLedger
 from ._derived import DerivedCache
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from .stores import MirrorStore
 
 DEFAULT_PAGE_SIZE = 1000
+#: Revalidations (pull-through) running at once in one worker; more wait their turn.
+REVALIDATION_THREADS = 8
 
 
 @dataclass
@@ -54,6 +58,14 @@ class MirrorState:
     #: the worker's one clock (cuts, pages); the server passes it, a test may move it
     clock: Clock = field(default_factory=process_clock)
     cuts: CutLedger = field(init=False)  # blobs whose body was cut (cuts.py), on ``clock``
+    #: CPU-heavy work (fingerprints, manifests, cards, verify now), apart (compute.py).
+    compute: ComputePool = field(default_factory=ComputePool)
+    #: Seconds a request waits for its revision's revalidation in all (pull-through).
+    upstream_wait: float = 60.0
+    #: The threads revalidations run on (pull-through), apart from the request threads.
+    revalidations: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(REVALIDATION_THREADS, "cmh-revalidate")
+    )
 
     #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
     #: fills); a placeholder that holds nothing for a remote store.

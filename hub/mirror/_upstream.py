@@ -46,16 +46,27 @@ another origin (the Hub's CDN).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cmh.hub.cache import COMMIT_RE, Clock, process_clock
 
 from ._errors import HubError
+from ._memo import KeyedLocks, Memo
 
 #: Seconds the outcome of a failed revalidation (an upstream error, or "served stale") or a
 #: failed fill is remembered: requests meanwhile share it instead of asking again.
 NEGATIVE_FOR = 10.0
+#: Outcomes of failed revalidations kept per worker (the least recently used go first): a
+#: client asking for 20,000 unknown names holds this many, not 20,000.
+MAX_NEGATIVE = 4096
+#: Characters of a failure's message kept with its outcome.
+MAX_OUTCOME_MESSAGE = 2048
+#: Seconds a fill goes on retrying an upstream that cannot be reached (refused, reset, 5xx)
+#: before its clients hear an error: an upstream restart does not fail the fills under way.
+FILL_RETRY_BUDGET = 30.0
+#: The pauses between those retries, doubling from the first up to the last.
+FILL_RETRY_FIRST, FILL_RETRY_MAX = 0.5, 5.0
 
 #: The ``Warning`` header of an answer served stale because the upstream failed (RFC 7234).
 STALE_WARNING = '110 cmh "Response is stale"'
@@ -81,6 +92,36 @@ class UpstreamError(HubError):
     """An answer the upstream decided: status, Hub ``X-Error-Code``, message, headers."""
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A failure as kept for the requests that share it: its answer and when it happened.
+
+    Never the exception itself: an exception holds its traceback (and through it the
+    frames that read the upstream's answer, up to a 32 MiB buffer), and one re-raised
+    grows its traceback at every raise.
+    """
+
+    status: int
+    code: str | None
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+    at: float = 0.0
+
+    @classmethod
+    def of(cls, exc: HubError, at: float) -> Outcome:
+        message = exc.message[:MAX_OUTCOME_MESSAGE]  # what is kept is bounded, too
+        return cls(exc.status, exc.code, message, dict(exc.headers), at)
+
+    def error(self) -> UpstreamError:
+        """A new error for this outcome (no traceback, no cause)."""
+        return UpstreamError(self.status, self.code, self.message, dict(self.headers))
+
+
+class UpstreamUnreachable(UpstreamError):
+    """The typed 503 of an upstream that could not be reached (refused, reset, timed out,
+    429/5xx after the resolver's retries): the one failure a fill tries again."""
+
+
 def unavailable(message: str) -> UpstreamError:
     """The typed 503 of an upstream that cannot be asked while nothing usable is cached."""
     return UpstreamError(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
@@ -91,10 +132,13 @@ def failed(exc: Exception, doing: str) -> UpstreamError:
     when it broke the protocol or a limit (a refused redirect, a listing too long...) or
     sent bytes that fail their check,
     else the typed 503."""
-    from cmh.hub.resolver import HubProtocolError, IntegrityError
+    from cmh.hub.resolver import HubProtocolError, HubUnreachableError, IntegrityError
 
     if isinstance(exc, (HubProtocolError, IntegrityError)):
         return UpstreamError(502, "UpstreamProtocolError", f"upstream {doing}: {exc}")
+    if isinstance(exc, HubUnreachableError):
+        message = f"upstream {doing}: {exc}"
+        return UpstreamUnreachable(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
     return unavailable(f"upstream {doing}: {exc}")
 
 
@@ -141,7 +185,7 @@ def record_upstream_access(store: Any, repo_type: str, repo_id: str, *, private:
     (``.cmh/upstream/access.json``): a recorded repo is private at every ``cmh serve`` of
     the store, opened only by a ``--tokens`` grant. Raises the store's
     :class:`~cmh.hub.mirror.StoreError`."""
-    from .stores import StoreUnavailable
+    from ._errors import StoreUnavailable
 
     try:
         store.pull_through(300.0).record_access(repo_type, repo_id, private, False)
@@ -158,15 +202,18 @@ class Upstream:
         self.pull = pull
         self.config = config
         self.url = config.url.rstrip("/")
-        self._lock = threading.Lock()
-        self._keys: dict[tuple[str, str, str], threading.Lock] = {}
+        self._keys: KeyedLocks[tuple[str, str, str]] = KeyedLocks()
         self._counter_lock = threading.Lock()
         self.requests = 0  # requests made to the upstream by this worker
         self.bytes = 0  # body bytes received from the upstream by this worker
         self.on_traffic: Any = None  # callable(requests, nbytes), set by the server for metrics
         #: freshness and the negative cache: the process's (a test's ProcessClock moves it)
         self.clock: Clock = clock if clock is not None else process_clock()
-        self._failed: dict[tuple[str, str, str], tuple[float, UpstreamError | str]] = {}
+        #: The outcome of each recently failed revalidation (or its stale note), for
+        #: :data:`NEGATIVE_FOR` s and at most :data:`MAX_NEGATIVE` of them.
+        self._failed: Memo[tuple[str, str, str], Outcome | str] = Memo(
+            MAX_NEGATIVE, ttl=NEGATIVE_FOR, timer=lambda: self.clock.monotonic()
+        )
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -179,13 +226,6 @@ class Upstream:
             self.on_traffic(requests, nbytes)
 
     _count = count
-
-    def _key_lock(self, key: tuple[str, str, str]) -> threading.Lock:
-        with self._lock:
-            lock = self._keys.get(key)
-            if lock is None:
-                lock = self._keys[key] = threading.Lock()
-            return lock
 
     def client(self) -> Any:
         """A client of the upstream with the mirror's own token (never a client's)."""
@@ -210,29 +250,39 @@ class Upstream:
         Raises :class:`UpstreamError` for what the upstream refused, or when it
         cannot be asked and nothing usable is cached.
         """
-        if COMMIT_RE.match(revision):
-            if self.pull.held(repo_type, repo_id, revision) is not None:
-                return None  # a commit never changes: never revalidated
-        elif self.clock.time() < self._known_expiry(repo_type, repo_id, revision):
+        if self.fresh(repo_type, repo_id, revision):
             return None
         key = (repo_type, repo_id, revision)
-        with self._key_lock(key):
-            # One retry cycle per revision: who waited for a failed one shares its outcome.
-            failed = self._failed.get(key)
-            if failed is not None and self.clock.monotonic() - failed[0] < NEGATIVE_FOR:
-                if isinstance(failed[1], UpstreamError):
-                    raise failed[1]
-                return failed[1]
-            try:
-                note = self._prepare_locked(repo_type, repo_id, revision)
-            except UpstreamError as exc:
-                self._failed[key] = (self.clock.monotonic(), exc)
-                raise
-            if note is None:
-                self._failed.pop(key, None)
-            else:
-                self._failed[key] = (self.clock.monotonic(), note)
-            return note
+        with self._keys.hold(key):
+            outcome = self._prepare_once(key)
+        if isinstance(outcome, Outcome):
+            raise outcome.error()  # raised here, out of every handler: nothing chained
+        return outcome
+
+    def _prepare_once(self, key: tuple[str, str, str]) -> Outcome | str | None:
+        """The outcome of one revalidation of ``key``, or the one that just failed."""
+        # One retry cycle per revision: who waited for a failed one shares its outcome.
+        failed = self._failed.get(key)
+        if failed is not None:
+            return failed
+        try:
+            note = self._prepare_locked(*key)
+        except UpstreamError as exc:
+            outcome = Outcome.of(exc, self.clock.monotonic())
+            self._failed.put(key, outcome)
+            return outcome
+        if note is None:
+            self._failed.drop(key)
+        else:
+            self._failed.put(key, note)
+        return note
+
+    def fresh(self, repo_type: str, repo_id: str, revision: str) -> bool:
+        """Whether the store answers ``revision`` without asking the upstream (a held
+        commit, or a branch within its freshness): read from the store only."""
+        if COMMIT_RE.match(revision):
+            return self.pull.held(repo_type, repo_id, revision) is not None  # never changes
+        return self.clock.time() < self._known_expiry(repo_type, repo_id, revision)
 
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The ``Warning`` for answering ``revision`` from the store while its revalidation
@@ -310,5 +360,28 @@ class Upstream:
 
     def fill(self, repo_type: str, repo_id: str, commit: str, path: str) -> None:
         """Bring the blob of ``path`` at ``commit`` into the store (blocking), or wait for
-        the fill another process or replica runs."""
-        self.pull.fill(self, repo_type, repo_id, commit, path)
+        the fill another process or replica runs.
+
+        An upstream that cannot be reached (:class:`UpstreamUnreachable`: refused, reset,
+        timed out, 5xx) is tried again, with pauses doubling from :data:`FILL_RETRY_FIRST`
+        s, until :data:`FILL_RETRY_BUDGET` s of :attr:`clock` have passed; each try
+        resumes what the last one stored. Refusals (4xx), bad bytes (502) and a failing
+        store are final at once.
+        """
+        start = self.clock.monotonic()
+        pause = FILL_RETRY_FIRST
+        while True:
+            try:
+                self.pull.fill(self, repo_type, repo_id, commit, path)
+                return
+            except UpstreamUnreachable as exc:
+                spent = self.clock.monotonic() - start
+                if spent + pause > FILL_RETRY_BUDGET:
+                    raise UpstreamError(
+                        exc.status,
+                        exc.code,
+                        f"{exc.message} (tried for {spent:.0f} s)",
+                        dict(exc.headers),
+                    ) from None
+            self.clock.sleep(pause)
+            pause = min(FILL_RETRY_MAX, pause * 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import email.utils
 import fcntl
 import json
@@ -24,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
+import httpcore2
 import httpx2
 from cmh.hub.cache import (
     COMMIT_RE,
@@ -51,11 +53,19 @@ from ._types import (
     NotFoundError,
     RemoteFile,
     RemoteRevision,
+    ResolveError,
 )
 
 #: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
 #: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
 MAX_API_BYTES = 32 << 20
+#: Characters of a Hub's error message kept (a 30 MiB ``error`` field would be held by
+#: every answer that passes it on).
+MAX_MESSAGE = 1024
+#: A body transfer may last its idle timeout plus one second per this many bytes received:
+#: a sender dripping bytes (which never trips the idle timeout) is given up on, a slow but
+#: real link is not (its transfer is resumed where it stopped).
+MIN_TRANSFER_RATE = 16 << 10
 #: API answers a client keeps for :mod:`~cmh.hub.resolver._answers` (the first ones).
 MAX_ANSWERS_KEPT = 16
 MAX_LISTED_FILES = 100_000
@@ -147,18 +157,95 @@ def _shared_client(token: str | None, timeout: float) -> httpx2.Client:
         client = _clients.get(key)
         if client is None:
             headers = {"User-Agent": user_agent()}
+            limits = httpx2.Limits(max_connections=32, max_keepalive_connections=8)
+            transport = httpx2.HTTPTransport(trust_env=True, limits=limits)
+            pool = transport._pool
+            if isinstance(pool, httpcore2.ConnectionPool):  # every read sees the deadline
+                pool._network_backend = _DeadlineBackend(pool._network_backend)
             client = httpx2.Client(
                 headers=headers,
                 event_hooks={"request": [_apply_rule]},
                 follow_redirects=True,
                 trust_env=True,
                 timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
-                limits=httpx2.Limits(max_connections=32, max_keepalive_connections=8),
+                limits=limits,
+                transport=transport,
             )
             if not _clients:
                 atexit.register(_close_clients)
             _clients[key] = client
         return client
+
+
+#: Network deadlines are kept on the real monotonic clock: a socket's timeout is the
+#: kernel's, which no injected clock moves (the tries' budget is on the policy's clock).
+_network_now = SYSTEM_CLOCK.monotonic
+
+#: The ``_network_now()`` by which the request under way in this thread must be done
+#: (``None``: only its idle timeouts): checked at every read from the network, so an
+#: answer whose headers come a byte at a time ends at its deadline too.
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "cmh_http_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def total_deadline(deadline: float) -> Iterator[None]:
+    """Every network read made inside ends by ``deadline`` (a ``_network_now()`` value)."""
+    token = _deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A connection whose reads wait no later than the thread's :data:`_deadline`."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        deadline = _deadline.get()
+        if deadline is not None:
+            left = deadline - _network_now()
+            if left <= 0:
+                raise httpcore2.ReadTimeout("the request's total deadline has passed")
+            timeout = left if timeout is None else min(timeout, left)
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore2.NetworkBackend):
+    """The pool's network backend, its connections' reads bounded by :data:`_deadline`."""
+
+    def __init__(self, inner: httpcore2.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.connect_tcp(*args, **kwargs))
+
+    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(*args, **kwargs))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
 
 
 def _close_clients() -> None:
@@ -321,7 +408,9 @@ class HubClient:
         request = self._client.build_request(
             "GET", url, headers=headers, extensions=self._chain(True)
         )
-        response = self._client.send(request, stream=True)
+        # The answer's headers within the idle timeout in all (the body has its own bound).
+        with total_deadline(_network_now() + self.timeout):
+            response = self._client.send(request, stream=True)
         try:
             yield response
         finally:
@@ -356,7 +445,8 @@ class HubClient:
         """GET an API answer, tried again under the retry policy (429, 5xx, network), all
         tries within one ``HF_HUB_ETAG_TIMEOUT`` (a blackholed Hub costs 10 s, not 60)."""
         budget = metadata_timeout()
-        deadline = self.retry.clock.monotonic() + budget
+        deadline = self.retry.clock.monotonic() + budget  # the tries' budget
+        net_deadline = _network_now() + budget  # the same, for the sockets' reads
 
         def once() -> tuple[Any, httpx2.Response]:
             request = self._client.build_request(
@@ -368,12 +458,14 @@ class HubClient:
                 extensions=self._chain(False),
             )
             try:
-                response = self._client.send(request, stream=True)
+                with total_deadline(net_deadline):
+                    response = self._client.send(request, stream=True)
             except httpx2.TransportError as exc:
                 self._count(requests=1)
                 raise _unreachable(self.endpoint, exc) from exc
             try:
-                body = _read_capped(response, url)
+                with total_deadline(net_deadline):
+                    body = _read_capped(response, url, net_deadline)
             except httpx2.TransportError as exc:
                 raise _unreachable(self.endpoint, exc) from exc
             finally:
@@ -401,7 +493,8 @@ class HubClient:
         """
 
         budget = metadata_timeout()
-        deadline = self.retry.clock.monotonic() + budget
+        deadline = self.retry.clock.monotonic() + budget  # the tries' budget
+        net_deadline = _network_now() + budget  # the same, for the sockets' reads
 
         def once() -> ServedFile:
             target = url
@@ -409,12 +502,13 @@ class HubClient:
             for _ in range(MAX_REDIRECTS + 1):
                 self._count(requests=1)
                 try:
-                    response = self._client.head(
-                        target,
-                        follow_redirects=False,
-                        timeout=max(0.1, min(budget, deadline - self.retry.clock.monotonic())),
-                        extensions=chain,
-                    )
+                    with total_deadline(net_deadline):
+                        response = self._client.head(
+                            target,
+                            follow_redirects=False,
+                            timeout=max(0.1, min(budget, deadline - self.retry.clock.monotonic())),
+                            extensions=chain,
+                        )
                 except httpx2.TransportError as exc:
                     raise _unreachable(self.endpoint, exc) from exc
                 headers = response.headers
@@ -494,17 +588,24 @@ class HubClient:
             f"{quote(commit, safe='')}/{quote(validate_relpath(path))}"
         )
         self._count(requests=1)
+        deadline = _network_now() + metadata_timeout()
         try:
-            response = self._client.get(
-                url, timeout=metadata_timeout(), extensions=self._chain(False)
+            request = self._client.build_request(
+                "GET", url, timeout=metadata_timeout(), extensions=self._chain(False)
             )
-        except (httpx2.TransportError, UnsafeRedirect):
+            with total_deadline(deadline):
+                response = self._client.send(request, stream=True)
+                try:
+                    content = _read_capped(response, url, deadline)
+                finally:
+                    response.close()
+        except (httpx2.TransportError, UnsafeRedirect, ResolveError):
             return None
-        self._count(nbytes=len(response.content))
+        self._count(nbytes=len(content))
         if response.status_code != 200:
             return None
         try:
-            doc = json.loads(response.content)
+            doc = json.loads(content)
             tensors = doc["tensors"]
             if doc.get("schema") != "cmh-tensor-manifest/1" or not isinstance(tensors, list):
                 return None
@@ -577,9 +678,12 @@ class HubClient:
                 expected = None if end is None else end - start
                 allowed = None if limit is None else limit - (start if honoured else 0)
                 got = 0
+                began = _network_now()
                 # A compressed answer (asked for only without Range) is decoded for the sink.
                 encoded = response.headers.get("Content-Encoding", "identity") != "identity"
                 for chunk in response.iter_bytes() if encoded else response.iter_raw():
+                    if _network_now() - began > self.timeout + got / MIN_TRANSFER_RATE:
+                        raise HubUnreachableError(f"{url}: {_too_slow(self.timeout, got)}")
                     if expected is not None and got + len(chunk) > expected:
                         raise HubProtocolError(f"{url}: more bytes than the range asked for")
                     if allowed is not None and got + len(chunk) > allowed:
@@ -642,7 +746,11 @@ class HubClient:
                     raise RangeNotSatisfied(f"{url}: no multipart/byteranges answer")
                 self._landed(located, url, response)
                 parser = MultipartParser(match.group(1).encode(), set(ranges), sink)
+                began, got = _network_now(), 0
                 for chunk in response.iter_raw():
+                    if _network_now() - began > self.timeout + got / MIN_TRANSFER_RATE:
+                        raise HubUnreachableError(f"{url}: {_too_slow(self.timeout, got)}")
+                    got += len(chunk)
                     self._count(nbytes=len(chunk))
                     parser.feed(chunk)
                 parser.close()
@@ -650,6 +758,13 @@ class HubClient:
             if not answered:
                 self._count(requests=1)
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _too_slow(timeout: float, got: int) -> str:
+    return (
+        f"transfer slower than {MIN_TRANSFER_RATE >> 10} KiB/s on average past its first"
+        f" {timeout:.0f} s ({got} bytes): given up, to be resumed"
+    )
 
 
 def _unreachable(endpoint: str, exc: httpx2.TransportError) -> HubUnreachableError:
@@ -751,16 +866,21 @@ def raise_for_status(response: httpx2.Response) -> None:
 
 
 def hub_message(response: httpx2.Response) -> str:
-    """What the Hub says about an error: ``X-Error-Message``, else the JSON body's ``error``."""
+    """What the Hub says about an error: ``X-Error-Message``, else the JSON body's ``error``
+    (at most :data:`MAX_MESSAGE` characters: it is passed on, and remembered)."""
     said = response.headers.get("X-Error-Message", "").strip()
     if said:
-        return said
+        return _cut(said)
     try:
         body = json.loads(response.content)
     except (ValueError, httpx2.ResponseNotRead):
         return ""
     error = body.get("error") if isinstance(body, dict) else None
-    return error.strip() if isinstance(error, str) else ""
+    return _cut(error.strip()) if isinstance(error, str) else ""
+
+
+def _cut(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
 
 def retry_after(headers: httpx2.Headers) -> float | None:
@@ -791,12 +911,20 @@ def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
     return None
 
 
-def _read_capped(response: httpx2.Response, url: str) -> bytes:
-    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES`."""
+def _read_capped(response: httpx2.Response, url: str, deadline: float) -> bytes:
+    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES` or
+    once ``deadline`` (``_network_now()``) has passed: a body sent a byte at a time
+    never trips the read timeout, so the total time is checked at every chunk."""
     parts: list[bytes] = []
     total = 0
     try:
         for chunk in response.iter_bytes():
+            if _network_now() > deadline:
+                raise HubUnreachableError(
+                    f"{url}: answer not complete within {metadata_timeout():.0f} s"
+                    " (HF_HUB_ETAG_TIMEOUT)",
+                    transient=False,
+                )
             total += len(chunk)
             if total > MAX_API_BYTES:
                 raise AnswerTooLarge(f"{url}: answer over {MAX_API_BYTES >> 20} MiB once decoded")

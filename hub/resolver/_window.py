@@ -20,24 +20,28 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cachetools import LRUCache
 from cmh.hub.cache import COMMIT_RE
 
 from ._credentials import default_endpoint
 from ._types import Policy
 
 DEFAULT_WINDOW = 10.0
+#: Revisions and repos remembered per process (least recently used first out): a long-lived
+#: process that loads many repos keeps this many, not one entry per name ever asked.
+MAX_REMEMBERED = 4096
 
 _lock = threading.Lock()
 #: (cache, endpoint, repo type, repo id, revision) -> (commit, the policy clock's monotonic
 #: time when named).
-recent: dict[tuple[str, ...], tuple[str, float]] = {}
+recent: LRUCache[tuple[str, ...], tuple[str, float]] = LRUCache(MAX_REMEMBERED)
 _window = DEFAULT_WINDOW
 _policy: Policy | None = None
 #: The cache folder of the patched call under way (``None``: none is). The client hook
 #: answers from this folder only, so no other cache vouches for a commit.
 _scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope", default=None)
 #: The folder the last patched call of each repo (type, id) named in this install.
-_last_cache: dict[tuple[str, str], Path] = {}
+_last_cache: LRUCache[tuple[str, str], Path] = LRUCache(MAX_REMEMBERED)
 
 
 def configure(window: float, policy: Policy | None) -> None:
@@ -81,7 +85,12 @@ def scoped_cache(repo_type: str, repo_id: str) -> Path:
     middle of a load whose downloads name ``cache_dir``), the folder the last
     patched call of that repo named, else the stock default.
     """
-    return _scope.get() or _last_cache.get((repo_type, repo_id)) or cache_root(None)
+    scoped = _scope.get()
+    if scoped is not None:
+        return scoped
+    with _lock:
+        last = _last_cache.get((repo_type, repo_id))
+    return last or cache_root(None)
 
 
 @contextlib.contextmanager

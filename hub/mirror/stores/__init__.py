@@ -9,7 +9,8 @@ blob's bytes reach a client) is a capability the store reports
 
 from __future__ import annotations
 
-from ._base import MirrorStore, ScrubView, StoreError, StoreMissing, StoreUnavailable
+from .._errors import StoreError, StoreMissing, StoreUnavailable
+from ._base import MirrorStore, ScrubView
 from ._open import open_store, parse_location
 from ._pull import FillFailed, FillReader, PullThrough, SentRanges
 from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache

@@ -32,18 +32,6 @@ class ScrubView:
     quarantined: list[dict[str, Any]]
 
 
-class StoreError(Exception):
-    """An import or listing that cannot be done (bad source, bad name, failed check)."""
-
-
-class StoreUnavailable(StoreError):
-    """The storage behind a store failed (answered with an error, or not at all)."""
-
-
-class StoreMissing(StoreError):
-    """The store does not exist (no such folder, no such bucket)."""
-
-
 class MirrorStore(Protocol):
     """What the mirror needs of a store, whatever holds it.
 

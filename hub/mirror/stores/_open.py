@@ -49,7 +49,7 @@ def open_store(
         return BucketBackedStore.open(
             text, ref_ttl=ref_ttl, public_storage_url=public_storage_url, clock=clock
         )
-    from ._base import StoreError
+    from .._errors import StoreError
     from .local._store import LocalStore
 
     if public_storage_url is not None:

@@ -29,6 +29,9 @@ MAX_CARD_BYTES = 512 * 1024
 #: A card with more ``[`` than this is shown as text: markdown-it's link scan costs ~70 us
 #: per unclosed bracket, so 512 KiB of ``[`` took 15 s of CPU (issue 23).
 MAX_CARD_BRACKETS = 2000
+#: A card with more emphasis markers (``*`` and ``_``) than this is shown as text: pairing
+#: them costs ~15-20 us each, so 500 KB of them took 7.5 s of CPU (issue 35).
+MAX_CARD_EMPHASIS = 20_000
 #: Rendered cards kept per worker, by blob (file identity): a page view renders once.
 CARD_CACHE_SIZE = 256
 #: Front-matter keys shown as tags, in this order (the Hub's usual card metadata).
@@ -128,6 +131,9 @@ def _read_card(raw: bytes) -> Card:
         notes.append(problem)
     if body.count("[") > MAX_CARD_BRACKETS:
         notes.append(f"the card has more than {MAX_CARD_BRACKETS} '[': shown as text")
+        return Card(_as_text(body), front, card_tags(front), tuple(notes))
+    if body.count("*") + body.count("_") > MAX_CARD_EMPHASIS:
+        notes.append(f"the card has more than {MAX_CARD_EMPHASIS} '*' and '_': shown as text")
         return Card(_as_text(body), front, card_tags(front), tuple(notes))
     try:
         rendered = render_markdown(body)

@@ -231,11 +231,20 @@ def _host(request: web.Request) -> str:
 
 
 async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> web.Response:
+    from .._compute import client_of
+
     loop = asyncio.get_running_loop()
     context = _base(request, who)
     context["endpoint"] = mirror_url(request)
+    work = partial(build, request, who, context, *args)
     try:
-        body = await loop.run_in_executor(None, partial(build, request, who, context, *args))
+        if build in (_repo_page, _file_page):
+            # They may compute (a card, a fingerprint, verify now): a client builds at most
+            # the compute pool's ``per_client`` at once, so it cannot hold every thread.
+            async with _compute(request).turn(client_of(request)):
+                body = await loop.run_in_executor(None, work)
+        else:
+            body = await loop.run_in_executor(None, work)
     except StoreError as exc:  # the storage failed (StoreUnavailable)
         raise PageError(503, f"the store cannot be read now: {exc}") from None
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)
@@ -394,7 +403,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
     readme = index.files.get("README.md")
     if readme is not None and not directory:
         try:
-            card = read_card(readme, store.opener)
+            card = _compute(request).call(read_card, readme, store.opener)
         except OSError:
             card = None
     records = views.commit_records(store, repo, index, refs)
@@ -429,6 +438,13 @@ def _commits_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where:
     return render("commits.html", ctx)
 
 
+def _compute(request: web.Request) -> Any:
+    """The worker's pool for CPU-heavy work (cards, verify now): :mod:`.._compute`."""
+    from .._state import STORE_KEY
+
+    return request.app[STORE_KEY].compute
+
+
 def _crumbs(directory: str) -> list[tuple[str, str]]:
     parts = directory.split("/") if directory else []
     return [(p, "/".join(parts[: i + 1])) for i, p in enumerate(parts)]
@@ -444,7 +460,7 @@ def _fingerprint(request: web.Request, repo: views.RepoName, index: CommitIndex)
     state = request.app[STORE_KEY]
     route = Route("fingerprint", repo.repo_type, repo.repo_id, index.commit)
     try:
-        body = fingerprint_of(state, route, index)
+        body = state.compute.call(fingerprint_of, state, route, index)  # the CPU pool
     except HubError as exc:
         return {"error": exc.message}
     fp = body["fingerprint"]
@@ -481,7 +497,8 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
     if stamp is not None and stamp.stamped:
         if request.query.get("verify") == "1":
             try:
-                verification = options.stamps.verify(store, index, entry)
+                verify = options.stamps.verify
+                verification = _compute(request).call(verify, store, index, entry)
             except OSError as exc:
                 raise PageError(503, f"blob unavailable: {exc.strerror or exc}") from None
         else:

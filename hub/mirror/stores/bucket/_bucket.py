@@ -60,9 +60,9 @@ from cmh.hub.cache import (
     validate_revision,
 )
 
+from ..._errors import StoreError, StoreUnavailable
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from ..._index import CommitIndex, FileEntry
-from .._base import StoreError, StoreUnavailable
 from ..local._folder import (
     ImportResult,
     InvalidNameError,

@@ -47,6 +47,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
+from cachetools import LRUCache
 from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, FILL_LEASE_TTL, new_digest
 
 from ..._gitobjects import lfs_pointer_oid, tree_oids
@@ -75,6 +76,8 @@ FAILED_SKEW = 60.0
 CLAIM_TTL = 30.0
 #: Seconds a replica waits for the outcome of another replica's revalidation.
 CLAIM_WAIT = 5.0
+#: Entries of each per-revision, per-repo or per-blob memory of one worker (docs/mirror.md).
+MAX_KEPT = 4096
 MAX_ATTEMPTS = 5  # upstream transfers of one fill (each resumes where the last stopped)
 
 
@@ -118,10 +121,11 @@ class BucketPullThrough:
         self.lease_ttl = fill_lease_ttl(lease_ttl)
         self.owner = _owner()
         self._lock = threading.Lock()
-        self._expiries: dict[tuple[str, str, str], tuple[float, float]] = {}
-        self._stamps: dict[str, int | None] = {}  # etag -> CMH expires_at (immutable)
-        self._access: dict[str, tuple[float, bool, bool]] = {}
-        self._cuts: dict[str, tuple[float, float | None]] = {}  # blob -> (read at, cut at)
+        # Keyed by what clients name: bounded, least recently used first out (under _lock).
+        self._expiries: LRUCache[tuple[str, str, str], tuple[float, float]] = LRUCache(MAX_KEPT)
+        self._stamps: LRUCache[str, int | None] = LRUCache(MAX_KEPT)  # etag -> expires_at
+        self._access: LRUCache[str, tuple[float, bool, bool]] = LRUCache(MAX_KEPT)
+        self._cuts: LRUCache[str, tuple[float, float | None]] = LRUCache(MAX_KEPT)
 
     @staticmethod
     def _folder(repo_type: str, repo_id: str) -> str:
@@ -135,7 +139,7 @@ class BucketPullThrough:
         """Fills and validations take leases and create-only writes: probe the storage
         (:class:`~cmh.hub.mirror.ConditionalWritesUnsupported`; a failing one:
         :class:`~cmh.hub.mirror.StoreUnavailable`)."""
-        from .._base import StoreUnavailable
+        from ..._errors import StoreUnavailable
 
         try:
             self.store.ensure_conditional_writes()
@@ -227,8 +231,9 @@ class BucketPullThrough:
     def _stamp(self, entry: FileEntry) -> int | None:
         """``expires_at`` of a stored stamped safetensors blob (0: never), None when unstamped
         or not stored yet (its header read with ranged GETs, once per blob)."""
-        if entry.etag in self._stamps:
-            return self._stamps[entry.etag]
+        with self._lock:
+            if entry.etag in self._stamps:
+                return self._stamps[entry.etag]
         from cmh import read_carrier, read_header_from
 
         try:
@@ -243,7 +248,8 @@ class BucketPullThrough:
             value = None if carrier is None else carrier.record.expires_at
         except Exception:  # an unreadable header is an unstamped file, as on a folder
             value = None
-        self._stamps[entry.etag] = value
+        with self._lock:
+            self._stamps[entry.etag] = value
         return value
 
     def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cmh.hub.cache import Clock, new_digest, repo_folder_name
 
+from ..._errors import StoreMissing, StoreUnavailable
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
-from .._base import StoreMissing, StoreUnavailable
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
 from ..local._scrub import ScrubOptions, ScrubReport

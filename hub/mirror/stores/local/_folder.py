@@ -46,10 +46,10 @@ from cmh.hub.cache import (
 
 from cmh import atomic_file, atomic_write
 
+from ..._errors import StoreError
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from ..._index import build_index, commit_meta_path, resolve_revision
 from ..._manifests import keep_for as keep_manifest
-from .._base import StoreError
 
 SKIPPED_DIRS = frozenset({".git"})
 

@@ -20,10 +20,10 @@ from cmh.hub.cache import (
     record_use,
 )
 
+from ..._errors import StoreError, StoreMissing
 from ..._history import CommitRecord, history, last_commits
 from ..._index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
 from ..._send import BlobUnavailable, open_blob
-from .._base import StoreError, StoreMissing
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult
 from ._folder import ImportOptions, ImportResult, RepoSummary
 from ._scrub import ScrubOptions, ScrubReport
