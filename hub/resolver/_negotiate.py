@@ -42,6 +42,7 @@ from cmh.hub.cache import (
     record_use,
     repo_lock,
     snapshot_in_use,
+    tag_cache_dir,
     validate_repo_id,
     validate_revision,
 )
@@ -608,9 +609,11 @@ def _link(ask: _Ask, brought: _Brought) -> None:
     what ``resolve`` serves for the commit."""
     listing = brought.listing
     write_tree(ask.repo, listing.commit, listing.files, replace=listing.fetched)
-    for r in brought.results:
-        if r.action is not Action.KEPT:
-            ask.repo.link_snapshot_file(listing.commit, r.path, r.etag)
+    added = [r for r in brought.results if r.action is not Action.KEPT]
+    if added:  # as the stock client, before it writes a file into the cache
+        tag_cache_dir(ask.repo.root)
+    for r in added:
+        ask.repo.link_snapshot_file(listing.commit, r.path, r.etag)
 
 
 def _swap(ask: _Ask, listing: _Listing) -> str | None:

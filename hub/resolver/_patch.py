@@ -42,6 +42,7 @@ from typing import Any
 from cmh.hub.cache import COMMIT_RE, RepoLayout
 
 from . import _window as window_state
+from ._local import hub_said_absent, one_file_listing
 from ._types import (
     DiskFullError,
     IntegrityError,
@@ -350,24 +351,29 @@ def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
     logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 
 
-def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) -> Exception:
-    """The stock client's answer to a missing file: ``.no_exist`` entry and its error type."""
-    if commit is not None:
-        marker = repo.no_exist / commit / path
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass
+def _entry_not_found(commit: str, url: str) -> Exception:
+    """The stock client's error for a file the Hub said is absent at ``commit``, built by
+    the stock client's own ``hf_raise_for_status`` from the Hub's answer (nothing written:
+    the ``.no_exist`` marker that says so is there already)."""
     import httpx2
-    from huggingface_hub.errors import RemoteEntryNotFoundError
+    from huggingface_hub.utils import hf_raise_for_status
 
     response = httpx2.Response(
         404,
-        headers={"X-Error-Code": "EntryNotFound", **({"X-Repo-Commit": commit} if commit else {})},
+        headers={
+            "X-Error-Code": "EntryNotFound",
+            "X-Error-Message": "Entry not found",
+            "X-Repo-Commit": commit,
+            "Content-Type": "application/json",
+        },
+        content=b'{"error":"Entry not found"}',
         request=httpx2.Request("HEAD", url),
     )
-    return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
+    try:
+        hf_raise_for_status(response)
+    except Exception as exc:  # the stock type (RemoteEntryNotFoundError) and message
+        return exc
+    raise AssertionError("hf_raise_for_status accepted a 404")  # pragma: no cover
 
 
 def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
@@ -460,16 +466,22 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         filename, relative = names
         try:
-            # A name, not a pattern: "a[1].txt" is itself.
-            res = _route(a, [glob.escape(filename)])
+            # A name, not a pattern: "a[1].txt" is itself. The listing is cmh's own:
+            # stock writes trees/{commit}.json from snapshot_download only.
+            with one_file_listing():
+                res = _route(a, [glob.escape(filename)])
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
             if _offline(a):
                 raise _local_entry_not_found(bool(a.get("local_files_only"))) from None
             repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
-            url = _stock_url(a, filename, repo_type)
-            raise _entry_not_found(repo, exc.commit, filename, url) from None
+            if hub_said_absent(repo, exc.commit, filename):
+                raise _entry_not_found(exc.commit, _stock_url(a, filename, repo_type)) from None
+            # Only the Hub says a file is absent, as for the stock client: it is asked (one
+            # HEAD, which the client hook sends on): its 404, its .no_exist marker, or
+            # stock's LocalEntryNotFoundError when it cannot be reached.
+            return original(*args, **kwargs)
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:

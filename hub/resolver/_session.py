@@ -45,7 +45,7 @@ from cmh.hub.cache import COMMIT_RE, LayoutError, RepoLayout, blob_state, valida
 
 from .._ranges import RangeNotSatisfiable, parse_range
 from ._answers import read_answer, write_answer
-from ._local import linked_etag, read_tree, write_validation
+from ._local import hub_said_absent, linked_etag, read_tree, write_validation
 from ._window import current_policy, recent_commit, remember_commit, scoped_cache
 
 logger = logging.getLogger("cmh.hub")
@@ -206,6 +206,8 @@ class FreshCacheTransport(httpx2.BaseTransport):
             return None
         entry = tree.get(path)
         common = {"X-Repo-Commit": commit}
+        if entry is None and not hub_said_absent(repo, commit, path):
+            return None  # only the Hub says a file is absent (stock asks it): sent on
         if entry is None:
             headers = {
                 **common,

@@ -114,8 +114,10 @@ def test_fresh_snapshot_answers_stock_calls_without_requests(toy: Any, installed
 
     first = len(toy.server.log())
     calls()
-    # The first time, API answers are asked at the commit and stored; no file is asked.
-    assert not [r for r in _requests(toy.server, first) if "/resolve/" in r]
+    # The first time, API answers are asked at the commit and stored; no file is asked but
+    # the missing one: only the Hub says a file is absent (its .no_exist marker, kept).
+    asked = [r for r in _requests(toy.server, first) if "/resolve/" in r]
+    assert asked == [f"HEAD /{REPO}/resolve/main/missing.json"], asked
     patch._recent.clear()  # as in a new process
     mark = len(toy.server.log())
     calls()

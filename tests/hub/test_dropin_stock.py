@@ -1,0 +1,142 @@
+"""Drop-in exactness, part three (issue 36): stock exceptions and stock cache files.
+
+Each test puts ``install()`` in a state where it once answered otherwise than the
+stock client, and compares with what the stock client raises or writes.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_dropin_hook import REPO, aim_stock_client, installed, toy  # noqa: F401 (fixtures)
+
+
+def _refusing_url() -> str:
+    """A loopback port nothing listens on: the Hub is unreachable (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _repo_dir(cache: Path) -> Path:
+    return cache / f"models--{REPO.replace('/', '--')}"
+
+
+def _no_exist(cache: Path) -> list[str]:
+    folder = _repo_dir(cache) / ".no_exist"
+    return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+
+
+STOCK_UNREACHABLE = (
+    "An error happened while trying to locate the file on the Hub and we cannot find the "
+    "requested files in the local cache. Please check your connection and try again or make "
+    "sure your Internet connection is on."
+)
+
+
+def test_fresh_snapshot_without_the_hub_missing_file_raises_the_stock_local_error(
+    toy: Any,  # noqa: F811 (a fixture)
+    installed: None,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Item 1: the listing of a fresh stamped snapshot lacks the file and the Hub cannot be
+    reached: stock raises ``LocalEntryNotFoundError`` and writes nothing; so does install()."""
+    import cmh.hub as hub
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
+
+    assert hub.resolve(REPO).expires_at is not None  # fresh for 30 days (stamped)
+    aim_stock_client(monkeypatch, _refusing_url(), toy.cache)
+    with pytest.raises(LocalEntryNotFoundError) as caught:
+        hf_hub_download(REPO, "adapter_config.json")
+    assert isinstance(caught.value, FileNotFoundError)
+    assert str(caught.value) == STOCK_UNREACHABLE
+    assert _no_exist(toy.cache) == []
+    # The Hub back: its own 404, status line and message, and the marker stock writes.
+    aim_stock_client(monkeypatch, toy.server.url, toy.cache)
+    with pytest.raises(RemoteEntryNotFoundError) as online:
+        hf_hub_download(REPO, "adapter_config.json")
+    message = str(online.value)
+    assert message.startswith("404 Client Error."), message
+    url = f"{toy.server.url}/{REPO}/resolve/main/adapter_config.json"
+    assert f"Entry Not Found for url: {url}." in message
+    assert _no_exist(toy.cache) == ["adapter_config.json"]
+
+
+def _stock_offline_snapshot(cache: Path) -> tuple[str, str]:
+    """What the stock ``snapshot_download(local_files_only=True)`` makes of ``cache``."""
+    from huggingface_hub import _snapshot_download
+
+    original = getattr(_snapshot_download.snapshot_download, "__cmh_original__", None)
+    stock = original or _snapshot_download.snapshot_download
+    try:
+        path = stock(REPO, cache_dir=str(cache), local_files_only=True)
+    except Exception as exc:
+        return type(exc).__name__, ""
+    return "ok", sorted(p.name for p in Path(path).iterdir()).__repr__()
+
+
+def test_one_file_download_writes_no_stock_tree_listing(
+    toy: Any,  # noqa: F811 (a fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Item 2: stock writes ``trees/{commit}.json`` from ``snapshot_download`` only; after
+    one ``hf_hub_download`` a stock offline ``snapshot_download`` answers as for a cache
+    the stock client filled (the partial folder, not ``IncompleteSnapshotError``)."""
+    import cmh.hub as hub
+    import cmh.hub.resolver._patch as patch
+    from huggingface_hub import file_download
+
+    stock_cache = tmp_path / "stock-filled"
+    file_download.hf_hub_download(REPO, "config.json", cache_dir=str(stock_cache))
+    assert hub.install()
+    patch._recent.clear()
+    try:
+        from huggingface_hub import hf_hub_download, snapshot_download
+
+        hf_hub_download(REPO, "config.json")
+        trees = _repo_dir(toy.cache) / "trees"
+        assert not trees.exists() or list(trees.iterdir()) == []
+        assert _stock_offline_snapshot(toy.cache) == _stock_offline_snapshot(stock_cache)
+        assert _stock_offline_snapshot(toy.cache)[0] == "ok"
+        # The resolver still knows the listing (its own copy): a second file asks nothing new.
+        commit = (_repo_dir(toy.cache) / "refs" / "main").read_text()
+        assert (_repo_dir(toy.cache) / ".cmh" / "trees" / f"{commit}.json").is_file()
+        snapshot_download(REPO)  # as stock: the snapshot's listing is written where stock reads it
+        assert (trees / f"{commit}.json").is_file()
+    finally:
+        hub.uninstall()
+
+
+def test_cachedir_tag_written_as_stock_writes_it(
+    toy: Any,  # noqa: F811 (a fixture)
+    tmp_path: Path,
+) -> None:
+    """Item 4: a cache filled by ``install()`` or ``cmh pull`` carries the stock client's
+    ``CACHEDIR.TAG`` at its root, byte for byte (backup tools skip it by that file)."""
+    from click.testing import CliRunner
+    from cmh.cli.main import cli
+    from huggingface_hub import file_download
+
+    stock = tmp_path / "stock"
+    file_download.hf_hub_download(REPO, "config.json", cache_dir=str(stock))
+    expected = (stock / "CACHEDIR.TAG").read_bytes()
+    import cmh.hub as hub
+
+    assert hub.install()
+    try:
+        from huggingface_hub import hf_hub_download
+
+        hf_hub_download(REPO, "config.json")  # routed through the resolver
+    finally:
+        hub.uninstall()
+    assert (_repo_dir(toy.cache) / ".cmh").is_dir()  # the resolver did it, not the stock function
+    assert (toy.cache / "CACHEDIR.TAG").read_bytes() == expected
+    pulled = tmp_path / "pulled"
+    result = CliRunner().invoke(cli, ["pull", REPO, "--cache-dir", str(pulled)])
+    assert result.exit_code == 0, result.output
+    assert (pulled / "CACHEDIR.TAG").read_bytes() == expected
