@@ -32,7 +32,7 @@ from . import _documents as documents
 from . import _hub_documents as hub_documents
 from ._auth import AccessPolicy, bearer_token
 from ._connections import ConnectionGuard
-from ._cuts import CutLedger
+from ._cuts import RESTART_MESSAGE, CutLedger, appends_whole_body
 from ._derived import DerivedCache
 from ._errors import HubError
 from ._fingerprints import FingerprintCache
@@ -429,7 +429,14 @@ async def _resolve(
             {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
         ) from None  # fmt: skip
     if ranges is not None and _recently_cut(state, route, entry):
-        ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
+        # A resume must not splice two fills' bytes: start again (cuts.py).
+        if appends_whole_body(request.headers.get("User-Agent")):
+            request[RANGE_KEY] = "unsatisfiable"
+            raise HubError(
+                416, "RangeNotSatisfiable", RESTART_MESSAGE,
+                {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
+            )  # fmt: skip
+        ranges = None
     sender = state.backend.remote_sender(state.delivery)
     asked = _Asked(route, index, entry, headers, ranges, range_header)
     if state.fills is not None and not await _run(_present, state, entry):
@@ -650,9 +657,21 @@ async def _resolve_filling(
         await _run(_record_cut, state, route, entry.etag)
     except ConnectionError:  # the client went away mid-body; the fill goes on
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "client went away"}
-        # What it holds was sent unchecked: its resume must start again too (cuts.py).
-        await _run(_record_cut, state, route, entry.etag)
+        # What it holds was sent unchecked: a cut only if the fill fails its check (cuts.py).
+        _cut_if_fill_fails(state, route, entry.etag, fill)
     return response
+
+
+def _cut_if_fill_fails(state: MirrorState, route: Route, etag: str, fill: Any) -> None:
+    """Record a cut of ``etag`` once ``fill`` ends, if it failed: a client that left
+    during a fill that then verified holds only the blob's bytes, and resumes (206)."""
+    loop = asyncio.get_running_loop()
+
+    def settled(done: Any) -> None:
+        if done.cancelled() or done.exception() is not None:
+            loop.run_in_executor(None, _record_cut, state, route, etag)
+
+    fill.add_done_callback(settled)
 
 
 async def _start_fill(

@@ -60,6 +60,7 @@ from ._window import (
     current_policy,
     recent_commit,
     remember_commit,
+    remember_loaded,
 )
 from ._window import in_cache as _in_cache
 
@@ -108,16 +109,24 @@ def installed() -> bool:
     return bool(_patched)
 
 
-def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> bool:
+def install(
+    *,
+    window: float = DEFAULT_WINDOW,
+    policy: Policy | None = None,
+    api_from_cache: bool | None = None,
+) -> bool:
     """Patch the stock download functions; returns ``False`` if nothing could be patched.
 
     ``policy`` overrides :meth:`Policy.from_env` for routed calls (the
-    ``local_files_only`` argument still forces offline).
+    ``local_files_only`` argument still forces offline). ``api_from_cache``: answer
+    bare Hub API calls (``model_info``, ``list_repo_files``, ``HfFileSystem``) of a
+    fresh snapshot from the cache, also when the Hub cannot be reached (default:
+    ``CMH_HUB_API_FROM_CACHE``, else off: they ask the Hub as stock does).
     """
     with _lock:
         if _patched:
             return True
-        window_state.configure(window, policy)
+        window_state.configure(window, policy, api_from_cache)
         from huggingface_hub import _snapshot_download, file_download
 
         targets = [
@@ -305,6 +314,8 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
                 fresh_commit(RepoLayout(root, repo_id, repo_type), revision, current_policy())
                 or use
             )
+        if use != revision:  # the load's bare API calls are answered from the cache too
+            remember_loaded(root, endpoint, repo_type, repo_id, revision, use)
     policy = _policy_for(local_files_only)
     try:
         res = resolve(

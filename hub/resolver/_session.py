@@ -46,7 +46,16 @@ from cmh.hub.cache import COMMIT_RE, LayoutError, RepoLayout, blob_state, valida
 from .._ranges import RangeNotSatisfiable, parse_range
 from ._answers import read_answer, write_answer
 from ._local import hub_said_absent, linked_etag, read_tree, write_validation
-from ._window import current_policy, recent_commit, remember_commit, scoped_cache
+from ._window import (
+    api_from_cache,
+    current_policy,
+    in_patched_call,
+    loaded_commit,
+    recent_commit,
+    remember_commit,
+    remember_loaded,
+    scoped_cache,
+)
 
 logger = logging.getLogger("cmh.hub")
 
@@ -187,14 +196,26 @@ class FreshCacheTransport(httpx2.BaseTransport):
         return self._stored_or_asked(request, repo, target, commit)
 
     def _known_commit(self, repo: RepoLayout, endpoint: str, revision: str) -> str | None:
+        """The commit to answer ``revision`` from the cache with, or ``None`` (ask the Hub).
+
+        Outside a patched call (a bare API call), only a commit the Hub named in this
+        process's window, unless :func:`api_from_cache` allows the cache's own word."""
         from ._negotiate import fresh_commit
 
-        if COMMIT_RE.match(revision):
-            return revision
-        remembered = recent_commit(repo.root, endpoint, repo.repo_type, repo.repo_id, revision)
+        where = (repo.root, endpoint, repo.repo_type, repo.repo_id, revision)
+        remembered = recent_commit(*where)
         if remembered is not None:
             return remembered
-        return fresh_commit(repo, revision, current_policy())
+        scoped = in_patched_call()
+        if not (scoped or api_from_cache()):
+            # As stock, the Hub is asked (ConnectError when it cannot be reached), unless
+            # the call belongs to a load a patched call just answered from the cache.
+            return loaded_commit(*where)
+        commit = revision if COMMIT_RE.match(revision) else None
+        commit = commit or fresh_commit(repo, revision, current_policy())
+        if commit is not None and scoped:
+            remember_loaded(*where, commit)
+        return commit
 
     # -- answering from the cache ----------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -455,9 +456,23 @@ def test_the_first_install_use_after_cmh_pull_asks_nothing(
         if e["route"] not in ("health", "metrics", "agent_harnesses")
     ]
     # Left: transformers' tokenizer listings (a folder, then the whole tree) that the pull
-    # never asked (cmh serve lists blobs in the repo info): kept once the hook asked them.
-    assert [s for s in seen if "/tree/" not in s] == [], seen
-    assert len(seen) <= 2, seen
+    # never asked (cmh serve lists blobs in the repo info): kept once the hook asked them;
+    # and one HEAD per optional file the repo lacks: only the Hub says a file is absent
+    # (as for the stock client; its .no_exist marker is kept).
+    listed = set(os.listdir(src))
+    probes = [s for s in seen if "/tree/" not in s]
+    assert all(s.startswith("HEAD ") and s.rsplit("/", 1)[-1] not in listed for s in probes), seen
+    assert len(probes) == len(set(probes)), seen
+    assert len(seen) - len(probes) <= 2, seen
+    mark = len(server.log())
+    run_python(AFTER_PULL_SCRIPT, env)
+    server.sync()
+    again = [
+        f"{e['method']} {e.get('target')}"
+        for e in server.log()[mark:]
+        if e["route"] not in ("health", "metrics", "agent_harnesses")
+    ]
+    assert again == [], again
 
 
 @pytest.mark.parametrize("front", [False, True], ids=["cmh-serve", "hublike"])

@@ -140,3 +140,52 @@ def test_cachedir_tag_written_as_stock_writes_it(
     result = CliRunner().invoke(cli, ["pull", REPO, "--cache-dir", str(pulled)])
     assert result.exit_code == 0, result.output
     assert (pulled / "CACHEDIR.TAG").read_bytes() == expected
+
+
+def _bare_calls() -> dict[str, str]:
+    """Bare Hub API calls (no load under way): what each returned or raised."""
+    from huggingface_hub import HfApi, HfFileSystem
+
+    calls = {
+        "model_info": lambda: HfApi().model_info(REPO).sha,
+        "list_repo_files": lambda: HfApi().list_repo_files(REPO),
+        "ls": lambda: HfFileSystem(skip_instance_cache=True).ls(REPO, detail=False),
+        "read_bytes": lambda: HfFileSystem(skip_instance_cache=True).read_bytes(
+            f"{REPO}/config.json"
+        ),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "answered"
+        except Exception as exc:
+            out[name] = type(exc).__name__
+    return out
+
+
+@pytest.mark.parametrize("api_from_cache", [False, True], ids=["default", "api-from-cache"])
+def test_bare_api_calls_without_the_hub_raise_as_stock_unless_asked(
+    toy: Any,  # noqa: F811 (a fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    api_from_cache: bool,
+) -> None:
+    """Item 3: a warm, fresh stamped cache (its API answers kept) and the Hub unreachable:
+    ``model_info``, ``list_repo_files``, ``HfFileSystem().ls/read_bytes`` raise the stock
+    client's ``ConnectError``; ``install(api_from_cache=True)`` answers them from the cache."""
+    import cmh.hub as hub
+    from cmh.hub.resolver import _window
+
+    assert hub.install(api_from_cache=api_from_cache)
+    try:
+        hub.resolve(REPO)  # the snapshot, fresh for 30 days
+        assert set(_bare_calls().values()) == {"answered"}  # online: answers kept
+        _window.forget()  # as a new process
+        aim_stock_client(monkeypatch, _refusing_url(), toy.cache)
+        got = _bare_calls()
+    finally:
+        hub.uninstall()
+    if api_from_cache:
+        assert set(got.values()) == {"answered"}, got
+    else:
+        assert set(got.values()) == {"ConnectError"}, got
