@@ -241,7 +241,12 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     if state.policy.names(route.repo_type, route.repo_id) and not state.policy.can_read(
         route.repo_type, route.repo_id, token
     ):
-        return  # the operator's private repo: it looks missing, the upstream is not asked
+        # The operator's private repo: the upstream is asked only while the store holds
+        # nothing of it (as for a missing repo), so a gated one is refused as the Hub does.
+        with _store_errors():
+            held = await _run(state.backend.repo_exists, route.repo_type, route.repo_id)
+        if held:
+            return
     # A repo private or gated at the upstream is asked for anyway: the upstream's refusal of
     # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
     # token reads is kept but not served without a grant (_readable).
@@ -326,22 +331,20 @@ def _readable(state: MirrorState, route: Route, token: str | None) -> None:
     with _store_errors():  # always looked at: a refused name answers as fast as a missing one
         exists = state.backend.repo_exists(route.repo_type, route.repo_id)
     if not state.policy.can_read(route.repo_type, route.repo_id, token):
-        raise _closed(state, route, token)
+        closed = _closed(state, route, token)
+        if not (route.kind == "repo_info" and closed.code == "GatedRepo" and exists):
+            raise closed  # a gated repo's info is public at the Hub (its files are not)
     if not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
 
 
 def _closed(state: MirrorState, route: Route, token: str | None) -> HubError:
     """What huggingface.co answers a reader a repo is closed to: for a repo the upstream
-    marks gated (public there, and not named in the tokens file), ``GatedRepo`` with 401
+    marks gated (public there, also when the tokens file names it), ``GatedRepo`` with 401
     to a reader without a token and 403 to one whose token it does not grant; else the
     answer of a missing repo."""
     upstream = state.upstream
-    if (
-        upstream is None
-        or state.policy.names(route.repo_type, route.repo_id)
-        or not upstream.pull.gated(route.repo_type, route.repo_id)
-    ):
+    if upstream is None or not upstream.pull.gated(route.repo_type, route.repo_id):
         return HubError(404, "RepoNotFound", "Repository not found")
     what = f"Access to {route.repo_type} {route.repo_id} is restricted"
     if token is None:
@@ -786,6 +789,9 @@ def _repo_info(state: MirrorState, route: Route, index: CommitIndex) -> web.Resp
         safetensors=not expand or "safetensors" in expand,
     )  # fmt: skip
     body = hub_documents.repo_info(properties, expand)
+    if state.upstream is not None and state.upstream.pull.gated(route.repo_type, route.repo_id):
+        # As the Hub answers a gated repo's info (to anyone): public, gated.
+        body.update({k: v for k, v in (("private", False), ("gated", "manual")) if k in body})
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -459,9 +458,10 @@ def test_the_first_install_use_after_cmh_pull_asks_nothing(
     # never asked (cmh serve lists blobs in the repo info): kept once the hook asked them;
     # and one HEAD per optional file the repo lacks: only the Hub says a file is absent
     # (as for the stock client; its .no_exist marker is kept).
-    listed = set(os.listdir(src))
+    listed = {p.relative_to(src).as_posix() for p in src.rglob("*")}
     probes = [s for s in seen if "/tree/" not in s]
-    assert all(s.startswith("HEAD ") and s.rsplit("/", 1)[-1] not in listed for s in probes), seen
+    asked = [s.split("/resolve/", 1)[1].split("/", 1)[1] for s in probes]
+    assert all(s.startswith("HEAD ") for s in probes) and not set(asked) & listed, seen
     assert len(probes) == len(set(probes)), seen
     assert len(seen) - len(probes) <= 2, seen
     mark = len(server.log())
