@@ -296,7 +296,7 @@ def _token(value: Any) -> str | bool | None:
 def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
     """Resolve the bound call ``a`` (its ``allow_patterns``: ``patterns``) through the
     per-process revalidation window."""
-    from ._negotiate import resolve
+    from ._negotiate import COMPLETENESS_UNKNOWN, PINNED_KEPT, resolve
 
     repo_id, repo_type = a["repo_id"], a.get("repo_type") or "model"
     endpoint, local_files_only = a.get("endpoint"), bool(a.get("local_files_only"))
@@ -334,7 +334,13 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
         raise
     if use == revision and res.state is not State.STALE_OFFLINE:
         remember_commit(root, endpoint, repo_type, repo_id, revision, res.commit)
+    # Not the caller's: a commit the window or the stamps chose (the caller named a branch),
+    # a snapshot the stock client filled without a listing (stock serves it as it is).
+    quiet = (COMPLETENESS_UNKNOWN, *((PINNED_KEPT,) if use != revision else ()))
     for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
+        if any(q in w for q in quiet):
+            logger.debug("%s: %s", repo_id, w)
+            continue
         _warn_once((str(root), repo_type, repo_id, w), "%s: %s", repo_id, w)
     return res
 

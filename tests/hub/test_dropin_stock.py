@@ -189,3 +189,60 @@ def test_bare_api_calls_without_the_hub_raise_as_stock_unless_asked(
         assert set(got.values()) == {"answered"}, got
     else:
         assert set(got.values()) == {"ConnectError"}, got
+
+
+def _warned(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_no_pinned_commit_warning_when_the_caller_named_a_branch(
+    tmp_path: Path,
+    mirror_server_factory: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Item 7: a branch whose stamp expired, asked twice in the window: the second call uses
+    the commit the Hub just named; no "a pinned commit is kept" (nothing was pinned)."""
+    import cmh.hub as hub
+    from cmh.hub.mirror import add_folder
+    from resolver_support import write_checkpoint_repo
+
+    import cmh
+
+    src = write_checkpoint_repo(tmp_path / "src", 1, stamp=False)
+    cmh.stamp(src / "model.safetensors", ttl="1d", now=1_700_000_000)  # expired long ago
+    add_folder(tmp_path / "store", src, REPO)
+    server = mirror_server_factory(tmp_path / "store")
+    aim_stock_client(monkeypatch, server.url, tmp_path / "cache")
+    assert hub.install()
+    try:
+        import huggingface_hub
+
+        caplog.set_level("WARNING", logger="cmh.hub")
+        for name in ("model.safetensors", "config.json", "model.safetensors"):
+            huggingface_hub.hf_hub_download(REPO, name)
+    finally:
+        hub.uninstall()
+    assert not [w for w in _warned(caplog) if "pinned commit" in w], caplog.text
+
+
+def test_stock_filled_partial_snapshot_read_offline_warns_nothing(
+    toy: Any,  # noqa: F811 (a fixture)
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Item 7: a snapshot the stock client filled (no listing), read offline under
+    install(): served as stock serves it, without a "completeness unknown" warning."""
+    import cmh.hub as hub
+    from huggingface_hub import file_download
+
+    stock_path = file_download.hf_hub_download(REPO, "config.json")
+    assert hub.install()
+    try:
+        import huggingface_hub
+
+        caplog.set_level("WARNING", logger="cmh.hub")
+        path = huggingface_hub.hf_hub_download(REPO, "config.json", local_files_only=True)
+    finally:
+        hub.uninstall()
+    assert path == stock_path
+    assert _warned(caplog) == [], caplog.text
