@@ -78,14 +78,13 @@ def read_tree(repo: RepoLayout, commit: str) -> dict[str, LocalEntry] | None:
     (``.cmh/trees/``); ``None`` if neither is there and readable."""
     if not COMMIT_RE.match(commit):
         return None
-    return _read_tree_file(repo.trees / f"{commit}.json") or _read_tree_file(
-        _own_tree(repo, commit)
-    )
+    stock = _read_tree_file(repo.trees / f"{commit}.json")
+    return stock if stock is not None else _read_tree_file(_own_tree(repo, commit))
 
 
-def _read_tree_file(path: Path) -> dict[str, LocalEntry] | None:
+def _read_tree_file(listing: Path) -> dict[str, LocalEntry] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(listing.read_text(encoding="utf-8"))
         if data.get("format_version") != TREE_FORMAT_VERSION:
             return None
         out: dict[str, LocalEntry] = {}

@@ -373,7 +373,7 @@ def _entry_not_found(commit: str, url: str) -> Exception:
     the stock client's own ``hf_raise_for_status`` from the Hub's answer (nothing written:
     the ``.no_exist`` marker that says so is there already)."""
     import httpx2
-    from huggingface_hub.utils import hf_raise_for_status
+    from huggingface_hub import hf_raise_for_status
 
     response = httpx2.Response(
         404,
