@@ -1,11 +1,11 @@
 """Older huggingface_hub releases for tests, installed apart from the project's venv.
 
-``client_path(version)`` installs ``huggingface_hub==version`` (the package alone: its
-dependencies, ``requests``, ``filelock``, ``fsspec``, ``tqdm``..., come from the running
-interpreter) into ``.hf-clients/{version}`` at the repository root (gitignored) the first
-time it is asked, with the ordinary ``pip``, and returns that folder; a subprocess with
-it first on ``PYTHONPATH`` imports that release. ``None`` when it cannot be installed
-(no package index reachable): the caller skips.
+``client_path(version)`` installs ``huggingface_hub==version`` with its dependencies
+(``requests`` for 0.x, ``httpx`` for 1.x) into ``.hf-clients/{version}`` at the repository
+root (gitignored) the first time it is asked, with the ordinary ``pip``, and returns that
+folder; a subprocess with it first on ``PYTHONPATH`` imports that release and those
+dependencies. ``None`` when it cannot be installed (no package index reachable): the
+caller skips.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def client_path(version: str) -> Path | None:
     target.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         [
-            sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-            "--disable-pip-version-check", "--target", str(target), f"huggingface_hub=={version}",
+            sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+            "--target", str(target), f"huggingface_hub=={version}",
         ],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
