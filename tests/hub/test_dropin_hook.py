@@ -92,9 +92,15 @@ def test_parse_target() -> None:
         assert parse(other) is None, other
 
 
-def test_fresh_snapshot_answers_stock_calls_without_requests(toy: Any, installed: None) -> None:
-    """The stock functions themselves (not the patched ones) make no request when fresh."""
+def test_fresh_snapshot_answers_stock_calls_without_requests(
+    toy: Any, installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stock functions themselves (not the patched ones) make no request when fresh,
+    bare API calls included once ``CMH_HUB_API_FROM_CACHE=1`` allows it (by default they
+    ask the Hub as stock does, issue 36: see test_dropin_stock.py)."""
     import cmh.hub as hub
+
+    monkeypatch.setenv("CMH_HUB_API_FROM_CACHE", "1")
     import cmh.hub.resolver._patch as patch
     from huggingface_hub import HfApi, HfFileSystem, file_download
 
