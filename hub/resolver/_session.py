@@ -14,10 +14,16 @@ HTTP caching as in RFC 9111, with the snapshot's freshness (spec/resolver.md
   process (the install window, shared with the download hook);
 - ``resolve`` (HEAD or GET, one byte range or none) of a file of a known
   commit is answered from the cached blob (404 ``EntryNotFound`` when the
-  commit's listing lacks it); the Hub API (repo info, revision info, tree
-  pages) for a known revision is answered with the answer the Hub gave for
-  C, stored in ``{repo}/.cmh/answers/{C}/`` the first time it was asked (a
-  commit's answers do not change);
+  commit's listing lacks it and the Hub said so: its ``.no_exist`` marker;
+  otherwise the request goes on, as stock's does); the Hub API (repo info,
+  revision info, tree pages) for a known revision is answered with the answer
+  the Hub gave for C, stored in ``{repo}/.cmh/answers/{C}/`` the first time it
+  was asked (a commit's answers do not change);
+- outside a patched call (a bare API call: ``model_info``, ``HfFileSystem``),
+  a revision is known only when, within the window, the Hub named its commit
+  or a patched call of the repo was answered from the cache (the call is part
+  of that load), unless ``install(api_from_cache=True)``: otherwise it goes to
+  the Hub, and fails as stock's does when the Hub cannot be reached;
 - for an unknown revision the request goes to the Hub unchanged: one repo
   info answer is the revalidation of the repo (its ``sha`` is remembered for
   the window and, when it confirms the cached ref, recorded as a validation).
