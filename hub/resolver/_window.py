@@ -174,8 +174,13 @@ def recent_commit(
 def remember_commit(
     root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
 ) -> None:
-    """Record that the Hub named ``commit`` for ``revision`` now (opens the window)."""
+    """Record that the Hub named ``commit`` for ``revision`` now (opens the window; for
+    the commit itself too: the calls of the same load that ask at the commit, such as
+    datasets' info and tree pages, are part of that revalidation)."""
     if COMMIT_RE.match(revision):
         return
+    now = time.monotonic()
     with _lock:
-        recent[_key(root, endpoint, repo_type, repo_id, revision)] = (commit, time.monotonic())
+        recent[_key(root, endpoint, repo_type, repo_id, revision)] = (commit, now)
+        if COMMIT_RE.match(commit):
+            recent[_key(root, endpoint, repo_type, repo_id, commit)] = (commit, now)

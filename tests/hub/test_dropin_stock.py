@@ -246,3 +246,29 @@ def test_stock_filled_partial_snapshot_read_offline_warns_nothing(
         hub.uninstall()
     assert path == stock_path
     assert _warned(caplog) == [], caplog.text
+
+
+def test_bare_calls_at_the_commit_the_hub_just_named_ask_nothing(
+    toy: Any,  # noqa: F811 (a fixture)
+    installed: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """An unstamped repo revalidated by a patched call: the same load's bare calls at the
+    commit the Hub named (datasets asks info and tree pages at the commit) are part of that
+    revalidation, answered from the cache within the window."""
+    from cmh.hub.mirror import add_folder
+    from huggingface_hub import HfApi, hf_hub_download
+    from resolver_support import write_checkpoint_repo
+
+    add_folder(toy.server.store, write_checkpoint_repo(tmp_path / "plain", 1, stamp=False), "o/p")
+    path = Path(hf_hub_download("o/p", "config.json"))  # revalidates: the Hub names the commit
+    commit = path.parent.name
+    HfApi().model_info("o/p", revision=commit)  # asked once, their answers kept
+    HfApi().list_repo_files("o/p", revision=commit)
+    toy.server.sync()
+    mark = len(toy.server.log())
+    assert HfApi().model_info("o/p", revision=commit).sha == commit
+    assert HfApi().list_repo_files("o/p", revision=commit)
+    toy.server.sync()
+    asked = [e["target"] for e in toy.server.log()[mark:] if e["route"] not in ("health",)]
+    assert asked == [], asked
