@@ -21,6 +21,16 @@ def _refusing_url() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
+def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stock client's backoff between retries of a refused connection, without its
+    waits (about 23 s per call; the outcome does not depend on them)."""
+    import types
+
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))
+
+
 def _repo_dir(cache: Path) -> Path:
     return cache / f"models--{REPO.replace('/', '--')}"
 
@@ -49,6 +59,7 @@ def test_fresh_snapshot_without_the_hub_missing_file_raises_the_stock_local_erro
     from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
 
     assert hub.resolve(REPO).expires_at is not None  # fresh for 30 days (stamped)
+    _no_backoff(monkeypatch)
     aim_stock_client(monkeypatch, _refusing_url(), toy.cache)
     with pytest.raises(LocalEntryNotFoundError) as caught:
         hf_hub_download(REPO, "adapter_config.json")
@@ -181,6 +192,7 @@ def test_bare_api_calls_without_the_hub_raise_as_stock_unless_asked(
         hub.resolve(REPO)  # the snapshot, fresh for 30 days
         assert set(_bare_calls().values()) == {"answered"}  # online: answers kept
         _window.forget()  # as a new process
+        _no_backoff(monkeypatch)
         aim_stock_client(monkeypatch, _refusing_url(), toy.cache)
         got = _bare_calls()
     finally:
