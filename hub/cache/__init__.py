@@ -26,7 +26,7 @@ from ._blobs import (
 )
 from ._clock import CLOCK_FILE_ENV, SYSTEM_CLOCK, Clock, process_clock
 from ._errors import DiskFullError, IntegrityError, InvalidRemoteFileError, ResolveError
-from ._housekeeping import adopt_orphans, clean_no_exist
+from ._housekeeping import CACHEDIR_TAG, adopt_orphans, clean_no_exist, tag_cache_dir
 from ._layout import (
     CHECK_RECORDS,
     COMMIT_RE,
@@ -52,6 +52,7 @@ from ._locks import LockBusy, blob_lock, flock, repo_lock, revision_lock, snapsh
 from ._usage import record_use, usage_path
 
 __all__ = [
+    "CACHEDIR_TAG",
     "CHECK_RECORDS",
     "CLOCK_FILE_ENV",
     "COMMIT_RE",
@@ -100,6 +101,7 @@ __all__ = [
     "repo_lock",
     "revision_lock",
     "snapshot_in_use",
+    "tag_cache_dir",
     "usage_path",
     "validate_relpath",
     "validate_repo_id",

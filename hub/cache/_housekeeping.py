@@ -8,6 +8,9 @@
 - Stale ``.no_exist/{commit}/{path}`` entries: a path recorded as absent
   that the commit's listing contains, and whole ``.no_exist/{commit}``
   folders of commits that have neither a snapshot nor a ref.
+- ``CACHEDIR.TAG`` at the cache root, written as the stock client writes it
+  (huggingface_hub 2.x, before it downloads a file into the cache), so backup
+  tools skip the cache (https://bford.info/cachedir/).
 """
 
 from __future__ import annotations
@@ -22,6 +25,24 @@ from pathlib import Path
 
 from ._layout import COMMIT_RE, ETAG_PATTERN, RepoLayout
 from ._locks import LockBusy, blob_lock
+
+#: What huggingface_hub 2.x writes in ``{cache}/CACHEDIR.TAG`` (``_local_folder.py``).
+CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by huggingface_hub.\n"
+    "# For information about cache directory tags, see:\n"
+    "#\thttps://bford.info/cachedir/\n"
+)
+
+
+def tag_cache_dir(root: Path) -> None:
+    """Write ``root/CACHEDIR.TAG`` as the stock client does: once, best effort (a
+    read-only cache stays as it is)."""
+    tag = root / "CACHEDIR.TAG"
+    if not tag.exists():
+        with contextlib.suppress(OSError):
+            tag.write_text(CACHEDIR_TAG)
+
 
 _ORPHAN_RE = re.compile(rf"^({ETAG_PATTERN})\.[0-9a-f]+\.incomplete$")
 

@@ -31,6 +31,7 @@ from . import _documents as documents
 from . import _hub_documents as hub_documents
 from ._auth import bearer_token
 from ._compute import client_of
+from ._cuts import RESTART_MESSAGE, appends_whole_body
 from ._errors import HubError
 from ._fingerprints import fingerprint_of
 from ._index import CommitIndex, FileEntry
@@ -206,7 +207,12 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     if state.policy.names(route.repo_type, route.repo_id) and not state.policy.can_read(
         route.repo_type, route.repo_id, token
     ):
-        return  # the operator's private repo: it looks missing, the upstream is not asked
+        # The operator's private repo: the upstream is asked only while the store holds
+        # nothing of it (as for a missing repo), so a gated one is refused as the Hub does.
+        with _store_errors():
+            held = await _run(state.backend.repo_exists, route.repo_type, route.repo_id)
+        if held:
+            return
     # A repo private or gated at the upstream is asked for anyway: the upstream's refusal of
     # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
     # token reads is kept but not served without a grant (_readable).
@@ -306,7 +312,9 @@ def _readable(state: MirrorState, route: Route, token: str | None) -> None:
     as fast as a missing one."""
     exists, readable, gated = access_steps(state, route.repo_type, route.repo_id, token)
     if not readable:
-        raise _closed(state, route, token, gated)
+        closed = _closed(state, route, token, gated)
+        if not (route.kind == "repo_info" and closed.code == "GatedRepo" and exists):
+            raise closed  # a gated repo's info is public at the Hub (its files are not)
     if not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
 
@@ -327,7 +335,7 @@ def access_steps(
 
 def _closed(state: MirrorState, route: Route, token: str | None, gated: bool) -> HubError:
     """What huggingface.co answers a reader a repo is closed to: for a repo the upstream
-    marks gated (public there, and not named in the tokens file), ``GatedRepo`` with 401
+    marks gated (public there, also when the tokens file names it), ``GatedRepo`` with 401
     to a reader without a token and 403 to one whose token it does not grant; else the
     answer of a missing repo."""
     upstream = state.upstream
@@ -419,7 +427,14 @@ async def _resolve(
             {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
         ) from None  # fmt: skip
     if ranges is not None and _recently_cut(state, route, entry):
-        ranges = None  # a resume must not splice two fills' bytes: start again (cuts.py)
+        # A resume must not splice two fills' bytes: start again (cuts.py).
+        if appends_whole_body(request.headers.get("User-Agent")):
+            request[RANGE_KEY] = "unsatisfiable"
+            raise HubError(
+                416, "RangeNotSatisfiable", RESTART_MESSAGE,
+                {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
+            )  # fmt: skip
+        ranges = None
     sender = state.backend.remote_sender(state.delivery)
     asked = _Asked(route, index, entry, headers, ranges, range_header)
     if state.fills is not None and not await _run(_present, state, entry):
@@ -643,9 +658,21 @@ async def _resolve_filling(
         await _run(_record_cut, state, route, entry.etag)
     except ConnectionError:  # the client went away mid-body; the fill goes on
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": CLIENT_LEFT}
-        # What it holds was sent unchecked: its resume must start again too (cuts.py).
-        await _run(_record_cut, state, route, entry.etag)
+        # What it holds was sent unchecked: a cut only if the fill fails its check (cuts.py).
+        _cut_if_fill_fails(state, route, entry.etag, fill)
     return response
+
+
+def _cut_if_fill_fails(state: MirrorState, route: Route, etag: str, fill: Any) -> None:
+    """Record a cut of ``etag`` once ``fill`` ends, if it failed: a client that left
+    during a fill that then verified holds only the blob's bytes, and resumes (206)."""
+    loop = asyncio.get_running_loop()
+
+    def settled(done: Any) -> None:
+        if done.cancelled() or done.exception() is not None:
+            loop.run_in_executor(None, _record_cut, state, route, etag)
+
+    fill.add_done_callback(settled)
 
 
 async def _first_byte(source: Any, fill: Any, pieces: Pieces) -> None:
@@ -781,6 +808,9 @@ def _repo_info(state: MirrorState, route: Route, index: CommitIndex) -> web.Resp
         safetensors=not expand or "safetensors" in expand,
     )  # fmt: skip
     body = hub_documents.repo_info(properties, expand)
+    if state.upstream is not None and state.upstream.pull.gated(route.repo_type, route.repo_id):
+        # As the Hub answers a gated repo's info (to anyone): public, gated.
+        body.update({k: v for k, v in (("private", False), ("gated", "manual")) if k in body})
     return web.json_response(body, headers={"X-Repo-Commit": index.commit})
 
 

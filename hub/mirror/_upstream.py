@@ -333,6 +333,8 @@ class Upstream:
         Unlike the resolver, a pinned commit is asked too: its answer says whether the
         repo is private or gated, which decides who reads it here.
         """
+        from cmh.hub.resolver import NoSuchEndpoint
+
         remote = client.revision(repo_id, repo_type, revision)
         private = remote.private or (
             not remote.gated
@@ -340,11 +342,19 @@ class Upstream:
             and self._needs_token(repo_type, repo_id)
         )
         self.pull.record_access(repo_type, repo_id, private, remote.gated)
+        files = self.pull.listing(repo_type, repo_id, remote.commit)
         if remote.private or remote.gated:
-            client.auth_check(repo_id, repo_type)  # refused: the upstream's answer
-        cached = self.pull.listing(repo_type, repo_id, remote.commit)
-        if cached is not None:
-            return remote.commit, cached
+            try:
+                client.auth_check(repo_id, repo_type)  # refused: the upstream's answer
+            except NoSuchEndpoint:
+                # An upstream without auth-check (another mirror, an older Hub): what a
+                # HEAD of one listed file says decides, refusal and words its own.
+                files = files or remote.files or client.tree(repo_id, repo_type, remote.commit)
+                if files:
+                    path = min(files)
+                    client.served(client.file_url(repo_id, repo_type, remote.commit, path))
+        if files is not None:
+            return remote.commit, files
         if remote.files is not None:
             return remote.commit, remote.files
         return remote.commit, client.tree(repo_id, repo_type, remote.commit)

@@ -50,6 +50,7 @@ from ._types import (
     HubProtocolError,
     HubUnreachableError,
     InvalidListing,
+    NoSuchEndpoint,
     NotFoundError,
     RemoteFile,
     RemoteRevision,
@@ -858,8 +859,8 @@ def raise_for_status(response: httpx2.Response) -> None:
         raise HubUnreachableError(
             f"{url}: server error {status}", retry_after=retry_after(response.headers)
         )
-    if status == 404:
-        raise HubProtocolError(f"{url}: 404 without X-Error-Code (not a Hub endpoint?)")
+    if status in (404, 405):
+        raise NoSuchEndpoint(f"{url}: {status} without X-Error-Code (not a Hub endpoint?)")
     if status == 416:
         raise RangeNotSatisfied(f"{url}: 416 range not satisfiable")
     raise HubProtocolError(f"{url}: unexpected status {status}")

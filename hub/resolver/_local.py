@@ -4,15 +4,22 @@ Reads and writes only files of the stock layout (``trees/{commit}.json`` in
 the stock client's own format) and cmh's bookkeeping under ``{repo}/.cmh/``:
 ``validated/{revision}.json`` records when a revision was last confirmed
 against the Hub and which commit it named (the last known good snapshot).
+
+The stock client writes ``trees/{commit}.json`` only from ``snapshot_download``
+(a later offline ``snapshot_download`` trusts it to say which files the snapshot
+lacks). A resolve for one file (``hf_hub_download`` under ``install()``) keeps
+its listing under ``.cmh/trees/{commit}.json`` instead (:func:`one_file_listing`),
+so the stock layout holds what a stock-filled cache would hold.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fnmatch
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -44,12 +51,39 @@ class LocalEntry:
     etag: str
 
 
+#: False while a resolve brings one file for ``hf_hub_download``: its listing is cmh's own.
+_stock_listing: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cmh_stock_listing", default=True
+)
+
+
+@contextlib.contextmanager
+def one_file_listing() -> Iterator[None]:
+    """Within: listings are written under ``.cmh/trees/``, not where the stock client
+    reads them (stock writes ``trees/`` from ``snapshot_download`` only)."""
+    token = _stock_listing.set(False)
+    try:
+        yield
+    finally:
+        _stock_listing.reset(token)
+
+
+def _own_tree(repo: RepoLayout, commit: str) -> Path:
+    return repo.cmh_dir / "trees" / f"{commit}.json"
+
+
 def read_tree(repo: RepoLayout, commit: str) -> dict[str, LocalEntry] | None:
-    """The stock ``trees/{commit}.json`` listing, or ``None`` if absent or unreadable."""
+    """The listing of ``commit``: the stock ``trees/{commit}.json``, else cmh's own copy
+    (``.cmh/trees/``); ``None`` if neither is there and readable."""
     if not COMMIT_RE.match(commit):
         return None
+    stock = _read_tree_file(repo.trees / f"{commit}.json")
+    return stock if stock is not None else _read_tree_file(_own_tree(repo, commit))
+
+
+def _read_tree_file(listing: Path) -> dict[str, LocalEntry] | None:
     try:
-        data = json.loads((repo.trees / f"{commit}.json").read_text(encoding="utf-8"))
+        data = json.loads(listing.read_text(encoding="utf-8"))
         if data.get("format_version") != TREE_FORMAT_VERSION:
             return None
         out: dict[str, LocalEntry] = {}
@@ -67,9 +101,11 @@ def read_tree(repo: RepoLayout, commit: str) -> dict[str, LocalEntry] | None:
 def write_tree(
     repo: RepoLayout, commit: str, files: dict[str, RemoteFile], *, replace: bool = False
 ) -> None:
-    """Write the stock listing of ``commit`` atomically (kept if present, unless ``replace``)."""
-    path = repo.trees / f"{commit}.json"
-    if not replace and read_tree(repo, commit) is not None:
+    """Write the listing of ``commit`` atomically (kept if present, unless ``replace``):
+    the stock ``trees/{commit}.json``, or cmh's own within :func:`one_file_listing`."""
+    stock = _stock_listing.get()
+    path = repo.trees / f"{commit}.json" if stock else _own_tree(repo, commit)
+    if not replace and _read_tree_file(path) is not None:
         return
     data = {
         "format_version": TREE_FORMAT_VERSION,
@@ -82,13 +118,24 @@ def write_tree(
 def discard_tree(repo: RepoLayout, commit: str) -> None:
     """Forget the cached listing of ``commit`` (it led to a failed check: fetch it again)."""
     if COMMIT_RE.match(commit):
-        with contextlib.suppress(FileNotFoundError):
-            (repo.trees / f"{commit}.json").unlink()
+        for path in (repo.trees / f"{commit}.json", _own_tree(repo, commit)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def remote_files_from_tree(entries: dict[str, LocalEntry]) -> dict[str, RemoteFile]:
     """A cached listing seen as remote files (a commit's listing never changes)."""
     return {p: RemoteFile(p, e.size, e.etag, len(e.etag) == 64, e.etag) for p, e in entries.items()}
+
+
+def hub_said_absent(repo: RepoLayout, commit: str, path: str) -> bool:
+    """The Hub answered ``EntryNotFound`` for ``path`` at ``commit`` (its ``.no_exist``
+    marker, written by the stock client or by cmh from a Hub answer; a commit's files
+    never change)."""
+    try:
+        return (repo.no_exist / commit / path).is_file()
+    except (OSError, LayoutError):
+        return False
 
 
 def linked_etag(repo: RepoLayout, commit: str, path: str) -> str | None:

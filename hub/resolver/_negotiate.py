@@ -41,6 +41,7 @@ from cmh.hub.cache import (
     record_use,
     repo_lock,
     snapshot_in_use,
+    tag_cache_dir,
     validate_repo_id,
     validate_revision,
 )
@@ -83,6 +84,11 @@ from ._types import (
 )
 
 logger = logging.getLogger("cmh.hub")
+
+#: The end of the warnings about a pinned commit past its expiry and a snapshot without a
+#: listing (``install()`` logs them only where they are the caller's: stock says neither).
+PINNED_KEPT = "a pinned commit is kept"
+COMPLETENESS_UNKNOWN = "served as found, completeness unknown"
 
 #: Files smaller than this are fetched whole even when an older version is local.
 PATCH_MIN_BYTES = 1 << 20
@@ -338,7 +344,7 @@ def _local_answer(ask: _Ask, local: _Local) -> Resolution | None:
             return None
         if policy.strict:
             raise PolicyError(f"{ask.where} expired at {expiry:.0f} (strict policy)")
-        warnings.append(f"commit {revision} is past its CMH expiry; a pinned commit is kept")
+        warnings.append(f"commit {revision} is past its CMH expiry; {PINNED_KEPT}")
     files = _kept_files(repo, local.commit, local.selection)
     outcome = _Outcome(State.LOCAL_ONLY, files, expires_at=_finite(expiry), warnings=warnings)
     return _result(ask, local.commit, outcome)
@@ -361,7 +367,7 @@ def _answer_offline(ask: _Ask, local: _Local) -> Resolution:
                 f"{ask.where}: snapshot has no tree listing, its completeness "
                 "cannot be checked (strict policy)"
             )
-        note = "snapshot has no tree listing: served as found, completeness unknown"
+        note = f"snapshot has no tree listing: {COMPLETENESS_UNKNOWN}"
         return _result(ask, local.commit, _Outcome(State.LOCAL_ONLY, warnings=[note]))
     fallback = _last_good(repo, local, ask.patterns)
     if fallback is not None:
@@ -611,9 +617,11 @@ def _link(ask: _Ask, brought: _Brought) -> None:
     what ``resolve`` serves for the commit."""
     listing = brought.listing
     write_tree(ask.repo, listing.commit, listing.files, replace=listing.fetched)
-    for r in brought.results:
-        if r.action is not Action.KEPT:
-            ask.repo.link_snapshot_file(listing.commit, r.path, r.etag)
+    added = [r for r in brought.results if r.action is not Action.KEPT]
+    if added:  # as the stock client, before it writes a file into the cache
+        tag_cache_dir(ask.repo.root)
+    for r in added:
+        ask.repo.link_snapshot_file(listing.commit, r.path, r.etag)
 
 
 def _swap(ask: _Ask, listing: _Listing) -> str | None:

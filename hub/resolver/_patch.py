@@ -42,6 +42,7 @@ from typing import Any
 from cmh.hub.cache import COMMIT_RE, RepoLayout
 
 from . import _window as window_state
+from ._local import hub_said_absent, one_file_listing
 from ._types import (
     DiskFullError,
     IntegrityError,
@@ -59,6 +60,7 @@ from ._window import (
     current_policy,
     recent_commit,
     remember_commit,
+    remember_loaded,
 )
 from ._window import in_cache as _in_cache
 
@@ -107,16 +109,24 @@ def installed() -> bool:
     return bool(_patched)
 
 
-def install(*, window: float = DEFAULT_WINDOW, policy: Policy | None = None) -> bool:
+def install(
+    *,
+    window: float = DEFAULT_WINDOW,
+    policy: Policy | None = None,
+    api_from_cache: bool | None = None,
+) -> bool:
     """Patch the stock download functions; returns ``False`` if nothing could be patched.
 
     ``policy`` overrides :meth:`Policy.from_env` for routed calls (the
-    ``local_files_only`` argument still forces offline).
+    ``local_files_only`` argument still forces offline). ``api_from_cache``: answer
+    bare Hub API calls (``model_info``, ``list_repo_files``, ``HfFileSystem``) of a
+    fresh snapshot from the cache, also when the Hub cannot be reached (default:
+    ``CMH_HUB_API_FROM_CACHE``, else off: they ask the Hub as stock does).
     """
     with _lock:
         if _patched:
             return True
-        window_state.configure(window, policy)
+        window_state.configure(window, policy, api_from_cache)
         from huggingface_hub import _snapshot_download, file_download
 
         targets = [
@@ -286,7 +296,7 @@ def _token(value: Any) -> str | bool | None:
 def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
     """Resolve the bound call ``a`` (its ``allow_patterns``: ``patterns``) through the
     per-process revalidation window."""
-    from ._negotiate import resolve
+    from ._negotiate import COMPLETENESS_UNKNOWN, PINNED_KEPT, resolve
 
     repo_id, repo_type = a["repo_id"], a.get("repo_type") or "model"
     endpoint, local_files_only = a.get("endpoint"), bool(a.get("local_files_only"))
@@ -304,6 +314,8 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
                 fresh_commit(RepoLayout(root, repo_id, repo_type), revision, current_policy())
                 or use
             )
+        if use != revision:  # the load's bare API calls are answered from the cache too
+            remember_loaded(root, endpoint, repo_type, repo_id, revision, use)
     policy = _policy_for(local_files_only)
     try:
         res = resolve(
@@ -322,7 +334,13 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
         raise
     if use == revision and res.state is not State.STALE_OFFLINE:
         remember_commit(root, endpoint, repo_type, repo_id, revision, res.commit)
+    # Not the caller's: a commit the window or the stamps chose (the caller named a branch),
+    # a snapshot the stock client filled without a listing (stock serves it as it is).
+    quiet = (COMPLETENESS_UNKNOWN, *((PINNED_KEPT,) if use != revision else ()))
     for w in res.warnings:  # unchanged code never sees the Resolution: tell it through logging
+        if any(q in w for q in quiet):
+            logger.debug("%s: %s", repo_id, w)
+            continue
         _warn_once((str(root), repo_type, repo_id, w), "%s: %s", repo_id, w)
     return res
 
@@ -350,24 +368,29 @@ def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
     logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 
 
-def _entry_not_found(repo: RepoLayout, commit: str | None, path: str, url: str) -> Exception:
-    """The stock client's answer to a missing file: ``.no_exist`` entry and its error type."""
-    if commit is not None:
-        marker = repo.no_exist / commit / path
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass
+def _entry_not_found(commit: str, url: str) -> Exception:
+    """The stock client's error for a file the Hub said is absent at ``commit``, built by
+    the stock client's own ``hf_raise_for_status`` from the Hub's answer (nothing written:
+    the ``.no_exist`` marker that says so is there already)."""
     import httpx2
-    from huggingface_hub.errors import RemoteEntryNotFoundError
+    from huggingface_hub import hf_raise_for_status
 
     response = httpx2.Response(
         404,
-        headers={"X-Error-Code": "EntryNotFound", **({"X-Repo-Commit": commit} if commit else {})},
+        headers={
+            "X-Error-Code": "EntryNotFound",
+            "X-Error-Message": "Entry not found",
+            "X-Repo-Commit": commit,
+            "Content-Type": "application/json",
+        },
+        content=b'{"error":"Entry not found"}',
         request=httpx2.Request("HEAD", url),
     )
-    return RemoteEntryNotFoundError(f"Entry Not Found for url: {url}.", response=response)
+    try:
+        hf_raise_for_status(response)
+    except Exception as exc:  # the stock type (RemoteEntryNotFoundError) and message
+        return exc
+    raise AssertionError("hf_raise_for_status accepted a 404")  # pragma: no cover
 
 
 def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
@@ -460,16 +483,22 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         filename, relative = names
         try:
-            # A name, not a pattern: "a[1].txt" is itself.
-            res = _route(a, [glob.escape(filename)])
+            # A name, not a pattern: "a[1].txt" is itself. The listing is cmh's own:
+            # stock writes trees/{commit}.json from snapshot_download only.
+            with one_file_listing():
+                res = _route(a, [glob.escape(filename)])
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
                 return original(*args, **kwargs)
             if _offline(a):
                 raise _local_entry_not_found(bool(a.get("local_files_only"))) from None
             repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
-            url = _stock_url(a, filename, repo_type)
-            raise _entry_not_found(repo, exc.commit, filename, url) from None
+            if hub_said_absent(repo, exc.commit, filename):
+                raise _entry_not_found(exc.commit, _stock_url(a, filename, repo_type)) from None
+            # Only the Hub says a file is absent, as for the stock client: it is asked (one
+            # HEAD, which the client hook sends on): its 404, its .no_exist marker, or
+            # stock's LocalEntryNotFoundError when it cannot be reached.
+            return original(*args, **kwargs)
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:

@@ -14,10 +14,16 @@ HTTP caching as in RFC 9111, with the snapshot's freshness (spec/resolver.md
   process (the install window, shared with the download hook);
 - ``resolve`` (HEAD or GET, one byte range or none) of a file of a known
   commit is answered from the cached blob (404 ``EntryNotFound`` when the
-  commit's listing lacks it); the Hub API (repo info, revision info, tree
-  pages) for a known revision is answered with the answer the Hub gave for
-  C, stored in ``{repo}/.cmh/answers/{C}/`` the first time it was asked (a
-  commit's answers do not change);
+  commit's listing lacks it and the Hub said so: its ``.no_exist`` marker;
+  otherwise the request goes on, as stock's does); the Hub API (repo info,
+  revision info, tree pages) for a known revision is answered with the answer
+  the Hub gave for C, stored in ``{repo}/.cmh/answers/{C}/`` the first time it
+  was asked (a commit's answers do not change);
+- outside a patched call (a bare API call: ``model_info``, ``HfFileSystem``),
+  a revision is known only when, within the window, the Hub named its commit
+  or a patched call of the repo was answered from the cache (the call is part
+  of that load), unless ``install(api_from_cache=True)``: otherwise it goes to
+  the Hub, and fails as stock's does when the Hub cannot be reached;
 - for an unknown revision the request goes to the Hub unchanged: one repo
   info answer is the revalidation of the repo (its ``sha`` is remembered for
   the window and, when it confirms the cached ref, recorded as a validation).
@@ -45,8 +51,17 @@ from cmh.hub.cache import COMMIT_RE, LayoutError, RepoLayout, blob_state, valida
 
 from .._ranges import RangeNotSatisfiable, parse_range
 from ._answers import read_answer, write_answer
-from ._local import linked_etag, read_tree, write_validation
-from ._window import current_policy, recent_commit, remember_commit, scoped_cache
+from ._local import hub_said_absent, linked_etag, read_tree, write_validation
+from ._window import (
+    api_from_cache,
+    current_policy,
+    in_patched_call,
+    loaded_commit,
+    recent_commit,
+    remember_commit,
+    remember_loaded,
+    scoped_cache,
+)
 
 logger = logging.getLogger("cmh.hub")
 
@@ -187,14 +202,26 @@ class FreshCacheTransport(httpx2.BaseTransport):
         return self._stored_or_asked(request, repo, target, commit)
 
     def _known_commit(self, repo: RepoLayout, endpoint: str, revision: str) -> str | None:
+        """The commit to answer ``revision`` from the cache with, or ``None`` (ask the Hub).
+
+        Outside a patched call (a bare API call), only a commit the Hub named in this
+        process's window, unless :func:`api_from_cache` allows the cache's own word."""
         from ._negotiate import fresh_commit
 
-        if COMMIT_RE.match(revision):
-            return revision
-        remembered = recent_commit(repo.root, endpoint, repo.repo_type, repo.repo_id, revision)
+        where = (repo.root, endpoint, repo.repo_type, repo.repo_id, revision)
+        remembered = recent_commit(*where)
         if remembered is not None:
             return remembered
-        return fresh_commit(repo, revision, current_policy())
+        scoped = in_patched_call()
+        if not (scoped or api_from_cache()):
+            # As stock, the Hub is asked (ConnectError when it cannot be reached), unless
+            # the call belongs to a load a patched call just answered from the cache.
+            return loaded_commit(*where)
+        commit = revision if COMMIT_RE.match(revision) else None
+        commit = commit or fresh_commit(repo, revision, current_policy())
+        if commit is not None and scoped:
+            remember_loaded(*where, commit)
+        return commit
 
     # -- answering from the cache ----------------------------------------------------------
 
@@ -206,6 +233,8 @@ class FreshCacheTransport(httpx2.BaseTransport):
             return None
         entry = tree.get(path)
         common = {"X-Repo-Commit": commit}
+        if entry is None and not hub_said_absent(repo, commit, path):
+            return None  # only the Hub says a file is absent (stock asks it): sent on
         if entry is None:
             headers = {
                 **common,

@@ -291,6 +291,11 @@ class HubProtocolError(ResolveError):
     """The Hub answered something the protocol does not allow."""
 
 
+class NoSuchEndpoint(HubProtocolError):
+    """The server has no such API endpoint (404 without a Hub ``X-Error-Code``, or 405):
+    another kind of server than the Hub, or an older one."""
+
+
 class InvalidListing(HubProtocolError):
     """The Hub listed a file name no cache can hold (absolute, ``..``, NUL, too long, a
     file that is also a folder), or more files than the resolver accepts."""
@@ -318,6 +323,7 @@ __all__ = [
     "HubUnreachableError",
     "IntegrityError",
     "InvalidRemoteFileError",
+    "NoSuchEndpoint",
     "NotFoundError",
     "OfflineError",
     "Policy",

@@ -8,13 +8,16 @@ for it, so the two hooks have no import cycle:
   ``window`` seconds ago (:func:`recent_commit`, :func:`remember_commit`);
 - the cache folder a Hub request is answered from (:func:`scoped_cache`,
   set by :func:`in_cache` around every patched call);
-- the policy routed calls use (:func:`current_policy`).
+- the policy routed calls use (:func:`current_policy`);
+- whether bare Hub API calls may be answered from a fresh cache
+  (:func:`api_from_cache`, ``install(api_from_cache=...)``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +40,9 @@ _lock = threading.Lock()
 recent: LRUCache[tuple[str, ...], tuple[str, float]] = LRUCache(MAX_REMEMBERED)
 _window = DEFAULT_WINDOW
 _policy: Policy | None = None
+#: Environment switch for :func:`api_from_cache` when ``install()`` is not told.
+API_FROM_CACHE_ENV = "CMH_HUB_API_FROM_CACHE"
+_api_from_cache: bool | None = None
 #: The cache folder of the patched call under way (``None``: none is). The client hook
 #: answers from this folder only, so no other cache vouches for a commit.
 _scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope", default=None)
@@ -44,17 +50,67 @@ _scope: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cmh_scope"
 _last_cache: LRUCache[tuple[str, str], Path] = LRUCache(MAX_REMEMBERED)
 
 
-def configure(window: float, policy: Policy | None) -> None:
-    """Set the window length and the policy of routed calls (``install()``)."""
-    global _window, _policy
+def configure(window: float, policy: Policy | None, api_cache: bool | None = None) -> None:
+    """Set the window length, the policy of routed calls and :func:`api_from_cache`
+    (``install()``; ``None``: read ``CMH_HUB_API_FROM_CACHE`` when asked)."""
+    global _window, _policy, _api_from_cache
     with _lock:
-        _window, _policy = window, policy
+        _window, _policy, _api_from_cache = window, policy, api_cache
+
+
+def api_from_cache() -> bool:
+    """True when a bare Hub API call (``model_info``, ``list_repo_files``, ``HfFileSystem``,
+    made outside a patched call) may be answered from a fresh snapshot without asking the
+    Hub. Off by default: such a call then asks the Hub as the stock client does (and raises
+    what it raises when the Hub cannot be reached) unless, less than ``window`` seconds ago
+    in this process, the Hub named the commit or a patched call of the repo was answered
+    from the cache (the call is then part of that load: :func:`loaded_commit`)."""
+    if _api_from_cache is not None:
+        return _api_from_cache
+    return os.environ.get(API_FROM_CACHE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+#: (cache, endpoint, repo type, repo id, revision or commit) -> (commit, the policy clock's
+#: monotonic time) of a patched call answered from the cache without the Hub (a fresh
+#: snapshot); bounded like :data:`recent`.
+loaded: LRUCache[tuple[str, ...], tuple[str, float]] = LRUCache(MAX_REMEMBERED)
+
+
+def remember_loaded(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
+) -> None:
+    """Record that a patched call answered ``revision`` at ``commit`` from the cache now: the
+    bare API calls of the same load (transformers' template listing, peft's probes), made
+    within ``window`` seconds, are answered from the cache too (:func:`loaded_commit`)."""
+    now = current_policy().clock.monotonic()
+    with _lock:
+        for name in {revision, commit}:
+            loaded[_key(root, endpoint, repo_type, repo_id, name)] = (commit, now)
+
+
+def loaded_commit(
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+) -> str | None:
+    """The commit a patched call answered ``revision`` with from the cache less than
+    ``window`` seconds ago, if one did."""
+    with _lock:
+        hit = loaded.get(_key(root, endpoint, repo_type, repo_id, revision))
+    if hit is not None and current_policy().clock.monotonic() - hit[1] < _window:
+        return hit[0]
+    return None
+
+
+def in_patched_call() -> bool:
+    """True inside a patched call (its stock calls included), where the stock function
+    itself falls back to the cache when the Hub cannot be reached."""
+    return _scope.get() is not None
 
 
 def forget() -> None:
     """Drop every remembered commit and cache folder (``uninstall()``)."""
     with _lock:
         recent.clear()
+        loaded.clear()
         _last_cache.clear()
 
 
@@ -128,9 +184,13 @@ def recent_commit(
 def remember_commit(
     root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
 ) -> None:
-    """Record that the Hub named ``commit`` for ``revision`` now (opens the window)."""
+    """Record that the Hub named ``commit`` for ``revision`` now (opens the window; for
+    the commit itself too: the calls of the same load that ask at the commit, such as
+    datasets' info and tree pages, are part of that revalidation)."""
     if COMMIT_RE.match(revision):
         return
     now = current_policy().clock.monotonic()
     with _lock:
         recent[_key(root, endpoint, repo_type, repo_id, revision)] = (commit, now)
+        if COMMIT_RE.match(commit):
+            recent[_key(root, endpoint, repo_type, repo_id, commit)] = (commit, now)

@@ -92,9 +92,15 @@ def test_parse_target() -> None:
         assert parse(other) is None, other
 
 
-def test_fresh_snapshot_answers_stock_calls_without_requests(toy: Any, installed: None) -> None:
-    """The stock functions themselves (not the patched ones) make no request when fresh."""
+def test_fresh_snapshot_answers_stock_calls_without_requests(
+    toy: Any, installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stock functions themselves (not the patched ones) make no request when fresh,
+    bare API calls included once ``CMH_HUB_API_FROM_CACHE=1`` allows it (by default they
+    ask the Hub as stock does, issue 36: see test_dropin_stock.py)."""
     import cmh.hub as hub
+
+    monkeypatch.setenv("CMH_HUB_API_FROM_CACHE", "1")
     import cmh.hub.resolver._patch as patch
     from huggingface_hub import HfApi, HfFileSystem, file_download
 
@@ -114,8 +120,10 @@ def test_fresh_snapshot_answers_stock_calls_without_requests(toy: Any, installed
 
     first = len(toy.server.log())
     calls()
-    # The first time, API answers are asked at the commit and stored; no file is asked.
-    assert not [r for r in _requests(toy.server, first) if "/resolve/" in r]
+    # The first time, API answers are asked at the commit and stored; no file is asked but
+    # the missing one: only the Hub says a file is absent (its .no_exist marker, kept).
+    asked = [r for r in _requests(toy.server, first) if "/resolve/" in r]
+    assert asked == [f"HEAD /{REPO}/resolve/main/missing.json"], asked
     patch._recent.clear()  # as in a new process
     mark = len(toy.server.log())
     calls()

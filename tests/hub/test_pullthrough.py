@@ -276,7 +276,13 @@ def test_the_mirrors_own_tokens_decide_who_reads(
     pull = mirror_server_factory(store, tokens=tokens, extra_args=("--upstream", front.url))
     url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
     assert httpx2.get(url).status_code == 404
-    assert front.records() == []  # a reader the mirror refuses causes no upstream request
+    # A refused reader asks the upstream only while the mirror holds nothing of the repo
+    # (its answer says whether the repo is gated, issue 36); once held, never.
+    asked = len(front.records())
+    assert asked >= 1
+    assert httpx2.get(url).status_code == 404
+    assert httpx2.get(url, headers={"Authorization": "Bearer other-token-0002"}).status_code == 404
+    assert len(front.records()) == asked
     ok = httpx2.get(url, headers={"Authorization": "Bearer local-reader-token-1"})
     assert ok.status_code == 200
 

@@ -1,0 +1,184 @@
+"""The client-version matrix (issue 36): huggingface_hub releases a cluster runs, each in
+its own interpreter (``client_versions.py``), against ``cmh serve`` on a folder and as a
+pull-through mirror (folder store) in front of a Hub-like front.
+
+Phases on one cache per cell: cold, fresh (again, online), offline
+(``HF_HUB_OFFLINE=1``); on the pull-through mirror also Ctrl-C mid-download during
+the mirror's fill, then a rerun. Every cell must hold the source's bytes, raise
+nothing, and leave a cache whose every blob's content is its name (SHA-256, or the git
+blob SHA-1 of a small file). The pinned 2.x is the project venv's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from client_versions import client_env
+from cmh.hub.mirror import add_folder
+from hublike import running
+from mirror_support import MirrorServer, hf_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+REPO = "versions/model"
+BIG = 12 << 20
+VERSIONS = ["0.26.5", "0.36.0", "1.33.0", "pinned"]
+
+SCRIPT = r"""
+import hashlib, json, os
+import huggingface_hub
+from huggingface_hub import hf_hub_download, snapshot_download
+repo = os.environ["T_REPO"]
+path = snapshot_download(repo)
+files = {}
+for root, _, names in os.walk(path):
+    for name in names:
+        full = os.path.join(root, name)
+        rel = os.path.relpath(full, path).replace(os.sep, "/")
+        files[rel] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+one = hf_hub_download(repo, "weights.bin")
+files["one:weights.bin"] = hashlib.sha256(open(one, "rb").read()).hexdigest()
+print(json.dumps({"version": huggingface_hub.__version__, "files": files}))
+"""
+
+INTERRUPTED = r"""
+import os
+from huggingface_hub import hf_hub_download
+hf_hub_download(os.environ["T_REPO"], "weights.bin")
+"""
+
+
+def _pattern(size: int) -> bytes:
+    block = hashlib.sha256(b"versions").digest() * (1 << 15)
+    return b"".join(bytes([i & 0xFF]) + block[1:] for i in range(size // len(block) + 1))[:size]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    base = tmp_path_factory.mktemp("versions")
+    src = base / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text('{"model_type": "versions"}\n')
+    (src / "sub" / "notes.txt").write_text("notes\n" * 50)
+    (src / "weights.bin").write_bytes(_pattern(BIG))
+    add_folder(base / "store", src, REPO)
+    truth = {
+        p.relative_to(src).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in src.rglob("*")
+        if p.is_file()
+    }
+    truth["one:weights.bin"] = truth["weights.bin"]
+    origin = MirrorServer(base / "store", base / "logs")
+    try:
+        with running(origin.url, xet_listing=False) as front:
+            yield {"origin": origin, "front": front, "truth": truth, "base": base}
+    finally:
+        origin.stop()
+
+
+def _env(url: str, home: Path, version: str) -> dict[str, str]:
+    env = dict(hf_env(url, home), T_REPO=REPO)
+    if version == "pinned":
+        return env
+    got = client_env(env, version)
+    if got is None:
+        pytest.skip(f"huggingface_hub {version} cannot be installed here (no package index)")
+    return got
+
+
+def _run(code: str, env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _blobs_are_their_names(home: Path) -> list[str]:
+    """Blobs whose content is not their name (SHA-256, or git blob SHA-1)."""
+    bad = []
+    for blob in home.rglob("blobs/*"):
+        if not blob.is_file() or blob.name.endswith(".incomplete"):
+            continue
+        data = blob.read_bytes()
+        if len(blob.name) == 64:
+            good = hashlib.sha256(data).hexdigest() == blob.name
+        else:
+            good = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob.name
+        if not good:
+            bad.append(str(blob))
+    return bad
+
+
+def _phases(url: str, home: Path, version: str, truth: dict[str, str]) -> None:
+    env = _env(url, home, version)
+    for phase, extra in (("cold", {}), ("fresh", {}), ("offline", {"HF_HUB_OFFLINE": "1"})):
+        got = _run(SCRIPT, {**env, **extra})
+        if version != "pinned":
+            assert got["version"] == version
+        assert got["files"] == truth, (version, phase)
+    assert _blobs_are_their_names(home) == [], version
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_release_against_cmh_serve(
+    servers: dict[str, Any], version: str, tmp_path: Path
+) -> None:
+    _phases(servers["origin"].url, tmp_path / "home", version, servers["truth"])
+
+
+def _incomplete(home: Path) -> int:
+    return max((p.stat().st_size for p in home.rglob("blobs/*.incomplete")), default=0)
+
+
+def _wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_release_through_pull_through_with_a_ctrl_c(
+    servers: dict[str, Any], version: str, tmp_path: Path
+) -> None:
+    front = servers["front"]
+    front.clear_faults()
+    (tmp_path / "store").mkdir()
+    pull = MirrorServer(tmp_path / "store", tmp_path / "logs", extra_args=("--upstream", front.url))
+    try:
+        home = tmp_path / "home"
+        env = _env(pull.url, home, version)
+        # The upstream pauses near the end (clients write 10 MiB chunks), so the client is
+        # stopped during the mirror's fill.
+        front.stall(after_bytes=BIG - (1 << 20), seconds=3.0, path=servers["truth"]["weights.bin"])
+        first = subprocess.Popen(
+            [sys.executable, "-c", INTERRUPTED],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for(lambda: _incomplete(home) >= 1 << 20, "a partial download")
+            first.send_signal(signal.SIGINT)  # Ctrl-C
+            first.wait(timeout=60)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+        _phases(pull.url, home, version, servers["truth"])
+    finally:
+        pull.stop()
+        front.clear_faults()
