@@ -43,6 +43,9 @@ def _flush() -> None:
 
 
 def _exit_now() -> None:
+    from cmh import remove_temporaries
+
+    remove_temporaries()  # os._exit runs no finally: a first stamp's copy would stay
     _flush()
     os._exit(EXIT_INTERRUPTED)
 
