@@ -4,7 +4,7 @@ Exit statuses, JSON output, stderr messages, a progress bar that only shows on
 a terminal, error mapping (no traceback ever reaches the user) and click
 parameter types for durations, sizes and points in time.
 
-Only the standard library and click are imported here; tqdm is imported when a
+Only the standard library, click and ``cmh``'s face are imported here; tqdm is imported when a
 bar is actually shown.
 """
 
@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
+
+from cmh import format_size
 
 if TYPE_CHECKING:
     _SecondsParam = click.ParamType[int | str | None]
@@ -112,18 +114,8 @@ def print_error(message: str) -> None:
 
 
 def human_bytes(n: int) -> str:
-    """``1536`` -> ``1.5 kB``: decimal units, as the bars (``MB/s``) and disk vendors count.
-
-    Exact below 1 kB.
-    """
-    if n < 1000:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("kB", "MB", "GB", "TB", "PB"):
-        value /= 1000
-        if value < 999.95 or unit == "PB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
+    """``1536`` -> ``1.5 kB``: :func:`cmh.format_size`, the pages' formatter too."""
+    return format_size(n)
 
 
 def iso_utc(ts: float) -> str:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cmh import plural
+
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -341,9 +343,7 @@ def verify(paths: tuple[str, ...], **options: Any) -> None:
                     _print_checkpoint(target, ok, identity)
     if not opt.as_json:
         total = counts["ok"] + counts["failed"]
-        click.echo(
-            f"{total} file{'s' if total != 1 else ''}: {counts['ok']} ok, {counts['failed']} failed"
-        )
+        click.echo(f"{plural(total, 'file')}: {counts['ok']} ok, {counts['failed']} failed")
     overall = next((o for o in outcomes if o != Outcome.OK.value), Outcome.OK.value)
     document = envelope("verify", outcome=overall, files=files, checkpoints=checkpoints)
     _finish(opt.as_json, document, status)
@@ -408,16 +408,16 @@ def _print_verdict(result: VerifyResult, now: float) -> None:
 
 
 def _print_checkpoint(target: Target, ok: bool, identity: str | None) -> None:
+    folder = target.argument.rstrip("/") + "/"  # model/ and model both print model/
     if target.error is not None:
-        click.echo(f"FAILED   {target.argument}/: {target.error}")
+        click.echo(f"FAILED   {folder}: {target.error}")
         return
     index = os.path.basename(target.index) if target.index else "no index"
+    files = plural(len(target.files), "file")
     if ok:
-        click.echo(
-            f"ok       {target.argument}/ ({len(target.files)} files, {index}): identity {identity}"
-        )
+        click.echo(f"ok       {folder} ({files}, {index}): identity {identity}")
         return
-    click.echo(f"FAILED   {target.argument}/ ({len(target.files)} files, {index})")
+    click.echo(f"FAILED   {folder} ({files}, {index})")
     for problem in target.problems:
         click.echo(f"         - {INDEX_INCONSISTENT}: {problem}")
 

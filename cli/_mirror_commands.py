@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cmh import plural
+
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -115,8 +117,8 @@ def add(
     what = "new commit" if result.created else "unchanged, no new commit"
     echo(
         f"{result.repo_type} {result.repo_id}@{result.revision} -> {result.commit} ({what}); "
-        f"{result.files} files, {human_bytes(result.total_bytes)}, "
-        f"{result.new_blobs} new blobs ({human_bytes(result.new_bytes)})"
+        f"{plural(result.files, 'file')}, {human_bytes(result.total_bytes)}, "
+        f"{plural(result.new_blobs, 'new blob')} ({human_bytes(result.new_bytes)})"
     )
 
 
@@ -189,9 +191,10 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     for r in repos:
         prefix = "" if r.repo_type == "model" else f"{r.repo_type}s/"
         mark = "  (private)" if private(r.repo_type, r.repo_id) else ""
-        echo(f"{prefix}{r.repo_id}  {r.blobs} blobs, {human_bytes(r.blob_bytes)}{mark}")
+        echo(f"{prefix}{r.repo_id}  {plural(r.blobs, 'blob')}, {human_bytes(r.blob_bytes)}{mark}")
         for ref in r.refs:
-            echo(f"  {ref.name:<20} {ref.commit}  {ref.files} files, {human_bytes(ref.bytes)}")
+            files = plural(ref.files, "file")
+            echo(f"  {ref.name:<20} {ref.commit}  {files}, {human_bytes(ref.bytes)}")
 
 
 _SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the same command again"
@@ -238,7 +241,7 @@ def scrub(
             )
         )
     else:
-        echo(f"checked {len(report.checks)} blobs, {human_bytes(report.bytes_checked)}")
+        echo(f"checked {plural(len(report.checks), 'blob')}, {human_bytes(report.bytes_checked)}")
         for c in report.bad:
             where = f" -> quarantined to {c.quarantined_to}" if c.quarantined_to else ""
             tensors = f" (tensors: {', '.join(c.bad_tensors[:5])})" if c.bad_tensors else ""
@@ -431,8 +434,7 @@ def serve(**options: Any) -> None:
         usage_error("--fill-lease-ttl needs --upstream (it is the lease of a pull-through fill)")
 
     def announce(url: str) -> None:
-        plural = "s" if opt.workers > 1 else ""
-        click.echo(f"Serving {opt.store} on {url} ({opt.workers} worker{plural})")
+        click.echo(f"Serving {opt.store} on {url} ({plural(opt.workers, 'worker')})")
         sys.stdout.flush()
 
     # Every option named like a ServeConfig field is that field; the rest are read above.
@@ -475,10 +477,15 @@ def _exposure(pull: UpstreamConfig, tokens: Path | None) -> str:
             f"WARNING: pull-through from {pull.url} ({via}) with --public-upstream-repos: "
             "repos the upstream marks private or gated are served to anyone"
         )
-    opened = f"tokens that {tokens} grants them" if tokens else "nobody (no --tokens file)"
+    private = "repos the upstream marks private or gated"
+    if tokens is None:
+        return (
+            f"pull-through from {pull.url} ({via}): public upstream repos are served to anyone; "
+            f"{private} are served to nobody (no --tokens file grants them)"
+        )
     return (
         f"pull-through from {pull.url} ({via}): public upstream repos are served to anyone; "
-        f"repos the upstream marks private or gated only to {opened}"
+        f"{private} only to tokens that {tokens} grants them"
     )
 
 
@@ -577,9 +584,8 @@ def _sync_words(res: SyncResult) -> str:
         return f"{done}; the store held it already (nothing written)"
     if res.new_blobs is None:  # resolved in place
         return done
-    plural = "s" if res.new_blobs != 1 else ""
     uploaded = human_bytes(res.new_bytes or 0)
-    return f"{done}; imported: {res.new_blobs} new blob{plural} ({uploaded}) uploaded"
+    return f"{done}; imported: {plural(res.new_blobs, 'new blob')} ({uploaded}) uploaded"
 
 
 @dataclass(frozen=True)

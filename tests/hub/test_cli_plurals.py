@@ -1,0 +1,78 @@
+"""Counts read as English: ``1 file``, ``1 new blob``, ``try 1 of 6``; a folder argument
+ending in ``/`` is printed once with it; no "only to nobody"."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from cli_support import run_subprocess
+from cmh.hub.resolver import HubUnreachableError
+from cmh.hub.resolver._retry import RetryPolicy
+from safetensors.numpy import save_file
+
+import cmh
+
+
+def _one_file_folder(folder: Path) -> Path:
+    folder.mkdir()
+    save_file({"w": np.ones((4, 4), np.float32)}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_plural_helper() -> None:
+    assert [cmh.plural(n, "file") for n in (0, 1, 2, 1000)] == [
+        "0 files", "1 file", "2 files", "1,000 files",
+    ]  # fmt: skip
+    assert cmh.plural(1, "try", "tries") == "1 try" and cmh.plural(3, "try", "tries") == "3 tries"
+
+
+def test_mirror_add_and_ls_of_one_file_say_it_in_the_singular(tmp_path: Path) -> None:
+    folder = _one_file_folder(tmp_path / "one")
+    store = tmp_path / "store"
+    added = run_subprocess(["mirror", "add", folder, "--store", store, "--repo", "org/one"])
+    assert added.exit_code == 0, added.stderr
+    said = added.stdout + added.stderr
+    assert "1 file, " in said and "1 new blob (" in said, said
+    assert "1 files" not in said and "1 new blobs" not in said
+    listed = run_subprocess(["mirror", "ls", "--store", store])
+    assert listed.exit_code == 0, listed.stderr
+    assert "1 blob, " in listed.stdout and "1 file, " in listed.stdout, listed.stdout
+    assert "1 blobs" not in listed.stdout and "1 files" not in listed.stdout
+
+
+@pytest.mark.parametrize("argument", ["model", "model/"])
+def test_a_folder_argument_is_printed_with_one_slash(tmp_path: Path, argument: str) -> None:
+    _one_file_folder(tmp_path / "model")
+    stamped = run_subprocess(["stamp", tmp_path / argument])
+    assert stamped.exit_code == 0, stamped.stderr
+    verified = run_subprocess(["verify", f"{tmp_path}/{argument}"])
+    assert verified.exit_code == 0, verified.stderr
+    assert f"{tmp_path}/model/ (1 file, no index)" in verified.stdout, verified.stdout
+    assert "//" not in verified.stdout.replace("://", "")
+
+
+def test_a_retry_that_gives_up_at_its_deadline_counts_its_tries() -> None:
+    def step() -> None:
+        raise HubUnreachableError("connection refused")
+
+    policy = RetryPolicy(sleep=lambda seconds: None)
+    with pytest.raises(HubUnreachableError) as raised:
+        policy.run(step, "GET http://127.0.0.1:9/x", deadline=time.monotonic(), notice=False)
+    assert "try 1 of 6" in str(raised.value) and "tries)" not in str(raised.value)
+    with pytest.raises(HubUnreachableError) as raised:
+        policy.run(step, "GET http://127.0.0.1:9/x", notice=False)
+    assert "failed after 6 tries" in str(raised.value)
+
+
+def test_pull_through_without_tokens_says_nobody_reads_private_repos(
+    tmp_path: Path, mirror: Any, mirror_server_factory: Any
+) -> None:
+    (tmp_path / "pull").mkdir()
+    server = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", mirror.url))
+    said = server.stderr_text()
+    assert "private or gated are served to nobody (no --tokens file grants them)" in said, said
+    assert "only to nobody" not in said
