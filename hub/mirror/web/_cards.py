@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from cmh import format_size
+
 from .._front_matter import read_front_matter
 from .._memo import Memo
 
@@ -121,7 +123,7 @@ def _read_card(raw: bytes) -> Card:
     notes: list[str] = []
     if len(raw) > MAX_CARD_BYTES:
         raw = raw[:MAX_CARD_BYTES]
-        notes.append(f"the card is longer than {MAX_CARD_BYTES // 1024} KiB: shown cut")
+        notes.append(f"the card is longer than {format_size(MAX_CARD_BYTES)}: shown cut")
     text = raw.decode("utf-8", errors="replace")
     front, body, problem = split_front_matter(text)
     if problem:

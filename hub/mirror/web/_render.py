@@ -7,6 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from cmh import format_size, plural
+
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -47,6 +49,8 @@ def environment() -> Any:
     )
     env.filters["when"] = when
     env.filters["ago"] = ago
+    env.filters["size"] = format_size  # decimal, as huggingface.co and the CLI count
+    env.filters["plural"] = plural  # {{ n|plural("file") }}: 1 file, 2 files
     return env
 
 

@@ -1,0 +1,28 @@
+"""The mirror's pages count as the CLI and huggingface.co do: decimal sizes, counts in
+English (issue 40). A real ``cmh serve`` over the pages' store (``web_server``)."""
+
+from __future__ import annotations
+
+import re
+
+from mirror_support import MirrorServer
+from test_web_pages import fetch
+from web_support import ADMIN_TOKEN, MINILM
+
+BINARY = re.compile(r"\d (KiB|MiB|GiB|Bytes)\b")
+
+
+def test_sizes_are_decimal_on_every_page(web_server: MirrorServer) -> None:
+    admin = f"cmh_token={ADMIN_TOKEN}"
+    pages = {
+        "list": fetch(web_server, "/")[2],
+        "repo": fetch(web_server, f"/{MINILM}")[2],
+        "file": fetch(web_server, f"/{MINILM}/blob/main/model.safetensors")[2],
+        "small file": fetch(web_server, f"/{MINILM}/blob/main/config.json")[2],
+        "operator": fetch(web_server, "/-/operator", cookie=admin)[2],
+    }
+    for name, body in pages.items():
+        assert not BINARY.search(body), (name, BINARY.findall(body))
+    assert "91.6 MB" in pages["repo"] and "90.9 MB" in pages["file"], pages["file"][:3000]
+    assert re.search(r"Download \(\d+ B\)", pages["small file"])
+    assert " revision(s)" not in pages["operator"] and " item(s)" not in pages["operator"]
