@@ -103,14 +103,45 @@ def echo(message: str = "") -> None:
     click.echo(message)
 
 
+#: Status words in colour on a terminal, as ``gh`` and the ``hf`` CLI show them.
+STATUS_COLOURS = {
+    "ok": "green",
+    "stamped": "green",
+    "FAILED": "red",
+    "BAD": "red",
+    "ERROR": "red",
+    "error": "red",
+    "warning": "yellow",
+}
+
+
+def colour_on(err: bool = False) -> bool:
+    """Whether to colour: the stream is a terminal and ``NO_COLOR`` is unset or empty
+    (https://no-color.org); piped or redirected output stays plain."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    stream = sys.stderr if err else sys.stdout
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def status_word(word: str, err: bool = False) -> str:
+    """A status word (a key of :data:`STATUS_COLOURS`), coloured when :func:`colour_on`."""
+    if not colour_on(err):
+        return word
+    return click.style(word, fg=STATUS_COLOURS[word], bold=True)
+
+
 def warn(message: str) -> None:
     """A warning on stderr, prefixed ``warning:``."""
-    click.echo(f"warning: {message}", err=True)
+    click.echo(f"{status_word('warning', err=True)}: {message}", err=True)
 
 
 def print_error(message: str) -> None:
     """An error on stderr, prefixed ``error:``."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"{status_word('error', err=True)}: {message}", err=True)
 
 
 def human_bytes(n: int) -> str:

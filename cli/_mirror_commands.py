@@ -27,6 +27,7 @@ from ._common import (
     late_progress_bar,
     progress_bar,
     report_waits,
+    status_word,
     usage_error,
     warn,
 )
@@ -245,9 +246,9 @@ def scrub(
         for c in report.bad:
             where = f" -> quarantined to {c.quarantined_to}" if c.quarantined_to else ""
             tensors = f" (tensors: {', '.join(c.bad_tensors[:5])})" if c.bad_tensors else ""
-            echo(f"BAD {c.repo} blob {c.blob}: {c.message}{tensors}{where}")
+            echo(f"{status_word('BAD')} {c.repo} blob {c.blob}: {c.message}{tensors}{where}")
         for c in report.errors:
-            echo(f"ERROR {c.repo} blob {c.blob}: {c.error}: {c.message}")
+            echo(f"{status_word('ERROR')} {c.repo} blob {c.blob}: {c.error}: {c.message}")
         for link in report.broken_links:
             echo(f"unsafe or dangling snapshot entry (not served): {link}")
     raise click.exceptions.Exit(code)
@@ -426,6 +427,10 @@ def serve(**options: Any) -> None:
             usage_error(f"--fill-lease-ttl: {exc}")
         target.create()  # a pull-through cache starts empty
         click.echo(_exposure(pull, opt.tokens), err=True)
+    else:  # as `mirror ls`: no such store exits 2, its storage unreachable 3
+        open_store_or_fail(opt.store)
+    if opt.upstream is not None:
+        pass
     elif opt.upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")
     elif opt.public_upstream_repos:
