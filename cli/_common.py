@@ -165,6 +165,10 @@ def stderr_is_terminal() -> bool:
         return False
 
 
+#: Set when Ctrl-C was pressed (cli/_interrupt.py): no bar draws any more.
+BARS_STOPPED = threading.Event()
+
+
 @contextlib.contextmanager
 def progress_bar(
     total_bytes: int, desc: str, passes: tuple[str, ...] = ()
@@ -177,7 +181,7 @@ def progress_bar(
     (e.g. ``("hash", "store")``) the work reads ``total_bytes`` once per pass:
     the bar counts to ``total_bytes`` for each, its label naming the pass.
     """
-    if total_bytes <= 0 or not stderr_is_terminal():
+    if total_bytes <= 0 or not stderr_is_terminal() or BARS_STOPPED.is_set():
         yield _no_progress
         return
     from tqdm import tqdm
@@ -203,6 +207,9 @@ def progress_bar(
         def advance(nbytes: int) -> None:
             nonlocal eta_shown
             with lock:
+                if BARS_STOPPED.is_set():  # after `interrupted:` the bar stays as it was
+                    bar.disable = True
+                    return
                 if not eta_shown and bar.n >= total_bytes * ETA_AFTER_FRACTION:
                     bar.bar_format, eta_shown = _WITH_ETA, True
                 while names and bar.n + nbytes > total_bytes:
@@ -211,7 +218,11 @@ def progress_bar(
                     bar.set_description(f"{names.pop(0)} {desc}", refresh=False)
                 bar.update(nbytes)
 
-        yield advance
+        try:
+            yield advance
+        finally:
+            if BARS_STOPPED.is_set():
+                bar.disable = True  # no last redraw under the `interrupted:` line
 
 
 @contextlib.contextmanager

@@ -66,6 +66,9 @@ def stop_on_interrupt(resume: str) -> Iterator[None]:
         if fired.is_set():
             _exit_now()
         fired.set()
+        from ._common import BARS_STOPPED
+
+        BARS_STOPPED.set()  # before the line: no bar is drawn over or after it
         with contextlib.suppress(Exception):
             sys.stderr.write(f"\ninterrupted: {resume}\n")
         _flush()

@@ -108,6 +108,8 @@ def test_ctrl_c_stops_pull_at_once_and_the_rerun_resumes(
         assert seconds < STOP_WITHIN, (seconds, output)
         assert "interrupted:" in output and "run the same command again to resume" in output
         assert "Aborted!" not in output and "Traceback" not in output
+        assert "B/" in output.split("interrupted:")[0]  # a bar was shown ...
+        assert "B/" not in output.split("interrupted:")[1]  # ... and not drawn again after
         kept = _chunks_logged(cache)
         assert 1 <= kept < 8, kept  # finished chunks are kept, the rest was not fetched
 
