@@ -76,3 +76,22 @@ def test_pull_through_without_tokens_says_nobody_reads_private_repos(
     said = server.stderr_text()
     assert "private or gated are served to nobody (no --tokens file grants them)" in said, said
     assert "only to nobody" not in said
+
+
+def test_a_resumed_pull_does_not_say_it_was_not_in_the_cache() -> None:
+    from types import SimpleNamespace
+
+    from cmh.cli._pull_command import outcome_words
+    from cmh.hub.resolver import Action, State
+
+    def result(action: Action) -> SimpleNamespace:
+        file = SimpleNamespace(action=action)
+        return SimpleNamespace(commit="c" * 40, previous_commit=None, requests=1,
+                               state=State.MISSING, files=[file], bytes_transferred=5_000_000,
+                               bytes_reused=28_000_000)  # fmt: skip
+
+    resumed = outcome_words(result(Action.RESUMED))
+    assert "not in the cache" not in resumed
+    assert "resuming 1 file an earlier run had begun" in resumed
+    assert "1 request," in resumed and "28.0 MB reused" in resumed
+    assert "(it was not in the cache)" in outcome_words(result(Action.DOWNLOADED))
