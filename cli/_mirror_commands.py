@@ -23,6 +23,7 @@ from ._common import (
     fail,
     handle_errors,
     human_bytes,
+    iso_utc,
     json_option,
     late_progress_bar,
     progress_bar,
@@ -110,6 +111,12 @@ def add(
                 EXIT_USAGE,
             )
         fail(str(exc), code)
+    for name, expired_at in _expired_stamps(src_dir):
+        warn(
+            f"{name}: its stamp expired {iso_utc(expired_at)}: clients of the mirror see it "
+            "expired (the resolver asks the mirror again at every load); restamp the folder "
+            f"and add it again: cmh stamp {src_dir} --ttl 30d"
+        )
     if as_json:
         emit_json(
             envelope("mirror add", **{**result.to_dict(), "ok": True, "exit_status": EXIT_OK})
@@ -121,6 +128,28 @@ def add(
         f"{plural(result.files, 'file')}, {human_bytes(result.total_bytes)}, "
         f"{plural(result.new_blobs, 'new blob')} ({human_bytes(result.new_bytes)})"
     )
+
+
+def _expired_stamps(folder: Path) -> list[tuple[str, int]]:
+    """``(file, expired at)`` of the folder's safetensors files whose stamp has expired
+    (headers only; a file that cannot be read was refused by the import already)."""
+    import time
+
+    from cmh.hub.mirror import scan_folder
+
+    from cmh import CMHError, inspect
+
+    now, out = time.time(), []
+    for name, path in scan_folder(folder):
+        if not str(name).endswith(".safetensors"):
+            continue
+        try:
+            record = inspect(path).record
+        except (CMHError, OSError):
+            continue
+        if record is not None and record.expires_at and record.expires_at <= now:
+            out.append((str(name), record.expires_at))
+    return out
 
 
 def _hub_cache_snapshot(folder: Path) -> Path | None:
@@ -176,13 +205,23 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     def private(repo_type: str, repo_id: str) -> bool | None:
         return None if policy is None else repo_key(repo_type, repo_id) in policy.private
 
+    try:
+        stamps = _stamp_states(opened, repos)
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     if as_json:
+        documents = []
+        for r in repos:
+            document = {**r.to_dict(), "private": private(r.repo_type, r.repo_id)}
+            for ref in document.get("refs", []):
+                ref["stamp"] = stamps.get((r.repo_type, r.repo_id, ref["commit"]))
+            documents.append(document)
         emit_json(
             envelope(
                 "mirror ls",
                 ok=True,
                 exit_status=EXIT_OK,
-                repos=[{**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos],
+                repos=documents,
                 warnings=[g.to_dict() for g in grants],
             )
         )
@@ -195,7 +234,42 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
         echo(f"{prefix}{r.repo_id}  {plural(r.blobs, 'blob')}, {human_bytes(r.blob_bytes)}{mark}")
         for ref in r.refs:
             files = plural(ref.files, "file")
-            echo(f"  {ref.name:<20} {ref.commit}  {files}, {human_bytes(ref.bytes)}")
+            state = stamps.get((r.repo_type, r.repo_id, ref.commit))
+            words = f", {_stamp_words(state)}" if state else ""
+            echo(f"  {ref.name:<20} {ref.commit}  {files}, {human_bytes(ref.bytes)}{words}")
+
+
+def _stamp_states(opened: Any, repos: list[Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The stamp state of every listed commit (its weights' headers, as the pages read them):
+    ``(type, repo, commit) -> {state, stamped, safetensors, expires_at, expired}``."""
+    import time
+
+    from cmh.hub.mirror.web import StampCache, stamp_state
+
+    cache, now, out = StampCache(), time.time(), {}
+    for r in repos:
+        for ref in r.refs:
+            key = (r.repo_type, r.repo_id, ref.commit)
+            index = opened.resolve(r.repo_type, r.repo_id, ref.commit) if key not in out else None
+            if index is None:
+                continue
+            state = stamp_state(opened, index, cache, now)
+            out[key] = {
+                "state": state.label, "stamped": state.stamped, "safetensors": state.safetensors,
+                "expires_at": state.expires_at, "expired": state.expired,
+            }  # fmt: skip
+    return out
+
+
+def _stamp_words(state: dict[str, Any]) -> str:
+    """``stamped, expires 2027-01-01``, ``expired 2026-11-30``, ``unstamped``, ..."""
+    from ._common import iso_utc
+
+    label = str(state["state"])
+    if state["expires_at"] and label in ("stamped", "expired", "partly stamped"):
+        day = iso_utc(state["expires_at"])[:10]
+        return f"expired {day}" if state["expired"] else f"{label}, expires {day}"
+    return label
 
 
 _SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the same command again"

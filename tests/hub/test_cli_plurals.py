@@ -95,3 +95,24 @@ def test_a_resumed_pull_does_not_say_it_was_not_in_the_cache() -> None:
     assert "resuming 1 file an earlier run had begun" in resumed
     assert "1 request," in resumed and "28.0 MB reused" in resumed
     assert "(it was not in the cache)" in outcome_words(result(Action.DOWNLOADED))
+
+
+def test_mirror_add_warns_of_an_expired_stamp_and_ls_shows_stamp_states(tmp_path: Path) -> None:
+    expired, fresh = _one_file_folder(tmp_path / "old"), _one_file_folder(tmp_path / "new")
+    cmh.stamp(expired / "model.safetensors", ttl="1d", now=time.time() - 3 * 86400)
+    cmh.stamp(fresh / "model.safetensors", ttl="30d")
+    store = tmp_path / "store"
+    added = run_subprocess(["mirror", "add", expired, "--store", store, "--repo", "org/old"])
+    assert added.exit_code == 0, added.stderr
+    assert "warning: model.safetensors: its stamp expired" in added.stderr, added.stderr
+    quiet = run_subprocess(["mirror", "add", fresh, "--store", store, "--repo", "org/new"])
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr, quiet.stderr
+    listed = run_subprocess(["mirror", "ls", "--store", store])
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines()}
+    assert ", expired 20" in listed.stdout and ", stamped, expires 20" in listed.stdout
+    assert "main" in lines, listed.stdout
+    states = {
+        r["repo_id"]: r["refs"][0]["stamp"]["state"]
+        for r in run_subprocess(["mirror", "ls", "--store", store, "--json"]).json()["repos"]
+    }
+    assert states == {"org/old": "expired", "org/new": "stamped"}
