@@ -26,3 +26,21 @@ def test_sizes_are_decimal_on_every_page(web_server: MirrorServer) -> None:
     assert "91.6 MB" in pages["repo"] and "90.9 MB" in pages["file"], pages["file"][:3000]
     assert re.search(r"Download \(\d+ B\)", pages["small file"])
     assert " revision(s)" not in pages["operator"] and " item(s)" not in pages["operator"]
+
+
+def test_raw_serves_the_file_and_download_saves_it(web_server: MirrorServer) -> None:
+    status, headers, _ = fetch(web_server, f"/{MINILM}/raw/main/config.json")
+    assert status == 302 and headers["location"] == f"/{MINILM}/resolve/main/config.json"
+    status, headers, body = fetch(web_server, headers["location"])
+    assert status == 200 and '"architectures"' in body
+    assert headers["content-disposition"].startswith("inline;")
+    _, headers, _ = fetch(web_server, f"/{MINILM}/resolve/main/config.json?download=true")
+    assert headers["content-disposition"] == "attachment; filename*=UTF-8''config.json"
+
+
+def test_an_organisation_has_a_page_of_its_repos(web_server: MirrorServer) -> None:
+    org = MINILM.split("/")[0]
+    status, _, body = fetch(web_server, f"/{org}")
+    assert status == 200
+    assert MINILM in body and "cmh-test/tiny" not in body, body[:3000]
+    assert fetch(web_server, "/no-such-org")[0] == 404

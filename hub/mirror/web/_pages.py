@@ -12,6 +12,7 @@ Page work (store reads, rendering) runs in the executor, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -164,6 +165,14 @@ async def _hub_route(request: web.Request, who: Viewer, target: HubTarget) -> we
 
     if target.kind == "list":
         return await _page(request, who, _list_page, _filters(request, target.repo_type))
+    if target.kind == "raw":  # the file itself, as the Hub's /raw/ serves it
+        raise web.HTTPFound(RepoUrls(target.repo_type, target.repo_id).resolve(
+            target.revision or "main", target.path))  # fmt: skip
+    if target.kind == "repo" and "/" not in target.repo_id:
+        org = target.repo_id
+        if _is_org(request, who, org):  # /ORG: its repos, as on the Hub
+            filters = dataclasses.replace(_filters(request, None), org=org)
+            return await _page(request, who, _list_page, filters)
     where = Where(_repo(target.repo_type, target.repo_id.split("/")), target.revision,
                   target.path)  # fmt: skip
     build = {"repo": _repo_page, "tree": _repo_page, "blob": _file_page}.get(target.kind)
@@ -271,6 +280,8 @@ class ListFilters:
     kind: str = ""
     page: str = "1"
     facets: tuple[tuple[str, str], ...] = ()
+    #: ``/ORG``: only that organisation's repos (the Hub's organisation page).
+    org: str = ""
 
     def link(self, **changes: Any) -> str:
         """This list with some parameters changed (an empty value drops one)."""
@@ -287,6 +298,20 @@ def _filters(request: web.Request, kind: str | None) -> ListFilters:
                        q.get("page", "1"), facets)  # fmt: skip
 
 
+def _is_org(request: web.Request, who: Viewer, name: str) -> bool:
+    """Whether ``name`` is an organisation of repos this viewer may see, and no repo of
+    its own (a one-name repo, as ``gpt2``, keeps its page)."""
+    from .._app import STORE_KEY
+
+    state = request.app[STORE_KEY]
+    seen = [
+        (kind, repo_id) for kind, repo_id in state.backend.repos()
+        if repo_id == name or repo_id.split("/")[0] == name
+    ]  # fmt: skip
+    visible = [(k, r) for k, r in seen if who.can_read(state.policy, k, r)]
+    return bool(visible) and all("/" in r for _, r in visible)
+
+
 def _list_page(
     request: web.Request, who: Viewer, ctx: dict[str, Any], filters: ListFilters
 ) -> bytes:
@@ -296,6 +321,8 @@ def _list_page(
     options = request.app[WEB_KEY]
     store = state.backend
     found = views.visible_repos(store, state.policy, who, filters.query, filters.kind)
+    if filters.org:
+        found = [r for r in found if r.repo_id.split("/")[0] == filters.org and "/" in r.repo_id]
     described: list[tuple[views.RepoName, RepoFacets]] = []
     for repo in found:
         _, index = views.default_revision(store, repo)
