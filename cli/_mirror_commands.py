@@ -212,9 +212,11 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     if as_json:
         documents = []
         for r in repos:
-            document = {**r.to_dict(), "private": private(r.repo_type, r.repo_id)}
-            for ref in document.get("refs", []):
-                ref["stamp"] = stamps.get((r.repo_type, r.repo_id, ref["commit"]))
+            document: dict[str, Any] = {**r.to_dict(), "private": private(r.repo_type, r.repo_id)}
+            ref_documents: list[dict[str, Any]] = document.get("refs", [])
+            for ref_document in ref_documents:
+                key = (r.repo_type, r.repo_id, ref_document["commit"])
+                ref_document["stamp"] = stamps.get(key)
             documents.append(document)
         emit_json(
             envelope(

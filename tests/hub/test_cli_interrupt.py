@@ -244,6 +244,8 @@ def test_serve_stops_on_ctrl_c_within_the_graceful_timeout(
     assert seconds < 1 + 1.5, seconds  # the graceful timeout, then it stops
     assert code in (0, 1), code  # 1 only when a worker had to be killed
     assert "Traceback" not in server.stderr_text()
+    said = server.stderr_text()
+    assert said.count("stopping: no new connections; requests in flight get up to 1 s") == 1
 
 
 def test_serve_upstream_creates_a_store_folder_that_does_not_exist(

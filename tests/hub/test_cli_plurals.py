@@ -10,8 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 from cli_support import run_subprocess
-from cmh.hub.resolver import HubUnreachableError
-from cmh.hub.resolver._retry import RetryPolicy
 from safetensors.numpy import save_file
 
 import cmh
@@ -53,19 +51,6 @@ def test_a_folder_argument_is_printed_with_one_slash(tmp_path: Path, argument: s
     assert verified.exit_code == 0, verified.stderr
     assert f"{tmp_path}/model/ (1 file, no index)" in verified.stdout, verified.stdout
     assert "//" not in verified.stdout.replace("://", "")
-
-
-def test_a_retry_that_gives_up_at_its_deadline_counts_its_tries() -> None:
-    def step() -> None:
-        raise HubUnreachableError("connection refused")
-
-    policy = RetryPolicy(sleep=lambda seconds: None)
-    with pytest.raises(HubUnreachableError) as raised:
-        policy.run(step, "GET http://127.0.0.1:9/x", deadline=time.monotonic(), notice=False)
-    assert "try 1 of 6" in str(raised.value) and "tries)" not in str(raised.value)
-    with pytest.raises(HubUnreachableError) as raised:
-        policy.run(step, "GET http://127.0.0.1:9/x", notice=False)
-    assert "failed after 6 tries" in str(raised.value)
 
 
 def test_pull_through_without_tokens_says_nobody_reads_private_repos(

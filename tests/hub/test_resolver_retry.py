@@ -15,6 +15,7 @@ import time
 import cmh.hub as hub
 import pytest
 from cmh.hub.mirror import add_folder
+from cmh.hub.resolver import HubUnreachableError
 from cmh.hub.resolver._http import HubClient
 from cmh.hub.resolver._retry import RetryPolicy
 from resolver_support import Fault, FaultProxy, write_checkpoint_repo
@@ -113,3 +114,16 @@ def test_retries_run_out_with_a_typed_error(proxied):
         fetch_with(RetryPolicy(attempts=3, sleep=recorder), proxied)
     assert len(recorder.delays) == 2  # no wait after the last try
     assert len(model_gets(proxied)) == 3
+
+
+def test_a_retry_that_gives_up_at_its_deadline_counts_its_tries() -> None:
+    def step() -> None:
+        raise HubUnreachableError("connection refused")
+
+    policy = RetryPolicy(sleep=lambda seconds: None)
+    with pytest.raises(HubUnreachableError) as raised:
+        policy.run(step, "GET http://127.0.0.1:9/x", deadline=time.monotonic(), notice=False)
+    assert "try 1 of 6" in str(raised.value) and "tries)" not in str(raised.value)
+    with pytest.raises(HubUnreachableError) as raised:
+        policy.run(step, "GET http://127.0.0.1:9/x", notice=False)
+    assert "failed after 6 tries" in str(raised.value)
