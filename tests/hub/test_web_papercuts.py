@@ -44,3 +44,17 @@ def test_an_organisation_has_a_page_of_its_repos(web_server: MirrorServer) -> No
     assert status == 200
     assert MINILM in body and "cmh-test/tiny" not in body, body[:3000]
     assert fetch(web_server, "/no-such-org")[0] == 404
+
+
+def test_snippets_read_as_code_per_library(web_server: MirrorServer) -> None:
+    import html
+
+    body = html.unescape(fetch(web_server, f"/{MINILM}")[2])
+    assert "'\"'\"'" not in body and "python -c" not in body  # no shell-quoted Python
+    url = web_server.url
+    assert f"export HF_ENDPOINT={url}\nexport HF_HUB_DISABLE_XET=1\nhf download {MINILM} " in body
+    assert f"model = SentenceTransformer('{MINILM}', revision='main')" in body
+    assert f"model = AutoModel.from_pretrained('{MINILM}', revision='main')" in body
+    assert f"os.environ[\"HF_ENDPOINT\"] = '{url}'" in body
+    tiny = html.unescape(fetch(web_server, "/cmh-test/tiny")[2])
+    assert "SentenceTransformer" not in tiny and "AutoModel.from_pretrained" in tiny

@@ -56,7 +56,7 @@ from ._session import (
     valid_token,
     viewer,
 )
-from ._snippet import use_snippet
+from ._snippet import SnippetRepo, use_snippets
 from ._urls import HubTarget, RepoUrls, hub_target, list_url
 
 STATIC = Path(__file__).parent / "static"
@@ -88,6 +88,10 @@ class PageError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+#: Files that make a repo a sentence-transformers model (its snippet is then offered).
+SENTENCE_TRANSFORMERS_FILES = ("config_sentence_transformers.json", "modules.json")
 
 
 def add_routes(app: web.Application, options: WebOptions) -> None:
@@ -436,10 +440,10 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
         stamp=views.stamp_state(store, index, options.stamps, time.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
     )  # fmt: skip
-    ctx["snippet"] = use_snippet(
-        ctx["endpoint"], repo.repo_type, repo.repo_id, revision,
-        ctx["key"] if ctx["private"] else None,
-    )  # fmt: skip
+    sentence = any(name in index.files for name in SENTENCE_TRANSFORMERS_FILES)
+    ctx["snippets"] = use_snippets(SnippetRepo(
+        ctx["endpoint"], repo.repo_type, repo.repo_id, revision, bool(ctx["private"]), sentence,
+    ))  # fmt: skip
     return render("repo.html", ctx)
 
 
