@@ -58,3 +58,15 @@ def test_snippets_read_as_code_per_library(web_server: MirrorServer) -> None:
     assert f"os.environ[\"HF_ENDPOINT\"] = '{url}'" in body
     tiny = html.unescape(fetch(web_server, "/cmh-test/tiny")[2])
     assert "SentenceTransformer" not in tiny and "AutoModel.from_pretrained" in tiny
+
+
+def test_an_expired_repo_says_when_and_what_clients_see(web_server: MirrorServer) -> None:
+    import html
+
+    for path in ("/cmh-test/tiny",):
+        status, _, body = fetch(web_server, path)
+        assert status == 200, path
+        note = html.unescape(body.split('id="expired-note">', 1)[1].split("</p>", 1)[0])
+        assert re.search(r"expired \d{4}-\d\d-\d\d \d\d:\d\d UTC \(.* ago\)", note), note
+        assert "cmh verify" in note and "--strict" in note and "huggingface_hub" in note
+    assert 'id="expired-note"' not in fetch(web_server, f"/{MINILM}")[2]
