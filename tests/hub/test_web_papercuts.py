@@ -70,3 +70,13 @@ def test_an_expired_repo_says_when_and_what_clients_see(web_server: MirrorServer
         assert re.search(r"expired \d{4}-\d\d-\d\d \d\d:\d\d UTC \(.* ago\)", note), note
         assert "cmh verify" in note and "--strict" in note and "huggingface_hub" in note
     assert 'id="expired-note"' not in fetch(web_server, f"/{MINILM}")[2]
+
+
+def test_tensors_are_grouped_by_layer_with_thousands_separators(web_server: MirrorServer) -> None:
+    body = fetch(web_server, f"/{MINILM}/blob/main/model.safetensors")[2]
+    table = body.split('id="tensors"', 1)[1].split("</table>", 1)[0]
+    heads = re.findall(r'<tr class="layer-head"><th colspan="5">([^ <]+)', table)
+    assert heads[:1] == ["embeddings"] and "encoder.layer.0" in heads and "encoder.layer.5" in heads
+    assert len(heads) == len(set(heads))  # one group per layer
+    assert re.search(r'<td class="num">\d{1,3}(,\d{3})+</td>', table)  # 1,536 not 1536
+    assert not re.search(r'<td class="num">\d{4,}</td>', table)
