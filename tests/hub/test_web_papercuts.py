@@ -80,3 +80,15 @@ def test_tensors_are_grouped_by_layer_with_thousands_separators(web_server: Mirr
     assert len(heads) == len(set(heads))  # one group per layer
     assert re.search(r'<td class="num">\d{1,3}(,\d{3})+</td>', table)  # 1,536 not 1536
     assert not re.search(r'<td class="num">\d{4,}</td>', table)
+
+
+def test_card_code_blocks_are_highlighted_and_stay_escaped(web_server: MirrorServer) -> None:
+    from cmh.hub.mirror.web._cards import render_markdown
+
+    out = render_markdown('```python\nimport os\nx = "<script>"\n```\n\n```zzz\n<b>\n```\n')
+    assert '<pre class="highlight"><code class="language-python"><span class="kn">import' in out
+    assert "&lt;script&gt;" in out and "<script>" not in out
+    assert "<pre><code class=\"language-zzz\">&lt;b&gt;" in out  # unknown: plain, escaped
+    body = fetch(web_server, f"/{MINILM}")[2]
+    card = body.split('<article class="card" id="card">', 1)[1].split("</article>", 1)[0]
+    assert '<pre class="highlight"><code class="language-python">' in card

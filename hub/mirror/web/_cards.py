@@ -73,8 +73,32 @@ def _renderer() -> Any:
         def validateLink(self, url: str) -> bool:
             return safe_link(url)
 
-    md = CardMarkdown("commonmark", {"html": False, "linkify": False, "typographer": False})
+    options = {"html": False, "linkify": False, "typographer": False, "highlight": highlight_fence}
+    md = CardMarkdown("commonmark", options)
     return md.enable(["table", "strikethrough"])
+
+
+def highlight_fence(code: str, lang: str, attrs: str) -> str:
+    """A fenced code block of a card, highlighted by Pygments when its language is one
+    of the previews' (:data:`~._preview.HIGHLIGHTED`: few lexers, few regular expressions
+    a hostile card can make slow); ``""`` leaves it to markdown-it (plain, escaped)."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+    from pygments.util import ClassNotFound
+
+    from ._preview import HIGHLIGHTED
+
+    try:
+        lexer = get_lexer_by_name(lang.strip().lower(), stripnl=False) if lang else None
+    except ClassNotFound:
+        lexer = None
+    if lexer is None or lexer.aliases[0] not in HIGHLIGHTED or lexer.aliases[0] == "markdown":
+        return ""
+    spans = highlight(code, lexer, HtmlFormatter(nowrap=True))  # escaped; classes only
+    language = lexer.aliases[0]  # a name of ours, not the card's text
+    return f'<pre class="highlight"><code class="language-{language}">{spans}</code></pre>\n'
+
 
 
 def render_markdown(text: str) -> str:
