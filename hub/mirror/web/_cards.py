@@ -100,7 +100,6 @@ def highlight_fence(code: str, lang: str, attrs: str) -> str:
     return f'<pre class="highlight"><code class="language-{language}">{spans}</code></pre>\n'
 
 
-
 def render_markdown(text: str) -> str:
     """Markdown to HTML with raw HTML shown as text and only safe links (module docstring)."""
     return str(_renderer().render(text))
