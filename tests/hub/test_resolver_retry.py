@@ -111,7 +111,7 @@ def test_backoff_without_retry_after_is_exponential_with_jitter(proxied):
 def test_retries_run_out_with_a_typed_error(proxied):
     proxied.faults.append(Fault("status", status_code=503, times=10))
     recorder = Recorder()
-    with pytest.raises(hub.HubUnreachableError, match="failed after 3 attempts"):
+    with pytest.raises(hub.HubUnreachableError, match="failed after 3 tries"):
         fetch_with(RetryPolicy(attempts=3, sleep=recorder), proxied)
     assert len(recorder.delays) == 2  # no wait after the last try
     assert len(model_gets(proxied)) == 3
