@@ -4,7 +4,7 @@ Exit statuses, JSON output, stderr messages, a progress bar that only shows on
 a terminal, error mapping (no traceback ever reaches the user) and click
 parameter types for durations, sizes and points in time.
 
-Only the standard library and click are imported here; tqdm is imported when a
+Only the standard library, click and ``cmh``'s face are imported here; tqdm is imported when a
 bar is actually shown.
 """
 
@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
+
+from cmh import format_size
 
 if TYPE_CHECKING:
     _SecondsParam = click.ParamType[int | str | None]
@@ -101,29 +103,50 @@ def echo(message: str = "") -> None:
     click.echo(message)
 
 
+#: Status words in colour on a terminal, as ``gh`` and the ``hf`` CLI show them.
+STATUS_COLOURS = {
+    "ok": "green",
+    "stamped": "green",
+    "FAILED": "red",
+    "BAD": "red",
+    "ERROR": "red",
+    "error": "red",
+    "warning": "yellow",
+}
+
+
+def colour_on(err: bool = False) -> bool:
+    """Whether to colour: the stream is a terminal and ``NO_COLOR`` is unset or empty
+    (https://no-color.org); piped or redirected output stays plain."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    stream = sys.stderr if err else sys.stdout
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def status_word(word: str, err: bool = False) -> str:
+    """A status word (a key of :data:`STATUS_COLOURS`), coloured when :func:`colour_on`."""
+    if not colour_on(err):
+        return word
+    return click.style(word, fg=STATUS_COLOURS[word], bold=True)
+
+
 def warn(message: str) -> None:
     """A warning on stderr, prefixed ``warning:``."""
-    click.echo(f"warning: {message}", err=True)
+    click.echo(f"{status_word('warning', err=True)}: {message}", err=True)
 
 
 def print_error(message: str) -> None:
     """An error on stderr, prefixed ``error:``."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"{status_word('error', err=True)}: {message}", err=True)
 
 
 def human_bytes(n: int) -> str:
-    """``1536`` -> ``1.5 kB``: decimal units, as the bars (``MB/s``) and disk vendors count.
-
-    Exact below 1 kB.
-    """
-    if n < 1000:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("kB", "MB", "GB", "TB", "PB"):
-        value /= 1000
-        if value < 999.95 or unit == "PB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
+    """``1536`` -> ``1.5 kB``: :func:`cmh.format_size`, the pages' formatter too."""
+    return format_size(n)
 
 
 def iso_utc(ts: float) -> str:
@@ -142,6 +165,10 @@ def stderr_is_terminal() -> bool:
         return False
 
 
+#: Set when Ctrl-C was pressed (cli/_interrupt.py): no bar draws any more.
+BARS_STOPPED = threading.Event()
+
+
 @contextlib.contextmanager
 def progress_bar(
     total_bytes: int, desc: str, passes: tuple[str, ...] = ()
@@ -154,7 +181,7 @@ def progress_bar(
     (e.g. ``("hash", "store")``) the work reads ``total_bytes`` once per pass:
     the bar counts to ``total_bytes`` for each, its label naming the pass.
     """
-    if total_bytes <= 0 or not stderr_is_terminal():
+    if total_bytes <= 0 or not stderr_is_terminal() or BARS_STOPPED.is_set():
         yield _no_progress
         return
     from tqdm import tqdm
@@ -180,6 +207,9 @@ def progress_bar(
         def advance(nbytes: int) -> None:
             nonlocal eta_shown
             with lock:
+                if BARS_STOPPED.is_set():  # after `interrupted:` the bar stays as it was
+                    bar.disable = True
+                    return
                 if not eta_shown and bar.n >= total_bytes * ETA_AFTER_FRACTION:
                     bar.bar_format, eta_shown = _WITH_ETA, True
                 while names and bar.n + nbytes > total_bytes:
@@ -188,7 +218,11 @@ def progress_bar(
                     bar.set_description(f"{names.pop(0)} {desc}", refresh=False)
                 bar.update(nbytes)
 
-        yield advance
+        try:
+            yield advance
+        finally:
+            if BARS_STOPPED.is_set():
+                bar.disable = True  # no last redraw under the `interrupted:` line
 
 
 @contextlib.contextmanager

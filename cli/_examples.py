@@ -34,7 +34,7 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "keygen": (
         ("cmh keygen --out release", "cmh keygen --out release --encrypt"),
-        "0 written, 2 usage error (files exist: --force)",
+        "0 written, 2 usage error (files exist: --force), 3 the files could not be written",
     ),
     "sign": (("cmh sign model.safetensors --key release.key",), FORMAT_EXITS),
     "mirror": (
@@ -58,7 +58,8 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "mirror scrub": (
         ("cmh mirror scrub --store ./store", "cmh mirror scrub --store ./store --no-quarantine"),
-        "0 every blob good, 1 a bad blob, 3 an unreadable or invalid blob",
+        "0 every blob good, 1 a bad blob, 2 usage error (no such store), "
+        "3 an unreadable or invalid blob, or the storage unreachable",
     ),
     "mirror sync": (
         (
@@ -73,7 +74,8 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
             "cmh serve --store ./store --port 8080",
             "cmh serve --store ./cache --upstream https://huggingface.co --workers 4",
         ),
-        "0 stopped by SIGTERM or SIGINT, 2 usage error (bad store, port in use)",
+        "0 stopped by SIGTERM or Ctrl-C (SIGINT) after the requests in flight, "
+        "1 a worker died, 2 usage error (bad store, port in use), 3 the storage unreachable",
     ),
     "pull": (
         (
@@ -81,6 +83,10 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
             "cmh pull acme/my-model --revision v1 --include '*.json' --json",
         ),
         "0 resolved, 1 refused by a check or --strict, 2 usage error, 3 could not be obtained",
+    ),
+    "completion": (
+        ("cmh completion bash --install", 'eval "$(cmh completion zsh)"'),
+        "0 printed or installed, 2 usage error (unknown shell)",
     ),
     "prune": (
         (
@@ -99,7 +105,8 @@ def epilog(path: str) -> str | None:
         return None
     lines, exits = entry
     example = "\n".join(f"  $ {line}" for line in lines)
-    return f"\b\nExamples:\n{example}\n\n\b\nExit status: {exits}; {INTERRUPTED}."
+    ends = "" if "Ctrl-C" in exits else f"; {INTERRUPTED}"  # serve: Ctrl-C is a normal stop
+    return f"\b\nExamples:\n{example}\n\n\b\nExit status: {exits}{ends}."
 
 
 def add_epilogs(command: click.Command, path: str) -> click.Command:

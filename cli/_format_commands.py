@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cmh import plural
+
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -32,6 +34,7 @@ from ._common import (
     iso_utc,
     json_option,
     progress_bar,
+    status_word,
     usage_error,
     warn,
 )
@@ -103,7 +106,9 @@ def _write_each(
                 code, why = _refuse_directory(target)
                 status = max(status, code)
                 if not as_json:
-                    click.echo(f"FAILED   {target.argument}: not {participle}: {why}")
+                    click.echo(
+                        f"{status_word('FAILED')}   {target.argument}: not {participle}: {why}"
+                    )
                 continue
         for path in target.files:
             doc: dict[str, Any] = {
@@ -126,7 +131,9 @@ def _write_each(
                 doc.update(ok=True, error=None, **fields)
             files.append(doc)
             if not as_json:
-                click.echo(line if doc["ok"] else f"FAILED   {path}: {doc['error']}")
+                click.echo(
+                    line if doc["ok"] else f"{status_word('FAILED')}   {path}: {doc['error']}"
+                )
     return files, checkpoints, status
 
 
@@ -189,7 +196,7 @@ def stamp(
             )
         signer = f", signed by key {result.signer_key_id}" if key else ""
         line = (
-            f"stamped  {path}  root {result.record.fingerprint.hex()[:16]}…, "
+            f"{status_word('stamped')}  {path}  root {result.record.fingerprint.hex()[:16]}…, "
             f"{_expiry_words(result.record, now)}{signer}"
         )
         fields = {
@@ -341,9 +348,7 @@ def verify(paths: tuple[str, ...], **options: Any) -> None:
                     _print_checkpoint(target, ok, identity)
     if not opt.as_json:
         total = counts["ok"] + counts["failed"]
-        click.echo(
-            f"{total} file{'s' if total != 1 else ''}: {counts['ok']} ok, {counts['failed']} failed"
-        )
+        click.echo(f"{plural(total, 'file')}: {counts['ok']} ok, {counts['failed']} failed")
     overall = next((o for o in outcomes if o != Outcome.OK.value), Outcome.OK.value)
     document = envelope("verify", outcome=overall, files=files, checkpoints=checkpoints)
     _finish(opt.as_json, document, status)
@@ -393,9 +398,9 @@ def _print_verdict(result: VerifyResult, now: float) -> None:
             # Said once, on the verdict's line: not again as a warning.
             notes = [n for n in notes if "signature not checked" not in n]
         mode = " (fast: XXH3)" if result.mode == "fast" else ""
-        click.echo(f"ok       {result.path}{mode}: {', '.join(details)}")
+        click.echo(f"{status_word('ok')}       {result.path}{mode}: {', '.join(details)}")
     else:
-        click.echo(f"FAILED   {result.path}: {result.outcome.value}")
+        click.echo(f"{status_word('FAILED')}   {result.path}: {result.outcome.value}")
         for problem in result.problems:
             click.echo(f"         - {problem.outcome.value}: {problem.message}")
             if problem.outcome.value == "expired":
@@ -408,16 +413,16 @@ def _print_verdict(result: VerifyResult, now: float) -> None:
 
 
 def _print_checkpoint(target: Target, ok: bool, identity: str | None) -> None:
+    folder = target.argument.rstrip("/") + "/"  # model/ and model both print model/
     if target.error is not None:
-        click.echo(f"FAILED   {target.argument}/: {target.error}")
+        click.echo(f"{status_word('FAILED')}   {folder}: {target.error}")
         return
     index = os.path.basename(target.index) if target.index else "no index"
+    files = plural(len(target.files), "file")
     if ok:
-        click.echo(
-            f"ok       {target.argument}/ ({len(target.files)} files, {index}): identity {identity}"
-        )
+        click.echo(f"{status_word('ok')}       {folder} ({files}, {index}): identity {identity}")
         return
-    click.echo(f"FAILED   {target.argument}/ ({len(target.files)} files, {index})")
+    click.echo(f"{status_word('FAILED')}   {folder} ({files}, {index})")
     for problem in target.problems:
         click.echo(f"         - {INDEX_INCONSISTENT}: {problem}")
 

@@ -43,6 +43,9 @@ def _flush() -> None:
 
 
 def _exit_now() -> None:
+    from cmh import remove_temporaries
+
+    remove_temporaries()  # os._exit runs no finally: a first stamp's copy would stay
     _flush()
     os._exit(EXIT_INTERRUPTED)
 
@@ -63,6 +66,9 @@ def stop_on_interrupt(resume: str) -> Iterator[None]:
         if fired.is_set():
             _exit_now()
         fired.set()
+        from ._common import BARS_STOPPED
+
+        BARS_STOPPED.set()  # before the line: no bar is drawn over or after it
         with contextlib.suppress(Exception):
             sys.stderr.write(f"\ninterrupted: {resume}\n")
         _flush()

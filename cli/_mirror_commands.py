@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cmh import plural
+
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -21,10 +23,12 @@ from ._common import (
     fail,
     handle_errors,
     human_bytes,
+    iso_utc,
     json_option,
     late_progress_bar,
     progress_bar,
     report_waits,
+    status_word,
     usage_error,
     warn,
 )
@@ -108,6 +112,12 @@ def add(
                 EXIT_USAGE,
             )
         fail(str(exc), code)
+    for name, expired_at in _expired_stamps(src_dir):
+        warn(
+            f"{name}: its stamp expired {iso_utc(expired_at)}: clients of the mirror see it "
+            "expired (the resolver asks the mirror again at every load); restamp the folder "
+            f"and add it again: cmh stamp {src_dir} --ttl 30d"
+        )
     if as_json:
         emit_json(
             envelope("mirror add", **{**result.to_dict(), "ok": True, "exit_status": EXIT_OK})
@@ -116,9 +126,31 @@ def add(
     what = "new commit" if result.created else "unchanged, no new commit"
     echo(
         f"{result.repo_type} {result.repo_id}@{result.revision} -> {result.commit} ({what}); "
-        f"{result.files} files, {human_bytes(result.total_bytes)}, "
-        f"{result.new_blobs} new blobs ({human_bytes(result.new_bytes)})"
+        f"{plural(result.files, 'file')}, {human_bytes(result.total_bytes)}, "
+        f"{plural(result.new_blobs, 'new blob')} ({human_bytes(result.new_bytes)})"
     )
+
+
+def _expired_stamps(folder: Path) -> list[tuple[str, int]]:
+    """``(file, expired at)`` of the folder's safetensors files whose stamp has expired
+    (headers only; a file that cannot be read was refused by the import already)."""
+    import time
+
+    from cmh.hub.mirror import scan_folder
+
+    from cmh import CMHError, inspect
+
+    now, out = time.time(), []
+    for name, path in scan_folder(folder):
+        if not str(name).endswith(".safetensors"):
+            continue
+        try:
+            record = inspect(path).record
+        except (CMHError, OSError):
+            continue
+        if record is not None and record.expires_at and record.expires_at <= now:
+            out.append((str(name), record.expires_at))
+    return out
 
 
 def _hub_cache_snapshot(folder: Path) -> Path | None:
@@ -174,13 +206,25 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     def private(repo_type: str, repo_id: str) -> bool | None:
         return None if policy is None else repo_key(repo_type, repo_id) in policy.private
 
+    try:
+        stamps = _stamp_states(opened, repos)
+    except StoreUnavailable as exc:
+        fail(str(exc), EXIT_UNREADABLE)
     if as_json:
+        documents = []
+        for r in repos:
+            document: dict[str, Any] = {**r.to_dict(), "private": private(r.repo_type, r.repo_id)}
+            ref_documents: list[dict[str, Any]] = document.get("refs", [])
+            for ref_document in ref_documents:
+                key = (r.repo_type, r.repo_id, ref_document["commit"])
+                ref_document["stamp"] = stamps.get(key)
+            documents.append(document)
         emit_json(
             envelope(
                 "mirror ls",
                 ok=True,
                 exit_status=EXIT_OK,
-                repos=[{**r.to_dict(), "private": private(r.repo_type, r.repo_id)} for r in repos],
+                repos=documents,
                 warnings=[g.to_dict() for g in grants],
             )
         )
@@ -190,9 +234,45 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
     for r in repos:
         prefix = "" if r.repo_type == "model" else f"{r.repo_type}s/"
         mark = "  (private)" if private(r.repo_type, r.repo_id) else ""
-        echo(f"{prefix}{r.repo_id}  {r.blobs} blobs, {human_bytes(r.blob_bytes)}{mark}")
+        echo(f"{prefix}{r.repo_id}  {plural(r.blobs, 'blob')}, {human_bytes(r.blob_bytes)}{mark}")
         for ref in r.refs:
-            echo(f"  {ref.name:<20} {ref.commit}  {ref.files} files, {human_bytes(ref.bytes)}")
+            files = plural(ref.files, "file")
+            state = stamps.get((r.repo_type, r.repo_id, ref.commit))
+            words = f", {_stamp_words(state)}" if state else ""
+            echo(f"  {ref.name:<20} {ref.commit}  {files}, {human_bytes(ref.bytes)}{words}")
+
+
+def _stamp_states(opened: Any, repos: list[Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The stamp state of every listed commit (its weights' headers, as the pages read them):
+    ``(type, repo, commit) -> {state, stamped, safetensors, expires_at, expired}``."""
+    import time
+
+    from cmh.hub.mirror.web import StampCache, stamp_state
+
+    cache, now, out = StampCache(), time.time(), {}
+    for r in repos:
+        for ref in r.refs:
+            key = (r.repo_type, r.repo_id, ref.commit)
+            index = opened.resolve(r.repo_type, r.repo_id, ref.commit) if key not in out else None
+            if index is None:
+                continue
+            state = stamp_state(opened, index, cache, now)
+            out[key] = {
+                "state": state.label, "stamped": state.stamped, "safetensors": state.safetensors,
+                "expires_at": state.expires_at, "expired": state.expired,
+            }  # fmt: skip
+    return out
+
+
+def _stamp_words(state: dict[str, Any]) -> str:
+    """``stamped, expires 2027-01-01``, ``expired 2026-11-30``, ``unstamped``, ..."""
+    from ._common import iso_utc
+
+    label = str(state["state"])
+    if state["expires_at"] and label in ("stamped", "expired", "partly stamped"):
+        day = iso_utc(state["expires_at"])[:10]
+        return f"expired {day}" if state["expired"] else f"{label}, expires {day}"
+    return label
 
 
 _SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the same command again"
@@ -239,13 +319,13 @@ def scrub(
             )
         )
     else:
-        echo(f"checked {len(report.checks)} blobs, {human_bytes(report.bytes_checked)}")
+        echo(f"checked {plural(len(report.checks), 'blob')}, {human_bytes(report.bytes_checked)}")
         for c in report.bad:
             where = f" -> quarantined to {c.quarantined_to}" if c.quarantined_to else ""
             tensors = f" (tensors: {', '.join(c.bad_tensors[:5])})" if c.bad_tensors else ""
-            echo(f"BAD {c.repo} blob {c.blob}: {c.message}{tensors}{where}")
+            echo(f"{status_word('BAD')} {c.repo} blob {c.blob}: {c.message}{tensors}{where}")
         for c in report.errors:
-            echo(f"ERROR {c.repo} blob {c.blob}: {c.error}: {c.message}")
+            echo(f"{status_word('ERROR')} {c.repo} blob {c.blob}: {c.error}: {c.message}")
         for link in report.broken_links:
             echo(f"unsafe or dangling snapshot entry (not served): {link}")
     raise click.exceptions.Exit(code)
@@ -425,6 +505,10 @@ def serve(**options: Any) -> None:
             usage_error(f"--fill-lease-ttl: {exc}")
         target.create()  # a pull-through cache starts empty
         click.echo(_exposure(pull, opt.tokens), err=True)
+    else:  # as `mirror ls`: no such store exits 2, its storage unreachable 3
+        open_store_or_fail(opt.store)
+    if opt.upstream is not None:
+        pass
     elif opt.upstream_token_file is not None:
         usage_error("--upstream-token-file needs --upstream")
     elif opt.public_upstream_repos:
@@ -433,8 +517,7 @@ def serve(**options: Any) -> None:
         usage_error("--fill-lease-ttl needs --upstream (it is the lease of a pull-through fill)")
 
     def announce(url: str) -> None:
-        plural = "s" if opt.workers > 1 else ""
-        click.echo(f"Serving {opt.store} on {url} ({opt.workers} worker{plural})")
+        click.echo(f"Serving {opt.store} on {url} ({plural(opt.workers, 'worker')})")
         sys.stdout.flush()
 
     # Every option named like a ServeConfig field is that field; the rest are read above.
@@ -477,10 +560,15 @@ def _exposure(pull: UpstreamConfig, tokens: Path | None) -> str:
             f"WARNING: pull-through from {pull.url} ({via}) with --public-upstream-repos: "
             "repos the upstream marks private or gated are served to anyone"
         )
-    opened = f"tokens that {tokens} grants them" if tokens else "nobody (no --tokens file)"
+    private = "repos the upstream marks private or gated"
+    if tokens is None:
+        return (
+            f"pull-through from {pull.url} ({via}): public upstream repos are served to anyone; "
+            f"{private} are served to nobody (no --tokens file grants them)"
+        )
     return (
         f"pull-through from {pull.url} ({via}): public upstream repos are served to anyone; "
-        f"repos the upstream marks private or gated only to {opened}"
+        f"{private} only to tokens that {tokens} grants them"
     )
 
 
@@ -608,9 +696,8 @@ def _sync_words(res: SyncResult) -> str:
         return f"{done}; the store held it already (nothing written)"
     if res.new_blobs is None:  # resolved in place
         return done
-    plural = "s" if res.new_blobs != 1 else ""
     uploaded = human_bytes(res.new_bytes or 0)
-    return f"{done}; imported: {res.new_blobs} new blob{plural} ({uploaded}) uploaded"
+    return f"{done}; imported: {plural(res.new_blobs, 'new blob')} ({uploaded}) uploaded"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 import click
 
+from cmh import plural
+
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_UNREADABLE,
@@ -169,7 +171,7 @@ def outcome_words(res: Any) -> str:
     """What a resolve did, in a person's words (``--json`` keeps the state names)."""
     commit = res.commit[:12]
     previous = (res.previous_commit or "")[:12]
-    requests = f"{res.requests} request{'s' if res.requests != 1 else ''}"
+    requests = plural(res.requests, "request")
     words = {
         "missing": f"downloaded commit {commit} (it was not in the cache)",
         "local_only": f"up to date: commit {commit}, stamped and not expired, so the Hub "
@@ -181,6 +183,12 @@ def outcome_words(res: Any) -> str:
         "corrupt": f"repaired commit {commit}: a cached file failed its check and was fetched "
         "again",
     }
+    resumed = [f for f in res.files if getattr(f.action, "value", f.action) == "resumed"]
+    if res.state.value == "missing" and resumed:  # an interrupted pull, resumed
+        words["missing"] = (
+            f"downloaded commit {commit}, resuming {plural(len(resumed), 'file')} an earlier "
+            "run had begun"
+        )
     done = words.get(res.state.value, f"{res.state.value}: commit {commit}")
     return (
         f"{done}; {requests}, {human_bytes(res.bytes_transferred)} downloaded, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 from typing import Any
@@ -22,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("_mirror_commands", "Serve a store through the Hub HTTP API."),
     "pull": ("_pull_command", "Resolve a repo into the local Hugging Face cache."),
     "prune": ("_prune_command", "Prune stale revisions from a cache or store."),
+    "completion": ("_completion", "Print or install shell completion (bash, zsh, fish)."),
 }
 
 
@@ -47,6 +49,20 @@ class LazyGroup(click.Group):
         from ._examples import add_epilogs
 
         return add_epilogs(command, cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As click's, with "Did you mean" among every command (none is loaded yet)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            name = args[0] if args else ""
+            close = difflib.get_close_matches(name, list(COMMANDS), n=3)
+            if name in COMMANDS or not close or "Did you mean" in exc.message:
+                raise
+            hint = " or ".join(repr(c) for c in close)
+            raise click.UsageError(f"No such command {name!r}. Did you mean {hint}?", ctx) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]

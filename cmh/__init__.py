@@ -21,6 +21,7 @@ from ._atomic import (
     atomic_symlink,
     atomic_write,
     fsync_dir,
+    remove_temporaries,
     start_writeback,
     temp_path,
     write_new,
@@ -44,7 +45,7 @@ from ._digests import (
     hash_tensors,
     root_entries,
 )
-from ._duration import format_duration, parse_duration, parse_size
+from ._duration import format_duration, format_size, parse_duration, parse_size, plural
 from ._errors import (
     CarrierError,
     CMHError,
@@ -191,6 +192,7 @@ __all__ += [
     "file_root",
     "forget_check",
     "format_duration",
+    "format_size",
     "fsync_dir",
     "generate_keypair",
     "hash_tensors",
@@ -199,10 +201,12 @@ __all__ += [
     "load_private_key",
     "name_bytes",
     "parse_header",
+    "plural",
     "private_key_is_encrypted",
     "read_carrier",
     "read_header_from",
     "record_check",
+    "remove_temporaries",
     "root_entries",
     "signature_status",
     "start_writeback",

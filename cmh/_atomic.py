@@ -77,6 +77,21 @@ def write_new(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> N
         os.close(fd)
 
 
+#: Temporaries :func:`atomic_file` has open now; a process ending at once (``os._exit``
+#: after Ctrl-C, while a thread still writes) removes them with :func:`remove_temporaries`.
+_open_temporaries: set[str] = set()
+
+
+def remove_temporaries() -> None:
+    """Remove every temporary :func:`atomic_file` has open in this process (before an
+    ``os._exit``, which runs no ``finally`` block): an interrupted first stamp of a
+    large file leaves no hidden copy of it behind."""
+    for tmp in list(_open_temporaries):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        _open_temporaries.discard(tmp)
+
+
 @contextlib.contextmanager
 def atomic_file(
     target: str | os.PathLike[str], *, tag: str = "tmp", suffix: str = ""
@@ -90,6 +105,7 @@ def atomic_file(
     tmp = temp_path(target, tag, suffix)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # left by a dead process whose pid and thread id we now have
+    _open_temporaries.add(tmp)
     try:
         with open(tmp, "xb") as f:
             yield f
@@ -100,6 +116,8 @@ def atomic_file(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    finally:
+        _open_temporaries.discard(tmp)
     fsync_dir(os.path.dirname(os.path.abspath(target)))
 
 
@@ -128,6 +146,7 @@ __all__ = [
     "atomic_symlink",
     "atomic_write",
     "fsync_dir",
+    "remove_temporaries",
     "start_writeback",
     "temp_path",
     "write_new",

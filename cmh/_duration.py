@@ -76,3 +76,22 @@ def format_duration(seconds: float) -> str:
         if len(parts) == 2:
             break
     return " ".join(parts)
+
+
+def format_size(n: int) -> str:
+    """``1536`` -> ``1.5 kB``: decimal units, as huggingface.co, disk vendors and the
+    CLI's bars (``MB/s``) count; exact below 1 kB (``190 B``). The one size formatter
+    of the CLI and the mirror's pages."""
+    if n < 1000:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000
+        if value < 999.95 or unit == "PB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 file``, ``2 files``, ``0 files`` (``nouns`` when not ``noun + "s"``)."""
+    return f"{count:,} {noun if count == 1 else (nouns or noun + 's')}"

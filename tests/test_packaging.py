@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Source folder -> the import path it is installed as (``[tool.setuptools.package-dir]``).
 SOURCES = {"cmh": "cmh", "hub": "cmh/hub", "cli": "cmh/cli"}
 DATA_SUFFIXES = (".py", ".html", ".css", ".js", ".typed")
+#: The console script's entry module, top-level so that it imports nothing of ``cmh``.
+LAUNCHER = "_cmh_launcher.py"
 
 
 def _source_files() -> set[str]:
@@ -29,7 +31,7 @@ def _copy_of_the_project(dest: Path) -> Path:
     """The files a build reads, without the checkout's own ``build/`` (a stale one would
     hand the wheel modules the configuration no longer names)."""
     dest.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", LAUNCHER):
         shutil.copy2(ROOT / name, dest / name)
     for folder in SOURCES:
         shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -48,6 +50,9 @@ def test_the_wheel_holds_every_module_and_data_file(tmp_path: Path) -> None:
     target = tmp_path / "installed"
     with zipfile.ZipFile(wheel) as archive:
         held = {name for name in archive.namelist() if name.startswith("cmh/")}
+        assert LAUNCHER in archive.namelist()
+        entry_points = next(n for n in archive.namelist() if n.endswith("entry_points.txt"))
+        assert "cmh = _cmh_launcher:main" in archive.read(entry_points).decode()
         archive.extractall(target)
     missing = sorted(_source_files() - held)
     assert missing == [], f"not in the wheel (add the package to pyproject.toml): {missing}"

@@ -20,11 +20,10 @@ import numpy as np
 
 
 def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError("unreachable")
+    """Decimal, as the CLI and the pages count (cmh.format_size)."""
+    import cmh
+
+    return cmh.format_size(n)
 
 
 def run(work_dir: Path, endpoint: str, store_dir: Path, repo_id: str) -> None:

@@ -376,6 +376,11 @@ def _store_errors() -> Iterator[None]:
 # -- resolve -----------------------------------------------------------------------------
 
 
+def _disposition(request: web.Request) -> str:
+    """``attachment`` for ``?download=true`` (or ``1``), else ``inline``."""
+    return "attachment" if request.query.get("download") in ("true", "1") else "inline"
+
+
 def _etag_in(header: str | None, etag: str) -> bool:
     if header is None:
         return False
@@ -404,7 +409,9 @@ async def _resolve(
         "X-Linked-Size": str(entry.size),
         "Accept-Ranges": "bytes",
         "Content-Type": "application/octet-stream",
-        "Content-Disposition": f"inline; filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",
+        # ?download=true (the pages' download button) saves the file, as on the Hub.
+        "Content-Disposition": f"{_disposition(request)}; "
+        f"filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",
     }
     if request.get(STALE_KEY):
         headers["Warning"] = request[STALE_KEY]

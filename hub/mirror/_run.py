@@ -298,6 +298,8 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         on_ready()
         try:
             await stop.wait()
+            if config.workers <= 1:  # with workers, the parent says it (_reap)
+                _say_stopping(config.graceful_timeout)
         finally:
             sweeper.cancel()
             server.close()
@@ -377,6 +379,17 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _say_stopping(graceful_timeout: float) -> None:
+    """The line a person sees when SIGTERM or Ctrl-C stops the server."""
+    with contextlib.suppress(OSError, ValueError):
+        print(
+            f"stopping: no new connections; requests in flight get up to "
+            f"{graceful_timeout:g} s (--graceful-timeout)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _reap(children: list[int], graceful_timeout: float) -> int:
     """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death.
 
@@ -387,6 +400,7 @@ def _reap(children: list[int], graceful_timeout: float) -> int:
     def forward(signum: int, frame: object) -> None:
         nonlocal stopping
         if not stopping:
+            _say_stopping(graceful_timeout)
             deadline = threading.Timer(graceful_timeout + 1.0, _kill, (list(children),))
             deadline.daemon = True
             deadline.start()

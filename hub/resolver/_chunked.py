@@ -115,6 +115,8 @@ def download_chunked(job: Job) -> tuple[bool, list[str]]:
     source = Source(job.client, Located(job.url), job.retry)  # after a redirect, go where it led
     while True:
         done = _prepare(job, chunks)
+        if not resumed and done and integrity_failures == 0:
+            job.tally.held(sum(end - start for start, end in map(chunks.span, done)))
         resumed = resumed or (bool(done) and integrity_failures == 0)
         if integrity_failures:
             check.reset()

@@ -98,6 +98,8 @@ def _download_whole(job: Job, part: Path) -> tuple[bool, list[str]]:
         try:
             if existing:
                 feed_file(check, part, existing)
+                if attempt == 0:
+                    job.tally.held(existing)
                 resumed = resumed or attempt == 0
         except IntegrityError:
             part.unlink()

@@ -87,13 +87,14 @@ class RetryPolicy:
                 if deadline is not None and now + self.delay(attempt, exc) >= deadline:
                     spent = now - start
                     raise HubUnreachableError(
-                        f"{what}: gave up after {spent:.1f} s ({attempt + 1} tries): {last}"
+                        f"{what}: gave up after {spent:.1f} s, try {attempt + 1} of "
+                        f"{self.attempts} (the deadline comes before the next): {last}"
                     ) from last
                 self.wait(attempt, exc, what)
             finally:
                 if timer is not None:
                     timer.cancel()
-        raise HubUnreachableError(f"{what} failed after {self.attempts} attempts: {last}") from last
+        raise HubUnreachableError(f"{what} failed after {self.attempts} tries: {last}") from last
 
 
 #: The policy every transfer of the resolver uses.

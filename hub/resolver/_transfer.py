@@ -101,6 +101,12 @@ class Tally:
         self.progress = progress
         self._lock = threading.Lock()
 
+    def held(self, nbytes: int) -> None:
+        """Bytes an earlier, interrupted download already holds: shown (a resumed bar
+        starts where it stopped), not counted as received."""
+        if nbytes > 0 and self.progress is not None:
+            self.progress(nbytes)
+
     def add(self, nbytes: int, *, shown: bool = True) -> None:
         with self._lock:
             self.total += nbytes

@@ -108,6 +108,8 @@ def test_ctrl_c_stops_pull_at_once_and_the_rerun_resumes(
         assert seconds < STOP_WITHIN, (seconds, output)
         assert "interrupted:" in output and "run the same command again to resume" in output
         assert "Aborted!" not in output and "Traceback" not in output
+        assert "B/" in output.split("interrupted:")[0]  # a bar was shown ...
+        assert "B/" not in output.split("interrupted:")[1]  # ... and not drawn again after
         kept = _chunks_logged(cache)
         assert 1 <= kept < 8, kept  # finished chunks are kept, the rest was not fetched
 
@@ -242,6 +244,8 @@ def test_serve_stops_on_ctrl_c_within_the_graceful_timeout(
     assert seconds < 1 + 1.5, seconds  # the graceful timeout, then it stops
     assert code in (0, 1), code  # 1 only when a worker had to be killed
     assert "Traceback" not in server.stderr_text()
+    said = server.stderr_text()
+    assert said.count("stopping: no new connections; requests in flight get up to 1 s") == 1
 
 
 def test_serve_upstream_creates_a_store_folder_that_does_not_exist(

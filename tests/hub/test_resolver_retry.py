@@ -11,10 +11,12 @@ from __future__ import annotations
 import email.utils
 import hashlib
 import time
+from pathlib import Path
 
 import cmh.hub as hub
 import pytest
 from cmh.hub.mirror import add_folder
+from cmh.hub.resolver import HubUnreachableError
 from cmh.hub.resolver._http import HubClient
 from cmh.hub.resolver._retry import RetryPolicy
 from resolver_support import Fault, FaultProxy, write_checkpoint_repo
@@ -109,7 +111,51 @@ def test_backoff_without_retry_after_is_exponential_with_jitter(proxied):
 def test_retries_run_out_with_a_typed_error(proxied):
     proxied.faults.append(Fault("status", status_code=503, times=10))
     recorder = Recorder()
-    with pytest.raises(hub.HubUnreachableError, match="failed after 3 attempts"):
+    with pytest.raises(hub.HubUnreachableError, match="failed after 3 tries"):
         fetch_with(RetryPolicy(attempts=3, sleep=recorder), proxied)
     assert len(recorder.delays) == 2  # no wait after the last try
     assert len(model_gets(proxied)) == 3
+
+
+def test_a_retry_that_gives_up_at_its_deadline_counts_its_tries() -> None:
+    def step() -> None:
+        raise HubUnreachableError("connection refused")
+
+    policy = RetryPolicy(sleep=lambda seconds: None)
+    with pytest.raises(HubUnreachableError) as raised:
+        policy.run(step, "GET http://127.0.0.1:9/x", deadline=time.monotonic(), notice=False)
+    assert "try 1 of 6" in str(raised.value) and "tries)" not in str(raised.value)
+    with pytest.raises(HubUnreachableError) as raised:
+        policy.run(step, "GET http://127.0.0.1:9/x", notice=False)
+    assert "failed after 6 tries" in str(raised.value)
+
+
+@pytest.mark.parametrize("connections", [1, 2], ids=["one-connection", "chunked"])
+def test_a_resumed_download_shows_progress_from_where_it_stopped(
+    tmp_path, mirror_server_factory, connections
+) -> None:
+    """The bar of a resumed pull starts at the bytes the partial already holds: the shown
+    counts add up to the file's size, while only the rest is received."""
+    from cmh.hub.resolver import Policy
+
+    store = tmp_path / "store"
+    add_folder(store, write_checkpoint_repo(tmp_path / "src", 1, count=4, elems=1 << 19), REPO)
+    url = mirror_server_factory(store).url
+    policy = Policy(offline=False, connections=connections, chunk_bytes=1 << 20)
+    first = hub.resolve(REPO, cache_dir=tmp_path / "first", endpoint=url, policy=policy)
+    weights = Path(first.path) / "model.safetensors"
+    data = weights.read_bytes()
+    etag = hashlib.sha256(data).hexdigest()
+    fresh = tmp_path / "fresh"
+    partial = fresh / f"models--{REPO.replace('/', '--')}" / "blobs" / f"{etag}.incomplete"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(data[: len(data) // 2])  # an interrupted whole download
+    shown: list[int] = []
+    totals: list[int] = []
+    second = hub.resolve(REPO, cache_dir=fresh, endpoint=url, policy=policy,
+                         progress=shown.append, on_total=totals.append)  # fmt: skip
+    resumed = [f for f in second.files if f.action.value == "resumed"]
+    assert [f.path for f in resumed] == ["model.safetensors"]
+    assert sum(shown) == totals[0], (sum(shown), totals)
+    held = resumed[0].bytes_reused  # the prefix (whole chunks of it, when chunked)
+    assert 0 < held <= len(data) // 2 and resumed[0].bytes_transferred == len(data) - held

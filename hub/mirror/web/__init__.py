@@ -16,14 +16,27 @@ if TYPE_CHECKING:
     from ._options import WebOptions, web_options
     from ._pages import add_routes
     from ._session import AdminTokensError, load_admin_tokens
+    from ._views import StampCache, StampState, stamp_state
 
 _EXPORTS = {
     "AdminTokensError": "_session",
+    "StampCache": "_views",
+    "StampState": "_views",
+    "stamp_state": "_views",
     "WebOptions": "_options",
     "add_routes": "_pages",
     "load_admin_tokens": "_session",
     "web_options": "_options",
 }
-__all__ = ["AdminTokensError", "WebOptions", "add_routes", "load_admin_tokens", "web_options"]
+__all__ = [
+    "AdminTokensError",
+    "StampCache",
+    "StampState",
+    "WebOptions",
+    "add_routes",
+    "load_admin_tokens",
+    "stamp_state",
+    "web_options",
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from cmh import format_size
+
 from .._front_matter import read_front_matter
 from .._memo import Memo
 
@@ -74,8 +76,31 @@ def _renderer() -> Any:
         def validateLink(self, url: str) -> bool:
             return safe_link(url)
 
-    md = CardMarkdown("commonmark", {"html": False, "linkify": False, "typographer": False})
+    options = {"html": False, "linkify": False, "typographer": False, "highlight": highlight_fence}
+    md = CardMarkdown("commonmark", options)
     return md.enable(["table", "strikethrough"])
+
+
+def highlight_fence(code: str, lang: str, attrs: str) -> str:
+    """A fenced code block of a card, highlighted by Pygments when its language is one
+    of the previews' (:data:`~._preview.HIGHLIGHTED`: few lexers, few regular expressions
+    a hostile card can make slow); ``""`` leaves it to markdown-it (plain, escaped)."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+    from pygments.util import ClassNotFound
+
+    from ._preview import HIGHLIGHTED
+
+    try:
+        lexer = get_lexer_by_name(lang.strip().lower(), stripnl=False) if lang else None
+    except ClassNotFound:
+        lexer = None
+    if lexer is None or lexer.aliases[0] not in HIGHLIGHTED or lexer.aliases[0] == "markdown":
+        return ""
+    spans = highlight(code, lexer, HtmlFormatter(nowrap=True))  # escaped; classes only
+    language = lexer.aliases[0]  # a name of ours, not the card's text
+    return f'<pre class="highlight"><code class="language-{language}">{spans}</code></pre>\n'
 
 
 def render_markdown(text: str) -> str:
@@ -124,7 +149,7 @@ def _read_card(raw: bytes) -> Card:
     notes: list[str] = []
     if len(raw) > MAX_CARD_BYTES:
         raw = raw[:MAX_CARD_BYTES]
-        notes.append(f"the card is longer than {MAX_CARD_BYTES // 1024} KiB: shown cut")
+        notes.append(f"the card is longer than {format_size(MAX_CARD_BYTES)}: shown cut")
     text = raw.decode("utf-8", errors="replace")
     front, body, problem = split_front_matter(text)
     if problem:

@@ -12,6 +12,7 @@ Page work (store reads, rendering) runs in the executor, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -54,7 +55,7 @@ from ._session import (
     valid_token,
     viewer,
 )
-from ._snippet import use_snippet
+from ._snippet import SnippetRepo, use_snippets
 from ._urls import HubTarget, RepoUrls, hub_target, list_url
 
 STATIC = Path(__file__).parent / "static"
@@ -86,6 +87,10 @@ class PageError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+#: Files that make a repo a sentence-transformers model (its snippet is then offered).
+SENTENCE_TRANSFORMERS_FILES = ("config_sentence_transformers.json", "modules.json")
 
 
 def add_routes(app: web.Application, options: WebOptions) -> None:
@@ -163,6 +168,14 @@ async def _hub_route(request: web.Request, who: Viewer, target: HubTarget) -> we
 
     if target.kind == "list":
         return await _page(request, who, _list_page, _filters(request, target.repo_type))
+    if target.kind == "raw":  # the file itself, as the Hub's /raw/ serves it
+        raise web.HTTPFound(RepoUrls(target.repo_type, target.repo_id).resolve(
+            target.revision or "main", target.path))  # fmt: skip
+    if target.kind == "repo" and "/" not in target.repo_id:
+        org = target.repo_id
+        if _is_org(request, who, org):  # /ORG: its repos, as on the Hub
+            filters = dataclasses.replace(_filters(request, None), org=org)
+            return await _page(request, who, _list_page, filters)
     where = Where(_repo(target.repo_type, target.repo_id.split("/")), target.revision,
                   target.path)  # fmt: skip
     build = {"repo": _repo_page, "tree": _repo_page, "blob": _file_page}.get(target.kind)
@@ -279,6 +292,8 @@ class ListFilters:
     kind: str = ""
     page: str = "1"
     facets: tuple[tuple[str, str], ...] = ()
+    #: ``/ORG``: only that organisation's repos (the Hub's organisation page).
+    org: str = ""
 
     def link(self, **changes: Any) -> str:
         """This list with some parameters changed (an empty value drops one)."""
@@ -295,6 +310,20 @@ def _filters(request: web.Request, kind: str | None) -> ListFilters:
                        q.get("page", "1"), facets)  # fmt: skip
 
 
+def _is_org(request: web.Request, who: Viewer, name: str) -> bool:
+    """Whether ``name`` is an organisation of repos this viewer may see, and no repo of
+    its own (a one-name repo, as ``gpt2``, keeps its page)."""
+    from .._app import STORE_KEY
+
+    state = request.app[STORE_KEY]
+    seen = [
+        (kind, repo_id) for kind, repo_id in state.backend.repos()
+        if repo_id == name or repo_id.split("/")[0] == name
+    ]  # fmt: skip
+    visible = [(k, r) for k, r in seen if who.can_read(state.policy, k, r)]
+    return bool(visible) and all("/" in r for _, r in visible)
+
+
 def _list_page(
     request: web.Request, who: Viewer, ctx: dict[str, Any], filters: ListFilters
 ) -> bytes:
@@ -304,6 +333,8 @@ def _list_page(
     options = request.app[WEB_KEY]
     store = state.backend
     found = views.visible_repos(store, state.policy, who, filters.query, filters.kind)
+    if filters.org:
+        found = [r for r in found if r.repo_id.split("/")[0] == filters.org and "/" in r.repo_id]
     described: list[tuple[views.RepoName, RepoFacets]] = []
     for repo in found:
         _, index = views.default_revision(store, repo)
@@ -417,10 +448,10 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
         stamp=views.stamp_state(store, index, options.stamps, state.clock.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
     )  # fmt: skip
-    ctx["snippet"] = use_snippet(
-        ctx["endpoint"], repo.repo_type, repo.repo_id, revision,
-        ctx["key"] if ctx["private"] else None,
-    )  # fmt: skip
+    sentence = any(name in index.files for name in SENTENCE_TRANSFORMERS_FILES)
+    ctx["snippets"] = use_snippets(SnippetRepo(
+        ctx["endpoint"], repo.repo_type, repo.repo_id, revision, bool(ctx["private"]), sentence,
+    ))  # fmt: skip
     return render("repo.html", ctx)
 
 

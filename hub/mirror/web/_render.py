@@ -7,6 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from cmh import format_size, plural
+
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -35,6 +37,25 @@ def ago(ts: float | int | None, now: float) -> str:
     return "just now"
 
 
+def layer_of(name: str) -> str:
+    """The layer a tensor belongs to, as the Hub groups them: its name up to the first
+    number (``encoder.layer.3.attention.self.query.weight`` -> ``encoder.layer.3``), else
+    its first part (``embeddings.word_embeddings.weight`` -> ``embeddings``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0] if len(parts) > 1 else name
+
+
+def tensor_groups(tensors: list[Any]) -> list[tuple[str, list[Any]]]:
+    """``tensors`` (each with a ``name``) grouped by :func:`layer_of`, in first-seen order."""
+    groups: dict[str, list[Any]] = {}
+    for t in tensors:
+        groups.setdefault(layer_of(t.name), []).append(t)
+    return list(groups.items())
+
+
 @lru_cache(maxsize=1)
 def environment() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
@@ -48,6 +69,10 @@ def environment() -> Any:
     )
     env.filters["when"] = when
     env.filters["ago"] = ago
+    env.filters["size"] = format_size  # decimal, as huggingface.co and the CLI count
+    env.filters["plural"] = plural  # {{ n|plural("file") }}: 1 file, 2 files
+    env.filters["thousands"] = lambda n: f"{n:,}"  # 90,868,224
+    env.filters["tensor_groups"] = tensor_groups
     return env
 
 

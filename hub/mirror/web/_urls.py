@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 #: Page kinds after the repo id, as the Hub names them.
-KEYWORDS = ("tree", "blob", "commits", "commit")
+KEYWORDS = ("tree", "blob", "commits", "commit", "raw")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def hub_target(segs: list[str]) -> HubTarget | None:
             kind = {"commit": "tree"}.get(segs[n], segs[n])  # /commit/SHA: the tree at SHA
             if kind in ("commits", "tree") and segs[n] != "tree" and rest:
                 return None
-            if kind == "blob" and not rest:
+            if kind in ("blob", "raw") and not rest:
                 return None
             return HubTarget(kind, repo_type, "/".join(segs[:n]), revision, "/".join(rest))
     if len(segs) in (1, 2) and all(segs):

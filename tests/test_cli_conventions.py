@@ -1,0 +1,124 @@
+"""Conventions a person expects of a command line (issue 40): colour on status words
+only on a terminal and never with ``NO_COLOR``; "did you mean" for every command;
+shell completion that installs; help that lists every exit status."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_support import CMH, run_runner, run_subprocess
+from safetensors.numpy import save_file
+
+import cmh
+
+RED = "\x1b[31m"
+GREEN = "\x1b[32m"
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path]:
+    good, bad = tmp_path / "good.safetensors", tmp_path / "bad.txt"
+    save_file({"w": np.ones((2, 2), np.float32)}, str(good))
+    cmh.stamp(good, ttl="30d")
+    bad.write_text("not a model\n" * 10)
+    return good, bad
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str]) -> str:
+    """What ``cmh args`` writes to a pseudo-terminal (stdout and stderr both)."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen([str(CMH), *args], stdin=child, stdout=child, stderr=child, env=env)
+    os.close(child)
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(main)
+        proc.wait(timeout=120)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_status_words_are_coloured_on_a_terminal_only(tmp_path: Path) -> None:
+    good, bad = _files(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    shown = _on_a_terminal(["verify", str(good), str(bad)], env)
+    assert f"{GREEN}\x1b[1mok\x1b[0m" in shown and f"{RED}\x1b[1mFAILED\x1b[0m" in shown, shown
+    plain = _on_a_terminal(["verify", str(good), str(bad)], {**env, "NO_COLOR": "1"})
+    assert "\x1b[" not in plain and "ok       " in plain and "FAILED   " in plain
+    piped = run_subprocess(["verify", good, bad], env={"NO_COLOR": None})
+    assert "\x1b[" not in piped.stdout + piped.stderr and "FAILED   " in piped.stdout
+
+
+TYPOS = [("stmp", "stamp"), ("veriy", "verify"), ("mirrror", "mirror"), ("prnue", "prune")]
+
+
+@pytest.mark.parametrize(("typed", "meant"), TYPOS)
+def test_a_mistyped_command_gets_did_you_mean(typed: str, meant: str) -> None:
+    run = run_runner([typed])
+    assert run.exit_code == 2
+    assert f"No such command '{typed}'. Did you mean '{meant}'?" in run.stderr, run.stderr
+
+
+def test_completion_prints_and_installs_once(tmp_path: Path) -> None:
+    printed = run_subprocess(["completion", "bash"])
+    assert printed.exit_code == 0 and "_CMH_COMPLETE=bash_complete" in printed.stdout
+    home = {"HOME": str(tmp_path)}
+    for _ in range(2):
+        assert run_subprocess(["completion", "bash", "--install"], env=home).exit_code == 0
+    rc = (tmp_path / ".bashrc").read_text()
+    assert rc.count('eval "$(_CMH_COMPLETE=bash_source cmh)"') == 1
+    completed = subprocess.run(
+        [str(CMH)], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "_CMH_COMPLETE": "bash_complete", "COMP_WORDS": "cmh st",
+             "COMP_CWORD": "1"},
+    )  # fmt: skip
+    assert "plain,stamp" in completed.stdout.splitlines(), completed.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["keygen"], "3 the files could not be written"),
+        (["mirror", "scrub"], "2 usage error (no such store)"),
+        (["serve"], "3 the storage unreachable"),
+    ],
+)
+def test_help_lists_every_exit_status(command: list[str], says: str) -> None:
+    run = run_runner([*command, "--help"])
+    assert run.exit_code == 0 and says in " ".join(run.stdout.split()), run.stdout
+
+
+def test_serve_help_does_not_say_both_0_and_130_for_ctrl_c() -> None:
+    text = " ".join(run_runner(["serve", "--help"]).stdout.split())
+    assert "Ctrl-C" in text and "130" not in text
+
+
+def test_serve_exits_3_like_mirror_ls_when_the_storage_is_down(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "cmh-test-key",
+        "AWS_SECRET_ACCESS_KEY": "cmh-test-secret", "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+    }  # fmt: skip
+    listed = run_subprocess(["mirror", "ls", "--store", "s3://models/hub"], env=env)
+    served = run_subprocess(["serve", "--store", "s3://models/hub", "--port", "0"], env=env)
+    assert listed.exit_code == 3, listed.stderr
+    assert served.exit_code == 3, served.stderr
+    assert served.stderr.startswith("error: ") and served.stderr.count("\n") == 1, served.stderr
