@@ -80,8 +80,12 @@ def stop_on_interrupt(resume: str) -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
-    except KeyboardInterrupt:
-        if not fired.is_set():  # raised by something else (a test, a nested handler)
+    except BaseException:
+        # Once Ctrl-C fired, whatever ends the block ends the process with 130: the
+        # interrupt itself, or an error its unwinding raised instead (an mmap closed while
+        # a hashing thread still holds a view of it raises BufferError). Else it is not ours
+        # (a test, a nested handler, a plain error): raised on.
+        if not fired.is_set():
             raise
         _exit_now()
     finally:

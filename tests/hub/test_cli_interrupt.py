@@ -254,3 +254,29 @@ def test_serve_upstream_creates_a_store_folder_that_does_not_exist(
     store = tmp_path / "new" / "store"
     server = mirror_server_factory(store, extra_args=("--upstream", "http://127.0.0.1:9"))
     assert store.is_dir() and server.process.poll() is None
+
+
+def test_an_error_raised_while_a_ctrl_c_unwinds_still_exits_130() -> None:
+    """Under load, a Ctrl-C during ``cmh stamp`` raised ``KeyboardInterrupt`` while a hashing
+    thread still held a view of the file's mmap; closing the mmap then raised
+    ``BufferError`` instead, which escaped as a traceback and exit 1. Whatever ends the
+    block once Ctrl-C fired ends the process with 130, and nothing more is printed."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal\n"
+        "from cmh.cli._interrupt import stop_on_interrupt\n"
+        "with stop_on_interrupt('nothing is kept'):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        signal.pause()\n"
+        "    finally:\n"
+        "        raise BufferError('cannot close exported pointers exist')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 130, done.stderr
+    assert "interrupted: nothing is kept" in done.stderr
+    assert "Traceback" not in done.stderr and "BufferError" not in done.stderr

@@ -313,7 +313,7 @@ def _filters(request: web.Request, kind: str | None) -> ListFilters:
 def _is_org(request: web.Request, who: Viewer, name: str) -> bool:
     """Whether ``name`` is an organisation of repos this viewer may see, and no repo of
     its own (a one-name repo, as ``gpt2``, keeps its page)."""
-    from .._app import STORE_KEY
+    from .._state import STORE_KEY
 
     state = request.app[STORE_KEY]
     seen = [
