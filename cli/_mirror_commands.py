@@ -487,6 +487,14 @@ def serve(**options: Any) -> None:
     from cmh.hub.mirror import ServeConfig, ServeError, StoreError, UpstreamConfig
     from cmh.hub.mirror import serve as run
 
+    if opt.upstream is not None:  # options that need --upstream: refused before any look
+        pass
+    elif opt.upstream_token_file is not None:
+        usage_error("--upstream-token-file needs --upstream")
+    elif opt.public_upstream_repos:
+        usage_error("--public-upstream-repos needs --upstream")
+    elif opt.fill_lease_ttl is not None:
+        usage_error("--fill-lease-ttl needs --upstream (it is the lease of a pull-through fill)")
     pull = None
     check_hub_url(opt.upstream, "--upstream")
     if opt.upstream is not None:
@@ -507,14 +515,6 @@ def serve(**options: Any) -> None:
         click.echo(_exposure(pull, opt.tokens), err=True)
     else:  # as `mirror ls`: no such store exits 2, its storage unreachable 3
         open_store_or_fail(opt.store)
-    if opt.upstream is not None:
-        pass
-    elif opt.upstream_token_file is not None:
-        usage_error("--upstream-token-file needs --upstream")
-    elif opt.public_upstream_repos:
-        usage_error("--public-upstream-repos needs --upstream")
-    elif opt.fill_lease_ttl is not None:
-        usage_error("--fill-lease-ttl needs --upstream (it is the lease of a pull-through fill)")
 
     def announce(url: str) -> None:
         click.echo(f"Serving {opt.store} on {url} ({plural(opt.workers, 'worker')})")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
-from cmh.hub.cache import LayoutError, RepoLayout, validate_relpath
+from cmh.hub.cache import LayoutError, validate_relpath
 
 from . import _catalog as catalog
 from . import _documents as documents
@@ -328,9 +328,9 @@ def access_steps(
     with _store_errors():
         exists = state.backend.repo_exists(repo_type, repo_id)
     readable = state.policy.can_read(repo_type, repo_id, token)
-    named = state.policy.names(repo_type, repo_id)
+    # gated upstream: refused as the Hub refuses, also when the tokens file names it
     gated = state.upstream is not None and state.upstream.pull.gated(repo_type, repo_id)
-    return exists, readable, gated and not named
+    return exists, readable, gated
 
 
 def _closed(state: MirrorState, route: Route, token: str | None, gated: bool) -> HubError:
@@ -539,21 +539,14 @@ async def _head(request: web.Request, state: MirrorState, asked: _Asked) -> web.
     return response
 
 
-def _repo_path(state: MirrorState, route: Route) -> Path:
-    return RepoLayout(state.store, route.repo_id, route.repo_type).path
-
-
 def _recently_cut(state: MirrorState, route: Route, entry: FileEntry) -> bool:
-    if state.upstream is not None:  # kept where the fleet sees it (the store's side)
-        return bool(state.upstream.pull.recently_cut(route.repo_type, route.repo_id, entry.etag))
-    return state.cuts.recent(_repo_path(state, route), entry.etag)
+    """True when a body of the entry's blob was cut within the cut memory (cuts.py)."""
+    return bool(state.cut_records.recently_cut(route.repo_type, route.repo_id, entry.etag))
 
 
 def _record_cut(state: MirrorState, route: Route, etag: str) -> None:
-    if state.upstream is not None:
-        state.upstream.pull.record_cut(route.repo_type, route.repo_id, etag)
-    else:
-        state.cuts.record(_repo_path(state, route), etag)
+    """Keep a cut of ``etag`` where every worker and replica of the store sees it."""
+    state.cut_records.record_cut(route.repo_type, route.repo_id, etag)
 
 
 async def _resolve_elsewhere(
@@ -574,6 +567,8 @@ async def _resolve_elsewhere(
     request[BYTES_KEY] = sent
     if cut:
         request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
+        if cut != CLIENT_LEFT:  # cut by the mirror: a resume of it must start again
+            await _run(_record_cut, state, asked.route, entry.etag)
     answer: web.StreamResponse = response
     return answer
 

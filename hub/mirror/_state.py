@@ -11,7 +11,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from cmh.hub.cache import Clock, process_clock
@@ -19,7 +19,6 @@ from cmh.hub.cache import Clock, process_clock
 from ._auth import AccessPolicy
 from ._compute import ComputePool
 from ._connections import ConnectionGuard
-from ._cuts import CutLedger
 from ._derived import DerivedCache
 from ._fingerprints import FingerprintCache
 from ._index import IndexCache
@@ -32,6 +31,8 @@ if TYPE_CHECKING:
     from .stores import MirrorStore
 
 DEFAULT_PAGE_SIZE = 1000
+#: The freshness lifetime of the pull-through side that only keeps cut records (unused).
+CUT_RECORDS_FRESH_FOR = 300.0
 #: Revalidations (pull-through) running at once in one worker; more wait their turn.
 REVALIDATION_THREADS = 8
 
@@ -57,7 +58,6 @@ class MirrorState:
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
     #: the worker's one clock (cuts, pages); the server passes it, a test may move it
     clock: Clock = field(default_factory=process_clock)
-    cuts: CutLedger = field(init=False)  # blobs whose body was cut (cuts.py), on ``clock``
     #: CPU-heavy work (fingerprints, manifests, cards, verify now), apart (compute.py).
     compute: ComputePool = field(default_factory=ComputePool)
     #: Seconds a request waits for its revision's revalidation in all (pull-through).
@@ -67,16 +67,30 @@ class MirrorState:
         default_factory=lambda: ThreadPoolExecutor(REVALIDATION_THREADS, "cmh-revalidate")
     )
 
+    #: The store's records of cut bodies when it serves without ``--upstream`` (made on
+    #: first use; see :attr:`cut_records`).
+    _records: Any = field(default=None, init=False, repr=False)
+
     #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
     #: fills); a placeholder that holds nothing for a remote store.
     store: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cuts = CutLedger(self.clock)
         root = self.backend.local_root()
         self.store = (root or Path(os.devnull)).resolve()
         # one cache of commit indexes for the API and the pages (the store's own, if any)
         self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
+
+    @property
+    def cut_records(self) -> Any:
+        """Where the store keeps its cut records (``spec/hub-mirror.md`` 8.3), for every
+        worker and replica of it to see: its pull-through side, whether or not the server
+        pulls through (a folder's ``{repo}/.cmh/cuts``, a bucket's objects)."""
+        if self.upstream is not None:
+            return self.upstream.pull
+        if self._records is None:
+            self._records = self.backend.pull_through(CUT_RECORDS_FRESH_FOR)
+        return self._records
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from cmh.hub.cache import Clock
+from cmh.hub.cache import SYSTEM_CLOCK, Clock
 from cmh.hub.mirror import _upstream
 from cmh.hub.mirror._memo import KeyedLocks, Memo
 from cmh.hub.mirror._upstream import Outcome, Upstream, UpstreamConfig, UpstreamError
@@ -167,6 +167,8 @@ def test_failed_fills_are_kept_as_outcomes_within_their_bound(
     monkeypatch.setattr(_filling, "MAX_FAILED_FILLS", 20, raising=False)
 
     class Refusing:
+        clock = SYSTEM_CLOCK  # an Upstream's clock: the negative cache's
+
         def fill(self, *args: Any) -> None:
             raise UpstreamError(503, "UpstreamUnavailable", "down", {"Retry-After": "30"})
 
@@ -518,6 +520,8 @@ def test_fills_under_way_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
 
     class Held:
+        clock = SYSTEM_CLOCK
+
         def fill(self, *args: Any) -> None:
             release.wait(30)
 

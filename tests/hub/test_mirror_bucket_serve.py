@@ -326,8 +326,14 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
         # bad, every body answers 503 (a range short of the end of a version not checked
         # yet goes at once: test_a_small_range_of_an_unchecked_blob_reads_only_its_bytes).
         assert outcomes[0] not in (1000, 503) and outcomes[1:] == [503, 503], outcomes
-        log = server.log(route="resolve")
-        assert log[0].get("cut") == "blob does not match its name"
+        asked = f"bytes={end[0]}-{end[1]}"
+        for _ in range(100):  # logged once its handler kept the cut record (in the bucket)
+            log = server.log(route="resolve")  # in the order each answer ended
+            if any(e.get("range") == asked for e in log):
+                break
+            time.sleep(0.05)
+        first = next(e for e in log if e.get("range") == asked)
+        assert first.get("cut") == "blob does not match its name", log
         # a whole body of a version not checked yet is hashed as it goes: cut too
         notes = next(f for f in tree.files if f.path == "sub/notes.txt")
         other = store.blob_name("models--cmh-test--corrupt", notes.etag)
@@ -339,6 +345,50 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
         with pytest.raises(urllib.error.HTTPError) as refused:
             _get(whole, None)
         assert refused.value.code == 503
+    finally:
+        server.stop()
+
+
+def test_a_cut_on_a_bucket_served_without_upstream_is_recorded_in_the_bucket(
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 34: a bucket store served without ``--upstream`` wrote its cut records under
+    ``/dev/null`` (and the proxy's own cuts were not recorded at all), so once the blob
+    was put right a resume of the cut body got ``206``: the wrong head with the right
+    tail. The cut is kept in the bucket now, and the resume starts again."""
+    store, where, env = served_bucket
+    repo = "cmh-test/cut-record"
+    folder = "models--cmh-test--cut-record"
+    src = write_tiny_repo(tmp_path / "src", 5)
+    result = store.add_folder(src, repo)
+    tree = store.read_tree(folder, result.commit)
+    assert tree is not None
+    blob = next(f for f in tree.files if f.path == "weights.bin")
+    name = store.blob_name(folder, blob.etag)
+    good = store.objects.get(name)
+    bad = bytearray(good)
+    bad[-1] ^= 0xFF  # same size, last byte differs
+    store.objects.put(name, bytes(bad))
+    server = MirrorServer(where.url, tmp_path, env={**os.environ, **env})
+    try:
+        url = f"{server.url}/{repo}/resolve/main/weights.bin"
+        with pytest.raises(Exception) as cut:  # an incomplete read, whatever its type
+            _get(url, None)
+        assert not isinstance(cut.value, urllib.error.HTTPError)
+        for _ in range(100):  # its log line is written once the handler kept the record
+            if any(e.get("cut") for e in server.log(route="resolve")):
+                break
+            time.sleep(0.05)
+        assert store.objects.get(store.cut_name(folder, blob.etag))  # kept in the bucket
+        store.objects.put(name, good)  # put right: a new object version
+        restart = MirrorServer(where.url, tmp_path / "again", env={**os.environ, **env})
+        try:  # a fresh worker (nothing remembered in memory): the bucket says it was cut
+            again = f"{restart.url}/{repo}/resolve/main/weights.bin"
+            with urlopen(Request(again, headers={"Range": "bytes=1000-"}), timeout=30) as r:
+                status, body = r.status, r.read()
+            assert (status, body) == (200, good)  # the whole body: the client starts again
+        finally:
+            restart.stop()
     finally:
         server.stop()
 

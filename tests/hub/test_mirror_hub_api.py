@@ -571,7 +571,7 @@ def _raw(
         ("POST", "/api/models/cmh-test/history/preupload/main"),
         ("POST", "/api/models/cmh-test/history/commit/main"),
         ("DELETE", "/api/repos/delete"),
-        ("GET", "/cmh-test/history/raw/main/a.txt"),
+        ("GET", "/api/models/cmh-test/history/blame/main/a.txt"),  # /raw/ is served (issue 40)
         ("PUT", "/api/unknown"),
     ],
 )
