@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -350,3 +350,14 @@ def build_mirror_store(base: Path, minilm_dir: Path) -> MirrorStore:
     tokens = base / "tokens.txt"
     tokens.write_text(f"# test tokens\n{PRIVATE_TOKEN}  {PRIVATE_REPO}\n")
     return MirrorStore(store, tokens, imports, sources)
+
+
+def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float = 60.0) -> None:
+    """Return once ``predicate()`` is true; an AssertionError naming ``what`` after
+    ``timeout`` real seconds (a wait on another process, not a bound under test)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
 from hublike import running
-from mirror_support import MirrorServer, hf_env
+from mirror_support import MirrorServer, hf_env, wait_for
 
 REPO = "cut/mid"
 SIZE = 24 << 20
@@ -108,15 +107,6 @@ def _request(
         conn.close()
 
 
-def _wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _cuts(server: MirrorServer) -> list[str]:
     server.sync()
     return [str(e["cut"]) for e in server.log() if e.get("cut")]
@@ -134,8 +124,8 @@ def test_a_client_that_left_a_fill_that_verified_resumes_with_206(
     data = origin["data"]
     status, _, head = _request(pull, "GET", {"User-Agent": OLD_AGENT}, keep=1 << 20)
     assert status == 200 and head == data[: 1 << 20]
-    _wait_for(lambda: _cuts(pull) == ["client went away"], "the server to see the client leave")
-    _wait_for(lambda: _stored(pull), "the fill to end")
+    wait_for(lambda: _cuts(pull) == ["client went away"], "the server to see the client leave")
+    wait_for(lambda: _stored(pull), "the fill to end")
     for agent in (OLD_AGENT, NEW_AGENT):
         status, headers, body = _request(
             pull, "GET", {"User-Agent": agent, "Range": f"bytes={1 << 20}-"}
@@ -151,7 +141,7 @@ def test_after_a_fill_that_failed_its_check_no_resume_splices(
     front.flip_byte(origin["sha"], offset=20 << 20)  # the fill's bytes fail their check
     status, headers, body = _request(pull, "GET", {"User-Agent": OLD_AGENT})
     assert status == 200 and len(body) < SIZE  # cut before its last byte
-    _wait_for(lambda: any(c.startswith("fill failed") for c in _cuts(pull)), "the cut")
+    wait_for(lambda: any(c.startswith("fill failed") for c in _cuts(pull)), "the cut")
     # huggingface_hub before 1.5 appends a 200's body to its partial file: told to restart.
     status, headers, body = _request(pull, "GET", {"User-Agent": OLD_AGENT, "Range": "bytes=1000-"})
     assert status == 416, (status, headers)
@@ -194,7 +184,7 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
         [sys.executable, "-c", STOCK_0X], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        _wait_for(lambda: _incomplete(tmp_path / "home") >= 1 << 20, "a partial download")
+        wait_for(lambda: _incomplete(tmp_path / "home") >= 1 << 20, "a partial download")
         first.send_signal(signal.SIGINT)  # Ctrl-C
         first.communicate(timeout=60)
     finally:
@@ -203,8 +193,8 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
             first.wait()
     assert first.returncode != 0
     assert _incomplete(tmp_path / "home") > 0  # what it resumes from
-    _wait_for(lambda: "client went away" in _cuts(pull), "the server to see the client leave")
-    _wait_for(lambda: _stored(pull), "the fill to end")
+    wait_for(lambda: "client went away" in _cuts(pull), "the server to see the client leave")
+    wait_for(lambda: _stored(pull), "the fill to end")
     rerun = subprocess.run(
         [sys.executable, "-c", STOCK_0X], env=env, capture_output=True, text=True, timeout=120
     )

@@ -16,7 +16,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
 from hublike import running
-from mirror_support import MirrorServer, hf_env
+from mirror_support import MirrorServer, hf_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -141,15 +140,6 @@ def _incomplete(home: Path) -> int:
     return max((p.stat().st_size for p in home.rglob("blobs/*.incomplete")), default=0)
 
 
-def _wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_release_through_pull_through_with_a_ctrl_c(
     servers: dict[str, Any], version: str, tmp_path: Path
@@ -171,7 +161,7 @@ def test_every_release_through_pull_through_with_a_ctrl_c(
             stderr=subprocess.DEVNULL,
         )
         try:
-            _wait_for(lambda: _incomplete(home) >= 1 << 20, "a partial download")
+            wait_for(lambda: _incomplete(home) >= 1 << 20, "a partial download")
             first.send_signal(signal.SIGINT)  # Ctrl-C
             first.wait(timeout=60)
         finally:

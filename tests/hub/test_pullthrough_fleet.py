@@ -28,7 +28,7 @@ from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
 from cmh.hub.mirror.stores.local._folder import add_folder
 from hublike import HubLike, running
-from mirror_support import MirrorServer, ProcessClock, hf_env, run_python
+from mirror_support import MirrorServer, ProcessClock, hf_env, run_python, wait_for
 from seaweed import SeaweedBucket
 
 BIG_REPO = "fleet/big"
@@ -302,15 +302,6 @@ def _start_get(server: MirrorServer, repo: str) -> tuple[threading.Thread, list[
     return thread, got, outcome
 
 
-def _wait_for(predicate: Any, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _parts(store: BucketStore, repo: str) -> list[str]:
     try:
         return sorted(
@@ -335,8 +326,8 @@ def _stored_sha(store: BucketStore, repo: str, sha: str) -> str | None:
 
 def _wait_stored(store: BucketStore, sha: str) -> None:
     """Wait for the mid blob's fill to end right: its bytes under its name, no parts left."""
-    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
-    _wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
+    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
 
 
 def _cdn_ranges(front: HubLike, sha: str) -> list[str | None]:
@@ -353,7 +344,7 @@ def test_filling_replica_killed_mid_fill_another_resumes_after_the_lease_expires
     store = fleet.store()
     fleet.front.stall(after_bytes=20 << 20, seconds=8, path=sha)  # the first transfer stops
     thread, _, outcome = _start_get(first, MID_REPO)
-    _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+    wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
     lease = json.loads(store.objects.get(f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"))
     assert lease["ttl"] == 2.0  # --fill-lease-ttl reached the filling worker
     os.kill(first.process.pid, signal.SIGKILL)
@@ -386,7 +377,7 @@ def test_a_filler_whose_lease_is_taken_over_keeps_its_client_and_waits_for_the_f
     store = fleet.store()
     fleet.front.stall(after_bytes=20 << 20, seconds=3, path=sha)  # renewals fail meanwhile
     thread, _, outcome = _start_get(first, MID_REPO)
-    _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+    wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
     lease = f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"
     other = {"owner": "another-replica", "ttl": 2.0, "nonce": "0" * 32}
     store.objects.put(lease, json.dumps(other).encode())  # another replica took it over
@@ -417,7 +408,7 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     )
     assert all(g[1][0] < MID for g in gets)  # the last byte never sent
     # The fill ends after its clients were cut: the parts go, the failure is told.
-    _wait_for(
+    wait_for(
         lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill's end"
     )
     assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
@@ -435,7 +426,7 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     # is answered whole (the cut is recorded in the bucket).
     status, _, body = _get(later, f"/{MID_REPO}/resolve/main/shard.bin", {"Range": "bytes=1000-"})
     assert status == 200 and len(body) == MID
-    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
 
 
 def _status(server: MirrorServer, target: str, headers: dict[str, str]) -> int:
@@ -470,7 +461,7 @@ def test_replica_clocks_60_s_apart_never_splice_a_resume_and_keep_the_negative_c
     for thread, _, _ in gets:
         thread.join(120)
     assert all(g[2][0].startswith(("cut", "short")) for g in gets), [g[2][0] for g in gets]
-    _wait_for(lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill")
+    wait_for(lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill")
     # A resume at B while the failure is fresh: never a 206 (its body is then cut, or a
     # 502: the failure is shared, not fetched again).
     assert _status(b, target, {"Range": "bytes=1000-"}) in (200, 502)
@@ -523,7 +514,7 @@ def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
         t.join(120)
     assert outcomes == [f"complete {sha}"] * 2
     assert len(_cdn_ranges(fleet.front, sha)) == 1
-    _wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
     # Each replica served a filling answer: neither waited for the other's whole fill.
     for server in replicas:
         assert server.log(route="resolve", status=200)
@@ -553,7 +544,7 @@ def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes
             store = fleet.store()
             front.stall(after_bytes=20 << 20, seconds=6, path=sha)  # a window to restart in
             thread, _, outcome = _start_get(first, MID_REPO)
-            _wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
+            wait_for(lambda: "part-000001" in _parts(store, MID_REPO), what="two parts stored")
             server.restart(down_for=1.0)
             thread.join(120)
             # The first client got the whole blob (the fill rode out the outage) or was cut
@@ -562,10 +553,10 @@ def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes
             again, _, second_outcome = _start_get(second, MID_REPO)
             again.join(120)
             assert second_outcome[0] == f"complete {sha}", second_outcome
-            _wait_for(
+            wait_for(
                 lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored"
             )
-            _wait_for(
+            wait_for(
                 lambda: not [p for p in _parts(store, MID_REPO) if p.startswith("part-")],
                 timeout=30,
                 what="the parts deleted",
@@ -631,7 +622,7 @@ def test_fleet_keeps_local_pull_through_behaviour(
     assert _get(a, f"/{SMALL_REPO}/resolve/main/empty.txt")[::2] == (200, b"")
     # The tensor manifest of the filled safetensors blob is kept in the bucket.
     manifest = f"{FOLDER[SMALL_REPO]}/.cmh/manifests/{sha}.json"
-    _wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")
+    wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")
     status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
     assert status == 200 and len(json.loads(body)["tensors"]) == 4
     process_clock.advance(3.2)  # --fresh-for passes on both replicas
