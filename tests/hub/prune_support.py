@@ -15,6 +15,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from cmh.hub.cache import RepoLayout
@@ -150,3 +151,21 @@ def stock_revisions(root: Path) -> dict[str, set[str]]:
     from huggingface_hub import scan_cache_dir
 
     return {r.repo_id: {rev.commit_hash for rev in r.revisions} for r in scan_cache_dir(root).repos}
+
+
+def open_kind(request: Any, tmp_path: Path, monkeypatch: Any, folder_kind: str) -> tuple[str, Any]:
+    """The ``--store`` location and the opened (created) store of the kind
+    ``request.param`` names: ``folder_kind`` for a folder, else a bucket fixture's name
+    without ``_bucket`` (``seaweed``, ``moto``), this process's AWS settings pointed at it."""
+    from bucket_support import use_bucket
+    from cmh.hub.mirror.stores import open_store
+
+    if request.param == folder_kind:
+        location = str(tmp_path / "store")
+    else:
+        bucket = request.getfixturevalue(f"{request.param}_bucket")
+        use_bucket(bucket, tmp_path, monkeypatch)
+        location = bucket.url
+    store = open_store(location if location.startswith("s3://") else Path(location))
+    store.create()
+    return location, store

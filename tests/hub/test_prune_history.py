@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.cache import Clock
 from cmh.hub.mirror import BucketStore
-from cmh.hub.mirror.stores import MirrorStore, open_store
+from cmh.hub.mirror.stores import MirrorStore
 from cmh.hub.prune import ExecuteOptions, PrunePolicy, open_target, plan_prune
 from mirror_support import write_tiny_repo
+from prune_support import open_kind
 
 KINDS = ("folder", "seaweed", "moto")
 REPO = "cmh-test/history"
@@ -73,14 +73,7 @@ class Kind:
 def kind(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Kind]:
-    if request.param == "folder":
-        location = str(tmp_path / "store")
-    else:
-        bucket = request.getfixturevalue(f"{request.param}_bucket")
-        use_bucket(bucket, tmp_path, monkeypatch)
-        location = bucket.url
-    store = open_store(location if location.startswith("s3://") else Path(location))
-    store.create()
+    location, store = open_kind(request, tmp_path, monkeypatch, "folder")
     yield Kind(request.param, location, store)
 
 

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror import BucketStore, ObjectNotFound
-from cmh.hub.mirror.stores import MirrorStore, open_store
+from cmh.hub.mirror.stores import MirrorStore
 from cmh.hub.prune import PrunePolicy, plan_prune
 from cmh.hub.prune._targets import ExecuteOptions, open_target
 from hublike import running
 from mirror_support import TINY_REPO, MirrorServer, write_tiny_repo
+from prune_support import open_kind
 
 KINDS = ("local", "seaweed", "moto")
 STALE = "cmh-test/stale"  # its freshness ended an hour ago
@@ -67,14 +67,7 @@ class Kind:
 def kind(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Kind]:
-    if request.param == "local":
-        location = str(tmp_path / "store")
-    else:
-        bucket = request.getfixturevalue(f"{request.param}_bucket")
-        use_bucket(bucket, tmp_path, monkeypatch)
-        location = bucket.url
-    store = open_store(location if location.startswith("s3://") else Path(location))
-    store.create()
+    location, store = open_kind(request, tmp_path, monkeypatch, "local")
     yield Kind(request.param, location, store)
 
 
