@@ -231,7 +231,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     from ._auth import AccessPolicy, load_tokens
     from ._connections import ConnectionGuard, plain_errors
     from ._observe import AccessLogger, Metrics, configure
-    from ._state import MirrorState
+    from ._state import RECORDS_FRESH_FOR, MirrorState
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
     clock = process_clock()  # the worker's one clock, passed to all that measures time
@@ -241,10 +241,11 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         pull = store.pull_through(
             config.upstream.fresh_for, fill_lease_ttl=config.upstream.fill_lease_ttl
         )
+    # the store's records (access, cuts): its pull-through side, also without --upstream
+    records = pull if pull is not None else store.pull_through(RECORDS_FRESH_FOR)
     if config.upstream is None or not config.upstream.public_repos:
         # deny by default (upstream.py, "Access"): the access records of pull-through and
         # of `cmh mirror sync` keep what the upstream reads only with a token private
-        records = pull if pull is not None else store.pull_through(300.0)
         policy = replace(policy, restricted=records.restricted)
     metrics = Metrics(store, private=policy.private, restricted=policy.restricted, clock=clock)
     stream = _log_stream(config)
@@ -265,6 +266,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         guard=guard,
         body_timeout=config.header_timeout,
         clock=clock,
+        records=records,
     )
     state.delivery = config.blob_delivery
     if config.upstream is not None:

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from .stores import MirrorStore
 
 DEFAULT_PAGE_SIZE = 1000
-#: The freshness lifetime of the pull-through side that only keeps cut records (unused).
-CUT_RECORDS_FRESH_FOR = 300.0
+#: The freshness lifetime of a store's pull-through side made only for its records (access,
+#: cuts) when the server does not pull through (unused by them).
+RECORDS_FRESH_FOR = 300.0
 #: Revalidations (pull-through) running at once in one worker; more wait their turn.
 REVALIDATION_THREADS = 8
 
@@ -67,9 +68,10 @@ class MirrorState:
         default_factory=lambda: ThreadPoolExecutor(REVALIDATION_THREADS, "cmh-revalidate")
     )
 
-    #: The store's records of cut bodies when it serves without ``--upstream`` (made on
-    #: first use; see :attr:`cut_records`).
-    _records: Any = field(default=None, init=False, repr=False)
+    #: The store's pull-through side for its records (access, cuts) when the server does
+    #: not pull through: the server passes the one it reads access from; else made on
+    #: first use (see :attr:`cut_records`).
+    records: Any = None
 
     #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
     #: fills); a placeholder that holds nothing for a remote store.
@@ -88,9 +90,9 @@ class MirrorState:
         pulls through (a folder's ``{repo}/.cmh/cuts``, a bucket's objects)."""
         if self.upstream is not None:
             return self.upstream.pull
-        if self._records is None:
-            self._records = self.backend.pull_through(CUT_RECORDS_FRESH_FOR)
-        return self._records
+        if self.records is None:
+            self.records = self.backend.pull_through(RECORDS_FRESH_FOR)
+        return self.records
 
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)

@@ -212,7 +212,7 @@ class BucketBackedStore:
                 for i, path in enumerate(paths):
                     dest = Path(tmp) / f"{i}-{os.path.basename(path)}"
                     entry = index.files[path]
-                    if headers and _WEIGHTS.match(path) and self._header_copy(entry, dest):
+                    if headers and _WEIGHTS.fullmatch(path) and self._header_copy(entry, dest):
                         recorded.append(dest)
                     else:
                         self._download(entry, dest)
