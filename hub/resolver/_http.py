@@ -98,6 +98,13 @@ def download_timeout() -> float:
     return env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0)
 
 
+def max_api_bytes() -> int:
+    """``CMH_MAX_API_BYTES``: the largest API answer accepted once decoded (1 MiB to
+    :data:`MAX_API_BYTES`; default and above it: :data:`MAX_API_BYTES`), read now."""
+    value = env_seconds("CMH_MAX_API_BYTES", MAX_API_BYTES)
+    return int(min(MAX_API_BYTES, max(1 << 20, value)))
+
+
 def metadata_timeout() -> float:
     """``HF_HUB_ETAG_TIMEOUT`` (default 10 s): how long a metadata request may take."""
     return env_seconds("HF_HUB_ETAG_TIMEOUT", 10.0)
@@ -963,11 +970,12 @@ def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
 
 
 def _read_capped(response: httpx2.Response, url: str, deadline: float) -> bytes:
-    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES` or
+    """The decoded body of a streamed API answer, refused past :func:`max_api_bytes` or
     once ``deadline`` (``_network_now()``) has passed: a body sent a byte at a time
     never trips the read timeout, so the total time is checked at every chunk."""
     parts: list[bytes] = []
     total = 0
+    limit = max_api_bytes()
     try:
         for chunk in response.iter_bytes():
             if _network_now() > deadline:
@@ -977,8 +985,8 @@ def _read_capped(response: httpx2.Response, url: str, deadline: float) -> bytes:
                     transient=False,
                 )
             total += len(chunk)
-            if total > MAX_API_BYTES:
-                raise AnswerTooLarge(f"{url}: answer over {MAX_API_BYTES >> 20} MiB once decoded")
+            if total > limit:
+                raise AnswerTooLarge(f"{url}: answer over {limit >> 20} MiB once decoded")
             parts.append(chunk)
     except httpx2.DecodingError as exc:
         raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc
