@@ -9,10 +9,11 @@ trusted. Over SeaweedFS and moto's S3 server, both started by the tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +21,13 @@ import pytest
 from bucket_support import Bucket, use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
-from cmh.hub.mirror import FleetKey, FleetKeyError, read_fleet_key
+from cmh.hub.mirror import FleetKey, FleetKeyError, add_folder, read_fleet_key
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._pull import BucketPullThrough
 from cmh.hub.mirror.stores.bucket._read import BucketReader
-from test_pullthrough_fleet import (  # the fleet's helpers
-    MID_REPO,
-    SMALL_REPO,
-    Fleet,
-    _cdn_ranges,
-    _fleet,
-    _get,
-    _raw_get,
-    _revision_asks,
-    origin,  # noqa: F401 (fixture)
-)
+from hublike import running
+from mirror_support import MirrorServer
+from test_pullthrough_fleet import Fleet, _cdn_ranges, _fleet, _get, _raw_get
 
 REPO = "fleet/keyed"
 FOLDER = "models--fleet--keyed"
@@ -191,19 +184,41 @@ def test_a_fleet_key_file_is_checked(tmp_path: Path) -> None:
 # -- a fleet: replicas with the same key cooperate, one with another key trusts nothing ----
 
 
+E2E_REPO = "fleet/keyed"
+E2E_SIZE = 20 << 20  # three parts: the two replicas' requests meet during the fill
+
+
+@pytest.fixture(scope="module")
+def small_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """An origin ``cmh serve`` holding one 20 MiB file, behind the Hub-like front."""
+    base = tmp_path_factory.mktemp("keyed-origin")
+    src = base / "src"
+    src.mkdir()
+    data = hashlib.sha256(b"keyed").digest() * (E2E_SIZE // 32)
+    (src / "shard.bin").write_bytes(data)
+    (src / "config.json").write_text('{"model_type": "keyed"}\n')
+    add_folder(base / "store", src, E2E_REPO)
+    server = MirrorServer(base / "store", base / "logs")
+    try:
+        with running(server.url) as front:
+            yield {"front": front, "sha": hashlib.sha256(data).hexdigest()}
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def keyed_fleet(
-    seaweed_bucket: Any,
-    origin: dict[str, Any],  # noqa: F811
-    tmp_path: Path,
-) -> Any:
-    yield from _fleet(seaweed_bucket, origin, tmp_path)
+    seaweed_bucket: Any, small_origin: dict[str, Any], tmp_path: Path
+) -> Iterator[Fleet]:
+    yield from _fleet(seaweed_bucket, small_origin, tmp_path)
+
+
+def _revision_asks(fleet: Fleet) -> int:
+    return len(fleet.front.records(origin="hub", path=f"/api/models/{E2E_REPO}/revision/main$"))
 
 
 def test_replicas_with_one_key_share_a_fill_and_one_with_another_key_trusts_none(
-    keyed_fleet: Fleet,
-    origin: dict[str, Any],  # noqa: F811
-    tmp_path: Path,
+    keyed_fleet: Fleet, small_origin: dict[str, Any], tmp_path: Path
 ) -> None:
     """Two replicas with the same key: one upstream transfer for a blob both are asked for
     at once, one validation for both. A replica with another key does not take their
@@ -215,13 +230,13 @@ def test_replicas_with_one_key_share_a_fill_and_one_with_another_key_trusts_none
         keys[-1].write_text(secret + "\n")
     a, b = (fleet.start("--fleet-key-file", str(keys[0])) for _ in range(2))
     assert "no --fleet-key-file" not in a.stderr_text()
-    sha = origin["blobs"][MID_REPO]
+    sha = small_origin["sha"]
     outcomes = ["", ""]
     barrier = threading.Barrier(2)
 
     def get(i: int) -> None:
         barrier.wait()
-        outcomes[i] = _raw_get((a, b)[i], MID_REPO, [0])
+        outcomes[i] = _raw_get((a, b)[i], E2E_REPO, [0])
 
     threads = [threading.Thread(target=get, args=(i,)) for i in range(2)]
     for t in threads:
@@ -230,10 +245,11 @@ def test_replicas_with_one_key_share_a_fill_and_one_with_another_key_trusts_none
         t.join(120)
     assert outcomes == [f"complete {sha}"] * 2
     assert len(_cdn_ranges(fleet.front, sha)) == 1  # the lease was honoured
-    target = f"/api/models/{SMALL_REPO}/revision/main"
-    assert _get(a, target)[0] == 200 and _revision_asks(fleet.front, "main") == 1
-    assert _get(b, target)[0] == 200 and _revision_asks(fleet.front, "main") == 1
+    asked = _revision_asks(fleet)  # by the requests above (both at once: one or two)
+    target = f"/api/models/{E2E_REPO}/revision/main"
+    assert _get(a, target)[0] == 200 and _get(b, target)[0] == 200
+    assert _revision_asks(fleet) == asked  # the fleet's validation, trusted by both
     other = fleet.start("--fleet-key-file", str(keys[1]))
-    assert _get(other, target)[0] == 200 and _revision_asks(fleet.front, "main") == 2
+    assert _get(other, target)[0] == 200 and _revision_asks(fleet) == asked + 1
     keyless = fleet.start()
     assert "WARNING: no --fleet-key-file" in keyless.stderr_text()
