@@ -47,6 +47,11 @@ NEVER = "never"
 #: Version of the ``--json`` documents; bumped only on an incompatible change.
 JSON_SCHEMA_VERSION = 1
 
+#: Set by the console script's entry point (:func:`cmh.cli.main.main`): the command is the
+#: whole process, so its budgets may run from the process's start. Not set when the
+#: command runs inside another program (click's test runner, an embedding).
+WHOLE_PROCESS = threading.Event()
+
 P = ParamSpec("P")
 R = TypeVar("R")
 

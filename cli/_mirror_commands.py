@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,6 +352,7 @@ class _ServeOptions:
     fresh_for: int
     stale_if_error: int
     fill_lease_ttl: float | None
+    fleet_key_file: Path | None
     admin_tokens: Path | None
     keys: tuple[Path, ...]
     blob_delivery: str
@@ -435,6 +437,18 @@ class _ServeOptions:
         "same. Default: 30 (1 to 3600)."
     ),
 )
+@click.option(
+    "--fleet-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="CMH_FLEET_KEY_FILE",
+    help=(
+        "Bucket stores: file holding the fleet's secret (make one with `openssl rand -hex 32`; "
+        "the same on every replica, and for cmh prune and mirror add|sync through "
+        "CMH_FLEET_KEY_FILE). The records replicas share in the bucket are signed with it, "
+        "and one not signed with it is ignored. Also CMH_FLEET_KEY_FILE."
+    ),
+)
 @file_option(
     "--admin-tokens", "File of admin tokens (one a line): they open the web operator page."
 )
@@ -495,6 +509,7 @@ def serve(**options: Any) -> None:
         usage_error("--public-upstream-repos needs --upstream")
     elif opt.fill_lease_ttl is not None:
         usage_error("--fill-lease-ttl needs --upstream (it is the lease of a pull-through fill)")
+    _use_fleet_key(opt)
     pull = None
     check_hub_url(opt.upstream, "--upstream")
     if opt.upstream is not None:
@@ -531,6 +546,31 @@ def serve(**options: Any) -> None:
     except ServeError as exc:
         usage_error(str(exc))
     raise click.exceptions.Exit(code)
+
+
+def _use_fleet_key(opt: _ServeOptions) -> None:
+    """Check ``--fleet-key-file`` and name it to every worker (``CMH_FLEET_KEY_FILE``, read
+    where a bucket store is opened); without it, a fleet (a bucket with --upstream) is
+    warned that its records are not authenticated."""
+    from cmh.hub.mirror import FLEET_KEY_ENV, FleetKeyError, read_fleet_key
+
+    bucket = str(opt.store).startswith("s3://")
+    if opt.fleet_key_file is None:
+        os.environ.pop(FLEET_KEY_ENV, None)  # an empty CMH_FLEET_KEY_FILE: no key
+        if bucket and opt.upstream is not None:
+            warn(
+                "WARNING: no --fleet-key-file: the fleet's records in the bucket (fill leases "
+                "and failures, cuts, access, validations) are not authenticated, so anyone "
+                "who can write to the bucket can forge them (docs/object-storage.md)"
+            )
+        return
+    if not bucket:
+        usage_error("--fleet-key-file applies to bucket stores (s3://...)")
+    try:
+        read_fleet_key(opt.fleet_key_file)
+    except FleetKeyError as exc:
+        usage_error(f"--fleet-key-file: {exc}")
+    os.environ[FLEET_KEY_ENV] = str(opt.fleet_key_file.resolve())
 
 
 #: Bounds of ``--fill-lease-ttl``: renewals every quarter of it need a second or so; a

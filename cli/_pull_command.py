@@ -11,6 +11,7 @@ failure (1 or 3) prints one document too: ``ok`` false, ``error_kind``, ``error`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -22,6 +23,7 @@ from cmh import plural
 from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_UNREADABLE,
+    WHOLE_PROCESS,
     check_hub_url,
     describe_os_error,
     echo,
@@ -90,6 +92,7 @@ def pull(repo_id: str, **options: Any) -> None:
         Policy,
         PolicyError,
         ResolveError,
+        process_age,
         resolve,
     )
 
@@ -130,6 +133,9 @@ def pull(repo_id: str, **options: Any) -> None:
         policy = Policy.from_env(**overrides)
     except ValueError as exc:  # CMH_DOWNLOAD_CONNECTIONS out of range
         usage_error(str(exc))
+    if WHOLE_PROCESS.is_set():  # a Hub that never answers costs HF_HUB_ETAG_TIMEOUT from
+        # the process's start (interpreter and imports included), not its first request
+        policy = dataclasses.replace(policy, started=policy.clock.monotonic() - process_age())
     resume = "finished files and chunks are kept; run the same command again to resume"
     desc = f"pull {repo_id} ({policy.connections} conn)"
     with (

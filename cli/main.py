@@ -99,6 +99,9 @@ def _pass_undecodable_names() -> None:
 
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point."""
+    from ._common import WHOLE_PROCESS
+
+    WHOLE_PROCESS.set()  # budgets from the process's start (cmh pull's blackholed Hub)
     _pass_undecodable_names()
     return cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="cmh")
 

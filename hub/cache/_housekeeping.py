@@ -7,7 +7,8 @@
   blob exists.
 - Stale ``.no_exist/{commit}/{path}`` entries: a path recorded as absent
   that the commit's listing contains, and whole ``.no_exist/{commit}``
-  folders of commits that have neither a snapshot nor a ref.
+  folders of commits that have neither a snapshot nor a ref (with the
+  resolver's own listing of such a commit, ``.cmh/trees/{commit}.json``).
 - ``CACHEDIR.TAG`` at the cache root, written as the stock client writes it
   (huggingface_hub 2.x, before it downloads a file into the cache), so backup
   tools skip the cache (https://bford.info/cachedir/).
@@ -105,10 +106,12 @@ def clean_no_exist(
     files: Collection[str] | None = None,
     report: HousekeepingReport | None = None,
 ) -> HousekeepingReport:
-    """Remove ``.no_exist`` entries of ``commit`` naming paths in ``files``, and dead commits'."""
+    """Remove ``.no_exist`` entries of ``commit`` naming paths in ``files``, and dead commits'
+    (their ``.no_exist/{commit}`` and their ``.cmh/trees/{commit}.json``)."""
     report = report if report is not None else HousekeepingReport()
     base = repo.no_exist
-    if not base.is_dir():
+    own_trees = repo.cmh_dir / "trees"
+    if not base.is_dir() and not own_trees.is_dir():
         return report
     if commit is not None and files is not None:
         folder = base / commit
@@ -118,9 +121,15 @@ def clean_no_exist(
                 with contextlib.suppress(OSError):
                     entry.unlink()
                     report.removed.append(str(entry))
-    live = set(repo.commits()) | set(repo.refs_by_name().values())
-    for folder in base.iterdir():
+    live = set(repo.commits()) | set(repo.refs_by_name().values()) | {commit}
+    for folder in base.iterdir() if base.is_dir() else ():
         if COMMIT_RE.match(folder.name) and folder.name not in live and folder.is_dir():
             shutil.rmtree(folder, ignore_errors=True)
             report.removed.append(str(folder))
+    for listing in own_trees.iterdir() if own_trees.is_dir() else ():
+        commit = listing.name.removesuffix(".json")
+        if listing.name.endswith(".json") and COMMIT_RE.match(commit) and commit not in live:
+            with contextlib.suppress(OSError):
+                listing.unlink()
+                report.removed.append(str(listing))
     return report

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         ObjectStoreError,
         S3Location,
     )
+    from .stores.bucket._records import FLEET_KEY_ENV, FleetKey, FleetKeyError, read_fleet_key
     from .stores.local._folder import (
         InvalidNameError,
         RepoSummary,
@@ -57,6 +58,10 @@ _EXPORTS = {
     "SYSTEM_CLOCK": "stores.bucket._bucket",
     "TreeObject": "stores.bucket._bucket",
     "build_index": "_index",
+    "FLEET_KEY_ENV": "stores.bucket._records",
+    "FleetKey": "stores.bucket._records",
+    "FleetKeyError": "stores.bucket._records",
+    "read_fleet_key": "stores.bucket._records",
     "ObjectNotFound": "stores.bucket._objectstore",
     "ObjectStoreError": "stores.bucket._objectstore",
     "nginx_server": "stores.local._xaccel",
@@ -83,12 +88,15 @@ _EXPORTS = {
     "serve": "_run",
 }
 __all__ = [
+    "FLEET_KEY_ENV",
     "SYSTEM_CLOCK",
     "AccessPolicy",
     "BucketError",
     "BucketStore",
     "Clock",
     "ConditionalWritesUnsupported",
+    "FleetKey",
+    "FleetKeyError",
     "InvalidLocation",
     "InvalidNameError",
     "MirrorStore",
@@ -114,6 +122,7 @@ __all__ = [
     "open_bucket",
     "open_store",
     "parse_location",
+    "read_fleet_key",
     "record_upstream_access",
     "repo_key",
     "scan_folder",

@@ -262,8 +262,10 @@ def _fills(store: BucketStore, folder: str, times: StorageTime) -> tuple[FillSca
             except ObjectNotFound:
                 pass  # released meanwhile
             else:
+                # A lease not signed with the fleet key has no lifetime to go by.
+                body = store.unseal(objects["lease"].name, data, info)
                 lease_written = times.local(info.last_modified)
-                lease_ttl = record_number(data, "ttl")
+                lease_ttl = None if body is None else record_number(body, "ttl")
                 if lease_written is None:
                     return ()
         others = [times.local(i.last_modified) for n, i in objects.items() if n != "lease"]

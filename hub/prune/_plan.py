@@ -542,6 +542,7 @@ class _RepoPlanner:
         for kind, entries, prefix in (
             (KIND_NO_EXIST, self.repo.no_exist, ".no_exist/"),
             (KIND_TREE, self.repo.trees, "trees/"),
+            (KIND_TREE, self.repo.cmh_trees, ".cmh/trees/"),
             (KIND_USAGE, self.repo.used_records, ".cmh/used/"),
             (KIND_COMMIT_META, self.repo.commit_meta, ".cmh/commits/"),
             (KIND_UPSTREAM, self.repo.upstream_records, ".cmh/upstream/"),
@@ -631,6 +632,7 @@ class _RepoPlanner:
         for prefix, entries in (
             (".no_exist/", self.repo.no_exist),
             ("trees/", self.repo.trees),
+            (".cmh/trees/", self.repo.cmh_trees),
             ("snapshots/", self.repo.snapshot_strays),
             ("blobs/", self.repo.blob_temps),
             (".cmh/commits/", self.repo.commit_meta),
@@ -661,7 +663,7 @@ def _repo_size(repo: RepoScan) -> int:
         sum(b.size for b in repo.blobs.values())
         + sum(f.size for f in repo.fills)
         + sum(e.size for e in (*repo.incomplete, *repo.blob_temps, *repo.partials))
-        + sum(t.size for t in repo.trees)
+        + sum(t.size for t in (*repo.trees, *repo.cmh_trees))
         + sum(s.size for s in repo.snapshot_strays)
         + plain
     )

@@ -49,7 +49,7 @@ INCOMPLETE_SUFFIX = ".incomplete"
 #: folder; ``""``: the repo folder itself). One of them that is a symbolic link leaves
 #: the whole repo out of the scan: prune never follows a link out of the store.
 WALKED_FOLDERS = ("", "blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh",
-                  ".cmh/used", ".cmh/commits", ".cmh/upstream", ".cmh/partial",
+                  ".cmh/used", ".cmh/commits", ".cmh/upstream", ".cmh/partial", ".cmh/trees",
                   "/".join(REPO_TRASH), VERIFIED_MARKERS, CHECK_RECORDS, CUT_RECORDS)  # fmt: skip
 
 
@@ -204,6 +204,9 @@ class RepoScan:
     fills: tuple[FillScan, ...] = ()
     #: Records of cut bodies (``.cmh/cuts/{etag}``), by their time of writing.
     cuts: tuple[Entry, ...] = ()
+    #: The resolver's own listings of commits fetched one file at a time
+    #: (``.cmh/trees/{commit}.json``): each belongs to its commit, as ``trees/`` does.
+    cmh_trees: tuple[Entry, ...] = ()
     #: True when what refs name is served to clients (a bucket store's replicas): a commit
     #: a ref names then goes only by ``--expired --include-referenced``, never by rank,
     #: age or size.
@@ -421,6 +424,7 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
         commit_meta=commit_meta,
         upstream_records=upstream_records,
         cuts=_entries(path / CUT_RECORDS),
+        cmh_trees=_entries(cmh_path / "trees"),
         refs_served=options.served,
     )
 

@@ -16,7 +16,7 @@ from ._types import *  # noqa: F403  (the data model is light: no I/O)
 from ._types import __all__ as _types
 
 if TYPE_CHECKING:
-    from ._http import HubClient
+    from ._http import HubClient, process_age
     from ._local import (
         linked_etag,
         read_tree,
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "HubClient": "_http",
+    "process_age": "_http",
     "OriginRule": "_origins",
     "TRUSTED_ORIGINS_ENV": "_origins",
     "UnsafeRedirect": "_origins",
@@ -61,6 +62,7 @@ __all__ += [
     "UnsafeRedirect",
     "add_wait_listener",
     "linked_etag",
+    "process_age",
     "read_tree",
     "read_validation",
     "remote_files_from_tree",

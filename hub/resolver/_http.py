@@ -20,9 +20,10 @@ import re
 import struct
 import termios
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpcore2
@@ -56,6 +57,8 @@ from ._types import (
     RemoteRevision,
     ResolveError,
 )
+
+T = TypeVar("T")
 
 #: Bounds on what a Hub sends (issue 23): an API answer once decoded, the files of one
 #: listing, a listed name (bytes: the whole path, and one segment, as filesystems allow).
@@ -95,9 +98,30 @@ def download_timeout() -> float:
     return env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10.0)
 
 
+def max_api_bytes() -> int:
+    """``CMH_MAX_API_BYTES``: the largest API answer accepted once decoded (1 MiB to
+    :data:`MAX_API_BYTES`; default and above it: :data:`MAX_API_BYTES`), read now."""
+    value = env_seconds("CMH_MAX_API_BYTES", MAX_API_BYTES)
+    return int(min(MAX_API_BYTES, max(1 << 20, value)))
+
+
 def metadata_timeout() -> float:
     """``HF_HUB_ETAG_TIMEOUT`` (default 10 s): how long a metadata request may take."""
     return env_seconds("HF_HUB_ETAG_TIMEOUT", 10.0)
+
+
+def process_age() -> float:
+    """Seconds since this process started (interpreter start and imports included), from
+    the kernel's record of its start (``/proc/self/stat``); 0 where that is not known."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+        # Field 22 (starttime, clock ticks since boot); fields counted after the ")" that
+        # ends the command name (which may hold spaces).
+        started = int(stat.rpartition(")")[2].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -341,11 +365,17 @@ class HubClient:
         timeout: float | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         clock: Clock | None = None,
+        answer_by: float | None = None,
     ) -> None:
+        """``answer_by``: a ``clock.monotonic()`` time by which the endpoint must have
+        answered one metadata request (:attr:`Policy.started` plus
+        ``HF_HUB_ETAG_TIMEOUT``: a Hub that never answers costs that budget from the
+        process's start, not from the first request); none after its first answer."""
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         # A transfer silent this long fails (read timeout) and is resumed by its caller.
         self.timeout = timeout if timeout is not None else download_timeout()
         self.retry = retry if clock is None else replace(retry, clock=clock)  # its waits
+        self.answer_by = answer_by  # until the endpoint's first answer
         self.token = token or None
         self.rule = OriginRule(self.endpoint)  # where redirects may lead (origins.py)
         self._client = _shared_client(token, self.timeout)
@@ -440,14 +470,43 @@ class HubClient:
 
     # -- requests ------------------------------------------------------------------------
 
+    def _metadata_budget(self) -> tuple[float, float, float]:
+        """A metadata request's (budget, deadline on the retry clock, the same deadline on
+        the network clock): ``HF_HUB_ETAG_TIMEOUT`` from now for all its tries, and no
+        later than :attr:`answer_by` while the endpoint has not answered yet."""
+        budget = metadata_timeout()
+        now = self.retry.clock.monotonic()
+        deadline = now + budget
+        if self.answer_by is not None:
+            deadline = min(deadline, self.answer_by)
+        return budget, deadline, _network_now() + (deadline - now)
+
+    def _run_metadata(self, once: Callable[[], T], what: str, deadline: float) -> T:
+        """``once`` under the retry policy by ``deadline``; a Hub that gives no answer by
+        :attr:`answer_by` is told as such, and one that answers lifts it."""
+        try:
+            result = self.retry.run(once, what, deadline)
+        except HubUnreachableError as exc:
+            if self.answer_by is not None and deadline >= self.answer_by:  # its budget
+                raise HubUnreachableError(
+                    f"{self.endpoint}: no answer within HF_HUB_ETAG_TIMEOUT "
+                    f"({metadata_timeout():g} s) of the process's start: {exc}",
+                    exc.retry_after,
+                    transient=exc.transient,
+                ) from exc
+            raise
+        except ResolveError:
+            self.answer_by = None  # the Hub answered (a refusal is an answer)
+            raise
+        self.answer_by = None
+        return result
+
     def _get_json(
         self, url: str, params: dict[str, str] | None = None
     ) -> tuple[Any, httpx2.Response]:
         """GET an API answer, tried again under the retry policy (429, 5xx, network), all
         tries within one ``HF_HUB_ETAG_TIMEOUT`` (a blackholed Hub costs 10 s, not 60)."""
-        budget = metadata_timeout()
-        deadline = self.retry.clock.monotonic() + budget  # the tries' budget
-        net_deadline = _network_now() + budget  # the same, for the sockets' reads
+        budget, deadline, net_deadline = self._metadata_budget()  # for all the tries
 
         def once() -> tuple[Any, httpx2.Response]:
             request = self._client.build_request(
@@ -483,7 +542,7 @@ class HubClient:
                 self.answers.append(ApiAnswer(str(response.request.url), headers, body))
             return obj, response
 
-        return self.retry.run(once, f"GET {url}", deadline)
+        return self._run_metadata(once, f"GET {url}", deadline)
 
     def served(self, url: str) -> ServedFile:
         """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is.
@@ -493,9 +552,7 @@ class HubClient:
         Tried again under the retry policy.
         """
 
-        budget = metadata_timeout()
-        deadline = self.retry.clock.monotonic() + budget  # the tries' budget
-        net_deadline = _network_now() + budget  # the same, for the sockets' reads
+        budget, deadline, net_deadline = self._metadata_budget()  # for all the tries
 
         def once() -> ServedFile:
             target = url
@@ -526,7 +583,7 @@ class HubClient:
                 )
             raise HubProtocolError(f"{url}: too many redirects")
 
-        return self.retry.run(once, f"HEAD {url}", deadline)
+        return self._run_metadata(once, f"HEAD {url}", deadline)
 
     def revision(self, repo_id: str, repo_type: str, revision: str) -> RemoteRevision:
         """Resolve ``revision`` to a commit (one request); lists blobs if the Hub does."""
@@ -913,11 +970,12 @@ def _etag_of(blob_id: Any, lfs: Any) -> tuple[str, bool] | None:
 
 
 def _read_capped(response: httpx2.Response, url: str, deadline: float) -> bytes:
-    """The decoded body of a streamed API answer, refused past :data:`MAX_API_BYTES` or
+    """The decoded body of a streamed API answer, refused past :func:`max_api_bytes` or
     once ``deadline`` (``_network_now()``) has passed: a body sent a byte at a time
     never trips the read timeout, so the total time is checked at every chunk."""
     parts: list[bytes] = []
     total = 0
+    limit = max_api_bytes()
     try:
         for chunk in response.iter_bytes():
             if _network_now() > deadline:
@@ -927,8 +985,8 @@ def _read_capped(response: httpx2.Response, url: str, deadline: float) -> bytes:
                     transient=False,
                 )
             total += len(chunk)
-            if total > MAX_API_BYTES:
-                raise AnswerTooLarge(f"{url}: answer over {MAX_API_BYTES >> 20} MiB once decoded")
+            if total > limit:
+                raise AnswerTooLarge(f"{url}: answer over {limit >> 20} MiB once decoded")
             parts.append(chunk)
     except httpx2.DecodingError as exc:
         raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc

@@ -50,7 +50,7 @@ from . import _chunked as chunked
 from ._answers import keep_resolver_answers
 from ._credentials import default_token
 from ._fetch import download_whole
-from ._http import HubClient
+from ._http import HubClient, metadata_timeout
 from ._local import (
     LocalEntry,
     discard_tree,
@@ -191,7 +191,9 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
             if fresh is not None:
                 return fresh
         token = _token_to_send(o.get("token"))
-        client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock)
+        started = ask.policy.started
+        answer_by = None if started is None else started + metadata_timeout()
+        client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock, answer_by=answer_by)
         try:
             return _answer_online(client, ask, local)
         except (HubUnreachableError, HubProtocolError) as exc:

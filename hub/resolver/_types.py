@@ -59,7 +59,9 @@ class Policy:
     ``chunk_bytes``: the largest range one such request asks for (16 MiB).
     ``clock``: the clock of every freshness, window and wait of the calls made with this
     policy (:class:`~cmh.hub.cache.Clock`; this process's by default, a test passes one
-    it moves).
+    it moves). ``started``: the ``clock.monotonic()`` time the process started (``cmh
+    pull``): a Hub that has not answered by then plus ``HF_HUB_ETAG_TIMEOUT`` is given
+    up (None: that budget runs from each request).
     """
 
     default_lifetime: float = 0.0
@@ -71,6 +73,7 @@ class Policy:
     connections: int = field(default_factory=lambda: default_connections())
     chunk_bytes: int = 16 << 20
     clock: Clock = field(default_factory=_process_clock, repr=False, compare=False)
+    started: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.connections < 1 or self.chunk_bytes < 1 or self.max_workers < 1:

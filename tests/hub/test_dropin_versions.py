@@ -1,12 +1,14 @@
 """The client-version matrix (issue 36): huggingface_hub releases a cluster runs, each in
-its own interpreter (``client_versions.py``), against ``cmh serve`` on a folder and as a
-pull-through mirror (folder store) in front of a Hub-like front.
+its own interpreter (``client_versions.py``), against ``cmh serve`` on a folder and on a
+bucket (SeaweedFS), as a pull-through mirror (folder store) in front of a Hub-like
+front, and as a 2-replica pull-through fleet over a bucket (with a fleet key).
 
 Phases on one cache per cell: cold, fresh (again, online), offline
-(``HF_HUB_OFFLINE=1``); on the pull-through mirror also Ctrl-C mid-download during
-the mirror's fill, then a rerun. Every cell must hold the source's bytes, raise
-nothing, and leave a cache whose every blob's content is its name (SHA-256, or the git
-blob SHA-1 of a small file). The pinned 2.x is the project venv's own.
+(``HF_HUB_OFFLINE=1``); through pull-through also Ctrl-C mid-download during the
+mirror's fill, then a rerun (in the fleet, the rerun goes to the other replica). Every
+cell must hold the source's bytes, raise nothing, and leave a cache whose every blob's
+content is its name (SHA-256, or the git blob SHA-1 of a small file). The pinned 2.x
+is the project venv's own.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bucket_support import use_bucket
 from client_versions import client_env
-from cmh.hub.mirror import add_folder
+from cmh.hub.mirror import BucketStore, ObjectNotFound, add_folder, open_store
 from hublike import running
 from mirror_support import MirrorServer, hf_env, wait_for
 
@@ -141,6 +144,52 @@ def _incomplete(home: Path) -> int:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+def test_every_release_against_cmh_serve_on_a_bucket(
+    servers: dict[str, Any],
+    version: str,
+    tmp_path: Path,
+    seaweed_bucket: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    use_bucket(seaweed_bucket, tmp_path, monkeypatch)
+    open_store(seaweed_bucket.url).add_folder(servers["base"] / "src", REPO)
+    server = MirrorServer(seaweed_bucket.url, tmp_path / "logs")
+    try:
+        _phases(server.url, tmp_path / "home", version, servers["truth"])
+    finally:
+        server.stop()
+
+
+def _interrupt_during_fill(
+    servers: dict[str, Any],
+    url: str,
+    home: Path,
+    version: str,
+    ready: Callable[[], bool] | None = None,
+) -> None:
+    """A client of ``url`` stopped with Ctrl-C while the mirror fills the big file (the
+    upstream pauses for 3 s near its end), once it holds a partial download (or once
+    ``ready()``)."""
+    servers["front"].stall(
+        after_bytes=BIG - (1 << 20), seconds=3.0, path=servers["truth"]["weights.bin"]
+    )
+    first = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED],
+        env=_env(url, home, version),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(ready or (lambda: _incomplete(home) >= 1 << 20), "a partial download")
+        first.send_signal(signal.SIGINT)  # Ctrl-C
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 def test_every_release_through_pull_through_with_a_ctrl_c(
     servers: dict[str, Any], version: str, tmp_path: Path
 ) -> None:
@@ -150,25 +199,49 @@ def test_every_release_through_pull_through_with_a_ctrl_c(
     pull = MirrorServer(tmp_path / "store", tmp_path / "logs", extra_args=("--upstream", front.url))
     try:
         home = tmp_path / "home"
-        env = _env(pull.url, home, version)
-        # The upstream pauses near the end (clients write 10 MiB chunks), so the client is
-        # stopped during the mirror's fill.
-        front.stall(after_bytes=BIG - (1 << 20), seconds=3.0, path=servers["truth"]["weights.bin"])
-        first = subprocess.Popen(
-            [sys.executable, "-c", INTERRUPTED],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for(lambda: _incomplete(home) >= 1 << 20, "a partial download")
-            first.send_signal(signal.SIGINT)  # Ctrl-C
-            first.wait(timeout=60)
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait()
+        _interrupt_during_fill(servers, pull.url, home, version)
         _phases(pull.url, home, version, servers["truth"])
     finally:
         pull.stop()
+        front.clear_faults()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_release_through_a_two_replica_fleet_with_a_ctrl_c(
+    servers: dict[str, Any],
+    version: str,
+    tmp_path: Path,
+    seaweed_bucket: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C against one replica during its fill; the rerun and every later phase go to
+    the other replica (its answers come from the fleet's records and parts)."""
+    front = servers["front"]
+    front.clear_faults()
+    use_bucket(seaweed_bucket, tmp_path, monkeypatch)
+    key = tmp_path / "fleet.key"
+    key.write_text("5a" * 32 + "\n")
+    args = ("--upstream", front.url, "--fill-lease-ttl", "3", "--fleet-key-file", str(key))
+    replicas = [
+        MirrorServer(seaweed_bucket.url, tmp_path / f"logs-{i}", extra_args=args) for i in range(2)
+    ]
+    part = f"models--versions--model/.cmh/fills/{servers['truth']['weights.bin']}/part-000000"
+    objects = BucketStore.open(seaweed_bucket.url).objects
+
+    def ready() -> bool:
+        """The first 8 MiB part is stored (the upstream pauses 3 MiB later) and the client
+        has its partial file: a client writing 10 MiB at a time (1.x) holds nothing yet."""
+        try:
+            objects.head(part)
+        except ObjectNotFound:
+            return False
+        return any(home.rglob("blobs/*.incomplete"))
+
+    try:
+        home = tmp_path / "home"
+        _interrupt_during_fill(servers, replicas[0].url, home, version, ready)
+        _phases(replicas[1].url, home, version, servers["truth"])
+    finally:
+        for server in replicas:
+            server.stop()
         front.clear_faults()

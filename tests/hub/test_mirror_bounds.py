@@ -4,6 +4,7 @@ work runs apart, and a fill outlives a short upstream outage."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from pathlib import Path
@@ -283,12 +284,13 @@ def test_card_front_matter_with_aliases_or_oversized_is_ignored() -> None:
 
 
 class Hostile(LoopServer):
-    """Any ``big/*`` revision: a gzip body over 32 MiB once decoded; any ``drip/*`` one: a
-    body sent a byte every 50 ms, never ending; any other name: 404 RepoNotFound."""
+    """Any ``big/*`` revision: a gzip body over ``oversized`` bytes once decoded (32 MiB,
+    the largest API answer a server accepts by default); any ``drip/*`` one: a body sent
+    a byte every 50 ms, never ending; any other name: 404 RepoNotFound."""
 
-    def __init__(self) -> None:
+    def __init__(self, oversized: int = 32 << 20) -> None:
         super().__init__("127.0.0.1")
-        raw = b'{"sha": "' + b" " * (33 << 20) + b'"}'
+        raw = b'{"sha": "' + b" " * (oversized + (1 << 20)) + b'"}'
         self.bomb = __import__("gzip").compress(raw, 6)
 
     async def handler(self, request: web.Request) -> web.StreamResponse:
@@ -317,6 +319,7 @@ def _rss_kib(pid: int) -> int:
 
 
 async def _ask_all(base: str, paths: list[str], concurrency: int = 8) -> list[int]:
+    """GET every path, ``concurrency`` at a time, each on its own keep-alive connection."""
     import aiohttp
 
     statuses: list[int] = []
@@ -337,7 +340,16 @@ async def _ask_all(base: str, paths: list[str], concurrency: int = 8) -> list[in
 
 #: Growth of the server's RSS allowed over the test below (docs/mirror.md, "Bounds").
 RSS_GROWTH_BOUND_MIB = 48
-OVERSIZED, UNKNOWN = 30, 2000  # a few seconds each on 2 busy cores
+#: Issue 35's counts (1,000 oversized upstream answers, 20,000 unknown repo names) with
+#: ``CMH_BOUNDS_FULL=1``: about 90 s on 2 busy cores (the server spends ~2 ms of CPU on
+#: each unknown name, ~9 ms on each oversized answer). By default a tenth of each: an
+#: oversized answer kept alive still shows (100 MiB or more).
+FULL = os.environ.get("CMH_BOUNDS_FULL") == "1"
+OVERSIZED, UNKNOWN = (1000, 20_000) if FULL else (100, 2000)
+#: The largest API answer the server accepts in this test (``CMH_MAX_API_BYTES``): each
+#: oversized answer is 2 MiB decoded, not 33, so 1,000 take seconds; an answer kept
+#: alive (the old bug) still costs 1 MiB or more per name, 1 GB over the test.
+SMALL_API_LIMIT = 1 << 20
 
 
 def test_oversized_answers_and_unknown_names_leave_rss_bounded(tmp_path: Path) -> None:
@@ -347,8 +359,11 @@ def test_oversized_answers_and_unknown_names_leave_rss_bounded(tmp_path: Path) -
 
     store = tmp_path / "pull"
     store.mkdir()
-    with Hostile() as upstream:
-        server = MirrorServer(store, tmp_path / "logs", extra_args=("--upstream", upstream.url))
+    env = {**os.environ, "CMH_MAX_API_BYTES": str(SMALL_API_LIMIT)}
+    with Hostile(SMALL_API_LIMIT) as upstream:
+        server = MirrorServer(
+            store, tmp_path / "logs", extra_args=("--upstream", upstream.url), env=env
+        )
         try:
             base = server.url
             warm = [f"/api/models/big/w{i}/revision/main" for i in range(4)]
@@ -363,7 +378,10 @@ def test_oversized_answers_and_unknown_names_leave_rss_bounded(tmp_path: Path) -
         finally:
             server.stop()
     assert statuses.count(502) == OVERSIZED + 20 and statuses.count(404) == UNKNOWN
-    assert (after - before) / 1024 < RSS_GROWTH_BOUND_MIB, (before, after)
+    grown = (after - before) / 1024
+    print(f"RSS {before / 1024:.1f} -> {after / 1024:.1f} MiB (+{grown:.1f}) after {OVERSIZED} "
+          f"oversized answers and {UNKNOWN} unknown names")  # fmt: skip
+    assert grown < RSS_GROWTH_BOUND_MIB, (before, after)
 
 
 # -- 2. total deadlines --------------------------------------------------------------------

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -81,6 +82,7 @@ from ._objectstore import (
     ObjectStoreError,
     PreconditionFailed,
 )
+from ._records import FleetKey, fleet_key_from_env, unsealed
 
 TREE_FORMAT = "cmh-tree/1"
 QUARANTINE = ".quarantine"
@@ -226,6 +228,8 @@ class BucketStore:
     lease_poll: float = LEASE_POLL
     clock: Clock = field(default_factory=process_clock)  # this process's (cmh.hub.cache._clock)
     on_notice: NoticeCallback | None = None
+    #: Signs and checks the fleet's records (``CMH_FLEET_KEY_FILE``); None: not signed.
+    fleet_key: FleetKey | None = None
     _conditional_writes_checked: bool = field(default=False, init=False)
     #: lease object -> ETag of a lease held here
     _leases: dict[str, str] = field(default_factory=dict, init=False)
@@ -236,7 +240,10 @@ class BucketStore:
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
-        """Open ``s3://bucket/prefix`` with the standard AWS settings."""
+        """Open ``s3://bucket/prefix`` with the standard AWS settings (and the fleet key
+        ``CMH_FLEET_KEY_FILE`` names, unless ``fleet_key`` is given)."""
+        if "fleet_key" not in options:
+            options["fleet_key"] = fleet_key_from_env()
         return cls(ObjectStore.open(url, profile=profile), **options)
 
     @property
@@ -590,6 +597,36 @@ class BucketStore:
         if self.on_notice is not None:
             self.on_notice(text)
 
+    # -- fleet records (every record replicas share goes through these) -----------------
+
+    def seal(self, name: str, body: bytes) -> bytes:
+        """The bytes to write for the record ``name``: signed with the fleet key when the
+        store has one (:mod:`~cmh.hub.mirror.stores.bucket._records`), else ``body``."""
+        if self.fleet_key is None:
+            return body
+        return self.fleet_key.seal(name, body, self.storage_time())
+
+    def unseal(self, name: str, data: bytes, info: ObjectInfo) -> bytes | None:
+        """The body of the record ``name`` as read (``data``, ``info``); ``None`` when the
+        store has a fleet key and the record is not one it signed then (logged once)."""
+        if self.fleet_key is None:
+            return unsealed(data)
+        return self.fleet_key.open(name, data, info.last_modified.timestamp())
+
+    def put_record(self, name: str, body: bytes) -> str:
+        """Write the record ``name`` (sealed); its storage ETag."""
+        return self.objects.put(name, self.seal(name, body))
+
+    def get_record(self, name: str) -> tuple[bytes, ObjectInfo] | None:
+        """The record ``name``'s body and object info; ``None`` when it is absent or, with
+        a fleet key, not trusted (a forged or unsigned record counts as absent)."""
+        try:
+            data, info = self.objects.get_with_info(name)
+        except ObjectNotFound:
+            return None
+        body = self.unseal(name, data, info)
+        return None if body is None else (body, info)
+
     # -- leases and the storage's guarantees ---------------------------------------------
 
     def storage_now(self) -> float:
@@ -626,13 +663,17 @@ class BucketStore:
     def lease_state(self, folder: str, *, name: str | None = None) -> LeaseState | None:
         """The repo's lease (or the lease object ``name``; ``None`` when there is none),
         with its age on the storage's clock."""
+        key = name or self.lease_name(folder)
         try:
-            data, info = self.objects.get_with_info(name or self.lease_name(folder))
+            data, info = self.objects.get_with_info(key)
         except ObjectNotFound:
             return None
+        body = self.unseal(key, data, info)
+        if body is None:  # not the fleet's: taken as expired (over with If-Match on it)
+            return LeaseState(info.etag, math.inf, "a lease not signed with the fleet key")
         owner = "an unknown pruner"
         with contextlib.suppress(ValueError, AttributeError):
-            owner = str(json.loads(data).get("owner") or owner)[:200]
+            owner = str(json.loads(body).get("owner") or owner)[:200]
         age = max(0.0, self.storage_now() - info.last_modified.timestamp())
         return LeaseState(info.etag, age, owner)
 
@@ -645,8 +686,8 @@ class BucketStore:
         ``name``/``ttl``: another lease object with its own lifetime (a pull-through
         fill's, ``{repo}/.cmh/fills/{etag}/lease``); the same rules."""
         ttl = self.lease_ttl if ttl is None else ttl
-        doc = self._lease_doc(owner, ttl)
         key = name or self.lease_name(folder)
+        doc = self._lease_doc(key, owner, ttl)
         for _ in range(3):
             try:
                 self._leases[key] = self.objects.put_if_absent(key, doc)
@@ -665,6 +706,8 @@ class BucketStore:
             self.notice(
                 f"{self.url}{key}: took over the lease {state.owner} left "
                 f"{state.age:.0f} s ago (expired after {ttl:.0f} s)"
+                if math.isfinite(state.age)
+                else f"{self.url}{key}: took over {state.owner}"
             )
             return True
         return False
@@ -683,7 +726,7 @@ class BucketStore:
         etag = self._leases.get(key)
         if etag is None:
             return False
-        doc = self._lease_doc(owner, self.lease_ttl if ttl is None else ttl)
+        doc = self._lease_doc(key, owner, self.lease_ttl if ttl is None else ttl)
         try:
             self._leases[key] = self.objects.put_if_match(key, doc, etag)
         except PreconditionFailed:
@@ -712,10 +755,10 @@ class BucketStore:
         if self._leases.pop(key, None) is not None:
             self.objects.delete(key)
 
-    def _lease_doc(self, owner: str, ttl: float) -> bytes:
+    def _lease_doc(self, key: str, owner: str, ttl: float) -> bytes:
         # A fresh nonce each write, so each renewal has a new ETag (writers go by ETags).
         doc = {"owner": owner, "ttl": ttl, "nonce": uuid.uuid4().hex}
-        return json.dumps(doc).encode()
+        return self.seal(key, json.dumps(doc).encode())
 
     def ensure_conditional_writes(self) -> None:
         """Refuse a storage that ignores conditional writes, before anything is written.
@@ -788,14 +831,15 @@ class BucketStore:
             return
         body = json.dumps({"storage_etag": storage_etag}).encode()
         with contextlib.suppress(ObjectStoreError):
-            self.objects.put(self.check_name(folder, etag), body)
+            self.put_record(self.check_name(folder, etag), body)
 
     def read_check(self, folder: str, etag: str) -> str | None:
         """The blob object version (storage ETag) recorded as hashing to ``etag``."""
-        try:
-            doc = json.loads(self.objects.get(self.check_name(folder, etag)))
-        except ObjectNotFound:
+        record = self.get_record(self.check_name(folder, etag))
+        if record is None:
             return None
+        try:
+            doc = json.loads(record[0])
         except ValueError:
             return None
         value = doc.get("storage_etag") if isinstance(doc, dict) else None
@@ -813,7 +857,7 @@ class BucketStore:
         """Keep when ``commit``'s upstream freshness ends (``cmh prune --expired`` reads it);
         written after the commit's tree object, replacing the previous record."""
         doc = {"fresh_until": fresh_until, "at": self.storage_time()}
-        self.objects.put(self.upstream_record_name(folder, commit), json.dumps(doc).encode())
+        self.put_record(self.upstream_record_name(folder, commit), json.dumps(doc).encode())
 
     def upstream_record_infos(self, folder: str) -> dict[str, ObjectInfo]:
         """The upstream freshness records of a repo by commit id (one listing)."""
@@ -829,11 +873,8 @@ class BucketStore:
         """``fresh_until`` of ``commit``'s record; ``None`` when absent or unreadable."""
         from cmh.hub.prune import record_number
 
-        try:
-            data = self.objects.get(self.upstream_record_name(folder, commit))
-        except ObjectNotFound:
-            return None
-        return record_number(data, "fresh_until")
+        record = self.get_record(self.upstream_record_name(folder, commit))
+        return None if record is None else record_number(record[0], "fresh_until")
 
     # -- listing ------------------------------------------------------------------------
 

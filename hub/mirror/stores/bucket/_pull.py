@@ -171,11 +171,16 @@ class BucketPullThrough:
             }
 
     def _validation(self, folder: str, revision: str) -> tuple[dict[str, Any], str] | None:
+        name = self._validation_name(folder, revision)
         try:
-            data, info = self.objects.get_with_info(self._validation_name(folder, revision))
-            doc = json.loads(data)
+            data, info = self.objects.get_with_info(name)
         except ObjectNotFound:
             return None
+        body = self.store.unseal(name, data, info)
+        if body is None:  # not the fleet's: no validation, but claimed over by its ETag
+            return {}, info.etag
+        try:
+            doc = json.loads(body)
         except ValueError:
             return {}, ""
         return (doc if isinstance(doc, dict) else {}), info.etag
@@ -268,7 +273,8 @@ class BucketPullThrough:
             ):
                 claimed = {**doc, "checking_since": self.store.storage_time(), "by": self.owner}
                 try:
-                    self.objects.put_if_match(name, json.dumps(claimed).encode(), etag)
+                    sealed = self.store.seal(name, json.dumps(claimed).encode())
+                    self.objects.put_if_match(name, sealed, etag)
                     return True
                 except PreconditionFailed:
                     pass  # another replica claimed it first
@@ -316,7 +322,7 @@ class BucketPullThrough:
                 if current is None or current.commit != commit:
                     self.objects.put(ref, f"{commit}\n".encode())
                 record = {"commit": commit, "at": self.store.storage_time()}
-                self.objects.put(
+                self.store.put_record(
                     self._validation_name(folder, revision), json.dumps(record).encode()
                 )
                 self.cache.forget_ref(folder, revision)
@@ -337,7 +343,7 @@ class BucketPullThrough:
             name = f"{folder}/.cmh/upstream/access.json"
             if private or gated:
                 doc = {"private": private, "gated": gated, "at": self.store.storage_time()}
-                self.objects.put(name, json.dumps(doc).encode())
+                self.store.put_record(name, json.dumps(doc).encode())
             else:
                 with contextlib.suppress(ObjectNotFound):
                     self.objects.head(name)
@@ -366,15 +372,22 @@ class BucketPullThrough:
             hit = self._access.get(folder)
         if hit is not None and now - hit[0] < self.cache.ref_ttl:
             return hit[1], hit[2]
+        name = f"{folder}/.cmh/upstream/access.json"
+        value = (False, False)
         try:
-            record = json.loads(self.objects.get(f"{folder}/.cmh/upstream/access.json"))
+            data, info = self.objects.get_with_info(name)
         except ObjectNotFound:
-            value = (False, False)
+            data = None
         except ObjectStoreError:
             return True, False
-        except ValueError:  # unreadable record: restricted (deny by default)
-            value = (True, False)
-        else:
+        if data is not None:
+            # Unreadable, or not the fleet's (a fleet key and no valid signature):
+            # restricted, and none of its words used (deny by default).
+            body = self.store.unseal(name, data, info)
+            try:
+                record = None if body is None else json.loads(body)
+            except ValueError:
+                record = None
             gated = isinstance(record, dict) and bool(record.get("gated"))
             value = (True, gated and not (isinstance(record, dict) and record.get("private")))
         with self._lock:
@@ -388,7 +401,7 @@ class BucketPullThrough:
         at: float | None = float("inf")  # the write failed: cut, until read again
         with contextlib.suppress(ObjectStoreError):
             at = self.store.storage_time()
-            self.objects.put(self.store.cut_name(folder, etag), f"{at:.3f}\n".encode())
+            self.store.put_record(self.store.cut_name(folder, etag), f"{at:.3f}\n".encode())
         with self._lock:
             self._cuts[f"{folder}/{etag}"] = (self.store.clock.monotonic(), at)
 
@@ -415,8 +428,12 @@ class BucketPullThrough:
             return True
 
     def _written_at(self, name: str) -> float:
-        """When the object ``name`` was last written, on the storage's clock."""
-        return self.objects.head(name).last_modified.timestamp()
+        """When the record ``name`` was last written, on the storage's clock
+        (:class:`ObjectNotFound` when absent or not the fleet's)."""
+        found = self.store.get_record(name)
+        if found is None:
+            raise ObjectNotFound(f"{name}: no trusted record", name)
+        return found[1].last_modified.timestamp()
 
     # -- fills ---------------------------------------------------------------------------
 
@@ -479,10 +496,10 @@ class BucketPullThrough:
         characters); anything else is not a record cmh writes and is ignored (the fill is
         tried again), so a forged record cannot put words in an answer, and it ages out
         like any other."""
-        try:
-            data, info = self.objects.get_with_info(f"{fills}/failed")
-        except ObjectNotFound:
+        found = self.store.get_record(f"{fills}/failed")  # None: absent or not the fleet's
+        if found is None:
             return None
+        data, info = found
         if self.store.storage_age(info.last_modified.timestamp()) >= NEGATIVE_FOR:
             return None
         try:
@@ -682,7 +699,7 @@ class _Fill:
         said = "".join(c if c.isprintable() else " " for c in error)[:500]  # read strictly
         with contextlib.suppress(ObjectStoreError):
             doc = {"at": self.pull.store.storage_time(), "error": said}
-            self.objects.put(f"{self.fills}/failed", json.dumps(doc).encode())
+            self.pull.store.put_record(f"{self.fills}/failed", json.dumps(doc).encode())
 
     def _delete_parts(self) -> None:
         with contextlib.suppress(ObjectStoreError):
