@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from .._history import CommitRecord
     from .._index import CommitIndex, FileEntry
+    from ._delivery import BlobDelivery
     from ._pull import PullThrough
     from ._sync import SyncRequest, SyncResult
     from .local._folder import ImportOptions, ImportResult, RepoSummary
@@ -41,8 +42,6 @@ class MirrorStore(Protocol):
 
     #: Where the store is, for messages (a folder path or an ``s3://`` URL).
     location: str
-    #: What the store is, for messages ("a local store", "a bucket store").
-    kind: str
     #: The ``--blob-delivery`` modes this store can do (the first is the default).
     deliveries: tuple[str, ...]
     #: Told what a writer waits for (a pruner's lease), for the terminal; None: silent.
@@ -135,16 +134,12 @@ class MirrorStore(Protocol):
         or ``cache_dir`` (default :func:`~._sync.default_sync_cache`) whose snapshot is
         then imported (a bucket; not when it holds the commit at the revision already)."""
 
-    def remote_sender(self, delivery: str) -> Any:
-        """How a remote store sends bytes in ``delivery`` mode (None: this process opens
-        and sends the file itself, :mod:`~cmh.hub.mirror._send`)."""
+    def delivery(self, mode: str) -> BlobDelivery:
+        """How a blob's bytes reach a client in ``mode`` (one of :attr:`deliveries`; one
+        object per worker and mode, :class:`StoreError` for a mode the store cannot do)."""
 
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> PullThrough:
         """The store's side of ``cmh serve --upstream`` (``fresh_for``: seconds an unstamped
         branch stays fresh after a validation; ``fill_lease_ttl``: the lifetime of a
         bucket fill's lease, ``None`` for the default; a store without fill leases raises
         :class:`StoreError` when it is given)."""
-
-    def local_root(self) -> Path | None:
-        """The folder the store lives in, for what only a folder has (x-accel,
-        pull-through fills); None for a bucket."""

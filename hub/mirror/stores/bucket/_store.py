@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cmh.hub.cache import Clock, new_digest, repo_folder_name
 
-from ..._errors import StoreMissing, StoreUnavailable
+from ..._errors import StoreError, StoreMissing, StoreUnavailable
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
+from .._delivery import PROXY, REDIRECT, BlobDelivery
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
 from ..local._scrub import ScrubOptions, ScrubReport
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .._base import ScrubView
+    from ._delivery import BucketDelivery
 
 #: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
 #: the storage lists by name).
@@ -44,8 +46,7 @@ HEADER_COPY_MARGIN = 3600.0
 class BucketBackedStore:
     """The mirror store of one ``s3://bucket/prefix``."""
 
-    kind: str = "a bucket store"
-    deliveries: tuple[str, ...] = ("proxy", "redirect")
+    deliveries: tuple[str, ...] = (PROXY, REDIRECT)
 
     def __init__(
         self, bucket: BucketStore, *, ref_ttl: float | None = None, signer: Any = None
@@ -54,7 +55,7 @@ class BucketBackedStore:
         self.location = bucket.url
         self.reader = BucketReader(bucket, ref_ttl=DEFAULT_REF_TTL if ref_ttl is None else ref_ttl)
         self.signer = signer or bucket.objects  # signs the URLs clients are sent to
-        self._senders: dict[str, Any] = {}
+        self._deliveries: dict[str, BucketDelivery] = {}
 
     @classmethod
     def open(
@@ -111,9 +112,6 @@ class BucketBackedStore:
         except ObjectStoreError as exc:
             raise StoreUnavailable(str(exc)) from None
 
-    def local_root(self) -> Path | None:
-        return None
-
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> Any:
         from ._pull import BucketPullThrough
 
@@ -121,14 +119,17 @@ class BucketBackedStore:
         pull.store_backend = self
         return pull
 
-    def remote_sender(self, delivery: str) -> Any:
-        """The proxy or redirect sender of this store (one per worker, made on first use)."""
-        sender = self._senders.get(delivery)
-        if sender is None:
-            from ._delivery import make_sender
+    def delivery(self, mode: str) -> BlobDelivery:
+        """The ``proxy`` or ``redirect`` delivery of this store (one per worker and mode,
+        made on first use)."""
+        made = self._deliveries.get(mode)
+        if made is None:
+            if mode not in self.deliveries:
+                raise StoreError(f"a bucket store has no {mode!r} delivery")
+            from ._delivery import BucketDelivery
 
-            sender = self._senders[delivery] = make_sender(self.reader, delivery, self.signer)
-        return sender
+            made = self._deliveries[mode] = BucketDelivery(self.reader, mode, self.signer)
+        return made
 
     def repos(self) -> list[tuple[str, str]]:
         """Folders with a ref or a tree object (a folder holding only blobs, such as an
