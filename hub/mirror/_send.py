@@ -9,7 +9,7 @@ as ``multipart/byteranges`` (RFC 9110 section 14.6), each part by sendfile.
 A *gate* (an async check) may guard the last byte of a body: it runs once
 everything else is sent, and when it fails the connection is cut, so the
 client holds an incomplete body (which it discards) rather than a complete
-one that differs from its ETag (see :mod:`cmh.hub.mirror.stores.local._verify`).
+one that differs from its ETag (a folder store's delivery gates on its blob check).
 """
 
 from __future__ import annotations
