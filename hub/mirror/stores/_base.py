@@ -11,6 +11,7 @@ the kind (``stores.local``, ``stores.bucket``, ``stores.memory``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
     from .local._scrub import ScrubOptions, ScrubReport
 
 
+#: The files a fingerprint reads as a model's weights (their stamps stand for their bytes):
+#: a top-level model or adapter file, or a shard of a sharded model. Any other file may be
+#: read byte for byte (remote code's data, a module's weights), so it is copied whole.
+WEIGHT_FILES = re.compile(r"(model|adapter_model|model-\d{5}-of-\d{5})\.safetensors")
+#: Seconds a stamp must stay unexpired for a store to vouch for it by its kept manifest.
+HEADER_COPY_MARGIN = 3600.0
 #: A JSON object a store keeps (a tensor manifest, a scrub report, a quarantine note).
 Document = dict[str, object]
 #: The file of a store's last scrub report, beside its quarantined blobs.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from cmh.hub.cache import Clock, new_digest, repo_folder_name
 from ..._errors import StoreError, StoreMissing, StoreUnavailable
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
+from .._base import HEADER_COPY_MARGIN, WEIGHT_FILES
 from .._delivery import PROXY, REDIRECT, BlobDelivery
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
@@ -35,12 +35,7 @@ if TYPE_CHECKING:
 #: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
 #: the storage lists by name).
 MAX_QUARANTINE_NOTES = 1000
-#: The files a fingerprint reads as a model's weights (their stamps stand for their bytes):
-#: a top-level model or adapter file, or a shard of a sharded model. Any other file may be
-#: read byte for byte (remote code's data, a module's weights), so it is copied whole.
-_WEIGHTS = re.compile(r"(model|adapter_model|model-\d{5}-of-\d{5})\.safetensors")
-#: Seconds a stamp must stay unexpired for a blob to be copied as its header alone.
-HEADER_COPY_MARGIN = 3600.0
+_WEIGHTS = WEIGHT_FILES  # one definition for every kind (stores._base)
 
 
 class BucketBackedStore:
