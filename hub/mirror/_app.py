@@ -7,8 +7,10 @@ documents and cursors in :mod:`~cmh.hub.mirror._documents` and
 :mod:`~cmh.hub.mirror._hub_documents`, card fields and parameter counts in
 :mod:`~cmh.hub.mirror._derived`, commit history in
 :mod:`~cmh.hub.mirror._history`, repo listings in :mod:`~cmh.hub.mirror._catalog`,
-the fingerprint cache in :mod:`~cmh.hub.mirror._fingerprints`, byte sending in
-:mod:`~cmh.hub.mirror._send`. No handler ever sends a Xet header.
+the fingerprint cache in :mod:`~cmh.hub.mirror._fingerprints`. A blob's bytes go
+out through the store's one :class:`~cmh.hub.mirror.stores.BlobDelivery` for the
+server's ``--blob-delivery`` mode, whatever the kind; what each body became is settled
+in :func:`_settle`. No handler ever sends a Xet header.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from cmh.hub.cache import Clock, process_clock
@@ -25,7 +25,7 @@ from ._observe import Metrics
 if TYPE_CHECKING:
     from ._filling import Fills
     from ._upstream import Upstream
-    from .stores import BlobDelivery, MirrorStore
+    from .stores import BlobDelivery, MirrorStore, PullThrough
 
 DEFAULT_PAGE_SIZE = 1000
 #: The freshness lifetime of a store's pull-through side made only for its records (access,
@@ -66,7 +66,7 @@ class MirrorState:
     #: The store's pull-through side for its records (access, cuts) when the server does
     #: not pull through: the server passes the one it reads access from; else made on
     #: first use (see :attr:`cut_records`).
-    records: Any = None
+    records: PullThrough | None = None
 
     def __post_init__(self) -> None:
         # one cache of commit indexes for the API and the pages (the store's own, if any)
@@ -79,12 +79,13 @@ class MirrorState:
         return self.backend.delivery(self.delivery)
 
     @property
-    def cut_records(self) -> Any:
+    def cut_records(self) -> PullThrough:
         """Where the store keeps its cut records (``spec/hub-mirror.md`` 8.3), for every
         worker and replica of it to see: its pull-through side, whether or not the server
         pulls through (a folder's ``{repo}/.cmh/cuts``, a bucket's objects)."""
         if self.upstream is not None:
-            return self.upstream.pull
+            pull: PullThrough = self.upstream.pull
+            return pull
         if self.records is None:
             self.records = self.backend.pull_through(RECORDS_FRESH_FOR)
         return self.records
