@@ -7,19 +7,19 @@ documents and cursors in :mod:`~cmh.hub.mirror._documents` and
 :mod:`~cmh.hub.mirror._hub_documents`, card fields and parameter counts in
 :mod:`~cmh.hub.mirror._derived`, commit history in
 :mod:`~cmh.hub.mirror._history`, repo listings in :mod:`~cmh.hub.mirror._catalog`,
-the fingerprint cache in :mod:`~cmh.hub.mirror._fingerprints`, byte sending in
-:mod:`~cmh.hub.mirror._send`. No handler ever sends a Xet header.
+the fingerprint cache in :mod:`~cmh.hub.mirror._fingerprints`. A blob's bytes go
+out through the store's one :class:`~cmh.hub.mirror.stores.BlobDelivery` for the
+server's ``--blob-delivery`` mode, whatever the kind; what each body became is settled
+in :func:`_settle`. No handler ever sends a Xet header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -32,16 +32,16 @@ from . import _hub_documents as hub_documents
 from ._auth import bearer_token
 from ._compute import client_of
 from ._cuts import RESTART_MESSAGE, appends_whole_body
-from ._errors import HubError
+from ._errors import CLIENT_LEFT, BlobUnavailable, HubError
 from ._fingerprints import fingerprint_of
 from ._index import CommitIndex, FileEntry
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
-from ._ranges import ByteRange, RangeNotSatisfiable, parse_range, reaches_end
+from ._ranges import ByteRange, RangeNotSatisfiable, parse_range
 from ._routes import BadTarget, NoRoute, Route, parse_target
-from ._send import CLIENT_LEFT, BlobUnavailable, BodyCut, Gate, Pieces, frame, open_blob, send_body
+from ._send import BodyCut, Pieces, frame
 from ._state import STALE_KEY, STORE_KEY, MirrorState, base_url
 from ._upstream import UpstreamError
-from .stores.local._verify import FileVersion, record_path
+from .stores import BlobMismatch, BlobMissing, Sent
 
 if TYPE_CHECKING:
     from ._upstream import Upstream
@@ -51,9 +51,6 @@ COMMITS_PAGE_SIZE = 50
 MAX_PATHS_INFO = 1000
 #: Form fields a paths-info body may hold: the paths and a few flags (``expand``).
 MAX_FORM_FIELDS = MAX_PATHS_INFO + 8
-#: Seconds a request waits for the first check of a blob before its headers are sent;
-#: a longer check goes on while the body streams, and gates the body's last byte.
-VERIFY_WAIT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
 #: Seconds a pull-through request waits for a revalidation before a usable stale copy
 #: answers (the revalidation goes on; spec/hub-mirror.md 8.2).
@@ -63,7 +60,7 @@ MANIFEST_FILL_WAIT = 8.0
 
 
 def make_app(state: MirrorState, pages: Any = None) -> web.Application:
-    """The aiohttp application serving ``state.store`` (``pages``: the web pages' options)."""
+    """The aiohttp application serving ``state.backend`` (``pages``: the web pages' options)."""
     from .web import WebOptions, add_routes
 
     app = web.Application(
@@ -81,13 +78,11 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
         state.revalidations.shutdown(wait=False, cancel_futures=True)
 
     app.on_cleanup.append(close_compute)
-    sender = state.backend.remote_sender(state.delivery)
-    if sender is not None:
 
-        async def close_sender(app: web.Application) -> None:
-            await sender.close()
+    async def close_delivery(app: web.Application) -> None:
+        await state.blobs.close()
 
-        app.on_cleanup.append(close_sender)
+    app.on_cleanup.append(close_delivery)
     return app
 
 
@@ -442,55 +437,44 @@ async def _resolve(
                 {"Content-Range": f"bytes */{entry.size}", "X-Repo-Commit": index.commit},
             )  # fmt: skip
         ranges = None
-    sender = state.backend.remote_sender(state.delivery)
     asked = _Asked(route, index, entry, headers, ranges, range_header)
     if state.fills is not None and not await _run(_present, state, entry):
         return await _resolve_filling(request, state, asked)  # filled now, sent as it arrives
-    if request.method == "HEAD" and not (sender is not None and sender.redirects):
-        return await _head(request, state, asked)
-    if state.delivery == "x-accel" or sender is not None:
-        return await _resolve_elsewhere(request, state, asked)
+    blobs = state.blobs  # the one delivery of every kind and mode (stores.BlobDelivery)
     try:
-        f = await _open_or_fill(state, entry)
-    except _MustFill:
-        return await _resolve_filling(request, state, asked)
-    try:
-        gate = await _verified(request, state, entry, f, reaches_end(ranges, entry.size))
-        response, pieces, tail = _framing(request, entry, headers, ranges, range_header)
-        await response.prepare(request)
-        try:
-            request[BYTES_KEY] = await send_body(request, response, f, pieces, tail, gate)
-        except BodyCut as cut:
-            request[BYTES_KEY] = cut.sent
-            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": "blob changed"}
-            await _run(_record_cut, state, route, entry.etag)
-        except ConnectionError:  # the client went away mid-body: nothing to report
-            request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": CLIENT_LEFT}
-        return response
-    finally:
-        f.close()
-
-
-class _MustFill(Exception):
-    """Pull-through: the store lacks the blob; a fill is to send it."""
-
-
-async def _open_or_fill(state: MirrorState, entry: FileEntry) -> io.FileIO:
-    """The entry's blob, open; :class:`_MustFill` when pull-through is to fill it, a 503
-    when it is unavailable otherwise."""
-    try:
-        f: io.FileIO = await _run(_open_checked, state, entry)
-        return f
-    except BlobUnavailable as exc:
+        if request.method == "HEAD" and not blobs.redirects:
+            return await _head(request, state, asked)
+        _note_range(request, ranges, range_header)
+        sent = await blobs.send(request, entry, headers, ranges)
+    except BlobMissing as exc:
         if state.fills is None:
-            raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
-        if not os.path.lexists(entry.source):
-            raise _MustFill from None
-    try:  # a fill installed it between the open and the look
-        f = await _run(_open_checked, state, entry)
-        return f
-    except BlobUnavailable as again:
-        raise HubError(503, "BlobUnavailable", str(again), {"Retry-After": "60"}) from None
+            raise _unavailable(request, exc) from None
+        return await _resolve_filling(request, state, asked)  # pull-through fills it
+    except BlobUnavailable as exc:
+        raise _unavailable(request, exc) from None
+    await _settle(request, state, route, entry, sent)
+    return sent.response
+
+
+def _unavailable(request: web.Request, exc: BlobUnavailable) -> HubError:
+    """The answer to a blob that cannot be sent: 503, logged as a mismatch when known bad."""
+    if isinstance(exc, BlobMismatch):
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "blob": "mismatch"}
+    return HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"})
+
+
+async def _settle(
+    request: web.Request, state: MirrorState, route: Route, entry: FileEntry, sent: Sent
+) -> None:
+    """What every body sent ends with, whatever sent it: its bytes and its cut in the
+    access log, and a cut by the mirror recorded where every worker and replica of the
+    store sees it (a resume of it must start again, cuts.py); a client that left is
+    no cut of the blob's."""
+    request[BYTES_KEY] = sent.bytes_sent
+    if sent.cut is not None:
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": sent.cut}
+    if sent.cut_by_mirror:
+        await _run(_record_cut, state, route, entry.etag)
 
 
 @dataclass(frozen=True)
@@ -510,29 +494,14 @@ async def _head(request: web.Request, state: MirrorState, asked: _Asked) -> web.
     answer has no body anyway): the status and headers its ``GET`` would have.
 
     The blob must be sendable (present, of its size, not known bad: else 503), but
-    none of its bytes are read: a check not made yet starts beside the answer on a
-    folder (the ``GET`` that follows joins it), and waits for a ``GET`` on a bucket.
-    Pull-through starts the fill of a blob the store lacks (``X-Cmh-Filling``).
+    none of its bytes are read (:meth:`~cmh.hub.mirror.stores.BlobDelivery.ready`: a
+    check not made yet starts beside the answer on a folder, the ``GET`` that follows
+    joins it; it waits for a ``GET`` on a bucket). Pull-through fills a blob the store
+    lacks (``X-Cmh-Filling``, :func:`_resolve_filling`).
     """
-    entry = asked.entry
-    extra = {}
-    sender = state.backend.remote_sender(state.delivery)
-    try:
-        if sender is not None:
-            await sender.ready(entry)
-        else:
-            try:
-                f = await _open_or_fill(state, entry)
-            except _MustFill:
-                await _start_fill(request, state, asked.route, asked.index, entry)
-                extra["X-Cmh-Filling"] = "1"
-            else:
-                with f:
-                    _check_beside(request, state, entry, f)
-    except BlobUnavailable as exc:
-        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
-    response, _, _ = _framing(request, entry, asked.headers, asked.ranges, asked.range_header)
-    response.headers.update(extra)
+    await state.blobs.ready(asked.entry)
+    response, _, _ = _framing(request, asked.entry, asked.headers, asked.ranges,
+                              asked.range_header)  # fmt: skip
     await response.prepare(request)
     await response.write_eof()
     request[BYTES_KEY] = 0
@@ -547,57 +516,6 @@ def _recently_cut(state: MirrorState, route: Route, entry: FileEntry) -> bool:
 def _record_cut(state: MirrorState, route: Route, etag: str) -> None:
     """Keep a cut of ``etag`` where every worker and replica of the store sees it."""
     state.cut_records.record_cut(route.repo_type, route.repo_id, etag)
-
-
-async def _resolve_elsewhere(
-    request: web.Request, state: MirrorState, asked: _Asked
-) -> web.StreamResponse:
-    """A body sent by someone else than this process's sendfile: from a bucket (proxied
-    or redirected to), or by nginx (``X-Accel-Redirect``)."""
-    entry, headers, ranges = asked.entry, asked.headers, asked.ranges
-    _note_range(request, ranges, asked.range_header)
-    sender = state.backend.remote_sender(state.delivery)
-    try:
-        if sender is None:
-            request[BYTES_KEY] = 0  # nginx sends the body
-            return await _x_accel(request, state, entry, headers)
-        response, sent, cut = await sender.send(request, entry, headers, ranges)
-    except BlobUnavailable as exc:
-        raise HubError(503, "BlobUnavailable", str(exc), {"Retry-After": "60"}) from None
-    request[BYTES_KEY] = sent
-    if cut:
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
-        if cut != CLIENT_LEFT:  # cut by the mirror: a resume of it must start again
-            await _run(_record_cut, state, asked.route, entry.etag)
-    answer: web.StreamResponse = response
-    return answer
-
-
-async def _x_accel(
-    request: web.Request, state: MirrorState, entry: FileEntry, headers: dict[str, str]
-) -> web.Response:
-    """Hand the body to nginx: ``X-Accel-Redirect`` to the blob under the internal prefix.
-
-    The blob is opened and checked first as for any body cmh sends (inside the store,
-    a regular file of the right size, its bytes hashing to its name: the check is
-    waited for, since nginx's bytes cannot be held back), so nginx is only ever sent
-    to a file version cmh would have served. A change to the file after that is not
-    seen (see docs/object-storage.md, "What each delivery trusts").
-    """
-    f = await _run(_open_checked, state, entry)
-    try:
-        gate = await _verified(request, state, entry, f, True)
-        if not await gate():
-            raise HubError(
-                503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"}
-            )
-    finally:
-        f.close()
-    real = os.path.join(os.path.realpath(entry.source.parent), entry.source.name)
-    rel = os.path.relpath(real, state.store)
-    out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
-    out["X-Accel-Redirect"] = state.x_accel_prefix + quote(rel.replace(os.sep, "/"))
-    return web.Response(status=200, headers=out)
 
 
 def _framing(
@@ -646,22 +564,20 @@ async def _resolve_filling(
         request[BYTES_KEY] = 0
         return response
     try:
-        request[BYTES_KEY] = await send_filling(
-            request, response, fill, source, entry, pieces, tail
-        )
+        sent = Sent(response, await send_filling(request, response, fill, source, entry,
+                                                 pieces, tail))  # fmt: skip
     except (BodyCut, FillFailed) as cut:
-        request[BYTES_KEY] = getattr(cut, "sent", 0)
         why = (
             "fill failed"
             if not fill.done() or fill.exception() is None
             else (f"fill failed: {str(fill.exception())[:200]}")
         )
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": why}
-        await _run(_record_cut, state, route, entry.etag)
+        sent = Sent(response, getattr(cut, "sent", 0), why)
     except ConnectionError:  # the client went away mid-body; the fill goes on
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": CLIENT_LEFT}
+        sent = Sent(response, 0, CLIENT_LEFT)
         # What it holds was sent unchecked: a cut only if the fill fails its check (cuts.py).
         _cut_if_fill_fails(state, route, entry.etag, fill)
+    await _settle(request, state, route, entry, sent)
     return response
 
 
@@ -718,85 +634,6 @@ async def _start_fill(
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
         raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
     return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
-
-
-def _open_checked(state: MirrorState, entry: FileEntry) -> Any:
-    """Open an entry's file; its folder may be reached through links, the file itself not."""
-    folder = os.path.realpath(entry.source.parent)
-    if not (folder + os.sep).startswith(str(state.store) + os.sep):
-        raise BlobUnavailable("blob lies outside the store")
-    return open_blob(Path(folder) / entry.source.name, entry.size)
-
-
-def _known(
-    state: MirrorState, entry: FileEntry, f: io.FileIO
-) -> tuple[FileVersion, Path | None, bool | None]:
-    """The open blob's version, where its check is recorded, and its known outcome."""
-    version = FileVersion.of(f.fileno())
-    blob = Path(os.path.realpath(entry.source.parent)) / entry.source.name
-    record = record_path(blob, entry.etag)
-    return version, record, state.verifier.known(version, entry.etag, record)
-
-
-def _mismatch(request: web.Request) -> HubError:
-    request[INFO_KEY] = {**request.get(INFO_KEY, {}), "blob": "mismatch"}
-    return HubError(503, "BlobUnavailable", "blob does not match its name", {"Retry-After": "60"})
-
-
-def _check_beside(request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO) -> None:
-    """A blob known bad answers 503; one not checked yet has its check started (or
-    joined), not waited for: its outcome serves the requests that follow."""
-    version, record, outcome = _known(state, entry, f)
-    if outcome is False:
-        raise _mismatch(request)
-    if outcome is None:
-        pending = state.verifier.check(f.fileno(), entry.etag, version, record)
-        pending.add_done_callback(lambda done: done.cancelled() or done.exception())
-
-
-async def _verified(
-    request: web.Request, state: MirrorState, entry: FileEntry, f: io.FileIO, held: bool
-) -> Gate:
-    """Make sure the open blob hashes to its ETag; the gate for its body's last byte.
-
-    A version checked before is known at once; a blob known bad answers 503.
-    Otherwise, for a body that ends at the blob's last byte (``held``: a whole body,
-    or a range that may complete a file), its check starts (or is joined) and is
-    waited for up to :data:`VERIFY_WAIT`; a check still running after that goes on
-    while the body is sent, and the gate waits for it. Any other range is sent at
-    once, its check started beside it (spec/hub-mirror.md 2.1). Every gate cuts the
-    body when the file changed while it was sent.
-    """
-    if not held:
-        _check_beside(request, state, entry, f)
-        version = FileVersion.of(f.fileno())
-        pending = None
-    else:
-        version, record, outcome = _known(state, entry, f)
-        pending = None
-        if outcome is None:
-            pending = state.verifier.check(f.fileno(), entry.etag, version, record)
-            try:
-                outcome = await asyncio.wait_for(asyncio.shield(pending), VERIFY_WAIT)
-            except TimeoutError:
-                outcome = None
-            except Exception as exc:  # the check could not read the blob
-                raise HubError(
-                    503, "BlobUnavailable", f"blob unavailable: {exc}", {"Retry-After": "60"}
-                ) from None
-        if outcome is False:
-            raise _mismatch(request)
-
-    async def gate() -> bool:
-        if pending is not None:
-            try:
-                if not await asyncio.shield(pending):
-                    return False
-            except Exception:  # the check could not read the blob: never complete the body
-                return False
-        return FileVersion.of(f.fileno()) == version
-
-    return gate
 
 
 # -- repo info, tree, paths-info ------------------------------------------------------------

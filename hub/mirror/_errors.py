@@ -26,3 +26,11 @@ class StoreUnavailable(StoreError):
 
 class StoreMissing(StoreError):
     """The store does not exist (no such folder, no such bucket)."""
+
+
+#: Why a body ended early when its client left: logged as its ``cut``, never a cut record.
+CLIENT_LEFT = "client went away"
+
+
+class BlobUnavailable(OSError):
+    """The blob is missing, not a regular file, or not the size the index says."""

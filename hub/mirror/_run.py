@@ -183,7 +183,7 @@ def _check_store(config: ServeConfig) -> MirrorStore:
             raise ServeError(str(exc)) from None
     if config.blob_delivery not in store.deliveries:
         raise ServeError(
-            f"--blob-delivery {config.blob_delivery} does not apply to {store.kind} "
+            f"--blob-delivery {config.blob_delivery} does not apply to the store "
             f"{store.location} (use {' or '.join(store.deliveries)})"
         )
     return store

@@ -9,7 +9,7 @@ as ``multipart/byteranges`` (RFC 9110 section 14.6), each part by sendfile.
 A *gate* (an async check) may guard the last byte of a body: it runs once
 everything else is sent, and when it fails the connection is cut, so the
 client holds an incomplete body (which it discards) rather than a complete
-one that differs from its ETag (see :mod:`cmh.hub.mirror.stores.local._verify`).
+one that differs from its ETag (a folder store's delivery gates on its blob check).
 """
 
 from __future__ import annotations
@@ -27,19 +27,23 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ._errors import CLIENT_LEFT as CLIENT_LEFT  # re-exported: the senders' vocabulary
+from ._errors import BlobUnavailable as BlobUnavailable
 from ._ranges import ByteRange
 
 _FALLBACK_CHUNK = 1 << 20
-#: Why a body ended early when its client left: logged as its ``cut``, never a cut record.
-CLIENT_LEFT = "client went away"
 
 
 #: Checked before the last byte of a body is sent; False cuts the connection.
 Gate = Callable[[], Awaitable[bool]]
 
 
-class BlobUnavailable(OSError):
-    """The blob is missing, not a regular file, or not the size the index says."""
+class ClientLeft(ConnectionResetError):
+    """The client went away mid-body (``sent``: the body bytes written before)."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__(CLIENT_LEFT)
+        self.sent = sent
 
 
 class BodyCut(ConnectionResetError):
@@ -132,10 +136,16 @@ async def send_body(
     ``response`` must already be prepared (headers sent). With a ``gate``,
     the last byte (of the tail if any, else of the last piece) is sent only
     if the gate passes; otherwise the connection is aborted and
-    :class:`BodyCut` raised.
+    :class:`BodyCut` raised. A client that leaves raises :class:`ClientLeft`.
     """
+    sender = _Sender(request, response, f)
     with _corked(request.transport):
-        return await _send_pieces(request, response, f, ranges, tail, gate)
+        try:
+            return await _send_pieces(sender, ranges, tail, gate)
+        except BodyCut:
+            raise
+        except ConnectionError as exc:
+            raise ClientLeft(sender.sent) from exc
 
 
 @contextlib.contextmanager
@@ -162,15 +172,8 @@ def _corked(transport: asyncio.BaseTransport | None) -> Iterator[None]:
                 sock.setsockopt(socket.IPPROTO_TCP, option, 0)
 
 
-async def _send_pieces(
-    request: web.BaseRequest,
-    response: web.StreamResponse,
-    f: io.FileIO,
-    ranges: Pieces,
-    tail: bytes,
-    gate: Gate | None,
-) -> int:
-    sender = _Sender(request, response, f)
+async def _send_pieces(sender: _Sender, ranges: Pieces, tail: bytes, gate: Gate | None) -> int:
+    response = sender.response
     last = max((i for i, (_, _, count) in enumerate(ranges) if count > 0), default=None)
     for i, (prefix, offset, count) in enumerate(ranges):
         if prefix:
@@ -211,12 +214,16 @@ class _Sender:
             raise ConnectionResetError(CLIENT_LEFT)
         loop = asyncio.get_running_loop()
         if self.use_sendfile:
+            self.f.seek(offset)  # sendfile leaves the file at offset + bytes sent, also on error
             try:
                 await loop.sendfile(transport, self.f, offset, count, fallback=False)
                 self.sent += count
                 return
             except (NotImplementedError, asyncio.SendfileNotAvailableError):
                 self.use_sendfile = False
+            except ConnectionError:  # the client left: count what reached its socket
+                self.sent += max(0, self.f.tell() - offset)
+                raise
         self.sent += await _copy(loop, self.response, self.f, offset, count)
 
     async def through(self, gate: Gate) -> None:

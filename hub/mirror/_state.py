@@ -7,11 +7,9 @@ the pages never import the application module.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from cmh.hub.cache import Clock, process_clock
@@ -23,12 +21,11 @@ from ._derived import DerivedCache
 from ._fingerprints import FingerprintCache
 from ._index import IndexCache
 from ._observe import Metrics
-from .stores.local._verify import BlobVerifier
 
 if TYPE_CHECKING:
     from ._filling import Fills
     from ._upstream import Upstream
-    from .stores import MirrorStore
+    from .stores import BlobDelivery, MirrorStore, PullThrough
 
 DEFAULT_PAGE_SIZE = 1000
 #: The freshness lifetime of a store's pull-through side made only for its records (access,
@@ -50,11 +47,9 @@ class MirrorState:
     guard: ConnectionGuard | None = None
     body_timeout: float = 20.0  # seconds to receive a request body (paths-info)
     indexes: IndexCache | None = None
-    verifier: BlobVerifier = field(default_factory=BlobVerifier)
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
     derived: DerivedCache = field(default_factory=DerivedCache)
-    delivery: str = "proxy"  # one of ``backend.deliveries``
-    x_accel_prefix: str = "/_cmh_blobs/"
+    delivery: str = "proxy"  # one of ``backend.deliveries``: see :attr:`blobs`
     upstream: Upstream | None = None  # pull-through: fill what the store lacks (upstream.py)
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
     #: the worker's one clock (cuts, pages); the server passes it, a test may move it
@@ -71,25 +66,26 @@ class MirrorState:
     #: The store's pull-through side for its records (access, cuts) when the server does
     #: not pull through: the server passes the one it reads access from; else made on
     #: first use (see :attr:`cut_records`).
-    records: Any = None
-
-    #: The store's folder, for what only a folder offers (sendfile, x-accel, pull-through
-    #: fills); a placeholder that holds nothing for a remote store.
-    store: Path = field(init=False)
+    records: PullThrough | None = None
 
     def __post_init__(self) -> None:
-        root = self.backend.local_root()
-        self.store = (root or Path(os.devnull)).resolve()
         # one cache of commit indexes for the API and the pages (the store's own, if any)
         self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
 
     @property
-    def cut_records(self) -> Any:
+    def blobs(self) -> BlobDelivery:
+        """How this worker sends a blob: the store's delivery in :attr:`delivery` mode
+        (one object for every kind and mode: the store makes it once)."""
+        return self.backend.delivery(self.delivery)
+
+    @property
+    def cut_records(self) -> PullThrough:
         """Where the store keeps its cut records (``spec/hub-mirror.md`` 8.3), for every
         worker and replica of it to see: its pull-through side, whether or not the server
         pulls through (a folder's ``{repo}/.cmh/cuts``, a bucket's objects)."""
         if self.upstream is not None:
-            return self.upstream.pull
+            pull: PullThrough = self.upstream.pull
+            return pull
         if self.records is None:
             self.records = self.backend.pull_through(RECORDS_FRESH_FOR)
         return self.records

@@ -466,8 +466,11 @@ def test_serve_refuses_a_missing_bucket_and_a_delivery_the_store_cannot_do(
         assert "Traceback" not in missing.stderr
     xaccel = cmh(aws_env, "serve", "--store", seaweed_bucket.url, "--port", "0",
                  "--blob-delivery", "x-accel")  # fmt: skip
-    assert xaccel.returncode == 2 and "does not apply to a bucket store" in xaccel.stderr
+    assert xaccel.returncode == 2
+    assert f"does not apply to the store {seaweed_bucket.url}" in xaccel.stderr
+    assert "use proxy or redirect" in xaccel.stderr
     (tmp_path / "store").mkdir()
     redirect = cmh(aws_env, "serve", "--store", str(tmp_path / "store"), "--port", "0",
                    "--blob-delivery", "redirect")  # fmt: skip
-    assert redirect.returncode == 2 and "does not apply to a local store" in redirect.stderr
+    assert redirect.returncode == 2 and "does not apply to the store" in redirect.stderr
+    assert "use proxy or x-accel" in redirect.stderr

@@ -248,7 +248,7 @@ def test_a_range_short_of_the_end_and_a_head_never_wait_on_the_check(tmp_path: P
     from cmh.hub.mirror._auth import AccessPolicy
     from cmh.hub.mirror._observe import Metrics
     from cmh.hub.mirror._state import MirrorState
-    from cmh.hub.mirror.stores import open_store
+    from cmh.hub.mirror.stores.local._store import LocalStore
 
     data = os.urandom(4 << 20)
     store, blob = _store_with_blob(tmp_path, data)
@@ -256,7 +256,9 @@ def test_a_range_short_of_the_end_and_a_head_never_wait_on_the_check(tmp_path: P
     assert record is not None
     record.unlink()  # as a store written by another tool leaves it
     verifier = _HeldVerifier()
-    state = MirrorState(open_store(store), AccessPolicy({}), Metrics(None), verifier=verifier)
+    backend = LocalStore(store)
+    backend.verifier = verifier  # the folder's deliveries share the store's verifier
+    state = MirrorState(backend, AccessPolicy({}), Metrics(None))
     path = f"/{REPO}/resolve/main/weights.bin"
 
     async def run() -> None:

@@ -1,9 +1,14 @@
 """One suite, every store kind: each mirror feature over a local folder, a SeaweedFS
-bucket and a moto bucket (both real servers started by the fixtures).
+bucket and a moto bucket (both real servers started by the fixtures), and the
+in-memory store.
 
 Each kind gets one store (MiniLM, the tiny repo, a private repo, imported with
 ``cmh mirror add``) and one ``cmh serve`` for the module; the tests then ask every
-feature of it the same way, through the CLI and HTTP only.
+feature of it the same way, through the CLI and HTTP only. The in-memory store lives
+in this process: its repos are imported through the store protocol (what ``mirror
+add`` calls) and it is served here, by the same application on 127.0.0.1
+(:class:`InProcessServer`); a feature asked through the CLI (another process) or
+that only a storage has (check records, redirects) does not apply to it.
 """
 
 from __future__ import annotations
@@ -36,11 +41,85 @@ from mirror_support import (
 from motoserver import BUCKET, S3Bucket
 from seaweed import SeaweedBucket
 
-KINDS = ("local", "seaweed", "moto")
+KINDS = ("local", "seaweed", "moto", "memory")
 #: A tiny stamped model: its fingerprint takes the stamp, checked at import, for its bytes.
 STAMPED_REPO = "acme/stamped"
 #: Opens the web operator page (``--admin-tokens``).
 ADMIN_TOKEN = "hf_cmh_parity_admin_0001"
+
+
+class InProcessServer:
+    """The mirror's application over a store of this process, served on 127.0.0.1 from a
+    thread: what ``cmh serve`` runs in a worker (the same ``MirrorState``, ``make_app``,
+    access logger and pages), for a store another process cannot open (memory)."""
+
+    def __init__(self, store: Any, log_dir: Path, tokens: Path, admins: Path) -> None:
+        import asyncio
+        import logging
+        import threading
+
+        from aiohttp import web
+        from cmh.hub.mirror._app import make_app
+        from cmh.hub.mirror._auth import load_tokens
+        from cmh.hub.mirror._observe import AccessLogger, Metrics, configure
+        from cmh.hub.mirror._state import RECORDS_FRESH_FOR, MirrorState
+        from cmh.hub.mirror.web._options import web_options
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.access_log = log_dir / f"access-{uuid.uuid4().hex[:8]}.jsonl"
+        self.stderr_path = self.access_log.with_suffix(".stderr")
+        self._stream = open(self.access_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._errors = logging.FileHandler(self.stderr_path)  # what a server prints
+        self._errors.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("aiohttp").addHandler(self._errors)
+        records = store.pull_through(RECORDS_FRESH_FOR)
+        policy = load_tokens(tokens)
+        from dataclasses import replace
+
+        policy = replace(policy, restricted=records.restricted)
+        metrics = Metrics(store, private=policy.private, restricted=policy.restricted)
+        configure(metrics, self._stream)
+        state = MirrorState(store, policy, metrics, records=records)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(make_app(state, web_options(admins, (), self.access_log)),
+                                    access_log_class=AccessLogger)  # fmt: skip
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.host, self.port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
+        self.url = f"http://{self.host}:{self.port}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+    def log(self, **match: Any) -> list[dict[str, Any]]:
+        return MirrorServer.log(self, **match)  # type: ignore[arg-type]
+
+    def sync(self) -> None:
+        MirrorServer.sync(self)  # type: ignore[arg-type]
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return MirrorServer.metrics(self)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        import asyncio
+        import logging
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+        logging.getLogger("aiohttp").removeHandler(self._errors)
+        self._errors.close()
+        self._stream.close()
+
+
+def not_for_memory(served: Served, why: str) -> None:
+    """Skip a feature the in-memory store cannot show (it lives in this process only)."""
+    if served.kind == "memory":
+        pytest.skip(f"not for a memory store: {why}")
 
 
 @dataclass
@@ -108,6 +187,8 @@ def served(
         seaweed = request.getfixturevalue("seaweed")
         where = SeaweedBucket(seaweed, seaweed.bucket, f"parity-{uuid.uuid4().hex[:10]}/")
         store, env = where.url, _aws_env(where.aws_env(), tmp)
+    elif kind == "memory":
+        store, env = f"memory://parity-{uuid.uuid4().hex[:10]}", _aws_env({}, tmp)
     else:
         moto = request.getfixturevalue("moto")
         bucket = S3Bucket(moto.endpoint, BUCKET, f"parity-{uuid.uuid4().hex[:10]}/")
@@ -123,6 +204,11 @@ def served(
         (private, PRIVATE_REPO),
         (stamped, STAMPED_REPO),
     ):
+        if kind == "memory":  # what `mirror add` calls, in this process
+            from cmh.hub.mirror.stores import open_store
+
+            commits[repo] = open_store(store).add_folder(src, repo).commit
+            continue
         out = cmh(["mirror", "add", str(src), "--store", store, "--repo", repo, "--json"], env)
         commits[repo] = json.loads(out.stdout)["commit"]
     tokens = tmp / "tokens.txt"
@@ -130,8 +216,14 @@ def served(
     tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n{PRIVATE_TOKEN}  CMH-test/Tiny\n")
     admins = tmp / "admin-tokens.txt"
     admins.write_text(ADMIN_TOKEN + "\n")
-    server = MirrorServer(store, tmp / "logs", tokens=tokens, env=env,
-                          extra_args=("--admin-tokens", str(admins)))  # fmt: skip
+    server: Any
+    if kind == "memory":
+        from cmh.hub.mirror.stores import open_store
+
+        server = InProcessServer(open_store(store), tmp / "logs", tokens, admins)
+    else:
+        server = MirrorServer(store, tmp / "logs", tokens=tokens, env=env,
+                              extra_args=("--admin-tokens", str(admins)))  # fmt: skip
     try:
         yield Served(kind, store, env, server, tokens, commits, minilm_dir, stamped)
     finally:
@@ -227,6 +319,16 @@ def _store_file(served: Served, name: str) -> bytes | None:
     if served.kind == "local":
         path = Path(served.store) / name
         return path.read_bytes() if path.is_file() else None
+    if served.kind == "memory":  # the manifests it keeps (it has no other files)
+        from cmh.hub.mirror.stores import open_store
+
+        folder, _, rest = name.partition("/.cmh/manifests/")
+        store: Any = open_store(served.store)
+        for (repo_type, repo_id), repo in store._repos.items():
+            if f"{repo_type}s--{repo_id.replace('/', '--')}" == folder:
+                doc = repo.manifests.get(rest.removesuffix(".json"))
+                return json.dumps(doc).encode() if doc is not None else None
+        return None
     from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, ObjectStore
 
     with storage_env(served):
@@ -243,6 +345,15 @@ def _overwrite(served: Served, name: str, data: bytes) -> None:
         path.chmod(0o644)
         with open(path, "r+b") as f:  # in place, as a storage fault would
             f.write(data)
+        return
+    if served.kind == "memory":
+        from cmh.hub.mirror.stores import open_store
+
+        folder, _, etag = name.partition("/blobs/")
+        store: Any = open_store(served.store)
+        for (repo_type, repo_id), repo in store._repos.items():
+            if f"{repo_type}s--{repo_id.replace('/', '--')}" == folder:
+                repo.blobs[etag] = data
         return
     from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore
 
@@ -283,18 +394,21 @@ def test_metrics_store_size(served: Served) -> None:
 
 
 def test_tokens_typo_warned(served: Served) -> None:
+    not_for_memory(served, "`cmh mirror ls` runs in another process")
     assert "CMH-test/Tiny" in served.server.stderr_text()
     out = cmh(["mirror", "ls", "--store", served.store, "--tokens", str(served.tokens)], served.env)
     assert "CMH-test/Tiny" in out.stderr and TINY_REPO in out.stderr
 
 
 def test_mirror_ls(served: Served) -> None:
+    not_for_memory(served, "`cmh mirror ls` runs in another process")
     out = cmh(["mirror", "ls", "--store", served.store, "--json"], served.env)
     repos = {r["repo_id"] for r in json.loads(out.stdout)["repos"]}
     assert repos == {MINILM_REPO, TINY_REPO, PRIVATE_REPO, STAMPED_REPO}
 
 
 def test_scrub(served: Served) -> None:
+    not_for_memory(served, "`cmh mirror scrub` runs in another process")
     out = cmh(["mirror", "scrub", "--store", served.store, "--json", "--no-quarantine"], served.env)
     report = json.loads(out.stdout)
     assert report["ok"] and report["blobs"] >= 10 and report["bytes"] > 0
@@ -332,6 +446,13 @@ def test_page_list_shows_only_repos(served: Served) -> None:
         path = Path(served.store) / name
         path.parent.mkdir(parents=True)
         path.write_bytes(b"x")
+    elif served.kind == "memory":
+        from cmh.hub.mirror.stores import open_store
+
+        memory: Any = open_store(served.store)
+        memory._repos[("model", "cmh-test/nocommit")] = type(memory._repos[("model", TINY_REPO)])(
+            blobs={"a" * 64: b"x"}
+        )
     else:
         with storage_env(served):
             ObjectStore.open(served.store).put(name, b"x")
@@ -343,6 +464,8 @@ def test_page_list_shows_only_repos(served: Served) -> None:
     finally:
         if served.kind == "local":
             shutil.rmtree(Path(served.store) / stray)
+        elif served.kind == "memory":
+            del memory._repos[("model", "cmh-test/nocommit")]
         else:
             with storage_env(served):
                 ObjectStore.open(served.store).delete(name)
@@ -411,6 +534,7 @@ def test_page_private_repo_needs_its_token(served: Served) -> None:
 
 
 def test_page_operator(served: Served) -> None:
+    not_for_memory(served, "`cmh mirror scrub` runs in another process; it is not pruned")
     assert page(served, "/-/operator")[0] == 403
     assert page(served, "/-/operator", PRIVATE_TOKEN)[0] == 403
     cmh(["mirror", "scrub", "--store", served.store, "--json", "--no-quarantine"], served.env)
@@ -428,6 +552,7 @@ def test_page_operator(served: Served) -> None:
 def test_mirror_sync(served: Served, tmp_path: Path) -> None:
     """``cmh mirror sync X --store S --from URL`` fills the store (here from the mirror
     itself: it is a Hub), and the synced repo is then served with its files."""
+    not_for_memory(served, "`cmh mirror sync` runs in another process")
     target = served.store + "synced/" if served.kind != "local" else served.store + "-synced"
     env = {**served.env, "XDG_CACHE_HOME": str(tmp_path / "xdg")}  # a bucket's sync cache
     out = cmh(["mirror", "sync", TINY_REPO, "--store", target, "--from", served.server.url,
@@ -443,6 +568,7 @@ def test_mirror_add_records_its_check(served: Served) -> None:
     """The check ``mirror add`` made is recorded in the store for every server, so the
     first GET does not hash the blob again (local: the file version; bucket: the object
     version)."""
+    not_for_memory(served, "it keeps no check records: a blob is checked at each read")
     etag = hashlib.sha256(bytes((i * 7 + 1) % 256 for i in range(300_000))).hexdigest()
     record = _store_file(served, f"models--cmh-test--tiny/.cmh/checked/{etag}")
     assert record is not None
@@ -464,6 +590,7 @@ def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) 
     """A blob that scrub quarantined is no longer served (503), and once re-imported it is
     served again, by every replica within ``--ref-ttl`` (2 s here; redirect replicas
     never send a client to the deleted object)."""
+    not_for_memory(served, "`cmh mirror scrub` and replicas run in other processes")
     repo = "cmh-test/scrubbed"
     src = tmp_path / "src"
     src.mkdir()
@@ -515,6 +642,7 @@ def test_scrub_and_reimport_seen_within_ref_ttl(served: Served, tmp_path: Path) 
 def test_redirect_signed_for_the_public_storage_url(served: Served, tmp_path: Path) -> None:
     """``--public-storage-url``: redirects name the storage as clients reach it (here
     ``localhost`` where the replicas use ``127.0.0.1``), and that URL downloads the blob."""
+    not_for_memory(served, "`cmh serve` runs in another process")
     if served.kind == "local":
         done = cmh(["serve", "--store", served.store, "--public-storage-url",
                     "http://localhost:1"], served.env, check=False)  # fmt: skip
@@ -564,7 +692,8 @@ def test_pages_answer_503_while_the_storage_is_down(tmp_path: Path) -> None:
 
 def test_a_client_that_drops_mid_body_leaves_no_traceback(served: Served) -> None:
     """Issue 34: the folder path logged a client that left mid-body as ``cut: client went
-    away``; the bucket proxy printed a traceback per dropped client. Every kind alike now."""
+    away``; the bucket proxy printed a traceback per dropped client. Every kind alike now,
+    through one delivery object: the log line has the cut and the bytes sent."""
     import http.client
     import socket
 
@@ -588,5 +717,48 @@ def test_a_client_that_drops_mid_body_leaves_no_traceback(served: Served) -> Non
             break
         time.sleep(0.05)
     assert len(entries) == 1 and entries[0]["bytes"] < size, entries
+    # the bytes the client got, on every kind (a folder's sendfile logged 0)
+    assert entries[0]["bytes"] >= 1 << 20, json.dumps(entries)
     assert entries[0].get("cut") == "client went away", entries
     assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
+
+
+def _add(served: Served, src: Path, repo: str) -> str:
+    """Import ``src`` as ``repo`` (``cmh mirror add``; a memory store's own call); its commit."""
+    if served.kind == "memory":
+        from cmh.hub.mirror.stores import open_store
+
+        return open_store(served.store).add_folder(src, repo).commit
+    out = cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo, "--json"],
+              served.env)  # fmt: skip
+    return str(json.loads(out.stdout)["commit"])
+
+
+def test_a_blob_whose_bytes_went_bad_is_never_sent_whole(served: Served, tmp_path: Path) -> None:
+    """Every kind, the in-memory one too, refuses a blob whose stored bytes are not its
+    name: a 503 before any byte, or a body cut before its last byte; never the whole."""
+    import http.client
+
+    repo = "cmh-test/went-bad"
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(200_000)
+    (src / "weights.bin").write_bytes(data)
+    _add(served, src, repo)
+    name = f"models--cmh-test--went-bad/blobs/{hashlib.sha256(data).hexdigest()}"
+    wrong = data[::-1]  # the same size, other bytes
+    _overwrite(served, name, wrong)
+    try:
+        url = f"{served.server.url}/{repo}/resolve/main/weights.bin"
+        for _ in range(2):  # the first answer checks the bytes, the second knows them bad
+            try:
+                with _OPENER.open(Request(url), timeout=60) as r:
+                    status, body = r.status, r.read()
+            except HTTPError as exc:
+                status, body = exc.code, b""
+            except http.client.IncompleteRead as exc:
+                status, body = -1, exc.partial  # cut before its last byte
+            assert status in (503, -1), (status, len(body))
+            assert len(body) < len(wrong)
+    finally:
+        _overwrite(served, name, data)  # the store as it was, for any test after this one

@@ -1,12 +1,22 @@
-"""The store protocol and its errors."""
+"""The store protocol, one small protocol per role, composed.
+
+A store is read (:class:`StoreReader`: repos, refs, commits, files), written
+(:class:`StoreWriter`: imports, syncs, freshness records), delivers blobs
+(:class:`StoreDelivery`), pulls through (:class:`StorePullThrough`) and is kept
+(:class:`StoreHousekeeping`: checks, sizes, scrubs, prune's scan). A caller that needs
+one role takes that protocol; :class:`MirrorStore` is every role of one store. No
+role names the kind of store it is: a folder's path, a bucket's client stay inside
+the kind (``stores.local``, ``stores.bucket``, ``stores.memory``).
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -14,12 +24,21 @@ if TYPE_CHECKING:
 
     from .._history import CommitRecord
     from .._index import CommitIndex, FileEntry
+    from ._delivery import BlobDelivery
     from ._pull import PullThrough
     from ._sync import SyncRequest, SyncResult
     from .local._folder import ImportOptions, ImportResult, RepoSummary
     from .local._scrub import ScrubOptions, ScrubReport
 
 
+#: The files a fingerprint reads as a model's weights (their stamps stand for their bytes):
+#: a top-level model or adapter file, or a shard of a sharded model. Any other file may be
+#: read byte for byte (remote code's data, a module's weights), so it is copied whole.
+WEIGHT_FILES = re.compile(r"(model|adapter_model|model-\d{5}-of-\d{5})\.safetensors")
+#: Seconds a stamp must stay unexpired for a store to vouch for it by its kept manifest.
+HEADER_COPY_MARGIN = 3600.0
+#: A JSON object a store keeps (a tensor manifest, a scrub report, a quarantine note).
+Document = dict[str, object]
 #: The file of a store's last scrub report, beside its quarantined blobs.
 LAST_SCRUB = "last-scrub.json"
 
@@ -28,32 +47,16 @@ LAST_SCRUB = "last-scrub.json"
 class ScrubView:
     """The last ``cmh mirror scrub`` (if recorded) and every quarantined blob."""
 
-    last: dict[str, Any] | None
-    quarantined: list[dict[str, Any]]
+    last: Document | None
+    quarantined: list[Document]
 
 
-class MirrorStore(Protocol):
-    """What the mirror needs of a store, whatever holds it.
+class StoreReader(Protocol):
+    """What is read of a store: repos, refs, commits and the bytes of their files.
 
     Repos are named by ``(repo_type, repo_id)``. Reads of a storage that fails
     raise :class:`StoreUnavailable`.
     """
-
-    #: Where the store is, for messages (a folder path or an ``s3://`` URL).
-    location: str
-    #: What the store is, for messages ("a local store", "a bucket store").
-    kind: str
-    #: The ``--blob-delivery`` modes this store can do (the first is the default).
-    deliveries: tuple[str, ...]
-    #: Told what a writer waits for (a pruner's lease), for the terminal; None: silent.
-    on_notice: Callable[[str], None] | None
-
-    def check(self) -> None:
-        """Raise :class:`StoreMissing` / :class:`StoreUnavailable` unless it can be served."""
-
-    def create(self) -> None:
-        """Make an empty store where there is none (a pull-through cache starts empty):
-        a folder is made; a bucket must exist already (its storage makes it)."""
 
     def repos(self) -> list[tuple[str, str]]:
         """Every ``(repo_type, repo_id)`` the store holds, sorted."""
@@ -95,28 +98,29 @@ class MirrorStore(Protocol):
     def blob_present(self, entry: FileEntry) -> bool:
         """True when the entry's blob is in the store (it may still be bad)."""
 
-    def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> dict[str, Any]:
+    def manifest(self, repo_type: str, repo_id: str, entry: FileEntry) -> Document:
         """The tensor manifest of a safetensors entry, computed and kept if there is none
         (:class:`~cmh.hub.mirror._manifests.ManifestError` for an unusable file)."""
 
-    def size(self, skip: Callable[[str, str], bool]) -> tuple[int, int]:
-        """Bytes of blobs and number of the repos ``skip(repo_type, repo_id)`` keeps."""
+
+class StoreWriter(Protocol):
+    """What writes a store: imports, syncs from a Hub, pull-through's freshness records."""
+
+    #: Told what a writer waits for (a pruner's lease), for the terminal; None: silent.
+    on_notice: Callable[[str], None] | None
+
+    def create(self) -> None:
+        """Make an empty store where there is none (a pull-through cache starts empty);
+        a store whose storage must exist already makes nothing."""
 
     def add_folder(self, src: Path, repo_id: str, **options: Unpack[ImportOptions]) -> ImportResult:
         """Import ``src`` as a commit of ``repo_id`` at ``revision``."""
 
-    def list_store(self) -> list[RepoSummary]:
-        """Every repo with its refs and blob usage."""
-
-    def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
-        """Re-hash every blob; quarantine the bad ones; keep the report for the web page."""
-
-    def scrub_history(self) -> ScrubView:
-        """The last recorded scrub and the notes of quarantined blobs (the operator page)."""
-
-    def prune_scan(self) -> CacheScan:
-        """A read-only scan for the one prune planner, with expiries and commit times
-        (the operator page's dry runs)."""
+    def sync(self, request: SyncRequest) -> SyncResult:
+        """Fill the store from a Hub: ``request.fetch(cache)`` resolves into a local Hugging
+        Face cache kept between runs (the store itself when it is one, else ``cache_dir`` or
+        :func:`~._sync.default_sync_cache`, whose snapshot is then imported), so a sync again
+        fetches only what changed and an interrupted one resumes."""
 
     def record_upstream_freshness(
         self, repo_type: str, repo_id: str, commit: str, fresh_until: float
@@ -125,26 +129,58 @@ class MirrorStore(Protocol):
         upstream/{commit}.json``; ``cmh prune --expired`` reads it): after the commit is
         in the store, replacing the previous record."""
 
-    def scrub_bytes(self) -> int:
-        """Bytes a scrub reads (for its progress bar)."""
 
-    def sync(self, request: SyncRequest) -> SyncResult:
-        """Fill the store from a Hub: ``request.fetch(cache)`` resolves into a local Hugging Face
-        cache kept between runs, so a sync again fetches only what changed and an
-        interrupted one resumes: the store itself (a folder; ``cache_dir`` is not used),
-        or ``cache_dir`` (default :func:`~._sync.default_sync_cache`) whose snapshot is
-        then imported (a bucket; not when it holds the commit at the revision already)."""
+class StoreDelivery(Protocol):
+    """How a store's blobs reach clients: its ``--blob-delivery`` modes."""
 
-    def remote_sender(self, delivery: str) -> Any:
-        """How a remote store sends bytes in ``delivery`` mode (None: this process opens
-        and sends the file itself, :mod:`~cmh.hub.mirror._send`)."""
+    #: The ``--blob-delivery`` modes this store can do (the first is the default).
+    deliveries: tuple[str, ...]
+
+    def delivery(self, mode: str) -> BlobDelivery:
+        """How a blob's bytes reach a client in ``mode`` (one of :attr:`deliveries`; one
+        object per worker and mode, :class:`StoreError` for a mode the store cannot do)."""
+
+
+class StorePullThrough(Protocol):
+    """A store's side of ``cmh serve --upstream`` (and of its access and cut records)."""
 
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> PullThrough:
         """The store's side of ``cmh serve --upstream`` (``fresh_for``: seconds an unstamped
-        branch stays fresh after a validation; ``fill_lease_ttl``: the lifetime of a
-        bucket fill's lease, ``None`` for the default; a store without fill leases raises
+        branch stays fresh after a validation; ``fill_lease_ttl``: the lifetime of a fill's
+        lease, ``None`` for the default; a store without fill leases raises
         :class:`StoreError` when it is given)."""
 
-    def local_root(self) -> Path | None:
-        """The folder the store lives in, for what only a folder has (x-accel,
-        pull-through fills); None for a bucket."""
+
+class StoreHousekeeping(Protocol):
+    """What keeps a store: checks, sizes, listings, scrubs and prune's scan."""
+
+    def check(self) -> None:
+        """Raise :class:`StoreMissing` / :class:`StoreUnavailable` unless it can be served."""
+
+    def size(self, skip: Callable[[str, str], bool]) -> tuple[int, int]:
+        """Bytes of blobs and number of the repos ``skip(repo_type, repo_id)`` keeps."""
+
+    def list_store(self) -> list[RepoSummary]:
+        """Every repo with its refs and blob usage."""
+
+    def scrub(self, **options: Unpack[ScrubOptions]) -> ScrubReport:
+        """Re-hash every blob; quarantine the bad ones; keep the report for the web page."""
+
+    def scrub_bytes(self) -> int:
+        """Bytes a scrub reads (for its progress bar; 0: unknown)."""
+
+    def scrub_history(self) -> ScrubView:
+        """The last recorded scrub and the notes of quarantined blobs (the operator page)."""
+
+    def prune_scan(self) -> CacheScan:
+        """A read-only scan for the one prune planner, with expiries and commit times
+        (the operator page's dry runs)."""
+
+
+class MirrorStore(
+    StoreReader, StoreWriter, StoreDelivery, StorePullThrough, StoreHousekeeping, Protocol
+):
+    """Every role of one store, whatever holds it (:func:`~.open_store` makes one)."""
+
+    #: Where the store is, for messages (a folder path, an ``s3://`` URL, a ``memory://`` name).
+    location: str

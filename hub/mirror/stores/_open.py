@@ -35,7 +35,8 @@ def open_store(
     public_storage_url: str | None = None,
     clock: Clock | None = None,
 ) -> MirrorStore:
-    """The store at ``location``: an ``s3://bucket/prefix`` URL or a folder.
+    """The store at ``location``: an ``s3://bucket/prefix`` URL, a folder, or
+    ``memory://NAME`` (a store in this process's memory, for tests).
 
     ``ref_ttl``: how long a server's bucket reader trusts a ref it read (None: the
     default); ``public_storage_url``: the storage endpoint redirects are signed for;
@@ -50,9 +51,13 @@ def open_store(
             text, ref_ttl=ref_ttl, public_storage_url=public_storage_url, clock=clock
         )
     from .._errors import StoreError
-    from .local._store import LocalStore
 
     if public_storage_url is not None:
         raise StoreError("--public-storage-url applies to bucket stores (redirect delivery)")
+    if isinstance(location, str) and text.startswith("memory://"):
+        from .memory._store import open_memory
+
+        return open_memory(text, clock)
+    from .local._store import LocalStore
 
     return LocalStore(Path(location), clock)

@@ -1,61 +1,63 @@
 """How a bucket store's bytes reach a client: proxied through this process or a
-redirect to a presigned URL (:mod:`~cmh.hub.mirror.stores.bucket._send`)."""
+redirect to a presigned URL (:mod:`~cmh.hub.mirror.stores.bucket._send`), as one
+:class:`~cmh.hub.mirror.stores.BlobDelivery`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
+from aiohttp import web
+
+from ..._index import FileEntry
+from ..._ranges import ByteRange
+from .._delivery import PROXY, REDIRECT, Sent
+from . import _send as bucket_send
+from ._objectstore import ObjectStore
 from ._read import BucketReader
 
 
 @dataclass
-class RemoteSender:
-    """Sends an entry's blob in one delivery mode; ``send`` answers
-    ``(response, body bytes sent, why the body was cut or None)``."""
+class BucketDelivery:
+    """Sends an entry's blob in one delivery mode: ``proxy`` (the object's bytes through
+    this process, checked) or ``redirect`` (a presigned URL, signed by ``signer``)."""
 
     reader: BucketReader
-    delivery: str
-    fetcher: Any = None
-    verifier: Any = None
-    signer: Any = None  # what signs redirect URLs (an ObjectStore for the client's address)
+    mode: str
+    signer: ObjectStore | None = None  # signs redirect URLs (for the client's address)
+    fetcher: bucket_send.ObjectFetcher | None = field(default=None, init=False)
+    verifier: bucket_send.ObjectVerifier = field(
+        default_factory=bucket_send.ObjectVerifier, init=False
+    )
 
-    async def send(
-        self, request: Any, entry: Any, headers: dict[str, str], ranges: Any
-    ) -> tuple[Any, int, str | None]:
-        from . import _send as bucket_send
-
-        if self.delivery == bucket_send.REDIRECT:
-            answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
-            return answer, 0, None
-        return await bucket_send.proxy(
-            request, self.reader, self.fetcher, self.verifier, entry, headers, ranges
-        )
+    def __post_init__(self) -> None:
+        if self.mode not in (PROXY, REDIRECT):
+            raise ValueError(f"a bucket store has no {self.mode!r} delivery")
+        if self.mode == PROXY:
+            self.fetcher = bucket_send.ObjectFetcher(self.reader)
 
     @property
     def redirects(self) -> bool:
         """True when the answer is a redirect (a ``HEAD`` is answered as a ``GET``)."""
-        from . import _send as bucket_send
+        return self.mode == REDIRECT
 
-        return self.delivery == bucket_send.REDIRECT
-
-    async def ready(self, entry: Any) -> None:
-        """Raise :class:`~cmh.hub.mirror._send.BlobUnavailable` unless the blob can be
-        sent (present, of its size, not known bad); reads none of its bytes."""
-        from . import _send as bucket_send
-
+    async def ready(self, entry: FileEntry) -> None:
         await bucket_send.ready(self.reader, self.verifier, entry)
+
+    async def send(
+        self,
+        request: web.Request,
+        entry: FileEntry,
+        headers: dict[str, str],
+        ranges: list[ByteRange] | None,
+    ) -> Sent:
+        if self.fetcher is None:
+            answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
+            return Sent(answer)
+        response, sent, cut = await bucket_send.proxy(
+            request, self.reader, self.fetcher, self.verifier, entry, headers, ranges
+        )
+        return Sent(response, sent, cut)
 
     async def close(self) -> None:
         if self.fetcher is not None:
             await self.fetcher.close()
-
-
-def make_sender(reader: BucketReader, delivery: str, signer: Any = None) -> RemoteSender:
-    from . import _send as bucket_send
-
-    if delivery == bucket_send.REDIRECT:
-        return RemoteSender(reader, delivery, signer=signer)
-    return RemoteSender(
-        reader, delivery, bucket_send.ObjectFetcher(reader), bucket_send.ObjectVerifier()
-    )

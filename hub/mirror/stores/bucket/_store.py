@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,9 +13,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cmh.hub.cache import Clock, new_digest, repo_folder_name
 
-from ..._errors import StoreMissing, StoreUnavailable
+from ..._errors import StoreError, StoreMissing, StoreUnavailable
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
+from .._base import HEADER_COPY_MARGIN, WEIGHT_FILES
+from .._delivery import PROXY, REDIRECT, BlobDelivery
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
 from ..local._scrub import ScrubOptions, ScrubReport
@@ -29,23 +30,18 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .._base import ScrubView
+    from ._delivery import BucketDelivery
 
 #: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
 #: the storage lists by name).
 MAX_QUARANTINE_NOTES = 1000
-#: The files a fingerprint reads as a model's weights (their stamps stand for their bytes):
-#: a top-level model or adapter file, or a shard of a sharded model. Any other file may be
-#: read byte for byte (remote code's data, a module's weights), so it is copied whole.
-_WEIGHTS = re.compile(r"(model|adapter_model|model-\d{5}-of-\d{5})\.safetensors")
-#: Seconds a stamp must stay unexpired for a blob to be copied as its header alone.
-HEADER_COPY_MARGIN = 3600.0
+_WEIGHTS = WEIGHT_FILES  # one definition for every kind (stores._base)
 
 
 class BucketBackedStore:
     """The mirror store of one ``s3://bucket/prefix``."""
 
-    kind: str = "a bucket store"
-    deliveries: tuple[str, ...] = ("proxy", "redirect")
+    deliveries: tuple[str, ...] = (PROXY, REDIRECT)
 
     def __init__(
         self, bucket: BucketStore, *, ref_ttl: float | None = None, signer: Any = None
@@ -54,7 +50,7 @@ class BucketBackedStore:
         self.location = bucket.url
         self.reader = BucketReader(bucket, ref_ttl=DEFAULT_REF_TTL if ref_ttl is None else ref_ttl)
         self.signer = signer or bucket.objects  # signs the URLs clients are sent to
-        self._senders: dict[str, Any] = {}
+        self._deliveries: dict[str, BucketDelivery] = {}
 
     @classmethod
     def open(
@@ -111,9 +107,6 @@ class BucketBackedStore:
         except ObjectStoreError as exc:
             raise StoreUnavailable(str(exc)) from None
 
-    def local_root(self) -> Path | None:
-        return None
-
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> Any:
         from ._pull import BucketPullThrough
 
@@ -121,14 +114,17 @@ class BucketBackedStore:
         pull.store_backend = self
         return pull
 
-    def remote_sender(self, delivery: str) -> Any:
-        """The proxy or redirect sender of this store (one per worker, made on first use)."""
-        sender = self._senders.get(delivery)
-        if sender is None:
-            from ._delivery import make_sender
+    def delivery(self, mode: str) -> BlobDelivery:
+        """The ``proxy`` or ``redirect`` delivery of this store (one per worker and mode,
+        made on first use)."""
+        made = self._deliveries.get(mode)
+        if made is None:
+            if mode not in self.deliveries:
+                raise StoreError(f"a bucket store has no {mode!r} delivery")
+            from ._delivery import BucketDelivery
 
-            sender = self._senders[delivery] = make_sender(self.reader, delivery, self.signer)
-        return sender
+            made = self._deliveries[mode] = BucketDelivery(self.reader, mode, self.signer)
+        return made
 
     def repos(self) -> list[tuple[str, str]]:
         """Folders with a ref or a tree object (a folder holding only blobs, such as an

@@ -20,13 +20,16 @@ from cmh.hub.cache import (
     record_use,
 )
 
-from ..._errors import StoreError, StoreMissing
+from ..._errors import BlobUnavailable, StoreError, StoreMissing
 from ..._history import CommitRecord, history, last_commits
 from ..._index import CommitIndex, FileEntry, IndexCache, repo_exists, resolve_revision
-from ..._send import BlobUnavailable, open_blob
+from ..._send import open_blob
+from .._delivery import PROXY, X_ACCEL, BlobDelivery
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult
+from ._delivery import FileDelivery
 from ._folder import ImportOptions, ImportResult, RepoSummary
 from ._scrub import ScrubOptions, ScrubReport
+from ._verify import BlobVerifier
 
 if TYPE_CHECKING:
     from cmh.hub.prune import CacheScan
@@ -67,8 +70,7 @@ def _has_snapshot(folder: str) -> bool:
 class LocalStore:
     """The mirror store of one folder."""
 
-    kind: str = "a local store"
-    deliveries: tuple[str, ...] = ("proxy", "x-accel")
+    deliveries: tuple[str, ...] = (PROXY, X_ACCEL)
 
     def __init__(self, root: Path, clock: Clock | None = None) -> None:
         self.clock = clock if clock is not None else process_clock()  # its records' times
@@ -76,6 +78,9 @@ class LocalStore:
         self.root = root.resolve() if root.exists() else root.absolute()
         self.location = str(root)
         self.indexes = IndexCache()
+        #: Which blob versions hash to their names (one per worker: its deliveries share it).
+        self.verifier = BlobVerifier()
+        self._deliveries: dict[str, FileDelivery] = {}
 
     def __repr__(self) -> str:
         return f"LocalStore({self.location!r})"
@@ -97,9 +102,6 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"{self.location}: cannot make the store folder: {exc}") from None
 
-    def local_root(self) -> Path | None:
-        return self.root
-
     def pull_through(self, fresh_for: float, *, fill_lease_ttl: float | None = None) -> Any:
         if fill_lease_ttl is not None:
             raise StoreError(
@@ -110,8 +112,15 @@ class LocalStore:
 
         return LocalPullThrough(self.root, fresh_for, self.clock)
 
-    def remote_sender(self, delivery: str) -> Any:
-        return None
+    def delivery(self, mode: str) -> BlobDelivery:
+        """The ``proxy`` (sendfile) or ``x-accel`` (nginx) delivery of this store, one per
+        worker and mode, made on first use."""
+        made = self._deliveries.get(mode)
+        if made is None:
+            if mode not in self.deliveries:
+                raise StoreError(f"a folder store has no {mode!r} delivery")
+            made = self._deliveries[mode] = FileDelivery(self.root, self.verifier, mode)
+        return made
 
     def repos(self) -> list[tuple[str, str]]:
         """Read on every list page and listing (one ``scandir``): a repo with a snapshot
