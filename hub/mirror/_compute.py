@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: Threads computing at once in one worker (at least one, at most two or the cores).
-COMPUTE_WORKERS = max(1, min(2, os.cpu_count() or 1))
+#: Threads computing at once in one worker: the cores but one (a core stays free for the
+#: requests: with both of 2 cores computing, a stored tree took 2-5x, and up to 100x
+#: for Python-bound work, its time alone), at least one, at most two.
+COMPUTE_WORKERS = max(1, min(2, (os.cpu_count() or 1) - 1))
 #: Computations one client may have running at once in one worker (more wait their turn).
 PER_CLIENT = 2
 
