@@ -34,7 +34,7 @@ BOUND = 3.0
 #: Requests in flight that load the server (the issue's 8).
 LOAD = 8
 #: Requests per median (each of the tree and the revision), after WARMUP of each.
-SAMPLES, WARMUP = 25, 3
+SAMPLES, WARMUP = 40, 3
 #: The fingerprinted checkpoint: hashing it takes tens of ms, so the load outlasts the
 #: loaded samples (checked). Thousands of tiny tensors instead make the work Python-bound
 #: (the GIL): then 1 ms became 3-4 ms with one compute thread, 66-109 ms with two.
