@@ -359,6 +359,7 @@ class _ServeOptions:
     ref_ttl: float
     graceful_timeout: float
     public_storage_url: str | None
+    trusted_proxies: tuple[str, ...]
     tree_page_size: int
 
 
@@ -486,6 +487,16 @@ class _ServeOptions:
     (
         "Bucket stores, --blob-delivery redirect: the storage endpoint as clients reach it "
         "(when it differs from the one the replicas use); redirects are signed for it."
+    ),
+)
+@click.option(
+    "--trusted-proxy",
+    "trusted_proxies",
+    multiple=True,
+    metavar="ADDRESS",
+    help=(
+        "A reverse proxy (IP address or network, e.g. 127.0.0.1) whose X-Forwarded-For names "
+        "the client, for the per-client limits; without it the header is ignored. Repeatable."
     ),
 )
 @click.option("--tree-page-size", type=click.IntRange(1, 10000), default=1000, hidden=True)

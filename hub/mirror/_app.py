@@ -30,7 +30,6 @@ from . import _catalog as catalog
 from . import _documents as documents
 from . import _hub_documents as hub_documents
 from ._auth import bearer_token
-from ._compute import client_of
 from ._cuts import RESTART_MESSAGE, appends_whole_body
 from ._errors import CLIENT_LEFT, BlobUnavailable, HubError
 from ._fingerprints import fingerprint_of
@@ -171,9 +170,9 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         elif route.kind == "commits":
             answer = await _commits(request, state, route, index)
         elif route.kind == "manifest":
-            answer = await _manifest(state, route, index, client_of(request))
+            answer = await _manifest(state, route, index, state.compute.client_of(request))
         else:
-            answer = await _fingerprint(state, route, index, client_of(request))
+            answer = await _fingerprint(state, route, index, state.compute.client_of(request))
         if request.get(STALE_KEY):
             answer.headers["Warning"] = request[STALE_KEY]
         return answer

@@ -4,9 +4,10 @@ Fingerprints, tensor manifests, card rendering and a page's "verify now" read
 and hash whole files. They run on :class:`ComputePool`'s threads
 (:data:`COMPUTE_WORKERS`), never on the threads that answer requests and read
 the store (the event loop's default executor): however many are asked for, a
-revision, a tree or a file is answered meanwhile. A client (its address) has
-at most :data:`PER_CLIENT` computations running or queued at once; its further
-requests wait their turn without holding a thread.
+revision, a tree or a file is answered meanwhile. A client (its address, or the
+one a trusted reverse proxy forwards for: :class:`TrustedProxies`) has at most
+:data:`PER_CLIENT` computations running at once; its further requests wait
+their turn without holding a thread.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._connections import TrustedProxies
+
 if TYPE_CHECKING:
     from aiohttp import web
 
 T = TypeVar("T")
 
-#: Threads computing at once in one worker (at least one, at most two or the cores).
-COMPUTE_WORKERS = max(1, min(2, os.cpu_count() or 1))
+#: Threads computing at once in one worker: the cores but one (a core stays free for the
+#: requests: with both of 2 cores computing, a stored tree took 2-5x, and up to 100x
+#: for Python-bound work, its time alone), at least one, at most two.
+COMPUTE_WORKERS = max(1, min(2, (os.cpu_count() or 1) - 1))
 #: Computations one client may have running at once in one worker (more wait their turn).
 PER_CLIENT = 2
 
@@ -32,8 +37,14 @@ PER_CLIENT = 2
 class ComputePool:
     """The worker's pool for CPU-heavy work, with a concurrency limit per client."""
 
-    def __init__(self, workers: int = COMPUTE_WORKERS, per_client: int = PER_CLIENT) -> None:
+    def __init__(
+        self,
+        workers: int = COMPUTE_WORKERS,
+        per_client: int = PER_CLIENT,
+        proxies: TrustedProxies | None = None,
+    ) -> None:
         self.workers, self.per_client = workers, per_client
+        self.proxies = proxies or TrustedProxies()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="cmh-compute")
         # client -> (its semaphore, requests using it): dropped when none does, so the
         # clients kept never outnumber the requests in flight.
@@ -66,14 +77,14 @@ class ComputePool:
         """``func(*args)`` on the pool, from a thread that may block (a page being built)."""
         return self._pool.submit(func, *args).result()
 
+    def client_of(self, request: web.BaseRequest) -> str:
+        """Who asks, for the per-client limit: the peer's address, or the client a
+        trusted proxy forwards for (``--trusted-proxy``)."""
+        return self.proxies.client_of(request)
+
     def clients(self) -> int:
         """Clients with a computation running or waiting (for tests and metrics)."""
         return len(self._clients)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def client_of(request: web.BaseRequest) -> str:
-    """Who asks, for the per-client limit of CPU-heavy work: the peer's address."""
-    return request.remote or "-"

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import resource
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -183,6 +185,73 @@ class _GuardedProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._inner is not None:
             self._inner.resume_writing()
+
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _address(text: str | None) -> IPAddress | None:
+    """``text`` as an IP address (an IPv4-mapped IPv6 one as IPv4), else None."""
+    try:
+        address = ipaddress.ip_address((text or "").strip().removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped or address
+
+
+@dataclass(frozen=True)
+class TrustedProxies:
+    """The reverse proxies (``--trusted-proxy``) whose ``X-Forwarded-For`` names the client.
+
+    Deny by default: without any, and for a peer that is not one of them, the header is
+    ignored and the client is the peer's address. Behind a trusted peer, the client is
+    the last hop of ``X-Forwarded-For`` (read right to left) that is not a trusted proxy:
+    the hops left of it are what the client itself claims. A hop that is not an address
+    ends the walk (the trusted hop right of it is the client).
+    """
+
+    networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, specs: Iterable[str]) -> TrustedProxies:
+        """From addresses or networks (``127.0.0.1``, ``10.0.0.0/8``); ``ValueError`` names
+        the one that is neither."""
+        networks = []
+        for spec in specs:
+            try:
+                networks.append(ipaddress.ip_network(spec.strip(), strict=False))
+            except ValueError:
+                raise ValueError(
+                    f"{spec!r} is not an IP address or network: give one "
+                    "such as 127.0.0.1 or 10.0.0.0/8 (a host name is not resolved)"
+                ) from None
+        return cls(tuple(networks))
+
+    def trusts(self, address: IPAddress) -> bool:
+        return any(address in network for network in self.networks)
+
+    def client(self, peer: str | None, forwarded: Iterable[str]) -> str:
+        """The client behind ``peer`` given its ``X-Forwarded-For`` values."""
+        address = _address(peer)
+        if address is None or not self.trusts(address):
+            return peer or "-"
+        hops = [hop for value in forwarded for hop in value.split(",")]
+        for hop in reversed(hops):
+            hop_address = _address(hop)
+            if hop_address is None:
+                break
+            address = hop_address
+            if not self.trusts(address):
+                break
+        return str(address)
+
+    def client_of(self, request: web.BaseRequest) -> str:
+        """Who asks ``request``: its peer, or the client a trusted proxy forwards for."""
+        if not self.networks:
+            return request.remote or "-"
+        return self.client(request.remote, request.headers.getall("X-Forwarded-For", ()))
 
 
 #: Headers of an answer made before any route ran (a request the HTTP parser refused).

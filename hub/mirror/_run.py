@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from cmh.hub.cache import Clock, process_clock
 
 if TYPE_CHECKING:
+    from ._connections import TrustedProxies
     from .stores import MirrorStore
 from ._upstream import UpstreamConfig
 
@@ -66,6 +67,8 @@ class ServeConfig:
     ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
     graceful_timeout: float = SHUTDOWN_TIMEOUT  # after SIGTERM/SIGINT: requests in flight
     public_storage_url: str | None = None  # redirect: the storage endpoint clients reach
+    #: reverse proxies whose X-Forwarded-For names the client (addresses or networks)
+    trusted_proxies: tuple[str, ...] = ()
 
 
 def public_url(text: str) -> str:
@@ -151,6 +154,7 @@ def serve(config: ServeConfig) -> int:
         cap = limit
     config = replace(config, max_connections=cap)
     _pages(config)  # fail on a bad admin tokens or key file before any worker starts
+    _proxies(config)
     if config.workers <= 1:
         sock = _socket(config.host, config.port, reuse_port=False)
         sock.listen(1024)
@@ -218,6 +222,16 @@ def _pages(config: ServeConfig) -> object:
         raise ServeError(str(exc)) from None
 
 
+def _proxies(config: ServeConfig) -> TrustedProxies:
+    """``--trusted-proxy`` read (``ServeError`` for one that is no address or network)."""
+    from ._connections import TrustedProxies
+
+    try:
+        return TrustedProxies.parse(config.trusted_proxies)
+    except ValueError as exc:
+        raise ServeError(f"--trusted-proxy: {exc}") from None
+
+
 def _log_stream(config: ServeConfig) -> IO[str]:
     if config.access_log is None:
         return sys.stderr
@@ -229,6 +243,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
 
     from ._app import make_app
     from ._auth import AccessPolicy, load_tokens
+    from ._compute import ComputePool
     from ._connections import ConnectionGuard, plain_errors
     from ._observe import AccessLogger, Metrics, configure
     from ._state import RECORDS_FRESH_FOR, MirrorState
@@ -267,6 +282,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         body_timeout=config.header_timeout,
         clock=clock,
         records=records,
+        compute=ComputePool(proxies=_proxies(config)),
     )
     state.delivery = config.blob_delivery
     if config.upstream is not None:

@@ -156,3 +156,27 @@ class HostileHub(LoopServer):
             await response.write_eof()
             return response
         return web.Response(status=404, headers={"X-Error-Code": "RepoNotFound"})
+
+
+class DripOrHub(HostileHub):
+    """:class:`HostileHub` (``evil/repo``), and any ``drip/*`` revision answered a byte
+    every 50 ms, for 60 s at most or until ``ending`` is set."""
+
+    ending = False
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        if not request.path.startswith("/api/models/drip/"):
+            return await super().handler(request)
+        self.seen.append(Seen(request.method, request.path, None))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        try:
+            await response.write(b"{")
+            for _ in range(1200):
+                if self.ending:
+                    break
+                await response.write(b" ")
+                await asyncio.sleep(0.05)
+        except (ConnectionError, RuntimeError):
+            pass
+        return response

@@ -17,7 +17,7 @@ from cmh.hub.mirror import _upstream
 from cmh.hub.mirror._memo import KeyedLocks, Memo
 from cmh.hub.mirror._upstream import Outcome, Upstream, UpstreamConfig, UpstreamError
 from cmh.hub.mirror.stores import open_store
-from hostile_upstream import COMMIT, HostileHub, Seen
+from hostile_upstream import COMMIT, DripOrHub, HostileHub
 from loop_server import LoopServer
 
 
@@ -561,30 +561,6 @@ def test_fills_under_way_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert asyncio.run(run()) == 15
     finally:
         release.set()
-
-
-class DripOrHub(HostileHub):
-    """:class:`HostileHub` (``evil/repo``), and any ``drip/*`` revision answered a byte
-    every 50 ms, for 60 s at most or until ``ending`` is set."""
-
-    ending = False
-
-    async def handler(self, request: web.Request) -> web.StreamResponse:
-        if not request.path.startswith("/api/models/drip/"):
-            return await super().handler(request)
-        self.seen.append(Seen(request.method, request.path, None))
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        try:
-            await response.write(b"{")
-            for _ in range(1200):
-                if self.ending:
-                    break
-                await response.write(b" ")
-                await asyncio.sleep(0.05)
-        except (ConnectionError, RuntimeError):
-            pass
-        return response
 
 
 def test_slow_revalidations_leave_the_request_threads_free(tmp_path: Path) -> None:

@@ -244,8 +244,6 @@ def _host(request: web.Request) -> str:
 
 
 async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> web.Response:
-    from .._compute import client_of
-
     loop = asyncio.get_running_loop()
     context = _base(request, who)
     context["endpoint"] = mirror_url(request)
@@ -254,7 +252,8 @@ async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> we
         if build in (_repo_page, _file_page):
             # They may compute (a card, a fingerprint, verify now): a client builds at most
             # the compute pool's ``per_client`` at once, so it cannot hold every thread.
-            async with _compute(request).turn(client_of(request)):
+            pool = _compute(request)
+            async with pool.turn(pool.client_of(request)):
                 body = await loop.run_in_executor(None, work)
         else:
             body = await loop.run_in_executor(None, work)

@@ -48,6 +48,7 @@ def nginx_server(store: Path, listen: str, upstream: str, prefix: str = DEFAULT_
         "  location / {\n"
         f"    proxy_pass http://{upstream};\n"
         "    proxy_set_header Host $http_host;\n"
+        "    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n"
         "    proxy_http_version 1.1;\n"
         '    proxy_set_header Connection "";\n'
         "  }\n"

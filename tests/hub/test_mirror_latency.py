@@ -1,0 +1,171 @@
+"""Issue 35's latency bound, as a ratio measured in one run against one ``cmh serve``.
+
+With 8 drip-fed upstream requests, or 8 fingerprint requests, in flight, a stored
+repo's tree and a revision request answer within :data:`BOUND` times their latency
+alone (before: the tree timed out at 30 s behind drips; a revision took 6.0 s instead
+of 0.009 s behind fingerprints). Each latency is the median of :data:`SAMPLES`
+requests after a warm-up, the "alone" one measured just before its load starts, so
+both medians see the same machine; the fingerprint load is run up to :data:`ATTEMPTS`
+times (new commits each), the bound holding in one. ``bench/bounds.py`` measures the
+same with larger checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from hostile_upstream import DripOrHub
+from mirror_support import MirrorServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from _synthetic import make_checkpoint
+
+#: Issue 35's bound: loaded latency within 3x the latency alone.
+BOUND = 3.0
+#: Requests in flight that load the server (the issue's 8).
+LOAD = 8
+#: Requests per median (each of the tree and the revision), after WARMUP of each.
+SAMPLES, WARMUP = 40, 3
+#: The fingerprinted checkpoint: hashing it takes tens of ms, so the load outlasts the
+#: loaded samples (checked). Thousands of tiny tensors instead make the work Python-bound
+#: (the GIL): then 1 ms became 3-4 ms with one compute thread, 66-109 ms with two.
+CHECKPOINT_BYTES, TENSORS = 64 << 20, 32
+#: Fingerprint loads measured at most (each with commits of its own, not computed yet);
+#: the bound must hold in one: a busy machine's noise only makes a run slower, where
+#: the old code (6.0 s against 0.009 s) fails every one.
+ATTEMPTS = 2
+#: What is measured: a stored repo's tree and its revision.
+PROBES = ("/api/models/evil/repo/tree/main", "/api/models/evil/repo/revision/main")
+
+
+@dataclass
+class Served:
+    server: MirrorServer
+    upstream: DripOrHub
+    commits: list[str]  # the commits to fingerprint, pinned (no revalidation)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One ``cmh serve --upstream`` for the module: ``evil/repo`` pulled through (the
+    stored repo measured), ``drip/*`` revisions drip-fed, and LOAD * ATTEMPTS imported
+    commits of a checkpoint to fingerprint."""
+    from cmh.hub.mirror import add_folder
+
+    tmp = tmp_path_factory.mktemp("latency")
+    store = tmp / "store"
+    src = tmp / "src"
+    make_checkpoint(src / "model.safetensors", CHECKPOINT_BYTES, TENSORS)
+    commits = []  # a fingerprint is kept per commit: each load asks LOAD commits not asked yet
+    for i in range(LOAD * ATTEMPTS):
+        (src / "config.json").write_text(f'{{"model_type": "bert", "version": {i}}}\n')
+        commits.append(add_folder(store, src, "fp/m", revision=f"v{i}").commit)
+    env = {**os.environ, "HF_HUB_ETAG_TIMEOUT": "60"}  # the drips stay in flight
+    upstream = DripOrHub().start()
+    server = MirrorServer(store, tmp / "logs", extra_args=("--upstream", upstream.url), env=env)
+    try:
+        yield Served(server, upstream, commits)
+    finally:
+        upstream.ending = True  # the drips end: so do the revalidations
+        server.stop()
+        upstream.stop()
+
+
+async def _medians(session: aiohttp.ClientSession, base: str) -> list[float]:
+    """The median latency of each probe, over SAMPLES requests taken in turn."""
+    times: list[list[float]] = [[] for _ in PROBES]
+    for round_ in range(WARMUP + SAMPLES):
+        for i, path in enumerate(PROBES):
+            start = time.perf_counter()
+            async with session.get(base + path) as r:
+                await r.read()
+                assert r.status == 200, (path, r.status)
+            if round_ >= WARMUP:
+                times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def _ratio(what: str, alone: list[float], loaded: list[float]) -> float:
+    """The larger ratio of the probes' medians, loaded to alone (each printed)."""
+    ratios = [b / a for a, b in zip(alone, loaded, strict=True)]
+    for path, a, b, ratio in zip(PROBES, alone, loaded, ratios, strict=True):
+        print(f"{what}: {path} alone {a * 1000:.1f} ms, loaded {b * 1000:.1f} ms, "
+              f"{ratio:.2f}x (bound {BOUND:g}x)")  # fmt: skip
+    return max(ratios)
+
+
+def test_a_stored_repo_answers_within_3x_with_drip_fed_revalidations(served: Served) -> None:
+    base, upstream = served.server.url, served.upstream
+
+    def dripping() -> int:
+        return sum(s.path.startswith("/api/models/drip/") for s in upstream.seen)
+
+    async def run() -> tuple[list[float], list[float], bool]:
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as probe,
+            aiohttp.ClientSession(timeout=timeout) as loader,
+        ):
+            alone = await _medians(probe, base)  # the first request fills evil/repo
+            drips = [
+                asyncio.ensure_future(loader.get(f"{base}/api/models/drip/d{i}/revision/main"))
+                for i in range(LOAD)
+            ]
+            async with asyncio.timeout(30):  # every drip has reached the upstream
+                while dripping() < LOAD:
+                    await asyncio.sleep(0.02)
+            loaded = await _medians(probe, base)
+            in_flight = not any(d.done() for d in drips)
+            for d in drips:
+                d.cancel()
+            return alone, loaded, in_flight
+
+    try:
+        alone, loaded, in_flight = asyncio.run(run())
+    finally:
+        upstream.ending = True  # the server's revalidations end too, before the next test
+    assert in_flight  # the load lasted the whole measurement
+    assert _ratio("drip-fed", alone, loaded) <= BOUND, (alone, loaded)
+
+
+def test_a_stored_repo_answers_within_3x_with_fingerprints_computing(served: Served) -> None:
+    base = served.server.url
+
+    async def run(commits: list[str]) -> tuple[list[float], list[float], int]:
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as probe,
+            aiohttp.ClientSession(timeout=timeout) as loader,
+        ):
+            alone = await _medians(probe, base)
+            asks = [
+                asyncio.ensure_future(loader.get(f"{base}/api/cmh/fingerprint/fp/m/{c}"))
+                for c in commits
+            ]
+            await asyncio.sleep(0.1)  # the fingerprint requests are in
+            loaded = await _medians(probe, base)
+            pending = sum(not a.done() for a in asks)
+            answers = await asyncio.gather(*asks)
+            for a in answers:
+                assert a.status == 200, a.status
+                a.release()
+            return alone, loaded, pending
+
+    for attempt in range(ATTEMPTS):
+        alone, loaded, pending = asyncio.run(run(served.commits[attempt * LOAD :][:LOAD]))
+        # still computing when the last loaded sample was answered: one computation under
+        # way (the pool's thread on 2 cores) and more waiting their turn
+        assert pending > 2, pending
+        if _ratio("fingerprints", alone, loaded) <= BOUND:
+            return
+    raise AssertionError(f"over {BOUND:g}x in each of {ATTEMPTS} runs (printed above)")
