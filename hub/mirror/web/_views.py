@@ -476,7 +476,8 @@ class OperatorView:
     @property
     def expired_kept(self) -> int:
         """Expired revisions ``--expired`` keeps because a ref names them."""
-        return self.referenced_plan.revision_count - self.expired_plan.revision_count
+        kept: int = self.referenced_plan.revision_count - self.expired_plan.revision_count
+        return kept
 
 
 def _label(repo_type: str, repo_id: str) -> str:
