@@ -1,12 +1,14 @@
 """``/{repo}/raw/{rev}/{path}`` answers the file's bytes, as the Hub's ``/raw/`` does (issue
 40; it answered a 302 to ``/resolve/``): through the API's resolve route, so the same path
 checks, the same access rule (a private repo needs its token, as a header or the pages'
-cookie) and the same delivery, on a folder and on a bucket store. A real ``cmh serve``."""
+cookie) and the same delivery, on a folder and on a bucket store. A real ``cmh serve``
+per store kind."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
@@ -14,6 +16,7 @@ import pytest
 from bucket_support import use_bucket
 from cmh.hub.mirror import BucketStore, add_folder
 from mirror_support import MirrorServer
+from motoserver import BUCKET, S3Bucket
 
 PUBLIC = "acme/raw-public"
 PRIVATE = "acme/raw-private"
@@ -35,28 +38,30 @@ def _folders(tmp_path: Path) -> tuple[Path, Path]:
     return public, private
 
 
-@pytest.fixture(params=["folder", "moto"])
+@pytest.fixture(scope="module", params=["folder", "moto"])
 def raw_server(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    mirror_server_factory: Callable[..., MirrorServer],
-) -> MirrorServer:
-    public, private = _folders(tmp_path)
-    tokens = tmp_path / "tokens.txt"
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MirrorServer]:
+    """One ``cmh serve`` per store kind for the module (no test changes the store)."""
+    tmp = tmp_path_factory.mktemp(f"raw-{request.param}")
+    public, private = _folders(tmp)
+    tokens = tmp / "tokens.txt"
     tokens.write_text(f"{TOKEN} {PRIVATE}\n")
-    if request.param == "folder":
-        store: Path | str = tmp_path / "store"
-        for src, repo in ((public, PUBLIC), (private, PRIVATE)):
-            add_folder(store, src, repo)
-    else:
-        bucket = request.getfixturevalue("moto_bucket")
-        use_bucket(bucket, tmp_path, monkeypatch)  # the server inherits these settings
-        store = str(bucket.url)
-        target = BucketStore.open(store)
-        for src, repo in ((public, PUBLIC), (private, PRIVATE)):
-            target.add_folder(src, repo)
-    return mirror_server_factory(store, tokens=tokens)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if request.param == "folder":
+            store: Path | str = tmp / "store"
+            for src, repo in ((public, PUBLIC), (private, PRIVATE)):
+                add_folder(store, src, repo)
+        else:
+            moto = request.getfixturevalue("moto")
+            bucket = S3Bucket(moto.endpoint, BUCKET, f"raw-{uuid.uuid4().hex[:12]}/")
+            use_bucket(bucket, tmp, monkeypatch)  # the server inherits these settings
+            store = str(bucket.url)
+            target = BucketStore.open(store)
+            for src, repo in ((public, PUBLIC), (private, PRIVATE)):
+                target.add_folder(src, repo)
+        with MirrorServer(store, tmp / "logs", tokens=tokens) as server:
+            yield server
 
 
 def _get(server: MirrorServer, path: str, **headers: str) -> httpx2.Response:
