@@ -38,7 +38,7 @@ from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range
 from ._routes import BadTarget, NoRoute, Route, parse_target
 from ._send import BodyCut, Pieces, frame
-from ._state import STALE_KEY, STORE_KEY, MirrorState, base_url
+from ._state import FILE_TYPE_KEY, SERVE_FILE_KEY, STALE_KEY, STORE_KEY, MirrorState, base_url
 from ._upstream import UpstreamError
 from .stores import BlobMismatch, BlobMissing, Sent
 
@@ -68,6 +68,7 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
         middlewares=[_busy] if state.guard is not None else [],
     )
     app[STORE_KEY] = state
+    app[SERVE_FILE_KEY] = serve_file
     add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_response_prepare.append(_origin_headers)
@@ -155,12 +156,12 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
             handler = _refs if route.kind == "refs" else _auth_check
             answer: web.Response = await _run(handler, state, route, token)
             return answer
+        if route.kind == "resolve":
+            return await _file(request, state, route, token)
         if state.upstream is not None:
             await _pull(request, state, route, token)
-        index = await _run(_lookup, state, route, token, route.kind == "resolve")
+        index = await _run(_lookup, state, route, token, False)
         request[INFO_KEY] = {"repo": route.repo_id, "commit": index.commit}
-        if route.kind == "resolve":
-            return await _resolve(request, state, route, index)
         if route.kind == "repo_info":
             answer = await _run(_repo_info, state, route, index)
         elif route.kind == "tree":
@@ -176,6 +177,27 @@ async def _dispatch(request: web.Request, state: MirrorState) -> web.StreamRespo
         if request.get(STALE_KEY):
             answer.headers["Warning"] = request[STALE_KEY]
         return answer
+    except HubError as err:
+        return _error(err)
+
+
+async def _file(
+    request: web.Request, state: MirrorState, route: Route, token: str | None
+) -> web.StreamResponse:
+    """A resolve route's file: the access check, pull-through, lookup and delivery."""
+    if state.upstream is not None:
+        await _pull(request, state, route, token)
+    index = await _run(_lookup, state, route, token, True)
+    request[INFO_KEY] = {"repo": route.repo_id, "commit": index.commit}
+    return await _resolve(request, state, route, index)
+
+
+async def serve_file(request: web.Request, route: Route, token: str | None) -> web.StreamResponse:
+    """A resolve ``route`` answered exactly as the API answers it, errors included (the
+    pages' ``/raw/``); ``request[FILE_TYPE_KEY]`` may name the Content-Type."""
+    request[ROUTE_KEY] = route.kind
+    try:
+        return await _file(request, request.app[STORE_KEY], route, token)
     except HubError as err:
         return _error(err)
 
@@ -370,6 +392,7 @@ def _store_errors() -> Iterator[None]:
 # -- resolve -----------------------------------------------------------------------------
 
 
+#: The Content-Type a file is answered with, when the caller chose one (``/raw/``).
 def _disposition(request: web.Request) -> str:
     """``attachment`` for ``?download=true`` (or ``1``), else ``inline``."""
     return "attachment" if request.query.get("download") in ("true", "1") else "inline"
@@ -402,7 +425,7 @@ async def _resolve(
         "X-Linked-Etag": f'"{entry.etag}"',
         "X-Linked-Size": str(entry.size),
         "Accept-Ranges": "bytes",
-        "Content-Type": "application/octet-stream",
+        "Content-Type": request.get(FILE_TYPE_KEY, "application/octet-stream"),
         # ?download=true (the pages' download button) saves the file, as on the Hub.
         "Content-Disposition": f"{_disposition(request)}; "
         f"filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",

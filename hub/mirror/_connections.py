@@ -22,6 +22,7 @@ import ipaddress
 import json
 import logging
 import resource
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,21 @@ class ConnectionGuard:
     def _drop(self, transport: asyncio.BaseTransport) -> None:
         self._conns.pop(transport, None)
         transport.abort()  # type: ignore[attr-defined]
+
+    def shut_all(self) -> int:
+        """Shut every connection's socket down (the graceful timeout is over): a send in
+        progress fails at once and its handler ends; how many were open. (Not
+        ``transport.abort()``: during ``loop.sendfile`` it makes asyncio log an
+        ``InvalidStateError`` from its empty-waiter.)"""
+        transports = list(self._conns)
+        for transport in transports:
+            sock = transport.get_extra_info("socket")
+            if sock is None:
+                transport.abort()  # type: ignore[attr-defined]
+                continue
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        return len(transports)
 
     def closed(self, transport: asyncio.BaseTransport) -> None:
         self._conns.pop(transport, None)

@@ -321,7 +321,15 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         finally:
             sweeper.cancel()
             server.close()
-            await runner.cleanup()
+            # aiohttp waits the shutdown timeout for requests in flight, then again as long
+            # for the handlers it cancels (one stuck in a send to a client that does not
+            # read waited both: 2 x --graceful-timeout). At the timeout, every connection
+            # still open is shut down instead: the handlers end, the wait is the timeout.
+            cut = loop.call_later(config.graceful_timeout, guard.shut_all)
+            try:
+                await runner.cleanup()
+            finally:
+                cut.cancel()
 
     try:
         asyncio.run(main())

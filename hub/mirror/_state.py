@@ -7,9 +7,10 @@ the pages never import the application module.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 from cmh.hub.cache import Clock, process_clock
@@ -24,6 +25,7 @@ from ._observe import Metrics
 
 if TYPE_CHECKING:
     from ._filling import Fills
+    from ._routes import Route
     from ._upstream import Upstream
     from .stores import BlobDelivery, MirrorStore, PullThrough
 
@@ -93,6 +95,19 @@ class MirrorState:
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
 STALE_KEY = web.RequestKey("cmh_stale_warning", str)  # the Warning of an answer served stale
+#: The Content-Type a file answer gives (the pages' ``/raw/``); unset: bytes.
+FILE_TYPE_KEY = web.RequestKey("cmh_file_type", str)
+
+
+#: ``serve_file(request, route, token)``: a resolve route answered exactly as the API
+#: answers it; the application puts it here so the web pages never import it.
+class ServeFile(Protocol):
+    def __call__(
+        self, request: web.Request, route: Route, token: str | None
+    ) -> Awaitable[web.StreamResponse]: ...
+
+
+SERVE_FILE_KEY = web.AppKey("cmh_serve_file", ServeFile)
 
 
 def base_url(request: web.Request, state: MirrorState) -> str:

@@ -116,6 +116,17 @@ class _BodyPlan:
     stall_at: int | None = None
     stall_seconds: float = 0.0
     cut_at: int | None = None
+    drip: _Drip | None = None
+
+
+@dataclass
+class _Drip:
+    """Past ``after_bytes``, a body trickles (64 KiB each 0.25 s: never silent long enough
+    for a client to give up) until ``until`` is set or ``seconds`` have passed."""
+
+    after_bytes: int
+    until: threading.Event
+    seconds: float
 
 
 @dataclass
@@ -163,6 +174,7 @@ class HubLike:
     _faults: list[_Fault] = field(default_factory=list)
     _corrupt: set[str] = field(default_factory=set)
     _flip_once: dict[str, list[int]] = field(default_factory=dict)  # etag -> [times, offset]
+    _drip: _Drip | None = None  # every CDN GET trickles past a point until an event
     _gated: dict[str, frozenset[str]] = field(default_factory=dict)  # repo id -> readers
     _hidden: dict[str, frozenset[str]] = field(default_factory=dict)  # repo id -> readers
     _cdn: dict[str, _CdnEntry] = field(default_factory=dict)
@@ -207,6 +219,16 @@ class HubLike:
                 "stall", origin, times, _re(path), "GET", after_bytes=after_bytes, seconds=seconds
             )
         )
+
+    def drip(
+        self, after_bytes: int, until: threading.Event, seconds: float = 120.0, *,
+        origin: Origin = "cdn",
+    ) -> None:  # fmt: skip
+        """Every next GET of ``origin``: ``after_bytes`` body bytes, then a trickle until
+        ``until`` is set (or ``seconds`` passed), then the rest at full speed. A test holds
+        a transfer unfinished until it has seen what it waits for, whatever the load."""
+        with self._lock:
+            self._drip = _Drip(after_bytes, until, seconds)
 
     def cut(
         self, after_bytes: int, times: int = 1, *, origin: Origin = "cdn", path: str | None = None
@@ -316,6 +338,7 @@ class HubLike:
             self._faults.clear()
             self._corrupt.clear()
             self._flip_once.clear()
+            self._drip = None
 
     def clear_records(self) -> None:
         with self._lock:
@@ -730,6 +753,9 @@ class HubLike:
         cut = self._take("cut", origin, request.method, request.path)
         if cut is not None:
             plan.cut_at = cut.after_bytes
+        if origin == "cdn" and request.method == "GET":
+            with self._lock:
+                plan.drip = self._drip
         return plan
 
     async def _send(
@@ -762,6 +788,23 @@ class HubLike:
         exchange: _Exchange,
     ) -> bool:
         """Write one chunk; True when the connection was cut on purpose."""
+        drip = plan.drip
+        if drip is not None and exchange.bytes_sent + len(chunk) > drip.after_bytes:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + drip.seconds
+            head = max(0, drip.after_bytes - exchange.bytes_sent)
+            await response.write(chunk[:head])
+            exchange.bytes_sent += head
+            chunk = chunk[head:]
+            while chunk and not drip.until.is_set() and loop.time() < end:
+                await response.write(chunk[: 64 << 10])
+                exchange.bytes_sent += len(chunk[: 64 << 10])
+                chunk = chunk[64 << 10 :]
+                await asyncio.sleep(0.25)
+            if drip.until.is_set() or loop.time() >= end:
+                plan.drip = None
+            if not chunk:
+                return False
         if plan.flip:
             chunk = chunk.translate(_FLIP)
         at = plan.flip_at

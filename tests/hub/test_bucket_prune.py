@@ -240,7 +240,8 @@ def test_prune_of_100_repos_with_nothing_to_delete_settles_once(
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     print(f"prune of 102 bucket repos (2 to prune), settle {settle} s: {elapsed:.1f} s")
-    assert elapsed < settle + 30, elapsed
+    # A settle per repo would take 102 x 4 s; 120 s tells them apart with room for load.
+    assert elapsed < 120, elapsed
     assert elapsed >= settle  # it did settle (once)
     doc = json.loads(proc.stdout)
     changed = [r for r in doc["repos"] if r["revisions"]]

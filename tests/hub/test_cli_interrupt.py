@@ -31,8 +31,11 @@ import cmh
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
 
-#: Ctrl-C must end the command within this many seconds.
-STOP_WITHIN = 2.0
+#: Ctrl-C must end the command within this many seconds. A real deadline (a person waits
+#: on it), so a wall-clock bound, but generous: on a quiet machine they stop in 0.1-0.9 s;
+#: a loaded one (load 15-27 on 2 cores) took over 2 s. A command that went on with its
+#: work instead finishes it (the tests check that it did not: exit 130, work left undone).
+STOP_WITHIN = 10.0
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -228,6 +231,12 @@ def test_ctrl_c_stops_stamp_and_leaves_every_file_whole(tmp_path: Path) -> None:
 def test_serve_stops_on_ctrl_c_within_the_graceful_timeout(
     tmp_path: Path, mirror_server_factory: Any, workers: int
 ) -> None:
+    """Was: a download in flight to a client that does not read held the server for twice
+    --graceful-timeout (aiohttp waits the timeout, cancels the handler, waits it again),
+    and the request was never logged. Now its connection is shut down at the timeout: its
+    handler ends, the access log has it ("client went away"), and the server exits 0."""
+    import json
+
     store = tmp_path / "store"
     src = write_checkpoint_repo(tmp_path / "src", 1, count=8, elems=1 << 20)  # 32 MiB
     add_folder(store, src, "org/big")
@@ -239,13 +248,20 @@ def test_serve_stops_on_ctrl_c_within_the_graceful_timeout(
         assert client.recv(12).startswith(b"HTTP/1.1 200")
         started = time.monotonic()
         server.process.send_signal(signal.SIGINT)
-        code = server.process.wait(15)
+        code = server.process.wait(60)
         seconds = time.monotonic() - started
-    assert seconds < 1 + 1.5, seconds  # the graceful timeout, then it stops
-    assert code in (0, 1), code  # 1 only when a worker had to be killed
-    assert "Traceback" not in server.stderr_text()
     said = server.stderr_text()
+    assert "Traceback" not in said and "Exception" not in said, said
     assert said.count("stopping: no new connections; requests in flight get up to 1 s") == 1
+    entries = [json.loads(line) for line in server.access_log.read_text().splitlines()]
+    (cut,) = [e for e in entries if e["route"] == "resolve"]
+    assert cut["status"] == 200 and cut["cut"] == "client went away", cut
+    assert cut["duration_ms"] >= 1000  # it had its graceful second
+    # With workers the parent kills one still running a second past the timeout (exit 1):
+    # a loaded machine may get there; one worker exits 0.
+    assert code == 0 if workers == 1 else code in (0, 1), (code, said)
+    # A guard, not the subject: the old code took 2 s here; the access log tells them apart.
+    assert seconds < 1 + 20, seconds
 
 
 def test_serve_upstream_creates_a_store_folder_that_does_not_exist(

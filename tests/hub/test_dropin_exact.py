@@ -186,7 +186,13 @@ def test_a_named_cache_folder_has_its_own_freshness(
 
 # -- item 3 and the URL of item 6: missing files offline and online -----------------------------
 
-from test_dropin_hook import REPO, aim_stock_client, installed, toy  # noqa: E402, F401 (the hook tests' fixtures)
+from test_dropin_hook import (  # noqa: E402, F401 (the hook tests' fixtures)
+    REPO,
+    aim_stock_client,
+    hooked_server,
+    installed,
+    toy,
+)
 
 
 def _no_exist(cache: Path) -> list[str]:

@@ -27,17 +27,27 @@ def aim_stock_client(monkeypatch: pytest.MonkeyPatch, url: str, cache: Path) -> 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
 
-@pytest.fixture
-def toy(tmp_path: Path, mirror_server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A stamped repo on its own ``cmh serve``; the default cache points at ``tmp_path``."""
+@pytest.fixture(scope="module")
+def hooked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    """A stamped repo on one ``cmh serve`` for the module (the subject is the client hook,
+    not the server; no test changes the repo), and the repo's source folder."""
     from cmh.hub.mirror import add_folder
+    from mirror_support import MirrorServer
 
-    src = write_checkpoint_repo(tmp_path / "src", 1, ttl="30d")
+    base = tmp_path_factory.mktemp("hooked")
+    src = write_checkpoint_repo(base / "src", 1, ttl="30d")
     (src / "sub").mkdir()
     (src / "sub" / "notes.txt").write_text("notes\n" * 100)
-    store = tmp_path / "store"
+    store = base / "store"
     add_folder(store, src, REPO)
-    server = mirror_server_factory(store)
+    with MirrorServer(store, base / "logs") as server:
+        yield server, src
+
+
+@pytest.fixture
+def toy(tmp_path: Path, hooked_server: tuple[Any, Path], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The module's stamped repo and server; the default cache points at ``tmp_path``."""
+    server, src = hooked_server
     cache = tmp_path / "cache"
     aim_stock_client(monkeypatch, server.url, cache)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))

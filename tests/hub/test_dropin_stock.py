@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_dropin_hook import REPO, aim_stock_client, installed, toy  # noqa: F401 (fixtures)
+from test_dropin_hook import (  # noqa: F401 (fixtures)
+    REPO,
+    aim_stock_client,
+    hooked_server,
+    installed,
+    toy,
+)
 
 
 def _refusing_url() -> str:

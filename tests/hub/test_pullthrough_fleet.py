@@ -213,6 +213,13 @@ def test_two_replicas_eight_stock_clients_cold_256mib_one_cdn_transfer(
     first_byte: dict[int, float] = {}
     filled_at: list[float] = []
     stop = threading.Event()
+    # The CDN trickles past 64 MiB until every client has its first byte: on a loaded
+    # machine a client may start after a full-speed fill has ended. (Not sooner: the stock
+    # client writes 10 MiB at a time.) A mirror that answered only once its fill completed
+    # would never get there (the trickle ends after 120 s, then those first bytes come
+    # late and the test fails).
+    everyone = threading.Event()
+    fleet.front.drip(64 << 20, everyone)
 
     def watch() -> None:
         while not stop.is_set():
@@ -220,6 +227,8 @@ def test_two_replicas_eight_stock_clients_cold_256mib_one_cdn_transfer(
             for i, home in enumerate(homes):
                 if i not in first_byte and _incomplete_size(home) > 0:
                     first_byte[i] = now
+            if len(first_byte) == len(homes):
+                everyone.set()
             if not filled_at:
                 try:
                     store.objects.head(blob)
@@ -238,10 +247,14 @@ def test_two_replicas_eight_stock_clients_cold_256mib_one_cdn_transfer(
         return out
 
     started = time.monotonic()
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(client, range(8)))
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(client, range(8)))
+    finally:
+        stop.set()
+        everyone.set()
+        fleet.front.clear_faults()
     elapsed = time.monotonic() - started
-    stop.set()
     watcher.join()
     assert all(r == {"sha256": sha, "size": BIG} for r in results), results
     assert _cdn_gets(fleet.front, sha) == 1, [r.path for r in fleet.front.records(origin="cdn")]

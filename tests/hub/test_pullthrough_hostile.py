@@ -423,7 +423,10 @@ def test_a_gzip_bomb_and_a_huge_listing_are_refused_and_memory_returns(
         assert result.exit_code == 3, result.output
         assert "MiB once decoded" in result.output and "Traceback" not in result.output
         pull = _serve(mirror_server_factory, hub, tmp_path)
-        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        # 120 s: the default 5 s client timeout fired first on a loaded machine (the
+        # mirror decodes up to its bound before refusing); the subject is the refusal.
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        answer = httpx2.get(url, timeout=120)
         assert answer.status_code == 502 and "MiB once decoded" in answer.text
         rss = _rss_mb(pull.process.pid)
         print(f"mirror worker RSS after the gzip bomb: {rss:.0f} MB")
@@ -628,7 +631,6 @@ def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: P
     ``HF_HUB_ETAG_TIMEOUT`` (10 s) for all tries, and a line on the terminal meanwhile."""
     import socket
     import threading
-    import time
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -649,20 +651,20 @@ def test_a_blackholed_hub_is_given_up_on_within_the_metadata_timeout(tmp_path: P
     env.pop("HF_HUB_ETAG_TIMEOUT", None)
     cmh = str(Path(sys.executable).parent / "cmh")
     args = [cmh, "pull", "org/model", "--endpoint", f"http://127.0.0.1:{port}"]
-    started = time.monotonic()
-    try:
+    try:  # 120 s: only a guard against a hang (six tries of 10 s would pass it too)
         result = subprocess.run(
-            [*args, "--cache-dir", str(tmp_path / "c")], env=env, capture_output=True, text=True
-        )
+            [*args, "--cache-dir", str(tmp_path / "c")],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
     finally:
-        elapsed = time.monotonic() - started
         listener.close()
         for conn in accepted:
             conn.close()
     assert result.returncode == 3, result.stderr
     assert "gave up after" in result.stderr and "Traceback" not in result.stderr
+    # What shows the one budget, whatever the load: the deadline ended it, not the tries.
+    assert "(the deadline comes before the next)" in result.stderr, result.stderr
     assert "no answer yet" in result.stderr  # said while it waited
-    assert elapsed < 15, elapsed  # one 10 s budget (a loaded machine gets some slack)
 
 
 def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
@@ -670,8 +672,6 @@ def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
 ) -> None:
     """Was: every request waited 61 s on a stalled upstream, also those a stale copy
     could answer. Now the stale copy answers after 3 s while the revalidation goes on."""
-    import time
-
     with HostileHub() as hub:
         store = tmp_path / "pull"
         store.mkdir()
@@ -681,9 +681,10 @@ def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
         url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
         assert httpx2.get(url, timeout=10).content == b"{}\n"
         process_clock.advance(3601)  # past --fresh-for
-        hub.revision_delay = 6.0
-        started = time.monotonic()
-        answer = httpx2.get(url, timeout=5.5)  # fails if it waits for the stalled upstream
+        # The upstream stalls 10 s: past the 3 s the stale copy waits for it. An answer
+        # that waited for it would be revalidated (no Warning 110); the client's 60 s are
+        # only a guard (the old code's 61 s wait fails it), not a bound on the 3 s.
+        hub.revision_delay = 10.0
+        answer = httpx2.get(url, timeout=60)
         assert answer.status_code == 200 and answer.content == b"{}\n"
         assert "110" in answer.headers.get("Warning", "")
-        assert time.monotonic() - started < 5.5

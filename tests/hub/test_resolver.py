@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from pathlib import Path
 
 import cmh.hub as hub
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from cmh.hub.cache import RepoLayout
 from cmh.hub.mirror import add_folder
+from mirror_support import MirrorServer
 from resolver_support import FaultProxy, tensors_for, write_checkpoint_repo
 from safetensors.numpy import load_file
 
@@ -28,26 +30,40 @@ def requests_at(server) -> int:
     return sum(1 for e in server.log() if e["route"] not in ("health", "metrics"))
 
 
+@pytest.fixture(scope="module")
+def toy_server(tmp_path_factory):
+    """One ``cmh serve`` for the module (the subject is the resolver, not the server): each
+    test adds a repo of its own to its store. Tests run one at a time in a module, so a
+    test's before/after counts at the server are its own."""
+    base = tmp_path_factory.mktemp("toy-hub")
+    store = base / "store"
+    add_folder(store, write_checkpoint_repo(base / "seed", 1), "org/seed")
+    with MirrorServer(store, base / "logs") as server:
+        yield server
+
+
 @pytest.fixture
-def toy(tmp_path, mirror_server_factory):
-    """A store with org/toy v1 (stamped, 30 days), a server on it, and an empty cache."""
-    store = tmp_path / "store"
+def toy(tmp_path, toy_server):
+    """A repo of its own (v1, stamped, 30 days) in the module's store and server, and an
+    empty cache."""
+    repo = f"org/toy-{uuid.uuid4().hex[:12]}"
+    store = Path(toy_server.store)
     src1 = write_checkpoint_repo(tmp_path / "v1", 1)
-    add_folder(store, src1, REPO)
-    server = mirror_server_factory(store)
+    add_folder(store, src1, repo)
 
     class Toy:
         pass
 
     t = Toy()
-    t.store, t.server, t.cache, t.tmp = store, server, tmp_path / "cache", tmp_path
-    t.layout = RepoLayout(t.cache, REPO)
+    t.repo, t.store, t.server = repo, store, toy_server
+    t.cache, t.tmp = tmp_path / "cache", tmp_path
+    t.layout = RepoLayout(t.cache, repo)
     return t
 
 
 def resolve(t, **kw):
     kw.setdefault("endpoint", t.server.url)
-    return hub.resolve(REPO, cache_dir=t.cache, **kw)
+    return hub.resolve(t.repo, cache_dir=t.cache, **kw)
 
 
 def test_missing_then_local_only_makes_zero_requests(toy):
@@ -94,7 +110,7 @@ def test_unstamped_default_lifetime(tmp_path, mirror_server_factory):
 
 def test_etag_mismatch_fetches_only_changed_tensor_ranges(toy):
     old = resolve(toy)
-    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), REPO)
+    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), toy.repo)
     before = toy.server.log(route="resolve")
     res = resolve(toy, policy=hub.Policy(revalidate=True))
     assert res.state is hub.State.ETAG_MISMATCH
@@ -178,11 +194,11 @@ def test_offline_without_cache_and_env(toy, monkeypatch):
 def test_env_endpoint_and_cache(toy, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", toy.server.url)
     monkeypatch.setenv("HF_HUB_CACHE", str(toy.cache))
-    res = hub.resolve(REPO)
+    res = hub.resolve(toy.repo)
     assert res.state is hub.State.MISSING and str(res.path).startswith(str(toy.cache))
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", str(toy.tmp / "home"))
-    res = hub.resolve(REPO)
+    res = hub.resolve(toy.repo)
     assert str(res.path).startswith(str(toy.tmp / "home" / "hub"))
 
 
@@ -210,13 +226,13 @@ def test_stock_cache_round_trip(toy):
     """A snapshot_download cache is read and revalidated; ours is read by the stock client."""
     from huggingface_hub import scan_cache_dir, snapshot_download
 
-    stock_path = snapshot_download(REPO, cache_dir=toy.cache, endpoint=toy.server.url)
+    stock_path = snapshot_download(toy.repo, cache_dir=toy.cache, endpoint=toy.server.url)
     res = resolve(toy, policy=hub.Policy(revalidate=True))
     assert res.state is hub.State.FRESH and str(res.path) == stock_path and res.requests == 1
-    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), REPO)
+    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), toy.repo)
     new = resolve(toy, policy=hub.Policy(revalidate=True))
     assert new.state is hub.State.ETAG_MISMATCH
-    offline = snapshot_download(REPO, cache_dir=toy.cache, local_files_only=True)
+    offline = snapshot_download(toy.repo, cache_dir=toy.cache, local_files_only=True)
     assert offline == str(new.path)
     report = scan_cache_dir(toy.cache)
     assert report.warnings == []
@@ -234,7 +250,7 @@ def test_orphan_incomplete_is_adopted_and_resumed(toy):
     assert by_path["model.safetensors"].action is hub.Action.RESUMED
     assert by_path["model.safetensors"].bytes_transferred == len(published) - len(published) // 2
     assert not list(toy.layout.blobs.glob("*.incomplete"))
-    ranges = [e["range"] for e in toy.server.log(route="resolve") if e.get("range")]
+    ranges = [e["range"] for e in toy.server.log(route="resolve", repo=toy.repo) if e.get("range")]
     assert ranges == [f"bytes={len(published) // 2}-"]
 
 
@@ -286,7 +302,7 @@ def test_persistent_wrong_bytes_are_refused(toy):
 
     resolve(toy)
     old_commit = toy.layout.read_ref("main")
-    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), REPO)
+    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), toy.repo)
     proxy = FaultProxy(toy.server.url)
     try:
         proxy.faults.append(Fault("corrupt", times=1000, at=200))
@@ -305,7 +321,7 @@ def test_patch_survives_faults_on_ranges(toy):
     from resolver_support import Fault
 
     resolve(toy)
-    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), REPO)
+    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), toy.repo)
     proxy = FaultProxy(toy.server.url)
     try:
         proxy.faults.append(Fault("drop", times=2, seed=9))
@@ -320,7 +336,7 @@ def test_corrupt_range_falls_back_to_whole_download(toy):
     from resolver_support import Fault
 
     resolve(toy)
-    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), REPO)
+    add_folder(toy.store, write_checkpoint_repo(toy.tmp / "v2", 2), toy.repo)
     proxy = FaultProxy(toy.server.url)
     try:
         # first answer = header prefetch (left intact by at=None? no: damage the 2nd answer)
@@ -363,7 +379,7 @@ def test_hold_keeps_a_snapshot_from_being_pruned(toy):
         plan = plan_prune(scan_cache(toy.cache), PrunePolicy(max_size=0, include_referenced=True))
         execute_plan(plan, lock_timeout=1)
 
-    with hub.hold(REPO, cache_dir=toy.cache, endpoint=toy.server.url) as res:
+    with hub.hold(toy.repo, cache_dir=toy.cache, endpoint=toy.server.url) as res:
         prune_everything()
         assert (res.path / "model.safetensors").read_bytes()  # still there, whole
     prune_everything()

@@ -12,6 +12,7 @@ import os
 import random
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import cmh.hub as hub
@@ -21,9 +22,9 @@ from cmh.hub.mirror import add_folder
 from cmh.hub.resolver._chunked import chunks_path
 from cmh.hub.resolver._transfer import OrderedFeed, chunk_size
 from hublike import running
+from mirror_support import MirrorServer
 from resolver_support import write_checkpoint_repo
 
-REPO = "org/fast"
 CHUNK = 256 << 10
 WEIGHTS = "model.safetensors"
 
@@ -32,21 +33,33 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.fixture(scope="module")
+def fast_server(tmp_path_factory):
+    """One ``cmh serve`` for the module (the subject is the resolver's download, not the
+    server): each test adds a repo of its own to its store."""
+    base = tmp_path_factory.mktemp("fast-hub")
+    store = base / "store"
+    add_folder(store, write_checkpoint_repo(base / "seed", 1), "org/seed")
+    with MirrorServer(store, base / "logs") as server:
+        yield server
+
+
 @pytest.fixture
-def repo(tmp_path, mirror_server_factory):
-    """A store with org/fast v1 (a 6.4 MB stamped checkpoint) and ``cmh serve`` on it."""
-    store = tmp_path / "store"
+def repo(tmp_path, fast_server):
+    """A repo of its own, org/fast-* v1 (a 6.4 MB stamped checkpoint), in the module's
+    store and server."""
+    repo_id = f"org/fast-{uuid.uuid4().hex[:8]}"
+    store = Path(fast_server.store)
     src = write_checkpoint_repo(tmp_path / "v1", 1, count=8, elems=200_000)
-    add_folder(store, src, REPO)
-    server = mirror_server_factory(store)
+    add_folder(store, src, repo_id)
 
     class Repo:
         pass
 
     r = Repo()
-    r.store, r.server, r.src, r.tmp = store, server, src, tmp_path
+    r.id, r.store, r.server, r.src, r.tmp = repo_id, store, fast_server, src, tmp_path
     r.cache = tmp_path / "cache"
-    r.layout = RepoLayout(r.cache, REPO)
+    r.layout = RepoLayout(r.cache, repo_id)
     r.weights = src / WEIGHTS
     r.etag = sha256(r.weights)
     r.size = r.weights.stat().st_size
@@ -70,7 +83,7 @@ def range_start(record) -> int:
 
 def test_large_file_comes_over_parallel_ranges(repo):
     with running(repo.server.url) as front:
-        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        res = hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
         gets = weight_gets(front)
     by_path = {f.path: f for f in res.files}
     assert by_path[WEIGHTS].action is hub.Action.DOWNLOADED
@@ -86,8 +99,8 @@ def test_large_file_comes_over_parallel_ranges(repo):
 def test_same_blob_as_one_connection(repo):
     one = repo.tmp / "cache-one"
     with running(repo.server.url) as front:
-        a = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
-        b = hub.resolve(REPO, cache_dir=one, endpoint=front.url, policy=policy(connections=1))
+        a = hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        b = hub.resolve(repo.id, cache_dir=one, endpoint=front.url, policy=policy(connections=1))
         single = weight_gets(front)[-1]
     assert "range" not in single.headers  # one plain GET
     assert (a.path / WEIGHTS).read_bytes() == (b.path / WEIGHTS).read_bytes()
@@ -109,7 +122,7 @@ def test_chunks_resume_one_by_one_after_a_cut(repo):
 
         with pytest.raises(hub.HubUnreachableError, match="chunks kept for resuming"):
             hub.resolve(
-                REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(connections=2),
+                repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy(connections=2),
                 progress=progress,
             )  # fmt: skip
         front.wait_idle()
@@ -120,7 +133,7 @@ def test_chunks_resume_one_by_one_after_a_cut(repo):
     assert repo.layout.read_ref("main") is None  # nothing half-done is visible
 
     with running(repo.server.url) as front:
-        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        res = hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
         starts = sorted(range_start(r) for r in weight_gets(front))
     missing = sorted(set(range(count)) - kept)
     assert starts == [i * CHUNK for i in missing]
@@ -135,7 +148,7 @@ def test_chunks_resume_one_by_one_after_a_cut(repo):
 def test_cut_mid_chunk_resumes_within_the_chunk(repo):
     with running(repo.server.url) as front:
         front.cut(CHUNK // 2, times=3, origin="cdn")
-        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        res = hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
         gets = weight_gets(front)
     assert sha256(res.path / WEIGHTS) == repo.etag
     resumed = [r for r in gets if range_start(r) % CHUNK == CHUNK // 2]
@@ -146,7 +159,7 @@ def test_wrong_bytes_are_refused_and_nothing_is_installed(repo):
     with running(repo.server.url) as front:
         front.corrupt(repo.etag)
         with pytest.raises(hub.IntegrityError, match="refused, nothing installed"):
-            hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+            hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
     assert not repo.layout.blob_path(repo.etag).exists()
     assert not chunks_path(repo.layout, repo.etag).exists()
     assert repo.layout.read_ref("main") is None
@@ -155,7 +168,7 @@ def test_wrong_bytes_are_refused_and_nothing_is_installed(repo):
 def test_a_server_that_ignores_range_gets_one_connection(repo):
     with running(repo.server.url) as front:
         front.ignore_range = True
-        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        res = hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
     assert sha256(res.path / WEIGHTS) == repo.etag
     assert not chunks_path(repo.layout, repo.etag).exists()
 
@@ -167,7 +180,7 @@ def test_stock_partial_is_adopted_as_whole_chunks(repo):
     have = 5 * CHUNK + 1000
     (repo.layout.blobs / f"{repo.etag}.incomplete").write_bytes(data[:have])
     with running(repo.server.url) as front:
-        res = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        res = hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
         starts = sorted(range_start(r) for r in weight_gets(front))
     assert starts[0] == 5 * CHUNK
     assert {f.path: f for f in res.files}[WEIGHTS].action is hub.Action.RESUMED
@@ -177,13 +190,13 @@ def test_stock_partial_is_adopted_as_whole_chunks(repo):
 
 def test_update_copies_unchanged_tensors_and_fetches_ranges_in_parallel(repo):
     with running(repo.server.url) as front:
-        hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
         # v1 wrote tensor 3 from its version too: four tensors change.
         v2 = write_checkpoint_repo(repo.tmp / "v2", 2, count=8, elems=200_000, changed=(1, 3, 4, 6))
-        add_folder(repo.store, v2, REPO)
+        add_folder(repo.store, v2, repo.id)
         front.clear_records()
         res = hub.resolve(
-            REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(revalidate=True)
+            repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy(revalidate=True)
         )
         gets = weight_gets(front)
     f = {x.path: x for x in res.files}[WEIGHTS]
@@ -201,11 +214,11 @@ def test_update_copies_unchanged_tensors_and_fetches_ranges_in_parallel(repo):
 def test_update_takes_adjacent_ranges_a_server_coalesced(repo, connections):
     """``cmh serve`` answers adjacent asked ranges as one multipart part (RFC 9110 14.2);
     the update takes it, whatever the number of connections, instead of a whole download."""
-    hub.resolve(REPO, cache_dir=repo.cache, endpoint=repo.server.url, policy=policy())
+    hub.resolve(repo.id, cache_dir=repo.cache, endpoint=repo.server.url, policy=policy())
     v2 = write_checkpoint_repo(repo.tmp / "v2", 2, count=8, elems=200_000, changed=(1, 3, 4, 6))
-    add_folder(repo.store, v2, REPO)
+    add_folder(repo.store, v2, repo.id)
     res = hub.resolve(
-        REPO,
+        repo.id,
         cache_dir=repo.cache,
         endpoint=repo.server.url,
         policy=policy(revalidate=True, connections=connections),
@@ -221,14 +234,14 @@ def test_update_takes_adjacent_ranges_a_server_coalesced(repo, connections):
 def test_update_refuses_a_fetched_tensor_with_wrong_bytes(repo):
     """Kernel copies and in-order checking keep every check: wrong fetched bytes never install."""
     with running(repo.server.url) as front:
-        first = hub.resolve(REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy())
+        first = hub.resolve(repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy())
         v2 = write_checkpoint_repo(repo.tmp / "v2", 2, count=8, elems=200_000, changed=(2,))
-        add_folder(repo.store, v2, REPO)
+        add_folder(repo.store, v2, repo.id)
         new_etag = sha256(v2 / WEIGHTS)
         front.corrupt(new_etag)
         with pytest.raises(hub.IntegrityError):
             hub.resolve(
-                REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(revalidate=True)
+                repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy(revalidate=True)
             )
     assert not repo.layout.blob_path(new_etag).exists()
     assert repo.layout.read_ref("main") == first.commit
@@ -283,7 +296,7 @@ def test_pull_shows_bytes_and_rate_on_a_terminal(repo):
     env = {**os.environ, "COLUMNS": "120", "HF_HUB_CACHE": str(repo.cache)}
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cmh.cli.main", "pull", REPO, "--endpoint", repo.server.url,
+            [sys.executable, "-m", "cmh.cli.main", "pull", repo.id, "--endpoint", repo.server.url,
              "--connections", "4"],
             stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip
@@ -306,7 +319,7 @@ def test_pull_shows_bytes_and_rate_on_a_terminal(repo):
     finally:
         os.close(master)
     text = terminal.decode(errors="replace")
-    assert f"pull {REPO} (4 conn)" in text and "B/s" in text
+    assert f"pull {repo.id} (4 conn)" in text and "B/s" in text
     assert sha256(repo.layout.blob_path(repo.etag)) == repo.etag
 
 
@@ -325,7 +338,7 @@ def test_a_file_size_limit_is_a_typed_error_and_leaves_no_chunks(repo):
     env = {**os.environ, "CMH_DOWNLOAD_CONNECTIONS": "4"}
     env.pop("HF_HUB_OFFLINE", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "cmh.cli.main", "pull", REPO, "--cache-dir", str(repo.cache),
+        [sys.executable, "-m", "cmh.cli.main", "pull", repo.id, "--cache-dir", str(repo.cache),
          "--endpoint", repo.server.url, "--json"],
         capture_output=True, text=True, env=env, timeout=120, preexec_fn=limit,
     )  # fmt: skip
@@ -343,7 +356,7 @@ def test_chunks_follow_one_redirect_and_the_token_never_reaches_the_cdn(repo):
     to, without the Hub token (which only the Hub origin receives)."""
     with running(repo.server.url) as front:
         res = hub.resolve(
-            REPO, cache_dir=repo.cache, endpoint=front.url, token="hf_secret", policy=policy()
+            repo.id, cache_dir=repo.cache, endpoint=front.url, token="hf_secret", policy=policy()
         )
         hub_gets = front.records(origin="hub", method="GET", path=f"/resolve/.*/{WEIGHTS}$")
         gets = weight_gets(front)
@@ -374,7 +387,7 @@ def test_an_expired_cdn_url_sends_the_chunk_back_through_the_hub(repo):
             front.url_lifetime = 3600  # ... and those issued from now on last.
 
         res = hub.resolve(
-            REPO, cache_dir=repo.cache, endpoint=front.url, policy=policy(connections=2),
+            repo.id, cache_dir=repo.cache, endpoint=front.url, policy=policy(connections=2),
             progress=progress,
         )  # fmt: skip
         refused = [r for r in front.records(origin="cdn") if r.status == 403]

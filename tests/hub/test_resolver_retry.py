@@ -19,6 +19,7 @@ from cmh.hub.mirror import add_folder
 from cmh.hub.resolver import HubUnreachableError
 from cmh.hub.resolver._http import HubClient
 from cmh.hub.resolver._retry import RetryPolicy
+from mirror_support import MirrorServer
 from resolver_support import Fault, FaultProxy, write_checkpoint_repo
 
 REPO = "org/toy"
@@ -34,12 +35,27 @@ class Recorder:
         self.delays.append(seconds)
 
 
-@pytest.fixture
-def proxied(tmp_path, mirror_server_factory):
-    store = tmp_path / "store"
-    src = write_checkpoint_repo(tmp_path / "v1", 1)
+#: The repo the resumed-download tests pull (4 tensors of 2 MiB).
+RESUMED = "org/resumed"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One ``cmh serve`` for the module (the subject is the client's retry policy, not the
+    server; no test changes the store): org/toy and org/resumed, and org/toy's source."""
+    base = tmp_path_factory.mktemp("retry-hub")
+    store = base / "store"
+    src = write_checkpoint_repo(base / "v1", 1)
     add_folder(store, src, REPO)
-    proxy = FaultProxy(mirror_server_factory(store).url)
+    add_folder(store, write_checkpoint_repo(base / "src", 1, count=4, elems=1 << 19), RESUMED)
+    with MirrorServer(store, base / "logs") as server:
+        yield server, src
+
+
+@pytest.fixture
+def proxied(served):
+    server, src = served
+    proxy = FaultProxy(server.url)
     proxy.source = src / "model.safetensors"
     yield proxy
     proxy.stop()
@@ -132,27 +148,25 @@ def test_a_retry_that_gives_up_at_its_deadline_counts_its_tries() -> None:
 
 @pytest.mark.parametrize("connections", [1, 2], ids=["one-connection", "chunked"])
 def test_a_resumed_download_shows_progress_from_where_it_stopped(
-    tmp_path, mirror_server_factory, connections
+    tmp_path, served, connections
 ) -> None:
     """The bar of a resumed pull starts at the bytes the partial already holds: the shown
     counts add up to the file's size, while only the rest is received."""
     from cmh.hub.resolver import Policy
 
-    store = tmp_path / "store"
-    add_folder(store, write_checkpoint_repo(tmp_path / "src", 1, count=4, elems=1 << 19), REPO)
-    url = mirror_server_factory(store).url
+    url = served[0].url
     policy = Policy(offline=False, connections=connections, chunk_bytes=1 << 20)
-    first = hub.resolve(REPO, cache_dir=tmp_path / "first", endpoint=url, policy=policy)
+    first = hub.resolve(RESUMED, cache_dir=tmp_path / "first", endpoint=url, policy=policy)
     weights = Path(first.path) / "model.safetensors"
     data = weights.read_bytes()
     etag = hashlib.sha256(data).hexdigest()
     fresh = tmp_path / "fresh"
-    partial = fresh / f"models--{REPO.replace('/', '--')}" / "blobs" / f"{etag}.incomplete"
+    partial = fresh / f"models--{RESUMED.replace('/', '--')}" / "blobs" / f"{etag}.incomplete"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(data[: len(data) // 2])  # an interrupted whole download
     shown: list[int] = []
     totals: list[int] = []
-    second = hub.resolve(REPO, cache_dir=fresh, endpoint=url, policy=policy,
+    second = hub.resolve(RESUMED, cache_dir=fresh, endpoint=url, policy=policy,
                          progress=shown.append, on_total=totals.append)  # fmt: skip
     resumed = [f for f in second.files if f.action.value == "resumed"]
     assert [f.path for f in resumed] == ["model.safetensors"]

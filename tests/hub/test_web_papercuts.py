@@ -7,7 +7,7 @@ import re
 
 from mirror_support import MirrorServer
 from test_web_pages import fetch
-from web_support import ADMIN_TOKEN, MINILM
+from web_support import ADMIN_TOKEN, MINILM, TINY, WebStore
 
 BINARY = re.compile(r"\d (KiB|MiB|GiB|Bytes)\b")
 
@@ -29,10 +29,9 @@ def test_sizes_are_decimal_on_every_page(web_server: MirrorServer) -> None:
 
 
 def test_raw_serves_the_file_and_download_saves_it(web_server: MirrorServer) -> None:
-    status, headers, _ = fetch(web_server, f"/{MINILM}/raw/main/config.json")
-    assert status == 302 and headers["location"] == f"/{MINILM}/resolve/main/config.json"
-    status, headers, body = fetch(web_server, headers["location"])
-    assert status == 200 and '"architectures"' in body
+    status, headers, body = fetch(web_server, f"/{MINILM}/raw/main/config.json")
+    assert status == 200 and '"architectures"' in body  # the bytes (test_web_raw.py)
+    assert headers["content-type"] == "text/plain; charset=utf-8"
     assert headers["content-disposition"].startswith("inline;")
     _, headers, _ = fetch(web_server, f"/{MINILM}/resolve/main/config.json?download=true")
     assert headers["content-disposition"] == "attachment; filename*=UTF-8''config.json"
@@ -92,3 +91,25 @@ def test_card_code_blocks_are_highlighted_and_stay_escaped(web_server: MirrorSer
     body = fetch(web_server, f"/{MINILM}")[2]
     card = body.split('<article class="card" id="card">', 1)[1].split("</article>", 1)[0]
     assert '<pre class="highlight"><code class="language-python">' in card
+
+
+def test_operator_page_names_include_referenced_for_an_expired_revision_a_ref_names(
+    web_server: MirrorServer, web_store: WebStore
+) -> None:
+    """Was: the page listed the expired ``main`` of cmh-test/tiny, then said ``--expired``
+    would free 0 bytes, and never named ``--include-referenced``."""
+    import html
+
+    _, _, body = fetch(web_server, "/-/operator", cookie=f"cmh_token={ADMIN_TOKEN}")
+    expired = body.split('id="expired"', 1)[1].split("</table>", 1)[0]
+    assert web_store.commits[f"{TINY}@main"][:12] in expired
+    prune = html.unescape(re.sub(r"<[^>]+>", "", body.split('id="prune"', 1)[1]))
+    assert "cmh prune --store STORE --expired would free 0 B" in prune
+    assert "1 expired revision is kept: a ref names it" in prune
+    freed = re.search(
+        r"cmh prune --store STORE --expired --include-referenced would free ([\d.]+ [kMG]?B)",
+        prune,
+    )
+    assert freed is not None and freed.group(1) != "0 B", prune[:2000]
+    assert "With --expired --include-referenced" in prune
+    assert "1 revision" in prune.split("With --expired --include-referenced", 1)[1]

@@ -168,9 +168,8 @@ async def _hub_route(request: web.Request, who: Viewer, target: HubTarget) -> we
 
     if target.kind == "list":
         return await _page(request, who, _list_page, _filters(request, target.repo_type))
-    if target.kind == "raw":  # the file itself, as the Hub's /raw/ serves it
-        raise web.HTTPFound(RepoUrls(target.repo_type, target.repo_id).resolve(
-            target.revision or "main", target.path))  # fmt: skip
+    if target.kind == "raw":  # the file's bytes, as the Hub's /raw/ serves them
+        return await _raw(request, who, target)
     if target.kind == "repo" and "/" not in target.repo_id:
         org = target.repo_id
         if _is_org(request, who, org):  # /ORG: its repos, as on the Hub
@@ -180,6 +179,39 @@ async def _hub_route(request: web.Request, who: Viewer, target: HubTarget) -> we
                   target.path)  # fmt: skip
     build = {"repo": _repo_page, "tree": _repo_page, "blob": _file_page}.get(target.kind)
     return await _page(request, who, build or _commits_page, where)
+
+
+#: Files ``/raw/`` answers as ``text/plain; charset=utf-8`` (shown in the browser, never
+#: run: the origin's answers carry ``nosniff`` and a CSP that allows nothing).
+TEXT_SUFFIXES = frozenset(
+    {".json", ".md", ".txt", ".py", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".csv", ".tsv",
+     ".jinja", ".sh", ".xml", ".gitattributes", ".gitignore", ".rst", ".html", ".js"}
+)  # fmt: skip
+TEXT_NAMES = frozenset({"LICENSE", "README", "NOTICE", "COPYING", "USE_POLICY"})
+
+
+def raw_type(path: str) -> str:
+    """The Content-Type ``/raw/`` gives ``path``: text/plain for a text file, else bytes."""
+    name = path.rsplit("/", 1)[-1]
+    suffix = "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    text = suffix in TEXT_SUFFIXES or name.upper().split(".")[0] in TEXT_NAMES
+    return "text/plain; charset=utf-8" if text else "application/octet-stream"
+
+
+async def _raw(request: web.Request, who: Viewer, target: HubTarget) -> web.StreamResponse:
+    """``/{repo}/raw/{rev}/{path}``: the file's bytes, through the API's own resolve route
+    (the same checks of the path, the same access rule with the viewer's token, the same
+    delivery), text inline as text/plain."""
+    from .._routes import BadTarget, NoRoute, parse_target
+    from .._state import FILE_TYPE_KEY, SERVE_FILE_KEY
+
+    url = RepoUrls(target.repo_type, target.repo_id).resolve(target.revision or "main", target.path)
+    try:
+        route = parse_target(url)
+    except (BadTarget, NoRoute) as exc:
+        raise PageError(400, f"not a file address: {exc}") from None
+    request[FILE_TYPE_KEY] = raw_type(route.path)
+    return await request.app[SERVE_FILE_KEY](request, route, who.token)
 
 
 async def _route(request: web.Request, who: Viewer) -> web.StreamResponse:

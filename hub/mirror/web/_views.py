@@ -451,11 +451,33 @@ class OperatorView:
     stale: list[RevisionNote]
     plan: Any  # cmh.hub.prune.PrunePlan (default policy, dry run)
     expired_plan: Any  # the plan of ``cmh prune --expired`` (dry run)
+    referenced_plan: Any  # ``cmh prune --expired --include-referenced`` (dry run)
     scrub: ScrubView
     traffic: TrafficView
     busiest: list[tuple[str, int, int]]  # repo, requests, bytes
     busiest_note: str
     now: float
+
+    @property
+    def plans(self) -> list[tuple[str, Any, str]]:
+        """The dry runs the page shows: (title, plan, command). ``--include-referenced``
+        is shown when it would remove more than ``--expired`` alone (an expired revision
+        a ref names is kept without it)."""
+        command = "cmh prune --store STORE"
+        plans = [
+            ("Default policy (housekeeping only)", self.plan, command),
+            ("With --expired", self.expired_plan, f"{command} --expired"),
+        ]
+        if self.referenced_plan.revision_count > self.expired_plan.revision_count:
+            plans.append(("With --expired --include-referenced", self.referenced_plan,
+                          f"{command} --expired --include-referenced"))  # fmt: skip
+        return plans
+
+    @property
+    def expired_kept(self) -> int:
+        """Expired revisions ``--expired`` keeps because a ref names them."""
+        kept: int = self.referenced_plan.revision_count - self.expired_plan.revision_count
+        return kept
 
 
 def _label(repo_type: str, repo_id: str) -> str:
@@ -494,6 +516,7 @@ def operator_view(
         stale=stale,
         plan=plan_prune(scan, PrunePolicy(), at),
         expired_plan=plan_prune(scan, PrunePolicy(expired=True), at),
+        referenced_plan=plan_prune(scan, PrunePolicy(expired=True, include_referenced=True), at),
         scrub=store.scrub_history(),
         traffic=traffic(exposition),
         busiest=busiest,
