@@ -11,8 +11,7 @@ cache warm, times in one run, alternating, best of ``--repeat``:
 - ``cmh.torch.load_file(path, verify=False)``;
 - the floor of a verified load on this machine: one copy of every byte plus one SHA-256 of
   every byte, spread over all cores (measured here as the single-core time of each, the copy
-  into one allocation per tensor as the loaders make them, added, divided by the cores;
-  never below stock);
+  into one allocation per tensor as the loaders make them, added, divided by the cores);
 - runai-model-streamer's ``SafetensorsStreamer`` reading the same file into tensors, in a
   venv of its own (``bench-work/.venv-runai``, created on first use, never the project's).
 
@@ -194,7 +193,7 @@ def main() -> int:
     sha_s = min(single_core_sha256(stamped) for _ in range(2))
     cores = os.cpu_count() or 1
     best = {k: min(v) for k, v in times.items()}
-    floor = max(best["stock"], (copy_s + sha_s) / cores)
+    floor = (copy_s + sha_s) / cores
 
     runai: float | None = None
     python = runai_python()
@@ -230,7 +229,7 @@ def main() -> int:
     for label, ratio, target in verdicts:
         mark = "met" if ratio <= target else "MISSED"
         print(f"{label}: {ratio:.2f}x (target at most {target}x: {mark})")
-    print(f"verified / floor: {best['verified'] / floor:.2f}x (1.0x at best; no target)")
+    print(f"verified / floor: {best['verified'] / floor:.2f}x (below 1.0x only by noise)")
     if runai is not None:
         print(f"verified / runai-model-streamer: {best['verified'] / runai:.2f}x")
     return 0
