@@ -11,7 +11,7 @@ cache warm, times in one run, alternating, best of ``--repeat``:
 - ``cmh.torch.load_file(path, verify=False)``;
 - the floor of a verified load on this machine: one copy of every byte plus one SHA-256 of
   every byte, spread over all cores (measured here as the single-core time of each, the copy
-  into new memory so with its page faults, added, divided by the cores; never below stock);
+  into one allocation per tensor as the loaders make them, added, divided by the cores);
 - runai-model-streamer's ``SafetensorsStreamer`` reading the same file into tensors, in a
   venv of its own (``bench-work/.venv-runai``, created on first use, never the project's).
 
@@ -97,22 +97,29 @@ def timed(fn: object) -> float:
 
 
 def single_core_copy(path: Path) -> float:
-    """One thread reading every byte of ``path`` into fresh memory (a kernel copy).
+    """One thread reading every tensor's bytes of ``path`` into memory of its own (a kernel copy).
 
-    The memory is new (untouched pages, as a loader's tensors are), so the time includes
-    the page faults every loader pays.
+    The memory is taken as the loaders take it (one allocation per tensor, in the calling
+    thread), so a repeat finds the memory the previous round freed, as the alternating
+    loaders do; the first round pays the page faults of fresh memory.
     """
     import torch
 
-    size = path.stat().st_size
+    import cmh
+
+    header = cmh.read_header(path)
     with open(path, "rb", buffering=0) as f:
         start = time.perf_counter()
-        buf = torch.empty(size, dtype=torch.uint8)
-        view = memoryview(buf.numpy())
-        done = 0
-        while done < size:
-            done += f.readinto(view[done : done + (64 << 20)])
+        kept = []
+        for t in header.tensors:
+            buf = torch.empty(t.nbytes, dtype=torch.uint8)
+            view = memoryview(buf.numpy())
+            done = 0
+            while done < t.nbytes:
+                done += os.preadv(f.fileno(), [view[done:]], header.data_start + t.begin + done)
+            kept.append(buf)
         took = time.perf_counter() - start
+    del kept
     return took
 
 
@@ -186,7 +193,7 @@ def main() -> int:
     sha_s = min(single_core_sha256(stamped) for _ in range(2))
     cores = os.cpu_count() or 1
     best = {k: min(v) for k, v in times.items()}
-    floor = max(best["stock"], (copy_s + sha_s) / cores)
+    floor = (copy_s + sha_s) / cores
 
     runai: float | None = None
     python = runai_python()
@@ -213,7 +220,8 @@ def main() -> int:
     if runai is not None:
         rows.append(("runai-model-streamer SafetensorsStreamer (own venv)", runai))
     for label, seconds in rows:
-        print(f"  {label:<58} {seconds:6.2f} s  {gib / seconds:5.2f} GiB/s")
+        ratio = seconds / best["stock"]
+        print(f"  {label:<58} {seconds:6.2f} s  {gib / seconds:5.2f} GiB/s  {ratio:5.2f}x stock")
     verdicts = [
         ("verified / stock", best["verified"] / best["stock"], VERIFIED_TARGET),
         ("unverified / stock", best["unverified"] / best["stock"], UNVERIFIED_TARGET),
@@ -221,7 +229,7 @@ def main() -> int:
     for label, ratio, target in verdicts:
         mark = "met" if ratio <= target else "MISSED"
         print(f"{label}: {ratio:.2f}x (target at most {target}x: {mark})")
-    print(f"verified / floor: {best['verified'] / floor:.2f}x")
+    print(f"verified / floor: {best['verified'] / floor:.2f}x (below 1.0x only by noise)")
     if runai is not None:
         print(f"verified / runai-model-streamer: {best['verified'] / runai:.2f}x")
     return 0

@@ -157,21 +157,25 @@ def _read_and_hash(
     regular = open_regular(path)  # never blocks on a FIFO swapped in since the header
     fd = regular.fileno()
     try:
+        # The memory comes from the caller's thread, not the pool's: a pool thread's malloc
+        # arena is its own, so memory a previous load freed there would not be reused and
+        # every page of every tensor would be faulted in afresh.
+        outs = [torch.empty(t.nbytes, dtype=torch.uint8) for t in header.tensors]
 
-        def work(t: TensorEntry) -> tuple[torch.Tensor, bytes | None]:
-            out = torch.empty(t.nbytes, dtype=torch.uint8)
+        def work(index: int) -> bytes | None:
+            t, out = header.tensors[index], outs[index]
             digest = hashlib.sha256() if hash_bytes else None
             if t.nbytes:
                 memory = (ctypes.c_char * t.nbytes).from_address(out.data_ptr())
                 with memoryview(memory).cast("B") as view:
                     update = digest.update if digest is not None else None
                     _read_into(fd, view, header.data_start + t.begin, update, path)
-            return out, digest.digest() if digest is not None else None
+            return digest.digest() if digest is not None else None
 
-        order = sorted(header.tensors, key=lambda t: -t.nbytes)
+        order = sorted(range(len(outs)), key=lambda i: -header.tensors[i].nbytes)
         with ThreadPoolExecutor(max_workers=threads or default_threads()) as pool:
-            futures = {t.name: pool.submit(work, t) for t in order}
-            return [futures[t.name].result() for t in header.tensors]
+            futures = {i: pool.submit(work, i) for i in order}
+            return [(outs[i], futures[i].result()) for i in range(len(outs))]
     finally:
         regular.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -165,3 +166,24 @@ def test_verified_load_refuses_a_file_cut_while_it_is_read(tmp_path: Path) -> No
         f.truncate(header.data_start + 1000)
     with pytest.raises(cmh.VerificationError, match="truncated"):
         _read_and_hash(str(path), header, 2, hash_bytes=True)
+
+
+def test_verified_load_takes_tensor_memory_in_the_calling_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pool thread's malloc arena is its own: memory taken there is never the memory an
+    # earlier load freed, so each load would fault every page in afresh (issue 37).
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({f"t{i}": torch.ones(1000 + i) for i in range(6)}, str(path))
+    cmh.stamp(path)
+    threads: list[int] = []
+    real_empty = torch.empty
+
+    def empty(*args: object, **kwargs: object) -> torch.Tensor:
+        threads.append(threading.get_ident())
+        return real_empty(*args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(torch, "empty", empty)
+    loaded = cmh.torch.load_file(path, threads=3)
+    assert len(loaded) == 6 and torch.equal(loaded["t5"], torch.ones(1005))
+    assert threads and set(threads) == {threading.get_ident()}

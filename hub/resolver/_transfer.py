@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import heapq
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -481,21 +482,22 @@ def _unfinished(spans: list[Span], got: dict[Span, int]) -> list[Span]:
 
 
 def _batches(ranges: list[Span], connections: int) -> list[list[Span]]:
-    """Spread ranges over up to ``connections`` groups of similar byte counts, in file order.
+    """Spread ranges over up to ``connections`` groups of similar byte counts.
 
-    A group is sent as multi-range requests of at most :data:`MAX_RANGES_PER_REQUEST` ranges.
+    Largest range first, each to the group with the fewest bytes so far (so no
+    connection is left idle while another fetches two ranges); each group in file
+    order, sent as multi-range requests of at most :data:`MAX_RANGES_PER_REQUEST`
+    ranges, the groups in the order of their first range.
     """
     total = sum(e - b for b, e in ranges)
     groups = max(1, min(connections, len(ranges), total // MIN_GROUP_BYTES or 1))
-    share = -(-total // groups)
-    out: list[list[Span]] = [[]]
-    filled = 0
-    for span in ranges:
-        if filled >= share and len(out) < groups:
-            out.append([])
-            filled = 0
-        out[-1].append(span)
-        filled += span[1] - span[0]
+    heap = [(0, g) for g in range(groups)]
+    members: list[list[Span]] = [[] for _ in range(groups)]
+    for span in sorted(ranges, key=lambda r: (r[0] - r[1], r[0])):
+        filled, g = heapq.heappop(heap)
+        members[g].append(span)
+        heapq.heappush(heap, (filled + span[1] - span[0], g))
+    out = sorted((sorted(m) for m in members if m), key=lambda m: m[0])
     return [
         g[i : i + MAX_RANGES_PER_REQUEST]
         for g in out

@@ -20,7 +20,7 @@ import pytest
 from cmh.hub.cache import RepoLayout
 from cmh.hub.mirror import add_folder
 from cmh.hub.resolver._chunked import chunks_path
-from cmh.hub.resolver._transfer import OrderedFeed, chunk_size
+from cmh.hub.resolver._transfer import OrderedFeed, _batches, chunk_size
 from hublike import running
 from mirror_support import MirrorServer
 from resolver_support import write_checkpoint_repo
@@ -271,6 +271,23 @@ def test_chunk_size_depends_on_size_and_policy_only():
     assert chunk_size(64 << 20, 16 << 20) == 8 << 20  # about eight pieces
     assert chunk_size(10 << 20, 16 << 20) == 4 << 20  # never below 4 MiB by default
     assert chunk_size(10 << 20, CHUNK) == CHUNK
+
+
+def test_update_ranges_are_spread_evenly_over_every_connection():
+    # Eight 5 MiB ranges, then eight of 1 MiB, over 8 connections: one 5 and one 1 each.
+    # Filling groups in file order up to an even share gave four groups of 10 MiB (and
+    # two connections idle): the update's fetch took the time of the heaviest group.
+    mib = 1 << 20
+    sizes = [5] * 8 + [1] * 8
+    ranges, at = [], 0
+    for n in sizes:
+        ranges.append((at, at + n * mib))
+        at += n * mib + mib  # a gap: ranges are never adjacent
+    batches = _batches(ranges, 8)
+    assert sorted(s for b in batches for s in b) == ranges  # each range once
+    assert all(b == sorted(b) for b in batches)  # each request in file order
+    assert len(batches) == 8
+    assert max(sum(e - s for s, e in b) for b in batches) == 6 * mib
 
 
 def test_connections_setting(monkeypatch):
