@@ -33,6 +33,7 @@ from cmh.hub.cache import Clock, process_clock
 
 if TYPE_CHECKING:
     from .stores import MirrorStore
+    from .web import PrunePreviewer
 from ._upstream import UpstreamConfig
 
 SHUTDOWN_TIMEOUT = 2.0
@@ -66,6 +67,8 @@ class ServeConfig:
     ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
     graceful_timeout: float = SHUTDOWN_TIMEOUT  # after SIGTERM/SIGINT: requests in flight
     public_storage_url: str | None = None  # redirect: the storage endpoint clients reach
+    #: The operator page's dry runs of prune (the CLI passes prune's; the mirror imports no prune).
+    prune_preview: PrunePreviewer | None = None
 
 
 def public_url(text: str) -> str:
@@ -213,7 +216,9 @@ def _pages(config: ServeConfig) -> object:
     from .web._session import AdminTokensError
 
     try:
-        return web_options(config.admin_tokens, config.keys, config.access_log)
+        return web_options(
+            config.admin_tokens, config.keys, config.access_log, config.prune_preview
+        )
     except (AdminTokensError, CMHError, OSError) as exc:
         raise ServeError(str(exc)) from None
 
