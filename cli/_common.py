@@ -357,11 +357,9 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_USAGE
     if isinstance(exc, (InvalidFileError, OSError)):
         return EXIT_UNREADABLE
-    objectstore = sys.modules.get(
-        "cmh.hub.mirror.stores.bucket._objectstore"
-    )  # loaded if it can be one
-    if objectstore is not None and isinstance(exc, objectstore.ObjectStoreError):
-        return EXIT_USAGE if isinstance(exc, objectstore.InvalidLocation) else EXIT_UNREADABLE
+    stores = sys.modules.get("cmh.hub.mirror.stores")  # loaded if the error can be a storage's
+    if stores is not None and isinstance(exc, stores.ObjectStoreError):
+        return EXIT_USAGE if isinstance(exc, stores.InvalidLocation) else EXIT_UNREADABLE
     return EXIT_CHECK_FAILED
 
 

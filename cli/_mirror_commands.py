@@ -511,6 +511,7 @@ def serve(**options: Any) -> None:
     opt = _ServeOptions(**options)
     from cmh.hub.mirror import ServeConfig, ServeError, StoreError, UpstreamConfig
     from cmh.hub.mirror import serve as run
+    from cmh.hub.prune import StorePreview
 
     if opt.upstream is not None:  # options that need --upstream: refused before any look
         pass
@@ -551,6 +552,7 @@ def serve(**options: Any) -> None:
     config = ServeConfig(
         **{name: getattr(opt, name) for name in same - {"upstream"}},
         page_size=opt.tree_page_size, upstream=pull, announce=announce, warn=warn,
+        prune_preview=StorePreview(opt.store),  # the operator page's dry runs of prune
     )  # fmt: skip
     try:
         code = run(config)

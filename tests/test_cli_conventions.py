@@ -122,3 +122,12 @@ def test_serve_exits_3_like_mirror_ls_when_the_storage_is_down(tmp_path: Path) -
     assert listed.exit_code == 3, listed.stderr
     assert served.exit_code == 3, served.stderr
     assert served.stderr.startswith("error: ") and served.stderr.count("\n") == 1, served.stderr
+
+
+def test_a_storage_error_exits_3_and_a_bad_store_url_2() -> None:
+    """``exit_code_for`` tells a storage's errors apart through ``mirror.stores``' face."""
+    from cmh.cli._common import exit_code_for
+    from cmh.hub.mirror.stores import InvalidLocation, ObjectStoreError
+
+    assert exit_code_for(ObjectStoreError("the storage failed")) == 3
+    assert exit_code_for(InvalidLocation("s3:// needs a bucket")) == 2

@@ -49,6 +49,7 @@ from ._layout import (
     validate_revision,
 )
 from ._locks import LockBusy, blob_lock, flock, repo_lock, revision_lock, snapshot_in_use
+from ._records import record_number
 from ._usage import record_use, usage_path
 
 __all__ = [
@@ -96,6 +97,7 @@ __all__ = [
     "parse_repo_folder",
     "partial_path",
     "process_clock",
+    "record_number",
     "record_use",
     "repo_folder_name",
     "repo_lock",

@@ -34,6 +34,7 @@ from cmh.hub.cache import Clock, process_clock
 if TYPE_CHECKING:
     from ._connections import TrustedProxies
     from .stores import MirrorStore
+    from .web import PrunePreviewer
 from ._upstream import UpstreamConfig
 
 SHUTDOWN_TIMEOUT = 2.0
@@ -69,6 +70,8 @@ class ServeConfig:
     public_storage_url: str | None = None  # redirect: the storage endpoint clients reach
     #: reverse proxies whose X-Forwarded-For names the client (addresses or networks)
     trusted_proxies: tuple[str, ...] = ()
+    #: The operator page's dry runs of prune (the CLI passes prune's; the mirror imports no prune).
+    prune_preview: PrunePreviewer | None = None
 
 
 def public_url(text: str) -> str:
@@ -217,7 +220,9 @@ def _pages(config: ServeConfig) -> object:
     from .web._session import AdminTokensError
 
     try:
-        return web_options(config.admin_tokens, config.keys, config.access_log)
+        return web_options(
+            config.admin_tokens, config.keys, config.access_log, config.prune_preview
+        )
     except (AdminTokensError, CMHError, OSError) as exc:
         raise ServeError(str(exc)) from None
 

@@ -20,7 +20,6 @@ from ._compute import ComputePool
 from ._connections import ConnectionGuard
 from ._derived import DerivedCache
 from ._fingerprints import FingerprintCache
-from ._index import IndexCache
 from ._observe import Metrics
 
 if TYPE_CHECKING:
@@ -48,7 +47,6 @@ class MirrorState:
     public_url: str | None = None  # base of links sent; None: each connection's local address
     guard: ConnectionGuard | None = None
     body_timeout: float = 20.0  # seconds to receive a request body (paths-info)
-    indexes: IndexCache | None = None
     fingerprints: FingerprintCache = field(default_factory=FingerprintCache)
     derived: DerivedCache = field(default_factory=DerivedCache)
     delivery: str = "proxy"  # one of ``backend.deliveries``: see :attr:`blobs`
@@ -69,10 +67,6 @@ class MirrorState:
     #: not pull through: the server passes the one it reads access from; else made on
     #: first use (see :attr:`cut_records`).
     records: PullThrough | None = None
-
-    def __post_init__(self) -> None:
-        # one cache of commit indexes for the API and the pages (the store's own, if any)
-        self.indexes = self.indexes or getattr(self.backend, "indexes", None) or IndexCache()
 
     @property
     def blobs(self) -> BlobDelivery:

@@ -2,7 +2,9 @@
 
 The modules are private (``_name.py``); these names are the surface. A bucket's
 prune (:func:`prune_bucket`, and the targets that open a folder or a bucket) is
-exported lazily: it reaches the mirror's bucket code and the object-storage client.
+exported lazily: it reaches the mirror's bucket code and the object-storage client. So is
+the operator page's dry run (:class:`StorePreview`), which ``cmh serve`` passes to the
+mirror's pages: prune imports the mirror, never the other way round.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ from ._plan import (
     RevisionRemoval,
     plan_prune,
 )
-from ._scan import CacheScan, RepoScan, record_number, scan_cache
+from ._scan import CacheScan, RepoScan, scan_cache
 
 if TYPE_CHECKING:
     from ._bucket import execute_bucket_plan, prune_bucket, scan_bucket
+    from ._preview import StorePreview
     from ._targets import ExecuteOptions, PruneTarget, open_target
 
 _EXPORTS = {
     "ExecuteOptions": "_targets",
     "PruneTarget": "_targets",
+    "StorePreview": "_preview",
     "execute_bucket_plan": "_bucket",
     "open_target": "_targets",
     "prune_bucket": "_bucket",
@@ -50,12 +54,12 @@ __all__ = [
     "RepoPlan",
     "RepoScan",
     "RevisionRemoval",
+    "StorePreview",
     "execute_bucket_plan",
     "execute_plan",
     "open_target",
     "plan_prune",
     "prune_bucket",
-    "record_number",
     "scan_bucket",
     "scan_cache",
 ]

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from cmh.hub.cache import RepoLayout
+from cmh.hub.cache import RepoLayout, record_number
 from cmh.hub.mirror import (
     SYSTEM_CLOCK,
     BucketError,
@@ -86,7 +86,6 @@ from ._scan import (
     RevisionScan,
     SnapshotFile,
     UploadScan,
-    record_number,
 )
 from ._scan import stamped_expiry_from as _stamped_expiry_from
 

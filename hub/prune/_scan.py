@@ -13,7 +13,6 @@ plan and :mod:`cmh.hub.prune._execute` carries it out.
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from cmh.hub.cache import (
     RepoLayout,
     iter_repos,
     parse_repo_folder,
+    record_number,
     usage_path,
 )
 
@@ -597,21 +597,6 @@ def _record_number(path: Path, key: str) -> float | None:
         return record_number(path.read_bytes(), key)
     except OSError:
         return None
-
-
-def record_number(text: bytes, key: str) -> float | None:
-    """The number under ``key`` in a small JSON record (a file's or an object's bytes),
-    ``None`` when it is not one."""
-    import json
-
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    value = data.get(key) if isinstance(data, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def stamped_expiry(path: str | os.PathLike[str]) -> int | None:

@@ -51,6 +51,11 @@ class PruneTarget(Protocol):
         """The read-only scan ``policy`` is planned from."""
         ...
 
+    def scan_all(self) -> CacheScan:
+        """The scan with everything read (expiries, commit times): the operator page's
+        dry runs (:class:`~cmh.hub.prune._preview.StorePreview`)."""
+        ...
+
     def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport: ...
 
 
@@ -71,6 +76,10 @@ class LocalTarget:
 
     def scan(self, policy: PrunePolicy) -> CacheScan:
         return scan_cache(self.root, read_expiry=policy.expired, read_commit_times=policy.ranks,
+                          served=self.served, clock=self.clock)  # fmt: skip
+
+    def scan_all(self) -> CacheScan:
+        return scan_cache(self.root, read_expiry=True, read_commit_times=True,
                           served=self.served, clock=self.clock)  # fmt: skip
 
     def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport:
@@ -100,6 +109,11 @@ class BucketTarget:
         from ._bucket import scan_bucket
 
         return scan_bucket(self.store, read_expiry=policy.expired)
+
+    def scan_all(self) -> CacheScan:
+        from ._bucket import scan_bucket
+
+        return scan_bucket(self.store, read_expiry=True)
 
     def execute(self, plan: PrunePlan, options: ExecuteOptions) -> PruneReport:
         from ._bucket import execute_bucket_plan

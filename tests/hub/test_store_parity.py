@@ -41,6 +41,8 @@ from mirror_support import (
 from motoserver import BUCKET, S3Bucket
 from seaweed import SeaweedBucket
 
+from cmh import format_size, plural
+
 KINDS = ("local", "seaweed", "moto", "memory")
 #: A tiny stamped model: its fingerprint takes the stamp, checked at import, for its bytes.
 STAMPED_REPO = "acme/stamped"
@@ -545,6 +547,12 @@ def test_page_operator(served: Served) -> None:
     assert TINY_REPO in sizes and MINILM_REPO in sizes
     prune = text.split('id="prune"', 1)[1].split("</section>", 1)[0]
     assert "would free" in prune  # the dry run of the one planner
+    for flags in ((), ("--expired",)):  # the same numbers as `cmh prune --dry-run` gives
+        args = ["prune", "--store", served.store, "--dry-run", "--json", *flags]
+        dry = json.loads(cmh(args, served.env).stdout)
+        command = " ".join(("cmh prune --store STORE", *flags))
+        assert (f"<code>{command}</code> would free <strong>{format_size(dry['freed'])}</strong>"
+                f": {plural(dry['revisions'], 'revision')}") in prune, (flags, dry)  # fmt: skip
     scrub = text.split('id="scrub"', 1)[1].split("</section>", 1)[0]
     assert "all good" in scrub  # the scrub just run, as the store recorded it
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 if TYPE_CHECKING:
-    from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
     from .._history import CommitRecord
@@ -171,10 +170,6 @@ class StoreHousekeeping(Protocol):
 
     def scrub_history(self) -> ScrubView:
         """The last recorded scrub and the notes of quarantined blobs (the operator page)."""
-
-    def prune_scan(self) -> CacheScan:
-        """A read-only scan for the one prune planner, with expiries and commit times
-        (the operator page's dry runs)."""
 
 
 class MirrorStore(

@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     from ._options import WebOptions, web_options
     from ._pages import add_routes
     from ._session import AdminTokensError, load_admin_tokens
-    from ._views import StampCache, StampState, stamp_state
+    from ._views import PrunePreview, PrunePreviewer, StampCache, StampState, stamp_state
 
 _EXPORTS = {
     "AdminTokensError": "_session",
+    "PrunePreview": "_views",
+    "PrunePreviewer": "_views",
     "StampCache": "_views",
     "StampState": "_views",
     "stamp_state": "_views",
@@ -30,6 +32,8 @@ _EXPORTS = {
 }
 __all__ = [
     "AdminTokensError",
+    "PrunePreview",
+    "PrunePreviewer",
     "StampCache",
     "StampState",
     "WebOptions",

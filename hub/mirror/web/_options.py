@@ -12,21 +12,26 @@ from pathlib import Path
 from typing import Any
 
 from ._session import load_admin_tokens
-from ._views import StampCache
+from ._views import PrunePreviewer, StampCache
 
 
 @dataclass(frozen=True)
 class WebOptions:
-    """Admin tokens, trusted keys, the access log (busiest repos), the stamp cache."""
+    """Admin tokens, trusted keys, the access log (busiest repos), the stamp cache, and
+    the operator page's dry runs of prune (``None``: that page answers 503)."""
 
     admin_tokens: frozenset[str] = frozenset()
     trusted_keys: Any = None  # cmh.TrustedKeys or None
     access_log: Path | None = None
     stamps: StampCache = field(default_factory=StampCache)
+    prune_preview: PrunePreviewer | None = None
 
 
 def web_options(
-    admin_tokens: Path | None, keys: tuple[Path, ...] = (), access_log: Path | None = None
+    admin_tokens: Path | None,
+    keys: tuple[Path, ...] = (),
+    access_log: Path | None = None,
+    prune_preview: PrunePreviewer | None = None,
 ) -> WebOptions:
     """The pages' options (raises ``AdminTokensError`` or ``cmh.CMHError`` on a bad file)."""
     from cmh import TrustedKeys
@@ -37,4 +42,5 @@ def web_options(
         trusted_keys=trusted,
         access_log=access_log,
         stamps=StampCache(trusted),
+        prune_preview=prune_preview,
     )

@@ -592,8 +592,9 @@ def _operator_page(request: web.Request, who: Viewer, ctx: dict[str, Any]) -> by
     state = request.app[STORE_KEY]
     options = request.app[WEB_KEY]
     view = views.operator_view(
-        state.backend, state.metrics.exposition(), options.access_log, state.clock.time()
-    )
+        state.backend, options.prune_preview, state.metrics.exposition(), options.access_log,
+        state.clock.time(),
+    )  # fmt: skip
     ctx.update(view=view, chart=views.size_chart(view.sizes))
     return render("operator.html", ctx)
 

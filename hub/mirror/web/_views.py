@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -442,6 +443,23 @@ class TrafficView:
 
 
 @dataclass(frozen=True)
+class PrunePreview:
+    """What ``cmh prune`` would do to the store now: prune's read-only scan and its dry runs.
+
+    Computed by :class:`cmh.hub.prune.StorePreview`, which ``cmh serve`` passes in
+    (:attr:`~cmh.hub.mirror.web.WebOptions.prune_preview`): the pages import nothing of prune."""
+
+    scan: Any  # cmh.hub.prune.CacheScan, with expiries and commit times
+    plan: Any  # cmh.hub.prune.PrunePlan of the default policy
+    expired_plan: Any  # the plan of ``cmh prune --expired``
+    referenced_plan: Any  # the plan of ``cmh prune --expired --include-referenced``
+
+
+#: Computes the :class:`PrunePreview` at a time (the server's clock).
+PrunePreviewer = Callable[[float], PrunePreview]
+
+
+@dataclass(frozen=True)
 class OperatorView:
     """Everything the operator page shows."""
 
@@ -485,14 +503,19 @@ def _label(repo_type: str, repo_id: str) -> str:
 
 
 def operator_view(
-    store: MirrorStore, exposition: bytes, access_log: Path | None, now: float
+    store: MirrorStore,
+    preview: PrunePreviewer | None,
+    exposition: bytes,
+    access_log: Path | None,
+    now: float,
 ) -> OperatorView:
-    """Read the whole store (prune's scan, read-only) and this server's metrics, at ``now``
-    (the server's clock)."""
-    from cmh.hub.prune import PrunePolicy, plan_prune
-
+    """Read the whole store (``preview``: prune's scan, read-only) and this server's metrics,
+    at ``now`` (the server's clock); a server given no ``preview`` cannot show the page."""
+    if preview is None:
+        raise StoreError("this server has no prune preview for its store")
     at = now
-    scan = store.prune_scan()
+    dry_run = preview(at)
+    scan = dry_run.scan
     sizes: list[RepoSize] = []
     expired: list[RevisionNote] = []
     stale: list[RevisionNote] = []
@@ -514,9 +537,9 @@ def operator_view(
         sizes=sizes,
         expired=expired,
         stale=stale,
-        plan=plan_prune(scan, PrunePolicy(), at),
-        expired_plan=plan_prune(scan, PrunePolicy(expired=True), at),
-        referenced_plan=plan_prune(scan, PrunePolicy(expired=True, include_referenced=True), at),
+        plan=dry_run.plan,
+        expired_plan=dry_run.expired_plan,
+        referenced_plan=dry_run.referenced_plan,
         scrub=store.scrub_history(),
         traffic=traffic(exposition),
         busiest=busiest,

@@ -56,6 +56,7 @@ from cmh.hub.cache import (
     git_blob_hasher,
     parse_repo_folder,
     process_clock,
+    record_number,
     repo_folder_name,
     validate_relpath,
     validate_revision,
@@ -871,8 +872,6 @@ class BucketStore:
 
     def read_upstream_freshness(self, folder: str, commit: str) -> float | None:
         """``fresh_until`` of ``commit``'s record; ``None`` when absent or unreadable."""
-        from cmh.hub.prune import record_number
-
         record = self.get_record(self.upstream_record_name(folder, commit))
         return None if record is None else record_number(record[0], "fresh_until")
 

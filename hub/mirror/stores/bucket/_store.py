@@ -26,7 +26,6 @@ from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 from ._read import DEFAULT_REF_TTL, BucketReader
 
 if TYPE_CHECKING:
-    from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
     from .._base import ScrubView
@@ -347,12 +346,6 @@ class BucketBackedStore:
                         notes.append(data)
         notes.sort(key=lambda n: -float(n.get("quarantined_at") or 0))
         return ScrubView(last, notes)
-
-    def prune_scan(self) -> CacheScan:
-        from cmh.hub.prune import scan_bucket
-
-        with _storage_errors():
-            return scan_bucket(self.bucket, read_expiry=True)
 
     def record_upstream_freshness(
         self, repo_type: str, repo_id: str, commit: str, fresh_until: float

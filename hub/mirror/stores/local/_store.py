@@ -32,7 +32,6 @@ from ._scrub import ScrubOptions, ScrubReport
 from ._verify import BlobVerifier
 
 if TYPE_CHECKING:
-    from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
     from .._base import ScrubView
@@ -234,11 +233,6 @@ class LocalStore:
         from ._scrub_history import scrub_view
 
         return scrub_view(self.root)
-
-    def prune_scan(self) -> CacheScan:
-        from cmh.hub.prune import scan_cache
-
-        return scan_cache(self.root, read_expiry=True, read_commit_times=True, served=True)
 
     def record_upstream_freshness(
         self, repo_type: str, repo_id: str, commit: str, fresh_until: float

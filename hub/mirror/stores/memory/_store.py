@@ -33,7 +33,6 @@ from .._delivery import PROXY, BlobDelivery, BlobMismatch, BlobMissing
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 
 if TYPE_CHECKING:
-    from cmh.hub.prune import CacheScan
     from typing_extensions import Unpack
 
     from .._pull import PullThrough
@@ -405,6 +404,3 @@ class MemoryStore:
 
     def scrub_history(self) -> ScrubView:
         return ScrubView(self._last_scrub, list(self._quarantined))
-
-    def prune_scan(self) -> CacheScan:
-        raise StoreError("a memory store is not pruned")
