@@ -1,5 +1,6 @@
-"""How a bucket store's bytes reach a client: proxied through this process or a
-redirect to a presigned URL (:mod:`~cmh.hub.mirror.stores.bucket._send`)."""
+"""How a bucket store's bytes reach a client: proxied through this process, a
+redirect to a presigned URL, or handed to nginx (``X-Accel-Redirect``)
+(:mod:`~cmh.hub.mirror.stores.bucket._send`)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ class RemoteSender:
         if self.delivery == bucket_send.REDIRECT:
             answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
             return answer, 0, None
+        if self.delivery == bucket_send.X_ACCEL:
+            answer = await bucket_send.x_accel(
+                self.reader, self.fetcher, self.verifier, entry, headers
+            )
+            return answer, 0, None  # nginx sends the body
         return await bucket_send.proxy(
             request, self.reader, self.fetcher, self.verifier, entry, headers, ranges
         )

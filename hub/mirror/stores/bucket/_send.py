@@ -21,6 +21,12 @@ requests that follow (spec/hub-mirror.md 7.6). Outcomes are remembered per
 fetches the bytes (any single ``Range``) from the storage directly. cmh does not
 see those bytes: redirect mode trusts the storage to return what was stored, and
 relies on ``cmh mirror scrub`` to find objects that went bad.
+
+``x-accel``: nginx in front of cmh moves the bytes (``X-Accel-Redirect`` to an internal
+location that proxies a presigned URL, :mod:`~cmh.hub.mirror.stores.bucket._xaccel`).
+cmh answers only once the object version is known to hash to its name (a version not
+checked yet is checked first, as nginx's bytes cannot be held back), and pins nginx's
+GET to that version with ``If-Match``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from ._objectstore import (
     PreconditionFailed,
 )
 from ._read import BucketReader
+from ._xaccel import accel_headers
 
 PROXY = "proxy"
 REDIRECT = "redirect"
@@ -193,6 +200,33 @@ async def redirect(
     out = {k: v for k, v in headers.items() if k not in ("Content-Type", "Accept-Ranges")}
     out["Location"] = url
     return web.Response(status=302, headers=out)
+
+
+async def x_accel(
+    reader: BucketReader,
+    fetcher: ObjectFetcher,
+    verifier: ObjectVerifier,
+    entry: FileEntry,
+    headers: dict[str, str],
+) -> web.Response:
+    """The answer that hands the entry's checked blob to nginx (its bytes come from the
+    storage through nginx, pinned to the checked version); :class:`BlobUnavailable`
+    when the blob is missing, of the wrong size, unreadable or does not match its name."""
+    info, ok = await ready(reader, verifier, entry)
+    if ok is None:
+        try:
+            ok = await asyncio.shield(verifier.check(fetcher, info, entry))
+        except (PreconditionFailed, ObjectNotFound):
+            reader.forget_blob(info.name)
+            raise BlobUnavailable("blob changed in the bucket: try again") from None
+        except ObjectStoreError as exc:
+            raise BlobUnavailable(f"blob unavailable: {exc}") from None
+        if not ok:
+            raise BlobUnavailable("blob does not match its name")
+    url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
+    out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
+    out.update(accel_headers(url, info.etag))
+    return web.Response(status=200, headers=out)
 
 
 async def ready(

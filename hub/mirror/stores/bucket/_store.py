@@ -45,7 +45,7 @@ class BucketBackedStore:
     """The mirror store of one ``s3://bucket/prefix``."""
 
     kind: str = "a bucket store"
-    deliveries: tuple[str, ...] = ("proxy", "redirect")
+    deliveries: tuple[str, ...] = ("proxy", "redirect", "x-accel")
 
     def __init__(
         self, bucket: BucketStore, *, ref_ttl: float | None = None, signer: Any = None
@@ -122,7 +122,8 @@ class BucketBackedStore:
         return pull
 
     def remote_sender(self, delivery: str) -> Any:
-        """The proxy or redirect sender of this store (one per worker, made on first use)."""
+        """The proxy, redirect or x-accel sender of this store (one per worker, made on first
+        use)."""
         sender = self._senders.get(delivery)
         if sender is None:
             from ._delivery import make_sender
