@@ -45,6 +45,7 @@ import hashlib
 import json
 import math
 import os
+import queue
 import socket
 import threading
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,11 @@ if TYPE_CHECKING:
 
 #: Bytes of each part object of a fill (the last may be shorter).
 PART = 8 << 20
+#: Parts a fill may hold in memory while earlier ones are uploaded.
+PARTS_AHEAD = 2
+#: Segments (:data:`PART` bytes each) one worker keeps for its readers of fills: the
+#: clients of one blob read each segment from the storage once per worker, not once each.
+KEPT_SEGMENTS = 6
 #: Seconds between a waiting replica's looks at a fill another replica runs.
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
@@ -574,6 +580,45 @@ def part_stored(fills: str) -> None:
     _PART_SIGNALS.notify(fills)
 
 
+class _PartWriter:
+    """PUTs a fill's parts in order on its own thread, at most :data:`PARTS_AHEAD` waiting,
+    so that the upstream's bytes keep arriving while a part is uploaded."""
+
+    _END = object()
+
+    def __init__(self, objects: Any, fills: str, stored: list[tuple[str, str]]) -> None:
+        self.objects = objects
+        self.fills = fills
+        self.stored = stored
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=PARTS_AHEAD)
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="cmh-fill-parts", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not self._END:
+            if self._error:
+                continue  # drain: nothing more is stored after a failure
+            name, data = item
+            try:
+                self.stored.append((name, self.objects.put(name, data)))
+            except BaseException as exc:  # raised by put() or finish()
+                self._error.append(exc)
+                continue
+            part_stored(self.fills)
+
+    def put(self, name: str, data: bytes) -> None:
+        if self._error:
+            raise self._error[0]
+        self._queue.put((name, data))
+
+    def finish(self) -> None:
+        self._queue.put(self._END)
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+
+
 class _Fill:
     """One replica's fill of one blob under the lease: resume, stream, check, compose."""
 
@@ -593,6 +638,7 @@ class _Fill:
         self.pos = 0  # bytes hashed, stored as parts or in ``buffer``
         self.part = 0  # the next part number
         self.stored: list[tuple[str, str]] = []  # (name, storage ETag) of each part stored
+        self.writer: _PartWriter | None = None
         self.buffer = bytearray()
         self.lost = threading.Event()
         self.done = threading.Event()
@@ -610,10 +656,13 @@ class _Fill:
         keeper.start()
         try:
             self._resume()
-            self._transfer()
-            if self.buffer:
-                self._store_part(bytes(self.buffer))
-                self.buffer.clear()
+            try:
+                self._transfer()
+                if self.buffer:
+                    self._store_part(bytes(self.buffer))
+                    self.buffer.clear()
+            finally:
+                self._flush_parts()
             if self.pos != self.f.size or self.digest.hexdigest() != self.f.etag:
                 error = IntegrityError(
                     f"{self.f.path}: {self.pos} bytes whose hash is not the listed {self.f.etag}"
@@ -646,11 +695,19 @@ class _Fill:
             self.objects.put(f"{self.fills}/failed", json.dumps(doc).encode())
 
     def _store_part(self, data: bytes) -> None:
-        """One PUT of the next part (whole or absent); its readers here are woken at once."""
+        """Hand the next part to the writer thread (one PUT each, in order, while the
+        upstream's next bytes arrive); its readers here are woken once it is stored."""
         name = self.part_name(self.part)
-        self.stored.append((name, self.objects.put(name, data)))
         self.part += 1
-        part_stored(self.fills)
+        if self.writer is None:
+            self.writer = _PartWriter(self.objects, self.fills, self.stored)
+        self.writer.put(name, data)
+
+    def _flush_parts(self) -> None:
+        """Wait until every part handed over is stored; raise what a PUT raised."""
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            writer.finish()
 
     def _delete_parts(self) -> None:
         with contextlib.suppress(ObjectStoreError):
@@ -747,6 +804,13 @@ class _Fill:
             self.upstream.count(client.requests, client.bytes_received)
 
 
+#: Segments loaded or being loaded for this worker's readers of one fill (its future: the
+#: parts of a fill that failed are never read for the next one): (fills, n, fill) -> task.
+_SEGMENTS: LRUCache[tuple[str, int, Any], tuple[Any, asyncio.Task[bytes | None]]] = LRUCache(
+    KEPT_SEGMENTS
+)
+
+
 class PartTail:
     """Reads a blob being filled into a bucket: its part objects as they appear, then the
     blob once it is stored (segments of :data:`PART` bytes, one GET each)."""
@@ -782,6 +846,25 @@ class PartTail:
                 stored.cancel()
         self._stored.clear()
 
+    async def _shared(self, n: int) -> bytes | None:
+        """Segment ``n`` as :meth:`_load` reads it, one read for every reader of this worker
+        (a segment not stored yet is looked for again by the next reader who asks)."""
+        key, loop = (self.fills, n, self.fill), asyncio.get_running_loop()
+        kept = _SEGMENTS.get(key)
+        if kept is None or kept[0] is not loop:
+            kept = (loop, loop.create_task(self._load(n)))
+            _SEGMENTS[key] = kept
+        task = kept[1]
+        try:
+            loaded = await asyncio.shield(task)
+        except BaseException:
+            if task.done() and _SEGMENTS.get(key) is kept:
+                del _SEGMENTS[key]  # a failed read is not kept
+            raise
+        if loaded is None and _SEGMENTS.get(key) is kept:
+            del _SEGMENTS[key]
+        return loaded
+
     async def _load(self, n: int) -> bytes | None:
         start = n * PART
         end = min(self.size, start + PART)
@@ -808,7 +891,7 @@ class PartTail:
                     return data[off : off + count]
                 raise FillFailed("a stored part is shorter than the blob's listed size")
             try:
-                loaded = await self._load(n)
+                loaded = await self._shared(n)
             except ObjectStoreError as exc:
                 raise FillFailed(f"store unavailable: {exc}") from None
             if loaded is not None:
