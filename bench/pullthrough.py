@@ -263,12 +263,12 @@ def seaweed_or_skip() -> Iterator[object]:
 def direct_gets(weed: object, store: str, sha256: str, size: int, clients: int) -> dict[str, float]:
     """The fleet's floor: GB/s of 1 and ``clients`` curls GETting the filled blob straight
     from SeaweedFS (presigned URL), best of 2 each."""
-    from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore, ObjectStoreError
+    from cmh.hub.mirror import BucketStore, ObjectStoreError
 
     saved = dict(os.environ)
     os.environ.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
     try:
-        objects = ObjectStore.open(store)
+        objects = BucketStore.open(store).objects
         name = f"models--{REPO.replace('/', '--')}/blobs/{sha256}"
         deadline = time.monotonic() + 120  # the parts become the blob after the bodies end
         while True:

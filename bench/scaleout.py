@@ -148,8 +148,7 @@ def start_nginx(
 ) -> tuple[subprocess.Popen[bytes], str, str, str]:
     """One nginx, three servers: x-accel in front of cmh over the local store, bare static
     over the store, x-accel in front of cmh over the bucket (proxying ``storage``)."""
-    from cmh.hub.mirror import nginx_server
-    from cmh.hub.mirror.stores.bucket._xaccel import nginx_bucket_server
+    from cmh.hub.mirror import nginx_bucket_server, nginx_server
 
     upstream, bucket_upstream = upstreams
     front, bare, bucket = free_port(), free_port(), free_port()

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         scan_folder,
     )
     from .stores.local._scrub import ScrubReport, scrub_store
+    from .stores.bucket._xaccel import nginx_bucket_server
     from .stores.local._xaccel import nginx_server
 
 _EXPORTS = {
@@ -60,6 +61,7 @@ _EXPORTS = {
     "ObjectNotFound": "stores.bucket._objectstore",
     "ObjectStoreError": "stores.bucket._objectstore",
     "nginx_server": "stores.local._xaccel",
+    "nginx_bucket_server": "stores.bucket._xaccel",
     "InvalidLocation": "stores.bucket._objectstore",
     "S3Location": "stores.bucket._objectstore",
     "MirrorStore": "stores",
@@ -110,6 +112,7 @@ __all__ = [
     "list_store",
     "load_tokens",
     "needs_upstream_token",
+    "nginx_bucket_server",
     "nginx_server",
     "open_bucket",
     "open_store",

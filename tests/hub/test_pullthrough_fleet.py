@@ -558,6 +558,32 @@ def test_a_fill_uploads_its_bytes_once(any_fleet: Fleet, origin: dict[str, Any])
         proxy.stop()
 
 
+def test_a_fleet_replica_behind_nginx_x_accel_fills_then_nginx_sends(
+    fleet: Fleet, origin: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 37: ``--blob-delivery x-accel`` over a pull-through bucket: a blob the bucket
+    lacks is filled and sent by cmh (one upstream transfer), a stored one by nginx from
+    the storage (the replica logs no body byte for it)."""
+    from types import SimpleNamespace
+
+    from nginx_support import Nginx
+
+    sha = origin["blobs"][MID_REPO]
+    replica = fleet.start("--blob-delivery", "x-accel")
+    nginx = Nginx(None, f"127.0.0.1:{replica.port}", tmp_path / "nginx",
+                  storage=fleet.env["AWS_ENDPOINT_URL"])  # fmt: skip
+    try:
+        front: Any = SimpleNamespace(host="127.0.0.1", port=nginx.port)
+        assert _raw_get(front, MID_REPO, [0]) == f"complete {sha}"  # filled by cmh
+        _wait_stored(fleet.store(), sha)
+        assert _raw_get(front, MID_REPO, [0]) == f"complete {sha}"  # sent by nginx
+        gets = replica.log(route="resolve", method="GET", status=200)
+        assert [e["bytes"] for e in gets][-1] == 0 and gets[0]["bytes"] == MID
+        assert len(_cdn_ranges(fleet.front, sha)) == 1
+    finally:
+        nginx.stop()
+
+
 def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes(
     origin: dict[str, Any], tmp_path: Path
 ) -> None:
