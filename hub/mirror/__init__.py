@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         ObjectStoreError,
         S3Location,
     )
+    from .stores.bucket._xaccel import nginx_bucket_server
     from .stores.local._folder import (
         InvalidNameError,
         RepoSummary,
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
         scan_folder,
     )
     from .stores.local._scrub import ScrubReport, scrub_store
-    from .stores.bucket._xaccel import nginx_bucket_server
     from .stores.local._xaccel import nginx_server
 
 _EXPORTS = {
