@@ -23,7 +23,10 @@ throughput of 1 and 8 clients. Every answer is checked for status and size
 (the test suite checks the bytes). Prints a table with ratios against the
 baselines measured in the same run (single-node cmh and olah) and the
 targets: cmh no slower cold, one upstream transfer where olah makes more, warm
->= 1.5x olah; the fleet: one upstream transfer for all its clients.
+>= 1.5x olah; the fleet: one upstream transfer for all its clients, warm with
+``--clients`` at least 0.9x direct S3 GETs of the same blob (measured in the same
+run, curls of a presigned URL), cold with ``--clients`` at most 1.5x the one node's
+time (issue 37).
 Usage: ``python bench/pullthrough.py [--size-mib 1024] [--clients 8]
 [--work DIR] [--skip-olah] [--skip-fleet]`` (``DIR``: where the files, caches,
 SeaweedFS data and olah's venv go; default ``bench-work/`` of the checkout).
@@ -217,15 +220,17 @@ def single(start: Callable[[Path, int], list[str]], name: str) -> Launcher:
     return launch
 
 
-def fleet(weed: object, upstream: str) -> Launcher:
+def fleet(weed: object, upstream: str, stores: list[str]) -> Launcher:
     """A launcher of ``FLEET_REPLICAS`` ``cmh serve --store s3://... --upstream``
-    replicas over a fresh prefix of the SeaweedFS bucket."""
+    replicas over a fresh prefix of the SeaweedFS bucket (each store URL goes to
+    ``stores``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
 
     @contextmanager
     def launch(cache: Path) -> Iterator[list[str]]:
         store = f"s3://{FLEET_BUCKET}/{cache.name}-{uuid.uuid4().hex[:8]}/"
+        stores.append(store)
         with ExitStack() as stack:
             bases = []
             for i in range(FLEET_REPLICAS):
@@ -255,11 +260,45 @@ def seaweed_or_skip() -> Iterator[object]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def measure_fleet(front: HubLike, size: int, clients: int) -> dict[str, float] | str:
-    """The fleet row's measures, or why it was skipped."""
+def direct_gets(weed: object, store: str, sha256: str, size: int, clients: int) -> dict[str, float]:
+    """The fleet's floor: GB/s of 1 and ``clients`` curls GETting the filled blob straight
+    from SeaweedFS (presigned URL), best of 2 each."""
+    from cmh.hub.mirror import BucketStore, ObjectStoreError
+
+    saved = dict(os.environ)
+    os.environ.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
+    try:
+        objects = BucketStore.open(store).objects
+        name = f"models--{REPO.replace('/', '--')}/blobs/{sha256}"
+        deadline = time.monotonic() + 120  # the parts become the blob after the bodies end
+        while True:
+            try:
+                objects.head(name)
+                break
+            except ObjectStoreError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        url = objects.presigned_get_url(name)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    out = {}
+    for m in (1, clients):
+        best = min(fetch([url], m, size)[0] for _ in range(2))
+        out[f"direct{m}_gbps"] = m * size / best / 1e9
+    return out
+
+
+def measure_fleet(front: HubLike, size: int, clients: int, sha256: str) -> dict[str, float] | str:
+    """The fleet row's measures (with direct GETs of its blob), or why it was skipped."""
+    stores: list[str] = []
     try:
         with seaweed_or_skip() as weed:
-            return run_mirror("fleet", fleet(weed, front.url), front, size, clients, (clients,))
+            launch = fleet(weed, front.url, stores)
+            out = run_mirror("fleet", launch, front, size, clients, (clients,))
+            out.update(direct_gets(weed, stores[-1], sha256, size, clients))
+            return out
     except Skipped as exc:
         return f"skipped: {FLEET_REPLICAS} replicas over SeaweedFS did not start: {exc}"
 
@@ -300,7 +339,7 @@ def main() -> None:
             olah_launch = single(lambda cache, port: olah_serve(olah, cache, port, front), "olah")
             results["olah"] = run_mirror("olah", olah_launch, front, size, n, (1, n))
         if not args.skip_fleet:
-            results["fleet"] = measure_fleet(front, size, n)
+            results["fleet"] = measure_fleet(front, size, n, sha256)
     report(results, args.size_mib, n)
 
 
@@ -314,7 +353,13 @@ ROWS = (
     ("cold, {n} clients: upstream bytes", "cold{n}_upstream_bytes"),
     ("warm, 1 client: GB/s", "warm1_gbps"),
     ("warm, {n} clients: GB/s", "warm{n}_gbps"),
+    ("direct S3 GETs of the blob, 1 client: GB/s", "direct1_gbps"),
+    ("direct S3 GETs of the blob, {n} clients: GB/s", "direct{n}_gbps"),
 )
+#: The fleet's targets (issue 37): warm >= 0.9x direct S3 GETs of the same blob, cold at
+#: most 1.5x the one node's time.
+FLEET_WARM_VS_DIRECT = 0.9
+FLEET_COLD_VS_NODE = 1.5
 
 
 def _cell(value: float | None, key: str) -> str:
@@ -368,6 +413,16 @@ def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) ->
         verdict = "met" if got == 1 else "MISSED"
         print(f"  fleet: one upstream transfer for {n} clients over {FLEET_REPLICAS} replicas: "
               f"{got:.0f} ({verdict})")  # fmt: skip
+        for m in (1, n):
+            warm = f[f"warm{m}_gbps"] / f[f"direct{m}_gbps"]
+            ok = "met" if warm >= FLEET_WARM_VS_DIRECT else "MISSED"
+            print(f"  fleet warm, {m} client(s), vs direct S3 GETs (>= {FLEET_WARM_VS_DIRECT}x):"
+                  f" {warm:.2f}x ({ok if m == n else 'no target'})")  # fmt: skip
+        if c:
+            cold = f[f"cold{n}_s"] / c[f"cold{n}_s"]
+            ok = "met" if cold <= FLEET_COLD_VS_NODE else "MISSED"
+            print(f"  fleet cold, {n} clients, vs one node's time (<= {FLEET_COLD_VS_NODE}x): "
+                  f"{cold:.2f}x ({ok})")  # fmt: skip
     elif "fleet" in results:
         print(f"  fleet: not measured ({results['fleet']})")
 

@@ -467,7 +467,7 @@ class _ServeOptions:
     show_default=True,
     help="proxy: cmh sends the bytes (sendfile, or streamed from the bucket); redirect: "
     "302 to a presigned URL (bucket stores); x-accel: nginx sends the file named in "
-    "X-Accel-Redirect (local stores).",
+    "X-Accel-Redirect (from the folder, or from the bucket's storage).",
 )
 @seconds_option(
     "--ref-ttl",

@@ -64,7 +64,7 @@ class ServeConfig:
     keys: tuple[Path, ...] = ()  # trusted public keys for the web pages' stamp details
     announce: Callable[[str], None] = field(default=print)
     warn: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr))
-    blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel (local store)
+    blob_delivery: str = "proxy"  # proxy | redirect (bucket) | x-accel
     ref_ttl: float = 2.0  # bucket stores: how long a replica trusts a ref it read
     graceful_timeout: float = SHUTDOWN_TIMEOUT  # after SIGTERM/SIGINT: requests in flight
     public_storage_url: str | None = None  # redirect: the storage endpoint clients reach

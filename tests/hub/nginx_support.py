@@ -1,7 +1,9 @@
 """A real nginx on a free 127.0.0.1 port with its own config and prefix in a tmp folder.
 
 Used by the x-accel tests: nginx in front of ``cmh serve --blob-delivery x-accel``,
-configured with :func:`cmh.hub.mirror.stores.local._xaccel.nginx_server`. A test is skipped, with a
+configured with :func:`cmh.hub.mirror.stores.local._xaccel.nginx_server` for a local
+store, or :func:`cmh.hub.mirror.stores.bucket._xaccel.nginx_bucket_server` for a bucket
+store (``storage``: the S3 endpoint the blobs are fetched from). A test is skipped, with a
 message saying so, only when nginx is not installed (Debian: ``nginx-light``).
 """
 
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cmh.hub.mirror.stores.bucket._xaccel import nginx_bucket_server
 from cmh.hub.mirror.stores.local._xaccel import nginx_server
 from processes import stop_process
 
@@ -32,9 +35,10 @@ def free_port() -> int:
 
 
 class Nginx:
-    """nginx in front of a cmh server (``upstream`` is ``host:port``) for ``store``."""
+    """nginx in front of a cmh server (``upstream`` is ``host:port``) for ``store``: a
+    folder, or with ``storage`` (an S3 endpoint URL) a bucket store on that storage."""
 
-    def __init__(self, store: Path, upstream: str, tmp: Path) -> None:
+    def __init__(self, store: Path | None, upstream: str, tmp: Path, storage: str = "") -> None:
         nginx = find_nginx()
         if nginx is None:
             pytest.skip("nginx is not installed (apt-get install nginx-light)")
@@ -42,6 +46,12 @@ class Nginx:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         user = "user root;\n" if os.geteuid() == 0 else ""
+        listen = f"127.0.0.1:{self.port}"
+        if storage:
+            server = nginx_bucket_server(listen, upstream, storage)
+        else:
+            assert store is not None
+            server = nginx_server(store, listen, upstream)
         conf = tmp / "nginx.conf"
         conf.write_text(
             f"{user}daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\n"
@@ -49,9 +59,7 @@ class Nginx:
             f"http {{\n  access_log {tmp}/access.log;\n  sendfile on;\n"
             f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
             f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
-            f"  scgi_temp_path {tmp}/scgi;\n"
-            + nginx_server(store, f"127.0.0.1:{self.port}", upstream)
-            + "}\n"
+            f"  scgi_temp_path {tmp}/scgi;\n" + server + "}\n"
         )
         self.process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)],
                                         stderr=subprocess.PIPE)  # fmt: skip

@@ -464,11 +464,7 @@ def test_serve_refuses_a_missing_bucket_and_a_delivery_the_store_cannot_do(
                       "--workers", workers)  # fmt: skip
         assert missing.returncode == 2 and "no-such-bucket-cmh" in missing.stderr
         assert "Traceback" not in missing.stderr
-    xaccel = cmh(aws_env, "serve", "--store", seaweed_bucket.url, "--port", "0",
-                 "--blob-delivery", "x-accel")  # fmt: skip
-    assert xaccel.returncode == 2
-    assert f"does not apply to the store {seaweed_bucket.url}" in xaccel.stderr
-    assert "use proxy or redirect" in xaccel.stderr
+    # x-accel applies to both kinds (a bucket's: test_mirror_bucket_xaccel.py)
     (tmp_path / "store").mkdir()
     redirect = cmh(aws_env, "serve", "--store", str(tmp_path / "store"), "--port", "0",
                    "--blob-delivery", "redirect")  # fmt: skip

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from .bucket._objectstore import InvalidLocation, ObjectNotFound, ObjectStoreError, S3Location
     from .bucket._records import FLEET_KEY_ENV, FleetKey, FleetKeyError, read_fleet_key
+    from .bucket._xaccel import nginx_bucket_server
     from .local._folder import InvalidNameError, RepoSummary, add_folder, list_store, scan_folder
     from .local._scrub import ScrubReport, scrub_store
     from .local._xaccel import nginx_server
@@ -70,6 +71,7 @@ _KIND_EXPORTS = {
     ),
     **dict.fromkeys(("ScrubReport", "scrub_store"), "local._scrub"),
     "nginx_server": "local._xaccel",
+    "nginx_bucket_server": "bucket._xaccel",
 }  # fmt: skip
 
 __all__ = [
@@ -116,6 +118,7 @@ __all__ = [
     "add_folder",
     "default_sync_cache",
     "list_store",
+    "nginx_bucket_server",
     "nginx_server",
     "open_bucket",
     "open_store",

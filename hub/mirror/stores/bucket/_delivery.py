@@ -1,5 +1,6 @@
-"""How a bucket store's bytes reach a client: proxied through this process or a
-redirect to a presigned URL (:mod:`~cmh.hub.mirror.stores.bucket._send`), as one
+"""How a bucket store's bytes reach a client: proxied through this process, a
+redirect to a presigned URL, or handed to nginx (``X-Accel-Redirect``)
+(:mod:`~cmh.hub.mirror.stores.bucket._send`), as one
 :class:`~cmh.hub.mirror.stores.BlobDelivery`."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from aiohttp import web
 
 from ..._index import FileEntry
 from ..._ranges import ByteRange
-from .._delivery import PROXY, REDIRECT, Sent
+from .._delivery import PROXY, REDIRECT, X_ACCEL, Sent
 from . import _send as bucket_send
 from ._objectstore import ObjectStore
 from ._read import BucketReader
@@ -19,7 +20,8 @@ from ._read import BucketReader
 @dataclass
 class BucketDelivery:
     """Sends an entry's blob in one delivery mode: ``proxy`` (the object's bytes through
-    this process, checked) or ``redirect`` (a presigned URL, signed by ``signer``)."""
+    this process, checked), ``redirect`` (a presigned URL, signed by ``signer``) or
+    ``x-accel`` (nginx fetches the checked version from the storage and sends it)."""
 
     reader: BucketReader
     mode: str
@@ -30,9 +32,9 @@ class BucketDelivery:
     )
 
     def __post_init__(self) -> None:
-        if self.mode not in (PROXY, REDIRECT):
+        if self.mode not in (PROXY, REDIRECT, X_ACCEL):
             raise ValueError(f"a bucket store has no {self.mode!r} delivery")
-        if self.mode == PROXY:
+        if self.mode != REDIRECT:
             self.fetcher = bucket_send.ObjectFetcher(self.reader)
 
     @property
@@ -53,6 +55,10 @@ class BucketDelivery:
         if self.fetcher is None:
             answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
             return Sent(answer)
+        if self.mode == X_ACCEL:  # nginx sends the body
+            return Sent(await bucket_send.x_accel(
+                self.reader, self.fetcher, self.verifier, entry, headers
+            ))  # fmt: skip
         response, sent, cut = await bucket_send.proxy(
             request, self.reader, self.fetcher, self.verifier, entry, headers, ranges
         )

@@ -33,9 +33,10 @@ roles) exactly as the AWS CLI does. Both come with the ``s3`` extra.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -292,6 +293,11 @@ _PERFORMING_RE = re.compile(
 _IO_KIND_RE = re.compile(r"kind: ([A-Z][A-Za-z]+)")
 
 
+def _same_etag(a: str, b: str) -> bool:
+    """Two ETags alike, quoted or not (servers differ in what they answer a copy)."""
+    return a.strip('"') == b.strip('"')
+
+
 def _describe(exc: BaseException) -> tuple[str, int | None, str | None]:
     """A one-line reason for an obstore error, the HTTP status and the S3 error code.
 
@@ -347,6 +353,7 @@ class ObjectStore:
         self.part_size = part_size
         self._secrets: tuple[str, ...] = ()
         self._botocore: Any = None  # made when first needed (:meth:`_s3_client`)
+        self._copy_pins: bool | None = None  # whether copies honour their source's ETag
         config: dict[str, Any] = {"region": settings.region}
         if settings.endpoint:
             config["endpoint"] = settings.endpoint
@@ -739,6 +746,86 @@ class ObjectStore:
             self._upload_error("ABORT-UPLOAD", name, exc)
         except botocore.exceptions.BotoCoreError as exc:
             self._upload_error("ABORT-UPLOAD", name, exc)
+
+    def compose(self, parts: Sequence[tuple[str, str]], target: str) -> tuple[str, bool]:
+        """Make ``target`` the concatenation of the objects ``parts`` (``(name, storage
+        ETag)`` each, every one but the last at least 5 MiB) by the storage itself: one
+        server-side copy, or a multipart upload of part copies; no byte goes through this
+        process. Each source is pinned to its ETag (``x-amz-copy-source-if-match``):
+        :class:`PreconditionFailed` when one changed, and nothing is created (the upload is
+        aborted). The new object's ETag, and whether the parts copied are known to be the
+        pinned versions: every copy answered its source's ETag, or the storage refuses a copy
+        pinned to a wrong ETag (:meth:`copy_pins`; moto's server ignores the condition)."""
+        import botocore.exceptions
+
+        if not parts:
+            return self.put(target, b""), True
+        client, bucket, key = self._s3_client(), self.location.bucket, self.location.key(target)
+        sources = [({"Bucket": bucket, "Key": self.location.key(n)}, etag) for n, etag in parts]
+        upload_id = None
+        try:
+            if len(parts) == 1:
+                copied = client.copy_object(Bucket=bucket, Key=key, CopySource=sources[0][0],
+                                            CopySourceIfMatch=sources[0][1])  # fmt: skip
+                answered = str(copied["CopyObjectResult"]["ETag"])
+                return answered, _same_etag(answered, sources[0][1]) or self.copy_pins()
+            upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+            done = []
+            confirmed = True
+            for number, (source, etag) in enumerate(sources, start=1):
+                part = client.upload_part_copy(Bucket=bucket, Key=key, UploadId=upload_id,
+                                               PartNumber=number, CopySource=source,
+                                               CopySourceIfMatch=etag)  # fmt: skip
+                answered = str(part["CopyPartResult"]["ETag"])
+                confirmed = confirmed and _same_etag(answered, etag)
+                done.append({"PartNumber": number, "ETag": answered})
+            result = client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
+            )
+            upload_id = None
+            return str(result["ETag"]), confirmed or self.copy_pins()
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412"):
+                raise PreconditionFailed(f"COMPOSE {self.location}{target}: a part changed",
+                                         target) from None  # fmt: skip
+            self._upload_error("COMPOSE", target, exc)
+        except botocore.exceptions.BotoCoreError as exc:
+            self._upload_error("COMPOSE", target, exc)
+        finally:
+            if upload_id is not None:
+                with contextlib.suppress(ObjectStoreError):
+                    self.abort_upload(target, upload_id)
+
+    def copy_pins(self) -> bool:
+        """Whether the storage refuses a copy whose ``x-amz-copy-source-if-match`` names
+        another version: probed once (a scratch object under ``.cmh/probes/``) and kept."""
+        import botocore.exceptions
+
+        if self._copy_pins is None:
+            import uuid
+
+            scratch = f".cmh/probes/copy-{uuid.uuid4().hex}"
+            client, bucket = self._s3_client(), self.location.bucket
+            self.put(scratch, b"probe")
+            try:
+                source = {"Bucket": bucket, "Key": self.location.key(scratch)}
+                target = self.location.key(scratch + "-copy")
+                wrong = f'"{"0" * 32}"'
+                client.copy_object(
+                    Bucket=bucket, Key=target, CopySource=source, CopySourceIfMatch=wrong
+                )
+                self._copy_pins = False
+            except botocore.exceptions.ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                self._copy_pins = code in ("PreconditionFailed", "412")
+            except botocore.exceptions.BotoCoreError as exc:
+                self._upload_error("COPY (probe)", scratch, exc)
+            finally:
+                for name in (scratch, scratch + "-copy"):
+                    with contextlib.suppress(ObjectStoreError):
+                        self.delete(name)
+        return self._copy_pins
 
     def list_folders(self, prefix: str = "") -> tuple[str, ...]:
         """The names of the folders directly under ``prefix`` ("" for the top), one

@@ -19,13 +19,16 @@ blobs/{etag}                         written only once the whole SHA-256 matched
 
 The replica holding the lease streams the blob from the upstream and stores it
 part by part (each part one PUT, so a part is whole or absent); every replica's
-clients read the parts as they appear. The same bytes feed a multipart upload of
-``blobs/{etag}`` whose completion waits for the digest of the whole blob: an
-upload that fails its check is aborted, so no wrong blob is ever visible under its
-name. Then the check record is written, the parts and the lease deleted. A lease
-not renewed for its lifetime (on the storage's clock) is taken over; the new
-holder re-reads the stored parts (rebuilding the digest and feeding the upload)
-and asks the upstream for the rest with ``Range``.
+clients read the parts as they appear (this replica's readers are woken as each
+part is stored, another replica's look every :data:`READ_POLL`). Once the digest of
+the whole blob matched, the parts become ``blobs/{etag}`` by the storage's own copy
+(:meth:`ObjectStore.compose`: a multipart upload of part copies, each pinned to the
+ETag of the part that was hashed), so the bytes are uploaded once; a blob that fails
+its check is never made, so no wrong blob is ever visible under its name. Then the
+check record is written, the parts and the lease deleted. A lease not renewed for
+its lifetime (on the storage's clock) is taken over; the new holder re-reads the
+stored parts (rebuilding the digest) and asks the upstream for the rest with
+``Range``.
 
 Every age of a record here is measured on the storage's clock: an object's
 ``Last-Modified``, or a time written from :meth:`BucketStore.storage_time`, against
@@ -65,6 +68,11 @@ if TYPE_CHECKING:
 
 #: Bytes of each part object of a fill (the last may be shorter).
 PART = 8 << 20
+#: Parts a fill may hold in memory while earlier ones are uploaded.
+PARTS_AHEAD = 2
+#: Segments (:data:`PART` bytes each) one worker keeps for its readers of fills: the
+#: clients of one blob read each segment from the storage once per worker, not once each.
+KEPT_SEGMENTS = 6
 #: Seconds between a waiting replica's looks at a fill another replica runs.
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
@@ -549,84 +557,83 @@ class BucketPullThrough:
         return self.reader_for(entry, fill)
 
 
-class _Upload:
-    """A multipart upload of ``blobs/{etag}`` fed chunk by chunk from another thread; it
-    completes only when :meth:`finish` is called (the digest matched), else it is aborted."""
+class _PartSignals:
+    """Wakes this process's readers of a fill the moment its thread stores a part (the
+    readers of another replica's fill look every :data:`READ_POLL`: the storage tells
+    nobody)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    def subscribe(self, fills: str) -> asyncio.Event:
+        event = asyncio.Event()
+        with self._lock:
+            self._waiting.setdefault(fills, set()).add((asyncio.get_running_loop(), event))
+        return event
+
+    def unsubscribe(self, fills: str, event: asyncio.Event) -> None:
+        with self._lock:
+            waiting = self._waiting.get(fills, set())
+            waiting = {w for w in waiting if w[1] is not event}
+            if waiting:
+                self._waiting[fills] = waiting
+            else:
+                self._waiting.pop(fills, None)
+
+    def notify(self, fills: str) -> None:
+        with self._lock:
+            waiting = list(self._waiting.get(fills, ()))
+        for loop, event in waiting:
+            with contextlib.suppress(RuntimeError):  # that loop has closed
+                loop.call_soon_threadsafe(event.set)
+
+
+_PART_SIGNALS = _PartSignals()
+
+
+def part_stored(fills: str) -> None:
+    """A part of the fill ``fills`` is stored: wake this process's readers of it."""
+    _PART_SIGNALS.notify(fills)
+
+
+class _PartWriter:
+    """PUTs a fill's parts in order on its own thread, at most :data:`PARTS_AHEAD` waiting,
+    so that the upstream's bytes keep arriving while a part is uploaded."""
 
     _END = object()
 
-    def __init__(self, objects: Any, name: str) -> None:
+    def __init__(self, objects: Any, fills: str, stored: list[tuple[str, str]]) -> None:
         self.objects = objects
-        self.name = name
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=8)
-        self._result: list[Any] = []
-        self._thread = threading.Thread(target=self._run, name="cmh-fill-upload", daemon=True)
+        self.fills = fills
+        self.stored = stored
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=PARTS_AHEAD)
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="cmh-fill-parts", daemon=True)
         self._thread.start()
 
-    def _chunks(self) -> Any:
-        while True:
-            item = self._queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
     def _run(self) -> None:
-        try:
-            self._result.append(self.objects.put_stream(self.name, self._chunks()))
-        except BaseException as exc:  # kept for finish(); an abort lands here too
-            self._result.append(exc)
-
-    def feed(self, data: bytes) -> None:
-        while True:
-            if self._result:  # the upload failed: nothing more is taken
-                error = self._result[0]
-                raise error if isinstance(error, BaseException) else FillFailed("upload ended")
+        while (item := self._queue.get()) is not self._END:
+            if self._error:
+                continue  # drain: nothing more is stored after a failure
+            name, data = item
             try:
-                self._queue.put(data, timeout=1.0)
-                return
-            except queue.Full:
+                self.stored.append((name, self.objects.put(name, data)))
+            except BaseException as exc:  # raised by put() or finish()
+                self._error.append(exc)
                 continue
+            part_stored(self.fills)
 
-    def abort(self) -> None:
-        """Abort the upload: nothing is created under the blob's name."""
-        error = FillFailed("the fill failed: upload aborted")
-        while self._thread.is_alive():
-            try:
-                self._queue.put(error, timeout=1.0)
-                break
-            except queue.Full:
-                continue
-        self._thread.join(timeout=30)
+    def put(self, name: str, data: bytes) -> None:
+        if self._error:
+            raise self._error[0]
+        self._queue.put((name, data))
 
-    def finish(self) -> str:
-        """Complete the upload (the caller checked the whole digest); its storage ETag."""
+    def finish(self) -> None:
         self._queue.put(self._END)
         self._thread.join()
-        result = self._result[0]
-        if isinstance(result, BaseException):
-            raise result
-        return str(result)
-
-
-class _SmallUpload:
-    """A blob smaller than a part (an empty one too): kept in memory and written in one
-    PUT once its hash matched (a multipart upload needs at least one part)."""
-
-    def __init__(self, objects: Any, name: str) -> None:
-        self.objects = objects
-        self.name = name
-        self._chunks: list[bytes] = []
-
-    def feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-
-    def abort(self) -> None:
-        self._chunks.clear()
-
-    def finish(self) -> str:
-        return str(self.objects.put(self.name, b"".join(self._chunks)))
+        if self._error:
+            raise self._error[0]
 
 
 class _Fill:
@@ -647,6 +654,8 @@ class _Fill:
         self.digest = new_digest(f.etag, f.size)
         self.pos = 0  # bytes hashed, stored as parts or in ``buffer``
         self.part = 0  # the next part number
+        self.stored: list[tuple[str, str]] = []  # (name, storage ETag) of each part stored
+        self.writer: _PartWriter | None = None
         self.buffer = bytearray()
         self.lost = threading.Event()
         self.done = threading.Event()
@@ -660,46 +669,62 @@ class _Fill:
         from ..._upstream import failed
 
         name = self.pull.store.blob_name(self.folder, self.f.etag)
-        upload: _Upload | _SmallUpload = (
-            _SmallUpload(self.objects, name) if self.f.size < PART else _Upload(self.objects, name)
-        )
         keeper = threading.Thread(target=self._keep_lease, name="cmh-fill-lease", daemon=True)
         keeper.start()
         try:
-            self._resume(upload)
-            self._transfer(upload)
-            if self.buffer:
-                self.objects.put(self.part_name(self.part), bytes(self.buffer))
-                self.part += 1
-                self.buffer.clear()
+            self._resume()
+            try:
+                self._transfer()
+                if self.buffer:
+                    self._store_part(bytes(self.buffer))
+                    self.buffer.clear()
+            finally:
+                self._flush_parts()
             if self.pos != self.f.size or self.digest.hexdigest() != self.f.etag:
                 error = IntegrityError(
                     f"{self.f.path}: {self.pos} bytes whose hash is not the listed {self.f.etag}"
                 )
-                self._failed(upload, str(error))
+                self._failed(str(error))
                 raise failed(error, "fill failed")
             if self.lost.is_set():
-                upload.abort()
                 raise _LeaseLost(self.fills)
-            storage_etag = upload.finish()
-        except BaseException:
-            upload.abort()
-            raise
+            try:  # the parts become the blob, copied by the storage: no second upload
+                _, confirmed = self.objects.compose(self.stored, name)
+            except PreconditionFailed:  # a part changed since it was hashed
+                error = IntegrityError(f"{self.f.path}: a stored part changed during the fill")
+                self._failed(str(error))
+                raise failed(error, "fill failed") from None
+            storage_etag = self.objects.head(name).etag
         finally:
             self.done.set()
-        self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
+        if confirmed:  # else the first reader checks the blob (the parts were not pinned)
+            self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
         self._delete_parts()
         with contextlib.suppress(ObjectStoreError):  # an earlier failure is history now
             self.objects.delete(f"{self.fills}/failed")
 
-    def _failed(self, upload: _Upload | _SmallUpload, error: str) -> None:
-        """Nothing wrong is kept: the upload aborted, the parts deleted, the failure told."""
-        upload.abort()
+    def _failed(self, error: str) -> None:
+        """Nothing wrong is kept: the parts deleted (no blob was made), the failure told."""
         self._delete_parts()
         said = "".join(c if c.isprintable() else " " for c in error)[:500]  # read strictly
         with contextlib.suppress(ObjectStoreError):
             doc = {"at": self.pull.store.storage_time(), "error": said}
             self.pull.store.put_record(f"{self.fills}/failed", json.dumps(doc).encode())
+
+    def _store_part(self, data: bytes) -> None:
+        """Hand the next part to the writer thread (one PUT each, in order, while the
+        upstream's next bytes arrive); its readers here are woken once it is stored."""
+        name = self.part_name(self.part)
+        self.part += 1
+        if self.writer is None:
+            self.writer = _PartWriter(self.objects, self.fills, self.stored)
+        self.writer.put(name, data)
+
+    def _flush_parts(self) -> None:
+        """Wait until every part handed over is stored; raise what a PUT raised."""
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            writer.finish()
 
     def _delete_parts(self) -> None:
         with contextlib.suppress(ObjectStoreError):
@@ -721,18 +746,19 @@ class _Fill:
             except ObjectStoreError:
                 continue  # the storage is away: try again; the lease may expire meanwhile
 
-    def _resume(self, upload: _Upload | _SmallUpload) -> None:
+    def _resume(self) -> None:
         """Re-read the parts a previous holder stored, in order, while they are whole."""
         n = 0
         while self.pos < self.f.size:
             try:
-                data = self.objects.get(self.part_name(n))
+                data, info = self.objects.get_with_info(self.part_name(n))
             except ObjectNotFound:
                 break
             whole = len(data) == PART or self.pos + len(data) == self.f.size
             if not whole or self.pos + len(data) > self.f.size:
                 break
-            self._take(data, upload)
+            self._take(data)
+            self.stored.append((info.name, info.etag))
             n += 1
         self.part = n
         self.buffer.clear()
@@ -740,12 +766,11 @@ class _Fill:
             if "/part-" in info.name and info.name >= self.part_name(n):
                 self.objects.delete(info.name)
 
-    def _take(self, data: bytes, upload: _Upload | _SmallUpload) -> None:
+    def _take(self, data: bytes) -> None:
         self.digest.update(data)
-        upload.feed(data)
         self.pos += len(data)
 
-    def _transfer(self, upload: _Upload | _SmallUpload) -> None:
+    def _transfer(self) -> None:
         """Stream the rest from the upstream (its redirect to the CDN followed without the
         token), resuming with ``Range`` after a failure, at most :data:`MAX_ATTEMPTS`."""
         from cmh.hub.resolver import AccessError, HubUnreachableError, NotFoundError, ResolveError
@@ -773,12 +798,11 @@ class _Fill:
                             return
                     if self.lost.is_set():
                         raise _LeaseLost(self.fills)
-                    self._take(chunk, upload)
+                    self._take(chunk)
                     self.buffer += chunk
                     while len(self.buffer) >= PART:
-                        self.objects.put(self.part_name(self.part), bytes(self.buffer[:PART]))
+                        self._store_part(bytes(self.buffer[:PART]))
                         del self.buffer[:PART]
-                        self.part += 1
 
                 try:
                     client.stream(url, start, sink, on_restart=restart, limit=self.f.size)
@@ -797,6 +821,13 @@ class _Fill:
             self.upstream.count(client.requests, client.bytes_received)
 
 
+#: Segments loaded or being loaded for this worker's readers of one fill (its future: the
+#: parts of a fill that failed are never read for the next one): (fills, n, fill) -> task.
+_SEGMENTS: LRUCache[tuple[str, int, Any], tuple[Any, asyncio.Task[bytes | None]]] = LRUCache(
+    KEPT_SEGMENTS
+)
+
+
 class PartTail:
     """Reads a blob being filled into a bucket: its part objects as they appear, then the
     blob once it is stored (segments of :data:`PART` bytes, one GET each)."""
@@ -811,9 +842,45 @@ class PartTail:
         self.fill = fill
         self._segment: tuple[int, bytes] | None = None
         self._installed = False
+        self._stored: asyncio.Event | None = None  # set when this process stores a part
 
     def close(self) -> None:
         self._segment = None
+        if self._stored is not None:
+            _PART_SIGNALS.unsubscribe(self.fills, self._stored)
+            self._stored = None
+
+    async def _next_part(self) -> None:
+        """Wait until a part is stored here, the fill ends, or :data:`READ_POLL` passed."""
+        if self._stored is None:
+            self._stored = _PART_SIGNALS.subscribe(self.fills)
+        if not self._stored.is_set():
+            stored = asyncio.ensure_future(self._stored.wait())
+            either: list[asyncio.Future[Any]] = [self.fill, stored]
+            try:
+                await asyncio.wait(either, timeout=READ_POLL, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stored.cancel()
+        self._stored.clear()
+
+    async def _shared(self, n: int) -> bytes | None:
+        """Segment ``n`` as :meth:`_load` reads it, one read for every reader of this worker
+        (a segment not stored yet is looked for again by the next reader who asks)."""
+        key, loop = (self.fills, n, self.fill), asyncio.get_running_loop()
+        kept = _SEGMENTS.get(key)
+        if kept is None or kept[0] is not loop:
+            kept = (loop, loop.create_task(self._load(n)))
+            _SEGMENTS[key] = kept
+        task = kept[1]
+        try:
+            loaded = await asyncio.shield(task)
+        except BaseException:
+            if task.done() and _SEGMENTS.get(key) is kept:
+                del _SEGMENTS[key]  # a failed read is not kept
+            raise
+        if loaded is None and _SEGMENTS.get(key) is kept:
+            del _SEGMENTS[key]
+        return loaded
 
     async def _load(self, n: int) -> bytes | None:
         start = n * PART
@@ -841,11 +908,17 @@ class PartTail:
                     return data[off : off + count]
                 raise FillFailed("a stored part is shorter than the blob's listed size")
             try:
-                loaded = await self._load(n)
+                loaded = await self._shared(n)
             except ObjectStoreError as exc:
                 raise FillFailed(f"store unavailable: {exc}") from None
             if loaded is not None:
                 self._segment = (n, loaded)
+                continue
+            if self._stored is None:  # subscribed before the next look: no part missed
+                self._stored = _PART_SIGNALS.subscribe(self.fills)
+                continue
+            if not self.fill.done():
+                await self._next_part()
                 continue
             await waiting.wait()
 

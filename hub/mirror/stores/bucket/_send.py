@@ -2,6 +2,10 @@
 
 ``proxy``: cmh streams the object from the storage, whole or by ranges (several
 ranges are fetched one by one: S3 answers a multi-range GET with the whole object).
+A body of a version known good (or a range whose last byte waits for a check beside
+it) is spliced in the kernel from the storage's socket to the client's
+(:mod:`~cmh.hub.mirror.stores.bucket._splice`); only a body hashed as it goes, a
+multipart one, a small one, or one from ``https`` storage goes through Python.
 The bytes are those of the one object version that was checked: each GET carries
 ``If-Match`` with the storage ETag that a HEAD gave, and an object version is served
 only while it hashes to its name. A version not yet known to be good is checked
@@ -21,6 +25,12 @@ requests that follow (spec/hub-mirror.md 7.6). Outcomes are remembered per
 fetches the bytes (any single ``Range``) from the storage directly. cmh does not
 see those bytes: redirect mode trusts the storage to return what was stored, and
 relies on ``cmh mirror scrub`` to find objects that went bad.
+
+``x-accel``: nginx in front of cmh moves the bytes (``X-Accel-Redirect`` to an internal
+location that proxies a presigned URL, :mod:`~cmh.hub.mirror.stores.bucket._xaccel`).
+cmh answers only once the object version is known to hash to its name (a version not
+checked yet is checked first, as nginx's bytes cannot be held back), and pins nginx's
+GET to that version with ``If-Match``.
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ from ._objectstore import (
     PreconditionFailed,
 )
 from ._read import BucketReader
+from ._splice import SpliceUnavailable, StorageBody
+from ._xaccel import accel_headers
 
 PROXY = "proxy"
 REDIRECT = "redirect"
@@ -54,6 +66,9 @@ DELIVERIES = (PROXY, REDIRECT, X_ACCEL)
 REDIRECT_EXPIRY = timedelta(minutes=15)
 SIGNED_FOR = timedelta(minutes=5)  # presigned URLs the proxy itself uses
 MAX_REMEMBERED = 65536
+#: Bytes from which a body no byte of which Python must read is spliced from the storage's
+#: socket (a new connection) rather than streamed (pooled connections, one copy per chunk).
+SPLICE_FROM = 1 << 20
 
 
 class ObjectFetcher:
@@ -195,6 +210,33 @@ async def redirect(
     return web.Response(status=302, headers=out)
 
 
+async def x_accel(
+    reader: BucketReader,
+    fetcher: ObjectFetcher,
+    verifier: ObjectVerifier,
+    entry: FileEntry,
+    headers: dict[str, str],
+) -> web.Response:
+    """The answer that hands the entry's checked blob to nginx (its bytes come from the
+    storage through nginx, pinned to the checked version); :class:`BlobUnavailable`
+    when the blob is missing, of the wrong size, unreadable or does not match its name."""
+    info, ok = await ready(reader, verifier, entry)
+    if ok is None:
+        try:
+            ok = await asyncio.shield(verifier.check(fetcher, info, entry))
+        except (PreconditionFailed, ObjectNotFound):
+            reader.forget_blob(info.name)
+            raise BlobUnavailable("blob changed in the bucket: try again") from None
+        except ObjectStoreError as exc:
+            raise BlobUnavailable(f"blob unavailable: {exc}") from None
+        if not ok:
+            raise BlobUnavailable("blob does not match its name")
+    url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
+    out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
+    out.update(accel_headers(url, info.etag))
+    return web.Response(status=200, headers=out)
+
+
 async def ready(
     reader: BucketReader, verifier: ObjectVerifier, entry: FileEntry
 ) -> tuple[ObjectInfo, bool | None]:
@@ -237,6 +279,10 @@ async def proxy(
             pending = verifier.check(fetcher, info, entry)  # its last byte waits for it
         else:  # the range goes at once; the check runs beside it, for later requests
             verifier.check(fetcher, info, entry).add_done_callback(_outcome_kept)
+    if hasher is None and len(pieces) == 1 and pieces[0][2] >= SPLICE_FROM:
+        spliced = await _spliced(request, fetcher, info, response, pieces[0], pending)
+        if spliced is not None:
+            return spliced
     chunks = _pieces(fetcher, info, pieces)
     try:
         first = await chunks.__anext__()  # the storage answered before any header goes out
@@ -286,6 +332,58 @@ async def proxy(
         except ConnectionError:
             return response, sent, CLIENT_LEFT
     return response, sent, None
+
+
+async def _spliced(
+    request: web.Request,
+    fetcher: ObjectFetcher,
+    info: ObjectInfo,
+    response: web.StreamResponse,
+    piece: tuple[bytes, int, int],
+    pending: asyncio.Task[bool] | None,
+) -> tuple[web.StreamResponse, int, str | None] | None:
+    """One span of a body no byte of which Python must read, spliced from the storage's
+    socket to the client's (:mod:`~cmh.hub.mirror.stores.bucket._splice`); with ``pending``
+    its last byte waits for that check. ``None`` when it cannot be spliced here."""
+    _, start, length = piece
+    reader = fetcher.reader
+    whole = start == 0 and length == info.size
+    url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
+    where = f"GET {reader.store.url}{info.name}"
+    try:
+        body = await StorageBody.open(
+            url, start, None if whole else start + length, info.etag, where, info.name
+        )
+    except SpliceUnavailable:
+        return None
+    except (PreconditionFailed, ObjectNotFound):
+        reader.forget_blob(info.name)
+        raise BlobUnavailable("blob changed in the bucket: try again") from None
+    except ObjectStoreError as exc:
+        raise BlobUnavailable(f"blob unavailable: {exc}") from None
+    try:
+        if body.length != length:
+            raise BlobUnavailable(f"blob unavailable: {where}: {body.length} bytes, not {length}")
+        await response.prepare(request)
+        try:
+            await body.send_to(request.transport, length - 1 if pending else length)
+            if pending is not None:
+                try:
+                    good = await asyncio.shield(pending)
+                except ObjectStoreError:
+                    good = False
+                if not good:
+                    return response, body.sent, _cut(request, "blob does not match its name")
+                await body.send_to(request.transport, 1)
+            await response.write_eof()
+        except ObjectStoreError as exc:
+            reader.forget_blob(info.name)
+            return response, body.sent, _cut(request, f"storage read failed: {exc}")
+        except ConnectionError:
+            return response, body.sent, CLIENT_LEFT
+        return response, body.sent, None
+    finally:
+        body.close()
 
 
 def _outcome_kept(task: asyncio.Task[bool]) -> None:

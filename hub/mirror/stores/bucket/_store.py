@@ -17,7 +17,7 @@ from ..._errors import StoreError, StoreMissing, StoreUnavailable
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
 from .._base import HEADER_COPY_MARGIN, WEIGHT_FILES
-from .._delivery import PROXY, REDIRECT, BlobDelivery
+from .._delivery import PROXY, REDIRECT, X_ACCEL, BlobDelivery
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
 from ..local._scrub import ScrubOptions, ScrubReport
@@ -40,7 +40,7 @@ _WEIGHTS = WEIGHT_FILES  # one definition for every kind (stores._base)
 class BucketBackedStore:
     """The mirror store of one ``s3://bucket/prefix``."""
 
-    deliveries: tuple[str, ...] = (PROXY, REDIRECT)
+    deliveries: tuple[str, ...] = (PROXY, REDIRECT, X_ACCEL)
 
     def __init__(
         self, bucket: BucketStore, *, ref_ttl: float | None = None, signer: Any = None
@@ -114,8 +114,8 @@ class BucketBackedStore:
         return pull
 
     def delivery(self, mode: str) -> BlobDelivery:
-        """The ``proxy`` or ``redirect`` delivery of this store (one per worker and mode,
-        made on first use)."""
+        """The ``proxy``, ``redirect`` or ``x-accel`` delivery of this store (one per
+        worker and mode, made on first use)."""
         made = self._deliveries.get(mode)
         if made is None:
             if mode not in self.deliveries:

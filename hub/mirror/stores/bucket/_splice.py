@@ -1,0 +1,235 @@
+"""The proxy's data plane for a body it need not read: the storage's socket spliced to the
+client's (``splice(2)`` through a pipe, in the kernel), no byte through Python.
+
+The control plane stays in :mod:`~cmh.hub.mirror.stores.bucket._send`: which object version,
+the check, the held-back last byte. This module opens one plain-HTTP GET of a presigned URL
+(:meth:`StorageBody.open`, a thread), reports its status before the client's headers go out,
+and moves a count of body bytes to the client's socket (:meth:`StorageBody.send_to`, a
+thread, waits bounded by :data:`STORAGE_STALL` and :data:`CLIENT_STALL`). The client's socket
+is used through a duplicate of its descriptor, so a transport closed meanwhile never lets
+bytes go to a reused descriptor. ``https`` storage, chunked answers and platforms without
+``os.splice`` raise :class:`SpliceUnavailable`: the caller streams through Python instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import select
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
+
+#: Seconds the storage may stay silent (connect, answer, each read) before the read fails.
+STORAGE_STALL = 60.0
+#: Seconds a client may take no byte before its body is given up (it went away).
+CLIENT_STALL = 300.0
+#: Bytes of the pipe between the two sockets (and of each splice call).
+PIPE_SIZE = 1 << 20
+#: Bytes an answer's status line and headers may take.
+MAX_HEAD = 64 << 10
+#: Threads moving bodies at once (each waits in the kernel, holding no lock).
+MAX_THREADS = 256
+_SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_MORE", 0)
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_pool: ThreadPoolExecutor | None = None
+
+
+class SpliceUnavailable(Exception):
+    """This body cannot be spliced here; stream it through Python."""
+
+
+def available() -> bool:
+    return hasattr(os, "splice")
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="cmh-splice")
+    return _pool
+
+
+def _wait(fd: int, events: int, timeout: float, what: str) -> None:
+    poller = select.poll()
+    poller.register(fd, events | select.POLLERR | select.POLLHUP)
+    ready = poller.poll(timeout * 1000)
+    if not ready:
+        raise TimeoutError(f"{what}: nothing for {timeout:.0f} s")
+
+
+class StorageBody:
+    """One GET of a presigned URL on a plain socket, its answer's head read, its body not."""
+
+    def __init__(self, sock: socket.socket, length: int, where: str, early: bytes) -> None:
+        self.sock = sock
+        self.length = length  # body bytes the storage announced
+        self.where = where
+        self.early = early  # body bytes that came with the head (sent first)
+        self.sent = 0  # body bytes moved to the client so far
+
+    @classmethod
+    async def open(
+        cls, url: str, start: int, end: int | None, etag: str, where: str, name: str
+    ) -> StorageBody:
+        """GET bytes ``[start, end)`` of the object version ``etag``: :class:`PreconditionFailed`
+        (another version), :class:`ObjectNotFound`, :class:`ObjectStoreError` otherwise."""
+        if not available() or urlsplit(url).scheme != "http":
+            raise SpliceUnavailable(url)
+        loop = asyncio.get_running_loop()
+        ranged = bool(start or end is not None)
+        return await loop.run_in_executor(
+            _threads(), cls._open, url, (start, end) if ranged else None, etag, where, name
+        )
+
+    @classmethod
+    def _open(
+        cls, url: str, span: tuple[int, int | None] | None, etag: str, where: str, name: str
+    ) -> StorageBody:
+        parts = urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}", f"If-Match: {etag}",
+                 "Accept-Encoding: identity", "Connection: close", "User-Agent: cmh"]  # fmt: skip
+        if span is not None:
+            lines.append(f"Range: bytes={span[0]}-{'' if span[1] is None else span[1] - 1}")
+        try:
+            sock = socket.create_connection(
+                (parts.hostname or "127.0.0.1", parts.port or 80), timeout=STORAGE_STALL
+            )
+        except OSError as exc:
+            raise ObjectStoreError(f"{where}: {type(exc).__name__}: {exc}") from None
+        try:
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+            status, headers, early = cls._head(sock, where)
+        except OSError as exc:
+            sock.close()
+            raise ObjectStoreError(f"{where}: {type(exc).__name__}: {exc}") from None
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            if status == 412:
+                raise PreconditionFailed(f"{where}: precondition failed (412)", name)
+            if status == 404:
+                raise ObjectNotFound(f"{where}: no such object", name)
+            if status != (200 if span is None else 206):
+                raise ObjectStoreError(f"{where}: {status}")
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                raise SpliceUnavailable(where)
+            length = int(headers.get("content-length", "-1"))
+            if length < 0 or len(early) > length:
+                raise SpliceUnavailable(where)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock, length, where, early)
+
+    @staticmethod
+    def _head(sock: socket.socket, where: str) -> tuple[int, dict[str, str], bytes]:
+        """Status, headers and the body bytes read with them (at most a few KiB)."""
+        seen = b""
+        while (end := seen.find(b"\r\n\r\n")) < 0:
+            if len(seen) >= MAX_HEAD:
+                raise ObjectStoreError(f"{where}: answer head over {MAX_HEAD} bytes")
+            more = sock.recv(MAX_HEAD)
+            if not more:
+                raise ObjectStoreError(f"{where}: the storage closed the connection")
+            seen += more
+        status_line, *rest = seen[:end].decode("latin-1").split("\r\n")
+        try:
+            status = int(status_line.split(" ", 2)[1])
+        except (IndexError, ValueError):
+            raise ObjectStoreError(f"{where}: not an HTTP answer: {status_line[:80]!r}") from None
+        headers = {}
+        for line in rest:
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        return status, headers, seen[end + 4 :]
+
+    async def send_to(self, transport: asyncio.BaseTransport | None, count: int) -> None:
+        """Move the next ``count`` body bytes to the client behind ``transport`` (whose own
+        buffer is flushed first); :class:`ConnectionResetError` when the client went away,
+        :class:`ObjectStoreError` when the storage failed (``sent`` tells how far it got)."""
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if transport is None or sock is None or transport.is_closing():
+            raise ConnectionResetError("client went away")
+        write = transport  # the response's headers (and anything before) must be out first
+        for _ in range(int(CLIENT_STALL * 1000)):
+            if not write.get_write_buffer_size():  # type: ignore[attr-defined]
+                break
+            if transport.is_closing():
+                raise ConnectionResetError("client went away")
+            await asyncio.sleep(0.001)
+        else:
+            raise ConnectionResetError("client took nothing")
+        client = os.dup(sock.fileno())
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                _threads(), self._splice, client, count
+            )
+        finally:
+            os.close(client)
+
+    def _splice(self, client: int, count: int) -> None:
+        count -= self._write_early(client, count)
+        source = self.sock.fileno()
+        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
+            left = count
+            while left:
+                try:
+                    got = os.splice(source, w, min(left, PIPE_SIZE), flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    try:
+                        _wait(source, select.POLLIN, STORAGE_STALL, self.where)
+                    except TimeoutError as exc:
+                        raise ObjectStoreError(str(exc)) from None
+                    continue
+                except OSError as exc:
+                    raise ObjectStoreError(f"{self.where}: {exc}") from None
+                if not got:
+                    raise ObjectStoreError(f"{self.where}: the storage ended the body early")
+                left -= got
+                while got:
+                    try:
+                        out = os.splice(r, client, got, flags=_SPLICE_FLAGS)
+                    except BlockingIOError:
+                        try:
+                            _wait(client, select.POLLOUT, CLIENT_STALL, "client")
+                        except TimeoutError as exc:
+                            raise ConnectionResetError(str(exc)) from None
+                        continue
+                    except OSError as exc:  # EPIPE, ECONNRESET: the client went away
+                        raise ConnectionResetError(str(exc)) from None
+                    got -= out
+                    self.sent += out
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def _write_early(self, client: int, count: int) -> int:
+        """Send up to ``count`` of the body bytes that came with the head; how many."""
+        data = memoryview(self.early)[:count]
+        done = 0
+        while done < len(data):
+            try:
+                done += os.write(client, data[done:])
+            except BlockingIOError:
+                try:
+                    _wait(client, select.POLLOUT, CLIENT_STALL, "client")
+                except TimeoutError as exc:
+                    raise ConnectionResetError(str(exc)) from None
+            except OSError as exc:
+                raise ConnectionResetError(str(exc)) from None
+        self.early = self.early[done:]
+        self.sent += done
+        return done
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,124 @@
+"""``--blob-delivery x-accel`` on a bucket store: nginx moves the bytes from the storage,
+cmh decides what and to whom.
+
+cmh answers a download with the Hub's headers, ``X-Accel-Redirect: {prefix}`` and two
+headers for nginx alone: ``X-Cmh-Storage-Target``, the path and query of a presigned
+GET URL of the blob object (valid :data:`SIGNED_FOR`), and ``X-Cmh-Storage-Etag``, the
+storage ETag of the object version cmh checked. nginx, in front of cmh, follows the
+redirect to an ``internal`` location (clients cannot ask for it directly) that proxies
+that URL to the storage, with the client's ``Range`` and ``If-Match`` on the checked
+version: an object replaced after the check answers ``412``, which nginx turns into a
+``503``, never into another version's bytes. The bytes go storage to nginx to client,
+never through Python.
+
+nginx drops most upstream headers on an internal redirect, and the storage's answer has
+its own ``ETag``: the location keeps cmh's headers in variables before it proxies
+(``set`` runs before the new upstream replaces the old one) and puts them back.
+
+:func:`nginx_bucket_server` writes the ``server`` block this needs;
+``docs/object-storage.md`` shows it, and the tests and ``bench/scaleout.py`` run it.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+DEFAULT_PREFIX = "/_cmh_bucket/"
+#: Response headers cmh gives nginx (never seen by clients: nginx does not pass them).
+TARGET_HEADER = "X-Cmh-Storage-Target"
+VERSION_HEADER = "X-Cmh-Storage-Etag"
+#: cmh's headers that nginx must put back on the storage's answer.
+PASSED_HEADERS = (
+    "X-Repo-Commit", "ETag", "X-Linked-Etag", "X-Linked-Size", "Content-Disposition",
+)  # fmt: skip
+#: The client's headers the storage must not see (its own auth, conditions on cmh's ETag).
+DROPPED_REQUEST_HEADERS = (
+    "Authorization", "Cookie", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
+    "If-Range",
+)  # fmt: skip
+#: The storage's headers a client must not see (its ETag is not the Hub's).
+HIDDEN_RESPONSE_HEADERS = (
+    "ETag", "Last-Modified", "Server", "x-amz-request-id", "x-amz-id-2", "Content-Disposition",
+)  # fmt: skip
+
+
+def _variable(header: str) -> str:
+    return header.lower().replace("-", "_")
+
+
+def storage_origin(endpoint: str) -> tuple[str, str]:
+    """``(scheme://host:port, host:port)`` of a storage endpoint URL."""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) storage endpoint: {endpoint!r}")
+    return f"{parts.scheme}://{parts.netloc}", parts.netloc
+
+
+def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The internal ``location`` (and its named error location) that fetches a bucket
+    store's blobs from ``storage`` (the S3 endpoint cmh signs for) on cmh's behalf."""
+    origin, host = storage_origin(storage)
+    kept = [f"  set $cmh_{_variable(h)} $upstream_http_{_variable(h)};" for h in PASSED_HEADERS]
+    lines = [
+        f"location {prefix} {{",
+        "  internal;",
+        *kept,
+        f"  set $cmh_target $upstream_http_{_variable(TARGET_HEADER)};",
+        f"  set $cmh_version $upstream_http_{_variable(VERSION_HEADER)};",
+        f"  proxy_pass {origin}$cmh_target;",
+        f"  proxy_set_header Host {host};",
+        "  proxy_set_header If-Match $cmh_version;",
+        *(f'  proxy_set_header {h} "";' for h in DROPPED_REQUEST_HEADERS),
+        "  proxy_http_version 1.1;",
+        '  proxy_set_header Connection "";',
+        # large buffers, never a temp file: up to 5 MiB a download in flight, taken as needed
+        "  proxy_buffering on;",
+        "  proxy_max_temp_file_size 0;",
+        "  proxy_buffer_size 1m;",
+        "  proxy_buffers 4 1m;",
+        "  proxy_busy_buffers_size 2m;",
+        *(f"  proxy_hide_header {h};" for h in HIDDEN_RESPONSE_HEADERS),
+        *(f"  add_header {h} $cmh_{_variable(h)} always;" for h in PASSED_HEADERS),
+        "  proxy_intercept_errors on;",
+        "  error_page 403 404 412 500 502 503 504 =503 @cmh_storage_unavailable;",
+        *(["  proxy_ssl_server_name on;"] if origin.startswith("https:") else []),
+        "}",
+        "location @cmh_storage_unavailable {",
+        '  if ($cmh_target = "") { return 404; }  # asked for directly: not a redirect of cmh',
+        "  add_header Retry-After 60 always;",
+        '  return 503 "blob unavailable from the storage\\n";',
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def nginx_bucket_server(
+    listen: str, upstream: str, storage: str, prefix: str = DEFAULT_PREFIX
+) -> str:
+    """A ``server`` block: everything to cmh at ``upstream`` (``host:port``), blobs by nginx
+    from the storage at ``storage``."""
+    location = "\n".join(
+        "  " + line for line in nginx_bucket_location(storage, prefix).splitlines()
+    )
+    return (
+        "server {\n"
+        f"  listen {listen};\n"
+        "  location / {\n"
+        f"    proxy_pass http://{upstream};\n"
+        "    proxy_set_header Host $http_host;\n"
+        "    proxy_http_version 1.1;\n"
+        '    proxy_set_header Connection "";\n'
+        "    proxy_buffering off;\n"
+        "  }\n"
+        f"{location}\n"
+        "}\n"
+    )
+
+
+def accel_headers(
+    presigned_url: str, storage_etag: str, prefix: str = DEFAULT_PREFIX
+) -> dict[str, str]:
+    """The headers that hand a body to nginx: the redirect and what its location needs."""
+    parts = urlsplit(presigned_url)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    return {"X-Accel-Redirect": prefix, TARGET_HEADER: target, VERSION_HEADER: storage_etag}

@@ -1,0 +1,193 @@
+# ruff: noqa: E501  (the client script below is kept one call per line)
+"""``cmh serve --store s3://... --blob-delivery x-accel`` behind a real nginx: cmh decides
+(auth, refs, checks), nginx moves the bytes from a real SeaweedFS to the client."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from mirror_support import (
+    PRIVATE_REPO,
+    PRIVATE_TOKEN,
+    MirrorServer,
+    ProcessClock,
+    hf_env,
+    run_python,
+    write_tiny_repo,
+)
+from nginx_support import Nginx
+from seaweed import SeaweedBucket, SeaweedServer
+
+TINY = "cmh-test/xaccel-tiny"
+REF_TTL = 60.0  # the replica's clock is moved past it to see a replaced object
+
+
+@dataclass
+class Front:
+    store: BucketStore
+    nginx: Nginx
+    server: MirrorServer
+    src: Path
+    env: dict[str, str]
+    clock: ProcessClock
+
+
+@pytest.fixture(scope="module")
+def front(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+    """A bucket store with a tiny repo and a private one, one x-accel replica, nginx."""
+    where = SeaweedBucket(seaweed, seaweed.bucket, f"xaccel-{uuid.uuid4().hex[:10]}/")
+    tmp = tmp_path_factory.mktemp("bucket-xaccel")
+    env = {
+        **where.aws_env(),
+        "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    private = tmp / "private"
+    private.mkdir()
+    (private / "config.json").write_text('{"secret": true}\n')
+    tokens = tmp / "tokens.txt"
+    tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                mp.delenv(name)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        store = BucketStore.open(where.url)
+        src = write_tiny_repo(tmp / "tiny", 1)
+        store.add_folder(src, TINY)
+        store.add_folder(private, PRIVATE_REPO)
+        clock = ProcessClock(tmp / "clock")
+        server = MirrorServer(where.url, tmp / "logs", tokens=tokens, env={**os.environ, **env},
+                              clock=clock, extra_args=("--blob-delivery", "x-accel",
+                                                       "--ref-ttl", str(REF_TTL)))  # fmt: skip
+        try:
+            nginx = Nginx(None, f"127.0.0.1:{server.port}", tmp / "nginx", storage=where.endpoint)
+            try:
+                yield Front(store, nginx, server, src, env, clock)
+            finally:
+                nginx.stop()
+        finally:
+            server.stop()
+
+
+def _request(
+    front: Front, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes | str]:
+    """Status, headers and body; the body is the exception's name when it came incomplete."""
+    conn = http.client.HTTPConnection("127.0.0.1", front.nginx.port, timeout=30)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        r = conn.getresponse()
+        status, got = r.status, {k.lower(): v for k, v in r.getheaders()}
+        try:
+            return status, got, r.read()
+        except http.client.IncompleteRead:
+            return status, got, "IncompleteRead"
+    finally:
+        conn.close()
+
+
+STOCK_SCRIPT = r"""
+import json, os, hashlib
+from huggingface_hub import hf_hub_download, snapshot_download
+sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
+snap = snapshot_download(os.environ["T_TINY"])
+print(json.dumps({"weights": sha(os.path.join(snap, "weights.bin")), "leaf": open(os.path.join(snap, "sub/deeper/leaf.txt")).read()}))
+"""
+
+
+def test_stock_client_loads_from_the_bucket_through_nginx(front: Front, tmp_path: Path) -> None:
+    env = hf_env(front.nginx.url, tmp_path / "home")
+    env["T_TINY"] = TINY
+    out = run_python(STOCK_SCRIPT, env)
+    assert out["weights"] == hashlib.sha256((front.src / "weights.bin").read_bytes()).hexdigest()
+    assert out["leaf"] == "leaf 1\n"
+    gets = front.server.log(route="resolve", method="GET")
+    assert gets and all(e["bytes"] == 0 for e in gets if e["status"] == 200)  # nginx sent them
+
+
+def test_ranges_headers_and_access_are_cmhs(front: Front) -> None:
+    weights = (front.src / "weights.bin").read_bytes()
+    path = f"/{TINY}/resolve/main/weights.bin"
+    status, headers, body = _request(front, path, {"Range": "bytes=100-199"})
+    assert status == 206 and body == weights[100:200]
+    assert headers["content-range"] == f"bytes 100-199/{len(weights)}"
+    sha = hashlib.sha256(weights).hexdigest()
+    assert headers["etag"] == headers["x-linked-etag"] == f'"{sha}"'  # cmh's, not the storage's
+    assert headers["x-linked-size"] == str(len(weights)) and len(headers["x-repo-commit"]) == 40
+    assert not any(h.startswith(("x-cmh-storage", "x-amz")) for h in headers)
+    status, headers, body = _request(front, path)
+    assert status == 200 and body == weights
+    assert _request(front, path, {"If-None-Match": f'"{sha}"'})[0] == 304
+    assert _request(front, path, {"Range": f"bytes={len(weights)}-"})[0] == 416
+
+
+def test_a_private_blob_is_not_reachable_through_nginx_without_its_token(front: Front) -> None:
+    private = f"/{PRIVATE_REPO}/resolve/main/config.json"
+    secret = b'{"secret": true}\n'
+    status, _, body = _request(front, private)
+    assert status in (401, 404) and secret not in body  # type: ignore[operator]
+    assert _request(front, private, {"Authorization": "Bearer hf_wrong"})[0] in (401, 404)
+    status, _, body = _request(front, private, {"Authorization": f"Bearer {PRIVATE_TOKEN}"})
+    assert (status, body) == (200, secret)
+    # nginx's internal location cannot be asked for directly, with or without a token
+    folder = "models--" + PRIVATE_REPO.replace("/", "--")
+    sha = hashlib.sha256(secret).hexdigest()
+    name = front.store.blob_name(folder, sha)
+    target = front.store.objects.presigned_get_url(name)
+    path = target.split("/", 3)[3]
+    for asked in ("/_cmh_bucket/", f"/_cmh_bucket/{path}"):
+        for headers in ({}, {"Authorization": f"Bearer {PRIVATE_TOKEN}"},
+                        {"X-Cmh-Storage-Target": "/" + path}):  # fmt: skip
+            status, _, body = _request(front, asked, headers)
+            assert status == 404 and secret not in body  # type: ignore[operator]
+
+
+def _blob(front: Front, repo: str, folder: str, path: str, version: int) -> tuple[str, bytes]:
+    src = write_tiny_repo(front.src.parent / f"{folder}-{version}", version)
+    commit = front.store.add_folder(src, repo).commit
+    tree = front.store.read_tree(folder, commit)
+    assert tree is not None
+    entry = next(f for f in tree.files if f.path == path)
+    return front.store.blob_name(folder, entry.etag), (src / path).read_bytes()
+
+
+@pytest.mark.parametrize("asked", [None, "bytes=299000-"], ids=["whole", "end-range"])
+def test_wrong_bytes_are_never_sent_complete(front: Front, asked: str | None) -> None:
+    """An object that does not hash to its name is refused before nginx is involved; an
+    object replaced after its check is refused by the storage (nginx's GET is pinned to
+    the checked version with ``If-Match``): a 503, never the other bytes."""
+    repo = f"cmh-test/xaccel-bad-{'whole' if asked is None else 'range'}"
+    folder = "models--" + repo.replace("/", "--")
+    name, good = _blob(front, repo, folder, "weights.bin", 7)
+    bad = bytearray(good)
+    bad[-1] ^= 0xFF  # same size, last byte differs
+    path = f"/{repo}/resolve/main/weights.bin"
+    headers = {"Range": asked} if asked else {}
+    want = good if asked is None else good[299000:]
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in front.env.items():
+            mp.setenv(key, value)
+        front.store.objects.put(name, bytes(bad))  # wrong before the first request
+        status, _, body = _request(front, path, headers)
+        assert status == 503 and body != bytes(bad)[-len(want) :], (status, body)
+        front.store.objects.put(name, good)  # put right: a new version, checked and sent
+        front.clock.advance(REF_TTL + 0.5)  # once the replica looks at the object again
+        status, _, body = _request(front, path, headers)
+        assert status in (200, 206) and body == want
+        front.store.objects.put(name, bytes(bad))  # replaced after the check
+        for step in range(2):  # cmh still knows the checked version, then sees the new one
+            status, _, body = _request(front, path, headers)
+            assert status == 503 and body != bytes(bad)[-len(want) :], (status, body)
+            if step == 0:
+                front.clock.advance(REF_TTL + 0.5)
