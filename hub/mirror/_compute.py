@@ -8,18 +8,30 @@ revision, a tree or a file is answered meanwhile. A client (its address, or the
 one a trusted reverse proxy forwards for: :class:`TrustedProxies`) has at most
 :data:`PER_CLIENT` computations running at once; its further requests wait
 their turn without holding a thread.
+
+Pure-Python work holds the GIL, so on threads it still slows every request (a
+checkpoint of 12,000 tiny tensors: a stored tree took 75-106x its time alone).
+Such work runs in the pool's processes (:meth:`ComputePool.in_process`): up to
+:data:`COMPUTE_WORKERS` children, started on first use (``spawn``, never a fork
+of the threaded server), ignoring Ctrl-C (the server's shutdown stops them). The
+calling pool thread waits on the child, so the per-client limit holds as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._connections import TrustedProxies
+from ._errors import HubError
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -49,6 +61,8 @@ class ComputePool:
         # client -> (its semaphore, requests using it): dropped when none does, so the
         # clients kept never outnumber the requests in flight.
         self._clients: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._processes: ProcessPoolExecutor | None = None  # started on first use
+        self._processes_lock = threading.Lock()
 
     @contextlib.asynccontextmanager
     async def turn(self, client: str) -> AsyncIterator[None]:
@@ -77,6 +91,32 @@ class ComputePool:
         """``func(*args)`` on the pool, from a thread that may block (a page being built)."""
         return self._pool.submit(func, *args).result()
 
+    def in_process(self, func: Callable[..., T], *args: Any) -> T:
+        """``func(*args)`` in one of the pool's processes, waited for by the calling thread
+        (a pool thread: ``func`` and ``args`` must pickle). What ``func`` raises is raised
+        here; a child that died is a 503, and the next call starts new processes."""
+        processes = self._process_pool()
+        try:
+            return processes.submit(func, *args).result()
+        except BrokenProcessPool:
+            with self._processes_lock:
+                if self._processes is processes:  # a later call starts new ones
+                    self._processes = None
+            _stop(processes)
+            raise HubError(
+                503, "ComputeUnavailable", "a compute process died mid-work; try again"
+            ) from None
+
+    def _process_pool(self) -> ProcessPoolExecutor:
+        with self._processes_lock:
+            if self._processes is None:
+                self._processes = ProcessPoolExecutor(
+                    self.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_ignore_interrupts,
+                )
+            return self._processes
+
     def client_of(self, request: web.BaseRequest) -> str:
         """Who asks, for the per-client limit: the peer's address, or the client a
         trusted proxy forwards for (``--trusted-proxy``)."""
@@ -87,4 +127,25 @@ class ComputePool:
         return len(self._clients)
 
     def close(self) -> None:
+        """Stop taking work; a computation under way is not waited for (its children end)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._processes_lock:
+            processes, self._processes = self._processes, None
+        if processes is not None:
+            _stop(processes)
+
+
+def _stop(processes: ProcessPoolExecutor) -> None:
+    """Shut ``processes`` down without waiting for work under way: its children are ended
+    (the executor has no public way before Python 3.14's ``terminate_workers``)."""
+    children = list((getattr(processes, "_processes", None) or {}).values())
+    processes.shutdown(wait=False, cancel_futures=True)
+    for child in children:
+        with contextlib.suppress(OSError, ValueError):  # gone already, or closed
+            child.terminate()
+
+
+def _ignore_interrupts() -> None:
+    """In each child: Ctrl-C reaches the whole terminal's process group; the server
+    handles it (a graceful shutdown), the children print nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -8,6 +8,7 @@ asked stayed in memory for the life of the worker).
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,11 +17,17 @@ from ._errors import HubError
 from ._memo import Memo
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ._index import CommitIndex
     from ._routes import Route
     from ._state import MirrorState
 
 MAX_ENTRIES = 256
+#: Where the check records of stamps are (``cmh`` reads them from the environment): the
+#: server's values, as they are at each call, are a compute process's too (a stamp whose
+#: check the server recorded is taken, not hashed).
+CHECK_RECORDS_ENV = ("CMH_CHECKS_DIR", "XDG_CACHE_HOME", "HOME")
 
 Key = tuple[str, str]  # ("{repo_type}:{repo_id}", commit)
 
@@ -44,21 +51,22 @@ def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict
     """``cmh.semantic`` fingerprint of a commit, computed once per commit.
 
     It reads only the index's checked sources (blobs inside the store), through
-    ``fingerprint_files``, so a hostile link in a snapshot is never followed.
+    ``fingerprint_files``, so a hostile link in a snapshot is never followed. The
+    store's files are got here (they stay while read); the reading and hashing runs in
+    the compute pool's processes (:meth:`~._compute.ComputePool.in_process`).
     """
     from cmh import InvalidFileError
-    from cmh.semantic import SemanticError, fingerprint_files
+    from cmh.semantic import SemanticError
 
     def compute() -> dict[str, Any]:
         paths = sorted(index.files)  # fingerprint_files picks what it reads (spec/semantic.md)
         try:
             source = f"{route.repo_id}@{index.commit}"
             with state.backend.local_files(index, paths, stamped_headers=True) as files:
-                result = fingerprint_files(files, source=source)
-            if result.hashed_files:  # a stamp not taken: its bytes are read whole
+                result_doc = _in_process(state, files, source)
+            if result_doc["hashed_files"]:  # a stamp not taken: its bytes are read whole
                 with state.backend.local_files(index, paths) as files:
-                    result = fingerprint_files(files, source=source)
-            result_doc = result.to_dict()
+                    result_doc = _in_process(state, files, source)
         except InvalidFileError as exc:
             raise HubError(422, "InvalidFile", f"invalid safetensors file: {exc}") from None
         except SemanticError as exc:
@@ -72,3 +80,50 @@ def fingerprint_of(state: MirrorState, route: Route, index: CommitIndex) -> dict
         return {"repo": route.repo_id, "commit": index.commit, "fingerprint": result_doc}
 
     return state.fingerprints.get((f"{route.repo_type}:{route.repo_id}", index.commit), compute)
+
+
+class _Raised(Exception):
+    """An error raised in a compute process with the cause the parent's handling reads
+    (a pickled exception comes back without its ``__cause__``)."""
+
+    def __init__(self, error: BaseException, cause: BaseException | None) -> None:
+        super().__init__(error, cause)
+        self.error, self.cause = error, cause
+
+
+def _in_process(state: MirrorState, files: dict[str, Path], source: str) -> dict[str, Any]:
+    """:func:`fingerprint_document` in a compute process; its errors raised as they were."""
+    env = {name: os.environ.get(name) for name in CHECK_RECORDS_ENV}
+    try:
+        return state.compute.in_process(fingerprint_document, files, source, env)
+    except _Raised as raised:
+        raise raised.error from raised.cause
+
+
+def fingerprint_document(
+    files: dict[str, Path], source: str, env: dict[str, str | None]
+) -> dict[str, Any]:
+    """In a compute process: the fingerprint of ``files`` as a document (``to_dict``),
+    with ``env`` (the server's :data:`CHECK_RECORDS_ENV`, None: unset) in its environment.
+
+    A :class:`~cmh.semantic.SemanticError` caused by an :class:`~cmh.InvalidFileError`
+    comes back with that cause, and as a type that pickles."""
+    import pickle
+
+    from cmh import InvalidFileError
+    from cmh.semantic import SemanticError, fingerprint_files
+
+    for name, value in env.items():  # one call at a time in a process
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        return fingerprint_files(files, source=source).to_dict()
+    except SemanticError as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, InvalidFileError) else None
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:  # a subclass whose arguments do not pickle: its base does
+            exc = SemanticError(str(exc))
+        raise _Raised(exc, cause) from None

@@ -296,3 +296,62 @@ def test_an_error_raised_while_a_ctrl_c_unwinds_still_exits_130() -> None:
     assert done.returncode == 130, done.stderr
     assert "interrupted: nothing is kept" in done.stderr
     assert "Traceback" not in done.stderr and "BufferError" not in done.stderr
+
+
+def test_ctrl_c_of_serve_with_a_fingerprint_computing_prints_no_child_traceback(
+    tmp_path: Path,
+) -> None:
+    """Fingerprints run in the compute pool's processes, in the server's process group: a
+    Ctrl-C reaches them too. They ignore it (else each printed a KeyboardInterrupt
+    traceback, or one computing sent it back as its outcome and the server exited 130 with
+    "error: interrupted"); the server's graceful shutdown stays as it is."""
+    import threading
+    import urllib.request
+
+    src, store = tmp_path / "src", tmp_path / "store"
+    src.mkdir()
+    # 12,000 tiny tensors: a fingerprint takes 0.3-0.4 s of Python work
+    tensors = {f"t.{i}": np.full(2, i, np.float32) for i in range(12_000)}
+    save_file(tensors, str(src / "m.safetensors"))
+    commits = []
+    for i in range(3):
+        (src / "config.json").write_text(f'{{"model_type": "bert", "version": {i}}}\n')
+        commits.append(add_folder(store, src, "org/tiny", revision=f"v{i}").commit)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}/api/cmh/fingerprint/org/tiny"
+    answered: list[int] = []
+
+    def fingerprint(commit: str) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/{commit}", timeout=60) as r:
+                    answered.append(r.status)
+                    return
+            except OSError:  # not listening yet; or the server stopped mid-request
+                if answered:
+                    return
+                time.sleep(0.05)
+
+    first = threading.Thread(target=fingerprint, args=(commits[0],), daemon=True)
+    first.start()
+    later: list[float] = []
+
+    def computing() -> bool:  # the processes run (one answer), and two more are asked for
+        if not answered:
+            return False
+        if not later:
+            for commit in commits[1:]:
+                threading.Thread(target=fingerprint, args=(commit,), daemon=True).start()
+            later.append(time.monotonic())
+        return time.monotonic() - later[0] > 0.15  # the next computation is under way
+
+    argv = ["serve", "--store", str(store), "--host", "127.0.0.1", "--port", str(port)]
+    code, seconds, output = interrupt_when(argv, _env(tmp_path), computing)
+    assert answered[0] == 200, output
+    # a child's KeyboardInterrupt came back as the computation's outcome: "error: interrupted"
+    assert "Traceback" not in output and "interrupted" not in output, output
+    assert code == 0, (code, output)  # the graceful shutdown, as without fingerprints
+    assert seconds < STOP_WITHIN, (seconds, output)

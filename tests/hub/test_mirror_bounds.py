@@ -212,6 +212,7 @@ def test_a_revision_answers_while_fingerprints_compute(
 
     import aiohttp
     from aiohttp.test_utils import TestServer
+    from cmh.hub.mirror import _fingerprints
     from cmh.hub.mirror._app import MirrorState, make_app
     from cmh.hub.mirror._auth import AccessPolicy
     from cmh.hub.mirror._observe import Metrics
@@ -230,7 +231,7 @@ def test_a_revision_answers_while_fingerprints_compute(
         release.wait(60)
         raise cmh.semantic.SemanticError("held")
 
-    monkeypatch.setattr(cmh.semantic, "fingerprint_files", held)
+    monkeypatch.setattr(_fingerprints, "_in_process", held)  # the computation, in-thread
 
     async def run() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
@@ -614,3 +615,50 @@ def test_slow_revalidations_leave_the_request_threads_free(tmp_path: Path) -> No
         server.stop()
         upstream.stop()
     assert statuses == [200, 200] and in_flight
+
+
+def test_a_compute_process_that_dies_is_a_503_and_the_next_call_starts_new_ones() -> None:
+    from cmh.hub.mirror._compute import ComputePool
+    from cmh.hub.mirror._errors import HubError
+
+    pool = ComputePool(workers=1)
+    try:
+        first = pool.in_process(os.getpid)
+        assert first != os.getpid()  # another process
+        with pytest.raises(HubError) as died:
+            pool.in_process(os._exit, 1)
+        assert (died.value.status, died.value.code) == (503, "ComputeUnavailable")
+        assert "compute process died" in died.value.message
+        assert pool.in_process(os.getpid) not in (first, os.getpid())  # a new one
+    finally:
+        pool.close()
+
+
+def test_errors_of_a_fingerprint_in_a_compute_process_keep_their_types(tmp_path: Path) -> None:
+    """What the fingerprint's handling tells apart (an invalid file, not a model, an
+    unreadable blob) comes back from the child as it was raised there."""
+    from types import SimpleNamespace
+
+    from cmh.hub.mirror import _fingerprints
+    from cmh.hub.mirror._compute import ComputePool
+
+    from cmh import InvalidFileError
+    from cmh.semantic import SemanticError
+
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "bert"}')
+    state: Any = SimpleNamespace(compute=ComputePool(workers=1))
+    try:
+        with pytest.raises(SemanticError) as invalid:
+            _fingerprints._in_process(state, {"model.safetensors": bad, "config.json": config}, "s")
+        assert isinstance(invalid.value.__cause__, InvalidFileError), invalid.value.__cause__
+        with pytest.raises(SemanticError) as empty:
+            _fingerprints._in_process(state, {"config.json": config}, "s")
+        assert not isinstance(empty.value.__cause__, InvalidFileError)
+        with pytest.raises(FileNotFoundError) as unreadable:  # a read failing mid-hash
+            state.compute.in_process(os.stat, tmp_path / "gone")
+        assert unreadable.value.strerror
+    finally:
+        state.compute.close()

@@ -96,6 +96,7 @@ def test_clients_behind_a_trusted_proxy_get_a_limit_each(
     and the second waits for the first."""
     import aiohttp
     from aiohttp.test_utils import TestServer
+    from cmh.hub.mirror import _fingerprints
     from cmh.hub.mirror._app import MirrorState, make_app
     from cmh.hub.mirror._auth import AccessPolicy
     from cmh.hub.mirror._compute import ComputePool
@@ -117,7 +118,7 @@ def test_clients_behind_a_trusted_proxy_get_a_limit_each(
         release.wait(60)
         raise cmh.semantic.SemanticError("held")
 
-    monkeypatch.setattr(cmh.semantic, "fingerprint_files", held)
+    monkeypatch.setattr(_fingerprints, "_in_process", held)  # the computation, in-thread
     pool = ComputePool(workers=2, per_client=1, proxies=TrustedProxies.parse(trusted))
 
     async def until(condition: Any) -> None:
