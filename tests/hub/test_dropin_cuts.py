@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,9 +178,11 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
     env = client_env(hf_env(pull.url, tmp_path / "home"), "0.26.5")
     if env is None:
         pytest.skip("huggingface_hub 0.26.5 cannot be installed here (no package index)")
-    # The upstream pauses mid-body so the fill is under way when the client is stopped
-    # (a real pause: what is tested is a client leaving during a fill).
-    front.stall(after_bytes=6 << 20, seconds=3.0, path=origin["sha"])
+    # The upstream trickles past 17 MiB until the client was stopped, so the fill is under
+    # way when the client leaves whatever the load (a fixed 3 s pause let a slow client
+    # get the whole body into its socket before its Ctrl-C).
+    released = threading.Event()
+    front.drip(17 << 20, released)  # 0.x writes 10 MiB at a time; a bucket sends 8 MiB parts
     first = subprocess.Popen(
         [sys.executable, "-c", STOCK_0X], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -188,6 +191,7 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
         first.send_signal(signal.SIGINT)  # Ctrl-C
         first.communicate(timeout=60)
     finally:
+        released.set()  # the rest at full speed: the server writes to the client that left
         if first.poll() is None:
             first.kill()
             first.wait()
