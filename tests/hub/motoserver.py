@@ -121,13 +121,18 @@ class FaultyS3Proxy:
     """A pass-through HTTP proxy on 127.0.0.1 that removes the ``dropped`` request headers
     (the conditional-write ones by default). ``lose_answers`` counts down requests whose
     answer is lost: a request that :attr:`loses` accepts is forwarded (the storage acts on
-    it) and the connection is closed with no answer."""
+    it) and the connection is closed with no answer. ``holds`` is called before a request
+    is forwarded (a test blocks in it to hold that request back); a request ``truncates``
+    accepts is answered with its headers and half its body, then the connection closed (as
+    a storage does when the object is deleted while it is read)."""
 
     def __init__(
         self,
         upstream: str,
         dropped: frozenset[str] = DROPPED,
         loses: Callable[[str, str, dict[str, str]], bool] | None = None,
+        holds: Callable[[str, str], None] | None = None,
+        truncates: Callable[[str, str], bool] | None = None,
     ) -> None:
         host, _, port = upstream.removeprefix("http://").partition(":")
         target = (host, int(port))
@@ -141,6 +146,8 @@ class FaultyS3Proxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
+                if holds is not None:
+                    holds(self.command, self.path)
                 conn = http.client.HTTPConnection(*target, timeout=60)
                 try:
                     conn.request(self.command, self.path, body=body, headers=headers)
@@ -159,6 +166,10 @@ class FaultyS3Proxy:
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if truncates is not None and truncates(self.command, self.path):
+                    self.wfile.write(data[: len(data) // 2])
+                    self.close_connection = True
+                    return
                 if self.command != "HEAD":
                     self.wfile.write(data)
 

@@ -409,6 +409,106 @@ def test_a_filler_whose_lease_is_taken_over_keeps_its_client_and_waits_for_the_f
     _wait_stored(store, sha)
 
 
+def test_a_filler_unaware_its_lease_expired_never_undoes_the_fleets_fill(
+    any_fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    """Issue 40 (a body cut under load): a filler whose lease renewal hangs (a loaded
+    machine) does not know its lease expired; another replica takes the fill over, ends it
+    and deletes the parts while the first replica's client still reads them. That client
+    gets the whole body; when the stale filler's own transfer then ends, the fleet's blob
+    stays right and no failure is recorded (one resumed transfer, from the stored parts)."""
+    from motoserver import FaultyS3Proxy
+
+    fleet = any_fleet
+    sha = origin["blobs"][MID_REPO]
+    lease = f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"
+    armed, held, release, upstream_held = (threading.Event() for _ in range(4))
+    seen: list[tuple[str, str]] = []
+
+    def holds(command: str, path: str) -> None:
+        seen.append((command, path))
+        renewal = command == "PUT" and path.partition("?")[0].endswith(lease)
+        if renewal and armed.is_set() and not held.is_set():
+            held.set()
+            release.wait(120)  # the renewal hangs: its filler learns nothing meanwhile
+
+    endpoint = fleet.env["AWS_ENDPOINT_URL"]
+    proxy = FaultyS3Proxy(endpoint, dropped=frozenset(), holds=holds)
+    try:
+        fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
+        first = fleet.start(lease_ttl=2.0)
+        fleet.env["AWS_ENDPOINT_URL"] = endpoint
+        second = fleet.start(lease_ttl=2.0)
+        store = fleet.store()
+        # Every CDN body trickles past 24 MiB until told: the first transfer stops after
+        # three parts; the second replica's resumed one (16 MiB) never gets there.
+        fleet.front.drip(24 << 20, upstream_held)
+        thread, _, outcome = _start_get(first, MID_REPO)
+        wait_for(lambda: "part-000002" in _parts(store, MID_REPO), what="three parts stored")
+        armed.set()
+        wait_for(held.is_set, what="a renewal of the first replica held")
+        # The second replica takes the expired lease over, resumes and ends the fill.
+        assert _raw_get(second, MID_REPO, [0]) == f"complete {sha}"
+        wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, what="the blob stored")
+        thread.join(60)
+        assert outcome[0] == f"complete {sha}", outcome  # read from the fleet's parts/blob
+        # Now the stale filler's transfer ends: every byte, but no lease any more.
+        mark = len(seen)
+        upstream_held.set()
+        fleet.front.wait_idle(30)
+        blob = f"{FOLDER[MID_REPO]}/blobs/{sha}"
+        wait_for(lambda: any(blob in p for _, p in seen[mark:]), what="the first fill's end")
+        assert "failed" not in _parts(store, MID_REPO)
+        assert _stored_sha(store, MID_REPO, sha) == sha
+        ranges = _cdn_ranges(fleet.front, sha)
+        assert len(ranges) == 2 and ranges[1] == f"bytes={24 << 20}-", ranges
+    finally:
+        release.set()
+        upstream_held.set()
+        fleet.env["AWS_ENDPOINT_URL"] = endpoint
+        fleet.stop()
+        proxy.stop()
+
+
+def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
+    moto_bucket: Any, origin: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 40: a client's body was cut at 32 MiB (once 24 MiB), where the last part
+    starts: a reader's GET of a part failed mid-body (as when the filler deletes the parts
+    after the compose while a slow reader is still reading one) and the reader cut its
+    client. A part is whole or absent: a failed read of one is looked at again (or the
+    blob read), as for a part not there yet."""
+    from motoserver import FaultyS3Proxy
+
+    sha = origin["blobs"][MID_REPO]
+    last = f"/.cmh/fills/{sha}/part-000004"
+    cut: list[str] = []
+
+    def truncates(command: str, path: str) -> bool:
+        if command == "GET" and path.partition("?")[0].endswith(last) and not cut:
+            cut.append(path)
+            # The filler composes the blob and deletes the parts meanwhile: the reader's
+            # storage client finds the part gone when it asks for the rest.
+            _wait_stored(store, sha)
+            return True
+        return False
+
+    fleets = _fleet(moto_bucket, origin, tmp_path)
+    fleet = next(fleets)
+    store = fleet.store()
+    proxy = FaultyS3Proxy(fleet.env["AWS_ENDPOINT_URL"], dropped=frozenset(), truncates=truncates)
+    try:
+        fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
+        replica = fleet.start()
+        assert _raw_get(replica, MID_REPO, [0]) == f"complete {sha}"
+        assert cut, "no read of the last part was cut"
+        assert len(_cdn_ranges(fleet.front, sha)) == 1
+        _wait_stored(store, sha)
+    finally:
+        fleets.close()  # the replica stopped
+        proxy.stop()
+
+
 def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     any_fleet: Fleet, origin: dict[str, Any], process_clock: ProcessClock
 ) -> None:

@@ -888,8 +888,8 @@ class PartTail:
         if not self._installed:
             try:
                 return await self.objects.get_range_async(f"{self.fills}/part-{n:06d}", 0, PART)
-            except ObjectNotFound:
-                pass
+            except ObjectStoreError:  # absent, or gone while read: the fill's end deletes
+                pass  # the parts once the blob is stored (a storage that is down: the HEAD)
             try:
                 await self.objects.head_async(self.blob)
             except ObjectNotFound:
