@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -196,26 +194,16 @@ class BucketBackedStore:
         (:data:`_WEIGHTS`) in a commit without code, whose kept manifest shows the stamp
         true, are copied as their header alone (a sparse file of the blob's size) with the
         stamp's check record: a fingerprint reads their header and hashes nothing."""
-        from cmh import forget_check
+        from .._copies import checked_copies
 
-        headers = stamped_headers and not any(p.endswith(".py") for p in index.files)
+        def copy(entry: FileEntry, path: str, dest: Path, vouch: bool) -> bool:
+            if vouch and _WEIGHTS.fullmatch(path) and self._header_copy(entry, dest):
+                return True
+            self._download(entry, dest)
+            return False
 
-        with tempfile.TemporaryDirectory(prefix="cmh-store-") as tmp:
-            out: dict[str, Path] = {}
-            recorded: list[Path] = []
-            try:
-                for i, path in enumerate(paths):
-                    dest = Path(tmp) / f"{i}-{os.path.basename(path)}"
-                    entry = index.files[path]
-                    if headers and _WEIGHTS.fullmatch(path) and self._header_copy(entry, dest):
-                        recorded.append(dest)
-                    else:
-                        self._download(entry, dest)
-                    out[path] = dest
-                yield out
-            finally:
-                for dest in recorded:  # the records name files that go with the folder
-                    forget_check(dest)
+        with checked_copies(index, paths, stamped_headers, copy) as files:
+            yield files
 
     def _header_copy(self, entry: FileEntry, dest: Path) -> bool:
         """Write the blob's header into ``dest`` (sparse, the blob's size) and its stamp's

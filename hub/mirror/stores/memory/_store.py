@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -171,28 +169,22 @@ class MemoryStore:
         model's own weights (:data:`~.._base.WEIGHT_FILES`) in a commit without code,
         whose kept manifest shows the stamp true, get their stamp's check record (as a
         bucket's do): a fingerprint reads their header and hashes nothing."""
-        from cmh import forget_check
+        from .._copies import checked_copies
 
-        vouch = stamped_headers and not any(p.endswith(".py") for p in index.files)
-        with tempfile.TemporaryDirectory(prefix="cmh-memory-") as tmp:
-            out: dict[str, Path] = {}
-            recorded: list[Path] = []
+        def copy(entry: FileEntry, path: str, dest: Path, vouch: bool) -> bool:
             try:
-                for i, path in enumerate(paths):
-                    dest = Path(tmp) / f"{i}-{os.path.basename(path)}"
-                    entry = index.files[path]
-                    try:
-                        data = self._bytes(entry)
-                    except BlobUnavailable as exc:
-                        raise OSError(str(exc)) from None
-                    dest.write_bytes(data)
-                    if vouch and WEIGHT_FILES.fullmatch(path) and self._vouch(entry, data, dest):
-                        recorded.append(dest)
-                    out[path] = dest
-                yield out
-            finally:
-                for dest in recorded:  # the records name files that go with the folder
-                    forget_check(dest)
+                data = self._bytes(entry)
+            except BlobUnavailable as exc:
+                raise OSError(str(exc)) from None
+            dest.write_bytes(data)
+            return (
+                vouch
+                and WEIGHT_FILES.fullmatch(path) is not None
+                and (self._vouch(entry, data, dest))
+            )
+
+        with checked_copies(index, paths, stamped_headers, copy) as files:
+            yield files
 
     def _vouch(self, entry: FileEntry, data: bytes, dest: Path) -> bool:
         """Record the stamp of ``dest`` (the checked bytes of ``entry``) as checked when the
