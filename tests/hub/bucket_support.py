@@ -20,18 +20,24 @@ class Bucket(Protocol):
     def aws_env(self) -> dict[str, str]: ...
 
 
+def isolated_aws_env(bucket: Bucket, folder: Path) -> dict[str, str]:
+    """The AWS settings that reach ``bucket`` and nothing else: no profile files (named
+    in ``folder``, never made), no instance role."""
+    return {
+        **bucket.aws_env(),
+        "AWS_CONFIG_FILE": str(folder / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(folder / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
 def use_bucket(bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Point this process's standard AWS settings at ``bucket`` (no profile files); the
     settings, for subprocesses."""
     for name in list(os.environ):
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)
-    env = {
-        **bucket.aws_env(),
-        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = isolated_aws_env(bucket, tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return env

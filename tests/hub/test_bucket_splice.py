@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
+from bucket_support import isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from mirror_support import MirrorServer
 from seaweed import SeaweedBucket, SeaweedServer
@@ -88,12 +89,7 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
     where = SeaweedBucket(seaweed, seaweed.bucket, f"splice-{uuid.uuid4().hex[:10]}/")
     tmp = tmp_path_factory.mktemp("splice")
     agents = AgentLog(where.endpoint)
-    env = {
-        **where.aws_env(),
-        "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = isolated_aws_env(where, tmp)
     src = tmp / "src"
     src.mkdir()
     data = os.urandom(SIZE)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bucket_support import isolated_aws_env
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
 from hublike import running
@@ -74,13 +75,7 @@ def pull(
         server = MirrorServer(tmp_path / "store", tmp_path / "logs", extra_args=args)
     else:
         bucket = request.getfixturevalue("moto_bucket")
-        env = {
-            **os.environ,
-            **bucket.aws_env(),
-            "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
+        env = {**os.environ, **isolated_aws_env(bucket, tmp_path)}
         server = MirrorServer(bucket.url, tmp_path / "logs", extra_args=args, env=env)
     try:
         yield server

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
+from bucket_support import isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from mirror_support import (
     MINILM_REPO,
@@ -47,12 +48,7 @@ def served_bucket(
     """A bucket store holding MiniLM and the tiny repo, and the AWS settings to reach it."""
     where = SeaweedBucket(seaweed, seaweed.bucket, f"serve-{uuid.uuid4().hex[:10]}/")
     tmp = tmp_path_factory.mktemp("bucket-serve")
-    env = {
-        **where.aws_env(),
-        "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = isolated_aws_env(where, tmp)
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
             if name.startswith("AWS_"):

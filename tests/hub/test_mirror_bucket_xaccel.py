@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from bucket_support import isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from mirror_support import (
     PRIVATE_REPO,
@@ -45,12 +46,7 @@ def front(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> I
     """A bucket store with a tiny repo and a private one, one x-accel replica, nginx."""
     where = SeaweedBucket(seaweed, seaweed.bucket, f"xaccel-{uuid.uuid4().hex[:10]}/")
     tmp = tmp_path_factory.mktemp("bucket-xaccel")
-    env = {
-        **where.aws_env(),
-        "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = isolated_aws_env(where, tmp)
     private = tmp / "private"
     private.mkdir()
     (private / "config.json").write_text('{"secret": true}\n')

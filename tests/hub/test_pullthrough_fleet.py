@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bucket_support import isolated_aws_env
 from cmh.hub.mirror._upstream import NEGATIVE_FOR
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
@@ -159,12 +160,7 @@ class Fleet:
 
 
 def _fleet(bucket: Any, origin: dict[str, Any], tmp_path: Path) -> Iterator[Fleet]:
-    env = {
-        **bucket.aws_env(),
-        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = isolated_aws_env(bucket, tmp_path)
     origin["front"].clear_records()
     origin["front"].clear_faults()  # a fault an earlier test left unconsumed
     group = Fleet(bucket, origin["front"], tmp_path / "logs", env)
@@ -709,12 +705,7 @@ def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes
     server = start_or_skip(tmp_path / "weed")
     try:
         bucket = SeaweedBucket(server, server.bucket, "restart/")
-        env = {
-            **bucket.aws_env(),
-            "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
+        env = isolated_aws_env(bucket, tmp_path)
         fleet = Fleet(bucket, front, tmp_path / "logs", env)
         try:
             first, second = fleet.start(lease_ttl=2.0), fleet.start(lease_ttl=2.0)
