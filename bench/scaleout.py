@@ -23,9 +23,11 @@ Throughput is the best of ``--repeat`` runs (runs alternate so machine load hits
 alike); ratios are against the baseline measured in the same run. Targets (issues 15,
 22 and 37): every bucket delivery mode (redirect, proxy, x-accel s3) >= 0.9x direct,
 x-accel >= 0.9x nginx, and cmh's CPU seconds per GiB it delivers <= 0.2 (every row a
-cmh replica answers, from ``/proc``). For ``direct`` and ``proxy x1`` it also prints
-where the CPU seconds of one GiB delivered go: the cmh replica, SeaweedFS and the curl
-clients (``/proc`` and ``getrusage``).
+cmh replica answers: user + system time of each replica's whole process tree, its
+workers and reaped children included, from ``/proc``). For ``direct``, ``proxy x1`` and
+``x-accel s3`` it also prints where the CPU seconds of one GiB delivered go: the cmh
+replica, nginx (master and workers), SeaweedFS and the curl clients (``/proc`` and
+``getrusage``); the load average is printed before and after the runs.
 
 Usage: ``python bench/scaleout.py [--size-mib 128] [--files 2] [--clients 16]
 [--repeat 3] [--workers 1]``. Needs curl and nginx (Debian ``nginx-light``).
@@ -34,6 +36,7 @@ Usage: ``python bench/scaleout.py [--size-mib 128] [--files 2] [--clients 16]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -59,12 +62,22 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux ``/proc``; 0 if gone)."""
+    """User + system CPU seconds of a process tree (Linux ``/proc``): the process (all its
+    threads), the children it reaped and, recursively, its live children (0 if gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    own = sum(int(f) for f in fields[11:15]) / CLK_TCK  # utime, stime, cutime, cstime
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            children.update(int(c) for c in task.read_text().split())
+    return own + sum(cpu_seconds(c) for c in children)
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def children_cpu() -> float:
@@ -203,7 +216,7 @@ def measure(
     names = [f.path for f in tree.files]
     blobs = [bucket.blob_name(folder, f.etag) for f in tree.files]
     print(f"{args.files} files x {args.size_mib} MiB, {args.clients} clients, "
-          f"cmh workers per replica: {args.workers}, best of {args.repeat}")  # fmt: skip
+          f"cmh workers per replica: {args.workers}, best of {args.repeat}; {load()}")  # fmt: skip
 
     served_by: dict[str, int] = {}
 
@@ -249,28 +262,31 @@ def measure(
     size = args.size_mib << 20
     gib = args.clients * args.files * size / 2**30
     cpu: dict[str, dict[str, float]] = {}
-    replica = procs[len(redirect)]  # the first proxy replica: "proxy x1" goes through it
     weed_pid = weed.process.pid if weed.process is not None else 0
     for _ in range(args.repeat):
         for name, (urls, follow) in runs.items():
             pids = [served_by[b] for b in cmh_of.get(name, [])]
-            cmh_before = sum(cpu_seconds(p) for p in pids)
-            before = (cpu_seconds(replica.pid), cpu_seconds(weed_pid), children_cpu())
+
+            def spent_so_far(pids: list[int] = pids) -> tuple[float, ...]:
+                cmh = sum(cpu_seconds(p) for p in pids)
+                return cmh, cpu_seconds(ngx.pid), cpu_seconds(weed_pid), children_cpu()
+
+            before = spent_so_far()
             best[name] = max(best[name], run_clients(urls(), size, follow))
-            after = (cpu_seconds(replica.pid), cpu_seconds(weed_pid), children_cpu())
+            spent = [(b - a) / gib for a, b in zip(before, spent_so_far(), strict=True)]
             if pids:
-                spent_cmh = (sum(cpu_seconds(p) for p in pids) - cmh_before) / gib
-                cmh_cpu[name] += spent_cmh / args.repeat
-            if name in ("direct", "proxy x1"):
-                spent = [(b - a) / gib for a, b in zip(before, after, strict=True)]
-                cpu.setdefault(name, {"cmh": 0.0, "seaweedfs": 0.0, "curl": 0.0})
-                for key, value in zip(("cmh", "seaweedfs", "curl"), spent, strict=True):
-                    cpu[name][key] += value / args.repeat
+                cmh_cpu[name] += spent[0] / args.repeat
+            if name in ("direct", "proxy x1", "x-accel s3"):
+                columns = ("cmh", "nginx", "seaweedfs", "curl")
+                parts = cpu.setdefault(name, dict.fromkeys(columns, 0.0))
+                for key, value in zip(parts, spent, strict=True):
+                    parts[key] += value / args.repeat
     for name, parts in cpu.items():
         total = sum(parts.values())
         shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items())
         print(f"CPU s per GiB, {name}: {shown} (total {total:.2f}; the machine has "
               f"{os.cpu_count()} cores)")  # fmt: skip
+    print(f"after the runs: {load()}")
     return best, cmh_cpu
 
 

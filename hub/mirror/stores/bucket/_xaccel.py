@@ -71,8 +71,12 @@ def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX) -> str:
         *(f'  proxy_set_header {h} "";' for h in DROPPED_REQUEST_HEADERS),
         "  proxy_http_version 1.1;",
         '  proxy_set_header Connection "";',
-        # large buffers, never a temp file: up to 5 MiB a download in flight, taken as needed
-        "  proxy_buffering on;",
+        # unbuffered: each read of up to 1 MiB from the storage goes to the client before
+        # the next (16 clients, one run: SeaweedFS spent 0.75 CPU s per GiB serving nginx
+        # buffering 4 x 1 MiB ahead, 0.63-0.68 unbuffered, 0.46-0.52 serving the clients
+        # directly); never a temp file (the sizes below only apply to an answer that turns
+        # buffering back on)
+        "  proxy_buffering off;",
         "  proxy_max_temp_file_size 0;",
         "  proxy_buffer_size 1m;",
         "  proxy_buffers 4 1m;",
