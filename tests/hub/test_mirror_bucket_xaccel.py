@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import http.server
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from bucket_support import isolated_aws_env
@@ -199,3 +202,56 @@ def test_nginx_location_streams_the_storage_answer_unbuffered() -> None:
     assert "proxy_buffer_size 1m;" in lines
     assert "proxy_max_temp_file_size 0;" in lines
     assert "proxy_set_header If-Match $cmh_version;" in lines
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """A one-route HTTP server: ``routes[path] = (headers, body)``; 404 otherwise."""
+
+    routes: ClassVar[dict[str, tuple[dict[str, str], bytes]]] = {}
+
+    def do_GET(self) -> None:
+        headers, body = self.routes.get(self.path.split("?")[0], ({}, b""))
+        self.send_response(200 if body else 404)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _answering(routes: dict[str, tuple[dict[str, str], bytes]]) -> http.server.ThreadingHTTPServer:
+    handler = type("Handler", (_Answers,), {"routes": routes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_storage_answering_x_accel_headers_is_not_followed(tmp_path: Path) -> None:
+    """The storage's answer is bytes, never an instruction to nginx: an ``X-Accel-Redirect``
+    from a hostile (or co-tenant-controlled) storage does not make nginx fetch another
+    path through cmh's front (where a token-less request would be answered as nginx's)."""
+    storage = _answering({"/bucket/blob": ({"X-Accel-Redirect": "/elsewhere"}, b"the blob\n")})
+    upstream = _answering({
+        "/model/resolve/main/w.bin": (
+            {"X-Accel-Redirect": "/_cmh_bucket/", "X-Cmh-Storage-Target": "/bucket/blob",
+             "X-Cmh-Storage-Etag": '"v1"', "ETag": '"hub"'}, b"cmh never sends this body"),
+        "/elsewhere": ({}, b"what only the front answers\n"),
+    })  # fmt: skip
+    try:
+        nginx = Nginx(None, f"127.0.0.1:{upstream.server_address[1]}", tmp_path / "nginx",
+                      storage=f"http://127.0.0.1:{storage.server_address[1]}")  # fmt: skip
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=60)
+            conn.request("GET", "/model/resolve/main/w.bin")
+            response = conn.getresponse()
+            assert (response.status, response.read()) == (200, b"the blob\n")
+            assert response.getheader("ETag") == '"hub"'
+            conn.close()
+        finally:
+            nginx.stop()
+    finally:
+        storage.shutdown()
+        upstream.shutdown()

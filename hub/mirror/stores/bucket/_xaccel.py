@@ -41,6 +41,12 @@ HIDDEN_RESPONSE_HEADERS = (
     "ETag", "Last-Modified", "Server", "x-amz-request-id", "x-amz-id-2", "Content-Disposition",
 )  # fmt: skip
 
+#: Headers nginx would obey in the storage's answer (a redirect, a rate, caching): ignored.
+STORAGE_INSTRUCTIONS = (
+    "X-Accel-Redirect", "X-Accel-Expires", "X-Accel-Limit-Rate", "X-Accel-Buffering",
+    "X-Accel-Charset", "Expires", "Cache-Control", "Set-Cookie", "Vary",
+)  # fmt: skip
+
 
 def _variable(header: str) -> str:
     return header.lower().replace("-", "_")
@@ -81,6 +87,8 @@ def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX) -> str:
         "  proxy_buffer_size 1m;",
         "  proxy_buffers 4 1m;",
         "  proxy_busy_buffers_size 2m;",
+        # the storage's answer is bytes, never an instruction to nginx
+        f"  proxy_ignore_headers {' '.join(STORAGE_INSTRUCTIONS)};",
         *(f"  proxy_hide_header {h};" for h in HIDDEN_RESPONSE_HEADERS),
         *(f"  add_header {h} $cmh_{_variable(h)} always;" for h in PASSED_HEADERS),
         "  proxy_intercept_errors on;",
