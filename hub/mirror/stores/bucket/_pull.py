@@ -612,9 +612,10 @@ class _StoredParts:
     and waits for a part this process's fill has not stored yet without asking the
     storage at all (woken by :func:`part_stored`), so the filling replica sends one GET
     of a part only for a reader so far behind that the part left memory. The bytes are
-    kept while the part object is: a fill that deletes its parts (installed, or failed
-    its check) drops them, so the parts of a fill that failed are never read for the next
-    one. Every body's digest checks these bytes like those of any part."""
+    kept only while the fill that stored them runs here (dropped when it ends, whatever
+    its outcome, and when another run of the same fill starts), so no part of a fill
+    that failed or was taken over is read for another one. Every body's digest checks
+    these bytes like those of any part."""
 
     def __init__(self, kept: int) -> None:
         self._lock = threading.Lock()
@@ -625,18 +626,22 @@ class _StoredParts:
     def start(self, fills: str, stored: int, at: float) -> None:
         """This process fills ``fills``; parts ``[0, stored)`` are in the storage."""
         with self._lock:
+            self._drop(fills)
             self._filling[fills] = (stored, at)
 
     def keep(self, fills: str, n: int, data: bytes, at: float) -> None:
+        """Part ``n`` of the fill ``fills`` run here is stored (kept while that fill runs)."""
         with self._lock:
-            self._parts[f"{fills}/part-{n:06d}"] = data
             if fills in self._filling:
+                self._parts[f"{fills}/part-{n:06d}"] = data
                 self._filling[fills] = (max(self._filling[fills][0], n + 1), at)
 
     def end(self, fills: str) -> None:
-        """This process's fill of ``fills`` ended (its readers are woken to look again)."""
+        """This process's fill of ``fills`` ended: its parts are forgotten, its readers
+        woken to look at the storage."""
         with self._lock:
             self._filling.pop(fills, None)
+            self._drop(fills)
         part_stored(fills)
 
     def look(self, fills: str, n: int, now: float) -> bytes | bool:
@@ -650,11 +655,9 @@ class _StoredParts:
             stored, at = self._filling.get(fills, (n + 1, now))
             return n >= stored and now - at < LOCAL_STALL
 
-    def drop(self, fills: str) -> None:
-        """Forget every part of the fill ``fills``."""
-        with self._lock:
-            for name in [n for n in self._parts if n.startswith(f"{fills}/part-")]:
-                del self._parts[name]
+    def _drop(self, fills: str) -> None:
+        for name in [n for n in self._parts if n.startswith(f"{fills}/part-")]:
+            del self._parts[name]
 
 
 _STORED_PARTS = _StoredParts(KEPT_SEGMENTS)
@@ -804,7 +807,6 @@ class _Fill:
             writer.finish()
 
     def _delete_parts(self) -> None:
-        _STORED_PARTS.drop(self.fills)
         with contextlib.suppress(ObjectStoreError):
             for info in list(self.objects.list(self.fills)):
                 if "/part-" in info.name:
