@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -104,19 +105,35 @@ def ensure_olah() -> Path:
     return cli
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    """Return once ``port`` accepts; :class:`Skipped` with the log's last line when the
-    process exits first (a refusal of its arguments)."""
+def wait_port(
+    port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0, ready: str = ""
+) -> None:
+    """Return once ``port`` accepts (and, with ``ready``, once that path answers 200: ``cmh
+    serve`` listens before its worker has imported its modules and opened its store, so a
+    cold measure that starts at the first accepted connection would time its start-up);
+    :class:`Skipped` with the log's last line when the process exits first (a refusal of
+    its arguments)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex(("127.0.0.1", port)) == 0 and _answers(port, ready):
                 return
         if proc.poll() is not None:
             lines = log.read_text(errors="replace").strip().splitlines() or ["(no output)"]
             raise Skipped(f"exited with status {proc.returncode}: {lines[-1].strip()}")
         time.sleep(0.1)
     raise SystemExit(f"nothing listens on 127.0.0.1:{port}")
+
+
+def _answers(port: int, path: str) -> bool:
+    """True when ``path`` is empty or ``GET path`` on ``port`` answers 200."""
+    if not path:
+        return True
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -126,7 +143,8 @@ def process(
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=WORK, env=env)
         try:
-            wait_port(port, proc, log)
+            # Every cmh server measured here is ready once its /health answers.
+            wait_port(port, proc, log, ready="/health" if "cmh.cli.main" in args else "")
             yield
         finally:
             stop_process(proc)

@@ -185,7 +185,7 @@ async def send_filling(
     return sent
 
 
-async def _hash(data: bytes, digest: hashlib._Hash) -> None:
+async def _hash(data: bytes | memoryview, digest: hashlib._Hash) -> None:
     """Feed ``digest`` in a worker thread (hashlib releases the GIL): the loop keeps sending."""
     if len(data) < 1 << 16:
         digest.update(data)

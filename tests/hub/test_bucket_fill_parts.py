@@ -7,9 +7,11 @@ import asyncio
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bucket_support import open_store, use_bucket
+from cmh.hub.cache import Clock
 from cmh.hub.mirror.stores.bucket import _pull
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, PreconditionFailed
 from seaweed import SeaweedBucket
@@ -76,3 +78,121 @@ def test_compose_makes_the_parts_the_blob_and_refuses_a_changed_part(
         else:  # a storage that ignores it (moto's server): the copy is not confirmed
             assert not confirmed
     assert objects.list_uploads() == ()  # no upload left open
+
+
+class _StillClock(Clock):
+    """A clock whose monotonic time moves only when a test sets it."""
+
+    now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _CountedGets:
+    """The store's objects, counting the GETs of part objects (every call goes through)."""
+
+    def __init__(self, objects: Any) -> None:
+        self.objects = objects
+        self.part_gets: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.objects, name)
+
+    async def get_range_async(self, name: str, start: int, end: int) -> bytes:
+        if "/part-" in name:
+            self.part_gets.append(name)
+        return await self.objects.get_range_async(name, start, end)
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_the_filling_process_sends_its_parts_from_memory_not_the_storage(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the filling replica's readers GET no part back from the storage (they
+    wait for it to be stored and take the bytes PUT), and once that fill ended (installed,
+    failed or taken over) its parts are read from the storage again, never from memory."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    store = open_store(bucket)
+    monkeypatch.setattr(_pull, "READ_POLL", 3600.0)  # no poll: only the signal wakes
+    fills = f"models--t--mem/.cmh/fills/{kind}"
+    size = PART + 1000
+    data = os.urandom(size)
+    counted = _CountedGets(store.objects)
+    clock = _StillClock()  # the fill never stalls (LOCAL_STALL), whatever the load
+
+    async def main() -> tuple[bytes, bytes]:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tail = _pull.PartTail(counted, "models--t--mem/blobs/x", fills, size, fill, clock)  # type: ignore[arg-type]
+        _pull._STORED_PARTS.start(fills, 0, clock.now)  # as _Fill.run does after its resume
+        try:
+            reading = asyncio.ensure_future(tail.read(PART, 1000))
+            await asyncio.sleep(0)  # it looks: not stored yet, so it waits (no GET)
+
+            def fill_parts() -> None:
+                writer = _pull._PartWriter(store.objects, fills, [], clock)
+                writer.put(f"{fills}/part-000000", data[:PART])
+                writer.put(f"{fills}/part-000001", data[PART:])
+                writer.finish()
+
+            await asyncio.wait_for(asyncio.to_thread(fill_parts), timeout=60)
+            second = bytes(await asyncio.wait_for(reading, timeout=60))
+            first = bytes(await tail.read(0, 10))
+            return first, second
+        finally:
+            tail.close()
+            _pull._STORED_PARTS.end(fills)
+
+    first, second = asyncio.run(main())
+    assert (first, second) == (data[:10], data[PART:])
+    assert counted.part_gets == []
+    # The fill ended (``main`` ended it as _Fill.run does): read from the storage again.
+    store.objects.put(f"{fills}/part-000000", b"Y" * PART)
+
+    async def again() -> bytes:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tail = _pull.PartTail(counted, "models--t--mem/blobs/x", fills, size, fill)  # type: ignore[arg-type]
+        try:
+            return bytes(await asyncio.wait_for(tail.read(0, 10), timeout=60))
+        finally:
+            tail.close()
+
+    assert asyncio.run(again()) == b"Y" * 10
+    assert counted.part_gets == [f"{fills}/part-000000"]
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_readers_of_a_stalled_local_fill_look_at_the_storage(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fill of this process that stored nothing for LOCAL_STALL s (its lease may have been
+    taken over: another replica ends the fill) no longer holds its readers: they read the
+    part another replica stored."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    store = open_store(bucket)
+    monkeypatch.setattr(_pull, "READ_POLL", 3600.0)
+    fills = f"models--t--stall/.cmh/fills/{kind}"
+    data = os.urandom(1000)
+    store.objects.put(f"{fills}/part-000000", data)  # stored by another replica
+    clock = _StillClock()
+    counted = _CountedGets(store.objects)
+
+    async def main() -> bytes:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tail = _pull.PartTail(counted, "models--t--stall/blobs/x", fills, 1000, fill, clock)  # type: ignore[arg-type]
+        _pull._STORED_PARTS.start(fills, 0, clock.now)
+        try:
+            reading = asyncio.ensure_future(tail.read(0, 1000))
+            await asyncio.sleep(0)
+            assert not reading.done() and counted.part_gets == []  # waits for its fill
+            clock.now += _pull.LOCAL_STALL  # nothing stored here since
+            _pull.part_stored(fills)  # a wake-up (as READ_POLL's timeout would be)
+            return bytes(await asyncio.wait_for(reading, timeout=60))
+        finally:
+            tail.close()
+            _pull._STORED_PARTS.end(fills)
+
+    assert asyncio.run(main()) == data
+    assert counted.part_gets == [f"{fills}/part-000000"]

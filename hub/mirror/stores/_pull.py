@@ -55,9 +55,10 @@ class FillWait:
 class FillReader(Protocol):
     """Reads a blob while it is filled: what has arrived, then the installed blob."""
 
-    async def read(self, pos: int, count: int) -> bytes:
-        """At most ``count`` bytes at ``pos``, waiting until they have arrived
-        (:class:`FillFailed` when the fill failed or ended short)."""
+    async def read(self, pos: int, count: int) -> bytes | memoryview:
+        """At most ``count`` bytes at ``pos`` (a view where the reader shares a buffer),
+        waiting until they have arrived (:class:`FillFailed` when the fill failed or
+        ended short)."""
 
     def close(self) -> None:
         """Release what the reader holds."""

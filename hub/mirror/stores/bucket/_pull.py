@@ -20,7 +20,8 @@ blobs/{etag}                         written only once the whole SHA-256 matched
 The replica holding the lease streams the blob from the upstream and stores it
 part by part (each part one PUT, so a part is whole or absent); every replica's
 clients read the parts as they appear (this replica's readers are woken as each
-part is stored, another replica's look every :data:`READ_POLL`). Once the digest of
+part is stored and take its bytes from memory, :class:`_StoredParts`; another
+replica's look every :data:`READ_POLL`). Once the digest of
 the whole blob matched, the parts become ``blobs/{etag}`` by the storage's own copy
 (:meth:`ObjectStore.compose`: a multipart upload of part copies, each pinned to the
 ETag of the part that was hashed), so the bytes are uploaded once; a blob that fails
@@ -51,7 +52,14 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
-from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, FILL_LEASE_TTL, new_digest
+from cmh.hub.cache import (
+    COMMIT_RE,
+    CUT_MEMORY,
+    FILL_LEASE_TTL,
+    SYSTEM_CLOCK,
+    Clock,
+    new_digest,
+)
 
 from ..._gitobjects import lfs_pointer_oid, tree_oids
 from ..._upstream import NEGATIVE_FOR
@@ -77,6 +85,9 @@ KEPT_SEGMENTS = 6
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
 READ_POLL = 0.05
+#: Seconds without a part stored by this process's fill after which its readers look at
+#: the storage too (its lease may have been taken over and the fill ended elsewhere).
+LOCAL_STALL = 1.0
 #: Seconds a ``failed`` record's ``at`` may differ from the object's ``Last-Modified``
 #: (both the storage's clock; a record written at another time is not one cmh wrote).
 FAILED_SKEW = 60.0
@@ -549,7 +560,8 @@ class BucketPullThrough:
     def reader_for(self, entry: FileEntry, fill: asyncio.Future[None]) -> PartTail:
         folder, _, etag = entry.source.as_posix().rpartition("/blobs/")
         return PartTail(self.objects, entry.source.as_posix(),
-                        BucketStore.fill_name(folder, etag), entry.size, fill)  # fmt: skip
+                        BucketStore.fill_name(folder, etag), entry.size, fill,
+                        self.store.clock)  # fmt: skip
 
     def reader(
         self, repo_type: str, repo_id: str, entry: FileEntry, fill: asyncio.Future[None]
@@ -592,6 +604,65 @@ class _PartSignals:
 _PART_SIGNALS = _PartSignals()
 
 
+class _StoredParts:
+    """What this process's fills stored: how many parts each running fill has stored, and
+    the latest parts' bytes as PUT (by part object name).
+
+    A reader here takes a part from memory instead of GETting it back from the storage,
+    and waits for a part this process's fill has not stored yet without asking the
+    storage at all (woken by :func:`part_stored`), so the filling replica sends one GET
+    of a part only for a reader so far behind that the part left memory. The bytes are
+    kept only while the fill that stored them runs here (dropped when it ends, whatever
+    its outcome, and when another run of the same fill starts), so no part of a fill
+    that failed or was taken over is read for another one. Every body's digest checks
+    these bytes like those of any part."""
+
+    def __init__(self, kept: int) -> None:
+        self._lock = threading.Lock()
+        self._parts: LRUCache[str, bytes] = LRUCache(kept)
+        #: fills run here -> (parts stored so far, the store clock's monotonic time then)
+        self._filling: dict[str, tuple[int, float]] = {}
+
+    def start(self, fills: str, stored: int, at: float) -> None:
+        """This process fills ``fills``; parts ``[0, stored)`` are in the storage."""
+        with self._lock:
+            self._drop(fills)
+            self._filling[fills] = (stored, at)
+
+    def keep(self, fills: str, n: int, data: bytes, at: float) -> None:
+        """Part ``n`` of the fill ``fills`` run here is stored (kept while that fill runs)."""
+        with self._lock:
+            if fills in self._filling:
+                self._parts[f"{fills}/part-{n:06d}"] = data
+                self._filling[fills] = (max(self._filling[fills][0], n + 1), at)
+
+    def end(self, fills: str) -> None:
+        """This process's fill of ``fills`` ended: its parts are forgotten, its readers
+        woken to look at the storage."""
+        with self._lock:
+            self._filling.pop(fills, None)
+            self._drop(fills)
+        part_stored(fills)
+
+    def look(self, fills: str, n: int, now: float) -> bytes | bool:
+        """Part ``n``'s bytes when kept here; True when this process's fill has not stored
+        it yet and stored a part less than :data:`LOCAL_STALL` s before ``now`` (wait for
+        :func:`part_stored`); False: ask the storage."""
+        with self._lock:
+            found = self._parts.get(f"{fills}/part-{n:06d}")
+            if found is not None:
+                return found
+            stored, at = self._filling.get(fills, (n + 1, now))
+            return n >= stored and now - at < LOCAL_STALL
+
+    def _drop(self, fills: str) -> None:
+        for name in [n for n in self._parts if n.startswith(f"{fills}/part-")]:
+            del self._parts[name]
+
+
+_STORED_PARTS = _StoredParts(KEPT_SEGMENTS)
+
+
 def part_stored(fills: str) -> None:
     """A part of the fill ``fills`` is stored: wake this process's readers of it."""
     _PART_SIGNALS.notify(fills)
@@ -603,8 +674,11 @@ class _PartWriter:
 
     _END = object()
 
-    def __init__(self, objects: Any, fills: str, stored: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, objects: Any, fills: str, stored: list[tuple[str, str]], clock: Clock
+    ) -> None:
         self.objects = objects
+        self.clock = clock
         self.fills = fills
         self.stored = stored
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=PARTS_AHEAD)
@@ -622,6 +696,9 @@ class _PartWriter:
             except BaseException as exc:  # raised by put() or finish()
                 self._error.append(exc)
                 continue
+            # ``stored`` holds parts 0.. in order (resumed ones first): this is part n.
+            n, now = len(self.stored) - 1, self.clock.monotonic()
+            _STORED_PARTS.keep(self.fills, n, data, now)  # for the readers here
             part_stored(self.fills)
 
     def put(self, name: str, data: bytes) -> None:
@@ -673,6 +750,8 @@ class _Fill:
         keeper.start()
         try:
             self._resume()
+            now = self.pull.store.clock.monotonic()
+            _STORED_PARTS.start(self.fills, self.part, now)  # its readers here wait, no GET
             try:
                 self._transfer()
                 if self.buffer:
@@ -697,6 +776,7 @@ class _Fill:
             storage_etag = self.objects.head(name).etag
         finally:
             self.done.set()
+            _STORED_PARTS.end(self.fills)
         if confirmed:  # else the first reader checks the blob (the parts were not pinned)
             self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
         self._delete_parts()
@@ -717,7 +797,7 @@ class _Fill:
         name = self.part_name(self.part)
         self.part += 1
         if self.writer is None:
-            self.writer = _PartWriter(self.objects, self.fills, self.stored)
+            self.writer = _PartWriter(self.objects, self.fills, self.stored, self.pull.store.clock)
         self.writer.put(name, data)
 
     def _flush_parts(self) -> None:
@@ -833,9 +913,16 @@ class PartTail:
     blob once it is stored (segments of :data:`PART` bytes, one GET each)."""
 
     def __init__(
-        self, objects: ObjectStore, blob: str, fills: str, size: int, fill: asyncio.Future[None]
+        self,
+        objects: ObjectStore,
+        blob: str,
+        fills: str,
+        size: int,
+        fill: asyncio.Future[None],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.objects = objects
+        self.clock = clock
         self.blob = blob
         self.fills = fills
         self.size = size
@@ -897,7 +984,8 @@ class PartTail:
             self._installed = True
         return await self.objects.get_range_async(self.blob, start, end)
 
-    async def read(self, pos: int, count: int) -> bytes:
+    async def read(self, pos: int, count: int) -> bytes | memoryview:
+        """A view of the segment (no copy: every reader of this worker shares its bytes)."""
         n = pos // PART
         waiting = FillWait(self.fill, "the filled blob is not in the store", READ_POLL)
         while True:
@@ -905,8 +993,20 @@ class PartTail:
                 data = self._segment[1]
                 off = pos - n * PART
                 if off < len(data):
-                    return data[off : off + count]
+                    return memoryview(data)[off : off + count]
                 raise FillFailed("a stored part is shorter than the blob's listed size")
+            now = self.clock.monotonic()
+            here = False if self._installed else _STORED_PARTS.look(self.fills, n, now)
+            if isinstance(here, bytes):  # stored by this process's fill: no GET back
+                self._segment = (n, here)
+                continue
+            if here:  # this process's fill stores it next: wait to be told, no GET
+                if self._stored is None:  # subscribed before the next look
+                    self._stored = _PART_SIGNALS.subscribe(self.fills)
+                    continue
+                if not self.fill.done():
+                    await self._next_part()
+                    continue
             try:
                 loaded = await self._shared(n)
             except ObjectStoreError as exc:
