@@ -10,7 +10,6 @@ its check makes resumes start again, in a way each huggingface_hub release survi
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import http.client
 import os
@@ -24,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from bucket_support import isolated_aws_env
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
 from hublike import running
-from mirror_support import MirrorServer, hf_env, wait_for
+from mirror_support import InProcessMirror, MirrorServer, hf_env, wait_for
 
 REPO = "cut/mid"
 SIZE = 24 << 20
@@ -88,7 +86,7 @@ def pull(
 
 
 def _request(
-    server: MirrorServer | _InProcessMirror,
+    server: MirrorServer | InProcessMirror,
     method: str,
     headers: dict[str, str],
     keep: int | None = None,
@@ -242,60 +240,6 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
 # -- a fill whose first download failed its check, turned good by the resolver's retry -------
 
 
-class _InProcessMirror:
-    """A pull-through mirror of ``upstream`` on a folder store, in this process (its own
-    thread and loop), so a test can hold a step of a fill; ``tails``: its fill readers."""
-
-    def __init__(self, store: Path, upstream: str) -> None:
-        from cmh.hub.mirror._app import make_app
-        from cmh.hub.mirror._auth import AccessPolicy
-        from cmh.hub.mirror._filling import Fills
-        from cmh.hub.mirror._observe import Metrics
-        from cmh.hub.mirror._state import MirrorState
-        from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
-        from cmh.hub.mirror.stores import open_store
-
-        store.mkdir()
-        backend = open_store(store)
-        pull = backend.pull_through(3600.0)
-        self.tails: list[Any] = []
-        reader = pull.reader
-
-        def kept(*args: Any) -> Any:
-            tail = reader(*args)
-            self.tails.append(tail)
-            return tail
-
-        pull.reader = kept
-        self.state = MirrorState(backend, AccessPolicy({}), Metrics(None))
-        self.state.upstream = Upstream(pull, UpstreamConfig(upstream, fresh_for=3600.0))
-        self.state.fills = Fills(self.state.upstream)
-        self.app = make_app(self.state)
-        self.host, self.port = "127.0.0.1", 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    async def _start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    def __enter__(self) -> _InProcessMirror:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(60)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
-        self._loop.close()
-
-
 def test_a_reader_joining_a_fill_whose_check_is_pending_gets_the_retry_whole(
     origin: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -320,7 +264,7 @@ def test_a_reader_joining_a_fill_whose_check_is_pending_gets_the_retry_whole(
     monkeypatch.setattr(ContentCheck, "finish", held)
     try:
         with (
-            _InProcessMirror(tmp_path / "store", front.url) as mirror,
+            InProcessMirror(tmp_path / "store", front.url) as mirror,
             ThreadPoolExecutor(2) as pool,
         ):
             first = pool.submit(_request, mirror, "GET", {"User-Agent": OLD_AGENT})
