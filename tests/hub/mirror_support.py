@@ -13,12 +13,14 @@ Used through the fixtures of ``tests/hub/conftest.py``::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import urlopen
 
+from aiohttp import web
 from cmh.hub.cache import CLOCK_FILE_ENV, Clock
 from cmh.hub.mirror.stores.local._folder import ImportResult, add_folder
 from processes import stop_process
@@ -361,3 +364,57 @@ def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float = 60.0
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class InProcessMirror:
+    """A pull-through mirror of ``upstream`` on a folder store, in this process (its own
+    thread and loop), so a test can hold a step of a fill; ``tails``: its fill readers."""
+
+    def __init__(self, store: Path, upstream: str) -> None:
+        from cmh.hub.mirror._app import make_app
+        from cmh.hub.mirror._auth import AccessPolicy
+        from cmh.hub.mirror._filling import Fills
+        from cmh.hub.mirror._observe import Metrics
+        from cmh.hub.mirror._state import MirrorState
+        from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
+        from cmh.hub.mirror.stores import open_store
+
+        store.mkdir()
+        backend = open_store(store)
+        pull = backend.pull_through(3600.0)
+        self.tails: list[Any] = []
+        reader = pull.reader
+
+        def kept(*args: Any) -> Any:
+            tail = reader(*args)
+            self.tails.append(tail)
+            return tail
+
+        pull.reader = kept
+        self.state = MirrorState(backend, AccessPolicy({}), Metrics(None))
+        self.state.upstream = Upstream(pull, UpstreamConfig(upstream, fresh_for=3600.0))
+        self.state.fills = Fills(self.state.upstream)
+        self.app = make_app(self.state)
+        self.host, self.port = "127.0.0.1", 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def __enter__(self) -> InProcessMirror:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(60)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop.close()

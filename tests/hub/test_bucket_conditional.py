@@ -212,3 +212,23 @@ def test_a_lease_renewal_whose_answer_is_lost_keeps_the_lease(
         assert not store.renew_lease("org--x", "me", name=lease, ttl=30.0)  # taken: lost
     finally:
         proxy.stop()
+
+
+def test_releasing_a_lease_another_took_over_leaves_it_to_them(
+    conformant: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40: a holder unaware that its lease expired and was taken over released it
+    by deleting the object unconditionally: the new holder's lease went, and a third
+    replica could start the same fill beside it. A release deletes only this holder's
+    own write of the lease."""
+    use_bucket(conformant, tmp_path, monkeypatch)
+    store = BucketStore.open(conformant.url)
+    lease = "org--x/.cmh/fills/" + "b" * 64 + "/lease"
+    assert store.take_lease("org--x", "me", name=lease, ttl=30.0)
+    taken = b'{"owner": "another", "ttl": 30.0, "nonce": "y"}'
+    store.objects.put(lease, taken)  # expired meanwhile and taken over
+    store.release_lease("org--x", name=lease)
+    assert store.objects.get(lease) == taken
+    assert store.take_lease("org--x", "me", name="org--x/.cmh/lease-2", ttl=30.0)
+    store.release_lease("org--x", name="org--x/.cmh/lease-2")  # still ours: deleted
+    assert [i.name for i in store.objects.list("org--x/.cmh/lease-2")] == []

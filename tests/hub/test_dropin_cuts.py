@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from bucket_support import isolated_aws_env
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
 from hublike import running
-from mirror_support import MirrorServer, hf_env, wait_for
+from mirror_support import InProcessMirror, MirrorServer, hf_env, wait_for
 
 REPO = "cut/mid"
 SIZE = 24 << 20
@@ -85,7 +86,10 @@ def pull(
 
 
 def _request(
-    server: MirrorServer, method: str, headers: dict[str, str], keep: int | None = None
+    server: MirrorServer | InProcessMirror,
+    method: str,
+    headers: dict[str, str],
+    keep: int | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     """One request; ``keep``: read that many body bytes, then leave (close the socket)."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
@@ -100,6 +104,29 @@ def _request(
         except (OSError, http.client.HTTPException):
             return status, {**got, "x-test-cut": "1"}, b""
     finally:
+        conn.close()
+
+
+def _read_past(
+    server: MirrorServer, headers: dict[str, str], past: int, then: threading.Event
+) -> tuple[int, bytes]:
+    """A GET whose first ``past`` body bytes are read before ``then`` is set; the status
+    and every byte received (a cut body ends short)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    try:
+        conn.request("GET", FILE, headers=headers)
+        response = conn.getresponse()
+        body = response.read(past)
+        then.set()
+        try:
+            body += response.read()
+        except http.client.IncompleteRead as exc:
+            body += exc.partial
+        except (OSError, http.client.HTTPException):
+            pass
+        return response.status, body
+    finally:
+        then.set()
         conn.close()
 
 
@@ -134,8 +161,14 @@ def test_after_a_fill_that_failed_its_check_no_resume_splices(
     pull: MirrorServer, origin: dict[str, Any]
 ) -> None:
     front, data = origin["front"], origin["data"]
-    front.flip_byte(origin["sha"], offset=20 << 20)  # the fill's bytes fail their check
-    status, headers, body = _request(pull, "GET", {"User-Agent": OLD_AGENT})
+    front.flip_byte(origin["sha"], offset=4 << 20)  # the fill's bytes fail their check
+    # The first download waits past the flipped byte (and past a bucket's first 8 MiB part)
+    # until the client has read it: a folder's resolver then downloads once more (a clean
+    # body), and a client that had not read the bad byte yet would be served the retry's
+    # bytes whole (no cut to test).
+    released = threading.Event()
+    front.drip(9 << 20, released)
+    status, body = _read_past(pull, {"User-Agent": OLD_AGENT}, 5 << 20, released)
     assert status == 200 and len(body) < SIZE  # cut before its last byte
     wait_for(lambda: any(c.startswith("fill failed") for c in _cuts(pull)), "the cut")
     # huggingface_hub before 1.5 appends a 200's body to its partial file: told to restart.
@@ -202,3 +235,54 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
 
     got = json.loads(rerun.stdout.strip().splitlines()[-1])
     assert got == {"version": "0.26.5", "sha256": origin["sha"]}
+
+
+# -- a fill whose first download failed its check, turned good by the resolver's retry -------
+
+
+def test_a_reader_joining_a_fill_whose_check_is_pending_gets_the_retry_whole(
+    origin: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first download's bytes fail their check (one flipped byte) and the resolver
+    downloads once more; a client that joins while that check is under way (on a loaded
+    machine its digest lags the bytes on disk by seconds) is served the retry's bytes,
+    whole: it was cut before its last byte, reading the discarded download (issue 40)."""
+    from cmh.hub.cache import ContentCheck
+
+    front, data = origin["front"], origin["data"]
+    front.clear_faults()
+    front.flip_byte(origin["sha"], offset=20 << 20)  # the first GET only
+    pending, release = threading.Event(), threading.Event()
+    finish = ContentCheck.finish
+
+    def held(check: ContentCheck) -> Any:  # the first download's verdict waits for the test
+        if check.size == SIZE and not pending.is_set():
+            pending.set()
+            release.wait(60)
+        return finish(check)
+
+    monkeypatch.setattr(ContentCheck, "finish", held)
+    try:
+        with (
+            InProcessMirror(tmp_path / "store", front.url) as mirror,
+            ThreadPoolExecutor(2) as pool,
+        ):
+            first = pool.submit(_request, mirror, "GET", {"User-Agent": OLD_AGENT})
+            wait_for(pending.is_set, "the first download's bytes, complete, under their check")
+            second = pool.submit(_request, mirror, "GET", {"User-Agent": NEW_AGENT})
+            wait_for(
+                lambda: (
+                    len(mirror.tails) == 2 and (mirror.tails[1].fd is not None or second.done())
+                ),
+                "the second client reading the fill",
+            )
+            release.set()
+            status, headers, body = second.result(120)
+            assert status == 200 and "x-test-cut" not in headers, (status, headers)
+            assert body == data, len(body)
+            status, headers, body = first.result(120)
+            assert status == 200
+            assert body == data or len(body) < SIZE  # whole, or cut before its last byte
+    finally:
+        release.set()
+        front.clear_faults()

@@ -466,6 +466,65 @@ def test_a_filler_unaware_its_lease_expired_never_undoes_the_fleets_fill(
         proxy.stop()
 
 
+def test_a_filler_unaware_it_lost_its_lease_leaves_the_end_to_the_holder(
+    moto_bucket: Any, origin: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 40: a filler whose lease another replica took over, and which has not tried
+    to renew since (it knows nothing), reaches the end of its transfer. It must not act as
+    the holder: was, it built the blob from its parts, deleted the parts and then the
+    holder's lease (unconditionally; a 412 on that build would have written the fleet's
+    ``failed`` record and deleted the holder's parts). Now it asks for its lease once
+    more, finds it gone and waits like any replica; once the holder's lease is gone it
+    takes the fill back and ends it from the stored parts (no second transfer)."""
+    from motoserver import FaultyS3Proxy
+
+    sha = origin["blobs"][MID_REPO]
+    lease = f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"
+    seen: list[tuple[str, str]] = []
+
+    def note(command: str, path: str) -> None:
+        seen.append((command, path.partition("?")[0]))
+
+    fleets = _fleet(moto_bucket, origin, tmp_path)
+    fleet = next(fleets)
+    store = fleet.store()
+    proxy = FaultyS3Proxy(fleet.env["AWS_ENDPOINT_URL"], dropped=frozenset(), holds=note)
+    upstream_held = threading.Event()
+    try:
+        fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
+        replica = fleet.start(lease_ttl=60.0)  # no renewal (each 15 s) during the test
+        fleet.front.drip(9 << 20, upstream_held)  # the transfer waits after one part
+        thread, _, outcome = _start_get(replica, MID_REPO)
+        wait_for(lambda: "part-000000" in _parts(store, MID_REPO), what="a part stored")
+        other = {"owner": "another-replica", "ttl": 60.0, "nonce": "0" * 32}
+        store.objects.put(lease, json.dumps(other).encode())  # another replica took it over
+        mark = len(seen)
+        upstream_held.set()
+
+        blob = f"{FOLDER[MID_REPO]}/blobs/{sha}"
+
+        def lease_asked() -> list[str]:
+            return [c for c, p in seen[mark:] if p.endswith(lease)]
+
+        def built() -> list[str]:
+            return [c for c, p in seen[mark:] if p.endswith(blob) and c in ("PUT", "POST")]
+
+        wait_for(lambda: lease_asked() or built(), what="the end of the filler's transfer")
+        assert not built()  # no blob built by a filler that is not the holder
+        assert lease_asked()[0] == "PUT", lease_asked()  # its renewal, refused
+        assert json.loads(store.objects.get(lease))["owner"] == "another-replica"
+        assert "failed" not in _parts(store, MID_REPO)
+        store.objects.delete(lease)  # the other replica is gone: the filler takes it back
+        thread.join(60)
+        assert outcome[0] == f"complete {sha}", outcome
+        _wait_stored(store, sha)
+        assert len(_cdn_ranges(fleet.front, sha)) == 1  # resumed from its stored parts
+    finally:
+        upstream_held.set()
+        fleets.close()  # the replica stopped
+        proxy.stop()
+
+
 def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
     moto_bucket: Any, origin: dict[str, Any], tmp_path: Path
 ) -> None:

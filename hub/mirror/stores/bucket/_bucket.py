@@ -751,9 +751,20 @@ class BucketStore:
         return True
 
     def release_lease(self, folder: str, *, name: str | None = None) -> None:
-        """Delete the repo's lease (or the lease object ``name``) if this store still holds it."""
+        """Delete the repo's lease (or the lease object ``name``) if this store still holds it:
+        the object must still be this holder's last write of it (or the rewrite whose answer
+        was lost). A lease that expired and was taken over is the new holder's: left alone
+        (a holder may not know yet that it lost its lease)."""
         key = name or self.lease_name(folder)
-        if self._leases.pop(key, None) is not None:
+        etag = self._leases.pop(key, None)
+        unsure = self._unsure.pop(key, None)
+        if etag is None:
+            return
+        try:
+            data, info = self.objects.get_with_info(key)
+        except ObjectNotFound:
+            return
+        if info.etag == etag or (unsure is not None and data == unsure):
             self.objects.delete(key)
 
     def _lease_doc(self, key: str, owner: str, ttl: float) -> bytes:

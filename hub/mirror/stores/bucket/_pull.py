@@ -736,6 +736,7 @@ class _Fill:
         self.buffer = bytearray()
         self.lost = threading.Event()
         self.done = threading.Event()
+        self.renewing = threading.Lock()
 
     def part_name(self, n: int) -> str:
         return f"{self.fills}/part-{n:06d}"
@@ -759,14 +760,17 @@ class _Fill:
                     self.buffer.clear()
             finally:
                 self._flush_parts()
+            # Building the blob, deleting the parts, a ``failed`` record: the holder's alone.
+            # A holder whose lease expired and was taken over may not know it yet (no
+            # renewal since): renewed now, the lease is this fill's for its whole lifetime.
+            if not self._renew():
+                raise _LeaseLost(self.fills)
             if self.pos != self.f.size or self.digest.hexdigest() != self.f.etag:
                 error = IntegrityError(
                     f"{self.f.path}: {self.pos} bytes whose hash is not the listed {self.f.etag}"
                 )
                 self._failed(str(error))
                 raise failed(error, "fill failed")
-            if self.lost.is_set():
-                raise _LeaseLost(self.fills)
             try:  # the parts become the blob, copied by the storage: no second upload
                 _, confirmed = self.objects.compose(self.stored, name)
             except PreconditionFailed:  # a part changed since it was hashed
@@ -814,17 +818,25 @@ class _Fill:
 
     def _keep_lease(self) -> None:
         """Renew the lease every quarter of its lifetime until the fill ends."""
-        ttl = self.pull.lease_ttl
-        name = f"{self.fills}/lease"
-        while not self.done.wait(ttl / 4):
+        while not self.done.wait(self.pull.lease_ttl / 4):
             try:
-                if not self.pull.store.renew_lease(
-                    self.folder, self.pull.owner, name=name, ttl=ttl
-                ):
-                    self.lost.set()
+                if not self._renew():
                     return
             except ObjectStoreError:
                 continue  # the storage is away: try again; the lease may expire meanwhile
+
+    def _renew(self) -> bool:
+        """Rewrite the lease (its lifetime starts again); False, and :attr:`lost` set, when
+        it is no longer this fill's. One renewal at a time: each goes by the ETag the last
+        one left."""
+        with self.renewing:
+            if self.lost.is_set():
+                return False
+            name, ttl = f"{self.fills}/lease", self.pull.lease_ttl
+            if self.pull.store.renew_lease(self.folder, self.pull.owner, name=name, ttl=ttl):
+                return True
+            self.lost.set()
+            return False
 
     def _resume(self) -> None:
         """Re-read the parts a previous holder stored, in order, while they are whole."""

@@ -220,27 +220,36 @@ class LocalPullThrough:
         from cmh.hub.cache import partial_path
 
         repo = self._repo(repo_type, repo_id)
-        return FileTail(entry.source, partial_path(repo, entry.etag), fill)
+        return FileTail(entry.source, partial_path(repo, entry.etag), entry.size, fill)
 
 
 class FileTail:
     """Reads a blob being filled: the installed blob if it is there, else its partial file.
+
+    It reads what one download attempt wrote, and follows the next attempt when the
+    resolver starts again (the partial replaced). A partial that holds every byte is not
+    read before its check's verdict: the resolver discards one whose bytes fail their
+    check and downloads once more, so a reader that waits sends the retry's bytes (the
+    blob's, whole) instead of the discarded download's (a body cut before its end).
 
     Reads are ``os.pread`` calls of at most 1 MiB on the event loop: the bytes were
     just written, so they come from the page cache, and a thread hop per chunk would
     cost more than the read.
     """
 
-    def __init__(self, blob: Path, partial: Path, fill: asyncio.Future[None]) -> None:
+    def __init__(self, blob: Path, partial: Path, size: int, fill: asyncio.Future[None]) -> None:
         self.blob = blob
         self.partial = partial
+        self.size = size
         self.fill = fill
         self.fd: int | None = None
+        self._installed = False  # ``fd`` is the checked blob: read it to the end
 
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        self._installed = False
 
     def _open(self) -> None:
         for path in (self.blob, self.partial):
@@ -248,16 +257,24 @@ class FileTail:
                 self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 return
 
-    def _replaced(self) -> bool:
-        """True when the file we read is no longer the partial nor the blob (restarted fill)."""
+    def _state(self) -> str:
+        """What ``fd`` reads: ``blob`` (installed), ``arriving`` (a partial still being
+        written), ``complete`` (a partial whose check is under way) or ``replaced`` (no
+        longer the partial nor the blob: a download discarded)."""
         assert self.fd is not None
+        if self._installed:
+            return "blob"
         mine = os.fstat(self.fd)
-        for path in (self.blob, self.partial):
+        for path, state in ((self.blob, "blob"), (self.partial, "arriving")):
             with contextlib.suppress(OSError):
                 st = os.stat(path)
                 if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                    return False
-        return True
+                    if state == "blob":
+                        self._installed = True
+                    elif mine.st_size >= self.size:
+                        state = "complete"
+                    return state
+        return "replaced"
 
     async def read(self, pos: int, count: int) -> bytes:
         waiting = FillWait(self.fill, "the filled blob is shorter than listed", POLL)
@@ -265,12 +282,14 @@ class FileTail:
             if self.fd is None:
                 self._open()
             if self.fd is not None:
-                data = os.pread(self.fd, count, pos)
-                if data:
-                    return data
-                if self._replaced():
-                    self.close()
+                state = self._state()
+                if state == "replaced":
+                    self.close()  # a download discarded: follow the next one
                     continue
+                if state != "complete":  # a complete partial: wait for its verdict
+                    data = os.pread(self.fd, count, pos)
+                    if data:
+                        return data
             if await waiting.wait():
                 self.close()  # read the installed blob from now on
 
