@@ -35,6 +35,7 @@ from pathlib import Path
 from urllib.request import Request, urlopen
 
 import pytest
+from deadline_support import TEST_DEADLINE
 from processes import stop_process
 
 BUCKET = "cmh-moto"
@@ -96,7 +97,7 @@ class MotoServer:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
             )  # fmt: skip
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + TEST_DEADLINE
         while True:
             try:
                 urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()

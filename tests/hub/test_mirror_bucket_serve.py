@@ -26,6 +26,7 @@ from urllib.request import Request, urlopen
 import pytest
 from bucket_support import isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from deadline_support import TEST_DEADLINE
 from mirror_support import (
     MINILM_REPO,
     TINY_REPO,
@@ -188,7 +189,7 @@ def test_transformers_loads_through_a_replica(
 
 def _commit_at(server: MirrorServer, repo: str) -> str:
     """``X-Repo-Commit`` of a HEAD (a redirect is not followed)."""
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=TEST_DEADLINE)
     try:
         conn.request("HEAD", f"/{repo}/resolve/main/config.json")
         response = conn.getresponse()

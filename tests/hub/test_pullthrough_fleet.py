@@ -28,6 +28,7 @@ from cmh.hub.mirror._upstream import NEGATIVE_FOR
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
 from cmh.hub.mirror.stores.local._folder import add_folder
+from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
 from mirror_support import MirrorServer, ProcessClock, hf_env, run_python, wait_for
 from seaweed import SeaweedBucket
@@ -340,8 +341,12 @@ def _stored_sha(store: BucketStore, repo: str, sha: str) -> str | None:
 
 def _wait_stored(store: BucketStore, sha: str) -> None:
     """Wait for the mid blob's fill to end right: its bytes under its name, no parts left."""
-    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
-    wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
+    wait_for(
+        lambda: _stored_sha(store, MID_REPO, sha) == sha,
+        timeout=TEST_DEADLINE,
+        what="the blob stored",
+    )
+    wait_for(lambda: _parts(store, MID_REPO) == [], timeout=TEST_DEADLINE, what="the parts deleted")
 
 
 def _cdn_ranges(front: HubLike, sha: str) -> list[str | None]:
@@ -523,7 +528,9 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     assert all(g[1][0] < MID for g in gets)  # the last byte never sent
     # The fill ends after its clients were cut: the parts go, the failure is told.
     wait_for(
-        lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill's end"
+        lambda: _parts(store, MID_REPO) == ["failed"],
+        timeout=TEST_DEADLINE,
+        what="the failed fill's end",
     )
     assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
     assert len(_cdn_ranges(fleet.front, sha)) == 1  # the failure was shared, not re-fetched
@@ -540,7 +547,11 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     # is answered whole (the cut is recorded in the bucket).
     status, _, body = _get(later, f"/{MID_REPO}/resolve/main/shard.bin", {"Range": "bytes=1000-"})
     assert status == 200 and len(body) == MID
-    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    wait_for(
+        lambda: _stored_sha(store, MID_REPO, sha) == sha,
+        timeout=TEST_DEADLINE,
+        what="the blob stored",
+    )
 
 
 def _status(server: MirrorServer, target: str, headers: dict[str, str]) -> int:
@@ -575,7 +586,9 @@ def test_replica_clocks_60_s_apart_never_splice_a_resume_and_keep_the_negative_c
     for thread, _, _ in gets:
         thread.join(120)
     assert all(g[2][0].startswith(("cut", "short")) for g in gets), [g[2][0] for g in gets]
-    wait_for(lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill")
+    wait_for(
+        lambda: _parts(store, MID_REPO) == ["failed"], timeout=TEST_DEADLINE, what="the failed fill"
+    )
     # A resume at B while the failure is fresh: never a 206 (its body is then cut, or a
     # 502: the failure is shared, not fetched again).
     assert _status(b, target, {"Range": "bytes=1000-"}) in (200, 502)
@@ -628,7 +641,11 @@ def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
         t.join(120)
     assert outcomes == [f"complete {sha}"] * 2
     assert len(_cdn_ranges(fleet.front, sha)) == 1
-    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    wait_for(
+        lambda: _stored_sha(store, MID_REPO, sha) == sha,
+        timeout=TEST_DEADLINE,
+        what="the blob stored",
+    )
     # Each replica served a filling answer: neither waited for the other's whole fill.
     for server in replicas:
         assert server.log(route="resolve", status=200)
@@ -722,11 +739,13 @@ def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes
             again.join(120)
             assert second_outcome[0] == f"complete {sha}", second_outcome
             wait_for(
-                lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored"
+                lambda: _stored_sha(store, MID_REPO, sha) == sha,
+                timeout=TEST_DEADLINE,
+                what="the blob stored",
             )
             wait_for(
                 lambda: not [p for p in _parts(store, MID_REPO) if p.startswith("part-")],
-                timeout=30,
+                timeout=TEST_DEADLINE,
                 what="the parts deleted",
             )
             ranges = _cdn_ranges(front, sha)
@@ -790,7 +809,7 @@ def test_fleet_keeps_local_pull_through_behaviour(
     assert _get(a, f"/{SMALL_REPO}/resolve/main/empty.txt")[::2] == (200, b"")
     # The tensor manifest of the filled safetensors blob is kept in the bucket.
     manifest = f"{FOLDER[SMALL_REPO]}/.cmh/manifests/{sha}.json"
-    wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")
+    wait_for(lambda: _exists(store, manifest), timeout=TEST_DEADLINE, what="the tensor manifest")
     status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
     assert status == 200 and len(json.loads(body)["tensors"]) == 4
     process_clock.advance(3.2)  # --fresh-for passes on both replicas
