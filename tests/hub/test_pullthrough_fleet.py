@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import isolated_aws_env
+from bucket_support import Break, Fault, S3Proxy, S3Request, isolated_aws_env
 from cmh.hub.mirror._upstream import NEGATIVE_FOR
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
@@ -418,23 +418,21 @@ def test_a_filler_unaware_its_lease_expired_never_undoes_the_fleets_fill(
     and deletes the parts while the first replica's client still reads them. That client
     gets the whole body; when the stale filler's own transfer then ends, the fleet's blob
     stays right and no failure is recorded (one resumed transfer, from the stored parts)."""
-    from motoserver import FaultyS3Proxy
-
     fleet = any_fleet
     sha = origin["blobs"][MID_REPO]
     lease = f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"
     armed, held, release, upstream_held = (threading.Event() for _ in range(4))
     seen: list[tuple[str, str]] = []
 
-    def holds(command: str, path: str) -> None:
-        seen.append((command, path))
-        renewal = command == "PUT" and path.partition("?")[0].endswith(lease)
+    def holds(request: S3Request) -> None:
+        seen.append((request.method, request.path))
+        renewal = request.method == "PUT" and request.key.endswith(lease)
         if renewal and armed.is_set() and not held.is_set():
             held.set()
             release.wait(120)  # the renewal hangs: its filler learns nothing meanwhile
 
     endpoint = fleet.env["AWS_ENDPOINT_URL"]
-    proxy = FaultyS3Proxy(endpoint, dropped=frozenset(), holds=holds)
+    proxy = S3Proxy(endpoint, holds)
     try:
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
         first = fleet.start(lease_ttl=2.0)
@@ -479,25 +477,22 @@ def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
     after the compose while a slow reader is still reading one) and the reader cut its
     client. A part is whole or absent: a failed read of one is looked at again (or the
     blob read), as for a part not there yet."""
-    from motoserver import FaultyS3Proxy
-
     sha = origin["blobs"][MID_REPO]
     last = f"/.cmh/fills/{sha}/part-000004"
     cut: list[str] = []
 
-    def truncates(command: str, path: str) -> bool:
-        if command == "GET" and path.partition("?")[0].endswith(last) and not cut:
-            cut.append(path)
-            # The filler composes the blob and deletes the parts meanwhile: the reader's
-            # storage client finds the part gone when it asks for the rest.
-            _wait_stored(store, sha)
-            return True
-        return False
+    def truncates(request: S3Request) -> Break | None:
+        if request.method == "GET" and request.key.endswith(last) and not cut:
+            cut.append(request.path)
+            # The filler composes the blob and deletes the parts before the cut: the
+            # reader's storage client finds the part gone when it asks for the rest.
+            return Break(Fault.TRUNCATE, before_cut=lambda: _wait_stored(store, sha))
+        return None
 
     fleets = _fleet(moto_bucket, origin, tmp_path)
     fleet = next(fleets)
     store = fleet.store()
-    proxy = FaultyS3Proxy(fleet.env["AWS_ENDPOINT_URL"], dropped=frozenset(), truncates=truncates)
+    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"], truncates)
     try:
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
         replica = fleet.start()
@@ -654,19 +649,9 @@ def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
 def test_a_fill_uploads_its_bytes_once(any_fleet: Fleet, origin: dict[str, Any]) -> None:
     """Issue 37: the parts became the blob by a second upload of the same bytes (a
     multipart upload fed beside them); now the storage copies the parts into the blob."""
-    from motoserver import FaultyS3Proxy
-
     fleet = any_fleet
     sha = origin["blobs"][MID_REPO]
-    put: list[int] = []
-
-    def count(command: str, path: str, headers: dict[str, str]) -> bool:
-        if command == "PUT":
-            length = {k.lower(): v for k, v in headers.items()}.get("content-length")
-            put.append(int(length or 0))
-        return False  # every answer is passed on
-
-    proxy = FaultyS3Proxy(fleet.env["AWS_ENDPOINT_URL"], dropped=frozenset(), loses=count)
+    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"])
     try:
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
         replica = fleet.start()
@@ -679,6 +664,8 @@ def test_a_fill_uploads_its_bytes_once(any_fleet: Fleet, origin: dict[str, Any])
             store.read_check(FOLDER[MID_REPO], sha)
             == store.objects.head(f"{FOLDER[MID_REPO]}/blobs/{sha}").etag
         )
+        put = [int(e.request.header("Content-Length") or 0) for e in proxy.exchanges
+               if e.request.method == "PUT"]  # fmt: skip
         assert MID <= sum(put) < MID + (1 << 20), (sum(put), len(put))  # each byte once
     finally:
         proxy.stop()
