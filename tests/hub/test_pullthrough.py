@@ -400,7 +400,7 @@ def test_wrong_upstream_bytes_cut_every_client_and_nothing_is_stored(
         # The client was cut by its own check; the fill goes on (fetched again once) and
         # ends refused: wait for it while the upstream still runs.
         blobs = tmp_path / "pull" / "models--cmh-test--big" / "blobs"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + TEST_DEADLINE
         while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)  # the resolver fetches a blob that failed its check once more
         hub.wait_idle()
