@@ -1,14 +1,24 @@
 """Helpers for tests over real object storages (SeaweedFS and moto, both started by the
-tests): the AWS settings of one, a store opened on it, and a ref's whole history."""
+tests): the AWS settings of one, a store opened on it, a ref's whole history, and
+:class:`S3Proxy`, a pass-through proxy in front of a storage that shows a test each
+request and can break its answer."""
 
 from __future__ import annotations
 
+import http.client
 import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import pytest
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from deadline_support import TEST_DEADLINE
 
 
 class Bucket(Protocol):
@@ -63,3 +73,131 @@ def history(
         assert tree is not None, f"{commit} in the history of {revision} has no tree object"
         commit = tree.parents[0] if tree.parents else ""
     return out
+
+
+@dataclass(frozen=True)
+class S3Request:
+    """One request :class:`S3Proxy` received, as it forwards it (the ``dropped`` headers
+    already removed)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+
+    @property
+    def key(self) -> str:
+        """The path without its query: ``/bucket/key``."""
+        return self.path.partition("?")[0]
+
+    def header(self, name: str) -> str | None:
+        """The value of header ``name`` (any case), or None."""
+        wanted = name.lower()
+        return next((v for k, v in self.headers.items() if k.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class S3Exchange:
+    """A request the storage answered, with its status and the body's length."""
+
+    request: S3Request
+    status: int
+    body_bytes: int
+
+
+class Fault(Enum):
+    """What :class:`S3Proxy` does to an answer instead of passing it on."""
+
+    #: The request is forwarded (the storage acts on it) and the connection closed with
+    #: no answer, as when an answer is lost on the way.
+    LOSE = "lose"
+    #: The headers and half the body are sent, then the connection closed (as a storage
+    #: does when the object is deleted while it is read).
+    TRUNCATE = "truncate"
+
+
+@dataclass(frozen=True)
+class Break:
+    """A :class:`Fault` with what happens before it: ``before_cut`` runs once the
+    storage answered and, for :attr:`Fault.TRUNCATE`, the headers were sent."""
+
+    fault: Fault
+    before_cut: Callable[[], object] = field(default=lambda: None)
+
+
+#: Sees each request before it is forwarded (it may block to hold it back); returns
+#: a fault to inject in its answer, or None to pass the answer on.
+S3Hook = Callable[[S3Request], Fault | Break | None]
+
+
+class S3Proxy:
+    """A pass-through HTTP proxy on 127.0.0.1 in front of the storage at ``upstream``.
+
+    ``hook`` sees each request (method, path, headers) before it is forwarded: it may
+    count or hold it, and return a :class:`Fault` (or a :class:`Break`) to inject in the
+    answer. ``dropped`` names request headers removed on the way (e.g. the conditional
+    ones: a storage that ignores conditional writes; moto checks no signature, so the
+    request stays valid). :attr:`exchanges` lists every request the storage answered."""
+
+    def __init__(
+        self, upstream: str, hook: S3Hook | None = None, dropped: frozenset[str] = frozenset()
+    ) -> None:
+        target = urlsplit(upstream)
+        host, port = target.hostname or "127.0.0.1", int(target.port or 80)
+        skipped = {"connection", *dropped}
+        exchanges: list[S3Exchange] = []
+        self.exchanges = exchanges
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skipped}
+                request = S3Request(self.command, self.path, headers)
+                fault = hook(request) if hook is not None else None
+                if isinstance(fault, Fault):
+                    fault = Break(fault)
+                conn = http.client.HTTPConnection(host, port, timeout=TEST_DEADLINE)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                exchanges.append(S3Exchange(request, resp.status, len(data)))
+                if fault is not None and fault.fault is Fault.LOSE:
+                    fault.before_cut()
+                    self.close_connection = True  # acted on, never answered
+                    return
+                head = self.command == "HEAD"
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                size = resp.getheader("Content-Length") if head else None
+                self.send_header("Content-Length", size or str(len(data)))
+                self.end_headers()
+                if fault is not None:  # Fault.TRUNCATE
+                    fault.before_cut()
+                    self.wfile.write(data[: len(data) // 2])
+                    self.close_connection = True
+                elif not head:
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

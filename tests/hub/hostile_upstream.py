@@ -84,6 +84,22 @@ class HostileHub(LoopServer):
 
     def __post_init__(self) -> None:
         super().__init__("127.0.0.1")
+        if self.gzip_bomb:  # compressing 400 MiB takes seconds (tens on a loaded machine):
+            self._bomb = self._compress_bomb()  # before a client waits for the answer
+
+    def _revision_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"id": self.repo_id, "sha": COMMIT, "private": False}
+        if self.siblings:
+            doc["siblings"] = [
+                {"rfilename": e["path"], "blobId": e["oid"], "size": e["size"]}
+                for e in self._entries()
+            ]
+        doc.update(self.revision_extra)
+        return doc
+
+    def _compress_bomb(self) -> bytes:
+        raw = json.dumps(self._revision_doc()).encode()[:-1] + b" " * self.gzip_bomb + b"}"
+        return gzip.compress(raw, 6)
 
     def _entries(self) -> list[dict[str, Any]]:
         if self.tree_entries is not None:
@@ -100,22 +116,14 @@ class HostileHub(LoopServer):
         if path.startswith(api + "revision/"):
             if self.revision_delay:  # a Hub slow to answer: the client's timeouts are real
                 await asyncio.sleep(self.revision_delay)
-            doc: dict[str, Any] = {"id": self.repo_id, "sha": COMMIT, "private": False}
-            if self.siblings:
-                doc["siblings"] = [
-                    {"rfilename": e["path"], "blobId": e["oid"], "size": e["size"]}
-                    for e in self._entries()
-                ]
-            doc.update(self.revision_extra)
             if self.gzip_bomb:
-                if self._bomb is None:  # compressing 400 MiB takes seconds: once
-                    raw = json.dumps(doc).encode()[:-1] + b" " * self.gzip_bomb + b"}"
-                    self._bomb = gzip.compress(raw, 6)
+                if self._bomb is None:  # set after the start: compressed once
+                    self._bomb = self._compress_bomb()
                 return web.Response(
                     body=self._bomb,
                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
                 )
-            return web.json_response(doc)
+            return web.json_response(self._revision_doc())
         if path == api + "auth-check":  # a public repo: anyone may read it
             return web.json_response({})
         if path.startswith(api + "tree/") and self.tree_pages is not None:

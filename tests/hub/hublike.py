@@ -47,6 +47,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
+from deadline_support import TEST_DEADLINE
 
 Origin = str  # "hub" | "cdn"
 JsonHook = Callable[[str, str, Any], Any]  # (kind, request path, document) -> document
@@ -344,7 +345,7 @@ class HubLike:
         with self._lock:
             self._records.clear()
 
-    def wait_idle(self, timeout: float = 10.0) -> None:
+    def wait_idle(self, timeout: float = TEST_DEADLINE) -> None:
         """Return once no request is being answered (a stalled one may outlive its client)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -383,7 +384,7 @@ class HubLike:
 
         self._thread = threading.Thread(target=run, name="hublike", daemon=True)
         self._thread.start()
-        if not started.wait(STOP_TIMEOUT * 2) or errors:
+        if not started.wait(TEST_DEADLINE) or errors:
             raise RuntimeError(f"hublike front did not start: {errors}")
         return self
 

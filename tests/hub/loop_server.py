@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from aiohttp import web
+from deadline_support import TEST_DEADLINE
 
 
 class LoopServer:
@@ -38,7 +39,7 @@ class LoopServer:
 
     def start(self) -> Any:
         self._thread.start()
-        if not self._ready.wait(15):
+        if not self._ready.wait(TEST_DEADLINE):
             raise RuntimeError(f"{type(self).__name__} did not start")
         return self
 

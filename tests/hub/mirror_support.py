@@ -33,9 +33,10 @@ from urllib.request import urlopen
 from aiohttp import web
 from cmh.hub.cache import CLOCK_FILE_ENV, Clock
 from cmh.hub.mirror.stores.local._folder import ImportResult, add_folder
+from deadline_support import TEST_DEADLINE
 from processes import stop_process
 
-START_TIMEOUT = 30.0
+START_TIMEOUT = TEST_DEADLINE
 _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -173,9 +174,9 @@ class MirrorServer:
     def sync(self) -> None:
         """Return once every request answered before this call is in the log and metrics."""
         marker = uuid.uuid4().hex
-        with urlopen(f"{self.url}/health?sync={marker}", timeout=10) as r:
+        with urlopen(f"{self.url}/health?sync={marker}", timeout=TEST_DEADLINE) as r:
             r.read()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + TEST_DEADLINE
         while time.monotonic() < deadline:
             if marker in self.access_log.read_text(errors="replace"):
                 return
@@ -195,7 +196,7 @@ class MirrorServer:
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Prometheus samples as ``{(name, sorted labels): value}``."""
         self.sync()
-        with urlopen(f"{self.url}/metrics", timeout=10) as r:
+        with urlopen(f"{self.url}/metrics", timeout=TEST_DEADLINE) as r:
             text = r.read().decode()
         out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for line in text.splitlines():
@@ -239,7 +240,7 @@ class MirrorServer:
 
 
 def raw_request(
-    host: str, port: int, request: bytes, timeout: float = 10.0
+    host: str, port: int, request: bytes, timeout: float = TEST_DEADLINE
 ) -> tuple[int, dict[str, str], bytes]:
     """Send raw bytes as one HTTP/1.1 request (it should say ``Connection: close``)."""
     with socket.create_connection((host, port), timeout=timeout) as sock:
@@ -355,7 +356,7 @@ def build_mirror_store(base: Path, minilm_dir: Path) -> MirrorStore:
     return MirrorStore(store, tokens, imports, sources)
 
 
-def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float = 60.0) -> None:
+def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float = TEST_DEADLINE) -> None:
     """Return once ``predicate()`` is true; an AssertionError naming ``what`` after
     ``timeout`` real seconds (a wait on another process, not a bound under test)."""
     deadline = time.monotonic() + timeout

@@ -2,11 +2,10 @@
 
 :class:`MotoServer` runs ``moto_server`` (PyPI ``moto[server]``, of the dev extra; a
 version with conditional writes) on a free 127.0.0.1 port, creates a bucket and stops
-the process it started. :class:`FaultyS3Proxy` forwards every request to an
-endpoint with ``If-None-Match`` and ``If-Match`` removed: a storage that ignores
+the process it started. ``no_cas_bucket`` puts a :class:`bucket_support.S3Proxy` in
+front of it that removes ``If-None-Match`` and ``If-Match``: a storage that ignores
 conditional writes, as moto 5.0.0 and some S3 gateways do. moto checks no signature,
-so the requests stay valid once the headers are gone. With no header dropped it can
-lose the answers of chosen requests instead (the storage acted on them).
+so the requests stay valid once the headers are gone.
 
 Fixtures (from ``tests/hub/conftest.py``, so one server serves the session):
 ``moto``, ``moto_bucket`` (a fresh prefix, with ``.url`` and ``.aws_env()`` like
@@ -19,22 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import http.client
 import importlib.util
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.request import Request, urlopen
 
 import pytest
+from bucket_support import S3Proxy
+from deadline_support import TEST_DEADLINE
 from processes import stop_process
 
 BUCKET = "cmh-moto"
@@ -96,7 +94,7 @@ class MotoServer:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
             )  # fmt: skip
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + TEST_DEADLINE
         while True:
             try:
                 urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
@@ -115,81 +113,6 @@ class MotoServer:
 
     def stop(self) -> None:
         stop_process(self.process, grace=5)
-
-
-class FaultyS3Proxy:
-    """A pass-through HTTP proxy on 127.0.0.1 that removes the ``dropped`` request headers
-    (the conditional-write ones by default). ``lose_answers`` counts down requests whose
-    answer is lost: a request that :attr:`loses` accepts is forwarded (the storage acts on
-    it) and the connection is closed with no answer. ``holds`` is called before a request
-    is forwarded (a test blocks in it to hold that request back); a request ``truncates``
-    accepts is answered with its headers and half its body, then the connection closed (as
-    a storage does when the object is deleted while it is read)."""
-
-    def __init__(
-        self,
-        upstream: str,
-        dropped: frozenset[str] = DROPPED,
-        loses: Callable[[str, str, dict[str, str]], bool] | None = None,
-        holds: Callable[[str, str], None] | None = None,
-        truncates: Callable[[str, str], bool] | None = None,
-    ) -> None:
-        host, _, port = upstream.removeprefix("http://").partition(":")
-        target = (host, int(port))
-        self.lose_answers = 0
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
-                if holds is not None:
-                    holds(self.command, self.path)
-                conn = http.client.HTTPConnection(*target, timeout=60)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                finally:
-                    conn.close()
-                lose = loses is not None and loses(self.command, self.path, headers)
-                if lose and proxy.lose_answers > 0:
-                    proxy.lose_answers -= 1
-                    self.close_connection = True  # acted on, never answered
-                    return
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if truncates is not None and truncates(self.command, self.path):
-                    self.wfile.write(data[: len(data) // 2])
-                    self.close_connection = True
-                    return
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @dataclass(frozen=True)
@@ -232,8 +155,9 @@ def moto_bucket_fixture(moto: MotoServer) -> S3Bucket:
 
 @pytest.fixture(name="no_cas_bucket")
 def no_cas_bucket_fixture(moto: MotoServer) -> Iterator[S3Bucket]:
-    """moto behind :class:`FaultyS3Proxy`: a storage without conditional writes."""
-    proxy = FaultyS3Proxy(moto.endpoint)
+    """moto behind an :class:`S3Proxy` dropping the conditional headers: a storage
+    without conditional writes."""
+    proxy = S3Proxy(moto.endpoint, dropped=DROPPED)
     try:
         yield S3Bucket(proxy.endpoint, BUCKET, f"t-{uuid.uuid4().hex[:12]}/")
     finally:

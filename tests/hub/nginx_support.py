@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from cmh.hub.mirror.stores.bucket._xaccel import nginx_bucket_server
 from cmh.hub.mirror.stores.local._xaccel import nginx_server
+from deadline_support import TEST_DEADLINE
 from processes import stop_process
 
 
@@ -63,7 +64,7 @@ class Nginx:
         )
         self.process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)],
                                         stderr=subprocess.PIPE)  # fmt: skip
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + TEST_DEADLINE
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"nginx exited: {self.process.stderr.read()!r}")  # type: ignore[union-attr]

@@ -51,13 +51,14 @@ from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
+from deadline_support import TEST_DEADLINE
 from processes import stop_process
 
 ACCESS_KEY = "cmh-test-access"
 SECRET_KEY = "cmh-test-secret"
 REGION = "us-east-1"
 BUCKET = "cmh-test"
-START_TIMEOUT = 60.0
+START_TIMEOUT = TEST_DEADLINE
 STOP_GRACE = 3.0
 # master, volume, filer, S3: an HTTP and a gRPC port each (gRPC defaults to HTTP + 10000,
 # which may be taken or out of range, so every one is chosen here).
@@ -218,7 +219,7 @@ class SeaweedServer:
                            f"{self.log_tail()}")  # fmt: skip
 
     def _request(
-        self, method: str, path: str, body: bytes | None = None, timeout: float = 10.0
+        self, method: str, path: str, body: bytes | None = None, timeout: float = TEST_DEADLINE
     ) -> int:
         """One request signed as :data:`ACCESS_KEY`; the status."""
         from botocore.auth import S3SigV4Auth

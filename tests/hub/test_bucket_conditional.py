@@ -17,11 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from bucket_support import Bucket, history, open_store, use_bucket
+from bucket_support import Bucket, Fault, S3Proxy, S3Request, history, open_store, use_bucket
 from cli_support import CMH
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore, ConditionalWritesUnsupported
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore, ObjectStoreError
-from motoserver import FaultyS3Proxy
 
 PAIRS = 20
 PARALLEL_PAIRS = 4
@@ -186,11 +185,15 @@ def test_a_lease_renewal_whose_answer_is_lost_keeps_the_lease(
     """Was: a renewal that reached the storage but whose answer was lost made the next
     renewal's ``If-Match`` refused, so the holder gave up a lease it still held (a fill
     then cut its clients). The holder now reads the lease and finds its own rewrite."""
-    proxy = FaultyS3Proxy(
-        conformant.endpoint,
-        dropped=frozenset(),
-        loses=lambda method, _, headers: method == "PUT" and "if-match" in map(str.lower, headers),
-    )
+    answers_to_lose = [0]
+
+    def lose_renewal_answers(request: S3Request) -> Fault | None:
+        if request.method == "PUT" and request.header("If-Match") and answers_to_lose[0]:
+            answers_to_lose[0] -= 1
+            return Fault.LOSE
+        return None
+
+    proxy = S3Proxy(conformant.endpoint, lose_renewal_answers)
     try:
         use_bucket(conformant, tmp_path, monkeypatch)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # the same storage, through it
@@ -198,13 +201,13 @@ def test_a_lease_renewal_whose_answer_is_lost_keeps_the_lease(
         lease = "org--x/.cmh/fills/" + "a" * 64 + "/lease"
         assert store.take_lease("org--x", "me", name=lease, ttl=30.0)
         for _ in range(3):  # each renewal's answer lost once, then the next one answered
-            proxy.lose_answers = 1
+            answers_to_lose[0] = 1
             try:
                 kept = store.renew_lease("org--x", "me", name=lease, ttl=30.0)
             except ObjectStoreError:
                 kept = store.renew_lease("org--x", "me", name=lease, ttl=30.0)
             assert kept
-        assert proxy.lose_answers == 0  # the answers were lost indeed
+        assert answers_to_lose[0] == 0  # the answers were lost indeed
         assert json.loads(store.objects.get(lease))["owner"] == "me"
         other = BucketStore.open(conformant.url)
         assert not other.take_lease("org--x", "another", name=lease, ttl=30.0)  # held

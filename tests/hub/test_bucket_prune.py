@@ -26,6 +26,7 @@ from cmh.hub.mirror.stores.bucket import _bucket as bucket_module
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound
 from cmh.hub.prune import PrunePolicy, execute_bucket_plan, plan_prune, prune_bucket, scan_bucket
+from deadline_support import TEST_DEADLINE
 from seaweed import SeaweedBucket
 
 REPO = "cmh-test/prune"
@@ -202,7 +203,7 @@ def test_expired_leases_are_taken_over_by_prune_and_mirror_add(
     store.objects.put(store.lease_name(folder), b'{"owner": "a killed pruner"}')
     fresh = open_store(seaweed_bucket, lease_ttl=600.0)
     assert not fresh.take_lease(folder, "test")  # young: held
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + TEST_DEADLINE
     while (lease := store.lease_state(folder)) is not None and lease.age <= store.lease_ttl:
         assert time.monotonic() < deadline, "the storage's clock did not move"
         time.sleep(0.1)  # the storage's clock moves on its own

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import http.client
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
 
 import pytest
-from bucket_support import isolated_aws_env
+from bucket_support import S3Proxy, isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from mirror_support import MirrorServer
 from seaweed import SeaweedBucket, SeaweedServer
@@ -26,60 +23,20 @@ FOLDER = "models--cmh-test--splice"
 SIZE = 3 << 20
 
 
-class AgentLog:
-    """A pass-through proxy to the storage that notes each GET's ``User-Agent``."""
-
-    def __init__(self, upstream: str) -> None:
-        target = urlsplit(upstream)
-        agents: list[str] = []
-        self.agents = agents
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                if self.command == "GET" and "/blobs/" in self.path:
-                    agents.append(self.headers.get("User-Agent", ""))
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                r = conn.getresponse()
-                data = r.read()
-                self.send_response(r.status)
-                head = self.command == "HEAD"
-                for k, v in r.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                length = r.getheader("Content-Length") if head else None
-                self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def blob_get_agents(proxy: S3Proxy) -> list[str]:
+    """The ``User-Agent`` of each GET of a blob object the storage answered through ``proxy``."""
+    return [
+        e.request.header("User-Agent") or ""
+        for e in proxy.exchanges
+        if e.request.method == "GET" and "/blobs/" in e.request.key
+    ]
 
 
 @dataclass
 class Served:
     store: BucketStore
     server: MirrorServer
-    agents: AgentLog
+    storage: S3Proxy
     data: bytes
     bad_name: str
 
@@ -88,7 +45,7 @@ class Served:
 def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     where = SeaweedBucket(seaweed, seaweed.bucket, f"splice-{uuid.uuid4().hex[:10]}/")
     tmp = tmp_path_factory.mktemp("splice")
-    agents = AgentLog(where.endpoint)
+    storage = S3Proxy(where.endpoint)
     env = isolated_aws_env(where, tmp)
     src = tmp / "src"
     src.mkdir()
@@ -106,13 +63,13 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
         assert tree is not None
         bad = next(f for f in tree.files if f.path == "bad.bin")
         blob = store.blob_name(FOLDER, bad.etag)
-        served_env = {**os.environ, **env, "AWS_ENDPOINT_URL": agents.endpoint}
+        served_env = {**os.environ, **env, "AWS_ENDPOINT_URL": storage.endpoint}
         server = MirrorServer(where.url, tmp / "logs", env=served_env)
         try:
-            yield Served(store, server, agents, data, blob)
+            yield Served(store, server, storage, data, blob)
         finally:
             server.stop()
-            agents.stop()
+            storage.stop()
 
 
 def _get(
@@ -134,12 +91,12 @@ def _get(
 
 def test_spliced_bodies_are_the_stored_bytes(served: Served) -> None:
     data = served.data
-    before = len(served.agents.agents)
+    before = len(blob_get_agents(served.storage))
     assert _get(served, None) == (200, data)
     assert _get(served, "bytes=1048576-") == (206, data[1 << 20 :])
     assert _get(served, "bytes=1000-2500000") == (206, data[1000:2500001])
     assert _get(served, f"bytes=-{(1 << 20) + 7}") == (206, data[-((1 << 20) + 7) :])
-    assert served.agents.agents[before:] == ["cmh"] * 4  # each one spliced GET
+    assert blob_get_agents(served.storage)[before:] == ["cmh"] * 4  # each one spliced GET
     log = served.server.log(route="resolve", method="GET")
     assert [e["bytes"] for e in log[-4:]] == [SIZE, SIZE - (1 << 20), 2499001, (1 << 20) + 7]
     # a client that leaves mid-body leaves the replica serving the next one whole
@@ -153,8 +110,9 @@ def test_a_spliced_range_of_a_bad_blob_is_never_sent_complete(served: Served) ->
     bad = bytearray(served.data[::-1])
     bad[-1] ^= 0xFF  # same size, last byte differs: a new version, no check record
     served.store.objects.put(served.bad_name, bytes(bad))
-    before = len(served.agents.agents)
+    before = len(blob_get_agents(served.storage))
     status, body = _get(served, "bytes=1048576-", path="bad.bin")
     assert status == 206 and body == "IncompleteRead"
-    assert "cmh" in served.agents.agents[before:]  # the range was spliced (the check: aiohttp)
+    # The range was spliced (the check's read is aiohttp's).
+    assert "cmh" in blob_get_agents(served.storage)[before:]
     assert _get(served, None, path="bad.bin")[0] == 503  # known bad now

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from deadline_support import TEST_DEADLINE
 from mirror_support import MirrorServer, hf_env, run_python
 
 REGISTRY = {"standardEnvVars": ["AI_AGENT"], "harnesses": {"cmh-test": {"envVars": {"T": "*"}}}}
@@ -65,7 +66,7 @@ print(json.dumps({"agent": agent, "cached": json.load(open(constants.AGENT_HARNE
 def test_mirror_answers_an_empty_agent_registry_that_the_stock_client_caches(
     mirror: MirrorServer, tmp_path: Path
 ) -> None:
-    answer = httpx2.get(f"{mirror.url}/api/agent-harnesses", timeout=10)
+    answer = httpx2.get(f"{mirror.url}/api/agent-harnesses", timeout=TEST_DEADLINE)
     assert answer.status_code == 200
     assert answer.json() == {"standardEnvVars": [], "harnesses": {}}
     env = dict(hf_env(mirror.url, tmp_path / "home"), AI_AGENT="1")

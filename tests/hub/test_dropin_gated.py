@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
+from deadline_support import TEST_DEADLINE
 from hublike import running
 from mirror_support import PRIVATE_TOKEN, TINY_REPO, MirrorServer, hf_env, run_python
 
@@ -43,19 +44,26 @@ def test_gated_repo_the_tokens_file_names_is_refused_as_the_hub_refuses_a_reader
         )
         url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
         for method in ("HEAD", "GET"):  # the first asks the upstream: nothing held yet
-            assert _code(httpx2.request(method, url)) == (401, "GatedRepo"), method
-            other = httpx2.request(method, url, headers={"Authorization": "Bearer other-0002"})
+            assert _code(httpx2.request(method, url, timeout=TEST_DEADLINE)) == (
+                401,
+                "GatedRepo",
+            ), method
+            other = httpx2.request(
+                method, url, headers={"Authorization": "Bearer other-0002"}, timeout=TEST_DEADLINE
+            )
             assert _code(other) == (403, "GatedRepo"), method
             assert (
                 f"Visit {hub.url}/{TINY_REPO} to ask for access."
                 in other.headers["X-Error-Message"]
             )
-        granted = httpx2.get(url, headers={"Authorization": f"Bearer {READER}"})
+        granted = httpx2.get(
+            url, headers={"Authorization": f"Bearer {READER}"}, timeout=TEST_DEADLINE
+        )
         assert granted.status_code == 200
-        info = httpx2.get(f"{pull.url}/api/models/{TINY_REPO}")
+        info = httpx2.get(f"{pull.url}/api/models/{TINY_REPO}", timeout=TEST_DEADLINE)
         assert info.status_code == 200, info.text
         assert info.json()["gated"] == "manual" and info.json()["private"] is False
-        direct = httpx2.get(f"{hub.url}/api/models/{TINY_REPO}").json()
+        direct = httpx2.get(f"{hub.url}/api/models/{TINY_REPO}", timeout=TEST_DEADLINE).json()
         assert direct["gated"] == "manual"
         out = run_python(INFO_SCRIPT, hf_env(pull.url, tmp_path / "home"))
         assert out["gated"] == "manual" and out["private"] is False
@@ -77,10 +85,15 @@ def test_upstream_without_auth_check_decides_by_a_head_of_a_listed_file(
             extra_args=("--upstream", hub.url, "--upstream-token-file", str(upstream_token)),
         )
         url = f"{reads.url}/{TINY_REPO}/resolve/main/config.json"
-        assert _code(httpx2.get(url)) == (401, "GatedRepo")  # read by the mirror, not granted
+        assert _code(httpx2.get(url, timeout=TEST_DEADLINE)) == (
+            401,
+            "GatedRepo",
+        )  # read by the mirror, not granted
         (tmp_path / "refused").mkdir()
         refused = mirror_server_factory(tmp_path / "refused", extra_args=("--upstream", hub.url))
-        answer = httpx2.get(f"{refused.url}/{TINY_REPO}/resolve/main/config.json")
+        answer = httpx2.get(
+            f"{refused.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
+        )
         assert _code(answer) == (401, "GatedRepo")  # the upstream's refusal of the mirror
         assert "Please log in." in answer.headers["X-Error-Message"]
         assert len(hub.records(path=r"/auth-check$")) >= 2  # asked, and found missing

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from deadline_support import TEST_DEADLINE
 from resolver_support import write_checkpoint_repo
 
 REPO = "org/hooked"
@@ -197,7 +198,7 @@ def test_answers_served_from_the_cache_match_the_hub(toy: Any, installed: None) 
         url = hf_hub_url(REPO, name)
         local = get_hf_file_metadata(url)
         patch._recent.clear()
-        with httpx2.Client() as plain:
+        with httpx2.Client(timeout=TEST_DEADLINE) as plain:
             remote = plain.head(url, follow_redirects=False)
         etag = remote.headers.get("X-Linked-Etag") or remote.headers["ETag"]
         assert local.etag == etag.strip('"')

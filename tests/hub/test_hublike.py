@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running, xet_stand_in
 from huggingface_hub import (
     HfApi,
@@ -201,7 +202,9 @@ def test_dataset_repo_and_missing_file(
         hf_hub_download(TINY_REPO, "nope.txt", cache_dir=cache, endpoint=front.url)
     commit = mirror_store.imports[f"{TINY_REPO}@main"].commit
     assert (cache / "models--cmh-test--tiny" / ".no_exist" / commit / "nope.txt").exists()
-    missing = httpx2.get(hf_hub_url(TINY_REPO, "nope.txt", endpoint=front.url))
+    missing = httpx2.get(
+        hf_hub_url(TINY_REPO, "nope.txt", endpoint=front.url), timeout=TEST_DEADLINE
+    )
     assert missing.status_code == 404 and missing.headers["x-error-code"] == "EntryNotFound"
 
 
@@ -250,8 +253,11 @@ def test_expired_or_forged_signed_url_gets_403(
 ) -> None:
     meta = get_hf_file_metadata(hf_hub_url(TINY_REPO, "weights.bin", endpoint=front.url))
     forged = meta.location.replace("Signature=", "Signature=0")
-    assert httpx2.get(forged).status_code == 403
-    assert httpx2.get(meta.location).content == (tiny_main / "weights.bin").read_bytes()
+    assert httpx2.get(forged, timeout=TEST_DEADLINE).status_code == 403
+    assert (
+        httpx2.get(meta.location, timeout=TEST_DEADLINE).content
+        == (tiny_main / "weights.bin").read_bytes()
+    )
     front.url_lifetime = 0  # every signed URL expires at once
     with pytest.raises(HfHubHTTPError) as err:
         hf_hub_download(TINY_REPO, "weights.bin", cache_dir=cache, endpoint=front.url)
@@ -266,16 +272,18 @@ def test_cdn_serves_one_range_206_and_many_ranges_200_whole(
     location = get_hf_file_metadata(
         hf_hub_url(TINY_REPO, "weights.bin", endpoint=front.url)
     ).location
-    one = httpx2.get(location, headers={"Range": "bytes=10-19"})
+    one = httpx2.get(location, headers={"Range": "bytes=10-19"}, timeout=TEST_DEADLINE)
     assert one.status_code == 206 and one.content == data[10:20]
     assert one.headers["content-range"] == f"bytes 10-19/{len(data)}"
-    many = httpx2.get(location, headers={"Range": "bytes=0-9,20-29"})
+    many = httpx2.get(location, headers={"Range": "bytes=0-9,20-29"}, timeout=TEST_DEADLINE)
     assert many.status_code == 200 and many.content == data
     assert "multipart" not in many.headers.get("content-type", "")
-    past = httpx2.get(location, headers={"Range": f"bytes={len(data)}-"})
+    past = httpx2.get(location, headers={"Range": f"bytes={len(data)}-"}, timeout=TEST_DEADLINE)
     assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{len(data)}"
     followed = httpx2.get(
-        hf_hub_url(TINY_REPO, "weights.bin", endpoint=front.url), follow_redirects=True
+        hf_hub_url(TINY_REPO, "weights.bin", endpoint=front.url),
+        follow_redirects=True,
+        timeout=TEST_DEADLINE,
     )
     assert [r.status_code for r in followed.history] == [302] and followed.content == data
 
@@ -424,7 +432,10 @@ def test_stop_frees_the_ports_and_the_thread(mirror: MirrorServer) -> None:
     with running(mirror.url) as hub:
         ports = [int(u.rsplit(":", 1)[1]) for u in (hub.url, hub.cdn_url)]
         thread = hub._thread
-        assert httpx2.get(f"{hub.url}/api/models/{TINY_REPO}").status_code == 200
+        assert (
+            httpx2.get(f"{hub.url}/api/models/{TINY_REPO}", timeout=TEST_DEADLINE).status_code
+            == 200
+        )
     assert thread is not None and not thread.is_alive()
     for port in ports:
         with pytest.raises(OSError):
@@ -436,5 +447,8 @@ def test_unreachable_backend_is_a_502() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with running(f"http://127.0.0.1:{port}") as hub:
-        assert httpx2.get(f"{hub.url}/api/models/{TINY_REPO}").status_code == 502
+        assert (
+            httpx2.get(f"{hub.url}/api/models/{TINY_REPO}", timeout=TEST_DEADLINE).status_code
+            == 502
+        )
         assert [r.status for r in hub.records()] == [502]

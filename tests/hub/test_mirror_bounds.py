@@ -17,6 +17,7 @@ from cmh.hub.mirror import _upstream
 from cmh.hub.mirror._memo import KeyedLocks, Memo
 from cmh.hub.mirror._upstream import Outcome, Upstream, UpstreamConfig, UpstreamError
 from cmh.hub.mirror.stores import open_store
+from deadline_support import TEST_DEADLINE
 from hostile_upstream import COMMIT, DripOrHub, HostileHub
 from loop_server import LoopServer
 
@@ -86,7 +87,7 @@ def test_keyed_locks_hold_only_the_keys_in_use() -> None:
 
     t = threading.Thread(target=hold)
     t.start()
-    assert inside.wait(10)
+    assert inside.wait(TEST_DEADLINE)
     for i in range(1000):
         with locks.hold(f"k{i}"):
             pass
@@ -109,7 +110,7 @@ def test_exclusive_memo_computes_one_key_without_holding_up_another() -> None:
         target=memo.get_or_compute, args=("slow", slow), kwargs={"exclusive": True}
     )
     t.start()
-    assert started.wait(10)
+    assert started.wait(TEST_DEADLINE)
     # Another key is answered while "slow" computes (before: one lock for every key).
     assert memo.get_or_compute("fast", lambda: 2, exclusive=True) == 2
     release.set()

@@ -18,14 +18,14 @@ import urllib.error
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
-from bucket_support import isolated_aws_env
+from bucket_support import S3Proxy, S3Request, isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from deadline_support import TEST_DEADLINE
 from mirror_support import (
     MINILM_REPO,
     TINY_REPO,
@@ -188,7 +188,7 @@ def test_transformers_loads_through_a_replica(
 
 def _commit_at(server: MirrorServer, repo: str) -> str:
     """``X-Repo-Commit`` of a HEAD (a redirect is not followed)."""
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=TEST_DEADLINE)
     try:
         conn.request("HEAD", f"/{repo}/resolve/main/config.json")
         response = conn.getresponse()
@@ -389,68 +389,28 @@ def test_a_cut_on_a_bucket_served_without_upstream_is_recorded_in_the_bucket(
         server.stop()
 
 
-class BlobReadCounter:
-    """A pass-through proxy to the storage that counts the body bytes of blob-object GETs
-    and holds every GET of a whole blob object (no ``Range``) until :attr:`release` is
-    set: a request that waited on a whole-object read cannot finish while it is held."""
+class HeldWholeBlobReads:
+    """An :class:`S3Proxy` hook that holds every GET of a whole blob object (no ``Range``)
+    until :attr:`release` is set: a request that waited on a whole-object read cannot
+    finish while it is held."""
 
-    def __init__(self, upstream: str) -> None:
-        host, _, port = upstream.removeprefix("http://").partition(":")
-        target = (host, int(port))
-        self.blob_bytes = 0
+    def __init__(self) -> None:
         self.whole_gets = 0
         self.release = threading.Event()
-        counter = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def __call__(self, request: S3Request) -> None:
+        if _blob_get(request) and request.header("Range") is None:
+            self.whole_gets += 1
+            self.release.wait(TEST_DEADLINE)
 
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                blob = "/blobs/" in self.path.split("?")[0] and self.command == "GET"
-                if blob and "Range" not in self.headers:
-                    counter.whole_gets += 1
-                    counter.release.wait(60)
-                conn = http.client.HTTPConnection(*target, timeout=60)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-                    resp = conn.getresponse()
-                    data = resp.read()
-                finally:
-                    conn.close()
-                if blob:
-                    counter.blob_bytes += len(data)
-                head = self.command == "HEAD"
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection") and (
-                        head or k.lower() != "content-length"
-                    ):
-                        self.send_header(k, v)
-                if not head:
-                    self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if not head:
-                    self.wfile.write(data)
 
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+def _blob_get(request: S3Request) -> bool:
+    return request.method == "GET" and "/blobs/" in request.key
 
-            def log_message(self, *args: object) -> None:
-                pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+def _blob_bytes(proxy: S3Proxy) -> int:
+    """The body bytes of the blob-object GETs the storage answered through ``proxy``."""
+    return sum(e.body_bytes for e in proxy.exchanges if _blob_get(e.request))
 
 
 def test_a_small_range_of_an_unchecked_blob_reads_only_its_bytes(
@@ -471,7 +431,8 @@ def test_a_small_range_of_an_unchecked_blob_reads_only_its_bytes(
     assert tree is not None
     (big,) = [f for f in tree.files if f.path == "big.bin"]
     store.objects.delete(store.check_name(folder, big.etag))  # as another tool leaves it
-    counter = BlobReadCounter(env["AWS_ENDPOINT_URL"])
+    held = HeldWholeBlobReads()
+    counter = S3Proxy(env["AWS_ENDPOINT_URL"], held)
     saved = dict(os.environ)
     os.environ.update({**env, "AWS_ENDPOINT_URL": counter.endpoint})
     try:
@@ -484,20 +445,21 @@ def test_a_small_range_of_an_unchecked_blob_reads_only_its_bytes(
         start = 5 << 20
         got = _get(url, (start, start + 1023))
         assert got == data[start : start + 1024]
-        assert counter.blob_bytes == 1024  # the whole-object read is still held
-        deadline = time.monotonic() + 10
-        while counter.whole_gets == 0 and time.monotonic() < deadline:
+        assert _blob_bytes(counter) == 1024  # the whole-object read is still held
+        deadline = time.monotonic() + TEST_DEADLINE
+        while held.whole_gets == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert counter.whole_gets == 1  # the check started beside the range
-        counter.release.set()
+        assert held.whole_gets == 1  # the check started beside the range
+        held.release.set()
         storage_etag = store.objects.head(store.blob_name(folder, big.etag)).etag
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + TEST_DEADLINE
         while store.read_check(folder, big.etag) != storage_etag:
             assert time.monotonic() < deadline, "the check beside the range was not recorded"
             time.sleep(0.1)
         assert _get(url, None) == data  # known good now
     finally:
         server.stop()
+        held.release.set()
         counter.stop()
 
 

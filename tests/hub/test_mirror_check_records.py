@@ -25,6 +25,7 @@ from urllib.request import urlopen
 import pytest
 from cmh.hub.mirror.stores.local import _verify as verify
 from cmh.hub.mirror.stores.local._verify import BlobVerifier, FileVersion, read_record, record_path
+from deadline_support import TEST_DEADLINE
 from mirror_support import MirrorServer
 
 REPO = "org/records"
@@ -263,24 +264,26 @@ def test_a_range_short_of_the_end_and_a_head_never_wait_on_the_check(tmp_path: P
 
     async def run() -> None:
         async with TestClient(TestServer(make_app(state), host="127.0.0.1")) as client:
-            head = await asyncio.wait_for(client.head(path), 5)
+            head = await asyncio.wait_for(client.head(path), TEST_DEADLINE)
             assert head.status == 200 and head.headers["Content-Length"] == str(len(data))
             short = await asyncio.wait_for(
-                client.get(path, headers={"Range": "bytes=1024-2047"}), 5
+                client.get(path, headers={"Range": "bytes=1024-2047"}), TEST_DEADLINE
             )
             assert short.status == 206
-            assert await asyncio.wait_for(short.read(), 5) == data[1024:2048]
+            assert await asyncio.wait_for(short.read(), TEST_DEADLINE) == data[1024:2048]
             assert verifier.started == 1 and not record.exists()  # the check runs, held
-            tail = await asyncio.wait_for(client.get(path, headers={"Range": "bytes=-1024"}), 5)
+            tail = await asyncio.wait_for(
+                client.get(path, headers={"Range": "bytes=-1024"}), TEST_DEADLINE
+            )
             assert tail.status == 206
-            sent = await asyncio.wait_for(tail.content.readexactly(1023), 5)
+            sent = await asyncio.wait_for(tail.content.readexactly(1023), TEST_DEADLINE)
             assert sent == data[-1024:-1]  # every byte but the last arrives at once
             last = asyncio.ensure_future(tail.content.read())
             # A held byte is a negative, seen only over a window: no clock can show it.
             await asyncio.sleep(0.5)
             assert not last.done()  # its last byte waits for the check
             verifier.release.set()
-            assert await asyncio.wait_for(last, 10) == data[-1:]
+            assert await asyncio.wait_for(last, TEST_DEADLINE) == data[-1:]
 
     asyncio.run(run())
     time.sleep(0.1)

@@ -27,6 +27,7 @@ from urllib.request import Request, urlopen
 import numpy as np
 import pytest
 from cmh.hub.mirror.stores.local._verify import FileVersion, racy_seconds
+from deadline_support import TEST_DEADLINE
 from mirror_support import MirrorServer, hf_env
 from safetensors.numpy import save_file
 
@@ -480,7 +481,7 @@ def test_slow_and_idle_clients_cannot_starve_the_server(
         for _ in range(3):  # a normal request still gets through, repeatedly
             status, _, body = get(f"{url}/health")
             assert status == 200 and json.loads(body)["status"] == "ok"
-        keep = socket.create_connection(addr, timeout=10)
+        keep = socket.create_connection(addr, timeout=TEST_DEADLINE)
         keep.sendall(f"GET /{REPO}/resolve/main/config.json HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         answer = b""
         while b"\r\n\r\n" not in answer or not answer.endswith(b"{}\n"):
@@ -567,7 +568,7 @@ def test_metrics_do_not_count_private_repos(
 
 def _link(url: str, host: str | None) -> str:
     host_port = _host_port(url)
-    conn = http.client.HTTPConnection(*host_port, timeout=10)
+    conn = http.client.HTTPConnection(*host_port, timeout=TEST_DEADLINE)
     conn.putrequest("GET", f"/api/models/{REPO}/tree/main", skip_host=True)
     conn.putheader("Host", host or f"{host_port[0]}:{host_port[1]}")
     conn.endheaders()

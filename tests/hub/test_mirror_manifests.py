@@ -17,6 +17,7 @@ import cmh.hub as hub
 import httpx2
 import numpy as np
 from cmh.hub.mirror.stores.local._folder import add_folder
+from deadline_support import TEST_DEADLINE
 from hublike import running
 from mirror_support import MirrorServer, ProcessClock
 from safetensors.numpy import save_file
@@ -52,7 +53,7 @@ def test_manifest_endpoint_digests_and_root(
     assert kept.is_file()  # computed at import
     server = mirror_server_factory(store)
     url = f"{server.url}/api/cmh/manifest/{REPO}/resolve/main/model.safetensors"
-    doc = httpx2.get(url).json()
+    doc = httpx2.get(url, timeout=TEST_DEADLINE).json()
     assert doc["schema"] == "cmh-tensor-manifest/1" and doc["etag"] == etag
     data = (src / "model.safetensors").read_bytes()
     header = read_header(src / "model.safetensors")
@@ -63,9 +64,13 @@ def test_manifest_endpoint_digests_and_root(
     stamped = tmp_path / "stamped.safetensors"
     shutil.copy(src / "model.safetensors", stamped)
     assert doc["root"] == stamp(stamped).record.fingerprint.hex()  # the root a stamp records
-    other = httpx2.get(f"{server.url}/api/cmh/manifest/{REPO}/resolve/main/config.json")
+    other = httpx2.get(
+        f"{server.url}/api/cmh/manifest/{REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
+    )
     assert other.status_code == 422 and other.headers["X-Error-Code"] == "NotSafetensors"
-    absent = httpx2.get(f"{server.url}/api/cmh/manifest/{REPO}/resolve/main/nope.safetensors")
+    absent = httpx2.get(
+        f"{server.url}/api/cmh/manifest/{REPO}/resolve/main/nope.safetensors", timeout=TEST_DEADLINE
+    )
     assert absent.status_code == 404 and absent.headers["X-Error-Code"] == "EntryNotFound"
 
 

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from cmh.hub.mirror._memo import Memo
+from deadline_support import TEST_DEADLINE
 
 
 def test_least_recently_used_goes_first() -> None:
@@ -72,7 +73,7 @@ def test_exclusive_computes_a_key_once_for_concurrent_callers() -> None:
         target=lambda: results.append(memo.get_or_compute("k", slow, exclusive=True))
     )
     first.start()
-    assert started.wait(10)
+    assert started.wait(TEST_DEADLINE)
     second = threading.Thread(
         target=lambda: results.append(memo.get_or_compute("k", slow, exclusive=True))
     )

@@ -19,6 +19,7 @@ import pytest
 from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
+from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
 from mirror_support import TINY_REPO, MirrorServer
 
@@ -197,7 +198,8 @@ def test_mirror_sync_keeps_what_the_upstream_token_reads_private_and_says_so(
             assert (doc["needs_token"], doc["private"]) == (True, False)
             assert "served to anyone (--public-upstream-repos)" in words
             target = f"/{TINY_REPO}/resolve/main/config.json"
-            deadline = time.monotonic() + 30  # a bucket's access record is re-read each 0.1 s
+            # A bucket's access record is re-read each 0.1 s.
+            deadline = time.monotonic() + TEST_DEADLINE
             while _request(server, "GET", target)[0] != 200 and time.monotonic() < deadline:
                 time.sleep(0.05)
             status, _, data = _request(server, "GET", target)

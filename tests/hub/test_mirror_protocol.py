@@ -16,6 +16,7 @@ from urllib.request import Request, urlopen
 import pytest
 from cmh.hub.mirror._ranges import ByteRange, RangeNotSatisfiable, parse_range
 from cmh.hub.mirror.stores.local._folder import add_folder
+from deadline_support import TEST_DEADLINE
 from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_python
 
 
@@ -220,7 +221,7 @@ def test_sigterm_during_a_download_exits_cleanly(
     with urlopen(f"{server.url}/{MINILM_REPO}/resolve/main/model.safetensors", timeout=30) as r:
         r.read(1024)  # a download is in flight
         server.process.send_signal(signal.SIGTERM)
-        server.process.wait(timeout=20)
+        server.process.wait(timeout=TEST_DEADLINE)
     assert server.process.returncode == 0
 
 

@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror.stores import MirrorStore, open_store
 from cmh.hub.mirror.stores.local._folder import add_folder
+from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
 from mirror_support import MINILM_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
 
@@ -48,7 +49,9 @@ class Upstream:
     sources: dict[int, Path]
 
     def commit(self, repo: str = REPO, revision: str = "main") -> str:
-        answer = httpx2.get(f"{self.server.url}/api/models/{repo}/revision/{revision}")
+        answer = httpx2.get(
+            f"{self.server.url}/api/models/{repo}/revision/{revision}", timeout=TEST_DEADLINE
+        )
         assert answer.status_code == 200, answer.text
         return str(answer.json()["sha"])
 
@@ -115,13 +118,13 @@ def test_sync_keeps_the_upstream_commit_and_serves_it_pinned(
     assert target.store.commits("model", REPO) == [head]
     served = MirrorServer(target.location, tmp_path / "logs")  # type: ignore[arg-type]
     try:
-        answer = httpx2.head(f"{served.url}/{REPO}/resolve/main/config.json")
+        answer = httpx2.head(f"{served.url}/{REPO}/resolve/main/config.json", timeout=TEST_DEADLINE)
         assert answer.status_code == 200 and answer.headers["X-Repo-Commit"] == head
         env = hf_env(served.url, tmp_path / "home")
         env.update(T_REPO=REPO, T_REVISION=head)
         assert run_python(PINNED_SCRIPT, env) == sha256_tree(upstream.sources[2])
         weights = f"{served.url}/api/cmh/manifest/{MINILM_REPO}/resolve/main/model.safetensors"
-        manifest = httpx2.get(weights)
+        manifest = httpx2.get(weights, timeout=TEST_DEADLINE)
         assert manifest.status_code == 200 and manifest.json()["tensors"], manifest.text
     finally:
         served.stop()

@@ -35,6 +35,7 @@ from cmh.hub.mirror.stores.bucket._objectstore import (
     S3Settings,
     SettingsError,
 )
+from deadline_support import TEST_DEADLINE
 from seaweed import ACCESS_KEY, SECRET_KEY, SeaweedBucket, _free_ports
 
 
@@ -482,16 +483,16 @@ def test_presigned_url_plain_http_with_range(store: ObjectStore) -> None:
     store.put("blobs/p", data)
     url = store.presigned_get_url("blobs/p", timedelta(minutes=5))
     assert "X-Amz-Signature=" in url and SECRET_KEY not in url
-    with urlopen(url, timeout=10) as resp:
+    with urlopen(url, timeout=TEST_DEADLINE) as resp:
         assert resp.status == 200 and resp.read() == data
-    with urlopen(Request(url, headers={"Range": "bytes=1000-1999"}), timeout=10) as resp:
+    with urlopen(Request(url, headers={"Range": "bytes=1000-1999"}), timeout=TEST_DEADLINE) as resp:
         assert resp.status == 206 and resp.read() == data[1000:2000]
         assert resp.headers["Content-Range"] == f"bytes 1000-1999/{len(data)}"
-    with urlopen(Request(url, headers={"Range": "bytes=9990-"}), timeout=10) as resp:
+    with urlopen(Request(url, headers={"Range": "bytes=9990-"}), timeout=TEST_DEADLINE) as resp:
         assert resp.status == 206 and resp.read() == data[9990:]
     tampered = url.replace("blobs/p", "blobs/q")
     with pytest.raises(HTTPError) as info:
-        urlopen(tampered, timeout=10)
+        urlopen(tampered, timeout=TEST_DEADLINE)
     assert info.value.code == 403
 
 

@@ -18,6 +18,7 @@ import httpx2
 import pytest
 from click.testing import CliRunner, Result
 from cmh.cli.main import cli
+from deadline_support import TEST_DEADLINE
 from hostile_upstream import BODY, HostileHub, Recorder
 from mirror_support import MirrorServer
 
@@ -74,7 +75,9 @@ def test_the_mirror_and_mirror_sync_refuse_a_spelled_loopback_address(
         else:
             (tmp_path / "pull").mkdir()
             pull = mirror_server_factory(tmp_path / "pull", extra_args=("--upstream", hub.url))
-            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            answer = httpx2.get(
+                f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+            )
             assert answer.status_code == 502, answer.status_code
             assert "--trust-origin" in answer.headers.get("X-Error-Message", "")
         assert local.seen == []
@@ -99,7 +102,9 @@ def test_a_hub_on_127_0_0_1_and_its_cdn_on_127_0_0_2_with_the_origin_trusted(
         pull = mirror_server_factory(
             tmp_path / "pull", extra_args=("--upstream", hub.url, "--trust-origin", cdn.url)
         )
-        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        answer = httpx2.get(
+            f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+        )
         assert answer.status_code == 200 and answer.content == BODY
 
 

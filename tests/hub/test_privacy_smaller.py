@@ -19,6 +19,7 @@ import pytest
 from bucket_support import use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
+from deadline_support import TEST_DEADLINE
 from hostile_upstream import BODY, HostileHub, Recorder
 from mirror_support import MirrorServer
 
@@ -51,7 +52,7 @@ def test_a_fill_that_fails_before_its_first_byte_answers_502_in_the_hubs_shape(
         pull = mirror_server_factory(store, extra_args=("--upstream", hub.url))
         url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
         for headers in ({}, {"Range": "bytes=1-2"}):
-            answer = httpx2.get(url, headers=headers)
+            answer = httpx2.get(url, headers=headers, timeout=TEST_DEADLINE)
             assert answer.status_code == 502, (answer.status_code, answer.headers)
             assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
             assert "local address refused" in answer.json()["error"]
@@ -95,9 +96,11 @@ def test_the_mirror_refuses_a_listing_with_a_control_character(
     store = _pull_store(kind, tmp_path, request)
     with HostileHub(files={"config.json": BODY, NAMES[0]: b"x"}) as hub:
         pull = mirror_server_factory(store, extra_args=("--upstream", hub.url))
-        answer = httpx2.get(f"{pull.url}/api/models/{hub.repo_id}/tree/main")
+        answer = httpx2.get(f"{pull.url}/api/models/{hub.repo_id}/tree/main", timeout=TEST_DEADLINE)
         assert answer.status_code == 502 and "control character" in answer.json()["error"]
-        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        answer = httpx2.get(
+            f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+        )
         assert answer.status_code == 502
     if kind == "folder":
         assert not any("\r" in p.name or "\n" in p.name for p in Path(store).rglob("*"))
@@ -115,7 +118,7 @@ BROKEN = [
 
 
 def _raw(server: MirrorServer, data: bytes) -> bytes:
-    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+    with socket.create_connection((server.host, server.port), timeout=TEST_DEADLINE) as sock:
         sock.sendall(data)
         chunks = []
         while chunk := sock.recv(65536):
@@ -139,7 +142,9 @@ def test_the_raw_parsers_400s_echo_nothing_and_log_no_request_bytes(
         assert headers["x-error-code"] == "BadRequest"
         assert SECRET.encode() not in answer and b"<script>" not in answer
         assert json.loads(body)["error"].startswith("Bad Request")
-    assert httpx2.get(f"{server.url}/api/models").status_code == 200  # still serving
+    assert (
+        httpx2.get(f"{server.url}/api/models", timeout=TEST_DEADLINE).status_code == 200
+    )  # still serving
     server.stop()
     logged = server.stderr_text() + server.access_log.read_text()
     assert SECRET not in logged and "Traceback" not in logged
@@ -210,5 +215,7 @@ def test_a_forged_failed_record_neither_fails_the_blob_nor_speaks_to_clients(
     with running(mirror.url, xet_listing=False) as hub:
         pull = mirror_server_factory(location, extra_args=("--upstream", hub.url))
         for path, (_, data) in FORGED.items():
-            answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/{path}")
+            answer = httpx2.get(
+                f"{pull.url}/{TINY_REPO}/resolve/main/{path}", timeout=TEST_DEADLINE
+            )
             assert (answer.status_code, answer.content) == (200, data), (path, answer.text)

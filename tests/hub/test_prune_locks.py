@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 from cmh.hub.cache import LockBusy, RepoLayout, flock, snapshot_in_use
+from deadline_support import TEST_DEADLINE
 
 
-def _wait_for_a_blocked_flock(path: Path, timeout: float = 10.0) -> None:
+def _wait_for_a_blocked_flock(path: Path, timeout: float = TEST_DEADLINE) -> None:
     """Return once the kernel lists a waiter blocked on ``path``'s flock (/proc/locks ``->``)."""
     inode = f":{path.stat().st_ino} "
     deadline = time.monotonic() + timeout
@@ -52,7 +53,7 @@ def test_waiter_on_a_deleted_lock_file_locks_the_new_one(tmp_path: Path) -> None
         path.unlink()
         newcomer = threading.Thread(target=third)
         newcomer.start()
-        assert third_holds.wait(5)
+        assert third_holds.wait(TEST_DEADLINE)
     _wait_for_a_blocked_flock(path)  # the second woke on the old file, now waits on the new one
     assert "second in" not in events
     release_third.set()

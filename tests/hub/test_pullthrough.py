@@ -20,6 +20,7 @@ import httpx2
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
+from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
 from mirror_support import (
     MINILM_REPO,
@@ -178,14 +179,14 @@ def test_after_fresh_for_one_revalidation_request(
 ) -> None:
     pull = fresh_pull(front.url)
     url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
-    assert httpx2.get(url).status_code == 200
+    assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 200
     front.wait_idle()
     before = front.records()
-    assert httpx2.get(url).status_code == 200  # fresh: nothing asked
+    assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 200  # fresh: nothing asked
     assert front.records() == before
     process_clock.advance(FRESH_FOR + 1)
     for _ in range(3):
-        assert httpx2.get(url).status_code == 200
+        assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 200
     front.wait_idle()
     new = front.records()[len(before) :]
     assert [(r.method, r.path) for r in new] == [("GET", f"/api/models/{TINY_REPO}/revision/main")]
@@ -195,12 +196,12 @@ def test_commit_pinned_request_never_revalidates(
     front: HubLike, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
     pull = fresh_pull(front.url)
-    first = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/README.md")
+    first = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/README.md", timeout=TEST_DEADLINE)
     commit = first.headers["X-Repo-Commit"]
     front.wait_idle()
     process_clock.advance(FRESH_FOR + 1)
     before = len(front.records())
-    again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md")
+    again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md", timeout=TEST_DEADLINE)
     assert again.status_code == 200 and again.content == first.content
     assert len(front.records()) == before
 
@@ -210,18 +211,24 @@ def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
         pull = fresh_pull(hub.url)
-        cached = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+        cached = httpx2.get(
+            f"{pull.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
+        )
         assert cached.status_code == 200 and "Warning" not in cached.headers
     process_clock.advance(
         FRESH_FOR + 1
     )  # the front is stopped and the revision is past its freshness
-    stale = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+    stale = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE)
     assert stale.status_code == 200 and stale.content == cached.content
     assert stale.headers["Warning"].startswith("110 ")
-    listed_not_cached = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/weights.bin")
+    listed_not_cached = httpx2.get(
+        f"{pull.url}/{TINY_REPO}/resolve/main/weights.bin", timeout=TEST_DEADLINE
+    )
     assert listed_not_cached.status_code == 503
     assert listed_not_cached.headers["X-Error-Code"] == "UpstreamUnavailable"
-    never_seen = httpx2.get(f"{pull.url}/{MINILM_REPO}/resolve/main/config.json")
+    never_seen = httpx2.get(
+        f"{pull.url}/{MINILM_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
+    )
     assert never_seen.status_code == 503
     assert never_seen.headers["X-Error-Code"] == "UpstreamUnavailable"
 
@@ -231,9 +238,14 @@ def test_stale_if_error_is_bounded(
 ) -> None:
     with running(mirror.url, xet_listing=False) as hub:
         pull = fresh_pull(hub.url, "--stale-if-error", str(FRESH_FOR))
-        assert httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json").status_code == 200
+        assert (
+            httpx2.get(
+                f"{pull.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
+            ).status_code
+            == 200
+        )
     process_clock.advance(2 * FRESH_FOR + 1)
-    late = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+    late = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE)
     assert late.status_code == 503 and late.headers["X-Error-Code"] == "UpstreamUnavailable"
 
 
@@ -251,9 +263,13 @@ def test_tokens_the_client_sends_never_reach_upstream_and_the_mirror_token_opens
         extra_args=("--upstream", front.url, "--upstream-token-file", str(token_file)),
     )
     client = {"Authorization": "Bearer client-secret-never-forwarded"}
-    answer = httpx2.get(f"{pull.url}/{PRIVATE_REPO}/resolve/main/config.json", headers=client)
+    answer = httpx2.get(
+        f"{pull.url}/{PRIVATE_REPO}/resolve/main/config.json", headers=client, timeout=TEST_DEADLINE
+    )
     assert answer.status_code == 200 and answer.json() == {"secret": True}
-    got = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/weights.bin", headers=client)
+    got = httpx2.get(
+        f"{pull.url}/{TINY_REPO}/resolve/main/weights.bin", headers=client, timeout=TEST_DEADLINE
+    )
     assert got.status_code == 200
     front.wait_idle()
     seen = [r.headers.get("authorization") for r in front.records()]
@@ -262,7 +278,11 @@ def test_tokens_the_client_sends_never_reach_upstream_and_the_mirror_token_opens
     assert not front.cdn_saw_authorization  # the mirror's token stays on the Hub's origin
 
     plain = _pull_server(mirror_server_factory, tmp_path / "pull-2", front.url)
-    refused = httpx2.get(f"{plain.url}/{PRIVATE_REPO}/resolve/main/config.json", headers=client)
+    refused = httpx2.get(
+        f"{plain.url}/{PRIVATE_REPO}/resolve/main/config.json",
+        headers=client,
+        timeout=TEST_DEADLINE,
+    )
     assert refused.status_code == 404 and refused.headers["X-Error-Code"] == "RepoNotFound"
 
 
@@ -275,15 +295,22 @@ def test_the_mirrors_own_tokens_decide_who_reads(
     store.mkdir()
     pull = mirror_server_factory(store, tokens=tokens, extra_args=("--upstream", front.url))
     url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
-    assert httpx2.get(url).status_code == 404
+    assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 404
     # A refused reader asks the upstream only while the mirror holds nothing of the repo
     # (its answer says whether the repo is gated, issue 36); once held, never.
     asked = len(front.records())
     assert asked >= 1
-    assert httpx2.get(url).status_code == 404
-    assert httpx2.get(url, headers={"Authorization": "Bearer other-token-0002"}).status_code == 404
+    assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 404
+    assert (
+        httpx2.get(
+            url, headers={"Authorization": "Bearer other-token-0002"}, timeout=TEST_DEADLINE
+        ).status_code
+        == 404
+    )
     assert len(front.records()) == asked
-    ok = httpx2.get(url, headers={"Authorization": "Bearer local-reader-token-1"})
+    ok = httpx2.get(
+        url, headers={"Authorization": "Bearer local-reader-token-1"}, timeout=TEST_DEADLINE
+    )
     assert ok.status_code == 200
 
 
@@ -320,7 +347,7 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
 
         def client(i: int) -> None:
             try:
-                with httpx2.stream("GET", url, timeout=10.0) as response:
+                with httpx2.stream("GET", url, timeout=TEST_DEADLINE) as response:
                     assert response.status_code == 200
                     chunks = []
                     for chunk in response.iter_bytes():
@@ -339,7 +366,7 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
             t.start()
         for event in reading:  # every client is reading the fill (the upstream stalls 4 s)
             event.wait(30)
-        ranged = httpx2.get(url, headers={"Range": "bytes=1000-1999"}, timeout=10.0)
+        ranged = httpx2.get(url, headers={"Range": "bytes=1000-1999"}, timeout=TEST_DEADLINE)
         for t in threads:
             t.join(60)
         hub.wait_idle()
@@ -366,14 +393,14 @@ def test_wrong_upstream_bytes_cut_every_client_and_nothing_is_stored(
         pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url)
         url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
         # The body ends before its last byte: the client sees a broken transfer.
-        with pytest.raises(httpx2.HTTPError), httpx2.stream("GET", url) as r:
+        with pytest.raises(httpx2.HTTPError), httpx2.stream("GET", url, timeout=TEST_DEADLINE) as r:
             assert r.status_code == 200
             for _ in r.iter_bytes():
                 pass
         # The client was cut by its own check; the fill goes on (fetched again once) and
         # ends refused: wait for it while the upstream still runs.
         blobs = tmp_path / "pull" / "models--cmh-test--big" / "blobs"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + TEST_DEADLINE
         while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)  # the resolver fetches a blob that failed its check once more
         hub.wait_idle()
@@ -415,7 +442,7 @@ def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshne
 ) -> None:
     pull = fresh_pull(front.url)
     store = pull.store
-    answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")
+    answer = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE)
     commit = answer.headers["X-Repo-Commit"]
     snapshot = store / "models--cmh-test--tiny" / "snapshots" / commit
     assert (snapshot / "weights.bin").is_symlink()  # listed, not filled: not a broken revision
@@ -427,5 +454,7 @@ def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshne
     gone = CliRunner(env=process_clock.env).invoke(cli, prune)
     assert gone.exit_code == 0, gone.output
     assert not snapshot.exists()
-    again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/config.json")  # filled again
+    again = httpx2.get(
+        f"{pull.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
+    )  # filled again
     assert again.status_code == 200 and again.content == answer.content

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import isolated_aws_env
+from bucket_support import Break, Fault, S3Proxy, S3Request, isolated_aws_env
 from cmh.hub.mirror._upstream import NEGATIVE_FOR
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
 from cmh.hub.mirror.stores.local._folder import add_folder
+from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
 from mirror_support import MirrorServer, ProcessClock, hf_env, run_python, wait_for
 from seaweed import SeaweedBucket
@@ -340,8 +341,12 @@ def _stored_sha(store: BucketStore, repo: str, sha: str) -> str | None:
 
 def _wait_stored(store: BucketStore, sha: str) -> None:
     """Wait for the mid blob's fill to end right: its bytes under its name, no parts left."""
-    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
-    wait_for(lambda: _parts(store, MID_REPO) == [], timeout=30, what="the parts deleted")
+    wait_for(
+        lambda: _stored_sha(store, MID_REPO, sha) == sha,
+        timeout=TEST_DEADLINE,
+        what="the blob stored",
+    )
+    wait_for(lambda: _parts(store, MID_REPO) == [], timeout=TEST_DEADLINE, what="the parts deleted")
 
 
 def _cdn_ranges(front: HubLike, sha: str) -> list[str | None]:
@@ -413,23 +418,21 @@ def test_a_filler_unaware_its_lease_expired_never_undoes_the_fleets_fill(
     and deletes the parts while the first replica's client still reads them. That client
     gets the whole body; when the stale filler's own transfer then ends, the fleet's blob
     stays right and no failure is recorded (one resumed transfer, from the stored parts)."""
-    from motoserver import FaultyS3Proxy
-
     fleet = any_fleet
     sha = origin["blobs"][MID_REPO]
     lease = f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"
     armed, held, release, upstream_held = (threading.Event() for _ in range(4))
     seen: list[tuple[str, str]] = []
 
-    def holds(command: str, path: str) -> None:
-        seen.append((command, path))
-        renewal = command == "PUT" and path.partition("?")[0].endswith(lease)
+    def holds(request: S3Request) -> None:
+        seen.append((request.method, request.path))
+        renewal = request.method == "PUT" and request.key.endswith(lease)
         if renewal and armed.is_set() and not held.is_set():
             held.set()
             release.wait(120)  # the renewal hangs: its filler learns nothing meanwhile
 
     endpoint = fleet.env["AWS_ENDPOINT_URL"]
-    proxy = FaultyS3Proxy(endpoint, dropped=frozenset(), holds=holds)
+    proxy = S3Proxy(endpoint, holds)
     try:
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
         first = fleet.start(lease_ttl=2.0)
@@ -476,19 +479,17 @@ def test_a_filler_unaware_it_lost_its_lease_leaves_the_end_to_the_holder(
     ``failed`` record and deleted the holder's parts). Now it asks for its lease once
     more, finds it gone and waits like any replica; once the holder's lease is gone it
     takes the fill back and ends it from the stored parts (no second transfer)."""
-    from motoserver import FaultyS3Proxy
-
     sha = origin["blobs"][MID_REPO]
     lease = f"{FOLDER[MID_REPO]}/.cmh/fills/{sha}/lease"
     seen: list[tuple[str, str]] = []
 
-    def note(command: str, path: str) -> None:
-        seen.append((command, path.partition("?")[0]))
+    def note(request: S3Request) -> None:
+        seen.append((request.method, request.key))
 
     fleets = _fleet(moto_bucket, origin, tmp_path)
     fleet = next(fleets)
     store = fleet.store()
-    proxy = FaultyS3Proxy(fleet.env["AWS_ENDPOINT_URL"], dropped=frozenset(), holds=note)
+    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"], note)
     upstream_held = threading.Event()
     try:
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
@@ -534,30 +535,27 @@ def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
     client. A part is whole or absent: a failed read of one is looked at again (or the
     blob read), as for a part not there yet. The reader is another replica's (the filling
     replica's own readers take its parts from memory, issue 37)."""
-    from motoserver import FaultyS3Proxy
-
     sha = origin["blobs"][MID_REPO]
     last = f"/.cmh/fills/{sha}/part-000004"
     cut: list[str] = []
     looked = threading.Event()
 
-    def truncates(command: str, path: str) -> bool:
-        if command == "GET" and path.partition("?")[0].endswith(last) and not cut:
+    def truncates(request: S3Request) -> Break | None:
+        if request.method == "GET" and request.key.endswith(last) and not cut:
             if "part-000004" not in _parts(store, MID_REPO):
                 looked.set()  # the reader waits for the last part
-                return False
-            cut.append(path)
-            # The filler composes the blob and deletes the parts meanwhile: the reader's
-            # storage client finds the part gone when it asks for the rest.
-            _wait_stored(store, sha)
-            return True
-        return False
+                return None
+            cut.append(request.path)
+            # The filler composes the blob and deletes the parts before the cut: the
+            # reader's storage client finds the part gone when it asks for the rest.
+            return Break(Fault.TRUNCATE, before_cut=lambda: _wait_stored(store, sha))
+        return None
 
     fleets = _fleet(moto_bucket, origin, tmp_path)
     fleet = next(fleets)
     store = fleet.store()
     endpoint = fleet.env["AWS_ENDPOINT_URL"]
-    proxy = FaultyS3Proxy(endpoint, dropped=frozenset(), truncates=truncates)
+    proxy = S3Proxy(endpoint, truncates)
     go = threading.Event()
     try:
         filler = fleet.start()
@@ -600,7 +598,9 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     assert all(g[1][0] < MID for g in gets)  # the last byte never sent
     # The fill ends after its clients were cut: the parts go, the failure is told.
     wait_for(
-        lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill's end"
+        lambda: _parts(store, MID_REPO) == ["failed"],
+        timeout=TEST_DEADLINE,
+        what="the failed fill's end",
     )
     assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
     assert len(_cdn_ranges(fleet.front, sha)) == 1  # the failure was shared, not re-fetched
@@ -617,7 +617,11 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     # is answered whole (the cut is recorded in the bucket).
     status, _, body = _get(later, f"/{MID_REPO}/resolve/main/shard.bin", {"Range": "bytes=1000-"})
     assert status == 200 and len(body) == MID
-    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    wait_for(
+        lambda: _stored_sha(store, MID_REPO, sha) == sha,
+        timeout=TEST_DEADLINE,
+        what="the blob stored",
+    )
 
 
 def _status(server: MirrorServer, target: str, headers: dict[str, str]) -> int:
@@ -652,7 +656,9 @@ def test_replica_clocks_60_s_apart_never_splice_a_resume_and_keep_the_negative_c
     for thread, _, _ in gets:
         thread.join(120)
     assert all(g[2][0].startswith(("cut", "short")) for g in gets), [g[2][0] for g in gets]
-    wait_for(lambda: _parts(store, MID_REPO) == ["failed"], timeout=30, what="the failed fill")
+    wait_for(
+        lambda: _parts(store, MID_REPO) == ["failed"], timeout=TEST_DEADLINE, what="the failed fill"
+    )
     # A resume at B while the failure is fresh: never a 206 (its body is then cut, or a
     # 502: the failure is shared, not fetched again).
     assert _status(b, target, {"Range": "bytes=1000-"}) in (200, 502)
@@ -705,7 +711,11 @@ def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
         t.join(120)
     assert outcomes == [f"complete {sha}"] * 2
     assert len(_cdn_ranges(fleet.front, sha)) == 1
-    wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored")
+    wait_for(
+        lambda: _stored_sha(store, MID_REPO, sha) == sha,
+        timeout=TEST_DEADLINE,
+        what="the blob stored",
+    )
     # Each replica served a filling answer: neither waited for the other's whole fill.
     for server in replicas:
         assert server.log(route="resolve", status=200)
@@ -714,19 +724,9 @@ def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
 def test_a_fill_uploads_its_bytes_once(any_fleet: Fleet, origin: dict[str, Any]) -> None:
     """Issue 37: the parts became the blob by a second upload of the same bytes (a
     multipart upload fed beside them); now the storage copies the parts into the blob."""
-    from motoserver import FaultyS3Proxy
-
     fleet = any_fleet
     sha = origin["blobs"][MID_REPO]
-    put: list[int] = []
-
-    def count(command: str, path: str, headers: dict[str, str]) -> bool:
-        if command == "PUT":
-            length = {k.lower(): v for k, v in headers.items()}.get("content-length")
-            put.append(int(length or 0))
-        return False  # every answer is passed on
-
-    proxy = FaultyS3Proxy(fleet.env["AWS_ENDPOINT_URL"], dropped=frozenset(), loses=count)
+    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"])
     try:
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
         replica = fleet.start()
@@ -739,6 +739,8 @@ def test_a_fill_uploads_its_bytes_once(any_fleet: Fleet, origin: dict[str, Any])
             store.read_check(FOLDER[MID_REPO], sha)
             == store.objects.head(f"{FOLDER[MID_REPO]}/blobs/{sha}").etag
         )
+        put = [int(e.request.header("Content-Length") or 0) for e in proxy.exchanges
+               if e.request.method == "PUT"]  # fmt: skip
         assert MID <= sum(put) < MID + (1 << 20), (sum(put), len(put))  # each byte once
     finally:
         proxy.stop()
@@ -799,11 +801,13 @@ def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes
             again.join(120)
             assert second_outcome[0] == f"complete {sha}", second_outcome
             wait_for(
-                lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=30, what="the blob stored"
+                lambda: _stored_sha(store, MID_REPO, sha) == sha,
+                timeout=TEST_DEADLINE,
+                what="the blob stored",
             )
             wait_for(
                 lambda: not [p for p in _parts(store, MID_REPO) if p.startswith("part-")],
-                timeout=30,
+                timeout=TEST_DEADLINE,
                 what="the parts deleted",
             )
             ranges = _cdn_ranges(front, sha)
@@ -867,7 +871,7 @@ def test_fleet_keeps_local_pull_through_behaviour(
     assert _get(a, f"/{SMALL_REPO}/resolve/main/empty.txt")[::2] == (200, b"")
     # The tensor manifest of the filled safetensors blob is kept in the bucket.
     manifest = f"{FOLDER[SMALL_REPO]}/.cmh/manifests/{sha}.json"
-    wait_for(lambda: _exists(store, manifest), timeout=30, what="the tensor manifest")
+    wait_for(lambda: _exists(store, manifest), timeout=TEST_DEADLINE, what="the tensor manifest")
     status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
     assert status == 200 and len(json.loads(body)["tensors"]) == 4
     process_clock.advance(3.2)  # --fresh-for passes on both replicas

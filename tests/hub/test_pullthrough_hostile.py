@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror.stores.local._folder import add_folder
+from deadline_support import TEST_DEADLINE
 from hostile_upstream import COMMIT, HostileHub, Recorder
 from hublike import running
 from mirror_support import (
@@ -82,22 +83,36 @@ def test_private_upstream_repo_is_private_at_the_mirror_unless_granted(
         file_url = f"{pull.url}/{PRIVATE_REPO}/resolve/main/config.json"
         granted = {"Authorization": "Bearer reader-token-0001"}
         other = {"Authorization": "Bearer other-token-0002"}
-        anonymous = httpx2.get(file_url)
+        anonymous = httpx2.get(file_url, timeout=TEST_DEADLINE)
         assert anonymous.status_code == 404
         assert anonymous.headers["X-Error-Code"] == "RepoNotFound"
-        assert httpx2.head(file_url).status_code == 404
-        assert httpx2.get(file_url, headers=other).status_code == 404
-        ok = httpx2.get(file_url, headers=granted)
+        assert httpx2.head(file_url, timeout=TEST_DEADLINE).status_code == 404
+        assert httpx2.get(file_url, headers=other, timeout=TEST_DEADLINE).status_code == 404
+        ok = httpx2.get(file_url, headers=granted, timeout=TEST_DEADLINE)
         assert ok.status_code == 200 and ok.json() == {"secret": True}
-        assert httpx2.get(file_url).status_code == 404  # still, once the blob is stored
-        info = httpx2.get(f"{pull.url}/api/models/{PRIVATE_REPO}", headers=granted)
+        assert (
+            httpx2.get(file_url, timeout=TEST_DEADLINE).status_code == 404
+        )  # still, once the blob is stored
+        info = httpx2.get(
+            f"{pull.url}/api/models/{PRIVATE_REPO}", headers=granted, timeout=TEST_DEADLINE
+        )
         assert info.status_code == 200 and info.json()["private"] is True
-        assert httpx2.get(f"{pull.url}/api/models/{PRIVATE_REPO}").status_code == 404
-        listed = [m["id"] for m in httpx2.get(f"{pull.url}/api/models").json()]
+        assert (
+            httpx2.get(f"{pull.url}/api/models/{PRIVATE_REPO}", timeout=TEST_DEADLINE).status_code
+            == 404
+        )
+        listed = [
+            m["id"] for m in httpx2.get(f"{pull.url}/api/models", timeout=TEST_DEADLINE).json()
+        ]
         assert PRIVATE_REPO not in listed
-        listed = [m["id"] for m in httpx2.get(f"{pull.url}/api/models", headers=granted).json()]
+        listed = [
+            m["id"]
+            for m in httpx2.get(
+                f"{pull.url}/api/models", headers=granted, timeout=TEST_DEADLINE
+            ).json()
+        ]
         assert PRIVATE_REPO in listed
-        assert PRIVATE_REPO not in httpx2.get(f"{pull.url}/").text
+        assert PRIVATE_REPO not in httpx2.get(f"{pull.url}/", timeout=TEST_DEADLINE).text
         assert "private or gated only to tokens that" in pull.stderr_text()
 
         # The operator's explicit opt-out serves it to anyone, and says so at start.
@@ -110,7 +125,10 @@ def test_private_upstream_repo_is_private_at_the_mirror_unless_granted(
             ),
         )  # fmt: skip
         assert (
-            httpx2.get(f"{opened.url}/{PRIVATE_REPO}/resolve/main/config.json").status_code == 200
+            httpx2.get(
+                f"{opened.url}/{PRIVATE_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
+            ).status_code
+            == 200
         )
         assert "WARNING" in opened.stderr_text()
 
@@ -133,11 +151,11 @@ def test_gated_upstream_repo_named_in_the_tokens_file_gives_the_hubs_refusal_to_
             tmp_path / "pull", tokens=tokens, extra_args=("--upstream", hub.url)
         )
         url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
-        anonymous = httpx2.get(url)
+        anonymous = httpx2.get(url, timeout=TEST_DEADLINE)
         assert (anonymous.status_code, anonymous.headers["X-Error-Code"]) == (401, "GatedRepo")
         granted = {"Authorization": "Bearer reader-token-0001"}
         for method in ("HEAD", "GET", "HEAD"):
-            answer = httpx2.request(method, url, headers=granted)
+            answer = httpx2.request(method, url, headers=granted, timeout=TEST_DEADLINE)
             assert answer.status_code == 401, (method, answer.status_code)
             assert answer.headers["X-Error-Code"] == "GatedRepo"
             assert answer.headers["X-Error-Message"] == (
@@ -157,16 +175,16 @@ def test_gated_upstream_repo_named_in_the_tokens_file_gives_the_hubs_refusal_to_
             extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
         )
         url = f"{with_token.url}/{TINY_REPO}/resolve/main/config.json"
-        anonymous = httpx2.get(url)
+        anonymous = httpx2.get(url, timeout=TEST_DEADLINE)
         assert (anonymous.status_code, anonymous.headers["X-Error-Code"]) == (401, "GatedRepo")
-        assert httpx2.get(url, headers=granted).status_code == 200
+        assert httpx2.get(url, headers=granted, timeout=TEST_DEADLINE).status_code == 200
 
 
 def _refusals(url: str, headers: dict[str, str] | None = None) -> list[tuple[Any, ...]]:
     """Status, error code, message and success of HEAD, GET, HEAD, GET of ``url``."""
     seen = []
     for method in ("HEAD", "GET", "HEAD", "GET"):
-        answer = httpx2.request(method, url, headers=headers, timeout=30)
+        answer = httpx2.request(method, url, headers=headers, timeout=TEST_DEADLINE)
         seen.append(
             (
                 answer.status_code,
@@ -244,7 +262,9 @@ def test_gated_repo_the_mirror_reads_is_refused_as_the_hub_refuses_a_reader(
         assert {s[:2] for s in other} == {(403, "GatedRepo")}, other
         assert f"Visit {hub.url}/{TINY_REPO} to ask for access." in str(other[0][2])
         assert not any(s[3] for s in anonymous + other)  # never the bytes
-        info = httpx2.get(f"{pull.url}/api/models/{TINY_REPO}")  # public at the Hub (issue 36)
+        info = httpx2.get(
+            f"{pull.url}/api/models/{TINY_REPO}", timeout=TEST_DEADLINE
+        )  # public at the Hub (issue 36)
         assert info.status_code == 200 and info.json()["gated"] == "manual"
         out = run_python(GATED_SCRIPT, hf_env(pull.url, tmp_path / "home"))
         assert out == {"error": "GatedRepoError"}
@@ -301,7 +321,9 @@ def test_a_resolve_redirect_to_another_origin_never_carries_the_token(
         result = _pull(hub, tmp_path)
         assert result.exit_code == 0, result.output
         pull = _serve(mirror_server_factory, hub, tmp_path)
-        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        answer = httpx2.get(
+            f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+        )
         assert answer.status_code == 200 and answer.content == b"{}\n"
         # The blob is held now: a second store's confirmation HEAD follows the redirect too.
         assert thief.seen  # the CDN was asked...
@@ -331,7 +353,9 @@ def test_a_next_page_on_another_origin_is_refused(
         assert "another origin refused" in result.output
         assert "Traceback" not in result.output
         pull = _serve(mirror_server_factory, hub, tmp_path)
-        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+        answer = httpx2.get(
+            f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+        )
         assert answer.status_code == 502, answer.status_code
         assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
         assert thief.seen == []
@@ -352,7 +376,9 @@ def test_redirect_loops_and_unconfigured_local_targets_are_refused(
         assert "local address refused" in result.output
         pull = _serve(mirror_server_factory, hub, tmp_path)
         try:
-            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            answer = httpx2.get(
+                f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+            )
             assert answer.status_code >= 500, answer.status_code
         except httpx2.HTTPError:
             pass  # headers sent while filling, then cut before the last byte: refused
@@ -407,7 +433,9 @@ def test_a_body_longer_than_listed_is_stopped_and_refused(
         assert all(p.stat().st_size <= 13 for p in leftovers), leftovers
         pull = _serve(mirror_server_factory, hub, tmp_path)
         try:  # never more than the listed bytes; the right ones, or an error / a cut
-            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            answer = httpx2.get(
+                f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+            )
             assert answer.status_code >= 500 or answer.content == b"thirteen byte"
         except httpx2.HTTPError:
             pass  # cut before the last byte: the fill was refused
@@ -471,7 +499,9 @@ def test_hostile_listing_names_are_a_typed_error_never_a_500(
             assert result.exit_code == 3, (entries, result.output)
             assert "Traceback" not in result.output and "lists" in result.output
             pull = _serve(mirror_server_factory, hub, tmp_path / f"s{i}")
-            answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json")
+            answer = httpx2.get(
+                f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=TEST_DEADLINE
+            )
             assert answer.status_code == 502, (entries, answer.status_code, answer.text)
             assert "Traceback" not in pull.stderr_text()
 
@@ -484,7 +514,7 @@ def test_every_answer_of_the_origin_is_nosniff_with_a_csp(mirror: MirrorServer) 
         f"{mirror.url}/api/models/{TINY_REPO}",
         f"{mirror.url}/health",
     ):
-        answer = httpx2.get(url)
+        answer = httpx2.get(url, timeout=TEST_DEADLINE)
         assert answer.headers.get("X-Content-Type-Options") == "nosniff", url
         assert "default-src 'none'" in answer.headers.get("Content-Security-Policy", ""), url
 
@@ -604,9 +634,9 @@ def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
         import time
 
         with contextlib.suppress(httpx2.HTTPError):
-            httpx2.get(url, timeout=30)  # cut before its last byte
+            httpx2.get(url, timeout=TEST_DEADLINE)  # cut before its last byte
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + TEST_DEADLINE
         while len(hub.records(origin="cdn")) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)  # the fill's second try
         hub.wait_idle()
@@ -614,12 +644,12 @@ def test_a_blob_that_failed_its_check_is_not_fetched_again_at_once(
         # none starts a transfer, so ask until one hears the remembered failure.
         while True:
             with contextlib.suppress(httpx2.HTTPError):
-                if httpx2.get(url, timeout=30).status_code == 502:
+                if httpx2.get(url, timeout=TEST_DEADLINE).status_code == 502:
                     break
             assert time.monotonic() < deadline, "the failed fill was never remembered"
         transfers = len(hub.records(origin="cdn"))
         for _ in range(4):
-            answer = httpx2.get(url, timeout=30)
+            answer = httpx2.get(url, timeout=TEST_DEADLINE)
             assert answer.status_code == 502, answer.status_code
             assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
         hub.wait_idle()
@@ -679,7 +709,7 @@ def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
             store, extra_args=("--upstream", hub.url, "--fresh-for", "1h"), clock=process_clock
         )
         url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
-        assert httpx2.get(url, timeout=10).content == b"{}\n"
+        assert httpx2.get(url, timeout=TEST_DEADLINE).content == b"{}\n"
         process_clock.advance(3601)  # past --fresh-for
         # The upstream stalls 10 s: past the 3 s the stale copy waits for it. An answer
         # that waited for it would be revalidated (no Warning 110); the client's 60 s are

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from deadline_support import TEST_DEADLINE
 from seaweed import SeaweedServer, find_weed
 
 pytestmark = pytest.mark.skipif(
@@ -99,7 +100,7 @@ def test_a_killed_test_run_takes_its_weed_along(tmp_path: Path) -> None:
     finally:
         starter.send_signal(signal.SIGKILL)
         starter.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + TEST_DEADLINE
     while not gone(weed_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     survived = not gone(weed_pid)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import run_runner
+from deadline_support import TEST_DEADLINE
 from mirror_support import MirrorServer
 from test_semantic import tensors, write_model
 
@@ -88,7 +89,7 @@ def test_mirror_add_and_pull_keep_stamps_trusted(
     blob = (pulled_snapshot / "model.safetensors").resolve()
     assert blob.stat().st_mtime_ns > _stamped_at(blob) * 10**9  # mtime is later
 
-    with urllib.request.urlopen(f"{server.url}/-/models/{REPO}") as response:
+    with urllib.request.urlopen(f"{server.url}/-/models/{REPO}", timeout=TEST_DEADLINE) as response:
         page = response.read().decode()
     assert reference.scope in page or reference.weights in page  # the fingerprint is shown
     assert "Stamps not trusted" not in page

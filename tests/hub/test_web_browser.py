@@ -338,6 +338,51 @@ def test_download_button_and_preview_in_the_browser(page: Any, web_server: Mirro
     assert "cmh mirror add" in by_css(page, "#history").text
 
 
+#: Words (runs between spaces, ``/`` and ``-``: the points where a name may wrap) of
+#: up to this many characters that the page shows on more than one line; a longer one
+#: (a blob's hash) may wrap anywhere.
+BROKEN_WORDS = """
+const broken = [];
+for (const box of document.querySelectorAll(arguments[0])) {
+  const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    for (const m of node.data.matchAll(/[^\\s\\/-]+/g)) {
+      if (m[0].length < 2 || m[0].length > 24) continue;
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const lines = new Set([...range.getClientRects()].map(r => Math.round(r.bottom)));
+      if (lines.size > 1) broken.push(m[0]);
+    }
+  }
+}
+return broken;
+"""
+
+
+def test_operator_page_at_390_px_keeps_words_whole_and_its_chart_readable(
+    sized: Any, web_server: MirrorServer
+) -> None:
+    """Was: on a phone the tables broke words anywhere ("Ref|s", "mai|n", "expi|red", a
+    commit's hex) and the size chart was an SVG scaled down to 5 px text. Now a table too
+    wide for the screen scrolls in its box, names wrap after a ``-`` or ``/``, a command or
+    a date at its spaces, and the chart's names and sizes are text at the page's size."""
+    sized.set_window_size(390, 900)
+    login(sized, web_server.url, ADMIN_TOKEN)
+    sized.get(web_server.url + "/-/operator")
+    assert sized.execute_script("return document.documentElement.clientWidth") <= 390
+    assert sized.execute_script(BROKEN_WORDS, "main table, main p, #size-chart") == []
+    labels = all_css(sized, "#size-chart .chart-label")
+    assert [label.text for label in labels][:1] == [MINILM]  # the largest, named whole
+    for text in labels + all_css(sized, "#size-chart .chart-value"):
+        assert text.size["height"] >= 12, (text.text, text.size)
+    for table in all_css(sized, "main table"):
+        box = sized.execute_script(
+            "return arguments[0].parentElement.getBoundingClientRect()", table
+        )
+        assert box["right"] <= 390, table.get_attribute("id")  # a wide one scrolls inside
+
+
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
 def test_operator_login_and_error_pages_fit_a_phone(
     sized: Any, web_server: MirrorServer, dark: bool

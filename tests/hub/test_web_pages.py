@@ -241,7 +241,7 @@ def test_operator_page_shows_expired_stale_prune_and_scrub(
     stale = body.split('id="stale"', 1)[1].split("</table>", 1)[0]
     assert web_store.commits[f"{TINY}@first"][:12] in stale
     prune = body.split('id="prune"', 1)[1].split("</section>", 1)[0]
-    assert "cmh prune --store STORE</code> would free" in prune
+    assert "cmh prune --store STORE would free" in re.sub(r"<[^>]+>", "", prune)
     assert "Nothing is removed from this page" in prune
     scrub = body.split('id="scrub"', 1)[1].split("</section>", 1)[0]
     assert "all good" in scrub
