@@ -1,10 +1,14 @@
 """Send a blob, whole or by byte ranges, with the kernel's sendfile where the loop allows.
 
-The headers are prepared by the caller; this module only moves bytes. Bodies go
-through ``loop.sendfile`` (``os.sendfile`` on a plain TCP transport), with a
-chunked read fallback when the transport cannot do it, on a connection corked
-(``TCP_CORK``) while the body goes out. Several ranges are sent
-as ``multipart/byteranges`` (RFC 9110 section 14.6), each part by sendfile.
+The caller frames the response; this module sends its headers and moves the bytes.
+On a plain TCP connection a span of at least :data:`THREADED_MIN` bytes leaves from
+a sender thread: ``os.sendfile`` until the socket is full, a ``poll`` for room, again
+(nginx's steps: no event-loop work per socket buffer, which cost a worker more CPU
+than the copy itself). Shorter spans go through ``loop.sendfile``, with a chunked read
+fallback when the transport cannot do it; the connection is corked (``TCP_CORK``)
+from the headers to the body's end, so headers and first bytes share a segment.
+Several ranges are sent as ``multipart/byteranges`` (RFC 9110 section 14.6), each
+part by sendfile.
 
 A *gate* (an async check) may guard the last byte of a body: it runs once
 everything else is sent, and when it fails the connection is cut, so the
@@ -19,9 +23,12 @@ import contextlib
 import io
 import os
 import secrets
+import select
 import socket
 import stat
+import threading
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +39,17 @@ from ._errors import BlobUnavailable as BlobUnavailable
 from ._ranges import ByteRange
 
 _FALLBACK_CHUNK = 1 << 20
+#: A span of a body at least this long leaves from a sender thread (more than a
+#: loopback socket buffer holds: a shorter one is one ``sendfile`` on the loop anyway).
+THREADED_MIN = 4 << 20
+#: Sender threads of one worker process; a span finding none free goes through the loop.
+SENDER_THREADS = 32
+#: Milliseconds a sender thread waits for room before it looks whether its
+#: connection was closed (aborted, cut or gone) meanwhile.
+_ROOM_WAIT_MS = 200
+_PLAIN_TRANSPORT: type | None = getattr(
+    asyncio.selector_events, "_SelectorSocketTransport", None
+)  # a TCP socket transport of the stdlib loop: no TLS layer between the bytes and the socket
 
 
 #: Checked before the last byte of a body is sent; False cuts the connection.
@@ -131,15 +149,16 @@ async def send_body(
     tail: bytes = b"",
     gate: Gate | None = None,
 ) -> int:
-    """Write ``(prefix, offset, count)`` pieces then ``tail``; return the bytes sent.
+    """Send ``response``'s headers, then ``(prefix, offset, count)`` pieces then ``tail``;
+    return the body bytes sent.
 
-    ``response`` must already be prepared (headers sent). With a ``gate``,
-    the last byte (of the tail if any, else of the last piece) is sent only
-    if the gate passes; otherwise the connection is aborted and
+    With a ``gate``, the last byte (of the tail if any, else of the last piece) is
+    sent only if the gate passes; otherwise the connection is aborted and
     :class:`BodyCut` raised. A client that leaves raises :class:`ClientLeft`.
     """
     sender = _Sender(request, response, f)
     with _corked(request.transport):
+        await response.prepare(request)
         try:
             return await _send_pieces(sender, ranges, tail, gate)
         except BodyCut:
@@ -213,6 +232,8 @@ class _Sender:
         if transport is None or transport.is_closing():
             raise ConnectionResetError(CLIENT_LEFT)
         loop = asyncio.get_running_loop()
+        if self.use_sendfile and count >= THREADED_MIN and await self._threaded(offset, count):
+            return
         if self.use_sendfile:
             self.f.seek(offset)  # sendfile leaves the file at offset + bytes sent, also on error
             try:
@@ -226,6 +247,47 @@ class _Sender:
                 raise
         self.sent += await _copy(loop, self.response, self.f, offset, count)
 
+    async def _threaded(self, offset: int, count: int) -> bool:
+        """Send a span from a sender thread; False (nothing sent) when the connection is
+        not a plain socket with nothing queued, or no sender thread is free."""
+        transport = self.request.transport
+        if transport is None or _PLAIN_TRANSPORT is None:
+            return False
+        if not isinstance(transport, _PLAIN_TRANSPORT):
+            return False
+        taken = None if transport.get_write_buffer_size() else _SENDERS.take()
+        if taken is None:
+            return False
+        pool, slot = taken
+        # The thread owns duplicates of both descriptors: a handler cancelled meanwhile
+        # closes the file and the loop may close the socket, never under the thread.
+        try:
+            sock_fd = os.dup(transport.get_extra_info("socket").fileno())
+            try:
+                file_fd = os.dup(self.f.fileno())
+            except OSError:
+                os.close(sock_fd)
+                raise
+        except OSError:
+            slot.release()
+            return False
+        span = _Span(sock_fd, file_fd, offset, count, transport.is_closing, slot)
+        reading = transport.is_reading()
+        transport.pause_reading()  # as loop.sendfile: the request that follows waits
+        try:
+            loop = asyncio.get_running_loop()
+            sent, error = await loop.run_in_executor(pool, _send_span, span)
+        finally:
+            if reading and not transport.is_closing():
+                transport.resume_reading()
+        self.sent += sent
+        if isinstance(error, _Shrank):
+            transport.abort()
+            raise BodyCut(self.sent)
+        if error is not None:
+            raise error
+        return True
+
     async def through(self, gate: Gate) -> None:
         if await gate():
             return
@@ -233,6 +295,70 @@ class _Sender:
         if transport is not None:
             transport.abort()
         raise BodyCut(self.sent)
+
+
+class _Shrank(Exception):
+    """The file ended before the span: it changed while it was sent."""
+
+
+@dataclass(frozen=True)
+class _Span:
+    """A span of a file a sender thread sends: descriptors it owns (and closes) and
+    how it learns that its connection was closed."""
+
+    sock_fd: int
+    file_fd: int
+    offset: int
+    count: int
+    closing: Callable[[], bool]
+    slot: threading.BoundedSemaphore
+
+
+class _Senders:
+    """A worker process's sender threads and their free slots (made anew after a fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: tuple[int, ThreadPoolExecutor, threading.BoundedSemaphore] | None = None
+
+    def take(self) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore] | None:
+        """The pool and the slot taken in it (the span releases it), or None: none free."""
+        with self._lock:
+            if self._made is None or self._made[0] != os.getpid():
+                pool = ThreadPoolExecutor(SENDER_THREADS, "cmh-sendfile")
+                self._made = (os.getpid(), pool, threading.BoundedSemaphore(SENDER_THREADS))
+            _, pool, slots = self._made
+        return (pool, slots) if slots.acquire(blocking=False) else None
+
+
+_SENDERS = _Senders()
+
+
+def _send_span(span: _Span) -> tuple[int, BaseException | None]:
+    """In a sender thread: ``sendfile`` the span until the socket is full, wait for room,
+    again; the bytes sent and what stopped it early (None: all sent)."""
+    sent = 0
+    poller = select.poll()
+    poller.register(span.sock_fd, select.POLLOUT)
+    try:
+        while sent < span.count:
+            if span.closing():
+                return sent, ConnectionResetError(CLIENT_LEFT)
+            try:
+                n = os.sendfile(span.sock_fd, span.file_fd, span.offset + sent, span.count - sent)
+            except BlockingIOError:
+                poller.poll(_ROOM_WAIT_MS)
+                continue
+            except OSError as exc:
+                return sent, exc
+            if n == 0:
+                return sent, _Shrank()
+            sent += n
+        return sent, None
+    finally:
+        os.close(span.sock_fd)
+        os.close(span.file_fd)
+        span.slot.release()
 
 
 async def _copy(

@@ -68,8 +68,7 @@ class FileDelivery:
         try:
             gate = await self._verified(entry, f, reaches_end(ranges, entry.size))
             response, pieces, tail = frame(headers, ranges, entry.size)
-            await response.prepare(request)
-            try:
+            try:  # send_body sends the headers, corked with the body's first bytes
                 sent = await send_body(request, response, f, pieces, tail, gate)
             except BodyCut as cut:
                 return Sent(response, cut.sent, BLOB_CHANGED)

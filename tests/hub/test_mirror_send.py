@@ -1,0 +1,163 @@
+"""Issue 37: a folder store's body leaves by ``sendfile`` with no event-loop work per
+socket buffer (a sender thread, as nginx's loop: sendfile, wait for room, again), and
+every way a body ends stays exact: ranges, a file that shrinks, a client that leaves.
+
+A real aiohttp server (tests/hub/loop_server.py) sends a real file with
+:func:`cmh.hub.mirror._send.send_body`; the clients are raw sockets on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.client
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from cmh.hub.mirror import _send
+from cmh.hub.mirror._ranges import parse_range
+from cmh.hub.mirror._send import BodyCut, ClientLeft, frame, open_blob, send_body
+from loop_server import LoopServer
+
+SIZE = 96 << 20  # 24 times what a loopback socket buffer holds at most (tcp_wmem 4 MiB)
+
+
+class FileServer(LoopServer):
+    """Sends one file, whole or by ranges; counts its loop's turns while each body goes."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.turns = 0
+        self.outcomes: list[tuple[str, int, int]] = []  # (how it ended, bytes sent, turns)
+        self.on_prepared: Any = None
+
+    async def on_start(self) -> None:
+        selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+        select = selector.select
+
+        def counting(timeout: float | None = None) -> Any:
+            self.turns += 1
+            return select(timeout)
+
+        selector.select = counting
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        size = self.path.stat().st_size
+        response, pieces, tail = frame({}, parse_range(request.headers.get("Range"), size), size)
+        f = open_blob(self.path, size)
+        before = self.turns
+        try:
+            sent = await send_body(request, response, f, pieces, tail)
+            self.outcomes.append(("sent", sent, self.turns - before))
+        except (BodyCut, ClientLeft) as exc:
+            self.outcomes.append((type(exc).__name__, exc.sent, self.turns - before))
+        finally:
+            f.close()
+        return response
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("send") / "big.bin"
+    with open(path, "wb") as f:
+        for _ in range(SIZE >> 20):
+            f.write(os.urandom(1 << 20))
+    return path
+
+
+def _get(server: FileServer, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", "/", headers=headers or {})
+        response = conn.getresponse()
+        return response.status, dict(response.headers), response.read()
+    finally:
+        conn.close()
+
+
+def test_a_large_body_takes_no_loop_turn_per_socket_buffer(big: Path) -> None:
+    with FileServer(big) as server:
+        status, _, body = _get(server)
+        assert status == 200 and hashlib.sha256(body).digest() == _digest(big)
+        ((how, sent, turns),) = server.outcomes
+        assert how == "sent" and sent == SIZE
+        # loop.sendfile woke the loop once per socket buffer at least: >= 24 turns here
+        assert turns < 12, turns
+
+
+def test_large_ranges_are_the_file_s_bytes(big: Path) -> None:
+    data = big.read_bytes()
+    spans = [(5, 10 << 20), (SIZE - (9 << 20) - 3, SIZE - 2)]
+    with FileServer(big) as server:
+        status, headers, body = _get(server, {"Range": f"bytes={spans[0][0]}-{spans[0][1]}"})
+        assert status == 206 and body == data[spans[0][0] : spans[0][1] + 1]
+        assert headers["Content-Range"] == f"bytes {spans[0][0]}-{spans[0][1]}/{SIZE}"
+        ranges = ",".join(f"{a}-{b}" for a, b in spans)
+        status, headers, body = _get(server, {"Range": f"bytes={ranges}"})
+        assert status == 206 and headers["Content-Type"].startswith("multipart/byteranges")
+        for a, b in spans:
+            assert f"Content-Range: bytes {a}-{b}/{SIZE}\r\n\r\n".encode() + data[a : b + 1] in body
+        assert [how for how, _, _ in server.outcomes] == ["sent", "sent"]
+
+
+def test_a_file_that_shrinks_mid_body_cuts_the_connection(tmp_path: Path) -> None:
+    path = tmp_path / "shrinks.bin"
+    path.write_bytes(os.urandom(64 << 20))
+    with FileServer(path) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = s.recv(1 << 16)  # the server is mid-body: the socket buffers are full
+            os.truncate(path, 16 << 20)
+            while chunk := s.recv(1 << 20):  # ends: the connection is cut, not left open
+                received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and len(body) < 64 << 20
+        ((how, sent, _),) = server.outcomes
+        assert how == "BodyCut" and sent == len(body)
+
+
+def test_a_client_that_leaves_frees_its_sender_thread(big: Path) -> None:
+    with FileServer(big) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        for _ in range(_send.SENDER_THREADS + 1):  # one more than there are threads
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+        status, _, body = _get(server)  # a body after them still leaves from a thread
+        assert status == 200 and len(body) == SIZE
+        left = [(sent, turns) for how, sent, turns in server.outcomes if how == "ClientLeft"]
+        whole = [turns for how, sent, turns in server.outcomes if how == "sent" and sent == SIZE]
+        assert len(left) == _send.SENDER_THREADS + 1 and len(whole) == 1, server.outcomes
+        assert all(0 < sent < SIZE for sent, _ in left)
+        assert whole[0] < 12, whole  # not through the loop: every thread was given back
+
+
+def test_with_every_sender_thread_busy_a_body_goes_through_the_loop(big: Path) -> None:
+    taken = [_send._SENDERS.take() for _ in range(_send.SENDER_THREADS)]
+    try:
+        assert all(t is not None for t in taken) and _send._SENDERS.take() is None
+        with FileServer(big) as server:
+            status, _, body = _get(server)
+            assert status == 200 and hashlib.sha256(body).digest() == _digest(big)
+            assert server.outcomes[0][:2] == ("sent", SIZE)
+    finally:
+        for t in taken:
+            if t is not None:
+                t[1].release()
+
+
+def _digest(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.digest()
