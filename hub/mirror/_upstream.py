@@ -306,7 +306,6 @@ class Upstream:
             not pinned
             and expiry != float("-inf")
             and not self.pull.claim(repo_type, repo_id, revision)
-            and self.clock.time() < self._known_expiry(repo_type, repo_id, revision)
         ):
             return None  # another replica revalidated it meanwhile (its record says so)
         client = self.client()

@@ -24,9 +24,12 @@ from typing import Any
 
 import pytest
 from bucket_support import Break, Fault, S3Proxy, S3Request, isolated_aws_env
-from cmh.hub.mirror._upstream import NEGATIVE_FOR
+from cmh.hub.cache import Clock
+from cmh.hub.mirror._upstream import NEGATIVE_FOR, Upstream, UpstreamConfig
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
+from cmh.hub.mirror.stores.bucket._pull import BucketPullThrough
+from cmh.hub.mirror.stores.bucket._read import BucketReader
 from cmh.hub.mirror.stores.local._folder import add_folder
 from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
@@ -892,6 +895,102 @@ def test_fleet_keeps_local_pull_through_behaviour(
     fleet.front.fail(503, times=50, path=f"/api/models/{SMALL_REPO}/revision/main")
     status, headers, _ = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
     assert status == 200 and headers.get("warning", "").startswith("110"), headers
+
+
+class _ReplicaClock(Clock):
+    """A replica's clock: the real one plus an offset the test moves; while ``held``, its
+    sleeps (the replica's waits for another's revalidation) last until ``release``."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.waiting = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        self.waiting.set()
+        assert self._go.wait(60), "the test never released the replica"
+        time.sleep(min(seconds, 0.05))
+
+    def hold(self) -> None:
+        self._go.clear()
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def _in_process_replica(fleet: Fleet, clock: Clock, ref_ttl: float) -> Upstream:
+    """One replica's pull-through policy over the fleet's bucket, in this process (3 s
+    of freshness), asking the fleet's upstream."""
+    saved = dict(os.environ)
+    os.environ.update(fleet.env)
+    try:
+        store = BucketStore.open(fleet.bucket.url, clock=clock)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    pull = BucketPullThrough(store, BucketReader(store, ref_ttl=ref_ttl), 3.0)
+    return Upstream(pull, UpstreamConfig(fleet.front.url, fresh_for=3.0), clock=clock)
+
+
+def _stale_fleet(fleet: Fleet, b_ref_ttl: float) -> tuple[Upstream, Upstream, list[_ReplicaClock]]:
+    """Replicas A and B; A validated ``main``, then its 3 s of freshness passed."""
+    clocks = [_ReplicaClock(), _ReplicaClock()]
+    a = _in_process_replica(fleet, clocks[0], 0.0)
+    b = _in_process_replica(fleet, clocks[1], b_ref_ttl)
+    assert a.prepare("model", SMALL_REPO, "main") is None
+    assert _revision_asks(fleet.front, "main") == 1
+    for replica in (a, b):  # each looks at the storage's clock, then 4 s pass
+        replica.pull.store.storage_time()
+    for clock in clocks:
+        clock.offset += 4.0
+    assert not a.fresh("model", SMALL_REPO, "main") and not b.fresh("model", SMALL_REPO, "main")
+    return a, b, clocks
+
+
+def _land_validation(replica: Upstream) -> None:
+    """The winner's revalidation ends: its record (and ref) written, as ``prepare`` does."""
+    commit = replica.pull.held("model", SMALL_REPO, "main")
+    replica.pull.validated("model", SMALL_REPO, "main", commit, pinned=False)
+
+
+def test_a_replica_that_looks_late_answers_from_the_winners_revalidation(
+    any_fleet: Fleet,
+) -> None:
+    """B lost the claim and waits; A's validation lands; B looks again only after more
+    than ``--fresh-for`` passed (a loaded machine): B answers from A's validation, the
+    fleet asked the upstream once (issue 40: B asked again)."""
+    a, b, (_, b_clock) = _stale_fleet(any_fleet, 0.0)
+    assert a.pull.claim("model", SMALL_REPO, "main")  # A won and asks the upstream
+    b_clock.hold()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(b.prepare, "model", SMALL_REPO, "main")
+        assert b_clock.waiting.wait(60), "B did not wait for A's revalidation"
+        _land_validation(a)
+        b_clock.offset += 3.5  # B's next look comes late: A's validation is 3.5 s old
+        b_clock.release()
+        assert pending.result(60) is None
+    assert _revision_asks(any_fleet.front, "main") == 1
+    assert b.pull.held("model", SMALL_REPO, "main") == a.pull.held("model", SMALL_REPO, "main")
+
+
+def test_a_validation_landing_before_the_claim_serves_the_replica(any_fleet: Fleet) -> None:
+    """B judged ``main`` stale from the record it read (kept ``--ref-ttl``); A's validation
+    lands before B claims: B's claim reads the record and answers from it (no ask)."""
+    a, b, (_, b_clock) = _stale_fleet(any_fleet, 60.0)  # B keeps what it read for 60 s
+    _land_validation(a)
+    assert b.prepare("model", SMALL_REPO, "main") is None
+    assert _revision_asks(any_fleet.front, "main") == 1
+    b_clock.offset += 3.5  # A's validation went stale too
+    b.pull._forget("model", SMALL_REPO, "main")
+    assert b.prepare("model", SMALL_REPO, "main") is None
+    assert _revision_asks(any_fleet.front, "main") == 2  # then B revalidates, once
 
 
 def _exists(store: BucketStore, name: str) -> bool:

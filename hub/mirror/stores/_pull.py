@@ -92,7 +92,7 @@ class PullThrough(Protocol):
 
     def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:
         """True when this replica is to revalidate ``revision`` now; False when another
-        replica of the fleet is doing it (the caller waits for its record)."""
+        replica of the fleet revalidated it (waited for here): the caller answers from it."""
 
     def install(
         self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]

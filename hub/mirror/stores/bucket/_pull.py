@@ -277,8 +277,11 @@ class BucketPullThrough:
         return value
 
     def claim(self, repo_type: str, repo_id: str, revision: str) -> bool:
-        """Claim the revalidation in the validation record (``If-Match``); a replica that
-        loses waits up to :data:`CLAIM_WAIT` for the winner's record."""
+        """Claim the revalidation in the validation record (``If-Match``). False when
+        another replica's validation serves this one: one that landed since this replica
+        judged the revision stale, or the winner's, written while this replica waited up
+        to :data:`CLAIM_WAIT` for it. The record decides, not how much time passed here
+        meanwhile (a busy replica may look late: the fleet still asks once)."""
         with _storage_errors():
             folder = self._folder(repo_type, repo_id)
             name = self._validation_name(folder, revision)
@@ -287,6 +290,8 @@ class BucketPullThrough:
                 return True
             doc, etag = found
             since = doc.get("checking_since")
+            if since is None and self._fresh_record(repo_type, repo_id, revision, doc):
+                return False  # validated by another replica since this one last read it
             if not (  # a claim in the storage's future is recent
                 isinstance(since, (int, float)) and self.store.storage_age(since) < CLAIM_TTL
             ):
@@ -299,14 +304,34 @@ class BucketPullThrough:
                     pass  # another replica claimed it first
             clock = self.store.clock
             deadline = clock.monotonic() + CLAIM_WAIT
+            again: tuple[dict[str, Any], str] | None = found
             while clock.monotonic() < deadline:
                 clock.sleep(FILL_POLL)
                 again = self._validation(folder, revision)
                 if again is None or "checking_since" not in again[0]:
                     break
-            self._forget(repo_type, repo_id, revision)
-            self.cache.forget_ref(folder, revision)
+            landed = (
+                again is not None
+                and "checking_since" not in again[0]
+                and isinstance(again[0].get("commit"), str)
+                and again[0].get("at") != doc.get("at")
+            )
+            if landed:
+                self._forget(repo_type, repo_id, revision)
+                self.cache.forget_ref(folder, revision)
+            return not landed  # no new validation (the winner died or is slow): ask
+
+    def _fresh_record(
+        self, repo_type: str, repo_id: str, revision: str, doc: dict[str, Any]
+    ) -> bool:
+        """True when the unclaimed validation record ``doc`` (just read) keeps its commit
+        fresh now: another replica validated it after this one's last look."""
+        commit = doc.get("commit")
+        if not isinstance(commit, str):
             return False
+        self._forget(repo_type, repo_id, revision)
+        self.cache.forget_ref(self._folder(repo_type, repo_id), revision)
+        return self.store.clock.time() < self._expiry(repo_type, repo_id, revision, commit)
 
     def install(
         self, upstream: Any, repo_type: str, repo_id: str, commit: str, files: dict[str, RemoteFile]
