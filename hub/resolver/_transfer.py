@@ -311,7 +311,8 @@ class OrderedFeed:
 class BackgroundSync:
     """Writes a file back to disk while it fills: writeback is started every
     :data:`SYNC_EVERY` bytes (:func:`cmh.start_writeback`, no flush), so the
-    install's ``fsync`` finds little left to do."""
+    install's ``fsync`` finds little left to do; :meth:`flush` starts the rest
+    at once."""
 
     def __init__(self, fd: int, every: int = SYNC_EVERY) -> None:
         self._fd = fd
@@ -319,6 +320,7 @@ class BackgroundSync:
         self._written = 0
         self._synced = 0
         self._closed = False
+        self._flushing = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="cmh-sync", daemon=True)
         self._thread.start()
@@ -326,16 +328,27 @@ class BackgroundSync:
     def wrote(self, nbytes: int) -> None:
         with self._cond:
             self._written += nbytes
-            if self._written - self._synced >= self._every:
+            if self._due():
                 self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Every byte is written: start writing back what is left now (while the check
+        reads the last bytes), not at the next threshold or the install's ``fsync``."""
+        with self._cond:
+            self._flushing = True
+            self._cond.notify_all()
+
+    def _due(self) -> bool:
+        left = self._written - self._synced
+        return left >= self._every or (self._flushing and left > 0)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and self._written - self._synced < self._every:
+                while not self._closed and not self._due():
                     self._cond.wait()
-                if self._closed:
-                    return
+                if self._closed and not (self._flushing and self._written > self._synced):
+                    return  # closed: only a flush asked for is still done
                 target = self._written
             with contextlib.suppress(OSError):  # the install's fsync reports real failures
                 start_writeback(self._fd)
@@ -499,7 +512,9 @@ class Filling:
         job()
 
     def finish(self) -> None:
-        """Wait until the check read every byte; raise its refusal."""
+        """Every byte is in place: start writing the rest back, wait until the check
+        read every byte; raise its refusal."""
+        self.sync.flush()
         self.feed.join()
 
 

@@ -21,8 +21,16 @@ import pytest
 from cmh.hub.cache import ContentCheck, IntegrityError, RepoLayout
 from cmh.hub.cache._blobs import THREADED_DIGEST_BYTES
 from cmh.hub.mirror import add_folder
+from cmh.hub.resolver import _transfer
 from cmh.hub.resolver._chunked import chunks_path
-from cmh.hub.resolver._transfer import Filling, OrderedFeed, Tally, _batches, chunk_size
+from cmh.hub.resolver._transfer import (
+    BackgroundSync,
+    Filling,
+    OrderedFeed,
+    Tally,
+    _batches,
+    chunk_size,
+)
 from hublike import running
 from mirror_support import MirrorServer
 from resolver_support import write_checkpoint_repo
@@ -352,6 +360,29 @@ def test_a_copy_source_shorter_than_planned_is_refused_not_a_crash(tmp_path):
     finally:
         os.close(fd)
         os.close(old_fd)
+
+
+def test_the_tail_of_a_filled_file_goes_to_disk_while_the_check_finishes(tmp_path, monkeypatch):
+    """Writeback starts every SYNC_EVERY bytes while a file fills, and for the rest once
+    every byte is in (the check may still be hashing), not only at the install's fsync."""
+    started: list[int] = []
+
+    def start_writeback(fd: int) -> None:  # the real call, recorded
+        started.append(fd)
+        os.fsync(fd)
+
+    monkeypatch.setattr(_transfer, "start_writeback", start_writeback)
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 4096)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        sync = BackgroundSync(fd, every=1 << 30)
+        sync.wrote(4096)  # far below the threshold: nothing yet
+        sync.flush()
+        sync.close()
+    finally:
+        os.close(fd)
+    assert started == [fd]
 
 
 def test_chunk_size_depends_on_size_and_policy_only():
