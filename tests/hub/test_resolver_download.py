@@ -18,8 +18,7 @@ from pathlib import Path
 
 import cmh.hub as hub
 import pytest
-from cmh.hub.cache import ContentCheck, IntegrityError, RepoLayout
-from cmh.hub.cache._blobs import THREADED_DIGEST_BYTES
+from cmh.hub.cache import THREADED_DIGEST_BYTES, ContentCheck, IntegrityError, RepoLayout
 from cmh.hub.mirror import add_folder
 from cmh.hub.resolver import _transfer
 from cmh.hub.resolver._chunked import chunks_path
