@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._blobs import (
     READ_CHUNK,
+    THREADED_DIGEST_BYTES,
     UNREADABLE_HEADER,
     ContentCheck,
     Progress,
@@ -66,6 +67,7 @@ __all__ = [
     "REPO_PART_RE",
     "REPO_TYPE_PREFIX",
     "SYSTEM_CLOCK",
+    "THREADED_DIGEST_BYTES",
     "UNREADABLE_HEADER",
     "VERIFIED_MARKERS",
     "Clock",

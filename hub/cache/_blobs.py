@@ -197,11 +197,22 @@ class ContentCheck:
         self.warnings = []
 
     def update(self, data: bytes | memoryview) -> None:
+        """Feed the next bytes (a view of a buffer the caller may reuse is copied once
+        for the digest thread; ``bytes`` are not)."""
         view = memoryview(data)
+        self._feed(view, data if isinstance(data, bytes) else bytes(view))
+
+    def update_stable(self, view: memoryview) -> None:
+        """Feed the next bytes as a view of a buffer that never changes (``bytes``, a
+        read-only mapping of a file nobody writes): the digest thread hashes the view
+        itself, no copy."""
+        self._feed(view, view)
+
+    def _feed(self, view: memoryview, stable: bytes | memoryview) -> None:
         start = self._seen
         digest = self._digest
         if isinstance(digest, _DigestThread):
-            digest.update(data if isinstance(data, bytes) else bytes(view))
+            digest.update(stable)
         else:
             digest.update(view)
         self._seen += len(view)
@@ -338,7 +349,7 @@ class _DigestThread:
 
     def __init__(self, digest: hashlib._Hash) -> None:
         self._digest = digest
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=64)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         self._result: str | None = None
@@ -350,7 +361,7 @@ class _DigestThread:
                 return
             self._digest.update(item)
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | memoryview) -> None:
         self._queue.put(data)
 
     def hexdigest(self) -> str:

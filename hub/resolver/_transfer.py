@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -174,21 +175,27 @@ class SegmentLog:
 class OrderedFeed:
     """Feeds a file's bytes to a sink in order, as ranges of it become ready in any order.
 
-    A worker thread reads each ready span from ``fd`` (the page cache: the
-    bytes were just written) and gives it to ``sink``; :meth:`mark_ready`
-    says which bytes are in place, :meth:`map_source` which are copies of
-    another file's bytes (read from there, so the check need not wait for
-    the copy). An exception from the sink (a tensor that
-    does not match its manifest) stops the feed and is raised by :meth:`join`;
-    :attr:`failed` lets writers stop early.
+    A worker thread gives each ready span to ``sink`` as a read-only view that
+    never changes: :meth:`mark_ready` says which bytes of ``fd`` are in place
+    (read from the page cache: they were just written), :meth:`map_source`
+    which are copies of another file's bytes, viewed in a mapping of that
+    file without a copy (so the check need not wait for the copy, and an
+    update's unchanged bytes are never copied into Python buffers). The
+    views stay valid after the feed ends (a mapping is unmapped once no view
+    of it is left), so ``sink`` may hand them to another thread. The file
+    being filled is never mapped: discarded, its space is free at once. An
+    exception from the sink (a tensor that does not match its manifest)
+    stops the feed and is raised by :meth:`join`; :attr:`failed` lets
+    writers stop early.
     """
 
-    def __init__(self, sink: Callable[[bytes], None], fd: int, size: int) -> None:
+    def __init__(self, sink: Callable[[memoryview], None], fd: int, size: int) -> None:
         self._sink = sink
         self._fd = fd
         self._size = size
         self._ready: list[Span] = []  # merged [begin, end) spans
         self._sources: list[tuple[int, int, int, int]] = []  # (begin, end, fd, src begin)
+        self._maps: dict[int, memoryview] = {}  # source fd -> view of its whole mapping
         self._cond = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
@@ -260,7 +267,7 @@ class OrderedFeed:
                         return
                 while pos < end:
                     fd, at, limit = self._source(pos, end)
-                    data = os.pread(fd, min(READ_CHUNK, limit - pos), at)
+                    data = self._view(fd, at, min(READ_CHUNK, limit - pos))
                     if not data:
                         raise IntegrityError(f"file ends at byte {pos} of {self._size}")
                     self._sink(data)
@@ -268,6 +275,25 @@ class OrderedFeed:
                     self.fed = pos
         except BaseException as exc:  # raised again by join()
             self._error = exc
+
+    def _view(self, fd: int, at: int, n: int) -> memoryview:
+        """Bytes ``[at, at + n)`` of ``fd`` (fewer where the file ends).
+
+        The file being filled is read; a copy source is mapped whole on first
+        use (again if it has grown since: a replaced mapping lives on while
+        views of it do), and viewed only below its size, never past its end.
+        """
+        if fd == self._fd:
+            return memoryview(os.pread(fd, n, at))
+        whole = self._maps.get(fd)
+        if whole is None or len(whole) < at + n:
+            length = os.fstat(fd).st_size
+            if length > (0 if whole is None else len(whole)):
+                whole = memoryview(mmap.mmap(fd, length, access=mmap.ACCESS_READ))
+                self._maps[fd] = whole
+        if whole is None or at >= len(whole):
+            return memoryview(b"")
+        return whole[at : at + n]
 
     def stop(self) -> None:
         """Stop waiting for bytes that will not come."""
@@ -285,7 +311,8 @@ class OrderedFeed:
 class BackgroundSync:
     """Writes a file back to disk while it fills: writeback is started every
     :data:`SYNC_EVERY` bytes (:func:`cmh.start_writeback`, no flush), so the
-    install's ``fsync`` finds little left to do."""
+    install's ``fsync`` finds little left to do; :meth:`flush` starts the rest
+    at once."""
 
     def __init__(self, fd: int, every: int = SYNC_EVERY) -> None:
         self._fd = fd
@@ -293,6 +320,7 @@ class BackgroundSync:
         self._written = 0
         self._synced = 0
         self._closed = False
+        self._flushing = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="cmh-sync", daemon=True)
         self._thread.start()
@@ -300,16 +328,27 @@ class BackgroundSync:
     def wrote(self, nbytes: int) -> None:
         with self._cond:
             self._written += nbytes
-            if self._written - self._synced >= self._every:
+            if self._due():
                 self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Every byte is written: start writing back what is left now (while the check
+        reads the last bytes), not at the next threshold or the install's ``fsync``."""
+        with self._cond:
+            self._flushing = True
+            self._cond.notify_all()
+
+    def _due(self) -> bool:
+        left = self._written - self._synced
+        return left >= self._every or (self._flushing and left > 0)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and self._written - self._synced < self._every:
+                while not self._closed and not self._due():
                     self._cond.wait()
-                if self._closed:
-                    return
+                if self._closed and not (self._flushing and self._written > self._synced):
+                    return  # closed: only a flush asked for is still done
                 target = self._written
             with contextlib.suppress(OSError):  # the install's fsync reports real failures
                 start_writeback(self._fd)
@@ -335,7 +374,7 @@ class Filling:
         self.size = size
         self.tally = tally
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.feed = OrderedFeed(check.update, self.fd, size).start()
+        self.feed = OrderedFeed(check.update_stable, self.fd, size).start()
         self.sync = BackgroundSync(self.fd)
         self._halt = threading.Event()
 
@@ -473,7 +512,9 @@ class Filling:
         job()
 
     def finish(self) -> None:
-        """Wait until the check read every byte; raise its refusal."""
+        """Every byte is in place: start writing the rest back, wait until the check
+        read every byte; raise its refusal."""
+        self.sync.flush()
         self.feed.join()
 
 

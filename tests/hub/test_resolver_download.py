@@ -12,15 +12,24 @@ import os
 import random
 import threading
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 
 import cmh.hub as hub
 import pytest
-from cmh.hub.cache import RepoLayout
+from cmh.hub.cache import THREADED_DIGEST_BYTES, ContentCheck, IntegrityError, RepoLayout
 from cmh.hub.mirror import add_folder
+from cmh.hub.resolver import _transfer
 from cmh.hub.resolver._chunked import chunks_path
-from cmh.hub.resolver._transfer import OrderedFeed, _batches, chunk_size
+from cmh.hub.resolver._transfer import (
+    BackgroundSync,
+    Filling,
+    OrderedFeed,
+    Tally,
+    _batches,
+    chunk_size,
+)
 from hublike import running
 from mirror_support import MirrorServer
 from resolver_support import write_checkpoint_repo
@@ -264,6 +273,115 @@ def test_ordered_feed_gives_bytes_in_order_whatever_order_they_land(tmp_path):
     finally:
         os.close(fd)
     assert got.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+UPDATE_SIZE = 40 << 20
+#: Changed spans of the update below: fetched bytes, the rest comes from the old file.
+FETCHED = [(5 << 20, (5 << 20) + 65_536), (23 << 20, (23 << 20) + 131_072)]
+
+
+def _fill_like_an_update(
+    new: Path, old: Path, data: bytes, etag: str
+) -> tuple[int, Exception | None]:
+    """Fill ``new`` as an update does: the unchanged spans copied from ``old`` (the check
+    reads them there), the changed ones written; returns the peak of Python allocations
+    while the file filled and was checked, and what the check raised."""
+    check = ContentCheck(etag, len(data), safetensors=False)
+    fetched = [data[b:e] for b, e in FETCHED]
+    old_fd = os.open(old, os.O_RDONLY)
+    tracemalloc.start()
+    try:
+        with Filling(new, len(data), check, Tally()) as filling:
+            os.ftruncate(filling.fd, len(data))
+            pos = 0
+            for b, e in FETCHED:
+                filling.feed.map_source(pos, b, old_fd, pos)
+                pos = e
+            filling.feed.map_source(pos, len(data), old_fd, pos)
+            for (b, e), chunk in zip(FETCHED, fetched, strict=True):
+                filling.write(b, chunk)
+                filling.ready(b, e)
+            filling.finish()
+        check.finish()
+        error = None
+    except IntegrityError as exc:
+        error = exc
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        os.close(old_fd)
+    return peak, error
+
+
+@pytest.mark.parametrize("old_matches", [True, False])
+def test_an_update_checks_copied_bytes_in_place_without_a_copy(tmp_path, old_matches):
+    """The check of an update reads the unchanged bytes from a mapping of the old blob and
+    hashes them there, the whole-file digest on its own thread included: no 8 MiB
+    buffer per read (the old feed read every byte into fresh buffers, up to 64 queued).
+    Every byte is still checked: an old file that differs is refused."""
+    assert UPDATE_SIZE >= THREADED_DIGEST_BYTES  # the digest runs on its own thread
+    data = random.Random(5).randbytes(UPDATE_SIZE)
+    etag = hashlib.sha256(data).hexdigest()
+    old = tmp_path / "old"
+    old_bytes = bytearray(data)
+    for b, e in FETCHED:  # the old version's changed tensors
+        old_bytes[b:e] = bytes(e - b)
+    if not old_matches:
+        old_bytes[30 << 20] ^= 1
+    old.write_bytes(old_bytes)
+    del old_bytes
+    peak, error = _fill_like_an_update(tmp_path / "new", old, data, etag)
+    assert peak < 1 << 20, f"{peak:,} bytes allocated while checking"
+    if old_matches:
+        assert error is None
+        assert (tmp_path / "new").read_bytes()[FETCHED[1][0] : FETCHED[1][1]] == data[
+            FETCHED[1][0] : FETCHED[1][1]
+        ]
+    else:
+        assert isinstance(error, IntegrityError)
+
+
+def test_a_copy_source_shorter_than_planned_is_refused_not_a_crash(tmp_path):
+    """Bytes mapped from a file that ends early: a typed refusal (a mapping read past
+    the end of a file would kill the process)."""
+    data = random.Random(6).randbytes(1 << 20)
+    short = tmp_path / "old"
+    short.write_bytes(data[:600_000])
+    path = tmp_path / "new"
+    path.write_bytes(bytes(len(data)))
+    fd, old_fd = os.open(path, os.O_RDWR), os.open(short, os.O_RDONLY)
+    got = hashlib.sha256()
+    try:
+        feed = OrderedFeed(got.update, fd, len(data)).start()
+        feed.map_source(0, len(data), old_fd, 0)
+        with pytest.raises(IntegrityError, match="file ends at byte 600000"):
+            feed.join()
+    finally:
+        os.close(fd)
+        os.close(old_fd)
+
+
+def test_the_tail_of_a_filled_file_goes_to_disk_while_the_check_finishes(tmp_path, monkeypatch):
+    """Writeback starts every SYNC_EVERY bytes while a file fills, and for the rest once
+    every byte is in (the check may still be hashing), not only at the install's fsync."""
+    started: list[int] = []
+
+    def start_writeback(fd: int) -> None:  # the real call, recorded
+        started.append(fd)
+        os.fsync(fd)
+
+    monkeypatch.setattr(_transfer, "start_writeback", start_writeback)
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 4096)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        sync = BackgroundSync(fd, every=1 << 30)
+        sync.wrote(4096)  # far below the threshold: nothing yet
+        sync.flush()
+        sync.close()
+    finally:
+        os.close(fd)
+    assert started == [fd]
 
 
 def test_chunk_size_depends_on_size_and_policy_only():
