@@ -4,16 +4,21 @@ poll interval waited), and made into the blob by the storage (no second upload).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import open_store, use_bucket
+from bucket_support import S3Proxy, open_store, use_bucket
 from cmh.hub.cache import Clock
+from cmh.hub.mirror._gitobjects import lfs_pointer_oid, tree_oids
 from cmh.hub.mirror.stores.bucket import _pull
+from cmh.hub.mirror.stores.bucket._bucket import TreeFile, TreeObject
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, PreconditionFailed
+from cmh.hub.mirror.stores.bucket._store import BucketBackedStore
 from seaweed import SeaweedBucket
 
 PART = _pull.PART
@@ -196,3 +201,64 @@ def test_readers_of_a_stalled_local_fill_look_at_the_storage(
 
     assert asyncio.run(main()) == data
     assert counted.part_gets == [f"{fills}/part-000000"]
+
+
+class _LookClock(Clock):
+    """Time that moves only when slept; ``on_sleep`` runs at each sleep (each look)."""
+
+    def __init__(self, on_sleep: Any) -> None:
+        self.now = 1000.0
+        self.on_sleep = on_sleep
+
+    def time(self) -> float:
+        return self.now + 3600.0  # this replica's wall clock is an hour off: never read
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.on_sleep()
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_a_replica_waiting_on_another_replicas_fill_asks_four_requests_per_look(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a replica waiting while another fills the blob looks every FILL_POLL: the
+    blob (HEAD), a ``failed`` record (GET), the lease (a refused PUT, then its GET). It
+    asked seven requests a look: each look also probed the storage's clock with a scratch
+    object (PUT, HEAD, DELETE), though the replica counts that clock on its own between
+    hourly looks (``storage_time``). The lease is still judged live on the storage's
+    clock with this replica's wall clock an hour off."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    holder = open_store(bucket)
+    folder, commit, data = "models--t--wait", "c" * 40, os.urandom(1000)
+    etag = hashlib.sha256(data).hexdigest()
+    entry = TreeFile("w.bin", len(data), etag, lfs_pointer_oid(etag, len(data)), etag)
+    root = tree_oids({entry.path: entry.oid})[""]
+    tree = TreeObject(commit, root, (), holder.storage_time(), (entry,))
+    holder.objects.put(holder.tree_name(folder, commit), tree.to_bytes())
+    lease = f"{holder.fill_name(folder, etag)}/lease"
+    assert holder.take_lease(folder, "the filling replica", name=lease, ttl=600.0)
+    proxy = S3Proxy(bucket.endpoint)
+    looks: list[int] = []
+
+    def look_ended() -> None:
+        looks.append(len(proxy.exchanges))
+        if len(looks) == 6:  # the other replica's fill ends: the blob is stored
+            holder.objects.put(holder.blob_name(folder, etag), data)
+
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # the same storage, counted
+        waiter = BucketBackedStore(open_store(bucket, clock=_LookClock(look_ended)))
+        pull = waiter.pull_through(60.0, fill_lease_ttl=600.0)
+        pull.fill(None, "model", "t/wait", commit, "w.bin")  # waits, never fills
+    finally:
+        proxy.stop()
+    per_look = [after - before for before, after in itertools.pairwise(looks)]
+    assert per_look == [4] * 5, per_look  # after the first look (the hourly clock probe)
+    methods = [e.request.method for e in proxy.exchanges[looks[0] :]]
+    assert methods == ["HEAD", "GET", "PUT", "GET"] * 5 + ["HEAD"], methods  # then the blob
+    assert holder.objects.get(lease)  # never taken over: live on the storage's clock

@@ -663,7 +663,8 @@ class BucketStore:
 
     def lease_state(self, folder: str, *, name: str | None = None) -> LeaseState | None:
         """The repo's lease (or the lease object ``name``; ``None`` when there is none),
-        with its age on the storage's clock."""
+        with its age on the storage's clock (:meth:`storage_time`: one GET, no probe of
+        that clock per look, so a replica waiting on another's fill asks little of it)."""
         key = name or self.lease_name(folder)
         try:
             data, info = self.objects.get_with_info(key)
@@ -675,7 +676,7 @@ class BucketStore:
         owner = "an unknown pruner"
         with contextlib.suppress(ValueError, AttributeError):
             owner = str(json.loads(body).get("owner") or owner)[:200]
-        age = max(0.0, self.storage_now() - info.last_modified.timestamp())
+        age = max(0.0, self.storage_time() - info.last_modified.timestamp())
         return LeaseState(info.etag, age, owner)
 
     def take_lease(
