@@ -15,10 +15,14 @@ import pytest
 from bucket_support import S3Proxy, open_store, use_bucket
 from cmh.hub.cache import Clock
 from cmh.hub.mirror._gitobjects import lfs_pointer_oid, tree_oids
+from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
+from cmh.hub.mirror.stores import open_store as open_mirror_store
 from cmh.hub.mirror.stores.bucket import _pull
 from cmh.hub.mirror.stores.bucket._bucket import TreeFile, TreeObject
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, PreconditionFailed
 from cmh.hub.mirror.stores.bucket._store import BucketBackedStore
+from deadline_support import TEST_DEADLINE
+from hostile_upstream import COMMIT, HostileHub
 from seaweed import SeaweedBucket
 
 PART = _pull.PART
@@ -262,3 +266,45 @@ def test_a_replica_waiting_on_another_replicas_fill_asks_four_requests_per_look(
     methods = [e.request.method for e in proxy.exchanges[looks[0] :]]
     assert methods == ["HEAD", "GET", "PUT", "GET"] * 5 + ["HEAD"], methods  # then the blob
     assert holder.objects.get(lease)  # never taken over: live on the storage's clock
+
+
+def test_a_fill_has_its_compose_client_made_while_the_upstream_streams(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the botocore client that composes the parts into the blob was made at the
+    end of each cold fill, its model files loaded on the critical path. A fill now has it
+    made on a background thread when it starts: it exists before the upstream's bytes are
+    taken (the transfer below waits for it, bounded), and it is the only one made."""
+    import botocore.session
+
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    backend = open_mirror_store(moto_bucket.url)
+    made: list[str] = []
+    ready = threading.Event()
+    real_create = botocore.session.Session.create_client
+
+    def create_client(session: Any, *args: Any, **kwargs: Any) -> Any:
+        client = real_create(session, *args, **kwargs)
+        made.append(threading.current_thread().name)
+        ready.set()
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    real_transfer = _pull._Fill._transfer
+    waited: list[bool] = []
+
+    def transfer(fill: Any) -> None:
+        waited.append(ready.wait(TEST_DEADLINE))  # nothing here asks for the client
+        real_transfer(fill)
+
+    monkeypatch.setattr(_pull._Fill, "_transfer", transfer)
+    data = os.urandom(PART + 1000)
+    with HostileHub(files={"model.bin": data}) as hub:
+        upstream = Upstream(backend.pull_through(300.0), UpstreamConfig(hub.url))
+        upstream.prepare("model", "evil/repo", "main")
+        upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+    assert waited == [True] and made == ["cmh-s3-client"], (waited, made)
+    index = backend.resolve("model", "evil/repo", COMMIT)
+    assert index is not None
+    with backend.opener(index.files["model.bin"]) as f:
+        assert f.read() == data  # composed with that client
