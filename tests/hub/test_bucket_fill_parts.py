@@ -17,7 +17,7 @@ from cmh.hub.cache import Clock
 from cmh.hub.mirror._gitobjects import lfs_pointer_oid, tree_oids
 from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
 from cmh.hub.mirror.stores import open_store as open_mirror_store
-from cmh.hub.mirror.stores.bucket import _pull
+from cmh.hub.mirror.stores.bucket import _bucket, _pull
 from cmh.hub.mirror.stores.bucket._bucket import TreeFile, TreeObject
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, PreconditionFailed
 from cmh.hub.mirror.stores.bucket._store import BucketBackedStore
@@ -232,9 +232,9 @@ def test_a_replica_waiting_on_another_replicas_fill_asks_four_requests_per_look(
     """Issue 37: a replica waiting while another fills the blob looks every FILL_POLL: the
     blob (HEAD), a ``failed`` record (GET), the lease (a refused PUT, then its GET). It
     asked seven requests a look: each look also probed the storage's clock with a scratch
-    object (PUT, HEAD, DELETE), though the replica counts that clock on its own between
-    hourly looks (``storage_time``). The lease is still judged live on the storage's
-    clock with this replica's wall clock an hour off."""
+    object (PUT, HEAD, DELETE). It is now probed once per LEASE_CLOCK_RESYNC s (2 s: 8
+    looks) and counted on the replica's monotonic clock in between. The lease is still
+    judged live on the storage's clock with this replica's wall clock an hour off."""
     bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
     use_bucket(bucket, tmp_path, monkeypatch)
     holder = open_store(bucket)
@@ -251,7 +251,7 @@ def test_a_replica_waiting_on_another_replicas_fill_asks_four_requests_per_look(
 
     def look_ended() -> None:
         looks.append(len(proxy.exchanges))
-        if len(looks) == 6:  # the other replica's fill ends: the blob is stored
+        if len(looks) == 10:  # the other replica's fill ends: the blob is stored
             holder.objects.put(holder.blob_name(folder, etag), data)
 
     try:
@@ -262,9 +262,11 @@ def test_a_replica_waiting_on_another_replicas_fill_asks_four_requests_per_look(
     finally:
         proxy.stop()
     per_look = [after - before for before, after in itertools.pairwise(looks)]
-    assert per_look == [4] * 5, per_look  # after the first look (the hourly clock probe)
+    assert _bucket.LEASE_CLOCK_RESYNC == 2.0
+    assert per_look == [4] * 7 + [7, 4], per_look  # after the first look: 2 s, then a probe
     methods = [e.request.method for e in proxy.exchanges[looks[0] :]]
-    assert methods == ["HEAD", "GET", "PUT", "GET"] * 5 + ["HEAD"], methods  # then the blob
+    look = ["HEAD", "GET", "PUT", "GET"]
+    assert methods[:28] == look * 7 and methods[-5:] == [*look, "HEAD"], methods
     assert holder.objects.get(lease)  # never taken over: live on the storage's clock
 
 
