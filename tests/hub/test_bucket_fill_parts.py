@@ -4,16 +4,25 @@ poll interval waited), and made into the blob by the storage (no second upload).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import open_store, use_bucket
+from bucket_support import S3Proxy, open_store, use_bucket
 from cmh.hub.cache import Clock
-from cmh.hub.mirror.stores.bucket import _pull
+from cmh.hub.mirror._gitobjects import lfs_pointer_oid, tree_oids
+from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
+from cmh.hub.mirror.stores import open_store as open_mirror_store
+from cmh.hub.mirror.stores.bucket import _bucket, _pull
+from cmh.hub.mirror.stores.bucket._bucket import TreeFile, TreeObject
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, PreconditionFailed
+from cmh.hub.mirror.stores.bucket._store import BucketBackedStore
+from deadline_support import TEST_DEADLINE
+from hostile_upstream import COMMIT, HostileHub
 from seaweed import SeaweedBucket
 
 PART = _pull.PART
@@ -196,3 +205,108 @@ def test_readers_of_a_stalled_local_fill_look_at_the_storage(
 
     assert asyncio.run(main()) == data
     assert counted.part_gets == [f"{fills}/part-000000"]
+
+
+class _LookClock(Clock):
+    """Time that moves only when slept; ``on_sleep`` runs at each sleep (each look)."""
+
+    def __init__(self, on_sleep: Any) -> None:
+        self.now = 1000.0
+        self.on_sleep = on_sleep
+
+    def time(self) -> float:
+        return self.now + 3600.0  # this replica's wall clock is an hour off: never read
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.on_sleep()
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_a_replica_waiting_on_another_replicas_fill_asks_four_requests_per_look(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a replica waiting while another fills the blob looks every FILL_POLL: the
+    blob (HEAD), a ``failed`` record (GET), the lease (a refused PUT, then its GET). It
+    asked seven requests a look: each look also probed the storage's clock with a scratch
+    object (PUT, HEAD, DELETE). It is now probed once per LEASE_CLOCK_RESYNC s (2 s: 8
+    looks) and counted on the replica's monotonic clock in between. The lease is still
+    judged live on the storage's clock with this replica's wall clock an hour off."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    holder = open_store(bucket)
+    folder, commit, data = "models--t--wait", "c" * 40, os.urandom(1000)
+    etag = hashlib.sha256(data).hexdigest()
+    entry = TreeFile("w.bin", len(data), etag, lfs_pointer_oid(etag, len(data)), etag)
+    root = tree_oids({entry.path: entry.oid})[""]
+    tree = TreeObject(commit, root, (), holder.storage_time(), (entry,))
+    holder.objects.put(holder.tree_name(folder, commit), tree.to_bytes())
+    lease = f"{holder.fill_name(folder, etag)}/lease"
+    assert holder.take_lease(folder, "the filling replica", name=lease, ttl=600.0)
+    proxy = S3Proxy(bucket.endpoint)
+    looks: list[int] = []
+
+    def look_ended() -> None:
+        looks.append(len(proxy.exchanges))
+        if len(looks) == 10:  # the other replica's fill ends: the blob is stored
+            holder.objects.put(holder.blob_name(folder, etag), data)
+
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # the same storage, counted
+        waiter = BucketBackedStore(open_store(bucket, clock=_LookClock(look_ended)))
+        pull = waiter.pull_through(60.0, fill_lease_ttl=600.0)
+        pull.fill(None, "model", "t/wait", commit, "w.bin")  # waits, never fills
+    finally:
+        proxy.stop()
+    per_look = [after - before for before, after in itertools.pairwise(looks)]
+    assert _bucket.LEASE_CLOCK_RESYNC == 2.0
+    assert per_look == [4] * 7 + [7, 4], per_look  # after the first look: 2 s, then a probe
+    methods = [e.request.method for e in proxy.exchanges[looks[0] :]]
+    look = ["HEAD", "GET", "PUT", "GET"]
+    assert methods[:28] == look * 7 and methods[-5:] == [*look, "HEAD"], methods
+    assert holder.objects.get(lease)  # never taken over: live on the storage's clock
+
+
+def test_a_fill_has_its_compose_client_made_while_the_upstream_streams(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the botocore client that composes the parts into the blob was made at the
+    end of each cold fill, its model files loaded on the critical path. A fill now has it
+    made on a background thread when it starts: it exists before the upstream's bytes are
+    taken (the transfer below waits for it, bounded), and it is the only one made."""
+    import botocore.session
+
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    backend = open_mirror_store(moto_bucket.url)
+    made: list[str] = []
+    ready = threading.Event()
+    real_create = botocore.session.Session.create_client
+
+    def create_client(session: Any, *args: Any, **kwargs: Any) -> Any:
+        client = real_create(session, *args, **kwargs)
+        made.append(threading.current_thread().name)
+        ready.set()
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    real_transfer = _pull._Fill._transfer
+    waited: list[bool] = []
+
+    def transfer(fill: Any) -> None:
+        waited.append(ready.wait(TEST_DEADLINE))  # nothing here asks for the client
+        real_transfer(fill)
+
+    monkeypatch.setattr(_pull._Fill, "_transfer", transfer)
+    data = os.urandom(PART + 1000)
+    with HostileHub(files={"model.bin": data}) as hub:
+        upstream = Upstream(backend.pull_through(300.0), UpstreamConfig(hub.url))
+        upstream.prepare("model", "evil/repo", "main")
+        upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+    assert waited == [True] and made == ["cmh-s3-client"], (waited, made)
+    index = backend.resolve("model", "evil/repo", COMMIT)
+    assert index is not None
+    with backend.opener(index.files["model.bin"]) as f:
+        assert f.read() == data  # composed with that client

@@ -537,11 +537,17 @@ def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
     after the compose while a slow reader is still reading one) and the reader cut its
     client. A part is whole or absent: a failed read of one is looked at again (or the
     blob read), as for a part not there yet. The reader is another replica's (the filling
-    replica's own readers take its parts from memory, issue 37)."""
+    replica's own readers take its parts from memory, issue 37). The filler's deletion of
+    the last part waits for the reader's GET of it: a fill's end that no longer waits for
+    its S3 client (issue 37) could delete it between two of the reader's looks."""
     sha = origin["blobs"][MID_REPO]
     last = f"/.cmh/fills/{sha}/part-000004"
     cut: list[str] = []
     looked = threading.Event()
+
+    def holds_the_delete(request: S3Request) -> None:
+        if request.method == "DELETE" and request.key.endswith(last):  # the filler's: after
+            wait_for(lambda: bool(cut), what="the reader's GET of the last part")  # that GET
 
     def truncates(request: S3Request) -> Break | None:
         if request.method == "GET" and request.key.endswith(last) and not cut:
@@ -560,7 +566,9 @@ def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
     endpoint = fleet.env["AWS_ENDPOINT_URL"]
     proxy = S3Proxy(endpoint, truncates)
     go = threading.Event()
+    filler_proxy = S3Proxy(endpoint, holds_the_delete)
     try:
+        fleet.env["AWS_ENDPOINT_URL"] = filler_proxy.endpoint
         filler = fleet.start()
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
         reader = fleet.start()
@@ -581,6 +589,7 @@ def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
         fleet.env["AWS_ENDPOINT_URL"] = endpoint
         fleets.close()  # the replicas stopped
         proxy.stop()
+        filler_proxy.stop()
 
 
 def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(

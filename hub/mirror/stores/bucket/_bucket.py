@@ -101,6 +101,10 @@ PROBE_FOLDER = ".cmh/probe"
 #: Seconds after which a process looks at the storage's clock again (between two looks it
 #: counts on its own monotonic clock, which does not drift by much in an hour).
 STORAGE_CLOCK_RESYNC = 3600.0
+#: The same for judging a lease's age (:meth:`BucketStore.lease_state`): a replica waiting
+#: on another's fill looks every 0.25 s and probes the storage's clock once per window, and
+#: a process clock that jumped further (a test's) never ages a live lease.
+LEASE_CLOCK_RESYNC = 2.0
 #: Per commit, when its upstream freshness ends (spec/hub-mirror.md 8.5), as in a folder.
 UPSTREAM_RECORDS = ".cmh/upstream"
 
@@ -238,6 +242,7 @@ class BucketStore:
     _unsure: dict[str, bytes] = field(default_factory=dict, init=False)
     #: (storage time, this process's monotonic time) of the last look at the storage's clock
     _storage_base: tuple[float, float] | None = field(default=None, init=False)
+    _lease_base: tuple[float, float] | None = field(default=None, init=False)  # leases'
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> BucketStore:
@@ -649,12 +654,15 @@ class BucketStore:
         :data:`STORAGE_CLOCK_RESYNC` seconds. Every fleet record (cuts, failed fills, claims,
         validations, ``created_at``) is written and aged on it, so no two replicas' wall
         clocks are ever compared (spec/hub-mirror.md 8.6)."""
-        base = self._storage_base
-        now = self.clock.monotonic()
-        if base is None or not 0 <= now - base[1] < STORAGE_CLOCK_RESYNC:
-            base = self._storage_base = (self.storage_now(), self.clock.monotonic())
-            now = base[1]
-        return base[0] + (now - base[1])
+        base = self._storage_base = self._counted(self._storage_base, STORAGE_CLOCK_RESYNC)
+        return base[0] + (self.clock.monotonic() - base[1])
+
+    def _counted(self, base: tuple[float, float] | None, window: float) -> tuple[float, float]:
+        """``base`` (storage time, monotonic time of that look), or a new look at the
+        storage's clock when it is older than ``window`` seconds."""
+        if base is None or not 0 <= self.clock.monotonic() - base[1] < window:
+            return (self.storage_now(), self.clock.monotonic())
+        return base
 
     def storage_age(self, at: float) -> float:
         """Seconds since ``at`` (a time on the storage's clock); negative when ``at`` is in
@@ -663,7 +671,8 @@ class BucketStore:
 
     def lease_state(self, folder: str, *, name: str | None = None) -> LeaseState | None:
         """The repo's lease (or the lease object ``name``; ``None`` when there is none),
-        with its age on the storage's clock."""
+        with its age on the storage's clock: one GET, the clock probed at most every
+        :data:`LEASE_CLOCK_RESYNC` seconds and counted on this process's in between."""
         key = name or self.lease_name(folder)
         try:
             data, info = self.objects.get_with_info(key)
@@ -675,7 +684,9 @@ class BucketStore:
         owner = "an unknown pruner"
         with contextlib.suppress(ValueError, AttributeError):
             owner = str(json.loads(body).get("owner") or owner)[:200]
-        age = max(0.0, self.storage_now() - info.last_modified.timestamp())
+        base = self._lease_base = self._counted(self._lease_base, LEASE_CLOCK_RESYNC)
+        now = base[0] + (self.clock.monotonic() - base[1])
+        age = max(0.0, now - info.last_modified.timestamp())
         return LeaseState(info.etag, age, owner)
 
     def take_lease(

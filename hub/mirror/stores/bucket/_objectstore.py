@@ -36,6 +36,7 @@ import builtins
 import contextlib
 import os
 import re
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -352,7 +353,9 @@ class ObjectStore:
         self.settings = settings
         self.part_size = part_size
         self._secrets: tuple[str, ...] = ()
-        self._botocore: Any = None  # made when first needed (:meth:`_s3_client`)
+        self._botocore: Any = None  # made once, when first needed (:meth:`_s3_client`)
+        self._botocore_made = threading.Lock()  # or warmed (:meth:`warm_s3_client`)
+        self._warming = False
         self._copy_pins: bool | None = None  # whether copies honour their source's ETag
         config: dict[str, Any] = {"region": settings.region}
         if settings.endpoint:
@@ -666,10 +669,31 @@ class ObjectStore:
         except self._errors() as exc:
             self._fail("LIST", prefix, exc)
 
+    def warm_s3_client(self) -> None:
+        """Make the botocore client (:meth:`compose`'s) on a background thread, once: loading
+        botocore's models takes a few tenths of a second, which the end of a fill would
+        otherwise wait for. A caller that needs it meanwhile waits for that one client."""
+        with self._botocore_made:
+            if self._botocore is not None or self._warming:
+                return
+            self._warming = True
+        threading.Thread(target=self._warm, name="cmh-s3-client", daemon=True).start()
+
+    def _warm(self) -> None:
+        with contextlib.suppress(Exception):  # raised again to whoever uses the client
+            self._s3_client()
+
     def _s3_client(self) -> Any:
-        """A botocore S3 client with this store's settings (for what obstore lacks)."""
+        """A botocore S3 client with this store's settings (for what obstore lacks): one per
+        store, made by whichever thread asks first."""
         if self._botocore is not None:
             return self._botocore
+        with self._botocore_made:
+            if self._botocore is None:
+                self._botocore = self._new_s3_client()
+            return self._botocore
+
+    def _new_s3_client(self) -> Any:
         try:
             import botocore.config
             import botocore.session
@@ -683,7 +707,7 @@ class ObjectStore:
             s3={"addressing_style": "path"} if self.settings.endpoint else {},
             signature_version=None if creds else botocore.UNSIGNED,
         )
-        client = botocore.session.get_session().create_client(
+        return botocore.session.get_session().create_client(
             "s3",
             endpoint_url=self.settings.endpoint,
             region_name=self.settings.region,
@@ -692,8 +716,6 @@ class ObjectStore:
             aws_session_token=creds.session_token if creds else None,
             config=config,
         )
-        self._botocore = client
-        return client
 
     def _upload_error(self, op: str, name: str, exc: Exception) -> NoReturn:
         reason = str(exc)

@@ -774,6 +774,7 @@ class _Fill:
         name = self.pull.store.blob_name(self.folder, self.f.etag)
         keeper = threading.Thread(target=self._keep_lease, name="cmh-fill-lease", daemon=True)
         keeper.start()
+        self.objects.warm_s3_client()  # the compose's client, made while the bytes stream
         try:
             self._resume()
             now = self.pull.store.clock.monotonic()
