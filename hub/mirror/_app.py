@@ -461,7 +461,11 @@ async def _resolve(
         ranges = None
     asked = _Asked(route, index, entry, headers, ranges, range_header)
     if state.fills is not None and not await _run(_present, state, entry):
-        return await _resolve_filling(request, state, asked)  # filled now, sent as it arrives
+        # A fill whose bytes a client's check refused is not joined: its end is waited
+        # out, then the blob is sent (a retry installed it) or the fill's failure answered.
+        await state.fills.wait_out_refused(entry.source)
+        if not await _run(_present, state, entry):
+            return await _resolve_filling(request, state, asked)  # sent as it arrives
     blobs = state.blobs  # the one delivery of every kind and mode (stores.BlobDelivery)
     try:
         if request.method == "HEAD" and not blobs.redirects:
@@ -566,7 +570,7 @@ async def _resolve_filling(
     request: web.Request, state: MirrorState, asked: _Asked
 ) -> web.StreamResponse:
     """Pull-through: a listed file whose blob the store lacks, sent while it is filled."""
-    from ._filling import send_filling
+    from ._filling import BodyRefused, send_filling
     from .stores import FillFailed
 
     assert state.upstream is not None
@@ -589,6 +593,8 @@ async def _resolve_filling(
         sent = Sent(response, await send_filling(request, response, fill, source, entry,
                                                  pieces, tail))  # fmt: skip
     except (BodyCut, FillFailed) as cut:
+        if isinstance(cut, BodyRefused) and state.fills is not None:
+            state.fills.refused(entry.source, fill)
         why = (
             "fill failed"
             if not fill.done() or fill.exception() is None

@@ -51,6 +51,11 @@ MAX_PENDING_FILLS = 256
 MAX_FAILED_FILLS = 4096
 
 
+class BodyRefused(BodyCut):
+    """A whole body sent from a fill was cut because its digest is not the ETag: the
+    fill's bytes, so far, are not the blob's."""
+
+
 class Fills:
     """The fills running in one worker: one per blob, shared by every request for it."""
 
@@ -58,11 +63,28 @@ class Fills:
         self.upstream = upstream
         self._slots = threading.BoundedSemaphore(MAX_FILLS)
         self._running: dict[Path, asyncio.Future[None]] = {}  # one per fill under way
+        #: Running fills whose bytes a client's whole-body check refused (a subset of
+        #: ``_running``, dropped with it).
+        self._refused: dict[Path, asyncio.Future[None]] = {}
         self.clock = upstream.clock.monotonic  # the negative cache's (tests move it)
         #: What each recently failed fill answers (an outcome, never the exception).
         self._failed: Memo[Path, Outcome] = Memo(
             MAX_FAILED_FILLS, ttl=NEGATIVE_FOR, timer=lambda: self.clock()
         )
+
+    def refused(self, blob: Path, fill: asyncio.Future[None]) -> None:
+        """A client's whole-body check refused what ``fill`` sent: no request joins it
+        any more (it would be cut in turn), each waits it out (:meth:`wait_out_refused`)."""
+        if self._running.get(blob) is fill and not fill.done():
+            self._refused[blob] = fill
+
+    async def wait_out_refused(self, blob: Path) -> None:
+        """Wait for the end of ``blob``'s fill if its bytes were refused (whatever its
+        outcome: a folder's resolver may download again and succeed; the fill's own
+        deadlines bound the wait). Cancelling the caller leaves the fill running."""
+        fill = self._refused.get(blob)
+        if fill is not None and not fill.done():
+            await asyncio.wait([fill])
 
     def recent_failure(self, blob: Path) -> Outcome | None:
         """The outcome of a fill of ``blob`` that failed less than ``NEGATIVE_FOR`` s ago."""
@@ -107,6 +129,8 @@ class Fills:
         def done(f: asyncio.Future[None]) -> None:
             if self._running.get(blob) is f:
                 del self._running[blob]
+            if self._refused.get(blob) is f:
+                del self._refused[blob]
             if not f.cancelled():
                 error = f.exception()  # retrieved: reported to each waiter, not logged
                 if error is not None:
@@ -225,4 +249,4 @@ async def _gate(
         good = await loop.run_in_executor(None, source.ranges_match, sent_ranges)
     if not good:
         _cut(request)
-        raise BodyCut(sent)
+        raise BodyRefused(sent) if digest is not None else BodyCut(sent)

@@ -368,10 +368,11 @@ def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float = TEST
 
 
 class InProcessMirror:
-    """A pull-through mirror of ``upstream`` on a folder store, in this process (its own
-    thread and loop), so a test can hold a step of a fill; ``tails``: its fill readers."""
+    """A pull-through mirror of ``upstream`` on a folder store (or a bucket store's URL),
+    in this process (its own thread and loop), so a test can hold a step of a fill;
+    ``tails``: its fill readers."""
 
-    def __init__(self, store: Path, upstream: str) -> None:
+    def __init__(self, store: Path | str, upstream: str) -> None:
         from cmh.hub.mirror._app import make_app
         from cmh.hub.mirror._auth import AccessPolicy
         from cmh.hub.mirror._filling import Fills
@@ -380,7 +381,8 @@ class InProcessMirror:
         from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
         from cmh.hub.mirror.stores import open_store
 
-        store.mkdir()
+        if isinstance(store, Path):  # else a bucket's URL (its AWS settings in os.environ)
+            store.mkdir()
         backend = open_store(store)
         pull = backend.pull_through(3600.0)
         self.tails: list[Any] = []

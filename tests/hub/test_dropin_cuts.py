@@ -10,6 +10,7 @@ its check makes resumes start again, in a way each huggingface_hub release survi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import isolated_aws_env
+from bucket_support import S3Proxy, S3Request, isolated_aws_env
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
+from deadline_support import TEST_DEADLINE
 from hublike import running
 from mirror_support import InProcessMirror, MirrorServer, hf_env, wait_for
 
@@ -286,3 +288,51 @@ def test_a_reader_joining_a_fill_whose_check_is_pending_gets_the_retry_whole(
     finally:
         release.set()
         front.clear_faults()
+
+
+def test_a_client_arriving_while_a_refused_fill_ends_waits_it_out(
+    origin: dict[str, Any], moto_bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket fill whose bytes failed their check ends by writing the fleet's ``failed``
+    record and deleting its parts; a client cut for those bytes is told at once. A
+    request arriving before that end joined the doomed fill and was cut in turn (a 200
+    cut after 16 MiB: on a loaded machine the end takes long enough for it, issue 40).
+    It now waits the fill out and hears its failure (502), as after its end."""
+    front, data = origin["front"], origin["data"]
+    front.clear_faults()
+    front.flip_byte(origin["sha"], offset=4 << 20)
+    released = threading.Event()
+    front.drip(9 << 20, released)  # past the bad byte only once client 1 has read it
+    ending, end = threading.Event(), threading.Event()
+
+    def hold_the_end(request: S3Request) -> None:
+        if request.method == "PUT" and request.key.endswith("/failed"):
+            ending.set()
+            end.wait(TEST_DEADLINE)  # the fill's end waits for the test
+
+    env = isolated_aws_env(moto_bucket, tmp_path)
+    proxy = S3Proxy(env["AWS_ENDPOINT_URL"], hold_the_end)
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in {**env, "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        with InProcessMirror(moto_bucket.url, front.url) as mirror, ThreadPoolExecutor(1) as pool:
+            status, body = _read_past(mirror, {"User-Agent": OLD_AGENT}, 5 << 20, released)
+            assert status == 200 and len(body) < SIZE  # cut: its bytes are not the blob's
+            wait_for(ending.is_set, "the fill's end under way")
+            late = pool.submit(_request, mirror, "GET", {"User-Agent": NEW_AGENT})
+            with contextlib.suppress(AssertionError):  # joining takes no longer than this
+                wait_for(lambda: len(mirror.tails) > 1, "a second reader", timeout=3)
+            joined = len(mirror.tails) > 1
+            end.set()
+            status, headers, body = late.result(TEST_DEADLINE)
+            assert not joined, "the late request joined the refused fill"
+            assert status == 502 and "x-test-cut" not in headers, (status, headers)
+            assert headers["x-error-code"] == "UpstreamProtocolError"
+            assert body != data
+    finally:
+        end.set()
+        released.set()
+        front.clear_faults()
+        proxy.stop()
