@@ -848,13 +848,20 @@ def _revision_asks(front: HubLike, revision: str) -> int:
     return len(front.records(origin="hub", path=f"/api/models/{SMALL_REPO}/revision/{revision}$"))
 
 
+FRESH_FOR = 30.0  # the replicas' --fresh-for in the test below
+PAST_FRESH = FRESH_FOR + 1.5  # an advance that passes it on both replicas' views
+
+
 def test_fleet_keeps_local_pull_through_behaviour(
     any_fleet: Fleet, origin: dict[str, Any], process_clock: ProcessClock
 ) -> None:
     """Freshness per fleet, pinned commits, typed errors, tokens, manifests, stale answers."""
     fleet = any_fleet
     sha = origin["blobs"][SMALL_REPO]
-    a, b = (fleet.start("--fresh-for", "3s", clock=process_clock) for _ in range(2))
+    # --fresh-for long enough that a loaded machine's real time never makes a validation
+    # stale between two steps; the test's advances pass it by more than the storage
+    # clock's resolution (1 s: two replicas' views of it may differ by up to that).
+    a, b = (fleet.start("--fresh-for", f"{FRESH_FOR:g}s", clock=process_clock) for _ in range(2))
     store = fleet.store()
     status, _, body = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
     assert status == 200, (body, a.stderr_text()[-3000:])
@@ -886,7 +893,7 @@ def test_fleet_keeps_local_pull_through_behaviour(
     wait_for(lambda: _exists(store, manifest), timeout=TEST_DEADLINE, what="the tensor manifest")
     status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
     assert status == 200 and len(json.loads(body)["tensors"]) == 4
-    process_clock.advance(3.2)  # --fresh-for passes on both replicas
+    process_clock.advance(PAST_FRESH)  # --fresh-for passes on both replicas
     # A commit id never revalidates.
     before = len(fleet.front.records(origin="hub", path="/revision/"))
     for server in (a, b):
@@ -899,7 +906,7 @@ def test_fleet_keeps_local_pull_through_behaviour(
         )
     assert answers == [200, 200]
     assert _revision_asks(fleet.front, "main") == 2
-    process_clock.advance(3.2)
+    process_clock.advance(PAST_FRESH)
     # The upstream failing: the held copy answers, with a Warning.
     fleet.front.fail(503, times=50, path=f"/api/models/{SMALL_REPO}/revision/main")
     status, headers, _ = _get(a, f"/api/models/{SMALL_REPO}/revision/main")
