@@ -461,25 +461,44 @@ async def _resolve(
         ranges = None
     asked = _Asked(route, index, entry, headers, ranges, range_header)
     if state.fills is not None and not await _run(_present, state, entry):
-        # A fill whose bytes a client's check refused is not joined: its end is waited
-        # out, then the blob is sent (a retry installed it) or the fill's failure answered.
-        await state.fills.wait_out_refused(entry.source)
-        if not await _run(_present, state, entry):
-            return await _resolve_filling(request, state, asked)  # sent as it arrives
-    blobs = state.blobs  # the one delivery of every kind and mode (stores.BlobDelivery)
+        return await _fill_or_deliver(request, state, asked)
     try:
-        if request.method == "HEAD" and not blobs.redirects:
-            return await _head(request, state, asked)
-        _note_range(request, ranges, range_header)
-        sent = await blobs.send(request, entry, headers, ranges)
+        return await _deliver(request, state, asked)
     except BlobMissing as exc:
         if state.fills is None:
             raise _unavailable(request, exc) from None
-        return await _resolve_filling(request, state, asked)  # pull-through fills it
+        return await _fill_or_deliver(request, state, asked)  # pull-through fills it
+
+
+async def _deliver(request: web.Request, state: MirrorState, asked: _Asked) -> web.StreamResponse:
+    """Send a blob the store holds: the one delivery of every kind and mode
+    (stores.BlobDelivery); :class:`BlobMissing` when it does not hold it."""
+    blobs = state.blobs
+    try:
+        if request.method == "HEAD" and not blobs.redirects:
+            return await _head(request, state, asked)
+        _note_range(request, asked.ranges, asked.range_header)
+        sent = await blobs.send(request, asked.entry, asked.headers, asked.ranges)
     except BlobUnavailable as exc:
+        if isinstance(exc, BlobMissing):
+            raise
         raise _unavailable(request, exc) from None
-    await _settle(request, state, route, entry, sent)
+    await _settle(request, state, asked.route, asked.entry, sent)
     return sent.response
+
+
+async def _fill_or_deliver(
+    request: web.Request, state: MirrorState, asked: _Asked
+) -> web.StreamResponse:
+    """Pull-through of a blob the store lacks, the one way every path takes: a fill whose
+    bytes a client's check refused is not joined; its end is waited out, then the blob
+    is sent if a retry installed it, else filled (or the fill's failure answered)."""
+    assert state.fills is not None
+    await state.fills.wait_out_refused(asked.entry.source)
+    if await _run(_present, state, asked.entry):
+        with contextlib.suppress(BlobMissing):
+            return await _deliver(request, state, asked)
+    return await _resolve_filling(request, state, asked)  # sent as it arrives
 
 
 def _unavailable(request: web.Request, exc: BlobUnavailable) -> HubError:
