@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from bucket_support import Fault, S3Proxy, S3Request, isolated_aws_env
@@ -46,6 +47,8 @@ class Served:
     storage: S3Proxy
     data: bytes
     bad_name: str
+    env: dict[str, str] = field(default_factory=dict)  # the server's environment
+    big_name: str = ""  # the blob object of big.bin
     cut: list[bool] = field(default_factory=lambda: [False])  # [True]: spliced GETs cut
 
 
@@ -83,10 +86,11 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
         assert tree is not None
         bad = next(f for f in tree.files if f.path == "bad.bin")
         blob = store.blob_name(FOLDER, bad.etag)
+        big = store.blob_name(FOLDER, next(f for f in tree.files if f.path == "big.bin").etag)
         served_env = {**os.environ, **env, "AWS_ENDPOINT_URL": storage.endpoint}
         server = MirrorServer(where.url, tmp / "logs", env=served_env)
         try:
-            yield Served(store, server, storage, data, blob, cut)
+            yield Served(store, server, storage, data, blob, served_env, big, cut)
         finally:
             server.stop()
             storage.stop()
@@ -255,3 +259,25 @@ def test_a_silent_storage_fails_the_body_after_its_stall(monkeypatch: pytest.Mon
         storage.stop()
     assert isinstance(out.error, ObjectStoreError) and "nothing for" in str(out.error)
     assert out.got == data and out.sent == len(data)
+
+
+def test_a_warm_get_asks_the_storage_for_its_bytes_alone(served: Served, tmp_path: Path) -> None:
+    """Within the ref TTL a replica that served a blob answers each further GET (whole or
+    ranged) with one GET of the storage, its bytes: no HEAD, no check or cut record read,
+    no ref or tree read per request (the warm fleet's floor is direct S3 GETs)."""
+    server = MirrorServer(served.store.url, tmp_path / "logs", env=served.env,
+                          extra_args=("--ref-ttl", "600"))  # fmt: skip
+    try:
+        warm = Served(served.store, server, served.storage, served.data, served.bad_name)
+        # learns the ref, tree, blob, check record, and (a range) the blob's cut record
+        assert _get(warm, None) == (200, served.data)
+        assert _get(warm, "bytes=1-") == (206, served.data[1:])
+        before = len(served.storage.exchanges)
+        assert _get(warm, None) == (200, served.data)
+        assert _get(warm, "bytes=1048576-") == (206, served.data[1 << 20 :])
+        assert _get(warm, None) == (200, served.data)
+        asked = [(e.request.method, e.request.key) for e in served.storage.exchanges[before:]]
+        assert asked == [("GET", f"/{served.store.objects.location.bucket}/"
+                          f"{served.store.objects.location.key(served.big_name)}")] * 3  # fmt: skip
+    finally:
+        server.stop()
