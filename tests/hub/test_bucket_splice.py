@@ -10,7 +10,6 @@ import asyncio
 import http.client
 import os
 import socket
-import stat
 import threading
 import time
 import uuid
@@ -48,7 +47,7 @@ class Served:
     data: bytes
     bad_name: str
     env: dict[str, str] = field(default_factory=dict)  # the server's environment
-    big_name: str = ""  # the blob object of big.bin
+    blobs: dict[str, str] = field(default_factory=dict)  # path -> its blob object
     cut: list[bool] = field(default_factory=lambda: [False])  # [True]: spliced GETs cut
 
 
@@ -75,6 +74,7 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
     data = os.urandom(SIZE)
     (src / "big.bin").write_bytes(data)
     (src / "bad.bin").write_bytes(data[::-1])
+    (src / "warm.bin").write_bytes(data[1:] + data[:1])  # a blob no other test cuts
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
             if name.startswith("AWS_"):
@@ -86,11 +86,11 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
         assert tree is not None
         bad = next(f for f in tree.files if f.path == "bad.bin")
         blob = store.blob_name(FOLDER, bad.etag)
-        big = store.blob_name(FOLDER, next(f for f in tree.files if f.path == "big.bin").etag)
+        blobs = {f.path: store.blob_name(FOLDER, f.etag) for f in tree.files}
         served_env = {**os.environ, **env, "AWS_ENDPOINT_URL": storage.endpoint}
         server = MirrorServer(where.url, tmp / "logs", env=served_env)
         try:
-            yield Served(store, server, storage, data, blob, served_env, big, cut)
+            yield Served(store, server, storage, data, blob, served_env, blobs, cut)
         finally:
             server.stop()
             storage.stop()
@@ -221,32 +221,6 @@ async def _splice_to_client(storage: _Storage, count: int) -> _Spliced:
     return _Spliced(bytes(got), body.sent, error)
 
 
-def test_each_splice_from_the_storage_moves_at_least_the_low_water_mark(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A storage that sends its body in small pieces wakes the splice once per
-    ``LOW_WATER`` bytes (or the body's end), not once per piece: few syscalls per GiB."""
-    data = os.urandom(1 << 20)
-    storage = _Storage(data, 16 << 10, 0.002)  # 64 pieces
-    calls: list[int] = []
-    splice = os.splice
-
-    def counted(src: int, dst: int, count: int, *args: object, **kwargs: object) -> int:
-        moved = splice(src, dst, count, *args, **kwargs)  # type: ignore[arg-type]
-        if stat.S_ISSOCK(os.fstat(src).st_mode):  # from the storage (else from the pipe)
-            calls.append(moved)
-        return moved
-
-    monkeypatch.setattr(_splice.os, "splice", counted)
-    try:
-        out = asyncio.run(_splice_to_client(storage, len(data)))
-    finally:
-        storage.stop()
-    assert out.error is None and out.got == data and out.sent == len(data)
-    assert 0 < sum(calls) <= len(data)  # the bytes that came with the head are not spliced
-    assert len(calls) <= len(data) // _splice.LOW_WATER + 2, calls
-
-
 def test_a_silent_storage_fails_the_body_after_its_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     """A storage that stops sending mid-body fails the body after ``STORAGE_STALL`` (a real
     deadline: 0.3 s here), the bytes it sent delivered and counted."""
@@ -269,15 +243,16 @@ def test_a_warm_get_asks_the_storage_for_its_bytes_alone(served: Served, tmp_pat
                           extra_args=("--ref-ttl", "600"))  # fmt: skip
     try:
         warm = Served(served.store, server, served.storage, served.data, served.bad_name)
+        data = served.data[1:] + served.data[:1]
         # learns the ref, tree, blob, check record, and (a range) the blob's cut record
-        assert _get(warm, None) == (200, served.data)
-        assert _get(warm, "bytes=1-") == (206, served.data[1:])
+        assert _get(warm, None, path="warm.bin") == (200, data)
+        assert _get(warm, "bytes=1-", path="warm.bin") == (206, data[1:])
         before = len(served.storage.exchanges)
-        assert _get(warm, None) == (200, served.data)
-        assert _get(warm, "bytes=1048576-") == (206, served.data[1 << 20 :])
-        assert _get(warm, None) == (200, served.data)
+        assert _get(warm, None, path="warm.bin") == (200, data)
+        assert _get(warm, "bytes=1048576-", path="warm.bin") == (206, data[1 << 20 :])
+        assert _get(warm, None, path="warm.bin") == (200, data)
         asked = [(e.request.method, e.request.key) for e in served.storage.exchanges[before:]]
-        assert asked == [("GET", f"/{served.store.objects.location.bucket}/"
-                          f"{served.store.objects.location.key(served.big_name)}")] * 3  # fmt: skip
+        where = served.store.objects.location
+        assert asked == [("GET", f"/{where.bucket}/{where.key(served.blobs['warm.bin'])}")] * 3
     finally:
         server.stop()

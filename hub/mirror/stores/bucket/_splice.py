@@ -4,11 +4,8 @@ client's (``splice(2)`` through a pipe, in the kernel), no byte through Python.
 The control plane stays in :mod:`~cmh.hub.mirror.stores.bucket._send`: which object version,
 the check, the held-back last byte. This module opens one plain-HTTP GET of a presigned URL
 (:meth:`StorageBody.open`, a thread), reports its status before the client's headers go out,
-and moves a count of body bytes to the client's socket (:meth:`StorageBody.send_to`, in
-the event loop: non-blocking splices, each woken once the storage's socket holds
-:data:`LOW_WATER` bytes or the client's can take more, waits bounded by
-:data:`STORAGE_STALL` and :data:`CLIENT_STALL`; no thread per body, so no lock handed
-between them at each read). The client's socket
+and moves a count of body bytes to the client's socket (:meth:`StorageBody.send_to`, a
+thread, waits bounded by :data:`STORAGE_STALL` and :data:`CLIENT_STALL`). The client's socket
 is used through a duplicate of its descriptor, so a transport closed meanwhile never lets
 bytes go to a reused descriptor. ``https`` storage, chunked answers and platforms without
 ``os.splice`` raise :class:`SpliceUnavailable`: the caller streams through Python instead.
@@ -20,6 +17,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import select
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
@@ -30,19 +28,14 @@ from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 STORAGE_STALL = 60.0
 #: Seconds a client may take no byte before its body is given up (it went away).
 CLIENT_STALL = 300.0
-#: Bytes of the pipe between the two sockets (and of each splice call): at most
-#: ``/proc/sys/fs/pipe-max-size`` (1 MiB by default) without ``CAP_SYS_RESOURCE``.
+#: Bytes of the pipe between the two sockets (and of each splice call).
 PIPE_SIZE = 1 << 20
-#: Bytes the storage's socket holds before it wakes the loop (``SO_RCVLOWAT``): each splice
-#: then moves at least this much, or the body's end.
-LOW_WATER = 256 << 10
 #: Bytes an answer's status line and headers may take.
 MAX_HEAD = 64 << 10
-#: Threads opening storage connections at once (connect and answer head, blocking).
+#: Threads moving bodies at once (each waits in the kernel, holding no lock).
 MAX_THREADS = 256
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_MORE", 0)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -61,36 +54,12 @@ def _threads() -> ThreadPoolExecutor:
     return _pool
 
 
-async def _ready(fd: int, writing: bool, timeout: float, what: str) -> None:
-    """Wait in the event loop until ``fd`` can be read (or written); :class:`TimeoutError`
-    after ``timeout`` seconds of nothing."""
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    def expire() -> None:
-        if not ready.done():
-            ready.set_exception(TimeoutError(f"{what}: nothing for {timeout:.0f} s"))
-
-    watch, unwatch = (loop.add_writer, loop.remove_writer) if writing else (
-        loop.add_reader, loop.remove_reader)  # fmt: skip
-    watch(fd, wake)
-    timer = loop.call_later(timeout, expire)
-    try:
-        await ready
-    finally:
-        timer.cancel()
-        unwatch(fd)
-
-
-def _pipe_size(fd: int) -> int:
-    """Grow a pipe to :data:`PIPE_SIZE` where allowed; the size it has."""
-    with contextlib.suppress(OSError):
-        return int(fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE))
-    return int(fcntl.fcntl(fd, _F_GETPIPE_SZ))
+def _wait(fd: int, events: int, timeout: float, what: str) -> None:
+    poller = select.poll()
+    poller.register(fd, events | select.POLLERR | select.POLLHUP)
+    ready = poller.poll(timeout * 1000)
+    if not ready:
+        raise TimeoutError(f"{what}: nothing for {timeout:.0f} s")
 
 
 class StorageBody:
@@ -102,7 +71,6 @@ class StorageBody:
         self.where = where
         self.early = early  # body bytes that came with the head (sent first)
         self.sent = 0  # body bytes moved to the client so far
-        self.low_water = min(LOW_WATER, length)  # the storage socket's SO_RCVLOWAT
 
     @classmethod
     async def open(
@@ -155,9 +123,6 @@ class StorageBody:
             length = int(headers.get("content-length", "-1"))
             if length < 0 or len(early) > length:
                 raise SpliceUnavailable(where)
-            sock.setblocking(False)  # read by the event loop from here on
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(LOW_WATER, length))
         except BaseException:
             sock.close()
             raise
@@ -203,30 +168,26 @@ class StorageBody:
             raise ConnectionResetError("client took nothing")
         client = os.dup(sock.fileno())
         try:
-            count -= await self._write_early(client, count)
-            await self._splice(client, count)
+            await asyncio.get_running_loop().run_in_executor(
+                _threads(), self._splice, client, count
+            )
         finally:
             os.close(client)
 
-    async def _splice(self, client: int, count: int) -> None:
-        """``count`` bytes from the storage's socket to ``client`` through a pipe, each
-        splice taking all the storage sent meanwhile (at least :data:`LOW_WATER`, as the
-        storage socket wakes the loop no earlier), no byte through Python."""
+    def _splice(self, client: int, count: int) -> None:
+        count -= self._write_early(client, count)
         source = self.sock.fileno()
         r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            size = _pipe_size(w)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
             left = count
             while left:
-                if left < self.low_water:  # the body's last bytes wake the loop too
-                    self.low_water = left
-                    with contextlib.suppress(OSError):
-                        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, left)
                 try:
-                    got = os.splice(source, w, min(left, size), flags=_SPLICE_FLAGS)
+                    got = os.splice(source, w, min(left, PIPE_SIZE), flags=_SPLICE_FLAGS)
                 except BlockingIOError:
                     try:
-                        await _ready(source, False, STORAGE_STALL, self.where)
+                        _wait(source, select.POLLIN, STORAGE_STALL, self.where)
                     except TimeoutError as exc:
                         raise ObjectStoreError(str(exc)) from None
                     continue
@@ -239,7 +200,10 @@ class StorageBody:
                     try:
                         out = os.splice(r, client, got, flags=_SPLICE_FLAGS)
                     except BlockingIOError:
-                        await self._client_ready(client)
+                        try:
+                            _wait(client, select.POLLOUT, CLIENT_STALL, "client")
+                        except TimeoutError as exc:
+                            raise ConnectionResetError(str(exc)) from None
                         continue
                     except OSError as exc:  # EPIPE, ECONNRESET: the client went away
                         raise ConnectionResetError(str(exc)) from None
@@ -249,14 +213,7 @@ class StorageBody:
             os.close(r)
             os.close(w)
 
-    @staticmethod
-    async def _client_ready(client: int) -> None:
-        try:
-            await _ready(client, True, CLIENT_STALL, "client")
-        except TimeoutError as exc:
-            raise ConnectionResetError(str(exc)) from None
-
-    async def _write_early(self, client: int, count: int) -> int:
+    def _write_early(self, client: int, count: int) -> int:
         """Send up to ``count`` of the body bytes that came with the head; how many."""
         data = memoryview(self.early)[:count]
         done = 0
@@ -264,7 +221,10 @@ class StorageBody:
             try:
                 done += os.write(client, data[done:])
             except BlockingIOError:
-                await self._client_ready(client)
+                try:
+                    _wait(client, select.POLLOUT, CLIENT_STALL, "client")
+                except TimeoutError as exc:
+                    raise ConnectionResetError(str(exc)) from None
             except OSError as exc:
                 raise ConnectionResetError(str(exc)) from None
         self.early = self.early[done:]
