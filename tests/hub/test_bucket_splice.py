@@ -6,15 +6,22 @@ which GETs were the spliced ones (their ``User-Agent`` is ``cmh``)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
+import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
-from bucket_support import S3Proxy, isolated_aws_env
+from bucket_support import Fault, S3Proxy, S3Request, isolated_aws_env
+from cmh.hub.mirror.stores.bucket import _splice
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
 from mirror_support import MirrorServer
 from seaweed import SeaweedBucket, SeaweedServer
 
@@ -39,19 +46,35 @@ class Served:
     storage: S3Proxy
     data: bytes
     bad_name: str
+    env: dict[str, str] = field(default_factory=dict)  # the server's environment
+    blobs: dict[str, str] = field(default_factory=dict)  # path -> its blob object
+    cut: list[bool] = field(default_factory=lambda: [False])  # [True]: spliced GETs cut
+
+
+def _cut_spliced(cut: list[bool]) -> object:
+    """A hook of :class:`S3Proxy` that cuts the spliced GETs of blobs mid-body while
+    ``cut[0]``: the storage sends half the body, then closes."""
+
+    def hook(request: S3Request) -> Fault | None:
+        spliced = request.method == "GET" and request.header("User-Agent") == "cmh"
+        return Fault.TRUNCATE if cut[0] and spliced and "/blobs/" in request.key else None
+
+    return hook
 
 
 @pytest.fixture(scope="module")
 def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     where = SeaweedBucket(seaweed, seaweed.bucket, f"splice-{uuid.uuid4().hex[:10]}/")
     tmp = tmp_path_factory.mktemp("splice")
-    storage = S3Proxy(where.endpoint)
+    cut = [False]
+    storage = S3Proxy(where.endpoint, hook=_cut_spliced(cut))  # type: ignore[arg-type]
     env = isolated_aws_env(where, tmp)
     src = tmp / "src"
     src.mkdir()
     data = os.urandom(SIZE)
     (src / "big.bin").write_bytes(data)
     (src / "bad.bin").write_bytes(data[::-1])
+    (src / "warm.bin").write_bytes(data[1:] + data[:1])  # a blob no other test cuts
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
             if name.startswith("AWS_"):
@@ -63,10 +86,11 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
         assert tree is not None
         bad = next(f for f in tree.files if f.path == "bad.bin")
         blob = store.blob_name(FOLDER, bad.etag)
+        blobs = {f.path: store.blob_name(FOLDER, f.etag) for f in tree.files}
         served_env = {**os.environ, **env, "AWS_ENDPOINT_URL": storage.endpoint}
         server = MirrorServer(where.url, tmp / "logs", env=served_env)
         try:
-            yield Served(store, server, storage, data, blob)
+            yield Served(store, server, storage, data, blob, served_env, blobs, cut)
         finally:
             server.stop()
             storage.stop()
@@ -116,3 +140,119 @@ def test_a_spliced_range_of_a_bad_blob_is_never_sent_complete(served: Served) ->
     # The range was spliced (the check's read is aiohttp's).
     assert "cmh" in blob_get_agents(served.storage)[before:]
     assert _get(served, None, path="bad.bin")[0] == 503  # known bad now
+
+
+def test_a_storage_cut_mid_body_reaches_the_client_as_a_cut(served: Served) -> None:
+    """The storage ends a spliced body early: the client's body ends before its last
+    byte (never a complete body of other bytes), whole or ranged; then it is served again."""
+    served.cut[0] = True
+    try:
+        assert _get(served, None) == (200, "IncompleteRead")
+        assert _get(served, "bytes=1048576-") == (206, "IncompleteRead")
+    finally:
+        served.cut[0] = False
+    assert _get(served, None) == (200, served.data)
+
+
+# -- the data plane alone, in this process: a local storage and a local client -----------
+
+
+class _Storage:
+    """A plain-HTTP storage on 127.0.0.1 answering one GET with ``body``, written in
+    ``piece``-byte writes ``pause`` seconds apart, then (``stall``) silent until stopped."""
+
+    def __init__(self, body: bytes, piece: int, pause: float, stall: bool = False) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/b/blobs/x?sig=1"
+        self.done = threading.Event()
+
+        def serve() -> None:
+            conn, _ = self.listener.accept()
+            with conn:
+                while b"\r\n\r\n" not in conn.recv(65536):
+                    pass
+                size = len(body) + (1 if stall else 0)  # a stalled body never ends
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
+                for at in range(0, len(body), piece):
+                    conn.sendall(body[at : at + piece])
+                    time.sleep(pause)
+                self.done.wait(30)
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.listener.close()
+
+
+@dataclass
+class _Spliced:
+    got: bytes  # what the client received
+    sent: int  # what the body counted as sent
+    error: Exception | None  # what ``send_to`` raised
+
+
+async def _splice_to_client(storage: _Storage, count: int) -> _Spliced:
+    """Open the storage's body and splice ``count`` bytes of it to a local client."""
+    body = await _splice.StorageBody.open(storage.url, 0, None, '"e"', "GET test", "b/blobs/x")
+    receiver = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def receive() -> None:
+        conn, _ = receiver.accept()
+        with conn:
+            while chunk := conn.recv(1 << 20):
+                got.extend(chunk)
+
+    reading = threading.Thread(target=receive, daemon=True)
+    reading.start()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_connection(asyncio.Protocol, *receiver.getsockname())
+    error: Exception | None = None
+    try:
+        await body.send_to(transport, count)
+    except Exception as exc:
+        error = exc
+    finally:
+        transport.close()
+        body.close()
+        await asyncio.to_thread(reading.join, 10)
+        receiver.close()
+    return _Spliced(bytes(got), body.sent, error)
+
+
+def test_a_silent_storage_fails_the_body_after_its_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage that stops sending mid-body fails the body after ``STORAGE_STALL`` (a real
+    deadline: 0.3 s here), the bytes it sent delivered and counted."""
+    monkeypatch.setattr(_splice, "STORAGE_STALL", 0.3)
+    data = os.urandom(300 << 10)
+    storage = _Storage(data, 100 << 10, 0.0, stall=True)
+    try:
+        out = asyncio.run(_splice_to_client(storage, len(data) + 1))
+    finally:
+        storage.stop()
+    assert isinstance(out.error, ObjectStoreError) and "nothing for" in str(out.error)
+    assert out.got == data and out.sent == len(data)
+
+
+def test_a_warm_get_asks_the_storage_for_its_bytes_alone(served: Served, tmp_path: Path) -> None:
+    """Within the ref TTL a replica that served a blob answers each further GET (whole or
+    ranged) with one GET of the storage, its bytes: no HEAD, no check or cut record read,
+    no ref or tree read per request (the warm fleet's floor is direct S3 GETs)."""
+    server = MirrorServer(served.store.url, tmp_path / "logs", env=served.env,
+                          extra_args=("--ref-ttl", "600"))  # fmt: skip
+    try:
+        warm = Served(served.store, server, served.storage, served.data, served.bad_name)
+        data = served.data[1:] + served.data[:1]
+        # learns the ref, tree, blob, check record, and (a range) the blob's cut record
+        assert _get(warm, None, path="warm.bin") == (200, data)
+        assert _get(warm, "bytes=1-", path="warm.bin") == (206, data[1:])
+        before = len(served.storage.exchanges)
+        assert _get(warm, None, path="warm.bin") == (200, data)
+        assert _get(warm, "bytes=1048576-", path="warm.bin") == (206, data[1 << 20 :])
+        assert _get(warm, None, path="warm.bin") == (200, data)
+        asked = [(e.request.method, e.request.key) for e in served.storage.exchanges[before:]]
+        where = served.store.objects.location
+        assert asked == [("GET", f"/{where.bucket}/{where.key(served.blobs['warm.bin'])}")] * 3
+    finally:
+        server.stop()
