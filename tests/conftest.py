@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,19 @@ def _private_check_records(
     """Stamp check records (cmh._checks) of files outside a Hub cache go to a folder per
     test, never to the user's ~/.cache."""
     monkeypatch.setenv("CMH_CHECKS_DIR", str(tmp_path_factory.mktemp("stamp-checks")))
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_found() -> Iterator[None]:
+    """A test that leaves Ctrl-C's disposition changed is an error: an ignored SIGINT is
+    inherited by every process the worker starts later, and a later test's client then
+    ignores its Ctrl-C (a stock client ran to its end instead of stopping)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT's handler changed: {before!r} -> {after!r}")
 
 
 @pytest.fixture

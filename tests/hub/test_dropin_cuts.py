@@ -194,6 +194,12 @@ print(json.dumps({"version": __version__, "sha256": digest}))
 """
 
 
+def _signal_state(pid: int) -> str:
+    """The signal lines of a process's status (which signals it ignores and blocks)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return " ".join(line for line in status.splitlines() if line.startswith("Sig"))
+
+
 def _incomplete(home: Path) -> int:
     sizes = [p.stat().st_size for p in home.rglob("blobs/*.incomplete") if p.is_file()]
     return max(sizes, default=0)
@@ -218,14 +224,15 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
     )
     try:
         wait_for(lambda: _incomplete(tmp_path / "home") >= 1 << 20, "a partial download")
+        signals = _signal_state(first.pid)
         first.send_signal(signal.SIGINT)  # Ctrl-C
-        first.communicate(timeout=60)
+        _, err = first.communicate(timeout=60)
     finally:
         released.set()  # the rest at full speed: the server writes to the client that left
         if first.poll() is None:
             first.kill()
             first.wait()
-    assert first.returncode != 0
+    assert first.returncode != 0, (signals, _signal_state(os.getpid()), err[-2000:])
     assert _incomplete(tmp_path / "home") > 0  # what it resumes from
     wait_for(lambda: "client went away" in _cuts(pull), "the server to see the client leave")
     wait_for(lambda: _stored(pull), "the fill to end")
