@@ -168,7 +168,9 @@ def test_the_filling_process_sends_its_parts_from_memory_not_the_storage(
             tail.close()
 
     assert asyncio.run(again()) == b"Y" * 10
-    assert counted.part_gets == [f"{fills}/part-000000"]
+    # Part 0 from the storage (then part 1 read ahead, READ_AHEAD).
+    assert counted.part_gets[:1] == [f"{fills}/part-000000"]
+    assert counted.part_gets[1:] in ([], [f"{fills}/part-000001"])
 
 
 @pytest.mark.parametrize("kind", ["seaweed", "moto"])
@@ -205,6 +207,117 @@ def test_readers_of_a_stalled_local_fill_look_at_the_storage(
 
     assert asyncio.run(main()) == data
     assert counted.part_gets == [f"{fills}/part-000000"]
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_a_reader_of_another_replicas_fill_gets_the_next_parts_ahead(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a waiting replica GOT each part only when its clients asked for it, so
+    its clients waited a GET per part on top of the sending. Once a reader has a segment
+    from the storage, the next READ_AHEAD parts are being read for the worker's readers:
+    each part is still read once, and what is sent is the stored bytes."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    store = open_store(bucket)
+    monkeypatch.setattr(_pull, "READ_POLL", 3600.0)
+    fills = f"models--t--ahead/.cmh/fills/r{kind}"
+    data = os.urandom(3 * PART + 10)
+    for n in range(4):  # stored by another replica
+        store.objects.put(f"{fills}/part-{n:06d}", data[n * PART : (n + 1) * PART])
+    counted = _CountedGets(store.objects)
+    names = [f"{fills}/part-{n:06d}" for n in range(4)]
+
+    async def main() -> bytes:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tail = _pull.PartTail(counted, "models--t--ahead/blobs/y", fills, len(data), fill)  # type: ignore[arg-type]
+        try:
+            got = bytes(await asyncio.wait_for(tail.read(0, 10), timeout=TEST_DEADLINE))
+            ahead = [t for (f, n, _), (_, t) in list(_pull._SEGMENTS.items()) if f == fills and n]
+            assert len(ahead) == _pull.READ_AHEAD == 2  # parts 1 and 2, under way
+            await asyncio.wait_for(asyncio.gather(*ahead), timeout=TEST_DEADLINE)
+            assert counted.part_gets == names[:3]
+            for n in (1, 2, 3):
+                got += bytes(await asyncio.wait_for(tail.read(n * PART, 10), timeout=TEST_DEADLINE))
+            return got
+        finally:
+            tail.close()
+
+    got = asyncio.run(main())
+    assert got == b"".join(data[n * PART : n * PART + 10] for n in range(4))
+    assert counted.part_gets == names  # each part read once
+
+
+class _SlowFirstPart:
+    """The store's objects, whose PUT of part 0 returns only once part 1's PUT has (a
+    storage that is slow on one part); every call goes through."""
+
+    def __init__(self, objects: Any) -> None:
+        self.objects = objects
+        self.second_stored = threading.Event()
+        self.finished: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.objects, name)
+
+    def put(self, name: str, data: bytes) -> str:
+        if name.endswith("/part-000000"):
+            # Bounded only to end a hang: one PUT at a time never gets here.
+            assert self.second_stored.wait(TEST_DEADLINE), "part 1 was not PUT meanwhile"
+        etag = self.objects.put(name, data)
+        self.finished.append(name.rpartition("/")[2])
+        if name.endswith("/part-000001"):
+            self.second_stored.set()
+        return str(etag)
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_a_fill_uploads_its_parts_at_once_and_tells_them_in_order(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a fill PUT one part at a time, so each part waited for the storage's
+    latency on the one before (the cold fleet's pace). Parts are now PUT at once: part 1
+    is stored while part 0's PUT is still under way. A part is told stored only once every
+    part before it is: the fill's list (which the blob is composed from) is in order, and
+    this process's readers get both parts from memory, never a GET."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    store = open_store(bucket)
+    monkeypatch.setattr(_pull, "READ_POLL", 3600.0)  # no poll: only the signal wakes
+    fills = f"models--t--ahead/.cmh/fills/{kind}"
+    data = os.urandom(PART + 1000)
+    slow = _SlowFirstPart(store.objects)
+    counted = _CountedGets(slow)
+    clock = _StillClock()
+    stored: list[tuple[str, str]] = []
+
+    async def main() -> bytes:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tail = _pull.PartTail(counted, "models--t--ahead/blobs/x", fills, len(data), fill, clock)  # type: ignore[arg-type]
+        _pull._STORED_PARTS.start(fills, 0, clock.now)
+        try:
+            reading = asyncio.ensure_future(tail.read(PART, 1000))
+            await asyncio.sleep(0)
+
+            def fill_parts() -> None:
+                writer = _pull._PartWriter(slow, fills, stored, clock)
+                writer.put(f"{fills}/part-000000", data[:PART])
+                writer.put(f"{fills}/part-000001", data[PART:])
+                writer.finish()
+
+            await asyncio.wait_for(asyncio.to_thread(fill_parts), timeout=TEST_DEADLINE)
+            second = bytes(await asyncio.wait_for(reading, timeout=TEST_DEADLINE))
+            return bytes(await tail.read(0, 10)) + second
+        finally:
+            tail.close()
+            _pull._STORED_PARTS.end(fills)
+
+    assert asyncio.run(main()) == data[:10] + data[PART:]
+    assert slow.finished == ["part-000001", "part-000000"]  # the second PUT ended first
+    assert [name for name, _ in stored] == [f"{fills}/part-000000", f"{fills}/part-000001"]
+    assert counted.part_gets == []
+    for name, etag in stored:
+        assert store.objects.head(name).etag.strip('"') == etag.strip('"')
 
 
 class _LookClock(Clock):

@@ -76,11 +76,17 @@ if TYPE_CHECKING:
 
 #: Bytes of each part object of a fill (the last may be shorter).
 PART = 8 << 20
-#: Parts a fill may hold in memory while earlier ones are uploaded.
+#: Parts a fill may hold in memory waiting for an upload (besides those being uploaded).
 PARTS_AHEAD = 2
+#: Parts one fill uploads at once (each PUT on its own thread; a fill holds at most
+#: ``PUTS_AT_ONCE + PARTS_AHEAD + 1`` parts in memory).
+PUTS_AT_ONCE = 3
 #: Segments (:data:`PART` bytes each) one worker keeps for its readers of fills: the
 #: clients of one blob read each segment from the storage once per worker, not once each.
 KEPT_SEGMENTS = 6
+#: Segments a reader reading from the storage GETs ahead of the one it sends (shared by
+#: the worker's readers, kept among its :data:`KEPT_SEGMENTS`).
+READ_AHEAD = 2
 #: Seconds between a waiting replica's looks at a fill another replica runs.
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
@@ -694,8 +700,12 @@ def part_stored(fills: str) -> None:
 
 
 class _PartWriter:
-    """PUTs a fill's parts in order on its own thread, at most :data:`PARTS_AHEAD` waiting,
-    so that the upstream's bytes keep arriving while a part is uploaded."""
+    """PUTs a fill's parts on :data:`PUTS_AT_ONCE` threads, at most :data:`PARTS_AHEAD`
+    waiting for one, so that the upstream's bytes keep arriving while parts are uploaded
+    and one slow PUT does not hold the next (issue 37: one PUT at a time paced the whole
+    fleet's cold fill at the storage's latency per part). A part is told stored (to
+    ``stored``, to this process's readers) only once every part before it is, so the
+    parts told are always ``0..n``."""
 
     _END = object()
 
@@ -708,32 +718,54 @@ class _PartWriter:
         self.stored = stored
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=PARTS_AHEAD)
         self._error: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, name="cmh-fill-parts", daemon=True)
-        self._thread.start()
+        self._next = len(stored)  # the number of the next part handed over (resumed first)
+        self._lock = threading.Lock()
+        #: Parts stored while one before them is not yet: number -> (name, ETag, bytes).
+        self._done: dict[int, tuple[str, str, bytes]] = {}
+        self._threads = [
+            threading.Thread(target=self._run, name="cmh-fill-parts", daemon=True)
+            for _ in range(PUTS_AT_ONCE)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not self._END:
             if self._error:
                 continue  # drain: nothing more is stored after a failure
-            name, data = item
+            n, name, data = item
             try:
-                self.stored.append((name, self.objects.put(name, data)))
+                etag = self.objects.put(name, data)
             except BaseException as exc:  # raised by put() or finish()
                 self._error.append(exc)
                 continue
-            # ``stored`` holds parts 0.. in order (resumed ones first): this is part n.
-            n, now = len(self.stored) - 1, self.clock.monotonic()
-            _STORED_PARTS.keep(self.fills, n, data, now)  # for the readers here
-            part_stored(self.fills)
+            self._stored(n, name, etag, data)
+
+    def _stored(self, n: int, name: str, etag: str, data: bytes) -> None:
+        """Part ``n`` is stored: tell it, with every later one already stored, once the
+        parts before it are."""
+        with self._lock:
+            self._done[n] = (name, etag, data)
+            told = False
+            while (first := len(self.stored)) in self._done:
+                name, etag, data = self._done.pop(first)
+                self.stored.append((name, etag))
+                _STORED_PARTS.keep(self.fills, first, data, self.clock.monotonic())
+                told = True
+        if told:
+            part_stored(self.fills)  # wakes this process's readers
 
     def put(self, name: str, data: bytes) -> None:
         if self._error:
             raise self._error[0]
-        self._queue.put((name, data))
+        n, self._next = self._next, self._next + 1
+        self._queue.put((n, name, data))
 
     def finish(self) -> None:
-        self._queue.put(self._END)
-        self._thread.join()
+        for _ in self._threads:
+            self._queue.put(self._END)
+        for thread in self._threads:
+            thread.join()
         if self._error:
             raise self._error[0]
 
@@ -988,24 +1020,37 @@ class PartTail:
                 stored.cancel()
         self._stored.clear()
 
-    async def _shared(self, n: int) -> bytes | None:
-        """Segment ``n`` as :meth:`_load` reads it, one read for every reader of this worker
-        (a segment not stored yet is looked for again by the next reader who asks)."""
+    def _task(self, n: int) -> tuple[Any, asyncio.Task[bytes | None]]:
+        """The read of segment ``n`` shared by every reader of this worker (started now
+        unless one is kept). A read that failed or found nothing is not kept: the next
+        reader who asks looks again."""
         key, loop = (self.fills, n, self.fill), asyncio.get_running_loop()
         kept = _SEGMENTS.get(key)
         if kept is None or kept[0] is not loop:
-            kept = (loop, loop.create_task(self._load(n)))
+            task = loop.create_task(self._load(n))
+            kept = (loop, task)
             _SEGMENTS[key] = kept
-        task = kept[1]
-        try:
-            loaded = await asyncio.shield(task)
-        except BaseException:
-            if task.done() and _SEGMENTS.get(key) is kept:
-                del _SEGMENTS[key]  # a failed read is not kept
-            raise
-        if loaded is None and _SEGMENTS.get(key) is kept:
-            del _SEGMENTS[key]
-        return loaded
+
+            def settled(done: asyncio.Task[bytes | None], kept: Any = kept) -> None:
+                failed = done.cancelled() or done.exception() is not None
+                if (failed or done.result() is None) and _SEGMENTS.get(key) is kept:
+                    del _SEGMENTS[key]
+
+            task.add_done_callback(settled)
+        return kept
+
+    async def _shared(self, n: int) -> bytes | None:
+        """Segment ``n`` as :meth:`_load` reads it, one read for every reader of this worker
+        (a segment not stored yet is looked for again by the next reader who asks)."""
+        return await asyncio.shield(self._task(n)[1])
+
+    def _read_ahead(self, n: int) -> None:
+        """Start the shared reads of the :data:`READ_AHEAD` segments after ``n`` (those
+        not started), so a reader behind the fill GETs a part while it sends the one
+        before (issue 37: one GET after another paced a waiting replica's clients)."""
+        last = (self.size - 1) // PART
+        for ahead in range(n + 1, min(last, n + READ_AHEAD) + 1):
+            self._task(ahead)
 
     async def _load(self, n: int) -> bytes | None:
         start = n * PART
@@ -1051,6 +1096,7 @@ class PartTail:
                 raise FillFailed(f"store unavailable: {exc}") from None
             if loaded is not None:
                 self._segment = (n, loaded)
+                self._read_ahead(n)
                 continue
             if self._stored is None:  # subscribed before the next look: no part missed
                 self._stored = _PART_SIGNALS.subscribe(self.fills)
