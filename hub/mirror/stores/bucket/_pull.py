@@ -18,10 +18,11 @@ blobs/{etag}                         written only once the whole SHA-256 matched
 ```
 
 The replica holding the lease streams the blob from the upstream and stores it
-part by part (each part one PUT, so a part is whole or absent); every replica's
-clients read the parts as they appear (this replica's readers are woken as each
-part is stored and take its bytes from memory, :class:`_StoredParts`; another
-replica's look every :data:`READ_POLL`). Once the digest of
+part by part (each part one PUT, so a part is whole or absent; :data:`PUTS_AT_ONCE`
+at once, told stored in order); every replica's clients read the parts as they
+appear (this replica's readers are woken as each part is stored and take its bytes
+from memory, :class:`_StoredParts`; another replica's look every :data:`READ_POLL`
+and read :data:`READ_AHEAD` parts ahead). Once the digest of
 the whole blob matched, the parts become ``blobs/{etag}`` by the storage's own copy
 (:meth:`ObjectStore.compose`: a multipart upload of part copies, each pinned to the
 ETag of the part that was hashed), so the bytes are uploaded once; a blob that fails
