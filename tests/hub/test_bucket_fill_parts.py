@@ -227,6 +227,7 @@ def test_a_reader_of_another_replicas_fill_gets_the_next_parts_ahead(
         store.objects.put(f"{fills}/part-{n:06d}", data[n * PART : (n + 1) * PART])
     counted = _CountedGets(store.objects)
     names = [f"{fills}/part-{n:06d}" for n in range(4)]
+    monkeypatch.setattr(_pull, "_SEGMENTS", _pull.LRUCache(_pull.KEPT_SEGMENTS))  # this worker's
 
     async def main() -> bytes:
         fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -246,6 +247,43 @@ def test_a_reader_of_another_replicas_fill_gets_the_next_parts_ahead(
     got = asyncio.run(main())
     assert got == b"".join(data[n * PART : n * PART + 10] for n in range(4))
     assert counted.part_gets == names  # each part read once
+
+
+@pytest.mark.parametrize("others", [2, 6])
+def test_parts_are_read_ahead_only_where_the_kept_segments_have_room(
+    others: int, moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker keeps KEPT_SEGMENTS segments for all the fills it reads: with other fills
+    read at once, a fill reads ahead only its share (none with KEPT_SEGMENTS fills), so no
+    segment is read ahead only to be pushed out before it is sent (and read again)."""
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    fills = f"models--t--room/.cmh/fills/o{others}"
+    data = os.urandom(2 * PART + 10)
+    for n in range(3):
+        store.objects.put(f"{fills}/part-{n:06d}", data[n * PART : (n + 1) * PART])
+    counted = _CountedGets(store.objects)
+    monkeypatch.setattr(_pull, "_SEGMENTS", _pull.LRUCache(_pull.KEPT_SEGMENTS))
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bytes | None] = loop.create_future()
+        done.set_result(b"")
+        for i in range(others):  # segments of other fills this worker reads
+            _pull._SEGMENTS[(f"other-{i}", 0, None)] = (loop, done)
+        fill: asyncio.Future[None] = loop.create_future()
+        tail = _pull.PartTail(counted, "models--t--room/blobs/z", fills, len(data), fill)  # type: ignore[arg-type]
+        try:
+            got = bytes(await asyncio.wait_for(tail.read(0, 10), timeout=TEST_DEADLINE))
+            ahead = [t for (f, n, _), (_, t) in list(_pull._SEGMENTS.items()) if f == fills and n]
+            await asyncio.wait_for(asyncio.gather(*ahead), timeout=TEST_DEADLINE)
+            return got
+        finally:
+            tail.close()
+
+    assert asyncio.run(main()) == data[:10]
+    share = max(0, _pull.KEPT_SEGMENTS // (others + 1) - 1)  # 1 beside 2 others, 0 beside 6
+    assert counted.part_gets == [f"{fills}/part-{n:06d}" for n in range(1 + share)]
 
 
 class _SlowFirstPart:

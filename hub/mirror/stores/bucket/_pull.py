@@ -1048,9 +1048,15 @@ class PartTail:
     def _read_ahead(self, n: int) -> None:
         """Start the shared reads of the :data:`READ_AHEAD` segments after ``n`` (those
         not started), so a reader behind the fill GETs a part while it sends the one
-        before (issue 37: one GET after another paced a waiting replica's clients)."""
+        before (issue 37: one GET after another paced a waiting replica's clients).
+
+        Only as many as the worker's :data:`KEPT_SEGMENTS` have room for beside the other
+        fills read (a share each): a segment read ahead and pushed out before it is sent
+        would be read twice. With :data:`KEPT_SEGMENTS` fills read at once, none."""
+        fills = {key[0] for key in list(_SEGMENTS)} | {self.fills}
+        room = KEPT_SEGMENTS // len(fills) - 1  # this fill's share, beside segment n
         last = (self.size - 1) // PART
-        for ahead in range(n + 1, min(last, n + READ_AHEAD) + 1):
+        for ahead in range(n + 1, min(last, n + min(READ_AHEAD, room)) + 1):
             self._task(ahead)
 
     async def _load(self, n: int) -> bytes | None:
