@@ -358,6 +358,53 @@ def test_a_fill_uploads_its_parts_at_once_and_tells_them_in_order(
         assert store.objects.head(name).etag.strip('"') == etag.strip('"')
 
 
+def test_a_fill_holds_a_bounded_number_of_parts_while_one_put_is_slow(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts stored after one still being PUT are held until it is (they are told in
+    order): while part 0's PUT hangs, the fill hands over at most PUTS_AT_ONCE +
+    PARTS_AHEAD parts, and the next waits (so the parts held in memory stay bounded,
+    whatever the storage does), then every part is told in order."""
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    fills = "models--t--held/.cmh/fills/x"
+    bound = _pull.PUTS_AT_ONCE + _pull.PARTS_AHEAD
+    release, enough = threading.Event(), threading.Event()
+    finished: list[str] = []
+    handed: list[int] = []
+
+    class Objects:
+        def put(self, name: str, data: bytes) -> str:
+            if name.endswith("/part-000000"):
+                assert release.wait(TEST_DEADLINE)
+            etag = store.objects.put(name, data)
+            finished.append(name)
+            if len(finished) == bound - 1:  # every part but part 0 that may be held
+                enough.set()
+            return str(etag)
+
+    stored: list[tuple[str, str]] = []
+    writer = _pull._PartWriter(Objects(), fills, stored, _StillClock())
+    names = [f"{fills}/part-{n:06d}" for n in range(bound + 3)]
+
+    def produce() -> None:
+        for n, name in enumerate(names):
+            writer.put(name, b"%d" % n)
+            handed.append(n)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        assert enough.wait(TEST_DEADLINE)
+        producer.join(0.2)  # a chance to hand over more: it must be waiting
+        assert producer.is_alive() and len(handed) == bound, handed
+    finally:
+        release.set()
+    producer.join(TEST_DEADLINE)
+    writer.finish()
+    assert [name for name, _ in stored] == names
+
+
 class _LookClock(Clock):
     """Time that moves only when slept; ``on_sleep`` runs at each sleep (each look)."""
 

@@ -77,11 +77,12 @@ if TYPE_CHECKING:
 
 #: Bytes of each part object of a fill (the last may be shorter).
 PART = 8 << 20
-#: Parts a fill may hold in memory waiting for an upload (besides those being uploaded).
-PARTS_AHEAD = 2
-#: Parts one fill uploads at once (each PUT on its own thread; a fill holds at most
-#: ``PUTS_AT_ONCE + PARTS_AHEAD + 1`` parts in memory).
+#: Parts one fill uploads at once (each PUT on its own thread).
 PUTS_AT_ONCE = 3
+#: Parts a fill may hold in memory besides those being uploaded (waiting for an upload,
+#: or stored after one still being uploaded): a fill holds at most
+#: ``PUTS_AT_ONCE + PARTS_AHEAD`` parts, and the one it is receiving.
+PARTS_AHEAD = 2
 #: Segments (:data:`PART` bytes each) one worker keeps for its readers of fills: the
 #: clients of one blob read each segment from the storage once per worker, not once each.
 KEPT_SEGMENTS = 6
@@ -701,12 +702,13 @@ def part_stored(fills: str) -> None:
 
 
 class _PartWriter:
-    """PUTs a fill's parts on :data:`PUTS_AT_ONCE` threads, at most :data:`PARTS_AHEAD`
-    waiting for one, so that the upstream's bytes keep arriving while parts are uploaded
-    and one slow PUT does not hold the next (issue 37: one PUT at a time paced the whole
-    fleet's cold fill at the storage's latency per part). A part is told stored (to
-    ``stored``, to this process's readers) only once every part before it is, so the
-    parts told are always ``0..n``."""
+    """PUTs a fill's parts on :data:`PUTS_AT_ONCE` threads, so that the upstream's bytes
+    keep arriving while parts are uploaded and one slow PUT does not hold the next (issue
+    37: one PUT at a time paced the whole fleet's cold fill at the storage's latency per
+    part). A part is told stored (to ``stored``, to this process's readers) only once
+    every part before it is, so the parts told are always ``0..n``. At most
+    ``PUTS_AT_ONCE + PARTS_AHEAD`` parts handed over and not told are held: waiting,
+    being PUT, or stored after a part still being PUT (:meth:`put` waits for room)."""
 
     _END = object()
 
@@ -717,10 +719,11 @@ class _PartWriter:
         self.clock = clock
         self.fills = fills
         self.stored = stored
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=PARTS_AHEAD)
+        self._queue: queue.Queue[Any] = queue.Queue()  # bounded by ``_held``
         self._error: list[BaseException] = []
         self._next = len(stored)  # the number of the next part handed over (resumed first)
-        self._lock = threading.Lock()
+        self._room = threading.Condition()
+        self._held = 0  # parts handed over and not told stored (nor dropped), under _room
         #: Parts stored while one before them is not yet: number -> (name, ETag, bytes).
         self._done: dict[int, tuple[str, str, bytes]] = {}
         self._threads = [
@@ -732,33 +735,49 @@ class _PartWriter:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not self._END:
-            if self._error:
-                continue  # drain: nothing more is stored after a failure
             n, name, data = item
+            if self._error:
+                self._release(1)  # drain: nothing more is stored after a failure
+                continue
             try:
                 etag = self.objects.put(name, data)
             except BaseException as exc:  # raised by put() or finish()
-                self._error.append(exc)
+                with self._room:
+                    self._error.append(exc)
+                self._release(1)
                 continue
             self._stored(n, name, etag, data)
+
+    def _release(self, count: int) -> None:
+        with self._room:
+            self._held -= count
+            self._room.notify_all()
 
     def _stored(self, n: int, name: str, etag: str, data: bytes) -> None:
         """Part ``n`` is stored: tell it, with every later one already stored, once the
         parts before it are."""
-        with self._lock:
+        with self._room:
             self._done[n] = (name, etag, data)
-            told = False
+            told = 0
             while (first := len(self.stored)) in self._done:
                 name, etag, data = self._done.pop(first)
                 self.stored.append((name, etag))
                 _STORED_PARTS.keep(self.fills, first, data, self.clock.monotonic())
-                told = True
+                told += 1
+            self._held -= told
+            self._room.notify_all()
         if told:
             part_stored(self.fills)  # wakes this process's readers
 
     def put(self, name: str, data: bytes) -> None:
-        if self._error:
-            raise self._error[0]
+        """Hand the next part over, once fewer than the bound are held; raise what a PUT
+        raised. (Each PUT has the storage client's deadline: the wait ends with it.)"""
+        with self._room:
+            while self._held >= PUTS_AT_ONCE + PARTS_AHEAD and not self._error:
+                self._room.wait()
+            if self._error:
+                raise self._error[0]
+            self._held += 1
         n, self._next = self._next, self._next + 1
         self._queue.put((n, name, data))
 
