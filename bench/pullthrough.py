@@ -26,7 +26,9 @@ targets: cmh no slower cold, one upstream transfer where olah makes more, warm
 >= 1.5x olah; the fleet: one upstream transfer for all its clients, warm with
 ``--clients`` at least 0.9x direct S3 GETs of the same blob (measured in the same
 run, curls of a presigned URL), cold with ``--clients`` at most 1.5x the one node's
-time (issue 37).
+time (issue 37). Each cold run's CPU seconds per GiB of the file are printed for every
+process of the mirror (the one node; each replica and SeaweedFS), counted from
+``/proc`` until the last client has the file, and the load average before and after.
 Usage: ``python bench/pullthrough.py [--size-mib 1024] [--clients 8]
 [--work DIR] [--skip-olah] [--skip-fleet]`` (``DIR``: where the files, caches,
 SeaweedFS data and olah's venv go; default ``bench-work/`` of the checkout).
@@ -47,6 +49,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench-work" / "pullthrough"
@@ -60,10 +63,22 @@ from hublike import HubLike, running  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _servers import stop_process  # noqa: E402
+from scaleout import cpu_seconds  # noqa: E402
 
-#: Starts a mirror on an empty cache (a folder to use) and yields the base URLs of its
-#: servers (one, or one per replica); raises :class:`Skipped` when it cannot run.
-Launcher = Callable[[Path], AbstractContextManager[list[str]]]
+
+class Server(NamedTuple):
+    """A process of a mirror: its name in the CPU figures, its base URL ("" when clients
+    do not ask it: the fleet's SeaweedFS) and its PID."""
+
+    name: str
+    url: str
+    pid: int
+
+
+#: Starts a mirror on an empty cache (a folder to use) and yields its processes (one
+#: server, or one per replica and the storage); raises :class:`Skipped` when it cannot run.
+Launcher = Callable[[Path], AbstractContextManager[list[Server]]]
+GIB = 1 << 30
 
 
 class Skipped(Exception):
@@ -139,13 +154,14 @@ def _answers(port: int, path: str) -> bool:
 @contextmanager
 def process(
     args: list[str], log: Path, port: int, env: dict[str, str] | None = None
-) -> Iterator[None]:
+) -> Iterator[int]:
+    """Run ``args`` until the block ends; yields its PID once it is ready."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=WORK, env=env)
         try:
             # Every cmh server measured here is ready once its /health answers.
             wait_port(port, proc, log, ready="/health" if "cmh.cli.main" in args else "")
-            yield
+            yield proc.pid
         finally:
             stop_process(proc)
 
@@ -209,9 +225,12 @@ def run_mirror(
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir(parents=True)
         front.clear_records()
-        with launch(cache) as bases:
-            urls = [f"{base}/{REPO}/resolve/main/big.bin" for base in bases]
+        with launch(cache) as servers:
+            urls = [f"{s.url}/{REPO}/resolve/main/big.bin" for s in servers if s.url]
+            before = [cpu_seconds(s.pid) for s in servers]
             wall, firsts = fetch(urls, n, size)
+            for s, cpu in zip(servers, before, strict=True):
+                out[f"cold{n}_cpu_{s.name}"] = (cpu_seconds(s.pid) - cpu) / (size / GIB)
             requests, transfers, nbytes = upstream_cost(front)
             out[f"cold{n}_s"] = wall
             out[f"cold{n}_first_byte_max_s"] = max(firsts)
@@ -230,10 +249,10 @@ def single(start: Callable[[Path, int], list[str]], name: str) -> Launcher:
     """A launcher of one server process (``start(cache, port)`` gives its arguments)."""
 
     @contextmanager
-    def launch(cache: Path) -> Iterator[list[str]]:
+    def launch(cache: Path) -> Iterator[list[Server]]:
         port = free_port()
-        with process(start(cache, port), WORK / f"{name}-{cache.name}.log", port):
-            yield [f"http://127.0.0.1:{port}"]
+        with process(start(cache, port), WORK / f"{name}-{cache.name}.log", port) as pid:
+            yield [Server(name, f"http://127.0.0.1:{port}", pid)]
 
     return launch
 
@@ -246,17 +265,17 @@ def fleet(weed: object, upstream: str, stores: list[str]) -> Launcher:
     env.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
 
     @contextmanager
-    def launch(cache: Path) -> Iterator[list[str]]:
+    def launch(cache: Path) -> Iterator[list[Server]]:
         store = f"s3://{FLEET_BUCKET}/{cache.name}-{uuid.uuid4().hex[:8]}/"
         stores.append(store)
         with ExitStack() as stack:
-            bases = []
+            servers = []
             for i in range(FLEET_REPLICAS):
                 port = free_port()
                 log = WORK / f"fleet-{cache.name}-replica{i}.log"
-                stack.enter_context(process(cmh_serve(store, port, upstream), log, port, env))
-                bases.append(f"http://127.0.0.1:{port}")
-            yield bases
+                pid = stack.enter_context(process(cmh_serve(store, port, upstream), log, port, env))
+                servers.append(Server(f"replica{i}", f"http://127.0.0.1:{port}", pid))
+            yield [*servers, Server("SeaweedFS", "", weed.process.pid)]  # type: ignore[attr-defined]
 
     return launch
 
@@ -334,6 +353,7 @@ def main() -> None:
     size = args.size_mib << 20
     n = args.clients
     WORK.mkdir(parents=True, exist_ok=True)
+    loads = [os.getloadavg()]
     olah = None if args.skip_olah else ensure_olah()
     src, sha256 = make_file(size)
     origin_store = WORK / "origin-store"
@@ -358,7 +378,10 @@ def main() -> None:
             results["olah"] = run_mirror("olah", olah_launch, front, size, n, (1, n))
         if not args.skip_fleet:
             results["fleet"] = measure_fleet(front, size, n, sha256)
+    loads.append(os.getloadavg())
     report(results, args.size_mib, n)
+    print("\nload average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} "
+          "{:.2f}".format(*loads[0], *loads[1]))  # fmt: skip
 
 
 ROWS = (
@@ -414,6 +437,13 @@ def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) ->
     for name, why in results.items():
         if isinstance(why, str):
             print(f"\n{name}: {why}")
+    print(f"\nCPU s per GiB of the file, cold, {n} clients (until the last client has it):")
+    prefix = f"cold{n}_cpu_"
+    for name, row in measured.items():
+        cpus = {k.removeprefix(prefix): v for k, v in row.items() if k.startswith(prefix)}
+        if cpus:
+            each = ", ".join(f"{k} {v:.2f}" for k, v in cpus.items())
+            print(f"  {name}: {each}; total {sum(cpus.values()):.2f}")
     print("\ntargets:")
     if c and o:
         cold1 = o["cold1_s"] / c["cold1_s"]

@@ -168,7 +168,9 @@ def test_the_filling_process_sends_its_parts_from_memory_not_the_storage(
             tail.close()
 
     assert asyncio.run(again()) == b"Y" * 10
-    assert counted.part_gets == [f"{fills}/part-000000"]
+    # Part 0 from the storage (then part 1 read ahead, READ_AHEAD).
+    assert counted.part_gets[:1] == [f"{fills}/part-000000"]
+    assert counted.part_gets[1:] in ([], [f"{fills}/part-000001"])
 
 
 @pytest.mark.parametrize("kind", ["seaweed", "moto"])
@@ -205,6 +207,202 @@ def test_readers_of_a_stalled_local_fill_look_at_the_storage(
 
     assert asyncio.run(main()) == data
     assert counted.part_gets == [f"{fills}/part-000000"]
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_a_reader_of_another_replicas_fill_gets_the_next_parts_ahead(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a waiting replica GOT each part only when its clients asked for it, so
+    its clients waited a GET per part on top of the sending. Once a reader has a segment
+    from the storage, the next READ_AHEAD parts are being read for the worker's readers:
+    each part is still read once, and what is sent is the stored bytes."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    store = open_store(bucket)
+    monkeypatch.setattr(_pull, "READ_POLL", 3600.0)
+    fills = f"models--t--ahead/.cmh/fills/r{kind}"
+    data = os.urandom(3 * PART + 10)
+    for n in range(4):  # stored by another replica
+        store.objects.put(f"{fills}/part-{n:06d}", data[n * PART : (n + 1) * PART])
+    counted = _CountedGets(store.objects)
+    names = [f"{fills}/part-{n:06d}" for n in range(4)]
+    monkeypatch.setattr(_pull, "_SEGMENTS", _pull.LRUCache(_pull.KEPT_SEGMENTS))  # this worker's
+
+    async def main() -> bytes:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tail = _pull.PartTail(counted, "models--t--ahead/blobs/y", fills, len(data), fill)  # type: ignore[arg-type]
+        try:
+            got = bytes(await asyncio.wait_for(tail.read(0, 10), timeout=TEST_DEADLINE))
+            ahead = [t for (f, n, _), (_, t) in list(_pull._SEGMENTS.items()) if f == fills and n]
+            assert len(ahead) == _pull.READ_AHEAD == 2  # parts 1 and 2, under way
+            await asyncio.wait_for(asyncio.gather(*ahead), timeout=TEST_DEADLINE)
+            assert counted.part_gets == names[:3]
+            for n in (1, 2, 3):
+                got += bytes(await asyncio.wait_for(tail.read(n * PART, 10), timeout=TEST_DEADLINE))
+            return got
+        finally:
+            tail.close()
+
+    got = asyncio.run(main())
+    assert got == b"".join(data[n * PART : n * PART + 10] for n in range(4))
+    assert counted.part_gets == names  # each part read once
+
+
+@pytest.mark.parametrize("others", [2, 6])
+def test_parts_are_read_ahead_only_where_the_kept_segments_have_room(
+    others: int, moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker keeps KEPT_SEGMENTS segments for all the fills it reads: with other fills
+    read at once, a fill reads ahead only its share (none with KEPT_SEGMENTS fills), so no
+    segment is read ahead only to be pushed out before it is sent (and read again)."""
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    fills = f"models--t--room/.cmh/fills/o{others}"
+    data = os.urandom(2 * PART + 10)
+    for n in range(3):
+        store.objects.put(f"{fills}/part-{n:06d}", data[n * PART : (n + 1) * PART])
+    counted = _CountedGets(store.objects)
+    monkeypatch.setattr(_pull, "_SEGMENTS", _pull.LRUCache(_pull.KEPT_SEGMENTS))
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bytes | None] = loop.create_future()
+        done.set_result(b"")
+        for i in range(others):  # segments of other fills this worker reads
+            _pull._SEGMENTS[(f"other-{i}", 0, None)] = (loop, done)
+        fill: asyncio.Future[None] = loop.create_future()
+        tail = _pull.PartTail(counted, "models--t--room/blobs/z", fills, len(data), fill)  # type: ignore[arg-type]
+        try:
+            got = bytes(await asyncio.wait_for(tail.read(0, 10), timeout=TEST_DEADLINE))
+            ahead = [t for (f, n, _), (_, t) in list(_pull._SEGMENTS.items()) if f == fills and n]
+            await asyncio.wait_for(asyncio.gather(*ahead), timeout=TEST_DEADLINE)
+            return got
+        finally:
+            tail.close()
+
+    assert asyncio.run(main()) == data[:10]
+    share = max(0, _pull.KEPT_SEGMENTS // (others + 1) - 1)  # 1 beside 2 others, 0 beside 6
+    assert counted.part_gets == [f"{fills}/part-{n:06d}" for n in range(1 + share)]
+
+
+class _SlowFirstPart:
+    """The store's objects, whose PUT of part 0 returns only once part 1's PUT has (a
+    storage that is slow on one part); every call goes through."""
+
+    def __init__(self, objects: Any) -> None:
+        self.objects = objects
+        self.second_stored = threading.Event()
+        self.finished: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.objects, name)
+
+    def put(self, name: str, data: bytes) -> str:
+        if name.endswith("/part-000000"):
+            # Bounded only to end a hang: one PUT at a time never gets here.
+            assert self.second_stored.wait(TEST_DEADLINE), "part 1 was not PUT meanwhile"
+        etag = self.objects.put(name, data)
+        self.finished.append(name.rpartition("/")[2])
+        if name.endswith("/part-000001"):
+            self.second_stored.set()
+        return str(etag)
+
+
+@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+def test_a_fill_uploads_its_parts_at_once_and_tells_them_in_order(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a fill PUT one part at a time, so each part waited for the storage's
+    latency on the one before (the cold fleet's pace). Parts are now PUT at once: part 1
+    is stored while part 0's PUT is still under way. A part is told stored only once every
+    part before it is: the fill's list (which the blob is composed from) is in order, and
+    this process's readers get both parts from memory, never a GET."""
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    use_bucket(bucket, tmp_path, monkeypatch)
+    store = open_store(bucket)
+    monkeypatch.setattr(_pull, "READ_POLL", 3600.0)  # no poll: only the signal wakes
+    fills = f"models--t--ahead/.cmh/fills/{kind}"
+    data = os.urandom(PART + 1000)
+    slow = _SlowFirstPart(store.objects)
+    counted = _CountedGets(slow)
+    clock = _StillClock()
+    stored: list[tuple[str, str]] = []
+
+    async def main() -> bytes:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tail = _pull.PartTail(counted, "models--t--ahead/blobs/x", fills, len(data), fill, clock)  # type: ignore[arg-type]
+        _pull._STORED_PARTS.start(fills, 0, clock.now)
+        try:
+            reading = asyncio.ensure_future(tail.read(PART, 1000))
+            await asyncio.sleep(0)
+
+            def fill_parts() -> None:
+                writer = _pull._PartWriter(slow, fills, stored, clock)
+                writer.put(f"{fills}/part-000000", data[:PART])
+                writer.put(f"{fills}/part-000001", data[PART:])
+                writer.finish()
+
+            await asyncio.wait_for(asyncio.to_thread(fill_parts), timeout=TEST_DEADLINE)
+            second = bytes(await asyncio.wait_for(reading, timeout=TEST_DEADLINE))
+            return bytes(await tail.read(0, 10)) + second
+        finally:
+            tail.close()
+            _pull._STORED_PARTS.end(fills)
+
+    assert asyncio.run(main()) == data[:10] + data[PART:]
+    assert slow.finished == ["part-000001", "part-000000"]  # the second PUT ended first
+    assert [name for name, _ in stored] == [f"{fills}/part-000000", f"{fills}/part-000001"]
+    assert counted.part_gets == []
+    for name, etag in stored:
+        assert store.objects.head(name).etag.strip('"') == etag.strip('"')
+
+
+def test_a_fill_holds_a_bounded_number_of_parts_while_one_put_is_slow(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts stored after one still being PUT are held until it is (they are told in
+    order): while part 0's PUT hangs, the fill hands over at most PUTS_AT_ONCE +
+    PARTS_AHEAD parts, and the next waits (so the parts held in memory stay bounded,
+    whatever the storage does), then every part is told in order."""
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    fills = "models--t--held/.cmh/fills/x"
+    bound = _pull.PUTS_AT_ONCE + _pull.PARTS_AHEAD
+    release, enough = threading.Event(), threading.Event()
+    finished: list[str] = []
+    handed: list[int] = []
+
+    class Objects:
+        def put(self, name: str, data: bytes) -> str:
+            if name.endswith("/part-000000"):
+                assert release.wait(TEST_DEADLINE)
+            etag = store.objects.put(name, data)
+            finished.append(name)
+            if len(finished) == bound - 1:  # every part but part 0 that may be held
+                enough.set()
+            return str(etag)
+
+    stored: list[tuple[str, str]] = []
+    writer = _pull._PartWriter(Objects(), fills, stored, _StillClock())
+    names = [f"{fills}/part-{n:06d}" for n in range(bound + 3)]
+
+    def produce() -> None:
+        for n, name in enumerate(names):
+            writer.put(name, b"%d" % n)
+            handed.append(n)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        assert enough.wait(TEST_DEADLINE)
+        producer.join(0.2)  # a chance to hand over more: it must be waiting
+        assert producer.is_alive() and len(handed) == bound, handed
+    finally:
+        release.set()
+    producer.join(TEST_DEADLINE)
+    writer.finish()
+    assert [name for name, _ in stored] == names
 
 
 class _LookClock(Clock):

@@ -18,10 +18,11 @@ blobs/{etag}                         written only once the whole SHA-256 matched
 ```
 
 The replica holding the lease streams the blob from the upstream and stores it
-part by part (each part one PUT, so a part is whole or absent); every replica's
-clients read the parts as they appear (this replica's readers are woken as each
-part is stored and take its bytes from memory, :class:`_StoredParts`; another
-replica's look every :data:`READ_POLL`). Once the digest of
+part by part (each part one PUT, so a part is whole or absent; :data:`PUTS_AT_ONCE`
+at once, told stored in order); every replica's clients read the parts as they
+appear (this replica's readers are woken as each part is stored and take its bytes
+from memory, :class:`_StoredParts`; another replica's look every :data:`READ_POLL`
+and read :data:`READ_AHEAD` parts ahead). Once the digest of
 the whole blob matched, the parts become ``blobs/{etag}`` by the storage's own copy
 (:meth:`ObjectStore.compose`: a multipart upload of part copies, each pinned to the
 ETag of the part that was hashed), so the bytes are uploaded once; a blob that fails
@@ -76,11 +77,18 @@ if TYPE_CHECKING:
 
 #: Bytes of each part object of a fill (the last may be shorter).
 PART = 8 << 20
-#: Parts a fill may hold in memory while earlier ones are uploaded.
+#: Parts one fill uploads at once (each PUT on its own thread).
+PUTS_AT_ONCE = 3
+#: Parts a fill may hold in memory besides those being uploaded (waiting for an upload,
+#: or stored after one still being uploaded): a fill holds at most
+#: ``PUTS_AT_ONCE + PARTS_AHEAD`` parts, and the one it is receiving.
 PARTS_AHEAD = 2
 #: Segments (:data:`PART` bytes each) one worker keeps for its readers of fills: the
 #: clients of one blob read each segment from the storage once per worker, not once each.
 KEPT_SEGMENTS = 6
+#: Segments a reader reading from the storage GETs ahead of the one it sends (shared by
+#: the worker's readers, kept among its :data:`KEPT_SEGMENTS`).
+READ_AHEAD = 2
 #: Seconds between a waiting replica's looks at a fill another replica runs.
 FILL_POLL = 0.25
 #: Seconds between a filling answer's looks for the next part.
@@ -694,8 +702,13 @@ def part_stored(fills: str) -> None:
 
 
 class _PartWriter:
-    """PUTs a fill's parts in order on its own thread, at most :data:`PARTS_AHEAD` waiting,
-    so that the upstream's bytes keep arriving while a part is uploaded."""
+    """PUTs a fill's parts on :data:`PUTS_AT_ONCE` threads, so that the upstream's bytes
+    keep arriving while parts are uploaded and one slow PUT does not hold the next (issue
+    37: one PUT at a time paced the whole fleet's cold fill at the storage's latency per
+    part). A part is told stored (to ``stored``, to this process's readers) only once
+    every part before it is, so the parts told are always ``0..n``. At most
+    ``PUTS_AT_ONCE + PARTS_AHEAD`` parts handed over and not told are held: waiting,
+    being PUT, or stored after a part still being PUT (:meth:`put` waits for room)."""
 
     _END = object()
 
@@ -706,34 +719,73 @@ class _PartWriter:
         self.clock = clock
         self.fills = fills
         self.stored = stored
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=PARTS_AHEAD)
+        self._queue: queue.Queue[Any] = queue.Queue()  # bounded by ``_held``
         self._error: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, name="cmh-fill-parts", daemon=True)
-        self._thread.start()
+        self._next = len(stored)  # the number of the next part handed over (resumed first)
+        self._room = threading.Condition()
+        self._held = 0  # parts handed over and not told stored (nor dropped), under _room
+        #: Parts stored while one before them is not yet: number -> (name, ETag, bytes).
+        self._done: dict[int, tuple[str, str, bytes]] = {}
+        self._threads = [
+            threading.Thread(target=self._run, name="cmh-fill-parts", daemon=True)
+            for _ in range(PUTS_AT_ONCE)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not self._END:
+            n, name, data = item
             if self._error:
-                continue  # drain: nothing more is stored after a failure
-            name, data = item
-            try:
-                self.stored.append((name, self.objects.put(name, data)))
-            except BaseException as exc:  # raised by put() or finish()
-                self._error.append(exc)
+                self._release(1)  # drain: nothing more is stored after a failure
                 continue
-            # ``stored`` holds parts 0.. in order (resumed ones first): this is part n.
-            n, now = len(self.stored) - 1, self.clock.monotonic()
-            _STORED_PARTS.keep(self.fills, n, data, now)  # for the readers here
-            part_stored(self.fills)
+            try:
+                etag = self.objects.put(name, data)
+            except BaseException as exc:  # raised by put() or finish()
+                with self._room:
+                    self._error.append(exc)
+                self._release(1)
+                continue
+            self._stored(n, name, etag, data)
+
+    def _release(self, count: int) -> None:
+        with self._room:
+            self._held -= count
+            self._room.notify_all()
+
+    def _stored(self, n: int, name: str, etag: str, data: bytes) -> None:
+        """Part ``n`` is stored: tell it, with every later one already stored, once the
+        parts before it are."""
+        with self._room:
+            self._done[n] = (name, etag, data)
+            told = 0
+            while (first := len(self.stored)) in self._done:
+                name, etag, data = self._done.pop(first)
+                self.stored.append((name, etag))
+                _STORED_PARTS.keep(self.fills, first, data, self.clock.monotonic())
+                told += 1
+            self._held -= told
+            self._room.notify_all()
+        if told:
+            part_stored(self.fills)  # wakes this process's readers
 
     def put(self, name: str, data: bytes) -> None:
-        if self._error:
-            raise self._error[0]
-        self._queue.put((name, data))
+        """Hand the next part over, once fewer than the bound are held; raise what a PUT
+        raised. (Each PUT has the storage client's deadline: the wait ends with it.)"""
+        with self._room:
+            while self._held >= PUTS_AT_ONCE + PARTS_AHEAD and not self._error:
+                self._room.wait()
+            if self._error:
+                raise self._error[0]
+            self._held += 1
+        n, self._next = self._next, self._next + 1
+        self._queue.put((n, name, data))
 
     def finish(self) -> None:
-        self._queue.put(self._END)
-        self._thread.join()
+        for _ in self._threads:
+            self._queue.put(self._END)
+        for thread in self._threads:
+            thread.join()
         if self._error:
             raise self._error[0]
 
@@ -988,24 +1040,43 @@ class PartTail:
                 stored.cancel()
         self._stored.clear()
 
-    async def _shared(self, n: int) -> bytes | None:
-        """Segment ``n`` as :meth:`_load` reads it, one read for every reader of this worker
-        (a segment not stored yet is looked for again by the next reader who asks)."""
+    def _task(self, n: int) -> tuple[Any, asyncio.Task[bytes | None]]:
+        """The read of segment ``n`` shared by every reader of this worker (started now
+        unless one is kept). A read that failed or found nothing is not kept: the next
+        reader who asks looks again."""
         key, loop = (self.fills, n, self.fill), asyncio.get_running_loop()
         kept = _SEGMENTS.get(key)
         if kept is None or kept[0] is not loop:
-            kept = (loop, loop.create_task(self._load(n)))
+            task = loop.create_task(self._load(n))
+            kept = (loop, task)
             _SEGMENTS[key] = kept
-        task = kept[1]
-        try:
-            loaded = await asyncio.shield(task)
-        except BaseException:
-            if task.done() and _SEGMENTS.get(key) is kept:
-                del _SEGMENTS[key]  # a failed read is not kept
-            raise
-        if loaded is None and _SEGMENTS.get(key) is kept:
-            del _SEGMENTS[key]
-        return loaded
+
+            def settled(done: asyncio.Task[bytes | None], kept: Any = kept) -> None:
+                failed = done.cancelled() or done.exception() is not None
+                if (failed or done.result() is None) and _SEGMENTS.get(key) is kept:
+                    del _SEGMENTS[key]
+
+            task.add_done_callback(settled)
+        return kept
+
+    async def _shared(self, n: int) -> bytes | None:
+        """Segment ``n`` as :meth:`_load` reads it, one read for every reader of this worker
+        (a segment not stored yet is looked for again by the next reader who asks)."""
+        return await asyncio.shield(self._task(n)[1])
+
+    def _read_ahead(self, n: int) -> None:
+        """Start the shared reads of the :data:`READ_AHEAD` segments after ``n`` (those
+        not started), so a reader behind the fill GETs a part while it sends the one
+        before (issue 37: one GET after another paced a waiting replica's clients).
+
+        Only as many as the worker's :data:`KEPT_SEGMENTS` have room for beside the other
+        fills read (a share each): a segment read ahead and pushed out before it is sent
+        would be read twice. With :data:`KEPT_SEGMENTS` fills read at once, none."""
+        fills = {key[0] for key in list(_SEGMENTS)} | {self.fills}
+        room = KEPT_SEGMENTS // len(fills) - 1  # this fill's share, beside segment n
+        last = (self.size - 1) // PART
+        for ahead in range(n + 1, min(last, n + min(READ_AHEAD, room)) + 1):
+            self._task(ahead)
 
     async def _load(self, n: int) -> bytes | None:
         start = n * PART
@@ -1051,6 +1122,7 @@ class PartTail:
                 raise FillFailed(f"store unavailable: {exc}") from None
             if loaded is not None:
                 self._segment = (n, loaded)
+                self._read_ahead(n)
                 continue
             if self._stored is None:  # subscribed before the next look: no part missed
                 self._stored = _PART_SIGNALS.subscribe(self.fills)
