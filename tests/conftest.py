@@ -29,9 +29,9 @@ def _private_check_records(
 
 @pytest.fixture(autouse=True)
 def _sigint_left_as_found() -> Iterator[None]:
-    """A test that leaves Ctrl-C's disposition changed is an error: an ignored SIGINT is
-    inherited by every process the worker starts later, and a later test's client then
-    ignores its Ctrl-C (a stock client ran to its end instead of stopping)."""
+    """A test that leaves Ctrl-C's handler changed is an error: every later test of its
+    worker would run under it (an ignored SIGINT is also inherited by the processes
+    they start)."""
     before = signal.getsignal(signal.SIGINT)
     yield
     after = signal.getsignal(signal.SIGINT)

@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -354,6 +355,14 @@ def build_mirror_store(base: Path, minilm_dir: Path) -> MirrorStore:
     tokens = base / "tokens.txt"
     tokens.write_text(f"# test tokens\n{PRIVATE_TOKEN}  {PRIVATE_REPO}\n")
     return MirrorStore(store, tokens, imports, sources)
+
+
+def ctrl_c_as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child a test stops with Ctrl-C: SIGINT's default action, as a
+    shell started from a terminal gives it. A test runner started as a background job
+    ignores SIGINT, every child inherits that, and a stock client then ignores its Ctrl-C
+    (it ran to its end)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float = TEST_DEADLINE) -> None:

@@ -29,7 +29,13 @@ from client_versions import client_env
 from cmh.hub.mirror import add_folder
 from deadline_support import TEST_DEADLINE
 from hublike import running
-from mirror_support import InProcessMirror, MirrorServer, hf_env, wait_for
+from mirror_support import (
+    InProcessMirror,
+    MirrorServer,
+    ctrl_c_as_from_a_terminal,
+    hf_env,
+    wait_for,
+)
 
 REPO = "cut/mid"
 SIZE = 24 << 20
@@ -220,8 +226,9 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
     released = threading.Event()
     front.drip(17 << 20, released)  # 0.x writes 10 MiB at a time; a bucket sends 8 MiB parts
     first = subprocess.Popen(
-        [sys.executable, "-c", STOCK_0X], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+        [sys.executable, "-c", STOCK_0X], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_from_a_terminal,
+    )  # fmt: skip
     try:
         wait_for(lambda: _incomplete(tmp_path / "home") >= 1 << 20, "a partial download")
         signals = _signal_state(first.pid)
@@ -232,7 +239,7 @@ def test_stock_0x_client_interrupted_during_a_fill_resumes_after_it(
         if first.poll() is None:
             first.kill()
             first.wait()
-    assert first.returncode != 0, (signals, _signal_state(os.getpid()), err[-2000:])
+    assert first.returncode != 0, (signals, err[-2000:])  # it stopped at its Ctrl-C
     assert _incomplete(tmp_path / "home") > 0  # what it resumes from
     wait_for(lambda: "client went away" in _cuts(pull), "the server to see the client leave")
     wait_for(lambda: _stored(pull), "the fill to end")

@@ -27,7 +27,7 @@ from bucket_support import use_bucket
 from client_versions import client_env
 from cmh.hub.mirror import BucketStore, ObjectNotFound, add_folder, open_store
 from hublike import running
-from mirror_support import MirrorServer, hf_env, wait_for
+from mirror_support import MirrorServer, ctrl_c_as_from_a_terminal, hf_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -178,6 +178,7 @@ def _interrupt_during_fill(
         env=_env(url, home, version),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=ctrl_c_as_from_a_terminal,
     )
     try:
         wait_for(ready or (lambda: _incomplete(home) >= 1 << 20), "a partial download")
