@@ -2,9 +2,11 @@
 
 The caller frames the response; this module sends its headers and moves the bytes.
 On a plain TCP connection a span of at least :data:`THREADED_MIN` bytes leaves from
-a sender thread: ``os.sendfile`` until the socket is full, a ``poll`` for room, again
-(nginx's steps: no event-loop work per socket buffer, which cost a worker more CPU
-than the copy itself). Shorter spans go through ``loop.sendfile``, with a chunked read
+a sender thread: the socket made blocking for the span, one ``os.sendfile`` call sends
+up to :data:`CALL_MAX` bytes and the kernel itself waits for room (no event-loop work
+per socket buffer, which cost a worker more CPU than the copy itself, and no Python
+per socket buffer either: with several bodies in one worker that was a GIL handoff
+each time). Shorter spans go through ``loop.sendfile``, with a chunked read
 fallback when the transport cannot do it; the connection is corked (``TCP_CORK``)
 from the headers to the body's end, so headers and first bytes share a segment.
 Several ranges are sent as ``multipart/byteranges`` (RFC 9110 section 14.6), each
@@ -23,9 +25,9 @@ import contextlib
 import io
 import os
 import secrets
-import select
 import socket
 import stat
+import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,9 +46,12 @@ _FALLBACK_CHUNK = 1 << 20
 THREADED_MIN = 4 << 20
 #: Sender threads of one worker process; a span finding none free goes through the loop.
 SENDER_THREADS = 32
-#: Milliseconds a sender thread waits for room before it looks whether its
-#: connection was closed (aborted, cut or gone) meanwhile.
-_ROOM_WAIT_MS = 200
+#: Bytes one ``sendfile`` call of a sender thread sends at most: the thread runs again
+#: (and looks whether its connection was closed) at least this often.
+CALL_MAX = 64 << 20
+#: Microseconds a sender thread's call waits for room (``SO_SNDTIMEO``) before it
+#: returns, so that the thread looks whether its connection was closed meanwhile.
+_ROOM_WAIT_US = 200_000
 _PLAIN_TRANSPORT: type | None = getattr(
     asyncio.selector_events, "_SelectorSocketTransport", None
 )  # a TCP socket transport of the stdlib loop: no TLS layer between the bytes and the socket
@@ -261,22 +266,29 @@ class _Sender:
         pool, slot = taken
         # The thread owns duplicates of both descriptors: a handler cancelled meanwhile
         # closes the file and the loop may close the socket, never under the thread.
+        sock = transport.get_extra_info("socket")
         try:
-            sock_fd = os.dup(transport.get_extra_info("socket").fileno())
+            conn = sock.dup()
             try:
                 file_fd = os.dup(self.f.fileno())
             except OSError:
-                os.close(sock_fd)
+                conn.close()
                 raise
         except OSError:
             slot.release()
             return False
-        span = _Span(sock_fd, file_fd, offset, count, transport.is_closing, slot)
+        span = _Span(conn, file_fd, offset, count, transport.is_closing, slot)
         reading = transport.is_reading()
         transport.pause_reading()  # as loop.sendfile: the request that follows waits
         try:
             loop = asyncio.get_running_loop()
             sent, error = await loop.run_in_executor(pool, _send_span, span)
+        except asyncio.CancelledError:
+            # the thread may be waiting for room inside sendfile: a shut socket ends the
+            # call at once (the body is half sent: the connection is done with anyway)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            raise
         finally:
             if reading and not transport.is_closing():
                 transport.resume_reading()
@@ -306,7 +318,7 @@ class _Span:
     """A span of a file a sender thread sends: descriptors it owns (and closes) and
     how it learns that its connection was closed."""
 
-    sock_fd: int
+    sock: socket.socket
     file_fd: int
     offset: int
     count: int
@@ -335,30 +347,47 @@ _SENDERS = _Senders()
 
 
 def _send_span(span: _Span) -> tuple[int, BaseException | None]:
-    """In a sender thread: ``sendfile`` the span until the socket is full, wait for room,
-    again; the bytes sent and what stopped it early (None: all sent)."""
+    """In a sender thread: ``sendfile`` the span, the socket blocking meanwhile (the
+    kernel waits for room); the bytes sent and what stopped it early (None: all sent)."""
     sent = 0
-    poller = select.poll()
-    poller.register(span.sock_fd, select.POLLOUT)
     try:
-        while sent < span.count:
-            if span.closing():
-                return sent, ConnectionResetError(CLIENT_LEFT)
-            try:
-                n = os.sendfile(span.sock_fd, span.file_fd, span.offset + sent, span.count - sent)
-            except BlockingIOError:
-                poller.poll(_ROOM_WAIT_MS)
-                continue
-            except OSError as exc:
-                return sent, exc
-            if n == 0:
-                return sent, _Shrank()
-            sent += n
+        with _blocking(span.sock):
+            while sent < span.count:
+                if span.closing():
+                    return sent, ConnectionResetError(CLIENT_LEFT)
+                call = min(span.count - sent, CALL_MAX)
+                try:
+                    n = os.sendfile(span.sock.fileno(), span.file_fd, span.offset + sent, call)
+                except BlockingIOError:  # no room for _ROOM_WAIT_US: look again
+                    continue
+                if n == 0:
+                    return sent, _Shrank()
+                sent += n
         return sent, None
+    except OSError as exc:
+        return sent, exc
     finally:
-        os.close(span.sock_fd)
+        span.sock.close()
         os.close(span.file_fd)
         span.slot.release()
+
+
+@contextlib.contextmanager
+def _blocking(sock: socket.socket) -> Iterator[None]:
+    """The socket blocking, its waits for room bounded by ``_ROOM_WAIT_US``; back as the
+    loop keeps it after (the flags belong to the connection, which the loop shares)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(_ROOM_WAIT_US))
+    sock.setblocking(True)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(0))
+
+
+def _timeval(us: int) -> bytes:
+    return struct.pack("@ll", us // 1_000_000, us % 1_000_000)
 
 
 async def _copy(

@@ -1,6 +1,7 @@
 """Issue 37: a folder store's body leaves by ``sendfile`` with no event-loop work per
-socket buffer (a sender thread, as nginx's loop: sendfile, wait for room, again), and
-every way a body ends stays exact: ranges, a file that shrinks, a client that leaves.
+socket buffer and no Python per socket buffer either (a sender thread whose ``sendfile``
+waits for room in the kernel), and every way a body ends stays exact: ranges, a file
+that shrinks, a client that leaves, a handler cancelled mid-body.
 
 A real aiohttp server (tests/hub/loop_server.py) sends a real file with
 :func:`cmh.hub.mirror._send.send_body`; the clients are raw sockets on 127.0.0.1.
@@ -14,6 +15,7 @@ import http.client
 import os
 import socket
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ class FileServer(LoopServer):
         self.turns = 0
         self.outcomes: list[tuple[str, int, int]] = []  # (how it ended, bytes sent, turns)
         self.on_prepared: Any = None
+        self.tasks: list[asyncio.Task[Any]] = []
 
     async def on_start(self) -> None:
         selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
@@ -52,6 +55,9 @@ class FileServer(LoopServer):
         response, pieces, tail = frame({}, parse_range(request.headers.get("Range"), size), size)
         f = open_blob(self.path, size)
         before = self.turns
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.append(task)
         try:
             sent = await send_body(request, response, f, pieces, tail)
             self.outcomes.append(("sent", sent, self.turns - before))
@@ -90,6 +96,41 @@ def test_a_large_body_takes_no_loop_turn_per_socket_buffer(big: Path) -> None:
         assert how == "sent" and sent == SIZE
         # loop.sendfile woke the loop once per socket buffer at least: >= 24 turns here
         assert turns < 12, turns
+
+
+def test_a_sender_thread_runs_once_per_call_not_per_socket_buffer(
+    big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = os.sendfile
+
+    def counted(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
+        if threading.current_thread().name.startswith("cmh-sendfile"):
+            calls.append(count)
+        return real(out_fd, in_fd, offset, count)
+
+    monkeypatch.setattr(os, "sendfile", counted)
+    with FileServer(big) as server:
+        status, _, body = _get(server)
+        assert status == 200 and len(body) == SIZE
+    # the kernel waits for room inside each call: 2 calls of at most CALL_MAX for 96 MiB
+    # (one more per 200 ms the client stalls); returning per socket buffer made >= 24
+    assert 0 < len(calls) < 12, len(calls)
+    assert max(calls) <= _send.CALL_MAX
+
+
+def test_a_handler_cancelled_mid_body_ends_its_sendfile_at_once(big: Path) -> None:
+    with FileServer(big) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = len(s.recv(1 << 16))
+            (task,) = server.tasks
+            server._loop.call_soon_threadsafe(task.cancel)  # as a server that stops
+            while chunk := s.recv(1 << 20):  # the client goes on reading: the body stops
+                received += len(chunk)
+        # what the socket buffers held, not the rest of a CALL_MAX call
+        assert received < 32 << 20, received
 
 
 def test_large_ranges_are_the_file_s_bytes(big: Path) -> None:
