@@ -39,6 +39,7 @@ class FileServer(LoopServer):
         self.outcomes: list[tuple[str, int, int]] = []  # (how it ended, bytes sent, turns)
         self.on_prepared: Any = None
         self.tasks: list[asyncio.Task[Any]] = []
+        self.socket_after: list[tuple[bool, bytes]] = []  # (blocking, SO_SNDTIMEO) after a body
 
     async def on_start(self) -> None:
         selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
@@ -61,6 +62,11 @@ class FileServer(LoopServer):
         try:
             sent = await send_body(request, response, f, pieces, tail)
             self.outcomes.append(("sent", sent, self.turns - before))
+            transport = request.transport
+            if transport is not None and not transport.is_closing():  # kept alive
+                sock = transport.get_extra_info("socket")
+                timeout = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16)
+                self.socket_after.append((os.get_blocking(sock.fileno()), timeout))
         except (BodyCut, ClientLeft) as exc:
             self.outcomes.append((type(exc).__name__, exc.sent, self.turns - before))
         finally:
@@ -117,6 +123,22 @@ def test_a_sender_thread_runs_once_per_call_not_per_socket_buffer(
     # (one more per 200 ms the client stalls); returning per socket buffer made >= 24
     assert 0 < len(calls) < 12, len(calls)
     assert max(calls) <= _send.CALL_MAX
+
+
+def test_a_keep_alive_connection_is_the_loop_s_again_after_a_body(big: Path) -> None:
+    with FileServer(big) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            for _ in range(2):  # one connection, two bodies from the sender thread
+                conn.request("GET", "/")
+                response = conn.getresponse()
+                assert response.status == 200 and len(response.read()) == SIZE
+        finally:
+            conn.close()
+        # the sender thread made the socket blocking with a send timeout: both undone
+        assert server.socket_after == [(False, bytes(16))] * 2, server.socket_after
+        assert [how for how, _, _ in server.outcomes] == ["sent", "sent"]
 
 
 def test_a_handler_cancelled_mid_body_ends_its_sendfile_at_once(big: Path) -> None:
