@@ -1,7 +1,7 @@
 """Issue 37: a folder store's body leaves by ``sendfile`` with no event-loop work per
-socket buffer and no Python per socket buffer either (a sender thread whose ``sendfile``
-waits for room in the kernel), and every way a body ends stays exact: ranges, a file
-that shrinks, a client that leaves, a handler cancelled mid-body.
+socket buffer, every large body of a worker from one sender thread (nginx's loop:
+non-blocking calls in turn, one wait for room), and every way a body ends stays exact:
+ranges, a file that shrinks, a client that leaves, a handler cancelled mid-body.
 
 A real aiohttp server (tests/hub/loop_server.py) sends a real file with
 :func:`cmh.hub.mirror._send.send_body`; the clients are raw sockets on 127.0.0.1.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import http.client
+import itertools
 import os
 import socket
 import struct
@@ -104,25 +105,39 @@ def test_a_large_body_takes_no_loop_turn_per_socket_buffer(big: Path) -> None:
         assert turns < 12, turns
 
 
-def test_a_sender_thread_runs_once_per_call_not_per_socket_buffer(
+def test_concurrent_bodies_leave_from_one_sender_thread_in_turn(
     big: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[int] = []
+    calls: list[tuple[int, int, int]] = []  # (thread, socket, count)
     real = os.sendfile
 
     def counted(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
         if threading.current_thread().name.startswith("cmh-sendfile"):
-            calls.append(count)
+            calls.append((threading.get_ident(), out_fd, count))
         return real(out_fd, in_fd, offset, count)
 
     monkeypatch.setattr(os, "sendfile", counted)
     with FileServer(big) as server:
-        status, _, body = _get(server)
-        assert status == 200 and len(body) == SIZE
-    # the kernel waits for room inside each call: 2 calls of at most CALL_MAX for 96 MiB
-    # (one more per 200 ms the client stalls); returning per socket buffer made >= 24
-    assert 0 < len(calls) < 12, len(calls)
-    assert max(calls) <= _send.CALL_MAX
+        host, port = server.url.removeprefix("http://").split(":")
+        conns = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+        try:
+            for s in conns:  # three bodies under way at once: each waits for room
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
+            for s in conns:  # then drained one after the other
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(1 << 20):
+                    pass
+        finally:
+            for s in conns:
+                s.close()
+        assert [how for how, _, _ in server.outcomes] == ["sent"] * 3, server.outcomes
+    # a thread per body before; now one, whose calls (at most CALL_MAX) interleave
+    assert len({thread for thread, _, _ in calls}) == 1
+    assert max(count for _, _, count in calls) <= _send.CALL_MAX
+    order = [sock for _, sock, _ in calls]
+    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+    assert len(set(order)) == 3 and switches >= 3, switches
 
 
 def test_a_keep_alive_connection_is_the_loop_s_again_after_a_body(big: Path) -> None:
@@ -190,7 +205,7 @@ def test_a_file_that_shrinks_mid_body_cuts_the_connection(tmp_path: Path) -> Non
 def test_a_client_that_leaves_frees_its_sender_thread(big: Path) -> None:
     with FileServer(big) as server:
         host, port = server.url.removeprefix("http://").split(":")
-        for _ in range(_send.SENDER_THREADS + 1):  # one more than there are threads
+        for _ in range(_send.SENDER_SPANS + 1):  # one more than there are threads
             with socket.create_connection((host, int(port)), timeout=30) as s:
                 s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
@@ -199,13 +214,13 @@ def test_a_client_that_leaves_frees_its_sender_thread(big: Path) -> None:
         assert status == 200 and len(body) == SIZE
         left = [(sent, turns) for how, sent, turns in server.outcomes if how == "ClientLeft"]
         whole = [turns for how, sent, turns in server.outcomes if how == "sent" and sent == SIZE]
-        assert len(left) == _send.SENDER_THREADS + 1 and len(whole) == 1, server.outcomes
+        assert len(left) == _send.SENDER_SPANS + 1 and len(whole) == 1, server.outcomes
         assert all(0 < sent < SIZE for sent, _ in left)
         assert whole[0] < 12, whole  # not through the loop: every thread was given back
 
 
 def test_with_every_sender_thread_busy_a_body_goes_through_the_loop(big: Path) -> None:
-    taken = [_send._SENDERS.take() for _ in range(_send.SENDER_THREADS)]
+    taken = [_send._SENDERS.take() for _ in range(_send.SENDER_SPANS)]
     try:
         assert all(t is not None for t in taken) and _send._SENDERS.take() is None
         with FileServer(big) as server:
