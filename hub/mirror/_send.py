@@ -6,9 +6,10 @@ the worker's sender thread, which sends every such span of the process as nginx'
 does: non-blocking ``sendfile`` calls of at most :data:`CALL_MAX`, each ready span in
 turn, and one ``epoll`` wait for room when none can take more. No event-loop work per
 socket buffer (which cost a worker more CPU than the copy itself), and no thread
-sleeping per connection: with 16 clients under load, a thread per span (blocking
-calls, or a ``poll`` per socket buffer) was scheduled late and delivered 0.6-0.8x
-nginx's bytes, this thread about 1.0x (docs/mirror.md). Shorter spans go through
+sleeping per connection: with 16 clients under load, a thread per span was often
+scheduled late (best of 3: 0.61x and 0.81x nginx, once 1.13x) where this thread
+made 0.94-1.01x in the same runs (docs/mirror.md). If it ever fails, its bodies are
+cut and the next span gets a new thread. Shorter spans go through
 ``loop.sendfile``, with a chunked read fallback when the transport cannot do it; the
 connection is corked (``TCP_CORK``) from the headers to the body's end, so headers and
 first bytes share a segment.
@@ -34,7 +35,7 @@ import stat
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -300,6 +301,8 @@ class _Sender:
         if isinstance(error, _Shrank):
             transport.abort()
             raise BodyCut(self.sent)
+        if isinstance(error, SenderFailed):
+            transport.abort()  # the body cannot end: never leave the client waiting
         if error is not None:
             raise error
         return True
@@ -341,19 +344,36 @@ class _Mux:
         self._epoll.register(self._wake_r, select.EPOLLIN)
         self._lock = threading.Lock()
         self._incoming: list[tuple[_Span, Future[tuple[int, BaseException | None]]]] = []
+        #: The thread failed: its spans were ended with the error, a new one takes over.
+        self.broken = False
         threading.Thread(target=self._run, name="cmh-sendfile", daemon=True).start()
 
     def submit(self, span: _Span) -> Future[tuple[int, BaseException | None]]:
         """Send ``span``; the future's result: bytes sent, what stopped it (None: all)."""
         done: Future[tuple[int, BaseException | None]] = Future()
         with self._lock:
-            self._incoming.append((span, done))
+            broken = self.broken
+            if not broken:
+                self._incoming.append((span, done))
+        if broken:
+            _end([_Active(span, done)], SenderFailed())
+            return done
         with contextlib.suppress(BlockingIOError):  # a full pipe wakes the thread anyway
             os.write(self._wake_w, b"\0")
         return done
 
     def _run(self) -> None:
         active: dict[int, _Active] = {}
+        try:
+            self._serve(active)
+        except BaseException:  # no span may wait on a thread that is gone
+            with self._lock:
+                self.broken = True
+                incoming, self._incoming = self._incoming, []
+            _end([*active.values(), *(_Active(s, d) for s, d in incoming)], SenderFailed())
+            raise
+
+    def _serve(self, active: dict[int, _Active]) -> None:
         ready: dict[int, None] = {}  # insertion-ordered: each ready span a call per round
         looked = time.monotonic()
         while True:
@@ -424,6 +444,22 @@ class _Mux:
         got.done.set_result((got.sent, error))
 
 
+class SenderFailed(RuntimeError):
+    """The sender thread failed (a bug): its bodies are cut, the next gets a new thread."""
+
+    def __init__(self) -> None:
+        super().__init__("the sender thread failed: connection cut")
+
+
+def _end(spans: list[_Active], error: BaseException) -> None:
+    """End spans the sender thread will not send: descriptors closed, futures told."""
+    for got in spans:
+        got.close()
+        with contextlib.suppress(RuntimeError, InvalidStateError):  # cancelled or told
+            if got.done.running() or got.done.set_running_or_notify_cancel():
+                got.done.set_result((got.sent, error))
+
+
 @dataclass
 class _Active:
     """A span the sender thread is sending, and the bytes sent so far."""
@@ -431,10 +467,17 @@ class _Active:
     span: _Span
     done: Future[tuple[int, BaseException | None]]
     sent: int = 0
+    closed: bool = False
 
     def close(self) -> None:
-        self.span.sock.close()
-        os.close(self.span.file_fd)
+        """Close the span's descriptors and give its slot back (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.span.sock.close()
+        with contextlib.suppress(OSError):
+            os.close(self.span.file_fd)
         self.span.slot.release()
 
 
@@ -451,6 +494,8 @@ class _Senders:
         with self._lock:
             if self._made is None or self._made[0] != os.getpid():
                 self._made = (os.getpid(), _Mux(), threading.BoundedSemaphore(SENDER_SPANS))
+            elif self._made[1].broken:
+                self._made = (os.getpid(), _Mux(), self._made[2])
             _, mux, slots = self._made
         return (mux, slots) if slots.acquire(blocking=False) else None
 

@@ -140,6 +140,28 @@ def test_concurrent_bodies_leave_from_one_sender_thread_in_turn(
     assert len(set(order)) == 3 and switches >= 3, switches
 
 
+def test_a_sender_thread_that_fails_cuts_its_bodies_and_is_replaced(
+    big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = _send._Mux._step
+    failed: list[bool] = []
+
+    def fails_once(self: Any, *args: Any) -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a bug in the sender thread")
+        step(self, *args)
+
+    monkeypatch.setattr(_send._Mux, "_step", fails_once)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the failure is expected
+    with FileServer(big) as server:
+        with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+            _get(server)  # cut, not left waiting on a thread that is gone
+        status, _, body = _get(server)  # a new sender thread took over
+        assert status == 200 and len(body) == SIZE
+        assert [how for how, _, _ in server.outcomes] == ["sent"], server.outcomes
+
+
 def test_a_keep_alive_connection_is_the_loop_s_again_after_a_body(big: Path) -> None:
     with FileServer(big) as server:
         host, port = server.url.removeprefix("http://").split(":")
