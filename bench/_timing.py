@@ -69,3 +69,35 @@ def durable_kernel_copy(source: Path, target: Path) -> None:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process tree (Linux ``/proc``): the process (all its
+    threads), the children it reaped and, recursively, its live children (0 if gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    own = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # u, s, cu, cs
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children.update(int(c) for c in task.read_text().split())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return own + sum(cpu_seconds(c) for c in children)
+
+
+def softirq_seconds() -> float:
+    """CPU seconds of the kernel's ``ksoftirqd`` threads (Linux): loopback packets the
+    sending process did not process itself, deferred to them."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(ksoftirqd/" in text:
+            fields = text.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total

@@ -14,7 +14,9 @@ to /dev/null: the first GET of a fresh server right after ``cmh mirror add``
 again; target >= 0.9x), then one GET of the whole file, then 16 parallel GETs of
 the whole file (targets >= 1.0x); best of ``--repeat`` runs, alternating between
 the two servers so that other load on the machine hits both alike. Prints
-throughputs and the cmh/nginx ratios.
+throughputs, the cmh/nginx ratios, each server's CPU seconds per GiB sent (its
+processes and threads), the CPU the kernel's ``ksoftirqd`` threads spent meanwhile
+(loopback packets a sender left to them) and the load average.
 Usage: ``python bench/mirror.py [--size-mib 1024] [--workers 2] [--parallel 16]
 [--repeat 5]``.
 """
@@ -30,11 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _servers import nginx_config
-from _timing import warm
+from _timing import cpu_seconds, softirq_seconds, warm
 
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "mirror"
 REPO = "bench/big"
@@ -104,13 +107,35 @@ def timed_gets(url: str, parallel: int, size: int) -> float:
     return parallel * size / elapsed
 
 
-def compare(urls: dict[str, str], parallel: int, repeat: int, size: int) -> dict[str, float]:
-    """Best throughput of each server; runs alternate so machine load hits both alike."""
-    best = dict.fromkeys(urls, 0.0)
+@dataclass
+class Figures:
+    """One server's figures over a row's runs."""
+
+    best: float = 0.0  # bytes/s
+    cpu: float = 0.0  # CPU seconds of the server's processes
+    softirq: float = 0.0  # CPU seconds of ksoftirqd meanwhile
+    sent: int = 0  # bytes
+    loads: list[float] = field(default_factory=list)
+
+    def cpu_per_gib(self) -> float:
+        return self.cpu / (self.sent / (1 << 30))
+
+
+def compare(
+    servers: dict[str, tuple[str, int]], parallel: int, repeat: int, size: int
+) -> dict[str, Figures]:
+    """Each server's (url, pid) figures; runs alternate so machine load hits both alike."""
+    figures = {name: Figures() for name in servers}
     for _ in range(repeat):
-        for name, url in urls.items():
-            best[name] = max(best[name], timed_gets(url, parallel, size))
-    return best
+        for name, (url, pid) in servers.items():
+            got = figures[name]
+            got.loads.append(os.getloadavg()[0])
+            cpu, softirq = cpu_seconds(pid), softirq_seconds()
+            got.best = max(got.best, timed_gets(url, parallel, size))
+            got.cpu += cpu_seconds(pid) - cpu
+            got.softirq += softirq_seconds() - softirq
+            got.sent += parallel * size
+    return figures
 
 
 def start_cmh(store: Path, workers: int, log: Path) -> tuple[subprocess.Popen[str], str]:
@@ -171,6 +196,7 @@ def main() -> int:
         ngx_file = f"{ngx_base}/{RepoLayout(store, REPO).folder_name}/blobs/{entry.etag}"
         wait_ready(ngx_file)
         # the first GET of a fresh cmh serve, right after the import
+        first_load = os.getloadavg()[0]
         first = {"cmh": timed_gets(cmh_file, 1, size), "nginx": timed_gets(ngx_file, 1, size)}
         wait_ready(cmh_file)
         print(f"file: {size / (1 << 20):.0f} MiB, {args.workers} workers each, curl clients")
@@ -179,18 +205,24 @@ def main() -> int:
         print(
             f"{'first GET':<18} cmh serve {first['cmh'] / 1e9:6.2f} GB/s   "
             f"nginx {first['nginx'] / 1e9:6.2f} GB/s   ratio {ratio:4.2f}x "
-            f"(target >= {FIRST_TARGET}x: {verdict}; after mirror add, from its check record)"
+            f"(target >= {FIRST_TARGET}x: {verdict}; after mirror add, from its check record;"
+            f" load average {first_load:.1f})"
         )
+        servers = {"cmh": (cmh_file, cmh_proc.pid), "nginx": (ngx_file, ngx_proc.pid)}
         rows = []
         for label, parallel in (("1 GET", 1), (f"{args.parallel} parallel GETs", args.parallel)):
-            best = compare({"cmh": cmh_file, "nginx": ngx_file}, parallel, args.repeat, size)
-            rows.append((label, best["cmh"], best["nginx"]))
-        for label, ours, ngx in rows:
-            ratio = ours / ngx
+            rows.append((label, compare(servers, parallel, args.repeat, size)))
+        for label, got in rows:
+            ours, ngx = got["cmh"], got["nginx"]
+            ratio = ours.best / ngx.best
             verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+            loads = ours.loads + ngx.loads
             print(
-                f"{label:<18} cmh serve {ours / 1e9:6.2f} GB/s   nginx {ngx / 1e9:6.2f} GB/s   "
-                f"ratio {ratio:4.2f}x (target >= {TARGET}x: {verdict})"
+                f"{label:<18} cmh serve {ours.best / 1e9:6.2f} GB/s   nginx {ngx.best / 1e9:6.2f}"
+                f" GB/s   ratio {ratio:4.2f}x (target >= {TARGET}x: {verdict})\n"
+                f"{'':<18} CPU s/GiB cmh {ours.cpu_per_gib():.3f} nginx {ngx.cpu_per_gib():.3f}"
+                f"; ksoftirqd s cmh {ours.softirq:.2f} nginx {ngx.softirq:.2f}"
+                f"; load average {min(loads):.1f}-{max(loads):.1f}"
             )
     finally:
         for proc in (cmh_proc, ngx_proc):

@@ -1,6 +1,7 @@
 """Issue 37: a folder store's body leaves by ``sendfile`` with no event-loop work per
-socket buffer (a sender thread, as nginx's loop: sendfile, wait for room, again), and
-every way a body ends stays exact: ranges, a file that shrinks, a client that leaves.
+socket buffer, every large body of a worker from one sender thread (nginx's loop:
+non-blocking calls in turn, one wait for room), and every way a body ends stays exact:
+ranges, a file that shrinks, a client that leaves, a handler cancelled mid-body.
 
 A real aiohttp server (tests/hub/loop_server.py) sends a real file with
 :func:`cmh.hub.mirror._send.send_body`; the clients are raw sockets on 127.0.0.1.
@@ -11,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import http.client
+import itertools
 import os
 import socket
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ class FileServer(LoopServer):
         self.turns = 0
         self.outcomes: list[tuple[str, int, int]] = []  # (how it ended, bytes sent, turns)
         self.on_prepared: Any = None
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.socket_after: list[tuple[bool, bytes]] = []  # (blocking, SO_SNDTIMEO) after a body
 
     async def on_start(self) -> None:
         selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
@@ -52,9 +57,17 @@ class FileServer(LoopServer):
         response, pieces, tail = frame({}, parse_range(request.headers.get("Range"), size), size)
         f = open_blob(self.path, size)
         before = self.turns
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.append(task)
         try:
             sent = await send_body(request, response, f, pieces, tail)
             self.outcomes.append(("sent", sent, self.turns - before))
+            transport = request.transport
+            if transport is not None and not transport.is_closing():  # kept alive
+                sock = transport.get_extra_info("socket")
+                timeout = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16)
+                self.socket_after.append((os.get_blocking(sock.fileno()), timeout))
         except (BodyCut, ClientLeft) as exc:
             self.outcomes.append((type(exc).__name__, exc.sent, self.turns - before))
         finally:
@@ -92,6 +105,93 @@ def test_a_large_body_takes_no_loop_turn_per_socket_buffer(big: Path) -> None:
         assert turns < 12, turns
 
 
+def test_concurrent_bodies_leave_from_one_sender_thread_in_turn(
+    big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[int, int, int]] = []  # (thread, socket, count)
+    real = os.sendfile
+
+    def counted(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
+        if threading.current_thread().name.startswith("cmh-sendfile"):
+            calls.append((threading.get_ident(), out_fd, count))
+        return real(out_fd, in_fd, offset, count)
+
+    monkeypatch.setattr(os, "sendfile", counted)
+    with FileServer(big) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        conns = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+        try:
+            for s in conns:  # three bodies under way at once: each waits for room
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
+            for s in conns:  # then drained one after the other
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(1 << 20):
+                    pass
+        finally:
+            for s in conns:
+                s.close()
+        assert [how for how, _, _ in server.outcomes] == ["sent"] * 3, server.outcomes
+    # a thread per body before; now one, whose calls (at most CALL_MAX) interleave
+    assert len({thread for thread, _, _ in calls}) == 1
+    assert max(count for _, _, count in calls) <= _send.CALL_MAX
+    order = [sock for _, sock, _ in calls]
+    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+    assert len(set(order)) == 3 and switches >= 3, switches
+
+
+def test_a_sender_thread_that_fails_cuts_its_bodies_and_is_replaced(
+    big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = _send._Mux._step
+    failed: list[bool] = []
+
+    def fails_once(self: Any, *args: Any) -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a bug in the sender thread")
+        step(self, *args)
+
+    monkeypatch.setattr(_send._Mux, "_step", fails_once)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the failure is expected
+    with FileServer(big) as server:
+        with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+            _get(server)  # cut, not left waiting on a thread that is gone
+        status, _, body = _get(server)  # a new sender thread took over
+        assert status == 200 and len(body) == SIZE
+        assert [how for how, _, _ in server.outcomes] == ["sent"], server.outcomes
+
+
+def test_a_keep_alive_connection_is_the_loop_s_again_after_a_body(big: Path) -> None:
+    with FileServer(big) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            for _ in range(2):  # one connection, two bodies from the sender thread
+                conn.request("GET", "/")
+                response = conn.getresponse()
+                assert response.status == 200 and len(response.read()) == SIZE
+        finally:
+            conn.close()
+        # the sender thread made the socket blocking with a send timeout: both undone
+        assert server.socket_after == [(False, bytes(16))] * 2, server.socket_after
+        assert [how for how, _, _ in server.outcomes] == ["sent", "sent"]
+
+
+def test_a_handler_cancelled_mid_body_ends_its_sendfile_at_once(big: Path) -> None:
+    with FileServer(big) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = len(s.recv(1 << 16))
+            (task,) = server.tasks
+            server._loop.call_soon_threadsafe(task.cancel)  # as a server that stops
+            while chunk := s.recv(1 << 20):  # the client goes on reading: the body stops
+                received += len(chunk)
+        # what the socket buffers held, not the rest of a CALL_MAX call
+        assert received < 32 << 20, received
+
+
 def test_large_ranges_are_the_file_s_bytes(big: Path) -> None:
     data = big.read_bytes()
     spans = [(5, 10 << 20), (SIZE - (9 << 20) - 3, SIZE - 2)]
@@ -127,7 +227,7 @@ def test_a_file_that_shrinks_mid_body_cuts_the_connection(tmp_path: Path) -> Non
 def test_a_client_that_leaves_frees_its_sender_thread(big: Path) -> None:
     with FileServer(big) as server:
         host, port = server.url.removeprefix("http://").split(":")
-        for _ in range(_send.SENDER_THREADS + 1):  # one more than there are threads
+        for _ in range(_send.SENDER_SPANS + 1):  # one more than there are threads
             with socket.create_connection((host, int(port)), timeout=30) as s:
                 s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
@@ -136,13 +236,13 @@ def test_a_client_that_leaves_frees_its_sender_thread(big: Path) -> None:
         assert status == 200 and len(body) == SIZE
         left = [(sent, turns) for how, sent, turns in server.outcomes if how == "ClientLeft"]
         whole = [turns for how, sent, turns in server.outcomes if how == "sent" and sent == SIZE]
-        assert len(left) == _send.SENDER_THREADS + 1 and len(whole) == 1, server.outcomes
+        assert len(left) == _send.SENDER_SPANS + 1 and len(whole) == 1, server.outcomes
         assert all(0 < sent < SIZE for sent, _ in left)
         assert whole[0] < 12, whole  # not through the loop: every thread was given back
 
 
 def test_with_every_sender_thread_busy_a_body_goes_through_the_loop(big: Path) -> None:
-    taken = [_send._SENDERS.take() for _ in range(_send.SENDER_THREADS)]
+    taken = [_send._SENDERS.take() for _ in range(_send.SENDER_SPANS)]
     try:
         assert all(t is not None for t in taken) and _send._SENDERS.take() is None
         with FileServer(big) as server:
