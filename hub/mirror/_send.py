@@ -33,13 +33,13 @@ import select
 import socket
 import stat
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from cmh.hub.cache import process_clock
 
 from ._errors import CLIENT_LEFT as CLIENT_LEFT  # re-exported: the senders' vocabulary
 from ._errors import BlobUnavailable as BlobUnavailable
@@ -339,6 +339,7 @@ class _Mux:
     ``epoll`` wait for room when none can take more (nginx's loop)."""
 
     def __init__(self) -> None:
+        self._clock = process_clock()  # the cadence of the look for clients that left
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._epoll.register(self._wake_r, select.EPOLLIN)
@@ -375,7 +376,7 @@ class _Mux:
 
     def _serve(self, active: dict[int, _Active]) -> None:
         ready: dict[int, None] = {}  # insertion-ordered: each ready span a call per round
-        looked = time.monotonic()
+        looked = self._clock.monotonic()
         while True:
             wait = None if not active else 0 if ready else _ROOM_WAIT
             for fd, _ in self._epoll.poll(wait):
@@ -385,8 +386,8 @@ class _Mux:
                     ready[fd] = None
             for fd in list(ready):
                 self._step(active, ready, fd)
-            if active and time.monotonic() - looked >= _ROOM_WAIT:
-                looked = time.monotonic()
+            if active and self._clock.monotonic() - looked >= _ROOM_WAIT:
+                looked = self._clock.monotonic()
                 for fd in [fd for fd, got in active.items() if got.span.closing()]:
                     self._finish(active, ready, fd, ConnectionResetError(CLIENT_LEFT))
 
