@@ -4,10 +4,17 @@ poll interval waited), and made into the blob by the storage (no second upload).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import os
+import socket
+import subprocess
+import sys
 import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,8 @@ from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, Preconditi
 from cmh.hub.mirror.stores.bucket._store import BucketBackedStore
 from deadline_support import TEST_DEADLINE
 from hostile_upstream import COMMIT, HostileHub
+from nginx_support import free_port
+from processes import stop_process
 from seaweed import SeaweedBucket
 
 PART = _pull.PART
@@ -508,3 +517,83 @@ def test_a_fill_has_its_compose_client_made_while_the_upstream_streams(
     assert index is not None
     with backend.opener(index.files["model.bin"]) as f:
         assert f.read() == data  # composed with that client
+
+
+@contextlib.contextmanager
+def _static_origin(folder: Path) -> Iterator[str]:
+    """``folder`` served by Python's ``http.server`` in a process of its own (its
+    allocations are not this process's), on a free port of 127.0.0.1: its URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + TEST_DEADLINE
+        while True:  # listening once it answers a connection
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "no origin"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(process, grace=5)
+
+
+def test_a_fill_copies_the_upstreams_bytes_once_per_part(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the filling replica appended each chunk the upstream sent to a buffer,
+    then sliced a part off it and froze the slice into ``bytes``: three copies of every
+    byte (about 0.3 CPU-s per GiB). A part is now one join of the chunks as they came.
+    Measured with tracemalloc around each chunk given to the fill: the memory it takes
+    while taking a chunk is at most the one part it makes (the slice and its copy took
+    twice that). The bytes come from an origin in another process (the Hub's redirect
+    to its CDN), so that no server here allocates meanwhile."""
+    from cmh.hub.resolver import HubClient
+
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    backend = open_mirror_store(moto_bucket.url)
+    real_stream = HubClient.stream
+    taken: list[tuple[int, int]] = []  # (bytes given so far, memory grown while taking)
+
+    def stream(client: Any, url: Any, start: int, sink: Any, **kwargs: Any) -> bool:
+        def measured(chunk: bytes) -> None:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            sink(chunk)
+            given = (taken[-1][0] if taken else start) + len(chunk)
+            taken.append((given, tracemalloc.get_traced_memory()[1] - before))
+
+        return bool(real_stream(client, url, start, measured, **kwargs))
+
+    monkeypatch.setattr(HubClient, "stream", stream)
+    data = os.urandom(2 * PART + 1000)
+    cdn = tmp_path / "cdn"
+    cdn.mkdir()
+    (cdn / "model.bin").write_bytes(data)
+    tracemalloc.start()
+    try:
+        with (
+            _static_origin(cdn) as origin,
+            HostileHub(
+                files={"model.bin": data}, resolve_redirect=lambda _m, path: f"{origin}/{path}"
+            ) as hub,
+        ):
+            pull = backend.pull_through(300.0)
+            pull.objects._s3_client()  # made now: loading botocore's models takes megabytes
+            upstream = Upstream(pull, UpstreamConfig(hub.url))
+            upstream.prepare("model", "evil/repo", "main")
+            upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+    finally:
+        tracemalloc.stop()
+    assert taken[-1][0] == len(data)
+    grown = sorted(g for _, g in taken)
+    assert grown[-2] >= PART  # two parts were made in these calls (from their chunks)
+    assert grown[-1] < 1.5 * PART, grown[-3:]  # 2 parts or more before
+    index = backend.resolve("model", "evil/repo", COMMIT)
+    assert index is not None
+    blob = open_store(moto_bucket).objects.get(index.files["model.bin"].source.as_posix())
+    assert blob == data  # the parts PUT as joined are the blob

@@ -790,6 +790,26 @@ class _PartWriter:
             raise self._error[0]
 
 
+class _Gathered:
+    """The upstream's chunks of the part being received, kept as they came (no copy):
+    :meth:`part` joins them into the part's bytes, the one copy a fill makes of them
+    (issue 37: appending to a buffer, slicing and freezing it copied each byte three
+    times). The part is immutable, so it is PUT and kept for this process's readers as
+    is; each part gathers into a new instance."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes | memoryview] = []
+        self.size = 0
+
+    def add(self, chunk: bytes | memoryview) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+
+    def part(self) -> bytes:
+        """The gathered bytes as one object (a lone chunk of ``bytes``: itself)."""
+        return b"".join(self.chunks)
+
+
 class _Fill:
     """One replica's fill of one blob under the lease: resume, stream, check, compose."""
 
@@ -806,11 +826,11 @@ class _Fill:
         self.objects = pull.objects
         self.fills = pull.store.fill_name(folder, f.etag)
         self.digest = new_digest(f.etag, f.size)
-        self.pos = 0  # bytes hashed, stored as parts or in ``buffer``
+        self.pos = 0  # bytes hashed, stored as parts or in ``gathered``
         self.part = 0  # the next part number
         self.stored: list[tuple[str, str]] = []  # (name, storage ETag) of each part stored
         self.writer: _PartWriter | None = None
-        self.buffer = bytearray()
+        self.gathered = _Gathered()
         self.lost = threading.Event()
         self.done = threading.Event()
         self.renewing = threading.Lock()
@@ -833,9 +853,8 @@ class _Fill:
             _STORED_PARTS.start(self.fills, self.part, now)  # its readers here wait, no GET
             try:
                 self._transfer()
-                if self.buffer:
-                    self._store_part(bytes(self.buffer))
-                    self.buffer.clear()
+                if self.gathered.size:
+                    self._store_part(self.gathered.part())
             finally:
                 self._flush_parts()
             # Building the blob, deleting the parts, a ``failed`` record: the holder's alone.
@@ -931,14 +950,26 @@ class _Fill:
             self.stored.append((info.name, info.etag))
             n += 1
         self.part = n
-        self.buffer.clear()
+        self.gathered = _Gathered()
         for info in list(self.objects.list(self.fills)):  # later parts: not contiguous
             if "/part-" in info.name and info.name >= self.part_name(n):
                 self.objects.delete(info.name)
 
-    def _take(self, data: bytes) -> None:
+    def _take(self, data: bytes | memoryview) -> None:
         self.digest.update(data)
         self.pos += len(data)
+
+    def _gather(self, chunk: bytes | memoryview) -> None:
+        """Keep ``chunk`` for the part it belongs to; store each part it completes."""
+        while self.gathered.size + len(chunk) >= PART:
+            view = memoryview(chunk)
+            cut = PART - self.gathered.size
+            self.gathered.add(view[:cut])
+            self._store_part(self.gathered.part())
+            self.gathered = _Gathered()
+            chunk = view[cut:]
+        if len(chunk):
+            self.gathered.add(chunk)
 
     def _transfer(self) -> None:
         """Stream the rest from the upstream (its redirect to the CDN followed without the
@@ -959,20 +990,18 @@ class _Fill:
                 def restart(start: int = start, skip: list[int] = skip) -> None:
                     skip[0] = start  # a 200 to a ranged request: the body from byte 0
 
-                def sink(chunk: bytes, skip: list[int] = skip) -> None:
+                def sink(data: bytes, skip: list[int] = skip) -> None:
+                    chunk: bytes | memoryview = data
                     if skip[0]:
                         cut = min(skip[0], len(chunk))
                         skip[0] -= cut
-                        chunk = chunk[cut:]
+                        chunk = memoryview(data)[cut:]
                         if not chunk:
                             return
                     if self.lost.is_set():
                         raise _LeaseLost(self.fills)
                     self._take(chunk)
-                    self.buffer += chunk
-                    while len(self.buffer) >= PART:
-                        self._store_part(bytes(self.buffer[:PART]))
-                        del self.buffer[:PART]
+                    self._gather(chunk)
 
                 try:
                     client.stream(url, start, sink, on_restart=restart, limit=self.f.size)
