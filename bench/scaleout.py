@@ -36,7 +36,6 @@ Usage: ``python bench/scaleout.py [--size-mib 128] [--files 2] [--clients 16]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import shutil
@@ -53,27 +52,12 @@ from seaweed import SeaweedServer, find_weed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _servers import nginx_config, stop_process
+from _timing import cpu_seconds
 
 REPO = "bench/scaleout"
 TARGETS = {"redirect": 0.9, "proxy": 0.9, "x-accel": 0.9}
 #: cmh's CPU seconds per GiB delivered, at most (issue 37).
 CPU_TARGET = 0.2
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process tree (Linux ``/proc``): the process (all its
-    threads), the children it reaped and, recursively, its live children (0 if gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    own = sum(int(f) for f in fields[11:15]) / CLK_TCK  # utime, stime, cutime, cstime
-    children: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):  # the thread ended meanwhile
-            children.update(int(c) for c in task.read_text().split())
-    return own + sum(cpu_seconds(c) for c in children)
 
 
 def load() -> str:
