@@ -237,7 +237,10 @@ def test_a_client_that_leaves_frees_its_sender_thread(big: Path) -> None:
         left = [(sent, turns) for how, sent, turns in server.outcomes if how == "ClientLeft"]
         whole = [turns for how, sent, turns in server.outcomes if how == "sent" and sent == SIZE]
         assert len(left) == _send.SENDER_SPANS + 1 and len(whole) == 1, server.outcomes
-        assert all(0 < sent < SIZE for sent, _ in left)
+        # Cut before the end. Not necessarily after some body bytes: the corked headers
+        # leave alone once the cork's 200 ms pass before the sender's first call (a busy
+        # machine), and that call then meets the reset with nothing sent.
+        assert all(0 <= sent < SIZE for sent, _ in left)
         assert whole[0] < 12, whole  # not through the loop: every thread was given back
 
 
