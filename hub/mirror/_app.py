@@ -492,10 +492,11 @@ async def _fill_or_deliver(
 ) -> web.StreamResponse:
     """Pull-through of a blob the store lacks, the one way every path takes: a fill whose
     bytes a client's check refused is not joined; its end is waited out, then the blob
-    is sent if a retry installed it, else filled (or the fill's failure answered)."""
+    is sent if a retry installed it, else filled (or the fill's failure answered). The
+    caller just found the blob missing: it is looked for again only after such a wait."""
     assert state.fills is not None
-    await state.fills.wait_out_refused(asked.entry.source)
-    if await _run(_present, state, asked.entry):
+    waited = await state.fills.wait_out_refused(asked.entry.source)
+    if waited and await _run(_present, state, asked.entry):
         with contextlib.suppress(BlobMissing):
             return await _deliver(request, state, asked)
     return await _resolve_filling(request, state, asked)  # sent as it arrives

@@ -78,13 +78,16 @@ class Fills:
         if self._running.get(blob) is fill and not fill.done():
             self._refused[blob] = fill
 
-    async def wait_out_refused(self, blob: Path) -> None:
+    async def wait_out_refused(self, blob: Path) -> bool:
         """Wait for the end of ``blob``'s fill if its bytes were refused (whatever its
         outcome: a folder's resolver may download again and succeed; the fill's own
-        deadlines bound the wait). Cancelling the caller leaves the fill running."""
+        deadlines bound the wait); True when it waited. Cancelling the caller leaves the
+        fill running."""
         fill = self._refused.get(blob)
-        if fill is not None and not fill.done():
-            await asyncio.wait([fill])
+        if fill is None or fill.done():
+            return False
+        await asyncio.wait([fill])
+        return True
 
     def recent_failure(self, blob: Path) -> Outcome | None:
         """The outcome of a fill of ``blob`` that failed less than ``NEGATIVE_FOR`` s ago."""
