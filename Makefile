@@ -21,7 +21,7 @@ demo: $(STAMP)
 # Two workers (the suite's servers bind free 127.0.0.1 ports and tmp folders only); a
 # test file stays on one worker, so its module-scoped servers start once.
 test: $(STAMP) browser nginx
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 3 --dist loadfile
 
 # Debian packages the suite drives for real, installed with apt when missing (as root, or
 # with passwordless sudo); if that fails the tests that need them skip and say why.
