@@ -140,6 +140,48 @@ def test_concurrent_bodies_leave_from_one_sender_thread_in_turn(
     assert len(set(order)) == 3 and switches >= 3, switches
 
 
+def test_spans_sharing_the_sender_thread_take_shorter_calls_than_a_span_alone(
+    big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[int, int]] = []  # (socket, count) of the sender thread's calls
+    real = os.sendfile
+
+    def counted(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
+        if threading.current_thread().name.startswith("cmh-sendfile"):
+            calls.append((out_fd, count))
+        return real(out_fd, in_fd, offset, count)
+
+    monkeypatch.setattr(os, "sendfile", counted)
+    with FileServer(big) as server:
+        status, _, body = _get(server)  # the only body under way
+        assert status == 200 and len(body) == SIZE
+        alone, calls[:] = list(calls), []
+        host, port = server.url.removeprefix("http://").split(":")
+        conns = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+        try:
+            for s in conns:  # three bodies under way, none drained yet
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
+            for s in conns:
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(1 << 20):
+                    pass
+        finally:
+            for s in conns:
+                s.close()
+        assert [how for how, _, _ in server.outcomes] == ["sent"] * 4, server.outcomes
+    assert max(count for _, count in alone) == _send.CALL_MAX
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, (sock, _) in enumerate(calls):
+        first.setdefault(sock, i)
+        last[sock] = i
+    # the calls made while all three spans were under way (the first body's whole drain)
+    shared = calls[max(first.values()) : min(last.values()) + 1]
+    assert len(first) == 3 and sum(count for _, count in shared) > SIZE // 2, len(shared)
+    assert max(count for _, count in shared) <= _send.SHARED_CALL_MAX < _send.CALL_MAX
+
+
 def test_a_sender_thread_that_fails_cuts_its_bodies_and_is_replaced(
     big: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
