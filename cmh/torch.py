@@ -13,9 +13,10 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import torch
 
@@ -152,10 +153,12 @@ def _read_and_hash(
     One kernel copy per byte (``preadv`` into the tensor's memory) and, when verifying,
     one SHA-256 pass over each piece just after it was read, while it is still in the
     CPU cache; tensors are spread over threads (both calls release the GIL), largest
-    first, so hashing overlaps reading on every core.
+    first, so hashing overlaps reading on every core. The first failure (or an interrupt
+    of the caller) stops every thread at its next piece: a refused load reads no further.
     """
     regular = open_regular(path)  # never blocks on a FIFO swapped in since the header
     fd = regular.fileno()
+    stop = threading.Event()
     try:
         # The memory comes from the caller's thread, not the pool's: a pool thread's malloc
         # arena is its own, so memory a previous load freed there would not be reused and
@@ -169,23 +172,47 @@ def _read_and_hash(
                 memory = (ctypes.c_char * t.nbytes).from_address(out.data_ptr())
                 with memoryview(memory).cast("B") as view:
                     update = digest.update if digest is not None else None
-                    _read_into(fd, view, header.data_start + t.begin, update, path)
+                    try:
+                        _read_into(fd, view, header.data_start + t.begin, update, stop, path)
+                    except BaseException:
+                        stop.set()  # the tensors still queued are not read
+                        raise
             return digest.digest() if digest is not None else None
 
         order = sorted(range(len(outs)), key=lambda i: -header.tensors[i].nbytes)
         with ThreadPoolExecutor(max_workers=threads or default_threads()) as pool:
             futures = {i: pool.submit(work, i) for i in order}
-            return [(outs[i], futures[i].result()) for i in range(len(outs))]
+            try:
+                wait(futures.values(), return_when=FIRST_EXCEPTION)
+            finally:  # after a failure or an interrupt, the other reads stop at their next piece
+                stop.set()
+                pool.shutdown(wait=True, cancel_futures=True)
+        for future in futures.values():
+            failure = None if future.cancelled() else future.exception()
+            if failure is not None and not isinstance(failure, _Stopped):
+                raise failure
+        return [(outs[i], futures[i].result()) for i in range(len(outs))]
     finally:
         regular.close()
 
 
+class _Stopped(Exception):
+    """Another tensor's read failed (or the caller was interrupted): this one stops."""
+
+
 def _read_into(
-    fd: int, view: memoryview, offset: int, update: Callable[[memoryview], None] | None, path: str
+    fd: int,
+    view: memoryview,
+    offset: int,
+    update: Callable[[memoryview], None] | None,
+    stop: threading.Event,
+    path: str,
 ) -> None:
     """Fill ``view`` from ``fd`` at ``offset``, a piece at a time, hashing each piece."""
     done = 0
     while done < len(view):
+        if stop.is_set():
+            raise _Stopped
         with view[done : done + _PIECE] as piece:
             got = 0
             while got < len(piece):

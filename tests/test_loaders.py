@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -187,3 +188,32 @@ def test_verified_load_takes_tensor_memory_in_the_calling_thread(
     loaded = cmh.torch.load_file(path, threads=3)
     assert len(loaded) == 6 and torch.equal(loaded["t5"], torch.ones(1005))
     assert threads and set(threads) == {threading.get_ident()}
+
+
+def test_a_refused_load_reads_nothing_after_the_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One thread, largest tensor first: the cut one fails first, and the small tensors
+    # still queued are never read (the old loader read them all before refusing).
+    path = tmp_path / "m.safetensors"
+    small = {f"a{i:02d}": torch.ones(1 << 14) for i in range(20)}
+    safetensors.torch.save_file({**small, "z_big": torch.ones(3 << 20)}, str(path))
+    cmh.stamp(path)
+    header = cmh.read_header(path)
+    big = header.by_name()["z_big"]
+    assert all(t.end <= big.begin for t in header.tensors if t.name != "z_big")
+    with open(path, "r+b") as f:
+        f.truncate(header.data_start + big.begin + 4096)
+    reads: list[int] = []
+    real_preadv = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        reads.append(offset)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    from cmh.torch import _read_and_hash
+
+    with pytest.raises(cmh.VerificationError, match="truncated"):
+        _read_and_hash(str(path), header, 1, hash_bytes=True)
+    assert reads and min(reads) >= header.data_start + big.begin
