@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -217,3 +218,48 @@ def test_a_refused_load_reads_nothing_after_the_failure(
     with pytest.raises(cmh.VerificationError, match="truncated"):
         _read_and_hash(str(path), header, 1, hash_bytes=True)
     assert reads and min(reads) >= header.data_start + big.begin
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_piecewise_reading_hashes_every_tensor_in_order(tmp_path: Path, threads: int) -> None:
+    # Tensors of 0, 1, 2 and 3 pieces and odd sizes (a piece is 4 MiB): whichever thread
+    # reads a piece, each tensor's digest is the SHA-256 of its bytes in order.
+    from cmh.torch import _read_and_hash
+
+    rng = np.random.default_rng(threads)
+    sizes = [0, 3, (4 << 20) - 1, 4 << 20, (4 << 20) + 5, (9 << 20) + 7, 12 << 20, 1000]
+    tensors = {
+        f"t{i}": torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8))
+        for i, n in enumerate(sizes)
+    }
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    header = cmh.read_header(path)
+    got = _read_and_hash(str(path), header, threads, hash_bytes=True)
+    for entry, (raw, digest) in zip(header.tensors, got, strict=True):
+        expected = tensors[entry.name].numpy().tobytes()
+        assert raw.numpy().tobytes() == expected
+        assert digest == hashlib.sha256(expected).digest()
+
+
+def test_one_large_tensor_is_read_by_every_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its digest is one SHA-256, hashed by one thread at a time, but its pieces are read by
+    # any: two threads must both be reading it at once (the barrier), else this times out.
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": torch.ones(4 << 20)}, str(path))  # 16 MiB, 4 pieces
+    cmh.stamp(path)
+    both = threading.Barrier(2, timeout=10)
+    waited: set[int] = set()
+    real_preadv = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            both.wait()
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    loaded = cmh.torch.load_file(path, threads=2)
+    assert torch.equal(loaded["w"], torch.ones(4 << 20)) and len(waited) == 2
