@@ -172,8 +172,8 @@ def _read_and_hash(
         job = _Pieces(regular.fileno(), path, tensors)
         workers = max(1, min(threads or default_threads(), sum(t.pieces for t in tensors)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(job.work) for _ in range(workers)]
             try:
+                futures = [pool.submit(job.work) for _ in range(workers)]
                 wait(futures, return_when=FIRST_EXCEPTION)
             finally:  # after a failure or an interrupt, the other reads stop at their next piece
                 job.stop.set()
@@ -198,6 +198,7 @@ class _TensorRead:
     def __init__(self, out: torch.Tensor, offset: int, hash_bytes: bool) -> None:
         nbytes = out.numel()
         memory = (ctypes.c_char * nbytes).from_address(out.data_ptr()) if nbytes else b""
+        self.out = out  # the view does not own the memory: a thread left behind still may
         self.view = memoryview(memory).cast("B")
         self.offset = offset
         self.pieces = -(-nbytes // _PIECE)

@@ -8,6 +8,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -263,3 +264,61 @@ def test_one_large_tensor_is_read_by_every_thread(
     monkeypatch.setattr(os, "preadv", preadv)
     loaded = cmh.torch.load_file(path, threads=2)
     assert torch.equal(loaded["w"], torch.ones(4 << 20)) and len(waited) == 2
+
+
+def test_ctrl_c_during_a_load_stops_every_reading_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C reaches the caller while it waits for the reading threads, one of them in its
+    # first read; every read is let go only once the caller shuts the pool down. The old
+    # loader then read all 8 pieces before the interrupt reached the caller's caller.
+    import concurrent.futures
+    import signal
+    import sys
+    import time
+
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": torch.ones(8 << 20)}, str(path))  # 32 MiB, 8 pieces
+    cmh.stamp(path)
+    shut_down = threading.Event()
+    reads: list[int] = []
+    real_preadv, real_shutdown = os.preadv, concurrent.futures.ThreadPoolExecutor.shutdown
+
+    caller = threading.main_thread().ident or 0
+
+    def caller_waits_for_the_pool() -> bool:
+        frame = sys._current_frames().get(caller)
+        if frame is None or frame.f_code.co_name != "wait":
+            return False
+        while frame is not None:
+            if frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "_base.py")):
+                return True
+            frame = frame.f_back
+        return False
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        reads.append(offset)
+        if len(reads) == 1:
+            deadline = time.monotonic() + 10
+            while not caller_waits_for_the_pool() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            signal.pthread_kill(caller, signal.SIGINT)
+        shut_down.wait(10)
+        return real_preadv(fd, buffers, offset)
+
+    def shutdown(self: concurrent.futures.ThreadPoolExecutor, *args: Any, **kwargs: Any) -> None:
+        shut_down.set()
+        real_shutdown(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "shutdown", shutdown)
+    running = set(threading.enumerate())
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cmh.torch.load_file(path, threads=2)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    for thread in set(threading.enumerate()) - running:  # a thread left reading counts too
+        thread.join(10)
+    assert 1 <= len(reads) <= 2
