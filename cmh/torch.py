@@ -13,9 +13,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import torch
 
@@ -150,53 +150,140 @@ def _read_and_hash(
     """Each tensor's bytes read straight into its own (uninitialised) tensor, hashed as read.
 
     One kernel copy per byte (``preadv`` into the tensor's memory) and, when verifying,
-    one SHA-256 pass over each piece just after it was read, while it is still in the
-    CPU cache; tensors are spread over threads (both calls release the GIL), largest
-    first, so hashing overlaps reading on every core.
+    one SHA-256 pass over each piece, in order, mostly just after it was read while it is
+    still in the CPU cache. Threads (both calls release the GIL) take pieces, largest
+    tensor first: a tensor's digest is one SHA-256 over its bytes, so one thread at a
+    time hashes it, while the others read its next pieces or other tensors; a tensor
+    larger than the rest together keeps every core busy to its end. The first failure
+    (or an interrupt of the caller) stops every thread at its next piece: a refused load
+    reads no further.
     """
     regular = open_regular(path)  # never blocks on a FIFO swapped in since the header
-    fd = regular.fileno()
     try:
         # The memory comes from the caller's thread, not the pool's: a pool thread's malloc
         # arena is its own, so memory a previous load freed there would not be reused and
         # every page of every tensor would be faulted in afresh.
         outs = [torch.empty(t.nbytes, dtype=torch.uint8) for t in header.tensors]
-
-        def work(index: int) -> bytes | None:
-            t, out = header.tensors[index], outs[index]
-            digest = hashlib.sha256() if hash_bytes else None
-            if t.nbytes:
-                memory = (ctypes.c_char * t.nbytes).from_address(out.data_ptr())
-                with memoryview(memory).cast("B") as view:
-                    update = digest.update if digest is not None else None
-                    _read_into(fd, view, header.data_start + t.begin, update, path)
-            return digest.digest() if digest is not None else None
-
         order = sorted(range(len(outs)), key=lambda i: -header.tensors[i].nbytes)
-        with ThreadPoolExecutor(max_workers=threads or default_threads()) as pool:
-            futures = {i: pool.submit(work, i) for i in order}
-            return [(outs[i], futures[i].result()) for i in range(len(outs))]
+        tensors = [
+            _TensorRead(outs[i], header.data_start + header.tensors[i].begin, hash_bytes)
+            for i in order
+        ]
+        job = _Pieces(regular.fileno(), path, tensors)
+        workers = max(1, min(threads or default_threads(), sum(t.pieces for t in tensors)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            try:
+                futures = [pool.submit(job.work) for _ in range(workers)]
+                wait(futures, return_when=FIRST_EXCEPTION)
+            finally:  # after a failure or an interrupt, the other reads stop at their next piece
+                job.stop.set()
+                pool.shutdown(wait=True, cancel_futures=True)
+        for future in futures:
+            failure = None if future.cancelled() else future.exception()
+            if failure is not None and not isinstance(failure, _Stopped):
+                raise failure
+        digests = {i: t.result() for i, t in zip(order, tensors, strict=True)}
+        return [(outs[i], digests[i]) for i in range(len(outs))]
     finally:
         regular.close()
 
 
-def _read_into(
-    fd: int, view: memoryview, offset: int, update: Callable[[memoryview], None] | None, path: str
-) -> None:
-    """Fill ``view`` from ``fd`` at ``offset``, a piece at a time, hashing each piece."""
-    done = 0
-    while done < len(view):
-        with view[done : done + _PIECE] as piece:
-            got = 0
-            while got < len(piece):
-                with piece[got:] as rest:
-                    n = os.preadv(fd, [rest], offset + done + got)
-                if n == 0:
-                    raise VerificationError(f"{path}: file was truncated while it was read")
-                got += n
-            if update is not None:
-                update(piece)
-        done += got
+class _Stopped(Exception):
+    """Another piece's read failed (or the caller was interrupted): this thread stops."""
+
+
+class _TensorRead:
+    """One tensor being read: which pieces are claimed and read, and its hash's progress."""
+
+    def __init__(self, out: torch.Tensor, offset: int, hash_bytes: bool) -> None:
+        nbytes = out.numel()
+        memory = (ctypes.c_char * nbytes).from_address(out.data_ptr()) if nbytes else b""
+        self.out = out  # the view does not own the memory: a thread left behind still may
+        self.view = memoryview(memory).cast("B")
+        self.offset = offset
+        self.pieces = -(-nbytes // _PIECE)
+        self.claimed = 0  # pieces handed to a reader, in order
+        self.read = [False] * self.pieces
+        self.hashed = 0  # pieces hashed, in order
+        self.hashing = False  # a thread is hashing this tensor's next pieces
+        self.digest = hashlib.sha256() if hash_bytes else None
+
+    def piece(self, k: int) -> memoryview:
+        return self.view[k * _PIECE : (k + 1) * _PIECE]
+
+    def result(self) -> bytes | None:
+        return self.digest.digest() if self.digest is not None else None
+
+
+class _Pieces:
+    """The pieces of every tensor, handed to threads in order, largest tensor first.
+
+    Under ``lock``: the next piece to claim, and who hashes. A thread that read the piece
+    a tensor's hash waits for, while no thread hashes that tensor, hashes it and every
+    following piece already read, then goes back to reading.
+    """
+
+    def __init__(self, fd: int, path: str, tensors: list[_TensorRead]) -> None:
+        self.fd, self.path, self.tensors = fd, path, tensors
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.open = 0  # tensors before this one have every piece claimed
+
+    def work(self) -> None:
+        try:
+            while (claim := self._claim()) is not None:
+                tensor, k = claim
+                with tensor.piece(k) as piece:
+                    _read_piece(self.fd, piece, tensor.offset + k * _PIECE, self.path)
+                if self._takes_hash(tensor, k):
+                    self._hash(tensor)
+        except BaseException:
+            self.stop.set()  # the pieces still unclaimed are not read
+            raise
+
+    def _claim(self) -> tuple[_TensorRead, int] | None:
+        if self.stop.is_set():
+            raise _Stopped
+        with self.lock:
+            while self.open < len(self.tensors):
+                tensor = self.tensors[self.open]
+                if tensor.claimed < tensor.pieces:
+                    tensor.claimed += 1
+                    return tensor, tensor.claimed - 1
+                self.open += 1
+            return None
+
+    def _takes_hash(self, tensor: _TensorRead, k: int) -> bool:
+        with self.lock:
+            tensor.read[k] = True
+            if tensor.digest is None or tensor.hashing or tensor.hashed != k:
+                return False
+            tensor.hashing = True
+            return True
+
+    def _hash(self, tensor: _TensorRead) -> None:
+        digest = tensor.digest
+        while digest is not None:
+            if self.stop.is_set():
+                raise _Stopped
+            with tensor.piece(tensor.hashed) as piece:
+                digest.update(piece)
+            with self.lock:
+                tensor.hashed += 1
+                if tensor.hashed == tensor.pieces or not tensor.read[tensor.hashed]:
+                    tensor.hashing = False
+                    return
+
+
+def _read_piece(fd: int, piece: memoryview, offset: int, path: str) -> None:
+    """Fill ``piece`` from ``fd`` at ``offset``."""
+    got = 0
+    while got < len(piece):
+        with piece[got:] as rest:
+            n = os.preadv(fd, [rest], offset + got)
+        if n == 0:
+            raise VerificationError(f"{path}: file was truncated while it was read")
+        got += n
 
 
 def _to_tensor(t: TensorEntry, raw: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -187,3 +190,135 @@ def test_verified_load_takes_tensor_memory_in_the_calling_thread(
     loaded = cmh.torch.load_file(path, threads=3)
     assert len(loaded) == 6 and torch.equal(loaded["t5"], torch.ones(1005))
     assert threads and set(threads) == {threading.get_ident()}
+
+
+def test_a_refused_load_reads_nothing_after_the_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One thread, largest tensor first: the cut one fails first, and the small tensors
+    # still queued are never read (the old loader read them all before refusing).
+    path = tmp_path / "m.safetensors"
+    small = {f"a{i:02d}": torch.ones(1 << 14) for i in range(20)}
+    safetensors.torch.save_file({**small, "z_big": torch.ones(3 << 20)}, str(path))
+    cmh.stamp(path)
+    header = cmh.read_header(path)
+    big = header.by_name()["z_big"]
+    assert all(t.end <= big.begin for t in header.tensors if t.name != "z_big")
+    with open(path, "r+b") as f:
+        f.truncate(header.data_start + big.begin + 4096)
+    reads: list[int] = []
+    real_preadv = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        reads.append(offset)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    from cmh.torch import _read_and_hash
+
+    with pytest.raises(cmh.VerificationError, match="truncated"):
+        _read_and_hash(str(path), header, 1, hash_bytes=True)
+    assert reads and min(reads) >= header.data_start + big.begin
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_piecewise_reading_hashes_every_tensor_in_order(tmp_path: Path, threads: int) -> None:
+    # Tensors of 0, 1, 2 and 3 pieces and odd sizes (a piece is 4 MiB): whichever thread
+    # reads a piece, each tensor's digest is the SHA-256 of its bytes in order.
+    from cmh.torch import _read_and_hash
+
+    rng = np.random.default_rng(threads)
+    sizes = [0, 3, (4 << 20) - 1, 4 << 20, (4 << 20) + 5, (9 << 20) + 7, 12 << 20, 1000]
+    tensors = {
+        f"t{i}": torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8))
+        for i, n in enumerate(sizes)
+    }
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    header = cmh.read_header(path)
+    got = _read_and_hash(str(path), header, threads, hash_bytes=True)
+    for entry, (raw, digest) in zip(header.tensors, got, strict=True):
+        expected = tensors[entry.name].numpy().tobytes()
+        assert raw.numpy().tobytes() == expected
+        assert digest == hashlib.sha256(expected).digest()
+
+
+def test_one_large_tensor_is_read_by_every_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its digest is one SHA-256, hashed by one thread at a time, but its pieces are read by
+    # any: two threads must both be reading it at once (the barrier), else this times out.
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": torch.ones(4 << 20)}, str(path))  # 16 MiB, 4 pieces
+    cmh.stamp(path)
+    both = threading.Barrier(2, timeout=10)
+    waited: set[int] = set()
+    real_preadv = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            both.wait()
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    loaded = cmh.torch.load_file(path, threads=2)
+    assert torch.equal(loaded["w"], torch.ones(4 << 20)) and len(waited) == 2
+
+
+def test_ctrl_c_during_a_load_stops_every_reading_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C reaches the caller while it waits for the reading threads, one of them in its
+    # first read; every read is let go only once the caller shuts the pool down. The old
+    # loader then read all 8 pieces before the interrupt reached the caller's caller.
+    import concurrent.futures
+    import signal
+    import sys
+    import time
+
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": torch.ones(8 << 20)}, str(path))  # 32 MiB, 8 pieces
+    cmh.stamp(path)
+    shut_down = threading.Event()
+    reads: list[int] = []
+    real_preadv, real_shutdown = os.preadv, concurrent.futures.ThreadPoolExecutor.shutdown
+
+    caller = threading.main_thread().ident or 0
+
+    def caller_waits_for_the_pool() -> bool:
+        frame = sys._current_frames().get(caller)
+        if frame is None or frame.f_code.co_name != "wait":
+            return False
+        while frame is not None:
+            if frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "_base.py")):
+                return True
+            frame = frame.f_back
+        return False
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        reads.append(offset)
+        if len(reads) == 1:
+            deadline = time.monotonic() + 10
+            while not caller_waits_for_the_pool() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            signal.pthread_kill(caller, signal.SIGINT)
+        shut_down.wait(10)
+        return real_preadv(fd, buffers, offset)
+
+    def shutdown(self: concurrent.futures.ThreadPoolExecutor, *args: Any, **kwargs: Any) -> None:
+        shut_down.set()
+        real_shutdown(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "shutdown", shutdown)
+    running = set(threading.enumerate())
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cmh.torch.load_file(path, threads=2)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    for thread in set(threading.enumerate()) - running:  # a thread left reading counts too
+        thread.join(10)
+    assert 1 <= len(reads) <= 2
