@@ -295,23 +295,26 @@ _IO_KIND_RE = re.compile(r"kind: ([A-Z][A-Za-z]+)")
 
 
 class Composition:
-    """``target`` made by the storage from part objects given one by one, in order
-    (:meth:`add`: each one a server-side copy into a multipart upload, pinned to the part's
-    ETag with ``x-amz-copy-source-if-match``), visible only once :meth:`complete` is
-    called; :meth:`abort` leaves nothing. A fill copies each part as soon as it is stored,
-    so its blob exists right after its last byte (issue 37). Every part but the last must
-    be at least 5 MiB. Not thread-safe: one thread feeds it."""
+    """``target`` made by the storage from part objects (:meth:`add`: each one a
+    server-side copy into a multipart upload, pinned to the part's ETag with
+    ``x-amz-copy-source-if-match``), visible only once :meth:`complete` is called;
+    :meth:`abort` leaves nothing. A fill copies each part as soon as it is stored, so its
+    blob exists right after its last byte (issue 37). Every part but the last must be at
+    least 5 MiB. Parts may be copied from several threads at once (each its number);
+    :meth:`complete` and :meth:`abort` once they are done."""
 
     def __init__(self, objects: ObjectStore, target: str) -> None:
         self.objects = objects
         self.target = target
         self.upload_id: str | None = None
-        self.parts: list[dict[str, Any]] = []
+        self.parts: dict[int, dict[str, Any]] = {}  # number -> {"PartNumber", "ETag"}
         self.confirmed = True  # every copy answered its source's ETag
+        self._lock = threading.Lock()
 
-    def add(self, name: str, etag: str) -> None:
-        """Copy part object ``name`` (pinned to ``etag``) as the next part:
-        :class:`PreconditionFailed` when it changed, :class:`ObjectStoreError` otherwise."""
+    def add(self, name: str, etag: str, number: int | None = None) -> None:
+        """Copy part object ``name`` (pinned to ``etag``) as part ``number`` (the next one
+        by default): :class:`PreconditionFailed` when it changed,
+        :class:`ObjectStoreError` otherwise."""
         import botocore.exceptions
 
         objects = self.objects
@@ -319,30 +322,39 @@ class Composition:
         key = objects.location.key(self.target)
         source = {"Bucket": bucket, "Key": objects.location.key(name)}
         try:
-            if self.upload_id is None:
-                self.upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-            number = len(self.parts) + 1
-            part = client.upload_part_copy(Bucket=bucket, Key=key, UploadId=self.upload_id,
+            with self._lock:
+                if self.upload_id is None:
+                    made = client.create_multipart_upload(Bucket=bucket, Key=key)
+                    self.upload_id = str(made["UploadId"])
+                upload_id = self.upload_id
+                if number is None:
+                    number = len(self.parts) + 1
+            part = client.upload_part_copy(Bucket=bucket, Key=key, UploadId=upload_id,
                                            PartNumber=number, CopySource=source,
                                            CopySourceIfMatch=etag)  # fmt: skip
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             _composition_error(objects, self.target, exc)
         answered = str(part["CopyPartResult"]["ETag"])
-        self.confirmed = self.confirmed and _same_etag(answered, etag)
-        self.parts.append({"PartNumber": number, "ETag": answered})
+        with self._lock:
+            self.confirmed = self.confirmed and _same_etag(answered, etag)
+            self.parts[number] = {"PartNumber": number, "ETag": answered}
 
     def complete(self) -> tuple[str, bool]:
         """Make the target of the parts added: its ETag, and whether the parts copied are
         known to be the pinned versions (see :meth:`ObjectStore.compose`)."""
         import botocore.exceptions
 
+        where = f"COMPOSE {self.objects.location}{self.target}"
         if self.upload_id is None:
-            raise ObjectStoreError(f"COMPOSE {self.objects.location}{self.target}: no part")
+            raise ObjectStoreError(f"{where}: no part")
+        if sorted(self.parts) != list(range(1, len(self.parts) + 1)):
+            raise ObjectStoreError(f"{where}: parts {sorted(self.parts)} are not 1..n")
         objects = self.objects
+        parts = [self.parts[n] for n in sorted(self.parts)]
         try:
             result = objects._s3_client().complete_multipart_upload(
                 Bucket=objects.location.bucket, Key=objects.location.key(self.target),
-                UploadId=self.upload_id, MultipartUpload={"Parts": self.parts},
+                UploadId=self.upload_id, MultipartUpload={"Parts": parts},
             )  # fmt: skip
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             _composition_error(objects, self.target, exc)

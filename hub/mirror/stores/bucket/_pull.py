@@ -79,6 +79,9 @@ if TYPE_CHECKING:
 PART = 8 << 20
 #: Parts one fill uploads at once (each PUT on its own thread).
 PUTS_AT_ONCE = 3
+#: Parts one fill copies into its blob's upload at once, as they are stored (each on its
+#: own thread; the storage does the copy).
+COPIES_AT_ONCE = 3
 #: Parts a fill may hold in memory besides those being uploaded (waiting for an upload,
 #: or stored after one still being uploaded): a fill holds at most
 #: ``PUTS_AT_ONCE + PARTS_AHEAD`` parts, and the one it is receiving.
@@ -800,48 +803,58 @@ class _PartWriter:
 
 class _PartCopier:
     """Copies each part of a fill into the blob's multipart upload as soon as it is
-    stored (:class:`Composition`, one thread, in order), so that once the hash matched only
-    the upload's completion remains: the blob is in the store right after the fill's last
-    byte, and a request that follows is sent the blob, not its parts (issue 37: composing
-    after the last byte left the fleet's clients reading parts through Python for
-    seconds). The upload starts with the second part (a one-part blob is one copy).
-    Nothing is visible under the blob's name until :meth:`finish`; a fill that fails
-    calls :meth:`abandon` (a killed replica's upload is aborted by ``cmh prune``)."""
+    stored (:class:`Composition`, :data:`COPIES_AT_ONCE` threads), so that once the hash
+    matched only the upload's completion remains: the blob is in the store right after
+    the fill's last byte, and a request that follows is sent the blob, not its parts
+    (issue 37: composing after the last byte left the fleet's clients reading parts
+    through Python for seconds). The upload starts with the second part (a one-part blob
+    is one copy). Nothing is visible under the blob's name until :meth:`finish`; a fill
+    that fails calls :meth:`abandon` (a killed replica's upload is aborted by
+    ``cmh prune``)."""
 
     _END = object()
 
     def __init__(self, composition: Composition) -> None:
         self.composition = composition
-        self._queue: queue.Queue[Any] = queue.Queue()  # one (name, ETag) per part stored
-        self._first: tuple[str, str] | None = None
-        self._copied = 0  # parts given to the composition
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="cmh-fill-copies", daemon=True)
-        self._thread.start()
+        self._queue: queue.Queue[Any] = queue.Queue()  # (number, name, ETag) to copy
+        self._lock = threading.Lock()
+        self._first: tuple[str, str] | None = None  # held until a second part comes
+        self._told = 0  # parts told stored
+        self._errors: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._run, name="cmh-fill-copies", daemon=True)
+            for _ in range(COPIES_AT_ONCE)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def add(self, name: str, etag: str) -> None:
         """Part ``name`` (ETag ``etag``) is stored: copy it (parts are told in order)."""
-        self._queue.put((name, etag))
+        with self._lock:
+            self._told += 1
+            if self._told == 1:
+                self._first = (name, etag)
+                return
+            if self._first is not None:
+                self._queue.put((1, *self._first))
+                self._first = None
+            self._queue.put((self._told, name, etag))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not self._END:
-            if self._error is not None:
+            if self._errors:
                 continue
+            number, name, etag = item
             try:
-                if self._first is None and not self._copied:
-                    self._first = item  # copied with the second: a one-part blob needs none
-                    continue
-                if self._first is not None:
-                    self.composition.add(*self._first)
-                    self._first, self._copied = None, 1
-                self.composition.add(*item)
-                self._copied += 1
+                self.composition.add(name, etag, number)
             except BaseException as exc:  # told by finish()
-                self._error = exc
+                self._errors.append(exc)
 
     def _stop(self) -> None:
-        self._queue.put(self._END)
-        self._thread.join()
+        for _ in self._threads:
+            self._queue.put(self._END)
+        for thread in self._threads:
+            thread.join()
 
     def finish(self, parts: int) -> tuple[str, bool] | None:
         """Complete the blob of the ``parts`` parts stored: its ETag and whether the copies
@@ -849,10 +862,11 @@ class _PartCopier:
         or a copy failed on the way: the caller composes them).
         :class:`PreconditionFailed` when a part changed since it was stored."""
         self._stop()
-        if isinstance(self._error, PreconditionFailed):
+        changed = [e for e in self._errors if isinstance(e, PreconditionFailed)]
+        if changed:
             self.composition.abort()
-            raise self._error
-        if self._error is not None or self._copied != parts or parts < 2:
+            raise changed[0]
+        if self._errors or self._told != parts or len(self.composition.parts) != parts:
             self.composition.abort()
             return None
         try:
