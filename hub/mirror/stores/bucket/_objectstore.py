@@ -294,6 +294,93 @@ _PERFORMING_RE = re.compile(
 _IO_KIND_RE = re.compile(r"kind: ([A-Z][A-Za-z]+)")
 
 
+class Composition:
+    """``target`` made by the storage from part objects (:meth:`add`: each one a
+    server-side copy into a multipart upload, pinned to the part's ETag with
+    ``x-amz-copy-source-if-match``), visible only once :meth:`complete` is called;
+    :meth:`abort` leaves nothing. A fill copies each part as soon as it is stored, so its
+    blob exists right after its last byte (issue 37). Every part but the last must be at
+    least 5 MiB. Parts may be copied from several threads at once (each its number);
+    :meth:`complete` and :meth:`abort` once they are done."""
+
+    def __init__(self, objects: ObjectStore, target: str) -> None:
+        self.objects = objects
+        self.target = target
+        self.upload_id: str | None = None
+        self.parts: dict[int, dict[str, Any]] = {}  # number -> {"PartNumber", "ETag"}
+        self.confirmed = True  # every copy answered its source's ETag
+        self._lock = threading.Lock()
+
+    def add(self, name: str, etag: str, number: int | None = None) -> None:
+        """Copy part object ``name`` (pinned to ``etag``) as part ``number`` (the next one
+        by default): :class:`PreconditionFailed` when it changed,
+        :class:`ObjectStoreError` otherwise."""
+        import botocore.exceptions
+
+        objects = self.objects
+        client, bucket = objects._s3_client(), objects.location.bucket
+        key = objects.location.key(self.target)
+        source = {"Bucket": bucket, "Key": objects.location.key(name)}
+        try:
+            with self._lock:
+                if self.upload_id is None:
+                    made = client.create_multipart_upload(Bucket=bucket, Key=key)
+                    self.upload_id = str(made["UploadId"])
+                upload_id = self.upload_id
+                if number is None:
+                    number = len(self.parts) + 1
+            part = client.upload_part_copy(Bucket=bucket, Key=key, UploadId=upload_id,
+                                           PartNumber=number, CopySource=source,
+                                           CopySourceIfMatch=etag)  # fmt: skip
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            _composition_error(objects, self.target, exc)
+        answered = str(part["CopyPartResult"]["ETag"])
+        with self._lock:
+            self.confirmed = self.confirmed and _same_etag(answered, etag)
+            self.parts[number] = {"PartNumber": number, "ETag": answered}
+
+    def complete(self) -> tuple[str, bool]:
+        """Make the target of the parts added: its ETag, and whether the parts copied are
+        known to be the pinned versions (see :meth:`ObjectStore.compose`)."""
+        import botocore.exceptions
+
+        where = f"COMPOSE {self.objects.location}{self.target}"
+        if self.upload_id is None:
+            raise ObjectStoreError(f"{where}: no part")
+        if sorted(self.parts) != list(range(1, len(self.parts) + 1)):
+            raise ObjectStoreError(f"{where}: parts {sorted(self.parts)} are not 1..n")
+        objects = self.objects
+        parts = [self.parts[n] for n in sorted(self.parts)]
+        try:
+            result = objects._s3_client().complete_multipart_upload(
+                Bucket=objects.location.bucket, Key=objects.location.key(self.target),
+                UploadId=self.upload_id, MultipartUpload={"Parts": parts},
+            )  # fmt: skip
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            _composition_error(objects, self.target, exc)
+        self.upload_id = None
+        return str(result["ETag"]), self.confirmed or objects.copy_pins()
+
+    def abort(self) -> None:
+        """Abort the upload (its copies are freed; nothing is created); best effort."""
+        upload_id, self.upload_id = self.upload_id, None
+        if upload_id is not None:
+            with contextlib.suppress(ObjectStoreError):
+                self.objects.abort_upload(self.target, upload_id)
+
+
+def _composition_error(objects: ObjectStore, target: str, exc: Exception) -> NoReturn:
+    """:class:`PreconditionFailed` for a part that changed, else the upload's error."""
+    import botocore.exceptions
+
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("PreconditionFailed", "412"):
+            raise PreconditionFailed(f"COMPOSE {objects.location}{target}: a part changed",
+                                     target) from None  # fmt: skip
+    objects._upload_error("COMPOSE", target, exc)
+
+
 def _same_etag(a: str, b: str) -> bool:
     """Two ETags alike, quoted or not (servers differ in what they answer a copy)."""
     return a.strip('"') == b.strip('"')
@@ -778,46 +865,27 @@ class ObjectStore:
         aborted). The new object's ETag, and whether the parts copied are known to be the
         pinned versions: every copy answered its source's ETag, or the storage refuses a copy
         pinned to a wrong ETag (:meth:`copy_pins`; moto's server ignores the condition)."""
-        import botocore.exceptions
-
         if not parts:
             return self.put(target, b""), True
-        client, bucket, key = self._s3_client(), self.location.bucket, self.location.key(target)
-        sources = [({"Bucket": bucket, "Key": self.location.key(n)}, etag) for n, etag in parts]
-        upload_id = None
+        if len(parts) == 1:
+            import botocore.exceptions
+
+            client, bucket, key = self._s3_client(), self.location.bucket, self.location.key(target)
+            source = {"Bucket": bucket, "Key": self.location.key(parts[0][0])}
+            try:
+                copied = client.copy_object(Bucket=bucket, Key=key, CopySource=source,
+                                            CopySourceIfMatch=parts[0][1])  # fmt: skip
+            except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+                _composition_error(self, target, exc)
+            answered = str(copied["CopyObjectResult"]["ETag"])
+            return answered, _same_etag(answered, parts[0][1]) or self.copy_pins()
+        composition = Composition(self, target)
         try:
-            if len(parts) == 1:
-                copied = client.copy_object(Bucket=bucket, Key=key, CopySource=sources[0][0],
-                                            CopySourceIfMatch=sources[0][1])  # fmt: skip
-                answered = str(copied["CopyObjectResult"]["ETag"])
-                return answered, _same_etag(answered, sources[0][1]) or self.copy_pins()
-            upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-            done = []
-            confirmed = True
-            for number, (source, etag) in enumerate(sources, start=1):
-                part = client.upload_part_copy(Bucket=bucket, Key=key, UploadId=upload_id,
-                                               PartNumber=number, CopySource=source,
-                                               CopySourceIfMatch=etag)  # fmt: skip
-                answered = str(part["CopyPartResult"]["ETag"])
-                confirmed = confirmed and _same_etag(answered, etag)
-                done.append({"PartNumber": number, "ETag": answered})
-            result = client.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
-            )
-            upload_id = None
-            return str(result["ETag"]), confirmed or self.copy_pins()
-        except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412"):
-                raise PreconditionFailed(f"COMPOSE {self.location}{target}: a part changed",
-                                         target) from None  # fmt: skip
-            self._upload_error("COMPOSE", target, exc)
-        except botocore.exceptions.BotoCoreError as exc:
-            self._upload_error("COMPOSE", target, exc)
+            for name, etag in parts:
+                composition.add(name, etag)
+            return composition.complete()
         finally:
-            if upload_id is not None:
-                with contextlib.suppress(ObjectStoreError):
-                    self.abort_upload(target, upload_id)
+            composition.abort()  # nothing once completed; else no upload is left behind
 
     def copy_pins(self) -> bool:
         """Whether the storage refuses a copy whose ``x-amz-copy-source-if-match`` names

@@ -66,7 +66,7 @@ from ..._gitobjects import lfs_pointer_oid, tree_oids
 from ..._upstream import NEGATIVE_FOR
 from .._pull import FillFailed, FillWait, SentRanges
 from ._bucket import BucketError, BucketStore, TreeFile, TreeObject, _storage_errors
-from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
+from ._objectstore import Composition, ObjectNotFound, ObjectStoreError, PreconditionFailed
 
 if TYPE_CHECKING:
     from cmh.hub.resolver import RemoteFile
@@ -79,6 +79,9 @@ if TYPE_CHECKING:
 PART = 8 << 20
 #: Parts one fill uploads at once (each PUT on its own thread).
 PUTS_AT_ONCE = 3
+#: Parts one fill copies into its blob's upload at once, as they are stored (each on its
+#: own thread; the storage does the copy).
+COPIES_AT_ONCE = 3
 #: Parts a fill may hold in memory besides those being uploaded (waiting for an upload,
 #: or stored after one still being uploaded): a fill holds at most
 #: ``PUTS_AT_ONCE + PARTS_AHEAD`` parts, and the one it is receiving.
@@ -713,12 +716,18 @@ class _PartWriter:
     _END = object()
 
     def __init__(
-        self, objects: Any, fills: str, stored: list[tuple[str, str]], clock: Clock
+        self,
+        objects: Any,
+        fills: str,
+        stored: list[tuple[str, str]],
+        clock: Clock,
+        on_stored: Any = None,
     ) -> None:
         self.objects = objects
         self.clock = clock
         self.fills = fills
         self.stored = stored
+        self.on_stored = on_stored  # told (name, ETag) of each part stored, in order
         self._queue: queue.Queue[Any] = queue.Queue()  # bounded by ``_held``
         self._error: list[BaseException] = []
         self._next = len(stored)  # the number of the next part handed over (resumed first)
@@ -762,6 +771,8 @@ class _PartWriter:
             while (first := len(self.stored)) in self._done:
                 name, etag, data = self._done.pop(first)
                 self.stored.append((name, etag))
+                if self.on_stored is not None:
+                    self.on_stored(name, etag)
                 _STORED_PARTS.keep(self.fills, first, data, self.clock.monotonic())
                 told += 1
             self._held -= told
@@ -788,6 +799,89 @@ class _PartWriter:
             thread.join()
         if self._error:
             raise self._error[0]
+
+
+class _PartCopier:
+    """Copies each part of a fill into the blob's multipart upload as soon as it is
+    stored (:class:`Composition`, :data:`COPIES_AT_ONCE` threads), so that once the hash
+    matched only the upload's completion remains: the blob is in the store right after
+    the fill's last byte, and a request that follows is sent the blob, not its parts
+    (issue 37: composing after the last byte left the fleet's clients reading parts
+    through Python for seconds). The upload starts with the second part (a one-part blob
+    is one copy). Nothing is visible under the blob's name until :meth:`finish`; a fill
+    that fails calls :meth:`abandon` (a killed replica's upload is aborted by
+    ``cmh prune``)."""
+
+    _END = object()
+
+    def __init__(self, composition: Composition) -> None:
+        self.composition = composition
+        self._queue: queue.Queue[Any] = queue.Queue()  # (number, name, ETag) to copy
+        self._lock = threading.Lock()
+        self._first: tuple[str, str] | None = None  # held until a second part comes
+        self._told = 0  # parts told stored
+        self._errors: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._run, name="cmh-fill-copies", daemon=True)
+            for _ in range(COPIES_AT_ONCE)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def add(self, name: str, etag: str) -> None:
+        """Part ``name`` (ETag ``etag``) is stored: copy it (parts are told in order)."""
+        with self._lock:
+            self._told += 1
+            if self._told == 1:
+                self._first = (name, etag)
+                return
+            if self._first is not None:
+                self._queue.put((1, *self._first))
+                self._first = None
+            self._queue.put((self._told, name, etag))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not self._END:
+            if self._errors:
+                continue
+            number, name, etag = item
+            try:
+                self.composition.add(name, etag, number)
+            except BaseException as exc:  # told by finish()
+                self._errors.append(exc)
+
+    def _stop(self) -> None:
+        for _ in self._threads:
+            self._queue.put(self._END)
+        for thread in self._threads:
+            thread.join()
+
+    def finish(self, parts: int) -> tuple[str, bool] | None:
+        """Complete the blob of the ``parts`` parts stored: its ETag and whether the copies
+        are known to be the parts hashed; None when no upload holds them all (one part,
+        or a copy failed on the way: the caller composes them).
+        :class:`PreconditionFailed` when a part changed since it was stored."""
+        self._stop()
+        changed = [e for e in self._errors if isinstance(e, PreconditionFailed)]
+        if changed:
+            self.composition.abort()
+            raise changed[0]
+        if self._errors or self._told != parts or len(self.composition.parts) != parts:
+            self.composition.abort()
+            return None
+        try:
+            return self.composition.complete()
+        except PreconditionFailed:
+            self.composition.abort()
+            raise
+        except ObjectStoreError:
+            self.composition.abort()
+            return None
+
+    def abandon(self) -> None:
+        """The fill ends without its blob: stop copying and abort the upload."""
+        self._stop()
+        self.composition.abort()
 
 
 class _Gathered:
@@ -830,6 +924,7 @@ class _Fill:
         self.part = 0  # the next part number
         self.stored: list[tuple[str, str]] = []  # (name, storage ETag) of each part stored
         self.writer: _PartWriter | None = None
+        self.copier: _PartCopier | None = None
         self.gathered = _Gathered()
         self.lost = threading.Event()
         self.done = threading.Event()
@@ -849,6 +944,9 @@ class _Fill:
         self.objects.warm_s3_client()  # the compose's client, made while the bytes stream
         try:
             self._resume()
+            self.copier = _PartCopier(Composition(self.objects, name))
+            for part_name, etag in self.stored:  # a previous holder's, re-read
+                self.copier.add(part_name, etag)
             now = self.pull.store.clock.monotonic()
             _STORED_PARTS.start(self.fills, self.part, now)  # its readers here wait, no GET
             try:
@@ -869,13 +967,15 @@ class _Fill:
                 self._failed(str(error))
                 raise failed(error, "fill failed")
             try:  # the parts become the blob, copied by the storage: no second upload
-                _, confirmed = self.objects.compose(self.stored, name)
+                confirmed = self._compose(name)
             except PreconditionFailed:  # a part changed since it was hashed
                 error = IntegrityError(f"{self.f.path}: a stored part changed during the fill")
                 self._failed(str(error))
                 raise failed(error, "fill failed") from None
             storage_etag = self.objects.head(name).etag
         finally:
+            if self.copier is not None:  # the fill failed or was lost: no upload left
+                self.copier.abandon()
             self.done.set()
             _STORED_PARTS.end(self.fills)
         if confirmed:  # else the first reader checks the blob (the parts were not pinned)
@@ -883,6 +983,19 @@ class _Fill:
         self._delete_parts()
         with contextlib.suppress(ObjectStoreError):  # an earlier failure is history now
             self.objects.delete(f"{self.fills}/failed")
+
+    def _compose(self, name: str) -> bool:
+        """Make the blob of the parts stored (their hash matched): the upload their copies
+        went to as each was stored, completed (the storage copied them during the fill, so
+        the blob is there right after the last byte), else one compose of them now;
+        whether the copies are known to be the parts hashed. :class:`PreconditionFailed`
+        when a part changed since it was hashed."""
+        copier, self.copier = self.copier, None
+        if copier is not None:
+            made = copier.finish(len(self.stored))  # PreconditionFailed: a part changed
+            if made is not None:
+                return made[1]
+        return self.objects.compose(self.stored, name)[1]
 
     def _failed(self, error: str) -> None:
         """Nothing wrong is kept: the parts deleted (no blob was made), the failure told."""
@@ -898,7 +1011,10 @@ class _Fill:
         name = self.part_name(self.part)
         self.part += 1
         if self.writer is None:
-            self.writer = _PartWriter(self.objects, self.fills, self.stored, self.pull.store.clock)
+            on_stored = None if self.copier is None else self.copier.add
+            self.writer = _PartWriter(
+                self.objects, self.fills, self.stored, self.pull.store.clock, on_stored
+            )
         self.writer.put(name, data)
 
     def _flush_parts(self) -> None:
