@@ -276,6 +276,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         config.header_timeout,
         config.idle_timeout,
         on_drop=metrics.connection_dropped,
+        clock=clock,
     )
     state = MirrorState(
         store,
