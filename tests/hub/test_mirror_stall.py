@@ -1,11 +1,12 @@
-"""A client that stops reading a body is cut at the body's total deadline (issue: stalled
-bodies): it cannot hold its connection, nor a sender slot, for ever.
+"""A client that stops reading a body is cut at the body's total deadline: it cannot hold
+its connection, nor a sender slot, for ever.
 
-A real ``cmh serve`` on a folder store; raw sockets with a small receive buffer ask for a
+A real ``cmh serve`` on a folder store, or on a bucket store on SeaweedFS (proxy: spliced
+or streamed bodies); raw sockets with a small receive buffer ask for a
 file far larger than the socket buffers and then never read. More of them than the
-worker's sender thread has slots (``SENDER_SPANS``), so bodies stall both in that thread
-and on the loop (the spans that found no free slot). The deadline is crossed by moving the
-server's clock (``CMH_TEST_CLOCK_FILE``), not by waiting for it.
+worker's sender thread has slots (``SENDER_SPANS``), so a folder store's bodies stall
+both in that thread and on the loop (the spans that found no free slot). The deadline is
+crossed by moving the server's clock (``CMH_TEST_CLOCK_FILE``), not by waiting for it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ import select
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+from bucket_support import isolated_aws_env
 from cmh.hub.mirror._connections import send_allowance
 from cmh.hub.mirror._send import SENDER_SPANS, THREADED_MIN
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from deadline_support import TEST_DEADLINE
 from mirror_support import MirrorServer, ProcessClock, wait_for
+from seaweed import SeaweedBucket
 
 REPO = "org/stall"
 SIZE = 6 * THREADED_MIN  # far more than a loopback socket's buffers hold
@@ -29,11 +35,23 @@ STALLED = SENDER_SPANS + 4  # every sender slot taken, and a few bodies on the l
 TARGET = f"/{REPO}/resolve/main/big.bin"
 
 
-def _store(tmp_path: Path) -> tuple[Path, bytes]:
+@dataclass(frozen=True)
+class Served:
+    """A store holding the big file: where ``cmh serve`` finds it, in what environment."""
+
+    store: Path | str
+    env: dict[str, str]
+
+
+def _source(tmp_path: Path) -> tuple[Path, bytes]:
     src = tmp_path / "src"
     src.mkdir()
     data = os.urandom(SIZE)
     (src / "big.bin").write_bytes(data)
+    return src, data
+
+
+def _folder(tmp_path: Path, src: Path) -> Served:
     store = tmp_path / "store"
     done = subprocess.run(
         [sys.executable, "-m", "cmh.cli.main", "mirror", "add", str(src),
@@ -41,7 +59,30 @@ def _store(tmp_path: Path) -> tuple[Path, bytes]:
         capture_output=True, text=True, timeout=TEST_DEADLINE,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return store, data
+    return Served(store, dict(os.environ))
+
+
+def _bucket(request: pytest.FixtureRequest, tmp_path: Path, src: Path) -> Served:
+    where: SeaweedBucket = request.getfixturevalue("seaweed_bucket")
+    env = isolated_aws_env(where, tmp_path)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                mp.delenv(name)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        BucketStore.open(where.url).add_folder(src, REPO)
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return Served(where.url, {**keep, **env})
+
+
+@pytest.fixture(params=["folder", "bucket"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Served, bytes]:
+    """The big file in a folder store, or a bucket store on SeaweedFS (proxied)."""
+    src, data = _source(tmp_path)
+    if request.param == "folder":
+        return _folder(tmp_path, src), data
+    return _bucket(request, tmp_path, src), data
 
 
 def _stalled(addr: tuple[str, int]) -> tuple[socket.socket, int]:
@@ -100,12 +141,15 @@ def _get(addr: tuple[str, int], target: str) -> bytes:
 
 
 def test_stalled_bodies_are_cut_at_their_deadline_and_free_the_cap(
-    tmp_path: Path, process_clock: ProcessClock
+    served: tuple[Served, bytes], tmp_path: Path, process_clock: ProcessClock
 ) -> None:
-    store, data = _store(tmp_path)
-    cap = str(STALLED)
+    where, data = served
     with MirrorServer(
-        store, tmp_path / "logs", extra_args=("--max-connections", cap), clock=process_clock
+        where.store,
+        tmp_path / "logs",
+        extra_args=("--max-connections", str(STALLED)),
+        clock=process_clock,
+        env=where.env,
     ) as server:
         addr = (server.host, server.port)
         stalled, early = zip(*(_stalled(addr) for _ in range(STALLED)), strict=True)
