@@ -15,7 +15,8 @@ still gets in while slow clients hold the cap; when every connection is busy,
 the new one is refused (closed at once).
 
 A response body has a total deadline from its headers on (:func:`send_allowance`: a
-grace plus its length at :data:`MIN_SEND_RATE`, as Apache's ``mod_reqtimeout``
+grace plus its length at a minimum rate, :data:`MIN_SEND_RATE` unless the operator
+sets one, as Apache's ``mod_reqtimeout``
 ``MinRate``), whoever moves its bytes (the loop, the folder store's sender thread, a
 bucket store's splice thread): a client that stops reading, or reads a byte a second,
 would otherwise hold its connection (and a sender slot) for ever, and enough of them
@@ -65,10 +66,10 @@ def connection_cap_limit() -> int:
     return max(1, (soft - FD_RESERVE) // 2)
 
 
-def send_allowance(nbytes: int | None) -> float:
-    """Seconds a response body of ``nbytes`` may take to send (``None``: a length not known
-    up front gets the grace alone)."""
-    return SEND_GRACE + (nbytes or 0) / MIN_SEND_RATE
+def send_allowance(nbytes: int | None, min_rate: int = MIN_SEND_RATE) -> float:
+    """Seconds a response body of ``nbytes`` may take to send at ``min_rate`` bytes per
+    second (``None``: a length not known up front gets the grace alone)."""
+    return SEND_GRACE + (nbytes or 0) / min_rate
 
 
 class _Connection:
@@ -98,6 +99,7 @@ class ConnectionGuard:
         idle_timeout: float,
         on_drop: Callable[[str], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        min_send_rate: int = MIN_SEND_RATE,
     ) -> None:
         self.max_connections = max_connections
         self.header_timeout = header_timeout
@@ -105,6 +107,7 @@ class ConnectionGuard:
         #: told each drop's reason: refused|evicted|header_timeout|idle|stalled
         self.on_drop = on_drop
         self.clock = clock
+        self.min_send_rate = min_send_rate  # bytes per second (send_allowance)
         self._conns: dict[asyncio.BaseTransport, _Connection] = {}  # oldest first
 
     def __len__(self) -> int:
@@ -166,7 +169,7 @@ class ConnectionGuard:
         if conn is None:
             return
         nbytes = 0 if request.method == "HEAD" else response.content_length
-        conn.send_until = self._now() + send_allowance(nbytes)
+        conn.send_until = self._now() + send_allowance(nbytes, self.min_send_rate)
 
     @contextlib.contextmanager
     def answering(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:

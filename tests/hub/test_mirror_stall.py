@@ -41,6 +41,7 @@ class Served:
 
     store: Path | str
     env: dict[str, str]
+    min_rate: int | None = None  # --min-send-rate (KiB/s); None: the default
 
 
 def _source(tmp_path: Path) -> tuple[Path, bytes]:
@@ -73,12 +74,14 @@ def _bucket(request: pytest.FixtureRequest, tmp_path: Path, src: Path) -> Served
             mp.setenv(name, value)
         BucketStore.open(where.url).add_folder(src, REPO)
     keep = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    return Served(where.url, {**keep, **env})
+    return Served(where.url, {**keep, **env}, min_rate=1024)
 
 
 @pytest.fixture(params=["folder", "bucket"])
 def served(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Served, bytes]:
-    """The big file in a folder store, or a bucket store on SeaweedFS (proxied)."""
+    """The big file in a folder store (served at the default rate), or a bucket store on
+    SeaweedFS (proxied, at ``--min-send-rate 1024``: its deadline, then, comes before the
+    default one)."""
     src, data = _source(tmp_path)
     if request.param == "folder":
         return _folder(tmp_path, src), data
@@ -144,10 +147,16 @@ def test_stalled_bodies_are_cut_at_their_deadline_and_free_the_cap(
     served: tuple[Served, bytes], tmp_path: Path, process_clock: ProcessClock
 ) -> None:
     where, data = served
+    args = ("--max-connections", str(STALLED))
+    allowance = send_allowance(SIZE)
+    if where.min_rate is not None:
+        args += ("--min-send-rate", str(where.min_rate))
+        allowance = send_allowance(SIZE, where.min_rate << 10)
+        assert allowance + 5 < send_allowance(SIZE)  # only the option's rate cuts
     with MirrorServer(
         where.store,
         tmp_path / "logs",
-        extra_args=("--max-connections", str(STALLED)),
+        extra_args=args,
         clock=process_clock,
         env=where.env,
     ) as server:
@@ -156,7 +165,7 @@ def test_stalled_bodies_are_cut_at_their_deadline_and_free_the_cap(
         try:
             # every connection is busy sending a body: a newcomer cannot get in
             assert _refused(addr)
-            process_clock.advance(send_allowance(SIZE) + 5)  # past every body's deadline
+            process_clock.advance(allowance + 5)  # past every body's deadline
             wait_for(lambda: all(_cut(s) for s in stalled), "the stalled bodies to be cut")
             # each was cut, never given a whole body; the handlers ended (sender slots free)
             received = [body + _drain(s) for body, s in zip(early, stalled, strict=True)]
@@ -175,3 +184,13 @@ def test_stalled_bodies_are_cut_at_their_deadline_and_free_the_cap(
         finally:
             for s in stalled:
                 s.close()
+
+
+def test_a_min_send_rate_of_nothing_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cmh.cli.main", "serve", "--store", str(tmp_path),
+         "--port", "0", "--min-send-rate", "0"],
+        capture_output=True, text=True, timeout=TEST_DEADLINE,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--min-send-rate" in done.stderr
