@@ -83,12 +83,6 @@ class _Connection:
         self.send_until: float | None = None  # the deadline of the body being sent
 
 
-def _buffered(transport: asyncio.BaseTransport) -> bool:
-    """Bytes of an answer still wait in the transport for the client to take them."""
-    size = getattr(transport, "get_write_buffer_size", None)
-    return bool(size is not None and size())
-
-
 class ConnectionGuard:
     """Tracks the connections of one worker and enforces the limits."""
 
@@ -189,12 +183,12 @@ class ConnectionGuard:
 
     def sweep(self) -> None:
         """Cut connections whose body is past its deadline; abort connections slow with
-        their headers; close idle ones (nothing left to send)."""
+        their headers; close idle ones."""
         now = self._now()
         for conn in list(self._conns.values()):
             if conn.send_until is not None and now > conn.send_until:
                 conn.send_until = None
-                if conn.busy or _buffered(conn.transport):
+                if conn.busy:
                     self._tell("stalled")
                     _cut(conn.transport)
                     continue
@@ -205,8 +199,6 @@ class ConnectionGuard:
                     self._tell("header_timeout")
                     self._drop(conn.transport)
             elif now - conn.since > self.idle_timeout:
-                if conn.send_until is not None and _buffered(conn.transport):
-                    continue  # an answer's body still leaves, within its deadline
                 self._tell("idle")
                 self._conns.pop(conn.transport, None)
                 conn.transport.close()
