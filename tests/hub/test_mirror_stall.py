@@ -17,6 +17,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -171,7 +172,12 @@ def test_stalled_bodies_are_cut_at_their_deadline_and_free_the_cap(
         try:
             # every connection is busy sending a body: a newcomer cannot get in
             assert _refused(addr)
-            process_clock.advance(allowance + 5)  # past every body's deadline
+            # 5 s before the deadline nothing is cut: the guard's sweep runs every second
+            # of real time (its timer is the loop's), so two go by, sleeping
+            process_clock.advance(allowance - 5)
+            time.sleep(2.0)
+            assert not any(_cut(s) for s in stalled)
+            process_clock.advance(10)  # past every body's deadline
             wait_for(lambda: all(_cut(s) for s in stalled), "the stalled bodies to be cut")
             # each was cut, never given a whole body; the handlers ended (sender slots free)
             received = [body + _drain(s) for body, s in zip(early, stalled, strict=True)]
