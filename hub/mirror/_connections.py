@@ -15,15 +15,14 @@ still gets in while slow clients hold the cap; when every connection is busy,
 the new one is refused (closed at once).
 
 A response body has a total deadline from its headers on (:func:`send_allowance`: a
-grace plus its length at a minimum rate, :data:`MIN_SEND_RATE` unless the operator
-sets one, as Apache's ``mod_reqtimeout``
-``MinRate``), whoever moves its bytes (the loop, the folder store's sender thread, a
-bucket store's splice thread): a client that stops reading, or reads a byte a second,
-would otherwise hold its connection (and a sender slot) for ever, and enough of them
-fill the cap with busy connections no newcomer may evict. Past the deadline the
-connection is cut (its socket shut down, then reset): the client holds an incomplete
-body, never a complete wrong one. Times are read on the worker's one clock
-(:func:`cmh.hub.cache.process_clock`).
+grace plus its length at a minimum rate, :data:`MIN_SEND_RATE` unless the operator sets
+one, as Apache's ``mod_reqtimeout`` ``MinRate``), whoever moves its bytes (the loop,
+the folder store's sender thread, a bucket store's splice thread): a client that stops
+reading, or reads a byte a second, would otherwise hold its connection (and a sender
+slot) for ever, and enough of them fill the cap with busy connections no newcomer may
+evict. A connection still answering past the deadline is cut (its socket shut down,
+then reset): the client holds an incomplete body, never a complete wrong one. Every
+time here is read on the worker's one clock (:func:`cmh.hub.cache.process_clock`).
 """
 
 from __future__ import annotations
@@ -158,7 +157,9 @@ class ConnectionGuard:
             conn.reading_since = self._now()
 
     async def body_starts(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
-        """Start the deadline of ``response``'s body (an ``on_response_prepare`` signal)."""
+        """Start the deadline of ``response``'s body (an ``on_response_prepare`` signal).
+        A whole answer (``web.Response``) is written after its handler returned, when its
+        connection is no longer busy: it is not cut (an idle connection is closed)."""
         conn = self._conns.get(request.transport) if request.transport is not None else None
         if conn is None:
             return
