@@ -346,6 +346,7 @@ class _ServeOptions:
     max_connections: int | None
     header_timeout: float
     idle_timeout: float
+    min_send_rate: int
     upstream: str | None
     upstream_token_file: Path | None
     public_upstream_repos: bool
@@ -401,6 +402,14 @@ class _ServeOptions:
 )
 @seconds_option(
     "--idle-timeout", 30.0, "Seconds an idle (keep-alive) connection stays open.", positive=True
+)
+@count_option(
+    "--min-send-rate",
+    1,
+    10_000_000,
+    128,
+    "KiB/s a client must take a response body at on average: each body may take 60 s plus "
+    "its size at this rate, then the connection is cut (a client that stopped reading).",
 )
 @url_option(
     "--upstream",

@@ -72,6 +72,8 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
     add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_response_prepare.append(_origin_headers)
+    if state.guard is not None:  # every body's total deadline (_connections.py)
+        app.on_response_prepare.append(state.guard.body_starts)
 
     async def close_compute(app: web.Application) -> None:
         state.compute.close()  # a computation under way does not hold the exit

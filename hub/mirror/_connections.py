@@ -1,4 +1,5 @@
-"""Connection limits of one mirror worker: a cap, a header-read timeout, an idle timeout.
+"""Connection limits of one mirror worker: a cap, a header-read timeout, an idle timeout,
+and a total deadline for each response body.
 
 aiohttp has an idle (keep-alive) timeout but no header-read timeout and no
 cap on connections, so a few hundred clients that never finish their headers
@@ -12,6 +13,16 @@ closes those idle for longer than the idle timeout. At the cap, a new
 connection evicts the oldest connection that is not busy, so a normal request
 still gets in while slow clients hold the cap; when every connection is busy,
 the new one is refused (closed at once).
+
+A response body has a total deadline from its headers on (:func:`send_allowance`: a
+grace plus its length at a minimum rate, :data:`MIN_SEND_RATE` unless the operator sets
+one, as Apache's ``mod_reqtimeout`` ``MinRate``), whoever moves its bytes (the loop,
+the folder store's sender thread, a bucket store's splice thread): a client that stops
+reading, or reads a byte a second, would otherwise hold its connection (and a sender
+slot) for ever, and enough of them fill the cap with busy connections no newcomer may
+evict. A connection still answering past the deadline is cut (its socket shut down,
+then reset): the client holds an incomplete body, never a complete wrong one. Every
+time here is read on the worker's one clock (:func:`cmh.hub.cache.process_clock`).
 """
 
 from __future__ import annotations
@@ -23,18 +34,27 @@ import json
 import logging
 import resource
 import socket
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from cmh.hub.cache import SYSTEM_CLOCK, Clock
 
 #: File descriptors kept free for blobs being sent, logs and the runtime.
 FD_RESERVE = 32
 DEFAULT_MAX_CONNECTIONS = 1000
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_IDLE_TIMEOUT = 30.0
+#: Seconds every response body may take on top of its length's share: a slow start, a
+#: client's pause, a check the body's last byte waits for.
+SEND_GRACE = 60.0
+#: Bytes per second a body's client must take on average (128 KiB/s, about 1 Mbit/s):
+#: a 10 GB file over a 10 Mbit/s link (about 2.2 h) passes with ten times the margin,
+#: also as 8 parallel downloads sharing that link; its deadline is about 21 h.
+MIN_SEND_RATE = 128 << 10
 
 
 def connection_cap_limit() -> int:
@@ -45,14 +65,21 @@ def connection_cap_limit() -> int:
     return max(1, (soft - FD_RESERVE) // 2)
 
 
+def send_allowance(nbytes: int | None, min_rate: int = MIN_SEND_RATE) -> float:
+    """Seconds a response body of ``nbytes`` may take to send at ``min_rate`` bytes per
+    second (``None``: a length not known up front gets the grace alone)."""
+    return SEND_GRACE + (nbytes or 0) / min_rate
+
+
 class _Connection:
-    __slots__ = ("busy", "reading_since", "since", "transport")
+    __slots__ = ("busy", "reading_since", "send_until", "since", "transport")
 
     def __init__(self, transport: asyncio.Transport, now: float) -> None:
         self.transport = transport
         self.busy = 0  # requests being answered (aiohttp answers one at a time)
         self.reading_since: float | None = None
         self.since = now
+        self.send_until: float | None = None  # the deadline of the body being sent
 
 
 class ConnectionGuard:
@@ -64,11 +91,16 @@ class ConnectionGuard:
         header_timeout: float,
         idle_timeout: float,
         on_drop: Callable[[str], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        min_send_rate: int = MIN_SEND_RATE,
     ) -> None:
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
-        self.on_drop = on_drop  # told each drop's reason: refused|evicted|header_timeout|idle
+        #: told each drop's reason: refused|evicted|header_timeout|idle|stalled
+        self.on_drop = on_drop
+        self.clock = clock
+        self.min_send_rate = min_send_rate  # bytes per second (send_allowance)
         self._conns: dict[asyncio.BaseTransport, _Connection] = {}  # oldest first
 
     def __len__(self) -> int:
@@ -79,7 +111,7 @@ class ConnectionGuard:
         return lambda: _GuardedProtocol(self, factory)
 
     def _now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return self.clock.monotonic()
 
     def admit(self, transport: asyncio.Transport) -> bool:
         """Register a new connection; False when it must be refused."""
@@ -124,6 +156,16 @@ class ConnectionGuard:
         if conn is not None and not conn.busy and conn.reading_since is None:
             conn.reading_since = self._now()
 
+    async def body_starts(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
+        """Start the deadline of ``response``'s body (an ``on_response_prepare`` signal).
+        A whole answer (``web.Response``) is written after its handler returned, when its
+        connection is no longer busy: it is not cut (an idle connection is closed)."""
+        conn = self._conns.get(request.transport) if request.transport is not None else None
+        if conn is None:
+            return
+        nbytes = 0 if request.method == "HEAD" else response.content_length
+        conn.send_until = self._now() + send_allowance(nbytes, self.min_send_rate)
+
     @contextlib.contextmanager
     def answering(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
         """Mark the connection busy while a request is answered."""
@@ -132,6 +174,7 @@ class ConnectionGuard:
             yield
             return
         conn.busy += 1
+        conn.send_until = None  # the last answer's body is out: a new one starts its own
         try:
             yield
         finally:
@@ -140,9 +183,16 @@ class ConnectionGuard:
             conn.since = self._now()
 
     def sweep(self) -> None:
-        """Abort connections slow with their headers; close idle ones."""
+        """Cut connections whose body is past its deadline; abort connections slow with
+        their headers; close idle ones."""
         now = self._now()
         for conn in list(self._conns.values()):
+            if conn.send_until is not None and now > conn.send_until:
+                conn.send_until = None
+                if conn.busy:
+                    self._tell("stalled")
+                    _cut(conn.transport)
+                    continue
             if conn.busy:
                 continue
             if conn.reading_since is not None:
@@ -160,6 +210,21 @@ class ConnectionGuard:
         while True:
             await asyncio.sleep(interval)
             self.sweep()
+
+
+def _cut(transport: asyncio.BaseTransport) -> None:
+    """Cut a connection in the middle of a body: its socket shut down, so the send under
+    way fails wherever it waits (the loop, a sender or splice thread's duplicate of the
+    socket) and its handler ends; reset at its last close (``SO_LINGER`` 0), so the kernel
+    drops the bytes the client did not take. The guard forgets it once it is lost."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        transport.abort()  # type: ignore[attr-defined]
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _GuardedProtocol(asyncio.Protocol):

@@ -124,7 +124,8 @@ class Metrics:
         )
         self.dropped = count(
             "cmh_mirror_connections_dropped",
-            "Connections closed by the limits, by reason (refused, evicted, header_timeout, idle)",
+            "Connections closed by the limits, by reason "
+            "(refused, evicted, header_timeout, idle, stalled)",
             "reason",
         )
         self.latency = Histogram(

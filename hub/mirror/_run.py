@@ -59,6 +59,8 @@ class ServeConfig:
     max_connections: int | None = None  # per worker; None: derived from RLIMIT_NOFILE
     header_timeout: float = 20.0
     idle_timeout: float = 30.0
+    #: KiB/s a client must take a body at on average (past a grace): its total deadline
+    min_send_rate: int = 128  # _connections.MIN_SEND_RATE
     upstream: UpstreamConfig | None = None  # pull-through: fill from this Hub (upstream.py)
     admin_tokens: Path | None = None  # the web pages' operator tokens
     keys: tuple[Path, ...] = ()  # trusted public keys for the web pages' stamp details
@@ -276,6 +278,8 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         config.header_timeout,
         config.idle_timeout,
         on_drop=metrics.connection_dropped,
+        clock=clock,
+        min_send_rate=config.min_send_rate << 10,
     )
     state = MirrorState(
         store,
