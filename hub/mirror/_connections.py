@@ -187,13 +187,19 @@ class ConnectionGuard:
         their headers; close idle ones."""
         now = self._now()
         for conn in list(self._conns.values()):
+            # A whole answer is written after its handler returned: its bytes the kernel
+            # did not take yet keep the connection answering (closing it would wait for
+            # them for ever, outside the cap's count).
+            unsent = _unsent(conn.transport)
+            if unsent and not conn.busy and conn.send_until is None:
+                conn.send_until = now + send_allowance(unsent, self.min_send_rate)
             if conn.send_until is not None and now > conn.send_until:
                 conn.send_until = None
-                if conn.busy:
+                if conn.busy or unsent:
                     self._tell("stalled")
                     _cut(conn.transport)
                     continue
-            if conn.busy:
+            if conn.busy or unsent:
                 continue
             if conn.reading_since is not None:
                 if now - conn.reading_since > self.header_timeout:
@@ -210,6 +216,14 @@ class ConnectionGuard:
         while True:
             await asyncio.sleep(interval)
             self.sweep()
+
+
+def _unsent(transport: asyncio.BaseTransport) -> int:
+    """Bytes written to ``transport`` that the kernel has not taken yet."""
+    try:
+        return int(transport.get_write_buffer_size())  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        return 0
 
 
 def _cut(transport: asyncio.BaseTransport) -> None:

@@ -206,3 +206,70 @@ def test_a_min_send_rate_of_nothing_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--min-send-rate" in done.stderr
+
+
+def test_a_whole_answer_left_unread_stays_counted_and_is_cut_at_its_deadline() -> None:
+    """A whole answer is written after its handler returned (the connection is no longer
+    busy). Left unread past the idle timeout it is not closed as idle (a close would wait
+    for its bytes for ever, outside the cap's count): it stays counted, and is cut once
+    past its body's deadline. A real loopback connection; the guard's clock is moved."""
+    import asyncio
+
+    from cmh.hub.cache import Clock
+    from cmh.hub.mirror._connections import ConnectionGuard
+
+    class Moved(Clock):
+        shift = 0.0
+
+        def monotonic(self) -> float:
+            return time.monotonic() + self.shift
+
+    clock = Moved()
+    answer = 8 << 20  # far more than the small socket buffers below hold
+
+    async def scenario() -> tuple[list[str], int, bool, list[str], int, bool]:
+        loop = asyncio.get_running_loop()
+        drops: list[str] = []
+        guard = ConnectionGuard(8, 20.0, 30.0, drops.append, clock=clock)
+        lost = asyncio.Event()
+
+        class Answering(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                with guard.answering(transport):
+                    pass  # a request answered; its whole answer is written after
+                transport.write(b"x" * answer)  # type: ignore[attr-defined]
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                lost.set()
+
+        server = await loop.create_server(guard.wrap(Answering), "127.0.0.1", 0)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.setblocking(False)
+        try:
+            await loop.sock_connect(client, server.sockets[0].getsockname())
+            for _ in range(int(TEST_DEADLINE / 0.01)):
+                if len(guard) == 1:
+                    break
+                await asyncio.sleep(0.01)
+            clock.shift = 31.0  # past the idle timeout, far before the deadline
+            guard.sweep()
+            early = (list(drops), len(guard), lost.is_set())
+            if early != ([], 1, False):
+                return (*early, [], -1, False)  # closed or cut early: the test fails now
+            # no deadline was started for it (no Content-Length seen): the sweep that found
+            # it unsent started one, for the bytes left
+            clock.shift = 31.0 + send_allowance(answer) + 1
+            guard.sweep()
+            await asyncio.wait_for(lost.wait(), TEST_DEADLINE)
+            return (*early, list(drops), len(guard), lost.is_set())
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+
+    early_drops, early_count, early_lost, drops, count, lost = asyncio.run(scenario())
+    assert (early_drops, early_count, early_lost) == ([], 1, False)
+    assert (drops, count, lost) == (["stalled"], 0, True)
