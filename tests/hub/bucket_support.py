@@ -5,10 +5,11 @@ request and can break its answer."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,16 +42,29 @@ def isolated_aws_env(bucket: Bucket, folder: Path) -> dict[str, str]:
     }
 
 
-def use_bucket(bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Point this process's standard AWS settings at ``bucket`` (no profile files); the
-    settings, for subprocesses."""
+def _set_aws_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
     for name in list(os.environ):
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)
-    env = isolated_aws_env(bucket, tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+
+
+def use_bucket(bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Point this process's standard AWS settings at ``bucket`` (no profile files); the
+    settings, for subprocesses."""
+    env = isolated_aws_env(bucket, tmp_path)
+    _set_aws_env(monkeypatch, env)
     return env
+
+
+@contextlib.contextmanager
+def aws_env_applied(env: dict[str, str]) -> Iterator[None]:
+    """This process's AWS settings are ``env`` alone inside the block (``use_bucket``
+    for a fixture without ``monkeypatch``, e.g. a module-scoped one)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _set_aws_env(monkeypatch, env)
+        yield
 
 
 def open_store(bucket: Bucket, **options: Any) -> BucketStore:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from bucket_support import Fault, S3Proxy, S3Request, isolated_aws_env
+from bucket_support import Fault, S3Proxy, S3Request, aws_env_applied, isolated_aws_env
 from cmh.hub.mirror.stores.bucket import _splice
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
@@ -75,12 +75,7 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
     (src / "big.bin").write_bytes(data)
     (src / "bad.bin").write_bytes(data[::-1])
     (src / "warm.bin").write_bytes(data[1:] + data[:1])  # a blob no other test cuts
-    with pytest.MonkeyPatch.context() as mp:
-        for name in list(os.environ):
-            if name.startswith("AWS_"):
-                mp.delenv(name)
-        for name, value in env.items():
-            mp.setenv(name, value)
+    with aws_env_applied(env):
         store = BucketStore.open(where.url)
         tree = store.read_tree(FOLDER, store.add_folder(src, REPO).commit)
         assert tree is not None

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
-from bucket_support import S3Proxy, S3Request, isolated_aws_env
+from bucket_support import S3Proxy, S3Request, aws_env_applied, isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from deadline_support import TEST_DEADLINE
 from mirror_support import (
@@ -49,12 +49,7 @@ def served_bucket(
     where = SeaweedBucket(seaweed, seaweed.bucket, f"serve-{uuid.uuid4().hex[:10]}/")
     tmp = tmp_path_factory.mktemp("bucket-serve")
     env = isolated_aws_env(where, tmp)
-    with pytest.MonkeyPatch.context() as mp:
-        for name in list(os.environ):
-            if name.startswith("AWS_"):
-                mp.delenv(name)
-        for name, value in env.items():
-            mp.setenv(name, value)
+    with aws_env_applied(env):
         store = BucketStore.open(where.url)
         store.add_folder(minilm_dir, MINILM_REPO)
         store.add_folder(write_tiny_repo(tmp / "tiny", 1), TINY_REPO)

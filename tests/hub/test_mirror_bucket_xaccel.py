@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from bucket_support import isolated_aws_env
+from bucket_support import aws_env_applied, isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._xaccel import nginx_bucket_location
 from mirror_support import (
@@ -56,12 +56,7 @@ def front(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> I
     (private / "config.json").write_text('{"secret": true}\n')
     tokens = tmp / "tokens.txt"
     tokens.write_text(f"{PRIVATE_TOKEN}  {PRIVATE_REPO}\n")
-    with pytest.MonkeyPatch.context() as mp:
-        for name in list(os.environ):
-            if name.startswith("AWS_"):
-                mp.delenv(name)
-        for name, value in env.items():
-            mp.setenv(name, value)
+    with aws_env_applied(env):
         store = BucketStore.open(where.url)
         src = write_tiny_repo(tmp / "tiny", 1)
         store.add_folder(src, TINY)

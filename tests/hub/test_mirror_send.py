@@ -105,6 +105,24 @@ def test_a_large_body_takes_no_loop_turn_per_socket_buffer(big: Path) -> None:
         assert turns < 12, turns
 
 
+def _three_bodies_at_once(server: FileServer) -> None:
+    """Three GETs of the file under way at once (each waits for room), then drained one
+    after the other."""
+    host, port = server.url.removeprefix("http://").split(":")
+    conns = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+    try:
+        for s in conns:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
+        for s in conns:
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(1 << 20):
+                pass
+    finally:
+        for s in conns:
+            s.close()
+
+
 def test_concurrent_bodies_leave_from_one_sender_thread_in_turn(
     big: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -118,19 +136,7 @@ def test_concurrent_bodies_leave_from_one_sender_thread_in_turn(
 
     monkeypatch.setattr(os, "sendfile", counted)
     with FileServer(big) as server:
-        host, port = server.url.removeprefix("http://").split(":")
-        conns = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
-        try:
-            for s in conns:  # three bodies under way at once: each waits for room
-                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
-            for s in conns:  # then drained one after the other
-                s.shutdown(socket.SHUT_WR)
-                while s.recv(1 << 20):
-                    pass
-        finally:
-            for s in conns:
-                s.close()
+        _three_bodies_at_once(server)
         assert [how for how, _, _ in server.outcomes] == ["sent"] * 3, server.outcomes
     # a thread per body before; now one, whose calls (at most CALL_MAX) interleave
     assert len({thread for thread, _, _ in calls}) == 1
@@ -156,19 +162,7 @@ def test_spans_sharing_the_sender_thread_take_shorter_calls_than_a_span_alone(
         status, _, body = _get(server)  # the only body under way
         assert status == 200 and len(body) == SIZE
         alone, calls[:] = list(calls), []
-        host, port = server.url.removeprefix("http://").split(":")
-        conns = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
-        try:
-            for s in conns:  # three bodies under way, none drained yet
-                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert s.recv(1 << 16).startswith(b"HTTP/1.1 200")
-            for s in conns:
-                s.shutdown(socket.SHUT_WR)
-                while s.recv(1 << 20):
-                    pass
-        finally:
-            for s in conns:
-                s.close()
+        _three_bodies_at_once(server)
         assert [how for how, _, _ in server.outcomes] == ["sent"] * 4, server.outcomes
     assert max(count for _, count in alone) == _send.CALL_MAX
     first: dict[int, int] = {}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from bucket_support import isolated_aws_env
+from bucket_support import aws_env_applied, isolated_aws_env
 from cmh.hub.mirror._connections import send_allowance
 from cmh.hub.mirror._send import SENDER_SPANS, THREADED_MIN
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
@@ -68,12 +68,7 @@ def _folder(tmp_path: Path, src: Path) -> Served:
 def _bucket(request: pytest.FixtureRequest, tmp_path: Path, src: Path) -> Served:
     where: SeaweedBucket = request.getfixturevalue("seaweed_bucket")
     env = isolated_aws_env(where, tmp_path)
-    with pytest.MonkeyPatch.context() as mp:
-        for name in list(os.environ):
-            if name.startswith("AWS_"):
-                mp.delenv(name)
-        for name, value in env.items():
-            mp.setenv(name, value)
+    with aws_env_applied(env):
         BucketStore.open(where.url).add_folder(src, REPO)
     keep = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     return Served(where.url, {**keep, **env}, min_rate=1024)
