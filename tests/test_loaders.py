@@ -24,6 +24,12 @@ import cmh.torch
 MakeFile = Callable[..., Path]
 
 
+def _save_and_stamp(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` as a safetensors file at ``path`` and stamp it."""
+    safetensors.torch.save_file(tensors, str(path))
+    cmh.stamp(path)
+
+
 def test_numpy_torch_and_safe_open_load_stamped_files(make_file: MakeFile, tmp_path: Path) -> None:
     original = make_file(metadata={"format": "pt"})
     stamped = tmp_path / "stamped.safetensors"
@@ -55,8 +61,7 @@ def test_torch_dtypes_survive_stamping(tmp_path: Path) -> None:
         "i32": torch.arange(6, dtype=torch.int32).reshape(2, 3),
     }
     path = tmp_path / "t.safetensors"
-    safetensors.torch.save_file(tensors, str(path))
-    cmh.stamp(path)
+    _save_and_stamp(path, tensors)
     loaded = safetensors.torch.load_file(str(path))
     verified = cmh.torch.load_file(path)
     for name, value in tensors.items():
@@ -140,8 +145,7 @@ def test_verified_load_owns_its_memory_and_reads_large_tensors_in_pieces(tmp_pat
     big = torch.arange((9 << 20) // 4 + 3, dtype=torch.int32)
     tensors = {"big": big, "empty": torch.empty(0, 5), "scalar": torch.tensor(2.5)}
     path = tmp_path / "m.safetensors"
-    safetensors.torch.save_file(tensors, str(path))
-    cmh.stamp(path)
+    _save_and_stamp(path, tensors)
     loaded = cmh.torch.load_file(path)
     for name, value in tensors.items():
         assert loaded[name].shape == value.shape and torch.equal(loaded[name], value)
@@ -160,8 +164,7 @@ def test_verified_load_owns_its_memory_and_reads_large_tensors_in_pieces(tmp_pat
 
 def test_verified_load_refuses_a_file_cut_while_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
-    safetensors.torch.save_file({"w": torch.ones(1 << 20)}, str(path))
-    cmh.stamp(path)
+    _save_and_stamp(path, {"w": torch.ones(1 << 20)})
     header = cmh.read_header(path)
     from cmh.torch import _read_and_hash
 
@@ -177,8 +180,7 @@ def test_verified_load_takes_tensor_memory_in_the_calling_thread(
     # A pool thread's malloc arena is its own: memory taken there is never the memory an
     # earlier load freed, so each load would fault every page in afresh (issue 37).
     path = tmp_path / "m.safetensors"
-    safetensors.torch.save_file({f"t{i}": torch.ones(1000 + i) for i in range(6)}, str(path))
-    cmh.stamp(path)
+    _save_and_stamp(path, {f"t{i}": torch.ones(1000 + i) for i in range(6)})
     threads: list[int] = []
     real_empty = torch.empty
 
@@ -199,8 +201,7 @@ def test_a_refused_load_reads_nothing_after_the_failure(
     # still queued are never read (the old loader read them all before refusing).
     path = tmp_path / "m.safetensors"
     small = {f"a{i:02d}": torch.ones(1 << 14) for i in range(20)}
-    safetensors.torch.save_file({**small, "z_big": torch.ones(3 << 20)}, str(path))
-    cmh.stamp(path)
+    _save_and_stamp(path, {**small, "z_big": torch.ones(3 << 20)})
     header = cmh.read_header(path)
     big = header.by_name()["z_big"]
     assert all(t.end <= big.begin for t in header.tensors if t.name != "z_big")
@@ -249,8 +250,7 @@ def test_one_large_tensor_is_read_by_every_thread(
     # Its digest is one SHA-256, hashed by one thread at a time, but its pieces are read by
     # any: two threads must both be reading it at once (the barrier), else this times out.
     path = tmp_path / "m.safetensors"
-    safetensors.torch.save_file({"w": torch.ones(4 << 20)}, str(path))  # 16 MiB, 4 pieces
-    cmh.stamp(path)
+    _save_and_stamp(path, {"w": torch.ones(4 << 20)})  # 16 MiB, 4 pieces
     both = threading.Barrier(2, timeout=10)
     waited: set[int] = set()
     real_preadv = os.preadv
@@ -278,8 +278,7 @@ def test_ctrl_c_during_a_load_stops_every_reading_thread(
     import time
 
     path = tmp_path / "m.safetensors"
-    safetensors.torch.save_file({"w": torch.ones(8 << 20)}, str(path))  # 32 MiB, 8 pieces
-    cmh.stamp(path)
+    _save_and_stamp(path, {"w": torch.ones(8 << 20)})  # 32 MiB, 8 pieces
     shut_down = threading.Event()
     reads: list[int] = []
     real_preadv, real_shutdown = os.preadv, concurrent.futures.ThreadPoolExecutor.shutdown
