@@ -140,12 +140,7 @@ class ConnectionGuard:
         ``InvalidStateError`` from its empty-waiter.)"""
         transports = list(self._conns)
         for transport in transports:
-            sock = transport.get_extra_info("socket")
-            if sock is None:
-                transport.abort()  # type: ignore[attr-defined]
-                continue
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            _shut(transport, reset=False)
         return len(transports)
 
     def closed(self, transport: asyncio.BaseTransport) -> None:
@@ -159,7 +154,8 @@ class ConnectionGuard:
     async def body_starts(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
         """Start the deadline of ``response``'s body (an ``on_response_prepare`` signal).
         A whole answer (``web.Response``) is written after its handler returned, when its
-        connection is no longer busy: it is not cut (an idle connection is closed)."""
+        connection is no longer busy: it is cut only while the kernel has not taken all
+        its bytes (:meth:`sweep`)."""
         conn = self._conns.get(request.transport) if request.transport is not None else None
         if conn is None:
             return
@@ -231,12 +227,19 @@ def _cut(transport: asyncio.BaseTransport) -> None:
     way fails wherever it waits (the loop, a sender or splice thread's duplicate of the
     socket) and its handler ends; reset at its last close (``SO_LINGER`` 0), so the kernel
     drops the bytes the client did not take. The guard forgets it once it is lost."""
+    _shut(transport, reset=True)
+
+
+def _shut(transport: asyncio.BaseTransport, reset: bool) -> None:
+    """Shut ``transport``'s socket down (reset at its last close when ``reset``), or
+    abort a transport without one."""
     sock = transport.get_extra_info("socket")
     if sock is None:
         transport.abort()  # type: ignore[attr-defined]
         return
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if reset:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
 
