@@ -34,3 +34,9 @@ CLIENT_LEFT = "client went away"
 
 class BlobUnavailable(OSError):
     """The blob is missing, not a regular file, or not the size the index says."""
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """``text`` cut to ``limit`` characters, each one that is not printable (a newline, an
+    escape sequence) replaced by a space: safe in one log line or record."""
+    return "".join(c if c.isprintable() else " " for c in text[:limit])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from cmh.hub.cache import new_digest
 
-from ._errors import HubError
+from ._errors import HubError, printable
 from ._memo import Memo
 from ._send import BodyCut
 from ._upstream import NEGATIVE_FOR, Outcome
@@ -49,6 +50,8 @@ MAX_FILLS = 16  # fills running at once in one worker (each holds a thread while
 MAX_PENDING_FILLS = 256
 #: Outcomes of failed fills kept per worker (for ``NEGATIVE_FOR`` s; least recent go first).
 MAX_FAILED_FILLS = 4096
+
+logger = logging.getLogger("cmh.hub.mirror")
 
 
 class BodyRefused(BodyCut):
@@ -135,9 +138,14 @@ class Fills:
             if self._refused.get(blob) is f:
                 del self._refused[blob]
             if not f.cancelled():
-                error = f.exception()  # retrieved: reported to each waiter, not logged
+                error = f.exception()  # retrieved: reported to each waiter
                 if error is not None:
-                    self._failed.put(blob, _outcome(error, self.clock()))
+                    outcome = _outcome(error, self.clock())
+                    self._failed.put(blob, outcome)
+                    if outcome.status >= 500:  # the operator's to know (a 4xx is the repo's)
+                        said = printable(outcome.message)
+                        logger.warning("fill of %s/%s failed (%d): %s",
+                                       repo_id, path, outcome.status, said)  # fmt: skip
                 else:
                     self._failed.drop(blob)
 

@@ -237,6 +237,11 @@ class MirrorServer:
         if self.process.stdout is not None:
             self.process.stdout.close()
         self._stderr.close()
+        # Shown by pytest only when the test failed (captured output): what the server said.
+        said = self.stderr_path.read_text(errors="replace").strip()
+        if said:
+            where = getattr(self, "url", self.access_log)
+            print(f"-- stderr of the mirror at {where}:\n{said[-4000:]}")
         return self.process.returncode
 
 

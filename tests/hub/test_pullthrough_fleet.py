@@ -625,6 +625,8 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     )
     assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
     assert len(_cdn_ranges(fleet.front, sha)) == 1  # the failure was shared, not re-fetched
+    said = f"fill of {MID_REPO}/shard.bin failed (502): "  # the operator is told
+    wait_for(lambda: any(said in r.stderr_path.read_text() for r in replicas), what=said)
     # A replica asked within 10 s shares the failure (the fleet's negative cache); asked
     # once they passed on the storage's clock, it fills the blob again, right this time.
     later = fleet.start(clock=process_clock)

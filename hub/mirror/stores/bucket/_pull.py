@@ -62,6 +62,7 @@ from cmh.hub.cache import (
     new_digest,
 )
 
+from ..._errors import printable
 from ..._gitobjects import lfs_pointer_oid, tree_oids
 from ..._upstream import NEGATIVE_FOR
 from .._pull import FillFailed, FillWait, SentRanges
@@ -1000,7 +1001,7 @@ class _Fill:
     def _failed(self, error: str) -> None:
         """Nothing wrong is kept: the parts deleted (no blob was made), the failure told."""
         self._delete_parts()
-        said = "".join(c if c.isprintable() else " " for c in error)[:500]  # read strictly
+        said = printable(error)  # read strictly
         with contextlib.suppress(ObjectStoreError):
             doc = {"at": self.pull.store.storage_time(), "error": said}
             self.pull.store.put_record(f"{self.fills}/failed", json.dumps(doc).encode())
