@@ -21,7 +21,9 @@ the folder store's sender thread, a bucket store's splice thread): a client that
 reading, or reads a byte a second, would otherwise hold its connection (and a sender
 slot) for ever, and enough of them fill the cap with busy connections no newcomer may
 evict. A connection still answering past the deadline is cut (its socket shut down,
-then reset): the client holds an incomplete body, never a complete wrong one. Every
+then reset): the client holds an incomplete body, never a complete wrong one. The time
+a filling body waits for bytes the upstream has not sent yet is not its client's: its
+deadline stands still meanwhile (:meth:`ConnectionGuard.waiting_for_bytes`). Every
 time here is read on the worker's one clock (:func:`cmh.hub.cache.process_clock`).
 """
 
@@ -72,7 +74,7 @@ def send_allowance(nbytes: int | None, min_rate: int = MIN_SEND_RATE) -> float:
 
 
 class _Connection:
-    __slots__ = ("busy", "reading_since", "send_until", "since", "transport")
+    __slots__ = ("busy", "reading_since", "send_until", "since", "transport", "waiting")
 
     def __init__(self, transport: asyncio.Transport, now: float) -> None:
         self.transport = transport
@@ -80,6 +82,7 @@ class _Connection:
         self.reading_since: float | None = None
         self.since = now
         self.send_until: float | None = None  # the deadline of the body being sent
+        self.waiting = 0  # the body waits for bytes that do not exist yet (a fill's)
 
 
 class ConnectionGuard:
@@ -163,6 +166,25 @@ class ConnectionGuard:
         conn.send_until = self._now() + send_allowance(nbytes, self.min_send_rate)
 
     @contextlib.contextmanager
+    def waiting_for_bytes(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
+        """The body being sent on ``transport`` waits for bytes its store does not hold
+        yet (a pull-through fill's, which arrive at the upstream's pace): that time is not
+        its client's, so the body's deadline stands still meanwhile. The fill bounds the
+        wait (an upstream slower than ``MIN_TRANSFER_RATE`` is given up on)."""
+        conn = self._conns.get(transport) if transport is not None else None
+        if conn is None:
+            yield
+            return
+        start = self._now()
+        conn.waiting += 1
+        try:
+            yield
+        finally:
+            conn.waiting -= 1
+            if conn.send_until is not None:
+                conn.send_until += self._now() - start
+
+    @contextlib.contextmanager
     def answering(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
         """Mark the connection busy while a request is answered."""
         conn = self._conns.get(transport) if transport is not None else None
@@ -189,7 +211,7 @@ class ConnectionGuard:
             unsent = _unsent(conn.transport)
             if unsent and not conn.busy and conn.send_until is None:
                 conn.send_until = now + send_allowance(unsent, self.min_send_rate)
-            if conn.send_until is not None and now > conn.send_until:
+            if conn.send_until is not None and now > conn.send_until and not conn.waiting:
                 conn.send_until = None
                 if conn.busy or unsent:
                     self._tell("stalled")

@@ -28,7 +28,7 @@ import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from aiohttp import web
 from cmh.hub.cache import new_digest
@@ -193,13 +193,15 @@ async def send_filling(
             h = hashlib.sha256()
             pos, end = offset, offset + count
             while pos < end - held:
-                data = await source.read(pos, min(CHUNK, end - held - pos))
+                with _awaiting_bytes(request):
+                    data = await source.read(pos, min(CHUNK, end - held - pos))
                 await response.write(data)
                 await _hash(data, h if digest is None else digest)
                 pos += len(data)
                 sent += len(data)
             if held:
-                data = await source.read(pos, 1)
+                with _awaiting_bytes(request):
+                    data = await source.read(pos, 1)
                 await _hash(data, h if digest is None else digest)
                 sent_ranges.append((offset, count, h))
                 await _gate(request, fill, source, digest, etag, sent_ranges, sent)
@@ -233,6 +235,19 @@ def _cut(request: web.BaseRequest) -> None:
         request.transport.abort()
 
 
+def _awaiting_bytes(request: web.BaseRequest) -> contextlib.AbstractContextManager[None]:
+    """While a filling body waits for bytes the fill has not stored yet, its deadline
+    stands still (:meth:`~cmh.hub.mirror._connections.ConnectionGuard.waiting_for_bytes`):
+    an upstream slower than the clients' minimum rate is the fill's to judge, not a
+    client's stall."""
+    from ._state import STORE_KEY
+
+    guard = cast("web.Request", request).app[STORE_KEY].guard  # every request has its app
+    if guard is None:
+        return contextlib.nullcontext()
+    return guard.waiting_for_bytes(request.transport)
+
+
 async def _gate(
     request: web.BaseRequest,
     fill: asyncio.Future[None],
@@ -252,7 +267,8 @@ async def _gate(
         good = digest.hexdigest() == etag
     else:
         try:
-            await asyncio.shield(fill)
+            with _awaiting_bytes(request):  # the rest of the blob: the fill's pace
+                await asyncio.shield(fill)
         except Exception:  # the fill failed: nothing was installed
             _cut(request)
             raise BodyCut(sent) from None

@@ -20,6 +20,7 @@ import httpx2
 import pytest
 from click.testing import CliRunner
 from cmh.cli.main import cli
+from cmh.hub.mirror._connections import send_allowance
 from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
 from mirror_support import (
@@ -34,6 +35,7 @@ from mirror_support import (
     big_store,
     hf_env,
     run_python,
+    wait_for,
 )
 
 STOCK_SCRIPT = (
@@ -380,6 +382,57 @@ def test_eight_concurrent_clients_one_upstream_transfer_bytes_while_filling(
             tmp_path / "pull" / "models--cmh-test--big" / "blobs" / hashlib.sha256(data).hexdigest()
         )
         assert blob.stat().st_size == size
+
+
+def test_bodies_waiting_for_a_slow_upstream_are_not_cut_as_stalled(
+    mirror_server_factory: Callable[..., MirrorServer], process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """A filling body waits for bytes at the upstream's pace, and that time is not its
+    client's: the body's deadline (60 s plus its length at ``--min-send-rate``) stands
+    still while it waits. Before, a range early in a blob whose fill outlasted the range's
+    deadline was cut every time (its last byte waits for the whole fill), and so was a
+    whole body from an upstream slower than the clients' minimum rate. The deadlines are
+    crossed by moving the server's clock while the upstream pauses."""
+    size = 24 << 20
+    store, data = big_store(tmp_path, size)
+    backend = mirror_server_factory(store)
+    with running(backend.url, xet_listing=False) as hub:
+        pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url, clock=process_clock)
+        hub.stall(after_bytes=8 << 20, seconds=6.0, times=1, origin="cdn")
+        url = f"{pull.url}/cmh-test/big/resolve/main/big.bin"
+        bodies: dict[str, bytes] = {}
+        received = {"whole": 0, "range": 0}
+        errors: list[BaseException] = []
+
+        def read(name: str, headers: dict[str, str]) -> None:
+            try:
+                with httpx2.stream("GET", url, headers=headers, timeout=TEST_DEADLINE) as answer:
+                    assert answer.status_code == (206 if headers else 200)
+                    chunks = []
+                    for chunk in answer.iter_bytes():
+                        chunks.append(chunk)
+                        received[name] += len(chunk)
+                    bodies[name] = b"".join(chunks)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=read, args=("whole", {})),
+            threading.Thread(target=read, args=("range", {"Range": "bytes=1000-1999"})),
+        ]
+        for t in threads:
+            t.start()
+        # Each client took what it can before the pause: the whole body every byte that
+        # arrived, the range all but its last byte (which waits for the installed blob).
+        wait_for(lambda: (received["whole"] >= 8 << 20 and received["range"] == 999)
+                 or bool(errors), "the bytes before the pause")  # fmt: skip
+        process_clock.advance(send_allowance(size) + 10)  # past both bodies' deadlines
+        time.sleep(2.0)  # the guard's sweep runs every second of real time
+        for t in threads:
+            t.join(TEST_DEADLINE)
+        assert not errors, errors
+        assert bodies == {"whole": data, "range": data[1000:2000]}
+        assert [(r.method, r.status) for r in hub.records(origin="cdn")] == [("GET", 200)]
 
 
 def test_wrong_upstream_bytes_cut_every_client_and_nothing_is_stored(
