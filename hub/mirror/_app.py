@@ -30,6 +30,7 @@ from . import _catalog as catalog
 from . import _documents as documents
 from . import _hub_documents as hub_documents
 from ._auth import bearer_token
+from ._connections import STALLED_CUT, STALLED_KEY
 from ._cuts import RESTART_MESSAGE, appends_whole_body
 from ._errors import CLIENT_LEFT, BlobUnavailable, HubError
 from ._fingerprints import fingerprint_of
@@ -520,7 +521,8 @@ async def _settle(
     no cut of the blob's."""
     request[BYTES_KEY] = sent.bytes_sent
     if sent.cut is not None:
-        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": sent.cut}
+        cut = STALLED_CUT if request.get(STALLED_KEY) else sent.cut  # the guard cut it
+        request[INFO_KEY] = {**request.get(INFO_KEY, {}), "cut": cut}
     if sent.cut_by_mirror:
         await _run(_record_cut, state, route, entry.etag)
 

@@ -37,6 +37,7 @@ import logging
 import resource
 import socket
 import struct
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,10 @@ SEND_GRACE = 60.0
 #: a 10 GB file over a 10 Mbit/s link (about 2.2 h) passes with ten times the margin,
 #: also as 8 parallel downloads sharing that link; its deadline is about 21 h.
 MIN_SEND_RATE = 128 << 10
+#: Set on a request whose body the guard cut at its deadline.
+STALLED_KEY = web.RequestKey("cmh_stalled", bool)
+#: What the access log says of such a cut (not that the client went away).
+STALLED_CUT = "stalled: the body's deadline passed"
 
 
 def connection_cap_limit() -> int:
@@ -74,7 +79,7 @@ def send_allowance(nbytes: int | None, min_rate: int = MIN_SEND_RATE) -> float:
 
 
 class _Connection:
-    __slots__ = ("busy", "reading_since", "send_until", "since", "transport", "waiting")
+    __slots__ = ("answer", "busy", "reading_since", "send_until", "since", "transport", "waiting")
 
     def __init__(self, transport: asyncio.Transport, now: float) -> None:
         self.transport = transport
@@ -83,6 +88,7 @@ class _Connection:
         self.since = now
         self.send_until: float | None = None  # the deadline of the body being sent
         self.waiting = 0  # the body waits for bytes that do not exist yet (a fill's)
+        self.answer: weakref.ref[web.BaseRequest] | None = None  # whose body is sent
 
 
 class ConnectionGuard:
@@ -164,6 +170,7 @@ class ConnectionGuard:
             return
         nbytes = 0 if request.method == "HEAD" else response.content_length
         conn.send_until = self._now() + send_allowance(nbytes, self.min_send_rate)
+        conn.answer = weakref.ref(request)
 
     @contextlib.contextmanager
     def waiting_for_bytes(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
@@ -215,6 +222,9 @@ class ConnectionGuard:
                 conn.send_until = None
                 if conn.busy or unsent:
                     self._tell("stalled")
+                    request = conn.answer() if conn.answer is not None else None
+                    if request is not None:  # its access log says who cut it
+                        request[STALLED_KEY] = True
                     _cut(conn.transport)
                     continue
             if conn.busy or unsent:

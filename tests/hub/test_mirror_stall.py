@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from bucket_support import aws_env_applied, isolated_aws_env
-from cmh.hub.mirror._connections import send_allowance
+from cmh.hub.mirror._connections import STALLED_CUT, send_allowance
 from cmh.hub.mirror._send import SENDER_SPANS, THREADED_MIN
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from deadline_support import TEST_DEADLINE
@@ -183,6 +183,8 @@ def test_stalled_bodies_are_cut_at_their_deadline_and_free_the_cap(
             ended = server.log(target=TARGET, status=206 if where.ranges else 200)
             cut = [e for e in ended if e["bytes"] < SIZE]
             assert len(cut) == STALLED, ended
+            # the access log says the mirror cut them, not that their clients went away
+            assert {e.get("cut") for e in cut} == {STALLED_CUT}, cut
             metrics = _get(addr, "/metrics").decode()
             match = re.search(
                 r'cmh_mirror_connections_dropped_total\{reason="stalled"\} ([0-9.e+]+)', metrics
