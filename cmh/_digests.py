@@ -58,7 +58,13 @@ class RootEntry(TensorSpec):
 
 
 def default_threads() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """Hashing threads by default: the CPUs this process may run on (its affinity, as
+    ``taskset`` or a container's cpuset sets it, not the machine's count), at most 8."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this platform
+        usable = os.cpu_count() or 1
+    return max(1, min(8, usable))
 
 
 def hash_tensors(

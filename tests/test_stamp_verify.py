@@ -392,3 +392,18 @@ def test_stamp_result_repr_is_short(tmp_path: Path) -> None:
     result = cmh.stamp(path)
     text = repr(result)
     assert len(text) < 300 and "tensors=2000" in text and str(path) in text
+
+
+def test_default_threads_follow_the_cpus_the_process_may_use() -> None:
+    """A process pinned to one CPU (``taskset``, a container's cpuset) hashes on one
+    thread, not on as many as the machine has."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+        "from cmh._digests import default_threads; print(default_threads())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"

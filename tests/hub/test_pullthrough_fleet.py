@@ -14,6 +14,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -110,6 +111,7 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             yield {"front": front, "blobs": blobs}
     finally:
         server.stop()
+        shutil.rmtree(base, ignore_errors=True)  # 600 MB, not kept until the session ends
 
 
 class Fleet:
