@@ -127,6 +127,9 @@ class Fault(Enum):
     #: The headers and half the body are sent, then the connection closed (as a storage
     #: does when the object is deleted while it is read).
     TRUNCATE = "truncate"
+    #: The request is forwarded (the storage acts on it) and its answer passed on whole,
+    #: late: once ``before_cut`` returned (an answer slow on its way back).
+    LATE = "late"
 
 
 @dataclass(frozen=True)
@@ -148,9 +151,10 @@ class S3Proxy:
 
     ``hook`` sees each request (method, path, headers) before it is forwarded: it may
     count or hold it, and return a :class:`Fault` (or a :class:`Break`) to inject in the
-    answer. ``dropped`` names request headers removed on the way (e.g. the conditional
-    ones: a storage that ignores conditional writes; moto checks no signature, so the
-    request stays valid). :attr:`exchanges` lists every request the storage answered."""
+    answer (or to hold it back). ``dropped`` names request headers removed on the way
+    (e.g. the conditional ones: a storage that ignores conditional writes; moto checks no
+    signature, so the request stays valid). :attr:`exchanges` lists every request the
+    storage answered."""
 
     def __init__(
         self, upstream: str, hook: S3Hook | None = None, dropped: frozenset[str] = frozenset()
@@ -184,6 +188,9 @@ class S3Proxy:
                     fault.before_cut()
                     self.close_connection = True  # acted on, never answered
                     return
+                if fault is not None and fault.fault is Fault.LATE:
+                    fault.before_cut()
+                    fault = None
                 head = self.command == "HEAD"
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():

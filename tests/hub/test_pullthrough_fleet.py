@@ -746,6 +746,44 @@ def test_two_replicas_asked_for_the_same_cold_blob_at_once_fetch_it_once(
         assert server.log(route="resolve", status=200)
 
 
+def test_a_renewal_answered_after_the_fill_ended_leaves_no_lease(
+    fleet: Fleet, origin: dict[str, Any]
+) -> None:
+    """A thread renews a fill's lease while the fill runs. A renewal answered after the
+    fill ended, once the fill had released its lease, left the lease rewritten and
+    never released (the release found a lease that was no longer its last write): a way
+    for a loaded run's wait for a fill's objects to go to time out. A fill now
+    waits for a renewal under way before it releases its lease. Here the blob's
+    completion is answered 2 s late, so a renewal comes meanwhile, and that renewal's
+    answer 2 s later still."""
+    sha = origin["blobs"][MID_REPO]
+    completing = threading.Event()
+    held: list[str] = []
+
+    def late(request: S3Request) -> Break | None:
+        if request.method == "POST" and request.key.endswith(f"/blobs/{sha}"):
+            if "uploadId=" in request.path:  # the completion of the blob's upload
+                completing.set()
+                return Break(Fault.LATE, before_cut=lambda: time.sleep(2.0))
+        renewal = request.method == "PUT" and request.key.endswith(f"/fills/{sha}/lease")
+        if renewal and completing.is_set() and request.header("If-Match"):
+            held.append(request.path)
+            return Break(Fault.LATE, before_cut=lambda: time.sleep(2.0))
+        return None
+
+    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"], late)
+    try:
+        fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
+        replica = fleet.start()
+        store = fleet.store()
+        assert _raw_get(replica, MID_REPO, [0]) == f"complete {sha}"
+        wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, "the blob stored")
+        wait_for(lambda: bool(held), "a renewal while the blob's completion is answered")
+        wait_for(lambda: _parts(store, MID_REPO) == [], "the fill's objects gone", timeout=20)
+    finally:
+        proxy.stop()
+
+
 def test_a_fill_uploads_its_bytes_once(any_fleet: Fleet, origin: dict[str, Any]) -> None:
     """Issue 37: the parts became the blob by a second upload of the same bytes (a
     multipart upload fed beside them); now the storage copies the parts into the blob."""

@@ -978,6 +978,10 @@ class _Fill:
             if self.copier is not None:  # the fill failed or was lost: no upload left
                 self.copier.abandon()
             self.done.set()
+            # A renewal under way ends first: answered after the release read the lease,
+            # it left the lease rewritten and unreleased (one request: its deadline bounds
+            # the wait).
+            keeper.join()
             _STORED_PARTS.end(self.fills)
         if confirmed:  # else the first reader checks the blob (the parts were not pinned)
             self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
