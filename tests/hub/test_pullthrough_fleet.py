@@ -761,10 +761,10 @@ def test_a_renewal_answered_after_the_fill_ended_leaves_no_lease(
     held: list[str] = []
 
     def late(request: S3Request) -> Break | None:
-        if request.method == "POST" and request.key.endswith(f"/blobs/{sha}"):
-            if "uploadId=" in request.path:  # the completion of the blob's upload
-                completing.set()
-                return Break(Fault.LATE, before_cut=lambda: time.sleep(2.0))
+        blob = request.method == "POST" and request.key.endswith(f"/blobs/{sha}")
+        if blob and "uploadId=" in request.path:  # the completion of the blob's upload
+            completing.set()
+            return Break(Fault.LATE, before_cut=lambda: time.sleep(2.0))
         renewal = request.method == "PUT" and request.key.endswith(f"/fills/{sha}/lease")
         if renewal and completing.is_set() and request.header("If-Match"):
             held.append(request.path)
