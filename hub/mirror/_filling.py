@@ -36,6 +36,7 @@ from cmh.hub.cache import new_digest
 from ._errors import HubError, printable
 from ._memo import Memo
 from ._send import BodyCut
+from ._state import STORE_KEY
 from ._upstream import NEGATIVE_FOR, Outcome
 from .stores import FillFailed, FillReader, SentRanges
 
@@ -240,8 +241,6 @@ def _awaiting_bytes(request: web.BaseRequest) -> contextlib.AbstractContextManag
     stands still (:meth:`~cmh.hub.mirror._connections.ConnectionGuard.waiting_for_bytes`):
     an upstream slower than the clients' minimum rate is the fill's to judge, not a
     client's stall."""
-    from ._state import STORE_KEY
-
     guard = cast("web.Request", request).app[STORE_KEY].guard  # every request has its app
     if guard is None:
         return contextlib.nullcontext()

@@ -50,6 +50,7 @@ import os
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
@@ -722,7 +723,7 @@ class _PartWriter:
         fills: str,
         stored: list[tuple[str, str]],
         clock: Clock,
-        on_stored: Any = None,
+        on_stored: Callable[[str, str], None] | None = None,
     ) -> None:
         self.objects = objects
         self.clock = clock
@@ -863,21 +864,20 @@ class _PartCopier:
         or a copy failed on the way: the caller composes them).
         :class:`PreconditionFailed` when a part changed since it was stored."""
         self._stop()
-        changed = [e for e in self._errors if isinstance(e, PreconditionFailed)]
-        if changed:
-            self.composition.abort()
-            raise changed[0]
-        if self._errors or self._told != parts or len(self.composition.parts) != parts:
-            self.composition.abort()
-            return None
         try:
-            return self.composition.complete()
-        except PreconditionFailed:
-            self.composition.abort()
-            raise
-        except ObjectStoreError:
-            self.composition.abort()
-            return None
+            changed = [e for e in self._errors if isinstance(e, PreconditionFailed)]
+            if changed:
+                raise changed[0]
+            if self._errors or self._told != parts or len(self.composition.parts) != parts:
+                return None
+            try:
+                return self.composition.complete()
+            except PreconditionFailed:
+                raise
+            except ObjectStoreError:
+                return None
+        finally:
+            self.composition.abort()  # nothing once completed; else no upload is left
 
     def abandon(self) -> None:
         """The fill ends without its blob: stop copying and abort the upload."""
