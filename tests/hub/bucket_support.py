@@ -135,10 +135,14 @@ class Fault(Enum):
 @dataclass(frozen=True)
 class Break:
     """A :class:`Fault` with what happens before it: ``before_cut`` runs once the
-    storage answered and, for :attr:`Fault.TRUNCATE`, the headers were sent."""
+    storage answered and, for :attr:`Fault.TRUNCATE`, the headers were sent.
+    ``applies`` sees the storage's status first: the answer is passed on untouched
+    when it returns False (a fault decided by what the storage answered, not by what a
+    test saw before the request went on)."""
 
     fault: Fault
     before_cut: Callable[[], object] = field(default=lambda: None)
+    applies: Callable[[int], bool] = field(default=lambda status: True)
 
 
 #: Sees each request before it is forwarded (it may block to hold it back); returns
@@ -184,6 +188,8 @@ class S3Proxy:
                 finally:
                     conn.close()
                 exchanges.append(S3Exchange(request, resp.status, len(data)))
+                if fault is not None and not fault.applies(resp.status):
+                    fault = None
                 if fault is not None and fault.fault is Fault.LOSE:
                     fault.before_cut()
                     self.close_connection = True  # acted on, never answered

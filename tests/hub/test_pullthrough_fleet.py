@@ -550,26 +550,43 @@ def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
     blob read), as for a part not there yet. The reader is another replica's (the filling
     replica's own readers take its parts from memory, issue 37). The filler's deletion of
     the last part waits for the reader's GET of it: a fill's end that no longer waits for
-    its S3 client (issue 37) could delete it between two of the reader's looks."""
+    its S3 client (issue 37) could delete it between two of the reader's looks. Its
+    completion of the blob waits too (a reader that finds the blob reads no part), and
+    the cut is decided by the storage's answer to that GET (the part's bytes), not by a listing
+    taken before it: the part's PUT could land in between (1 run in 8 cut nothing)."""
     sha = origin["blobs"][MID_REPO]
     last = f"/.cmh/fills/{sha}/part-000004"
+    blob = f"{FOLDER[MID_REPO]}/blobs/{sha}"
     cut: list[str] = []
     looked = threading.Event()
 
-    def holds_the_delete(request: S3Request) -> None:
-        if request.method == "DELETE" and request.key.endswith(last):  # the filler's: after
-            wait_for(lambda: bool(cut), what="the reader's GET of the last part")  # that GET
+    def holds_the_end(request: S3Request) -> None:
+        """The filler's deletion of the last part and its completion of the blob wait
+        for the reader's GET of that part: the reader cannot find the blob instead."""
+        deletes = request.method == "DELETE" and request.key.endswith(last)
+        completes = request.method == "POST" and request.key.endswith(blob)
+        if deletes or completes:
+            wait_for(lambda: bool(cut), what="the reader's GET of the last part")
 
     def truncates(request: S3Request) -> Break | None:
-        if request.method == "GET" and request.key.endswith(last) and not cut:
-            if "part-000004" not in _parts(store, MID_REPO):
+        if request.method != "GET" or not request.key.endswith(last) or cut:
+            return None
+
+        def applies(status: int) -> bool:
+            # By the storage's answer, not by a look before the GET went on: the part's
+            # PUT may land in between.
+            if status not in (200, 206):  # 206: the reader asks for a range
                 looked.set()  # the reader waits for the last part
-                return None
+                return False
+            return not cut
+
+        def before_cut() -> None:
             cut.append(request.path)
             # The filler composes the blob and deletes the parts before the cut: the
             # reader's storage client finds the part gone when it asks for the rest.
-            return Break(Fault.TRUNCATE, before_cut=lambda: _wait_stored(store, sha))
-        return None
+            _wait_stored(store, sha)
+
+        return Break(Fault.TRUNCATE, before_cut=before_cut, applies=applies)
 
     fleets = _fleet(moto_bucket, origin, tmp_path)
     fleet = next(fleets)
@@ -577,7 +594,7 @@ def test_a_part_read_cut_short_is_read_again_not_passed_on_as_a_cut(
     endpoint = fleet.env["AWS_ENDPOINT_URL"]
     proxy = S3Proxy(endpoint, truncates)
     go = threading.Event()
-    filler_proxy = S3Proxy(endpoint, holds_the_delete)
+    filler_proxy = S3Proxy(endpoint, holds_the_end)
     try:
         fleet.env["AWS_ENDPOINT_URL"] = filler_proxy.endpoint
         filler = fleet.start()
