@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 _PATHS = click.argument("paths", nargs=-1, required=True, metavar="PATH...")
 _THREADS = count_option(
-    "--threads", 1, 64, None, "Hashing threads (default: one per core, at most 8)."
+    "--threads", 1, 64, None, "Hashing threads (default: one per CPU it may use, at most 8)."
 )
 
 

@@ -283,7 +283,13 @@ _SCRUB_RESUME = "nothing was changed beyond the blobs already reported; run the 
 @STORE_OPTION
 @flag_option("--full", "Kept for compatibility: every blob is always hashed whole.")
 @click.option("--no-quarantine", is_flag=True, help="Report bad blobs without moving them.")
-@click.option("--threads", type=click.IntRange(1, 64), default=None, help="Hashing threads.")
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Hashing threads (default: one per CPU this process may use, at most 8; "
+    "twice that, 2 to 8, for a bucket store).",
+)
 @json_option
 @handle_errors
 def scrub(

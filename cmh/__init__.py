@@ -44,6 +44,7 @@ from ._digests import (
     file_root,
     hash_tensors,
     root_entries,
+    usable_cpus,
 )
 from ._duration import format_duration, format_size, parse_duration, parse_size, plural
 from ._errors import (
@@ -211,6 +212,7 @@ __all__ += [
     "signature_status",
     "start_writeback",
     "temp_path",
+    "usable_cpus",
     "user_metadata",
     "write_new",
     "write_values_in_place",

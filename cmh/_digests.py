@@ -57,14 +57,18 @@ class RootEntry(TensorSpec):
     sha256: bytes
 
 
-def default_threads() -> int:
-    """Hashing threads by default: the CPUs this process may run on (its affinity, as
-    ``taskset`` or a container's cpuset sets it, not the machine's count), at most 8."""
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity, as ``taskset`` or a container's
+    cpuset sets it, not the machine's count (that where there is no affinity)."""
     try:
-        usable = len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity on this platform
-        usable = os.cpu_count() or 1
-    return max(1, min(8, usable))
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Hashing threads by default: the CPUs this process may run on, at most 8."""
+    return min(8, usable_cpus())
 
 
 def hash_tensors(

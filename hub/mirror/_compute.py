@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from cmh import usable_cpus
 
 from ._connections import TrustedProxies
 from ._errors import HubError
@@ -41,7 +42,7 @@ T = TypeVar("T")
 #: Threads computing at once in one worker: the cores but one (a core stays free for the
 #: requests: with both of 2 cores computing, a stored tree took 2-5x, and up to 100x
 #: for Python-bound work, its time alone), at least one, at most two.
-COMPUTE_WORKERS = max(1, min(2, (os.cpu_count() or 1) - 1))
+COMPUTE_WORKERS = max(1, min(2, usable_cpus() - 1))
 #: Computations one client may have running at once in one worker (more wait their turn).
 PER_CLIENT = 2
 

@@ -12,11 +12,12 @@ reported as broken, as are tree objects that cannot be parsed.
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from cmh.hub.cache import new_digest
+
+from cmh import usable_cpus
 
 from ..local._scrub import UNREADABLE, BlobCheck, ScrubOptions, ScrubReport
 from ._bucket import QUARANTINE, BucketError, BucketStore
@@ -64,7 +65,7 @@ def scrub_bucket(store: BucketStore, **options: Unpack[ScrubOptions]) -> ScrubRe
     told not to."""
     do_quarantine, progress = options.get("do_quarantine", True), options.get("progress")
     report = ScrubReport()
-    workers = options.get("threads") or max(2, min(8, 2 * (os.cpu_count() or 1)))  # I/O bound
+    workers = options.get("threads") or max(2, min(8, 2 * usable_cpus()))  # I/O bound
     for repo_type, repo_id, folder in store.repos():
         label = _label(repo_type, repo_id)
         blobs = store.blob_infos(folder)

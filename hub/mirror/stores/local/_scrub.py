@@ -36,7 +36,7 @@ from cmh.hub.cache import (
     iter_repos,
 )
 
-from cmh import atomic_write
+from cmh import atomic_write, usable_cpus
 
 from ..._index import build_index
 from ._folder import ProgressCallback
@@ -234,7 +234,7 @@ def scrub_store(
     """
     del full
     report = ScrubReport()
-    workers = threads or max(1, min(8, os.cpu_count() or 1))
+    workers = threads or min(8, usable_cpus())
     for repo in iter_repos(store):
         for commit in repo.commits():
             with contextlib.suppress(OSError):
