@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
 import time
 
 #: Largest piece relayed at once (fewer, larger writes keep the proxy's own CPU cost low).
@@ -136,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -31,7 +31,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -39,6 +41,8 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _synthetic import make_versions
+
+T = TypeVar("T")
 
 REPO = "bench/delta"
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "delta"
@@ -63,7 +67,7 @@ class Server:
             raise SystemExit(f"cmh serve did not start: {line!r}")
         self.url = match.group(0)
 
-    def entries(self) -> list[dict]:
+    def entries(self) -> list[dict[str, Any]]:
         time.sleep(0.2)  # let the log catch up
         return [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
 
@@ -72,7 +76,7 @@ class Server:
         self.proc.wait(15)
 
 
-def counted(server: Server, run) -> tuple[float, int, int, object]:
+def counted(server: Server, run: Callable[[], T]) -> tuple[float, int, int, T]:
     before = len(server.entries())
     t0 = time.perf_counter()
     result = run()
@@ -105,8 +109,8 @@ def main() -> None:
         def stock() -> str:
             return snapshot_download(REPO, cache_dir=stock_cache, endpoint=server.url)
 
-        def ours(cache: Path = cmh_cache, **policy: object):
-            def run():
+        def ours(cache: Path = cmh_cache, **policy: Any) -> Callable[[], hub.Resolution]:
+            def run() -> hub.Resolution:
                 return hub.resolve(
                     REPO, cache_dir=cache, endpoint=server.url, policy=hub.Policy(**policy)
                 )

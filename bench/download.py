@@ -213,7 +213,7 @@ def main() -> int:
                     ) -> object:
                         return hub.resolve(
                             REPO, branch, cache_dir=cache, endpoint=url,
-                            policy=hub.Policy(**policy),  # type: ignore[arg-type]
+                            policy=hub.Policy(**policy),
                         )  # fmt: skip
 
                     def aria(

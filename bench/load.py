@@ -43,6 +43,7 @@ import sys
 import textwrap
 import time
 import venv
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,7 @@ def single_core_copy(path: Path) -> Round:
         kept = []
         for t in header.tensors:
             buf = torch.empty(t.nbytes, dtype=torch.uint8)
-            view = memoryview(buf.numpy())
+            view = buf.numpy().data
             done = 0
             while done < t.nbytes:
                 done += os.preadv(f.fileno(), [view[done:]], header.data_start + t.begin + done)
@@ -215,7 +216,7 @@ def main() -> int:
     size = stamped.stat().st_size
     warm(stamped)
 
-    loaders = {
+    loaders: dict[str, Callable[[], dict[str, Any]]] = {
         "stock": lambda: materialised(safetensors.torch.load_file(stamped)),
         "verified": lambda: cmh.torch.load_file(stamped),
         "unverified": lambda: cmh.torch.load_file(stamped, verify=False),

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -150,10 +151,10 @@ def main() -> int:
         built = time.perf_counter() - start
         stock_scan(root)  # warm the page cache
         row = {
-            "stock scan_cache_dir": best_of(args.repeat, lambda r=root: stock_scan(r)),
-            "cmh scan (headers read)": best_of(args.repeat, lambda r=root: cmh_scan(r)),
-            "cmh scan + plan": best_of(args.repeat, lambda r=root: cmh_plan(r)),
-            "cmh prune --dry-run (process)": best_of(args.repeat, lambda r=root: cmh_command(r)),
+            "stock scan_cache_dir": best_of(args.repeat, partial(stock_scan, root)),
+            "cmh scan (headers read)": best_of(args.repeat, partial(cmh_scan, root)),
+            "cmh scan + plan": best_of(args.repeat, partial(cmh_plan, root)),
+            "cmh prune --dry-run (process)": best_of(args.repeat, partial(cmh_command, root)),
         }
         doc = cmh_command(root)
         results[n] = row

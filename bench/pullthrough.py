@@ -67,7 +67,7 @@ from hublike import HubLike, running  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _servers import stop_process  # noqa: E402
-from scaleout import cpu_seconds  # noqa: E402
+from _timing import cpu_seconds  # noqa: E402
 
 
 class Server(NamedTuple):

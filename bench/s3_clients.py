@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,9 @@ class Client:
 
     name = ""
     module = ""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
 
     def read(self, ranges: Ranges) -> int:
         raise NotImplementedError
@@ -388,17 +392,17 @@ def main() -> int:
         rows: dict[str, dict[int, tuple[float, float]]] = {"curl (baseline)": {}}
         for readers in (1, args.readers):
             rows["curl (baseline)"][readers] = measure(
-                lambda r=readers: curl_gets(plain_url, ranges, r),
+                partial(curl_gets, plain_url, ranges, readers),
                 readers * size, args.repeat, resource.RUSAGE_CHILDREN,
             )  # fmt: skip
         semantics: dict[str, dict[str, str]] = {}
         for cls in installed:
             client = cls(weed.endpoint)
             rows[cls.name] = {
-                1: measure(lambda c=client: c.read(ranges), size, args.repeat,
+                1: measure(partial(client.read, ranges), size, args.repeat,
                            resource.RUSAGE_SELF),
                 args.readers: measure(
-                    lambda c=client: c.read_concurrently(ranges, args.readers),
+                    partial(client.read_concurrently, ranges, args.readers),
                     args.readers * size, args.repeat, resource.RUSAGE_SELF,
                 ),
             }  # fmt: skip

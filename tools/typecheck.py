@@ -2,12 +2,14 @@
 
 ``hub/`` and ``cli/`` are mapped to ``cmh.hub`` and ``cmh.cli`` by
 pyproject.toml; mypy cannot follow that mapping, so this lays a tree of
-symlinks in ``.typecheck/`` with the installed layout and checks it.
+symlinks in ``.typecheck/`` with the installed layout and checks it, then
+``bench/`` against it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -34,8 +36,11 @@ def main() -> int:
     with open(ROOT / ".typecheck.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         build_tree()
-        cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "cmh"]
-        return subprocess.call(cmd, cwd=TREE)
+        mypy = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
+        status = subprocess.call([*mypy, "cmh"], cwd=TREE)
+        # The benches (scripts importing each other by name) against the same tree.
+        env = {**os.environ, "MYPYPATH": str(TREE)}
+        return status or subprocess.call([*mypy, str(ROOT / "bench")], cwd=TREE, env=env)
 
 
 if __name__ == "__main__":
