@@ -203,10 +203,16 @@ class ContentCheck:
         self._feed(view, data if isinstance(data, bytes) else bytes(view))
 
     def update_stable(self, view: memoryview) -> None:
-        """Feed the next bytes as a view of a buffer that never changes (``bytes``, a
-        read-only mapping of a file nobody writes): the digest thread hashes the view
-        itself, no copy."""
+        """Feed the next bytes as a view of a buffer that does not change until
+        :meth:`drain` returned (``bytes``, or a buffer the caller reuses only after it):
+        the digest thread hashes the view itself, no copy."""
         self._feed(view, view)
+
+    def drain(self) -> None:
+        """Wait until no view fed with :meth:`update_stable` is still held (the digest
+        thread hashed it): its buffer may be reused then."""
+        if isinstance(self._digest, _DigestThread):
+            self._digest.drain()
 
     def _feed(self, view: memoryview, stable: bytes | memoryview) -> None:
         start = self._seen
@@ -357,12 +363,19 @@ class _DigestThread:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
-                return
-            self._digest.update(item)
+            try:
+                if item is None:
+                    return
+                self._digest.update(item)
+            finally:
+                self._queue.task_done()
 
     def update(self, data: bytes | memoryview) -> None:
         self._queue.put(data)
+
+    def drain(self) -> None:
+        """Wait until every view given so far is hashed."""
+        self._queue.join()
 
     def hexdigest(self) -> str:
         if self._result is None:

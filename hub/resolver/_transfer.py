@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
-import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -49,6 +48,9 @@ MIN_CHUNK = 4 << 20
 PIECES = 8
 #: Bytes of a range in flight handed to the check at once.
 FEED_STEP = 1 << 20
+#: Bytes of one read of a copy source, and the buffers such reads fill in turn.
+SOURCE_PIECE = 128 << 10
+SOURCE_BUFFERS = 4
 #: Bytes written between two background syncs.
 SYNC_EVERY = 128 << 20
 #: The fewest bytes one extra parallel connection is opened for (multi-range batches).
@@ -175,27 +177,39 @@ class SegmentLog:
 class OrderedFeed:
     """Feeds a file's bytes to a sink in order, as ranges of it become ready in any order.
 
-    A worker thread gives each ready span to ``sink`` as a read-only view that
-    never changes: :meth:`mark_ready` says which bytes of ``fd`` are in place
-    (read from the page cache: they were just written), :meth:`map_source`
-    which are copies of another file's bytes, viewed in a mapping of that
-    file without a copy (so the check need not wait for the copy, and an
-    update's unchanged bytes are never copied into Python buffers). The
-    views stay valid after the feed ends (a mapping is unmapped once no view
-    of it is left), so ``sink`` may hand them to another thread. The file
-    being filled is never mapped: discarded, its space is free at once. An
+    A worker thread gives each ready span to ``sink`` as a view:
+    :meth:`mark_ready` says which bytes of ``fd`` are in place (read from the
+    page cache into bytes of their own: they were just written),
+    :meth:`map_source` which are copies of another file's bytes, read from
+    that file (so the check need not wait for the copy) into
+    :data:`SOURCE_BUFFERS` buffers of :data:`SOURCE_PIECE` bytes used in turn:
+    before a buffer is used again, ``settle`` waits until the sink holds no
+    view given before (``ContentCheck.drain``: its digest thread hashed
+    them), so an update's unchanged bytes cost no memory beyond those
+    buffers. No file is mapped: another process truncating a mapped file
+    kills this one with ``SIGBUS`` at the next read past the new end, where
+    a read returns fewer bytes and the feed refuses the file
+    (:class:`IntegrityError`). Views stay as given once the feed ends. An
     exception from the sink (a tensor that does not match its manifest)
     stops the feed and is raised by :meth:`join`; :attr:`failed` lets
     writers stop early.
     """
 
-    def __init__(self, sink: Callable[[memoryview], None], fd: int, size: int) -> None:
+    def __init__(
+        self,
+        sink: Callable[[memoryview], None],
+        fd: int,
+        size: int,
+        settle: Callable[[], None] = lambda: None,
+    ) -> None:
         self._sink = sink
+        self._settle = settle  # default: the sink keeps no view once it returned
+        self._buffers: list[bytearray] = []
+        self._turn = 0  # source reads so far: the next uses buffer turn % SOURCE_BUFFERS
         self._fd = fd
         self._size = size
         self._ready: list[Span] = []  # merged [begin, end) spans
         self._sources: list[tuple[int, int, int, int]] = []  # (begin, end, fd, src begin)
-        self._maps: dict[int, memoryview] = {}  # source fd -> view of its whole mapping
         self._cond = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
@@ -277,23 +291,18 @@ class OrderedFeed:
             self._error = exc
 
     def _view(self, fd: int, at: int, n: int) -> memoryview:
-        """Bytes ``[at, at + n)`` of ``fd`` (fewer where the file ends).
-
-        The file being filled is read; a copy source is mapped whole on first
-        use (again if it has grown since: a replaced mapping lives on while
-        views of it do), and viewed only below its size, never past its end.
-        """
+        """Bytes ``[at, at + n)`` of ``fd`` (fewer where the file ends): of their own
+        for the file being filled, in the next of the reused buffers for a source."""
         if fd == self._fd:
             return memoryview(os.pread(fd, n, at))
-        whole = self._maps.get(fd)
-        if whole is None or len(whole) < at + n:
-            length = os.fstat(fd).st_size
-            if length > (0 if whole is None else len(whole)):
-                whole = memoryview(mmap.mmap(fd, length, access=mmap.ACCESS_READ))
-                self._maps[fd] = whole
-        if whole is None or at >= len(whole):
-            return memoryview(b"")
-        return whole[at : at + n]
+        if not self._buffers:
+            self._buffers = [bytearray(SOURCE_PIECE) for _ in range(SOURCE_BUFFERS)]
+        turn = self._turn % SOURCE_BUFFERS
+        if turn == 0 and self._turn:
+            self._settle()  # every buffer was handed out: none is held any more after this
+        self._turn += 1
+        view = memoryview(self._buffers[turn])[: min(n, SOURCE_PIECE)]
+        return view[: os.preadv(fd, [view], at)]
 
     def stop(self) -> None:
         """Stop waiting for bytes that will not come."""
@@ -374,7 +383,7 @@ class Filling:
         self.size = size
         self.tally = tally
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.feed = OrderedFeed(check.update_stable, self.fd, size).start()
+        self.feed = OrderedFeed(check.update_stable, self.fd, size, check.drain).start()
         self.sync = BackgroundSync(self.fd)
         self._halt = threading.Event()
 

@@ -361,6 +361,51 @@ def test_a_copy_source_shorter_than_planned_is_refused_not_a_crash(tmp_path):
         os.close(old_fd)
 
 
+_TRUNCATED_UNDER_THE_FEED = """
+import hashlib, os, sys
+from cmh.hub.cache import IntegrityError
+from cmh.hub.resolver._transfer import OrderedFeed
+
+old, new = sys.argv[1], sys.argv[2]
+size = os.path.getsize(old)
+fd, old_fd = os.open(new, os.O_RDWR), os.open(old, os.O_RDONLY)
+got, truncated = hashlib.sha256(), []
+
+def sink(view):
+    got.update(view)
+    if not truncated:  # another process truncates the old blob mid-update
+        truncated.append(os.truncate(old, 1 << 20))
+
+feed = OrderedFeed(sink, fd, size).start()
+feed.map_source(0, size, old_fd, 0)
+try:
+    feed.join()
+except IntegrityError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_copy_source_truncated_while_it_is_read_is_refused_not_a_crash(tmp_path):
+    """The old blob an update copies from, truncated by another process after the check
+    began reading it: a typed refusal. It was read through a mapping, and the next read
+    past the new end killed the process with SIGBUS (so this runs in a child process)."""
+    import subprocess
+    import sys
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    size = 32 << 20
+    old.write_bytes(random.Random(7).randbytes(size))
+    new.write_bytes(bytes(size))
+    done = subprocess.run(
+        [sys.executable, "-c", _TRUNCATED_UNDER_THE_FEED, str(old), str(new)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert f"refused: file ends at byte {1 << 20} of {size}" in done.stdout, done.stdout
+
+
 def test_the_tail_of_a_filled_file_goes_to_disk_while_the_check_finishes(tmp_path, monkeypatch):
     """Writeback starts every SYNC_EVERY bytes while a file fills, and for the rest once
     every byte is in (the check may still be hashing), not only at the install's fsync."""
