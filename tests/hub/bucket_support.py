@@ -1,5 +1,6 @@
-"""Helpers for tests over real object storages (SeaweedFS and moto, both started by the
-tests): the AWS settings of one, a store opened on it, a ref's whole history, and
+"""Helpers for tests over real object storages (SeaweedFS, moto and ministack, all
+started by the tests): which there are (:data:`S3_KINDS`), the AWS settings of one, a
+store opened on it, a ref's whole history, and
 :class:`S3Proxy`, a pass-through proxy in front of a storage that shows a test each
 request and can break its answer."""
 
@@ -21,9 +22,14 @@ import pytest
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from deadline_support import TEST_DEADLINE
 
+#: The S3 implementations a suite over buckets runs on, each ``{kind}_bucket`` a fixture
+#: (a fresh prefix of the session's server).
+S3_KINDS = ("seaweed", "moto", "ministack")
+
 
 class Bucket(Protocol):
-    """What ``seaweed_bucket``, ``moto_bucket`` and ``no_cas_bucket`` have in common."""
+    """What ``seaweed_bucket``, ``moto_bucket``, ``ministack_bucket`` and
+    ``no_cas_bucket`` have in common."""
 
     @property
     def url(self) -> str: ...

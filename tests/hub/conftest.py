@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ministackserver import ministack_bucket_fixture, ministack_fixture  # noqa: F401
 from mirror_support import (
     MirrorServer,
     MirrorStore,

@@ -156,7 +156,8 @@ def stock_revisions(root: Path) -> dict[str, set[str]]:
 def open_kind(request: Any, tmp_path: Path, monkeypatch: Any, folder_kind: str) -> tuple[str, Any]:
     """The ``--store`` location and the opened (created) store of the kind
     ``request.param`` names: ``folder_kind`` for a folder, else a bucket fixture's name
-    without ``_bucket`` (``seaweed``, ``moto``), this process's AWS settings pointed at it."""
+    without ``_bucket`` (``seaweed``, ``moto``, ``ministack``), this process's AWS
+    settings pointed at it."""
     from bucket_support import use_bucket
     from cmh.hub.mirror.stores import open_store
 

@@ -17,7 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from bucket_support import Bucket, Fault, S3Proxy, S3Request, history, open_store, use_bucket
+from bucket_support import (
+    S3_KINDS,
+    Bucket,
+    Fault,
+    S3Proxy,
+    S3Request,
+    history,
+    open_store,
+    use_bucket,
+)
 from cli_support import CMH
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore, ConditionalWritesUnsupported
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore, ObjectStoreError
@@ -26,7 +35,7 @@ PAIRS = 20
 PARALLEL_PAIRS = 4
 
 
-@pytest.fixture(params=["seaweed", "moto"])
+@pytest.fixture(params=S3_KINDS)
 def conformant(request: pytest.FixtureRequest) -> Bucket:
     bucket: Bucket = request.getfixturevalue(f"{request.param}_bucket")
     return bucket

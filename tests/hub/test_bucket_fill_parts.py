@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import S3Proxy, open_store, use_bucket
+from bucket_support import S3_KINDS, S3Proxy, open_store, use_bucket
 from cmh.hub.cache import Clock
 from cmh.hub.mirror._gitobjects import lfs_pointer_oid, tree_oids
 from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
@@ -37,7 +37,7 @@ from seaweed import SeaweedBucket
 PART = _pull.PART
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_a_local_reader_is_woken_when_a_part_is_stored(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -72,7 +72,7 @@ def test_a_local_reader_is_woken_when_a_part_is_stored(
     assert asyncio.run(main()) == data[PART:]
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_compose_makes_the_parts_the_blob_and_refuses_a_changed_part(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,7 +123,7 @@ class _CountedGets:
         return await self.objects.get_range_async(name, start, end)
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_the_filling_process_sends_its_parts_from_memory_not_the_storage(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,7 +182,7 @@ def test_the_filling_process_sends_its_parts_from_memory_not_the_storage(
     assert counted.part_gets[1:] in ([], [f"{fills}/part-000001"])
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_readers_of_a_stalled_local_fill_look_at_the_storage(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -218,7 +218,7 @@ def test_readers_of_a_stalled_local_fill_look_at_the_storage(
     assert counted.part_gets == [f"{fills}/part-000000"]
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_a_reader_of_another_replicas_fill_gets_the_next_parts_ahead(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -318,7 +318,7 @@ class _SlowFirstPart:
         return str(etag)
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_a_fill_uploads_its_parts_at_once_and_tells_them_in_order(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -432,7 +432,7 @@ class _LookClock(Clock):
         self.on_sleep()
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_a_replica_waiting_on_another_replicas_fill_asks_four_requests_per_look(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import Bucket, use_bucket
+from bucket_support import S3_KINDS, Bucket, use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror import FleetKey, FleetKeyError, add_folder, read_fleet_key
@@ -37,7 +37,7 @@ KEY = b"k" * 32
 OTHER_KEY = b"o" * 32
 
 
-@pytest.fixture(params=["seaweed", "moto"])
+@pytest.fixture(params=S3_KINDS)
 def bucket(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     found = request.getfixturevalue(f"{request.param}_bucket")
     use_bucket(found, tmp_path, monkeypatch)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from bucket_support import use_bucket
+from bucket_support import S3_KINDS, use_bucket
 from cli_support import CMH, run_subprocess
 from cmh.hub.mirror import BucketStore, add_folder
 from resolver_support import FaultProxy, write_checkpoint_repo
@@ -128,7 +128,7 @@ def test_ctrl_c_stops_pull_at_once_and_the_rerun_resumes(
         proxy.stop()
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_ctrl_c_stops_a_sync_into_a_bucket_and_the_rerun_resumes(
     tmp_path: Path,
     mirror_server_factory: Any,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bucket_support import use_bucket
+from bucket_support import S3_KINDS, use_bucket
 from cmh.hub.cache import CUT_MEMORY
 from cmh.hub.mirror._cuts import CutLedger
 from cmh.hub.mirror.stores.bucket._bucket import STORAGE_CLOCK_RESYNC, BucketStore
@@ -27,7 +27,7 @@ def test_cut_recorded_in_the_readers_future_counts_as_recent(tmp_path: Path) -> 
     assert not reader.recent(repo, "e" * 64)
 
 
-@pytest.mark.parametrize("kind", ["seaweed", "moto"])
+@pytest.mark.parametrize("kind", S3_KINDS)
 def test_bucket_storage_time_is_the_storages_clock_counted_on_this_process(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

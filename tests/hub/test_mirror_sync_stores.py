@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from bucket_support import use_bucket
+from bucket_support import S3_KINDS, use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror.stores import MirrorStore, open_store
@@ -29,7 +29,7 @@ from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
 from mirror_support import MINILM_REPO, MirrorServer, hf_env, run_python, write_tiny_repo
 
-KINDS = ("local", "seaweed", "moto")
+KINDS = ("local", *S3_KINDS)
 REPO = "cmh-test/history"
 
 PINNED_SCRIPT = r"""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from bucket_support import use_bucket
+from bucket_support import S3_KINDS, use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.cache import CUT_MEMORY
@@ -76,7 +76,7 @@ class Fills:
             self.store.objects.put(f"{self.fill(etag)}/failed", b'{"at": 1, "error": "x"}')
 
 
-@pytest.fixture(params=("seaweed", "moto"))
+@pytest.fixture(params=S3_KINDS)
 def fills(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fills:
     bucket = request.getfixturevalue(f"{request.param}_bucket")
     use_bucket(bucket, tmp_path, monkeypatch)

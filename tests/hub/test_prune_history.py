@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from bucket_support import S3_KINDS
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.cache import Clock
@@ -26,7 +27,7 @@ from cmh.hub.prune import ExecuteOptions, PrunePolicy, open_target, plan_prune
 from mirror_support import write_tiny_repo
 from prune_support import open_kind
 
-KINDS = ("folder", "seaweed", "moto")
+KINDS = ("folder", *S3_KINDS)
 REPO = "cmh-test/history"
 AHEAD = 600.0  # a writer's clock 10 minutes ahead
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bucket_support import use_bucket
+from bucket_support import S3_KINDS, use_bucket
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror import BucketStore
@@ -20,7 +20,7 @@ DAY = 86400.0
 BLOB = "models--cmh-test--uploads/blobs/" + "a" * 64
 
 
-@pytest.fixture(params=("seaweed", "moto"))
+@pytest.fixture(params=S3_KINDS)
 def store(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[BucketStore]:

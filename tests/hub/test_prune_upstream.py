@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from bucket_support import S3_KINDS
 from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror import BucketStore, ObjectNotFound
@@ -32,7 +33,7 @@ from hublike import running
 from mirror_support import TINY_REPO, MirrorServer, write_tiny_repo
 from prune_support import open_kind
 
-KINDS = ("local", "seaweed", "moto")
+KINDS = ("local", *S3_KINDS)
 STALE = "cmh-test/stale"  # its freshness ended an hour ago
 FRESH = "cmh-test/fresh"  # fresh for another hour
 PLAIN = "cmh-test/plain"  # imported, never pulled through: no record

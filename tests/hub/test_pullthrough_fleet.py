@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bucket_support import Break, Fault, S3Proxy, S3Request, isolated_aws_env
+from bucket_support import S3_KINDS, Break, Fault, S3Proxy, S3Request, isolated_aws_env
 from cmh.hub.cache import Clock
 from cmh.hub.mirror._upstream import NEGATIVE_FOR, Upstream, UpstreamConfig
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
@@ -183,7 +183,7 @@ def fleet(seaweed_bucket: SeaweedBucket, origin: dict[str, Any], tmp_path: Path)
     yield from _fleet(seaweed_bucket, origin, tmp_path)
 
 
-@pytest.fixture(params=["seaweed", "moto"])
+@pytest.fixture(params=S3_KINDS)
 def any_fleet(
     request: pytest.FixtureRequest, origin: dict[str, Any], tmp_path: Path
 ) -> Iterator[Fleet]:

@@ -1,6 +1,6 @@
 """One suite, every store kind: each mirror feature over a local folder, a SeaweedFS
-bucket and a moto bucket (both real servers started by the fixtures), and the
-in-memory store.
+bucket, a moto bucket and a ministack bucket (real servers started by the fixtures),
+and the in-memory store.
 
 Each kind gets one store (MiniLM, the tiny repo, a private repo, imported with
 ``cmh mirror add``) and one ``cmh serve`` for the module; the tests then ask every
@@ -31,6 +31,7 @@ from urllib.error import HTTPError
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 import pytest
+from ministackserver import BUCKET as MINISTACK_BUCKET
 from mirror_support import (
     MINILM_REPO,
     PRIVATE_REPO,
@@ -44,7 +45,7 @@ from seaweed import SeaweedBucket
 
 from cmh import format_size, plural
 
-KINDS = ("local", "seaweed", "moto", "memory")
+KINDS = ("local", "seaweed", "moto", "ministack", "memory")
 #: A tiny stamped model: its fingerprint takes the stamp, checked at import, for its bytes.
 STAMPED_REPO = "acme/stamped"
 #: Opens the web operator page (``--admin-tokens``).
@@ -192,9 +193,10 @@ def served(
         store, env = where.url, _aws_env(where.aws_env(), tmp)
     elif kind == "memory":
         store, env = f"memory://parity-{uuid.uuid4().hex[:10]}", _aws_env({}, tmp)
-    else:
-        moto = request.getfixturevalue("moto")
-        bucket = S3Bucket(moto.endpoint, BUCKET, f"parity-{uuid.uuid4().hex[:10]}/")
+    else:  # moto, ministack: a fresh prefix of the session server's bucket
+        name = MINISTACK_BUCKET if kind == "ministack" else BUCKET
+        server_of = request.getfixturevalue(kind)
+        bucket = S3Bucket(server_of.endpoint, name, f"parity-{uuid.uuid4().hex[:10]}/")
         store, env = bucket.url, _aws_env(bucket.aws_env(), tmp)
     commits = {}
     stamped = write_stamped_model(tmp / "stamped")
