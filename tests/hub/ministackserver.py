@@ -21,15 +21,10 @@ like ``moto_bucket``).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import fcntl
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +33,7 @@ from urllib.request import Request, urlopen
 import pytest
 from deadline_support import TEST_DEADLINE
 from motoserver import ACCESS_KEY, SECRET_KEY, S3Bucket
-from processes import stop_process
+from processes import free_port, start_server, stop_process
 
 VERSION = "1.5.33"
 BUCKET = "cmh-ministack"
@@ -70,22 +65,11 @@ def ministack_path() -> Path | None:
     return target
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class MiniStackServer:
     """ministack's S3 on a free 127.0.0.1 port with :data:`BUCKET` created."""
 
     def __init__(self, installed: Path, log: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = log
         scratch = log.parent / f"ministack-{self.port}"  # its PID file and temporary files
         scratch.mkdir(parents=True, exist_ok=True)
@@ -106,24 +90,14 @@ class MiniStackServer:
             "TMPDIR": str(scratch),
             "LOG_LEVEL": "WARNING",
         }
-        with open(log, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "ministack"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=scratch, preexec_fn=_die_with_parent,
-            )  # fmt: skip
-        deadline = time.monotonic() + TEST_DEADLINE
-        while True:
-            try:
-                urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
-                return
-            except OSError as exc:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"ministack did not start: {log.read_text(errors='replace')[-2000:]}"
-                    ) from exc
-                time.sleep(0.2)
+        argv = [sys.executable, "-m", "ministack"]
+        self.process = start_server(
+            argv, log, self.create_bucket, TEST_DEADLINE, env=env, cwd=scratch
+        )
+
+    def create_bucket(self) -> None:
+        """Create :data:`BUCKET` (``OSError`` while the server does not answer)."""
+        urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
 
     @property
     def endpoint(self) -> str:

@@ -16,14 +16,8 @@ that started it, also when that one is SIGKILLed.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib.util
-import signal
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,24 +27,13 @@ from urllib.request import Request, urlopen
 import pytest
 from bucket_support import S3Proxy
 from deadline_support import TEST_DEADLINE
-from processes import stop_process
+from processes import free_port, start_server, stop_process
 
 BUCKET = "cmh-moto"
 ACCESS_KEY = "moto-access"
 SECRET_KEY = "moto-secret"
 REGION = "us-east-1"
 DROPPED = frozenset({"if-none-match", "if-match"})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def have_moto() -> bool:
@@ -86,26 +69,16 @@ class MotoServer:
     127.0.0.1 port with :data:`BUCKET` created."""
 
     def __init__(self, log: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = log
-        with open(log, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", LAUNCHER, "-H", "127.0.0.1", "-p", str(self.port)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-            )  # fmt: skip
-        deadline = time.monotonic() + TEST_DEADLINE
-        while True:
-            try:
-                urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
-                return
-            except OSError as exc:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"moto_server did not start: {log.read_text()[-2000:]}"
-                    ) from exc
-                time.sleep(0.2)
+        self.process = start_server(
+            [sys.executable, "-c", LAUNCHER, "-H", "127.0.0.1", "-p", str(self.port)],
+            log, self.create_bucket, TEST_DEADLINE,
+        )  # fmt: skip
+
+    def create_bucket(self) -> None:
+        """Create :data:`BUCKET` (``OSError`` while the server does not answer)."""
+        urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
 
     @property
     def endpoint(self) -> str:

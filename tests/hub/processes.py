@@ -1,9 +1,17 @@
-"""Stopping a child process: one way for the test helpers, the benches and the demos."""
+"""Child processes of the tests: one way for the test helpers, the benches and the demos
+to stop one (:func:`stop_process`), and for the helpers to pick a free port, start a
+server that dies with the test process and wait until it answers."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import signal
+import socket
 import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def stop_process(
@@ -17,3 +25,44 @@ def stop_process(
     except subprocess.TimeoutExpired:
         process.kill()
         return process.wait()
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when its parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def start_server(
+    argv: Sequence[str],
+    log: Path,
+    ready: Callable[[], object],
+    deadline: float,
+    **popen: object,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (output appended to ``log``; dies with this process) and return once
+    ``ready()`` returns without an ``OSError``. :class:`RuntimeError` with the log's tail
+    when the process exits first or ``deadline`` seconds pass (the process is stopped)."""
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent, **popen,  # type: ignore[call-overload]
+        )  # fmt: skip
+    until = time.monotonic() + deadline
+    while True:
+        try:
+            ready()
+            return process
+        except OSError as exc:
+            if process.poll() is not None or time.monotonic() > until:
+                stop_process(process, grace=5)
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{argv[0]} did not start: {tail}") from exc
+            time.sleep(0.2)

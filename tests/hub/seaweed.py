@@ -32,12 +32,10 @@ with a message saying so, only when the ``weed`` binary is not installed
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -52,7 +50,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 from deadline_support import TEST_DEADLINE
-from processes import stop_process
+from processes import die_with_parent, stop_process
 
 ACCESS_KEY = "cmh-test-access"
 SECRET_KEY = "cmh-test-secret"
@@ -89,13 +87,6 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL this process when its parent dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class SeaweedError(RuntimeError):
@@ -186,7 +177,7 @@ class SeaweedServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         self._wait_ready()
 
