@@ -5,11 +5,13 @@
 root (gitignored) the first time it is asked, with the ordinary ``pip``, and returns that
 folder; a subprocess with it first on ``PYTHONPATH`` imports that release and those
 dependencies. ``None`` when it cannot be installed (no package index reachable): the
-caller skips.
+caller skips. :func:`install_apart` is that install for any requirement, under a file
+lock (the suite's workers may ask for one folder at once); ministack uses it too.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -18,24 +20,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / ".hf-clients"
 
 
-def client_path(version: str) -> Path | None:
-    """The folder holding ``huggingface_hub==version`` (installed now if missing)."""
-    target = ROOT / version
+def install_apart(requirement: str, target: Path) -> Path | None:
+    """``target``, holding ``requirement`` and its dependencies (``pip install --target``
+    the first time, under a file lock beside it: the suite's workers may ask at once);
+    ``None`` when pip cannot install it."""
     marker = target / ".installed"
     if marker.is_file():
         return target
-    target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-            "--target", str(target), f"huggingface_hub=={version}",
-        ],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return None
-    marker.write_text(version + "\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one installer; the others find its marker
+        if marker.is_file():
+            return target
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                "--no-warn-conflicts", "--target", str(target), requirement,
+            ],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if done.returncode != 0:
+            return None
+        marker.write_text(requirement + "\n")
     return target
+
+
+def client_path(version: str) -> Path | None:
+    """The folder holding ``huggingface_hub==version`` (installed now if missing)."""
+    return install_apart(f"huggingface_hub=={version}", ROOT / version)
 
 
 def client_env(env: dict[str, str], version: str) -> dict[str, str] | None:

@@ -2,9 +2,9 @@
 
 ministack (PyPI, pure Python, MIT) pins its own ``botocore``, older than the one cmh's
 venv needs, so it is installed apart, as old ``huggingface_hub`` releases are
-(``client_versions``): ``pip install --target .s3-servers/ministack-{VERSION}`` at the
-repository root (gitignored) the first time a test asks for it, under a file lock (the
-suite's workers may ask at once), and run as ``python -m ministack`` with that folder
+(``client_versions.install_apart``): ``pip install --target
+.s3-servers/ministack-{VERSION}`` at the repository root (gitignored) the first time a
+test asks for it, and run as ``python -m ministack`` with that folder
 first on ``PYTHONPATH``. ``None`` when it cannot be installed (no package index): the
 caller skips.
 
@@ -21,19 +21,17 @@ like ``moto_bucket``).
 
 from __future__ import annotations
 
-import fcntl
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.request import Request, urlopen
 
 import pytest
+from client_versions import install_apart
 from deadline_support import TEST_DEADLINE
-from motoserver import ACCESS_KEY, SECRET_KEY, S3Bucket
-from processes import free_port, start_server, stop_process
+from motoserver import ACCESS_KEY, SECRET_KEY, LocalS3Server, S3Bucket
+from processes import free_port, start_server
 
 VERSION = "1.5.33"
 BUCKET = "cmh-ministack"
@@ -43,30 +41,13 @@ ROOT = Path(__file__).resolve().parents[2] / ".s3-servers"
 def ministack_path() -> Path | None:
     """The folder holding ``ministack==VERSION`` and its dependencies (installed now if
     missing; ``None`` when it cannot be)."""
-    target = ROOT / f"ministack-{VERSION}"
-    marker = target / ".installed"
-    if marker.is_file():
-        return target
-    ROOT.mkdir(parents=True, exist_ok=True)
-    with open(ROOT / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one installer; the others find its marker
-        if marker.is_file():
-            return target
-        done = subprocess.run(
-            [
-                sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                "--no-warn-conflicts", "--target", str(target), f"ministack=={VERSION}",
-            ],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        if done.returncode != 0:
-            return None
-        marker.write_text(VERSION + "\n")
-    return target
+    return install_apart(f"ministack=={VERSION}", ROOT / f"ministack-{VERSION}")
 
 
-class MiniStackServer:
+class MiniStackServer(LocalS3Server):
     """ministack's S3 on a free 127.0.0.1 port with :data:`BUCKET` created."""
+
+    bucket = BUCKET
 
     def __init__(self, installed: Path, log: Path) -> None:
         self.port = free_port()
@@ -94,17 +75,6 @@ class MiniStackServer:
         self.process = start_server(
             argv, log, self.create_bucket, TEST_DEADLINE, env=env, cwd=scratch
         )
-
-    def create_bucket(self) -> None:
-        """Create :data:`BUCKET` (``OSError`` while the server does not answer)."""
-        urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        stop_process(self.process, grace=5)
 
 
 @pytest.fixture(scope="session", name="ministack")

@@ -17,6 +17,7 @@ that started it, also when that one is SIGKILLed.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -64,9 +65,31 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-class MotoServer:
+class LocalS3Server:
+    """An S3 server this process started on 127.0.0.1 (:attr:`port`) with its
+    :attr:`bucket`, which :meth:`create_bucket` creates."""
+
+    bucket: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def create_bucket(self) -> None:
+        """Create :attr:`bucket` (``OSError`` while the server does not answer)."""
+        urlopen(Request(f"{self.endpoint}/{self.bucket}", method="PUT"), timeout=5).read()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_process(self.process, grace=5)
+
+
+class MotoServer(LocalS3Server):
     """moto's server (its PUTs decided atomically, see :data:`LAUNCHER`) on a free
     127.0.0.1 port with :data:`BUCKET` created."""
+
+    bucket = BUCKET
 
     def __init__(self, log: Path) -> None:
         self.port = free_port()
@@ -75,17 +98,6 @@ class MotoServer:
             [sys.executable, "-c", LAUNCHER, "-H", "127.0.0.1", "-p", str(self.port)],
             log, self.create_bucket, TEST_DEADLINE,
         )  # fmt: skip
-
-    def create_bucket(self) -> None:
-        """Create :data:`BUCKET` (``OSError`` while the server does not answer)."""
-        urlopen(Request(f"{self.endpoint}/{BUCKET}", method="PUT"), timeout=5).read()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        stop_process(self.process, grace=5)
 
 
 @dataclass(frozen=True)
