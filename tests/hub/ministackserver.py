@@ -92,4 +92,4 @@ def ministack_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mini
 
 @pytest.fixture(name="ministack_bucket")
 def ministack_bucket_fixture(ministack: MiniStackServer) -> S3Bucket:
-    return S3Bucket(ministack.endpoint, BUCKET, f"t-{uuid.uuid4().hex[:12]}/")
+    return S3Bucket(ministack.endpoint, ministack.bucket, f"t-{uuid.uuid4().hex[:12]}/")

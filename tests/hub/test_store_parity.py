@@ -31,7 +31,6 @@ from urllib.error import HTTPError
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 import pytest
-from ministackserver import BUCKET as MINISTACK_BUCKET
 from mirror_support import (
     MINILM_REPO,
     PRIVATE_REPO,
@@ -194,9 +193,8 @@ def served(
     elif kind == "memory":
         store, env = f"memory://parity-{uuid.uuid4().hex[:10]}", _aws_env({}, tmp)
     else:  # moto, ministack: a fresh prefix of the session server's bucket
-        name = MINISTACK_BUCKET if kind == "ministack" else BUCKET
-        server_of = request.getfixturevalue(kind)
-        bucket = S3Bucket(server_of.endpoint, name, f"parity-{uuid.uuid4().hex[:10]}/")
+        s3 = request.getfixturevalue(kind)
+        bucket = S3Bucket(s3.endpoint, s3.bucket, f"parity-{uuid.uuid4().hex[:10]}/")
         store, env = bucket.url, _aws_env(bucket.aws_env(), tmp)
     commits = {}
     stamped = write_stamped_model(tmp / "stamped")
