@@ -9,21 +9,26 @@ by ``expand`` are the client's own lists.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any, get_args
-
-from huggingface_hub.hf_api import ExpandDatasetProperty_T, ExpandModelProperty_T
 
 from . import _documents as documents
 from ._derived import CardFields
 from ._history import CommitRecord
 from ._index import CommitIndex
 
-#: ``expand`` values the Hub accepts, per repo type (any other answers 400).
-EXPAND_PROPERTIES = {
-    "model": frozenset(get_args(ExpandModelProperty_T)),
-    "dataset": frozenset(get_args(ExpandDatasetProperty_T)),
-}
+
+@functools.cache
+def expand_properties(repo_type: str) -> frozenset[str]:
+    """``expand`` values the Hub accepts for ``repo_type`` (any other answers 400): the stock
+    client's own lists, read on first use (importing ``hf_api`` costs ``cmh serve`` 0.2 s)."""
+    from huggingface_hub.hf_api import ExpandDatasetProperty_T, ExpandModelProperty_T
+
+    kinds = {"model": ExpandModelProperty_T, "dataset": ExpandDatasetProperty_T}
+    return frozenset(get_args(kinds[repo_type]))
+
+
 #: Counters the Hub keeps and the mirror does not: always 0.
 _COUNTERS = {"downloads": 0, "downloadsAllTime": 0, "likes": 0, "trendingScore": 0}
 #: Properties answered only when ``expand`` names them.
@@ -70,7 +75,7 @@ def check_expand(repo_type: str, expand: Iterable[str]) -> list[str]:
     """``expand`` as a list, or :class:`BadExpand` naming the first unknown property."""
     names = list(expand)
     for name in names:
-        if name not in EXPAND_PROPERTIES[repo_type]:
+        if name not in expand_properties(repo_type):
             raise BadExpand(f"invalid expand property: {name!r}")
     return names
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from urllib.request import Request, urlopen
 import numpy as np
 import pytest
 from cli_support import run_runner
+from deadline_support import TEST_DEADLINE
 from huggingface_hub import HfApi
 from huggingface_hub.errors import (
     BadRequestError,
@@ -228,6 +231,35 @@ def _parameters(files: list[Path]) -> dict[str, int]:
 
 
 # -- repo info from the model card ----------------------------------------------------------
+
+
+def test_the_front_matter_block_and_expand_lists_are_the_stock_clients(tmp_path: Path) -> None:
+    """``cmh serve`` keeps ``huggingface_hub.hf_api`` out of its start-up (0.2-0.3 s): the
+    card's front matter pattern is a copy checked here, ``expand`` read on first use."""
+    from typing import get_args
+
+    from cmh.hub.mirror._front_matter import YAML_BLOCK
+    from cmh.hub.mirror._hub_documents import expand_properties
+    from huggingface_hub import hf_api
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+    assert (YAML_BLOCK.pattern, YAML_BLOCK.flags) == (
+        REGEX_YAML_BLOCK.pattern, REGEX_YAML_BLOCK.flags
+    )  # fmt: skip
+    assert expand_properties("model") == set(get_args(hf_api.ExpandModelProperty_T))
+    assert expand_properties("dataset") == set(get_args(hf_api.ExpandDatasetProperty_T))
+    started = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "cmh.cli.main", "serve", "--store",
+         str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert started.stdout is not None and "Serving" in started.stdout.readline()
+    finally:
+        started.terminate()
+        _, imports = started.communicate(timeout=TEST_DEADLINE)
+    assert "cmh.hub.mirror._app" in imports  # the worker is built before it announces
+    assert "huggingface_hub" not in imports
 
 
 def test_repo_info_carries_the_real_minilm_card(mirror: MirrorServer, minilm_dir: Path) -> None:
