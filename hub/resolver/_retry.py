@@ -52,10 +52,17 @@ class RetryPolicy:
         """Attempt numbers ``0 .. attempts-1`` for a loop that calls :meth:`wait` on failure."""
         return iter(range(self.attempts))
 
-    def wait(self, attempt: int, error: BaseException, what: str = "the Hub") -> None:
-        """Sleep before the next try, unless ``attempt`` was the last one."""
+    def wait(
+        self,
+        attempt: int,
+        error: BaseException,
+        what: str = "the Hub",
+        pause: float | None = None,
+    ) -> None:
+        """Sleep before the next try, unless ``attempt`` was the last one: ``pause`` when
+        given (the delay a deadline was checked against: one random draw), else a delay."""
         if attempt + 1 < self.attempts:
-            pause = self.delay(attempt, error)
+            pause = self.delay(attempt, error) if pause is None else pause
             seconds = f"{pause:.1f}" if pause < 10 else f"{pause:.0f}"
             _tell_waiting(f"{what}: {error}, retry {attempt + 2} of {self.attempts} in {seconds} s")
             (self.sleep or self.clock.sleep)(pause)
@@ -84,13 +91,14 @@ class RetryPolicy:
                     raise
                 last = exc
                 now = self.clock.monotonic()
-                if deadline is not None and now + self.delay(attempt, exc) >= deadline:
+                pause = self.delay(attempt, exc)  # drawn once: checked, then slept
+                if deadline is not None and now + pause >= deadline:
                     spent = now - start
                     raise HubUnreachableError(
                         f"{what}: gave up after {spent:.1f} s, try {attempt + 1} of "
                         f"{self.attempts} (the deadline comes before the next): {last}"
                     ) from last
-                self.wait(attempt, exc, what)
+                self.wait(attempt, exc, what, pause)
             finally:
                 if timer is not None:
                     timer.cancel()

@@ -173,3 +173,28 @@ def test_a_resumed_download_shows_progress_from_where_it_stopped(
     assert sum(shown) == totals[0], (sum(shown), totals)
     held = resumed[0].bytes_reused  # the prefix (whole chunks of it, when chunked)
     assert 0 < held <= len(data) // 2 and resumed[0].bytes_transferred == len(data) - held
+
+
+def test_a_retry_sleeps_the_pause_its_deadline_was_checked_against(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The jitter is drawn once per pause: checked against the deadline, then slept. Two
+    draws (one to check, another to sleep) let a long second draw sleep past the
+    deadline (a loaded run of test_pull_budget slept 0.27 s of a 0.2 s budget)."""
+    from cmh.hub.resolver import _retry
+    from mirror_support import ManualClock
+
+    draws = iter([0.0, 1.0] * 10)  # low, high, low, high...: the fraction of the jitter
+    monkeypatch.setattr(_retry.random, "uniform", lambda a, b: a + next(draws) * (b - a))
+    clock = ManualClock()
+    policy = RetryPolicy(clock=clock)
+    start = clock.now
+
+    def step() -> None:
+        raise HubUnreachableError("no answer")
+
+    with pytest.raises(HubUnreachableError, match="the deadline comes before the next"):
+        policy.run(step, "GET x", start + 0.12, notice=False)
+    # 0.025 slept after the first try (its draw low); the second try's pause (0.1, its
+    # draw high) would end past the deadline: given up without sleeping it
+    assert clock.now - start == pytest.approx(0.025, abs=1e-6)
