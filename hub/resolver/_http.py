@@ -229,15 +229,18 @@ def total_deadline(deadline: float) -> Iterator[None]:
 #: eight connections taking turns at the GIL (2.7 s, 1.9 s of it in the kernel); with
 #: 1 MiB, 1.6-1.9 s and half the system time. A read returns what the socket holds, up
 #: to this; h11 keeps what it has not parsed yet, so a larger read changes no answer.
+#: Plain connections only: a TLS read returns one record (16 KiB) whatever is asked, and
+#: asking 1 MiB doubled the client's CPU there (a buffer that large allocated per record).
 READ_BYTES = 1 << 20
 
 
 class _DeadlineStream(httpcore2.NetworkStream):
     """A connection whose reads wait no later than the thread's :data:`_deadline` and ask
-    for :data:`READ_BYTES` at least."""
+    for ``read_at_least`` bytes at least (:data:`READ_BYTES` on a plain connection)."""
 
-    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+    def __init__(self, inner: httpcore2.NetworkStream, read_at_least: int = 0) -> None:
         self._inner = inner
+        self._read_at_least = read_at_least
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         deadline = _deadline.get()
@@ -246,7 +249,7 @@ class _DeadlineStream(httpcore2.NetworkStream):
             if left <= 0:
                 raise httpcore2.ReadTimeout("the request's total deadline has passed")
             timeout = left if timeout is None else min(timeout, left)
-        return self._inner.read(max(max_bytes, READ_BYTES), timeout)
+        return self._inner.read(max(max_bytes, self._read_at_least), timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self._inner.write(buffer, timeout)
@@ -260,7 +263,8 @@ class _DeadlineStream(httpcore2.NetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,
     ) -> httpcore2.NetworkStream:
-        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+        tls = self._inner.start_tls(ssl_context, server_hostname, timeout)
+        return _DeadlineStream(tls)  # reads of what httpcore2 asks: a TLS record at a time
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -273,10 +277,10 @@ class _DeadlineBackend(httpcore2.NetworkBackend):
         self._inner = inner
 
     def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore2.NetworkStream:
-        return _DeadlineStream(self._inner.connect_tcp(*args, **kwargs))
+        return _DeadlineStream(self._inner.connect_tcp(*args, **kwargs), READ_BYTES)
 
     def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore2.NetworkStream:
-        return _DeadlineStream(self._inner.connect_unix_socket(*args, **kwargs))
+        return _DeadlineStream(self._inner.connect_unix_socket(*args, **kwargs), READ_BYTES)
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
