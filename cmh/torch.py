@@ -11,6 +11,7 @@ torch is imported only when this module is.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import threading
@@ -199,6 +200,7 @@ class _TensorRead:
         nbytes = out.numel()
         memory = (ctypes.c_char * nbytes).from_address(out.data_ptr()) if nbytes else b""
         self.out = out  # the view does not own the memory: a thread left behind still may
+        self.address = out.data_ptr()
         self.view = memoryview(memory).cast("B")
         self.offset = offset
         self.pieces = -(-nbytes // _PIECE)
@@ -234,6 +236,7 @@ class _Pieces:
             while (claim := self._claim()) is not None:
                 tensor, k = claim
                 with tensor.piece(k) as piece:
+                    _populate(tensor.address + k * _PIECE, len(piece))
                     _read_piece(self.fd, piece, tensor.offset + k * _PIECE, self.path)
                 if self._takes_hash(tensor, k):
                     self._hash(tensor)
@@ -273,6 +276,39 @@ class _Pieces:
                 if tensor.hashed == tensor.pieces or not tensor.read[tensor.hashed]:
                     tensor.hashing = False
                     return
+
+
+#: ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14, ``<asm-generic/mman-common.h>``): a piece's
+#: pages are faulted in by one call before the read fills them, instead of one trap per
+#: 4 KiB page during the copy. 2 GiB in 200 tensors, verified, four rounds each way in
+#: fresh processes: 2.36-2.41 CPU-s against 2.50-2.68, 1.20-1.23 s against 1.27-1.37 s.
+_MADV_POPULATE_WRITE = 23
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_madvise: object = None  # the libc function once looked up; False where it cannot be used
+
+
+def _populate(address: int, length: int) -> None:
+    """Fault in the whole pages of ``[address, address + length)`` for writing, in one call;
+    a no-op where the call is missing or refused (the read then faults them one by one)."""
+    global _madvise
+    if _madvise is None:
+        _madvise = False
+        try:
+            function = ctypes.CDLL(None, use_errno=True).madvise
+        except (OSError, AttributeError):
+            return
+        function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        function.restype = ctypes.c_int
+        _madvise = function
+    if not _madvise:
+        return
+    begin = -(-address // _PAGE) * _PAGE
+    end = (address + length) // _PAGE * _PAGE
+    if end <= begin:
+        return
+    refused = _madvise(begin, end - begin, _MADV_POPULATE_WRITE) != 0  # type: ignore[operator]
+    if refused and ctypes.get_errno() == errno.EINVAL:  # a kernel without it: not asked again
+        _madvise = False
 
 
 def _read_piece(fd: int, piece: memoryview, offset: int, path: str) -> None:

@@ -162,6 +162,27 @@ def test_verified_load_owns_its_memory_and_reads_large_tensors_in_pieces(tmp_pat
         cmh.torch.load_file(path)
 
 
+def test_a_tensors_pages_are_faulted_in_by_one_call_before_its_read() -> None:
+    """``_populate`` (``madvise(MADV_POPULATE_WRITE)``) makes a fresh tensor's whole pages
+    resident before ``preadv`` fills them: the process's resident memory grows by them at
+    once. Where the kernel lacks the call it is a no-op, and so is this check."""
+    from cmh.torch import _populate
+
+    def resident() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    size = 64 << 20
+    fresh = torch.empty(size, dtype=torch.uint8)  # mapped, not yet touched
+    before = resident()
+    _populate(fresh.data_ptr() + 1, size - 1)  # whole pages only: the first is left alone
+    grown = resident() - before
+    if cmh.torch._madvise is False:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    assert size - 2 * os.sysconf("SC_PAGE_SIZE") <= grown <= size + (1 << 20)
+    del fresh
+
+
 def test_verified_load_refuses_a_file_cut_while_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
     _save_and_stamp(path, {"w": torch.ones(1 << 20)})
