@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from ._libc import libc_function
+
 
 def temp_path(target: str | os.PathLike[str], tag: str = "tmp", suffix: str = "") -> str:
     """``.{name}.cmh-{tag}.{pid}.{thread}{suffix}`` beside ``target``, unique per thread."""
@@ -34,7 +36,6 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
-_sync_file_range: object = None  # the libc function once looked up; False where there is none
 
 
 def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
@@ -50,18 +51,13 @@ def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
     comes only from that final ``fsync``; this is a no-op where the call is
     missing (not Linux) and ignores its errors (the ``fsync`` reports them).
     """
-    global _sync_file_range
-    if _sync_file_range is None:
-        _sync_file_range = False
-        with contextlib.suppress(OSError, AttributeError, ImportError):
-            import ctypes
+    import ctypes
 
-            function = ctypes.CDLL(None, use_errno=True).sync_file_range
-            function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            function.restype = ctypes.c_int
-            _sync_file_range = function
-    if _sync_file_range:
-        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # type: ignore[operator]
+    function = libc_function(
+        "sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    )
+    if function is not None:
+        function(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def write_new(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:

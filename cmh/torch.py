@@ -30,6 +30,7 @@ from ._errors import (
     VerificationError,
 )
 from ._header import Header, TensorEntry, read_header
+from ._libc import libc_function
 from ._regular import open_regular
 from ._verification import Outcome, Problem, VerifyResult
 
@@ -284,31 +285,25 @@ class _Pieces:
 #: fresh processes: 2.36-2.41 CPU-s against 2.50-2.68, 1.20-1.23 s against 1.27-1.37 s.
 _MADV_POPULATE_WRITE = 23
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_madvise: object = None  # the libc function once looked up; False where it cannot be used
+_populate_refused = False  # the kernel has no MADV_POPULATE_WRITE: not asked again
 
 
 def _populate(address: int, length: int) -> None:
     """Fault in the whole pages of ``[address, address + length)`` for writing, in one call;
     a no-op where the call is missing or refused (the read then faults them one by one)."""
-    global _madvise
-    if _madvise is None:
-        _madvise = False
-        try:
-            function = ctypes.CDLL(None, use_errno=True).madvise
-        except (OSError, AttributeError):
-            return
-        function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        function.restype = ctypes.c_int
-        _madvise = function
-    if not _madvise:
-        return
+    global _populate_refused
     begin = -(-address // _PAGE) * _PAGE
     end = (address + length) // _PAGE * _PAGE
-    if end <= begin:
+    if _populate_refused or end <= begin:
         return
-    refused = _madvise(begin, end - begin, _MADV_POPULATE_WRITE) != 0  # type: ignore[operator]
-    if refused and ctypes.get_errno() == errno.EINVAL:  # a kernel without it: not asked again
-        _madvise = False
+    madvise = libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
+    if madvise is None:
+        return
+    if (
+        madvise(begin, end - begin, _MADV_POPULATE_WRITE) != 0
+        and ctypes.get_errno() == errno.EINVAL
+    ):
+        _populate_refused = True
 
 
 def _read_piece(fd: int, piece: memoryview, offset: int, path: str) -> None:
