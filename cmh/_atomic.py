@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from ._libc import libc_function
@@ -51,13 +51,18 @@ def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
     comes only from that final ``fsync``; this is a no-op where the call is
     missing (not Linux) and ignores its errors (the ``fsync`` reports them).
     """
-    import ctypes
-
-    function = libc_function(
-        "sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    )
+    function = _sync_file_range()
     if function is not None:
         function(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
+def _sync_file_range() -> Callable[..., int] | None:
+    """The C library's ``sync_file_range`` (None where there is none)."""
+    import ctypes
+
+    return libc_function(
+        "sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    )
 
 
 def write_new(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
