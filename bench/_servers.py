@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub"))
-from processes import stop_process
+from processes import free_port, stop_process
 
-__all__ = ["nginx_config", "stop_process"]
+__all__ = ["free_port", "nginx_config", "stop_process"]
 
 
 def nginx_config(tmp: Path, workers: int, access_log: bool, servers: str) -> str:

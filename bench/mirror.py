@@ -29,7 +29,6 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _servers import nginx_config
+from _servers import free_port, nginx_config
 from _timing import cpu_seconds, softirq_seconds, warm
 
 WORK = Path(__file__).resolve().parent.parent / "bench-work" / "mirror"
@@ -62,12 +61,6 @@ def ensure_nginx() -> str:
     if not os.path.exists(found):
         sys.exit("nginx could not be installed; the comparison needs it")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(url: str, timeout: float = 20) -> None:

@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT / "tests" / "hub"))  # the Hub-like front is a test 
 from hublike import HubLike, running  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from _servers import stop_process  # noqa: E402
+from _servers import free_port, stop_process  # noqa: E402
 from _timing import cpu_seconds  # noqa: E402
 
 
@@ -87,12 +87,6 @@ GIB = 1 << 30
 
 class Skipped(Exception):
     """A mirror that cannot run here; its message says why (the row reports it)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_file(size: int) -> tuple[Path, str]:

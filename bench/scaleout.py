@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hub")
 from seaweed import SeaweedServer, find_weed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _servers import nginx_config, stop_process
+from _servers import free_port, nginx_config, stop_process
 from _timing import cpu_seconds
 
 REPO = "bench/scaleout"
@@ -70,12 +70,6 @@ def children_cpu() -> float:
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_nginx() -> str | None:

@@ -20,19 +20,13 @@ import pytest
 from cmh.hub.mirror.stores.bucket._xaccel import nginx_bucket_server
 from cmh.hub.mirror.stores.local._xaccel import nginx_server
 from deadline_support import TEST_DEADLINE
-from processes import stop_process
+from processes import free_port, stop_process
 
 
 def find_nginx() -> str | None:
     return shutil.which("nginx") or (
         "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Nginx:
