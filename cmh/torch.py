@@ -199,9 +199,9 @@ class _TensorRead:
 
     def __init__(self, out: torch.Tensor, offset: int, hash_bytes: bool) -> None:
         nbytes = out.numel()
-        memory = (ctypes.c_char * nbytes).from_address(out.data_ptr()) if nbytes else b""
-        self.out = out  # the view does not own the memory: a thread left behind still may
         self.address = out.data_ptr()
+        memory = (ctypes.c_char * nbytes).from_address(self.address) if nbytes else b""
+        self.out = out  # the view does not own the memory: a thread left behind still may
         self.view = memoryview(memory).cast("B")
         self.offset = offset
         self.pieces = -(-nbytes // _PIECE)
