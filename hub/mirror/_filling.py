@@ -14,8 +14,10 @@ as soon as it is stored, so a client's read timeout never fires while the
 upstream is sending. Range requests are answered from what arrived (waiting
 for the bytes they ask for). The last byte of every body waits for a check of
 what was sent: the SHA-256 (or git blob id) of a whole body, computed while
-it is sent, must be the ETag; each range sent must equal the same range of
-the installed, checked blob (so a range waits for the fill). Otherwise the
+it is sent (or once for the worker's bodies that send the same bytes in memory:
+a bucket's segments, :meth:`FillReader.voucher`), must be the ETag; each range
+sent must equal the same range of the installed, checked blob (so a range waits
+for the fill). Otherwise the
 connection is cut before that byte, so no client ever holds a complete body
 that fails the blob's check; and the fill installs nothing unchecked.
 """
@@ -38,7 +40,7 @@ from ._memo import Memo
 from ._send import BodyCut
 from ._state import STORE_KEY
 from ._upstream import NEGATIVE_FOR, Outcome
-from .stores import FillFailed, FillReader, SentRanges
+from .stores import BodyHash, FillFailed, FillReader, SentRanges
 
 if TYPE_CHECKING:
     from ._index import FileEntry
@@ -181,8 +183,7 @@ async def send_filling(
     """
     etag, size = entry.etag, entry.size
     whole = len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == size and not tail
-    digest = new_digest(etag, size) if whole else None
-    sent_ranges: SentRanges = []  # h: SHA-256 of each range sent
+    checks = _Checks(new_digest(etag, size) if whole else None)
     last = max((i for i, (_, _, count) in enumerate(pieces) if count > 0), default=None)
     sent = 0
     try:
@@ -191,27 +192,26 @@ async def send_filling(
                 await response.write(prefix)
                 sent += len(prefix)
             held = 1 if (i == last and not tail) else 0
-            h = hashlib.sha256()
             pos, end = offset, offset + count
             while pos < end - held:
                 with _awaiting_bytes(request):
                     data = await source.read(pos, min(CHUNK, end - held - pos))
                 await response.write(data)
-                await _hash(data, h if digest is None else digest)
+                await checks.add(pos, data, source.voucher())
                 pos += len(data)
                 sent += len(data)
             if held:
                 with _awaiting_bytes(request):
                     data = await source.read(pos, 1)
-                await _hash(data, h if digest is None else digest)
-                sent_ranges.append((offset, count, h))
-                await _gate(request, fill, source, digest, etag, sent_ranges, sent)
+                await checks.add(pos, data, source.voucher())
+                checks.end_range()
+                await _gate(request, fill, source, checks, etag, sent)
                 await response.write(data)
                 sent += 1
-            elif count:
-                sent_ranges.append((offset, count, h))
+            else:
+                checks.end_range()
         if tail:
-            await _gate(request, fill, source, digest, etag, sent_ranges, sent)
+            await _gate(request, fill, source, checks, etag, sent)
             await response.write(tail)
             sent += len(tail)
     except FillFailed:
@@ -221,6 +221,48 @@ async def send_filling(
         source.close()
     await response.write_eof()
     return sent
+
+
+class _Checks:
+    """What a filling body's byte gate checks of the bytes it sent: a whole body's own
+    digest; else the ranges it hashed (each compared with the installed blob) and the
+    worker's shared hashes of the whole blob that vouch for the rest.
+
+    A whole body whose first bytes a shared hash vouches for (:meth:`FillReader.voucher`:
+    a bucket's segments, the same bytes objects for every reader of the worker) hashes
+    nothing it is vouched for; a segment of it not vouched for is hashed as a range."""
+
+    def __init__(self, digest: hashlib._Hash | None) -> None:
+        self.digest = digest  # a whole body's own, while it is hashed whole
+        self.ranges: SentRanges = []  # (offset, count, SHA-256) of each range hashed
+        self.shared: list[BodyHash] = []  # the hashes vouching for the bytes not hashed
+        self._whole = digest is not None
+        self._range: tuple[int, list[int], hashlib._Hash] | None = None  # (offset, [count], h)
+
+    async def add(self, pos: int, data: bytes | memoryview, voucher: BodyHash | None) -> None:
+        """Account for ``data``, sent at ``pos``."""
+        if self._whole and pos == 0 and voucher is not None:
+            self.digest = None  # vouched from its first byte: hashed only where not vouched
+        if self.digest is not None:
+            await _hash(data, self.digest)
+            return
+        if self._whole and voucher is not None:
+            self.end_range()
+            if not any(v is voucher for v in self.shared):
+                self.shared.append(voucher)
+            return
+        if self._range is None:
+            self._range = (pos, [0], hashlib.sha256())
+        await _hash(data, self._range[2])
+        self._range[1][0] += len(data)
+
+    def end_range(self) -> None:
+        """The range being hashed ends here (a piece's end, or vouched bytes follow)."""
+        if self._range is not None:
+            offset, count, h = self._range
+            if count[0]:
+                self.ranges.append((offset, count[0], h))
+            self._range = None
 
 
 async def _hash(data: bytes | memoryview, digest: hashlib._Hash) -> None:
@@ -251,20 +293,29 @@ async def _gate(
     request: web.BaseRequest,
     fill: asyncio.Future[None],
     source: FillReader,
-    digest: hashlib._Hash | None,
+    checks: _Checks,
     etag: str,
-    sent_ranges: SentRanges,
     sent: int,
 ) -> None:
     """Cut the connection unless what was sent is the blob's.
 
-    A whole body is decided by its own digest (the ETag): no need to wait for
-    the fill's install. Ranges are compared with the installed, checked blob,
-    so they wait for the fill.
+    A whole body is decided by its own digest (the ETag), or by the shared hashes that
+    vouch for its bytes: no need to wait for the fill's install. Ranges (and the
+    segments of a whole body no shared hash vouches for) are compared with the
+    installed, checked blob, so they wait for the fill.
     """
-    if digest is not None:
-        good = digest.hexdigest() == etag
-    else:
+    if checks.digest is not None:
+        if checks.digest.hexdigest() != etag:
+            _cut(request)
+            raise BodyRefused(sent)
+        return
+    for shared in checks.shared:
+        with _awaiting_bytes(request):  # the worker's hash of the rest of the blob
+            matched = await shared.matched()
+        if not matched:
+            _cut(request)
+            raise BodyRefused(sent)
+    if checks.ranges:
         try:
             with _awaiting_bytes(request):  # the rest of the blob: the fill's pace
                 await asyncio.shield(fill)
@@ -272,7 +323,6 @@ async def _gate(
             _cut(request)
             raise BodyCut(sent) from None
         loop = asyncio.get_running_loop()
-        good = await loop.run_in_executor(None, source.ranges_match, sent_ranges)
-    if not good:
-        _cut(request)
-        raise BodyRefused(sent) if digest is not None else BodyCut(sent)
+        if not await loop.run_in_executor(None, source.ranges_match, checks.ranges):
+            _cut(request)
+            raise BodyCut(sent)

@@ -243,7 +243,9 @@ def test_a_reader_of_another_replicas_fill_gets_the_next_parts_ahead(
         tail = _pull.PartTail(counted, "models--t--ahead/blobs/y", fills, len(data), fill)  # type: ignore[arg-type]
         try:
             got = bytes(await asyncio.wait_for(tail.read(0, 10), timeout=TEST_DEADLINE))
-            ahead = [t for (f, n, _), (_, t) in list(_pull._SEGMENTS.items()) if f == fills and n]
+            ahead = [
+                t for (f, n, _), (_, t, _) in list(_pull._SEGMENTS.items()) if f == fills and n
+            ]
             assert len(ahead) == _pull.READ_AHEAD == 2  # parts 1 and 2, under way
             await asyncio.wait_for(asyncio.gather(*ahead), timeout=TEST_DEADLINE)
             assert counted.part_gets == names[:3]
@@ -279,12 +281,14 @@ def test_parts_are_read_ahead_only_where_the_kept_segments_have_room(
         done: asyncio.Future[bytes | None] = loop.create_future()
         done.set_result(b"")
         for i in range(others):  # segments of other fills this worker reads
-            _pull._SEGMENTS[(f"other-{i}", 0, None)] = (loop, done)
+            _pull._SEGMENTS[(f"other-{i}", 0, None)] = (loop, done, 0)
         fill: asyncio.Future[None] = loop.create_future()
         tail = _pull.PartTail(counted, "models--t--room/blobs/z", fills, len(data), fill)  # type: ignore[arg-type]
         try:
             got = bytes(await asyncio.wait_for(tail.read(0, 10), timeout=TEST_DEADLINE))
-            ahead = [t for (f, n, _), (_, t) in list(_pull._SEGMENTS.items()) if f == fills and n]
+            ahead = [
+                t for (f, n, _), (_, t, _) in list(_pull._SEGMENTS.items()) if f == fills and n
+            ]
             await asyncio.wait_for(asyncio.gather(*ahead), timeout=TEST_DEADLINE)
             return got
         finally:

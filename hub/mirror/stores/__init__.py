@@ -31,7 +31,7 @@ from ._base import (
 )
 from ._delivery import DELIVERIES, BlobDelivery, BlobMismatch, BlobMissing, Sent
 from ._open import open_store, parse_location
-from ._pull import FillFailed, FillReader, PullThrough, SentRanges
+from ._pull import BodyHash, FillFailed, FillReader, PullThrough, SentRanges
 from ._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ __all__ = [
     "BlobDelivery",
     "BlobMismatch",
     "BlobMissing",
+    "BodyHash",
     "BucketError",
     "BucketStore",
     "Clock",

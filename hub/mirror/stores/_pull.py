@@ -52,8 +52,20 @@ class FillWait:
         return True
 
 
+class BodyHash(Protocol):
+    """A hash of the whole blob over bytes a reader sent, computed once for all the
+    worker's readers that sent the same bytes (:meth:`FillReader.voucher`)."""
+
+    async def matched(self) -> bool:
+        """Whether those bytes hash to the blob's ETag (waits until all are hashed)."""
+
+
 class FillReader(Protocol):
     """Reads a blob while it is filled: what has arrived, then the installed blob."""
+
+    def voucher(self) -> BodyHash | None:
+        """The hash that checks the bytes of the last :meth:`read` in the place of the
+        body's own, for a body read whole from byte 0 (``None``: the body hashes them)."""
 
     async def read(self, pos: int, count: int) -> bytes | memoryview:
         """At most ``count`` bytes at ``pos`` (a view where the reader shares a buffer),
