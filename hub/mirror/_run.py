@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 from ._upstream import UpstreamConfig
 
 SHUTDOWN_TIMEOUT = 2.0
+#: Seconds past ``--graceful-timeout`` that aiohttp's own wait for a handler lasts: the
+#: guard shuts every connection down at the timeout, and the handlers it ends must end
+#: inside aiohttp's wait. (Had that wait timed out in the same instant, aiohttp would
+#: cancel its waiter, and a handler ending just then would set the cancelled waiter's
+#: result, logging an ``InvalidStateError`` traceback from aiohttp's ``web_protocol``.
+#: A loaded run hit this.) The parent kills a worker at the same margin (:func:`_reap`).
+HANDLERS_END_WITHIN = 1.0
 
 
 class ServeError(Exception):
@@ -310,7 +317,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         }
         runner = web.AppRunner(
             make_app(state, _pages(config)),
-            shutdown_timeout=config.graceful_timeout,
+            shutdown_timeout=config.graceful_timeout + HANDLERS_END_WITHIN,
             **handler_args,
         )
         await runner.setup()
@@ -333,7 +340,8 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
             # aiohttp waits the shutdown timeout for requests in flight, then again as long
             # for the handlers it cancels (one stuck in a send to a client that does not
             # read waited both: 2 x --graceful-timeout). At the timeout, every connection
-            # still open is shut down instead: the handlers end, the wait is the timeout.
+            # still open is shut down instead: the handlers end, the wait is the timeout
+            # (aiohttp's own wait, HANDLERS_END_WITHIN longer, is only a backstop).
             cut = loop.call_later(config.graceful_timeout, guard.shut_all)
             try:
                 await runner.cleanup()
@@ -428,7 +436,8 @@ def _say_stopping(graceful_timeout: float) -> None:
 def _reap(children: list[int], graceful_timeout: float) -> int:
     """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death.
 
-    A worker still running ``graceful_timeout`` + 1 s after the signal is killed.
+    A worker still running ``graceful_timeout`` + :data:`HANDLERS_END_WITHIN` s after the
+    signal is killed.
     """
     stopping = False
 
@@ -436,7 +445,9 @@ def _reap(children: list[int], graceful_timeout: float) -> int:
         nonlocal stopping
         if not stopping:
             _say_stopping(graceful_timeout)
-            deadline = threading.Timer(graceful_timeout + 1.0, _kill, (list(children),))
+            deadline = threading.Timer(
+                graceful_timeout + HANDLERS_END_WITHIN, _kill, (list(children),)
+            )
             deadline.daemon = True
             deadline.start()
         stopping = True
