@@ -237,7 +237,9 @@ class _Checks:
         self.ranges: SentRanges = []  # (offset, count, SHA-256) of each range hashed
         self.shared: list[BodyHash] = []  # the hashes vouching for the bytes not hashed
         self._whole = digest is not None
-        self._range: tuple[int, list[int], hashlib._Hash] | None = None  # (offset, [count], h)
+        self._start: int | None = None  # the offset of the range being hashed, if any
+        self._count = 0  # its bytes so far
+        self._range_hash = hashlib.sha256()
 
     async def add(self, pos: int, data: bytes | memoryview, voucher: BodyHash | None) -> None:
         """Account for ``data``, sent at ``pos``."""
@@ -251,18 +253,16 @@ class _Checks:
             if not any(v is voucher for v in self.shared):
                 self.shared.append(voucher)
             return
-        if self._range is None:
-            self._range = (pos, [0], hashlib.sha256())
-        await _hash(data, self._range[2])
-        self._range[1][0] += len(data)
+        if self._start is None:
+            self._start, self._count, self._range_hash = pos, 0, hashlib.sha256()
+        await _hash(data, self._range_hash)
+        self._count += len(data)
 
     def end_range(self) -> None:
         """The range being hashed ends here (a piece's end, or vouched bytes follow)."""
-        if self._range is not None:
-            offset, count, h = self._range
-            if count[0]:
-                self.ranges.append((offset, count[0], h))
-            self._range = None
+        if self._start is not None and self._count:
+            self.ranges.append((self._start, self._count, self._range_hash))
+        self._start = None
 
 
 async def _hash(data: bytes | memoryview, digest: hashlib._Hash) -> None:
