@@ -1221,10 +1221,13 @@ class _BodyHash:
             self._outcome.set_result(self._digest.hexdigest() == self.etag)
         self._pump()
 
-    async def room(self) -> None:
-        """Wait while more than :data:`HASH_BEHIND` segments wait to be hashed (the bytes a
-        body hash holds are bounded)."""
-        while len(self._waiting) > HASH_BEHIND and not self._outcome.done():
+    async def room(self, n: int) -> None:
+        """Before segment ``n`` is offered: wait, if that offer would be taken, while more
+        than :data:`HASH_BEHIND` segments wait to be hashed (the bytes a body hash holds
+        are bounded; an offer of a segment already taken adds nothing, and does not wait)."""
+        while (
+            n >= len(self._taken) and len(self._waiting) > HASH_BEHIND and not self._outcome.done()
+        ):
             self._progress.clear()
             await self._progress.wait()
 
@@ -1362,7 +1365,7 @@ class PartTail:
         self._segment = (n, data)
         self._vouched = False
         if self._hash is not None:
-            await self._hash.room()
+            await self._hash.room(n)
             self._vouched = self._hash.offer(n, serial, data)
 
     async def read(self, pos: int, count: int) -> bytes | memoryview:
