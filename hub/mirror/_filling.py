@@ -14,8 +14,8 @@ as soon as it is stored, so a client's read timeout never fires while the
 upstream is sending. Range requests are answered from what arrived (waiting
 for the bytes they ask for). The last byte of every body waits for a check of
 what was sent: the SHA-256 (or git blob id) of a whole body, computed while
-it is sent (or once for the worker's bodies that send the same bytes in memory:
-a bucket's segments, :meth:`FillReader.voucher`), must be the ETag; each range
+it is sent (or once for the worker's bodies that send the same reads held in
+memory, :meth:`FillReader.voucher`), must be the ETag; each range
 sent must equal the same range of the installed, checked blob (so a range waits
 for the fill). Otherwise the
 connection is cut before that byte, so no client ever holds a complete body
@@ -229,8 +229,8 @@ class _Checks:
     worker's shared hashes of the whole blob that vouch for the rest.
 
     A whole body whose first bytes a shared hash vouches for (:meth:`FillReader.voucher`:
-    a bucket's segments, the same bytes objects for every reader of the worker) hashes
-    nothing it is vouched for; a segment of it not vouched for is hashed as a range."""
+    the same reads, bytes objects held for every reader of the worker) hashes
+    nothing it is vouched for; a read of it not vouched for is hashed as a range."""
 
     def __init__(self, digest: hashlib._Hash | None) -> None:
         self.digest = digest  # a whole body's own, while it is hashed whole

@@ -23,7 +23,7 @@ at once, told stored in order); every replica's clients read the parts as they
 appear (this replica's readers are woken as each part is stored and take its bytes
 from memory, :class:`_StoredParts`; another replica's look every :data:`READ_POLL`
 and read :data:`READ_AHEAD` parts ahead; the whole bodies of one worker are hashed
-once, :class:`_BodyHash`). Once the digest of
+once, :class:`~cmh.hub.mirror.stores._body_hash.SharedHash`). Once the digest of
 the whole blob matched, the parts become ``blobs/{etag}`` by the storage's own copy
 (:meth:`ObjectStore.compose`: a multipart upload of part copies, each pinned to the
 ETag of the part that was hashed), so the bytes are uploaded once; a blob that fails
@@ -42,18 +42,15 @@ clock is ever compared with another's. Waits and per-process memories are on the
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import json
 import math
 import os
 import queue
 import socket
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +67,7 @@ from cmh.hub.cache import (
 from ..._errors import printable
 from ..._gitobjects import lfs_pointer_oid, tree_oids
 from ..._upstream import NEGATIVE_FOR
+from .._body_hash import SharedHash, new_serial, shared_hash
 from .._pull import FillFailed, FillWait, SentRanges
 from ._bucket import BucketError, BucketStore, TreeFile, TreeObject, _storage_errors
 from ._objectstore import Composition, ObjectNotFound, ObjectStoreError, PreconditionFailed
@@ -657,8 +655,8 @@ class _StoredParts:
     kept only while the fill that stored them runs here (dropped when it ends, whatever
     its outcome, and when another run of the same fill starts), so no part of a fill
     that failed or was taken over is read for another one. Every body's digest checks
-    these bytes like those of any part (hashed once per worker, :class:`_BodyHash`). Each
-    part kept has its own serial (:data:`_SERIALS`): the identity of those bytes."""
+    these bytes like those of any part (hashed once per worker, :class:`SharedHash`). Each
+    part kept has its own serial (:func:`new_serial`): the identity of those bytes."""
 
     def __init__(self, kept: int) -> None:
         self._lock = threading.Lock()
@@ -676,7 +674,7 @@ class _StoredParts:
         """Part ``n`` of the fill ``fills`` run here is stored (kept while that fill runs)."""
         with self._lock:
             if fills in self._filling:
-                self._parts[f"{fills}/part-{n:06d}"] = (data, next(_SERIALS))
+                self._parts[f"{fills}/part-{n:06d}"] = (data, new_serial())
                 self._filling[fills] = (max(self._filling[fills][0], n + 1), at)
 
     def end(self, fills: str) -> None:
@@ -705,7 +703,6 @@ class _StoredParts:
 
 #: The serial of each segment's bytes handed to readers (a part kept in memory, a load
 #: from the storage): the same serial, the same bytes object.
-_SERIALS = itertools.count(1)
 _STORED_PARTS = _StoredParts(KEPT_SEGMENTS)
 
 
@@ -1155,101 +1152,6 @@ class _Fill:
 _SEGMENTS: LRUCache[tuple[str, int, Any], tuple[Any, asyncio.Task[bytes | None], int]] = LRUCache(
     KEPT_SEGMENTS
 )
-#: Segments a body hash may hold taken and not hashed yet (its readers wait for room).
-HASH_BEHIND = 2
-#: Body hashes one worker keeps (fills whose whole bodies it sends; least recent go first:
-#: a reader holds its own).
-BODY_HASHES = 256
-
-
-class _BodyHash:
-    """The hash of a filling blob over the segments this worker's readers send, computed
-    once for all of them (issue 37: every whole body hashed on its own cost a replica
-    0.6 CPU-s per GiB per client).
-
-    Readers of a whole body offer each segment they send, in order (:meth:`offer`): the
-    first offer of segment ``n`` is taken and hashed (one thread at a time, in order) and
-    its serial kept; a later offer of ``n`` is vouched for only when it is the same bytes
-    object (its serial). A reader checks a segment that is not vouched for itself, as a
-    range (``spec/hub-mirror.md`` 8.6). :meth:`matched` tells, once every segment is hashed,
-    whether the bytes taken hash to the blob's ETag. Runs on one event loop."""
-
-    def __init__(self, etag: str, size: int) -> None:
-        self.etag, self.size = etag, size
-        self.segments = (size + PART - 1) // PART
-        self._digest = new_digest(etag, size)
-        self._taken = array.array("Q")  # the serial of each segment taken, in order
-        self._waiting: deque[memoryview] = deque()  # taken, not hashed yet
-        self._hashing = False
-        self._hashed = 0
-        loop = asyncio.get_running_loop()
-        self._outcome: asyncio.Future[bool] = loop.create_future()
-        self._progress = asyncio.Event()
-
-    def offer(self, n: int, serial: int, data: bytes) -> bool:
-        """True when segment ``n``'s bytes ``data`` (serial ``serial``) are, or will be,
-        hashed here: taken now when ``n`` is the next segment, else the bytes taken for it."""
-        if n < len(self._taken):
-            return self._taken[n] == serial
-        want = min(PART, self.size - n * PART)
-        if n > len(self._taken) or n >= self.segments or len(data) < want:
-            return False
-        self._taken.append(serial)
-        self._waiting.append(memoryview(data)[:want])
-        self._pump()
-        return True
-
-    def _pump(self) -> None:
-        if self._hashing or not self._waiting:
-            return
-        self._hashing = True
-        view = self._waiting[0]
-        done = asyncio.get_running_loop().run_in_executor(None, self._digest.update, view)
-        done.add_done_callback(self._hashed_one)
-
-    def _hashed_one(self, done: asyncio.Future[None]) -> None:
-        self._hashing = False
-        self._waiting.popleft()
-        self._progress.set()
-        if done.cancelled() or done.exception() is not None:
-            self._waiting.clear()
-            if not self._outcome.done():
-                self._outcome.set_result(False)
-            return
-        self._hashed += 1
-        if self._hashed == self.segments and not self._outcome.done():
-            self._outcome.set_result(self._digest.hexdigest() == self.etag)
-        self._pump()
-
-    async def room(self, n: int) -> None:
-        """Before segment ``n`` is offered: wait, if that offer would be taken, while more
-        than :data:`HASH_BEHIND` segments wait to be hashed (the bytes a body hash holds
-        are bounded; an offer of a segment already taken adds nothing, and does not wait)."""
-        while (
-            n >= len(self._taken) and len(self._waiting) > HASH_BEHIND and not self._outcome.done()
-        ):
-            self._progress.clear()
-            await self._progress.wait()
-
-    async def matched(self) -> bool:
-        """Whether the segments taken hash to the ETag (waits until every one is hashed:
-        each reader vouched for offered every segment before it asks: a hash that did not
-        take them all is never complete, and vouches for nothing)."""
-        if len(self._taken) < self.segments:
-            return False
-        return await asyncio.shield(self._outcome)
-
-
-#: The body hash of each fill this worker's readers send whole: (fills, fill) -> hash.
-_BODY_HASHES: LRUCache[tuple[str, Any], _BodyHash] = LRUCache(BODY_HASHES)
-
-
-def _body_hash(fills: str, fill: Any, etag: str, size: int) -> _BodyHash:
-    key = (fills, fill)
-    found = _BODY_HASHES.get(key)
-    if found is None or found._outcome.get_loop() is not asyncio.get_running_loop():
-        found = _BODY_HASHES[key] = _BodyHash(etag, size)
-    return found
 
 
 class PartTail:
@@ -1275,7 +1177,7 @@ class PartTail:
         self._segment: tuple[int, bytes] | None = None
         self._installed = False
         self._stored: asyncio.Event | None = None  # set when this process stores a part
-        self._hash: _BodyHash | None = None  # joined by a read from byte 0 first
+        self._hash: SharedHash | None = None  # joined by a read from byte 0 first
         self._vouched = False  # the current segment's bytes are hashed by ``_hash``
 
     def close(self) -> None:
@@ -1306,7 +1208,7 @@ class PartTail:
         kept = _SEGMENTS.get(key)
         if kept is None or kept[0] is not loop:
             task = loop.create_task(self._load(n))
-            kept = (loop, task, next(_SERIALS))
+            kept = (loop, task, new_serial())
             _SEGMENTS[key] = kept
 
             def settled(done: asyncio.Task[bytes | None], kept: Any = kept) -> None:
@@ -1354,7 +1256,7 @@ class PartTail:
             self._installed = True
         return await self.objects.get_range_async(self.blob, start, end)
 
-    def voucher(self) -> _BodyHash | None:
+    def voucher(self) -> SharedHash | None:
         """The worker's hash of the whole blob, when it hashes the bytes last read (a body
         read from byte 0 on, whose segment is the bytes it took), else ``None``."""
         return self._hash if self._vouched else None
@@ -1365,14 +1267,14 @@ class PartTail:
         self._segment = (n, data)
         self._vouched = False
         if self._hash is not None:
-            await self._hash.room(n)
-            self._vouched = self._hash.offer(n, serial, data)
+            await self._hash.room(n * PART, len(data))
+            self._vouched = self._hash.offer(n * PART, serial, data)
 
     async def read(self, pos: int, count: int) -> bytes | memoryview:
         """A view of the segment (no copy: every reader of this worker shares its bytes)."""
         n = pos // PART
         if pos == 0 and self._segment is None and self.size:
-            self._hash = _body_hash(self.fills, self.fill, self.etag, self.size)
+            self._hash = shared_hash((self.fills, self.fill), self.etag, self.size)
         waiting = FillWait(self.fill, "the filled blob is not in the store", READ_POLL)
         while True:
             if self._segment is not None and self._segment[0] == n:

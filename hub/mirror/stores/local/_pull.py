@@ -20,10 +20,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachetools import LRUCache
 from cmh.hub.cache import COMMIT_RE, Clock, RepoLayout, process_clock, repo_lock
 
 from cmh import atomic_write
 
+from .._body_hash import SharedHash, new_serial, shared_hash
 from .._pull import FillWait, SentRanges
 
 if TYPE_CHECKING:
@@ -33,6 +35,11 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 POLL = 0.02  # seconds between looks at a partial file that has not grown
+#: Reads of partial files (and blobs being sent from a fill) one worker keeps for its
+#: readers (at most :data:`CHUNK` bytes each; least recent go first).
+KEPT_READS = 32
+#: The kept reads: (fill, st_dev, st_ino, offset) -> (bytes, serial).
+_READS: LRUCache[tuple[Any, int, int, int], tuple[bytes, int]] = LRUCache(KEPT_READS)
 
 
 def fnmatch_literal(path: str) -> str:
@@ -220,7 +227,7 @@ class LocalPullThrough:
         from cmh.hub.cache import partial_path
 
         repo = self._repo(repo_type, repo_id)
-        return FileTail(entry.source, partial_path(repo, entry.etag), entry.size, fill)
+        return FileTail(entry.source, partial_path(repo, entry.etag), entry, fill)
 
 
 class FileTail:
@@ -232,20 +239,33 @@ class FileTail:
     check and downloads once more, so a reader that waits sends the retry's bytes (the
     blob's, whole) instead of the discarded download's (a body cut before its end).
 
-    Reads are ``os.pread`` calls of at most 1 MiB on the event loop: the bytes were
-    just written, so they come from the page cache, and a thread hop per chunk would
-    cost more than the read.
+    Reads are ``os.pread`` calls on the event loop (the bytes were just written, so they
+    come from the page cache, and a thread hop per read would cost more than the read),
+    shared by every reader of the worker (:data:`_READS`): each reads at most up to the
+    next :data:`CHUNK` boundary, so readers that read at different moments meet again at
+    the next one. A whole body offers each read to the worker's shared hash of the fill
+    (:mod:`~cmh.hub.mirror.stores._body_hash`), which vouches for the reads it took.
     """
 
-    def __init__(self, blob: Path, partial: Path, size: int, fill: asyncio.Future[None]) -> None:
+    def __init__(
+        self, blob: Path, partial: Path, entry: FileEntry, fill: asyncio.Future[None]
+    ) -> None:
         self.blob = blob
         self.partial = partial
-        self.size = size
+        self.etag, self.size = entry.etag, entry.size
         self.fill = fill
         self.fd: int | None = None
         self._installed = False  # ``fd`` is the checked blob: read it to the end
+        self._read: tuple[int, bytes] | None = None  # the read being sent: (offset, bytes)
+        self._hash: SharedHash | None = None  # joined by a read from byte 0 first
+        self._vouched = False  # the bytes of ``_read`` are hashed by ``_hash``
 
     def close(self) -> None:
+        self._close_file()
+        self._read = None
+        self._hash = None
+
+    def _close_file(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -257,14 +277,14 @@ class FileTail:
                 self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 return
 
-    def _state(self) -> str:
+    def _state(self) -> tuple[str, os.stat_result]:
         """What ``fd`` reads: ``blob`` (installed), ``arriving`` (a partial still being
         written), ``complete`` (a partial whose check is under way) or ``replaced`` (no
-        longer the partial nor the blob: a download discarded)."""
+        longer the partial nor the blob: a download discarded); and its ``fstat``."""
         assert self.fd is not None
-        if self._installed:
-            return "blob"
         mine = os.fstat(self.fd)
+        if self._installed:
+            return "blob", mine
         for path, state in ((self.blob, "blob"), (self.partial, "arriving")):
             with contextlib.suppress(OSError):
                 st = os.stat(path)
@@ -273,29 +293,61 @@ class FileTail:
                         self._installed = True
                     elif mine.st_size >= self.size:
                         state = "complete"
-                    return state
-        return "replaced"
+                    return state, mine
+        return "replaced", mine
 
-    def voucher(self) -> None:
-        """Each body hashes what it read from the file (another writer may change it)."""
-        return None
+    def voucher(self) -> SharedHash | None:
+        """The worker's hash of the whole blob, when it hashes the bytes last read (a body
+        read from byte 0 on, whose read is the bytes it took), else ``None``."""
+        return self._hash if self._vouched else None
 
-    async def read(self, pos: int, count: int) -> bytes:
+    def _shared_read(self, pos: int, file: os.stat_result) -> tuple[bytes, int] | None:
+        """The bytes at ``pos`` up to the next :data:`CHUNK` boundary (as many as have
+        arrived) and their serial: one ``pread`` for every reader of this worker."""
+        assert self.fd is not None
+        key = (self.fill, file.st_dev, file.st_ino, pos)
+        kept = _READS.get(key)
+        if kept is not None:
+            return kept
+        want = min(CHUNK - pos % CHUNK, max(self.size - pos, 1))
+        data = os.pread(self.fd, want, pos)
+        if not data:
+            return None
+        kept = _READS[key] = (data, new_serial())
+        return kept
+
+    async def _use(self, pos: int, data: bytes, serial: int) -> None:
+        """Send the read ``data`` at ``pos`` from now on (offered to the shared hash a read
+        from byte 0 joined, once it has room)."""
+        self._read = (pos, data)
+        self._vouched = False
+        if self._hash is not None:
+            await self._hash.room(pos, len(data))
+            self._vouched = self._hash.offer(pos, serial, data)
+
+    async def read(self, pos: int, count: int) -> bytes | memoryview:
+        """A view of a shared read (no copy: every reader of this worker shares its bytes)."""
+        if pos == 0 and self._read is None and self.size:
+            self._hash = shared_hash(("folder", self.partial, self.fill), self.etag, self.size)
         waiting = FillWait(self.fill, "the filled blob is shorter than listed", POLL)
         while True:
+            if self._read is not None and 0 <= pos - self._read[0] < len(self._read[1]):
+                off = pos - self._read[0]
+                return memoryview(self._read[1])[off : off + count]
             if self.fd is None:
                 self._open()
             if self.fd is not None:
-                state = self._state()
+                state, file = self._state()
                 if state == "replaced":
-                    self.close()  # a download discarded: follow the next one
+                    self._close_file()  # a download discarded: follow the next one
                     continue
                 if state != "complete":  # a complete partial: wait for its verdict
-                    data = os.pread(self.fd, count, pos)
-                    if data:
-                        return data
+                    got = self._shared_read(pos, file)
+                    if got is not None:
+                        await self._use(pos, *got)
+                        continue
             if await waiting.wait():
-                self.close()  # read the installed blob from now on
+                self._close_file()  # read the installed blob from now on
 
     def ranges_match(self, sent: SentRanges) -> bool:
         try:
