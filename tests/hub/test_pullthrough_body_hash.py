@@ -351,3 +351,42 @@ def test_a_whole_body_hashes_only_what_no_shared_hash_vouches_for(
     own = asyncio.run(account([(0, b"ab", None), (2, b"cd", shared)]))
     assert own.digest is not None and own.digest.hexdigest() == sha(b"abcd").hexdigest()
     assert (own.ranges, own.shared, hashed) == ([], [], [2, 2])
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_shared_hash_that_does_not_match_cuts_the_body_before_its_last_byte() -> None:
+    """The byte gate of a whole body vouched for by a shared hash: it passes when the
+    shared hash matches the ETag; otherwise the connection is cut and the body refused
+    (before its last byte is written), with no check of its own to fall back on."""
+    from cmh.hub.mirror._state import STORE_KEY
+
+    def gate(matched: bool) -> tuple[bool, bool]:
+        """(refused, connection cut)"""
+        transport = _Transport()
+        request: Any = SimpleNamespace(
+            transport=transport, app={STORE_KEY: SimpleNamespace(guard=None)}
+        )
+
+        async def main() -> None:
+            checks = _filling._Checks(hashlib.sha256())
+            await checks.add(0, b"ab", _Voucher(matched))
+            checks.end_range()
+            fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fill.set_result(None)
+            await _filling._gate(request, fill, None, checks, _sha(b"abc"), 2)  # type: ignore[arg-type]
+
+        try:
+            asyncio.run(main())
+        except _filling.BodyRefused:
+            return True, transport.aborted
+        return False, transport.aborted
+
+    assert gate(True) == (False, False)
+    assert gate(False) == (True, True)
