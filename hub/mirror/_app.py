@@ -607,8 +607,14 @@ async def _resolve_filling(
     source = None
     if request.method != "HEAD":
         source = state.upstream.pull.reader(route.repo_type, route.repo_id, entry, fill)
-        await _first_byte(source, fill, pieces)
-    await response.prepare(request)
+    try:
+        if source is not None:
+            await _first_byte(source, fill, pieces)
+        await response.prepare(request)
+    except BaseException:  # a failed fill, a client gone (cancelled) before the headers
+        if source is not None:
+            source.close()  # its file, its subscription (send_filling closes it after)
+        raise
     if source is None:
         await response.write_eof()
         request[BYTES_KEY] = 0

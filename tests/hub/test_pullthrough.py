@@ -9,7 +9,10 @@ resolver's Xet listing handling (branch ``dropin``) is on main.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -536,3 +539,42 @@ def test_prune_expired_removes_pullthrough_revisions_past_their_upstream_freshne
         f"{pull.url}/{TINY_REPO}/resolve/main/config.json", timeout=TEST_DEADLINE
     )  # filled again
     assert again.status_code == 200 and again.content == answer.content
+
+
+def test_a_client_gone_before_the_first_byte_leaves_no_open_file_in_the_server(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """A client that leaves while its filling answer waits for the fill's first byte: when
+    the bytes come, the answer's headers cannot be sent, and the reader it opened on the
+    partial file is closed (no descriptor of the blob is left in the server)."""
+    store, data = big_store(tmp_path, 1 << 20)
+    etag = hashlib.sha256(data).hexdigest()
+    backend = mirror_server_factory(store)
+    with running(backend.url, xet_listing=False) as hub:
+        hub.stall(0, 3.0)  # the CDN's headers, then no byte for 3 s
+        pull = _pull_server(mirror_server_factory, tmp_path / "pull", hub.url)
+        blobs = tmp_path / "pull" / "models--cmh-test--big" / "blobs"
+        ask = b"GET /cmh-test/big/resolve/main/big.bin HTTP/1.1\r\nHost: mirror\r\n\r\n"
+        with socket.create_connection((pull.host, pull.port), timeout=TEST_DEADLINE) as s:
+            s.sendall(ask)
+            deadline = time.monotonic() + TEST_DEADLINE
+            while not (blobs / f"{etag}.incomplete").exists():  # the fill has begun
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)  # the answer waits for its first byte meanwhile
+        while not (blobs / etag).exists():  # the fill ends, the answer finds its client gone
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        hub.wait_idle()
+
+        def open_blob_files() -> list[str]:
+            fds = Path(f"/proc/{pull.process.pid}/fd")
+            links = []
+            for fd in fds.iterdir():
+                with contextlib.suppress(OSError):
+                    links.append(os.readlink(fd))
+            return [link for link in links if etag in link]
+
+        while open_blob_files() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert open_blob_files() == []

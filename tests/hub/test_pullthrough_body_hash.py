@@ -136,7 +136,7 @@ def test_the_whole_bodies_of_one_worker_share_one_hash_of_the_blob(
     bodies, vouchers, matched = run("models--t--share/.cmh/fills/good")
     assert bodies == [data] * 3
     first = vouchers[0][0]
-    assert all(v is first for reads in vouchers for v in reads)
+    assert all(v is first for body in vouchers for v in body)
     assert matched is True
     assert hashed == [3]  # three segments, each hashed once for the three readers
 
@@ -231,10 +231,10 @@ def test_the_whole_bodies_of_a_folder_fill_share_one_hash_of_the_blob(
     _folder_readers(monkeypatch)
     data = os.urandom(3 * CHUNK + 4321)
 
-    def run(written: bytes, name: str) -> tuple[list[bytes], list[list[Any]], bool, int]:
+    def run(written: bytes, name: str) -> tuple[list[bytes], list[list[Any]], bool, int, int]:
         files = _folder_fill(tmp_path, data, name)
 
-        async def main() -> tuple[list[bytes], list[list[Any]], bool, int]:
+        async def main() -> tuple[list[bytes], list[list[Any]], bool, int, int]:
             fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             tails = [
                 _local_pull.FileTail(files.blob, files.partial, files.entry, fill) for _ in range(3)
@@ -247,24 +247,25 @@ def test_the_whole_bodies_of_a_folder_fill_share_one_hash_of_the_blob(
                 shared = vouchers[0][0]
                 assert shared is not None
                 matched = await asyncio.wait_for(shared.matched(), TEST_DEADLINE)
-                return [b for b, _ in results], vouchers, matched, shared.hashed
+                reads = len(_local_pull._READS)  # every read kept (fewer than KEPT_READS)
+                return [b for b, _ in results], vouchers, matched, shared.hashed, reads
             finally:
                 for t in tails:
                     t.close()
 
         return asyncio.run(main())
 
-    bodies, vouchers, matched, hashed = run(data, "good")
+    bodies, vouchers, matched, hashed, reads = run(data, "good")
     assert bodies == [data] * 3
     first = vouchers[0][0]
-    assert all(v is first for reads in vouchers for v in reads)
+    assert all(v is first for body in vouchers for v in body)
     assert matched is True
-    reads = len(set(_local_pull._READS.keys()))  # every read kept (fewer than KEPT_READS)
     assert hashed == reads  # each read hashed once for the three readers
+    assert not _local_pull._READS  # the fill ended, its readers closed: its reads went
 
     wrong = bytearray(data)
     wrong[CHUNK + 17] ^= 1
-    bodies, vouchers, matched, _ = run(bytes(wrong), "flipped")
+    bodies, vouchers, matched, _, _ = run(bytes(wrong), "flipped")
     assert bodies == [bytes(wrong)] * 3
     assert matched is False  # each of these bodies is cut before its last byte
 
@@ -303,6 +304,37 @@ def test_a_folder_read_of_a_replaced_partial_is_not_vouched_for_by_the_old_one(
     shared, b_vouchers, matched = asyncio.run(main())
     assert b_vouchers == [None, shared, shared]  # bytes 0.. taken from A's read
     assert matched is True
+
+
+def test_a_folder_fills_kept_reads_go_once_it_ended_and_its_last_reader_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker keeps a fill's reads while a reader of it is open or the fill runs; once
+    the fill has ended and its last reader closed (a reader closed twice counts once),
+    they go."""
+    _folder_readers(monkeypatch)
+    monkeypatch.setattr(_local_pull, "_READERS", {})
+    data = os.urandom(CHUNK + 10)
+    files = _folder_fill(tmp_path, data, "kept")
+    files.blob.write_bytes(data)  # installed
+
+    async def main() -> list[tuple[int, int]]:
+        fill: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        a = _local_pull.FileTail(files.blob, files.partial, files.entry, fill)
+        b = _local_pull.FileTail(files.blob, files.partial, files.entry, fill)
+        seen = []
+        for tail in (a, b):
+            await asyncio.wait_for(tail.read(0, 10), TEST_DEADLINE)
+        a.close()
+        seen.append((len(_local_pull._READS), len(_local_pull._READERS)))  # b reads on
+        fill.set_result(None)
+        a.close()
+        seen.append((len(_local_pull._READS), len(_local_pull._READERS)))
+        b.close()
+        seen.append((len(_local_pull._READS), len(_local_pull._READERS)))
+        return seen
+
+    assert asyncio.run(main()) == [(1, 1), (1, 1), (0, 0)]
 
 
 class _Voucher:

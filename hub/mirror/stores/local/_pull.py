@@ -38,8 +38,22 @@ POLL = 0.02  # seconds between looks at a partial file that has not grown
 #: Reads of partial files (and blobs being sent from a fill) one worker keeps for its
 #: readers (at most :data:`CHUNK` bytes each; least recent go first).
 KEPT_READS = 32
-#: The kept reads: (fill, st_dev, st_ino, offset) -> (bytes, serial).
+#: The kept reads: (fill, st_dev, st_ino, offset) -> (bytes, serial). A fill's go once
+#: it has ended and its last reader closed (:data:`_READERS`).
 _READS: LRUCache[tuple[Any, int, int, int], tuple[bytes, int]] = LRUCache(KEPT_READS)
+#: How many readers of each fill are open in this worker (a fill is a key while one is).
+_READERS: dict[Any, int] = {}
+
+
+def _reader_closed(fill: asyncio.Future[None]) -> None:
+    """One reader of ``fill`` closed: drop the fill's kept reads if it was the last one of
+    a fill that ended (nobody reads them again)."""
+    left = _READERS.pop(fill, 1) - 1
+    if left:
+        _READERS[fill] = left
+    elif fill.done():
+        for key in [k for k in list(_READS) if k[0] is fill]:
+            _READS.pop(key, None)
 
 
 def fnmatch_literal(path: str) -> str:
@@ -259,11 +273,16 @@ class FileTail:
         self._read: tuple[int, bytes] | None = None  # the read being sent: (offset, bytes)
         self._hash: SharedHash | None = None  # joined by a read from byte 0 first
         self._vouched = False  # the bytes of ``_read`` are hashed by ``_hash``
+        self._open_reader = True
+        _READERS[fill] = _READERS.get(fill, 0) + 1
 
     def close(self) -> None:
         self._close_file()
         self._read = None
         self._hash = None
+        if self._open_reader:
+            self._open_reader = False
+            _reader_closed(self.fill)
 
     def _close_file(self) -> None:
         if self.fd is not None:
