@@ -51,6 +51,15 @@ async def _read_whole(tail: Any, size: int) -> tuple[bytes, list[Any]]:
     return bytes(got), vouchers
 
 
+async def _read_again(tail: Any, data: bytes, shared: Any) -> tuple[list[Any], bool]:
+    """A second reader reads the whole blob (every byte right): its vouchers, and whether
+    the first reader's shared hash matched once the blob was hashed."""
+    got, vouchers = await _read_whole(tail, len(data))
+    assert got == data
+    assert shared is not None
+    return vouchers, await asyncio.wait_for(shared.matched(), 60)
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -174,11 +183,7 @@ def test_a_segment_read_again_is_not_vouched_for_by_the_hash_of_another_read(
                 a_vouchers.append(a.voucher())
             await asyncio.gather(*(t for _, t, _ in list(_pull._SEGMENTS.values())))
             _pull._SEGMENTS.clear()
-            got, b_vouchers = await _read_whole(b, len(data))
-            assert got == data
-            shared = a_vouchers[0]
-            assert shared is not None
-            return a_vouchers, b_vouchers, await asyncio.wait_for(shared.matched(), 60)
+            return a_vouchers, *await _read_again(b, data, a_vouchers[0])
         finally:
             a.close()
             b.close()
@@ -293,10 +298,7 @@ def test_a_folder_read_of_a_replaced_partial_is_not_vouched_for_by_the_old_one(
             files.partial.write_bytes(data)
             os.rename(files.partial, files.blob)
             fill.set_result(None)
-            got, b_vouchers = await _read_whole(b, len(data))
-            assert got == data
-            assert a_voucher is not None
-            return a_voucher, b_vouchers, await asyncio.wait_for(a_voucher.matched(), 60)
+            return a_voucher, *await _read_again(b, data, a_voucher)
         finally:
             a.close()
             b.close()
