@@ -661,8 +661,7 @@ async def _first_byte(source: Any, fill: Any, pieces: Pieces) -> None:
         return
     try:
         await source.read(first, 1)
-    except FillFailed as exc:
-        source.close()
+    except FillFailed as exc:  # the caller closes ``source``
         error = fill.exception() if fill.done() and not fill.cancelled() else None
         raise _fill_error(error if error is not None else exc) from None
 
