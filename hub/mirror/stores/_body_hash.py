@@ -1,5 +1,5 @@
 """One hash of a filling blob for every whole body a worker sends from the same reads
-(``spec/hub-mirror.md`` 8.6, "One hash per worker").
+(``spec/hub-mirror.md`` 8.3, "One hash per worker").
 
 Both kinds share their readers' reads within a worker: a bucket's segments (one GET
 each) and a folder's reads of the partial file (one ``pread`` each). A read is a bytes
@@ -116,6 +116,11 @@ class SharedHash:
         if self._done == self.size and not self._outcome.done():
             self._outcome.set_result(self._digest.hexdigest() == self.etag)
         self._pump()
+
+    async def offer_in_turn(self, pos: int, serial: int, data: bytes) -> bool:
+        """:meth:`offer`, once there is room for it (:meth:`room`): how readers offer."""
+        await self.room(pos, len(data))
+        return self.offer(pos, serial, data)
 
     async def room(self, pos: int, length: int) -> None:
         """Before a read of ``length`` bytes at ``pos`` is offered: wait, if the offer

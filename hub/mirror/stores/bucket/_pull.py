@@ -701,8 +701,6 @@ class _StoredParts:
             del self._parts[name]
 
 
-#: The serial of each segment's bytes handed to readers (a part kept in memory, a load
-#: from the storage): the same serial, the same bytes object.
 _STORED_PARTS = _StoredParts(KEPT_SEGMENTS)
 
 
@@ -1267,8 +1265,7 @@ class PartTail:
         self._segment = (n, data)
         self._vouched = False
         if self._hash is not None:
-            await self._hash.room(n * PART, len(data))
-            self._vouched = self._hash.offer(n * PART, serial, data)
+            self._vouched = await self._hash.offer_in_turn(n * PART, serial, data)
 
     async def read(self, pos: int, count: int) -> bytes | memoryview:
         """A view of the segment (no copy: every reader of this worker shares its bytes)."""

@@ -341,8 +341,7 @@ class FileTail:
         self._read = (pos, data)
         self._vouched = False
         if self._hash is not None:
-            await self._hash.room(pos, len(data))
-            self._vouched = self._hash.offer(pos, serial, data)
+            self._vouched = await self._hash.offer_in_turn(pos, serial, data)
 
     async def read(self, pos: int, count: int) -> bytes | memoryview:
         """A view of a shared read (no copy: every reader of this worker shares its bytes)."""
