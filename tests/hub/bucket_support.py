@@ -136,6 +136,9 @@ class Fault(Enum):
     #: The request is forwarded (the storage acts on it) and its answer passed on whole,
     #: late: once ``before_cut`` returned (an answer slow on its way back).
     LATE = "late"
+    #: The headers and half the body are sent, then ``before_cut`` runs (it may block: a
+    #: body paused midway), then the rest of the body.
+    PAUSE = "pause"
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,11 @@ class S3Proxy:
                 size = resp.getheader("Content-Length") if head else None
                 self.send_header("Content-Length", size or str(len(data)))
                 self.end_headers()
-                if fault is not None:  # Fault.TRUNCATE
+                if fault is not None and fault.fault is Fault.PAUSE and not head:
+                    self.wfile.write(data[: len(data) // 2])
+                    fault.before_cut()
+                    self.wfile.write(data[len(data) // 2 :])
+                elif fault is not None:  # Fault.TRUNCATE
                     fault.before_cut()
                     self.wfile.write(data[: len(data) // 2])
                     self.close_connection = True

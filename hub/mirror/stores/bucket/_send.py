@@ -56,6 +56,7 @@ from ._objectstore import (
     PreconditionFailed,
 )
 from ._read import BucketReader
+from ._shared_get import SharedBody, Version, alone, done_alone, open_shared
 from ._splice import SpliceUnavailable, StorageBody
 from ._xaccel import accel_headers
 
@@ -347,13 +348,11 @@ async def _spliced(
     its last byte waits for that check. ``None`` when it cannot be spliced here."""
     _, start, length = piece
     reader = fetcher.reader
-    whole = start == 0 and length == info.size
     url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
     where = f"GET {reader.store.url}{info.name}"
+    version = Version(reader.store.url, info.name, info.etag, info.size, url, where)
     try:
-        body = await StorageBody.open(
-            url, start, None if whole else start + length, info.etag, where, info.name
-        )
+        body, alone = await _storage_body(version, start, length)
     except SpliceUnavailable:
         return None
     except (PreconditionFailed, ObjectNotFound):
@@ -384,6 +383,30 @@ async def _spliced(
         return response, body.sent, None
     finally:
         body.close()
+        if alone:
+            done_alone(version)
+
+
+async def _storage_body(
+    version: Version, start: int, length: int
+) -> tuple[StorageBody | SharedBody, bool]:
+    """The body of bytes ``[start, start + length)`` of ``version``: from a shared read of
+    the version when another body of it runs on this worker (spec 7.6, "Shared reads"),
+    else from a GET of its own (``True``: counted as such until it ends)."""
+    shared = await open_shared(version, start, length)
+    if shared is not None:
+        return shared, False
+    whole = start == 0 and length == version.size
+    alone(version)  # from now: a body of the version that arrives meanwhile starts a read
+    try:
+        body = await StorageBody.open(
+            version.url, start, None if whole else start + length, version.etag,
+            version.where, version.name,
+        )  # fmt: skip
+    except BaseException:
+        done_alone(version)
+        raise
+    return body, True
 
 
 def _outcome_kept(task: asyncio.Task[bool]) -> None:

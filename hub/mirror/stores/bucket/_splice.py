@@ -19,6 +19,7 @@ import fcntl
 import os
 import select
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -35,7 +36,7 @@ MAX_HEAD = 64 << 10
 #: Threads moving bodies at once (each waits in the kernel, holding no lock).
 MAX_THREADS = 256
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_MORE", 0)
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -47,19 +48,45 @@ def available() -> bool:
     return hasattr(os, "splice")
 
 
-def _threads() -> ThreadPoolExecutor:
+def threads() -> ThreadPoolExecutor:
+    """The pool whose threads move bodies (one per body, waiting in the kernel)."""
     global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="cmh-splice")
     return _pool
 
 
-def _wait(fd: int, events: int, timeout: float, what: str) -> None:
+def wait_ready(fd: int, events: int, timeout: float, what: str) -> None:
+    """Wait until ``fd`` has ``events``; :class:`TimeoutError` after ``timeout`` seconds."""
     poller = select.poll()
     poller.register(fd, events | select.POLLERR | select.POLLHUP)
     ready = poller.poll(timeout * 1000)
     if not ready:
         raise TimeoutError(f"{what}: nothing for {timeout:.0f} s")
+
+
+async def to_client(
+    transport: asyncio.BaseTransport | None, move: Callable[[int, int], None], count: int
+) -> None:
+    """Run ``move(client, count)`` in a body thread on a duplicate of the descriptor of the
+    client behind ``transport``, once the transport's own buffer (the response's headers)
+    is out; :class:`ConnectionResetError` when the client went away."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is None or sock is None or transport.is_closing():
+        raise ConnectionResetError("client went away")
+    for _ in range(int(CLIENT_STALL * 1000)):
+        if not transport.get_write_buffer_size():  # type: ignore[attr-defined]
+            break
+        if transport.is_closing():
+            raise ConnectionResetError("client went away")
+        await asyncio.sleep(0.001)
+    else:
+        raise ConnectionResetError("client took nothing")
+    client = os.dup(sock.fileno())
+    try:
+        await asyncio.get_running_loop().run_in_executor(threads(), move, client, count)
+    finally:
+        os.close(client)
 
 
 class StorageBody:
@@ -83,13 +110,14 @@ class StorageBody:
         loop = asyncio.get_running_loop()
         ranged = bool(start or end is not None)
         return await loop.run_in_executor(
-            _threads(), cls._open, url, (start, end) if ranged else None, etag, where, name
+            threads(), cls.connect, url, (start, end) if ranged else None, etag, where, name
         )
 
     @classmethod
-    def _open(
+    def connect(
         cls, url: str, span: tuple[int, int | None] | None, etag: str, where: str, name: str
     ) -> StorageBody:
+        """:meth:`open`, blocking, ``span`` the range (``None``: the whole object)."""
         parts = urlsplit(url)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}", f"If-Match: {etag}",
@@ -154,40 +182,23 @@ class StorageBody:
         """Move the next ``count`` body bytes to the client behind ``transport`` (whose own
         buffer is flushed first); :class:`ConnectionResetError` when the client went away,
         :class:`ObjectStoreError` when the storage failed (``sent`` tells how far it got)."""
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if transport is None or sock is None or transport.is_closing():
-            raise ConnectionResetError("client went away")
-        write = transport  # the response's headers (and anything before) must be out first
-        for _ in range(int(CLIENT_STALL * 1000)):
-            if not write.get_write_buffer_size():  # type: ignore[attr-defined]
-                break
-            if transport.is_closing():
-                raise ConnectionResetError("client went away")
-            await asyncio.sleep(0.001)
-        else:
-            raise ConnectionResetError("client took nothing")
-        client = os.dup(sock.fileno())
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                _threads(), self._splice, client, count
-            )
-        finally:
-            os.close(client)
+        await to_client(transport, self.move, count)
 
-    def _splice(self, client: int, count: int) -> None:
+    def move(self, client: int, count: int) -> None:
+        """Splice the next ``count`` body bytes to the socket ``client`` (blocking)."""
         count -= self._write_early(client, count)
         source = self.sock.fileno()
         r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             with contextlib.suppress(OSError):
-                fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
+                fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
             left = count
             while left:
                 try:
                     got = os.splice(source, w, min(left, PIPE_SIZE), flags=_SPLICE_FLAGS)
                 except BlockingIOError:
                     try:
-                        _wait(source, select.POLLIN, STORAGE_STALL, self.where)
+                        wait_ready(source, select.POLLIN, STORAGE_STALL, self.where)
                     except TimeoutError as exc:
                         raise ObjectStoreError(str(exc)) from None
                     continue
@@ -201,7 +212,7 @@ class StorageBody:
                         out = os.splice(r, client, got, flags=_SPLICE_FLAGS)
                     except BlockingIOError:
                         try:
-                            _wait(client, select.POLLOUT, CLIENT_STALL, "client")
+                            wait_ready(client, select.POLLOUT, CLIENT_STALL, "client")
                         except TimeoutError as exc:
                             raise ConnectionResetError(str(exc)) from None
                         continue
@@ -222,7 +233,7 @@ class StorageBody:
                 done += os.write(client, data[done:])
             except BlockingIOError:
                 try:
-                    _wait(client, select.POLLOUT, CLIENT_STALL, "client")
+                    wait_ready(client, select.POLLOUT, CLIENT_STALL, "client")
                 except TimeoutError as exc:
                     raise ConnectionResetError(str(exc)) from None
             except OSError as exc:

@@ -1,0 +1,217 @@
+"""Issue 37: proxied bodies of one object version that a worker sends at once share one
+storage GET (spec/hub-mirror.md 7.6, "Shared reads"), each body at its own pace, and a
+storage cut reaches every body that shared it as a cut.
+
+Real storages (the three S3 kinds) and ``cmh serve``; a pass-through proxy in front of the
+storage counts the spliced GETs of blobs (``User-Agent: cmh``) and pauses their answers
+midway, so that the clients of a test are all in flight at once, whatever the machine's
+speed."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from bucket_support import (
+    S3_KINDS,
+    Break,
+    Fault,
+    S3Proxy,
+    S3Request,
+    aws_env_applied,
+    isolated_aws_env,
+)
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from deadline_support import TEST_DEADLINE
+from mirror_support import MirrorServer, wait_for
+from seaweed import SeaweedBucket
+
+REPO = "cmh-test/shared"
+SIZE = 24 << 20  # well past the sockets' buffers and several punched holes
+
+
+@dataclass
+class Gate:
+    """Counts the spliced GETs of blobs and gives each the next of ``faults`` (held until
+    ``release``)."""
+
+    faults: list[Fault] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    spliced: list[str] = field(default_factory=list)
+
+    def hook(self, request: S3Request) -> Break | None:
+        if request.method != "GET" or "/blobs/" not in request.key:
+            return None
+        if request.header("User-Agent") != "cmh":
+            return None
+        self.spliced.append(request.key)
+        if not self.faults:
+            return None
+        return Break(self.faults.pop(0), before_cut=lambda: self.release.wait(TEST_DEADLINE))
+
+
+@dataclass
+class Shared:
+    server: MirrorServer
+    gate: Gate
+    data: bytes
+
+
+@pytest.fixture
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shared]:
+    kind = getattr(request, "param", "seaweed")
+    bucket: SeaweedBucket = request.getfixturevalue(f"{kind}_bucket")
+    env = isolated_aws_env(bucket, tmp_path)
+    gate = Gate()
+    storage = S3Proxy(bucket.endpoint, hook=gate.hook)  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(SIZE)
+    (src / "big.bin").write_bytes(data)
+    with aws_env_applied(env):
+        BucketStore.open(bucket.url).add_folder(src, REPO)
+    served_env = {**os.environ, **env, "AWS_ENDPOINT_URL": storage.endpoint}
+    server = MirrorServer(bucket.url, tmp_path / "logs", env=served_env)
+    try:
+        yield Shared(server, gate, data)
+    finally:
+        gate.release.set()
+        server.stop()
+        storage.stop()
+
+
+@dataclass
+class Client:
+    """One GET in a thread: ``headed`` once its answer's head came, then the body read
+    (``pace`` waited on after its first 64 KiB, when given)."""
+
+    shared: Shared
+    rng: str | None = None
+    pace: threading.Event | None = None
+    headed: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    status: int = 0
+    body: bytes | str = b""
+
+    def start(self) -> Client:
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        server = self.shared.server
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=TEST_DEADLINE)
+        try:
+            headers = {"Range": self.rng} if self.rng else {}
+            conn.request("GET", f"/{REPO}/resolve/main/big.bin", headers=headers)
+            r = conn.getresponse()
+            self.status = r.status
+            self.headed.set()
+            got = b""
+            if self.pace is not None:
+                got = r.read(64 << 10)
+                self.pace.wait(TEST_DEADLINE)
+            try:
+                self.body = got + r.read()
+            except http.client.IncompleteRead:
+                self.body = "IncompleteRead"
+        except Exception as exc:  # reported through ``body``
+            self.body = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+            self.done.set()
+
+    def result(self) -> tuple[int, bytes | str]:
+        assert self.done.wait(TEST_DEADLINE), "the GET did not end"
+        return self.status, self.body
+
+
+def _warm(shared: Shared) -> None:
+    """One GET that learns the ref, the tree and the blob (and that its version is good)."""
+    assert Client(shared).start().result() == (200, shared.data)
+
+
+def _in_flight(shared: Shared, *clients: Client) -> None:
+    """Start ``clients`` and wait until each has its answer's head."""
+    for c in clients:
+        c.start()
+    for c in clients:
+        assert c.headed.wait(TEST_DEADLINE), "no answer head"
+
+
+def _no_shared_file_left(server: MirrorServer) -> bool:
+    """The server holds no unnamed temporary file (every shared read was let go)."""
+    fds = Path(f"/proc/{server.process.pid}/fd")
+    links = []
+    for fd in fds.iterdir():
+        try:
+            links.append(os.readlink(fd))
+        except OSError:
+            continue
+    return not any("/#" in link and link.endswith("(deleted)") for link in links)
+
+
+@pytest.mark.parametrize("shared", S3_KINDS, indirect=True)
+def test_bodies_of_one_version_at_once_share_one_storage_get(shared: Shared) -> None:
+    """A body runs on its own GET; five more of the same blob (one a range) arrive while it
+    runs: they share one GET, and every body is the stored bytes."""
+    data = shared.data
+    _warm(shared)
+    before = len(shared.gate.spliced)
+    shared.gate.faults[:] = [Fault.PAUSE, Fault.PAUSE]  # the lone GET, then the shared one
+    first = Client(shared)
+    _in_flight(shared, first)
+    others = [Client(shared) for _ in range(4)] + [Client(shared, rng="bytes=1000-")]
+    _in_flight(shared, *others)
+    shared.gate.release.set()
+    assert first.result() == (200, data)
+    assert [c.result() for c in others] == [(200, data)] * 4 + [(206, data[1000:])]
+    assert len(shared.gate.spliced) - before == 2
+    wait_for(lambda: _no_shared_file_left(shared.server))
+    # alone again: a GET of its own
+    assert Client(shared).start().result() == (200, data)
+    assert len(shared.gate.spliced) - before == 3
+
+
+def test_a_storage_cut_in_a_shared_read_cuts_every_body_that_shared_it(shared: Shared) -> None:
+    """The shared GET ends early: each of its bodies ends before its last byte (never a
+    complete body of other bytes); the lone body beside it is whole, and so is the next."""
+    data = shared.data
+    _warm(shared)
+    shared.gate.faults[:] = [Fault.PAUSE, Fault.TRUNCATE]
+    first = Client(shared)
+    _in_flight(shared, first)
+    others = [Client(shared) for _ in range(3)] + [Client(shared, rng="bytes=5-")]
+    _in_flight(shared, *others)
+    shared.gate.release.set()
+    assert first.result() == (200, data)
+    assert [c.result() for c in others] == [(200, "IncompleteRead")] * 3 + [(206, "IncompleteRead")]
+    wait_for(lambda: _no_shared_file_left(shared.server))
+    assert Client(shared).start().result() == (200, data)
+
+
+def test_each_body_of_a_shared_read_goes_at_its_own_pace(shared: Shared) -> None:
+    """A body whose client stops reading does not hold back the others of its read: one
+    ends whole while the other still waits, then that one ends whole too."""
+    data = shared.data
+    _warm(shared)
+    before = len(shared.gate.spliced)
+    shared.gate.faults[:] = [Fault.PAUSE, Fault.PAUSE]
+    first = Client(shared)
+    _in_flight(shared, first)
+    fast_done = threading.Event()
+    slow = Client(shared, pace=fast_done)
+    fast = Client(shared)
+    _in_flight(shared, slow, fast)
+    shared.gate.release.set()
+    assert fast.result() == (200, data)  # while ``slow`` has read 64 KiB
+    assert not slow.done.is_set()
+    fast_done.set()
+    assert slow.result() == (200, data)
+    assert first.result() == (200, data)
+    assert len(shared.gate.spliced) - before == 2
+    wait_for(lambda: _no_shared_file_left(shared.server))
