@@ -14,6 +14,9 @@ whole files, every answer checked for status and size), for each way of serving:
   streamed by cmh from the storage;
 - ``x-accel s3``: nginx in front of ``cmh serve --store s3://... --blob-delivery x-accel``,
   nginx proxying the storage (config from ``cmh.hub.mirror.stores.bucket._xaccel``);
+- ``x-accel s3 cached``: the same with nginx's cache (``nginx_bucket_server(cache=...)``:
+  the storage read in 8 MiB slices, each fetched once for the clients that want it at
+  once); a new nginx with an empty cache for each run, so every run reads the storage;
 - ``nginx``: a bare nginx serving the local store's blob folder (the baseline of the
   x-accel row);
 - ``x-accel``: the same nginx in front of ``cmh serve --blob-delivery x-accel``
@@ -170,6 +173,31 @@ def start_nginx(
     return proc, f"{base}:{front}", f"{base}:{bare}", f"{base}:{bucket}"
 
 
+def start_cached_nginx(
+    nginx: str, upstream: str, storage: str, tmp: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """An nginx in front of cmh over the bucket, with an empty cache of its own in ``tmp``."""
+    from cmh.hub.mirror import nginx_bucket_server
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    port = free_port()
+    servers = nginx_bucket_server(f"127.0.0.1:{port}", upstream, storage, cache=str(tmp / "cache"))
+    conf = tmp / "nginx.conf"
+    conf.write_text(nginx_config(tmp, 1, False, servers))
+    proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)])
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.terminate()
+                raise RuntimeError("nginx did not listen") from None
+            time.sleep(0.05)
+
+
 def measure(
     args: argparse.Namespace,
     tmp: Path,
@@ -228,12 +256,14 @@ def measure(
         "proxy x1": (lambda: through(proxy[:1]), False),
         "proxy x2": (lambda: through(proxy), False),
         "x-accel s3": (lambda: through([front_s3]), False),
+        "x-accel s3 cached": (lambda: through([cached[0]]), False),
         "nginx": (lambda: [list(bare_urls) for _ in range(args.clients)], False),
         "x-accel": (lambda: through([front]), False),
     }
     cmh_of = {  # the cmh processes answering each row
         "redirect x1": redirect[:1], "redirect x2": redirect, "proxy x1": proxy[:1],
-        "proxy x2": proxy, "x-accel s3": [xaccel_s3], "x-accel": [xaccel],
+        "proxy x2": proxy, "x-accel s3": [xaccel_s3], "x-accel s3 cached": [xaccel_s3],
+        "x-accel": [xaccel],
     }  # fmt: skip
     cmh_cpu = {name: 0.0 for name in cmh_of}
     best = dict.fromkeys(runs, 0.0)
@@ -241,20 +271,32 @@ def measure(
     gib = args.clients * args.files * size / 2**30
     cpu: dict[str, dict[str, float]] = {}
     weed_pid = weed.process.pid if weed.process is not None else 0
+    cached = [""]  # the cached row's nginx, new for each run
     for _ in range(args.repeat):
         for name, (urls, follow) in runs.items():
             pids = [served_by[b] for b in cmh_of.get(name, [])]
+            front_proc = ngx
+            if name == "x-accel s3 cached":
+                front_proc, cached[0] = start_cached_nginx(
+                    nginx, upstreams[1], weed.endpoint, tmp / "nginx-cached"
+                )
 
-            def spent_so_far(pids: list[int] = pids) -> tuple[float, ...]:
+            def spent_so_far(
+                pids: list[int] = pids, front_pid: int = front_proc.pid
+            ) -> tuple[float, ...]:
                 cmh = sum(cpu_seconds(p) for p in pids)
-                return cmh, cpu_seconds(ngx.pid), cpu_seconds(weed_pid), children_cpu()
+                return cmh, cpu_seconds(front_pid), cpu_seconds(weed_pid), children_cpu()
 
             before = spent_so_far()
-            best[name] = max(best[name], run_clients(urls(), size, follow))
-            spent = [(b - a) / gib for a, b in zip(before, spent_so_far(), strict=True)]
+            try:
+                best[name] = max(best[name], run_clients(urls(), size, follow))
+                spent = [(b - a) / gib for a, b in zip(before, spent_so_far(), strict=True)]
+            finally:
+                if front_proc is not ngx:
+                    stop_process(front_proc)
             if pids:
                 cmh_cpu[name] += spent[0] / args.repeat
-            if name in ("direct", "proxy x1", "x-accel s3"):
+            if name in ("direct", "proxy x1", "x-accel s3", "x-accel s3 cached"):
                 columns = ("cmh", "nginx", "seaweedfs", "curl")
                 parts = cpu.setdefault(name, dict.fromkeys(columns, 0.0))
                 for key, value in zip(parts, spent, strict=True):
@@ -310,7 +352,7 @@ def main() -> int:
             )
             if over:
                 failed.append(f"{name} (CPU)")
-        print(f"{name:<12} {rate / 2**20:8.0f} MiB/s   {ratio:5.2f}x {base}{verdict}{cpu}")
+        print(f"{name:<18} {rate / 2**20:8.0f} MiB/s   {ratio:5.2f}x {base}{verdict}{cpu}")
     print("all targets met" if not failed else f"below target: {', '.join(failed)}")
     return 0
 

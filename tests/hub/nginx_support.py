@@ -31,19 +31,24 @@ def find_nginx() -> str | None:
 
 class Nginx:
     """nginx in front of a cmh server (``upstream`` is ``host:port``) for ``store``: a
-    folder, or with ``storage`` (an S3 endpoint URL) a bucket store on that storage."""
+    folder, or with ``storage`` (an S3 endpoint URL) a bucket store on that storage (through
+    nginx's cache in ``tmp`` with ``cache``)."""
 
-    def __init__(self, store: Path | None, upstream: str, tmp: Path, storage: str = "") -> None:
+    def __init__(
+        self, store: Path | None, upstream: str, tmp: Path, storage: str = "", cache: bool = False
+    ) -> None:
         nginx = find_nginx()
         if nginx is None:
             pytest.skip("nginx is not installed (apt-get install nginx-light)")
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.cached = cache
         user = "user root;\n" if os.geteuid() == 0 else ""
         listen = f"127.0.0.1:{self.port}"
         if storage:
-            server = nginx_bucket_server(listen, upstream, storage)
+            cached = str(tmp / "cache") if cache else None
+            server = nginx_bucket_server(listen, upstream, storage, cache=cached)
         else:
             assert store is not None
             server = nginx_server(store, listen, upstream)

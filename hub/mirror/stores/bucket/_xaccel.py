@@ -15,7 +15,9 @@ nginx drops most upstream headers on an internal redirect, and the storage's ans
 its own ``ETag``: the location keeps cmh's headers in variables before it proxies
 (``set`` runs before the new upstream replaces the old one) and puts them back.
 
-:func:`nginx_bucket_server` writes the ``server`` block this needs;
+:func:`nginx_bucket_server` writes the ``server`` block this needs (with ``cache``, the
+location reads the storage through nginx's cache, slice by slice: each slice once for
+the clients that want it at once, keyed by the object and its checked version);
 ``docs/object-storage.md`` shows it, and the tests and ``bench/scaleout.py`` run it.
 """
 
@@ -60,9 +62,64 @@ def storage_origin(endpoint: str) -> tuple[str, str]:
     return f"{parts.scheme}://{parts.netloc}", parts.netloc
 
 
-def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX) -> str:
+#: The cache zone of :func:`nginx_bucket_cache` and the size of each cached slice.
+CACHE_ZONE = "cmh_blobs"
+SLICE = "8m"
+
+
+def nginx_bucket_cache(folder: str, max_size: str = "10g") -> str:
+    """The ``http``-level lines a cached bucket location needs: the cache in ``folder`` (at
+    most ``max_size``; an entry unused for an hour goes) and the object's path taken from
+    cmh's target (the cache key's, without the signature's query)."""
+    return (
+        f"proxy_cache_path {folder} levels=1:2 keys_zone={CACHE_ZONE}:16m "
+        f"max_size={max_size} inactive=60m use_temp_path=off;\n"
+        "map $cmh_target $cmh_object {\n"
+        '  "~^(?<cmh_path>[^?]*)" $cmh_path;\n'
+        "}\n"
+    )
+
+
+def _cached() -> list[str]:
+    """A cached location's lines: the storage is read in slices, each fetched once for
+    every client that wants it at the same time (the others wait for it) and kept, keyed
+    by the object and its checked version (never by the ETag alone: two objects may
+    share an MD5)."""
+    return [
+        f"  slice {SLICE};",
+        f"  proxy_cache {CACHE_ZONE};",
+        '  proxy_cache_key "$cmh_object $cmh_version $slice_range";',
+        "  proxy_set_header Range $slice_range;",
+        "  proxy_cache_valid 206 60m;",
+        "  proxy_cache_lock on;",
+        "  proxy_cache_lock_timeout 60s;",
+        "  proxy_cache_lock_age 60s;",
+        "  proxy_buffering on;",
+        "  proxy_buffer_size 1m;",
+        "  proxy_buffers 8 1m;",
+        "  proxy_busy_buffers_size 2m;",
+    ]
+
+
+def _unbuffered() -> list[str]:
+    # each read of up to 1 MiB from the storage goes to the client before the next (16
+    # clients, one run: SeaweedFS spent 0.75 CPU s per GiB serving nginx buffering 4 x 1
+    # MiB ahead, 0.63-0.68 unbuffered, 0.46-0.52 serving the clients directly); never a
+    # temp file (the sizes below only apply to an answer that turns buffering back on)
+    return [
+        "  proxy_buffering off;",
+        "  proxy_max_temp_file_size 0;",
+        "  proxy_buffer_size 1m;",
+        "  proxy_buffers 4 1m;",
+        "  proxy_busy_buffers_size 2m;",
+    ]
+
+
+def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX, cached: bool = False) -> str:
     """The internal ``location`` (and its named error location) that fetches a bucket
-    store's blobs from ``storage`` (the S3 endpoint cmh signs for) on cmh's behalf."""
+    store's blobs from ``storage`` (the S3 endpoint cmh signs for) on cmh's behalf;
+    ``cached``: through the cache of :func:`nginx_bucket_cache` (which the ``http`` block
+    must hold), else unbuffered."""
     origin, host = storage_origin(storage)
     kept = [f"  set $cmh_{_variable(h)} $upstream_http_{_variable(h)};" for h in PASSED_HEADERS]
     lines = [
@@ -77,16 +134,7 @@ def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX) -> str:
         *(f'  proxy_set_header {h} "";' for h in DROPPED_REQUEST_HEADERS),
         "  proxy_http_version 1.1;",
         '  proxy_set_header Connection "";',
-        # unbuffered: each read of up to 1 MiB from the storage goes to the client before
-        # the next (16 clients, one run: SeaweedFS spent 0.75 CPU s per GiB serving nginx
-        # buffering 4 x 1 MiB ahead, 0.63-0.68 unbuffered, 0.46-0.52 serving the clients
-        # directly); never a temp file (the sizes below only apply to an answer that turns
-        # buffering back on)
-        "  proxy_buffering off;",
-        "  proxy_max_temp_file_size 0;",
-        "  proxy_buffer_size 1m;",
-        "  proxy_buffers 4 1m;",
-        "  proxy_busy_buffers_size 2m;",
+        *(_cached() if cached else _unbuffered()),
         # the storage's answer is bytes, never an instruction to nginx
         f"  proxy_ignore_headers {' '.join(STORAGE_INSTRUCTIONS)};",
         *(f"  proxy_hide_header {h};" for h in HIDDEN_RESPONSE_HEADERS),
@@ -105,15 +153,19 @@ def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def nginx_bucket_server(
-    listen: str, upstream: str, storage: str, prefix: str = DEFAULT_PREFIX
+    listen: str,
+    upstream: str,
+    storage: str,
+    prefix: str = DEFAULT_PREFIX,
+    cache: str | None = None,
 ) -> str:
-    """A ``server`` block: everything to cmh at ``upstream`` (``host:port``), blobs by nginx
-    from the storage at ``storage``."""
-    location = "\n".join(
-        "  " + line for line in nginx_bucket_location(storage, prefix).splitlines()
-    )
+    """A ``server`` block (for nginx's ``http`` block): everything to cmh at ``upstream``
+    (``host:port``), blobs by nginx from the storage at ``storage``; with ``cache`` (a
+    folder), the lines of :func:`nginx_bucket_cache` first, and blobs read through it."""
+    lines = nginx_bucket_location(storage, prefix, cached=cache is not None).splitlines()
+    location = "\n".join("  " + line for line in lines)
     return (
-        "server {\n"
+        (nginx_bucket_cache(cache) if cache is not None else "") + "server {\n"
         f"  listen {listen};\n"
         "  location / {\n"
         f"    proxy_pass http://{upstream};\n"
