@@ -177,6 +177,9 @@ class S3Proxy:
         skipped = {"connection", *dropped}
         exchanges: list[S3Exchange] = []
         self.exchanges = exchanges
+        left_early: list[S3Request] = []
+        #: Requests whose reader closed the connection before the answer's body ended.
+        self.left_early = left_early
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -214,16 +217,20 @@ class S3Proxy:
                 size = resp.getheader("Content-Length") if head else None
                 self.send_header("Content-Length", size or str(len(data)))
                 self.end_headers()
-                if fault is not None and fault.fault is Fault.PAUSE and not head:
-                    self.wfile.write(data[: len(data) // 2])
-                    fault.before_cut()
-                    self.wfile.write(data[len(data) // 2 :])
-                elif fault is not None:  # Fault.TRUNCATE
-                    fault.before_cut()
-                    self.wfile.write(data[: len(data) // 2])
+                try:
+                    if fault is not None and fault.fault is Fault.PAUSE and not head:
+                        self.wfile.write(data[: len(data) // 2])
+                        fault.before_cut()
+                        self.wfile.write(data[len(data) // 2 :])
+                    elif fault is not None:  # Fault.TRUNCATE
+                        fault.before_cut()
+                        self.wfile.write(data[: len(data) // 2])
+                        self.close_connection = True
+                    elif not head:
+                        self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    left_early.append(request)
                     self.close_connection = True
-                elif not head:
-                    self.wfile.write(data)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 

@@ -60,6 +60,7 @@ class Shared:
     server: MirrorServer
     gate: Gate
     data: bytes
+    storage: S3Proxy
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shared]:
     served_env = {**os.environ, **env, "AWS_ENDPOINT_URL": storage.endpoint}
     server = MirrorServer(bucket.url, tmp_path / "logs", env=served_env)
     try:
-        yield Shared(server, gate, data)
+        yield Shared(server, gate, data, storage)
     finally:
         gate.release.set()
         server.stop()
@@ -213,5 +214,56 @@ def test_each_body_of_a_shared_read_goes_at_its_own_pace(shared: Shared) -> None
     fast_done.set()
     assert slow.result() == (200, data)
     assert first.result() == (200, data)
+    assert len(shared.gate.spliced) - before == 2
+    wait_for(lambda: _no_shared_file_left(shared.server))
+
+
+def test_a_client_leaving_a_shared_read_leaves_the_others_whole(shared: Shared) -> None:
+    """One client of a shared read closes its connection midway: the others of the read end
+    whole, and once they have, the read's file is gone."""
+    data = shared.data
+    _warm(shared)
+    shared.gate.faults[:] = [Fault.PAUSE, Fault.PAUSE]
+    first = Client(shared)
+    _in_flight(shared, first)
+    server = shared.server
+    leaving = http.client.HTTPConnection(server.host, server.port, timeout=TEST_DEADLINE)
+    leaving.request("GET", f"/{REPO}/resolve/main/big.bin")
+    others = [Client(shared) for _ in range(2)]
+    _in_flight(shared, *others)
+    answer = leaving.getresponse()
+    assert answer.status == 200
+    shared.gate.release.set()
+    assert answer.read(1 << 20) == data[: 1 << 20]
+    leaving.close()
+    assert [c.result() for c in others] == [(200, data)] * 2
+    assert first.result() == (200, data)
+    wait_for(lambda: _no_shared_file_left(shared.server))
+
+
+def test_a_body_on_its_own_get_moves_onto_a_shared_read_that_reached_it(shared: Shared) -> None:
+    """The first body runs on its own GET, which the storage pauses halfway; a second body
+    starts a shared read that runs ahead of it: the first moves onto that read, ends whole
+    while its own GET is still paused, and closes that GET."""
+    data = shared.data
+    _warm(shared)
+    before = len(shared.gate.spliced)
+    shared.gate.faults[:] = [Fault.PAUSE]  # the lone GET only: the shared one runs free
+    go_on, second_go_on = threading.Event(), threading.Event()
+    first = Client(shared, pace=go_on)
+    _in_flight(shared, first)
+    second = Client(shared, pace=second_go_on)  # holds the read's bytes until told
+    _in_flight(shared, second)
+    go_on.set()
+    assert first.result() == (200, data)  # its own GET never got past half the bytes
+    shared.gate.release.set()
+
+    def closed_early() -> list[S3Request]:
+        return [r for r in shared.storage.left_early if "/blobs/" in r.key]
+
+    wait_for(lambda: closed_early() != [])  # the paused GET's reader had gone
+    assert len(closed_early()) == 1
+    second_go_on.set()
+    assert second.result() == (200, data)
     assert len(shared.gate.spliced) - before == 2
     wait_for(lambda: _no_shared_file_left(shared.server))

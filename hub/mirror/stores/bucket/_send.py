@@ -56,7 +56,7 @@ from ._objectstore import (
     PreconditionFailed,
 )
 from ._read import BucketReader
-from ._shared_get import SharedBody, Version, alone, done_alone, open_shared
+from ._shared_get import Alone, AloneBody, SharedBody, Version, alone, done_alone, open_shared
 from ._splice import SpliceUnavailable, StorageBody
 from ._xaccel import accel_headers
 
@@ -383,30 +383,31 @@ async def _spliced(
         return response, body.sent, None
     finally:
         body.close()
-        if alone:
-            done_alone(version)
+        if alone is not None:
+            done_alone(alone)
 
 
 async def _storage_body(
     version: Version, start: int, length: int
-) -> tuple[StorageBody | SharedBody, bool]:
+) -> tuple[AloneBody | SharedBody, Alone | None]:
     """The body of bytes ``[start, start + length)`` of ``version``: from a shared read of
     the version when another body of it runs on this worker (spec 7.6, "Shared reads"),
-    else from a GET of its own (``True``: counted as such until it ends)."""
+    else from a GET of its own, registered as such (its :class:`Alone`) until it ends and
+    moved onto a shared read that starts meanwhile once the read reaches it."""
     shared = await open_shared(version, start, length)
     if shared is not None:
-        return shared, False
+        return shared, None
     whole = start == 0 and length == version.size
-    alone(version)  # from now: a body of the version that arrives meanwhile starts a read
+    slot = alone(version)  # from now: a body of the version arriving meanwhile starts a read
     try:
         body = await StorageBody.open(
             version.url, start, None if whole else start + length, version.etag,
             version.where, version.name,
         )  # fmt: skip
     except BaseException:
-        done_alone(version)
+        done_alone(slot)
         raise
-    return body, True
+    return AloneBody(body, slot, start), slot
 
 
 def _outcome_kept(task: asyncio.Task[bool]) -> None:

@@ -55,6 +55,8 @@ PUNCH = 4 << 20
 JOIN_AHEAD = 8 << 20
 #: Bytes per splice into the file and per ``sendfile`` out of it.
 CHUNK = 1 << 20
+#: Bytes a body on its own GET sends between two looks for a shared read to move onto.
+LOOK_EVERY = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -108,12 +110,12 @@ class SharedRead:
         held = [m.pos for m in self.members if (m.attached and not m.closed) or m.in_call]
         return min(held, default=self.arrived)
 
-    # -- on the event loop -----------------------------------------------------------
+    # -- on the event loop, or a body's thread ---------------------------------------
     def try_join(self, start: int) -> _Member | None:
         """A place for a body starting at ``start``, or ``None`` when its bytes are gone
         from the file, too far ahead, or the read failed or stopped."""
         with self.cond:
-            if self.error is not None or self.stopped:
+            if self.error is not None or self.stopped or self.fd < 0:
                 return None
             if not self.punched <= start <= self.arrived + JOIN_AHEAD:
                 return None
@@ -318,20 +320,83 @@ _READS: dict[tuple[str, str, str], SharedRead] = {}
 #: Shared reads alive (a replaced read lives on until its bodies left) and their bytes.
 _live = [0, 0]
 #: Spliced bodies of each version that run on their own GET (a second one starts a read).
-_ALONE: dict[tuple[str, str, str], int] = {}
+_ALONE: dict[tuple[str, str, str], list[Alone]] = {}
 
 
-def alone(version: Version) -> None:
-    """A body of ``version`` runs on its own GET (call :func:`done_alone` when it ends)."""
-    _ALONE[version.key] = _ALONE.get(version.key, 0) + 1
+@dataclass(eq=False)
+class Alone:
+    """A body of ``version`` on a GET of its own, registered while it runs: a shared read of
+    the version that starts meanwhile is announced in ``read`` (set on the event loop, read
+    by the body's thread), and the body moves onto it once it reaches the body's place."""
+
+    version: Version
+    read: SharedRead | None = None
 
 
-def done_alone(version: Version) -> None:
-    left = _ALONE.get(version.key, 0) - 1
-    if left > 0:
-        _ALONE[version.key] = left
-    else:
-        _ALONE.pop(version.key, None)
+def alone(version: Version) -> Alone:
+    """Register a body of ``version`` that runs on its own GET (:func:`done_alone` once it
+    ended)."""
+    slot = Alone(version)
+    _ALONE.setdefault(version.key, []).append(slot)
+    return slot
+
+
+def done_alone(slot: Alone) -> None:
+    slots = _ALONE.get(slot.version.key, [])
+    if slot in slots:
+        slots.remove(slot)
+    if not slots:
+        _ALONE.pop(slot.version.key, None)
+
+
+class AloneBody:
+    """A body on a GET of its own (:class:`StorageBody`'s interface) that moves onto a shared
+    read of its version once one is announced and has reached the body's place: the rest
+    of its bytes then come from the read's file, and its own GET is closed."""
+
+    def __init__(self, body: StorageBody, slot: Alone, start: int) -> None:
+        self.body = body
+        self.slot = slot
+        self.start = start
+        self.length = body.length
+        self.shared: SharedBody | None = None
+
+    @property
+    def sent(self) -> int:
+        return self.body.sent + (self.shared.sent if self.shared is not None else 0)
+
+    async def send_to(self, transport: asyncio.BaseTransport | None, count: int) -> None:
+        """As :meth:`StorageBody.send_to`."""
+        await _splice.to_client(transport, self._send, count)
+
+    def _send(self, client: int, count: int) -> None:
+        left = count
+        while left and self.shared is None:
+            step = min(left, LOOK_EVERY)
+            self.body.move(client, step)
+            left -= step
+            self._look()
+        if left:
+            assert self.shared is not None
+            self.shared._send(client, left)
+
+    def _look(self) -> None:
+        """Move onto the announced shared read if it holds (or nearly holds) this body's
+        next byte (in the body's thread; joining is guarded by the read's lock)."""
+        read = self.slot.read
+        at = self.start + self.body.sent
+        if read is None or at >= self.start + self.length:
+            return
+        member = read.try_join(at)
+        if member is not None:
+            self.shared = SharedBody(read, member, self.slot.version, at,
+                                     self.start + self.length - at)  # fmt: skip
+            self.body.close()
+
+    def close(self) -> None:
+        self.body.close()
+        if self.shared is not None:
+            self.shared.close()
 
 
 async def open_shared(version: Version, start: int, length: int) -> SharedBody | None:
@@ -377,6 +442,8 @@ def _start(version: Version) -> SharedRead | None:
     read = SharedRead(version, fd, loop, loop.create_future())
     read.opened.add_done_callback(_seen)
     _READS[version.key] = read
+    for slot in _ALONE.get(version.key, []):
+        slot.read = read  # each body on its own GET may move onto it
     _live[0] += 1
     _live[1] += version.size
     read.task = loop.create_task(_run(read))
