@@ -9,7 +9,8 @@ storage's socket into an unnamed temporary file (``O_TMPFILE`` in the temporary 
 that joins is sent from that file with ``sendfile(2)`` as its bytes arrive, at its own
 pace; no byte goes through Python, and the storage serves the version once however many
 clients fetch it together. A lone client keeps its own spliced GET (a shared read costs a
-write into the page cache that one body does not need).
+write into the page cache that one body does not need) until a shared read of its version
+starts: it then moves onto the read once the read reaches its place (:class:`AloneBody`).
 
 The bytes every joined body has sent are dropped from the file (``fallocate`` punches a
 hole, at multiples of :data:`PUNCH`). A byte is never written twice: ``sendfile`` queues
