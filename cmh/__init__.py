@@ -77,6 +77,7 @@ from ._header import (
     read_header_from,
 )
 from ._inspection import Inspection, inspect
+from ._libc import libc_function
 from ._record import Record
 from ._signing import (
     TrustedKeys,
@@ -199,6 +200,7 @@ __all__ += [
     "hash_tensors",
     "header_size_from_prefix",
     "index_problems",
+    "libc_function",
     "load_private_key",
     "name_bytes",
     "parse_header",

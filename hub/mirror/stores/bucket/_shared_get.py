@@ -34,12 +34,13 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
-import functools
 import os
 import select
 import tempfile
 import threading
 from dataclasses import dataclass, field
+
+from cmh import libc_function
 
 from . import _splice
 from ._objectstore import ObjectStoreError
@@ -189,30 +190,33 @@ class SharedRead:
             if not any(not m.closed for m in self.members):
                 self.stopped = True
                 return False
-            floor = self._floor()
+        self.drop_sent(fd)
+        return True
+
+    def drop_sent(self, fd: int) -> None:
+        """Drop the bytes every body still joined has sent (in whole :data:`PUNCH`
+        pieces), through ``fd``, a descriptor of the file (the read's or a body's
+        thread)."""
+        with self.cond:
+            floor = min(self._floor(), self.arrived)
             start, self.punched = self.punched, max(self.punched, floor - floor % PUNCH)
             stop = self.punched
         if stop > start:  # outside the lock: no body reads below ``punched`` any more
             _punch(fd, start, stop)
-        return True
 
 
 def _punch(fd: int, start: int, stop: int) -> None:
     """Drop bytes ``[start, stop)`` of the file (pages a queued ``sendfile`` still holds
-    stay whole: they leave the file, not the socket). A failure keeps the bytes."""
-    _libc().fallocate(fd, _PUNCH_HOLE | _KEEP_SIZE, start, stop - start)
+    stay whole: they leave the file, not the socket). A failure, or no ``fallocate``
+    (Python's ``os`` has none with a mode), keeps the bytes."""
+    fallocate = libc_function(
+        "fallocate", (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    )
+    if fallocate is not None:
+        fallocate(fd, _PUNCH_HOLE | _KEEP_SIZE, start, stop - start)
 
 
 _PUNCH_HOLE, _KEEP_SIZE = 0x02, 0x01
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """libc's ``fallocate`` (Python's ``os`` has no mode argument for it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    libc.fallocate.restype = ctypes.c_int
-    return libc
 
 
 class SharedBody:
@@ -300,6 +304,7 @@ class SharedBody:
                         read.cond.notify_all()
                 done += out
                 self.sent += out
+                read.drop_sent(fd)
                 if not out:
                     try:
                         _splice.wait_ready(client, select.POLLOUT, _splice.CLIENT_STALL, "client")
