@@ -260,6 +260,7 @@ def test_a_client_leaving_a_shared_read_leaves_the_others_whole(shared: Shared) 
     leaving.request("GET", f"/{REPO}/resolve/main/big.bin")
     others = [Client(shared) for _ in range(2)]
     _in_flight(shared, *others)
+    assert len(_shared_file_bytes(shared.server)) == 1  # they share a read
     answer = leaving.getresponse()
     assert answer.status == 200
     shared.gate.release.set()
