@@ -148,18 +148,7 @@ class SharedRead:
             source = body.sock.fileno()
             while self.arrived < size:
                 at = self.arrived
-                try:
-                    got = os.splice(source, w, min(CHUNK, size - at))
-                except BlockingIOError:
-                    try:
-                        _splice.wait_ready(source, select.POLLIN, _splice.STORAGE_STALL, body.where)
-                    except TimeoutError as exc:
-                        raise ObjectStoreError(str(exc)) from None
-                    continue
-                except OSError as exc:
-                    raise ObjectStoreError(f"{body.where}: {exc}") from None
-                if not got:
-                    raise ObjectStoreError(f"{body.where}: the storage ended the body early")
+                got = _splice.from_storage(source, w, min(CHUNK, size - at), body.where)
                 moved = 0
                 while moved < got:  # an error here is the file's (its disk): a stop
                     moved += os.splice(r, fd, got - moved, offset_dst=at + moved)

@@ -65,6 +65,26 @@ def wait_ready(fd: int, events: int, timeout: float, what: str) -> None:
         raise TimeoutError(f"{what}: nothing for {timeout:.0f} s")
 
 
+def from_storage(source: int, pipe: int, count: int, where: str) -> int:
+    """Splice up to ``count`` bytes of the storage's socket ``source`` into ``pipe``
+    (waiting at most :data:`STORAGE_STALL` for them); how many. :class:`ObjectStoreError`
+    when the storage fails, stays silent, or ends the body early."""
+    while True:
+        try:
+            got = os.splice(source, pipe, count, flags=_SPLICE_FLAGS)
+        except BlockingIOError:
+            try:
+                wait_ready(source, select.POLLIN, STORAGE_STALL, where)
+            except TimeoutError as exc:
+                raise ObjectStoreError(str(exc)) from None
+            continue
+        except OSError as exc:
+            raise ObjectStoreError(f"{where}: {exc}") from None
+        if not got:
+            raise ObjectStoreError(f"{where}: the storage ended the body early")
+        return got
+
+
 async def to_client(
     transport: asyncio.BaseTransport | None, move: Callable[[int, int], None], count: int
 ) -> None:
@@ -194,18 +214,7 @@ class StorageBody:
                 fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
             left = count
             while left:
-                try:
-                    got = os.splice(source, w, min(left, PIPE_SIZE), flags=_SPLICE_FLAGS)
-                except BlockingIOError:
-                    try:
-                        wait_ready(source, select.POLLIN, STORAGE_STALL, self.where)
-                    except TimeoutError as exc:
-                        raise ObjectStoreError(str(exc)) from None
-                    continue
-                except OSError as exc:
-                    raise ObjectStoreError(f"{self.where}: {exc}") from None
-                if not got:
-                    raise ObjectStoreError(f"{self.where}: the storage ended the body early")
+                got = from_storage(source, w, min(left, PIPE_SIZE), self.where)
                 left -= got
                 while got:
                     try:
