@@ -56,8 +56,8 @@ from ._objectstore import (
     PreconditionFailed,
 )
 from ._read import BucketReader
-from ._shared_get import Alone, AloneBody, SharedBody, Version, alone, done_alone, open_shared
-from ._splice import SpliceUnavailable, StorageBody
+from ._shared_get import Version, open_body
+from ._splice import SpliceUnavailable
 from ._xaccel import accel_headers
 
 PROXY = "proxy"
@@ -352,7 +352,7 @@ async def _spliced(
     where = f"GET {reader.store.url}{info.name}"
     version = Version(reader.store.url, info.name, info.etag, info.size, url, where)
     try:
-        body, alone = await _storage_body(version, start, length)
+        body = await open_body(version, start, length)
     except SpliceUnavailable:
         return None
     except (PreconditionFailed, ObjectNotFound):
@@ -383,31 +383,6 @@ async def _spliced(
         return response, body.sent, None
     finally:
         body.close()
-        if alone is not None:
-            done_alone(alone)
-
-
-async def _storage_body(
-    version: Version, start: int, length: int
-) -> tuple[AloneBody | SharedBody, Alone | None]:
-    """The body of bytes ``[start, start + length)`` of ``version``: from a shared read of
-    the version when another body of it runs on this worker (spec 7.6, "Shared reads"),
-    else from a GET of its own, registered as such (its :class:`Alone`) until it ends and
-    moved onto a shared read that starts meanwhile once the read reaches it."""
-    shared = await open_shared(version, start, length)
-    if shared is not None:
-        return shared, None
-    whole = start == 0 and length == version.size
-    slot = alone(version)  # from now: a body of the version arriving meanwhile starts a read
-    try:
-        body = await StorageBody.open(
-            version.url, start, None if whole else start + length, version.etag,
-            version.where, version.name,
-        )  # fmt: skip
-    except BaseException:
-        done_alone(slot)
-        raise
-    return AloneBody(body, slot, start), slot
 
 
 def _outcome_kept(task: asyncio.Task[bool]) -> None:

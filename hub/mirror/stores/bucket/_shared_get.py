@@ -328,15 +328,15 @@ class Alone:
     read: SharedRead | None = None
 
 
-def alone(version: Version) -> Alone:
-    """Register a body of ``version`` that runs on its own GET (:func:`done_alone` once it
+def _alone(version: Version) -> Alone:
+    """Register a body of ``version`` that runs on its own GET (:func:`_done_alone` once it
     ended)."""
     slot = Alone(version)
     _ALONE.setdefault(version.key, []).append(slot)
     return slot
 
 
-def done_alone(slot: Alone) -> None:
+def _done_alone(slot: Alone) -> None:
     slots = _ALONE.get(slot.version.key, [])
     if slot in slots:
         slots.remove(slot)
@@ -389,9 +389,34 @@ class AloneBody:
             self.body.close()
 
     def close(self) -> None:
+        """Close its GET (and its place in a shared read) and unregister it (on the event
+        loop)."""
         self.body.close()
         if self.shared is not None:
             self.shared.close()
+        _done_alone(self.slot)
+
+
+async def open_body(version: Version, start: int, length: int) -> AloneBody | SharedBody:
+    """The body of bytes ``[start, start + length)`` of ``version``: from a shared read of
+    the version when another body of it runs on this worker (spec 7.6, "Shared reads"),
+    else from a GET of its own, registered as such until it is closed (and moved onto a
+    shared read that starts meanwhile, once the read reaches it). Raises what
+    :meth:`StorageBody.open` raises."""
+    shared = await open_shared(version, start, length)
+    if shared is not None:
+        return shared
+    whole = start == 0 and length == version.size
+    slot = _alone(version)  # from now: a body of the version arriving meanwhile starts a read
+    try:
+        body = await StorageBody.open(
+            version.url, start, None if whole else start + length, version.etag,
+            version.where, version.name,
+        )  # fmt: skip
+    except BaseException:
+        _done_alone(slot)
+        raise
+    return AloneBody(body, slot, start)
 
 
 async def open_shared(version: Version, start: int, length: int) -> SharedBody | None:
