@@ -30,9 +30,11 @@ targets: cmh no slower cold, one upstream transfer where olah makes more, warm
 >= 1.5x olah; the fleet: one upstream transfer for all its clients, warm with
 ``--clients`` at least 0.9x direct S3 GETs of the same blob (measured in the same
 run, curls of a presigned URL), cold with ``--clients`` at most 1.5x the one node's
-time (issue 37). Each cold run's CPU seconds per GiB of the file are printed for every
-process of the mirror (the one node; each replica and SeaweedFS), counted from
-``/proc`` until the last client has the file, and the load average before and after.
+time (issue 37), and that cold time's floor: the seconds SeaweedFS alone takes to store
+the file as a fill does (8 MiB parts, 3 PUTs at once, nothing else running). Each cold
+run's CPU seconds per GiB of the file are printed for every process of the mirror (the
+one node; each replica and SeaweedFS), counted from ``/proc`` until the last client has
+the file, and the load average before and after.
 Usage: ``python bench/pullthrough.py [--size-mib 1024] [--clients 8]
 [--work DIR] [--skip-olah] [--skip-fleet]`` (``DIR``: where the files, caches,
 SeaweedFS data and olah's venv go; default ``bench-work/`` of the checkout).
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import os
 import shutil
 import socket
@@ -328,6 +331,40 @@ def direct_gets(weed: object, store: str, sha256: str, size: int, clients: int) 
     return out
 
 
+def storage_write(weed: object, store: str, file: Path, size: int) -> dict[str, float]:
+    """The fleet's cold floor: seconds (and SeaweedFS's CPU seconds per GiB) for SeaweedFS
+    to store the file alone, as a fill stores it (parts of ``PART`` bytes, ``PUTS_AT_ONCE``
+    PUTs at once), nothing else running; the parts are deleted after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cmh.hub.mirror import BucketStore
+    from cmh.hub.mirror.stores.bucket._pull import PART, PUTS_AT_ONCE
+
+    saved = dict(os.environ)
+    os.environ.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
+    try:
+        objects = BucketStore.open(store).objects
+        names = [f"write-floor/part-{n:06d}" for n in range(math.ceil(size / PART))]
+
+        def put(n: int) -> None:
+            with open(file, "rb") as f:
+                f.seek(n * PART)
+                objects.put(names[n], f.read(PART))
+
+        pid = weed.process.pid  # type: ignore[attr-defined]
+        cpu, start = cpu_seconds(pid), time.perf_counter()
+        with ThreadPoolExecutor(PUTS_AT_ONCE) as pool:
+            list(pool.map(put, range(len(names))))
+        wall = time.perf_counter() - start
+        spent = (cpu_seconds(pid) - cpu) / (size / GIB)
+        for name in names:
+            objects.delete(name)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"storage_write_s": wall, "storage_write_cpu": spent}
+
+
 SAME_PREFIX = "warm"  # a fleet launched on this cache folder serves the last prefix
 
 
@@ -356,19 +393,21 @@ def measure_warm(
 
 
 def measure_fleet(
-    front: HubLike, size: int, clients: int, sha256: str
+    front: HubLike, file: Path, clients: int, sha256: str
 ) -> dict[str, dict[str, float] | str]:
     """The fleet rows' measures, or why they were skipped: ``fleet`` (``--blob-delivery
     proxy``, the default: cold, then warm) and ``fleet-redirect`` (warm: replicas with
     ``--blob-delivery redirect`` over the same prefix, clients sent to the storage), each
     with direct GETs of its blob measured right after its own warm run."""
     stores: list[str] = []
+    size = file.stat().st_size
     try:
         with seaweed_or_skip() as weed:
             launch = fleet(weed, front.url, stores)
             out = run_mirror("fleet", launch, front, size, clients, (clients,))
             direct = direct_gets(weed, stores[-1], sha256, size, clients)
             out.update(direct)
+            out.update(storage_write(weed, stores[-1], file, size))
             redirect = fleet(weed, front.url, stores, "--blob-delivery", "redirect")
             warm = warm_only(redirect, size, clients)  # its own direct GETs, right after
             warm.update(direct_gets(weed, stores[-1], sha256, size, clients))
@@ -415,7 +454,7 @@ def main() -> None:
             olah_launch = single(lambda cache, port: olah_serve(olah, cache, port, front), "olah")
             results["olah"] = run_mirror("olah", olah_launch, front, size, n, (1, n))
         if not args.skip_fleet:
-            results.update(measure_fleet(front, size, n, sha256))
+            results.update(measure_fleet(front, src / "big.bin", n, sha256))
     loads.append(os.getloadavg())
     report(results, args.size_mib, n)
     print("\nload average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} "
@@ -518,6 +557,11 @@ def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) ->
             ok = "met" if cold <= FLEET_COLD_VS_NODE else "MISSED"
             print(f"  fleet cold, {n} clients, vs one node's time (<= {FLEET_COLD_VS_NODE}x): "
                   f"{cold:.2f}x ({ok})")  # fmt: skip
+            if "storage_write_s" in f:
+                took, spent = f["storage_write_s"], f["storage_write_cpu"]
+                print(f"    its floor: SeaweedFS alone took {took:.2f} s to store the file as "
+                      f"a fill does, nothing else running ({took / c[f'cold{n}_s']:.2f}x the "
+                      f"one node's time; SeaweedFS {spent:.2f} CPU s per GiB)")  # fmt: skip
     elif "fleet" in results:
         print(f"  fleet: not measured ({results['fleet']})")
 
