@@ -331,14 +331,18 @@ def direct_gets(weed: object, store: str, sha256: str, size: int, clients: int) 
     return out
 
 
+#: How a fill stores a blob (``PART`` and ``PUTS_AT_ONCE`` in cmh's bucket pull-through,
+#: ``hub/mirror/stores/bucket/_pull.py``): parts of 8 MiB, 3 PUTs at once.
+PART, PUTS_AT_ONCE = 8 << 20, 3
+
+
 def storage_write(weed: object, store: str, file: Path, size: int) -> dict[str, float]:
     """The fleet's cold floor: seconds (and SeaweedFS's CPU seconds per GiB) for SeaweedFS
-    to store the file alone, as a fill stores it (parts of ``PART`` bytes, ``PUTS_AT_ONCE``
-    PUTs at once), nothing else running; the parts are deleted after."""
+    to store the file alone, as a fill stores it (parts of :data:`PART` bytes,
+    :data:`PUTS_AT_ONCE` PUTs at once), nothing else running; the parts are deleted after."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cmh.hub.mirror import BucketStore
-    from cmh.hub.mirror.stores.bucket._pull import PART, PUTS_AT_ONCE
 
     saved = dict(os.environ)
     os.environ.update(weed.aws_env(WORK))  # type: ignore[attr-defined]

@@ -13,10 +13,12 @@ whole files, every answer checked for status and size), for each way of serving:
 - ``proxy x1``, ``proxy x2``: ``cmh serve --blob-delivery proxy`` replicas, bytes
   streamed by cmh from the storage;
 - ``x-accel s3``: nginx in front of ``cmh serve --store s3://... --blob-delivery x-accel``,
-  nginx proxying the storage (config from ``cmh.hub.mirror.stores.bucket._xaccel``);
-- ``x-accel s3 cached``: the same with nginx's cache (``nginx_bucket_server(cache=...)``:
-  the storage read in 8 MiB slices, each fetched once for the clients that want it at
-  once); a new nginx with an empty cache for each run, so every run reads the storage;
+  nginx reading the storage through its cache (the default of
+  ``cmh.hub.mirror.nginx_bucket_server``: 8 MiB slices, each fetched once for the clients
+  that want it at once); a new nginx with an empty cache for each run, so every run
+  reads the storage;
+- ``x-accel s3 unbuffered``: the same with ``nginx_bucket_server(cache=None)``: nginx
+  streams each body from a GET of its own, nothing on disk;
 - ``nginx``: a bare nginx serving the local store's blob folder (the baseline of the
   x-accel row);
 - ``x-accel``: the same nginx in front of ``cmh serve --blob-delivery x-accel``
@@ -158,7 +160,7 @@ def start_nginx(
     servers = (
         nginx_server(store, f"127.0.0.1:{front}", upstream)
         + static
-        + nginx_bucket_server(f"127.0.0.1:{bucket}", bucket_upstream, storage)
+        + nginx_bucket_server(f"127.0.0.1:{bucket}", bucket_upstream, storage, cache=None)
     )
     conf.write_text(nginx_config(tmp, 1, False, servers))
     proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)])
@@ -258,14 +260,14 @@ def measure(
         "redirect x2": (lambda: through(redirect), True),
         "proxy x1": (lambda: through(proxy[:1]), False),
         "proxy x2": (lambda: through(proxy), False),
-        "x-accel s3": (lambda: through([front_s3]), False),
-        "x-accel s3 cached": (lambda: through([cached[0]]), False),
+        "x-accel s3": (lambda: through([cached[0]]), False),
+        "x-accel s3 unbuffered": (lambda: through([front_s3]), False),
         "nginx": (lambda: [list(bare_urls) for _ in range(args.clients)], False),
         "x-accel": (lambda: through([front]), False),
     }
     cmh_of = {  # the cmh processes answering each row
         "redirect x1": redirect[:1], "redirect x2": redirect, "proxy x1": proxy[:1],
-        "proxy x2": proxy, "x-accel s3": [xaccel_s3], "x-accel s3 cached": [xaccel_s3],
+        "proxy x2": proxy, "x-accel s3": [xaccel_s3], "x-accel s3 unbuffered": [xaccel_s3],
         "x-accel": [xaccel],
     }  # fmt: skip
     cmh_cpu = {name: 0.0 for name in cmh_of}
@@ -279,7 +281,7 @@ def measure(
         for name, (urls, follow) in runs.items():
             pids = [served_by[b] for b in cmh_of.get(name, [])]
             front_proc = ngx
-            if name == "x-accel s3 cached":
+            if name == "x-accel s3":
                 front_proc, cached[0] = start_cached_nginx(
                     nginx, upstreams[1], weed.endpoint, tmp / "nginx-cached"
                 )
@@ -299,7 +301,7 @@ def measure(
                     stop_process(front_proc)
             if pids:
                 cmh_cpu[name] += spent[0] / args.repeat
-            if name in ("direct", "proxy x1", "x-accel s3", "x-accel s3 cached", "nginx"):
+            if name in ("direct", "proxy x1", "x-accel s3", "x-accel s3 unbuffered", "nginx"):
                 columns = ("cmh", "nginx", "seaweedfs", "curl")
                 parts = cpu.setdefault(name, dict.fromkeys(columns, 0.0))
                 for key, value in zip(parts, spent, strict=True):
@@ -359,7 +361,7 @@ def main() -> int:
             cpu += f" ({cmh_cpu[name] / floor:.2f}x bare nginx's)" if floor > 0 else ""
             if over:
                 failed.append(f"{name} (CPU)")
-        print(f"{name:<18} {rate / 2**20:8.0f} MiB/s   {ratio:5.2f}x {base}{verdict}{cpu}")
+        print(f"{name:<22} {rate / 2**20:8.0f} MiB/s   {ratio:5.2f}x {base}{verdict}{cpu}")
     print(
         f"floor of the CPU rows: bare nginx spent {floor:.3f} s per GiB it sent (sendfile "
         "from the page cache to the same clients)"

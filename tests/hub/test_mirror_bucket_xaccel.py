@@ -19,7 +19,12 @@ from typing import ClassVar
 import pytest
 from bucket_support import S3Proxy, S3Request, aws_env_applied, isolated_aws_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
-from cmh.hub.mirror.stores.bucket._xaccel import nginx_bucket_location
+from cmh.hub.mirror.stores.bucket._xaccel import (
+    CACHE_ZONE,
+    DEFAULT_CACHE,
+    nginx_bucket_location,
+    nginx_bucket_server,
+)
 from mirror_support import (
     PRIVATE_REPO,
     PRIVATE_TOKEN,
@@ -203,7 +208,8 @@ def test_nginx_location_streams_the_storage_answer_unbuffered() -> None:
     """nginx reads the storage no further ahead of the client than one 1 MiB buffer, never
     into a temp file: buffering 4 MiB ahead cost the storage more CPU per GiB
     (bench/scaleout.py, issue 37); the version stays pinned with If-Match."""
-    lines = [line.strip() for line in nginx_bucket_location("http://127.0.0.1:8333").splitlines()]
+    storage = "http://127.0.0.1:8333"
+    lines = [line.strip() for line in nginx_bucket_location(storage, cached=False).splitlines()]
     assert "proxy_buffering off;" in lines
     assert "proxy_buffer_size 1m;" in lines
     assert "proxy_max_temp_file_size 0;" in lines
@@ -223,6 +229,22 @@ def test_nginx_cache_keys_a_slice_by_the_object_and_its_checked_version() -> Non
     assert [line for line in lines if line.startswith("proxy_cache_valid")] == [
         "proxy_cache_valid 206 60m;"
     ]
+
+
+def test_nginx_bucket_server_reads_through_the_cache_unless_told_not_to() -> None:
+    """The block users get by default reads the storage through nginx's cache (in
+    DEFAULT_CACHE, its ``http``-level lines first); ``cache=None`` is the unbuffered
+    location with nothing on disk."""
+    args = ("0.0.0.0:80", "127.0.0.1:8080", "http://127.0.0.1:8333")
+    default = nginx_bucket_server(*args)
+    assert default.startswith(f"proxy_cache_path {DEFAULT_CACHE} ")
+    assert f"proxy_cache {CACHE_ZONE};" in default
+    assert "proxy_buffering off;" not in default.split("location /_cmh_bucket/", 1)[1]
+    unbuffered = nginx_bucket_server(*args, cache=None)
+    assert "proxy_cache" not in unbuffered
+    assert "proxy_max_temp_file_size 0;" in unbuffered
+    folder = nginx_bucket_server(*args, cache="/srv/nginx-cache")
+    assert folder.startswith("proxy_cache_path /srv/nginx-cache ")
 
 
 class _Answers(http.server.BaseHTTPRequestHandler):

@@ -15,9 +15,11 @@ nginx drops most upstream headers on an internal redirect, and the storage's ans
 its own ``ETag``: the location keeps cmh's headers in variables before it proxies
 (``set`` runs before the new upstream replaces the old one) and puts them back.
 
-:func:`nginx_bucket_server` writes the ``server`` block this needs (with ``cache``, the
+:func:`nginx_bucket_server` writes the ``server`` block this needs. By default its
 location reads the storage through nginx's cache, slice by slice: each slice once for
-the clients that want it at once, keyed by the object and its checked version);
+the clients that want it at once, keyed by the object and its checked version, so that
+clients of one blob at once cost the storage about one read of it, not one each;
+``cache=None`` streams each body unbuffered on a GET of its own, with no disk at all;
 ``docs/object-storage.md`` shows it, and the tests and ``bench/scaleout.py`` run it.
 """
 
@@ -64,6 +66,9 @@ def storage_origin(endpoint: str) -> tuple[str, str]:
 
 #: The cache zone of :func:`nginx_bucket_cache` and the size of each cached slice.
 CACHE_ZONE = "cmh_blobs"
+#: The folder of nginx's cache that :func:`nginx_bucket_server` writes by default (nginx
+#: creates it; its workers must be able to write it).
+DEFAULT_CACHE = "/var/cache/nginx/cmh"
 SLICE = "8m"
 
 
@@ -115,11 +120,11 @@ def _unbuffered() -> list[str]:
     ]
 
 
-def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX, cached: bool = False) -> str:
+def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX, cached: bool = True) -> str:
     """The internal ``location`` (and its named error location) that fetches a bucket
     store's blobs from ``storage`` (the S3 endpoint cmh signs for) on cmh's behalf;
-    ``cached``: through the cache of :func:`nginx_bucket_cache` (which the ``http`` block
-    must hold), else unbuffered."""
+    ``cached`` (the default): through the cache of :func:`nginx_bucket_cache` (which the
+    ``http`` block must hold), else unbuffered."""
     origin, host = storage_origin(storage)
     kept = [f"  set $cmh_{_variable(h)} $upstream_http_{_variable(h)};" for h in PASSED_HEADERS]
     lines = [
@@ -157,11 +162,12 @@ def nginx_bucket_server(
     upstream: str,
     storage: str,
     prefix: str = DEFAULT_PREFIX,
-    cache: str | None = None,
+    cache: str | None = DEFAULT_CACHE,
 ) -> str:
     """A ``server`` block (for nginx's ``http`` block): everything to cmh at ``upstream``
-    (``host:port``), blobs by nginx from the storage at ``storage``; with ``cache`` (a
-    folder), the lines of :func:`nginx_bucket_cache` first, and blobs read through it."""
+    (``host:port``), blobs by nginx from the storage at ``storage``, read through a cache
+    in the folder ``cache`` (the lines of :func:`nginx_bucket_cache` come first);
+    ``cache=None``: unbuffered, each body on a GET of its own, nothing on disk."""
     lines = nginx_bucket_location(storage, prefix, cached=cache is not None).splitlines()
     location = "\n".join("  " + line for line in lines)
     return (
