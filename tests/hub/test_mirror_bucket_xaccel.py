@@ -70,6 +70,7 @@ def front(
     with aws_env_applied(env):
         store = BucketStore.open(where.url)
         src = write_tiny_repo(tmp / "tiny", 1)
+        (src / "empty.txt").write_bytes(b"")  # a repo may hold an empty file
         store.add_folder(src, TINY)
         store.add_folder(private, PRIVATE_REPO)
         clock = ProcessClock(tmp / "clock")
@@ -121,6 +122,16 @@ def test_stock_client_loads_from_the_bucket_through_nginx(front: Front, tmp_path
     assert out["leaf"] == "leaf 1\n"
     gets = front.server.log(route="resolve", method="GET")
     assert gets and all(e["bytes"] == 0 for e in gets if e["status"] == 200)  # nginx sent them
+
+
+def test_an_empty_file_comes_whole_through_nginx(front: Front) -> None:
+    """An empty blob is a 200 with no body, with the cache too (a slice's Range on an
+    empty object is one the storage cannot satisfy)."""
+    path = f"/{TINY}/resolve/main/empty.txt"
+    for _ in range(2):
+        status, headers, body = _request(front, path)
+        assert (status, body) == (200, b""), (status, headers, body)
+        assert headers["x-linked-size"] == "0" or "x-linked-size" not in headers
 
 
 def test_ranges_headers_and_access_are_cmhs(front: Front) -> None:
@@ -248,13 +259,15 @@ def test_nginx_bucket_server_reads_through_the_cache_unless_told_not_to() -> Non
 
 
 class _Answers(http.server.BaseHTTPRequestHandler):
-    """A one-route HTTP server: ``routes[path] = (headers, body)``; 404 otherwise."""
+    """A one-route HTTP server: ``routes[path] = (headers, body)``; 404 otherwise (a
+    ``Status`` header sets the status)."""
 
     routes: ClassVar[dict[str, tuple[dict[str, str], bytes]]] = {}
 
     def do_GET(self) -> None:
         headers, body = self.routes.get(self.path.split("?")[0], ({}, b""))
-        self.send_response(200 if body else 404)
+        headers = dict(headers)
+        self.send_response(int(headers.pop("Status", 200 if body else 404)))
         for name, value in headers.items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
@@ -293,6 +306,53 @@ def test_a_storage_answering_x_accel_headers_is_not_followed(tmp_path: Path) -> 
             assert (response.status, response.read()) == (200, b"the blob\n")
             assert response.getheader("ETag") == '"hub"'
             conn.close()
+        finally:
+            nginx.stop()
+    finally:
+        storage.shutdown()
+        upstream.shutdown()
+
+
+# what a storage may answer besides the bytes: each must reach the client as cmh's 503
+REFUSALS = [
+    ("416", {}, b"<Error><Code>InvalidRange</Code><Key>bucket/blob</Key></Error>"),
+    ("400", {}, b"<Error><Code>BadRequest</Code><Key>bucket/blob</Key></Error>"),
+    ("302", {"Location": "http://127.0.0.1:9/elsewhere"}, b"<a>moved</a>"),
+    ("429", {"Retry-After": "1"}, b"<Error><Code>SlowDown</Code></Error>"),
+    ("501", {}, b"<Error><Code>NotImplemented</Code></Error>"),
+]
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["unbuffered", "cached"])
+def test_a_storage_refusal_reaches_the_client_as_a_503_without_its_body(
+    tmp_path: Path, cached: bool
+) -> None:
+    """Whatever the storage answers instead of the bytes (an error, a redirect), the client
+    gets cmh's 503 with Retry-After: never the storage's body (it names the bucket's keys),
+    its Location, or its status."""
+    routes: dict[str, tuple[dict[str, str], bytes]] = {}
+    storage = _answering(routes)
+    upstream = _answering({
+        "/model/resolve/main/w.bin": (
+            {"X-Accel-Redirect": "/_cmh_bucket/", "X-Cmh-Storage-Target": "/bucket/blob",
+             "X-Cmh-Storage-Etag": '"v1"', "ETag": '"hub"'}, b"cmh never sends this body"),
+    })  # fmt: skip
+    try:
+        nginx = Nginx(None, f"127.0.0.1:{upstream.server_address[1]}", tmp_path / "nginx",
+                      storage=f"http://127.0.0.1:{storage.server_address[1]}",
+                      cache=cached)  # fmt: skip
+        try:
+            for status, headers, body in REFUSALS:
+                routes["/bucket/blob"] = ({"Status": status, **headers}, body)
+                conn = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=60)
+                conn.request("GET", "/model/resolve/main/w.bin")
+                response = conn.getresponse()
+                got = response.read()
+                assert response.status == 503, (status, response.status, got)
+                assert b"Error" not in got and b"moved" not in got, (status, got)
+                assert response.getheader("Location") is None, status
+                assert response.getheader("Retry-After") == "60", status
+                conn.close()
         finally:
             nginx.stop()
     finally:

@@ -772,3 +772,32 @@ def test_a_blob_whose_bytes_went_bad_is_never_sent_whole(served: Served, tmp_pat
             assert len(body) < len(wrong)
     finally:
         _overwrite(served, name, data)  # the store as it was, for any test after this one
+
+
+def test_an_empty_file_is_served_whole(served: Served, tmp_path: Path) -> None:
+    """Every kind serves an empty file as a 200 with no body (a repo may hold one), a
+    range of it as 416, and a HEAD of it as size 0."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    repo = "cmh-test/empty-file"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "empty.txt").write_bytes(b"")
+    (src / "config.json").write_text("{}\n")
+    _add(served, src, repo)
+    path = f"/{repo}/resolve/main/empty.txt"
+    for _ in range(2):  # the first GET checks the blob, the second knows it
+        status, headers, body = get(served.server.url + path)
+        assert (status, body) == (200, b""), (status, headers, body)
+        assert len(headers.get("X-Repo-Commit", "")) == 40
+    assert get(served.server.url + path, {"Range": "bytes=0-"})[0] == 416
+    where = urlsplit(served.server.url)
+    conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
+    try:
+        conn.request("HEAD", path)
+        head = conn.getresponse()
+        head.read()
+        assert head.status == 200 and head.getheader("Content-Length") == "0"
+    finally:
+        conn.close()

@@ -232,8 +232,10 @@ async def x_accel(
             raise BlobUnavailable(f"blob unavailable: {exc}") from None
         if not ok:
             raise BlobUnavailable("blob does not match its name")
-    url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
     out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
+    if not info.size:  # nothing to move (and a cached location's slice Range would not fit)
+        return web.Response(status=200, headers=out)
+    url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
     out.update(accel_headers(url, info.etag))
     return web.Response(status=200, headers=out)
 

@@ -120,6 +120,23 @@ def _unbuffered() -> list[str]:
     ]
 
 
+#: Statuses nginx can intercept (``error_page`` takes 300-599 but 499, nginx's own "client
+#: closed the request", which no storage sends), per ``error_page`` line.
+_INTERCEPTED = [code for code in range(300, 600) if code != 499]
+_PER_LINE = 25
+
+
+def _refusals() -> list[str]:
+    """Every storage answer but the bytes (``200``, ``206``) becomes cmh's ``503``: deny by
+    default, so that no status, body (it names the bucket's keys) or ``Location`` of the
+    storage reaches a client (``416`` for an empty object's slice, ``302``, ``429``...)."""
+    codes = [str(code) for code in _INTERCEPTED]
+    return [
+        f"  error_page {' '.join(codes[i : i + _PER_LINE])} =503 @cmh_storage_unavailable;"
+        for i in range(0, len(codes), _PER_LINE)
+    ]
+
+
 def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX, cached: bool = True) -> str:
     """The internal ``location`` (and its named error location) that fetches a bucket
     store's blobs from ``storage`` (the S3 endpoint cmh signs for) on cmh's behalf;
@@ -145,7 +162,7 @@ def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX, cached: bo
         *(f"  proxy_hide_header {h};" for h in HIDDEN_RESPONSE_HEADERS),
         *(f"  add_header {h} $cmh_{_variable(h)} always;" for h in PASSED_HEADERS),
         "  proxy_intercept_errors on;",
-        "  error_page 403 404 412 500 502 503 504 =503 @cmh_storage_unavailable;",
+        *_refusals(),
         *(["  proxy_ssl_server_name on;"] if origin.startswith("https:") else []),
         "}",
         "location @cmh_storage_unavailable {",
