@@ -134,6 +134,22 @@ def test_an_empty_file_comes_whole_through_nginx(front: Front) -> None:
         assert headers["x-linked-size"] == "0" or "x-linked-size" not in headers
 
 
+def test_a_range_cmh_answers_whole_comes_whole_through_nginx(front: Front) -> None:
+    """A Range whose If-Range names another version is answered with the whole blob (RFC
+    9110 13.1.5): cmh decides it, and nginx never sends a part of that blob (before, the
+    unbuffered location passed the client's Range to the storage: a resume after the file
+    changed got a part of the new version)."""
+    weights = (front.src / "weights.bin").read_bytes()
+    sha = hashlib.sha256(weights).hexdigest()
+    path = f"/{TINY}/resolve/main/weights.bin"
+    for stale in ('"0123"', 'W/"0123"', "Tue, 01 Jan 2030 00:00:00 GMT"):
+        status, headers, body = _request(front, path, {"Range": "bytes=0-9", "If-Range": stale})
+        assert (status, body) == (200, weights), (stale, status)
+        assert "content-range" not in headers
+    status, _, body = _request(front, path, {"Range": "bytes=0-9", "If-Range": f'"{sha}"'})
+    assert (status, body) in ((206, weights[:10]), (200, weights))
+
+
 def test_ranges_headers_and_access_are_cmhs(front: Front) -> None:
     weights = (front.src / "weights.bin").read_bytes()
     path = f"/{TINY}/resolve/main/weights.bin"
@@ -164,7 +180,7 @@ def test_a_private_blob_is_not_reachable_through_nginx_without_its_token(front: 
     name = front.store.blob_name(folder, sha)
     target = front.store.objects.presigned_get_url(name)
     path = target.split("/", 3)[3]
-    for asked in ("/_cmh_bucket/", f"/_cmh_bucket/{path}"):
+    for asked in ("/_cmh_bucket/", f"/_cmh_bucket/{path}", f"/_cmh_bucket_whole/{path}"):
         for headers in ({}, {"Authorization": f"Bearer {PRIVATE_TOKEN}"},
                         {"X-Cmh-Storage-Target": "/" + path}):  # fmt: skip
             status, _, body = _request(front, asked, headers)
@@ -237,9 +253,8 @@ def test_nginx_cache_keys_a_slice_by_the_object_and_its_checked_version() -> Non
     ]
     assert 'proxy_cache_key "$cmh_object $cmh_version $slice_range";' in lines
     assert "proxy_set_header If-Match $cmh_version;" in lines
-    assert [line for line in lines if line.startswith("proxy_cache_valid")] == [
-        "proxy_cache_valid 206 60m;"
-    ]
+    kept = [line for line in lines if line.startswith("proxy_cache_valid")]
+    assert kept == ["proxy_cache_valid 206 60m;"] * 2  # the location and its whole twin
 
 
 def test_nginx_bucket_server_reads_through_the_cache_unless_told_not_to() -> None:

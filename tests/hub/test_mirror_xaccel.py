@@ -94,8 +94,26 @@ def test_ranges_headers_and_access_are_cmhs(
     # the internal location cannot be asked for directly
     folder = "models--sentence-transformers--all-MiniLM-L6-v2"
     assert _request(nginx, f"/_cmh_blobs/{folder}/blobs/{sha}")[0] == 404
+    assert _request(nginx, f"/_cmh_blobs_whole/{folder}/blobs/{sha}")[0] == 404
     # a private repo: cmh refuses without its token, nginx sends with it
     private = f"/{PRIVATE_REPO}/resolve/main/config.json"
     assert _request(nginx, private)[0] == 404
     status, _, body = _request(nginx, private, {"Authorization": f"Bearer {PRIVATE_TOKEN}"})
     assert status == 200 and body
+
+
+def test_a_range_cmh_answers_whole_comes_whole_through_nginx(
+    front: tuple[Nginx, MirrorServer], minilm_dir: Path
+) -> None:
+    """A Range whose If-Range names another version is answered with the whole file (RFC
+    9110 13.1.5): cmh decides it, and nginx never sends a part of that file."""
+    nginx, _ = front
+    weights = (minilm_dir / "model.safetensors").read_bytes()
+    sha = hashlib.sha256(weights).hexdigest()
+    path = f"/{MINILM_REPO}/resolve/main/model.safetensors"
+    for stale in ('"0123"', 'W/"0123"', "Tue, 01 Jan 2030 00:00:00 GMT"):
+        status, headers, body = _request(nginx, path, {"Range": "bytes=0-9", "If-Range": stale})
+        assert (status, len(body)) == (200, len(weights)) and body == weights, stale
+        assert "content-range" not in headers
+    status, _, body = _request(nginx, path, {"Range": "bytes=0-9", "If-Range": f'"{sha}"'})
+    assert (status, body) in ((206, weights[:10]), (200, weights))

@@ -55,9 +55,10 @@ class BucketDelivery:
         if self.fetcher is None:
             answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
             return Sent(answer)
-        if self.mode == X_ACCEL:  # nginx sends the body
+        if self.mode == X_ACCEL:  # nginx sends the body (whole when cmh overrode a Range)
+            whole = ranges is None and "Range" in request.headers
             return Sent(await bucket_send.x_accel(
-                self.reader, self.fetcher, self.verifier, entry, headers
+                self.reader, self.fetcher, self.verifier, entry, headers, whole
             ))  # fmt: skip
         response, sent, cut = await bucket_send.proxy(
             request, self.reader, self.fetcher, self.verifier, entry, headers, ranges

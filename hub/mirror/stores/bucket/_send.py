@@ -58,7 +58,7 @@ from ._objectstore import (
 from ._read import BucketReader
 from ._shared_get import Version, open_body
 from ._splice import SpliceUnavailable
-from ._xaccel import accel_headers
+from ._xaccel import DEFAULT_PREFIX, accel_headers, whole_prefix
 
 PROXY = "proxy"
 REDIRECT = "redirect"
@@ -217,10 +217,13 @@ async def x_accel(
     verifier: ObjectVerifier,
     entry: FileEntry,
     headers: dict[str, str],
+    whole: bool = False,
 ) -> web.Response:
     """The answer that hands the entry's checked blob to nginx (its bytes come from the
-    storage through nginx, pinned to the checked version); :class:`BlobUnavailable`
-    when the blob is missing, of the wrong size, unreadable or does not match its name."""
+    storage through nginx, pinned to the checked version; with ``whole``, through the
+    location that ignores the client's ``Range``: cmh answers it with the whole body);
+    :class:`BlobUnavailable` when the blob is missing, of the wrong size, unreadable or
+    does not match its name."""
     info, ok = await ready(reader, verifier, entry)
     if ok is None:
         try:
@@ -236,7 +239,9 @@ async def x_accel(
     if not info.size:  # nothing to move (and a cached location's slice Range would not fit)
         return web.Response(status=200, headers=out)
     url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
-    out.update(accel_headers(url, info.etag))
+    out.update(
+        accel_headers(url, info.etag, whole_prefix(DEFAULT_PREFIX) if whole else DEFAULT_PREFIX)
+    )
     return web.Response(status=200, headers=out)
 
 

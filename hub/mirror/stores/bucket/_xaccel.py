@@ -137,34 +137,49 @@ def _refusals() -> list[str]:
     ]
 
 
+def whole_prefix(prefix: str) -> str:
+    """The prefix of the location that sends whole blobs (``/_cmh_bucket/`` ->
+    ``/_cmh_bucket_whole/``)."""
+    return prefix.rstrip("/") + "_whole/"
+
+
 def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX, cached: bool = True) -> str:
     """The internal ``location`` (and its named error location) that fetches a bucket
-    store's blobs from ``storage`` (the S3 endpoint cmh signs for) on cmh's behalf;
-    ``cached`` (the default): through the cache of :func:`nginx_bucket_cache` (which the
-    ``http`` block must hold), else unbuffered."""
+    store's blobs from ``storage`` (the S3 endpoint cmh signs for) on cmh's behalf, and
+    the one under :func:`whole_prefix` that sends them whole whatever the client's
+    ``Range``; ``cached`` (the default): through the cache of :func:`nginx_bucket_cache`
+    (which the ``http`` block must hold), else unbuffered."""
     origin, host = storage_origin(storage)
     kept = [f"  set $cmh_{_variable(h)} $upstream_http_{_variable(h)};" for h in PASSED_HEADERS]
-    lines = [
-        f"location {prefix} {{",
-        "  internal;",
-        *kept,
-        f"  set $cmh_target $upstream_http_{_variable(TARGET_HEADER)};",
-        f"  set $cmh_version $upstream_http_{_variable(VERSION_HEADER)};",
-        f"  proxy_pass {origin}$cmh_target;",
-        f"  proxy_set_header Host {host};",
-        "  proxy_set_header If-Match $cmh_version;",
-        *(f'  proxy_set_header {h} "";' for h in DROPPED_REQUEST_HEADERS),
-        "  proxy_http_version 1.1;",
-        '  proxy_set_header Connection "";',
-        *(_cached() if cached else _unbuffered()),
-        # the storage's answer is bytes, never an instruction to nginx
-        f"  proxy_ignore_headers {' '.join(STORAGE_INSTRUCTIONS)};",
-        *(f"  proxy_hide_header {h};" for h in HIDDEN_RESPONSE_HEADERS),
-        *(f"  add_header {h} $cmh_{_variable(h)} always;" for h in PASSED_HEADERS),
-        "  proxy_intercept_errors on;",
-        *_refusals(),
-        *(["  proxy_ssl_server_name on;"] if origin.startswith("https:") else []),
-        "}",
+    lines = []
+    for at, ranges in ((prefix, True), (whole_prefix(prefix), False)):
+        whole = [] if ranges else ["  max_ranges 0;"]  # the client's Range: not applied
+        if not ranges and not cached:
+            whole.append('  proxy_set_header Range "";')  # nor sent to the storage
+        lines += [
+            f"location {at} {{",
+            "  internal;",
+            *kept,
+            f"  set $cmh_target $upstream_http_{_variable(TARGET_HEADER)};",
+            f"  set $cmh_version $upstream_http_{_variable(VERSION_HEADER)};",
+            f"  proxy_pass {origin}$cmh_target;",
+            f"  proxy_set_header Host {host};",
+            "  proxy_set_header If-Match $cmh_version;",
+            *(f'  proxy_set_header {h} "";' for h in DROPPED_REQUEST_HEADERS),
+            "  proxy_http_version 1.1;",
+            '  proxy_set_header Connection "";',
+            *(_cached() if cached else _unbuffered()),
+            *whole,
+            # the storage's answer is bytes, never an instruction to nginx
+            f"  proxy_ignore_headers {' '.join(STORAGE_INSTRUCTIONS)};",
+            *(f"  proxy_hide_header {h};" for h in HIDDEN_RESPONSE_HEADERS),
+            *(f"  add_header {h} $cmh_{_variable(h)} always;" for h in PASSED_HEADERS),
+            "  proxy_intercept_errors on;",
+            *_refusals(),
+            *(["  proxy_ssl_server_name on;"] if origin.startswith("https:") else []),
+            "}",
+        ]
+    lines += [
         "location @cmh_storage_unavailable {",
         '  if ($cmh_target = "") { return 404; }  # asked for directly: not a redirect of cmh',
         "  add_header Retry-After 60 always;",
@@ -205,7 +220,8 @@ def nginx_bucket_server(
 def accel_headers(
     presigned_url: str, storage_etag: str, prefix: str = DEFAULT_PREFIX
 ) -> dict[str, str]:
-    """The headers that hand a body to nginx: the redirect and what its location needs."""
+    """The headers that hand a body to nginx: the redirect (to ``prefix``, or to its
+    :func:`whole_prefix` for a body cmh sends whole) and what its location needs."""
     parts = urlsplit(presigned_url)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     return {"X-Accel-Redirect": prefix, TARGET_HEADER: target, VERSION_HEADER: storage_etag}

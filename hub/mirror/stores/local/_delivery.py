@@ -25,7 +25,7 @@ from ..._ranges import ByteRange, reaches_end
 from ..._send import BodyCut, ClientLeft, Gate, frame, open_blob, send_body
 from .._delivery import PROXY, X_ACCEL, BlobMismatch, BlobMissing, Sent
 from ._verify import BlobVerifier, FileVersion, record_path
-from ._xaccel import DEFAULT_PREFIX
+from ._xaccel import DEFAULT_PREFIX, whole_prefix
 
 #: Seconds a request waits for the first check of a blob before its headers are sent;
 #: a longer check goes on while the body streams, and gates the body's last byte.
@@ -63,7 +63,8 @@ class FileDelivery:
         ranges: list[ByteRange] | None,
     ) -> Sent:
         if self.mode == X_ACCEL:
-            return Sent(await self._x_accel(entry, headers))
+            whole = ranges is None and "Range" in request.headers
+            return Sent(await self._x_accel(entry, headers, whole))
         f = await self._open(entry)
         try:
             gate = await self._verified(entry, f, reaches_end(ranges, entry.size))
@@ -151,8 +152,12 @@ class FileDelivery:
 
         return gate
 
-    async def _x_accel(self, entry: FileEntry, headers: dict[str, str]) -> web.Response:
-        """Hand the body to nginx: ``X-Accel-Redirect`` to the blob under the prefix.
+    async def _x_accel(
+        self, entry: FileEntry, headers: dict[str, str], whole: bool
+    ) -> web.Response:
+        """Hand the body to nginx: ``X-Accel-Redirect`` to the blob under the prefix (with
+        ``whole``, under the prefix whose location ignores the client's ``Range``: cmh
+        answers that request with the whole body).
 
         The blob is opened and checked first as for any body cmh sends (the check is
         waited for, since nginx's bytes cannot be held back), so nginx is only ever sent
@@ -169,5 +174,6 @@ class FileDelivery:
         real = os.path.join(os.path.realpath(entry.source.parent), entry.source.name)
         rel = os.path.relpath(real, self.root)
         out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
-        out["X-Accel-Redirect"] = self.prefix + quote(rel.replace(os.sep, "/"))
+        prefix = whole_prefix(self.prefix) if whole else self.prefix
+        out["X-Accel-Redirect"] = prefix + quote(rel.replace(os.sep, "/"))
         return web.Response(status=200, headers=out)

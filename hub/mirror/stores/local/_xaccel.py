@@ -3,6 +3,10 @@
 cmh answers a download with the Hub's headers and ``X-Accel-Redirect:
 {prefix}{repo folder}/blobs/{etag}``; nginx, in front of cmh, serves that file
 from an ``internal`` location (clients cannot ask for it directly), Range included.
+When cmh answers a client's ``Range`` with the whole body (an ``If-Range`` that does not
+name the file, a resume after a cut body), the redirect goes to the same path under
+:func:`whole_prefix` instead, a location that ignores ``Range`` (``max_ranges 0``): nginx
+never sends a part of a file that cmh decided to send whole.
 nginx drops most upstream headers on an internal redirect, so the location puts
 cmh's back (``$upstream_http_*``) and turns off its own ETag.
 
@@ -21,21 +25,31 @@ PASSED_HEADERS = (
 )  # fmt: skip
 
 
+def whole_prefix(prefix: str) -> str:
+    """The prefix of the location that sends whole files (``/_cmh_blobs/`` ->
+    ``/_cmh_blobs_whole/``)."""
+    return prefix.rstrip("/") + "_whole/"
+
+
 def nginx_location(store: Path, prefix: str = DEFAULT_PREFIX) -> str:
-    """The internal ``location`` that serves a local store's blobs for cmh."""
-    lines = [
-        f"location {prefix} {{",
-        "  internal;",
-        f"  alias {store.resolve()}/;",
-        "  etag off;",
-        "  default_type application/octet-stream;",
-        *(
-            f"  add_header {h} $upstream_http_{h.lower().replace('-', '_')} always;"
-            for h in PASSED_HEADERS
-            if h != "Content-Disposition"  # nginx keeps this one itself
-        ),
-        "}",
-    ]
+    """The internal ``location`` that serves a local store's blobs for cmh, and the one
+    under :func:`whole_prefix` that serves them without ranges."""
+    lines = []
+    for at, ranges in ((prefix, True), (whole_prefix(prefix), False)):
+        lines += [
+            f"location {at} {{",
+            "  internal;",
+            f"  alias {store.resolve()}/;",
+            "  etag off;",
+            *([] if ranges else ["  max_ranges 0;"]),
+            "  default_type application/octet-stream;",
+            *(
+                f"  add_header {h} $upstream_http_{h.lower().replace('-', '_')} always;"
+                for h in PASSED_HEADERS
+                if h != "Content-Disposition"  # nginx keeps this one itself
+            ),
+            "}",
+        ]
     return "\n".join(lines)
 
 
