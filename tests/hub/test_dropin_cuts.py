@@ -27,11 +27,13 @@ import pytest
 from bucket_support import S3Proxy, S3Request, isolated_aws_env
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
+from cmh.hub.mirror._upstream import NEGATIVE_FOR
 from deadline_support import TEST_DEADLINE
 from hublike import running
 from mirror_support import (
     InProcessMirror,
     MirrorServer,
+    ProcessClock,
     ctrl_c_as_from_a_terminal,
     hf_env,
     wait_for,
@@ -95,7 +97,7 @@ def pull(
 
 
 def _request(
-    server: MirrorServer | InProcessMirror | _ThroughNginx,
+    server: MirrorServer | InProcessMirror | _Served,
     method: str,
     headers: dict[str, str],
     keep: int | None = None,
@@ -117,7 +119,7 @@ def _request(
 
 
 def _read_past(
-    server: MirrorServer | _ThroughNginx, headers: dict[str, str], past: int, then: threading.Event
+    server: MirrorServer | _Served, headers: dict[str, str], past: int, then: threading.Event
 ) -> tuple[int, bytes]:
     """A GET whose first ``past`` body bytes are read before ``then`` is set; the status
     and every byte received (a cut body ends short)."""
@@ -139,15 +141,15 @@ def _read_past(
         conn.close()
 
 
-def _cuts(server: MirrorServer | _ThroughNginx) -> list[str]:
+def _cuts(server: MirrorServer | _Served) -> list[str]:
     server.sync()
     return [str(e["cut"]) for e in server.log() if e.get("cut")]
 
 
-def _stored(server: MirrorServer | _ThroughNginx) -> bool:
+def _stored(server: MirrorServer | _Served) -> bool:
     """The blob is in the store (a HEAD no longer starts or joins a fill)."""
     status, headers, _ = _request(server, "HEAD", {"User-Agent": NEW_AGENT})
-    return status == 200 and "x-cmh-filling" not in headers
+    return status in (200, 302) and "x-cmh-filling" not in headers  # 302: sent to the storage
 
 
 def test_a_client_that_left_a_fill_that_verified_resumes_with_206(
@@ -172,13 +174,15 @@ def test_after_a_fill_that_failed_its_check_no_resume_splices(
     _no_resume_splices(pull, origin)
 
 
-class _ThroughNginx:
-    """A pull-through ``cmh serve --blob-delivery x-accel`` asked through nginx in front of it
-    (its log and sync are the server's)."""
+class _Served:
+    """A pull-through ``cmh serve`` on ``clock``, asked directly or through ``nginx`` in front
+    of it (its log and sync are the server's)."""
 
-    def __init__(self, server: MirrorServer, nginx: Nginx) -> None:
-        self.server, self.nginx = server, nginx
-        self.host, self.port = "127.0.0.1", nginx.port
+    def __init__(self, server: MirrorServer, clock: ProcessClock, nginx: Nginx | None) -> None:
+        self.server, self.nginx, self.clock = server, nginx, clock
+        self.host, self.port = server.host, server.port
+        if nginx is not None:
+            self.host, self.port = "127.0.0.1", nginx.port
 
     def sync(self) -> None:
         self.server.sync()
@@ -190,27 +194,28 @@ class _ThroughNginx:
 @pytest.fixture(params=["folder", "bucket"])
 def pull_xaccel(
     request: pytest.FixtureRequest, origin: dict[str, Any], tmp_path: Path
-) -> Iterator[_ThroughNginx]:
+) -> Iterator[_Served]:
     """A pull-through ``cmh serve --blob-delivery x-accel`` on a folder or a bucket store,
     behind nginx (for a bucket, its default location: through nginx's cache)."""
     front = origin["front"]
     front.clear_faults()
     args = ("--upstream", front.url, "--fresh-for", "1h", "--blob-delivery", "x-accel")
-    store, storage, env = tmp_path / "store", "", None
+    store, storage, clock = tmp_path / "store", "", ProcessClock(tmp_path / "clock")
     if request.param == "folder":
         store.mkdir()
-        server = MirrorServer(store, tmp_path / "logs", extra_args=args)
+        server = MirrorServer(store, tmp_path / "logs", extra_args=args, clock=clock)
     else:
         bucket = request.getfixturevalue("moto_bucket")
         env = {**os.environ, **isolated_aws_env(bucket, tmp_path)}
-        server = MirrorServer(bucket.url, tmp_path / "logs", extra_args=args, env=env)
+        server = MirrorServer(bucket.url, tmp_path / "logs", extra_args=args, env=env,
+                              clock=clock)  # fmt: skip
         storage = bucket.endpoint
     try:
         folder = store if request.param == "folder" else None
         nginx = Nginx(folder, f"127.0.0.1:{server.port}", tmp_path / "nginx", storage=storage,
                       cache=bool(storage))  # fmt: skip
         try:
-            yield _ThroughNginx(server, nginx)
+            yield _Served(server, clock, nginx)
         finally:
             nginx.stop()
     finally:
@@ -219,14 +224,47 @@ def pull_xaccel(
 
 
 def test_after_a_fill_that_failed_its_check_no_resume_splices_through_nginx(
-    pull_xaccel: _ThroughNginx, origin: dict[str, Any]
+    pull_xaccel: _Served, origin: dict[str, Any]
 ) -> None:
     """With nginx sending the stored blob, a resume that cmh answers whole comes whole:
     nginx never applies the client's Range to it (before, it did)."""
-    _no_resume_splices(pull_xaccel, origin)
+    _no_resume_splices(pull_xaccel, origin, pull_xaccel.clock)
 
 
-def _no_resume_splices(pull: MirrorServer | _ThroughNginx, origin: dict[str, Any]) -> None:
+@pytest.fixture
+def pull_redirect(origin: dict[str, Any], tmp_path: Path, moto_bucket: Any) -> Iterator[_Served]:
+    """A pull-through ``cmh serve --blob-delivery redirect`` on a bucket store."""
+    front = origin["front"]
+    front.clear_faults()
+    args = ("--upstream", front.url, "--fresh-for", "1h", "--blob-delivery", "redirect")
+    env = {**os.environ, **isolated_aws_env(moto_bucket, tmp_path)}
+    clock = ProcessClock(tmp_path / "clock")
+    server = MirrorServer(moto_bucket.url, tmp_path / "logs", extra_args=args, env=env,
+                          clock=clock)  # fmt: skip
+    try:
+        yield _Served(server, clock, None)
+    finally:
+        server.stop()
+        front.clear_faults()
+
+
+def test_after_a_fill_that_failed_its_check_no_resume_splices_through_a_redirect(
+    pull_redirect: _Served, origin: dict[str, Any]
+) -> None:
+    """With clients sent to the storage, a resume that cmh answers whole comes whole: cmh
+    sends it itself (a client following a redirect sends its Range to the storage, which
+    would answer a part of the stored blob: before, it did)."""
+    _no_resume_splices(pull_redirect, origin, pull_redirect.clock)
+
+
+def _no_resume_splices(
+    pull: MirrorServer | _Served,
+    origin: dict[str, Any],
+    clock: ProcessClock | None = None,
+) -> None:
+    """A client cut by a fill that failed its check is never served a part of the blob.
+    With the server's ``clock``, the failure is then let age, the blob stored by a good
+    fill and the resume asked again: it must come whole."""
     front, data = origin["front"], origin["data"]
     front.flip_byte(origin["sha"], offset=4 << 20)  # the fill's bytes fail their check
     # The first download waits past the flipped byte (and past a bucket's first 8 MiB part)
@@ -244,10 +282,38 @@ def _no_resume_splices(pull: MirrorServer | _ThroughNginx, origin: dict[str, Any
     assert headers["content-range"] == f"bytes */{SIZE}"
     assert "force_download=True" in headers["x-error-message"]
     # Later releases (and other clients) start again from a 200 (or wait out the failure).
-    status, headers, body = _request(pull, "GET", {"User-Agent": NEW_AGENT, "Range": "bytes=1000-"})
+    asked = {"User-Agent": NEW_AGENT, "Range": "bytes=1000-"}
+    status, headers, body = _request(pull, "GET", asked)
+    if status in (301, 302, 303, 307, 308):  # a client follows it with its Range
+        status, headers, body = _follow(headers["location"], asked)
     assert status != 206, (status, headers)
     if status == 200:
         assert body == data
+    if clock is None:
+        return
+    clock.advance(NEGATIVE_FOR + 1)  # the failure ages out; a whole GET fills it, good
+    status, _, body = _request(pull, "GET", {"User-Agent": NEW_AGENT})
+    assert (status, body == data) == (200, True)
+    wait_for(lambda: _stored(pull), "the blob to be stored")
+    status, headers, body = _request(pull, "GET", asked)
+    if status in (301, 302, 303, 307, 308):
+        status, headers, body = _follow(headers["location"], asked)
+    assert (status, body == data) == (200, True), (status, headers)
+
+
+def _follow(location: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """The answer to a GET of a redirect's ``location`` with the client's ``headers``."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(location)
+    conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
+    try:
+        path = where.path + (f"?{where.query}" if where.query else "")
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
 
 
 STOCK_0X = r"""

@@ -21,12 +21,17 @@ from ._read import BucketReader
 class BucketDelivery:
     """Sends an entry's blob in one delivery mode: ``proxy`` (the object's bytes through
     this process, checked), ``redirect`` (a presigned URL, signed by ``signer``) or
-    ``x-accel`` (nginx fetches the checked version from the storage and sends it)."""
+    ``x-accel`` (nginx fetches the checked version from the storage and sends it).
+
+    A GET whose ``Range`` the mirror answers with the whole body (an ``If-Range`` naming
+    another version, a resume after a cut body: spec 8.3) is never answered with a part:
+    ``redirect`` proxies it (a client would send its ``Range`` to the storage), ``x-accel``
+    hands it to nginx's location that ignores ranges."""
 
     reader: BucketReader
     mode: str
     signer: ObjectStore | None = None  # signs redirect URLs (for the client's address)
-    fetcher: bucket_send.ObjectFetcher | None = field(default=None, init=False)
+    fetcher: bucket_send.ObjectFetcher = field(init=False)
     verifier: bucket_send.ObjectVerifier = field(
         default_factory=bucket_send.ObjectVerifier, init=False
     )
@@ -34,8 +39,7 @@ class BucketDelivery:
     def __post_init__(self) -> None:
         if self.mode not in (PROXY, REDIRECT, X_ACCEL):
             raise ValueError(f"a bucket store has no {self.mode!r} delivery")
-        if self.mode != REDIRECT:
-            self.fetcher = bucket_send.ObjectFetcher(self.reader)
+        self.fetcher = bucket_send.ObjectFetcher(self.reader)  # its session opens on first use
 
     @property
     def redirects(self) -> bool:
@@ -52,11 +56,11 @@ class BucketDelivery:
         headers: dict[str, str],
         ranges: list[ByteRange] | None,
     ) -> Sent:
-        if self.fetcher is None:
+        whole = ranges is None and "Range" in request.headers  # a Range answered whole
+        if self.mode == REDIRECT and not (whole and request.method == "GET"):
             answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
             return Sent(answer)
-        if self.mode == X_ACCEL:  # nginx sends the body (whole when cmh overrode a Range)
-            whole = ranges is None and "Range" in request.headers
+        if self.mode == X_ACCEL:  # nginx sends the body
             return Sent(await bucket_send.x_accel(
                 self.reader, self.fetcher, self.verifier, entry, headers, whole
             ))  # fmt: skip
@@ -66,5 +70,4 @@ class BucketDelivery:
         return Sent(response, sent, cut)
 
     async def close(self) -> None:
-        if self.fetcher is not None:
-            await self.fetcher.close()
+        await self.fetcher.close()
