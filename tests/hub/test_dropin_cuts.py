@@ -27,7 +27,6 @@ import pytest
 from bucket_support import S3Proxy, S3Request, isolated_aws_env
 from client_versions import client_env
 from cmh.hub.mirror import add_folder
-from cmh.hub.mirror._upstream import NEGATIVE_FOR
 from deadline_support import TEST_DEADLINE
 from hublike import running
 from mirror_support import (
@@ -291,7 +290,9 @@ def _no_resume_splices(
         assert body == data
     if clock is None:
         return
-    clock.advance(NEGATIVE_FOR + 1)  # the failure ages out; a whole GET fills it, good
+    # the failure ages out (the fleet's negative cache keeps it 10 s), and a whole GET
+    # fills the blob again, right this time
+    clock.advance(60)
     status, _, body = _request(pull, "GET", {"User-Agent": NEW_AGENT})
     assert (status, body == data) == (200, True)
     wait_for(lambda: _stored(pull), "the blob to be stored")
