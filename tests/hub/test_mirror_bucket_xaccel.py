@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import http.server
@@ -300,32 +301,60 @@ def _answering(routes: dict[str, tuple[dict[str, str], bytes]]) -> http.server.T
     return server
 
 
-def test_a_storage_answering_x_accel_headers_is_not_followed(tmp_path: Path) -> None:
-    """The storage's answer is bytes, never an instruction to nginx: an ``X-Accel-Redirect``
-    from a hostile (or co-tenant-controlled) storage does not make nginx fetch another
-    path through cmh's front (where a token-less request would be answered as nginx's)."""
-    storage = _answering({"/bucket/blob": ({"X-Accel-Redirect": "/elsewhere"}, b"the blob\n")})
-    upstream = _answering({
-        "/model/resolve/main/w.bin": (
-            {"X-Accel-Redirect": "/_cmh_bucket/", "X-Cmh-Storage-Target": "/bucket/blob",
-             "X-Cmh-Storage-Etag": '"v1"', "ETag": '"hub"'}, b"cmh never sends this body"),
-        "/elsewhere": ({}, b"what only the front answers\n"),
-    })  # fmt: skip
+#: What a stand-in for cmh answers for ``/model/resolve/main/w.bin``: the storage's
+#: ``/bucket/blob``, handed to nginx.
+_HANDED = {
+    "/model/resolve/main/w.bin": (
+        {"X-Accel-Redirect": "/_cmh_bucket/", "X-Cmh-Storage-Target": "/bucket/blob",
+         "X-Cmh-Storage-Etag": '"v1"', "ETag": '"hub"'}, b"cmh never sends this body"),
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _nginx_before(
+    tmp_path: Path,
+    storage_routes: dict[str, tuple[dict[str, str], bytes]],
+    front_routes: dict[str, tuple[dict[str, str], bytes]],
+    cached: bool = False,
+) -> Iterator[Nginx]:
+    """nginx with the bucket location, in front of a stand-in for cmh answering
+    ``front_routes`` (and :data:`_HANDED`), before a storage answering ``storage_routes``."""
+    storage = _answering(storage_routes)
+    upstream = _answering({**_HANDED, **front_routes})
     try:
         nginx = Nginx(None, f"127.0.0.1:{upstream.server_address[1]}", tmp_path / "nginx",
-                      storage=f"http://127.0.0.1:{storage.server_address[1]}")  # fmt: skip
+                      storage=f"http://127.0.0.1:{storage.server_address[1]}",
+                      cache=cached)  # fmt: skip
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=60)
-            conn.request("GET", "/model/resolve/main/w.bin")
-            response = conn.getresponse()
-            assert (response.status, response.read()) == (200, b"the blob\n")
-            assert response.getheader("ETag") == '"hub"'
-            conn.close()
+            yield nginx
         finally:
             nginx.stop()
     finally:
         storage.shutdown()
         upstream.shutdown()
+
+
+def _get_handed(nginx: Nginx) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (lower-case names) and body of a GET of the handed file."""
+    conn = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=60)
+    try:
+        conn.request("GET", "/model/resolve/main/w.bin")
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def test_a_storage_answering_x_accel_headers_is_not_followed(tmp_path: Path) -> None:
+    """The storage's answer is bytes, never an instruction to nginx: an ``X-Accel-Redirect``
+    from a hostile (or co-tenant-controlled) storage does not make nginx fetch another
+    path through cmh's front (where a token-less request would be answered as nginx's)."""
+    storage = {"/bucket/blob": ({"X-Accel-Redirect": "/elsewhere"}, b"the blob\n")}
+    front = {"/elsewhere": ({}, b"what only the front answers\n")}
+    with _nginx_before(tmp_path, storage, front) as nginx:
+        status, headers, body = _get_handed(nginx)
+        assert (status, body) == (200, b"the blob\n")
+        assert headers["etag"] == '"hub"'
 
 
 # what a storage may answer besides the bytes: each must reach the client as cmh's 503
@@ -346,33 +375,14 @@ def test_a_storage_refusal_reaches_the_client_as_a_503_without_its_body(
     gets cmh's 503 with Retry-After: never the storage's body (it names the bucket's keys),
     its Location, or its status."""
     routes: dict[str, tuple[dict[str, str], bytes]] = {}
-    storage = _answering(routes)
-    upstream = _answering({
-        "/model/resolve/main/w.bin": (
-            {"X-Accel-Redirect": "/_cmh_bucket/", "X-Cmh-Storage-Target": "/bucket/blob",
-             "X-Cmh-Storage-Etag": '"v1"', "ETag": '"hub"'}, b"cmh never sends this body"),
-    })  # fmt: skip
-    try:
-        nginx = Nginx(None, f"127.0.0.1:{upstream.server_address[1]}", tmp_path / "nginx",
-                      storage=f"http://127.0.0.1:{storage.server_address[1]}",
-                      cache=cached)  # fmt: skip
-        try:
-            for status, headers, body in REFUSALS:
-                routes["/bucket/blob"] = ({"Status": status, **headers}, body)
-                conn = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=60)
-                conn.request("GET", "/model/resolve/main/w.bin")
-                response = conn.getresponse()
-                got = response.read()
-                assert response.status == 503, (status, response.status, got)
-                assert b"Error" not in got and b"moved" not in got, (status, got)
-                assert response.getheader("Location") is None, status
-                assert response.getheader("Retry-After") == "60", status
-                conn.close()
-        finally:
-            nginx.stop()
-    finally:
-        storage.shutdown()
-        upstream.shutdown()
+    with _nginx_before(tmp_path, routes, {}, cached) as nginx:
+        for status, headers, body in REFUSALS:
+            routes["/bucket/blob"] = ({"Status": status, **headers}, body)
+            got, answered, text = _get_handed(nginx)
+            assert got == 503, (status, got, text)
+            assert b"Error" not in text and b"moved" not in text, (status, text)
+            assert "location" not in answered, status
+            assert answered.get("retry-after") == "60", status
 
 
 def test_a_cached_nginx_reads_each_slice_of_a_blob_once_for_clients_at_once(
