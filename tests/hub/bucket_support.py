@@ -139,6 +139,9 @@ class Fault(Enum):
     #: The headers and half the body are sent, then ``before_cut`` runs (it may block: a
     #: body paused midway), then the rest of the body.
     PAUSE = "pause"
+    #: The headers are sent, then ``before_cut`` runs (it may block: a body held before its
+    #: first byte), then the whole body.
+    HOLD = "hold"
 
 
 @dataclass(frozen=True)
@@ -218,10 +221,11 @@ class S3Proxy:
                 self.send_header("Content-Length", size or str(len(data)))
                 self.end_headers()
                 try:
-                    if fault is not None and fault.fault is Fault.PAUSE and not head:
-                        self.wfile.write(data[: len(data) // 2])
+                    if fault is not None and fault.fault in (Fault.PAUSE, Fault.HOLD) and not head:
+                        half = len(data) // 2 if fault.fault is Fault.PAUSE else 0
+                        self.wfile.write(data[:half])
                         fault.before_cut()
-                        self.wfile.write(data[len(data) // 2 :])
+                        self.wfile.write(data[half:])
                     elif fault is not None:  # Fault.TRUNCATE
                         fault.before_cut()
                         self.wfile.write(data[: len(data) // 2])
