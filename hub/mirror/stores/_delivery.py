@@ -28,6 +28,22 @@ X_ACCEL = "x-accel"
 DELIVERIES = (PROXY, REDIRECT, X_ACCEL)
 
 
+def answered_whole(request: web.Request, ranges: list[ByteRange] | None) -> bool:
+    """Whether the client asked for a ``Range`` that the mirror answers with the whole body
+    (an ``If-Range`` naming another version, a resume after a cut body: spec 8.3). No
+    mode may then send a part: ``redirect`` sends it itself (a client would send its
+    ``Range`` to the storage), ``x-accel`` hands it to nginx's location under
+    :func:`whole_prefix`."""
+    return ranges is None and "Range" in request.headers
+
+
+def whole_prefix(prefix: str) -> str:
+    """The prefix of nginx's internal location that sends blobs whole, whatever the client's
+    ``Range`` (``max_ranges 0``), beside the one at ``prefix``: ``/_cmh_blobs/`` ->
+    ``/_cmh_blobs_whole/``."""
+    return prefix.rstrip("/") + "_whole/"
+
+
 class BlobMismatch(BlobUnavailable):
     """The blob's stored bytes do not hash to its name (known bad): it is not sent."""
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from ..._index import FileEntry
 from ..._ranges import ByteRange
-from .._delivery import PROXY, REDIRECT, X_ACCEL, Sent
+from .._delivery import PROXY, REDIRECT, X_ACCEL, Sent, answered_whole
 from . import _send as bucket_send
 from ._objectstore import ObjectStore
 from ._read import BucketReader
@@ -56,7 +56,7 @@ class BucketDelivery:
         headers: dict[str, str],
         ranges: list[ByteRange] | None,
     ) -> Sent:
-        whole = ranges is None and "Range" in request.headers  # a Range answered whole
+        whole = answered_whole(request, ranges)
         if self.mode == REDIRECT and not (whole and request.method == "GET"):
             answer = await bucket_send.redirect(request, self.reader, entry, headers, self.signer)
             return Sent(answer)

@@ -48,6 +48,7 @@ from ..._index import FileEntry
 from ..._memo import Memo
 from ..._ranges import ByteRange, is_whole, reaches_end
 from ..._send import CLIENT_LEFT, BlobUnavailable, frame
+from .._delivery import whole_prefix
 from ._objectstore import (
     ObjectInfo,
     ObjectNotFound,
@@ -58,7 +59,7 @@ from ._objectstore import (
 from ._read import BucketReader
 from ._shared_get import Version, open_body
 from ._splice import SpliceUnavailable
-from ._xaccel import DEFAULT_PREFIX, accel_headers, whole_prefix
+from ._xaccel import DEFAULT_PREFIX, accel_headers
 
 PROXY = "proxy"
 REDIRECT = "redirect"

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from .._delivery import whole_prefix
+
 DEFAULT_PREFIX = "/_cmh_bucket/"
 #: Response headers cmh gives nginx (never seen by clients: nginx does not pass them).
 TARGET_HEADER = "X-Cmh-Storage-Target"
@@ -135,12 +137,6 @@ def _refusals() -> list[str]:
         f"  error_page {' '.join(codes[i : i + _PER_LINE])} =503 @cmh_storage_unavailable;"
         for i in range(0, len(codes), _PER_LINE)
     ]
-
-
-def whole_prefix(prefix: str) -> str:
-    """The prefix of the location that sends whole blobs (``/_cmh_bucket/`` ->
-    ``/_cmh_bucket_whole/``)."""
-    return prefix.rstrip("/") + "_whole/"
 
 
 def nginx_bucket_location(storage: str, prefix: str = DEFAULT_PREFIX, cached: bool = True) -> str:

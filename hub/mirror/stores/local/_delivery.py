@@ -23,9 +23,17 @@ from ..._errors import BlobUnavailable
 from ..._index import FileEntry
 from ..._ranges import ByteRange, reaches_end
 from ..._send import BodyCut, ClientLeft, Gate, frame, open_blob, send_body
-from .._delivery import PROXY, X_ACCEL, BlobMismatch, BlobMissing, Sent
+from .._delivery import (
+    PROXY,
+    X_ACCEL,
+    BlobMismatch,
+    BlobMissing,
+    Sent,
+    answered_whole,
+    whole_prefix,
+)
 from ._verify import BlobVerifier, FileVersion, record_path
-from ._xaccel import DEFAULT_PREFIX, whole_prefix
+from ._xaccel import DEFAULT_PREFIX
 
 #: Seconds a request waits for the first check of a blob before its headers are sent;
 #: a longer check goes on while the body streams, and gates the body's last byte.
@@ -63,8 +71,7 @@ class FileDelivery:
         ranges: list[ByteRange] | None,
     ) -> Sent:
         if self.mode == X_ACCEL:
-            whole = ranges is None and "Range" in request.headers
-            return Sent(await self._x_accel(entry, headers, whole))
+            return Sent(await self._x_accel(entry, headers, answered_whole(request, ranges)))
         f = await self._open(entry)
         try:
             gate = await self._verified(entry, f, reaches_end(ranges, entry.size))

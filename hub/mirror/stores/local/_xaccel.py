@@ -18,17 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._delivery import whole_prefix
+
 DEFAULT_PREFIX = "/_cmh_blobs/"
 #: cmh's headers that nginx must put back on the file it sends.
 PASSED_HEADERS = (
     "X-Repo-Commit", "ETag", "X-Linked-Etag", "X-Linked-Size", "Content-Disposition",
 )  # fmt: skip
-
-
-def whole_prefix(prefix: str) -> str:
-    """The prefix of the location that sends whole files (``/_cmh_blobs/`` ->
-    ``/_cmh_blobs_whole/``)."""
-    return prefix.rstrip("/") + "_whole/"
 
 
 def nginx_location(store: Path, prefix: str = DEFAULT_PREFIX) -> str:
