@@ -301,14 +301,25 @@ def seaweed_or_skip() -> Iterator[object]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+@contextmanager
+def weed_environ(weed: object) -> Iterator[None]:
+    """This process's environment with the SeaweedFS credentials and endpoint, restored
+    after."""
+    saved = dict(os.environ)
+    os.environ.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def direct_gets(weed: object, store: str, sha256: str, size: int, clients: int) -> dict[str, float]:
     """The fleet's floor: GB/s of 1 and ``clients`` curls GETting the filled blob straight
     from SeaweedFS (presigned URL), best of 2 each."""
     from cmh.hub.mirror import BucketStore, ObjectStoreError
 
-    saved = dict(os.environ)
-    os.environ.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
-    try:
+    with weed_environ(weed):
         objects = BucketStore.open(store).objects
         name = f"models--{REPO.replace('/', '--')}/blobs/{sha256}"
         deadline = time.monotonic() + 120  # the parts become the blob after the bodies end
@@ -321,9 +332,6 @@ def direct_gets(weed: object, store: str, sha256: str, size: int, clients: int) 
                     raise
                 time.sleep(0.2)
         url = objects.presigned_get_url(name)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     out = {}
     for m in (1, clients):
         best = min(fetch([url], m, size)[0] for _ in range(2))
@@ -344,9 +352,7 @@ def storage_write(weed: object, store: str, file: Path, size: int) -> dict[str, 
 
     from cmh.hub.mirror import BucketStore
 
-    saved = dict(os.environ)
-    os.environ.update(weed.aws_env(WORK))  # type: ignore[attr-defined]
-    try:
+    with weed_environ(weed):
         objects = BucketStore.open(store).objects
         names = [f"write-floor/part-{n:06d}" for n in range(math.ceil(size / PART))]
 
@@ -363,9 +369,6 @@ def storage_write(weed: object, store: str, file: Path, size: int) -> dict[str, 
         spent = (cpu_seconds(pid) - cpu) / (size / GIB)
         for name in names:
             objects.delete(name)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     return {"storage_write_s": wall, "storage_write_cpu": spent}
 
 

@@ -73,26 +73,45 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         server.stop()
 
 
+@contextlib.contextmanager
+def _pull_through(
+    request: pytest.FixtureRequest,
+    kind: str,
+    origin: dict[str, Any],
+    tmp_path: Path,
+    *extra: str,
+    clock: ProcessClock | None = None,
+) -> Iterator[tuple[MirrorServer, str]]:
+    """A pull-through ``cmh serve`` (with ``extra`` arguments) in front of the origin, on a
+    folder or a bucket store (``kind``), and the bucket's storage endpoint ("" for a
+    folder); the origin's faults are cleared before and after."""
+    front = origin["front"]
+    front.clear_faults()
+    args = ("--upstream", front.url, "--fresh-for", "1h", *extra)
+    storage = ""
+    if kind == "folder":
+        (tmp_path / "store").mkdir()
+        server = MirrorServer(tmp_path / "store", tmp_path / "logs", extra_args=args, clock=clock)
+    else:
+        bucket = request.getfixturevalue("moto_bucket")
+        env = {**os.environ, **isolated_aws_env(bucket, tmp_path)}
+        server = MirrorServer(bucket.url, tmp_path / "logs", extra_args=args, env=env,
+                              clock=clock)  # fmt: skip
+        storage = bucket.endpoint
+    try:
+        yield server, storage
+    finally:
+        server.stop()
+        front.clear_faults()
+
+
 @pytest.fixture(params=["folder", "bucket"])
 def pull(
     request: pytest.FixtureRequest, origin: dict[str, Any], tmp_path: Path
 ) -> Iterator[MirrorServer]:
     """A pull-through ``cmh serve`` in front of the origin, on a folder or a bucket store."""
-    front = origin["front"]
-    front.clear_faults()
-    args = ("--upstream", front.url, "--fresh-for", "1h")
-    if request.param == "folder":
-        (tmp_path / "store").mkdir()
-        server = MirrorServer(tmp_path / "store", tmp_path / "logs", extra_args=args)
-    else:
-        bucket = request.getfixturevalue("moto_bucket")
-        env = {**os.environ, **isolated_aws_env(bucket, tmp_path)}
-        server = MirrorServer(bucket.url, tmp_path / "logs", extra_args=args, env=env)
-    try:
+    with _pull_through(request, request.param, origin, tmp_path) as (server, _):
         yield server
-    finally:
-        server.stop()
-        front.clear_faults()
 
 
 def _request(
@@ -196,30 +215,19 @@ def pull_xaccel(
 ) -> Iterator[_Served]:
     """A pull-through ``cmh serve --blob-delivery x-accel`` on a folder or a bucket store,
     behind nginx (for a bucket, its default location: through nginx's cache)."""
-    front = origin["front"]
-    front.clear_faults()
-    args = ("--upstream", front.url, "--fresh-for", "1h", "--blob-delivery", "x-accel")
-    store, storage, clock = tmp_path / "store", "", ProcessClock(tmp_path / "clock")
-    if request.param == "folder":
-        store.mkdir()
-        server = MirrorServer(store, tmp_path / "logs", extra_args=args, clock=clock)
-    else:
-        bucket = request.getfixturevalue("moto_bucket")
-        env = {**os.environ, **isolated_aws_env(bucket, tmp_path)}
-        server = MirrorServer(bucket.url, tmp_path / "logs", extra_args=args, env=env,
-                              clock=clock)  # fmt: skip
-        storage = bucket.endpoint
-    try:
-        folder = store if request.param == "folder" else None
+    clock = ProcessClock(tmp_path / "clock")
+    args = ("--blob-delivery", "x-accel")
+    with _pull_through(request, request.param, origin, tmp_path, *args, clock=clock) as (
+        server,
+        storage,
+    ):
+        folder = tmp_path / "store" if request.param == "folder" else None
         nginx = Nginx(folder, f"127.0.0.1:{server.port}", tmp_path / "nginx", storage=storage,
                       cache=bool(storage))  # fmt: skip
         try:
             yield _Served(server, clock, nginx)
         finally:
             nginx.stop()
-    finally:
-        server.stop()
-        front.clear_faults()
 
 
 def test_after_a_fill_that_failed_its_check_no_resume_splices_through_nginx(
@@ -231,20 +239,14 @@ def test_after_a_fill_that_failed_its_check_no_resume_splices_through_nginx(
 
 
 @pytest.fixture
-def pull_redirect(origin: dict[str, Any], tmp_path: Path, moto_bucket: Any) -> Iterator[_Served]:
+def pull_redirect(
+    request: pytest.FixtureRequest, origin: dict[str, Any], tmp_path: Path
+) -> Iterator[_Served]:
     """A pull-through ``cmh serve --blob-delivery redirect`` on a bucket store."""
-    front = origin["front"]
-    front.clear_faults()
-    args = ("--upstream", front.url, "--fresh-for", "1h", "--blob-delivery", "redirect")
-    env = {**os.environ, **isolated_aws_env(moto_bucket, tmp_path)}
     clock = ProcessClock(tmp_path / "clock")
-    server = MirrorServer(moto_bucket.url, tmp_path / "logs", extra_args=args, env=env,
-                          clock=clock)  # fmt: skip
-    try:
+    args = ("--blob-delivery", "redirect")
+    with _pull_through(request, "bucket", origin, tmp_path, *args, clock=clock) as (server, _):
         yield _Served(server, clock, None)
-    finally:
-        server.stop()
-        front.clear_faults()
 
 
 def test_after_a_fill_that_failed_its_check_no_resume_splices_through_a_redirect(
