@@ -66,12 +66,12 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
     app = web.Application(
         client_max_size=1 << 20,
         client_max_fields=MAX_FORM_FIELDS,
-        middlewares=[_busy] if state.guard is not None else [],
+        middlewares=[_unrouted, _busy] if state.guard is not None else [_unrouted],
     )
     app[STORE_KEY] = state
     app[SERVE_FILE_KEY] = serve_file
     add_routes(app, pages if pages is not None else WebOptions())  # "/" and "/-/..." pages
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)  # a decoded %0A too
     app.on_response_prepare.append(_origin_headers)
     if state.guard is not None:  # every body's total deadline (_connections.py)
         app.on_response_prepare.append(state.guard.body_starts)
@@ -87,6 +87,15 @@ def make_app(state: MirrorState, pages: Any = None) -> web.Application:
 
     app.on_cleanup.append(close_delivery)
     return app
+
+
+@web.middleware
+async def _unrouted(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A target no route takes (not an absolute path: ``CONNECT host:port``, ``OPTIONS *``) is
+    answered as every refusal is, a typed JSON ``400``, not aiohttp's plain ``404``."""
+    if request.match_info.http_exception is not None:
+        return _error(HubError(400, "BadRequest", "request target must be an absolute path"))
+    return await handler(request)  # type: ignore[no-any-return]
 
 
 @web.middleware
@@ -402,6 +411,7 @@ def _disposition(request: web.Request) -> str:
 
 
 def _etag_in(header: str | None, etag: str) -> bool:
+    """``If-None-Match``: ``*`` or a listed tag equal to ``etag`` (weak comparison)."""
     if header is None:
         return False
     for item in header.split(","):
@@ -409,6 +419,21 @@ def _etag_in(header: str | None, etag: str) -> bool:
         if tag == "*" or tag.removeprefix("W/").strip('"') == etag:
             return True
     return False
+
+
+def _if_match_fails(header: str | None, etag: str) -> bool:
+    """``If-Match`` (RFC 9110 13.1.1): false unless ``*`` or a listed tag is ``etag``, strongly
+    (a weak tag never matches)."""
+    if header is None:
+        return False
+    tags = [item.strip() for item in header.split(",")]
+    return "*" not in tags and f'"{etag}"' not in tags
+
+
+def _if_range_matches(header: str, etag: str) -> bool:
+    """``If-Range`` (RFC 9110 13.1.5): one entity-tag, strongly equal to ``etag``; a weak tag,
+    a list, ``*``, an unquoted tag or a date (no ``Last-Modified`` is sent) never matches."""
+    return header.strip() == f'"{etag}"'
 
 
 async def _resolve(
@@ -435,6 +460,11 @@ async def _resolve(
     }
     if request.get(STALE_KEY):
         headers["Warning"] = request[STALE_KEY]
+    if _if_match_fails(request.headers.get("If-Match"), entry.etag):
+        raise HubError(
+            412, "PreconditionFailed", "If-Match does not name this file's ETag",
+            {"X-Repo-Commit": index.commit, "ETag": f'"{entry.etag}"'},
+        )  # fmt: skip
     if _etag_in(request.headers.get("If-None-Match"), entry.etag):
         response = web.StreamResponse(status=304, headers=headers)
         await response.prepare(request)
@@ -442,7 +472,11 @@ async def _resolve(
         return response
     range_header = request.headers.get("Range")
     if_range = request.headers.get("If-Range")
-    if range_header is not None and if_range is not None and not _etag_in(if_range, entry.etag):
+    if (
+        range_header is not None
+        and if_range is not None
+        and not _if_range_matches(if_range, entry.etag)
+    ):
         range_header = None
         request[RANGE_KEY] = "full"
     try:

@@ -1,7 +1,8 @@
 """Map a raw HTTP request target to a typed mirror route, refusing anything unsafe.
 
 Routing works on the raw target, never on a normalised path: each ``/``
-segment is percent-decoded once, strictly (UTF-8), and a decoded segment
+segment is percent-decoded once, strictly (UTF-8; a ``%`` not followed by two hex
+digits is refused), and a decoded segment
 holding a NUL, a backslash or a control character is refused. Repo ids,
 revisions and file paths are then checked by :mod:`cmh.hub.cache._layout`, which
 refuses ``.``/``..`` parts, empty parts and absolute paths, so no target can
@@ -24,6 +25,7 @@ from cmh.hub.cache import (
 
 MAX_TARGET = 8192
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\\]")
+_BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 API_KEYWORDS = ("revision", "tree", "paths-info", "commits")
 #: Last segments naming an endpoint of a repo rather than a repo (``/api/models/{repo}/refs``).
 REPO_ENDPOINTS = {"refs": "refs", "auth-check": "auth_check"}
@@ -65,6 +67,8 @@ class Route:
 
 
 def _decode(segment: str) -> str:
+    if _BAD_ESCAPE_RE.search(segment):
+        raise BadTarget("request target holds a malformed percent-escape")
     try:
         text = unquote(segment, encoding="utf-8", errors="strict")
     except UnicodeDecodeError:

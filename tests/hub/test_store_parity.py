@@ -276,6 +276,30 @@ def test_hub_api(served: Served) -> None:
     assert get(f"{url}/api/models/{PRIVATE_REPO}", auth)[0] == 200
 
 
+def test_preconditions_and_range_forms(served: Served) -> None:
+    """Every kind answers ``If-Match``, ``If-Range`` and the edge forms of ``Range`` alike
+    (RFC 9110 13.1.1, 13.1.5, 14.1): one place decides, before any delivery."""
+    url = f"{served.server.url}/{TINY_REPO}/resolve/main/weights.bin"
+    data = bytes((i * 7 + 1) % 256 for i in range(300_000))
+    etag = f'"{hashlib.sha256(data).hexdigest()}"'
+    status, headers, body = get(url, {"If-Match": '"0000"', "Range": "bytes=0-9"})
+    assert (status, headers["X-Error-Code"], headers["ETag"]) == (412, "PreconditionFailed", etag)
+    assert data[:10] not in body
+    for matching in (etag, "*", f'"0000", {etag}'):
+        assert get(url, {"If-Match": matching, "Range": "bytes=0-9"})[::2] == (206, data[:10])
+    assert get(url, {"If-Match": f"W/{etag}"})[0] == 412  # a weak tag never matches
+    assert get(url, {"Range": "bytes=0-9", "If-Range": etag})[::2] == (206, data[:10])
+    for other in (f"W/{etag}", "*", f"{etag}, {etag}", etag.strip('"'),
+                  "Mon, 07 Dec 2026 12:00:00 GMT"):  # fmt: skip
+        assert get(url, {"Range": "bytes=0-9", "If-Range": other})[::2] == (200, data), other
+    huge = "9" * 25
+    assert get(url, {"Range": f"bytes=299990-{huge}"})[::2] == (206, data[299990:])
+    assert get(url, {"Range": f"bytes=-{huge}"})[::2] == (206, data)
+    assert get(url, {"Range": f"bytes={huge}-"})[0] == 416
+    assert get(url, {"Range": "bytes=0-1,,4-5,"})[0] == 206  # empty list elements ignored
+    assert get(url, {"Range": "bytes=\uff10-\uff11".encode().decode("latin-1")})[0] == 416
+
+
 def test_fingerprint(served: Served) -> None:
     from cmh.semantic import fingerprint
 
@@ -792,6 +816,8 @@ def test_an_empty_file_is_served_whole(served: Served, tmp_path: Path) -> None:
         assert (status, body) == (200, b""), (status, headers, body)
         assert len(headers.get("X-Repo-Commit", "")) == 40
     assert get(served.server.url + path, {"Range": "bytes=0-"})[0] == 416
+    # RFC 9110 14.1.1: a suffix is the one range an empty file satisfies (answered whole)
+    assert get(served.server.url + path, {"Range": "bytes=-5"})[::2] == (200, b"")
     where = urlsplit(served.server.url)
     conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
     try:
