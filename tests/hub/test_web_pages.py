@@ -644,6 +644,28 @@ def test_download_buttons_fetch_the_file(web_server: MirrorServer) -> None:
     assert 'data-copy="#snippet"' in body
 
 
+def test_a_logged_in_viewers_download_links_open_a_private_file(
+    web_server: MirrorServer,
+) -> None:
+    """The pages' file links carry the viewer's login (its cookie), as the page does: a
+    private file's Download and Raw buttons fetch it for its viewer, and for nobody else."""
+    cookie = f"cmh_token={PRIVATE_TOKEN}"
+    status, _, body = fetch(web_server, f"/{PRIVATE}/blob/main/README.md", cookie=cookie)
+    assert status == 200
+    hrefs = [re.search(rf'id="{name}" href="([^"]+)"', body).group(1)  # type: ignore[union-attr]
+             for name in ("download", "raw")]  # fmt: skip
+    _, _, listing = fetch(web_server, f"/{PRIVATE}", cookie=cookie)
+    hrefs += re.findall(r'class="download" href="([^"]+)"', listing)
+    assert len(hrefs) > 2
+    for href in (h.replace("&amp;", "&") for h in hrefs):
+        request = Request(web_server.url + href, headers={"Cookie": cookie})
+        with build_opener(_NoRedirect).open(request, timeout=60) as r:
+            assert r.status == 200 and r.read(), href
+            if "download=true" in href:
+                assert r.headers["Content-Disposition"].startswith("attachment;"), href
+        assert fetch(web_server, href)[0] == 404, href  # no login: as a missing repo
+
+
 def test_facets_filter_the_list(web_server: MirrorServer) -> None:
     _, _, body = fetch(web_server, "/")
     task = body.split('id="facet-task"', 1)[1].split("</p>", 1)[0]

@@ -81,9 +81,15 @@ class RepoUrls:
     def commits(self, revision: str) -> str:
         return f"{self.home}/commits/{quote(revision, safe='')}"
 
-    def resolve(self, revision: str, path: str, download: bool = False) -> str:
-        """The Hub API's file URL (what ``hf_hub_download`` fetches)."""
-        url = f"{self.home}/resolve/{quote(revision, safe='')}/{quote(path, safe='/')}"
+    def resolve(self, revision: str, path: str) -> str:
+        """The Hub API's file URL (what ``hf_hub_download`` fetches; a ``Bearer`` token opens
+        a private repo)."""
+        return f"{self.home}/resolve/{quote(revision, safe='')}/{quote(path, safe='/')}"
+
+    def raw(self, revision: str, path: str, download: bool = False) -> str:
+        """The pages' file URL (the page's viewer, by its login cookie, opens a private repo);
+        ``download``: saved as an attachment."""
+        url = f"{self.home}/raw/{quote(revision, safe='')}/{quote(path, safe='/')}"
         return url + "?download=true" if download else url
 
 
