@@ -21,6 +21,8 @@ KNOWN_FLAGS = FLAG_SHA256 | FLAG_SIGNED | FLAG_XXH3
 _LAYOUT = struct.Struct("<4sBI32sBI14s")  # 60 bytes, then the u32 check
 _CHECK = struct.Struct("<I")
 _U32_MAX = 0xFFFFFFFF
+#: The last time a record holds (an unsigned 32-bit Unix time: 2106-02-07T06:28:15Z).
+LATEST_TIME = _U32_MAX
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ from ._carrier import (
 )
 from ._checks import checked_fingerprint, record_check
 from ._digests import DEFAULT_HASHING, Hashing, TensorDigest, file_root, hash_tensors, root_entries
-from ._duration import TTL, ttl_seconds
-from ._errors import CMHError, StampError
+from ._duration import TTL, format_duration, ttl_seconds
+from ._errors import CMHError, DurationError, StampError
 from ._filecopy import BackgroundCopy
 from ._header import METADATA_KEY, PREFIX_SIZE, Header, parse_header, read_header
-from ._record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, Record
+from ._record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, LATEST_TIME, Record
 from ._signing import key_id, sign_record
 
 _TMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.cmh-stamp\.(?P<pid>\d+)(?:\.\d+)?\.tmp$")
@@ -86,6 +86,8 @@ def stamp(
     without a key removes its signature (it would no longer match the new
     record); ``removed_signature_key_id`` then names the key that had signed.
     ``hashing`` sets the threads and a progress callback (:class:`cmh.Hashing`).
+    A lifetime that ends after the last time a record holds (2106-02-07) raises
+    :class:`DurationError`; nothing is written.
     """
     target = os.fspath(path)
     stamped_at = int(now if now is not None else time.time())
@@ -96,6 +98,12 @@ def stamp(
     if ttl is None and keep_ttl and previous is not None and previous.expires_at:
         lifetime = max(0, previous.expires_at - previous.stamped_at)
     expires_at = 0 if lifetime is None else stamped_at + lifetime
+    if expires_at > LATEST_TIME:
+        raise DurationError(
+            f"a lifetime of {format_duration(lifetime or 0)} from now ends after 2106-02-07, "
+            "the last time a record holds (an unsigned 32-bit Unix time): use a shorter TTL, "
+            "or never"
+        )
     job = _StampJob(target, header, expires_at, stamped_at, sign_key, xxh3, hashing)
     result = _stamp_in_place(job) if _fits_in_place(job) else _stamp_rewrite(job)
     removed = _removed_signer(carrier, sign_key)

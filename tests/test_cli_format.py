@@ -127,6 +127,10 @@ def test_stamp_usage_errors_change_nothing(run, model: Path, tmp_path: Path) -> 
     assert r.exit_code == 2 and "cannot read key file" in r.stderr
     assert run(["stamp"]).exit_code == 2
     assert model.read_bytes() == before
+    # a lifetime past the record's last time (2106-02-07, an unsigned 32-bit Unix time)
+    r = run(["stamp", model, "--ttl", "40000d", "--json"])
+    assert r.exit_code == 2 and model.read_bytes() == before
+    assert "ends after 2106-02-07" in r.json()["files"][0]["error"]
 
 
 def test_stamp_unreadable_inputs(run, model: Path, garbage: Path, tmp_path: Path) -> None:

@@ -185,6 +185,77 @@ def patched(record: bytes, offset: int, value: bytes) -> bytes:
     return with_check(record[:offset] + value + record[offset + len(value) : 60])
 
 
+# -- Ed25519 by hand, for the one signature a library will not make ----------------------
+# (RFC 8032's arithmetic in extended coordinates; only make_vectors uses it.)
+_P = 2**255 - 19
+_L = 2**252 + 27742317777372353535851937790883648493
+_D = -121665 * pow(121666, _P - 2, _P) % _P
+_Point = tuple[int, int, int, int]
+
+
+def _add(a: _Point, b: _Point) -> _Point:
+    x1, y1, z1, t1 = a
+    x2, y2, z2, t2 = b
+    aa, bb = (y1 - x1) * (y2 - x2) % _P, (y1 + x1) * (y2 + x2) % _P
+    cc, dd = 2 * t1 * t2 * _D % _P, 2 * z1 * z2 % _P
+    e, f, g, h = bb - aa, dd - cc, dd + cc, bb + aa
+    return (e * f % _P, g * h % _P, f * g % _P, e * h % _P)
+
+
+def _times(n: int, point: _Point) -> _Point:
+    out: _Point = (0, 1, 1, 0)
+    while n:
+        if n & 1:
+            out = _add(out, point)
+        point, n = _add(point, point), n >> 1
+    return out
+
+
+def _encode(point: _Point) -> bytes:
+    x, y, z, _ = point
+    zi = pow(z, _P - 2, _P)
+    x, y = x * zi % _P, y * zi % _P
+    return (y | (x & 1) << 255).to_bytes(32, "little")
+
+
+def _from_y(y: int) -> _Point | None:
+    """The point with this y and an even x, if there is one."""
+    xx = (y * y - 1) * pow(_D * y * y + 1, _P - 2, _P) % _P
+    x = pow(xx, (_P + 3) // 8, _P)
+    if (x * x - xx) % _P:
+        x = x * pow(2, (_P - 1) // 4, _P) % _P
+    if (x * x - xx) % _P:
+        return None
+    x = _P - x if x & 1 else x
+    return (x, y, 1, x * y % _P)
+
+
+def _order_eight() -> _Point:
+    """A point of order 8: [L] of a curve point whose small-order part has order 8."""
+    for y in range(2, 1000):
+        point = _from_y(y)
+        if point is None:
+            continue
+        small = _times(_L, point)
+        if _encode(_times(4, small)) != _encode((0, 1, 1, 0)):
+            return small
+    raise AssertionError("no point of order 8 found")
+
+
+def small_order_signature(seed: bytes, message: bytes) -> bytes:
+    """An Ed25519 signature of ``message`` by ``seed`` whose R is [r]B plus a point of order 8:
+    ``[8][S]B = [8]R + [8][k]A`` holds, ``[S]B = R + [k]A`` does not."""
+    h = hashlib.sha512(seed).digest()
+    a = int.from_bytes(h[:32], "little") & ((1 << 254) - 8) | (1 << 254)
+    base = _from_y(4 * pow(5, _P - 2, _P) % _P)
+    assert base is not None
+    public = _encode(_times(a, base))
+    r = int.from_bytes(hashlib.sha512(h[32:] + message).digest(), "little") % _L
+    big_r = _encode(_add(_times(r, base), _order_eight()))
+    k = int.from_bytes(hashlib.sha512(big_r + public + message).digest(), "little") % _L
+    return big_r + ((r + k * a) % _L).to_bytes(32, "little")
+
+
 def flip_byte(path: Path, tensor: str) -> None:
     header = cmh.read_header(path)
     offset = header.data_start + header.by_name()[tensor].begin
@@ -1021,6 +1092,19 @@ def more_contents_and_signatures(b: Builder) -> None:
     b.add(
         "signature-non-canonical",
         "the signature's S replaced by S + L (RFC 8032 requires S < L)",
+        "7",
+        "ok",
+        signature="invalid",
+        expires_at=expiry_of(signed),
+    )
+    # Section 7: the cofactorless check. R carries a point of order 8, so only the cofactored
+    # equation holds; with the signing key, a conforming reader reports signature_invalid.
+    torsion = small_order_signature(SIGNING_SEED, b"CMH-SIG-v1\0" + record_of(signed))
+    rewrite(signed, b.file("signature-small-order-r"), set_metadata(cmh_sig=torsion.hex()))
+    b.add(
+        "signature-small-order-r",
+        "a signature by the signing key whose R has a small-order part: it passes the "
+        "cofactored equation only, and section 7 checks the cofactorless one",
         "7",
         "ok",
         signature="invalid",
