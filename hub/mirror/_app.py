@@ -121,7 +121,8 @@ def _error(err: HubError) -> web.Response:
     headers = dict(err.headers)
     if err.code:
         headers["X-Error-Code"] = err.code
-    headers["X-Error-Message"] = err.message
+    # a header is ASCII for every client (a non-ASCII path as \u escapes; the body keeps it)
+    headers["X-Error-Message"] = err.message.encode("ascii", "backslashreplace").decode()
     response = web.json_response({"error": err.message}, status=err.status, headers=headers)
     if headers.get("Connection") == "close":
         response.force_close()  # at once: no lingering read of a body that does not come

@@ -106,6 +106,25 @@ def test_head_conditional_and_if_range(mirror: MirrorServer, mirror_store) -> No
     assert headers["X-Repo-Commit"]
 
 
+def test_error_headers_are_ascii(mirror: MirrorServer) -> None:
+    """A message naming a non-ASCII path stays readable in every client: the header holds
+    escapes (raw UTF-8 would be read as Latin-1), the JSON body the path itself."""
+    import http.client
+    from urllib.parse import quote, urlsplit
+
+    where = urlsplit(mirror.url)
+    conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
+    try:
+        conn.request("GET", f"/{TINY_REPO}/resolve/main/{quote('café-€.txt')}")
+        answer = conn.getresponse()
+        body = json.loads(answer.read())
+    finally:
+        conn.close()
+    assert answer.status == 404 and "café-€.txt" in body["error"]
+    message = answer.getheader("X-Error-Message") or ""
+    assert message.isascii() and "caf\\xe9-\\u20ac.txt" in message
+
+
 def test_percent_encoded_revisions_and_commit_ids(mirror: MirrorServer, mirror_store) -> None:
     commit = mirror_store.imports[f"{TINY_REPO}@v1"].commit
     for rev in ("v1", commit):
