@@ -11,7 +11,16 @@ Patched (huggingface_hub 2.x, transformers 4.40+/5.x), only while installed:
   ``from huggingface_hub import hf_hub_download``, gets the wrapper);
 - every attribute of an already imported module that is bound to one of the
   two original functions (``transformers.utils.hub.hf_hub_download`` and
-  ``.snapshot_download`` imported by name, sentence-transformers, ...).
+  ``.snapshot_download`` imported by name, sentence-transformers, ...);
+- ``try_to_load_from_cache`` in the same places (transformers reads the files of a
+  commit it knows straight from the cache with it): a cached file whose blob fails
+  its check is answered ``None``, not cached, so the caller downloads it through
+  the wrapped ``hf_hub_download``, which fetches it again (or refuses it offline).
+
+Offline (``local_files_only`` or the offline policy), a cached file that fails its
+check raises the stock ``LocalEntryNotFoundError`` (the cache cannot serve the call),
+caused by the resolver's :class:`IntegrityError`: every caller already handles it,
+and the bytes are never returned.
 
 Fail safe: before patching, the signature of each original is checked for the
 parameters the wrapper reads; if one is missing the function is left alone and
@@ -39,7 +48,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from cmh.hub.cache import COMMIT_RE, RepoLayout
+from cmh.hub.cache import COMMIT_RE, LayoutError, RepoLayout, blob_state
 
 from . import _window as window_state
 from ._local import hub_said_absent, one_file_listing
@@ -84,6 +93,7 @@ HF_HUB_DOWNLOAD_PARAMS = (
     "local_files_only",
     "endpoint",
 )
+TRY_TO_LOAD_PARAMS = ("repo_id", "filename", "cache_dir", "revision", "repo_type")
 SNAPSHOT_DOWNLOAD_PARAMS = (
     "repo_id",
     "repo_type",
@@ -132,6 +142,7 @@ def install(
         targets = [
             (file_download, "hf_hub_download", HF_HUB_DOWNLOAD_PARAMS, _wrap_hf_hub_download),
             (_snapshot_download, "snapshot_download", SNAPSHOT_DOWNLOAD_PARAMS, _wrap_snapshot),
+            (file_download, "try_to_load_from_cache", TRY_TO_LOAD_PARAMS, _wrap_try_to_load),
         ]
         import huggingface_hub
 
@@ -408,6 +419,18 @@ def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
     )
 
 
+def _refused_offline(exc: IntegrityError) -> Exception:
+    """What a call that may not use the network raises for a cached file that failed its
+    check: the stock error of a cache that cannot serve the call (every caller handles
+    it: transformers skips an optional file), caused by the resolver's refusal."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    return LocalEntryNotFoundError(
+        f"{exc}: its bytes are not used. Allow the network (no 'local_files_only', no "
+        "HF_HUB_OFFLINE) to fetch it again."
+    )
+
+
 def _local_entry_not_found(local_files_only: bool) -> Exception:
     """The stock client's error for a file the cache lacks while offline (nothing written)."""
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
@@ -455,11 +478,14 @@ def repo_filename(filename: Any, subfolder: Any) -> tuple[str, str] | None:
 
 
 Routed = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], Any]
+#: What ``routed`` returns to hand the call to the stock function, which the wrapper then
+#: calls outside any ``except`` block: its errors carry nothing of cmh (no ``__context__``).
+_STOCK: Any = object()
 
 
 def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]:
     """``original`` with its calls bound and run by ``routed`` in the cache they name
-    (calls it cannot bind go to ``original`` as they are)."""
+    (calls it cannot bind, and those ``routed`` hands back, go to ``original`` as they are)."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -467,7 +493,8 @@ def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]
         if a is None:
             return original(*args, **kwargs)
         with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
-            return routed(a, args, kwargs)
+            answer = routed(a, args, kwargs)
+            return original(*args, **kwargs) if answer is _STOCK else answer
 
     wrapper.__cmh_original__ = original  # type: ignore[attr-defined]
     return wrapper
@@ -476,12 +503,13 @@ def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]
 def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _stock_only(a):
-            return original(*args, **kwargs)
+            return _STOCK
         repo_type = a.get("repo_type") or "model"
         names = repo_filename(a["filename"], a.get("subfolder"))
         if names is None:
-            return original(*args, **kwargs)
+            return _STOCK
         filename, relative = names
+        absent: Exception | None = None  # stock's error, raised outside the except below
         try:
             # A name, not a pattern: "a[1].txt" is itself. The listing is cmh's own:
             # stock writes trees/{commit}.json from snapshot_download only.
@@ -489,24 +517,31 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
                 res = _route(a, [glob.escape(filename)])
         except NotFoundError as exc:
             if exc.kind != "entry" or exc.commit is None:
-                return original(*args, **kwargs)
-            if _offline(a):
-                raise _local_entry_not_found(bool(a.get("local_files_only"))) from None
+                return _STOCK
             repo = RepoLayout(cache_root(a.get("cache_dir")), a["repo_id"], repo_type)
-            if hub_said_absent(repo, exc.commit, filename):
-                raise _entry_not_found(exc.commit, _stock_url(a, filename, repo_type)) from None
-            # Only the Hub says a file is absent, as for the stock client: it is asked (one
-            # HEAD, which the client hook sends on): its 404, its .no_exist marker, or
-            # stock's LocalEntryNotFoundError when it cannot be reached.
-            return original(*args, **kwargs)
+            if _offline(a):
+                absent = _local_entry_not_found(bool(a.get("local_files_only")))
+            elif hub_said_absent(repo, exc.commit, filename):
+                absent = _entry_not_found(exc.commit, _stock_url(a, filename, repo_type))
+            else:
+                # Only the Hub says a file is absent, as for the stock client: it is asked
+                # (one HEAD, which the client hook sends on): its 404, its .no_exist marker,
+                # or stock's LocalEntryNotFoundError when it cannot be reached.
+                return _STOCK
+        except IntegrityError as exc:
+            if _offline(a):
+                raise _refused_offline(exc) from exc
+            raise
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
             _fall_back(f"{a['repo_id']}/{filename}", exc, _offline(a))
-            return original(*args, **kwargs)
+            return _STOCK
+        if absent is not None:  # its cause as stock gives it (offline mode), nothing of cmh
+            raise absent from absent.__cause__
         target = os.path.join(str(res.path), relative)
         if not os.path.isfile(target):
-            return original(*args, **kwargs)
+            return _STOCK
         return target
 
     return _wrapper(original, routed)
@@ -515,18 +550,55 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _stock_only(a) or a.get("ignore_patterns"):
-            return original(*args, **kwargs)
+            return _STOCK
         patterns = a.get("allow_patterns")
         try:
             res = _route(a, list(patterns) if isinstance(patterns, (list, tuple)) else patterns)
+        except IntegrityError as exc:
+            if _offline(a):
+                raise _refused_offline(exc) from exc
+            raise
         except RAISED:
             raise
         except (ResolveError, OSError) as exc:
             _fall_back(str(a["repo_id"]), exc, _offline(a))
-            return original(*args, **kwargs)
+            return _STOCK
         return str(res.path)
 
     return _wrapper(original, routed)
+
+
+def _wrap_try_to_load(original: Callable[..., Any]) -> Callable[..., Any]:
+    def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        found = original(*args, **kwargs)
+        if isinstance(found, str) and _blob_refused(a, found):
+            return None  # not cached: the caller downloads it (wrapped: fetched again)
+        return found
+
+    return _wrapper(original, routed)
+
+
+def _blob_refused(a: dict[str, Any], found: str) -> bool:
+    """True when the cached file ``found`` is a link to its repo's blob and that blob
+    fails its check (hashed once per blob version; a verified marker spares the read)."""
+    try:
+        repo = RepoLayout(
+            cache_root(a.get("cache_dir")), a["repo_id"], a.get("repo_type") or "model"
+        )
+        blob = os.path.realpath(found)
+        etag = os.path.basename(blob)
+        if not os.path.islink(found) or blob != os.path.realpath(repo.blob_path(etag)):
+            return False  # not a blob of this cache's repo: read as stock reads it
+        state = blob_state(repo, etag, os.stat(blob).st_size)
+    except (OSError, LayoutError, KeyError, TypeError, ValueError):
+        return False
+    if state != "corrupt":
+        return False
+    _warn_once(
+        ("corrupt", blob), "%s: cached %s failed its check: not used (it is fetched again)",
+        a["repo_id"], a.get("filename"),
+    )  # fmt: skip
+    return True
 
 
 def _offline(a: dict[str, Any]) -> bool:

@@ -221,6 +221,66 @@ def test_offline_missing_file_raises_the_stock_local_error_and_writes_nothing(
         hf_hub_download(REPO, "adapter_config.json", **kwargs)
     assert isinstance(caught.value, FileNotFoundError)  # what code catching it relies on
     assert _no_exist(toy.cache) == []
+    chain = [caught.value.__cause__, caught.value.__context__]
+    assert not [e for e in chain if e is not None and type(e).__module__.startswith("cmh")]
+    if how == "HF_HUB_OFFLINE":  # stock's cause: the offline mode
+        assert type(caught.value.__cause__).__name__ == "OfflineModeIsEnabled"
+
+
+def _spoil(cache: Path, name: str) -> bytes:
+    """Flip one byte of the cached blob of ``name`` at main (same size); its good bytes."""
+    folder = cache / f"models--{REPO.replace('/', '--')}"
+    commit = (folder / "refs" / "main").read_text().strip()
+    blob = (folder / "snapshots" / commit / name).resolve()
+    good = blob.read_bytes()
+    blob.write_bytes(good[:-2] + bytes([good[-2] ^ 1]) + good[-1:])
+    return good
+
+
+def test_a_corrupt_cached_file_is_not_what_try_to_load_from_cache_finds(
+    toy: Any,  # noqa: F811 (a fixture)
+    installed: None,  # noqa: F811
+) -> None:
+    """transformers reads the files of a commit it knows with ``try_to_load_from_cache``,
+    not ``hf_hub_download``: a cached blob that fails its check is answered as not cached,
+    so the caller downloads it (fetched again), never loads it."""
+    from huggingface_hub import hf_hub_download, snapshot_download, try_to_load_from_cache
+
+    snapshot_download(REPO)
+    good = _spoil(toy.cache, "model.safetensors")
+    assert try_to_load_from_cache(REPO, "model.safetensors") is None
+    intact = try_to_load_from_cache(REPO, "config.json")
+    assert (
+        isinstance(intact, str)
+        and Path(intact).read_bytes() == (toy.src / "config.json").read_bytes()
+    )
+    assert Path(hf_hub_download(REPO, "model.safetensors")).read_bytes() == good
+
+
+@pytest.mark.parametrize("call", ["snapshot_download", "hf_hub_download"])
+def test_offline_a_corrupt_cached_file_raises_the_stock_local_error(
+    toy: Any,  # noqa: F811 (a fixture)
+    installed: None,  # noqa: F811
+    call: str,
+) -> None:
+    """Offline, a cached file that fails its check is never returned: the stock error of a
+    cache that cannot serve the call (transformers' ``list_repo_templates`` catches it,
+    so a tokenizer still loads), caused by the resolver's refusal; another file is read."""
+    from cmh.hub import IntegrityError
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    snapshot_download(REPO)
+    _spoil(toy.cache, "model.safetensors")
+    with pytest.raises(LocalEntryNotFoundError) as caught:
+        if call == "snapshot_download":
+            snapshot_download(REPO, local_files_only=True)
+        else:
+            hf_hub_download(REPO, "model.safetensors", local_files_only=True)
+    assert isinstance(caught.value.__cause__, IntegrityError)
+    assert "failed its check" in str(caught.value)
+    config = hf_hub_download(REPO, "config.json", local_files_only=True)
+    assert Path(config).read_bytes() == (toy.src / "config.json").read_bytes()
 
 
 def test_online_missing_file_names_the_url_as_stock(
