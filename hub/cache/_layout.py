@@ -77,15 +77,26 @@ def validate_relpath(path: str) -> str:
 
 
 def _slash_path(value: str, what: str, max_length: int, forbidden: str) -> str:
-    """``value`` if it is ``/``-separated parts, none empty, ``.`` or ``..`` (so not absolute)."""
+    """``value`` if it is ``/``-separated parts, none empty, ``.`` or ``..`` (so not absolute),
+    and Unicode text a file name can hold: no lone surrogate (a JSON ``"\udc80"``, or a
+    name read from disk that is not UTF-8), which no UTF-8 encoder accepts."""
     if (
         not value
         or len(value) > max_length
         or any(p in {"", ".", ".."} for p in value.split("/"))
         or any(c in value for c in forbidden)
+        or not _encodable(value)
     ):
         raise LayoutError(f"invalid {what} {value!r}")
     return value
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:

@@ -482,6 +482,8 @@ HOSTILE_NAMES = [
     "back\\slash.txt",
     "empty//segment.txt",
     "x" * 256 + ".txt",
+    "lone-\udc80-surrogate.txt",  # JSON "\udc80": no file name can hold it (no UTF-8)
+    "high-\ud800.txt",
 ]
 
 
