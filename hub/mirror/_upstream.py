@@ -312,6 +312,10 @@ class Upstream:
         try:
             commit, files = self._listing(client, repo_type, repo_id, revision)
         except (NotFoundError, AccessError) as exc:
+            if expiry != float("-inf") and (isinstance(exc, AccessError) or exc.kind == "repo"):
+                # A held repo the upstream no longer serves (made private, gated or deleted):
+                # private here too, every revision held of it, until it serves it again.
+                self.pull.record_access(repo_type, repo_id, True, False)
             raise typed(exc) from None
         except ResolveError as exc:
             usable = expiry != float("-inf")

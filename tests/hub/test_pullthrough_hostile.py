@@ -720,3 +720,44 @@ def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
         answer = httpx2.get(url, timeout=60)
         assert answer.status_code == 200 and answer.content == b"{}\n"
         assert "110" in answer.headers.get("Warning", "")
+
+
+@pytest.mark.parametrize("kind", ["folder", "moto"])
+def test_a_held_repo_the_upstream_stops_serving_becomes_private(
+    kind: str, request: pytest.FixtureRequest, process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """Was: a public repo held by the mirror stayed public after the upstream stopped
+    serving it (made private, or deleted): ``main`` answered the refusal, but its commit,
+    tree, listings and pages still served it to anyone. Deny by default: it is now
+    private (only a ``--tokens`` grant opens it) until the upstream serves it again."""
+    from bucket_support import isolated_aws_env
+
+    store: Path | str = tmp_path / "pull"
+    env = dict(os.environ)
+    if kind == "folder":
+        Path(store).mkdir()
+    else:  # the fleet's store: a bucket prefix
+        bucket = request.getfixturevalue(f"{kind}_bucket")
+        store, env = bucket.url, {**env, **isolated_aws_env(bucket, tmp_path)}
+    with HostileHub() as hub, MirrorServer(
+        store, tmp_path / "logs", clock=process_clock, env=env,
+        extra_args=("--upstream", hub.url, "--fresh-for", "30s"),
+    ) as pull:  # fmt: skip
+        base, repo = pull.url, hub.repo_id
+        main = f"{base}/{repo}/resolve/main/config.json"
+        pinned = f"{base}/{repo}/resolve/{COMMIT}/config.json"
+        assert httpx2.get(main, timeout=TEST_DEADLINE).content == b"{}\n"
+        assert httpx2.get(pinned, timeout=TEST_DEADLINE).status_code == 200
+        hub.repo_id = "somewhere/else"  # the upstream answers RepoNotFound for the repo now
+        # past --fresh-for by more than the storage clock's resolution (1 s; a bucket's
+        # fleet counts freshness on it): main is revalidated
+        process_clock.advance(31.5)
+        assert httpx2.get(main, timeout=TEST_DEADLINE).headers["X-Error-Code"] == "RepoNotFound"
+        for url in (pinned, f"{base}/api/models/{repo}/revision/{COMMIT}", f"{base}/{repo}"):
+            assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 404, url
+        listed = [m["id"] for m in httpx2.get(f"{base}/api/models", timeout=TEST_DEADLINE).json()]
+        assert repo not in listed
+        hub.repo_id = repo  # served again: public again at the next revalidation
+        process_clock.advance(31.5)
+        assert httpx2.get(main, timeout=TEST_DEADLINE).content == b"{}\n"
+        assert httpx2.get(pinned, timeout=TEST_DEADLINE).status_code == 200
