@@ -241,17 +241,28 @@ def _commit_meta(repo: RepoLayout, commit: str) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-#: Commit indexes kept per worker (the least recently used go first): each lists up to
-#: 100,000 files, and the commits asked for are the clients' choice.
-MAX_INDEXES = 256
+#: Entries (files and folders) of the commit indexes one worker keeps, the least recently
+#: used going first: the commits asked for are the clients' choice and one lists up to
+#: 100,000 files (about 2 KiB of memory each), so the bound is on entries, not commits
+#: (three of the largest listings; 300,000 entries is about 600 MiB at most).
+MAX_INDEXED = 300_000
+#: What each kept index weighs besides its entries (so small ones are bounded in number).
+INDEX_BASE = 256
+
+
+def index_weight(index: CommitIndex | None) -> int:
+    """An index's weight in :data:`MAX_INDEXED`: its files and folders, plus :data:`INDEX_BASE`."""
+    return INDEX_BASE + (0 if index is None else len(index.files) + len(index.dir_oids))
 
 
 class IndexCache:
-    """Commit indexes kept in memory (at most ``size``), rebuilt when the snapshot folder
-    or tree file changes."""
+    """Commit indexes kept in memory (weighing at most ``size``, :func:`index_weight`),
+    rebuilt when the snapshot folder or tree file changes."""
 
-    def __init__(self, size: int = MAX_INDEXES) -> None:
-        self._entries: Memo[tuple[Path, str], tuple[tuple[int, int], CommitIndex]] = Memo(size)
+    def __init__(self, size: int = MAX_INDEXED) -> None:
+        self._entries: Memo[tuple[Path, str], tuple[tuple[int, int], CommitIndex]] = Memo(
+            size, weight=lambda kept: index_weight(kept[1])
+        )
 
     def get(self, repo: RepoLayout, commit: str) -> CommitIndex:
         key = (repo.path, commit)

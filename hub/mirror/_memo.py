@@ -22,21 +22,32 @@ V = TypeVar("V")
 
 
 class Memo(Generic[K, V]):
-    """At most ``size`` values by key; with ``ttl``, each expires ``ttl`` seconds of
-    ``timer`` after it was put. Safe to use from several threads."""
+    """At most ``size`` values by key (with ``weight``: values weighing ``size`` in all, a
+    value heavier than that alone is not kept); with ``ttl``, each expires ``ttl`` seconds
+    of ``timer`` after it was put. Safe to use from several threads."""
 
     def __init__(
         self,
         size: int,
         ttl: float | None = None,
         timer: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+        weight: Callable[[V], int] | None = None,
     ) -> None:
-        self.size, self.ttl = size, ttl
+        self.size, self.ttl, self.weight = size, ttl, weight
         self._lock = threading.Lock()
         self._computing = KeyedLocks[K]()
         self._items: Cache[K, V] = (
-            LRUCache(size) if ttl is None else TTLCache(size, ttl, timer=timer)
+            LRUCache(size, getsizeof=weight)
+            if ttl is None
+            else TTLCache(size, ttl, timer=timer, getsizeof=weight)
         )
+
+    def _keep(self, key: K, value: V) -> None:
+        """Keep ``value`` (the lock held); one too heavy for the whole memo is not kept."""
+        if self.weight is not None and self.weight(value) > self.size:
+            self._items.pop(key, None)
+            return
+        self._items[key] = value
 
     def get(self, key: K) -> V | None:
         """The value kept for ``key`` (now most recently used), or ``None``."""
@@ -46,7 +57,7 @@ class Memo(Generic[K, V]):
     def put(self, key: K, value: V) -> None:
         """Keep ``value`` for ``key``; the least recently used value goes when full."""
         with self._lock:
-            self._items[key] = value
+            self._keep(key, value)
 
     def drop(self, key: K) -> None:
         with self._lock:
@@ -67,11 +78,11 @@ class Memo(Generic[K, V]):
                         return self._items[key]
                 value = compute()
                 with self._lock:
-                    self._items[key] = value
+                    self._keep(key, value)
                 return value
         value = compute()
         with self._lock:
-            self._items[key] = value
+            self._keep(key, value)
         return value
 
     def __len__(self) -> int:

@@ -191,13 +191,34 @@ def test_failed_fills_are_kept_as_outcomes_within_their_bound(
 
 def test_commit_indexes_kept_are_bounded(tmp_path: Path) -> None:
     from cmh.hub.cache import RepoLayout
-    from cmh.hub.mirror._index import IndexCache
+    from cmh.hub.mirror._index import INDEX_BASE, IndexCache
 
-    cache = IndexCache(size=8)
+    cache = IndexCache(size=8 * (INDEX_BASE + 1))  # an empty commit: its root folder
     repo = RepoLayout(tmp_path, "o/r")
     for i in range(100):
         cache.get(repo, f"{i:040x}")
     assert len(cache) == 8
+
+
+def test_kept_commit_indexes_are_bounded_by_their_entries_not_their_number() -> None:
+    """Was: 256 indexes per worker whatever their size: a hostile upstream listing 99,000
+    files in each of a few repos grew a worker by about 200 MB per repo (up to 30 GB).
+    Now the indexes (and a bucket's tree objects) weigh their entries in one bound."""
+    from cmh.hub.mirror._index import INDEX_BASE, CommitIndex, index_weight
+    from cmh.hub.mirror._memo import Memo
+
+    def index(files: int) -> CommitIndex:
+        entries: dict[str, Any] = {f"f{i}": None for i in range(files)}
+        return CommitIndex("0" * 40, entries, {"": "0" * 40}, 0.0)
+
+    memo: Memo[str, CommitIndex] = Memo(3 * INDEX_BASE + 3_000, weight=index_weight)
+    for name in ("a", "b", "c"):
+        memo.put(name, index(999))
+    assert len(memo) == 3
+    memo.put("d", index(999))  # the least recently used goes
+    assert memo.get("a") is None and len(memo) == 3
+    memo.put("huge", index(10_000))  # heavier than the whole bound: not kept, none evicted
+    assert memo.get("huge") is None and len(memo) == 3
 
 
 # -- 3. CPU-heavy work apart ---------------------------------------------------------------

@@ -7,8 +7,9 @@ of the bucket, rebuilt from it at will.
   ``ref_ttl`` seconds (misses too), so a ref moved by ``cmh mirror add`` is seen by
   every replica at most ``ref_ttl`` seconds (plus one request) after the move.
 - A tree object never changes once written (its name is its commit id), so it is
-  kept (least recently used out past ``max_trees``) with the commit index built
-  from it. A tree that is gone (pruned) is noticed through its blobs: a blob read
+  kept (least recently used out past ``max_trees`` entries in all, as the folder's
+  commit indexes: :data:`~cmh.hub.mirror._index.MAX_INDEXED`) with the commit index
+  built from it. A tree that is gone (pruned) is noticed through its blobs: a blob read
   that fails drops what is known of that blob.
 - A blob's size and storage ETag are kept for ``blob_ttl`` seconds (at most
   ``ref_ttl``); the server reads the bytes with ``If-Match`` on that ETag, so a
@@ -25,14 +26,20 @@ import io
 from typing import Any, BinaryIO
 
 from ..._history import MAX_HISTORY, CommitRecord, place_changes
-from ..._index import CommitIndex, FileEntry
+from ..._index import INDEX_BASE, MAX_INDEXED, CommitIndex, FileEntry, index_weight
 from ..._memo import Memo
 from ._bucket import BucketStore, TreeObject
 from ._objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
 
 DEFAULT_REF_TTL = 2.0
 DEFAULT_BLOB_TTL = 60.0
-MAX_TREES = 4096
+
+
+def _tree_weight(tree: TreeObject | None) -> int:
+    """A tree object's weight, counted as :func:`index_weight` counts an index."""
+    return INDEX_BASE + (0 if tree is None else len(tree.files))
+
+
 MAX_REFS = 65536
 
 
@@ -48,15 +55,16 @@ class BucketReader:
         *,
         ref_ttl: float = DEFAULT_REF_TTL,
         blob_ttl: float = DEFAULT_BLOB_TTL,
-        max_trees: int = MAX_TREES,
+        max_trees: int = MAX_INDEXED,
     ) -> None:
         self.store = store
         self.ref_ttl = ref_ttl
         now = store.clock.monotonic  # the ref TTL's clock (tests move it)
         self._refs: Memo[str, str | None] = Memo(MAX_REFS, ref_ttl, now)
         self._exists: Memo[str, bool] = Memo(MAX_REFS, ref_ttl, now)
-        self._indexes: Memo[str, CommitIndex | None] = Memo(max_trees)
-        self._trees: Memo[str, TreeObject | None] = Memo(max_trees)
+        # bounded by their entries (files), not their number: each may list 100,000 files
+        self._indexes: Memo[str, CommitIndex | None] = Memo(max_trees, weight=index_weight)
+        self._trees: Memo[str, TreeObject | None] = Memo(max_trees, weight=_tree_weight)
         # A blob's info is trusted no longer than a ref: after scrub quarantines it or a
         # re-import replaces it, every replica sees the change within ``ref_ttl``.
         blob_ttl = min(blob_ttl, ref_ttl)
