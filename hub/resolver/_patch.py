@@ -483,9 +483,14 @@ Routed = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], Any]
 _STOCK: Any = object()
 
 
-def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]:
+def _wrapper(
+    original: Callable[..., Any],
+    routed: Routed,
+    handed: Callable[[dict[str, Any], Any], None] | None = None,
+) -> Callable[..., Any]:
     """``original`` with its calls bound and run by ``routed`` in the cache they name
-    (calls it cannot bind, and those ``routed`` hands back, go to ``original`` as they are)."""
+    (calls it cannot bind, and those ``routed`` hands back, go to ``original`` as they are;
+    ``handed`` sees what ``original`` returned to a handed-back call, and may refuse it)."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -494,7 +499,12 @@ def _wrapper(original: Callable[..., Any], routed: Routed) -> Callable[..., Any]
             return original(*args, **kwargs)
         with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
             answer = routed(a, args, kwargs)
-            return original(*args, **kwargs) if answer is _STOCK else answer
+            if answer is not _STOCK:
+                return answer
+            answer = original(*args, **kwargs)
+            if handed is not None:
+                handed(a, answer)
+            return answer
 
     wrapper.__cmh_original__ = original  # type: ignore[attr-defined]
     return wrapper
@@ -542,9 +552,16 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         target = os.path.join(str(res.path), relative)
         if not os.path.isfile(target):
             return _STOCK
+        _refuse_a_corrupt_blob(a, target)  # a snapshot without a listing is served as found
         return target
 
-    return _wrapper(original, routed)
+    def handed(a: dict[str, Any], found: Any) -> None:
+        # Offline, stock reads a cache the resolver could not vouch for: a file whose
+        # blob fails its check is still never returned.
+        if _offline(a) and isinstance(found, str):
+            _refuse_a_corrupt_blob(a, found)
+
+    return _wrapper(original, routed, handed)
 
 
 def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -578,6 +595,16 @@ def _wrap_try_to_load(original: Callable[..., Any]) -> Callable[..., Any]:
     return _wrapper(original, routed)
 
 
+def _refuse_a_corrupt_blob(a: dict[str, Any], found: str) -> None:
+    """Raise when the cached file ``found`` is a blob that fails its check: offline the stock
+    error of a cache that cannot serve the call, else the resolver's ``IntegrityError``."""
+    if _blob_refused(a, found):
+        error = IntegrityError(f"{a['repo_id']}: cached {a['filename']} failed its check")
+        if _offline(a):
+            raise _refused_offline(error) from error
+        raise error
+
+
 def _blob_refused(a: dict[str, Any], found: str) -> bool:
     """True when the cached file ``found`` is a link to its repo's blob and that blob
     fails its check (hashed once per blob version; a verified marker spares the read)."""
@@ -595,7 +622,7 @@ def _blob_refused(a: dict[str, Any], found: str) -> bool:
     if state != "corrupt":
         return False
     _warn_once(
-        ("corrupt", blob), "%s: cached %s failed its check: not used (it is fetched again)",
+        ("corrupt", blob), "%s: cached %s failed its check: not used (fetched again online)",
         a["repo_id"], a.get("filename"),
     )  # fmt: skip
     return True

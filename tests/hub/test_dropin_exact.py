@@ -580,3 +580,31 @@ def test_resolve_keeps_the_stock_repo_info_and_tree_answers(
             if "tree" in target:  # the next page the stock client follows is kept too
                 link = dict(kept["headers"])["link"]
                 assert link == asked.headers["link"].replace("&expand=false", ""), link
+
+
+def test_offline_a_corrupt_file_of_a_cache_stock_filled_is_refused(
+    toy: Any,  # noqa: F811 (a fixture)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cache the stock client filled has no listing: offline the resolver serves its
+    snapshot as found, and hands what it cannot answer to stock; a file whose blob fails
+    its check is refused either way (stock would return it)."""
+    import cmh.hub as hub
+    import cmh.hub.resolver._patch as patch
+    import huggingface_hub as stock  # its attribute: the wrapper once installed
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    stock.hf_hub_download(REPO, "config.json")  # stock, before install(): no listing
+    stock.hf_hub_download(REPO, "README.md")
+    _spoil(toy.cache, "config.json")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.install()
+    patch._recent.clear()
+    try:
+        with pytest.raises(LocalEntryNotFoundError) as caught:
+            stock.hf_hub_download(REPO, "config.json")
+        assert "failed its check" in str(caught.value)
+        readme = stock.hf_hub_download(REPO, "README.md")
+        assert Path(readme).read_bytes() == (toy.src / "README.md").read_bytes()
+    finally:
+        hub.uninstall()
