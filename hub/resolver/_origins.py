@@ -132,7 +132,8 @@ class OriginRule:
             return
         if file_request and src == self.endpoint:
             if self.local_target(dst[1]):
-                where = f"{dst[0]}://{dst[1]}:{dst[2]}"
+                host = f"[{dst[1]}]" if ":" in dst[1] else dst[1]  # an IPv6 address
+                where = f"{dst[0]}://{host}:{dst[2]}"
                 raise UnsafeRedirect(
                     f"redirect to a local address refused: {target} (a local CDN or storage "
                     f"this deployment trusts: --trust-origin {where}, or {TRUSTED_ORIGINS_ENV})"

@@ -403,6 +403,9 @@ def test_the_origin_rule() -> None:
     for local in ("127.0.0.1", "localhost", "169.254.169.254", "[::1]", "0.0.0.0"):
         with pytest.raises(UnsafeRedirect, match="local address"):
             rule.hop("https://hub.example/m/resolve/c/f", f"https://{local}/f", True)
+    with pytest.raises(UnsafeRedirect) as refused:  # the hint is a URL the option takes
+        rule.hop("https://hub.example/m/resolve/c/f", "https://[::1]:47002/f", True)
+    assert "--trust-origin https://[::1]:47002," in str(refused.value)
     with pytest.raises(UnsafeRedirect, match="another origin"):
         rule.link("https://hub.example/api/tree", "https://cdn.example/api/tree?cursor=1")
     with pytest.raises(UnsafeRedirect):
