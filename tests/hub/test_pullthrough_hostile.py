@@ -718,3 +718,46 @@ def test_a_stalled_upstream_does_not_delay_what_a_stale_copy_can_answer(
         answer = httpx2.get(url, timeout=60)
         assert answer.status_code == 200 and answer.content == b"{}\n"
         assert "110" in answer.headers.get("Warning", "")
+
+
+# -- legal extremes of a listing ----------------------------------------------------------
+
+#: One path segment of 255 bytes, the most a file system's NAME_MAX allows.
+LONG_NAME = "L" * 251 + ".txt"
+LONG_BODY = b"a file with the longest legal name\n"
+
+LONG_NAME_SCRIPT = r"""
+import json, sys
+from huggingface_hub import hf_hub_download
+path = hf_hub_download("evil/repo", sys.argv[1])
+print(json.dumps({"body": open(path).read(), "name": path.rsplit("/", 1)[1]}))
+"""
+
+
+def test_a_255_byte_file_name_works_end_to_end(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: the temporary link ``.{name}.cmh-link.{pid}.{tid}`` beside a 255-byte name was
+    over NAME_MAX: ``cmh pull`` and ``cmh mirror sync`` exited 3, the mirror answered 500,
+    then 500 for every file of the repo."""
+    files = {"config.json": b"{}\n", LONG_NAME: LONG_BODY}
+    with HostileHub(files=files) as hub:
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 0, result.output
+        snapshot = tmp_path / "cache" / "models--evil--repo" / "snapshots" / COMMIT
+        assert (snapshot / LONG_NAME).read_bytes() == LONG_BODY
+        assert not [p.name for p in snapshot.iterdir() if p.name.startswith(".")]
+        args = ["mirror", "sync", hub.repo_id, "--store", str(tmp_path / "synced"),
+                "--from", hub.url, "--cache-dir", str(tmp_path / "sync-cache")]  # fmt: skip
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main"
+        answer = httpx2.get(f"{url}/{LONG_NAME}", timeout=TEST_DEADLINE)
+        assert (answer.status_code, answer.content) == (200, LONG_BODY)
+        answer = httpx2.get(f"{url}/config.json", timeout=TEST_DEADLINE)
+        assert (answer.status_code, answer.content) == (200, b"{}\n")
+        code = LONG_NAME_SCRIPT.replace("sys.argv[1]", repr(LONG_NAME))
+        out = run_python(code, hf_env(pull.url, tmp_path / "home"), timeout=TEST_DEADLINE)
+        assert out == {"body": LONG_BODY.decode(), "name": LONG_NAME}
+        assert "Traceback" not in pull.stderr_text()
