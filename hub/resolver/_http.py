@@ -75,6 +75,9 @@ MAX_ANSWERS_KEPT = 16
 MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
+#: The largest size a listing may give a file: 1 PiB (no disk holds more, and a size past
+#: 2**63 is no file offset: reading it raised OverflowError).
+MAX_FILE_SIZE = 1 << 50
 #: Control characters (C0, DEL, C1): never in a listed name.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
@@ -1022,6 +1025,15 @@ def listed_path(path: str) -> str:
     return checked
 
 
+def listed_size(path: str, size: int) -> int:
+    """A listed file size checked (0 to :data:`MAX_FILE_SIZE`), else :class:`InvalidListing`."""
+    if size < 0:
+        raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
+    if size > MAX_FILE_SIZE:
+        raise InvalidListing(f"{path[:300]!r}: listed with a size over 1 PiB ({size} bytes)")
+    return size
+
+
 def check_listing(files: dict[str, RemoteFile]) -> None:
     """Refuse a listing too long or with a name that is a file and a folder at once."""
     if len(files) > MAX_LISTED_FILES:
@@ -1040,8 +1052,6 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
         raise InvalidListing(f"malformed tree entry {str(entry)[:300]}")
-    if size < 0:
-        raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
     # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
     # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
     etag = _etag_of(oid, entry.get("lfs"))
@@ -1050,7 +1060,7 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     lfs = entry.get("lfs")
     if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
         size = lfs["size"]
-    return RemoteFile(listed_path(path), size, etag[0], etag[1], str(oid))
+    return RemoteFile(listed_path(path), listed_size(path, size), etag[0], etag[1], str(oid))
 
 
 def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
@@ -1070,9 +1080,9 @@ def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
         lfs = s.get("lfs")
         if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
             size = lfs["size"]
-        if size < 0:
-            raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
-        files[listed_path(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+        files[listed_path(path)] = RemoteFile(
+            path, listed_size(path, size), etag[0], etag[1], blob_id
+        )
         if len(files) > MAX_LISTED_FILES:
             raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
     check_listing(files)

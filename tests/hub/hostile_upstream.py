@@ -30,6 +30,16 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def oversized_entry(size: int, *, lfs: bool = False) -> dict[str, Any]:
+    """A tree entry of ``config.json`` (:data:`BODY`) listed with ``size`` bytes (in its
+    ``lfs`` field when ``lfs``: its own ``size`` is then the true one)."""
+    entry: dict[str, Any] = {"type": "file", "path": "config.json", "oid": git_blob_id(BODY)}
+    entry["size"] = len(BODY) if lfs else size
+    if lfs:
+        entry["lfs"] = {"oid": hashlib.sha256(BODY).hexdigest(), "size": size}
+    return entry
+
+
 @dataclass
 class Seen:
     method: str
@@ -92,6 +102,7 @@ class HostileHub(LoopServer):
         if self.siblings:
             doc["siblings"] = [
                 {"rfilename": e["path"], "blobId": e["oid"], "size": e["size"]}
+                | ({"lfs": e["lfs"]} if "lfs" in e else {})
                 for e in self._entries()
             ]
         doc.update(self.revision_extra)

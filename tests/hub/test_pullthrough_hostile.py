@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror.stores.local._folder import add_folder
 from deadline_support import TEST_DEADLINE
-from hostile_upstream import COMMIT, HostileHub, Recorder
+from hostile_upstream import COMMIT, HostileHub, Recorder, oversized_entry
 from hublike import running
 from mirror_support import (
     PRIVATE_REPO,
@@ -761,3 +761,27 @@ def test_a_255_byte_file_name_works_end_to_end(
         out = run_python(code, hf_env(pull.url, tmp_path / "home"), timeout=TEST_DEADLINE)
         assert out == {"body": LONG_BODY.decode(), "name": LONG_NAME}
         assert "Traceback" not in pull.stderr_text()
+
+
+def test_a_listed_size_over_1_pib_is_refused_never_a_500(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: a listed size of 2**63 or more (2**70) reached ``os.pread`` (OverflowError, a
+    500 for a ``Range`` request). A size over 2**50 (1 PiB), in the revision's siblings or
+    in the tree (an ``lfs.size`` too), makes the listing invalid: ``cmh pull`` exits 3,
+    the mirror answers ``502 UpstreamProtocolError`` (the resolver's own check:
+    test_resolver_bounds.py)."""
+    cases = [(True, oversized_entry(2**70)), (False, oversized_entry((1 << 50) + 1)),
+             (False, oversized_entry(2**70, lfs=True))]  # fmt: skip
+    for i, (siblings, listed) in enumerate(cases):
+        with HostileHub(siblings=siblings, tree_entries=[listed]) as hub:
+            result = _pull(hub, tmp_path / f"p{i}")
+            assert result.exit_code == 3, result.output
+            assert "over 1 PiB" in result.output and "Traceback" not in result.output
+            pull = _serve(mirror_server_factory, hub, tmp_path / f"s{i}")
+            url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+            for headers in ({"Range": "bytes=0-1"}, {}):
+                answer = httpx2.get(url, headers=headers, timeout=TEST_DEADLINE)
+                assert answer.status_code == 502, (listed, answer.status_code, answer.text)
+                assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+            assert "Traceback" not in pull.stderr_text()
