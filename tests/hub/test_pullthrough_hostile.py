@@ -29,6 +29,7 @@ from mirror_support import (
     big_store,
     hf_env,
     run_python,
+    wait_for,
 )
 
 FLIP_RESUME_SCRIPT = r"""
@@ -302,14 +303,18 @@ def _pull(hub: HostileHub, tmp_path: Path) -> Any:
     return CliRunner().invoke(cli, args, env=env)
 
 
-def _serve(factory: Callable[..., MirrorServer], hub: HostileHub, tmp_path: Path) -> MirrorServer:
+def _serve(
+    factory: Callable[..., MirrorServer], hub: HostileHub, tmp_path: Path, workers: int = 1
+) -> MirrorServer:
     tmp_path.mkdir(parents=True, exist_ok=True)
     token_file = tmp_path / "upstream-token"
     token_file.write_text(SECRET + "\n")
     store = tmp_path / "pull-store"
     store.mkdir(exist_ok=True)
     return factory(
-        store, extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file))
+        store,
+        workers=workers,
+        extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
     )
 
 
@@ -785,3 +790,59 @@ def test_a_listed_size_over_1_pib_is_refused_never_a_500(
                 assert answer.status_code == 502, (listed, answer.status_code, answer.text)
                 assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
             assert "Traceback" not in pull.stderr_text()
+
+
+# -- stopping while the upstream holds a revalidation or a fill ----------------------------
+
+
+def _sigterm_while_busy(pull: MirrorServer, url: str, busy: Callable[[], bool]) -> None:
+    """GET ``url`` (in a thread), wait until ``busy()`` (the upstream holds the work the GET
+    started), SIGTERM: the server must exit 0. The wait is :data:`TEST_DEADLINE`, a guard
+    against a hang: the old code lived on until the upstream let go (hours here)."""
+    import subprocess
+    import threading
+
+    def get() -> None:
+        with contextlib.suppress(httpx2.HTTPError):
+            httpx2.get(url, timeout=TEST_DEADLINE)  # cut when the server stops
+
+    client = threading.Thread(target=get, daemon=True)
+    client.start()
+    wait_for(busy, "the upstream to be asked")
+    pull.process.terminate()
+    try:
+        code = pull.process.wait(TEST_DEADLINE)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running {TEST_DEADLINE:.0f} s after SIGTERM") from None
+    assert code == 0, pull.stderr_text()[-3000:]
+    assert "Traceback" not in pull.stderr_text()
+    client.join(TEST_DEADLINE)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_ends_the_server_while_a_revalidation_walks_an_endless_tree(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path, workers: int
+) -> None:
+    """Was: SIGTERM closed the listener, then the process waited for its revalidation
+    thread (an upstream sending a tree page a second, each with a next page); with
+    workers, the parent killed the worker whose request waited for it (exit status 1)."""
+    with HostileHub(siblings=False, tree_pages=(1 << 30, 1), tree_delay=1.0) as hub:
+        pull = _serve(mirror_server_factory, hub, tmp_path, workers)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        _sigterm_while_busy(pull, url, lambda: any("/tree/" in s.path for s in hub.seen))
+
+
+def test_sigterm_ends_the_server_while_a_fill_reads_a_dripped_body(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: SIGTERM left the process waiting for its fill's download thread (a body of
+    8 MiB at 32 KiB/s, slow but never idle: minutes)."""
+    files = {"config.json": b"{}\n", "big.bin": b"x" * (8 << 20)}
+    with HostileHub(files=files, drip=(8192, 0.25)) as hub:
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/big.bin"
+
+        def filling() -> bool:
+            return any(s.method == "GET" and s.path.endswith("/big.bin") for s in hub.seen)
+
+        _sigterm_while_busy(pull, url, filling)
