@@ -382,16 +382,21 @@ class HubClient:
         retry: RetryPolicy = DEFAULT_RETRY,
         clock: Clock | None = None,
         answer_by: float | None = None,
+        done_by: float | None = None,
     ) -> None:
         """``answer_by``: a ``clock.monotonic()`` time by which the endpoint must have
         answered one metadata request (:attr:`Policy.started` plus
         ``HF_HUB_ETAG_TIMEOUT``: a Hub that never answers costs that budget from the
-        process's start, not from the first request); none after its first answer."""
+        process's start, not from the first request); none after its first answer.
+        ``done_by``: a ``clock.monotonic()`` time by which every metadata request of this
+        client is done, however many (a walk's total budget: a mirror's revalidation);
+        each try ends by it and none starts past it (:class:`HubUnreachableError`)."""
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         # A transfer silent this long fails (read timeout) and is resumed by its caller.
         self.timeout = timeout if timeout is not None else download_timeout()
         self.retry = retry if clock is None else replace(retry, clock=clock)  # its waits
         self.answer_by = answer_by  # until the endpoint's first answer
+        self.done_by = done_by  # for all the metadata requests
         self.token = token or None
         self.rule = OriginRule(self.endpoint)  # where redirects may lead (origins.py)
         self._client = _shared_client(token, self.timeout)
@@ -488,13 +493,21 @@ class HubClient:
 
     def _metadata_budget(self) -> tuple[float, float, float]:
         """A metadata request's (budget, deadline on the retry clock, the same deadline on
-        the network clock): ``HF_HUB_ETAG_TIMEOUT`` from now for all its tries, and no
-        later than :attr:`answer_by` while the endpoint has not answered yet."""
+        the network clock): ``HF_HUB_ETAG_TIMEOUT`` from now for all its tries, no later
+        than :attr:`answer_by` while the endpoint has not answered yet, nor :attr:`done_by`
+        (past it: :class:`HubUnreachableError`, no request made)."""
         budget = metadata_timeout()
         now = self.retry.clock.monotonic()
         deadline = now + budget
         if self.answer_by is not None:
             deadline = min(deadline, self.answer_by)
+        if self.done_by is not None:
+            if now >= self.done_by:
+                raise HubUnreachableError(
+                    f"{self.endpoint}: the total time given to these requests has passed",
+                    transient=False,
+                )
+            deadline = min(deadline, self.done_by)
         return budget, deadline, _network_now() + (deadline - now)
 
     def _run_metadata(self, once: Callable[[], T], what: str, deadline: float) -> T:

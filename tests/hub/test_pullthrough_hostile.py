@@ -846,3 +846,39 @@ def test_sigterm_ends_the_server_while_a_fill_reads_a_dripped_body(
             return any(s.method == "GET" and s.path.endswith("/big.bin") for s in hub.seen)
 
         _sigterm_while_busy(pull, url, filling)
+
+
+def test_a_revalidation_walking_an_endless_tree_ends_at_its_total_deadline(
+    mirror_server_factory: Callable[..., MirrorServer], process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """Was: an upstream sending tree pages, each with a next page, kept one revalidation
+    asking for hours (10,000 pages); each client got 503 after 60 s. Now the walk ends when
+    the revalidation's 180 s (on the server's clock, moved here) have passed; its failure is
+    the negative cache's, so the next client hears it at once, and nothing more is asked."""
+    import threading
+
+    from cmh.hub.mirror._upstream import REVALIDATION_BUDGET
+
+    with HostileHub(siblings=False, tree_pages=(1 << 30, 1), tree_delay=0.2) as hub:
+        store = tmp_path / "pull"
+        store.mkdir()
+        pull = mirror_server_factory(store, extra_args=("--upstream", hub.url), clock=process_clock)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+
+        def pages() -> int:
+            return sum("/tree/" in s.path for s in hub.seen)
+
+        answers: list[httpx2.Response] = []
+        client = threading.Thread(target=lambda: answers.append(httpx2.get(url, timeout=60)))
+        client.start()
+        wait_for(lambda: pages() >= 3, "the tree walk")
+        process_clock.advance(REVALIDATION_BUDGET + 1)
+        client.join(TEST_DEADLINE)
+        (answer,) = answers
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["X-Error-Code"] == "UpstreamUnavailable"
+        assert f"not done within {REVALIDATION_BUDGET:g} s" in answer.json()["error"]
+        asked = pages()
+        again = httpx2.get(url, timeout=TEST_DEADLINE)  # the negative cache's outcome
+        assert (again.status_code, again.json()) == (503, answer.json())
+        assert pages() == asked  # the walk has ended
