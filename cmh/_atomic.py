@@ -10,6 +10,7 @@ share a temporary. The format (``cmh``), the CLI and the hub all use it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -17,12 +18,27 @@ from typing import BinaryIO
 
 from ._libc import libc_function
 
+#: Bytes of a target's name a temporary name keeps: with the dot, ``.cmh-{tag}.``, two ids
+#: of 7 digits and a suffix it stays well within NAME_MAX (255 bytes).
+MAX_TEMP_STEM = 200
+
+
+def temp_stem(name: str) -> str:
+    """The part of a temporary name that stands for the target's ``name``: the name
+    itself, or ``~`` and 16 hex digits of its SHA-256 when it is over
+    :data:`MAX_TEMP_STEM` bytes (a legal 255-byte name gets a temporary name too)."""
+    encoded = os.fsencode(name)
+    if len(encoded) <= MAX_TEMP_STEM:
+        return name
+    return "~" + hashlib.sha256(encoded).hexdigest()[:16]
+
 
 def temp_path(target: str | os.PathLike[str], tag: str = "tmp", suffix: str = "") -> str:
-    """``.{name}.cmh-{tag}.{pid}.{thread}{suffix}`` beside ``target``, unique per thread."""
+    """``.{stem}.cmh-{tag}.{pid}.{thread}{suffix}`` beside ``target``, unique per thread
+    (``stem``: :func:`temp_stem` of its name, so the whole stays under 255 bytes)."""
     directory, name = os.path.split(os.path.abspath(target))
     unique = f"{os.getpid()}.{threading.get_native_id()}"
-    return os.path.join(directory, f".{name}.cmh-{tag}.{unique}{suffix}")
+    return os.path.join(directory, f".{temp_stem(name)}.cmh-{tag}.{unique}{suffix}")
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -150,5 +166,6 @@ __all__ = [
     "remove_temporaries",
     "start_writeback",
     "temp_path",
+    "temp_stem",
     "write_new",
 ]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ._atomic import atomic_file
+from ._atomic import atomic_file, temp_stem
 from ._carrier import (
     KEY_KEY_ID,
     KEY_RECORD,
@@ -289,9 +289,10 @@ def _encode_header(header: Header, metadata: dict[str, str]) -> bytes:
 
 def _remove_dead_temporaries(directory: str, name: str) -> None:
     """Remove temporaries of earlier stamps of ``name`` whose process is gone."""
-    for entry in Path(directory).glob(f".{name}.cmh-stamp.*.tmp"):
+    stem = temp_stem(name)
+    for entry in Path(directory).glob(f".{stem}.cmh-stamp.*.tmp"):
         match = _TMP_PATTERN.match(entry.name)
-        if not match or match.group("name") != name:
+        if not match or match.group("name") != stem:
             continue
         if not _process_alive(int(match.group("pid"))):
             with contextlib.suppress(OSError):

@@ -50,3 +50,19 @@ def test_start_writeback_is_a_no_op_where_the_call_is_missing(
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def test_temporary_names_stay_within_name_max_whatever_the_target(tmp_path: Path) -> None:
+    """A 255-byte name (legal) got a temporary name over NAME_MAX (ENAMETOOLONG)."""
+    short = _atomic.temp_path(tmp_path / "config.json", "link")
+    assert os.path.basename(short).startswith(".config.json.cmh-link.")
+    names = ["L" * 251 + ".txt", "L" * 250 + ".txt", "é" * 127]  # 255, 254, 254 bytes
+    temps = [_atomic.temp_path(tmp_path / n, "incoming", ".tmp") for n in names]
+    assert len(set(temps)) == 3  # still one per target
+    for name, temp in zip(names, temps, strict=True):
+        assert os.path.dirname(temp) == str(tmp_path)
+        assert len(os.fsencode(os.path.basename(temp))) <= 64
+        _atomic.atomic_write(tmp_path / name, b"x")  # each step works on the real name
+        _atomic.atomic_symlink(tmp_path / (name[:-4] + ".lnk"), name)
+        assert (tmp_path / (name[:-4] + ".lnk")).read_bytes() == b"x"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -43,8 +43,15 @@ SHUTDOWN_TIMEOUT = 2.0
 #: inside aiohttp's wait. (Had that wait timed out in the same instant, aiohttp would
 #: cancel its waiter, and a handler ending just then would set the cancelled waiter's
 #: result, logging an ``InvalidStateError`` traceback from aiohttp's ``web_protocol``.
-#: A loaded run hit this.) The parent kills a worker at the same margin (:func:`_reap`).
+#: A loaded run hit this.)
 HANDLERS_END_WITHIN = 1.0
+#: Seconds a worker gets to end on its own once its server has stopped (and past
+#: ``--graceful-timeout`` + :data:`HANDLERS_END_WITHIN` after the signal in any case); then
+#: it ends at once with status 0 (:func:`_end_by`), whatever its background threads (a
+#: revalidation or a fill waiting on the upstream, which the interpreter would join) do.
+#: Nothing is lost: what they write is written atomically, a partial download is resumed.
+#: The parent of workers kills one still running :data:`EXIT_WITHIN` s later (:func:`_reap`).
+EXIT_WITHIN = 1.0
 
 
 class ServeError(Exception):
@@ -332,6 +339,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         on_ready()
         try:
             await stop.wait()
+            _end_by(config.graceful_timeout + HANDLERS_END_WITHIN + EXIT_WITHIN, stream)
             if config.workers <= 1:  # with workers, the parent says it (_reap)
                 _say_stopping(config.graceful_timeout)
         finally:
@@ -347,6 +355,8 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
                 await runner.cleanup()
             finally:
                 cut.cancel()
+            if stop.is_set():
+                _end_by(EXIT_WITHIN, stream)
 
     try:
         asyncio.run(main())
@@ -355,6 +365,24 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         if stream is not sys.stderr:
             stream.close()
     return 0
+
+
+def _end_by(seconds: float, stream: IO[str]) -> None:
+    """End the process with status 0 in ``seconds`` unless it has ended by then: a stopped
+    server's threads still waiting on the upstream do not hold it (see :data:`EXIT_WITHIN`)."""
+
+    def end() -> None:
+        from cmh import remove_temporaries
+
+        remove_temporaries()  # os._exit runs no finally block
+        for out in (stream, sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                out.flush()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
 
 
 def _bound_url(sock: socket.socket) -> str | None:
@@ -436,8 +464,8 @@ def _say_stopping(graceful_timeout: float) -> None:
 def _reap(children: list[int], graceful_timeout: float) -> int:
     """Wait for SIGTERM/SIGINT (forwarded to the workers) or a worker's death.
 
-    A worker still running ``graceful_timeout`` + :data:`HANDLERS_END_WITHIN` s after the
-    signal is killed.
+    A worker still running ``graceful_timeout`` + :data:`HANDLERS_END_WITHIN` + twice
+    :data:`EXIT_WITHIN` s after the signal is killed (it ends itself before: :func:`_end_by`).
     """
     stopping = False
 
@@ -446,7 +474,7 @@ def _reap(children: list[int], graceful_timeout: float) -> int:
         if not stopping:
             _say_stopping(graceful_timeout)
             deadline = threading.Timer(
-                graceful_timeout + HANDLERS_END_WITHIN, _kill, (list(children),)
+                graceful_timeout + HANDLERS_END_WITHIN + 2 * EXIT_WITHIN, _kill, (list(children),)
             )
             deadline.daemon = True
             deadline.start()

@@ -67,6 +67,11 @@ MAX_OUTCOME_MESSAGE = 2048
 FILL_RETRY_BUDGET = 30.0
 #: The pauses between those retries, doubling from the first up to the last.
 FILL_RETRY_FIRST, FILL_RETRY_MAX = 0.5, 5.0
+#: Seconds one revalidation may spend asking the upstream in all (the revision, every tree
+#: page, the access checks): an upstream sending an endless paged tree slowly fails it then,
+#: as any upstream failure (shared by the negative cache), instead of holding its thread for
+#: hours. A listing of 100,000 files in 100 pages takes well under this from the Hub.
+REVALIDATION_BUDGET = 180.0
 
 #: The ``Warning`` header of an answer served stale because the upstream failed (RFC 7234).
 STALE_WARNING = '110 cmh "Response is stale"'
@@ -227,11 +232,12 @@ class Upstream:
 
     _count = count
 
-    def client(self) -> Any:
-        """A client of the upstream with the mirror's own token (never a client's)."""
+    def client(self, done_by: float | None = None) -> Any:
+        """A client of the upstream with the mirror's own token (never a client's);
+        ``done_by``: when its requests must all be done (``HubClient``'s, on :attr:`clock`)."""
         from cmh.hub.resolver import HubClient
 
-        return HubClient(self.url, self.config.token, clock=self.clock)
+        return HubClient(self.url, self.config.token, clock=self.clock, done_by=done_by)
 
     _client = client
 
@@ -308,7 +314,7 @@ class Upstream:
             and not self.pull.claim(repo_type, repo_id, revision)
         ):
             return None  # another replica revalidated it meanwhile (its record says so)
-        client = self.client()
+        client = self.client(done_by=self.clock.monotonic() + REVALIDATION_BUDGET)
         try:
             commit, files = self._listing(client, repo_type, repo_id, revision)
         except (NotFoundError, AccessError) as exc:
@@ -321,7 +327,10 @@ class Upstream:
             usable = expiry != float("-inf")
             if usable and self.clock.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
-            raise failed(exc, "unusable and nothing usable cached") from None
+            doing = "unusable and nothing usable cached"
+            if self.clock.monotonic() >= client.done_by:
+                doing = f"not done within {REVALIDATION_BUDGET:g} s, nothing usable cached"
+            raise failed(exc, doing) from None
         finally:
             self.count(client.requests, client.bytes_received)
         self.pull.install(self, repo_type, repo_id, commit, files)

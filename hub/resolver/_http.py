@@ -75,6 +75,9 @@ MAX_ANSWERS_KEPT = 16
 MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
+#: The largest size a listing may give a file: 1 PiB (no disk holds more, and a size past
+#: 2**63 is no file offset: reading it raised OverflowError).
+MAX_FILE_SIZE = 1 << 50
 #: Control characters (C0, DEL, C1): never in a listed name.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
@@ -379,16 +382,21 @@ class HubClient:
         retry: RetryPolicy = DEFAULT_RETRY,
         clock: Clock | None = None,
         answer_by: float | None = None,
+        done_by: float | None = None,
     ) -> None:
         """``answer_by``: a ``clock.monotonic()`` time by which the endpoint must have
         answered one metadata request (:attr:`Policy.started` plus
         ``HF_HUB_ETAG_TIMEOUT``: a Hub that never answers costs that budget from the
-        process's start, not from the first request); none after its first answer."""
+        process's start, not from the first request); none after its first answer.
+        ``done_by``: a ``clock.monotonic()`` time by which every metadata request of this
+        client is done, however many (a walk's total budget: a mirror's revalidation);
+        each try ends by it and none starts past it (:class:`HubUnreachableError`)."""
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         # A transfer silent this long fails (read timeout) and is resumed by its caller.
         self.timeout = timeout if timeout is not None else download_timeout()
         self.retry = retry if clock is None else replace(retry, clock=clock)  # its waits
         self.answer_by = answer_by  # until the endpoint's first answer
+        self.done_by = done_by  # for all the metadata requests
         self.token = token or None
         self.rule = OriginRule(self.endpoint)  # where redirects may lead (origins.py)
         self._client = _shared_client(token, self.timeout)
@@ -485,13 +493,21 @@ class HubClient:
 
     def _metadata_budget(self) -> tuple[float, float, float]:
         """A metadata request's (budget, deadline on the retry clock, the same deadline on
-        the network clock): ``HF_HUB_ETAG_TIMEOUT`` from now for all its tries, and no
-        later than :attr:`answer_by` while the endpoint has not answered yet."""
+        the network clock): ``HF_HUB_ETAG_TIMEOUT`` from now for all its tries, no later
+        than :attr:`answer_by` while the endpoint has not answered yet, nor :attr:`done_by`
+        (past it: :class:`HubUnreachableError`, no request made)."""
         budget = metadata_timeout()
         now = self.retry.clock.monotonic()
         deadline = now + budget
         if self.answer_by is not None:
             deadline = min(deadline, self.answer_by)
+        if self.done_by is not None:
+            if now >= self.done_by:
+                raise HubUnreachableError(
+                    f"{self.endpoint}: the total time given to these requests has passed",
+                    transient=False,
+                )
+            deadline = min(deadline, self.done_by)
         return budget, deadline, _network_now() + (deadline - now)
 
     def _run_metadata(self, once: Callable[[], T], what: str, deadline: float) -> T:
@@ -1022,6 +1038,15 @@ def listed_path(path: str) -> str:
     return checked
 
 
+def listed_size(path: str, size: int) -> int:
+    """A listed file size checked (0 to :data:`MAX_FILE_SIZE`), else :class:`InvalidListing`."""
+    if size < 0:
+        raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
+    if size > MAX_FILE_SIZE:
+        raise InvalidListing(f"{path[:300]!r}: listed with a size over 1 PiB ({size} bytes)")
+    return size
+
+
 def check_listing(files: dict[str, RemoteFile]) -> None:
     """Refuse a listing too long or with a name that is a file and a folder at once."""
     if len(files) > MAX_LISTED_FILES:
@@ -1040,8 +1065,6 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
         raise InvalidListing(f"malformed tree entry {str(entry)[:300]}")
-    if size < 0:
-        raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
     # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
     # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
     etag = _etag_of(oid, entry.get("lfs"))
@@ -1050,7 +1073,7 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     lfs = entry.get("lfs")
     if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
         size = lfs["size"]
-    return RemoteFile(listed_path(path), size, etag[0], etag[1], str(oid))
+    return RemoteFile(listed_path(path), listed_size(path, size), etag[0], etag[1], str(oid))
 
 
 def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
@@ -1070,9 +1093,9 @@ def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
         lfs = s.get("lfs")
         if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
             size = lfs["size"]
-        if size < 0:
-            raise InvalidListing(f"{path[:300]!r}: listed with a negative size")
-        files[listed_path(path)] = RemoteFile(path, size, etag[0], etag[1], blob_id)
+        files[listed_path(path)] = RemoteFile(
+            path, listed_size(path, size), etag[0], etag[1], blob_id
+        )
         if len(files) > MAX_LISTED_FILES:
             raise InvalidListing(f"the Hub lists more than {MAX_LISTED_FILES} files")
     check_listing(files)

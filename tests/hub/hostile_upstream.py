@@ -12,6 +12,7 @@ their own event loop thread; use them as context managers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import hashlib
 import json
@@ -28,6 +29,16 @@ BODY = b"{}\n"  # what a Recorder serves (config.json of the default repo)
 
 def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def oversized_entry(size: int, *, lfs: bool = False) -> dict[str, Any]:
+    """A tree entry of ``config.json`` (:data:`BODY`) listed with ``size`` bytes (in its
+    ``lfs`` field when ``lfs``: its own ``size`` is then the true one)."""
+    entry: dict[str, Any] = {"type": "file", "path": "config.json", "oid": git_blob_id(BODY)}
+    entry["size"] = len(BODY) if lfs else size
+    if lfs:
+        entry["lfs"] = {"oid": hashlib.sha256(BODY).hexdigest(), "size": size}
+    return entry
 
 
 @dataclass
@@ -55,8 +66,8 @@ class Recorder(LoopServer):
 class HostileHub(LoopServer):
     """One repo, ``repo_id``, with ``files`` (path -> bytes) at :data:`COMMIT`.
 
-    Knobs: ``siblings`` (list blobs in the revision answer, else the tree is
-    asked), ``next_link`` (the tree's ``Link: rel="next"`` target),
+    Knobs: ``siblings`` (list blobs in the revision answer, with an entry's ``lfs``,
+    else the tree is asked), ``next_link`` (the tree's ``Link: rel="next"`` target),
     ``resolve_redirect`` (a function ``(method, path) -> Location or None``),
     ``tree_entries`` (replace the listing: raw entries), ``revision_extra``
     (fields merged into the revision answer).
@@ -79,6 +90,11 @@ class HostileHub(LoopServer):
     revision_delay: float = 0.0
     #: Seconds a GET of a file waits before its answer is sent (a slow first byte).
     resolve_delay: float = 0.0
+    #: Seconds each tree page waits before it is sent (with ``tree_pages``: a slow walk).
+    tree_delay: float = 0.0
+    #: ``(bytes, seconds)``: a file's GET body sent that many bytes at a time, with a pause
+    #: between (a slow body that never idles long).
+    drip: tuple[int, float] | None = None
     seen: list[Seen] = field(default_factory=list)
     _bomb: bytes | None = None
 
@@ -92,6 +108,7 @@ class HostileHub(LoopServer):
         if self.siblings:
             doc["siblings"] = [
                 {"rfilename": e["path"], "blobId": e["oid"], "size": e["size"]}
+                | ({"lfs": e["lfs"]} if "lfs" in e else {})
                 for e in self._entries()
             ]
         doc.update(self.revision_extra)
@@ -127,6 +144,8 @@ class HostileHub(LoopServer):
         if path == api + "auth-check":  # a public repo: anyone may read it
             return web.json_response({})
         if path.startswith(api + "tree/") and self.tree_pages is not None:
+            if self.tree_delay:
+                await asyncio.sleep(self.tree_delay)
             pages, each = self.tree_pages
             page = int(request.query.get("page", "0"))
             entries = [
@@ -153,6 +172,8 @@ class HostileHub(LoopServer):
             if request.method == "GET" and self.resolve_delay:  # no first byte for a while
                 await asyncio.sleep(self.resolve_delay)
             headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": COMMIT}
+            if request.method == "GET" and self.drip is not None:
+                return await self._drip(request, data, headers, *self.drip)
             if request.method == "HEAD" or not self.overlong:
                 return web.Response(body=data, headers=headers)
             response = web.StreamResponse(headers=headers)
@@ -164,6 +185,19 @@ class HostileHub(LoopServer):
             await response.write_eof()
             return response
         return web.Response(status=404, headers={"X-Error-Code": "RepoNotFound"})
+
+    async def _drip(
+        self, request: web.Request, data: bytes, headers: dict[str, str], each: int, pause: float
+    ) -> web.StreamResponse:
+        """``data`` ``each`` bytes at a time, ``pause`` s apart (until the client goes away)."""
+        response = web.StreamResponse(headers=headers)
+        response.content_length = len(data)
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for i in range(0, len(data), each):
+                await response.write(data[i : i + each])
+                await asyncio.sleep(pause)
+        return response
 
 
 class DripOrHub(HostileHub):

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from cmh.cli.main import cli
 from cmh.hub.mirror.stores.local._folder import add_folder
 from deadline_support import TEST_DEADLINE
-from hostile_upstream import COMMIT, HostileHub, Recorder
+from hostile_upstream import COMMIT, HostileHub, Recorder, oversized_entry
 from hublike import running
 from mirror_support import (
     PRIVATE_REPO,
@@ -29,6 +29,7 @@ from mirror_support import (
     big_store,
     hf_env,
     run_python,
+    wait_for,
 )
 
 FLIP_RESUME_SCRIPT = r"""
@@ -302,14 +303,18 @@ def _pull(hub: HostileHub, tmp_path: Path) -> Any:
     return CliRunner().invoke(cli, args, env=env)
 
 
-def _serve(factory: Callable[..., MirrorServer], hub: HostileHub, tmp_path: Path) -> MirrorServer:
+def _serve(
+    factory: Callable[..., MirrorServer], hub: HostileHub, tmp_path: Path, workers: int = 1
+) -> MirrorServer:
     tmp_path.mkdir(parents=True, exist_ok=True)
     token_file = tmp_path / "upstream-token"
     token_file.write_text(SECRET + "\n")
     store = tmp_path / "pull-store"
     store.mkdir(exist_ok=True)
     return factory(
-        store, extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file))
+        store,
+        workers=workers,
+        extra_args=("--upstream", hub.url, "--upstream-token-file", str(token_file)),
     )
 
 
@@ -764,3 +769,162 @@ def test_a_held_repo_the_upstream_stops_serving_becomes_private(
         process_clock.advance(31.5)
         assert httpx2.get(main, timeout=TEST_DEADLINE).content == b"{}\n"
         assert httpx2.get(pinned, timeout=TEST_DEADLINE).status_code == 200
+
+
+# -- legal extremes of a listing ----------------------------------------------------------
+
+#: One path segment of 255 bytes, the most a file system's NAME_MAX allows.
+LONG_NAME = "L" * 251 + ".txt"
+LONG_BODY = b"a file with the longest legal name\n"
+
+LONG_NAME_SCRIPT = r"""
+import json, sys
+from huggingface_hub import hf_hub_download
+path = hf_hub_download("evil/repo", sys.argv[1])
+print(json.dumps({"body": open(path).read(), "name": path.rsplit("/", 1)[1]}))
+"""
+
+
+def test_a_255_byte_file_name_works_end_to_end(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: the temporary link ``.{name}.cmh-link.{pid}.{tid}`` beside a 255-byte name was
+    over NAME_MAX: ``cmh pull`` and ``cmh mirror sync`` exited 3, the mirror answered 500,
+    then 500 for every file of the repo."""
+    files = {"config.json": b"{}\n", LONG_NAME: LONG_BODY}
+    with HostileHub(files=files) as hub:
+        result = _pull(hub, tmp_path)
+        assert result.exit_code == 0, result.output
+        snapshot = tmp_path / "cache" / "models--evil--repo" / "snapshots" / COMMIT
+        assert (snapshot / LONG_NAME).read_bytes() == LONG_BODY
+        assert not [p.name for p in snapshot.iterdir() if p.name.startswith(".")]
+        args = ["mirror", "sync", hub.repo_id, "--store", str(tmp_path / "synced"),
+                "--from", hub.url, "--cache-dir", str(tmp_path / "sync-cache")]  # fmt: skip
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main"
+        answer = httpx2.get(f"{url}/{LONG_NAME}", timeout=TEST_DEADLINE)
+        assert (answer.status_code, answer.content) == (200, LONG_BODY)
+        answer = httpx2.get(f"{url}/config.json", timeout=TEST_DEADLINE)
+        assert (answer.status_code, answer.content) == (200, b"{}\n")
+        code = LONG_NAME_SCRIPT.replace("sys.argv[1]", repr(LONG_NAME))
+        out = run_python(code, hf_env(pull.url, tmp_path / "home"), timeout=TEST_DEADLINE)
+        assert out == {"body": LONG_BODY.decode(), "name": LONG_NAME}
+        assert "Traceback" not in pull.stderr_text()
+
+
+def test_a_listed_size_over_1_pib_is_refused_never_a_500(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: a listed size of 2**63 or more (2**70) reached ``os.pread`` (OverflowError, a
+    500 for a ``Range`` request). A size over 2**50 (1 PiB), in the revision's siblings or
+    in the tree (an ``lfs.size`` too), makes the listing invalid: ``cmh pull`` exits 3,
+    the mirror answers ``502 UpstreamProtocolError`` (the resolver's own check:
+    test_resolver_bounds.py)."""
+    cases = [(True, oversized_entry(2**70)), (False, oversized_entry((1 << 50) + 1)),
+             (False, oversized_entry(2**70, lfs=True))]  # fmt: skip
+    for i, (siblings, listed) in enumerate(cases):
+        with HostileHub(siblings=siblings, tree_entries=[listed]) as hub:
+            result = _pull(hub, tmp_path / f"p{i}")
+            assert result.exit_code == 3, result.output
+            assert "over 1 PiB" in result.output and "Traceback" not in result.output
+            pull = _serve(mirror_server_factory, hub, tmp_path / f"s{i}")
+            url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+            for headers in ({"Range": "bytes=0-1"}, {}):
+                answer = httpx2.get(url, headers=headers, timeout=TEST_DEADLINE)
+                assert answer.status_code == 502, (listed, answer.status_code, answer.text)
+                assert answer.headers["X-Error-Code"] == "UpstreamProtocolError"
+            assert "Traceback" not in pull.stderr_text()
+
+
+# -- stopping while the upstream holds a revalidation or a fill ----------------------------
+
+
+def _sigterm_while_busy(pull: MirrorServer, url: str, busy: Callable[[], bool]) -> None:
+    """GET ``url`` (in a thread), wait until ``busy()`` (the upstream holds the work the GET
+    started), SIGTERM: the server must exit 0. The wait is :data:`TEST_DEADLINE`, a guard
+    against a hang: the old code lived on until the upstream let go (hours here)."""
+    import subprocess
+    import threading
+
+    def get() -> None:
+        with contextlib.suppress(httpx2.HTTPError):
+            httpx2.get(url, timeout=TEST_DEADLINE)  # cut when the server stops
+
+    client = threading.Thread(target=get, daemon=True)
+    client.start()
+    wait_for(busy, "the upstream to be asked")
+    pull.process.terminate()
+    try:
+        code = pull.process.wait(TEST_DEADLINE)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running {TEST_DEADLINE:.0f} s after SIGTERM") from None
+    assert code == 0, pull.stderr_text()[-3000:]
+    assert "Traceback" not in pull.stderr_text()
+    client.join(TEST_DEADLINE)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_ends_the_server_while_a_revalidation_walks_an_endless_tree(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path, workers: int
+) -> None:
+    """Was: SIGTERM closed the listener, then the process waited for its revalidation
+    thread (an upstream sending a tree page a second, each with a next page); with
+    workers, the parent killed the worker whose request waited for it (exit status 1)."""
+    with HostileHub(siblings=False, tree_pages=(1 << 30, 1), tree_delay=1.0) as hub:
+        pull = _serve(mirror_server_factory, hub, tmp_path, workers)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        _sigterm_while_busy(pull, url, lambda: any("/tree/" in s.path for s in hub.seen))
+
+
+def test_sigterm_ends_the_server_while_a_fill_reads_a_dripped_body(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was: SIGTERM left the process waiting for its fill's download thread (a body of
+    8 MiB at 32 KiB/s, slow but never idle: minutes)."""
+    files = {"config.json": b"{}\n", "big.bin": b"x" * (8 << 20)}
+    with HostileHub(files=files, drip=(8192, 0.25)) as hub:
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/big.bin"
+
+        def filling() -> bool:
+            return any(s.method == "GET" and s.path.endswith("/big.bin") for s in hub.seen)
+
+        _sigterm_while_busy(pull, url, filling)
+
+
+def test_a_revalidation_walking_an_endless_tree_ends_at_its_total_deadline(
+    mirror_server_factory: Callable[..., MirrorServer], process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """Was: an upstream sending tree pages, each with a next page, kept one revalidation
+    asking for hours (10,000 pages); each client got 503 after 60 s. Now the walk ends when
+    the revalidation's 180 s (on the server's clock, moved here) have passed; its failure is
+    the negative cache's, so the next client hears it at once, and nothing more is asked."""
+    import threading
+
+    from cmh.hub.mirror._upstream import REVALIDATION_BUDGET
+
+    with HostileHub(siblings=False, tree_pages=(1 << 30, 1), tree_delay=0.2) as hub:
+        store = tmp_path / "pull"
+        store.mkdir()
+        pull = mirror_server_factory(store, extra_args=("--upstream", hub.url), clock=process_clock)
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+
+        def pages() -> int:
+            return sum("/tree/" in s.path for s in hub.seen)
+
+        answers: list[httpx2.Response] = []
+        client = threading.Thread(target=lambda: answers.append(httpx2.get(url, timeout=60)))
+        client.start()
+        wait_for(lambda: pages() >= 3, "the tree walk")
+        process_clock.advance(REVALIDATION_BUDGET + 1)
+        client.join(TEST_DEADLINE)
+        (answer,) = answers
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["X-Error-Code"] == "UpstreamUnavailable"
+        assert f"not done within {REVALIDATION_BUDGET:g} s" in answer.json()["error"]
+        asked = pages()
+        again = httpx2.get(url, timeout=TEST_DEADLINE)  # the negative cache's outcome
+        assert (again.status_code, again.json()) == (503, answer.json())
+        assert pages() == asked  # the walk has ended

@@ -110,3 +110,32 @@ def test_a_hub_error_message_is_kept_short() -> None:
     assert hub_message(httpx2.Response(404, json={"error": " Repo not found "})) == (
         "Repo not found"
     )
+
+
+def test_a_listed_size_is_bounded_at_1_pib() -> None:
+    """A size past 2**63 reached ``os.pread`` (OverflowError); over 2**50 bytes (1 PiB) is
+    now :class:`InvalidListing`, in a revision's siblings and in a tree page (an
+    ``lfs.size`` too); 2**50 itself is a size."""
+    from cmh.hub.resolver import HubClient
+    from cmh.hub.resolver._types import InvalidListing
+    from hostile_upstream import HostileHub, oversized_entry
+
+    def listing(hub: HostileHub) -> dict[str, object]:
+        client = HubClient(hub.url, None)
+        remote = client.revision(hub.repo_id, "model", "main")
+        return remote.files or client.tree(hub.repo_id, "model", remote.commit)
+
+    for siblings in (True, False):
+        with HostileHub(siblings=siblings, tree_entries=[oversized_entry(1 << 50)]) as hub:
+            assert listing(hub)["config.json"].size == 1 << 50  # type: ignore[attr-defined]
+        refused = [
+            (oversized_entry((1 << 50) + 1), "over 1 PiB"),
+            (oversized_entry(2**70, lfs=True), "over 1 PiB"),
+            (oversized_entry(-1, lfs=True), "negative size"),  # was checked before lfs
+        ]
+        for entry, says in refused:
+            with (
+                HostileHub(siblings=siblings, tree_entries=[entry]) as hub,
+                pytest.raises(InvalidListing, match=says),
+            ):
+                listing(hub)
