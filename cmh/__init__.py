@@ -79,6 +79,7 @@ from ._header import (
 from ._inspection import Inspection, inspect
 from ._libc import libc_function
 from ._record import Record
+from ._regular import read_small_file
 from ._signing import (
     TrustedKeys,
     generate_keypair,
@@ -208,6 +209,7 @@ __all__ += [
     "private_key_is_encrypted",
     "read_carrier",
     "read_header_from",
+    "read_small_file",
     "record_check",
     "remove_temporaries",
     "root_entries",

@@ -131,3 +131,39 @@ def test_a_storage_error_exits_3_and_a_bad_store_url_2() -> None:
 
     assert exit_code_for(ObjectStoreError("the storage failed")) == 3
     assert exit_code_for(InvalidLocation("s3:// needs a bucket")) == 2
+
+
+TOKEN_FILE_OPTIONS = [
+    ["mirror", "ls", "--store", "STORE", "--tokens", "FILE"],
+    ["serve", "--store", "STORE", "--port", "0", "--tokens", "FILE"],
+    ["serve", "--store", "STORE", "--port", "0", "--admin-tokens", "FILE"],
+    ["serve", "--store", "STORE", "--upstream", "http://127.0.0.1:9", "--upstream-token-file",
+     "FILE"],
+    ["serve", "--store", "s3://bkt/p", "--port", "0", "--fleet-key-file", "FILE"],
+    ["mirror", "sync", "acme/x", "--store", "STORE", "--from", "http://127.0.0.1:9",
+     "--token-file", "FILE"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", TOKEN_FILE_OPTIONS, ids=lambda a: " ".join(a[:2] + a[-2:-1]))
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_token_file_that_is_no_small_regular_file_is_a_usage_error(
+    tmp_path: Path, args: list[str], kind: str
+) -> None:
+    """A FIFO never blocks, a device or a huge file is never read whole: exit 2 at once."""
+    (tmp_path / "store").mkdir()
+    file, says = {
+        "fifo": (tmp_path / "tokens", "FIFO"),
+        "device": (Path("/dev/zero"), "character device"),
+        "huge": (tmp_path / "tokens", "larger than 1 MiB"),
+    }[kind]
+    if kind == "fifo":
+        os.mkfifo(file)
+    elif kind == "huge":
+        with open(file, "wb") as f:
+            f.truncate(64 << 20)  # sparse: 64 MiB of NULs, nothing on disk
+    given = [{"STORE": str(tmp_path / "store"), "FILE": str(file)}.get(a, a) for a in args]
+    run = run_subprocess(given, env={"CMH_FLEET_KEY_FILE": None})
+    assert run.exit_code == 2, run.stderr
+    assert run.stdout == "" and run.stderr.startswith("error: "), run.stderr
+    assert str(file) in run.stderr and says in run.stderr, run.stderr
