@@ -311,7 +311,10 @@ def check_hub_url(url: str | None, what: str) -> None:
         return
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:  # an unclosed IPv6 bracket: 'http://[::1'
+        usage_error(f"{what} {url!r} is not a URL: {exc}")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         usage_error(
             f"{what} {url!r} is not a URL: give the scheme and host, e.g. "
@@ -398,8 +401,14 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
 # -- parameter types ---------------------------------------------------------------------
 
 
+#: The longest duration an option takes (10000 years): longer ones mean nothing, and
+#: from about 10**308 s on no float holds them.
+MAX_DURATION = 10_000 * 365 * 86400
+
+
 class DurationType(_SecondsParam):
-    """A duration such as ``90s``, ``12h``, ``30d``, ``1d12h`` -> seconds (``int``).
+    """A duration such as ``90s``, ``12h``, ``30d``, ``1d12h`` -> seconds (``int``), at
+    most :data:`MAX_DURATION`.
 
     With ``allow_never``, ``never`` is accepted and converts to :data:`NEVER`
     (the string ``"never"``), so "not given" (``None``) stays distinct.
@@ -419,9 +428,12 @@ class DurationType(_SecondsParam):
         from cmh import DurationError, parse_duration
 
         try:
-            return parse_duration(text)
+            seconds = parse_duration(text)
         except DurationError as exc:
             self.fail(str(exc), param, ctx)
+        if seconds > MAX_DURATION:
+            self.fail(f"{text!r} is longer than 10000 years", param, ctx)
+        return seconds
 
 
 class SizeType(_BytesParam):
@@ -440,8 +452,12 @@ class SizeType(_BytesParam):
             self.fail(str(exc), param, ctx)
 
 
+#: The times a ``--at`` may name: 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z (printable).
+TIME_RANGE = (0.0, 253402300799.0)
+
+
 class TimeType(_TimeParam):
-    """A point in time -> Unix seconds (``float``).
+    """A point in time -> Unix seconds (``float``), within :data:`TIME_RANGE`.
 
     Accepts Unix seconds (``1767225600``), ISO 8601 (``2026-01-01``,
     ``2026-01-01T12:00:00Z``; no zone means UTC), ``now``, and an offset from
@@ -453,21 +469,31 @@ class TimeType(_TimeParam):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value is None or isinstance(value, (int, float)):
             return value
-        text = str(value).strip()
+        seconds = self._seconds(str(value).strip(), param, ctx)
+        low, high = TIME_RANGE
+        if not low <= seconds <= high:  # also NaN
+            self.fail(f"{value!r} is not a time from {iso_utc(low)} to {iso_utc(high)}", param, ctx)
+        return seconds
+
+    def _seconds(
+        self, text: str, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        """``text`` as Unix seconds, not yet checked against :data:`TIME_RANGE`."""
         if text.lower() == "now":
             return time.time()
-        if text[:1] in "+-" and len(text) > 1 and not text[1:].replace(".", "").isdigit():
+        try:
+            return float(text)  # also -12, 1e300, inf, nan
+        except ValueError:
+            pass
+        if text[:1] in "+-" and len(text) > 1:
             from cmh import DurationError, parse_duration
 
             try:
                 offset = parse_duration(text[1:])
             except DurationError as exc:
                 self.fail(str(exc), param, ctx)
+            offset = min(offset, 2 * int(TIME_RANGE[1]))  # out of range either way, a float
             return time.time() + (offset if text[0] == "+" else -offset)
-        try:
-            return float(text)
-        except ValueError:
-            pass
         try:
             parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:
