@@ -167,3 +167,26 @@ def test_a_token_file_that_is_no_small_regular_file_is_a_usage_error(
     assert run.exit_code == 2, run.stderr
     assert run.stdout == "" and run.stderr.startswith("error: "), run.stderr
     assert str(file) in run.stderr and says in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["mirror", "add", "SRC", "--repo", "acme/m", "--store", "LONG"],
+        ["mirror", "ls", "--store", "LONG"],
+        ["mirror", "scrub", "--store", "LONG"],
+        ["mirror", "sync", "acme/m", "--from", "http://127.0.0.1:9", "--store", "LONG"],
+        ["serve", "--store", "LONG"],
+        ["prune", "--dry-run", "--store", "LONG"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_a_store_path_too_long_for_the_file_system_is_a_usage_error(
+    tmp_path: Path, args: list[str]
+) -> None:
+    long = tmp_path / ("a" * 300)  # a name of 300 bytes: ENAMETOOLONG, not a traceback
+    given = [{"SRC": str(tmp_path), "LONG": str(long)}.get(a, a) for a in args]
+    run = run_runner(given)
+    assert run.exit_code == 2, run.stderr
+    assert run.stdout == "" and "--store" in run.stderr, run.stderr
+    assert "File name too long" in run.stderr and "255 bytes" in run.stderr, run.stderr
