@@ -59,6 +59,18 @@ R = TypeVar("R")
 # -- output ----------------------------------------------------------------------------
 
 
+def envelope(command: str, **fields: Any) -> dict[str, Any]:
+    """The fields every ``--json`` document starts with (``schema``, ``command``,
+    ``cmh_version``), plus ``fields``."""
+    from cmh import __version__
+
+    return {"schema": JSON_SCHEMA_VERSION, "command": command, "cmh_version": __version__, **fields}
+
+
+#: Set in the click context's ``meta`` once the command printed its document.
+_JSON_EMITTED = "cmh.json_emitted"
+
+
 def emit_json(document: Any) -> None:
     """Print one JSON document on stdout (UTF-8, sorted keys, two-space indent).
 
@@ -66,6 +78,22 @@ def emit_json(document: Any) -> None:
     """
     text = json.dumps(_utf8_strings(document), indent=2, sort_keys=True, ensure_ascii=False)
     click.echo(text)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_JSON_EMITTED] = True
+
+
+def emit_failure(message: str, exit_code: int) -> None:
+    """The document of a ``--json`` command stopped by an error (status 1 or 3) before it
+    printed its own: the common fields, ``ok`` false, ``exit_status`` and ``error``."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.meta.get(_JSON_EMITTED):
+        return
+    names: list[str] = []
+    while ctx.parent is not None:  # `mirror add`: every name below `cmh`
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    emit_json(envelope(" ".join(names), ok=False, exit_status=exit_code, error=message))
 
 
 def utf8_text(text: str) -> str:
@@ -376,26 +404,38 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Decorate a command callback: cmh and OS errors become a message and an exit status.
 
     ``CMHError`` and ``OSError`` are mapped by :func:`exit_code_for`; Ctrl-C
-    exits 130. No traceback reaches the user.
+    exits 130. No traceback reaches the user. With ``--json``, an error that ends
+    the command with status 1 or 3 before it printed its document prints one
+    (:func:`emit_failure`); a usage error (2) prints nothing on stdout.
     """
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from cmh import CMHError
-
         try:
-            return func(*args, **kwargs)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            return _mapped(func, *args, **kwargs)
+        except click.ClickException as exc:
+            if kwargs.get("as_json") and exc.exit_code in (EXIT_CHECK_FAILED, EXIT_UNREADABLE):
+                emit_failure(exc.format_message(), exc.exit_code)
             raise
-        except CMHError as exc:
-            raise CommandError(str(exc), exit_code_for(exc)) from None
-        except OSError as exc:
-            raise CommandError(describe_os_error(exc), EXIT_UNREADABLE) from None
-        except KeyboardInterrupt:
-            print_error("interrupted")
-            raise click.exceptions.Exit(130) from None
 
     return wrapper
+
+
+def _mapped(func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``func(*args, **kwargs)``, its cmh and OS errors raised as :class:`CommandError`."""
+    from cmh import CMHError
+
+    try:
+        return func(*args, **kwargs)
+    except (click.ClickException, click.exceptions.Exit, click.Abort):
+        raise
+    except CMHError as exc:
+        raise CommandError(str(exc), exit_code_for(exc)) from None
+    except OSError as exc:
+        raise CommandError(describe_os_error(exc), EXIT_UNREADABLE) from None
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        raise click.exceptions.Exit(130) from None
 
 
 # -- parameter types ---------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ._common import (
     TTL,
     describe_os_error,
     emit_json,
+    envelope,
     exit_code_for,
     fail,
     handle_errors,
@@ -41,7 +42,6 @@ from ._common import (
 )
 from ._documents import (
     checkpoint_document,
-    envelope,
     inspection_document,
     path_hex,
     paths_hex,

@@ -21,6 +21,7 @@ from ._common import (
     check_hub_url,
     echo,
     emit_json,
+    envelope,
     fail,
     handle_errors,
     human_bytes,
@@ -33,7 +34,6 @@ from ._common import (
     usage_error,
     warn,
 )
-from ._documents import envelope
 from ._interrupt import stop_on_interrupt
 from ._options import (
     count_option,

@@ -7,11 +7,21 @@ from __future__ import annotations
 import os
 import pty
 import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_support import CMH, run_runner, run_subprocess
+from cli_support import (
+    CMH,
+    closed_port,
+    run_runner,
+    run_subprocess,
+    tensors,
+    unreachable_bucket_env,
+)
 from safetensors.numpy import save_file
 
 import cmh
@@ -106,17 +116,7 @@ def test_serve_help_does_not_say_both_0_and_130_for_ctrl_c() -> None:
 
 
 def test_serve_exits_3_like_mirror_ls_when_the_storage_is_down(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:  # a loopback port nobody listens on: connection refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "cmh-test-key",
-        "AWS_SECRET_ACCESS_KEY": "cmh-test-secret", "AWS_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-    }  # fmt: skip
+    env = unreachable_bucket_env(tmp_path)
     listed = run_subprocess(["mirror", "ls", "--store", "s3://models/hub"], env=env)
     served = run_subprocess(["serve", "--store", "s3://models/hub", "--port", "0"], env=env)
     assert listed.exit_code == 3, listed.stderr
@@ -190,3 +190,75 @@ def test_a_store_path_too_long_for_the_file_system_is_a_usage_error(
     assert run.exit_code == 2, run.stderr
     assert run.stdout == "" and "--store" in run.stderr, run.stderr
     assert "File name too long" in run.stderr and "255 bytes" in run.stderr, run.stderr
+
+
+class _NoRepoHub(BaseHTTPRequestHandler):
+    """A Hub that knows no repo."""
+
+    def do_GET(self) -> None:
+        body = b'{"error": "Repository not found"}'
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
+@pytest.fixture(scope="module")
+def no_repo_hub() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoRepoHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+NOWHERE = "/proc/cmh-store"  # a folder not even root can make
+FAILURES = [
+    ("mirror add", ["mirror", "add", "LINKED", "--repo", "acme/m", "--store", "STORE"], 1),
+    ("mirror add", ["mirror", "add", "/dev/null", "--repo", "acme/m", "--store", "STORE"], 1),
+    ("mirror add", ["mirror", "add", "FIFO", "--repo", "acme/m", "--store", "STORE"], 1),
+    ("mirror add", ["mirror", "add", "SRC", "--repo", "acme/m", "--store", NOWHERE], 3),
+    ("mirror sync", ["mirror", "sync", "acme/m", "--from", "CLOSED", "--store", "STORE"], 1),
+    ("mirror sync", ["mirror", "sync", "acme/m", "--from", "HUB", "--store", "STORE"], 1),
+    ("mirror sync", ["mirror", "sync", "acme/m", "--from", "HUB", "--store", NOWHERE], 3),
+    ("mirror ls", ["mirror", "ls", "--store", "s3://bkt/p"], 3),
+    ("mirror scrub", ["mirror", "scrub", "--store", "s3://bkt/p"], 3),
+    ("prune", ["prune", "--dry-run", "--store", "s3://bkt/p"], 3),
+    ("prune", ["prune", "--dry-run", "--cache-dir", "MISSING"], 3),
+    ("keygen", ["keygen", "--out", "/proc/cmh-keys/k"], 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "status"), FAILURES, ids=lambda v: v if isinstance(v, str) else None
+)
+def test_json_prints_one_document_when_a_command_fails(
+    tmp_path: Path, no_repo_hub: str, command: str, args: list[str], status: int
+) -> None:
+    """Status 1 or 3 with --json: the common fields, ok false, and the error said on stderr."""
+    src, linked = tmp_path / "src", tmp_path / "linked"
+    src.mkdir()
+    save_file(tensors(1), str(src / "model.safetensors"))
+    linked.mkdir()
+    (linked / "passwd").symlink_to("/etc/passwd")  # outside the folder
+    os.mkfifo(tmp_path / "fifo")
+    paths = {
+        "SRC": src, "LINKED": linked, "FIFO": tmp_path / "fifo", "STORE": tmp_path / "store",
+        "MISSING": tmp_path / "missing", "CLOSED": f"http://127.0.0.1:{closed_port()}",
+        "HUB": no_repo_hub,
+    }  # fmt: skip
+    given = [str(paths.get(a, a)) for a in args]
+    run = run_subprocess([*given, "--json"], env=unreachable_bucket_env(tmp_path))
+    assert run.exit_code == status, run.stderr
+    doc = run.json()
+    assert doc == {
+        "schema": 1, "command": command, "cmh_version": cmh.__version__, "ok": False,
+        "exit_status": status, "error": doc["error"],
+    }  # fmt: skip
+    assert run.stderr.startswith(f"error: {doc['error']}"), run.stderr

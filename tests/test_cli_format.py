@@ -488,6 +488,11 @@ def test_keygen(run, tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     r = run(["keygen", "--out", blocker / "release"])
     assert r.exit_code == 3 and r.stderr.startswith("error: ") and r.stdout == ""
+    r = run(["keygen", "--out", blocker / "release", "--json"])  # one document all the same
+    assert r.exit_code == 3
+    doc = r.json()
+    check_envelope(doc, "keygen", 3)
+    assert r.stderr == f"error: {doc['error']}\n" and "private_key" not in doc
 
 
 def test_keygen_encrypted_and_sign_with_passphrase(run, model: Path, tmp_path: Path) -> None:
