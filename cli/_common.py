@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
-from cmh import format_size
+from cmh import LATEST_TIME, format_size
 
 if TYPE_CHECKING:
     _SecondsParam = click.ParamType[int | str | None]
@@ -451,13 +451,15 @@ class DurationType(_SecondsParam):
     most :data:`MAX_DURATION`.
 
     With ``allow_never``, ``never`` is accepted and converts to :data:`NEVER`
-    (the string ``"never"``), so "not given" (``None``) stays distinct.
+    (the string ``"never"``), so "not given" (``None``) stays distinct. With
+    ``ends_by`` (Unix seconds), a duration from now must end by then.
     """
 
     name = "duration"
 
-    def __init__(self, allow_never: bool = False) -> None:
+    def __init__(self, allow_never: bool = False, ends_by: int | None = None) -> None:
         self.allow_never = allow_never
+        self.ends_by = ends_by
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value is None or isinstance(value, int):
@@ -471,6 +473,13 @@ class DurationType(_SecondsParam):
             seconds = parse_duration(text)
         except DurationError as exc:
             self.fail(str(exc), param, ctx)
+        if self.ends_by is not None and seconds > self.ends_by - time.time():
+            self.fail(
+                f"{text!r} from now ends after {iso_utc(self.ends_by)}, the last time a record "
+                "holds (an unsigned 32-bit Unix time): use a shorter TTL, or never",
+                param,
+                ctx,
+            )
         if seconds > MAX_DURATION:
             self.fail(f"{text!r} is longer than 10000 years", param, ctx)
         return seconds
@@ -550,7 +559,8 @@ class TimeType(_TimeParam):
 
 #: Shared instances for ``type=`` in click options.
 DURATION = DurationType()
-TTL = DurationType(allow_never=True)
+#: A stamp's lifetime: ``never``, or a duration that ends by the record's last time.
+TTL = DurationType(allow_never=True, ends_by=LATEST_TIME)
 SIZE = SizeType()
 TIME = TimeType()
 

@@ -23,7 +23,6 @@ from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_UNREADABLE,
-    EXIT_USAGE,
     TIME,
     TTL,
     describe_os_error,
@@ -94,7 +93,7 @@ def _write_each(
     A directory whose index disagrees with its shards is refused whole. ``write``
     returns the document fields and the human line of a file it wrote, or raises.
     """
-    from cmh import CMHError, InputValueError, InvalidFileError, NotStampedError
+    from cmh import CMHError, InvalidFileError, NotStampedError
 
     files: list[dict[str, Any]] = []
     checkpoints: list[dict[str, Any]] = []
@@ -125,9 +124,6 @@ def _write_each(
             except NotStampedError as exc:
                 status = max(status, EXIT_CHECK_FAILED)
                 doc.update(outcome="unstamped", ok=False, error=str(exc))
-            except InputValueError as exc:  # a value given cannot apply (a TTL past 2106)
-                status = max(status, EXIT_USAGE)
-                doc.update(outcome="failed", ok=False, error=str(exc))
             except (CMHError, OSError) as exc:
                 status = max(status, EXIT_CHECK_FAILED)
                 doc.update(outcome="failed", ok=False, error=str(exc))

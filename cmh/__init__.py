@@ -78,7 +78,7 @@ from ._header import (
 )
 from ._inspection import Inspection, inspect
 from ._libc import libc_function
-from ._record import Record
+from ._record import LATEST_TIME, Record
 from ._regular import read_small_file
 from ._signing import (
     TrustedKeys,
@@ -180,6 +180,7 @@ __all__ = [
 # atomic file writes.
 __all__ += [
     "KEY_RECORD",
+    "LATEST_TIME",
     "MAX_HEADER_SIZE",
     "METADATA_KEY",
     "PREFIX_SIZE",
