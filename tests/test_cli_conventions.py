@@ -262,3 +262,11 @@ def test_json_prints_one_document_when_a_command_fails(
         "exit_status": status, "error": doc["error"],
     }  # fmt: skip
     assert run.stderr.startswith(f"error: {doc['error']}"), run.stderr
+
+
+@pytest.mark.parametrize("host", ["", "not a host", "999.1.1.1"])
+def test_serve_names_a_host_it_cannot_listen_on(tmp_path: Path, host: str) -> None:
+    """Was: exit 3 with only "Name or service not known"."""
+    run = run_runner(["serve", "--store", tmp_path, "--port", "0", "--host", host])
+    assert run.exit_code == 2, run.stderr
+    assert run.stderr.startswith(f"error: --host {host!r} is no address to listen on"), run.stderr
