@@ -34,6 +34,7 @@ from ._common import (
     human_bytes,
     iso_utc,
     json_option,
+    print_error,
     progress_bar,
     status_word,
     usage_error,
@@ -511,7 +512,7 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
             status = EXIT_UNREADABLE
             files.append({"path": file, "path_hex": path_hex(file), "error": str(exc)})
             if not as_json:
-                click.echo(f"{file}: not a readable safetensors file: {exc.reason}", err=True)
+                print_error(f"{file}: not a readable safetensors file: {exc.reason}")
             continue
         doc = inspection_document(insp, now)
         files.append({**doc, "error": None})
@@ -524,9 +525,9 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
     )
     if not as_json and checkpoint is not None:
         if target.error is not None:
-            click.echo(f"{path}: {target.error}", err=True)
+            print_error(target.error)  # it names the directory
         for problem in target.problems:
-            click.echo(f"{path}: index_inconsistent: {problem}", err=True)
+            warn(f"{path}: index_inconsistent: {problem}")
     _finish(
         as_json,
         envelope(

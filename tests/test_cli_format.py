@@ -425,7 +425,15 @@ def test_inspect_errors(run, garbage: Path, tmp_path: Path) -> None:
     assert r.exit_code == 3
     assert "garbage.safetensors" in r.json()["files"][0]["error"]
     r = run(["inspect", garbage])
-    assert r.exit_code == 3 and "not a readable safetensors file" in r.stderr and r.stdout == ""
+    assert r.exit_code == 3 and r.stdout == ""
+    assert r.stderr.startswith(f"error: {garbage}: not a readable safetensors file: "), r.stderr
+    missing, empty = tmp_path / "missing.safetensors", tmp_path / "empty"
+    empty.mkdir()
+    r = run(["inspect", missing])  # every error line says `error:` (docs/cli.md, Output)
+    assert r.exit_code == 3 and r.stderr.startswith(f"error: {missing}: not a readable"), r.stderr
+    r = run(["inspect", empty])  # the folder named once
+    assert r.exit_code == 3 and r.stdout == ""
+    assert r.stderr == f"error: {empty}: directory holds no *.safetensors file\n", r.stderr
     assert run(["inspect"]).exit_code == 2
     assert run(["inspect", garbage, garbage]).exit_code == 2
 
