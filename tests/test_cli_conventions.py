@@ -270,3 +270,34 @@ def test_serve_names_a_host_it_cannot_listen_on(tmp_path: Path, host: str) -> No
     run = run_runner(["serve", "--store", tmp_path, "--port", "0", "--host", host])
     assert run.exit_code == 2, run.stderr
     assert run.stderr.startswith(f"error: --host {host!r} is no address to listen on"), run.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["mirror", "add", "SRC", "--store", "STORE", "--repo", "acme/ok\n"],
+        ["pull", "acme/x\n", "--endpoint", "CLOSED"],
+        ["pull", "acme/x", "--revision", "a" * 40 + "\n", "--endpoint", "CLOSED"],
+        ["mirror", "sync", "acme/x\n", "--store", "STORE", "--from", "CLOSED"],
+    ],
+    ids=["mirror add", "pull", "pull --revision", "mirror sync"],
+)
+def test_a_repo_id_or_commit_with_a_trailing_newline_is_a_usage_error(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """Was: ``$`` matched before a final newline: stored as a repo, or an httpx traceback."""
+    (tmp_path / "src").mkdir()
+    save_file(tensors(1), str(tmp_path / "src" / "model.safetensors"))
+    paths = {"SRC": str(tmp_path / "src"), "STORE": str(tmp_path / "store")}
+    paths["CLOSED"] = f"http://127.0.0.1:{closed_port()}"
+    run = run_runner([paths.get(a, a) for a in args])
+    assert run.exit_code == 2, run.stderr
+    assert "invalid repo id" in run.stderr or "invalid revision" in run.stderr, run.stderr
+    assert not (tmp_path / "store" / "models--acme--ok").exists()
+
+
+def test_the_name_patterns_end_at_the_end_of_the_text() -> None:
+    from cmh.hub.cache import COMMIT_RE, ETAG_RE, REPO_PART_RE
+
+    for pattern, good in ((COMMIT_RE, "a" * 40), (ETAG_RE, "b" * 64), (REPO_PART_RE, "bert")):
+        assert pattern.match(good) and not pattern.match(good + "\n")

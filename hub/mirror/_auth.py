@@ -27,7 +27,7 @@ from cmh.hub.cache import LayoutError, validate_repo_id
 
 from cmh import read_small_file
 
-_TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}$")
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}\Z")
 
 
 class TokensFileError(ValueError):
