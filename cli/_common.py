@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
-from cmh import format_size
+from cmh import LATEST_TIME, format_size
 
 if TYPE_CHECKING:
     _SecondsParam = click.ParamType[int | str | None]
@@ -59,6 +59,18 @@ R = TypeVar("R")
 # -- output ----------------------------------------------------------------------------
 
 
+def envelope(command: str, **fields: Any) -> dict[str, Any]:
+    """The fields every ``--json`` document starts with (``schema``, ``command``,
+    ``cmh_version``), plus ``fields``."""
+    from cmh import __version__
+
+    return {"schema": JSON_SCHEMA_VERSION, "command": command, "cmh_version": __version__, **fields}
+
+
+#: Set in the click context's ``meta`` once the command printed its document.
+_JSON_EMITTED = "cmh.json_emitted"
+
+
 def emit_json(document: Any) -> None:
     """Print one JSON document on stdout (UTF-8, sorted keys, two-space indent).
 
@@ -66,6 +78,22 @@ def emit_json(document: Any) -> None:
     """
     text = json.dumps(_utf8_strings(document), indent=2, sort_keys=True, ensure_ascii=False)
     click.echo(text)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_JSON_EMITTED] = True
+
+
+def emit_failure(message: str, exit_code: int) -> None:
+    """The document of a ``--json`` command stopped by an error (status 1 or 3) before it
+    printed its own: the common fields, ``ok`` false, ``exit_status`` and ``error``."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.meta.get(_JSON_EMITTED):
+        return
+    names: list[str] = []
+    while ctx.parent is not None:  # `mirror add`: every name below `cmh`
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    emit_json(envelope(" ".join(names), ok=False, exit_status=exit_code, error=message))
 
 
 def utf8_text(text: str) -> str:
@@ -311,7 +339,10 @@ def check_hub_url(url: str | None, what: str) -> None:
         return
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:  # an unclosed IPv6 bracket: 'http://[::1'
+        usage_error(f"{what} {url!r} is not a URL: {exc}")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         usage_error(
             f"{what} {url!r} is not a URL: give the scheme and host, e.g. "
@@ -373,42 +404,62 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Decorate a command callback: cmh and OS errors become a message and an exit status.
 
     ``CMHError`` and ``OSError`` are mapped by :func:`exit_code_for`; Ctrl-C
-    exits 130. No traceback reaches the user.
+    exits 130. No traceback reaches the user. With ``--json``, an error that ends
+    the command with status 1 or 3 before it printed its document prints one
+    (:func:`emit_failure`); a usage error (2) prints nothing on stdout.
     """
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from cmh import CMHError
-
         try:
-            return func(*args, **kwargs)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            return _mapped(func, *args, **kwargs)
+        except click.ClickException as exc:
+            if kwargs.get("as_json") and exc.exit_code in (EXIT_CHECK_FAILED, EXIT_UNREADABLE):
+                emit_failure(exc.format_message(), exc.exit_code)
             raise
-        except CMHError as exc:
-            raise CommandError(str(exc), exit_code_for(exc)) from None
-        except OSError as exc:
-            raise CommandError(describe_os_error(exc), EXIT_UNREADABLE) from None
-        except KeyboardInterrupt:
-            print_error("interrupted")
-            raise click.exceptions.Exit(130) from None
 
     return wrapper
+
+
+def _mapped(func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``func(*args, **kwargs)``, its cmh and OS errors raised as :class:`CommandError`."""
+    from cmh import CMHError
+
+    try:
+        return func(*args, **kwargs)
+    except (click.ClickException, click.exceptions.Exit, click.Abort):
+        raise
+    except CMHError as exc:
+        raise CommandError(str(exc), exit_code_for(exc)) from None
+    except OSError as exc:
+        raise CommandError(describe_os_error(exc), EXIT_UNREADABLE) from None
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        raise click.exceptions.Exit(130) from None
 
 
 # -- parameter types ---------------------------------------------------------------------
 
 
+#: The longest duration an option takes (10000 years): longer ones mean nothing, and
+#: from about 10**308 s on no float holds them.
+MAX_DURATION = 10_000 * 365 * 86400
+
+
 class DurationType(_SecondsParam):
-    """A duration such as ``90s``, ``12h``, ``30d``, ``1d12h`` -> seconds (``int``).
+    """A duration such as ``90s``, ``12h``, ``30d``, ``1d12h`` -> seconds (``int``), at
+    most :data:`MAX_DURATION`.
 
     With ``allow_never``, ``never`` is accepted and converts to :data:`NEVER`
-    (the string ``"never"``), so "not given" (``None``) stays distinct.
+    (the string ``"never"``), so "not given" (``None``) stays distinct. With
+    ``ends_by`` (Unix seconds), a duration from now must end by then.
     """
 
     name = "duration"
 
-    def __init__(self, allow_never: bool = False) -> None:
+    def __init__(self, allow_never: bool = False, ends_by: int | None = None) -> None:
         self.allow_never = allow_never
+        self.ends_by = ends_by
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value is None or isinstance(value, int):
@@ -419,9 +470,19 @@ class DurationType(_SecondsParam):
         from cmh import DurationError, parse_duration
 
         try:
-            return parse_duration(text)
+            seconds = parse_duration(text)
         except DurationError as exc:
             self.fail(str(exc), param, ctx)
+        if self.ends_by is not None and seconds > self.ends_by - time.time():
+            self.fail(
+                f"{text!r} from now ends after {iso_utc(self.ends_by)}, the last time a record "
+                "holds (an unsigned 32-bit Unix time): use a shorter TTL, or never",
+                param,
+                ctx,
+            )
+        if seconds > MAX_DURATION:
+            self.fail(f"{text!r} is longer than 10000 years", param, ctx)
+        return seconds
 
 
 class SizeType(_BytesParam):
@@ -440,8 +501,12 @@ class SizeType(_BytesParam):
             self.fail(str(exc), param, ctx)
 
 
+#: The times a ``--at`` may name: 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z (printable).
+TIME_RANGE = (0.0, 253402300799.0)
+
+
 class TimeType(_TimeParam):
-    """A point in time -> Unix seconds (``float``).
+    """A point in time -> Unix seconds (``float``), within :data:`TIME_RANGE`.
 
     Accepts Unix seconds (``1767225600``), ISO 8601 (``2026-01-01``,
     ``2026-01-01T12:00:00Z``; no zone means UTC), ``now``, and an offset from
@@ -453,21 +518,31 @@ class TimeType(_TimeParam):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value is None or isinstance(value, (int, float)):
             return value
-        text = str(value).strip()
+        seconds = self._seconds(str(value).strip(), param, ctx)
+        low, high = TIME_RANGE
+        if not low <= seconds <= high:  # also NaN
+            self.fail(f"{value!r} is not a time from {iso_utc(low)} to {iso_utc(high)}", param, ctx)
+        return seconds
+
+    def _seconds(
+        self, text: str, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        """``text`` as Unix seconds, not yet checked against :data:`TIME_RANGE`."""
         if text.lower() == "now":
             return time.time()
-        if text[:1] in "+-" and len(text) > 1 and not text[1:].replace(".", "").isdigit():
+        try:
+            return float(text)  # also -12, 1e300, inf, nan
+        except ValueError:
+            pass
+        if text[:1] in "+-" and len(text) > 1:
             from cmh import DurationError, parse_duration
 
             try:
                 offset = parse_duration(text[1:])
             except DurationError as exc:
                 self.fail(str(exc), param, ctx)
+            offset = min(offset, 2 * int(TIME_RANGE[1]))  # out of range either way, a float
             return time.time() + (offset if text[0] == "+" else -offset)
-        try:
-            return float(text)
-        except ValueError:
-            pass
         try:
             parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:
@@ -484,7 +559,8 @@ class TimeType(_TimeParam):
 
 #: Shared instances for ``type=`` in click options.
 DURATION = DurationType()
-TTL = DurationType(allow_never=True)
+#: A stamp's lifetime: ``never``, or a duration that ends by the record's last time.
+TTL = DurationType(allow_never=True, ends_by=LATEST_TIME)
 SIZE = SizeType()
 TIME = TimeType()
 

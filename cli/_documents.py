@@ -1,8 +1,7 @@
 """The ``--json`` documents of the format commands (schema in docs/cli.md).
 
-Every document is a JSON object with ``schema`` (an integer, bumped only on an
-incompatible change), ``command`` and ``cmh_version``. Builders here take
-library objects and return plain dicts; printing is the caller's job.
+Every document starts with :func:`~cmh.cli._common.envelope`'s fields. Builders here
+take library objects and return plain dicts; printing is the caller's job.
 """
 
 from __future__ import annotations
@@ -10,19 +9,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ._common import JSON_SCHEMA_VERSION, iso_utc
+from ._common import iso_utc
 
 if TYPE_CHECKING:
     from cmh import Inspection, Record, VerifyResult
 
     from ._targets import Target
-
-
-def envelope(command: str, **fields: Any) -> dict[str, Any]:
-    """The fields every document starts with, plus ``fields``."""
-    from cmh import __version__
-
-    return {"schema": JSON_SCHEMA_VERSION, "command": command, "cmh_version": __version__, **fields}
 
 
 def path_hex(path: str | None) -> str | None:

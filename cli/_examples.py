@@ -75,7 +75,8 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
             "cmh serve --store ./cache --upstream https://huggingface.co --workers 4",
         ),
         "0 stopped by SIGTERM or Ctrl-C (SIGINT) after the requests in flight, "
-        "1 a worker died, 2 usage error (bad store, port in use), 3 the storage unreachable",
+        "1 a worker died, 2 usage error (bad store or --host, port in use), 3 the storage "
+        "unreachable",
     ),
     "pull": (
         (

@@ -23,17 +23,18 @@ from ._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_UNREADABLE,
-    EXIT_USAGE,
     TIME,
     TTL,
     describe_os_error,
     emit_json,
+    envelope,
     exit_code_for,
     fail,
     handle_errors,
     human_bytes,
     iso_utc,
     json_option,
+    print_error,
     progress_bar,
     status_word,
     usage_error,
@@ -41,7 +42,6 @@ from ._common import (
 )
 from ._documents import (
     checkpoint_document,
-    envelope,
     inspection_document,
     path_hex,
     paths_hex,
@@ -53,7 +53,7 @@ from ._options import count_option, flag_option
 from ._targets import Target, data_size, expand
 
 if TYPE_CHECKING:
-    from cmh import Record, VerifyResult
+    from cmh import Header, Record, VerifyResult
 
 _PATHS = click.argument("paths", nargs=-1, required=True, metavar="PATH...")
 _THREADS = count_option(
@@ -94,7 +94,7 @@ def _write_each(
     A directory whose index disagrees with its shards is refused whole. ``write``
     returns the document fields and the human line of a file it wrote, or raises.
     """
-    from cmh import CMHError, InputValueError, InvalidFileError, NotStampedError
+    from cmh import CMHError, InvalidFileError, NotStampedError
 
     files: list[dict[str, Any]] = []
     checkpoints: list[dict[str, Any]] = []
@@ -125,9 +125,6 @@ def _write_each(
             except NotStampedError as exc:
                 status = max(status, EXIT_CHECK_FAILED)
                 doc.update(outcome="unstamped", ok=False, error=str(exc))
-            except InputValueError as exc:  # a value given cannot apply (a TTL past 2106)
-                status = max(status, EXIT_USAGE)
-                doc.update(outcome="failed", ok=False, error=str(exc))
             except (CMHError, OSError) as exc:
                 status = max(status, EXIT_CHECK_FAILED)
                 doc.update(outcome="failed", ok=False, error=str(exc))
@@ -186,8 +183,10 @@ def stamp(
     from ._keys import load_signing_key
 
     key = load_signing_key(sign_key) if sign_key else None
+    in_progress = _StampInProgress()
 
     def write(path: str) -> tuple[dict[str, Any], str]:
+        in_progress.begin(path)
         with progress_bar(data_size(path), f"stamp {os.path.basename(path)}") as advance:
             hashing = cmh.Hashing(threads, advance)
             result = cmh.stamp(path, ttl, sign_key=key, hashing=hashing)
@@ -212,13 +211,56 @@ def stamp(
         }
         return fields, line
 
-    resume = (
-        "files reported stamped are complete, the file in progress is unchanged; "
-        "run the same command again to stamp the rest"
-    )
-    with stop_on_interrupt(resume):
+    with stop_on_interrupt(in_progress.kept):
         files, checkpoints, status = _write_each(paths, "stamped", write, as_json)
     _finish(as_json, envelope("stamp", files=files, checkpoints=checkpoints), status)
+
+
+class _StampInProgress:
+    """The file ``cmh stamp`` is writing and its header before: what Ctrl-C keeps of it.
+
+    A stamp lands in one step (a rename, or the record written in place last), so the
+    file is unchanged or stamped; only an in-place restamp stopped between its manifests
+    and its record is neither.
+    """
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.before: Header | None = None
+
+    def begin(self, path: str) -> None:
+        """``path`` is about to be stamped."""
+        self.path, self.before = path, _header_or_none(path)
+
+    def kept(self) -> str:
+        """What is kept, for the ``interrupted:`` line (asked when Ctrl-C comes)."""
+        from cmh import KEY_RECORD
+
+        done, again = "files reported stamped are complete", "run the same command again"
+        rest = f"{again} to stamp the rest"
+        if self.path is None or self.before is None:  # no file was being written
+            return f"{done}; {rest}"
+        now = _header_or_none(self.path)
+        if now is None:
+            return f"{done}; {self.path} (in progress) cannot be read now; {rest}"
+        if now.raw == self.before.raw:
+            return f"{done}, {self.path} (in progress) is unchanged; {rest}"
+        if (now.metadata or {}).get(KEY_RECORD) != (self.before.metadata or {}).get(KEY_RECORD):
+            return f"{done}, and so is {self.path}: it was stamped as Ctrl-C came; {rest}"
+        return (
+            f"{done}; {self.path} (in progress) has its new manifests but not yet its new "
+            f"record, so it fails verification until the stamp is finished: {rest}"
+        )
+
+
+def _header_or_none(path: str) -> Header | None:
+    """The header of ``path``, or ``None`` when it cannot be read."""
+    from cmh import CMHError, read_header
+
+    try:
+        return read_header(path)
+    except (CMHError, OSError):
+        return None
 
 
 # -- verify ----------------------------------------------------------------------------
@@ -470,7 +512,7 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
             status = EXIT_UNREADABLE
             files.append({"path": file, "path_hex": path_hex(file), "error": str(exc)})
             if not as_json:
-                click.echo(f"{file}: not a readable safetensors file: {exc.reason}", err=True)
+                print_error(f"{file}: not a readable safetensors file: {exc.reason}")
             continue
         doc = inspection_document(insp, now)
         files.append({**doc, "error": None})
@@ -483,9 +525,9 @@ def inspect(path: str, keys: tuple[str, ...], as_json: bool) -> None:
     )
     if not as_json and checkpoint is not None:
         if target.error is not None:
-            click.echo(f"{path}: {target.error}", err=True)
+            print_error(target.error)  # it names the directory
         for problem in target.problems:
-            click.echo(f"{path}: index_inconsistent: {problem}", err=True)
+            warn(f"{path}: index_inconsistent: {problem}")
     _finish(
         as_json,
         envelope(

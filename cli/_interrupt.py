@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 #: Exit status after Ctrl-C (128 + SIGINT), as shells report it.
@@ -51,11 +51,12 @@ def _exit_now() -> None:
 
 
 @contextlib.contextmanager
-def stop_on_interrupt(resume: str) -> Iterator[None]:
+def stop_on_interrupt(resume: str | Callable[[], str]) -> Iterator[None]:
     """Within the block, Ctrl-C ends the process with 130 within :data:`GRACE` s.
 
     ``resume`` says what is kept and how to go on, e.g. ``"finished chunks are
-    kept; run the same command again to resume"``.
+    kept; run the same command again to resume"``; a callable is asked when Ctrl-C
+    comes (in the main thread, whose work stops there), so it can look at what is kept.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -70,7 +71,7 @@ def stop_on_interrupt(resume: str) -> Iterator[None]:
 
         BARS_STOPPED.set()  # before the line: no bar is drawn over or after it
         with contextlib.suppress(Exception):
-            sys.stderr.write(f"\ninterrupted: {resume}\n")
+            sys.stderr.write(f"\ninterrupted: {resume() if callable(resume) else resume}\n")
         _flush()
         timer = threading.Timer(GRACE, _exit_now)
         timer.daemon = True

@@ -21,6 +21,7 @@ from ._common import (
     check_hub_url,
     echo,
     emit_json,
+    envelope,
     fail,
     handle_errors,
     human_bytes,
@@ -33,7 +34,6 @@ from ._common import (
     usage_error,
     warn,
 )
-from ._documents import envelope
 from ._interrupt import stop_on_interrupt
 from ._options import (
     count_option,
@@ -194,7 +194,7 @@ def ls(store: StoreLocation, tokens: Path | None, as_json: bool) -> None:
         try:
             policy = load_tokens(tokens)
         except TokensFileError as exc:
-            fail(str(exc), EXIT_USAGE)
+            fail(f"--tokens {exc}", EXIT_USAGE)
     opened = open_store_or_fail(store)
     try:
         repos = opened.list_store()
@@ -542,7 +542,7 @@ def serve(**options: Any) -> None:
     if opt.upstream is not None:
         pull = UpstreamConfig(
             opt.upstream,
-            _read_token(opt.upstream_token_file),
+            _read_token(opt.upstream_token_file, "--upstream-token-file"),
             float(opt.fresh_for),
             float(opt.stale_if_error),
             public_repos=opt.public_upstream_repos,
@@ -640,17 +640,22 @@ def _exposure(pull: UpstreamConfig, tokens: Path | None) -> str:
     )
 
 
-def _read_token(path: Path | None) -> str | None:
-    """The token in a token file (first non-empty line), or ``None`` without a file."""
+def _read_token(path: Path | None, option: str) -> str | None:
+    """The token in the token file ``option`` names (first non-empty line), or ``None``
+    without a file; a usage error for a file that is not a small regular text file."""
     if path is None:
         return None
+    from cmh import read_small_file
+
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as exc:
-        usage_error(f"{path}: cannot read the token file ({exc})")
+        lines = [line.strip() for line in read_small_file(path).decode("utf-8").splitlines()]
+    except OSError as exc:
+        usage_error(f"{option} {path}: cannot read the token file ({exc.strerror or exc})")
+    except UnicodeDecodeError as exc:
+        usage_error(f"{option} {path}: cannot read the token file ({exc})")
     token = next((line for line in lines if line), "")
     if not token or any(c.isspace() or not c.isprintable() for c in token):
-        usage_error(f"{path}: the token file must hold one token on its first line")
+        usage_error(f"{option} {path}: the token file must hold one token on its first line")
     return token
 
 
@@ -701,7 +706,7 @@ def sync(repo_ids: tuple[str, ...], store: StoreLocation, as_json: bool, **sourc
     src = _SyncSource(**source)
     revision, repo_type = src.revision, src.repo_type
     check_hub_url(src.upstream, "--from")
-    token = _read_token(src.token_file)
+    token = _read_token(src.token_file, "--token-file")
     target = open_store_or_fail(store, existing=False)
     results = []
     resume = (

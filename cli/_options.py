@@ -6,6 +6,7 @@ parses, defaults and shows its default the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,21 @@ from ._common import DURATION
 OptionDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click's ``FloatRange``, which also refuses ``nan`` and ``inf`` (no amount of anything)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def seconds_option(
     name: str, default: float | None, help: str, *, positive: bool = False
 ) -> OptionDecorator:
-    """A number of seconds, at least 0 (above 0 when ``positive``); a default is shown."""
-    kind = click.FloatRange(min=0, min_open=positive)
+    """A finite number of seconds, at least 0 (above 0 when ``positive``); a default is shown."""
+    kind = FiniteFloatRange(min=0, min_open=positive)
     if default is None:
         return click.option(name, type=kind, default=None, help=help)
     return click.option(name, type=kind, default=default, show_default=True, help=help)
@@ -79,7 +90,10 @@ def trust_origin_option() -> OptionDecorator:
         from cmh.hub.resolver import TRUSTED_ORIGINS_ENV
 
         for value in values:
-            parts = urlsplit(value)
+            try:
+                parts = urlsplit(value)
+            except ValueError as exc:  # an unclosed IPv6 bracket: 'http://[::1'
+                raise click.BadParameter(f"{value!r} is not an origin: {exc}", ctx, param) from None
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise click.BadParameter(
                     f"{value!r} is not an origin: give scheme, host and port "

@@ -16,6 +16,7 @@ from ._common import (
     SIZE,
     TIME,
     echo,
+    emit_failure,
     emit_json,
     fail,
     handle_errors,
@@ -171,6 +172,8 @@ def prune(**options: Any) -> None:
             click.echo(line, err=opt.as_json)
         if not click.confirm("Delete these?", default=False, err=True):
             click.echo("Kept everything: nothing deleted.", err=True)
+            if opt.as_json:
+                emit_failure("declined: nothing deleted", EXIT_CHECK_FAILED)
             raise click.exceptions.Exit(EXIT_CHECK_FAILED)
     elif _settles(root, opt.settle) and not opt.as_json:
         for line in plan_lines(plan, kind, dry_run=False):  # what the settle waits to delete

@@ -6,8 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._common import human_bytes, iso_utc
-from ._documents import envelope
+from ._common import envelope, human_bytes, iso_utc
 
 if TYPE_CHECKING:
     from cmh.hub.prune import (

@@ -28,6 +28,7 @@ from ._common import (
     describe_os_error,
     echo,
     emit_json,
+    envelope,
     fail,
     human_bytes,
     json_option,
@@ -105,8 +106,6 @@ def pull(repo_id: str, **options: Any) -> None:
                 "a private or gated repo also answers not found without a token (set HF_TOKEN)"
             )
         if opt.as_json:
-            from ._documents import envelope
-
             emit_json(
                 envelope(
                     "pull",
@@ -162,8 +161,6 @@ def pull(repo_id: str, **options: Any) -> None:
         except (ResolveError, OSError) as exc:
             refuse(exc, EXIT_UNREADABLE)
     if opt.as_json:
-        from ._documents import envelope
-
         document = envelope("pull", ok=True, exit_status=0, error_kind=None, error=None)
         emit_json({**document, **res.to_json()})
         return

@@ -78,7 +78,8 @@ from ._header import (
 )
 from ._inspection import Inspection, inspect
 from ._libc import libc_function
-from ._record import Record
+from ._record import LATEST_TIME, Record
+from ._regular import read_small_file
 from ._signing import (
     TrustedKeys,
     generate_keypair,
@@ -179,6 +180,7 @@ __all__ = [
 # atomic file writes.
 __all__ += [
     "KEY_RECORD",
+    "LATEST_TIME",
     "MAX_HEADER_SIZE",
     "METADATA_KEY",
     "PREFIX_SIZE",
@@ -208,6 +210,7 @@ __all__ += [
     "private_key_is_encrypted",
     "read_carrier",
     "read_header_from",
+    "read_small_file",
     "record_check",
     "remove_temporaries",
     "root_entries",

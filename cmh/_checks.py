@@ -30,7 +30,7 @@ from pathlib import Path
 from ._atomic import atomic_write
 
 SCHEMA = "cmh-stamp-check/1"
-_ETAG = re.compile(r"^[0-9a-f]{40}$|^[0-9a-f]{64}$")
+_ETAG = re.compile(r"^[0-9a-f]{40}\Z|^[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
@@ -62,7 +63,10 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise SizeError(f"invalid size {text!r}: use e.g. 500M, 20GB or 1.5GiB")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if not math.isfinite(size):  # 400 digits: no float holds it
+        raise SizeError(f"invalid size {text!r}: too large")
+    return int(size)
 
 
 def format_duration(seconds: float) -> str:

@@ -9,6 +9,7 @@ descriptor. What is not a regular file raises :class:`NotARegularFileError`, an
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
@@ -21,6 +22,10 @@ _KINDS = (
     (stat.S_ISCHR, "is a character device"),
     (stat.S_ISBLK, "is a block device"),
 )
+
+
+#: Most bytes :func:`read_small_file` reads: a key, token or secret file is far smaller.
+SMALL_FILE_LIMIT = 1 << 20
 
 
 class NotARegularFileError(OSError):
@@ -54,3 +59,19 @@ def open_regular(path: str | os.PathLike[str], writable: bool = False) -> Binary
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_small_file(path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT) -> bytes:
+    """The bytes of a small regular file (a key, a tokens file): at most ``limit`` are read.
+
+    Opened as :func:`open_regular` does (never blocks on a FIFO or a device); a larger
+    file raises ``OSError`` (``EFBIG``) whose ``strerror`` names the bound.
+    """
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        bound = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
+        raise OSError(
+            errno.EFBIG, f"is larger than {bound}, the most read of such a file", os.fspath(path)
+        )
+    return data

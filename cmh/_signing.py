@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ._errors import SigningKeyError
-from ._regular import open_regular
+from ._regular import read_small_file
 
 SIGNATURE_DOMAIN = b"CMH-SIG-v1\x00"
 PASSPHRASE_ENV = "CMH_KEY_PASSPHRASE"
@@ -157,7 +157,6 @@ def generate_keypair(passphrase: bytes | None = None) -> tuple[bytes, bytes, str
 
 def _read(path: str | os.PathLike[str]) -> bytes:
     try:
-        with open_regular(path) as f:  # a FIFO or a device given as a key never blocks
-            return f.read(1 << 20)
+        return read_small_file(path)  # a FIFO or a device given as a key never blocks
     except OSError as exc:
         raise SigningKeyError(f"{path}: cannot read key file: {exc.strerror or exc}") from exc

@@ -42,7 +42,7 @@ from ._header import METADATA_KEY, PREFIX_SIZE, Header, parse_header, read_heade
 from ._record import FLAG_SHA256, FLAG_SIGNED, FLAG_XXH3, LATEST_TIME, Record
 from ._signing import key_id, sign_record
 
-_TMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.cmh-stamp\.(?P<pid>\d+)(?:\.\d+)?\.tmp$")
+_TMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.cmh-stamp\.(?P<pid>\d+)(?:\.\d+)?\.tmp\Z")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 #: More ranges than this in one header are refused (416), a guard against range floods.
 MAX_RANGES = 64
-_SPEC_RE = re.compile(r"^([0-9]*)-([0-9]*)$")  # ASCII digits only (RFC 9110 1DIGIT)
+_SPEC_RE = re.compile(r"^([0-9]*)-([0-9]*)\Z")  # ASCII digits only (RFC 9110 1DIGIT)
 #: Digits of a position beyond which it is past the end of any file (clipped or unsatisfiable
 #: as its place says, never converted: a huge number costs nothing).
 _MAX_DIGITS = 19

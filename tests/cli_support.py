@@ -73,6 +73,26 @@ def run_subprocess(args: list[str], env: Env | None = None, input: str | None = 
 RUNNERS: dict[str, Callable[..., Run]] = {"runner": run_runner, "subprocess": run_subprocess}
 
 
+def closed_port() -> int:
+    """A loopback port nobody listens on: a connection to it is refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unreachable_bucket_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a ``cmh`` whose bucket storage refuses every connection."""
+    none = str(tmp_path / "none")
+    return {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}", "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "cmh-test-key", "AWS_SECRET_ACCESS_KEY": "cmh-test-secret",
+        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": none,
+        "AWS_SHARED_CREDENTIALS_FILE": none,
+    }  # fmt: skip
+
+
 def tensors(seed: int, count: int = 6) -> dict[str, np.ndarray]:
     """A small reproducible state dict."""
     rng = np.random.default_rng(seed)

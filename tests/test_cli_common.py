@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import click
 import pytest
+from cli_support import run_runner, tensors
 from click.testing import CliRunner
 from cmh.cli import _common as common
+from safetensors.numpy import save_file
 
+import cmh
 from cmh import (
     DurationError,
     InvalidFileError,
@@ -89,6 +93,65 @@ def test_time_type() -> None:
     assert isinstance(behind, float) and behind < before
     with pytest.raises(click.BadParameter, match="invalid time"):
         _convert(common.TIME, "next tuesday")
+    assert _convert(common.TIME, "9999-12-31T23:59:59Z") == 253402300799.0
+    for text in (
+        "nan",
+        "inf",
+        "-inf",
+        "1e300",
+        "-1e300",
+        "-99999999999",
+        "-1",
+        "+" + "9" * 400 + "w",
+    ):
+        with pytest.raises(click.BadParameter, match="is not a time from 1970-01-01T00:00:00Z"):
+            _convert(common.TIME, text)
+
+
+def test_huge_durations_and_sizes_are_refused_at_parse() -> None:
+    """No ``OverflowError`` later: a float holds neither 400 digits of seconds nor of bytes."""
+    with pytest.raises(click.BadParameter, match="longer than 10000 years"):
+        _convert(common.DURATION, "9" * 400 + "w")
+    with pytest.raises(click.BadParameter, match=r"invalid size .* too large"):
+        _convert(common.SIZE, "9" * 400)
+
+
+HUGE = "9" * 400  # no float holds it
+BAD_VALUES = [
+    (["verify", "FILE", "--at", "nan"], "--at", "'nan'"),
+    (["verify", "FILE", "--at", "inf", "--json"], "--at", "'inf'"),
+    (["prune", "--store", "DIR", "--dry-run", "--expired", "--at", "nan"], "--at", "'nan'"),
+    (["prune", "--store", "DIR", "--dry-run", "--expired", "--at", "inf"], "--at", "'inf'"),
+    (["prune", "--store", "DIR", "--dry-run", "--at", "-99999999999"], "--at", "-99999999999"),
+    (["prune", "--store", "DIR", "--dry-run", "--settle", "nan"], "--settle", "'nan'"),
+    (["prune", "--store", "DIR", "--dry-run", "--lock-timeout", "inf"], "--lock-timeout", "'inf'"),
+    (["prune", "--store", "DIR", "--dry-run", "--older-than", HUGE + "w"], "--older-than", "99"),
+    (["prune", "--store", "DIR", "--dry-run", "--max-size", HUGE], "--max-size", "99"),
+    (["serve", "--store", "NONE", "--graceful-timeout", "nan"], "--graceful-timeout", "'nan'"),
+    (["serve", "--store", "NONE", "--header-timeout", "inf"], "--header-timeout", "'inf'"),
+    (["serve", "--store", "NONE", "--idle-timeout", "nan"], "--idle-timeout", "'nan'"),
+    (["serve", "--store", "NONE", "--ref-ttl", "inf"], "--ref-ttl", "'inf'"),
+    (["serve", "--store", "NONE", "--upstream", "http://[::1"], "--upstream", "'http://[::1'"),
+    (["serve", "--store", "NONE", "--trust-origin", "http://[::1"], "--trust-origin", "http://[::1"),
+    (["pull", "acme/x", "--endpoint", "http://[::1"], "--endpoint", "'http://[::1'"),
+    (["pull", "acme/x", "--trust-origin", "http://[::1"], "--trust-origin", "'http://[::1'"),
+    (["mirror", "sync", "acme/x", "--store", "DIR", "--from", "http://[::1"], "--from", "'http://[::1'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "option", "value"), BAD_VALUES, ids=lambda v: str(v)[:40])
+def test_values_no_command_can_use_are_usage_errors(
+    tmp_path: Path, args: list[str], option: str, value: str
+) -> None:
+    """Non-finite or out-of-range numbers and times, unparsable URLs: exit 2, never a traceback."""
+    file = tmp_path / "m.safetensors"
+    save_file(tensors(1), str(file))
+    cmh.stamp(file, ttl="30d")
+    paths = {"FILE": str(file), "DIR": str(tmp_path), "NONE": str(tmp_path / "none")}
+    given = [paths.get(a, a) for a in args]  # serve: a missing store, should a value pass
+    run = run_runner(given)
+    assert run.exit_code == 2, run.stderr
+    assert run.stdout == "" and option in run.stderr and value in run.stderr, run.stderr
 
 
 def test_emit_json_and_formatting() -> None:

@@ -5,6 +5,8 @@
 - During a first stamp, whose temporary is a full-size copy of the file: no
   hidden ``.NAME.cmh-stamp.*.tmp`` is left beside it, also when the process ends
   at once (a second Ctrl-C) while the copy still runs.
+- Just before or just after a stamp's last step (a SIGINT raised in this process at
+  that point): the ``interrupted:`` line says what became of the file in progress.
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ import fcntl
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from cli_support import CMH
+from cli_support import CMH, flip_tensor_byte, run_runner, tensors
 from safetensors.numpy import save_file
+
+import cmh
 
 F_SETPIPE_SZ = 1031  # <linux/fcntl.h>
 #: Any test step that waits on the child gives up after this many seconds.
@@ -151,3 +158,90 @@ def test_the_next_stamp_sweeps_a_dead_stamps_temporary(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert _temporaries(tmp_path) == []
+
+
+@pytest.fixture
+def ctrl_c_ends_with_system_exit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After Ctrl-C, the command ends with ``SystemExit(130)`` where it would ``os._exit``."""
+
+    def exit_now() -> None:
+        if threading.current_thread() is threading.main_thread():  # not the grace timer
+            raise SystemExit(130)
+
+    monkeypatch.setattr("cmh.cli._interrupt._exit_now", exit_now)
+    yield
+    from cmh.cli._common import BARS_STOPPED
+
+    BARS_STOPPED.clear()
+
+
+def _ctrl_c_at(
+    monkeypatch: pytest.MonkeyPatch, name: str, when: Callable[..., bool], *, before: bool = False
+) -> None:
+    """A real SIGINT in this process right after (``before``: right before) the first call
+    ``os.NAME(...)`` that ``when`` accepts; the handler runs at once, in this thread."""
+    real = getattr(os, name)
+    fired = threading.Event()
+
+    def hooked(*args: Any) -> Any:
+        chosen = not fired.is_set() and when(*args)
+        if chosen:
+            fired.set()
+            if before:
+                signal.raise_signal(signal.SIGINT)
+        result = real(*args)
+        if chosen:
+            signal.raise_signal(signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(os, name, hooked)
+
+
+@pytest.mark.usefixtures("ctrl_c_ends_with_system_exit")
+@pytest.mark.parametrize("moment", ["before", "after"])
+def test_ctrl_c_at_a_first_stamps_rename_says_what_became_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moment: str
+) -> None:
+    """Was: "the file in progress is unchanged" also when the rename had just happened."""
+    model = tmp_path / "model.safetensors"
+    save_file(tensors(1), str(model))
+    original = model.read_bytes()
+
+    def at_rename(source: str, target: str) -> bool:
+        return target == str(model)
+
+    _ctrl_c_at(monkeypatch, "replace", at_rename, before=moment == "before")
+    run = run_runner(["stamp", model])
+    assert run.exit_code == 130, run.stderr
+    assert "interrupted: files reported stamped are complete" in run.stderr, run.stderr
+    if moment == "before":
+        assert f"{model} (in progress) is unchanged" in run.stderr, run.stderr
+        assert model.read_bytes() == original
+    else:
+        assert f"and so is {model}: it was stamped as Ctrl-C came" in run.stderr, run.stderr
+        assert "unchanged" not in run.stderr and cmh.verify(model).ok
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]  # no temporary
+
+
+@pytest.mark.usefixtures("ctrl_c_ends_with_system_exit")
+def test_ctrl_c_between_an_in_place_restamps_writes_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An in-place restamp writes the manifests, then the record: stopped between, the
+    file is neither unchanged nor stamped, and the line says so; a rerun finishes it."""
+    model = tmp_path / "model.safetensors"
+    save_file(tensors(1), str(model))
+    cmh.stamp(model, ttl="30d")
+    flip_tensor_byte(model, "layer.0.weight")  # new manifests to write
+    inode = model.stat().st_ino
+
+    def at_manifests(fd: int, data: bytes, offset: int) -> bool:
+        return os.fstat(fd).st_ino == inode
+
+    _ctrl_c_at(monkeypatch, "pwrite", at_manifests)
+    run = run_runner(["stamp", model])
+    assert run.exit_code == 130, run.stderr
+    assert f"{model} (in progress) has its new manifests but not yet its new record" in run.stderr
+    assert not cmh.verify(model).ok
+    monkeypatch.undo()
+    assert run_runner(["stamp", model]).exit_code == 0 and cmh.verify(model).ok

@@ -128,9 +128,27 @@ def test_stamp_usage_errors_change_nothing(run, model: Path, tmp_path: Path) -> 
     assert run(["stamp"]).exit_code == 2
     assert model.read_bytes() == before
     # a lifetime past the record's last time (2106-02-07, an unsigned 32-bit Unix time)
-    r = run(["stamp", model, "--ttl", "40000d", "--json"])
-    assert r.exit_code == 2 and model.read_bytes() == before
-    assert "ends after 2106-02-07" in r.json()["files"][0]["error"]
+    for ttl in ("40000d", "100000000w"):
+        r = run(["stamp", model, "--ttl", ttl, "--json"])
+        assert r.exit_code == 2 and r.stdout == "" and model.read_bytes() == before
+        assert "--ttl" in r.stderr and "ends after 2106-02-07T06:28:15Z" in r.stderr, r.stderr
+
+
+def test_stamp_a_kept_lifetime_past_2106_fails_for_that_file(
+    run, model: Path, tmp_path: Path
+) -> None:
+    """A restamp keeps the lifetime; one that no longer fits fails that file (1), not usage."""
+    long_lived = tmp_path / "long.safetensors"
+    save_file(tensors(2), str(long_lived))
+    cmh.stamp(long_lived, ttl=f"{100 * 365}d", now=1_000_000_000)  # 2001 + 100 years: fits
+    before = long_lived.read_bytes()
+    r = run(["stamp", long_lived, model, "--json"])  # 2026 + 100 years does not
+    assert r.exit_code == 1 and long_lived.read_bytes() == before
+    doc = r.json()
+    check_envelope(doc, "stamp", 1)
+    failed, stamped = doc["files"]
+    assert failed["outcome"] == "failed" and "ends after 2106-02-07" in failed["error"]
+    assert stamped["outcome"] == "stamped" and cmh.verify(model).ok
 
 
 def test_stamp_unreadable_inputs(run, model: Path, garbage: Path, tmp_path: Path) -> None:
@@ -407,7 +425,15 @@ def test_inspect_errors(run, garbage: Path, tmp_path: Path) -> None:
     assert r.exit_code == 3
     assert "garbage.safetensors" in r.json()["files"][0]["error"]
     r = run(["inspect", garbage])
-    assert r.exit_code == 3 and "not a readable safetensors file" in r.stderr and r.stdout == ""
+    assert r.exit_code == 3 and r.stdout == ""
+    assert r.stderr.startswith(f"error: {garbage}: not a readable safetensors file: "), r.stderr
+    missing, empty = tmp_path / "missing.safetensors", tmp_path / "empty"
+    empty.mkdir()
+    r = run(["inspect", missing])  # every error line says `error:` (docs/cli.md, Output)
+    assert r.exit_code == 3 and r.stderr.startswith(f"error: {missing}: not a readable"), r.stderr
+    r = run(["inspect", empty])  # the folder named once
+    assert r.exit_code == 3 and r.stdout == ""
+    assert r.stderr == f"error: {empty}: directory holds no *.safetensors file\n", r.stderr
     assert run(["inspect"]).exit_code == 2
     assert run(["inspect", garbage, garbage]).exit_code == 2
 
@@ -488,6 +514,11 @@ def test_keygen(run, tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     r = run(["keygen", "--out", blocker / "release"])
     assert r.exit_code == 3 and r.stderr.startswith("error: ") and r.stdout == ""
+    r = run(["keygen", "--out", blocker / "release", "--json"])  # one document all the same
+    assert r.exit_code == 3
+    doc = r.json()
+    check_envelope(doc, "keygen", 3)
+    assert r.stderr == f"error: {doc['error']}\n" and "private_key" not in doc
 
 
 def test_keygen_encrypted_and_sign_with_passphrase(run, model: Path, tmp_path: Path) -> None:

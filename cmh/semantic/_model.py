@@ -38,7 +38,7 @@ CACHE_KINDS: tuple[str, ...] = (
 #: Kinds whose entries are shared across models: their scope is their own id's prefix.
 SHARED_KINDS: frozenset[str] = frozenset({"tokenizer", "graph"})
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _OPTIONAL_IDS = (
     "tokenizer", "config", "kv_config", "processor", "code", "embedding", "generation",
     "quant_config",

@@ -45,7 +45,7 @@ def tag_cache_dir(root: Path) -> None:
             tag.write_text(CACHEDIR_TAG)
 
 
-_ORPHAN_RE = re.compile(rf"^({ETAG_PATTERN})\.[0-9a-f]+\.incomplete$")
+_ORPHAN_RE = re.compile(rf"^({ETAG_PATTERN})\.[0-9a-f]+\.incomplete\Z")
 
 
 @dataclass

@@ -20,12 +20,12 @@ from cmh import atomic_symlink, atomic_write
 
 REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
 PREFIX_REPO_TYPE = {v: k for k, v in REPO_TYPE_PREFIX.items()}
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 #: A blob name (ETag): the git blob SHA-1 of a regular file, the SHA-256 of an LFS file.
 ETAG_PATTERN = r"[0-9a-f]{40}|[0-9a-f]{64}"
-ETAG_RE = re.compile(rf"^(?:{ETAG_PATTERN})$")
+ETAG_RE = re.compile(rf"^(?:{ETAG_PATTERN})\Z")
 #: One part of a repo id (``org`` or ``name``).
-REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 class LayoutError(ValueError):

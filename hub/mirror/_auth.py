@@ -25,7 +25,9 @@ from pathlib import Path
 
 from cmh.hub.cache import LayoutError, validate_repo_id
 
-_TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}$")
+from cmh import read_small_file
+
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}\Z")
 
 
 class TokensFileError(ValueError):
@@ -93,8 +95,10 @@ def bearer_token(authorization: str | None) -> str | None:
 def load_tokens(path: Path) -> AccessPolicy:
     """Parse a tokens file (format in the module docstring)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_small_file(path).decode("utf-8")
+    except OSError as exc:
+        raise TokensFileError(f"{path}: cannot read the tokens file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
         raise TokensFileError(f"{path}: cannot read the tokens file: {exc}") from None
     grants: dict[str, set[str]] = {}
     for number, raw in enumerate(text.splitlines(), 1):

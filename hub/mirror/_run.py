@@ -113,7 +113,15 @@ def public_url(text: str) -> str:
 
 
 def _socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:  # '', 'not a host', 999.1.1.1
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise ServeError(
+            f"--host {host!r} is no address to listen on ({reason}): give an IP address "
+            "(127.0.0.1, 0.0.0.0 for every interface, :: for every IPv6 one) or a host name "
+            "that resolves"
+        ) from None
     if not infos:
         raise ServeError(f"cannot resolve {host!r}")
     family, kind, proto, _, addr = infos[0]

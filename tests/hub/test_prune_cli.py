@@ -61,6 +61,9 @@ def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
 def test_missing_directory_is_unreadable(tmp_path: Path) -> None:
     run = run_runner(["prune", "--store", tmp_path / "nope", "--dry-run"])
     assert run.exit_code == 3 and "no such directory" in run.stderr
+    run = run_runner(["prune", "--cache-dir", tmp_path / "nope", "--dry-run", "--json"])
+    assert run.exit_code == 3 and run.json()["error"] == f"{tmp_path / 'nope'}: no such directory"
+    assert run.json()["ok"] is False and run.json()["command"] == "prune"
 
 
 def test_dry_run_reports_and_changes_nothing(cache: tuple[Path, dict[str, str]]) -> None:
@@ -157,6 +160,10 @@ def test_asks_on_a_terminal(cache: tuple[Path, dict[str, str]]) -> None:
     assert status == 1 and "nothing deleted" in shown and "error:" not in shown
     assert f"revision {commits['expired'][:12]}: its stamped files expired" in shown
     assert tree_state(root) == before
+    args = ["prune", "--cache-dir", str(root), "--expired", "--json"]
+    status, shown = _answer_on_a_terminal(args, b"n")  # declined: a document all the same
+    assert status == 1 and '"error": "declined: nothing deleted"' in shown, shown
+    assert '"exit_status": 1' in shown and tree_state(root) == before
     status, shown = _answer_on_a_terminal(["prune", "--cache-dir", str(root), "--expired"], b"y")
     assert status == 0 and "Removed from cache" in shown
     assert stock_revisions(root) == {"org/a": {commits["main"]}}

@@ -20,7 +20,14 @@ def parse_location(text: str) -> Path | str:
     if "://" in text:
         raise InvalidLocation(f"{text!r}: only s3:// URLs or folders are stores")
     path = Path(text)
-    if path.exists() and not path.is_dir():
+    try:
+        is_file = path.exists() and not path.is_dir()
+    except OSError as exc:  # a name longer than 255 bytes, a path longer than 4096, ...
+        raise InvalidLocation(
+            f"{text}: cannot be a store folder: {exc.strerror or exc} (a name in a path "
+            "holds at most 255 bytes, the whole path 4096)"
+        ) from None
+    if is_file:
         raise InvalidLocation(
             f"{text}: is a file, not a store folder (give a folder path, e.g. ./store; "
             "`cmh mirror add` creates it)"

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cmh import read_small_file
+
 from .._auth import AccessPolicy, bearer_token
 
 TOKEN_COOKIE = "cmh_token"
@@ -43,8 +45,12 @@ def valid_token(text: str) -> str | None:
 def load_admin_tokens(path: Path) -> frozenset[str]:
     """Admin tokens: one per line, ``#`` starts a comment, at least one token."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_small_file(path).decode("utf-8")
+    except OSError as exc:
+        raise AdminTokensError(
+            f"{path}: cannot read the admin tokens file: {exc.strerror}"
+        ) from None
+    except UnicodeDecodeError as exc:
         raise AdminTokensError(f"{path}: cannot read the admin tokens file: {exc}") from None
     tokens: set[str] = set()
     for number, raw in enumerate(text.splitlines(), 1):

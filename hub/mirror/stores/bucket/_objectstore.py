@@ -55,7 +55,7 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 # A refreshable credential (SSO, assumed role, instance role) is asked again this often.
 CREDENTIAL_TTL = timedelta(minutes=5)
 _EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from cachetools import LRUCache
 
+from cmh import read_small_file
+
 from ..._errors import StoreError
 
 #: The environment variable naming the fleet key file (``cmh serve --fleet-key-file``
@@ -56,8 +58,7 @@ def read_fleet_key(path: Path) -> bytes:
     """The secret in a fleet key file (surrounding whitespace removed)."""
     hint = "make one with `openssl rand -hex 32 > fleet.key` (the same file on every replica)"
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_KEY_BYTES + 1)
+        data = read_small_file(path)  # never blocks on a FIFO, never reads a huge file
     except OSError as exc:
         raise FleetKeyError(f"{path}: cannot read the fleet key ({exc.strerror}); {hint}") from None
     secret = data.strip()
