@@ -132,6 +132,7 @@ LORA_DEFAULTS: dict[str, Any] = {
     "alora_invocation_tokens": None,
     "alpha_pattern": {},
     "arrow_config": None,
+    "astra_config": None,
     "auto_mapping": None,
     "bias": "none",
     "corda_config": None,
