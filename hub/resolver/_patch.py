@@ -552,7 +552,8 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
         target = os.path.join(str(res.path), relative)
         if not os.path.isfile(target):
             return _STOCK
-        _refuse_a_corrupt_blob(a, target)  # a snapshot without a listing is served as found
+        if _served_as_found(res):  # no listing: its blobs were not checked, this one is
+            _refuse_a_corrupt_blob(a, target)
         return target
 
     def handed(a: dict[str, Any], found: Any) -> None:
@@ -593,6 +594,14 @@ def _wrap_try_to_load(original: Callable[..., Any]) -> Callable[..., Any]:
         return found
 
     return _wrapper(original, routed)
+
+
+def _served_as_found(res: Any) -> bool:
+    """True when the resolver served a snapshot without a listing as found (it checked no
+    blob of it); every other snapshot it serves has every selected blob checked."""
+    from ._negotiate import COMPLETENESS_UNKNOWN
+
+    return any(COMPLETENESS_UNKNOWN in w for w in res.warnings)
 
 
 def _refuse_a_corrupt_blob(a: dict[str, Any], found: str) -> None:
