@@ -8,11 +8,11 @@ recorded, so ``--keep-latest`` and ``--max-size`` rank by ref history, never by
 the writers' clocks), and a commit a ref names is served, so only ``--expired
 --include-referenced`` removes it. A pull-through commit's freshness record
 (``{repo}/.cmh/upstream/{commit}.json``, written by ``cmh serve --upstream``) gives
-its upstream expiry, as in a folder. Objects carry no timestamps into the plan:
-the lease below, not a grace period, keeps an import in flight whole. The one
-exception is pull-through state (a fill's ``{repo}/.cmh/fills/{etag}/``, cut records
-``{repo}/.cmh/cuts/{etag}``): ages measured on the storage's clock
-(:class:`StorageTime`) say whether a fill's lease is live and a cut still counts.
+its upstream expiry, as in a folder. Every time the plan goes by is on the storage's
+clock, moved onto this process's by one offset (:class:`StorageTime`): the objects'
+``Last-Modified`` (a blob's grace, a fill's lease, a cut record) and a revision's
+``created_at`` (written from :meth:`BucketStore.storage_time`), so a pruner whose own
+clock is off ages nothing wrongly. The lease below keeps an import in flight whole.
 
 :func:`execute_bucket_plan` carries out a plan that was shown:
 
@@ -41,7 +41,7 @@ import math
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -119,13 +119,18 @@ class StorageTime:
 
     def local(self, when: datetime) -> float | None:
         """``when`` (a Last-Modified) on this process's clock, ``None`` when unknown."""
+        return self.moved(when.timestamp())
+
+    def moved(self, storage_seconds: float) -> float | None:
+        """A time on the storage's clock (a Last-Modified, a tree's ``created_at``) on this
+        process's clock, ``None`` when unknown."""
         if self.offset is None and self.error is None:
             try:
                 storage = self.store.storage_now()
                 self.offset = self.clock.time() - storage  # taken after: ages come out no longer
             except ObjectStoreError as exc:
                 self.error = str(exc)
-        return None if self.offset is None else when.timestamp() + self.offset
+        return None if self.offset is None else storage_seconds + self.offset
 
     def written(self, when: datetime) -> float:
         """:meth:`local`, infinitely recent when the storage's clock is unknown (the
@@ -208,7 +213,13 @@ def scan_bucket_repo(
         tree = store.read_tree(folder, commit)
         if tree is not None:
             until = store.read_upstream_freshness(folder, commit) if commit in upstream else None
-            revisions.append(_revision(store, folder, tree, read_expiry, expiry, until))
+            revision = _revision(store, folder, tree, read_expiry, expiry, until)
+            # Its last activity (--older-than) is its ``created_at``, on the storage's
+            # clock (BucketStore.storage_time): moved onto this process's like every
+            # other age; unknown, it is infinitely recent.
+            created = times.moved(tree.created_at)
+            created = math.inf if created is None else created
+            revisions.append(replace(revision, last_used=created))
     return RepoScan(
         layout=RepoLayout(Path(folder), repo_id, repo_type),
         mtime=0.0,
@@ -257,7 +268,7 @@ def _fills(store: BucketStore, folder: str, times: StorageTime) -> tuple[FillSca
         lease_written = lease_ttl = None
         if "lease" in objects:
             try:  # its own read: a lease renewed since the listing is judged by its renewal
-                data, info = store.objects.get_with_info(objects["lease"].name)
+                data, info = store.read_small(objects["lease"].name)
             except ObjectNotFound:
                 pass  # released meanwhile
             else:
@@ -292,7 +303,6 @@ def _revision(
                 cache[f.etag] = _blob_expiry(store, store.blob_name(folder, f.etag), f.size)
             expires = cache[f.etag]
         files.append(SnapshotFile(f.path, f.etag, f.size, False, expires))
-    # ``created_at`` is the writer's clock: it only serves --older-than, which is by age.
     return RevisionScan(tree.commit, tuple(files), 0.0, tree.created_at,
                         upstream_until=upstream_until, parents=tree.parents)  # fmt: skip
 

@@ -161,6 +161,38 @@ def test_without_a_key_records_are_trusted_as_before_and_signed_ones_read(
         keyless.objects.delete(record.name)
 
 
+def test_an_oversized_ref_or_record_is_unreadable_and_its_body_not_read(
+    bucket: Bucket,
+) -> None:
+    """A co-tenant's ref or record larger than any cmh writes is not read (its size is
+    seen in the answer's headers): it reads as unreadable, even when its bytes begin as a
+    valid record (here: a valid body padded with whitespace, which a whole read trusts)."""
+    from cmh.hub.mirror.stores.bucket._bucket import MAX_RECORD_BYTES, MAX_REF_BYTES
+    from cmh.hub.mirror.stores.bucket._objectstore import ObjectTooLarge
+
+    keyless = _pull(bucket, None)
+    for what, record in RECORDS.items():
+        if what in ("lease", "cut"):  # keyless, any bytes there hold a lease until it ages
+            continue  # and cut a blob (the safe side): only their Last-Modified is read
+        body = record.body(keyless.store.storage_time())
+        keyless.objects.put(record.name, body + b" " * (MAX_RECORD_BYTES - len(body)))
+        assert record.trusted(keyless), what  # the bound itself: still read
+        keyless.objects.put(record.name, body + b" " * (MAX_RECORD_BYTES + 1 - len(body)))
+        assert not record.trusted(_pull(bucket, None)), what  # a reader with no memory
+        keyless.objects.delete(record.name)
+    ref = keyless.store.ref_name(FOLDER, "main")
+    keyless.objects.put(ref, (COMMIT + "\n").encode().ljust(MAX_REF_BYTES + 1))
+    state = keyless.store.read_ref(FOLDER, "main")
+    assert state is not None and state.commit == "", state
+    keyless.objects.put(ref, (COMMIT + "\n").encode().ljust(MAX_REF_BYTES))
+    state = keyless.store.read_ref(FOLDER, "main")
+    assert state is not None and state.commit == COMMIT, state
+    with pytest.raises(ObjectTooLarge) as caught:
+        keyless.objects.get_with_info(ref, limit=100)
+    assert caught.value.info.size == MAX_REF_BYTES
+    keyless.objects.delete(ref)
+
+
 def test_a_fleet_key_file_is_checked(tmp_path: Path) -> None:
     short = tmp_path / "short.key"
     short.write_text("too short\n")

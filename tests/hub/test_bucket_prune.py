@@ -142,6 +142,30 @@ def test_keep_latest_zero_and_older_than_never_remove_what_a_ref_serves(
     assert report is not None and store.resolve_revision(folder, "main") == served.commit
 
 
+class AheadClock(FakeClock):
+    """A pruner's clock three hours ahead of the storage's."""
+
+    def time(self) -> float:
+        return time.time() + 3 * 3600
+
+
+def test_older_than_ages_on_the_storage_clock_not_the_pruners(
+    seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
+) -> None:
+    """A revision written a moment ago is not older than an hour to a pruner whose own
+    clock is three hours ahead: its ``created_at`` (storage clock) is moved onto the
+    pruner's by the storage's offset, as every other age is."""
+    store = open_store(seaweed_bucket)
+    first = store.add_folder(src(tmp_path / "a", "a"), REPO)
+    store.add_folder(src(tmp_path / "b", "b"), REPO)  # main moves on: first is unnamed
+    clock = AheadClock()
+    scan = scan_bucket(store, clock=clock)
+    hour = plan_prune(scan, PrunePolicy(older_than=3600.0), clock=clock)
+    assert [r.commit for r in hour.repos[0].revisions] == []
+    now = plan_prune(scan, PrunePolicy(older_than=0.0), clock=clock, now=clock.time() + 1)
+    assert [r.commit for r in now.repos[0].revisions] == [first.commit]
+
+
 def test_executes_a_subset_of_the_plan_it_showed(
     seaweed_bucket: SeaweedBucket, env: dict, tmp_path: Path
 ) -> None:

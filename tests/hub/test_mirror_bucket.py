@@ -286,6 +286,25 @@ def test_scrub_finds_and_quarantines_a_corrupted_object(
     assert bucket.objects.get(name) == (tmp_path / "src/model.safetensors").read_bytes()
 
 
+def test_scrub_reports_a_missing_blob_unless_a_pull_through_fills_it(
+    bucket: BucketStore, tmp_path: Path
+) -> None:
+    """A blob missing from an imported commit is broken; from a pull-through commit (one
+    with a freshness record) it is a blob not filled yet (spec 8.5), not reported."""
+    from cmh.hub.mirror.stores.bucket._scrub import scrub_bucket
+
+    result = bucket.add_folder(sample(tmp_path / "src"), REPO)
+    tree = bucket.read_tree(FOLDER, result.commit)
+    assert tree is not None
+    victim = next(f for f in tree.files if f.path == "model.safetensors")
+    bucket.objects.delete(bucket.blob_name(FOLDER, victim.etag))
+    broken = scrub_bucket(bucket, do_quarantine=False).broken_links
+    assert broken == [f"{REPO}@{result.commit}:model.safetensors (blob {victim.etag} missing)"]
+    record = bucket.upstream_record_name(FOLDER, result.commit)
+    bucket.put_record(record, json.dumps({"fresh_until": 0, "at": 0}).encode())
+    assert scrub_bucket(bucket, do_quarantine=False).broken_links == []
+
+
 def test_prune_frees_what_it_reports_blobs_last(bucket: BucketStore, tmp_path: Path) -> None:
     from cmh.hub.prune import PrunePolicy, prune_bucket
 

@@ -81,6 +81,7 @@ from ._objectstore import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
+    ObjectTooLarge,
     PreconditionFailed,
 )
 from ._records import FleetKey, fleet_key_from_env, unsealed
@@ -96,6 +97,10 @@ LEASE_TTL = 600.0
 LEASE_POLL = 1.0
 MAX_REF_ATTEMPTS = 50
 MAX_TREE_BYTES = 64 << 20
+#: Largest ref object read (a ref is a commit id and a newline).
+MAX_REF_BYTES = 4 << 10
+#: Largest record, lease, validation or access object read (each is a small JSON or line).
+MAX_RECORD_BYTES = 1 << 20
 
 PROBE_FOLDER = ".cmh/probe"
 #: Seconds after which a process looks at the storage's clock again (between two looks it
@@ -290,7 +295,7 @@ class BucketStore:
     def read_ref(self, folder: str, revision: str) -> RefState | None:
         """The commit ``refs/{revision}`` names, or ``None`` (absent or not a commit id)."""
         try:
-            data, info = self.objects.get_with_info(self.ref_name(folder, revision))
+            data, info = self.read_small(self.ref_name(folder, revision), MAX_REF_BYTES)
         except ObjectNotFound:
             return None
         commit = data.decode("ascii", "replace").strip()
@@ -305,7 +310,7 @@ class BucketStore:
             info = self.objects.head(name)
             if info.size > MAX_TREE_BYTES:
                 raise BucketError(f"tree object {name} is too large ({info.size} bytes)")
-            return TreeObject.from_bytes(self.objects.get(name), commit)
+            return TreeObject.from_bytes(self.objects.get(name, limit=MAX_TREE_BYTES), commit)
         except ObjectNotFound:
             return None
 
@@ -623,11 +628,21 @@ class BucketStore:
         """Write the record ``name`` (sealed); its storage ETag."""
         return self.objects.put(name, self.seal(name, body))
 
+    def read_small(self, name: str, limit: int = MAX_RECORD_BYTES) -> tuple[bytes, ObjectInfo]:
+        """The bytes and info of a ref, record or lease object (:class:`ObjectNotFound`
+        when absent). One larger than ``limit`` is not read and reads as ``b""``: no such
+        object of cmh's is that large, so every reader takes it as unreadable, as it does
+        any other bytes a co-tenant wrote, and its size costs no memory."""
+        try:
+            return self.objects.get_with_info(name, limit=limit)
+        except ObjectTooLarge as exc:
+            return b"", exc.info
+
     def get_record(self, name: str) -> tuple[bytes, ObjectInfo] | None:
         """The record ``name``'s body and object info; ``None`` when it is absent or, with
         a fleet key, not trusted (a forged or unsigned record counts as absent)."""
         try:
-            data, info = self.objects.get_with_info(name)
+            data, info = self.read_small(name)
         except ObjectNotFound:
             return None
         body = self.unseal(name, data, info)
@@ -675,7 +690,7 @@ class BucketStore:
         :data:`LEASE_CLOCK_RESYNC` seconds and counted on this process's in between."""
         key = name or self.lease_name(folder)
         try:
-            data, info = self.objects.get_with_info(key)
+            data, info = self.read_small(key)
         except ObjectNotFound:
             return None
         body = self.unseal(key, data, info)
@@ -744,7 +759,7 @@ class BucketStore:
         except PreconditionFailed:
             unsure = self._unsure.pop(key, None)
             try:
-                data, info = self.objects.get_with_info(key)
+                data, info = self.read_small(key)
             except ObjectNotFound:
                 data = b""
             if data == doc:  # this rewrite landed; its retry was refused
@@ -772,7 +787,7 @@ class BucketStore:
         if etag is None:
             return
         try:
-            data, info = self.objects.get_with_info(key)
+            data, info = self.read_small(key)
         except ObjectNotFound:
             return
         if info.etag == etag or (unsure is not None and data == unsure):

@@ -52,6 +52,10 @@ DEFAULT_REGION = "us-east-1"
 DEFAULT_PART_SIZE = 8 << 20
 MIN_PART_SIZE = 5 << 20  # S3's smallest part (all but the last)
 DEFAULT_CHUNK_SIZE = 1 << 20
+#: Largest object :meth:`ObjectStore.get` reads whole unless its caller bounds it tighter:
+#: anyone who may write to the bucket decides an object's size, so every whole read has
+#: a bound checked before the body is read.
+MAX_WHOLE_BYTES = 64 << 20
 # A refreshable credential (SSO, assumed role, instance role) is asked again this often.
 CREDENTIAL_TTL = timedelta(minutes=5)
 _EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
@@ -96,6 +100,15 @@ class InvalidLocation(ObjectStoreError, ValueError):
 
 class InvalidObjectName(InvalidLocation):
     """An object name that is empty, absolute, or has empty, ``.`` or ``..`` segments."""
+
+
+class ObjectTooLarge(ObjectStoreError):
+    """An object larger than its reader's bound: its body was not read (``info`` is its
+    size, ETag and time)."""
+
+    def __init__(self, message: str, info: ObjectInfo) -> None:
+        super().__init__(message)
+        self.info = info
 
 
 class InvalidRange(ObjectStoreError, ValueError):
@@ -547,25 +560,29 @@ class ObjectStore:
         except self._errors() as exc:
             self._fail("HEAD", name, exc)
 
-    def get(self, name: str) -> bytes:
-        """The whole object."""
-        import obstore
+    def get(self, name: str, *, limit: int = MAX_WHOLE_BYTES) -> bytes:
+        """The whole object (:class:`ObjectTooLarge` when it has more than ``limit`` bytes)."""
+        return self.get_with_info(name, limit=limit)[0]
 
-        key = self.location.key(name)
-        try:
-            return obstore.get(self._store, key).bytes().to_bytes()
-        except self._errors() as exc:
-            self._fail("GET", name, exc)
-
-    def get_with_info(self, name: str) -> tuple[bytes, ObjectInfo]:
+    def get_with_info(self, name: str, *, limit: int = MAX_WHOLE_BYTES) -> tuple[bytes, ObjectInfo]:
         """The whole object and its info from one request, so the ETag is that of these
-        bytes (what a compare-and-swap with :meth:`put_if_match` starts from)."""
+        bytes (what a compare-and-swap with :meth:`put_if_match` starts from).
+
+        :class:`ObjectTooLarge` when it has more than ``limit`` bytes: its size is known
+        from the answer's headers, before any of the body is read."""
         import obstore
 
         key = self.location.key(name)
         try:
             result = obstore.get(self._store, key)
-            return result.bytes().to_bytes(), self._info(name, result.meta)
+            info = self._info(name, result.meta)
+            if info.size > limit:
+                raise ObjectTooLarge(
+                    f"GET {self.location}{name}: {info.size} bytes, more than the {limit}"
+                    " an object of its kind may have (not read)",
+                    info,
+                )
+            return result.bytes().to_bytes(), info
         except self._errors() as exc:
             self._fail("GET", name, exc)
 

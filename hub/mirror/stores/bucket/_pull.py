@@ -70,7 +70,13 @@ from ..._upstream import NEGATIVE_FOR
 from .._body_hash import SharedHash, new_serial, shared_hash
 from .._pull import FillFailed, FillWait, SentRanges
 from ._bucket import BucketError, BucketStore, TreeFile, TreeObject, _storage_errors
-from ._objectstore import Composition, ObjectNotFound, ObjectStoreError, PreconditionFailed
+from ._objectstore import (
+    Composition,
+    ObjectNotFound,
+    ObjectStoreError,
+    ObjectTooLarge,
+    PreconditionFailed,
+)
 
 if TYPE_CHECKING:
     from cmh.hub.resolver import RemoteFile
@@ -207,7 +213,7 @@ class BucketPullThrough:
     def _validation(self, folder: str, revision: str) -> tuple[dict[str, Any], str] | None:
         name = self._validation_name(folder, revision)
         try:
-            data, info = self.objects.get_with_info(name)
+            data, info = self.store.read_small(name)
         except ObjectNotFound:
             return None
         body = self.store.unseal(name, data, info)
@@ -434,7 +440,7 @@ class BucketPullThrough:
         name = f"{folder}/.cmh/upstream/access.json"
         value = (False, False)
         try:
-            data, info = self.objects.get_with_info(name)
+            data, info = self.store.read_small(name)
         except ObjectNotFound:
             data = None
         except ObjectStoreError:
@@ -1064,8 +1070,8 @@ class _Fill:
         n = 0
         while self.pos < self.f.size:
             try:
-                data, info = self.objects.get_with_info(self.part_name(n))
-            except ObjectNotFound:
+                data, info = self.objects.get_with_info(self.part_name(n), limit=PART)
+            except (ObjectNotFound, ObjectTooLarge):  # absent, or not a part of this fill
                 break
             whole = len(data) == PART or self.pos + len(data) == self.f.size
             if not whole or self.pos + len(data) > self.f.size:

@@ -6,7 +6,8 @@ in parallel. A blob whose bytes do not hash to its name is copied by the storage
 ``.quarantine/{repo}/{etag}.{unix time}`` beside a JSON note and then deleted from
 ``blobs/``: files that used it answer ``503 BlobUnavailable`` until a re-import
 uploads it again. Tree entries whose blob is missing or of the wrong size are
-reported as broken, as are tree objects that cannot be parsed.
+reported as broken (a pull-through commit's missing blob is one not filled yet: not
+broken), as are tree objects that cannot be parsed.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def scrub_bucket(store: BucketStore, **options: Unpack[ScrubOptions]) -> ScrubRe
     for repo_type, repo_id, folder in store.repos():
         label = _label(repo_type, repo_id)
         blobs = store.blob_infos(folder)
+        pulled = store.upstream_record_infos(folder)  # pull-through commits (spec 8.5)
         for commit in sorted(store.tree_infos(folder)):
             try:
                 tree = store.read_tree(folder, commit)
@@ -77,6 +79,8 @@ def scrub_bucket(store: BucketStore, **options: Unpack[ScrubOptions]) -> ScrubRe
                 continue
             for f in tree.files if tree is not None else ():
                 info = blobs.get(f.etag)
+                if info is None and commit in pulled:
+                    continue  # not filled yet: the next request for it fills it
                 if info is None or info.size != f.size:
                     report.broken_links.append(f"{label}@{commit}:{f.path} (blob {f.etag} missing)")
         names = sorted(blobs)

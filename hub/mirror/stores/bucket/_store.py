@@ -20,7 +20,7 @@ from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_ca
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
 from ..local._scrub import ScrubOptions, ScrubReport
 from ._bucket import BucketError, BucketStore, _storage_errors, manifest_name, open_bucket
-from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
+from ._objectstore import ObjectNotFound, ObjectStoreError, ObjectTooLarge, PreconditionFailed
 from ._read import DEFAULT_REF_TTL, BucketReader
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ class BucketBackedStore:
                 return doc
         except ObjectNotFound:
             pass
-        except ValueError:
+        except (ValueError, ObjectTooLarge):
             pass  # an unreadable manifest: computed again
         except ObjectStoreError as exc:
             raise OSError(f"store unavailable: {exc}") from None
@@ -320,7 +320,7 @@ class BucketBackedStore:
         last: dict[str, Any] | None = None
         notes: list[dict[str, Any]] = []
         with _storage_errors():
-            with contextlib.suppress(ObjectNotFound, ValueError):
+            with contextlib.suppress(ObjectNotFound, ObjectTooLarge, ValueError):
                 data = json.loads(self.bucket.objects.get(f"{QUARANTINE}/{LAST_SCRUB}"))
                 last = data if isinstance(data, dict) else None
             for info in self.bucket.objects.list(QUARANTINE):
@@ -328,7 +328,7 @@ class BucketBackedStore:
                     break
                 if not info.name.endswith(".json") or info.name.endswith("/" + LAST_SCRUB):
                     continue
-                with contextlib.suppress(ObjectNotFound, ValueError):
+                with contextlib.suppress(ObjectNotFound, ObjectTooLarge, ValueError):
                     data = json.loads(self.bucket.objects.get(info.name))
                     if isinstance(data, dict):
                         notes.append(data)
