@@ -186,7 +186,7 @@ def test_minilm_config_ignores_provenance_not_computation(minilm_copy: Path) -> 
         _name_or_path="/somewhere/else",  # transformers_version: the tokenizer reads it
         use_cache=False,
         hidden_dropout_prob=0.3,
-        initializer_range=0.5,
+        attention_probs_dropout_prob=0.4,
         layer_norm_eps=1e-12,  # same value, written again
     )
     reordered = dict(sorted(config.items(), reverse=True))
@@ -588,6 +588,14 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         "init_lora_weights": "pissa",
     }
     assert adapter_config_hash(adapter_source) == adapter and adapter in spec
+    ordered = hashlib.sha256(
+        b"CMH-SEM-ADAPTER-CONFIG-v3\n"
+        b'{"alpha_pattern":[["q_proj",64],["layers.0.self_attn.q_proj",2]],'
+        b'"peft_type":"LORA","r":4}'
+    ).hexdigest()
+    pattern = {"q_proj": 64, "layers.0.self_attn.q_proj": 2}
+    ordered_source = {"peft_type": "LORA", "r": 4, "alpha_pattern": pattern}
+    assert adapter_config_hash(ordered_source) == ordered and ordered in spec
 
     (tmp_path / "vocab.txt").write_bytes(b"[PAD]\n")
     (tmp_path / "tokenizer_config.json").write_text(

