@@ -572,6 +572,17 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         b'"rope_theta":10000}'
     ).hexdigest()
     assert config_hash({**source, "model_type": "toy"}) == toy and toy in spec
+    undtyped = tmp_path / "undtyped"  # no dtype in config.json: the load dtype (5)
+    undtyped.mkdir()
+    (undtyped / "config.json").write_text('{"model_type": "toy", "hidden_size": 8}')
+    save_file(
+        {"b": np.zeros(2, np.float32), "a": np.zeros(2, np.int64), "B": np.zeros(1, np.float16)},
+        str(undtyped / "model.safetensors"),
+    )
+    loaded = hashlib.sha256(
+        b'CMH-SEM-CONFIG-v3\n{"dtype":"float16","hidden_size":8,"model_type":"toy"}'
+    ).hexdigest()
+    assert fingerprint(undtyped).config == loaded and loaded in spec
 
     adapter_reduced = (
         b'{"init_lora_weights":"pissa","lora_alpha":16,"peft_type":"LORA",'

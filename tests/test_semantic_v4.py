@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from remote_code_support import write_remote_code_model
 from test_semantic_cache_keys import IDS, _tiny_llama, _word_tokenizer, copy_model, max_diff
 
-from cmh.semantic import CacheKindError, fingerprint
+from cmh.semantic import CacheKindError, NotAModelError, fingerprint
 
 pytestmark = pytest.mark.heavy
 
@@ -701,3 +702,136 @@ def test_issue39_initializer_factor_fills_a_missing_weight(tmp_path: Path) -> No
     c = copy_model(a, tmp_path / "c")  # initializer_range too (the same argument)
     _edit_json(c / "config.json", initializer_range=0.5)
     assert not fingerprint(c).compatible(fa, "kv")
+
+
+def _logits_and_dtype(d: Path) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(d).eval()
+    with torch.no_grad():
+        return model(torch.tensor(IDS)).logits.float(), model.dtype
+
+
+def _without_dtype(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (d / "config.json").write_text(json.dumps(config))
+
+
+def test_issue39_index_metadata_dtype_is_the_load_dtype(tmp_path: Path) -> None:
+    """config.json without a dtype: transformers loads in the index's metadata.dtype."""
+    a = tmp_path / "a"
+    _tiny_llama(0).save_pretrained(a, max_shard_size="8KB")
+    _without_dtype(a)
+    b = copy_model(a, tmp_path / "b")
+    index = json.loads((b / "model.safetensors.index.json").read_text())
+    index["metadata"]["dtype"] = "bfloat16"
+    (b / "model.safetensors.index.json").write_text(json.dumps(index))
+    (la, da), (lb, db) = _logits_and_dtype(a), _logits_and_dtype(b)
+    assert (str(da), str(db)) == ("torch.float32", "torch.bfloat16")
+    assert max_diff(la, lb) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(b)
+    assert fa.compatible(fb, "weights")
+    for kind in ("kv", "graph", "quant_weight"):
+        assert not fa.compatible(fb, kind), kind
+    # naming the dtype the loader derives anyway: loaded alike, one key
+    named = copy_model(b, tmp_path / "named")
+    _edit_json(named / "config.json", dtype="bfloat16")
+    assert max_diff(_logits_and_dtype(named)[0], lb) == 0.0
+    assert fingerprint(named).keys() == fb.keys()
+    bad = copy_model(b, tmp_path / "bad")
+    index["metadata"]["dtype"] = None
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(NotAModelError, match=r"metadata\.dtype"):
+        fingerprint(bad)
+
+
+def test_issue39_resharding_a_mixed_dtype_checkpoint_keys_the_load_dtype(tmp_path: Path) -> None:
+    """No dtype anywhere: transformers takes the first floating tensor of the first shard,
+    so the same tensors sharded otherwise load in another dtype."""
+    import torch
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    _tiny_llama(0).save_pretrained(src)
+    full = _tiny_llama(0).state_dict()
+    state = {k: v if "norm" in k else v.to(torch.bfloat16) for k, v in full.items()}
+    norms = {k: v for k, v in state.items() if "norm" in k}
+    rest = {k: v for k, v in state.items() if "norm" not in k}
+
+    def layout(name: str, first: dict[str, Any], second: dict[str, Any]) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy(src / "config.json", d)
+        _without_dtype(d)
+        shards = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+        weight_map = {}
+        for shard, part in zip(shards, (first, second), strict=True):
+            save_file(part, str(d / shard), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(part, shard))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        return d
+
+    a, b = layout("a", norms, rest), layout("b", rest, norms)
+    (la, da), (lb, db) = _logits_and_dtype(a), _logits_and_dtype(b)
+    assert (str(da), str(db)) == ("torch.float32", "torch.bfloat16")
+    assert max_diff(la, lb) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(b)
+    assert fa.compatible(fb, "weights")  # the same tensors
+    for kind in ("kv", "graph", "quant_weight"):
+        assert not fa.compatible(fb, kind), kind
+    # one dtype throughout: re-sharding keeps every key
+    norms32, rest32 = ({k: v.float() for k, v in p.items()} for p in (norms, rest))
+    c, d = layout("c", norms32, rest32), layout("d", rest32, norms32)
+    assert max_diff(_logits_and_dtype(c)[0], _logits_and_dtype(d)[0]) == 0.0
+    assert fingerprint(c).keys() == fingerprint(d).keys()
+
+
+def test_issue39_transformers_weights_names_the_loaded_file(tmp_path: Path) -> None:
+    """config.json transformers_weights: transformers loads that file, not model.safetensors."""
+    a = tmp_path / "a"
+    _tiny_llama(0).save_pretrained(a)
+    other = tmp_path / "other"
+    _tiny_llama(1).save_pretrained(other)
+    shutil.copy(other / "model.safetensors", a / "alt.safetensors")
+    _edit_json(a / "config.json", transformers_weights="alt.safetensors")
+    b = copy_model(a, tmp_path / "b")
+    shutil.copy(a / "model.safetensors", b / "alt.safetensors")
+    assert max_diff(_logits_and_dtype(a)[0], _logits_and_dtype(b)[0]) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(b)
+    assert fa.weights == fingerprint(other).weights  # the named file's tensors
+    assert not fa.compatible(fb, "kv") and not fa.compatible(fb, "weights")
+    # model.safetensors is now an unread weight: changing it changes no key
+    c = copy_model(a, tmp_path / "c")
+    shutil.copy(other / "model.safetensors", c / "model.safetensors")
+    assert max_diff(_logits_and_dtype(a)[0], _logits_and_dtype(c)[0]) == 0.0
+    assert fingerprint(c).keys() == fa.keys()
+    for value, reason in (("missing.safetensors", "lacks"), ("pytorch_model.bin", "pickle")):
+        _edit_json(c / "config.json", transformers_weights=value)
+        with pytest.raises(NotAModelError, match=reason):
+            fingerprint(c)
+
+
+def test_issue39_a_pickle_transformers_loads_is_refused(tmp_path: Path) -> None:
+    """No model.safetensors and no index: transformers loads pytorch_model.bin, so a stray
+    safetensors file beside it is not the weights; the folder is refused, not keyed."""
+    import torch
+    from safetensors.torch import save_file
+
+    outputs, dirs = [], []
+    for seed in (0, 1):
+        d = tmp_path / f"m{seed}"
+        model = _tiny_llama(seed)
+        model.save_pretrained(d)
+        (d / "model.safetensors").unlink()
+        torch.save(model.state_dict(), d / "pytorch_model.bin")
+        save_file({"emb": torch.zeros(4, 4)}, str(d / "embeddings_export.safetensors"))
+        outputs.append(_logits_and_dtype(d)[0])
+        dirs.append(d)
+    assert max_diff(*outputs) > 1e-4
+    for d in dirs:
+        with pytest.raises(NotAModelError, match=r"pytorch_model\.bin"):
+            fingerprint(d)
