@@ -835,3 +835,43 @@ def test_issue39_a_pickle_transformers_loads_is_refused(tmp_path: Path) -> None:
     for d in dirs:
         with pytest.raises(NotAModelError, match=r"pytorch_model\.bin"):
             fingerprint(d)
+
+
+def test_issue39_an_adapter_with_an_embedded_base_keys_that_base(tmp_path: Path) -> None:
+    """config.json, model.safetensors and an adapter in one directory: transformers loads
+    the base from the directory (not base_model_name_or_path) and applies the adapter."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    named = tmp_path / "named"
+    _tiny_llama(0).save_pretrained(named)
+    adapter = tmp_path / "adapter"
+    torch.manual_seed(3)
+    lora = LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(named), lora).save_pretrained(adapter)
+    _edit_json(adapter / "adapter_config.json", base_model_name_or_path=str(named))
+    dirs = []
+    for seed in (0, 1):
+        d = tmp_path / f"embedded{seed}"
+        _tiny_llama(seed).save_pretrained(d)
+        for f in adapter.iterdir():
+            shutil.copy(f, d)
+        dirs.append(d)
+    (l0, _), (l1, _) = (_logits_and_dtype(d) for d in dirs)
+    assert max_diff(l0, l1) > 1e-4
+    f0, f1 = (fingerprint(d) for d in dirs)
+    assert f0.base is not None and f0.base.weights == fingerprint(named).weights
+    assert f0.compatible(f1, "lora")  # the same adapter
+    assert f0.compatible(f1, "graph")  # the bases differ in values only
+    for kind in ("kv", "quant_weight"):
+        assert not f0.compatible(f1, kind), kind
+    # embedded0 computes what the adapter over its named base computes: one kv key
+    assert max_diff(l0, _lora_logits(named, adapter)) == 0.0
+    assert f0.compatible(fingerprint(adapter, base=named), "kv")
+    # a base the caller names is the one the adapter is applied to (PeftModel over it)
+    assert fingerprint(dirs[1], base=named).compatible(f0, "kv")
+    # config.json without base weights: transformers loads no base; an adapter alone
+    bare = copy_model(adapter, tmp_path / "bare")
+    shutil.copy(named / "config.json", bare)
+    assert fingerprint(bare).base is None

@@ -146,6 +146,9 @@ def fingerprint_files(
     try:
         if ADAPTER_CONFIG_FILE in top:
             fp = _adapter(top, threads, source)
+            embedded = _embedded_base(top, threads, source) if base is None else None
+            if embedded is not None:  # transformers loads the base from the directory
+                fp = fp.with_base(embedded)
             if base is not None:
                 base_fp = (
                     base
@@ -201,6 +204,26 @@ def _model(
         files=tuple(sorted(read)),
         **_read_fields(summary, small),
     )
+
+
+def _embedded_base(
+    top: Mapping[str, PathLike], threads: int | None, source: str | None
+) -> ModelFingerprint | None:
+    """The model an adapter directory embeds, or None (1: an adapter with a base).
+
+    transformers (``from_pretrained`` on a local directory holding ``adapter_config.json``)
+    loads the base from the directory itself when it holds ``config.json``, not the
+    ``base_model_name_or_path`` the adapter names, and then applies the adapter. It finds
+    base weights by 1.1's rules 1 to 4 only; without any, it loads nothing, and the
+    directory is an adapter alone (for a base the caller applies it to).
+    """
+    if CONFIG_FILE not in top:
+        return None
+    config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
+    loadable = (SINGLE_WEIGHTS_FILE, DEFAULT_INDEX, *PICKLED_WEIGHTS)
+    if config.get(TRANSFORMERS_WEIGHTS) is None and not any(n in top for n in loadable):
+        return None
+    return _model(top, threads, source, None)
 
 
 def _read_fields(summary: TensorSummary, small: _SmallFiles) -> dict[str, Any]:
