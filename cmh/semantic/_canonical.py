@@ -58,13 +58,14 @@ CONFIG_DROPPED: frozenset[str] = frozenset(
         "_attn_implementation_autoset",
         "finetuning_task",
         # runtime switches that change what is returned or kept, not its values
+        # (not output_hidden_states: sentence-transformers passes every layer's hidden
+        # states to its modules only when it is true, and WeightedLayerPooling pools them)
         "use_cache",
         "gradient_checkpointing",
-        "output_hidden_states",
         "return_dict",
-        # training only: initialization and dropout (identity at inference)
-        "initializer_range",
-        "initializer_factor",
+        # training only: dropout (identity at inference). Not initializer_range or
+        # initializer_factor: transformers initializes a weight the checkpoint lacks from
+        # them, deterministically where the class says so (T5's layer norms).
         "attention_dropout",
         "attention_probs_dropout_prob",
         "hidden_dropout",
@@ -170,6 +171,12 @@ LORA_DEFAULTS: dict[str, Any] = {
 ADAPTER_CONFIG_SETS: frozenset[str] = frozenset(
     {"target_modules", "modules_to_save", "exclude_modules", "target_parameters"}
 )
+
+#: ``adapter_config.json`` members named ``*_pattern`` (``alpha_pattern``, ``rank_pattern``,
+#: ``lambda_pattern``, ...): PEFT's ``get_pattern_key`` takes the FIRST key, in file order,
+#: that matches a module name, so their order decides the scaling. An object there is
+#: hashed as the list of its ``[key, value]`` pairs in file order, not with sorted members.
+ADAPTER_ORDERED_SUFFIX = "_pattern"
 
 #: Processor files, whose loader options are dropped like the tokenizer's (6).
 PROCESSOR_FILES: tuple[str, ...] = (
@@ -378,6 +385,9 @@ def adapter_config_hash(config: Mapping[str, Any]) -> str:
         value = reduced[key]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             reduced[key] = sorted(value, key=lambda v: v.encode())
+    for key, value in reduced.items():
+        if key.endswith(ADAPTER_ORDERED_SUFFIX) and isinstance(value, dict):
+            reduced[key] = [[str(k), v] for k, v in value.items()]  # file order decides
     return hashlib.sha256(ADAPTER_CONFIG_DOMAIN + canonical_json(reduced)).hexdigest()
 
 

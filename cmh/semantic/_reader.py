@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .._checkpoint import DEFAULT_INDEX, INDEX_SUFFIX
@@ -22,6 +24,7 @@ from ._canonical import (
     config_hash,
     files_hash,
     kv_config_hash,
+    normalize_config,
     raw_files_hash,
     read_json,
     read_json_object,
@@ -46,6 +49,11 @@ from ._tensors import TensorSummary, summarize
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 #: transformers' ``SAFE_WEIGHTS_NAME``: loaded in preference to any index.
 SINGLE_WEIGHTS_FILE = "model.safetensors"
+#: config.json's member naming the weight file (or index) transformers loads instead.
+TRANSFORMERS_WEIGHTS = "transformers_weights"
+#: transformers' ``WEIGHTS_NAME`` and ``WEIGHTS_INDEX_NAME``: loaded when no safetensors
+#: set of its own names is there.
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 #: Mistral's native single file, read only by Mistral's own loaders.
 CONSOLIDATED_PREFIX = "consolidated"
 #: Folders never read as part of a model: version control and local tool state.
@@ -138,6 +146,9 @@ def fingerprint_files(
     try:
         if ADAPTER_CONFIG_FILE in top:
             fp = _adapter(top, threads, source)
+            embedded = _embedded_base(top, threads, source) if base is None else None
+            if embedded is not None:  # transformers loads the base from the directory
+                fp = fp.with_base(embedded)
             if base is not None:
                 base_fp = (
                     base
@@ -161,22 +172,25 @@ def _model(
     source: str | None,
     weight_files: tuple[str, ...] | None,
 ) -> ModelFingerprint:
-    weight_map: dict[str, str] | None = None
-    index_name: str | None = None
-    if weight_files is None:
-        weight_files, index_name, weight_map = _select_weights(top, source)
+    config: dict[str, Any] | None = None
+    if CONFIG_FILE in top:
+        config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
+    selected = (
+        _select_weights(top, source, config) if weight_files is None else _WeightSet(weight_files)
+    )
+    weight_files, index_name = selected.files, selected.index
     missing = [name for name in weight_files if name not in top]
     if missing:
         raise NotAModelError(
             f"{index_name or 'input'} names a missing shard {missing[0]!r}", source
         )
     summary = summarize(
-        {n: top[n] for n in weight_files}, weight_map, threads=threads, source=source
+        {n: top[n] for n in weight_files}, selected.weight_map, threads=threads, source=source
     )
-    config: dict[str, Any] | None = None
-    if CONFIG_FILE in top:
-        config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
     family = _family(config)
+    hashed = None
+    if config is not None:  # the dtype the loader picks when config.json names none (5)
+        hashed = with_load_dtype(config, selected.index_dtype or summary.first_file_dtype)
     small = _SmallFiles(top, config, weight_files)
     read = [*weight_files, *([index_name] if index_name else []), *small.names]
     if config is not None:
@@ -185,11 +199,31 @@ def _model(
         arch=_nonempty_str(config, "model_type"),
         family=family,
         task=model_task(config or {}, family),
-        config=_named(CONFIG_FILE, config_hash, config),
-        kv_config=_named(CONFIG_FILE, kv_config_hash, config),
+        config=_named(CONFIG_FILE, config_hash, hashed),
+        kv_config=_named(CONFIG_FILE, kv_config_hash, hashed),
         files=tuple(sorted(read)),
         **_read_fields(summary, small),
     )
+
+
+def _embedded_base(
+    top: Mapping[str, PathLike], threads: int | None, source: str | None
+) -> ModelFingerprint | None:
+    """The model an adapter directory embeds, or None (1: an adapter with a base).
+
+    transformers (``from_pretrained`` on a local directory holding ``adapter_config.json``)
+    loads the base from the directory itself when it holds ``config.json``, not the
+    ``base_model_name_or_path`` the adapter names, and then applies the adapter. It finds
+    base weights by 1.1's rules 1 to 4 only; without any, it loads nothing, and the
+    directory is an adapter alone (for a base the caller applies it to).
+    """
+    if CONFIG_FILE not in top:
+        return None
+    config = read_json_object(top[CONFIG_FILE], CONFIG_FILE)
+    loadable = (SINGLE_WEIGHTS_FILE, DEFAULT_INDEX, *PICKLED_WEIGHTS)
+    if config.get(TRANSFORMERS_WEIGHTS) is None and not any(n in top for n in loadable):
+        return None
+    return _model(top, threads, source, None)
 
 
 def _read_fields(summary: TensorSummary, small: _SmallFiles) -> dict[str, Any]:
@@ -292,40 +326,109 @@ def _fast_tokenizer_files(tokenizer_config: Mapping[str, Any] | None) -> list[st
     return [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
 
 
-def _select_weights(
-    top: Mapping[str, PathLike], source: str | None
-) -> tuple[tuple[str, ...], str | None, dict[str, str] | None]:
-    """The weight files a loader reads, in transformers' order of precedence.
+@dataclass(frozen=True)
+class _WeightSet:
+    """The weight files a loader reads, and what decides the dtype it loads them in."""
 
-    ``model.safetensors``, else the shards of ``model.safetensors.index.json``,
-    else the shards of the only other ``*.safetensors.index.json``, else every
-    top-level ``*.safetensors`` but Mistral's ``consolidated*.safetensors``
-    (taken only when nothing else is there).
+    files: tuple[str, ...]
+    index: str | None = None
+    weight_map: dict[str, str] | None = None
+    #: The index's ``metadata.dtype`` (transformers' load dtype when config.json has none).
+    index_dtype: str | None = None
+
+
+def _select_weights(
+    top: Mapping[str, PathLike], source: str | None, config: Mapping[str, Any] | None
+) -> _WeightSet:
+    """The weight files a loader reads, in transformers' order of precedence (1.1).
+
+    config.json's ``transformers_weights`` (the file or index transformers loads), else
+    ``model.safetensors``, else the shards of ``model.safetensors.index.json``; a folder
+    transformers would load ``pytorch_model.bin`` (or its index) from is refused; else the
+    shards of the only other ``*.safetensors.index.json``, else every top-level
+    ``*.safetensors`` but Mistral's ``consolidated*.safetensors`` (taken only when nothing
+    else is there).
     """
+    explicit = _explicit_weights(top, source, config)
+    if explicit is not None:
+        if explicit.endswith(INDEX_SUFFIX):
+            return _from_index(top, explicit, source)
+        return _WeightSet((explicit,))
     if SINGLE_WEIGHTS_FILE in top:
-        return (SINGLE_WEIGHTS_FILE,), None, None
+        return _WeightSet((SINGLE_WEIGHTS_FILE,))
+    if DEFAULT_INDEX in top:
+        return _from_index(top, DEFAULT_INDEX, source)
+    pickled = [name for name in PICKLED_WEIGHTS if name in top]
+    if pickled:
+        raise NotAModelError(
+            f"transformers loads {pickled[0]} here (no model.safetensors and no "
+            f"{DEFAULT_INDEX}), a PyTorch pickle this reader does not read",
+            source,
+        )
     top = {name: path for name, path in top.items() if "/" not in name}  # weights: top level
     indexes = sorted(name for name in top if name.endswith(INDEX_SUFFIX))
-    if DEFAULT_INDEX not in indexes and len(indexes) > 1:
+    if len(indexes) > 1:
         raise NotAModelError(
             f"several safetensors indexes and none is {DEFAULT_INDEX}: "
             f"{', '.join(indexes)}; which one is loaded is not known",
             source,
         )
     if indexes:
-        index = DEFAULT_INDEX if DEFAULT_INDEX in indexes else indexes[0]
-        obj = read_json_object(top[index], index)
-        weight_map = obj.get("weight_map")
-        if not isinstance(weight_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-        ):
-            raise NotAModelError(f"{index} has no weight_map of tensor name to file name", source)
-        return tuple(sorted(set(weight_map.values()))), index, dict(weight_map)
+        return _from_index(top, indexes[0], source)
     shards = sorted(name for name in top if name.endswith(".safetensors"))
     loaded = [name for name in shards if not name.startswith(CONSOLIDATED_PREFIX)]
     if not shards:
         raise NotAModelError("no *.safetensors weights and no safetensors index", source)
-    return tuple(loaded or shards), None, None
+    return _WeightSet(tuple(loaded or shards))
+
+
+def _explicit_weights(
+    top: Mapping[str, PathLike], source: str | None, config: Mapping[str, Any] | None
+) -> str | None:
+    """The repository path config.json's ``transformers_weights`` names, or None."""
+    value = (config or {}).get(TRANSFORMERS_WEIGHTS)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.endswith((".safetensors", INDEX_SUFFIX)):
+        raise NotAModelError(
+            f"config.json {TRANSFORMERS_WEIGHTS} is {value!r}: transformers loads a "
+            "PyTorch pickle or nothing from it, and this reader reads safetensors only",
+            source,
+        )
+    name = posixpath.normpath(value)
+    if name not in top or name.startswith(("/", "../")):
+        raise NotAModelError(
+            f"config.json {TRANSFORMERS_WEIGHTS} names {value!r}, which the directory lacks",
+            source,
+        )
+    return name
+
+
+def _from_index(top: Mapping[str, PathLike], index: str, source: str | None) -> _WeightSet:
+    obj = read_json_object(top[index], index)
+    weight_map = obj.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise NotAModelError(f"{index} has no weight_map of tensor name to file name", source)
+    metadata = obj.get("metadata")
+    dtype = metadata.get("dtype") if isinstance(metadata, dict) else None
+    if isinstance(metadata, dict) and "dtype" in metadata and not isinstance(dtype, str):
+        raise NotAModelError(
+            f"{index} metadata.dtype is {dtype!r}, not a dtype name: the load dtype is not known",
+            source,
+        )
+    return _WeightSet(tuple(sorted(set(weight_map.values()))), index, dict(weight_map), dtype)
+
+
+def with_load_dtype(config: Mapping[str, Any], load_dtype: str) -> dict[str, Any]:
+    """``config`` with ``dtype`` set to ``load_dtype`` when it names no dtype itself (5):
+    the dtype transformers loads the weights in, which decides every value computed."""
+    out = dict(config)
+    if normalize_config(out).get("dtype") is None:
+        out.pop("torch_dtype", None)
+        out["dtype"] = load_dtype
+    return out
 
 
 def _nonempty_str(obj: Mapping[str, Any] | None, key: str) -> str | None:

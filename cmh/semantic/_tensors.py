@@ -40,6 +40,36 @@ class TensorSummary:
     hashed_files: tuple[str, ...]
     #: Stamped files that were hashed anyway, each with the reason its stamp was not trusted.
     untrusted_stamps: tuple[tuple[str, str], ...] = ()
+    #: The dtype transformers takes from the weights when nothing else names one: that of
+    #: the first file's first floating tensor (:func:`weights_dtype`).
+    first_file_dtype: str = "float32"
+
+
+#: safetensors dtype names as torch names them (``config.json``'s ``dtype`` spelling).
+TORCH_DTYPE_NAMES: dict[str, str] = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+    "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16",
+    "BF16": "bfloat16", "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+}  # fmt: skip
+#: The floating dtypes transformers may make the model's dtype (``get_state_dict_dtype``
+#: skips float8 and float4 tensors: torch cannot build a model in them).
+LOADABLE_FLOAT_DTYPES: frozenset[str] = frozenset({"F16", "BF16", "F32", "F64"})
+
+
+def weights_dtype(tensors: Iterable[TensorEntry]) -> str:
+    """The dtype transformers (``dtype="auto"``) derives from one checkpoint file.
+
+    Its tensors in the order ``safe_open(...).keys()`` gives them (UTF-8 bytes of the
+    name), the first whose dtype is floating and not float8/float4; else the first
+    tensor's; ``float32`` for a file without tensors. Torch's name (``bfloat16``); a dtype
+    torch has no name for keeps the header's.
+    """
+    ordered = sorted(tensors, key=lambda t: t.name.encode())
+    chosen = next((t for t in ordered if t.dtype in LOADABLE_FLOAT_DTYPES), None)
+    if chosen is None and ordered:
+        chosen = ordered[0]
+    return "float32" if chosen is None else TORCH_DTYPE_NAMES.get(chosen.dtype, chosen.dtype)
 
 
 @dataclass(frozen=True)
@@ -133,4 +163,5 @@ def summarize(
         tensor_bytes=sum(t.nbytes for t in all_tensors),
         hashed_files=tuple(hashed),
         untrusted_stamps=tuple(untrusted),
+        first_file_dtype=weights_dtype(headers[min(headers)].tensors) if headers else "float32",
     )
