@@ -135,6 +135,7 @@ PRIVATE = (
     "cmh.hub.mirror.stores.local.verify",
     "cmh.hub.mirror.stores.local.xaccel",
     "cmh.hub.mirror.web.card_images",
+    "cmh.hub.mirror.web.card_worker",
     "cmh.hub.mirror.web.cards",
     "cmh.hub.mirror.web.facets",
     "cmh.hub.mirror.web.options",

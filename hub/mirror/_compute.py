@@ -1,9 +1,10 @@
 """CPU-heavy work of one worker, on its own bounded pool, a few at a time per client.
 
-Fingerprints, tensor manifests, card rendering and a page's "verify now" read
-and hash whole files. They run on :class:`ComputePool`'s threads
-(:data:`COMPUTE_WORKERS`), never on the threads that answer requests and read
-the store (the event loop's default executor): however many are asked for, a
+Fingerprints, tensor manifests and a page's "verify now" read and hash whole
+files (model cards are rendered apart: :mod:`~cmh.hub.mirror.web._card_worker`).
+They run on :class:`ComputePool`'s threads (:data:`COMPUTE_WORKERS`), never on
+the threads that answer requests and read the store (the event loop's default
+executor): however many are asked for, a
 revision, a tree or a file is answered meanwhile. A client (its address, or the
 one a trusted reverse proxy forwards for: :class:`TrustedProxies`) has at most
 :data:`PER_CLIENT` computations running at once; its further requests wait

@@ -54,7 +54,8 @@ class MirrorState:
     fills: Fills | None = None  # pull-through: blobs being filled in this worker (filling.py)
     #: the worker's one clock (cuts, pages); the server passes it, a test may move it
     clock: Clock = field(default_factory=process_clock)
-    #: CPU-heavy work (fingerprints, manifests, cards, verify now), apart (compute.py).
+    #: CPU-heavy work (fingerprints, manifests, verify now), apart (compute.py); cards are
+    #: rendered apart from it (web/_card_worker.py).
     compute: ComputePool = field(default_factory=ComputePool)
     #: Seconds a request waits for its revision's revalidation in all (pull-through).
     upstream_wait: float = 60.0

@@ -592,7 +592,10 @@ def test_hostile_cards_never_break_listings_info_or_pages(
     index = backend.resolve("model", "cards/nested", "main")
     assert index is not None
     readme = index.files["README.md"]
-    assert cards.read_card(readme, backend.opener) is cards.read_card(readme, backend.opener)
+    render = cards.render_card_body
+    assert cards.read_card(readme, backend.opener, render) is cards.read_card(
+        readme, backend.opener, render
+    )
 
 
 # -- upstream trouble is cheap ------------------------------------------------------------

@@ -6,17 +6,23 @@ Every test talks to a real ``cmh serve`` (``web_server``) over the store of
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import subprocess
 import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 from urllib.error import HTTPError
 from urllib.parse import urlencode
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 import pytest
+from cmh.hub.mirror.web._card_worker import CardRenderer
 from cmh.hub.mirror.web._cards import card_tags, render_markdown, safe_link, split_front_matter
 from cmh.hub.mirror.web._session import AdminTokensError, csrf_ok, load_admin_tokens
 from mirror_support import MirrorServer
@@ -30,6 +36,7 @@ from web_support import (
     PRIVATE_TOKEN,
     TINY,
     WebStore,
+    held_render,
 )
 
 REPOS = [("model", MINILM), ("model", TINY), ("model", PRIVATE), ("model", EVIL), ("dataset", DATA)]
@@ -742,3 +749,231 @@ def test_card_images_from_other_sites_are_explained(web_server: MirrorServer) ->
     assert f'href="{FOREIGN_IMAGE}"' in note
     _, _, body = fetch(web_server, f"/{MINILM}")
     assert 'id="foreign-images"' not in body
+
+
+# -- hostile cards: a render budget, one path for cards and .md files, bounded bytes ---------
+
+
+@contextlib.asynccontextmanager
+async def _in_process(
+    store: Path, cards: CardRenderer | None = None, compute_workers: int = 1
+) -> AsyncIterator[Callable[..., Awaitable[tuple[int, str]]]]:
+    """A server over ``store`` in this process with the card renderer ``cards`` (else the
+    default one) and one compute thread (as on 2 cores); yields ``get(path)`` -> (status,
+    body)."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+    from cmh.hub.mirror._app import MirrorState, make_app
+    from cmh.hub.mirror._auth import AccessPolicy
+    from cmh.hub.mirror._compute import ComputePool
+    from cmh.hub.mirror._observe import Metrics
+    from cmh.hub.mirror.stores import open_store
+    from cmh.hub.mirror.web import WebOptions
+
+    pool = ComputePool(workers=compute_workers)
+    state = MirrorState(open_store(store), AccessPolicy({}), Metrics(None), compute=pool)
+    options = WebOptions() if cards is None else WebOptions(cards=cards)
+    server = TestServer(make_app(state, options), host="127.0.0.1")
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
+
+    async def get(path: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(base + path) as r:
+            return r.status, await r.text()
+
+    try:
+        yield get
+    finally:
+        await server.close()
+        pool.close()
+        if cards is not None:
+            cards.close()
+
+
+def _add(store: Path, tmp: Path, repo: str, files: dict[str, str]) -> None:
+    from cmh.hub.mirror import add_folder
+
+    src = tmp / "src" / repo.replace("/", "__")
+    src.mkdir(parents=True)
+    for name, text in files.items():
+        (src / name).write_text(text, encoding="utf-8")
+    add_folder(store, src, repo)
+
+
+def _wait_for(path: Path) -> None:
+    """Until ``path`` exists (a held render has started in the renderer's child)."""
+    for _ in range(6000):
+        if path.exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_a_repo_page_is_answered_while_another_repos_card_renders(tmp_path: Path) -> None:
+    """One hostile card (a one-column table: 26 s) held every model repo page of every
+    client: cards and fingerprints shared the one compute thread. Here a card's render is
+    held (``held_render``) while another repo's page, with its fingerprint, is asked."""
+    store, hold = tmp_path / "store", tmp_path / "hold"
+    hold.mkdir()
+    _add(store, tmp_path, "evil/table", {"README.md": f"HOLD {hold}\n\n|a|\n|-|\n" + "x\n" * 50})
+    _add(store, tmp_path, "good/model", {"README.md": "# an honest card\n", "config.json": "{}"})
+    renderer = CardRenderer(seconds=120, target=held_render)
+
+    async def run() -> None:
+        async with _in_process(store, renderer) as get:
+            assert (await get("/good/model"))[0] == 200  # its card is rendered and kept
+            evil = asyncio.ensure_future(get("/evil/table"))
+            await asyncio.get_running_loop().run_in_executor(None, _wait_for, hold / "started")
+            status, body = await get("/good/model/tree/main")
+            assert status == 200 and "an honest card" in body and 'id="fingerprint"' in body
+            assert not evil.done()  # answered while the other card was being rendered
+            (hold / "release").touch()
+            status, body = await evil
+            assert status == 200 and "<table>" in body
+
+    asyncio.run(run())
+
+
+def test_a_card_past_its_render_deadline_is_text_once_on_every_page(tmp_path: Path) -> None:
+    """A card whose rendering does not end in time is shown as text with a note, kept so
+    (one rendering, not one per view), and a ``.md`` file page takes the same path (its
+    limits, its deadline, its cache) rather than rendering the file again per view."""
+    store, hold = tmp_path / "store", tmp_path / "hold"
+    hold.mkdir()  # never released: the render is ended at its deadline
+    _add(store, tmp_path, "evil/slow", {
+        "README.md": f"HOLD {hold}\n\n# slow <b>card</b>\n",
+        "fine.md": "# fine\n\n![logo](https://cdn.example.org/logo.png)\n",
+    })  # fmt: skip
+    renderer = CardRenderer(seconds=0.5, target=held_render)
+
+    async def run() -> None:
+        async with _in_process(store, renderer) as get:
+            for path in ("/evil/slow", "/evil/slow", "/evil/slow/blob/main/README.md"):
+                status, body = await get(path)
+                assert status == 200, path
+                assert "the card takes longer than 0.5 s to render: shown as text" in body
+                assert f"<pre>HOLD {hold}\n\n# slow &lt;b&gt;card&lt;/b&gt;" in body, path
+            assert renderer.renders == 1
+            for _ in range(2):
+                status, body = await get("/evil/slow/blob/main/fine.md")
+                assert status == 200 and "<h1>fine</h1>" in body and "cdn.example.org" in body
+            assert renderer.renders == 2
+
+    asyncio.run(run())
+
+
+def test_a_md_file_page_keeps_a_cards_limits(tmp_path: Path) -> None:
+    """A ``.md`` file page called the renderer itself: 128 KiB of ``[`` that a README's
+    card shows as text (its bracket limit) took 1.2-1.9 s a view there."""
+    store = tmp_path / "store"
+    _add(store, tmp_path, "evil/md", {"notes.md": "[" * 3000 + "\n", "ok.md": "# ok *md*\n"})
+
+    async def run() -> None:
+        async with _in_process(store) as get:
+            status, body = await get("/evil/md/blob/main/notes.md")
+            assert status == 200 and "more than 2000 &#39;[&#39;: shown as text" in body
+            status, body = await get("/evil/md/blob/main/ok.md")
+            assert status == 200 and "<h1>ok <em>md</em></h1>" in body
+
+    asyncio.run(run())
+
+
+def test_a_cards_foreign_images_are_read_once_when_it_is_rendered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every view parsed the whole rendered card again for its images (a 12.6 MB card:
+    4-5 s a view). They are read in the renderer's child, once, and kept with the card."""
+    from cmh.hub.mirror.web import _card_images
+
+    parsed: list[int] = []
+    feed = _card_images._Images.feed
+
+    def counted(self: Any, data: str) -> None:
+        parsed.append(len(data))
+        feed(self, data)
+
+    monkeypatch.setattr(_card_images._Images, "feed", counted)
+    store = tmp_path / "store"
+    card = "# logo\n\n![l](https://cdn.example.org/l.png)\n"
+    _add(store, tmp_path, "acme/logo", {"README.md": card})
+
+    async def run() -> None:
+        async with _in_process(store) as get:
+            for _ in range(3):
+                status, body = await get("/acme/logo")
+                assert status == 200 and 'id="foreign-images"' in body and "cdn.example.org" in body
+
+    asyncio.run(run())
+    assert parsed == []  # none in this process: once, in the renderer's child
+
+
+def test_a_card_that_renders_to_too_much_html_is_text_and_the_cache_counts_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 512 KiB fenced Python block highlighted to 12.6 MB of HTML, and 256 such cards were
+    kept per worker (3-4 GB). Past MAX_CARD_HTML_BYTES the card is text; the cache is
+    bounded by the bytes of its cards, not their count."""
+    from cmh.hub.mirror.web import _cards
+
+    body = "```python\n" + "a, " * 2000 + "\n```\n"
+    full = _cards.render_markdown(body)
+    html_bytes = len(full.encode())
+    monkeypatch.setattr(_cards, "MAX_CARD_HTML_BYTES", html_bytes - 1, raising=False)
+    card = _cards._read_card(body.encode())
+    assert card.html.startswith("<pre>") and len(card.html) < html_bytes
+    assert any("renders to more than" in n and "shown as text" in n for n in card.notes)
+    monkeypatch.setattr(_cards, "MAX_CARD_HTML_BYTES", html_bytes)
+    card = _cards._read_card(body.encode())
+    assert card.html == full and card.weight >= html_bytes + len(body)
+    assert _cards._cards.weight is not None and _cards._cards.size == _cards.CARD_CACHE_BYTES
+
+
+def test_a_page_is_answered_when_no_renderer_is_free(tmp_path: Path) -> None:
+    """No child free in time (here: none at all): the card is shown as text for that view,
+    with a note, and not kept (the next view renders it)."""
+    store = tmp_path / "store"
+    _add(store, tmp_path, "acme/busy", {"README.md": "# busy *card*\n"})
+
+    async def run(renderer: CardRenderer) -> str:
+        async with _in_process(store, renderer) as get:
+            status, body = await get("/acme/busy")
+            assert status == 200
+            return body
+
+    body = asyncio.run(run(CardRenderer(workers=0, seconds=0.1)))
+    assert "other cards are being rendered: shown as text for now" in body
+    assert "<pre># busy *card*" in body
+    assert "<em>card</em>" in asyncio.run(run(CardRenderer()))
+
+
+@pytest.mark.parametrize("page", ["%C2%B2", "%E2%91%A0", "%D9%A3", "9" * 5000, "0", "-1", "x"])
+def test_a_list_page_number_that_is_not_one_shows_page_one(
+    web_server: MirrorServer, page: str
+) -> None:
+    """``str.isdigit`` holds for ``²``, ``①``, ``٣`` and 5,000 nines, which ``int`` refuses:
+    a bare 500 and a traceback. Any value that is not a page number shows page 1."""
+    for path in ("/", "/models", f"/{MINILM.split('/')[0]}"):
+        status, _, body = fetch(web_server, f"{path}?page={page}")
+        assert status == 200 and "<!doctype html>" in body, (path, page, status)
+
+
+def test_file_names_show_bidi_and_invisible_characters_as_code_points(tmp_path: Path) -> None:
+    """``U+202E gnp.exe`` read as ``exe.png`` in the file list, title and download name.
+    The pages write such characters as ``[U+202E]``; the API's names are unchanged."""
+    store = tmp_path / "store"
+    _add(store, tmp_path, "acme/bidi", {"\u202egnp.exe": "MZ", "zero\u200bwidth.txt": "x"})
+
+    async def run() -> None:
+        async with _in_process(store, CardRenderer()) as get:
+            for path in ("/acme/bidi", "/acme/bidi/blob/main/%E2%80%AEgnp.exe"):
+                status, body = await get(path)
+                assert status == 200 and "\u202e" not in body and "\u200b" not in body
+                assert "[U+202E]gnp.exe" in body
+            assert "zero[U+200B]width.txt" in (await get("/acme/bidi"))[1]
+            status, body = await get("/api/models/acme/bidi/tree/main")
+            assert status == 200 and {f["path"] for f in json.loads(body)} >= {"\u202egnp.exe"}
+
+    asyncio.run(run())
+    from cmh.hub.mirror.web._render import visible
+
+    assert visible("\u202egnp.exe") == "[U+202E]gnp.exe" and visible("zéro.md") == "zéro.md"

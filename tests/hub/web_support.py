@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 from cmh.hub.mirror.stores.local._folder import add_folder
+from cmh.hub.mirror.web._cards import Rendered, render_card_body
 from safetensors.numpy import save_file
 
 import cmh
@@ -87,6 +88,19 @@ tags:
 - cmh-stamped
 ---
 """
+
+
+def held_render(body: str) -> Rendered:
+    """A card renderer's target (run in its child process) whose renders a test holds: a
+    body whose first line is ``HOLD FOLDER`` touches ``FOLDER/started``, then renders
+    once ``FOLDER/release`` exists; any other body renders at once."""
+    first = body.split("\n", 1)[0]
+    if first.startswith("HOLD "):
+        folder = Path(first[5:])
+        (folder / "started").touch()
+        while not (folder / "release").exists():
+            time.sleep(0.01)
+    return render_card_body(body)
 
 
 @dataclass(frozen=True)

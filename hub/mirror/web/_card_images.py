@@ -3,7 +3,8 @@
 The pages load nothing from elsewhere (``img-src 'self' data:``), so an image a
 card takes from another site shows as broken; the repo page says so and links
 to each one instead. Read from the card's rendered HTML with the standard
-library's parser (no regular expression over HTML).
+library's parser (no regular expression over HTML), once, when the card is rendered
+(:func:`~._cards.render_card_body`): the result is kept with the card's HTML.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class ForeignImages:
     count: int
     hosts: tuple[str, ...]
     urls: tuple[str, ...]
+
+
+#: A card without images from other sites (or shown as text).
+NO_IMAGES = ForeignImages(0, (), ())
 
 
 class _Images(HTMLParser):

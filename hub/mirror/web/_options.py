@@ -11,20 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._card_worker import CardRenderer
 from ._session import load_admin_tokens
 from ._views import PrunePreviewer, StampCache
 
 
 @dataclass(frozen=True)
 class WebOptions:
-    """Admin tokens, trusted keys, the access log (busiest repos), the stamp cache, and
-    the operator page's dry runs of prune (``None``: that page answers 503)."""
+    """Admin tokens, trusted keys, the access log (busiest repos), the stamp cache, the
+    operator page's dry runs of prune (``None``: that page answers 503) and the card
+    renderer (its child processes start on first use, in each worker)."""
 
     admin_tokens: frozenset[str] = frozenset()
     trusted_keys: Any = None  # cmh.TrustedKeys or None
     access_log: Path | None = None
     stamps: StampCache = field(default_factory=StampCache)
     prune_preview: PrunePreviewer | None = None
+    cards: CardRenderer = field(default_factory=CardRenderer)
 
 
 def web_options(

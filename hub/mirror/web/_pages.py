@@ -29,8 +29,8 @@ from .._index import CommitIndex
 from .._observe import ROUTE_KEY
 from ..stores import StoreError
 from . import _views as views
-from ._card_images import foreign_images
-from ._cards import Card, read_card, render_markdown, split_front_matter
+from ._card_worker import RendererBusy
+from ._cards import MAX_CARD_BYTES, Card, as_text, read_card
 from ._facets import (
     FACETS,
     FILTERS,
@@ -102,6 +102,11 @@ def add_routes(app: web.Application, options: WebOptions) -> None:
     app[WEB_KEY] = options
     app.router.add_route("*", "/", dispatch)
     app.router.add_route("*", "/-/{tail:.*}", dispatch)
+
+    async def close_cards(app: web.Application) -> None:
+        options.cards.close()
+
+    app.on_cleanup.append(close_cards)
 
 
 def _segments(raw_path: str) -> list[str]:
@@ -379,8 +384,7 @@ def _list_page(
     wanted = dict(filters.facets)
     repos = [(r, f) for r, f in described if matches(f, wanted)]
     pages = max(1, math.ceil(len(repos) / views.PAGE_SIZE))
-    page = filters.page
-    number = int(page) if page.isdigit() and 1 <= int(page) <= pages else 1
+    number = _page_number(filters.page, pages)
     chunk = repos[(number - 1) * views.PAGE_SIZE : number * views.PAGE_SIZE]
     now = state.clock.time()
     rows = [(views.repo_row(store, r, state.policy, options.stamps, now), f)
@@ -392,6 +396,15 @@ def _list_page(
                next=filters.link(page=number + 1) if number < pages else None, now=now,
                urls=RepoUrls)  # fmt: skip
     return render("list.html", ctx)
+
+
+def _page_number(page: str, pages: int) -> int:
+    """The list page asked: 1 to ``pages`` in ASCII digits, else 1 (``str.isdigit`` is true
+    for ``²`` and ``①`` too, which ``int`` refuses, and for 5,000 nines, which it refuses
+    as well)."""
+    if page.isascii() and page.isdigit() and len(page) <= 9 and 1 <= int(page) <= pages:
+        return int(page)
+    return 1
 
 
 def _open_repo(request: web.Request, who: Viewer, where: Where) -> tuple[str, CommitIndex]:
@@ -464,10 +477,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
     card: Card | None = None
     readme = index.files.get("README.md")
     if readme is not None and not directory:
-        try:
-            card = _compute(request).call(read_card, readme, store.opener)
-        except OSError:
-            card = None
+        card = _card(request, readme)
     records = views.commit_records(store, repo, index, refs)
     ctx.update(_repo_context(request, where, revision, index))
     ctx.update(
@@ -475,7 +485,7 @@ def _repo_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
         rows=views.tree(store, index, directory, options.stamps), refs=refs,
         commits=[(c, records.get(c.commit)) for c in commits[:MAX_SIDE_COMMITS]],
         more_commits=max(0, len(commits) - MAX_SIDE_COMMITS),
-        card=card, images=foreign_images(card.html) if card else None,
+        card=card, images=card.images if card else None,
         stamp=views.stamp_state(store, index, options.stamps, state.clock.time()),
         fingerprint=_fingerprint(request, repo, index) if repo.repo_type == "model" else None,
     )  # fmt: skip
@@ -500,8 +510,29 @@ def _commits_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where:
     return render("commits.html", ctx)
 
 
+def _card(request: web.Request, entry: Any) -> Card | None:
+    """The card ``entry`` (a Markdown file) renders to: a repo page's README.md and every
+    ``*.md`` file page take this one path (its limits, deadline and cache: ``_cards``).
+    ``None`` when its blob cannot be read now; shown as text, for this view only, when no
+    renderer is free in time."""
+    from .._state import STORE_KEY
+
+    store = request.app[STORE_KEY].backend
+    try:
+        return read_card(entry, store.opener, request.app[WEB_KEY].cards.render)
+    except OSError:
+        return None
+    except RendererBusy:
+        try:
+            with store.opener(entry) as f:
+                raw = f.read(MAX_CARD_BYTES + 1)
+        except OSError:
+            return None
+        return as_text(raw, "other cards are being rendered: shown as text for now (reload)")
+
+
 def _compute(request: web.Request) -> Any:
-    """The worker's pool for CPU-heavy work (cards, verify now): :mod:`.._compute`."""
+    """The worker's pool for CPU-heavy work (fingerprints, verify now): :mod:`.._compute`."""
     from .._state import STORE_KEY
 
     return request.app[STORE_KEY].compute
@@ -574,12 +605,12 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
             preview = Preview(None, reason="the blob cannot be read now")
     rendered = None
     if preview is not None and preview.html is not None and path.lower().endswith(".md"):
-        rendered = render_markdown(split_front_matter(preview.text)[1])  # as a card (cards.py)
+        rendered = _card(request, entry)  # as a card is: the same limits, deadline, cache
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
     ctx.update(_repo_context(request, where, revision, index))
     ctx.update(
         entry=entry, stamp=stamp, verification=verification, parent=parent, preview=preview,
-        rendered=rendered, images=foreign_images(rendered) if rendered else None,
+        rendered=rendered, images=rendered.images if rendered else None,
         crumbs=_crumbs(parent), trusted_keys=bool(options.trusted_keys),
         max_preview=MAX_PREVIEW_BYTES,
     )  # fmt: skip

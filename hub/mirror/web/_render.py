@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import unicodedata
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,21 @@ def ago(ts: float | int | None, now: float) -> str:
             text = f"{n} {unit}{'s' if n != 1 else ''}"
             return f"in {text}" if future else f"{text} ago"
     return "just now"
+
+
+#: Unicode categories shown as their code point in a file name: format characters (bidi
+#: overrides and isolates, zero-width spaces and joiners, ...), controls, line and
+#: paragraph separators, unassigned and private-use code points.
+INVISIBLE = frozenset({"Cf", "Cc", "Zl", "Zp", "Cn", "Co", "Cs"})
+
+
+def visible(name: str) -> str:
+    """``name`` (a file or folder name) with every character that is invisible or
+    reorders the text around it written as ``[U+202E]``: ``"\u202egnp.exe"`` cannot pass
+    for ``exe.png``. The pages only; the API and the files keep the names as they are."""
+    if name.isascii() and name.isprintable():
+        return name
+    return "".join(f"[U+{ord(c):04X}]" if unicodedata.category(c) in INVISIBLE else c for c in name)
 
 
 def layer_of(name: str) -> str:
@@ -73,6 +89,7 @@ def environment() -> Any:
     env.filters["plural"] = plural  # {{ n|plural("file") }}: 1 file, 2 files
     env.filters["thousands"] = lambda n: f"{n:,}"  # 90,868,224
     env.filters["tensor_groups"] = tensor_groups
+    env.filters["visible"] = visible  # {{ row.name|visible }}: no bidi or zero-width tricks
     return env
 
 
