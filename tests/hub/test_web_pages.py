@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import re
 import subprocess
@@ -614,8 +615,6 @@ def test_text_previews_are_highlighted_and_bounded(web_server: MirrorServer) -> 
 
 
 def test_text_preview_unit() -> None:
-    import io
-
     from cmh.hub.mirror.web._preview import MAX_PREVIEW_BYTES, text_preview
 
     yaml_preview = text_preview("a/conf.yaml", io.BytesIO(b"key: <script>x</script>\n"))
@@ -635,6 +634,38 @@ def test_text_preview_unit() -> None:
     assert html.language == "Text only" and "&lt;b&gt;" in (html.html or "")
     fenced = text_preview("README.md", io.BytesIO(b"# T\n\n```python\nimport os\n```\n"))
     assert fenced.language == "Markdown" and 'class="kn"' not in (fenced.html or "")
+
+
+def test_a_files_preview_is_lexed_once_per_blob_version_not_per_view() -> None:
+    """A file page's preview is kept per blob version and name: a second view reads and
+    lexes nothing; another name (another lexer) or another version is its own preview, and
+    a read that fails keeps nothing."""
+    from cmh.hub.mirror._index import FileEntry
+    from cmh.hub.mirror.web._preview import file_preview
+
+    opened: list[str] = []
+    body = b"| a |\n|---|\n" + b"| x |\n" * 100
+
+    def opener(entry: FileEntry) -> io.BytesIO:
+        opened.append(entry.path)
+        if entry.path == "gone.md":
+            raise OSError("the blob cannot be read")
+        return io.BytesIO(body)
+
+    def entry(path: str, etag: str) -> FileEntry:
+        return FileEntry(path, len(body), etag, etag, None, Path("/store") / etag)
+
+    first = file_preview(entry("table.md", "1" * 40), opener)
+    again = file_preview(entry("table.md", "1" * 40), opener)
+    assert again is first and first.language == "Markdown" and opened == ["table.md"]
+    as_text = file_preview(entry("table.txt", "1" * 40), opener)
+    assert as_text.language != "Markdown" and opened == ["table.md", "table.txt"]
+    file_preview(entry("table.md", "2" * 40), opener)
+    assert opened == ["table.md", "table.txt", "table.md"]
+    for _ in range(2):
+        with pytest.raises(OSError):
+            file_preview(entry("gone.md", "3" * 40), opener)
+    assert opened.count("gone.md") == 2
 
 
 def test_download_buttons_fetch_the_file(web_server: MirrorServer) -> None:

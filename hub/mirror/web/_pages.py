@@ -42,7 +42,7 @@ from ._facets import (
     tag_groups,
 )
 from ._options import WebOptions
-from ._preview import MAX_PREVIEW_BYTES, Preview, highlight_css, text_preview
+from ._preview import MAX_PREVIEW_BYTES, Preview, file_preview, highlight_css
 from ._render import render
 from ._session import (
     COOKIE_MAX_AGE,
@@ -599,8 +599,7 @@ def _file_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where: Wh
     preview = None
     if stamp is None:
         try:
-            with store.opener(entry) as f:
-                preview = text_preview(entry.path, f)
+            preview = file_preview(entry, store.opener)
         except OSError:
             preview = Preview(None, reason="the blob cannot be read now")
     rendered = None

@@ -15,13 +15,22 @@ the colours come from :func:`highlight_css`, light and dark.
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from .._memo import Memo
+
+if TYPE_CHECKING:
+    from .._index import FileEntry
 
 #: The most bytes of a file a preview shows (and Pygments lexes): about 0.1 s of
 #: lexing and 1 MB of HTML for JSON.
 MAX_PREVIEW_BYTES = 128 * 1024
+#: Bytes of previews kept per worker (HTML and text): a file's preview is lexed once per
+#: blob version, not once per view (128 KiB of Markdown is about a second of Pygments).
+PREVIEW_CACHE_BYTES = 32 * 1024 * 1024
 #: Lexers used (by their first Pygments alias); other file types show as plain text.
 HIGHLIGHTED = frozenset(
     {"json", "yaml", "markdown", "python", "toml", "ini", "bash", "xml", "text"}
@@ -89,3 +98,23 @@ def highlight_css() -> bytes:
     dark = HtmlFormatter(style=DARK_STYLE).get_style_defs(".highlight")
     css = f"{light}\n@media (prefers-color-scheme: dark) {{\n{dark}\n}}\n"
     return css.encode("utf-8")
+
+
+def _weight(preview: Preview) -> int:
+    return len(preview.html or "") + len(preview.text) + 256
+
+
+_previews: Memo[tuple[str, str, int, str], Preview] = Memo(PREVIEW_CACHE_BYTES, weight=_weight)
+
+
+def file_preview(entry: FileEntry, opener: Callable[[FileEntry], BinaryIO]) -> Preview:
+    """:func:`text_preview` of ``entry`` read with ``opener`` (the store's), kept per blob
+    version and file name (the name picks the lexer), once even when several pages ask at
+    once; an ``OSError`` keeps nothing."""
+
+    def compute() -> Preview:
+        with opener(entry) as f:
+            return text_preview(entry.path, f)
+
+    key = (str(entry.source), entry.etag, entry.size, entry.path.rsplit("/", 1)[-1])
+    return _previews.get_or_compute(key, compute, exclusive=True)
