@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
-# Two workers (the suite's servers bind free 127.0.0.1 ports and tmp folders only); a
+# Three workers (the suite's servers bind free 127.0.0.1 ports and tmp folders only); a
 # test file stays on one worker, so its module-scoped servers start once.
 test: $(STAMP) browser nginx
 	$(PY) -m pytest -q -n 3 --dist loadfile

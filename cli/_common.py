@@ -40,6 +40,9 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 #: An input could not be read, or is not a valid safetensors file.
 EXIT_UNREADABLE = 3
+#: Stdout's reader went away (``cmh verify ... | head -1``): 128 + SIGPIPE, the status
+#: a shell reports for a tool that SIGPIPE stopped.
+EXIT_PIPE_CLOSED = 141
 
 #: What a ``DurationType(allow_never=True)`` option holds for "no expiry".
 NEVER = "never"
@@ -400,6 +403,31 @@ def describe_os_error(exc: OSError) -> str:
     return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (a write to it fails with EPIPE)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (click's test runner)
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def quit_closed_stdout() -> NoReturn:
+    """Stop at once and quietly, as a tool that SIGPIPE stops: stdout's reader has gone.
+    Stdout is pointed at ``/dev/null`` so that nothing left in its buffer fails again at
+    exit (Python would print ``Exception ignored ... BrokenPipeError`` and exit 120)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
+    raise SystemExit(EXIT_PIPE_CLOSED)
+
+
 def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Decorate a command callback: cmh and OS errors become a message and an exit status.
 
@@ -431,6 +459,10 @@ def _mapped(func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         raise
     except CMHError as exc:
         raise CommandError(str(exc), exit_code_for(exc)) from None
+    except BrokenPipeError as exc:
+        if stdout_closed():  # ``cmh ... | head``: not an error of the command's
+            quit_closed_stdout()
+        raise CommandError(describe_os_error(exc), EXIT_UNREADABLE) from None
     except OSError as exc:
         raise CommandError(describe_os_error(exc), EXIT_UNREADABLE) from None
     except KeyboardInterrupt:

@@ -22,11 +22,13 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "verify": (
         ("cmh verify model.safetensors", "cmh verify ./checkpoint --key release.pub --json"),
-        FORMAT_EXITS,
+        "0 every file ok, 1 a check failed (mismatch, expired, bad or untrusted signature, "
+        "unstamped, index and shards disagree), 2 usage error, 3 unreadable or not a "
+        "safetensors file",
     ),
-    "inspect": (
+    "inspect": (  # it shows what a file says (an expired stamp, a bad signature): no check fails
         ("cmh inspect model.safetensors", "cmh inspect model.safetensors --json"),
-        FORMAT_EXITS,
+        "0 shown, 2 usage error, 3 unreadable or not a safetensors file",
     ),
     "fingerprint": (
         ("cmh fingerprint model.safetensors", "cmh fingerprint ./checkpoint"),

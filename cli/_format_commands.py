@@ -121,13 +121,13 @@ def _write_each(
                 fields, line = write(path)
             except InvalidFileError as exc:
                 status = max(status, EXIT_UNREADABLE)
-                doc.update(outcome="invalid_file", ok=False, error=str(exc))
+                doc.update(outcome="invalid_file", ok=False, error=_about(exc, path))
             except NotStampedError as exc:
                 status = max(status, EXIT_CHECK_FAILED)
-                doc.update(outcome="unstamped", ok=False, error=str(exc))
+                doc.update(outcome="unstamped", ok=False, error=_about(exc, path))
             except (CMHError, OSError) as exc:
                 status = max(status, EXIT_CHECK_FAILED)
-                doc.update(outcome="failed", ok=False, error=str(exc))
+                doc.update(outcome="failed", ok=False, error=_about(exc, path))
             else:
                 doc.update(ok=True, error=None, **fields)
             files.append(doc)
@@ -136,6 +136,13 @@ def _write_each(
                     line if doc["ok"] else f"{status_word('FAILED')}   {path}: {doc['error']}"
                 )
     return files, checkpoints, status
+
+
+def _about(exc: BaseException, path: str) -> str:
+    """What went wrong with the file ``path``, without ``path`` (the line and the JSON
+    document name it once): a library error's message starts with the path it is about."""
+    message = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+    return message.removeprefix(f"{path}: ")
 
 
 def _refuse_directory(target: Target) -> tuple[int, str]:
@@ -317,10 +324,6 @@ def verify(paths: tuple[str, ...], **options: Any) -> None:
     With --key, every file must carry a signature by a trusted key, unless
     --allow-unsigned; a signature is then checked, so --fast hashes with
     SHA-256 anyway (the XXH3 manifest is not covered by the signature).
-
-    Exit status: 0 every file ok, 1 any check failed (mismatch, expired, bad or
-    untrusted signature, unstamped, index and shards disagree), 3 an input is
-    not a readable safetensors file, 2 a usage error.
     """
     opt = _VerifyOptions(**options)
     import cmh

@@ -61,7 +61,7 @@ STORE_OPTION = click.option(
 
 @click.group()
 def mirror() -> None:
-    """Manage a mirror store: import folders, list repos, scrub blobs."""
+    """Manage a mirror store: import folders, list repos, scrub blobs, sync from a Hub."""
 
 
 @mirror.command("add")
@@ -459,10 +459,10 @@ class _ServeOptions:
     default=None,
     envvar="CMH_FLEET_KEY_FILE",
     help=(
-        "Bucket stores: file holding the fleet's secret (make one with `openssl rand -hex 32`; "
-        "the same on every replica, and for cmh prune and mirror add|sync through "
-        "CMH_FLEET_KEY_FILE). The records replicas share in the bucket are signed with it, "
-        "and one not signed with it is ignored. Also CMH_FLEET_KEY_FILE."
+        "Bucket stores: file holding the fleet's secret (make one with `openssl rand -hex 32`), "
+        "the same on every replica. Also CMH_FLEET_KEY_FILE, which cmh prune and mirror "
+        "add|sync|scrub read too. The records replicas share in the bucket are signed with it, "
+        "and one not signed with it is ignored."
     ),
 )
 @file_option(

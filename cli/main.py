@@ -80,7 +80,8 @@ def cli() -> None:
 
     \b
     Exit statuses: 0 ok, 1 a check failed or was refused, 2 usage error,
-    3 unreadable input or unobtainable repo, 130 interrupted (Ctrl-C).
+    3 unreadable input or unobtainable repo, 130 interrupted (Ctrl-C),
+    141 stdout's reader went away (cmh ... | head), quietly.
     """
 
 
@@ -103,7 +104,28 @@ def main(argv: list[str] | None = None) -> Any:
 
     WHOLE_PROCESS.set()  # budgets from the process's start (cmh pull's blackholed Hub)
     _pass_undecodable_names()
-    return cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="cmh")
+    try:
+        return cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="cmh")
+    except SystemExit:
+        _end_on_closed_stdout()
+        raise
+
+
+def _end_on_closed_stdout() -> None:
+    """Exit 141, quietly, when a write to stdout failed because its reader had gone:
+    outside a command (click then exits 1 after quieting its streams), or at the last
+    flush of what is still buffered. A command's own write is handled where it fails
+    (``_common.handle_errors``)."""
+    from click.utils import _PacifyFlushWrapper
+
+    from ._common import quit_closed_stdout
+
+    if isinstance(sys.stdout, _PacifyFlushWrapper):  # click met EPIPE
+        quit_closed_stdout()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quit_closed_stdout()
 
 
 if __name__ == "__main__":

@@ -160,8 +160,9 @@ _TEXT_FORMATS = (
 )
 
 
-def _other_format(header_size: int) -> str:
-    """``; it looks like ...`` with a hint, when the first bytes are another format's."""
+def _other_format(header_size: int) -> tuple[str, str] | None:
+    """What a file is when its first bytes are another format's or text (``this is not a
+    safetensors file, ...``) and what to do about it (``; ...`` or empty); None: no idea."""
     prefix = struct.pack("<Q", header_size)
     for magic, what in _OTHER_FORMATS:
         if prefix.startswith(magic[:PREFIX_SIZE]):
@@ -171,40 +172,47 @@ def _other_format(header_size: int) -> str:
                 if "PyTorch" in what
                 else ""
             )
-            return f"; this is not a safetensors file, it looks like {what}{hint}"
+            return f"this is not a safetensors file, it looks like {what}", hint
     return _text_hint(prefix)
 
 
-def _text_hint(prefix: bytes) -> str:
-    """A hint for a file whose first 8 bytes are printable text (a safetensors file's never
+def _text_hint(prefix: bytes) -> tuple[str, str] | None:
+    """What a file whose first 8 bytes are printable text is (a safetensors file's never
     are: its header length would be over 100 MB)."""
     try:
         text = prefix.decode("utf-8")
     except UnicodeDecodeError:
-        return ""
+        return None
     if not all(c.isprintable() or c in "\t\r\n" for c in text):
-        return ""
+        return None
     stripped = prefix.lstrip()
     what = next((w for magic, w in _TEXT_FORMATS if stripped.startswith(magic)), "a text file")
     return (
-        f"; this is not a safetensors file, it starts with the text {text!r}: it looks like {what}"
+        f"this is not a safetensors file, it starts with the text {text!r}: it looks like {what}",
+        "",
     )
+
+
+def _bad_length(header_size: int, problem: str) -> str:
+    """What is wrong with the header length (``problem``: ``exceeds the ... limit``), after
+    the diagnosis when the first bytes say what the file is: that is what a person acts on."""
+    diagnosis = _other_format(header_size)
+    if diagnosis is None:
+        return f"header length {header_size} {problem}"
+    what, hint = diagnosis
+    return f"{what}; read as safetensors, its header length {header_size} {problem}{hint}"
 
 
 def _check_header_size(header_size: int, file_size: int, path: str | None) -> None:
     if header_size > MAX_HEADER_SIZE:
         raise InvalidFileError(
-            f"header length {header_size} exceeds the {MAX_HEADER_SIZE}-byte limit"
-            + _other_format(header_size),
-            path,
+            _bad_length(header_size, f"exceeds the {MAX_HEADER_SIZE}-byte limit"), path
         )
     if header_size < 2:
         raise InvalidFileError(f"header length {header_size} is too small for a JSON object", path)
     if PREFIX_SIZE + header_size > file_size:
         raise InvalidFileError(
-            f"header length {header_size} runs past the end of the file ({file_size} bytes)"
-            + _other_format(header_size),
-            path,
+            _bad_length(header_size, f"runs past the end of the file ({file_size} bytes)"), path
         )
 
 

@@ -72,6 +72,8 @@ def read_small_file(path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT)
     if len(data) > limit:
         bound = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
         raise OSError(
-            errno.EFBIG, f"is larger than {bound}, the most read of such a file", os.fspath(path)
+            errno.EFBIG,
+            f"is larger than {bound}, too large for a key, token or secret file (the wrong file?)",
+            os.fspath(path),
         )
     return data

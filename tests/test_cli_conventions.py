@@ -301,3 +301,23 @@ def test_the_name_patterns_end_at_the_end_of_the_text() -> None:
 
     for pattern, good in ((COMMIT_RE, "a" * 40), (ETAG_RE, "b" * 64), (REPO_PART_RE, "bert")):
         assert pattern.match(good) and not pattern.match(good + "\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["verify", "MODEL"], ["verify", "MODEL", "--json"], ["inspect", "MODEL"], ["--help"]],
+    ids=["verify", "verify-json", "inspect", "help"],
+)
+def test_a_closed_stdout_pipe_exits_quietly_with_141(tmp_path: Path, args: list[str]) -> None:
+    """``cmh verify model/ | head -1``: the reader goes, the next write fails. cmh stops
+    as a tool killed by SIGPIPE does (status 141 = 128 + 13), with nothing on stderr
+    (it printed ``error: Broken pipe`` and exited 3)."""
+    good, _ = _files(tmp_path)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before cmh writes anything
+    try:
+        argv = [str(CMH), *(str(good) if a == "MODEL" else a for a in args)]
+        done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(write)
+    assert done.stderr == b"" and done.returncode == 141, (done.returncode, done.stderr)

@@ -760,3 +760,38 @@ def test_a_text_file_gets_a_hint(text: bytes, hint: str, tmp_path: Path) -> None
     assert hint in r.stdout
     r = run_runner(["inspect", path])
     assert r.exit_code == 3 and hint in r.stderr
+
+
+# -- error lines -----------------------------------------------------------------------
+
+
+def test_a_write_failure_names_its_path_once(run, model: Path, tmp_path: Path, keys) -> None:
+    """``stamp`` and ``sign`` print ``FAILED   PATH: why`` and an ``error`` that is the why
+    alone, as ``inspect`` does: the path is in the line (and in ``path``) once."""
+    alice_key, _, _ = keys["alice"]
+    missing = tmp_path / "missing.safetensors"
+    for args, path in (
+        (["stamp", missing], missing),
+        (["sign", model, "--key", alice_key], model),  # not stamped
+    ):
+        r = run(args)
+        assert r.exit_code in (1, 3) and r.stdout.startswith("FAILED"), r.stdout
+        assert r.stdout.count(str(path)) == 1, r.stdout
+        error = run([*args, "--json"]).json()["files"][0]["error"]
+        assert error and str(path) not in error, error
+
+
+# -- inspect's exit statuses -----------------------------------------------------------
+
+
+def test_inspect_never_exits_1_and_its_help_says_so(run, model: Path, keys) -> None:
+    """``inspect`` shows (a stamp expired, a signature by an untrusted key): 0; 3 for an
+    unreadable file; its ``--help`` names those, not ``1 a check failed``."""
+    alice_key, _, _ = keys["alice"]
+    _, mallory_pub, _ = keys["mallory"]
+    cmh.stamp(model, ttl="1s", now=1_700_000_000)
+    assert run(["sign", model, "--key", alice_key]).exit_code == 0
+    assert run(["inspect", model, "--key", mallory_pub]).exit_code == 0
+    shown = " ".join(run(["inspect", "--help"]).stdout.split())
+    assert "Exit status: 0 shown, 2 usage error, 3 unreadable or not a safetensors file" in shown
+    assert "1 a check failed" not in shown

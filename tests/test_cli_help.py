@@ -6,6 +6,7 @@ command added without an example fails here.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator
 
@@ -68,3 +69,20 @@ def test_top_level_help_lists_mirror_subcommands_and_exit_statuses() -> None:
     shown = run_runner(["--help"]).stdout
     assert "add, ls, scrub, sync" in shown
     assert "130 interrupted" in shown and "2 usage error" in shown
+
+
+@pytest.mark.parametrize(("path", "command"), ALL, ids=[p for p, _ in ALL])
+def test_help_says_each_thing_once(path: str, command: click.Command) -> None:
+    """One list of exit statuses (verify printed its own besides the shared one), and an
+    option's help names an environment variable once (serve's --fleet-key-file twice)."""
+    shown = run_runner([*path.split(), "--help"]).stdout
+    assert shown.lower().count("exit status") == 1, shown
+    for param in command.params:
+        if isinstance(param, click.Option) and param.help:
+            for name in set(re.findall(r"\b(?:CMH|HF)_[A-Z_]+\b", param.help)):
+                assert param.help.count(name) == 1, f"cmh {path} {param.opts[0]}: {name} twice"
+
+
+def test_mirror_help_names_every_subcommand() -> None:
+    first = run_runner(["mirror", "--help"]).stdout.split("Options:")[0]
+    assert "sync" in first, first

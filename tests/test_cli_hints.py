@@ -66,3 +66,26 @@ def test_a_hub_cache_snapshot_given_to_mirror_add_is_explained(tmp_path: Path) -
     run = run_runner(["mirror", "add", snapshot, "--store", tmp_path / "store", "--repo", "org/x"])
     assert run.exit_code == 2 and "snapshot folder of a Hugging Face cache" in run.stderr
     assert "cp -rL" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 9\n", b"hello world\n"],
+)
+def test_a_text_file_is_named_before_its_header_length(tmp_path: Path, text: bytes) -> None:
+    """The diagnosis leads; the header length its first bytes give comes after, as detail."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(text)
+    with pytest.raises(cmh.InvalidFileError) as info:
+        cmh.inspect(path)
+    assert info.value.reason.startswith("this is not a safetensors file"), info.value.reason
+    assert "header length" in info.value.reason
+
+
+def test_a_too_large_small_file_says_so_plainly(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_bytes(b"x" * ((1 << 20) + 1))
+    with pytest.raises(OSError) as info:
+        cmh.read_small_file(path)
+    assert "the most read" not in str(info.value.strerror)
+    assert "larger than 1 MiB" in str(info.value.strerror)

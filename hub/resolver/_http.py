@@ -516,7 +516,9 @@ class HubClient:
         try:
             result = self.retry.run(once, what, deadline)
         except HubUnreachableError as exc:
-            if self.answer_by is not None and deadline >= self.answer_by:  # its budget
+            # The budget from the process's start ran out: not when no connection could
+            # be made at all (refused, no such host), which is raised at once, untried again.
+            if exc.transient and self.answer_by is not None and deadline >= self.answer_by:
                 raise HubUnreachableError(
                     f"{self.endpoint}: no answer within HF_HUB_ETAG_TIMEOUT "
                     f"({metadata_timeout():g} s) of the process's start: {exc}",

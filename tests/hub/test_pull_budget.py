@@ -52,3 +52,18 @@ def test_cmh_pull_says_the_budget_from_its_start_ran_out(tmp_path: Path, silent_
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 3, done.stderr
     assert "no answer within HF_HUB_ETAG_TIMEOUT (3 s) of the process's start" in done.stderr
+
+
+def test_a_refused_connection_is_told_as_refused_not_as_a_timeout(tmp_path: Path) -> None:
+    """A port nobody listens on refuses at once: the error says so, not that the budget
+    from the process's start ran out (it did not)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, never listening
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_HOME=str(tmp_path / "home"), HF_ENDPOINT=refused)
+        argv = [str(CMH), "pull", "org/x", "--cache-dir", str(tmp_path / "c")]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert "Connection refused" in done.stderr, done.stderr
+    assert "no answer within" not in done.stderr, done.stderr

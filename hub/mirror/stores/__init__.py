@@ -44,7 +44,18 @@ if TYPE_CHECKING:
         TreeObject,
         open_bucket,
     )
-    from .bucket._objectstore import InvalidLocation, ObjectNotFound, ObjectStoreError, S3Location
+    from .bucket._objectstore import (
+        InvalidLocation,
+        InvalidObjectName,
+        InvalidRange,
+        NoSuchBucket,
+        ObjectNotFound,
+        ObjectStore,
+        ObjectStoreError,
+        PreconditionFailed,
+        S3Location,
+        SettingsError,
+    )
     from .bucket._records import FLEET_KEY_ENV, FleetKey, FleetKeyError, read_fleet_key
     from .bucket._xaccel import nginx_bucket_server
     from .local._folder import InvalidNameError, RepoSummary, add_folder, list_store, scan_folder
@@ -62,7 +73,8 @@ _KIND_EXPORTS = {
         ("FLEET_KEY_ENV", "FleetKey", "FleetKeyError", "read_fleet_key"), "bucket._records"
     ),
     **dict.fromkeys(
-        ("InvalidLocation", "ObjectNotFound", "ObjectStoreError", "S3Location"),
+        ("InvalidLocation", "InvalidObjectName", "InvalidRange", "NoSuchBucket", "ObjectNotFound",
+         "ObjectStore", "ObjectStoreError", "PreconditionFailed", "S3Location", "SettingsError"),
         "bucket._objectstore",
     ),
     **dict.fromkeys(
@@ -95,9 +107,14 @@ __all__ = [
     "FleetKeyError",
     "InvalidLocation",
     "InvalidNameError",
+    "InvalidObjectName",
+    "InvalidRange",
     "MirrorStore",
+    "NoSuchBucket",
     "ObjectNotFound",
+    "ObjectStore",
     "ObjectStoreError",
+    "PreconditionFailed",
     "PullThrough",
     "RepoSummary",
     "S3Location",
@@ -105,6 +122,7 @@ __all__ = [
     "ScrubView",
     "Sent",
     "SentRanges",
+    "SettingsError",
     "StoreDelivery",
     "StoreError",
     "StoreHousekeeping",

@@ -665,8 +665,9 @@ class ObjectStore:
         """Write (or replace) an object in one request; its new ETag."""
         return self._put("PUT", name, data, use_multipart=False)
 
-    def put_file(self, name: str, path: Path) -> str:
+    def put_file(self, name: str, path: str | os.PathLike[str]) -> str:
         """Write a local file; multipart in parts of ``part_size`` when larger. Its ETag."""
+        path = Path(path)
         try:
             size = path.stat().st_size
         except OSError as exc:
