@@ -31,6 +31,7 @@ from pathlib import Path
 
 from cmh.hub.cache import (
     LockBusy,
+    LockFileRefused,
     RepoLayout,
     blob_lock,
     flock,
@@ -305,6 +306,9 @@ class _RepoPruner:
                             self.out.items.append(locks.pop(key))
             except LockBusy:
                 continue
+            except OSError as exc:  # e.g. a lock file that is a link: never followed
+                self.out.errors.append(f"{exc.filename or item.path}: {exc.strerror or exc}")
+                continue
 
         # 5. lock files of what is gone, each removed while held.
         held = {f"cmh.rev.{c}.lock" for c in removed}
@@ -328,6 +332,8 @@ class _RepoPruner:
                     self._attempt_item("unlink-lock", item, self.below.unlink)
             except LockBusy:
                 continue
+            except OSError as exc:  # e.g. a lock file that is a link: never followed
+                self.out.errors.append(f"{exc.filename or item.path}: {exc.strerror or exc}")
 
     def _trash_snapshot(self, snapshot: str) -> None:
         trash_folder = "/".join((self.layout.folder_name, *REPO_TRASH))
@@ -419,7 +425,7 @@ def _remove_lock_dir(below: Below, folder: str, held: set[str], change: ChangeHo
                 below.unlink(key)
             continue
         with (
-            contextlib.suppress(LockBusy, IsADirectoryError, FileNotFoundError),
+            contextlib.suppress(LockBusy, LockFileRefused, IsADirectoryError, FileNotFoundError),
             flock(path, timeout=0),
         ):
             change("unlink-lock", path)

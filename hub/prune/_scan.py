@@ -54,7 +54,8 @@ WALKED_FOLDERS = ("", "blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh"
 
 
 class LinkedFolder(Exception):
-    """A folder prune would walk is a symbolic link: the repo is left alone."""
+    """A folder prune would walk, or a lock file of the repo, is a symbolic link: the repo
+    is left alone."""
 
 
 @dataclass(frozen=True)
@@ -356,6 +357,13 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
         raise LinkedFolder(
             f"{linked} is a link to another folder, never followed: nothing pruned in this repo"
         )
+    lock_files = _entries(layout.locks)
+    linked_lock = next((e.name for e in lock_files if e.link), None)
+    if linked_lock is not None:
+        raise LinkedFolder(
+            f".locks/{layout.folder_name}/{linked_lock} is a link, never followed: "
+            "nothing pruned in this repo"
+        )
     repo_stat = path.stat()
     blobs_path, snapshots_path, refs_path, cmh_path = (
         path / "blobs",
@@ -417,7 +425,7 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
         trees=_entries(path / "trees"),
         used_records=used_records,
         trash=_entries(path.joinpath(*REPO_TRASH)),
-        lock_files=_entries(layout.locks),
+        lock_files=lock_files,
         partials=_entries(cmh_path / "partial"),
         verified=_entries(path / VERIFIED_MARKERS),
         checked=_entries(path / CHECK_RECORDS),
