@@ -23,6 +23,7 @@ A repo with nothing left is moved in one ``rename`` into
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable
@@ -179,6 +180,8 @@ class _RepoPruner:
             policy = self.plan.policy
             options = ScanOptions(policy.expired, policy.ranks, self.plan.refs_served)
             scan = scan_repo(self.layout, options)
+            if self.planned.pinned:  # what other repos' snapshots link to stays
+                scan = dataclasses.replace(scan, pinned=self.planned.pinned & set(scan.blobs))
         except FileNotFoundError:
             self.out.skipped = "gone: the repo was removed meanwhile"
             return

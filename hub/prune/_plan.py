@@ -170,6 +170,9 @@ class RepoPlan:
     kept: tuple[str, ...]
     size_before: int
     size_after: int
+    #: The scan's :attr:`~cmh.hub.prune._scan.RepoScan.pinned`: the executor's second
+    #: scan, of this repo alone, keeps them too.
+    pinned: frozenset[str] = frozenset()
 
     @property
     def freed(self) -> int:
@@ -453,6 +456,7 @@ class _RepoPlanner:
             kept=tuple(sorted(self.kept_commits)),
             size_before=size_before,
             size_after=size_before - removed_bytes,
+            pinned=self.repo.pinned,
         )
 
     def _refs(self) -> None:
@@ -493,6 +497,7 @@ class _RepoPlanner:
             if f.blob is not None
             and f"{self.folder}/snapshots/{rev.commit}/{f.path}" not in going_temps
         }
+        live |= self.repo.pinned  # other repos' snapshots link to them
         by_commit = {rev.commit: rev for rev in self.repo.revisions}
         linked_by_removed = {b for c in self.removed for b in by_commit[c].blobs}
         for name, blob in sorted(self.repo.blobs.items()):
@@ -603,7 +608,7 @@ class _RepoPlanner:
         by_commit = {rev.commit: rev for rev in self.repo.revisions}
         for commit in sorted(self.removed):
             rev = by_commit[commit]
-            plain = sum(f.size for f in rev.files if f.blob is None)
+            plain = sum(f.size for f in rev.files if f.plain)
             freed = plain
             for b in sorted(rev.blobs & self.freed_blobs - counted):
                 counted.add(b)
@@ -658,7 +663,7 @@ def fill_lifetime(fill: FillScan, policy: PrunePolicy) -> float:
 
 
 def _repo_size(repo: RepoScan) -> int:
-    plain = sum(f.size for rev in repo.revisions for f in rev.files if f.blob is None)
+    plain = sum(f.size for rev in repo.revisions for f in rev.files if f.plain)
     return (
         sum(b.size for b in repo.blobs.values())
         + sum(f.size for f in repo.fills)
@@ -704,10 +709,10 @@ def _evict_for_size(
         rev = repo.revision(commit)
         assert rev is not None
         counts = refcount[folder]
-        freed = sum(f.size for f in rev.files if f.blob is None)
+        freed = sum(f.size for f in rev.files if f.plain)
         for b in rev.blobs:
             counts[b] -= 1
-            if counts[b] == 0 and b in repo.blobs:
+            if counts[b] == 0 and b in repo.blobs and b not in repo.pinned:
                 freed += repo.blobs[b].size
         total -= freed
         chosen.setdefault(folder, []).append(commit)

@@ -13,6 +13,8 @@ plan and :mod:`cmh.hub.prune._execute` carries it out.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
 import stat
 from collections.abc import Callable
@@ -85,6 +87,15 @@ class SnapshotFile:
     broken: bool = False
     expires_at: int | None = None
     temp: bool = False
+    #: A link to a blob of another repo of the cache: ``(its folder, the blob's name)``;
+    #: ``("", name)`` when the folder the link names could not be looked at (then a blob
+    #: of that name is kept in every repo). Such a blob is not this revision's to free.
+    elsewhere: tuple[str, str] | None = None
+
+    @property
+    def plain(self) -> bool:
+        """A file of the snapshot itself (or a link out of the cache), not a blob's link."""
+        return self.blob is None and self.elsewhere is None
 
 
 @dataclass(frozen=True)
@@ -215,6 +226,9 @@ class RepoScan:
     #: True when the repo is a folder that can go in one rename once empty; False where
     #: each object goes by itself (a bucket), so the plan lists every one.
     whole_folder: bool = True
+    #: Blobs of this repo that snapshots of other repos link to (or may: see
+    #: :attr:`SnapshotFile.elsewhere`): kept whatever this repo's own snapshots say.
+    pinned: frozenset[str] = frozenset()
 
     @property
     def repo_id(self) -> str:
@@ -295,14 +309,17 @@ def scan_cache(
     options = ScanOptions(read_expiry, read_commit_times, served)
     repos: list[RepoScan] = []
     notes: list[str] = []
-    for layout in iter_repos(base):
+    layouts = list(iter_repos(base))
+    blob_dirs = blob_folders(layouts)
+    for layout in layouts:
         try:
-            repos.append(scan_repo(layout, options))
+            repos.append(scan_repo(layout, options, blob_dirs=blob_dirs))
         except FileNotFoundError:  # removed while we scanned
             continue
         except LinkedFolder as exc:
             notes.append(f"{layout.repo_id}: {exc}")
-    repo_names = {r.layout.folder_name for r in repos}
+    repos = _pin_shared_blobs(repos)
+    repo_names = {layout.folder_name for layout in layouts}
     strays = tuple(
         sorted(
             e.name
@@ -331,6 +348,48 @@ def scan_cache(
                      notes=tuple(notes), refs_served=served)  # fmt: skip
 
 
+#: A folder's identity, ``(st_dev, st_ino)``: the same however the path to it is spelled
+#: (``X/../X``, a root reached through a link, an absolute link's target).
+FolderId = tuple[int, int]
+
+
+def blob_folders(layouts: list[RepoLayout]) -> dict[FolderId, str]:
+    """Each repo's ``blobs/`` folder (not a link) by its identity, to its repo's folder."""
+    out: dict[FolderId, str] = {}
+    for layout in layouts:
+        try:
+            st = os.lstat(layout.blobs)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            out[(st.st_dev, st.st_ino)] = layout.folder_name
+    return out
+
+
+def _pin_shared_blobs(repos: list[RepoScan]) -> list[RepoScan]:
+    """Give each repo the blobs other repos' snapshots link to (:attr:`RepoScan.pinned`);
+    a link whose folder could not be looked at pins its blob's name in every repo."""
+    wanted: dict[str, set[str]] = {}
+    anywhere: set[str] = set()
+    for repo in repos:
+        for rev in repo.revisions:
+            for f in rev.files:
+                if f.elsewhere is None:
+                    continue
+                folder, name = f.elsewhere
+                if folder:
+                    wanted.setdefault(folder, set()).add(name)
+                else:
+                    anywhere.add(name)
+    if not wanted and not anywhere:
+        return repos
+    out = []
+    for repo in repos:
+        pinned = (wanted.get(repo.layout.folder_name, set()) | anywhere) & set(repo.blobs)
+        out.append(dataclasses.replace(repo, pinned=frozenset(pinned)) if pinned else repo)
+    return out
+
+
 def linked_folder(base: Path, folders: tuple[str, ...]) -> str | None:
     """The first of ``folders`` (relative to ``base``) that is a symbolic link."""
     for rel in folders:
@@ -343,11 +402,17 @@ def linked_folder(base: Path, folders: tuple[str, ...]) -> str | None:
     return None
 
 
-def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoScan:
+def scan_repo(
+    layout: RepoLayout,
+    options: ScanOptions = ScanOptions(),
+    *,
+    blob_dirs: dict[FolderId, str] | None = None,
+) -> RepoScan:
     """Scan one repo folder (which need not be well formed).
 
-    Raises :class:`LinkedFolder` when a folder it walks (:data:`WALKED_FOLDERS`, the
-    repo's lock folder) is a symbolic link."""
+    ``blob_dirs`` (:func:`blob_folders`) tells links to other repos' blobs apart from
+    links out of the cache. Raises :class:`LinkedFolder` when a folder it walks
+    (:data:`WALKED_FOLDERS`, the repo's lock folder) or a lock file is a symbolic link."""
     read_expiry, read_commit_times = options.read_expiry, options.read_commit_times
     path = layout.path
     linked = linked_folder(path, WALKED_FOLDERS) or linked_folder(
@@ -386,6 +451,8 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
     expiry_cache: dict[str, int | None] = {}
     if has_snapshots:
         blobs_dir = os.fspath(blobs_path)
+        links = _Links(blobs_path, blobs, blob_dirs or {})
+        real_snapshots = os.path.realpath(snapshots_path)  # only the root may be a link
         for entry in sorted(os.scandir(snapshots_path), key=lambda e: e.name):
             if entry.name in IGNORED_NAMES:
                 continue
@@ -393,7 +460,7 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
                 strays.append(_entry(entry))
                 continue
             try:
-                files = _scan_snapshot(entry.path, blobs_dir, blobs)
+                files = links.snapshot(entry.path, os.path.join(real_snapshots, entry.name))
                 mtime = entry.stat().st_mtime
             except FileNotFoundError:  # removed while we scanned
                 continue
@@ -519,38 +586,87 @@ def _scan_refs(folder: Path) -> tuple[RefScan, ...]:
     return tuple(sorted(out, key=lambda r: r.name))
 
 
-def _scan_snapshot(snapshot: str, blobs_dir: str, blobs: dict[str, Entry]) -> list[SnapshotFile]:
-    files: list[SnapshotFile] = []
+class _Links:
+    """Reads one repo's snapshots and tells what each link names: a blob of this repo, a
+    blob of another repo of the cache, or a file elsewhere.
 
-    def walk(directory: str, prefix: str) -> None:
-        with os.scandir(directory) as it:
-            for e in it:
-                rel = prefix + e.name
-                temp = any(mark in e.name for mark in TEMP_MARKS)
-                if e.is_symlink():
-                    target = os.readlink(e.path)
-                    resolved = os.path.normpath(os.path.join(directory, target))
-                    if os.path.dirname(resolved) == blobs_dir:
-                        name = os.path.basename(resolved)
-                        blob = blobs.get(name)
-                        size = blob.size if blob is not None else 0
-                        files.append(SnapshotFile(rel, name, size, blob is None, None, temp))
+    Folders are compared by identity (:data:`FolderId`), never by how a path is
+    spelled, so ``--cache-dir X/../X``, a root reached through a link and absolute links
+    all name the same ``blobs/``. One ``stat`` per distinct folder a link names (for the
+    stock relative links, one per repo)."""
+
+    def __init__(self, blobs_path: Path, blobs: dict[str, Entry], blob_dirs: dict[FolderId, str]):
+        self.blobs = blobs
+        self.blob_dirs = blob_dirs
+        self.ids: dict[str, FolderId | int] = {}  # a folder's identity, or the errno
+        own = self._id(os.fspath(blobs_path))
+        self.own = own if isinstance(own, tuple) else None
+
+    def _id(self, folder: str) -> FolderId | int:
+        known = self.ids.get(folder)
+        if known is None:
+            try:
+                st = os.stat(folder)
+                known = (st.st_dev, st.st_ino)
+            except OSError as exc:
+                known = exc.errno or errno.EIO
+            self.ids[folder] = known
+        return known
+
+    def snapshot(self, snapshot: str, real: str) -> list[SnapshotFile]:
+        """The files of the snapshot folder ``snapshot``, whose real path is ``real``."""
+        files: list[SnapshotFile] = []
+
+        def walk(directory: str, real_dir: str, prefix: str) -> None:
+            with os.scandir(directory) as it:
+                for e in it:
+                    rel = prefix + e.name
+                    temp = any(mark in e.name for mark in TEMP_MARKS)
+                    if e.is_symlink():
+                        files.append(self._link(e.path, real_dir, os.readlink(e.path), rel, temp))
+                    elif e.is_dir(follow_symlinks=False):
+                        walk(e.path, os.path.join(real_dir, e.name), rel + "/")
                     else:
-                        try:
-                            size = os.stat(e.path).st_size
-                            broken = False
-                        except OSError:
-                            size, broken = 0, True
-                        files.append(SnapshotFile(rel, None, size, broken, None, temp))
-                elif e.is_dir(follow_symlinks=False):
-                    walk(e.path, rel + "/")
-                else:
-                    size = e.stat(follow_symlinks=False).st_size
-                    files.append(SnapshotFile(rel, None, size, False, None, temp))
+                        size = e.stat(follow_symlinks=False).st_size
+                        files.append(SnapshotFile(rel, None, size, False, None, temp))
 
-    walk(snapshot, "")
-    files.sort(key=lambda f: f.path)
-    return files
+        walk(snapshot, real, "")
+        files.sort(key=lambda f: f.path)
+        return files
+
+    def _link(self, link: str, real_dir: str, target: str, rel: str, temp: bool) -> SnapshotFile:
+        joined = os.path.join(real_dir, target)
+        parts = target.split("/")
+        lead = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+        if ".." not in parts[lead:]:  # only leading "..": lexical and real paths agree
+            joined = os.path.normpath(joined)
+        folder = self._id(os.path.dirname(joined))
+        if folder == self.own:
+            return self._own(rel, os.path.basename(joined), temp)
+        # Not the stock shape: follow every link to where the file really is.
+        real = os.path.realpath(joined)
+        real_folder = self._id(os.path.dirname(real))
+        if real_folder == self.own:
+            return self._own(rel, os.path.basename(real), temp)
+        try:
+            size, broken = os.stat(link).st_size, False
+        except OSError:
+            size, broken = 0, True
+        other = self.blob_dirs.get(real_folder) if isinstance(real_folder, tuple) else None
+        if other is not None:
+            return SnapshotFile(
+                rel, None, size, broken, None, temp, (other, os.path.basename(real))
+            )
+        unknown = [f for f in (folder, real_folder) if isinstance(f, int)]
+        if any(code not in (errno.ENOENT, errno.ENOTDIR) for code in unknown):
+            # A folder that could not be looked at may be any repo's blobs/: keep the name.
+            return SnapshotFile(rel, None, size, broken, None, temp, ("", os.path.basename(real)))
+        return SnapshotFile(rel, None, size, broken, None, temp)
+
+    def _own(self, rel: str, name: str, temp: bool) -> SnapshotFile:
+        blob = self.blobs.get(name)
+        size = blob.size if blob is not None else 0
+        return SnapshotFile(rel, name, size, blob is None, None, temp)
 
 
 def _with_expiry(
