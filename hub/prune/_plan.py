@@ -629,8 +629,8 @@ class _RepoPlanner:
 
     def _repo_empties(self) -> bool:
         """True when nothing of the repo survives and nothing in it is fresh."""
-        if not self.repo.whole_folder:
-            return False
+        if not self.repo.whole_folder or self.repo.foreign_entries:
+            return False  # (what is not cache content is never removed)
         if self.kept or self.surviving_refs or self._surviving_etags():
             return False
         going = {i.path for i in self.items}

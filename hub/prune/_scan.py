@@ -55,6 +55,44 @@ WALKED_FOLDERS = ("", "blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh"
                   "/".join(REPO_TRASH), VERIFIED_MARKERS, CHECK_RECORDS, CUT_RECORDS)  # fmt: skip
 
 
+#: What a repo folder holds in the stock layout (and cmh's own ``.cmh/``): anything else
+#: in it (a user's notes, a copy of a model) is not cache content, and keeps the folder.
+REPO_ENTRIES = frozenset({"blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh"})
+
+
+class NotACacheError(ValueError):
+    """The folder given to prune is no cache or store: it has no repo folder, ``.locks/``
+    or ``CACHEDIR.TAG``, and entries of its own. Nothing in it is judged or removed."""
+
+    def __init__(self, root: Path, strays: tuple[str, ...]) -> None:
+        shown = ", ".join(repr(n) for n in strays[:3]) + (", ..." if len(strays) > 3 else "")
+        hint = "give the cache folder itself (e.g. ~/.cache/huggingface/hub)"
+        if (root / "hub").is_dir() and _looks_like_cache(root / "hub"):
+            hint = f"did you mean {root / 'hub'}?"
+        super().__init__(
+            f"{root} is not a Hugging Face cache or mirror store: it holds no repo folder "
+            f"(models--ORG--NAME), .locks/ or CACHEDIR.TAG, but {len(strays)} other "
+            f"entr{'y' if len(strays) == 1 else 'ies'} ({shown}); nothing pruned: {hint}"
+        )
+        self.root = root
+        self.hint = hint
+
+
+def _looks_like_cache(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as it:
+            return any(_marks_cache(e) for e in it)
+    except OSError:
+        return False
+
+
+def _marks_cache(entry: os.DirEntry[str]) -> bool:
+    """An entry only a cache or store has at its top: a repo folder or the stock files."""
+    if entry.name in ROOT_SPECIAL:
+        return True
+    return entry.is_dir() and parse_repo_folder(entry.name) is not None
+
+
 class LinkedFolder(Exception):
     """A folder prune would walk, or a lock file of the repo, is a symbolic link: the repo
     is left alone."""
@@ -229,6 +267,12 @@ class RepoScan:
     #: Blobs of this repo that snapshots of other repos link to (or may: see
     #: :attr:`SnapshotFile.elsewhere`): kept whatever this repo's own snapshots say.
     pinned: frozenset[str] = frozenset()
+    #: Entries of the repo folder that are not cache content (:data:`REPO_ENTRIES`; a
+    #: folder in ``blobs/``), relative to the repo folder: never removed, and the repo
+    #: folder that holds them never goes whole.
+    foreign_entries: tuple[str, ...] = ()
+    #: What the scan could not read or did not understand here, and kept (for the notes).
+    notes: tuple[str, ...] = ()
 
     @property
     def repo_id(self) -> str:
@@ -305,6 +349,7 @@ def scan_cache(
         raise FileNotFoundError(2, "No such directory", str(base))
     if not base.is_dir():
         raise NotADirectoryError(20, "Not a directory", str(base))
+    top = _check_is_cache(base)
     started = clock.time()
     options = ScanOptions(read_expiry, read_commit_times, served)
     repos: list[RepoScan] = []
@@ -319,16 +364,9 @@ def scan_cache(
         except LinkedFolder as exc:
             notes.append(f"{layout.repo_id}: {exc}")
     repos = _pin_shared_blobs(repos)
+    notes.extend(note for repo in repos for note in repo.notes)
     repo_names = {layout.folder_name for layout in layouts}
-    strays = tuple(
-        sorted(
-            e.name
-            for e in os.scandir(base)
-            if e.name not in ROOT_SPECIAL
-            and e.name not in IGNORED_NAMES
-            and not (e.is_dir() and parse_repo_folder(e.name) is not None)
-        )
-    )
+    strays = tuple(sorted(e.name for e in top if not _marks_cache(e)))
     orphan_locks: tuple[Entry, ...] = ()
     trash: tuple[Entry, ...] = ()
     linked = linked_folder(base, (".locks", "/".join(ROOT_TRASH)))
@@ -390,6 +428,17 @@ def _pin_shared_blobs(repos: list[RepoScan]) -> list[RepoScan]:
     return out
 
 
+def _check_is_cache(base: Path) -> list[os.DirEntry[str]]:
+    """The entries at the top of ``base``; raises :class:`NotACacheError` when it holds
+    entries of its own and nothing that marks a cache or store (an empty folder is an
+    empty cache)."""
+    with os.scandir(base) as it:
+        top = [e for e in it if e.name not in IGNORED_NAMES]
+    if top and not any(_marks_cache(e) for e in top):
+        raise NotACacheError(base, tuple(sorted(e.name for e in top)))
+    return top
+
+
 def linked_folder(base: Path, folders: tuple[str, ...]) -> str | None:
     """The first of ``folders`` (relative to ``base``) that is a symbolic link."""
     for rel in folders:
@@ -430,13 +479,25 @@ def scan_repo(
             "nothing pruned in this repo"
         )
     repo_stat = path.stat()
+    with os.scandir(path) as it:
+        foreign = sorted(
+            e.name + ("/" if e.is_dir(follow_symlinks=False) else "")
+            for e in it
+            if e.name not in REPO_ENTRIES and e.name not in IGNORED_NAMES
+        )
     blobs_path, snapshots_path, refs_path, cmh_path = (
         path / "blobs",
         path / "snapshots",
         path / "refs",
         path / ".cmh",
     )
-    blobs, incomplete, blob_temps = _scan_blobs(blobs_path)
+    blobs, incomplete, blob_temps, blob_folders_in = _scan_blobs(blobs_path)
+    foreign += [f"blobs/{name}/" for name in blob_folders_in]
+    notes = []
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        notes.append(f"{layout.repo_id}: {shown}: not cache content, left alone, "
+                     "and so is the repo folder")  # fmt: skip
     refs_is_file = refs_path.is_file()
     refs = () if refs_is_file else _scan_refs(refs_path)
     has_snapshots = snapshots_path.is_dir()
@@ -501,6 +562,8 @@ def scan_repo(
         cuts=_entries(path / CUT_RECORDS),
         cmh_trees=_entries(cmh_path / "trees"),
         refs_served=options.served,
+        foreign_entries=tuple(foreign),
+        notes=tuple(notes),
     )
 
 
@@ -530,14 +593,18 @@ def _entries(folder: Path) -> tuple[Entry, ...]:
         return ()
 
 
-def _scan_blobs(folder: Path) -> tuple[dict[str, Entry], tuple[Entry, ...], tuple[Entry, ...]]:
+def _scan_blobs(
+    folder: Path,
+) -> tuple[dict[str, Entry], tuple[Entry, ...], tuple[Entry, ...], tuple[str, ...]]:
+    """Blobs, partial downloads, writers' temporary files, and folders (no blob is one)."""
     blobs: dict[str, Entry] = {}
     incomplete: list[Entry] = []
     temps: list[Entry] = []
+    folders: list[str] = []
     try:
         it = os.scandir(folder)
     except (FileNotFoundError, NotADirectoryError):
-        return blobs, (), ()
+        return blobs, (), (), ()
     with it:
         for e in it:
             if e.name.endswith(INCOMPLETE_SUFFIX):
@@ -550,10 +617,13 @@ def _scan_blobs(folder: Path) -> tuple[dict[str, Entry], tuple[Entry, ...], tupl
                 st = e.stat()  # follows a blob that links into a shared store
             except OSError:
                 continue  # a dangling blob link: links to it count as broken
-            if not e.is_dir():
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(e.name)
+            else:
                 blobs[e.name] = Entry(e.name, st.st_size, st.st_mtime)
     by_name = lambda x: x.name  # noqa: E731
-    return blobs, tuple(sorted(incomplete, key=by_name)), tuple(sorted(temps, key=by_name))
+    return (blobs, tuple(sorted(incomplete, key=by_name)), tuple(sorted(temps, key=by_name)),
+            tuple(sorted(folders)))  # fmt: skip
 
 
 def _scan_refs(folder: Path) -> tuple[RefScan, ...]:
