@@ -345,6 +345,8 @@ def select_revisions(
     referenced = {r.commit for r in repo.refs if r.commit in commits}
     kept_anyway = protected(repo)
     reasons: dict[str, list[str]] = {}
+    if repo.refs_unknown:  # a ref it cannot read may name any revision: none goes
+        return reasons
 
     def select(commit: str, reason: str) -> None:
         if commit in kept_anyway and reason != EXPIRED:
@@ -463,6 +465,9 @@ class _RepoPlanner:
         """Refs of removed revisions go with them; dangling and invalid ones once settled."""
         commits = {rev.commit for rev in self.repo.revisions if rev.is_commit}
         for ref in self.repo.refs:
+            if ref.unreadable is not None:  # not invalid: unknown, so kept
+                self.surviving_refs.add(f"unreadable:{ref.name}")
+                continue
             if ref.commit in self.removed:
                 continue
             path = f"refs/{ref.name}"

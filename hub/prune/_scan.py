@@ -35,6 +35,8 @@ from cmh.hub.cache import (
     usage_path,
 )
 
+from cmh import open_regular
+
 #: Names the stock scanner skips wherever they appear.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 #: Top-level entries of a cache or store that are not repos and are not strays: the
@@ -223,6 +225,10 @@ class RefScan:
     commit: str | None
     exact: bool
     mtime: float
+    #: Why the ref could not be read (no permission, a link, not a regular file), or
+    #: ``None``. Such a ref may name any revision: it is kept, and so is every revision
+    #: of its repo.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,11 @@ class RepoScan:
             if rev.commit == commit:
                 return rev
         return None
+
+    @property
+    def refs_unknown(self) -> tuple[RefScan, ...]:
+        """Refs that could not be read: what they name is not known."""
+        return tuple(r for r in self.refs if r.unreadable is not None)
 
     def refs_to(self, commit: str) -> tuple[str, ...]:
         """Names of the refs that name ``commit``."""
@@ -493,13 +504,18 @@ def scan_repo(
     )
     blobs, incomplete, blob_temps, blob_folders_in = _scan_blobs(blobs_path)
     foreign += [f"blobs/{name}/" for name in blob_folders_in]
-    notes = []
+    refs_is_file = refs_path.is_file()
+    refs = () if refs_is_file else _scan_refs(refs_path)
+    notes = [
+        f"{layout.repo_id}: refs/{r.name} cannot be read ({r.unreadable}): kept, and every "
+        "revision of the repo with it (it may name any)"
+        for r in refs
+        if r.unreadable is not None
+    ]
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         notes.append(f"{layout.repo_id}: {shown}: not cache content, left alone, "
                      "and so is the repo folder")  # fmt: skip
-    refs_is_file = refs_path.is_file()
-    refs = () if refs_is_file else _scan_refs(refs_path)
     has_snapshots = snapshots_path.is_dir()
     used_records = _entries(_usage_dir(layout))
     last_used = {e.name: e.mtime for e in used_records}
@@ -643,10 +659,16 @@ def _scan_refs(folder: Path) -> tuple[RefScan, ...]:
                     walk(e.path, name + "/")
                     continue
                 try:
-                    raw = Path(e.path).read_bytes()[:1024].decode()
                     mtime = e.stat(follow_symlinks=False).st_mtime
-                except (OSError, UnicodeDecodeError):
-                    out.append(RefScan(name, None, False, 0.0))
+                    with open_regular(e.path, follow_links=False) as f:  # never blocks
+                        data = f.read(1024)
+                except OSError as exc:  # unreadable is not invalid: kept, see RefScan
+                    out.append(RefScan(name, None, False, 0.0, exc.strerror or str(exc)))
+                    continue
+                try:
+                    raw = data.decode()
+                except UnicodeDecodeError:
+                    out.append(RefScan(name, None, False, mtime))
                     continue
                 text = raw.strip()
                 commit = text if COMMIT_RE.match(text) else None

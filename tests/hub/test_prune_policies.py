@@ -272,3 +272,54 @@ def test_dry_run_plan_changes_nothing(built: Built) -> None:
     )
     assert plan.revision_count == 6
     assert tree_state(built.root) == before
+
+
+def _unreadable_ref(root: Path, how: str, monkeypatch: pytest.MonkeyPatch, commit: str) -> None:
+    """Make ``org/r``'s ``refs/main`` unreadable to the pruner: another user's private file
+    (the pruner's open refused), or a link (never followed)."""
+    ref = root / "models--org--r" / "refs" / "main"
+    if how == "link":
+        elsewhere = root.parent / "elsewhere-ref"
+        elsewhere.write_text(commit)
+        ref.unlink()
+        ref.symlink_to(elsewhere)
+        os.utime(ref, (NOW - 40 * DAY, NOW - 40 * DAY), follow_symlinks=False)
+        return
+    from cmh.hub.prune import _scan
+
+    from cmh import open_regular as real_open
+
+    def refuse(path: str, *args: object, **kwargs: object) -> object:
+        if os.fspath(path) == str(ref):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_scan, "open_regular", refuse, raising=False)
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["cache", "store"])
+@pytest.mark.parametrize("how", ["permission", "link"])
+def test_a_ref_that_cannot_be_read_is_kept_with_every_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, served: bool
+) -> None:
+    """Was: a ref the pruner could not read (another user's 0600 file in a shared cache)
+    was "invalid" and went by housekeeping alone; its revision was then unreferenced.
+    Unreadable is not invalid: the ref stays, and so does every revision it may name."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    main = b.revision("org/r", {"a.bin": b"a" * 10}, fetched=old, used=old)
+    b.revision("org/r", {"b.bin": b"b" * 10}, ref=None, fetched=old, used=old)
+    _unreadable_ref(root, how, monkeypatch, main)
+    before = tree_state(root / "models--org--r")
+    for policy in (
+        PrunePolicy(),
+        PrunePolicy(unreferenced=True),
+        PrunePolicy(keep_latest=0, older_than=0.0, max_size=0),
+        PrunePolicy(expired=True, include_referenced=True),
+    ):
+        plan = plan_prune(scan_cache(root, served=served), policy, NOW)
+        assert plan.empty, plan
+        assert any("refs/main cannot be read" in n for n in plan.notes)
+        execute_plan(plan, lock_timeout=0)
+    assert tree_state(root / "models--org--r") == before
