@@ -72,13 +72,16 @@ def open_regular(
         raise
 
 
-def read_small_file(path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT) -> bytes:
+def read_small_file(
+    path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT, *, follow_links: bool = True
+) -> bytes:
     """The bytes of a small regular file (a key, a tokens file): at most ``limit`` are read.
 
-    Opened as :func:`open_regular` does (never blocks on a FIFO or a device); a larger
-    file raises ``OSError`` (``EFBIG``) whose ``strerror`` names the bound.
+    Opened as :func:`open_regular` does (never blocks on a FIFO or a device; a link is
+    refused unless ``follow_links``); a larger file raises ``OSError`` (``EFBIG``) whose
+    ``strerror`` names the bound.
     """
-    with open_regular(path) as f:
+    with open_regular(path, follow_links=follow_links) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         bound = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"

@@ -35,7 +35,7 @@ from cmh.hub.cache import (
     usage_path,
 )
 
-from cmh import open_regular
+from cmh import open_regular, read_small_file
 
 #: Names the stock scanner skips wherever they appear.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
@@ -766,14 +766,18 @@ def _with_expiry(
 ) -> SnapshotFile:
     if f.broken or f.temp or not f.path.endswith(".safetensors"):
         return f
+    if not f.plain and f.blob is None:
+        return f  # a link to another repo's blob: not read (it never expires here)
     key = f.blob if f.blob is not None else f"\0{snapshot}/{f.path}"
     if key not in cache:
-        target = os.path.join(blobs_dir, f.blob) if f.blob is not None else f"{snapshot}/{f.path}"
-        cache[key] = stamped_expiry(target)
+        if f.blob is not None:  # a blob (which may link into a shared store)
+            cache[key] = stamped_expiry(os.path.join(blobs_dir, f.blob))
+        else:  # a file of the snapshot itself; a link out of the cache is not followed
+            cache[key] = stamped_expiry(f"{snapshot}/{f.path}", follow_links=False)
     expires = cache[key]
     if expires is None:
         return f
-    return SnapshotFile(f.path, f.blob, f.size, f.broken, expires, f.temp)
+    return dataclasses.replace(f, expires_at=expires)
 
 
 def etag_of(name: str) -> str:
@@ -785,7 +789,7 @@ def _commit_record(path: Path) -> tuple[float | None, tuple[str, ...] | None]:
     """A store's record of a commit: when it created it (``created_at``) and its
     ``parents``, each ``None`` when unreadable."""
     try:
-        text = path.read_bytes()
+        text = read_small_file(path, follow_links=False)  # never blocks on a FIFO
     except OSError:
         return None, None
     return record_number(text, "created_at"), record_parents(text)
@@ -810,21 +814,23 @@ def record_parents(text: bytes) -> tuple[str, ...] | None:
 def _record_number(path: Path, key: str) -> float | None:
     """The number under ``key`` in a small JSON record file, if readable."""
     try:
-        return record_number(path.read_bytes(), key)
+        return record_number(read_small_file(path, follow_links=False), key)
     except OSError:
         return None
 
 
-def stamped_expiry(path: str | os.PathLike[str]) -> int | None:
+def stamped_expiry(path: str | os.PathLike[str], *, follow_links: bool = True) -> int | None:
     """``expires_at`` of a stamped safetensors file, from its header's record alone.
 
     Reads the 8-byte length and the JSON header (bounded by the file size),
     decodes ``__metadata__["cmh"]`` and checks the record; tensors and
     manifests are not validated (a verifier does that). Unreadable, invalid
-    or unstamped files give ``None``: they never expire.
+    or unstamped files give ``None``: they never expire, and so does anything but a
+    regular file (a FIFO or a device is never opened to block; a link is not followed
+    unless ``follow_links``).
     """
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, follow_links=follow_links) as f:
             size = os.fstat(f.fileno()).st_size
 
             def read(start: int, length: int) -> bytes:

@@ -180,3 +180,58 @@ def test_a_blob_another_repo_links_to_is_kept(tmp_path: Path, option: str) -> No
     assert b_snap.read_bytes() == b"shared" * 100
     plan = plan_prune(scan_cache(root), PrunePolicy(unreferenced=True), NOW)
     assert plan.empty
+
+
+# -- what is not a regular file is never opened to block ---------------------------------
+
+
+def _scan_in_thread(root: Path, **options: bool) -> object:
+    import threading
+
+    out: list[object] = []
+    worker = threading.Thread(
+        target=lambda: out.append(scan_cache(root, read_expiry=True, **options)), daemon=True
+    )
+    worker.start()
+    worker.join(60)  # a guard, not a bound: the old code never returned
+    assert not worker.is_alive(), "the scan blocks opening a FIFO"
+    return out[0]
+
+
+@pytest.mark.parametrize("where", ["snapshot", "link-out", "blob", "commit-record"])
+def test_a_fifo_never_blocks_the_scan(tmp_path: Path, where: str) -> None:
+    """Was: a ``*.safetensors`` entry that was (or linked to) a FIFO made ``--expired``, even
+    ``--dry-run``, block for ever reading its header; so did a FIFO among the records."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    commit = b.revision(REPO, {"config.json": b"{}"}, fetched=NOW - 40 * DAY)
+    snap = root / FOLDER / "snapshots" / commit
+    if where == "snapshot":
+        os.mkfifo(snap / "model.safetensors")
+    elif where == "link-out":
+        os.mkfifo(tmp_path / "pipe")
+        (snap / "model.safetensors").symlink_to(tmp_path / "pipe")
+    elif where == "blob":
+        os.mkfifo(root / FOLDER / "blobs" / ("f" * 64))
+        (snap / "model.safetensors").symlink_to(f"../../blobs/{'f' * 64}")
+    else:
+        (root / FOLDER / ".cmh" / "commits").mkdir(parents=True)
+        os.mkfifo(root / FOLDER / ".cmh" / "commits" / f"{commit}.json")
+    scan = _scan_in_thread(root, read_commit_times=True)
+    plan = plan_prune(scan, PrunePolicy(expired=True, include_referenced=True), NOW)  # type: ignore[arg-type]
+    assert plan.revision_count == 0
+
+
+def test_a_stamped_file_out_of_the_cache_is_not_read(tmp_path: Path) -> None:
+    """A snapshot link out of the cache is not followed to read a header: such a file
+    never expires here (only blobs, which may link into a shared store, are read)."""
+    from prune_support import weights
+
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    commit = b.revision(REPO, {"config.json": b"{}"}, fetched=NOW - 40 * DAY)
+    outside = tmp_path / "expired.safetensors"
+    outside.write_bytes(weights(1, ttl=60, stamped_at=NOW - 2 * DAY))
+    (root / FOLDER / "snapshots" / commit / "model.safetensors").symlink_to(outside)
+    scan = scan_cache(root, read_expiry=True)
+    assert scan.repos[0].revisions[0].expires_at is None
