@@ -374,6 +374,8 @@ def scan_cache(
             continue
         except LinkedFolder as exc:
             notes.append(f"{layout.repo_id}: {exc}")
+        except OSError as exc:  # e.g. another user's private snapshot: the repo stays whole
+            notes.append(f"{layout.repo_id}: {_unreadable(exc, base)}: nothing pruned in this repo")
     repos = _pin_shared_blobs(repos)
     notes.extend(note for repo in repos for note in repo.notes)
     repo_names = {layout.folder_name for layout in layouts}
@@ -384,15 +386,19 @@ def scan_cache(
     if linked is not None:
         notes.append(f"{linked} is a link to another folder, never followed: left alone")
     else:
-        orphan_locks = tuple(
-            e
-            for e in _entries(base / ".locks")
-            if e.name != ROOT_TRASH[1]
-            and parse_repo_folder(e.name) is not None
-            and e.name not in repo_names
-            and not e.link
-        )
-        trash = _entries(base.joinpath(*ROOT_TRASH))
+        try:
+            orphan_locks = tuple(
+                e
+                for e in _entries(base / ".locks")
+                if e.name != ROOT_TRASH[1]
+                and parse_repo_folder(e.name) is not None
+                and e.name not in repo_names
+                and not e.link
+            )
+            trash = _entries(base.joinpath(*ROOT_TRASH))
+        except OSError as exc:
+            orphan_locks, trash = (), ()
+            notes.append(f"{_unreadable(exc, base)}: its lock folders and trash left alone")
     return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry,
                      notes=tuple(notes), refs_served=served)  # fmt: skip
 
@@ -437,6 +443,14 @@ def _pin_shared_blobs(repos: list[RepoScan]) -> list[RepoScan]:
         pinned = (wanted.get(repo.layout.folder_name, set()) | anywhere) & set(repo.blobs)
         out.append(dataclasses.replace(repo, pinned=frozenset(pinned)) if pinned else repo)
     return out
+
+
+def _unreadable(exc: OSError, base: Path) -> str:
+    """``{path} cannot be read ({why})``, the path relative to the root."""
+    where = exc.filename
+    if isinstance(where, str) and where.startswith(f"{base}{os.sep}"):
+        where = where[len(f"{base}{os.sep}") :]
+    return f"{where or 'a folder'} cannot be read ({exc.strerror or exc})"
 
 
 def _check_is_cache(base: Path) -> list[os.DirEntry[str]]:

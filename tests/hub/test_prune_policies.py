@@ -323,3 +323,48 @@ def test_a_ref_that_cannot_be_read_is_kept_with_every_revision(
         assert any("refs/main cannot be read" in n for n in plan.notes)
         execute_plan(plan, lock_timeout=0)
     assert tree_state(root / "models--org--r") == before
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["cache", "store"])
+@pytest.mark.parametrize("folder", ["snapshot", "blobs", "refs", "locks", "root-locks"])
+def test_one_unreadable_folder_keeps_its_repo_whole_and_the_rest_is_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: str, served: bool
+) -> None:
+    """Was: one folder the pruner could not read (another user's private snapshot in a
+    shared cache) ended the whole prune with exit status 3 and no plan. Now its repo is
+    left out whole, with a note, and every other repo is planned."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    stale = {}
+    for repo in ("org/a", "org/b"):
+        stale[repo] = b.revision(repo, {"x.bin": repo.encode() * 5}, ref=None, fetched=old)
+        b.revision(repo, {"y.bin": repo.encode() * 7}, fetched=old)
+        b.file(f".locks/models--{repo.replace('/', '--')}/cmh.repo.lock", mtime=old)
+    b.file(".locks/models--org--gone/x.lock", mtime=old)
+    a = root / "models--org--a"
+    unreadable = {
+        "snapshot": a / "snapshots" / stale["org/a"],
+        "blobs": a / "blobs",
+        "refs": a / "refs",
+        "locks": root / ".locks" / "models--org--a",
+        "root-locks": root / ".locks",
+    }[folder]
+    real_scandir = os.scandir
+
+    def scandir(path: object = ".") -> object:
+        if not isinstance(path, int) and os.fspath(path) == str(unreadable):  # type: ignore[arg-type]
+            raise PermissionError(13, "Permission denied", os.fspath(path))  # type: ignore[arg-type]
+        return real_scandir(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    plan = plan_prune(scan_cache(root, served=served), PrunePolicy(unreferenced=True), NOW)
+    relative = unreadable.relative_to(root).as_posix()
+    assert any(f"{relative} cannot be read (Permission denied)" in n for n in plan.notes)
+    planned = {r.repo_id: [rev.commit for rev in r.revisions] for r in plan.changes}
+    if folder == "root-locks":
+        assert planned == {repo: [commit] for repo, commit in stale.items()}
+        assert not plan.root_items
+    else:
+        assert planned == {"org/b": [stale["org/b"]]}
+        assert [i.path for i in plan.root_items] == [".locks/models--org--gone"]
