@@ -39,6 +39,7 @@ from cmh.hub.cache import (
     parse_repo_folder,
     repo_lock,
     revision_lock,
+    usage_path,
 )
 
 from ._fs import Below
@@ -61,6 +62,7 @@ from ._plan import (
     RevisionRemoval,
     cut_spent,
     plan_repo,
+    read_lately,
 )
 from ._scan import (
     REPO_TRASH,
@@ -192,6 +194,8 @@ class _RepoPruner:
         evict = [r.commit for r in self.planned.revisions if OVER_SIZE in r.reasons]
         policy, now = self.plan.policy, self.plan.now
         fresh = plan_repo(scan, policy, now, evict, only=planned)
+        going = {r.commit for r in fresh.revisions}
+        self.out.kept_in_use += sorted(read_lately(scan, policy, now) & planned - going)
         with contextlib.ExitStack() as held:
             locked = set()
             for rev in fresh.revisions:
@@ -202,6 +206,10 @@ class _RepoPruner:
                     locked.add(rev.commit)
                 except LockBusy:
                     self.out.kept_in_use.append(rev.commit)
+            for commit in sorted(locked):  # read by the mirror since the scan: it may send it
+                if self._read_since_scan(commit):
+                    locked.discard(commit)
+                    self.out.kept_in_use.append(commit)
             if self.out.kept_in_use:
                 fresh = plan_repo(scan, policy, now, evict, only=locked)
             allowed = {(i.kind, i.path) for i in self.planned.items}
@@ -209,6 +217,17 @@ class _RepoPruner:
             if fresh.remove_repo and self.planned.remove_repo and self._remove_repo(fresh):
                 return
             self._remove_parts(scan, fresh, items)
+
+    def _read_since_scan(self, commit: str) -> bool:
+        """True when a served store's mirror recorded a read of ``commit`` within the
+        in-flight grace (looked at again just before deleting: it takes no lock)."""
+        if not self.plan.refs_served:
+            return False
+        try:
+            read = os.lstat(usage_path(self.layout, commit)).st_mtime
+        except (OSError, ValueError):
+            return False
+        return read > self.plan.now - self.plan.policy.in_flight_grace
 
     # -- a whole repo ------------------------------------------------------------------
 

@@ -237,8 +237,9 @@ def plan_prune(
     at = clock.time() if now is None else now
     repo_plans = {r.layout.folder_name: plan_repo(r, policy, at) for r in scan.repos}
     notes: list[str] = list(scan.notes)
+    evictions: dict[str, list[str]] = {}
     if policy.max_size is not None:
-        evictions = _evict_for_size(scan, repo_plans, policy.max_size)
+        evictions = _evict_for_size(scan, repo_plans, policy, at)
         for repo in scan.repos:
             chosen = evictions.get(repo.layout.folder_name)
             if chosen:
@@ -249,6 +250,7 @@ def plan_prune(
                 f"still {total} bytes after evicting every revision that can go "
                 f"(over --max-size {policy.max_size})"
             )
+    notes += _read_notes(scan, policy, at, evictions)
     root_items = _plan_root(scan, policy, at)
     plans = tuple(repo_plans[r.layout.folder_name] for r in scan.repos)
     return PrunePlan(
@@ -263,6 +265,24 @@ def plan_prune(
         notes=tuple(notes),
         refs_served=scan.refs_served,
     )
+
+
+def _read_notes(
+    scan: CacheScan, policy: PrunePolicy, now: float, evictions: dict[str, list[str]]
+) -> list[str]:
+    """A note for each revision a policy names that is kept because it was read lately."""
+    notes = []
+    for repo in scan.repos:
+        held = read_lately(repo, policy, now)
+        if not held:
+            continue
+        evict = evictions.get(repo.layout.folder_name, ())
+        for commit in sorted(held & set(select_revisions(repo, policy, now, evict,
+                                                         honour_reads=False))):  # fmt: skip
+            minutes = policy.in_flight_grace / 60
+            notes.append(f"{repo.repo_id}: revision {commit[:12]} was read within the last "
+                         f"{minutes:g} minutes (the mirror may be sending it): kept")  # fmt: skip
+    return notes
 
 
 def revision_time(repo: RepoScan, commit: str) -> float:
@@ -337,19 +357,40 @@ def latest(repo: RepoScan, keep: int) -> frozenset[str]:
     return frozenset(kept)
 
 
+def read_lately(repo: RepoScan, policy: PrunePolicy, now: float) -> frozenset[str]:
+    """Revisions of a served store read within the in-flight grace: kept by every policy.
+
+    The mirror records a read (``.cmh/used/{commit}``, at most a minute stale) before it
+    sends a body, and takes no lock while it sends: a blob deleted under it cuts the body.
+    A cache's readers hold the revision lock instead."""
+    if not repo.refs_served:
+        return frozenset()
+    since = now - policy.in_flight_grace
+    return frozenset(
+        rev.commit for rev in repo.revisions if rev.last_used is not None and rev.last_used > since
+    )
+
+
 def select_revisions(
-    repo: RepoScan, policy: PrunePolicy, now: float, evict: Iterable[str] = ()
+    repo: RepoScan,
+    policy: PrunePolicy,
+    now: float,
+    evict: Iterable[str] = (),
+    *,
+    honour_reads: bool = True,
 ) -> dict[str, list[str]]:
-    """Commits the policies select, each with its reasons."""
+    """Commits the policies select, each with its reasons (none :func:`read_lately`,
+    unless ``honour_reads`` is false: what would go but for the reads)."""
     commits = {rev.commit: rev for rev in repo.revisions if rev.is_commit}
     referenced = {r.commit for r in repo.refs if r.commit in commits}
     kept_anyway = protected(repo)
+    in_use = read_lately(repo, policy, now) if honour_reads else frozenset()
     reasons: dict[str, list[str]] = {}
     if repo.refs_unknown:  # a ref it cannot read may name any revision: none goes
         return reasons
 
     def select(commit: str, reason: str) -> None:
-        if commit in kept_anyway and reason != EXPIRED:
+        if commit in in_use or (commit in kept_anyway and reason != EXPIRED):
             return
         reasons.setdefault(commit, []).append(reason)
 
@@ -680,9 +721,11 @@ def _repo_size(repo: RepoScan) -> int:
 
 
 def _evict_for_size(
-    scan: CacheScan, plans: dict[str, RepoPlan], max_size: int
+    scan: CacheScan, plans: dict[str, RepoPlan], policy: PrunePolicy, now: float
 ) -> dict[str, list[str]]:
     """Least recently used surviving revisions to evict until the total fits ``max_size``."""
+    max_size = policy.max_size
+    assert max_size is not None
     total = sum(p.size_after for p in plans.values())
     if total <= max_size:
         return {}
@@ -695,7 +738,7 @@ def _evict_for_size(
         repo = repos[folder]
         counts: dict[str, int] = {}
         order = recency(repo)
-        kept_anyway = protected(repo)
+        kept_anyway = protected(repo) | read_lately(repo, policy, now)
         for commit in plan.kept:
             rev = repo.revision(commit)
             if rev is None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cmh.hub.cache import RepoLayout
 from cmh.hub.prune._execute import execute_plan
 from cmh.hub.prune._plan import (
     BEYOND_KEEP_LATEST,
@@ -368,3 +369,34 @@ def test_one_unreadable_folder_keeps_its_repo_whole_and_the_rest_is_pruned(
     else:
         assert planned == {"org/b": [stale["org/b"]]}
         assert [i.path for i in plan.root_items] == [".locks/models--org--gone"]
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["cache", "store"])
+@pytest.mark.parametrize("read_ago", [60.0, 11 * 60.0])
+def test_a_store_keeps_a_revision_read_within_the_grace(
+    tmp_path: Path, served: bool, read_ago: float
+) -> None:
+    """A served store's mirror sends bodies without a lock, recording each read: a
+    revision read within the in-flight grace goes by no policy there (a cache's readers
+    hold the revision lock instead). Judged on the plan's clock, and again by the
+    executor for a read recorded after the plan."""
+    from cmh.hub.cache import record_use
+
+    root = tmp_path / "store"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    stale = b.revision("org/r", {"a.bin": b"a" * 10}, ref=None, fetched=old, used=NOW - read_ago)
+    b.revision("org/r", {"b.bin": b"b" * 10}, fetched=old)
+    later = b.revision("org/r", {"c.bin": b"c" * 10}, ref=None, fetched=old, used=old)
+    policy = PrunePolicy(unreferenced=True, keep_latest=0, older_than=0.0, max_size=0)
+    plan = plan_prune(scan_cache(root, served=served), policy, NOW)
+    [repo] = plan.changes
+    kept = served and read_ago < policy.in_flight_grace
+    assert repo.removes(stale) is not kept
+    assert any(f"revision {stale[:12]} was read within" in n for n in plan.notes) is kept
+    assert repo.removes(later)
+    record_use(RepoLayout(root, "org/r", "model"), later, NOW)  # read after the plan
+    report = execute_plan(plan, lock_timeout=0)
+    [outcome] = report.repos
+    assert (later in outcome.kept_in_use) is served
+    assert (root / "models--org--r" / "snapshots" / later).exists() is served
