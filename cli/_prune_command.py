@@ -25,7 +25,7 @@ from ._common import (
     usage_error,
     warn,
 )
-from ._options import duration_option, flag_option, seconds_option
+from ._options import FolderPath, duration_option, flag_option, seconds_option
 from ._store_location import STORE, StoreLocation
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class _PruneOptions:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=FolderPath(file_okay=False, path_type=Path),
     help="A Hugging Face cache (e.g. ~/.cache/huggingface/hub).",
 )
 @click.option(

@@ -49,6 +49,12 @@ def cache(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         (["--cache-dir", "X", "--older-than", "soon"], "invalid duration"),
         (["--cache-dir", "X", "--max-size", "lots"], "invalid size"),
         (["--cache-dir", "X", "--keep-latest", "-1"], "-1"),
+        # Was: an OverflowError traceback (time.sleep), exit status 1.
+        (["--cache-dir", "X", "--unreferenced", "--settle", "1e10", "-y"], "about 31 years"),
+        (["--cache-dir", "X", "--lock-timeout", "1e10"], "about 31 years"),
+        # Was: silently the current folder.
+        (["--cache-dir", "", "--dry-run"], "an empty path names no folder"),
+        (["--store", "", "--dry-run"], "an empty path names no store"),
     ],
 )
 def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
@@ -284,3 +290,13 @@ def test_a_folder_that_is_no_cache_is_refused(tmp_path: Path, option: str) -> No
     (home / "hub" / "models--org--a").rmdir()
     run = run_runner(["prune", option, home / "hub", "--dry-run"])
     assert run.exit_code == 0, run.stderr
+
+
+def test_help_says_every_exit_status() -> None:
+    """Was: "1 refused or declined", but a refusal without --yes exits 2, and 3 (the
+    folder cannot be read) was not said at all."""
+    run = run_runner(["prune", "--help"])
+    text = " ".join(run.stdout.split())
+    assert "1 declined or a deletion failed" in text
+    assert "2 usage error (also: refusing to delete without --yes" in text
+    assert "3 the cache or store cannot be read" in text
