@@ -363,7 +363,7 @@ def read_lately(repo: RepoScan, policy: PrunePolicy, now: float) -> frozenset[st
     The mirror records a read (``.cmh/used/{commit}``, at most a minute stale) before it
     sends a body, and takes no lock while it sends: a blob deleted under it cuts the body.
     A cache's readers hold the revision lock instead."""
-    if not repo.refs_served:
+    if not (repo.refs_served and repo.reads_recorded):
         return frozenset()
     since = now - policy.in_flight_grace
     return frozenset(

@@ -279,6 +279,9 @@ class RepoScan:
     foreign_entries: tuple[str, ...] = ()
     #: What the scan could not read or did not understand here, and kept (for the notes).
     notes: tuple[str, ...] = ()
+    #: True when :attr:`RevisionScan.last_used` is a mirror's record of its last read
+    #: (a folder store's ``.cmh/used/``; a bucket's replicas record none).
+    reads_recorded: bool = False
 
     @property
     def repo_id(self) -> str:
@@ -594,6 +597,7 @@ def scan_repo(
         refs_served=options.served,
         foreign_entries=tuple(foreign),
         notes=tuple(notes),
+        reads_recorded=options.served,
     )
 
 
