@@ -727,26 +727,39 @@ class _Links:
         """The files of the snapshot folder ``snapshot``, whose real path is ``real``."""
         files: list[SnapshotFile] = []
 
-        def walk(directory: str, real_dir: str, prefix: str) -> None:
+        def walk(directory: str, real_dir: str, prefix: str, depth: int) -> None:
             with os.scandir(directory) as it:
                 for e in it:
                     rel = prefix + e.name
                     temp = any(mark in e.name for mark in TEMP_MARKS)
                     if e.is_symlink():
-                        files.append(self._link(e.path, real_dir, os.readlink(e.path), rel, temp))
+                        target = os.readlink(e.path)
+                        files.append(self._link(e.path, real_dir, target, rel, temp, depth))
                     elif e.is_dir(follow_symlinks=False):
-                        walk(e.path, os.path.join(real_dir, e.name), rel + "/")
+                        walk(e.path, os.path.join(real_dir, e.name), rel + "/", depth + 1)
                     else:
                         size = e.stat(follow_symlinks=False).st_size
                         files.append(SnapshotFile(rel, None, size, False, None, temp))
 
-        walk(snapshot, real, "")
+        walk(snapshot, real, "", 2)  # {repo}/snapshots/{commit}: two folders below the repo
         files.sort(key=lambda f: f.path)
         return files
 
-    def _link(self, link: str, real_dir: str, target: str, rel: str, temp: bool) -> SnapshotFile:
-        joined = os.path.join(real_dir, target)
+    def _link(
+        self, link: str, real_dir: str, target: str, rel: str, temp: bool, depth: int
+    ) -> SnapshotFile:
+        """What the link at ``link`` (in the real folder ``real_dir``, ``depth`` folders
+        below the repo folder) names."""
         parts = target.split("/")
+        if (  # the stock shape, ../../blobs/{name}: no folder outside the repo is involved
+            len(parts) == depth + 2
+            and parts[depth] == "blobs"
+            and parts[-1] not in ("", ".", "..")
+            and all(p == ".." for p in parts[:depth])
+            and self.own is not None
+        ):
+            return self._own(rel, parts[-1], temp)
+        joined = os.path.join(real_dir, target)
         lead = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
         if ".." not in parts[lead:]:  # only leading "..": lexical and real paths agree
             joined = os.path.normpath(joined)
