@@ -96,7 +96,10 @@ EXAMPLES: dict[str, tuple[tuple[str, ...], str]] = {
             "cmh prune --cache-dir ~/.cache/huggingface/hub --keep-latest 1",
             "cmh prune --store ./store --expired --grace 7d --yes",
         ),
-        "0 done (or nothing to do), 1 refused or declined, 2 usage error",
+        "0 done or nothing to do (busy repos and revisions in use are skipped), 1 declined "
+        "or a deletion failed, 2 usage error (also: refusing to delete without --yes when "
+        "stdin is not a terminal, a folder that is no cache), 3 the cache or store cannot "
+        "be read",
     ),
 }
 

@@ -19,14 +19,32 @@ from ._common import DURATION
 OptionDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+#: The most seconds any seconds option takes (about 31 years): more overflows a sleep or a
+#: timeout (``time.sleep(1e10)`` raises ``OverflowError``) and is no amount of waiting.
+MAX_SECONDS = 1e9
+
+
 class FiniteFloatRange(click.FloatRange):
-    """click's ``FloatRange``, which also refuses ``nan`` and ``inf`` (no amount of anything)."""
+    """click's ``FloatRange``, which also refuses ``nan`` and ``inf`` (no amount of anything)
+    and more than :data:`MAX_SECONDS`."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
+        if number > MAX_SECONDS:
+            self.fail(f"{value!r} is more than {MAX_SECONDS:.0f} seconds (about 31 years)",
+                      param, ctx)  # fmt: skip
         return number
+
+
+class FolderPath(click.Path):
+    """A folder path that is not empty (``""`` would silently be the current folder)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path names no folder: give the folder (e.g. ./cache)", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def seconds_option(

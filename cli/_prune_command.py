@@ -25,7 +25,7 @@ from ._common import (
     usage_error,
     warn,
 )
-from ._options import duration_option, flag_option, seconds_option
+from ._options import FolderPath, duration_option, flag_option, seconds_option
 from ._store_location import STORE, StoreLocation
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class _PruneOptions:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=FolderPath(file_okay=False, path_type=Path),
     help="A Hugging Face cache (e.g. ~/.cache/huggingface/hub).",
 )
 @click.option(
@@ -136,7 +136,7 @@ def prune(**options: Any) -> None:
     assert root is not None
     kind = "cache" if opt.cache_dir is not None else "store"
 
-    from cmh.hub.prune import ExecuteOptions, PrunePolicy, plan_prune
+    from cmh.hub.prune import ExecuteOptions, NotACacheError, PrunePolicy, plan_prune
 
     from ._prune_report import plan_document, plan_lines
 
@@ -151,7 +151,10 @@ def prune(**options: Any) -> None:
         stale_incomplete=float(opt.stale_incomplete),
     )
     target = _open_target(root, store=opt.store is not None)
-    scan = target.scan(policy)
+    try:
+        scan = target.scan(policy)
+    except NotACacheError as exc:
+        fail(str(exc), EXIT_USAGE)
     plan = plan_prune(scan, policy, opt.at, target.clock)
 
     if opt.dry_run or plan.empty:

@@ -230,7 +230,10 @@ def _outcome_lines(o: RepoOutcome) -> list[str]:
         lines.append(f"  skipped, {o.skipped}")
     lines += [_revision_line(x) for x in o.revisions]
     lines += _item_lines(o.items)
-    lines += [f"  kept revision {c[:12]}: in use (a reader holds its lock)" for c in o.kept_in_use]
+    lines += [
+        f"  kept revision {c[:12]}: in use (a reader holds its lock, or the mirror read it lately)"
+        for c in o.kept_in_use
+    ]
     lines += [f"  error: {e}" for e in o.errors]
     return lines
 

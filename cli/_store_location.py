@@ -29,6 +29,9 @@ class StoreType(_StoreParam):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, Path):
             return value
+        if not str(value).strip():  # "" would silently be the current folder
+            self.fail("an empty path names no store: give a folder (e.g. ./store) or "
+                      "s3://BUCKET/PREFIX", param, ctx)  # fmt: skip
         from cmh.hub.mirror import InvalidLocation, parse_location
 
         try:

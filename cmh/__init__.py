@@ -79,7 +79,7 @@ from ._header import (
 from ._inspection import Inspection, inspect
 from ._libc import libc_function
 from ._record import LATEST_TIME, Record
-from ._regular import read_small_file
+from ._regular import NotARegularFileError, open_regular, read_small_file
 from ._signing import (
     TrustedKeys,
     generate_keypair,
@@ -186,6 +186,7 @@ __all__ += [
     "PREFIX_SIZE",
     "Checkpoint",
     "FileVersion",
+    "NotARegularFileError",
     "ProgressCallback",
     "TrustedKeys",
     "atomic_file",
@@ -205,6 +206,7 @@ __all__ += [
     "libc_function",
     "load_private_key",
     "name_bytes",
+    "open_regular",
     "parse_header",
     "plural",
     "private_key_is_encrypted",

@@ -16,6 +16,7 @@ import stat
 from typing import BinaryIO
 
 _KINDS = (
+    (stat.S_ISLNK, "is a symbolic link"),
     (stat.S_ISDIR, "is a directory"),
     (stat.S_ISFIFO, "is a FIFO (named pipe)"),
     (stat.S_ISSOCK, "is a socket"),
@@ -42,16 +43,26 @@ def _check(mode: int, path: str) -> None:
         raise NotARegularFileError(0, f"{file_kind(mode)}, not a regular file", path)
 
 
-def open_regular(path: str | os.PathLike[str], writable: bool = False) -> BinaryIO:
-    """Open the regular file at ``path`` (links followed) for reading, or reading and writing.
+def open_regular(
+    path: str | os.PathLike[str], writable: bool = False, *, follow_links: bool = True
+) -> BinaryIO:
+    """Open the regular file at ``path`` for reading, or reading and writing; links are
+    followed unless ``follow_links`` is false (then a link is not a regular file).
 
     Raises :class:`NotARegularFileError` for anything else, and ``OSError`` when the
     path cannot be looked at or opened; never blocks on a FIFO or a device.
     """
     name = os.fspath(path)
-    _check(os.stat(name).st_mode, name)
+    _check((os.stat if follow_links else os.lstat)(name).st_mode, name)
     flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(name, flags)
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(name, flags)
+    except OSError as exc:
+        if not follow_links and exc.errno == errno.ELOOP:  # swapped for a link meanwhile
+            raise NotARegularFileError(0, "is a symbolic link, not a regular file", name) from None
+        raise
     try:
         _check(os.fstat(fd).st_mode, name)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
@@ -61,13 +72,16 @@ def open_regular(path: str | os.PathLike[str], writable: bool = False) -> Binary
         raise
 
 
-def read_small_file(path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT) -> bytes:
+def read_small_file(
+    path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT, *, follow_links: bool = True
+) -> bytes:
     """The bytes of a small regular file (a key, a tokens file): at most ``limit`` are read.
 
-    Opened as :func:`open_regular` does (never blocks on a FIFO or a device); a larger
-    file raises ``OSError`` (``EFBIG``) whose ``strerror`` names the bound.
+    Opened as :func:`open_regular` does (never blocks on a FIFO or a device; a link is
+    refused unless ``follow_links``); a larger file raises ``OSError`` (``EFBIG``) whose
+    ``strerror`` names the bound.
     """
-    with open_regular(path) as f:
+    with open_regular(path, follow_links=follow_links) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         bound = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"

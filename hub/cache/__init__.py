@@ -49,7 +49,15 @@ from ._layout import (
     validate_repo_id,
     validate_revision,
 )
-from ._locks import LockBusy, blob_lock, flock, repo_lock, revision_lock, snapshot_in_use
+from ._locks import (
+    LockBusy,
+    LockFileRefused,
+    blob_lock,
+    flock,
+    repo_lock,
+    revision_lock,
+    snapshot_in_use,
+)
 from ._records import record_number
 from ._usage import record_use, usage_path
 
@@ -77,6 +85,7 @@ __all__ = [
     "InvalidRemoteFileError",
     "LayoutError",
     "LockBusy",
+    "LockFileRefused",
     "Progress",
     "RepoLayout",
     "ResolveError",

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,10 +31,15 @@ LOCK_FILE_MODE = 0o664
 #: Times a lock folder is made again after it vanished between our looks (a pruner's
 #: race); a folder that cannot be made at all (``/proc/x``) fails after these, not never.
 FOLDER_RETRIES = 20
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class LockBusy(TimeoutError):
     """The lock could not be taken within the time allowed."""
+
+
+class LockFileRefused(OSError):
+    """The lock file is a link or not a regular file: it is never opened through."""
 
 
 @contextlib.contextmanager
@@ -54,15 +60,13 @@ def flock(
     while True:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_FILE_MODE)
+            fd = _open_lock_file(path)
         except (FileNotFoundError, FileExistsError):
-            # A pruner removed the lock folder between our looks at it: make it again.
+            # A pruner removed the lock folder (or the file) between our looks at it: again.
             vanished += 1
             if vanished > FOLDER_RETRIES:
                 raise
             continue
-        with contextlib.suppress(PermissionError):  # another user's lock file: keep its mode
-            os.fchmod(fd, LOCK_FILE_MODE)  # not narrowed by the umask, as the stock client does
         try:
             _acquire(fd, mode, deadline, path, clock)
         except BaseException:
@@ -80,6 +84,44 @@ def flock(
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+def _open_lock_file(path: Path) -> int:
+    """A descriptor of the lock file at ``path``, made if missing; never through a link.
+
+    A lock folder may be writable by a whole group, so anyone in it can plant a link
+    there: a link (or anything but a regular file) is refused, never followed, and only
+    a file this call made is given :data:`LOCK_FILE_MODE` (not narrowed by the umask, as
+    the stock client does); an existing file keeps its mode. ``O_NONBLOCK`` so a FIFO
+    planted there cannot block the open."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, LOCK_FILE_MODE)
+        created = True
+    except FileExistsError:
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK):
+                raise LockFileRefused(
+                    errno.ELOOP, "the lock file is a link, never followed", str(path)
+                ) from None
+            raise
+        created = False
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise LockFileRefused(
+                errno.EINVAL, "the lock file is not a regular file, never used", str(path)
+            )
+        if created:
+            with contextlib.suppress(PermissionError):
+                os.fchmod(fd, LOCK_FILE_MODE)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _acquire(fd: int, mode: int, deadline: float | None, path: Path, clock: Clock) -> None:
@@ -103,7 +145,7 @@ def _acquire(fd: int, mode: int, deadline: float | None, path: Path, clock: Cloc
 def _still_linked(fd: int, path: Path) -> bool:
     """True when ``fd`` is still the file at ``path`` (not unlinked or replaced since opened)."""
     try:
-        current = os.stat(path)
+        current = os.lstat(path)  # a link put in its place is not the file we hold
     except FileNotFoundError:
         return False
     held = os.fstat(fd)

@@ -23,7 +23,7 @@ from ._plan import (
     RevisionRemoval,
     plan_prune,
 )
-from ._scan import CacheScan, RepoScan, scan_cache
+from ._scan import CacheScan, NotACacheError, RepoScan, scan_cache
 
 if TYPE_CHECKING:
     from ._bucket import execute_bucket_plan, prune_bucket, scan_bucket
@@ -46,6 +46,7 @@ __all__ = [
     "CacheScan",
     "ExecuteOptions",
     "ItemRemoval",
+    "NotACacheError",
     "PrunePlan",
     "PrunePolicy",
     "PruneReport",

@@ -23,6 +23,7 @@ A repo with nothing left is moved in one ``rename`` into
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable
@@ -31,12 +32,14 @@ from pathlib import Path
 
 from cmh.hub.cache import (
     LockBusy,
+    LockFileRefused,
     RepoLayout,
     blob_lock,
     flock,
     parse_repo_folder,
     repo_lock,
     revision_lock,
+    usage_path,
 )
 
 from ._fs import Below
@@ -59,6 +62,7 @@ from ._plan import (
     RevisionRemoval,
     cut_spent,
     plan_repo,
+    read_lately,
 )
 from ._scan import (
     REPO_TRASH,
@@ -178,6 +182,8 @@ class _RepoPruner:
             policy = self.plan.policy
             options = ScanOptions(policy.expired, policy.ranks, self.plan.refs_served)
             scan = scan_repo(self.layout, options)
+            if self.planned.pinned:  # what other repos' snapshots link to stays
+                scan = dataclasses.replace(scan, pinned=self.planned.pinned & set(scan.blobs))
         except FileNotFoundError:
             self.out.skipped = "gone: the repo was removed meanwhile"
             return
@@ -188,6 +194,8 @@ class _RepoPruner:
         evict = [r.commit for r in self.planned.revisions if OVER_SIZE in r.reasons]
         policy, now = self.plan.policy, self.plan.now
         fresh = plan_repo(scan, policy, now, evict, only=planned)
+        going = {r.commit for r in fresh.revisions}
+        self.out.kept_in_use += sorted(read_lately(scan, policy, now) & planned - going)
         with contextlib.ExitStack() as held:
             locked = set()
             for rev in fresh.revisions:
@@ -198,6 +206,10 @@ class _RepoPruner:
                     locked.add(rev.commit)
                 except LockBusy:
                     self.out.kept_in_use.append(rev.commit)
+            for commit in sorted(locked):  # read by the mirror since the scan: it may send it
+                if self._read_since_scan(commit):
+                    locked.discard(commit)
+                    self.out.kept_in_use.append(commit)
             if self.out.kept_in_use:
                 fresh = plan_repo(scan, policy, now, evict, only=locked)
             allowed = {(i.kind, i.path) for i in self.planned.items}
@@ -205,6 +217,17 @@ class _RepoPruner:
             if fresh.remove_repo and self.planned.remove_repo and self._remove_repo(fresh):
                 return
             self._remove_parts(scan, fresh, items)
+
+    def _read_since_scan(self, commit: str) -> bool:
+        """True when a served store's mirror recorded a read of ``commit`` within the
+        in-flight grace (looked at again just before deleting: it takes no lock)."""
+        if not self.plan.refs_served:
+            return False
+        try:
+            read = os.lstat(usage_path(self.layout, commit)).st_mtime
+        except (OSError, ValueError):
+            return False
+        return read > self.plan.now - self.plan.policy.in_flight_grace
 
     # -- a whole repo ------------------------------------------------------------------
 
@@ -305,6 +328,9 @@ class _RepoPruner:
                             self.out.items.append(locks.pop(key))
             except LockBusy:
                 continue
+            except OSError as exc:  # e.g. a lock file that is a link: never followed
+                self.out.errors.append(f"{exc.filename or item.path}: {exc.strerror or exc}")
+                continue
 
         # 5. lock files of what is gone, each removed while held.
         held = {f"cmh.rev.{c}.lock" for c in removed}
@@ -328,6 +354,8 @@ class _RepoPruner:
                     self._attempt_item("unlink-lock", item, self.below.unlink)
             except LockBusy:
                 continue
+            except OSError as exc:  # e.g. a lock file that is a link: never followed
+                self.out.errors.append(f"{exc.filename or item.path}: {exc.strerror or exc}")
 
     def _trash_snapshot(self, snapshot: str) -> None:
         trash_folder = "/".join((self.layout.folder_name, *REPO_TRASH))
@@ -419,7 +447,7 @@ def _remove_lock_dir(below: Below, folder: str, held: set[str], change: ChangeHo
                 below.unlink(key)
             continue
         with (
-            contextlib.suppress(LockBusy, IsADirectoryError, FileNotFoundError),
+            contextlib.suppress(LockBusy, LockFileRefused, IsADirectoryError, FileNotFoundError),
             flock(path, timeout=0),
         ):
             change("unlink-lock", path)

@@ -170,6 +170,9 @@ class RepoPlan:
     kept: tuple[str, ...]
     size_before: int
     size_after: int
+    #: The scan's :attr:`~cmh.hub.prune._scan.RepoScan.pinned`: the executor's second
+    #: scan, of this repo alone, keeps them too.
+    pinned: frozenset[str] = frozenset()
 
     @property
     def freed(self) -> int:
@@ -234,8 +237,9 @@ def plan_prune(
     at = clock.time() if now is None else now
     repo_plans = {r.layout.folder_name: plan_repo(r, policy, at) for r in scan.repos}
     notes: list[str] = list(scan.notes)
+    evictions: dict[str, list[str]] = {}
     if policy.max_size is not None:
-        evictions = _evict_for_size(scan, repo_plans, policy.max_size)
+        evictions = _evict_for_size(scan, repo_plans, policy, at)
         for repo in scan.repos:
             chosen = evictions.get(repo.layout.folder_name)
             if chosen:
@@ -246,6 +250,7 @@ def plan_prune(
                 f"still {total} bytes after evicting every revision that can go "
                 f"(over --max-size {policy.max_size})"
             )
+    notes += _read_notes(scan, policy, at, evictions)
     root_items = _plan_root(scan, policy, at)
     plans = tuple(repo_plans[r.layout.folder_name] for r in scan.repos)
     return PrunePlan(
@@ -260,6 +265,24 @@ def plan_prune(
         notes=tuple(notes),
         refs_served=scan.refs_served,
     )
+
+
+def _read_notes(
+    scan: CacheScan, policy: PrunePolicy, now: float, evictions: dict[str, list[str]]
+) -> list[str]:
+    """A note for each revision a policy names that is kept because it was read lately."""
+    notes = []
+    for repo in scan.repos:
+        held = read_lately(repo, policy, now)
+        if not held:
+            continue
+        evict = evictions.get(repo.layout.folder_name, ())
+        for commit in sorted(held & set(select_revisions(repo, policy, now, evict,
+                                                         honour_reads=False))):  # fmt: skip
+            minutes = policy.in_flight_grace / 60
+            notes.append(f"{repo.repo_id}: revision {commit[:12]} was read within the last "
+                         f"{minutes:g} minutes (the mirror may be sending it): kept")  # fmt: skip
+    return notes
 
 
 def revision_time(repo: RepoScan, commit: str) -> float:
@@ -334,17 +357,40 @@ def latest(repo: RepoScan, keep: int) -> frozenset[str]:
     return frozenset(kept)
 
 
+def read_lately(repo: RepoScan, policy: PrunePolicy, now: float) -> frozenset[str]:
+    """Revisions of a served store read within the in-flight grace: kept by every policy.
+
+    The mirror records a read (``.cmh/used/{commit}``, at most a minute stale) before it
+    sends a body, and takes no lock while it sends: a blob deleted under it cuts the body.
+    A cache's readers hold the revision lock instead."""
+    if not (repo.refs_served and repo.reads_recorded):
+        return frozenset()
+    since = now - policy.in_flight_grace
+    return frozenset(
+        rev.commit for rev in repo.revisions if rev.last_used is not None and rev.last_used > since
+    )
+
+
 def select_revisions(
-    repo: RepoScan, policy: PrunePolicy, now: float, evict: Iterable[str] = ()
+    repo: RepoScan,
+    policy: PrunePolicy,
+    now: float,
+    evict: Iterable[str] = (),
+    *,
+    honour_reads: bool = True,
 ) -> dict[str, list[str]]:
-    """Commits the policies select, each with its reasons."""
+    """Commits the policies select, each with its reasons (none :func:`read_lately`,
+    unless ``honour_reads`` is false: what would go but for the reads)."""
     commits = {rev.commit: rev for rev in repo.revisions if rev.is_commit}
     referenced = {r.commit for r in repo.refs if r.commit in commits}
     kept_anyway = protected(repo)
+    in_use = read_lately(repo, policy, now) if honour_reads else frozenset()
     reasons: dict[str, list[str]] = {}
+    if repo.refs_unknown:  # a ref it cannot read may name any revision: none goes
+        return reasons
 
     def select(commit: str, reason: str) -> None:
-        if commit in kept_anyway and reason != EXPIRED:
+        if commit in in_use or (commit in kept_anyway and reason != EXPIRED):
             return
         reasons.setdefault(commit, []).append(reason)
 
@@ -453,12 +499,16 @@ class _RepoPlanner:
             kept=tuple(sorted(self.kept_commits)),
             size_before=size_before,
             size_after=size_before - removed_bytes,
+            pinned=self.repo.pinned,
         )
 
     def _refs(self) -> None:
         """Refs of removed revisions go with them; dangling and invalid ones once settled."""
         commits = {rev.commit for rev in self.repo.revisions if rev.is_commit}
         for ref in self.repo.refs:
+            if ref.unreadable is not None:  # not invalid: unknown, so kept
+                self.surviving_refs.add(f"unreadable:{ref.name}")
+                continue
             if ref.commit in self.removed:
                 continue
             path = f"refs/{ref.name}"
@@ -493,6 +543,7 @@ class _RepoPlanner:
             if f.blob is not None
             and f"{self.folder}/snapshots/{rev.commit}/{f.path}" not in going_temps
         }
+        live |= self.repo.pinned  # other repos' snapshots link to them
         by_commit = {rev.commit: rev for rev in self.repo.revisions}
         linked_by_removed = {b for c in self.removed for b in by_commit[c].blobs}
         for name, blob in sorted(self.repo.blobs.items()):
@@ -603,7 +654,7 @@ class _RepoPlanner:
         by_commit = {rev.commit: rev for rev in self.repo.revisions}
         for commit in sorted(self.removed):
             rev = by_commit[commit]
-            plain = sum(f.size for f in rev.files if f.blob is None)
+            plain = sum(f.size for f in rev.files if f.plain)
             freed = plain
             for b in sorted(rev.blobs & self.freed_blobs - counted):
                 counted.add(b)
@@ -624,8 +675,8 @@ class _RepoPlanner:
 
     def _repo_empties(self) -> bool:
         """True when nothing of the repo survives and nothing in it is fresh."""
-        if not self.repo.whole_folder:
-            return False
+        if not self.repo.whole_folder or self.repo.foreign_entries:
+            return False  # (what is not cache content is never removed)
         if self.kept or self.surviving_refs or self._surviving_etags():
             return False
         going = {i.path for i in self.items}
@@ -658,7 +709,7 @@ def fill_lifetime(fill: FillScan, policy: PrunePolicy) -> float:
 
 
 def _repo_size(repo: RepoScan) -> int:
-    plain = sum(f.size for rev in repo.revisions for f in rev.files if f.blob is None)
+    plain = sum(f.size for rev in repo.revisions for f in rev.files if f.plain)
     return (
         sum(b.size for b in repo.blobs.values())
         + sum(f.size for f in repo.fills)
@@ -670,9 +721,11 @@ def _repo_size(repo: RepoScan) -> int:
 
 
 def _evict_for_size(
-    scan: CacheScan, plans: dict[str, RepoPlan], max_size: int
+    scan: CacheScan, plans: dict[str, RepoPlan], policy: PrunePolicy, now: float
 ) -> dict[str, list[str]]:
     """Least recently used surviving revisions to evict until the total fits ``max_size``."""
+    max_size = policy.max_size
+    assert max_size is not None
     total = sum(p.size_after for p in plans.values())
     if total <= max_size:
         return {}
@@ -685,7 +738,7 @@ def _evict_for_size(
         repo = repos[folder]
         counts: dict[str, int] = {}
         order = recency(repo)
-        kept_anyway = protected(repo)
+        kept_anyway = protected(repo) | read_lately(repo, policy, now)
         for commit in plan.kept:
             rev = repo.revision(commit)
             if rev is None:
@@ -704,10 +757,10 @@ def _evict_for_size(
         rev = repo.revision(commit)
         assert rev is not None
         counts = refcount[folder]
-        freed = sum(f.size for f in rev.files if f.blob is None)
+        freed = sum(f.size for f in rev.files if f.plain)
         for b in rev.blobs:
             counts[b] -= 1
-            if counts[b] == 0 and b in repo.blobs:
+            if counts[b] == 0 and b in repo.blobs and b not in repo.pinned:
                 freed += repo.blobs[b].size
         total -= freed
         chosen.setdefault(folder, []).append(commit)

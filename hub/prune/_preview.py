@@ -14,6 +14,7 @@ from cmh.hub.cache import Clock
 from cmh.hub.mirror.web import PrunePreview
 
 from ._plan import PrunePolicy, plan_prune
+from ._scan import NotACacheError
 from ._targets import PruneTarget, open_target
 
 
@@ -35,7 +36,7 @@ class StorePreview:
 
         try:
             scan = self._open().scan_all()
-        except (ObjectStoreError, BucketError) as exc:
+        except (ObjectStoreError, BucketError, NotACacheError) as exc:
             raise StoreUnavailable(str(exc)) from None
         default, expired = PrunePolicy(), PrunePolicy(expired=True)
         referenced = PrunePolicy(expired=True, include_referenced=True)

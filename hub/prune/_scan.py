@@ -13,6 +13,8 @@ plan and :mod:`cmh.hub.prune._execute` carries it out.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
 import stat
 from collections.abc import Callable
@@ -32,6 +34,8 @@ from cmh.hub.cache import (
     record_number,
     usage_path,
 )
+
+from cmh import open_regular, read_small_file
 
 #: Names the stock scanner skips wherever they appear.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
@@ -53,8 +57,47 @@ WALKED_FOLDERS = ("", "blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh"
                   "/".join(REPO_TRASH), VERIFIED_MARKERS, CHECK_RECORDS, CUT_RECORDS)  # fmt: skip
 
 
+#: What a repo folder holds in the stock layout (and cmh's own ``.cmh/``): anything else
+#: in it (a user's notes, a copy of a model) is not cache content, and keeps the folder.
+REPO_ENTRIES = frozenset({"blobs", "snapshots", "refs", ".no_exist", "trees", ".cmh"})
+
+
+class NotACacheError(ValueError):
+    """The folder given to prune is no cache or store: it has no repo folder, ``.locks/``
+    or ``CACHEDIR.TAG``, and entries of its own. Nothing in it is judged or removed."""
+
+    def __init__(self, root: Path, strays: tuple[str, ...]) -> None:
+        shown = ", ".join(repr(n) for n in strays[:3]) + (", ..." if len(strays) > 3 else "")
+        hint = "give the cache folder itself (e.g. ~/.cache/huggingface/hub)"
+        if (root / "hub").is_dir() and _looks_like_cache(root / "hub"):
+            hint = f"did you mean {root / 'hub'}?"
+        super().__init__(
+            f"{root} is not a Hugging Face cache or mirror store: it holds no repo folder "
+            f"(models--ORG--NAME), .locks/ or CACHEDIR.TAG, but {len(strays)} other "
+            f"entr{'y' if len(strays) == 1 else 'ies'} ({shown}); nothing pruned: {hint}"
+        )
+        self.root = root
+        self.hint = hint
+
+
+def _looks_like_cache(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as it:
+            return any(_marks_cache(e) for e in it)
+    except OSError:
+        return False
+
+
+def _marks_cache(entry: os.DirEntry[str]) -> bool:
+    """An entry only a cache or store has at its top: a repo folder or the stock files."""
+    if entry.name in ROOT_SPECIAL:
+        return True
+    return entry.is_dir() and parse_repo_folder(entry.name) is not None
+
+
 class LinkedFolder(Exception):
-    """A folder prune would walk is a symbolic link: the repo is left alone."""
+    """A folder prune would walk, or a lock file of the repo, is a symbolic link: the repo
+    is left alone."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +127,15 @@ class SnapshotFile:
     broken: bool = False
     expires_at: int | None = None
     temp: bool = False
+    #: A link to a blob of another repo of the cache: ``(its folder, the blob's name)``;
+    #: ``("", name)`` when the folder the link names could not be looked at (then a blob
+    #: of that name is kept in every repo). Such a blob is not this revision's to free.
+    elsewhere: tuple[str, str] | None = None
+
+    @property
+    def plain(self) -> bool:
+        """A file of the snapshot itself (or a link out of the cache), not a blob's link."""
+        return self.blob is None and self.elsewhere is None
 
 
 @dataclass(frozen=True)
@@ -173,6 +225,10 @@ class RefScan:
     commit: str | None
     exact: bool
     mtime: float
+    #: Why the ref could not be read (no permission, a link, not a regular file), or
+    #: ``None``. Such a ref may name any revision: it is kept, and so is every revision
+    #: of its repo.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +270,18 @@ class RepoScan:
     #: True when the repo is a folder that can go in one rename once empty; False where
     #: each object goes by itself (a bucket), so the plan lists every one.
     whole_folder: bool = True
+    #: Blobs of this repo that snapshots of other repos link to (or may: see
+    #: :attr:`SnapshotFile.elsewhere`): kept whatever this repo's own snapshots say.
+    pinned: frozenset[str] = frozenset()
+    #: Entries of the repo folder that are not cache content (:data:`REPO_ENTRIES`; a
+    #: folder in ``blobs/``), relative to the repo folder: never removed, and the repo
+    #: folder that holds them never goes whole.
+    foreign_entries: tuple[str, ...] = ()
+    #: What the scan could not read or did not understand here, and kept (for the notes).
+    notes: tuple[str, ...] = ()
+    #: True when :attr:`RevisionScan.last_used` is a mirror's record of its last read
+    #: (a folder store's ``.cmh/used/``; a bucket's replicas record none).
+    reads_recorded: bool = False
 
     @property
     def repo_id(self) -> str:
@@ -228,6 +296,11 @@ class RepoScan:
             if rev.commit == commit:
                 return rev
         return None
+
+    @property
+    def refs_unknown(self) -> tuple[RefScan, ...]:
+        """Refs that could not be read: what they name is not known."""
+        return tuple(r for r in self.refs if r.unreadable is not None)
 
     def refs_to(self, commit: str) -> tuple[str, ...]:
         """Names of the refs that name ``commit``."""
@@ -290,44 +363,108 @@ def scan_cache(
         raise FileNotFoundError(2, "No such directory", str(base))
     if not base.is_dir():
         raise NotADirectoryError(20, "Not a directory", str(base))
+    top = _check_is_cache(base)
     started = clock.time()
     options = ScanOptions(read_expiry, read_commit_times, served)
     repos: list[RepoScan] = []
     notes: list[str] = []
-    for layout in iter_repos(base):
+    layouts = list(iter_repos(base))
+    blob_dirs = blob_folders(layouts)
+    for layout in layouts:
         try:
-            repos.append(scan_repo(layout, options))
+            repos.append(scan_repo(layout, options, blob_dirs=blob_dirs))
         except FileNotFoundError:  # removed while we scanned
             continue
         except LinkedFolder as exc:
             notes.append(f"{layout.repo_id}: {exc}")
-    repo_names = {r.layout.folder_name for r in repos}
-    strays = tuple(
-        sorted(
-            e.name
-            for e in os.scandir(base)
-            if e.name not in ROOT_SPECIAL
-            and e.name not in IGNORED_NAMES
-            and not (e.is_dir() and parse_repo_folder(e.name) is not None)
-        )
-    )
+        except OSError as exc:  # e.g. another user's private snapshot: the repo stays whole
+            notes.append(f"{layout.repo_id}: {_unreadable(exc, base)}: nothing pruned in this repo")
+    repos = _pin_shared_blobs(repos)
+    notes.extend(note for repo in repos for note in repo.notes)
+    repo_names = {layout.folder_name for layout in layouts}
+    strays = tuple(sorted(e.name for e in top if not _marks_cache(e)))
     orphan_locks: tuple[Entry, ...] = ()
     trash: tuple[Entry, ...] = ()
     linked = linked_folder(base, (".locks", "/".join(ROOT_TRASH)))
     if linked is not None:
         notes.append(f"{linked} is a link to another folder, never followed: left alone")
     else:
-        orphan_locks = tuple(
-            e
-            for e in _entries(base / ".locks")
-            if e.name != ROOT_TRASH[1]
-            and parse_repo_folder(e.name) is not None
-            and e.name not in repo_names
-            and not e.link
-        )
-        trash = _entries(base.joinpath(*ROOT_TRASH))
+        try:
+            orphan_locks = tuple(
+                e
+                for e in _entries(base / ".locks")
+                if e.name != ROOT_TRASH[1]
+                and parse_repo_folder(e.name) is not None
+                and e.name not in repo_names
+                and not e.link
+            )
+            trash = _entries(base.joinpath(*ROOT_TRASH))
+        except OSError as exc:
+            orphan_locks, trash = (), ()
+            notes.append(f"{_unreadable(exc, base)}: its lock folders and trash left alone")
     return CacheScan(base, started, tuple(repos), strays, trash, orphan_locks, read_expiry,
                      notes=tuple(notes), refs_served=served)  # fmt: skip
+
+
+#: A folder's identity, ``(st_dev, st_ino)``: the same however the path to it is spelled
+#: (``X/../X``, a root reached through a link, an absolute link's target).
+FolderId = tuple[int, int]
+
+
+def blob_folders(layouts: list[RepoLayout]) -> dict[FolderId, str]:
+    """Each repo's ``blobs/`` folder (not a link) by its identity, to its repo's folder."""
+    out: dict[FolderId, str] = {}
+    for layout in layouts:
+        try:
+            st = os.lstat(layout.blobs)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            out[(st.st_dev, st.st_ino)] = layout.folder_name
+    return out
+
+
+def _pin_shared_blobs(repos: list[RepoScan]) -> list[RepoScan]:
+    """Give each repo the blobs other repos' snapshots link to (:attr:`RepoScan.pinned`);
+    a link whose folder could not be looked at pins its blob's name in every repo."""
+    wanted: dict[str, set[str]] = {}
+    anywhere: set[str] = set()
+    for repo in repos:
+        for rev in repo.revisions:
+            for f in rev.files:
+                if f.elsewhere is None:
+                    continue
+                folder, name = f.elsewhere
+                if folder:
+                    wanted.setdefault(folder, set()).add(name)
+                else:
+                    anywhere.add(name)
+    if not wanted and not anywhere:
+        return repos
+    out = []
+    for repo in repos:
+        pinned = (wanted.get(repo.layout.folder_name, set()) | anywhere) & set(repo.blobs)
+        out.append(dataclasses.replace(repo, pinned=frozenset(pinned)) if pinned else repo)
+    return out
+
+
+def _unreadable(exc: OSError, base: Path) -> str:
+    """``{path} cannot be read ({why})``, the path relative to the root."""
+    where = exc.filename
+    if isinstance(where, str) and where.startswith(f"{base}{os.sep}"):
+        where = where[len(f"{base}{os.sep}") :]
+    return f"{where or 'a folder'} cannot be read ({exc.strerror or exc})"
+
+
+def _check_is_cache(base: Path) -> list[os.DirEntry[str]]:
+    """The entries at the top of ``base``; raises :class:`NotACacheError` when it holds
+    entries of its own and nothing that marks a cache or store (an empty folder is an
+    empty cache)."""
+    with os.scandir(base) as it:
+        top = [e for e in it if e.name not in IGNORED_NAMES]
+    if top and not any(_marks_cache(e) for e in top):
+        raise NotACacheError(base, tuple(sorted(e.name for e in top)))
+    return top
 
 
 def linked_folder(base: Path, folders: tuple[str, ...]) -> str | None:
@@ -342,11 +479,17 @@ def linked_folder(base: Path, folders: tuple[str, ...]) -> str | None:
     return None
 
 
-def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoScan:
+def scan_repo(
+    layout: RepoLayout,
+    options: ScanOptions = ScanOptions(),
+    *,
+    blob_dirs: dict[FolderId, str] | None = None,
+) -> RepoScan:
     """Scan one repo folder (which need not be well formed).
 
-    Raises :class:`LinkedFolder` when a folder it walks (:data:`WALKED_FOLDERS`, the
-    repo's lock folder) is a symbolic link."""
+    ``blob_dirs`` (:func:`blob_folders`) tells links to other repos' blobs apart from
+    links out of the cache. Raises :class:`LinkedFolder` when a folder it walks
+    (:data:`WALKED_FOLDERS`, the repo's lock folder) or a lock file is a symbolic link."""
     read_expiry, read_commit_times = options.read_expiry, options.read_commit_times
     path = layout.path
     linked = linked_folder(path, WALKED_FOLDERS) or linked_folder(
@@ -356,16 +499,40 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
         raise LinkedFolder(
             f"{linked} is a link to another folder, never followed: nothing pruned in this repo"
         )
+    lock_files = _entries(layout.locks)
+    linked_lock = next((e.name for e in lock_files if e.link), None)
+    if linked_lock is not None:
+        raise LinkedFolder(
+            f".locks/{layout.folder_name}/{linked_lock} is a link, never followed: "
+            "nothing pruned in this repo"
+        )
     repo_stat = path.stat()
+    with os.scandir(path) as it:
+        foreign = sorted(
+            e.name + ("/" if e.is_dir(follow_symlinks=False) else "")
+            for e in it
+            if e.name not in REPO_ENTRIES and e.name not in IGNORED_NAMES
+        )
     blobs_path, snapshots_path, refs_path, cmh_path = (
         path / "blobs",
         path / "snapshots",
         path / "refs",
         path / ".cmh",
     )
-    blobs, incomplete, blob_temps = _scan_blobs(blobs_path)
+    blobs, incomplete, blob_temps, blob_folders_in = _scan_blobs(blobs_path)
+    foreign += [f"blobs/{name}/" for name in blob_folders_in]
     refs_is_file = refs_path.is_file()
     refs = () if refs_is_file else _scan_refs(refs_path)
+    notes = [
+        f"{layout.repo_id}: refs/{r.name} cannot be read ({r.unreadable}): kept, and every "
+        "revision of the repo with it (it may name any)"
+        for r in refs
+        if r.unreadable is not None
+    ]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        notes.append(f"{layout.repo_id}: {shown}: not cache content, left alone, "
+                     "and so is the repo folder")  # fmt: skip
     has_snapshots = snapshots_path.is_dir()
     used_records = _entries(_usage_dir(layout))
     last_used = {e.name: e.mtime for e in used_records}
@@ -378,6 +545,8 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
     expiry_cache: dict[str, int | None] = {}
     if has_snapshots:
         blobs_dir = os.fspath(blobs_path)
+        links = _Links(blobs_path, blobs, blob_dirs or {})
+        real_snapshots = os.path.realpath(snapshots_path)  # only the root may be a link
         for entry in sorted(os.scandir(snapshots_path), key=lambda e: e.name):
             if entry.name in IGNORED_NAMES:
                 continue
@@ -385,7 +554,7 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
                 strays.append(_entry(entry))
                 continue
             try:
-                files = _scan_snapshot(entry.path, blobs_dir, blobs)
+                files = links.snapshot(entry.path, os.path.join(real_snapshots, entry.name))
                 mtime = entry.stat().st_mtime
             except FileNotFoundError:  # removed while we scanned
                 continue
@@ -417,7 +586,7 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
         trees=_entries(path / "trees"),
         used_records=used_records,
         trash=_entries(path.joinpath(*REPO_TRASH)),
-        lock_files=_entries(layout.locks),
+        lock_files=lock_files,
         partials=_entries(cmh_path / "partial"),
         verified=_entries(path / VERIFIED_MARKERS),
         checked=_entries(path / CHECK_RECORDS),
@@ -426,6 +595,9 @@ def scan_repo(layout: RepoLayout, options: ScanOptions = ScanOptions()) -> RepoS
         cuts=_entries(path / CUT_RECORDS),
         cmh_trees=_entries(cmh_path / "trees"),
         refs_served=options.served,
+        foreign_entries=tuple(foreign),
+        notes=tuple(notes),
+        reads_recorded=options.served,
     )
 
 
@@ -455,14 +627,18 @@ def _entries(folder: Path) -> tuple[Entry, ...]:
         return ()
 
 
-def _scan_blobs(folder: Path) -> tuple[dict[str, Entry], tuple[Entry, ...], tuple[Entry, ...]]:
+def _scan_blobs(
+    folder: Path,
+) -> tuple[dict[str, Entry], tuple[Entry, ...], tuple[Entry, ...], tuple[str, ...]]:
+    """Blobs, partial downloads, writers' temporary files, and folders (no blob is one)."""
     blobs: dict[str, Entry] = {}
     incomplete: list[Entry] = []
     temps: list[Entry] = []
+    folders: list[str] = []
     try:
         it = os.scandir(folder)
     except (FileNotFoundError, NotADirectoryError):
-        return blobs, (), ()
+        return blobs, (), (), ()
     with it:
         for e in it:
             if e.name.endswith(INCOMPLETE_SUFFIX):
@@ -475,10 +651,13 @@ def _scan_blobs(folder: Path) -> tuple[dict[str, Entry], tuple[Entry, ...], tupl
                 st = e.stat()  # follows a blob that links into a shared store
             except OSError:
                 continue  # a dangling blob link: links to it count as broken
-            if not e.is_dir():
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(e.name)
+            else:
                 blobs[e.name] = Entry(e.name, st.st_size, st.st_mtime)
     by_name = lambda x: x.name  # noqa: E731
-    return blobs, tuple(sorted(incomplete, key=by_name)), tuple(sorted(temps, key=by_name))
+    return (blobs, tuple(sorted(incomplete, key=by_name)), tuple(sorted(temps, key=by_name)),
+            tuple(sorted(folders)))  # fmt: skip
 
 
 def _scan_refs(folder: Path) -> tuple[RefScan, ...]:
@@ -498,10 +677,16 @@ def _scan_refs(folder: Path) -> tuple[RefScan, ...]:
                     walk(e.path, name + "/")
                     continue
                 try:
-                    raw = Path(e.path).read_bytes()[:1024].decode()
                     mtime = e.stat(follow_symlinks=False).st_mtime
-                except (OSError, UnicodeDecodeError):
-                    out.append(RefScan(name, None, False, 0.0))
+                    with open_regular(e.path, follow_links=False) as f:  # never blocks
+                        data = f.read(1024)
+                except OSError as exc:  # unreadable is not invalid: kept, see RefScan
+                    out.append(RefScan(name, None, False, 0.0, exc.strerror or str(exc)))
+                    continue
+                try:
+                    raw = data.decode()
+                except UnicodeDecodeError:
+                    out.append(RefScan(name, None, False, mtime))
                     continue
                 text = raw.strip()
                 commit = text if COMMIT_RE.match(text) else None
@@ -511,38 +696,100 @@ def _scan_refs(folder: Path) -> tuple[RefScan, ...]:
     return tuple(sorted(out, key=lambda r: r.name))
 
 
-def _scan_snapshot(snapshot: str, blobs_dir: str, blobs: dict[str, Entry]) -> list[SnapshotFile]:
-    files: list[SnapshotFile] = []
+class _Links:
+    """Reads one repo's snapshots and tells what each link names: a blob of this repo, a
+    blob of another repo of the cache, or a file elsewhere.
 
-    def walk(directory: str, prefix: str) -> None:
-        with os.scandir(directory) as it:
-            for e in it:
-                rel = prefix + e.name
-                temp = any(mark in e.name for mark in TEMP_MARKS)
-                if e.is_symlink():
-                    target = os.readlink(e.path)
-                    resolved = os.path.normpath(os.path.join(directory, target))
-                    if os.path.dirname(resolved) == blobs_dir:
-                        name = os.path.basename(resolved)
-                        blob = blobs.get(name)
-                        size = blob.size if blob is not None else 0
-                        files.append(SnapshotFile(rel, name, size, blob is None, None, temp))
+    Folders are compared by identity (:data:`FolderId`), never by how a path is
+    spelled, so ``--cache-dir X/../X``, a root reached through a link and absolute links
+    all name the same ``blobs/``. One ``stat`` per distinct folder a link names (for the
+    stock relative links, one per repo)."""
+
+    def __init__(self, blobs_path: Path, blobs: dict[str, Entry], blob_dirs: dict[FolderId, str]):
+        self.blobs = blobs
+        self.blob_dirs = blob_dirs
+        self.ids: dict[str, FolderId | int] = {}  # a folder's identity, or the errno
+        own = self._id(os.fspath(blobs_path))
+        self.own = own if isinstance(own, tuple) else None
+
+    def _id(self, folder: str) -> FolderId | int:
+        known = self.ids.get(folder)
+        if known is None:
+            try:
+                st = os.stat(folder)
+                known = (st.st_dev, st.st_ino)
+            except OSError as exc:
+                known = exc.errno or errno.EIO
+            self.ids[folder] = known
+        return known
+
+    def snapshot(self, snapshot: str, real: str) -> list[SnapshotFile]:
+        """The files of the snapshot folder ``snapshot``, whose real path is ``real``."""
+        files: list[SnapshotFile] = []
+
+        def walk(directory: str, real_dir: str, prefix: str, depth: int) -> None:
+            with os.scandir(directory) as it:
+                for e in it:
+                    rel = prefix + e.name
+                    temp = any(mark in e.name for mark in TEMP_MARKS)
+                    if e.is_symlink():
+                        target = os.readlink(e.path)
+                        files.append(self._link(e.path, real_dir, target, rel, temp, depth))
+                    elif e.is_dir(follow_symlinks=False):
+                        walk(e.path, os.path.join(real_dir, e.name), rel + "/", depth + 1)
                     else:
-                        try:
-                            size = os.stat(e.path).st_size
-                            broken = False
-                        except OSError:
-                            size, broken = 0, True
-                        files.append(SnapshotFile(rel, None, size, broken, None, temp))
-                elif e.is_dir(follow_symlinks=False):
-                    walk(e.path, rel + "/")
-                else:
-                    size = e.stat(follow_symlinks=False).st_size
-                    files.append(SnapshotFile(rel, None, size, False, None, temp))
+                        size = e.stat(follow_symlinks=False).st_size
+                        files.append(SnapshotFile(rel, None, size, False, None, temp))
 
-    walk(snapshot, "")
-    files.sort(key=lambda f: f.path)
-    return files
+        walk(snapshot, real, "", 2)  # {repo}/snapshots/{commit}: two folders below the repo
+        files.sort(key=lambda f: f.path)
+        return files
+
+    def _link(
+        self, link: str, real_dir: str, target: str, rel: str, temp: bool, depth: int
+    ) -> SnapshotFile:
+        """What the link at ``link`` (in the real folder ``real_dir``, ``depth`` folders
+        below the repo folder) names."""
+        parts = target.split("/")
+        if (  # the stock shape, ../../blobs/{name}: no folder outside the repo is involved
+            len(parts) == depth + 2
+            and parts[depth] == "blobs"
+            and parts[-1] not in ("", ".", "..")
+            and all(p == ".." for p in parts[:depth])
+            and self.own is not None
+        ):
+            return self._own(rel, parts[-1], temp)
+        joined = os.path.join(real_dir, target)
+        lead = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+        if ".." not in parts[lead:]:  # only leading "..": lexical and real paths agree
+            joined = os.path.normpath(joined)
+        folder = self._id(os.path.dirname(joined))
+        if folder == self.own:
+            return self._own(rel, os.path.basename(joined), temp)
+        # Not the stock shape: follow every link to where the file really is.
+        real = os.path.realpath(joined)
+        real_folder = self._id(os.path.dirname(real))
+        if real_folder == self.own:
+            return self._own(rel, os.path.basename(real), temp)
+        try:
+            size, broken = os.stat(link).st_size, False
+        except OSError:
+            size, broken = 0, True
+        other = self.blob_dirs.get(real_folder) if isinstance(real_folder, tuple) else None
+        if other is not None:
+            return SnapshotFile(
+                rel, None, size, broken, None, temp, (other, os.path.basename(real))
+            )
+        unknown = [f for f in (folder, real_folder) if isinstance(f, int)]
+        if any(code not in (errno.ENOENT, errno.ENOTDIR) for code in unknown):
+            # A folder that could not be looked at may be any repo's blobs/: keep the name.
+            return SnapshotFile(rel, None, size, broken, None, temp, ("", os.path.basename(real)))
+        return SnapshotFile(rel, None, size, broken, None, temp)
+
+    def _own(self, rel: str, name: str, temp: bool) -> SnapshotFile:
+        blob = self.blobs.get(name)
+        size = blob.size if blob is not None else 0
+        return SnapshotFile(rel, name, size, blob is None, None, temp)
 
 
 def _with_expiry(
@@ -550,14 +797,18 @@ def _with_expiry(
 ) -> SnapshotFile:
     if f.broken or f.temp or not f.path.endswith(".safetensors"):
         return f
+    if not f.plain and f.blob is None:
+        return f  # a link to another repo's blob: not read (it never expires here)
     key = f.blob if f.blob is not None else f"\0{snapshot}/{f.path}"
     if key not in cache:
-        target = os.path.join(blobs_dir, f.blob) if f.blob is not None else f"{snapshot}/{f.path}"
-        cache[key] = stamped_expiry(target)
+        if f.blob is not None:  # a blob (which may link into a shared store)
+            cache[key] = stamped_expiry(os.path.join(blobs_dir, f.blob))
+        else:  # a file of the snapshot itself; a link out of the cache is not followed
+            cache[key] = stamped_expiry(f"{snapshot}/{f.path}", follow_links=False)
     expires = cache[key]
     if expires is None:
         return f
-    return SnapshotFile(f.path, f.blob, f.size, f.broken, expires, f.temp)
+    return dataclasses.replace(f, expires_at=expires)
 
 
 def etag_of(name: str) -> str:
@@ -569,7 +820,7 @@ def _commit_record(path: Path) -> tuple[float | None, tuple[str, ...] | None]:
     """A store's record of a commit: when it created it (``created_at``) and its
     ``parents``, each ``None`` when unreadable."""
     try:
-        text = path.read_bytes()
+        text = read_small_file(path, follow_links=False)  # never blocks on a FIFO
     except OSError:
         return None, None
     return record_number(text, "created_at"), record_parents(text)
@@ -594,21 +845,23 @@ def record_parents(text: bytes) -> tuple[str, ...] | None:
 def _record_number(path: Path, key: str) -> float | None:
     """The number under ``key`` in a small JSON record file, if readable."""
     try:
-        return record_number(path.read_bytes(), key)
+        return record_number(read_small_file(path, follow_links=False), key)
     except OSError:
         return None
 
 
-def stamped_expiry(path: str | os.PathLike[str]) -> int | None:
+def stamped_expiry(path: str | os.PathLike[str], *, follow_links: bool = True) -> int | None:
     """``expires_at`` of a stamped safetensors file, from its header's record alone.
 
     Reads the 8-byte length and the JSON header (bounded by the file size),
     decodes ``__metadata__["cmh"]`` and checks the record; tensors and
     manifests are not validated (a verifier does that). Unreadable, invalid
-    or unstamped files give ``None``: they never expire.
+    or unstamped files give ``None``: they never expire, and so does anything but a
+    regular file (a FIFO or a device is never opened to block; a link is not followed
+    unless ``follow_links``).
     """
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, follow_links=follow_links) as f:
             size = os.fstat(f.fileno()).st_size
 
             def read(start: int, length: int) -> bytes:

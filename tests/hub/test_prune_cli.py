@@ -49,6 +49,12 @@ def cache(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         (["--cache-dir", "X", "--older-than", "soon"], "invalid duration"),
         (["--cache-dir", "X", "--max-size", "lots"], "invalid size"),
         (["--cache-dir", "X", "--keep-latest", "-1"], "-1"),
+        # Was: an OverflowError traceback (time.sleep), exit status 1.
+        (["--cache-dir", "X", "--unreferenced", "--settle", "1e10", "-y"], "about 31 years"),
+        (["--cache-dir", "X", "--lock-timeout", "1e10"], "about 31 years"),
+        # Was: silently the current folder.
+        (["--cache-dir", "", "--dry-run"], "an empty path names no folder"),
+        (["--store", "", "--dry-run"], "an empty path names no store"),
     ],
 )
 def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
@@ -240,3 +246,57 @@ def test_a_stores_quarantine_is_not_listed_as_left_alone(tmp_path: Path) -> None
     run = run_runner(["prune", "--store", store, "--dry-run"])
     assert run.exit_code == 0, run.stderr
     assert "Left alone" not in run.stdout
+
+
+@pytest.mark.parametrize("option", ["--cache-dir", "--store"])
+def test_a_repo_folder_holding_what_is_not_cache_content_is_never_removed(
+    tmp_path: Path, option: str
+) -> None:
+    """Was: a folder named like a repo holding only a user's files (notes, a fine-tune)
+    was "a repo with nothing left in it" and went whole, files the scan never looked at
+    included ("0 B freed")."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    b.file("models--org--x/NOTES.txt", b"notes", mtime=NOW - 2 * DAY)
+    b.file("models--org--x/my-finetune/model.safetensors", b"precious", mtime=NOW - 2 * DAY)
+    b.revision("org/y", {"a.bin": b"a" * 10}, ref=None, fetched=NOW - 2 * DAY)
+    b.file("models--org--y/keep.txt", b"mine", mtime=NOW - 2 * DAY)
+    b.file("models--org--y/blobs/a-folder/x", b"?", mtime=NOW - 2 * DAY)
+    os.utime(root / "models--org--x", (NOW - 2 * DAY, NOW - 2 * DAY))
+    run = run_runner(["prune", option, root, "--unreferenced", "--yes"])
+    assert run.exit_code == 0, run.stderr
+    assert "whole repo" not in run.stdout
+    assert "org/x: NOTES.txt, my-finetune/: not cache content, left alone" in run.stdout
+    assert "org/y: keep.txt, blobs/a-folder/: not cache content" in run.stdout
+    assert (root / "models--org--x" / "my-finetune" / "model.safetensors").read_bytes()
+    assert (root / "models--org--y" / "keep.txt").exists()
+    assert (root / "models--org--y" / "blobs" / "a-folder" / "x").exists()
+    assert not os.listdir(root / "models--org--y" / "snapshots")  # the revision went
+
+
+@pytest.mark.parametrize("option", ["--cache-dir", "--store"])
+def test_a_folder_that_is_no_cache_is_refused(tmp_path: Path, option: str) -> None:
+    """Was: ``--cache-dir /`` or ``$HOME`` was pruned (everything "left alone", exit 0).
+    A folder with entries of its own and no repo folder, ``.locks/`` or ``CACHEDIR.TAG``
+    is refused as a usage error; an empty folder is an empty cache."""
+    home = tmp_path / "home"
+    (home / "hub" / "models--org--a").mkdir(parents=True)
+    (home / "token").write_text("x")
+    run = run_runner(["prune", option, home, "--dry-run", "--json"])
+    assert run.exit_code == 2, run.stdout
+    assert "is not a Hugging Face cache or mirror store" in run.stderr
+    assert run.stderr.strip().endswith(f"did you mean {home / 'hub'}?")
+    (home / "token").unlink()
+    (home / "hub" / "models--org--a").rmdir()
+    run = run_runner(["prune", option, home / "hub", "--dry-run"])
+    assert run.exit_code == 0, run.stderr
+
+
+def test_help_says_every_exit_status() -> None:
+    """Was: "1 refused or declined", but a refusal without --yes exits 2, and 3 (the
+    folder cannot be read) was not said at all."""
+    run = run_runner(["prune", "--help"])
+    text = " ".join(run.stdout.split())
+    assert "1 declined or a deletion failed" in text
+    assert "2 usage error (also: refusing to delete without --yes" in text
+    assert "3 the cache or store cannot be read" in text

@@ -107,3 +107,131 @@ def test_a_folder_swapped_for_a_link_after_the_scan_is_not_followed(tmp_path: Pa
     assert sorted(os.listdir(outside)) == sorted(os.listdir(blobs))
     assert report.all_errors and all("a link is never followed" in e for e in report.all_errors)
     assert tree_state(tmp_path / "cache" / FOLDER / "snapshots") != before  # the rest went
+
+
+# -- links to blobs, however the path to them is spelled ---------------------------------
+
+KINDS = ("--cache-dir", "--store")
+
+
+def _prune(*args: str) -> str:
+    result = CliRunner().invoke(cli, ["prune", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("option", KINDS)
+def test_a_root_spelled_with_dot_dot_keeps_every_linked_blob(tmp_path: Path, option: str) -> None:
+    """Was: ``--cache-dir X/../X`` (or ``--store``) compared each link's target with a path
+    spelled another way: every blob older than 10 minutes went as an orphan, under a
+    snapshot a ref names."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    b.revision(REPO, {"a.bin": b"a" * 100, "b.bin": b"b" * 50}, fetched=NOW - 40 * DAY)
+    before = tree_state(root)
+    out = _prune(option, f"{root}/../cache", "--yes")
+    assert tree_state(root) == before, out
+
+
+@pytest.mark.parametrize("option", KINDS)
+@pytest.mark.parametrize(("links_via", "prune_via"), [("real", "link"), ("link", "real")])
+def test_absolute_links_keep_their_blobs_through_a_linked_root(
+    tmp_path: Path, option: str, links_via: str, prune_via: str
+) -> None:
+    """Was: absolute snapshot links (the stock client reads them) spelled through one path
+    to the root while prune was given another (the root reached through a link) counted
+    none of their blobs as linked: they went as orphans."""
+    real, link = tmp_path / "real", tmp_path / "hub"
+    b = CacheBuilder(real)
+    commit = b.revision(REPO, {"a.bin": b"a" * 100}, fetched=NOW - 40 * DAY)
+    link.symlink_to(real, target_is_directory=True)
+    spelled = {"real": real, "link": link}
+    snap = real / FOLDER / "snapshots" / commit / "a.bin"
+    target = spelled[links_via] / FOLDER / "blobs" / os.path.basename(os.readlink(snap))
+    snap.unlink()
+    snap.symlink_to(target)
+    before = tree_state(real)
+    _prune(option, str(spelled[prune_via]), "--yes")
+    assert tree_state(real) == before
+    assert snap.read_bytes() == b"a" * 100
+
+
+@pytest.mark.parametrize("option", KINDS)
+def test_a_blob_another_repo_links_to_is_kept(tmp_path: Path, option: str) -> None:
+    """Was: repo B's snapshot (a ref names it) linking to a blob of repo A (a dedupe the
+    stock client reads) lost it when A's only revision linking it went."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    b.revision("org/a", {"w.bin": b"shared" * 100}, ref=None, fetched=old)
+    b.revision("org/a", {"other.bin": b"o" * 10}, fetched=old)
+    commit = b.revision("org/b", {"w.bin": b"shared" * 100}, fetched=old)
+    b_snap = root / "models--org--b" / "snapshots" / commit / "w.bin"
+    name = os.path.basename(os.readlink(b_snap))
+    b_snap.unlink()
+    b_snap.symlink_to(f"../../../models--org--a/blobs/{name}")
+    shutil.rmtree(root / "models--org--b" / "blobs")
+    (root / "models--org--b" / "blobs").mkdir()
+    out = _prune(option, str(root), "--unreferenced", "--yes")
+    assert "1 revision" in out
+    assert (root / "models--org--a" / "blobs" / name).exists()
+    assert b_snap.read_bytes() == b"shared" * 100
+    _prune(option, str(root), "--yes")  # an orphan in A, but not for B
+    assert b_snap.read_bytes() == b"shared" * 100
+    plan = plan_prune(scan_cache(root), PrunePolicy(unreferenced=True), NOW)
+    assert plan.empty
+
+
+# -- what is not a regular file is never opened to block ---------------------------------
+
+
+def _scan_in_thread(root: Path, **options: bool) -> object:
+    import threading
+
+    out: list[object] = []
+    worker = threading.Thread(
+        target=lambda: out.append(scan_cache(root, read_expiry=True, **options)), daemon=True
+    )
+    worker.start()
+    worker.join(60)  # a guard, not a bound: the old code never returned
+    assert not worker.is_alive(), "the scan blocks opening a FIFO"
+    return out[0]
+
+
+@pytest.mark.parametrize("where", ["snapshot", "link-out", "blob", "commit-record"])
+def test_a_fifo_never_blocks_the_scan(tmp_path: Path, where: str) -> None:
+    """Was: a ``*.safetensors`` entry that was (or linked to) a FIFO made ``--expired``, even
+    ``--dry-run``, block for ever reading its header; so did a FIFO among the records."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    commit = b.revision(REPO, {"config.json": b"{}"}, fetched=NOW - 40 * DAY)
+    snap = root / FOLDER / "snapshots" / commit
+    if where == "snapshot":
+        os.mkfifo(snap / "model.safetensors")
+    elif where == "link-out":
+        os.mkfifo(tmp_path / "pipe")
+        (snap / "model.safetensors").symlink_to(tmp_path / "pipe")
+    elif where == "blob":
+        os.mkfifo(root / FOLDER / "blobs" / ("f" * 64))
+        (snap / "model.safetensors").symlink_to(f"../../blobs/{'f' * 64}")
+    else:
+        (root / FOLDER / ".cmh" / "commits").mkdir(parents=True)
+        os.mkfifo(root / FOLDER / ".cmh" / "commits" / f"{commit}.json")
+    scan = _scan_in_thread(root, read_commit_times=True)
+    plan = plan_prune(scan, PrunePolicy(expired=True, include_referenced=True), NOW)  # type: ignore[arg-type]
+    assert plan.revision_count == 0
+
+
+def test_a_stamped_file_out_of_the_cache_is_not_read(tmp_path: Path) -> None:
+    """A snapshot link out of the cache is not followed to read a header: such a file
+    never expires here (only blobs, which may link into a shared store, are read)."""
+    from prune_support import weights
+
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    commit = b.revision(REPO, {"config.json": b"{}"}, fetched=NOW - 40 * DAY)
+    outside = tmp_path / "expired.safetensors"
+    outside.write_bytes(weights(1, ttl=60, stamped_at=NOW - 2 * DAY))
+    (root / FOLDER / "snapshots" / commit / "model.safetensors").symlink_to(outside)
+    scan = scan_cache(root, read_expiry=True)
+    assert scan.repos[0].revisions[0].expires_at is None

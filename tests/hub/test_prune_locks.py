@@ -123,3 +123,84 @@ def test_pull_into_a_cache_folder_that_cannot_be_made_says_so(tmp_path: Path) ->
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.strip() == "error: /proc/cmh-no-such-folder: No such file or directory"
+
+
+def test_a_lock_file_that_is_a_link_is_never_followed(tmp_path: Path) -> None:
+    """Was: ``flock`` opened a planted link (``O_CREAT``), so it created the missing file it
+    names or chmodded another user's private file 0664. A link is refused, its target is
+    neither made nor changed."""
+    from cmh.hub.cache import LockFileRefused
+
+    locks, outside = tmp_path / ".locks" / "models--org--m", tmp_path / "outside"
+    locks.mkdir(parents=True)
+    outside.mkdir()
+    secret = outside / "id_rsa"
+    secret.write_text("secret")
+    secret.chmod(0o600)
+    (locks / "cmh.repo.lock").symlink_to(secret)
+    (locks / "x.lock").symlink_to(outside / "made-by-a-lock")
+    for name in ("cmh.repo.lock", "x.lock"):
+        try:
+            with flock(locks / name, timeout=0):
+                raise AssertionError("a lock was taken through a link")
+        except LockFileRefused as exc:
+            assert "link" in str(exc)
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert sorted(os.listdir(outside)) == ["id_rsa"]
+
+
+def test_an_existing_lock_file_keeps_its_mode(tmp_path: Path) -> None:
+    path = tmp_path / ".locks" / "models--org--m" / "x.lock"
+    path.parent.mkdir(parents=True)
+    path.touch()
+    path.chmod(0o600)
+    with flock(path, timeout=0):
+        pass
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_prune_leaves_a_repo_with_a_linked_lock_file_alone(tmp_path: Path) -> None:
+    from cmh.hub.prune import PrunePolicy, execute_plan, plan_prune, scan_cache
+    from prune_support import DAY, NOW, CacheBuilder
+
+    root, outside = tmp_path / "cache", tmp_path / "outside"
+    b = CacheBuilder(root)
+    b.revision("org/m", {"a.bin": b"a" * 10}, ref=None, fetched=NOW - 40 * DAY)
+    b.revision("org/m", {"b.bin": b"b" * 10}, fetched=NOW - 40 * DAY)
+    outside.mkdir()
+    secret = outside / "id_rsa"
+    secret.write_text("secret")
+    secret.chmod(0o600)
+    locks = root / ".locks" / "models--org--m"
+    locks.mkdir(parents=True)
+    (locks / "cmh.repo.lock").symlink_to(secret)
+    plan = plan_prune(scan_cache(root), PrunePolicy(unreferenced=True), NOW)
+    assert plan.empty
+    assert any("cmh.repo.lock is a link, never followed" in n for n in plan.notes)
+    execute_plan(plan, lock_timeout=0)
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+
+
+def test_a_blob_lock_swapped_for_a_link_after_the_scan_is_refused(tmp_path: Path) -> None:
+    """The executor takes each blob's lock without following a link planted after its
+    scan: that blob stays, the failure is reported, nothing outside is made."""
+    from cmh.hub.prune import PrunePolicy, execute_plan, plan_prune, scan_cache
+    from prune_support import DAY, NOW, CacheBuilder
+
+    root, outside = tmp_path / "cache", tmp_path / "outside"
+    outside.mkdir()
+    b = CacheBuilder(root)
+    b.revision("org/m", {"a.bin": b"a" * 10}, ref=None, fetched=NOW - 40 * DAY)
+    b.revision("org/m", {"b.bin": b"b" * 10}, fetched=NOW - 40 * DAY)
+    plan = plan_prune(scan_cache(root), PrunePolicy(unreferenced=True), NOW)
+    (blob,) = [i.path for i in plan.repos[0].items if i.kind == "blob"]
+    etag = blob.rsplit("/", 1)[1]
+
+    def plant(action: str, path: Path) -> None:
+        if action == "rename-snapshot":
+            (root / ".locks" / "models--org--m" / f"{etag}.lock").symlink_to(outside / "made")
+
+    report = execute_plan(plan, lock_timeout=0, on_change=plant)
+    assert (root / blob).exists()
+    assert os.listdir(outside) == []
+    assert any("link" in e for e in report.all_errors)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cmh.hub.cache import RepoLayout
 from cmh.hub.prune._execute import execute_plan
 from cmh.hub.prune._plan import (
     BEYOND_KEEP_LATEST,
@@ -272,3 +273,130 @@ def test_dry_run_plan_changes_nothing(built: Built) -> None:
     )
     assert plan.revision_count == 6
     assert tree_state(built.root) == before
+
+
+def _unreadable_ref(root: Path, how: str, monkeypatch: pytest.MonkeyPatch, commit: str) -> None:
+    """Make ``org/r``'s ``refs/main`` unreadable to the pruner: another user's private file
+    (the pruner's open refused), or a link (never followed)."""
+    ref = root / "models--org--r" / "refs" / "main"
+    if how == "link":
+        elsewhere = root.parent / "elsewhere-ref"
+        elsewhere.write_text(commit)
+        ref.unlink()
+        ref.symlink_to(elsewhere)
+        os.utime(ref, (NOW - 40 * DAY, NOW - 40 * DAY), follow_symlinks=False)
+        return
+    from cmh.hub.prune import _scan
+
+    from cmh import open_regular as real_open
+
+    def refuse(path: str, *args: object, **kwargs: object) -> object:
+        if os.fspath(path) == str(ref):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_scan, "open_regular", refuse, raising=False)
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["cache", "store"])
+@pytest.mark.parametrize("how", ["permission", "link"])
+def test_a_ref_that_cannot_be_read_is_kept_with_every_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, served: bool
+) -> None:
+    """Was: a ref the pruner could not read (another user's 0600 file in a shared cache)
+    was "invalid" and went by housekeeping alone; its revision was then unreferenced.
+    Unreadable is not invalid: the ref stays, and so does every revision it may name."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    main = b.revision("org/r", {"a.bin": b"a" * 10}, fetched=old, used=old)
+    b.revision("org/r", {"b.bin": b"b" * 10}, ref=None, fetched=old, used=old)
+    _unreadable_ref(root, how, monkeypatch, main)
+    before = tree_state(root / "models--org--r")
+    for policy in (
+        PrunePolicy(),
+        PrunePolicy(unreferenced=True),
+        PrunePolicy(keep_latest=0, older_than=0.0, max_size=0),
+        PrunePolicy(expired=True, include_referenced=True),
+    ):
+        plan = plan_prune(scan_cache(root, served=served), policy, NOW)
+        assert plan.empty, plan
+        assert any("refs/main cannot be read" in n for n in plan.notes)
+        execute_plan(plan, lock_timeout=0)
+    assert tree_state(root / "models--org--r") == before
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["cache", "store"])
+@pytest.mark.parametrize("folder", ["snapshot", "blobs", "refs", "locks", "root-locks"])
+def test_one_unreadable_folder_keeps_its_repo_whole_and_the_rest_is_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: str, served: bool
+) -> None:
+    """Was: one folder the pruner could not read (another user's private snapshot in a
+    shared cache) ended the whole prune with exit status 3 and no plan. Now its repo is
+    left out whole, with a note, and every other repo is planned."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    stale = {}
+    for repo in ("org/a", "org/b"):
+        stale[repo] = b.revision(repo, {"x.bin": repo.encode() * 5}, ref=None, fetched=old)
+        b.revision(repo, {"y.bin": repo.encode() * 7}, fetched=old)
+        b.file(f".locks/models--{repo.replace('/', '--')}/cmh.repo.lock", mtime=old)
+    b.file(".locks/models--org--gone/x.lock", mtime=old)
+    a = root / "models--org--a"
+    unreadable = {
+        "snapshot": a / "snapshots" / stale["org/a"],
+        "blobs": a / "blobs",
+        "refs": a / "refs",
+        "locks": root / ".locks" / "models--org--a",
+        "root-locks": root / ".locks",
+    }[folder]
+    real_scandir = os.scandir
+
+    def scandir(path: object = ".") -> object:
+        if not isinstance(path, int) and os.fspath(path) == str(unreadable):  # type: ignore[arg-type]
+            raise PermissionError(13, "Permission denied", os.fspath(path))  # type: ignore[arg-type]
+        return real_scandir(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    plan = plan_prune(scan_cache(root, served=served), PrunePolicy(unreferenced=True), NOW)
+    relative = unreadable.relative_to(root).as_posix()
+    assert any(f"{relative} cannot be read (Permission denied)" in n for n in plan.notes)
+    planned = {r.repo_id: [rev.commit for rev in r.revisions] for r in plan.changes}
+    if folder == "root-locks":
+        assert planned == {repo: [commit] for repo, commit in stale.items()}
+        assert not plan.root_items
+    else:
+        assert planned == {"org/b": [stale["org/b"]]}
+        assert [i.path for i in plan.root_items] == [".locks/models--org--gone"]
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["cache", "store"])
+@pytest.mark.parametrize("read_ago", [60.0, 11 * 60.0])
+def test_a_store_keeps_a_revision_read_within_the_grace(
+    tmp_path: Path, served: bool, read_ago: float
+) -> None:
+    """A served store's mirror sends bodies without a lock, recording each read: a
+    revision read within the in-flight grace goes by no policy there (a cache's readers
+    hold the revision lock instead). Judged on the plan's clock, and again by the
+    executor for a read recorded after the plan."""
+    from cmh.hub.cache import record_use
+
+    root = tmp_path / "store"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    stale = b.revision("org/r", {"a.bin": b"a" * 10}, ref=None, fetched=old, used=NOW - read_ago)
+    b.revision("org/r", {"b.bin": b"b" * 10}, fetched=old)
+    later = b.revision("org/r", {"c.bin": b"c" * 10}, ref=None, fetched=old, used=old)
+    policy = PrunePolicy(unreferenced=True, keep_latest=0, older_than=0.0, max_size=0)
+    plan = plan_prune(scan_cache(root, served=served), policy, NOW)
+    [repo] = plan.changes
+    kept = served and read_ago < policy.in_flight_grace
+    assert repo.removes(stale) is not kept
+    assert any(f"revision {stale[:12]} was read within" in n for n in plan.notes) is kept
+    assert repo.removes(later)
+    record_use(RepoLayout(root, "org/r", "model"), later, NOW)  # read after the plan
+    report = execute_plan(plan, lock_timeout=0)
+    [outcome] = report.repos
+    assert (later in outcome.kept_in_use) is served
+    assert (root / "models--org--r" / "snapshots" / later).exists() is served

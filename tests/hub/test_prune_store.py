@@ -51,3 +51,22 @@ def test_keep_latest_on_a_store_uses_commit_records(tmp_path: Path, mirror_serve
     server = mirror_server_factory(store)
     path = hf_hub_download(REPO, "weights.bin", cache_dir=tmp_path / "cache", endpoint=server.url)
     assert Path(path).read_bytes() == (tmp_path / "v3" / "weights.bin").read_bytes()
+
+
+def test_a_revision_the_mirror_just_read_is_kept(tmp_path: Path, mirror_server_factory) -> None:
+    """Was: pruning a blob while ``cmh serve`` sent it cut the body short ("blob changed"):
+    the mirror takes no lock while it sends. It records every read (``.cmh/used/``), and
+    a store's prune keeps a revision read within the in-flight grace, with a note."""
+    import urllib.request
+
+    store = tmp_path / "store"
+    old = add_folder(store, write_tiny_repo(tmp_path / "v1", 1), REPO).commit
+    add_folder(store, write_tiny_repo(tmp_path / "v2", 2), REPO)  # main moves: v1 unreferenced
+    server = mirror_server_factory(store)
+    with urllib.request.urlopen(f"{server.url}/{REPO}/resolve/{old}/weights.bin") as answer:
+        answer.read()
+    assert (RepoLayout(store, REPO).cmh_dir / "used" / old).exists()
+    run = run_runner(["prune", "--store", store, "--unreferenced", "--yes"])
+    assert run.exit_code == 0, run.stderr
+    assert f"revision {old[:12]} was read within the last 10 minutes" in run.stdout
+    assert old in RepoLayout(store, REPO).commits()

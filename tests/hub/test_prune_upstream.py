@@ -188,7 +188,9 @@ def test_a_pulled_through_commit_goes_by_its_freshness_and_is_filled_again(
             scan = target.scan(policy)
             now = time.time()
             assert plan_prune(scan, policy, now).changes == ()  # fresh for a minute
-            later = plan_prune(scan, policy, now + 120)
+            # Past the freshness, and past the in-flight grace after the read the mirror
+            # recorded (a folder store keeps a revision read within it: it may be sending).
+            later = plan_prune(scan, policy, now + 120 + policy.in_flight_grace)
             (repo_plan,) = later.changes
             assert repo_plan.repo_id == TINY_REPO
             assert [(r.commit, r.reasons) for r in repo_plan.revisions] == [(commit, ("expired",))]
