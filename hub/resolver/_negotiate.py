@@ -196,7 +196,15 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
         client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock, answer_by=answer_by)
         try:
             return _answer_online(client, ask, local)
-        except (HubUnreachableError, HubProtocolError) as exc:
+        except HubUnreachableError as exc:
+            return _answer_stale(ask, local, exc, client)
+        except HubProtocolError as exc:
+            # Stale-if-error is for a Hub that could not be asked: an answer to the revision
+            # request that is not a Hub's (a proxy's page, a refused redirect). Once the Hub
+            # named the commit, an answer against the protocol (a listing that disagrees
+            # with resolve twice, §4) is raised: serving the old commit would hide it.
+            if client.named is not None:
+                raise
             return _answer_stale(ask, local, exc, client)
         except OSError as exc:
             if is_disk_full(exc):
