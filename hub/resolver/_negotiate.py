@@ -48,7 +48,7 @@ from cmh.hub.cache import (
 
 from . import _chunked as chunked
 from ._answers import keep_resolver_answers
-from ._credentials import default_token
+from ._credentials import token_to_send
 from ._fetch import download_whole
 from ._http import HubClient, metadata_timeout
 from ._local import (
@@ -163,9 +163,11 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
     whose ``path`` is the snapshot folder (``from_pretrained(resolution.path)``).
     ``policy`` defaults to :meth:`Policy.from_env` (offline under
     ``HF_HUB_OFFLINE``). ``progress`` receives byte counts as they arrive,
-    ``on_total`` the bytes to fetch. ``token`` as in the stock client: a
-    string is sent, ``False`` sends no token at all, ``None`` or ``True``
-    sends ``HF_TOKEN`` (or the token file). Raises a
+    ``on_total`` the bytes to fetch. ``token`` as in the stock client
+    (:func:`~cmh.hub.resolver._credentials.token_to_send`): a string is sent,
+    ``False`` sends no token at all, ``True`` sends ``HF_TOKEN`` or the token
+    file (none: the stock ``LocalTokenNotFoundError``), ``None`` too unless
+    ``HF_HUB_DISABLE_IMPLICIT_TOKEN`` is set. Raises a
     :class:`~cmh.hub.ResolveError` subclass; the cache is then left with its
     previous snapshot intact.
     """
@@ -173,6 +175,8 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
     policy = o.get("policy")
     validate_repo_id(repo_id)
     validate_revision(revision)
+    if o.get("token") is True:  # as stock, a required token that cannot be found is raised
+        token_to_send(True)  # before anything else (LocalTokenNotFoundError), also offline
     repo = RepoLayout(_cache_root(o.get("cache_dir")), repo_id, o.get("repo_type", "model"))
     ask = _Ask(
         repo,
@@ -190,7 +194,7 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
             fresh = _local_answer(ask, local)
             if fresh is not None:
                 return fresh
-        token = _token_to_send(o.get("token"))
+        token = token_to_send(o.get("token"))
         started = ask.policy.started
         answer_by = None if started is None else started + metadata_timeout()
         client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock, answer_by=answer_by)
@@ -212,15 +216,6 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
             raise
         finally:
             client.close()
-
-
-def _token_to_send(token: str | bool | None) -> str | None:
-    """The stock meaning of ``token``: ``False`` refuses any token, ``None``/``True`` finds one."""
-    if token is False:
-        return None
-    if isinstance(token, str):
-        return token or None
-    return default_token()
 
 
 @contextlib.contextmanager

@@ -247,3 +247,82 @@ def test_a_listing_that_disagrees_twice_is_raised_not_served_stale(
     assert (repo / "refs" / "main").read_text() == first.commit  # nothing linked or moved
     assert Path(installed).name == Path(stock).name != first.commit
     assert not any("stale" in r.getMessage() for r in caplog.records)
+
+
+def _no_token_anywhere(monkeypatch, tmp_path):
+    """No ``HF_TOKEN`` and no token file: ``get_token()`` finds nothing."""
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+
+
+def test_the_token_sent_is_the_one_stock_chooses(front, tmp_path, monkeypatch):
+    """``HF_HUB_DISABLE_IMPLICIT_TOKEN`` with ``HF_TOKEN`` set: stock sends no token for
+    ``token=None``, and ``token=True`` still sends it; so do the resolver and ``install()``
+    (the resolver read ``HF_TOKEN`` itself and sent it)."""
+    import cmh.hub as hub
+    from huggingface_hub import constants, hf_hub_download, snapshot_download
+    from test_dropin_hook import aim_stock_client
+
+    aim_stock_client(monkeypatch, front.url, tmp_path / "unused")
+    _no_token_anywhere(monkeypatch, tmp_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_implicit_token")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", True)
+
+    def sent(call) -> set[str | None]:
+        before = len(front.records(origin="hub"))
+        call()
+        front.wait_idle()
+        return {r.headers.get("authorization") for r in front.records(origin="hub")[before:]}
+
+    def loads(cache):
+        hf_hub_download(TINY_REPO, "config.json", cache_dir=cache, endpoint=front.url)
+        snapshot_download(TINY_REPO, cache_dir=cache, endpoint=front.url)
+
+    stock = sent(lambda: loads(tmp_path / "stock"))
+    assert hub.install()
+    try:
+        installed = sent(lambda: loads(tmp_path / "installed"))
+    finally:
+        hub.uninstall()
+    resolved = sent(lambda: hub.resolve(TINY_REPO, cache_dir=tmp_path / "r", endpoint=front.url))
+    asked = sent(
+        lambda: hub.resolve(TINY_REPO, cache_dir=tmp_path / "t", endpoint=front.url, token=True)
+    )
+    assert stock == installed == resolved == {None}
+    assert asked == {"Bearer hf_implicit_token"}
+
+
+def test_a_required_token_that_cannot_be_found_raises_as_stock(front, tmp_path, monkeypatch):
+    """``token=True`` with no token anywhere: stock raises ``LocalTokenNotFoundError`` from
+    ``hf_hub_download`` and ``snapshot_download``; ``install()`` downloaded anonymously."""
+    import cmh.hub as hub
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalTokenNotFoundError
+    from test_dropin_hook import aim_stock_client
+
+    aim_stock_client(monkeypatch, front.url, tmp_path / "unused")
+    _no_token_anywhere(monkeypatch, tmp_path)
+
+    def raised(cache) -> list[str]:
+        out = []
+        for call in (hf_hub_download, snapshot_download):
+            kwargs = {"filename": "config.json"} if call is hf_hub_download else {}
+            with pytest.raises(LocalTokenNotFoundError) as caught:
+                call(TINY_REPO, cache_dir=cache, endpoint=front.url, token=True, **kwargs)
+            out.append(str(caught.value))
+        return out
+
+    stock = raised(tmp_path / "stock")
+    hub.resolve(TINY_REPO, cache_dir=tmp_path / "installed", endpoint=front.url)  # cached
+    assert hub.install()
+    try:
+        installed = raised(tmp_path / "installed")
+    finally:
+        hub.uninstall()
+    assert installed == stock
+    with pytest.raises(LocalTokenNotFoundError):
+        hub.resolve(TINY_REPO, cache_dir=tmp_path / "installed", endpoint=front.url, token=True)
