@@ -546,8 +546,11 @@ def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
     listing = _Listing(*revision_listing(client, repo, ask.revision, ask.pinned))
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
     # What the cache held before anything is linked (a pinned commit links into its own
-    # snapshot: read afterwards, a cold fetch would look FRESH).
-    linked_before = _linked_etags(repo, local.commit, select(listing.files, ask.patterns))
+    # snapshot: read afterwards, a cold fetch would look FRESH). Without a ref for the
+    # revision (a tag asked for the first time), the snapshot of the commit it names.
+    before = local.commit if local.commit is not None else listing.commit
+    before_tree = old_tree if local.commit is not None else read_tree(repo, before)
+    linked_before = _linked_etags(repo, before, select(listing.files, ask.patterns))
     brought = _bring_in_agreed(
         client, repo, listing, lambda agreed: _bring_in(client, ask, local, agreed, old_tree)
     )
@@ -561,7 +564,7 @@ def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
     commit = brought.listing.commit
     expiry = _expiry(repo, ask.revision, commit, brought.selection, ask.policy)
     outcome = _Outcome(
-        _state(local, brought, _old_etags(local, brought, old_tree, linked_before)),
+        _state(brought, _old_etags(brought, before_tree, linked_before)),
         brought.results,
         requests=client.requests,
         received=client.bytes_received,
@@ -643,14 +646,11 @@ def _swap(ask: _Ask, listing: _Listing) -> str | None:
 
 
 def _old_etags(
-    local: _Local,
     brought: _Brought,
     old_tree: dict[str, LocalEntry] | None,
     linked_before: dict[str, str],
 ) -> dict[str, str]:
     """The blob each selected file had in the cache before (linked files only)."""
-    if local.commit is None:
-        return {}
     old: dict[str, str] = {}
     for p in brought.selection:
         if old_tree is not None and p in old_tree and p in linked_before:
@@ -660,7 +660,7 @@ def _old_etags(
     return old
 
 
-def _state(local: _Local, brought: _Brought, old_etags: dict[str, str]) -> State:
+def _state(brought: _Brought, old_etags: dict[str, str]) -> State:
     """The state the answer is in (spec/resolver.md §2), from what the cache held before."""
     files = brought.listing.files
     if any(r.action is Action.REFETCHED for r in brought.results):
