@@ -12,15 +12,22 @@ def default_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def default_token() -> str | None:
-    """``HF_TOKEN`` (or the stock client's token file), as the stock client finds it."""
-    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
-    if token and token.strip():
-        return token.strip()
-    try:
-        from huggingface_hub import get_token
+def token_to_send(token: str | bool | None) -> str | None:
+    """The token the stock client sends for its ``token`` argument, chosen by
+    huggingface_hub's own ``get_token_to_send`` (every supported release has it): a string
+    is sent; ``False`` sends none; ``True`` sends ``HF_TOKEN`` or the token file, and
+    raises the stock ``LocalTokenNotFoundError`` when there is neither; ``None`` sends
+    them too unless ``HF_HUB_DISABLE_IMPLICIT_TOKEN`` is set."""
+    if token is False:
+        return None
+    if isinstance(token, str):
+        return token or None
+    from huggingface_hub.utils._headers import get_token_to_send
 
-        found = get_token()
-    except Exception:  # no token file, OIDC not configured, ...
+    if token is True:
+        return get_token_to_send(True) or None  # LocalTokenNotFoundError when none is found
+    try:
+        found = get_token_to_send(None)
+    except Exception:  # an unreadable token file, OIDC not configured, ...: none sent
         return None
     return found or None

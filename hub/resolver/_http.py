@@ -132,7 +132,7 @@ class ServedFile:
     """What ``resolve`` of one path at one commit says the file is (headers of a HEAD)."""
 
     etag: str | None  # X-Linked-Etag, else ETag (quotes and W/ removed); None if absent
-    size: int | None  # X-Linked-Size, else Content-Length
+    size: int | None  # X-Linked-Size, else Content-Length (not a redirect's nor compressed)
     commit: str | None  # X-Repo-Commit
 
 
@@ -405,6 +405,8 @@ class HubClient:
         self.bytes_received = 0
         #: The API answers received, for the stored answers of install()'s hook (answers.py).
         self.answers: list[ApiAnswer] = []
+        #: The commit a revision answer named (``None`` until one did): a Hub answered.
+        self.named: str | None = None
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -576,11 +578,16 @@ class HubClient:
         return self._run_metadata(once, f"GET {url}", deadline)
 
     def served(self, url: str) -> ServedFile:
-        """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is.
+        """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is, as the stock
+        client's ``get_hf_file_metadata`` reads it.
 
-        A redirect that carries the file's ETag is not followed (the Hub's 302
-        to its CDN does, and the CDN is not asked); others are, up to 5.
-        Tried again under the retry policy.
+        Asked with ``Accept-Encoding: identity`` (a compressed answer's ``Content-Length``
+        is not the file's size). A redirect within the endpoint's origin is followed (a
+        relative 307 of the Hub's resolve cache or of a renamed repo, whatever headers it
+        carries); one to another origin that carries the file's ETag (the Hub's 302 to its
+        CDN) is read, not followed; others are, up to 5 hops. A redirect's
+        ``Content-Length`` is its own body's, never the file's size. Tried again under the
+        retry policy.
         """
 
         budget, deadline, net_deadline = self._metadata_budget()  # for all the tries
@@ -594,6 +601,7 @@ class HubClient:
                     with total_deadline(net_deadline):
                         response = self._client.head(
                             target,
+                            headers=IDENTITY,
                             follow_redirects=False,
                             timeout=max(0.1, min(budget, deadline - self.retry.clock.monotonic())),
                             extensions=chain,
@@ -602,14 +610,15 @@ class HubClient:
                     raise _unreachable(self.endpoint, exc) from exc
                 headers = response.headers
                 etag = headers.get("X-Linked-Etag") or headers.get("ETag")
-                if response.is_redirect and not etag and "Location" in headers:
-                    target = str(response.url.join(headers["Location"]))
-                    continue
+                if response.is_redirect and "Location" in headers:
+                    hop = str(response.url.join(headers["Location"]))
+                    if not etag or _origin(hop) == _origin(self.endpoint):
+                        target = hop
+                        continue
                 raise_for_status(response)
-                size = headers.get("X-Linked-Size") or headers.get("Content-Length")
                 return ServedFile(
                     etag=etag.strip().removeprefix("W/").strip('"') if etag else None,
-                    size=int(size) if size and size.isdigit() else None,
+                    size=_served_size(response),
                     commit=headers.get("X-Repo-Commit"),
                 )
             raise HubProtocolError(f"{url}: too many redirects")
@@ -625,6 +634,7 @@ class HubClient:
         commit = obj["sha"]
         if not COMMIT_RE.match(commit):
             raise HubProtocolError(f"{url}: {commit!r} is not a commit")
+        self.named = commit
         return RemoteRevision(
             commit,
             _files_from_siblings(obj.get("siblings")),
@@ -847,6 +857,18 @@ class HubClient:
             if not answered:
                 self._count(requests=1)
             raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+
+
+def _served_size(response: httpx2.Response) -> int | None:
+    """The file's size a ``resolve`` HEAD answer gives: ``X-Linked-Size``, else the
+    answer's ``Content-Length`` unless it is a redirect (its own body's length) or
+    compressed (the compressed body's); ``None`` when it gives none."""
+    headers = response.headers
+    size = headers.get("X-Linked-Size")
+    encoded = headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
+    if not size and not response.is_redirect and not encoded:
+        size = headers.get("Content-Length")
+    return int(size) if size and size.isdigit() else None
 
 
 def _too_slow(timeout: float, got: int) -> str:

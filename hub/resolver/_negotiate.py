@@ -48,7 +48,7 @@ from cmh.hub.cache import (
 
 from . import _chunked as chunked
 from ._answers import keep_resolver_answers
-from ._credentials import default_token
+from ._credentials import token_to_send
 from ._fetch import download_whole
 from ._http import HubClient, metadata_timeout
 from ._local import (
@@ -163,9 +163,11 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
     whose ``path`` is the snapshot folder (``from_pretrained(resolution.path)``).
     ``policy`` defaults to :meth:`Policy.from_env` (offline under
     ``HF_HUB_OFFLINE``). ``progress`` receives byte counts as they arrive,
-    ``on_total`` the bytes to fetch. ``token`` as in the stock client: a
-    string is sent, ``False`` sends no token at all, ``None`` or ``True``
-    sends ``HF_TOKEN`` (or the token file). Raises a
+    ``on_total`` the bytes to fetch. ``token`` as in the stock client
+    (:func:`~cmh.hub.resolver._credentials.token_to_send`): a string is sent,
+    ``False`` sends no token at all, ``True`` sends ``HF_TOKEN`` or the token
+    file (none: the stock ``LocalTokenNotFoundError``), ``None`` too unless
+    ``HF_HUB_DISABLE_IMPLICIT_TOKEN`` is set. Raises a
     :class:`~cmh.hub.ResolveError` subclass; the cache is then left with its
     previous snapshot intact.
     """
@@ -173,6 +175,8 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
     policy = o.get("policy")
     validate_repo_id(repo_id)
     validate_revision(revision)
+    if o.get("token") is True:  # as stock, a required token that cannot be found is raised
+        token_to_send(True)  # before anything else (LocalTokenNotFoundError), also offline
     repo = RepoLayout(_cache_root(o.get("cache_dir")), repo_id, o.get("repo_type", "model"))
     ask = _Ask(
         repo,
@@ -190,13 +194,21 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
             fresh = _local_answer(ask, local)
             if fresh is not None:
                 return fresh
-        token = _token_to_send(o.get("token"))
+        token = token_to_send(o.get("token"))
         started = ask.policy.started
         answer_by = None if started is None else started + metadata_timeout()
         client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock, answer_by=answer_by)
         try:
             return _answer_online(client, ask, local)
-        except (HubUnreachableError, HubProtocolError) as exc:
+        except HubUnreachableError as exc:
+            return _answer_stale(ask, local, exc, client)
+        except HubProtocolError as exc:
+            # Stale-if-error is for a Hub that could not be asked: an answer to the revision
+            # request that is not a Hub's (a proxy's page, a refused redirect). Once the Hub
+            # named the commit, an answer against the protocol (a listing that disagrees
+            # with resolve twice, §4) is raised: serving the old commit would hide it.
+            if client.named is not None:
+                raise
             return _answer_stale(ask, local, exc, client)
         except OSError as exc:
             if is_disk_full(exc):
@@ -204,15 +216,6 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
             raise
         finally:
             client.close()
-
-
-def _token_to_send(token: str | bool | None) -> str | None:
-    """The stock meaning of ``token``: ``False`` refuses any token, ``None``/``True`` finds one."""
-    if token is False:
-        return None
-    if isinstance(token, str):
-        return token or None
-    return default_token()
 
 
 @contextlib.contextmanager
@@ -543,8 +546,11 @@ def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
     listing = _Listing(*revision_listing(client, repo, ask.revision, ask.pinned))
     old_tree = read_tree(repo, local.commit) if local.commit is not None else None
     # What the cache held before anything is linked (a pinned commit links into its own
-    # snapshot: read afterwards, a cold fetch would look FRESH).
-    linked_before = _linked_etags(repo, local.commit, select(listing.files, ask.patterns))
+    # snapshot: read afterwards, a cold fetch would look FRESH). Without a ref for the
+    # revision (a tag asked for the first time), the snapshot of the commit it names.
+    before = local.commit if local.commit is not None else listing.commit
+    before_tree = old_tree if local.commit is not None else read_tree(repo, before)
+    linked_before = _linked_etags(repo, before, select(listing.files, ask.patterns))
     brought = _bring_in_agreed(
         client, repo, listing, lambda agreed: _bring_in(client, ask, local, agreed, old_tree)
     )
@@ -558,7 +564,7 @@ def _answer_online(client: HubClient, ask: _Ask, local: _Local) -> Resolution:
     commit = brought.listing.commit
     expiry = _expiry(repo, ask.revision, commit, brought.selection, ask.policy)
     outcome = _Outcome(
-        _state(local, brought, _old_etags(local, brought, old_tree, linked_before)),
+        _state(brought, _old_etags(brought, before_tree, linked_before)),
         brought.results,
         requests=client.requests,
         received=client.bytes_received,
@@ -640,14 +646,11 @@ def _swap(ask: _Ask, listing: _Listing) -> str | None:
 
 
 def _old_etags(
-    local: _Local,
     brought: _Brought,
     old_tree: dict[str, LocalEntry] | None,
     linked_before: dict[str, str],
 ) -> dict[str, str]:
     """The blob each selected file had in the cache before (linked files only)."""
-    if local.commit is None:
-        return {}
     old: dict[str, str] = {}
     for p in brought.selection:
         if old_tree is not None and p in old_tree and p in linked_before:
@@ -657,7 +660,7 @@ def _old_etags(
     return old
 
 
-def _state(local: _Local, brought: _Brought, old_etags: dict[str, str]) -> State:
+def _state(brought: _Brought, old_etags: dict[str, str]) -> State:
     """The state the answer is in (spec/resolver.md §2), from what the cache held before."""
     files = brought.listing.files
     if any(r.action is Action.REFETCHED for r in brought.results):

@@ -298,9 +298,10 @@ def _policy_for(local_files_only: bool) -> Policy:
 
 
 def _token(value: Any) -> str | bool | None:
-    """The caller's ``token`` as the stock client reads it: a string, ``False``, else ``None``."""
-    if value is False:
-        return False
+    """The caller's ``token`` as the stock client reads it: a string, ``True``, ``False``,
+    else ``None`` (the resolver then chooses as stock does, ``token_to_send``)."""
+    if value is True or value is False:
+        return value
     return value if isinstance(value, str) and value else None
 
 
@@ -375,6 +376,9 @@ def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
     """
     if offline and isinstance(exc, OfflineError):
         logger.debug("cmh.hub.install: %s read by the stock client offline: %s", what, exc)
+        return
+    if type(exc).__name__ == "LocalTokenNotFoundError":  # token=True, none found: stock's
+        logger.debug("cmh.hub.install: %s handed to the stock client: %s", what, exc)
         return
     logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 

@@ -26,7 +26,12 @@ HTTP caching as in RFC 9111, with the snapshot's freshness (spec/resolver.md
   the Hub, and fails as stock's does when the Hub cannot be reached;
 - for an unknown revision the request goes to the Hub unchanged: one repo
   info answer is the revalidation of the repo (its ``sha`` is remembered for
-  the window and, when it confirms the cached ref, recorded as a validation).
+  the window and, when it confirms the cached ref, recorded as a validation);
+- a ``resolve`` of a branch sent on while the branch is known at C (a file C's
+  listing lacks, as a load probes) is answered by the Hub at the branch: when
+  its ``X-Repo-Commit`` names another commit, the branch moved, and the window
+  moves with it (the rest of the load is answered at the commit the Hub named,
+  as stock's next calls would be, not at C).
 
 Written here rather than with hishel (measured, see docs/resolver.md): hishel
 keeps one freshness per URL from response headers or a fixed TTL, stores
@@ -38,6 +43,7 @@ request on unchanged: the hook can only save requests, never change answers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -183,7 +189,27 @@ class FreshCacheTransport(httpx2.BaseTransport):
                 answer = None
             if answer is not None:
                 return answer
-        return self.inner.handle_request(request)
+        response = self.inner.handle_request(request)
+        if target is not None and target.kind == "resolve":
+            with contextlib.suppress(OSError, ValueError, LayoutError):
+                self._follow_branch(request, target, response)
+        return response
+
+    def _follow_branch(
+        self, request: httpx2.Request, target: Target, response: httpx2.Response
+    ) -> None:
+        """A ``resolve`` of a branch known at one commit that the Hub answered at another:
+        the branch moved, and the window moves to the commit the Hub named now."""
+        named = response.headers.get("X-Repo-Commit", "")
+        if COMMIT_RE.match(target.revision) or not COMMIT_RE.match(named):
+            return
+        root = scoped_cache(target.repo_type, target.repo_id)
+        endpoint = f"{request.url.scheme}://{request.url.netloc.decode()}"
+        where = (root, endpoint, target.repo_type, target.repo_id, target.revision)
+        known = recent_commit(*where) or loaded_commit(*where)
+        if known is not None and known != named:
+            logger.debug("cmh hook: %s moved to %s", target.revision, named[:12])
+            remember_commit(*where, named)
 
     # -- deciding ------------------------------------------------------------------------
 

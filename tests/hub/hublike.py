@@ -13,6 +13,12 @@ thread with its own event loop, and talks to a running ``cmh serve`` only over H
   re-paginated ``page_size`` entries a page with ``Link: <...>; rel="next"``. LFS entries
   of tree and paths-info answers carry ``xetHash`` (as Xet-backed repos do) while the
   bytes stay on plain HTTP; no ``X-Xet-Hash`` header or ``xet-auth`` link is ever sent.
+  Two knobs give small files other shapes huggingface.co has answered with:
+  ``resolve_cache`` (a relative 307 to ``/api/resolve-cache/...`` carrying ``ETag`` and
+  ``X-Repo-Commit`` but no ``X-Linked-Size``, its ``Content-Length`` its own body's: the
+  shape of huggingface_hub issue 4698) and ``compress_head`` (a HEAD answered as its GET
+  would be, gzip-encoded when the client accepts gzip, with the compressed
+  ``Content-Length``: why the stock client asks ``identity``, huggingface_hub PR 1449).
 - the *cdn* origin checks signature and expiry (403 otherwise), serves one range with
   206, answers a multi-range request with 200 and the whole body (never multipart).
 
@@ -60,6 +66,10 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _RESOLVE_RE = re.compile(
     r"^(?P<prefix>/(?:datasets/|spaces/)?(?:[^/]+/[^/]+|[^/]+))/resolve/"
     r"(?P<rev>refs/pr/\d+|[^/]+)/(?P<path>.+)$"
+)
+_RESOLVE_CACHE_RE = re.compile(
+    r"^/api/resolve-cache/(?P<kind>models|datasets|spaces)/(?P<repo>[^/]+/[^/]+)/"
+    r"(?P<commit>[0-9a-f]{40})/(?P<path>.+)$"
 )
 _TREE_RE = re.compile(r"^/api/(?:models|datasets|spaces)/.+/tree/")
 _PATHS_INFO_RE = re.compile(r"^/api/(?:models|datasets|spaces)/.+/paths-info/[^/]+$")
@@ -158,7 +168,8 @@ class HubLike:
     0 or less expires every signed URL at once), ``ignore_range`` (both origins answer
     200 with the whole body), ``xet_listing`` (add ``xetHash`` to LFS entries),
     ``edit_json`` (a hook ``(kind, path, doc) -> doc`` applied to ``tree``,
-    ``paths_info`` and ``repo_info`` answers before pagination).
+    ``paths_info`` and ``repo_info`` answers before pagination), ``resolve_cache`` and
+    ``compress_head`` (small files' other answer shapes, see the module's text).
     """
 
     backend: str
@@ -167,6 +178,8 @@ class HubLike:
     ignore_range: bool = False
     xet_listing: bool = True
     edit_json: JsonHook | None = None
+    resolve_cache: bool = False
+    compress_head: bool = False
     url: str = ""
     cdn_url: str = ""
     _secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
@@ -473,6 +486,14 @@ class HubLike:
         resolve = _RESOLVE_RE.match(request.raw_path.partition("?")[0])
         if resolve is not None and request.method in ("GET", "HEAD"):
             return await self._resolve(request, resolve)
+        cached = _RESOLVE_CACHE_RE.match(request.raw_path.partition("?")[0])
+        if cached is not None and request.method in ("GET", "HEAD"):
+            kind, repo = cached.group("kind"), cached.group("repo")
+            prefix = f"/{repo}" if kind == "models" else f"/{kind}/{repo}"
+            target = f"{prefix}/resolve/{cached.group('commit')}/{cached.group('path')}"
+            match = _RESOLVE_RE.match(target)
+            assert match is not None
+            return await self._resolve(request, match, target)
         path = request.path
         if _TREE_RE.match(path) and request.method == "GET":
             return await self._tree(request)
@@ -522,10 +543,12 @@ class HubLike:
                 headers=_copy(upstream),
             )
 
-    async def _resolve(self, request: web.Request, match: re.Match[str]) -> web.StreamResponse:
-        head = await self._backend(
-            "HEAD", request.raw_path, self._backend_headers(request, keep_range=False)
-        )
+    async def _resolve(
+        self, request: web.Request, match: re.Match[str], cached: str | None = None
+    ) -> web.StreamResponse:
+        """A ``resolve`` request (``cached``: the resolve path a resolve-cache URL names)."""
+        raw = cached if cached is not None else request.raw_path
+        head = await self._backend("HEAD", raw, self._backend_headers(request, keep_range=False))
         async with head:
             headers = _copy(head)
             size = head.headers.get("Content-Length")
@@ -538,6 +561,11 @@ class HubLike:
             return self._redirect(request, match, headers, linked)
         headers.pop("X-Linked-Etag", None)
         headers.pop("X-Linked-Size", None)
+        if self.resolve_cache and cached is None:
+            etag = headers.get("ETag") or (f'"{linked}"' if linked else "")
+            return self._resolve_cache_redirect(request, match, headers, etag)
+        if request.method == "HEAD" and self.compress_head:
+            return await self._compressed_head(request, raw, headers)
         if request.method == "HEAD":
             response = web.StreamResponse(status=200, headers=headers)
             if size is not None:
@@ -547,7 +575,7 @@ class HubLike:
             return response
         keep_range = not self.ignore_range
         upstream = await self._backend(
-            "GET", request.raw_path, self._backend_headers(request, keep_range=keep_range)
+            "GET", raw, self._backend_headers(request, keep_range=keep_range)
         )
         async with upstream:
             etag = upstream.headers.get("ETag", "").strip('"')
@@ -587,6 +615,46 @@ class HubLike:
         }
         body = None if request.method == "HEAD" else f"Found. Redirecting to {location}".encode()
         return web.Response(status=302, headers=out, body=body)
+
+    def _resolve_cache_redirect(
+        self, request: web.Request, match: re.Match[str], headers: dict[str, str], etag: str
+    ) -> web.Response:
+        """A small file's relative 307 to the resolve cache: ``ETag`` and ``X-Repo-Commit``,
+        no ``X-Linked-Size``; its ``Content-Length`` (HEAD too) is its own body's."""
+        prefix, commit = match.group("prefix"), headers.get("X-Repo-Commit", "")
+        kind, _, repo = prefix.lstrip("/").partition("/")
+        if kind not in ("datasets", "spaces"):
+            kind, repo = "models", prefix.lstrip("/")
+        location = f"/api/resolve-cache/{kind}/{repo}/{commit}/{match.group('path')}"
+        body = f"Temporary Redirect. Redirecting to {location}".encode()
+        out = {
+            "Location": location,
+            "ETag": etag,
+            "X-Repo-Commit": commit,
+            "Content-Type": "text/plain; charset=utf-8",
+            "Content-Length": str(len(body)),
+        }
+        if request.method == "HEAD":
+            return web.Response(status=307, headers=out)
+        return web.Response(status=307, headers=out, body=body)
+
+    async def _compressed_head(
+        self, request: web.Request, raw: str, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        """A small file's HEAD answered as its GET: gzip (a weak ETag, the compressed
+        ``Content-Length``) when the client accepts gzip, else as it is."""
+        upstream = await self._backend("GET", raw, self._backend_headers(request, keep_range=False))
+        async with upstream:
+            data = await upstream.read()
+        response = web.StreamResponse(status=200, headers=headers)
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            data = gzip.compress(data)
+            response.headers["Content-Encoding"] = "gzip"
+            response.headers["ETag"] = "W/" + headers.get("ETag", "").removeprefix("W/")
+        response.headers["Content-Length"] = str(len(data))
+        await response.prepare(request)
+        await response.write_eof()
+        return response
 
     def _sign(self, path: str, expires: int) -> str:
         return hmac.new(self._secret, f"{path}\n{expires}".encode(), hashlib.sha256).hexdigest()

@@ -372,6 +372,28 @@ def test_pull_of_a_commit_into_an_empty_cache_reports_missing(
     assert again.state.value == "local_only"
 
 
+def test_pull_of_a_tag_naming_a_cached_commit_reports_fresh(
+    mirror: MirrorServer, tmp_path: Path
+) -> None:
+    """spec/resolver.md §2: a tag asked for the first time (no ``refs/{tag}``) whose commit
+    is complete in the cache is FRESH, every file kept; it was reported MISSING ("it was
+    not in the cache")."""
+    from click.testing import CliRunner
+    from cmh.cli.main import cli
+    from cmh.hub.resolver._negotiate import resolve
+    from mirror_support import TINY_REPO
+
+    commit = resolve(TINY_REPO, "v1", cache_dir=tmp_path / "probe", endpoint=mirror.url).commit
+    cache = tmp_path / "cache"
+    resolve(TINY_REPO, commit, cache_dir=cache, endpoint=mirror.url)
+    args = ["pull", TINY_REPO, "--revision", "v1", "--cache-dir", str(cache)]
+    result = CliRunner().invoke(cli, [*args, "--endpoint", mirror.url, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["commit"] == commit and doc["state"] == "fresh"
+    assert {f["action"] for f in doc["files"]} == {"kept"}
+
+
 # -- item 5: no listing fetched twice in one process --------------------------------------------
 
 

@@ -207,3 +207,44 @@ def test_answers_served_from_the_cache_match_the_hub(toy: Any, installed: None) 
         assert local.size == len(data)
         if len(local.etag) == 64:
             assert local.etag == hashlib.sha256(data).hexdigest()
+
+
+def test_a_branch_that_moved_within_the_window_is_followed_by_the_rest_of_the_load(
+    tmp_path: Path, mirror_server_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``main`` moves A -> B while the window holds A: a file A's listing lacks is asked of
+    the Hub at ``main``, which answers at B; the rest of the load (weights, ``model_info``)
+    was answered at A, one load of two commits. The window now moves to the commit the Hub
+    named, so they are B's, as stock's (which asks at every call) are."""
+    import cmh.hub as hub
+    import huggingface_hub
+    from cmh.hub.mirror import add_folder
+
+    v1 = write_checkpoint_repo(tmp_path / "v1", 1, stamp=False)
+    v2 = write_checkpoint_repo(tmp_path / "v2", 2, stamp=False)
+    (v2 / "new.txt").write_text("only in B\n")
+
+    def load(name: str) -> tuple[list[str], str]:
+        """README at A, then main moves to B: new.txt, the weights, model_info."""
+        store = tmp_path / name / "store"
+        add_folder(store, v1, "org/moving")
+        server = mirror_server_factory(store)
+        aim_stock_client(monkeypatch, server.url, tmp_path / name / "cache")
+        first = Path(huggingface_hub.hf_hub_download("org/moving", "README.md")).parent.name
+        add_folder(store, v2, "org/moving")
+        got = [
+            Path(huggingface_hub.hf_hub_download("org/moving", n)).parent.name
+            for n in ("new.txt", "model.safetensors")
+        ]
+        got.append(str(huggingface_hub.HfApi().model_info("org/moving").sha))
+        assert first not in got
+        return got, hub.resolve("org/moving", cache_dir=tmp_path / name / "probe").commit
+
+    stock, stock_b = load("stock")
+    assert hub.install(window=3600.0)  # the window outlasts the test: no clock involved
+    try:
+        ours, ours_b = load("ours")
+    finally:
+        hub.uninstall()
+    assert stock == [stock_b] * 3
+    assert ours == [ours_b] * 3  # weights and model_info were A's

@@ -7,6 +7,7 @@ tree listings, as huggingface.co does.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,3 +153,176 @@ def test_small_files_are_asked_compressed(front, mirror_store: MirrorStore, tmp_
     for r in front.records(origin="cdn"):
         if "range" in r.headers:
             assert r.headers.get("accept-encoding") == "identity"
+
+
+MOVED = "org/moved-head"
+
+
+@pytest.mark.parametrize("shape", ["resolve_cache", "compress_head"])
+def test_a_kept_file_confirmed_by_head_is_read_as_stock_reads_it(
+    shape, tmp_path, mirror_server_factory, monkeypatch
+):
+    """``main`` moves with config.json unchanged: its cached blob is confirmed by one HEAD.
+
+    A small file answered by a relative 307 carrying ``ETag`` but no ``X-Linked-Size``
+    (the redirect's ``Content-Length`` is its own body's), or a HEAD answered compressed
+    to a client that accepts gzip: the size read was not the file's, the confirmation
+    failed twice, and the old snapshot was served as if the Hub could not be asked.
+    Stock (``Accept-Encoding: identity``, no size from a redirect) loads the new commit;
+    so does the resolver, and ``install()`` with it.
+    """
+    import cmh.hub as hub
+    from cmh.hub.mirror import add_folder
+    from huggingface_hub import snapshot_download
+    from resolver_support import write_checkpoint_repo
+    from test_dropin_hook import aim_stock_client
+
+    store = tmp_path / "store"
+    add_folder(store, write_checkpoint_repo(tmp_path / "v1", 1, stamp=False), MOVED)
+    with running(mirror_server_factory(store).url) as front:
+        setattr(front, shape, True)
+        aim_stock_client(monkeypatch, front.url, tmp_path / "unused")
+        caches = {name: tmp_path / name for name in ("cmh", "stock", "installed")}
+        first = hub.resolve(MOVED, cache_dir=caches["cmh"], endpoint=front.url)
+        snapshot_download(MOVED, cache_dir=caches["stock"], endpoint=front.url)
+        add_folder(store, write_checkpoint_repo(tmp_path / "v2", 2, stamp=False), MOVED)
+        res = hub.resolve(MOVED, cache_dir=caches["cmh"], endpoint=front.url)
+        stock = snapshot_download(MOVED, cache_dir=caches["stock"], endpoint=front.url)
+        heads = front.records(method="HEAD", path="/config.json$")
+        assert hub.install()
+        try:
+            snapshot_download(MOVED, cache_dir=caches["installed"], endpoint=front.url)
+            installed = snapshot_download(MOVED, cache_dir=caches["installed"], endpoint=front.url)
+        finally:
+            hub.uninstall()
+    assert res.commit == Path(stock).name == Path(installed).name != first.commit
+    assert res.state is hub.State.ETAG_MISMATCH and not res.warnings
+    kept = next(f for f in res.files if f.path == "config.json")
+    assert kept.action is hub.Action.LINKED  # confirmed by the HEAD, not fetched
+    assert heads and all(r.headers.get("accept-encoding") == "identity" for r in heads)
+    config = (tmp_path / "v2" / "config.json").read_bytes()
+    assert (Path(installed) / "config.json").read_bytes() == config
+
+
+def test_a_listing_that_disagrees_twice_is_raised_not_served_stale(
+    tmp_path, mirror_server_factory, monkeypatch, caplog
+):
+    """spec/resolver.md §4: a second disagreement raises ``HubProtocolError`` and nothing is
+    linked; stale-if-error (§3) is for a Hub that cannot be asked, not one that answered.
+    ``install()`` hands the call to the stock client, which loads the new commit."""
+    import cmh.hub as hub
+    from cmh.hub.mirror import add_folder
+    from cmh.hub.resolver._http import HubClient
+    from huggingface_hub import snapshot_download
+    from resolver_support import write_checkpoint_repo
+    from test_dropin_hook import aim_stock_client
+
+    served = HubClient.served
+
+    def lying(self, url):  # resolve serves config.json one byte longer than listed
+        answer = served(self, url)
+        if url.endswith("/config.json") and answer.size is not None:
+            return dataclasses.replace(answer, size=answer.size + 1)
+        return answer
+
+    store = tmp_path / "store"
+    add_folder(store, write_checkpoint_repo(tmp_path / "v1", 1, stamp=False), MOVED)
+    with running(mirror_server_factory(store).url) as front:
+        aim_stock_client(monkeypatch, front.url, tmp_path / "unused")
+        first = hub.resolve(MOVED, cache_dir=tmp_path / "cmh", endpoint=front.url)
+        snapshot_download(MOVED, cache_dir=tmp_path / "installed", endpoint=front.url)
+        add_folder(store, write_checkpoint_repo(tmp_path / "v2", 2, stamp=False), MOVED)
+        monkeypatch.setattr(HubClient, "served", lying)
+        with pytest.raises(hub.HubProtocolError, match="also in a listing fetched again"):
+            hub.resolve(MOVED, cache_dir=tmp_path / "cmh", endpoint=front.url)
+        stock = snapshot_download(MOVED, cache_dir=tmp_path / "stock", endpoint=front.url)
+        assert hub.install()
+        try:
+            installed = snapshot_download(
+                MOVED, cache_dir=tmp_path / "installed", endpoint=front.url
+            )
+        finally:
+            hub.uninstall()
+    repo = tmp_path / "cmh" / f"models--{MOVED.replace('/', '--')}"
+    assert (repo / "refs" / "main").read_text() == first.commit  # nothing linked or moved
+    assert Path(installed).name == Path(stock).name != first.commit
+    assert not any("stale" in r.getMessage() for r in caplog.records)
+
+
+def _no_token_anywhere(monkeypatch, tmp_path):
+    """No ``HF_TOKEN`` and no token file: ``get_token()`` finds nothing."""
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+
+
+def test_the_token_sent_is_the_one_stock_chooses(front, tmp_path, monkeypatch):
+    """``HF_HUB_DISABLE_IMPLICIT_TOKEN`` with ``HF_TOKEN`` set: stock sends no token for
+    ``token=None``, and ``token=True`` still sends it; so do the resolver and ``install()``
+    (the resolver read ``HF_TOKEN`` itself and sent it)."""
+    import cmh.hub as hub
+    from huggingface_hub import constants, hf_hub_download, snapshot_download
+    from test_dropin_hook import aim_stock_client
+
+    aim_stock_client(monkeypatch, front.url, tmp_path / "unused")
+    _no_token_anywhere(monkeypatch, tmp_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_implicit_token")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", True)
+
+    def sent(call) -> set[str | None]:
+        before = len(front.records(origin="hub"))
+        call()
+        front.wait_idle()
+        return {r.headers.get("authorization") for r in front.records(origin="hub")[before:]}
+
+    def loads(cache):
+        hf_hub_download(TINY_REPO, "config.json", cache_dir=cache, endpoint=front.url)
+        snapshot_download(TINY_REPO, cache_dir=cache, endpoint=front.url)
+
+    stock = sent(lambda: loads(tmp_path / "stock"))
+    assert hub.install()
+    try:
+        installed = sent(lambda: loads(tmp_path / "installed"))
+    finally:
+        hub.uninstall()
+    resolved = sent(lambda: hub.resolve(TINY_REPO, cache_dir=tmp_path / "r", endpoint=front.url))
+    asked = sent(
+        lambda: hub.resolve(TINY_REPO, cache_dir=tmp_path / "t", endpoint=front.url, token=True)
+    )
+    assert stock == installed == resolved == {None}
+    assert asked == {"Bearer hf_implicit_token"}
+
+
+def test_a_required_token_that_cannot_be_found_raises_as_stock(front, tmp_path, monkeypatch):
+    """``token=True`` with no token anywhere: stock raises ``LocalTokenNotFoundError`` from
+    ``hf_hub_download`` and ``snapshot_download``; ``install()`` downloaded anonymously."""
+    import cmh.hub as hub
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalTokenNotFoundError
+    from test_dropin_hook import aim_stock_client
+
+    aim_stock_client(monkeypatch, front.url, tmp_path / "unused")
+    _no_token_anywhere(monkeypatch, tmp_path)
+
+    def raised(cache) -> list[str]:
+        out = []
+        for call in (hf_hub_download, snapshot_download):
+            kwargs = {"filename": "config.json"} if call is hf_hub_download else {}
+            with pytest.raises(LocalTokenNotFoundError) as caught:
+                call(TINY_REPO, cache_dir=cache, endpoint=front.url, token=True, **kwargs)
+            out.append(str(caught.value))
+        return out
+
+    stock = raised(tmp_path / "stock")
+    hub.resolve(TINY_REPO, cache_dir=tmp_path / "installed", endpoint=front.url)  # cached
+    assert hub.install()
+    try:
+        installed = raised(tmp_path / "installed")
+    finally:
+        hub.uninstall()
+    assert installed == stock
+    with pytest.raises(LocalTokenNotFoundError):
+        hub.resolve(TINY_REPO, cache_dir=tmp_path / "installed", endpoint=front.url, token=True)
