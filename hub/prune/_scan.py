@@ -90,7 +90,7 @@ def _looks_like_cache(folder: Path) -> bool:
 
 def _marks_cache(entry: os.DirEntry[str]) -> bool:
     """An entry only a cache or store has at its top: a repo folder or the stock files."""
-    if entry.name in ROOT_SPECIAL:
+    if entry.name in ROOT_SPECIAL or entry.name == "version.txt":  # transformers 4 writes it
         return True
     return entry.is_dir() and parse_repo_folder(entry.name) is not None
 

@@ -290,6 +290,13 @@ def test_a_folder_that_is_no_cache_is_refused(tmp_path: Path, option: str) -> No
     (home / "hub" / "models--org--a").rmdir()
     run = run_runner(["prune", option, home / "hub", "--dry-run"])
     assert run.exit_code == 0, run.stderr
+    # transformers 4.x writes hub/version.txt on import: a cache with nothing else yet
+    (home / "hub" / "version.txt").write_text("1")
+    (home / "token").write_text("x")
+    run = run_runner(["prune", option, home / "hub", "--dry-run"])
+    assert run.exit_code == 0, run.stderr
+    run = run_runner(["prune", option, home, "--dry-run"])
+    assert run.exit_code == 2 and run.stderr.strip().endswith(f"did you mean {home / 'hub'}?")
 
 
 def test_help_says_every_exit_status() -> None:

@@ -26,7 +26,8 @@ import pytest
 from cmh.hub.mirror.web._card_worker import CardRenderer
 from cmh.hub.mirror.web._cards import card_tags, render_markdown, safe_link, split_front_matter
 from cmh.hub.mirror.web._session import AdminTokensError, csrf_ok, load_admin_tokens
-from mirror_support import MirrorServer
+from deadline_support import TEST_DEADLINE
+from mirror_support import MirrorServer, wait_for
 from web_support import (
     ADMIN_TOKEN,
     DATA,
@@ -812,6 +813,7 @@ async def _in_process(
         async with aiohttp.ClientSession() as session, session.get(base + path) as r:
             return r.status, await r.text()
 
+    get.app = server.app  # type: ignore[attr-defined]
     try:
         yield get
     finally:
@@ -863,6 +865,82 @@ def test_a_repo_page_is_answered_while_another_repos_card_renders(tmp_path: Path
             assert status == 200 and "<table>" in body
 
     asyncio.run(run())
+
+
+def test_pages_build_on_threads_of_their_own_so_the_api_never_waits_on_them(
+    tmp_path: Path,
+) -> None:
+    """Pages waiting on card renderers (from many clients) filled the default executor the
+    API and file routes use: a download waited behind them. Pages build on threads of
+    their own; here every one is held, and the API and a file answer meanwhile."""
+    import threading
+
+    from cmh.hub.mirror.web._pages import PAGE_THREADS, PAGES_KEY
+
+    store = tmp_path / "store"
+    _add(store, tmp_path, "good/model", {"README.md": "# a card\n", "config.json": "{}"})
+
+    async def run() -> None:
+        async with _in_process(store) as get:
+            gate = threading.Event()
+            pages = get.app[PAGES_KEY]  # type: ignore[attr-defined]
+            for _ in range(PAGE_THREADS):
+                pages.submit(gate.wait, TEST_DEADLINE)
+            try:
+                page = asyncio.ensure_future(get("/good/model"))
+                status, body = await get("/api/models/good/model")
+                assert status == 200 and json.loads(body)["id"] == "good/model"
+                assert (await get("/good/model/resolve/main/config.json")) == (200, "{}")
+                assert not page.done()  # it waits for a page thread
+            finally:
+                gate.set()
+            assert (await page)[0] == 200
+
+    asyncio.run(run())
+
+
+_ORPHAN_SCRIPT = """
+import os, sys, threading, multiprocessing
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from web_support import held_render
+from cmh.hub.mirror.web._card_worker import CardRenderer
+
+if __name__ == "__main__":
+    hold = Path(sys.argv[1])
+    renderer = CardRenderer(seconds=120, target=held_render)
+    threading.Thread(target=renderer.render, args=(f"HOLD {hold}\\n",), daemon=True).start()
+    while not (hold / "started").exists():
+        threading.Event().wait(0.01)
+    print(*[c.pid for c in multiprocessing.active_children()], flush=True)
+    os._exit(0)  # as a server worker ends: no cleanup reaches its children
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")  # ended (a zombie waits for its new parent to reap it)
+
+
+def test_a_card_child_ends_when_its_worker_is_gone(tmp_path: Path) -> None:
+    """A worker ends with ``os._exit`` (killed or at its deadline), so no cleanup reaches
+    a card child mid-render: the child ends by itself once its worker is gone, rather than
+    render on (a hostile card: up to 26 s) and write a traceback after the server."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    here = str(Path(__file__).resolve().parent)
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(hold), here],
+        capture_output=True, text=True, timeout=TEST_DEADLINE,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    assert pids, done.stdout
+    wait_for(lambda: all(_gone(p) for p in pids), "the card child to end with its worker")
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_card_past_its_render_deadline_is_text_once_on_every_page(tmp_path: Path) -> None:

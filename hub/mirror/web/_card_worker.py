@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -42,16 +44,30 @@ class RendererBusy(Exception):
     """No child was free (or could start) in time: the card is not rendered this time."""
 
 
+#: Seconds between a child's looks at whether its server worker is still there.
+ORPHAN_POLL = 0.5
+
+
+def _end_with_parent(parent: int) -> None:
+    """End this child as soon as the worker that started it is gone (a worker ends with
+    ``os._exit``, killed or not, so no cleanup of its own reaches a child mid-render)."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL)
+    os._exit(0)
+
+
 def _serve(conn: Connection, target: Callable[[str], Rendered]) -> None:
-    """A child's loop: a body in, ``target(body)`` out, until the parent closes the pipe."""
+    """A child's loop: a body in, ``target(body)`` out, until the parent closes the pipe or
+    is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
-    conn.send("ready")
-    while True:
-        try:
+    threading.Thread(target=_end_with_parent, args=(os.getppid(),), daemon=True).start()
+    try:
+        conn.send("ready")
+        while True:
             body = conn.recv()
-        except (EOFError, OSError):
-            return
-        conn.send(target(body))
+            conn.send(target(body))
+    except (EOFError, OSError):  # the parent closed the pipe, ended it, or is gone
+        return
 
 
 class _Child:

@@ -113,7 +113,7 @@ def highlight_fence(code: str, lang: str, attrs: str) -> str:
     of the previews' (:data:`~._preview.HIGHLIGHTED`: few lexers, few regular expressions
     a hostile card can make slow); ``""`` leaves it to markdown-it (plain, escaped)."""
     from pygments import highlight
-    from pygments.formatters import HtmlFormatter
+    from pygments.formatters.html import HtmlFormatter
     from pygments.lexers import get_lexer_by_name
     from pygments.util import ClassNotFound
 

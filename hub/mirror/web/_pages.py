@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -78,6 +79,11 @@ MAX_SIDE_COMMITS = 10
 
 
 WEB_KEY = web.AppKey("cmh_web_options", WebOptions)
+#: The threads that build pages, apart from the default executor the API and file routes
+#: use: pages waiting on a card renderer (or a fingerprint) never hold up a download.
+PAGES_KEY = web.AppKey("cmh_web_pages", ThreadPoolExecutor)
+#: Pages one worker builds at once (more wait for a thread, then build).
+PAGE_THREADS = 4
 
 
 class PageError(Exception):
@@ -100,11 +106,13 @@ def add_routes(app: web.Application, options: WebOptions) -> None:
     from the API's dispatcher, for targets the API has no route for.
     """
     app[WEB_KEY] = options
+    app[PAGES_KEY] = pages = ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="cmh-page")
     app.router.add_route("*", "/", dispatch)
     app.router.add_route("*", "/-/{tail:.*}", dispatch)
 
     async def close_cards(app: web.Application) -> None:
         options.cards.close()
+        pages.shutdown(wait=False, cancel_futures=True)
 
     app.on_cleanup.append(close_cards)
 
@@ -285,15 +293,16 @@ async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> we
     context = _base(request, who)
     context["endpoint"] = mirror_url(request)
     work = partial(build, request, who, context, *args)
+    threads = request.app[PAGES_KEY]
     try:
         if build in (_repo_page, _file_page):
             # They may compute (a card, a fingerprint, verify now): a client builds at most
             # the compute pool's ``per_client`` at once, so it cannot hold every thread.
             pool = _compute(request)
             async with pool.turn(pool.client_of(request)):
-                body = await loop.run_in_executor(None, work)
+                body = await loop.run_in_executor(threads, work)
         else:
-            body = await loop.run_in_executor(None, work)
+            body = await loop.run_in_executor(threads, work)
     except StoreError as exc:  # the storage failed (StoreUnavailable)
         raise PageError(503, f"the store cannot be read now: {exc}") from None
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)

@@ -15,12 +15,17 @@ the colours come from :func:`highlight_css`, light and dark.
 from __future__ import annotations
 
 import codecs
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .._memo import Memo
+
+#: Held while Pygments picks a lexer and makes a formatter: several pages' first previews
+#: at once made its lazy loader raise ImportError (a 500) on a fresh worker.
+_PYGMENTS_LOADING = threading.Lock()
 
 if TYPE_CHECKING:
     from .._index import FileEntry
@@ -53,7 +58,7 @@ class Preview:
 
 
 def _formatter() -> Any:
-    from pygments.formatters import HtmlFormatter
+    from pygments.formatters.html import HtmlFormatter  # not the lazy pygments.formatters
 
     return HtmlFormatter(cssclass="highlight", wrapcode=True)
 
@@ -76,15 +81,17 @@ def text_preview(name: str, f: BinaryIO) -> Preview:
     from pygments.lexers.special import TextLexer
     from pygments.util import ClassNotFound
 
-    try:
-        lexer = get_lexer_for_filename(name.rsplit("/", 1)[-1], stripnl=False)
-    except ClassNotFound:
-        lexer = None
-    if lexer is None or lexer.aliases[0] not in HIGHLIGHTED:
-        lexer = TextLexer(stripnl=False)
-    elif lexer.aliases[0] == "markdown":
-        lexer = get_lexer_for_filename("x.md", stripnl=False, handlecodeblocks=False)
-    html = highlight(text, lexer, _formatter())
+    with _PYGMENTS_LOADING:  # its lazy loading of lexers and formatters is not thread-safe
+        try:
+            lexer = get_lexer_for_filename(name.rsplit("/", 1)[-1], stripnl=False)
+        except ClassNotFound:
+            lexer = None
+        if lexer is None or lexer.aliases[0] not in HIGHLIGHTED:
+            lexer = TextLexer(stripnl=False)
+        elif lexer.aliases[0] == "markdown":
+            lexer = get_lexer_for_filename("x.md", stripnl=False, handlecodeblocks=False)
+        formatter = _formatter()
+    html = highlight(text, lexer, formatter)
     return Preview(html, lexer.name, cut, text=text)
 
 
@@ -92,7 +99,7 @@ def text_preview(name: str, f: BinaryIO) -> Preview:
 def highlight_css() -> bytes:
     """Pygments' token colours for ``.highlight``: light, and dark under
     ``prefers-color-scheme: dark``."""
-    from pygments.formatters import HtmlFormatter
+    from pygments.formatters.html import HtmlFormatter  # not the lazy pygments.formatters
 
     light = HtmlFormatter(style=LIGHT_STYLE).get_style_defs(".highlight")
     dark = HtmlFormatter(style=DARK_STYLE).get_style_defs(".highlight")
