@@ -1007,6 +1007,37 @@ def test_files_names_each_path_once(tmp_path: Path) -> None:
     assert len(files) == len(set(files)) and list(files) == sorted(files)
 
 
+@pytest.mark.parametrize(
+    ("merged", "alone"),
+    [
+        ({"rope_theta": True, "rope_parameters": {"rope_theta": 1}},
+         {"rope_parameters": {"rope_theta": 1}}),
+        ({"rope_scaling": {"type": "linear", "factor": 1},
+          "rope_parameters": {"type": "linear", "factor": True}},
+         {"rope_scaling": {"type": "linear", "factor": 1}}),
+    ],
+    ids=["top-level", "both-spellings"],
+)  # fmt: skip
+def test_rope_values_differ_by_canonical_json(
+    merged: dict[str, Any], alone: dict[str, Any]
+) -> None:
+    """``true`` and ``1`` are one value to Python's ``==``, two to a model's arithmetic
+    (and to canonical JSON): a config holding both is left as it is, not merged."""
+    from cmh.semantic._canonical import config_hash
+
+    llama = {"model_type": "llama", "hidden_size": 8}
+    assert config_hash({**llama, **merged}) != config_hash({**llama, **alone})
+
+
+def test_a_null_original_length_defaults_to_max_position_embeddings() -> None:
+    from cmh.semantic._canonical import normalize_config
+
+    config = {"model_type": "llama", "max_position_embeddings": 64,
+              "original_max_position_embeddings": None,
+              "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}  # fmt: skip
+    assert normalize_config(config)["rope_parameters"]["original_max_position_embeddings"] == 64
+
+
 def test_index_metadata_dtype_is_read_only_when_the_load_dtype_is_needed(tmp_path: Path) -> None:
     index = {"metadata": {"dtype": 5}, "weight_map": {"w": "s.safetensors"}}
     d = _write(tmp_path / "d", {"config.json": {"model_type": "toy", "dtype": "float32"},

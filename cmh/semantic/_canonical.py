@@ -367,10 +367,10 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(source, dict) or _nested_by_layer(out, source):
         return out
     both = out.get("rope_scaling"), out.get("rope_parameters")
-    if all(both) and both[0] != both[1]:
+    if all(both) and _differ(both[0], both[1]):
         return out  # two different spellings: which one a model reads is not known
     if any(
-        out.get(key) is not None and key in source and source[key] != out[key]
+        out.get(key) is not None and key in source and _differ(source[key], out[key])
         for key in ROPE_MOVED[1:]
     ):
         return out  # a top-level value that disagrees with the parameters: both kept
@@ -383,13 +383,21 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
         del params["type"]
     rope_type = params["rope_type"]
     if isinstance(rope_type, str) and rope_type in ROPE_WITH_ORIGINAL_LENGTH:
-        original = out.get("original_max_position_embeddings", out.get("max_position_embeddings"))
+        original = out.get("original_max_position_embeddings")
+        if original is None:  # present: present and not null
+            original = out.get("max_position_embeddings")
         if original is not None:
             params.setdefault("original_max_position_embeddings", original)
     for key in ROPE_MOVED:
         out.pop(key, None)
     out["rope_parameters"] = params
     return out
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """Two values differ when their canonical JSON (4) does: ``true`` and ``1`` differ
+    (Python's ``==`` takes them for one value), ``1`` and ``1.0`` do not."""
+    return canonical_json(a) != canonical_json(b)
 
 
 def _nested_by_layer(config: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
