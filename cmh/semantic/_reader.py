@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._checkpoint import DEFAULT_INDEX, INDEX_SUFFIX
+from .._checkpoint import DEFAULT_INDEX, INDEX_SUFFIX, parse_index
 from .._errors import CMHError
 from ._canonical import (
     CODE_DOMAIN,
     EMBEDDING_DOMAIN,
     GENERATION_DOMAIN,
+    MAX_JSON_SIZE,
     PROCESSOR_DOMAIN,
     QUANT_DOMAIN,
     TOKENIZER_DOMAIN,
@@ -28,6 +30,7 @@ from ._canonical import (
     raw_files_hash,
     read_json,
     read_json_object,
+    read_small,
     tokenizer_view_of_config,
 )
 from ._errors import NotAModelError, SemanticError
@@ -62,6 +65,14 @@ SKIPPED_DIRS = frozenset({".git", ".cache", ".cmh", ".huggingface", "__pycache__
 MAX_FILES = 100_000
 
 PathLike = str | os.PathLike[str]
+#: An index without ``metadata.dtype``.
+_ABSENT = object()
+
+
+def is_skipped(path: str) -> bool:
+    """Whether a repository path lies in a folder that is never read (1): the one rule for
+    a directory's listing and for a path-to-bytes map (a mirror's store) alike."""
+    return any(part in SKIPPED_DIRS for part in path.split("/")[:-1])
 
 
 def fingerprint(
@@ -108,7 +119,7 @@ def _listing(directory: str) -> dict[str, str]:
         raise NotAModelError(f"cannot list directory: {exc.strerror or exc}", directory) from exc
 
     for here, dirs, names in os.walk(directory, onerror=failed, followlinks=True):
-        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]  # pruned early: is_skipped
         rel = os.path.relpath(here, directory)
         for name in names:
             full = os.path.join(here, name)
@@ -142,9 +153,9 @@ def fingerprint_files(
     format library's error as its cause); an ``OSError`` means a file could
     not be read while hashing.
     """
-    top = dict(files)
+    top = {name: path for name, path in files.items() if not is_skipped(name)}
     try:
-        if ADAPTER_CONFIG_FILE in top:
+        if ADAPTER_CONFIG_FILE in top and weight_files is None:
             fp = _adapter(top, threads, source)
             embedded = _embedded_base(top, threads, source) if base is None else None
             if embedded is not None:  # transformers loads the base from the directory
@@ -189,8 +200,12 @@ def _model(
     )
     family = _family(config)
     hashed = None
-    if config is not None:  # the dtype the loader picks when config.json names none (5)
-        hashed = with_load_dtype(config, selected.index_dtype or summary.first_file_dtype)
+    if config is not None and normalize_config(config).get("dtype") is None:
+        # the dtype the loader picks when config.json names none (5); only then is the
+        # index's metadata.dtype read, as transformers reads it
+        hashed = with_load_dtype(config, _load_dtype(selected, summary, source))
+    elif config is not None:
+        hashed = config
     small = _SmallFiles(top, config, weight_files)
     read = [*weight_files, *([index_name] if index_name else []), *small.names]
     if config is not None:
@@ -201,7 +216,7 @@ def _model(
         task=model_task(config or {}, family),
         config=_named(CONFIG_FILE, config_hash, hashed),
         kv_config=_named(CONFIG_FILE, kv_config_hash, hashed),
-        files=tuple(sorted(read)),
+        files=tuple(sorted(set(read))),
         **_read_fields(summary, small),
     )
 
@@ -254,7 +269,11 @@ def _adapter(
     summary = summarize(
         {ADAPTER_WEIGHTS_FILE: top[ADAPTER_WEIGHTS_FILE]}, threads=threads, source=source
     )
-    small = _SmallFiles(top, None, (ADAPTER_WEIGHTS_FILE,))
+    # the adapter's own config.json, when present, is read as a model's is (1.2, 6): its
+    # auto_map names code, and it decides the tokenizer class, embedded base or not (8)
+    config = read_json_object(top[CONFIG_FILE], CONFIG_FILE) if CONFIG_FILE in top else None
+    small = _SmallFiles(top, config, (ADAPTER_WEIGHTS_FILE,))
+    own = [CONFIG_FILE] if config is not None else []
     peft_type = _nonempty_str(adapter_config, "peft_type")
     return ModelFingerprint(
         arch=None,
@@ -263,7 +282,7 @@ def _adapter(
         config=_named(ADAPTER_CONFIG_FILE, adapter_config_hash, adapter_config),
         adapter_type=peft_type or "unknown",
         base_model=_nonempty_str(adapter_config, "base_model_name_or_path"),
-        files=tuple(sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, *small.names])),
+        files=tuple(sorted({ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, *own, *small.names})),
         **_read_fields(summary, small),
     )
 
@@ -333,8 +352,9 @@ class _WeightSet:
     files: tuple[str, ...]
     index: str | None = None
     weight_map: dict[str, str] | None = None
-    #: The index's ``metadata.dtype`` (transformers' load dtype when config.json has none).
-    index_dtype: str | None = None
+    #: The index's ``metadata.dtype`` as written, or ``_ABSENT`` (transformers' load dtype
+    #: when config.json names none).
+    index_dtype: object = _ABSENT
 
 
 def _select_weights(
@@ -405,20 +425,30 @@ def _explicit_weights(
 
 
 def _from_index(top: Mapping[str, PathLike], index: str, source: str | None) -> _WeightSet:
-    obj = read_json_object(top[index], index)
-    weight_map = obj.get("weight_map")
-    if not isinstance(weight_map, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-    ):
-        raise NotAModelError(f"{index} has no weight_map of tensor name to file name", source)
-    metadata = obj.get("metadata")
-    dtype = metadata.get("dtype") if isinstance(metadata, dict) else None
-    if isinstance(metadata, dict) and "dtype" in metadata and not isinstance(dtype, str):
+    raw = read_small(top[index], index, MAX_JSON_SIZE)
+    # the format specification's index rules b to f (1.1 rule 3): strict UTF-8 without a
+    # byte-order mark, one object, no name twice, no NaN, a non-empty weight_map of strings
+    # (an empty one names no weight file: rule 7). Not rule g: transformers_weights' index
+    # names shards by paths relative to the directory (rule 1).
+    weight_map = parse_index(raw, index)
+    metadata = json.loads(raw).get("metadata")
+    dtype = metadata["dtype"] if isinstance(metadata, dict) and "dtype" in metadata else _ABSENT
+    return _WeightSet(tuple(sorted(set(weight_map.values()))), index, weight_map, dtype)
+
+
+def _load_dtype(selected: _WeightSet, summary: TensorSummary, source: str | None) -> str:
+    """The dtype transformers loads the weights in when config.json names none (5): the
+    index's ``metadata.dtype`` (which must then be a string), else the first file's."""
+    dtype = selected.index_dtype
+    if dtype is _ABSENT:
+        return summary.first_file_dtype
+    if not isinstance(dtype, str):
         raise NotAModelError(
-            f"{index} metadata.dtype is {dtype!r}, not a dtype name: the load dtype is not known",
+            f"{selected.index} metadata.dtype is {dtype!r}, not a dtype name: the load dtype "
+            "is not known",
             source,
         )
-    return _WeightSet(tuple(sorted(set(weight_map.values()))), index, dict(weight_map), dtype)
+    return dtype or summary.first_file_dtype
 
 
 def with_load_dtype(config: Mapping[str, Any], load_dtype: str) -> dict[str, Any]:
