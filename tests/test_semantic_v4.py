@@ -1029,13 +1029,19 @@ def test_rope_values_differ_by_canonical_json(
     assert config_hash({**llama, **merged}) != config_hash({**llama, **alone})
 
 
-def test_a_null_original_length_defaults_to_max_position_embeddings() -> None:
-    from cmh.semantic._canonical import normalize_config
+def test_a_null_original_length_is_copied_as_transformers_copies_it() -> None:
+    """transformers copies a top-level original_max_position_embeddings it has (hasattr),
+    null included, over the parameters' own: a null one is not the absent one (which
+    defaults to max_position_embeddings)."""
+    from cmh.semantic._canonical import config_hash, normalize_config
 
     config = {"model_type": "llama", "max_position_embeddings": 64,
               "original_max_position_embeddings": None,
               "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}  # fmt: skip
-    assert normalize_config(config)["rope_parameters"]["original_max_position_embeddings"] == 64
+    assert normalize_config(config)["rope_parameters"]["original_max_position_embeddings"] is None
+    absent = {k: v for k, v in config.items() if k != "original_max_position_embeddings"}
+    assert normalize_config(absent)["rope_parameters"]["original_max_position_embeddings"] == 64
+    assert config_hash(config) != config_hash(absent)
 
 
 def test_index_metadata_dtype_is_read_only_when_the_load_dtype_is_needed(tmp_path: Path) -> None:

@@ -383,11 +383,12 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
         del params["type"]
     rope_type = params["rope_type"]
     if isinstance(rope_type, str) and rope_type in ROPE_WITH_ORIGINAL_LENGTH:
-        original = out.get("original_max_position_embeddings")
-        if original is None:  # present: present and not null
-            original = out.get("max_position_embeddings")
-        if original is not None:
-            params.setdefault("original_max_position_embeddings", original)
+        if "original_max_position_embeddings" in out:
+            # A member, even null, wins (transformers tests it with hasattr); a value that
+            # disagrees with P's left the config as it is above.
+            params["original_max_position_embeddings"] = out["original_max_position_embeddings"]
+        elif out.get("max_position_embeddings") is not None:
+            params.setdefault("original_max_position_embeddings", out["max_position_embeddings"])
     for key in ROPE_MOVED:
         out.pop(key, None)
     out["rope_parameters"] = params
