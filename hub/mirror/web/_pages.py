@@ -26,7 +26,7 @@ from cmh.hub.cache import LayoutError, validate_relpath, validate_repo_id, valid
 
 from .._auth import repo_key
 from .._derived import NO_CARD
-from .._index import CommitIndex
+from .._index import CommitIndex, FileEntry
 from .._observe import ROUTE_KEY
 from ..stores import StoreError
 from . import _views as views
@@ -110,11 +110,11 @@ def add_routes(app: web.Application, options: WebOptions) -> None:
     app.router.add_route("*", "/", dispatch)
     app.router.add_route("*", "/-/{tail:.*}", dispatch)
 
-    async def close_cards(app: web.Application) -> None:
+    async def close_web(app: web.Application) -> None:
         options.cards.close()
         pages.shutdown(wait=False, cancel_futures=True)
 
-    app.on_cleanup.append(close_cards)
+    app.on_cleanup.append(close_web)
 
 
 def _segments(raw_path: str) -> list[str]:
@@ -519,7 +519,7 @@ def _commits_page(request: web.Request, who: Viewer, ctx: dict[str, Any], where:
     return render("commits.html", ctx)
 
 
-def _card(request: web.Request, entry: Any) -> Card | None:
+def _card(request: web.Request, entry: FileEntry) -> Card | None:
     """The card ``entry`` (a Markdown file) renders to: a repo page's README.md and every
     ``*.md`` file page take this one path (its limits, deadline and cache: ``_cards``).
     ``None`` when its blob cannot be read now; shown as text, for this view only, when no
