@@ -74,6 +74,34 @@ def installed() -> Iterator[None]:
         hub.uninstall()
 
 
+@pytest.mark.parametrize("version", ["1.33.0", "0.17.3", "unknown"])
+def test_install_patches_nothing_on_a_release_older_than_2(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The version gate (``test_dropin_versions.py`` runs a real 0.17.3): below 2.0 nothing is
+    patched, a warning names the release, and ``install()`` returns False."""
+    import cmh.hub as hub
+    import huggingface_hub
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import _http
+
+    before = (file_download.hf_hub_download, huggingface_hub.snapshot_download,
+              _http._GLOBAL_CLIENT_FACTORY)  # fmt: skip
+    monkeypatch.setattr(huggingface_hub, "__version__", version)
+    with pytest.warns(RuntimeWarning, match=f"huggingface_hub {version} is not supported"):
+        assert hub.install() is False
+    try:
+        assert not hub.installed()
+        after = (file_download.hf_hub_download, huggingface_hub.snapshot_download,
+                 _http._GLOBAL_CLIENT_FACTORY)  # fmt: skip
+        assert after == before
+    finally:
+        hub.uninstall()
+    monkeypatch.setattr(huggingface_hub, "__version__", "2.0.0rc1")
+    assert hub.install()  # a 2.x pre-release is 2.x
+    hub.uninstall()
+
+
 def _requests(server: Any, since: int) -> list[str]:
     return [
         f"{e['method']} {e.get('target')}"
