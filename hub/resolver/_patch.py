@@ -336,9 +336,9 @@ def _policy_for(local_files_only: bool) -> Policy:
 def _token(value: Any) -> str | bool | None:
     """The caller's ``token`` as the stock client reads it: a string, ``True``, ``False``,
     else ``None`` (the resolver then chooses as stock does, ``token_to_send``)."""
-    if value is True or value is False:
+    if value is True or value is False or isinstance(value, str):
         return value
-    return value if isinstance(value, str) and value else None
+    return None
 
 
 def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
@@ -689,6 +689,7 @@ def _stock_only(a: dict[str, Any]) -> bool:
         or a.get("force_download")
         or a.get("dry_run")
         or a.get("headers")
+        or a.get("token") == ""  # stock sends "Bearer " (h11 refuses it): stock's outcome
         or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
     )
 

@@ -169,6 +169,36 @@ def test_fresh_snapshot_answers_stock_calls_without_requests(
     assert _requests(toy.server, mark) == []
 
 
+def test_an_empty_token_is_not_answered_from_the_cache(
+    toy: Any, installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``token=""``: the stock client's requests carry ``Authorization: Bearer ``, which
+    h11 refuses before a byte is sent (``httpx2.LocalProtocolError``). Was: the hook
+    answered them from a fresh snapshot, so the stock functions returned files that
+    without ``install()`` raise. Now such a request goes to the HTTP client, which raises."""
+    import cmh.hub as hub
+
+    monkeypatch.setenv("CMH_HUB_API_FROM_CACHE", "1")  # bare calls answered too
+    import huggingface_hub
+    from huggingface_hub import HfApi, file_download
+
+    hub.resolve(REPO)  # the snapshot, fresh for 30 days (stamped)
+    stock_download = file_download.hf_hub_download.__cmh_original__
+    first = len(toy.server.log())
+    calls = (
+        lambda: huggingface_hub.hf_hub_download(REPO, "config.json", token=""),
+        lambda: stock_download(REPO, "config.json", token=""),
+        lambda: huggingface_hub.snapshot_download(REPO, token=""),
+        lambda: HfApi().model_info(REPO, token=""),
+    )
+    for call in calls:
+        with pytest.raises(httpx2.LocalProtocolError, match="Illegal header value b'Bearer '"):
+            call()
+    path = stock_download(REPO, "config.json", token=False)  # the hook answers this one
+    assert Path(path).read_bytes() == (toy.src / "config.json").read_bytes()
+    assert _requests(toy.server, first) == []
+
+
 def test_stale_snapshot_revalidates_once_per_repo(toy: Any, installed: None) -> None:
     import cmh.hub as hub
     from huggingface_hub import HfApi, file_download
