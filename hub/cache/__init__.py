@@ -25,7 +25,7 @@ from ._blobs import (
     new_digest,
     partial_path,
 )
-from ._clock import CLOCK_FILE_ENV, SYSTEM_CLOCK, Clock, process_clock
+from ._clock import CLOCK_FILE_ENV, SYSTEM_CLOCK, TEST_HOOKS_ENV, Clock, process_clock
 from ._errors import DiskFullError, IntegrityError, InvalidRemoteFileError, ResolveError
 from ._housekeeping import CACHEDIR_TAG, adopt_orphans, clean_no_exist, tag_cache_dir
 from ._layout import (
@@ -75,6 +75,7 @@ __all__ = [
     "REPO_PART_RE",
     "REPO_TYPE_PREFIX",
     "SYSTEM_CLOCK",
+    "TEST_HOOKS_ENV",
     "THREADED_DIGEST_BYTES",
     "UNREADABLE_HEADER",
     "VERIFIED_MARKERS",

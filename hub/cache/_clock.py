@@ -8,8 +8,10 @@ sleeping. :data:`SYSTEM_CLOCK` is the real one.
 A test cannot hand an object to another process, so :func:`process_clock`
 gives a process the real clock shifted by the seconds written in the file
 that ``CMH_TEST_CLOCK_FILE`` names (a test writes ``3600`` there to make a
-``cmh serve`` it started live an hour later). Without the variable it is
-:data:`SYSTEM_CLOCK`; the variable is for tests only.
+``cmh serve`` it started live an hour later). The file is read only when
+``CMH_TEST_HOOKS=1`` is set as well (the test helpers set both): one variable
+left in a production environment by mistake moves no clock. Otherwise it is
+:data:`SYSTEM_CLOCK`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from pathlib import Path
 
 CLOCK_FILE_ENV = "CMH_TEST_CLOCK_FILE"
+#: The switch without which no test hook (:data:`CLOCK_FILE_ENV`) is honoured: ``1``.
+TEST_HOOKS_ENV = "CMH_TEST_HOOKS"
 
 
 class Clock:
@@ -59,6 +63,9 @@ class ShiftedClock(Clock):
 
 
 def process_clock() -> Clock:
-    """This process's clock: :data:`SYSTEM_CLOCK`, or shifted as ``CMH_TEST_CLOCK_FILE`` says."""
+    """This process's clock: :data:`SYSTEM_CLOCK`, or shifted as ``CMH_TEST_CLOCK_FILE`` says
+    when ``CMH_TEST_HOOKS=1`` is set too."""
     path = os.environ.get(CLOCK_FILE_ENV)
-    return ShiftedClock(Path(path)) if path else SYSTEM_CLOCK
+    if not path or os.environ.get(TEST_HOOKS_ENV) != "1":
+        return SYSTEM_CLOCK
+    return ShiftedClock(Path(path))

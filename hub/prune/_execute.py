@@ -12,8 +12,11 @@ crash at any point:
 2. each snapshot folder, moved in one ``rename`` into ``{repo}/.cmh/trash/``
    (never half a snapshot) and then deleted;
 3. ``.no_exist/``, ``trees/`` and usage records of removed revisions;
-4. blobs no surviving snapshot links to, each under the stock per-blob lock
-   (a download of that blob in progress keeps it), and stale ``*.incomplete``;
+4. blobs no snapshot links to, each under the stock per-blob lock (a download of
+   that blob in progress keeps it), and stale ``*.incomplete``. The links are read
+   again just before, those of every repo's snapshots (``blobs_linked_now``): a
+   snapshot of another repo linked to a blob since the scan (a dedupe) keeps it, as
+   it keeps a repo from going whole;
 5. lock files of what is gone, each deleted while held.
 
 A repo with nothing left is moved in one ``rename`` into
@@ -70,6 +73,7 @@ from ._scan import (
     LinkedFolder,
     RepoScan,
     ScanOptions,
+    blobs_linked_now,
     etag_of,
     scan_repo,
 )
@@ -193,7 +197,8 @@ class _RepoPruner:
         planned = {r.commit for r in self.planned.revisions}
         evict = [r.commit for r in self.planned.revisions if OVER_SIZE in r.reasons]
         policy, now = self.plan.policy, self.plan.now
-        fresh = plan_repo(scan, policy, now, evict, only=planned)
+        only = planned
+        fresh = plan_repo(scan, policy, now, evict, only=only)
         going = {r.commit for r in fresh.revisions}
         self.out.kept_in_use += sorted(read_lately(scan, policy, now) & planned - going)
         with contextlib.ExitStack() as held:
@@ -211,7 +216,14 @@ class _RepoPruner:
                     locked.discard(commit)
                     self.out.kept_in_use.append(commit)
             if self.out.kept_in_use:
-                fresh = plan_repo(scan, policy, now, evict, only=locked)
+                only = locked
+                fresh = plan_repo(scan, policy, now, evict, only=only)
+            if fresh.remove_repo and self.planned.remove_repo:
+                folder = self.layout.folder_name  # its own snapshots all go
+                linked = blobs_linked_now(self.root, folder, own=False) & set(scan.blobs)
+                if linked:  # a snapshot of another repo links to one of its blobs now
+                    scan = dataclasses.replace(scan, pinned=scan.pinned | linked)
+                    fresh = plan_repo(scan, policy, now, evict, only=only)
             allowed = {(i.kind, i.path) for i in self.planned.items}
             items = [i for i in fresh.items if (i.kind, i.path) in allowed]
             if fresh.remove_repo and self.planned.remove_repo and self._remove_repo(fresh):
@@ -304,6 +316,8 @@ class _RepoPruner:
         for commit in failed:
             scanned = scan.revision(commit)
             still_linked |= scanned.blobs if scanned is not None else set()
+        if any(item.kind == KIND_BLOB for item in per_blob):  # the links of now, any repo's
+            still_linked |= blobs_linked_now(self.root, folder)
         remaining: dict[str, int] = {}
         for name in (*scan.blobs, *(e.name for e in (*scan.incomplete, *scan.partials))):
             remaining[etag_of(name)] = remaining.get(etag_of(name), 0) + 1

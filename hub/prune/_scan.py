@@ -448,6 +448,95 @@ def _pin_shared_blobs(repos: list[RepoScan]) -> list[RepoScan]:
     return out
 
 
+def blobs_linked_now(root: Path, folder: str, *, own: bool = True) -> frozenset[str]:
+    """The names in ``{folder}/blobs/`` that a snapshot of any repo under ``root`` (that
+    repo too unless ``own`` is false) links to now, read again: one ``readlink`` a snapshot
+    file, no blob opened. A link of the stock shape (``../../blobs/{name}``) names a blob
+    of the repo it is in; any other is told as the scan tells it (:class:`_Links`: a link
+    into a folder that cannot be looked at counts for its name, as in
+    :func:`_pin_shared_blobs`). A repo whose ``snapshots/`` is a link is not followed
+    (the scan leaves that repo alone too).
+
+    The executor asks it under the repo lock just before deleting blobs, so a link another
+    repo's snapshot made to one of them after the scan (a dedupe) keeps it. It costs a
+    ``readlink`` for each snapshot file of the cache, once for each repo whose blobs go."""
+    walk = _LinkNames(Path(root), folder)
+    base = os.fspath(root)
+    with os.scandir(base) as it:
+        repos = [e.name for e in it if parse_repo_folder(e.name) is not None and e.is_dir()]
+    for name in repos:
+        mine = name == folder
+        if mine and not own:
+            continue
+        snapshots = os.path.join(base, name, "snapshots")
+        try:
+            if stat.S_ISLNK(os.lstat(snapshots).st_mode):
+                continue
+            with os.scandir(snapshots) as it:
+                entries = [e for e in it if e.name not in IGNORED_NAMES]
+        except OSError:  # none, or unreadable: no link of it to read
+            continue
+        walk.repo(name, snapshots)
+        for entry in entries:
+            try:
+                if entry.is_dir():
+                    walk.walk(entry.path, (entry.name,), 2, mine)
+            except OSError:  # removed meanwhile, or unreadable (the scan kept it whole)
+                continue
+    return frozenset(walk.names)
+
+
+class _LinkNames:
+    """The walk of :func:`blobs_linked_now`: the names of ``folder``'s blobs that links
+    name (stock-shaped links told by their text, any other by :class:`_Links`, whose
+    folder identities are looked up the first time one is met)."""
+
+    def __init__(self, root: Path, folder: str) -> None:
+        self.root, self.folder = root, folder
+        self.names: set[str] = set()
+        self.dirs: dict[FolderId, str] | None = None
+        self.current: tuple[str, str] = ("", "")  # the repo walked: its folder, snapshots/
+        self.links: _Links | None = None
+        self.real: str | None = None
+
+    def repo(self, name: str, snapshots: str) -> None:
+        self.current, self.links, self.real = (name, snapshots), None, None
+
+    def walk(self, directory: str, rel: tuple[str, ...], depth: int, mine: bool) -> None:
+        stock = "../" * depth + "blobs/"
+        with os.scandir(directory) as it:
+            for e in it:
+                if e.is_symlink():
+                    target = os.readlink(e.path)
+                    blob = target[len(stock) :] if target.startswith(stock) else ""
+                    if blob and "/" not in blob and blob not in (".", ".."):
+                        if mine:  # a blob of the repo the link is in (the scan's reading)
+                            self.names.add(blob)
+                        continue
+                    self._other(e.path, target, rel, e.name, depth, mine)
+                elif e.is_dir(follow_symlinks=False):
+                    self.walk(e.path, (*rel, e.name), depth + 1, mine)
+
+    def _other(
+        self, link: str, target: str, rel: tuple[str, ...], name: str, depth: int, mine: bool
+    ) -> None:
+        """A link not of the stock shape, told as the scan tells it."""
+        if self.links is None:
+            if self.dirs is None:
+                self.dirs = blob_folders(list(iter_repos(self.root)))
+            repo, snapshots = self.current
+            layout_blobs = self.root / repo / "blobs"
+            self.links = _Links(layout_blobs, {}, self.dirs)
+            self.real = os.path.realpath(snapshots)
+        assert self.real is not None
+        real_dir = os.path.join(self.real, *rel)
+        f = self.links._link(link, real_dir, target, "/".join((*rel, name)), False, depth)
+        if mine and f.blob is not None:
+            self.names.add(f.blob)
+        elif f.elsewhere is not None and f.elsewhere[0] in (self.folder, ""):
+            self.names.add(f.elsewhere[1])
+
+
 def _unreadable(exc: OSError, base: Path) -> str:
     """``{path} cannot be read ({why})``, the path relative to the root."""
     where = exc.filename

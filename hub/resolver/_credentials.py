@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+
+#: A header value h11 (the HTTP/1.1 layer of ``httpx2``, the stock client's and the
+#: resolver's HTTP client) sends: its ``field_value`` rule (no leading or trailing blank,
+#: no NUL, CR, LF or other white space but inner spaces and tabs). ``Authorization:
+#: Bearer `` (``token=""``) is not one.
+SENDABLE_VALUE = re.compile(rb"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?")
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -15,13 +22,14 @@ def default_endpoint() -> str:
 def token_to_send(token: str | bool | None) -> str | None:
     """The token the stock client sends for its ``token`` argument, chosen by
     huggingface_hub's own ``get_token_to_send`` (every supported release has it): a string
-    is sent; ``False`` sends none; ``True`` sends ``HF_TOKEN`` or the token file, and
-    raises the stock ``LocalTokenNotFoundError`` when there is neither; ``None`` sends
-    them too unless ``HF_HUB_DISABLE_IMPLICIT_TOKEN`` is set."""
+    is sent, the empty one too (as ``Bearer ``, which no request can carry: see
+    :func:`check_sendable`); ``False`` sends none; ``True`` sends ``HF_TOKEN`` or the
+    token file, and raises the stock ``LocalTokenNotFoundError`` when there is neither;
+    ``None`` sends them too unless ``HF_HUB_DISABLE_IMPLICIT_TOKEN`` is set."""
     if token is False:
         return None
     if isinstance(token, str):
-        return token or None
+        return token
     from huggingface_hub.utils._headers import get_token_to_send
 
     if token is True:
@@ -31,3 +39,19 @@ def token_to_send(token: str | bool | None) -> str | None:
     except Exception:  # an unreadable token file, OIDC not configured, ...: none sent
         return None
     return found or None
+
+
+def check_sendable(token: str | None) -> None:
+    """Raise what the stock client's request raises when ``Authorization: Bearer {token}``
+    cannot be sent (``token=""``: ``httpx2.LocalProtocolError: Illegal header value
+    b'Bearer '``, raised by h11 before a byte goes out); nothing for ``None``."""
+    if token is None:
+        return
+    try:
+        value = f"Bearer {token}".encode("ascii")
+    except UnicodeEncodeError:
+        return  # not a header value at all: the HTTP client says so itself
+    if SENDABLE_VALUE.fullmatch(value) is None:
+        import httpx2
+
+        raise httpx2.LocalProtocolError(f"Illegal header value {value!r}")

@@ -48,7 +48,7 @@ from cmh.hub.cache import (
 
 from . import _chunked as chunked
 from ._answers import keep_resolver_answers
-from ._credentials import token_to_send
+from ._credentials import check_sendable, token_to_send
 from ._fetch import download_whole
 from ._http import HubClient, metadata_timeout
 from ._local import (
@@ -164,7 +164,8 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
     ``policy`` defaults to :meth:`Policy.from_env` (offline under
     ``HF_HUB_OFFLINE``). ``progress`` receives byte counts as they arrive,
     ``on_total`` the bytes to fetch. ``token`` as in the stock client
-    (:func:`~cmh.hub.resolver._credentials.token_to_send`): a string is sent,
+    (:func:`~cmh.hub.resolver._credentials.token_to_send`): a string is sent (``""``
+    cannot be: ``httpx2.LocalProtocolError`` once the Hub is to be asked, as stock),
     ``False`` sends no token at all, ``True`` sends ``HF_TOKEN`` or the token
     file (none: the stock ``LocalTokenNotFoundError``), ``None`` too unless
     ``HF_HUB_DISABLE_IMPLICIT_TOKEN`` is set. Raises a
@@ -195,6 +196,7 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
             if fresh is not None:
                 return fresh
         token = token_to_send(o.get("token"))
+        check_sendable(token)  # token="": stock's request fails before it is sent, so does this
         started = ask.policy.started
         answer_by = None if started is None else started + metadata_timeout()
         client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock, answer_by=answer_by)

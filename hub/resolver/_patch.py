@@ -108,6 +108,9 @@ SNAPSHOT_DOWNLOAD_PARAMS = (
     "endpoint",
 )
 
+#: The oldest huggingface_hub release ``install()`` patches (``pyproject.toml``: ``>=2.0``).
+MIN_HUB_RELEASE = (2, 0)
+
 _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
 _recent = window_state.recent  # the revalidation window (tests clear it as a new process would)
@@ -127,6 +130,12 @@ def install(
 ) -> bool:
     """Patch the stock download functions; returns ``False`` if nothing could be patched.
 
+    On a huggingface_hub release older than :data:`MIN_HUB_RELEASE` (what ``pyproject.toml``
+    requires; 0.x and 1.x lack the client factory hook, and 0.17 even the
+    ``constants.HF_HUB_CACHE`` the wrappers read) nothing is patched: a
+    :class:`RuntimeWarning` names the release, ``False`` is returned, and the stock
+    client works as it does without ``install()``.
+
     ``policy`` overrides :meth:`Policy.from_env` for routed calls (the
     ``local_files_only`` argument still forces offline). ``api_from_cache``: answer
     bare Hub API calls (``model_info``, ``list_repo_files``, ``HfFileSystem``) of a
@@ -136,6 +145,16 @@ def install(
     with _lock:
         if _patched:
             return True
+        unsupported = _unsupported_release()
+        if unsupported is not None:
+            warnings.warn(
+                f"cmh.hub.install: huggingface_hub {unsupported} is not supported (cmh needs "
+                f"{'.'.join(map(str, MIN_HUB_RELEASE))} or later): nothing patched, downloads "
+                "go to the stock client unchanged",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return False
         window_state.configure(window, policy, api_from_cache)
         from huggingface_hub import _snapshot_download, file_download
 
@@ -167,6 +186,23 @@ def install(
         _scope_resolve_revision()
         _install_client_hook()
         return bool(_patched)
+
+
+def _unsupported_release() -> str | None:
+    """The imported huggingface_hub's version when it is older than :data:`MIN_HUB_RELEASE`
+    (or not a version at all), else ``None``."""
+    import huggingface_hub
+
+    version = str(getattr(huggingface_hub, "__version__", "") or "unknown")
+    numbers: list[int] = []
+    for part in version.split(".")[: len(MIN_HUB_RELEASE)]:
+        digits = part[: len(part) - len(part.lstrip("0123456789"))]
+        if not digits:
+            break
+        numbers.append(int(digits))
+    if not numbers or tuple(numbers) < MIN_HUB_RELEASE[: len(numbers)]:
+        return version
+    return None
 
 
 def _scope_resolve_revision() -> None:
@@ -300,9 +336,9 @@ def _policy_for(local_files_only: bool) -> Policy:
 def _token(value: Any) -> str | bool | None:
     """The caller's ``token`` as the stock client reads it: a string, ``True``, ``False``,
     else ``None`` (the resolver then chooses as stock does, ``token_to_send``)."""
-    if value is True or value is False:
+    if value is True or value is False or isinstance(value, str):
         return value
-    return value if isinstance(value, str) and value else None
+    return None
 
 
 def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
@@ -653,6 +689,7 @@ def _stock_only(a: dict[str, Any]) -> bool:
         or a.get("force_download")
         or a.get("dry_run")
         or a.get("headers")
+        or a.get("token") == ""  # stock sends "Bearer " (h11 refuses it): stock's outcome
         or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
     )
 

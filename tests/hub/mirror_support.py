@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from urllib.request import urlopen
 
 from aiohttp import web
-from cmh.hub.cache import CLOCK_FILE_ENV, Clock
+from cmh.hub.cache import CLOCK_FILE_ENV, TEST_HOOKS_ENV, Clock
 from cmh.hub.mirror.stores.local._folder import ImportResult, add_folder
 from deadline_support import TEST_DEADLINE
 from processes import stop_process
@@ -94,6 +94,7 @@ class ProcessClock:
 
     Written to the file ``CMH_TEST_CLOCK_FILE`` names (``cmh.hub.cache._clock``), which a
     ``cmh serve`` reads at each look at its clock: a test moves a server past a TTL at once.
+    :attr:`env` also sets ``CMH_TEST_HOOKS=1``, without which the file is not read.
     """
 
     def __init__(self, path: Path) -> None:
@@ -109,7 +110,7 @@ class ProcessClock:
 
     @property
     def env(self) -> dict[str, str]:
-        return {CLOCK_FILE_ENV: str(self.path)}
+        return {CLOCK_FILE_ENV: str(self.path), TEST_HOOKS_ENV: "1"}
 
 
 class MirrorServer:

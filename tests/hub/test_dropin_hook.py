@@ -74,6 +74,34 @@ def installed() -> Iterator[None]:
         hub.uninstall()
 
 
+@pytest.mark.parametrize("version", ["1.33.0", "0.17.3", "unknown"])
+def test_install_patches_nothing_on_a_release_older_than_2(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The version gate (``test_dropin_versions.py`` runs a real 0.17.3): below 2.0 nothing is
+    patched, a warning names the release, and ``install()`` returns False."""
+    import cmh.hub as hub
+    import huggingface_hub
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import _http
+
+    before = (file_download.hf_hub_download, huggingface_hub.snapshot_download,
+              _http._GLOBAL_CLIENT_FACTORY)  # fmt: skip
+    monkeypatch.setattr(huggingface_hub, "__version__", version)
+    with pytest.warns(RuntimeWarning, match=f"huggingface_hub {version} is not supported"):
+        assert hub.install() is False
+    try:
+        assert not hub.installed()
+        after = (file_download.hf_hub_download, huggingface_hub.snapshot_download,
+                 _http._GLOBAL_CLIENT_FACTORY)  # fmt: skip
+        assert after == before
+    finally:
+        hub.uninstall()
+    monkeypatch.setattr(huggingface_hub, "__version__", "2.0.0rc1")
+    assert hub.install()  # a 2.x pre-release is 2.x
+    hub.uninstall()
+
+
 def _requests(server: Any, since: int) -> list[str]:
     return [
         f"{e['method']} {e.get('target')}"
@@ -139,6 +167,36 @@ def test_fresh_snapshot_answers_stock_calls_without_requests(
     mark = len(toy.server.log())
     calls()
     assert _requests(toy.server, mark) == []
+
+
+def test_an_empty_token_is_not_answered_from_the_cache(
+    toy: Any, installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``token=""``: the stock client's requests carry ``Authorization: Bearer ``, which
+    h11 refuses before a byte is sent (``httpx2.LocalProtocolError``). Was: the hook
+    answered them from a fresh snapshot, so the stock functions returned files that
+    without ``install()`` raise. Now such a request goes to the HTTP client, which raises."""
+    import cmh.hub as hub
+
+    monkeypatch.setenv("CMH_HUB_API_FROM_CACHE", "1")  # bare calls answered too
+    import huggingface_hub
+    from huggingface_hub import HfApi, file_download
+
+    hub.resolve(REPO)  # the snapshot, fresh for 30 days (stamped)
+    stock_download = file_download.hf_hub_download.__cmh_original__
+    first = len(toy.server.log())
+    calls = (
+        lambda: huggingface_hub.hf_hub_download(REPO, "config.json", token=""),
+        lambda: stock_download(REPO, "config.json", token=""),
+        lambda: huggingface_hub.snapshot_download(REPO, token=""),
+        lambda: HfApi().model_info(REPO, token=""),
+    )
+    for call in calls:
+        with pytest.raises(httpx2.LocalProtocolError, match="Illegal header value b'Bearer '"):
+            call()
+    path = stock_download(REPO, "config.json", token=False)  # the hook answers this one
+    assert Path(path).read_bytes() == (toy.src / "config.json").read_bytes()
+    assert _requests(toy.server, first) == []
 
 
 def test_stale_snapshot_revalidates_once_per_repo(toy: Any, installed: None) -> None:

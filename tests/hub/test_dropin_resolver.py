@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 from cli_support import run_runner
 from hublike import HubLike, running
@@ -294,6 +295,60 @@ def test_the_token_sent_is_the_one_stock_chooses(front, tmp_path, monkeypatch):
     )
     assert stock == installed == resolved == {None}
     assert asked == {"Bearer hf_implicit_token"}
+
+
+def test_an_empty_token_fails_as_stock_fails(front, tmp_path, monkeypatch):
+    """``token=""``: huggingface_hub's ``get_token_to_send`` returns it as it is (every
+    release, 0.x to 2.x), so the stock client builds ``Authorization: Bearer ``, which h11
+    refuses before a byte is sent: ``httpx2.LocalProtocolError``, and the Hub sees nothing;
+    a cached pinned commit is returned without a request. Was: ``install()`` sent
+    ``HF_TOKEN`` instead (``""`` read as ``None``) and ``resolve()`` sent no token, and
+    both downloaded; the client hook answered the stock client's requests from a fresh
+    cache without trying to send them."""
+    import cmh.hub as hub
+    import huggingface_hub
+    from test_dropin_hook import aim_stock_client
+
+    aim_stock_client(monkeypatch, front.url, tmp_path / "unused")
+    _no_token_anywhere(monkeypatch, tmp_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_implicit_token")
+
+    def outcome(call) -> tuple[object, list[str | None]]:
+        before = len(front.records(origin="hub"))
+        try:
+            got: object = Path(call()).name
+        except Exception as exc:
+            got = (type(exc), str(exc))
+        front.wait_idle()
+        return got, [r.headers.get("authorization") for r in front.records(origin="hub")[before:]]
+
+    def loads(cache: Path) -> list[tuple[object, list[str | None]]]:
+        # Looked up at each call, as code imported after install() gets the wrappers.
+        hf_hub_download = huggingface_hub.hf_hub_download
+        snapshot_download = huggingface_hub.snapshot_download
+        commit = hub.resolve(TINY_REPO, cache_dir=cache, endpoint=front.url).commit  # fresh
+        return [
+            outcome(lambda: hf_hub_download(TINY_REPO, "config.json", cache_dir=cache,
+                                            endpoint=front.url, token="")),
+            outcome(lambda: snapshot_download(TINY_REPO, cache_dir=cache, endpoint=front.url,
+                                              token="")),
+            outcome(lambda: hf_hub_download(TINY_REPO, "config.json", cache_dir=cache,
+                                            endpoint=front.url, token="", revision=commit)),
+        ]  # fmt: skip
+
+    stock = loads(tmp_path / "stock")
+    refused = (httpx2.LocalProtocolError, "Illegal header value b'Bearer '")
+    assert stock == [(refused, []), (refused, []), ("config.json", [])]
+    assert hub.install()
+    try:
+        assert hasattr(huggingface_hub.hf_hub_download, "__cmh_original__")
+        installed = loads(tmp_path / "installed")
+    finally:
+        hub.uninstall()
+    assert installed == stock
+    assert outcome(
+        lambda: hub.resolve(TINY_REPO, cache_dir=tmp_path / "r", endpoint=front.url, token="")
+    ) == (refused, [])
 
 
 def test_a_required_token_that_cannot_be_found_raises_as_stock(front, tmp_path, monkeypatch):

@@ -182,6 +182,55 @@ def test_a_blob_another_repo_links_to_is_kept(tmp_path: Path, option: str) -> No
     assert plan.empty
 
 
+def _dedupe(root: Path, commit: str, name: str) -> Path:
+    """Point ``w.bin`` of org/b's snapshot ``commit`` at org/a's blob ``name`` (a dedupe
+    the stock client reads); returns the link."""
+    link = root / "models--org--b" / "snapshots" / commit / "w.bin"
+    link.unlink()
+    link.symlink_to(f"../../../models--org--a/blobs/{name}")
+    return link
+
+
+@pytest.mark.parametrize(
+    ("whole", "when"),
+    [(False, "before the executor"), (False, "at its first change"), (True, "before the executor")],
+)
+def test_a_link_another_repo_made_after_the_scan_keeps_its_blob(
+    tmp_path: Path, whole: bool, when: str
+) -> None:
+    """Was: the executor scanned the pruned repo again under its lock but kept only the
+    blobs the first scan had seen other repos link to, so a link made since (a dedupe
+    pointing org/b's snapshot at org/a's blob) lost its blob. The links are now read
+    again just before blobs are deleted, and before a repo goes whole."""
+    root = tmp_path / "cache"
+    b = CacheBuilder(root)
+    old = NOW - 40 * DAY
+    b.revision("org/a", {"w.bin": b"shared" * 100}, ref=None, fetched=old)
+    if not whole:
+        b.revision("org/a", {"other.bin": b"o" * 10}, fetched=old)
+    commit = b.revision("org/b", {"w.bin": b"shared" * 100}, fetched=old)
+    name = os.path.basename(os.readlink(root / "models--org--b" / "snapshots" / commit / "w.bin"))
+    blob = root / "models--org--a" / "blobs" / name
+    plan = plan_prune(scan_cache(root), PrunePolicy(unreferenced=True), NOW)
+    (repo,) = plan.changes
+    assert repo.repo_id == "org/a" and len(repo.revisions) == 1 and repo.remove_repo == whole
+    assert whole or f"models--org--a/blobs/{name}" in {i.path for i in repo.items}
+    linked: list[Path] = []
+
+    def link(action: str, path: Path) -> None:
+        if not linked:  # org/a's lock and scan are taken: this is the deletion under way
+            linked.append(_dedupe(root, commit, name))
+
+    if when == "before the executor":
+        link("", root)
+    report = execute_plan(plan, lock_timeout=0, on_change=link)
+    assert not report.all_errors
+    assert [len(r.revisions) for r in report.repos] == [1]
+    assert not any(r.removed_repo for r in report.repos)
+    assert blob.is_file()
+    assert linked[0].read_bytes() == b"shared" * 100
+
+
 # -- what is not a regular file is never opened to block ---------------------------------
 
 
