@@ -101,3 +101,12 @@ def softirq_seconds() -> float:
             fields = text.rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds the whole machine spent busy so far (Linux ``/proc/stat``: every state
+    but idle and iowait, summed over the cores): what every process and the kernel took,
+    the bench's clients included."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")

@@ -31,8 +31,11 @@ targets: cmh no slower cold, one upstream transfer where olah makes more, warm
 ``--clients`` at least 0.9x direct S3 GETs of the same blob (measured in the same
 run, curls of a presigned URL), cold with ``--clients`` at most 1.5x the one node's
 time (issue 37), and that cold time's floor: the seconds SeaweedFS alone takes to store
-the file as a fill does (8 MiB parts, 3 PUTs at once, nothing else running). Each cold
-run's CPU seconds per GiB of the file are printed for every process of the mirror (the
+the file as a fill does (8 MiB parts, 3 PUTs at once, nothing else running), and its CPU
+floor: the machine's busy CPU seconds over the one node's whole cold run (clients and
+upstream included, from ``/proc/stat``) plus SeaweedFS's CPU seconds to store the file,
+over the cores (the fleet does both on the same cores; meaningful on a quiet machine
+only). Each cold run's CPU seconds per GiB of the file are printed for every process of the mirror (the
 one node; each replica and SeaweedFS), counted from ``/proc`` until the last client has
 the file, and the load average before and after.
 Usage: ``python bench/pullthrough.py [--size-mib 1024] [--clients 8]
@@ -70,7 +73,7 @@ from hublike import HubLike, running  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _servers import free_port, stop_process  # noqa: E402
-from _timing import cpu_seconds  # noqa: E402
+from _timing import cpu_seconds, machine_cpu_seconds  # noqa: E402
 
 
 class Server(NamedTuple):
@@ -229,7 +232,9 @@ def run_mirror(
         with launch(cache) as servers:
             urls = [f"{s.url}/{REPO}/resolve/main/big.bin" for s in servers if s.url]
             before = [cpu_seconds(s.pid) for s in servers]
+            machine = machine_cpu_seconds()
             wall, firsts = fetch(urls, n, size)
+            out[f"cold{n}_machine_cpu_s"] = machine_cpu_seconds() - machine
             for s, cpu in zip(servers, before, strict=True):
                 out[f"cold{n}_cpu_{s.name}"] = (cpu_seconds(s.pid) - cpu) / (size / GIB)
             requests, transfers, nbytes = upstream_cost(front)
@@ -369,7 +374,7 @@ def storage_write(weed: object, store: str, file: Path, size: int) -> dict[str, 
         spent = (cpu_seconds(pid) - cpu) / (size / GIB)
         for name in names:
             objects.delete(name)
-    return {"storage_write_s": wall, "storage_write_cpu": spent}
+    return {"storage_write_s": wall, "storage_write_cpu": spent, "size_gib": size / GIB}
 
 
 SAME_PREFIX = "warm"  # a fleet launched on this cache folder serves the last prefix
@@ -569,6 +574,19 @@ def report(results: dict[str, dict[str, float] | str], size_mib: int, n: int) ->
                 print(f"    its floor: SeaweedFS alone took {took:.2f} s to store the file as "
                       f"a fill does, nothing else running ({took / c[f'cold{n}_s']:.2f}x the "
                       f"one node's time; SeaweedFS {spent:.2f} CPU s per GiB)")  # fmt: skip
+                # The two share the machine's cores: the one node's whole cold run (every
+                # process, the clients and the upstream included) plus SeaweedFS storing
+                # the file cannot take less than their CPU seconds over the cores.
+                node_cpu = c[f"cold{n}_machine_cpu_s"]
+                fleet_cpu = f[f"cold{n}_machine_cpu_s"]
+                store_cpu = spent * f["size_gib"]
+                cores = os.cpu_count() or 1
+                bound = max(took, (node_cpu + store_cpu) / cores)
+                print(f"    its CPU floor: the one node's run took {node_cpu:.2f} CPU s of "
+                      f"the machine, SeaweedFS storing the file {store_cpu:.2f}: at least "
+                      f"{bound:.2f} s on {cores} cores ({bound / c[f'cold{n}_s']:.2f}x the one "
+                      f"node's time); the fleet's run took {fleet_cpu:.2f} CPU s "
+                      f"({fleet_cpu / node_cpu:.2f}x the one node's)")  # fmt: skip
     elif "fleet" in results:
         print(f"  fleet: not measured ({results['fleet']})")
 
