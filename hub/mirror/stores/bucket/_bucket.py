@@ -537,9 +537,11 @@ class BucketStore:
                 commit = named or commit_oid(tree, [parent] if parent else [])
                 obj = TreeObject(commit, tree, (parent,) if parent else (), self.storage_time(),
                                  tuple(_tree_files(files)))  # fmt: skip
-                created = True
-                self._put_tree(folder, obj)
-                created_commits.add(commit)
+                # False: the same tree on the same parent, written before by an import
+                # to another revision (its tree object, its created_at, is kept)
+                created = self._put_tree(folder, obj)
+                if created:
+                    created_commits.add(commit)
             checked_at = self._wait_for_no_lease(folder)
             self._put_tree(folder, obj)  # a pruner may have removed it meanwhile
             for f in files:
@@ -564,10 +566,14 @@ class BucketStore:
             f"{folder}/refs/{revision} kept moving: gave up after {MAX_REF_ATTEMPTS} attempts"
         )
 
-    def _put_tree(self, folder: str, obj: TreeObject) -> None:
+    def _put_tree(self, folder: str, obj: TreeObject) -> bool:
+        """Write ``obj`` unless its commit's tree object is there; True when written."""
         # A 412 means the same commit id: the same tree on the same parent.
-        with contextlib.suppress(PreconditionFailed):
+        try:
             self.objects.put_if_absent(self.tree_name(folder, obj.commit), obj.to_bytes())
+        except PreconditionFailed:
+            return False
+        return True
 
     def _wait_for_no_lease(self, folder: str) -> float:
         """Wait while a pruner holds the repo's lease; the monotonic time of the check
