@@ -639,6 +639,28 @@ def test_tokens_naming_a_repo_the_store_lacks_are_warned_about(
     assert doc["warnings"] == []
 
 
+def test_access_log_and_metrics_count_body_bytes_of_documents_and_errors(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """``bytes`` and ``cmh_mirror_response_bytes_total`` are body bytes (spec 2.8), for an
+    error and a document as for a file: the status line and headers are not counted."""
+    server = mirror_server_factory(_small_store(tmp_path))
+    url = f"{server.url}/{REPO}/resolve/main/config.json"
+    status, _, refused = get(url, {"If-Match": '"nope"'})
+    assert status == 412 and refused
+    status, _, info = get(f"{server.url}/api/models/{REPO}")
+    assert status == 200 and info
+    assert get(f"{server.url}/api/models/{REPO}", method="HEAD")[0] == 200
+    assert [e["bytes"] for e in server.log(route="resolve")] == [len(refused)]
+    assert [(e["method"], e["bytes"]) for e in server.log(route="repo_info")] == [
+        ("GET", len(info)),
+        ("HEAD", 0),
+    ]
+    samples = server.metrics()
+    assert samples[("cmh_mirror_response_bytes_total", (("route", "resolve"),))] == len(refused)
+    assert samples[("cmh_mirror_response_bytes_total", (("route", "repo_info"),))] == len(info)
+
+
 # -- item 20: secrets in the access log ----------------------------------------------------
 
 
