@@ -2,9 +2,9 @@
 
 A snapshot is read without trusting it: each entry must be a symlink whose
 target is exactly ``blobs/{40 or 64 hex}`` of the same repo (or a regular file
-inside the snapshot, as a copy-mode cache holds), and the blob must be a
-regular file, not a symlink, inside the store. Anything else is left out of
-the index, so it can never be listed or served.
+inside the snapshot, as a copy-mode cache holds). Anything else is left out of
+the index, so it can never be listed or served. A blob that is missing or not a
+regular file (a symlink is never followed) keeps a link's entry, which answers 503.
 """
 
 from __future__ import annotations
@@ -156,7 +156,9 @@ def build_index(repo: RepoLayout, commit: str) -> CommitIndex:
             except UnavailableEntry:
                 unavailable.add(rel)
                 continue
-            if entry is not None and not os.path.realpath(entry.source).startswith(real_repo):
+            if entry is not None and not (
+                os.path.realpath(entry.source.parent) + os.sep
+            ).startswith(real_repo):
                 entry = None  # reached through a symlinked folder that leaves the repo
             if entry is None:
                 skipped.append(rel)
@@ -189,11 +191,11 @@ def _entry(
 ) -> FileEntry | None:
     """The entry of one snapshot file, or ``None`` when it must not be served.
 
-    A link to a blob that is missing or whose size differs from the recorded
-    listing still gives an entry (with the recorded size): serving it then
-    fails its size check and answers 503 instead of pretending the file is
-    absent. A broken link without a recorded size is reported as unavailable
-    through :class:`UnavailableEntry`.
+    A link to a blob that is missing, not a regular file (a link, a folder), or whose
+    size differs from the recorded listing still gives an entry (with the recorded
+    size): serving it then fails its open (``O_NOFOLLOW``) or size check and answers
+    503 instead of pretending the file is absent. Such a link without a recorded size
+    is reported as unavailable through :class:`UnavailableEntry`.
     """
     if os.path.islink(full):
         name = _blob_of_link(full, repo.blobs)
@@ -203,9 +205,9 @@ def _entry(
         lfs_sha = cached.get("lfs_sha256") if cached else None
         if len(name) == 40 and isinstance(lfs_sha, str) and lfs_sha:
             return None  # an LFS file must be named by its SHA-256
+        # a blob that is a link, folder or device is never read (nor followed): it
+        # counts as absent, listed by its recorded size and answered 503 when asked
         size = _regular_size(source)
-        if size is None and os.path.lexists(source):
-            return None  # a blob that is a link, folder or device is never served
         recorded = _cached_size(cached)
         if recorded is not None:
             size = recorded

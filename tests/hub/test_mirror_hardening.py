@@ -318,6 +318,49 @@ def test_a_blob_changed_after_indexing_is_never_served_under_its_name(
             assert got.get("X-Error-Code") == "BlobUnavailable", (how, headers)
 
 
+def test_a_blob_that_is_a_link_is_listed_and_answers_503_before_any_indexing(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """A blob swapped for a symlink before a worker first indexes its commit is treated
+    as after (spec 1.3): listed by its recorded size, answered 503 BlobUnavailable (never
+    the 404 a client caches as an absence), never followed, inside the store or out, and
+    never waited on (a FIFO)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "inside.bin").write_bytes(os.urandom(3000))
+    (src / "outside.bin").write_bytes(os.urandom(3000))
+    (src / "fifo.bin").write_bytes(os.urandom(3000))
+    (src / "twin.bin").write_bytes(os.urandom(3000))  # same size, in the store
+    store = tmp_path / "store"
+    commit = add(store, src)
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"S" * 3000)
+    inside, outside = blob_of(store, commit, "inside.bin"), blob_of(store, commit, "outside.bin")
+    inside.unlink()
+    os.symlink(blob_of(store, commit, "twin.bin").name, inside)
+    outside.unlink()
+    os.symlink(secret, outside)
+    fifo = blob_of(store, commit, "fifo.bin")
+    fifo.unlink()
+    os.mkfifo(fifo)  # never opened in a way that waits for a writer
+    server = mirror_server_factory(store)
+    status, _, body = get(f"{server.url}/api/models/{REPO}/tree/main")
+    assert status == 200
+    assert {e["path"]: e["size"] for e in json.loads(body)} == {
+        "fifo.bin": 3000,
+        "inside.bin": 3000,
+        "outside.bin": 3000,
+        "twin.bin": 3000,
+    }
+    for name in ("inside.bin", "outside.bin", "fifo.bin"):
+        for method in ("GET", "HEAD"):
+            for headers in ({}, {"Range": "bytes=0-9"}):
+                url = f"{server.url}/{REPO}/resolve/main/{name}"
+                status, got, body = get(url, headers, method)
+                assert (status, got.get("X-Error-Code")) == (503, "BlobUnavailable"), name
+                assert got.get("Retry-After") == "60" and b"SSSS" not in body
+
+
 def test_a_blob_changed_while_it_is_sent_is_cut_before_the_last_byte(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
