@@ -61,17 +61,32 @@ class CommitIndex:
         return path in self.dir_oids
 
 
-def resolve_revision(repo: RepoLayout, revision: str) -> str | None:
-    """The commit a branch, tag, ``refs/pr/N`` or commit names, if its snapshot exists."""
+def revision_refs(revision: str) -> tuple[str, ...]:
+    """The stored refs (names below ``refs/``) a revision may name, in the order they are
+    looked up (spec 1.3), for every store kind: the name as given; then, for a plain name
+    ``X`` (not under ``refs/``), ``refs/heads/X`` and ``refs/tags/X``; for ``refs/heads/X``,
+    ``X`` (a plain name is a branch, spec 2.10). ``()`` for an invalid revision."""
     try:
         validate_revision(revision)
     except LayoutError:
-        return None
-    if COMMIT_RE.match(revision) and _is_real_dir(repo.snapshots / revision):
+        return ()
+    if revision.startswith("refs/heads/"):
+        return (revision, revision.removeprefix("refs/heads/"))
+    if revision.startswith("refs/"):
+        return (revision,)
+    return (revision, f"refs/heads/{revision}", f"refs/tags/{revision}")
+
+
+def resolve_revision(repo: RepoLayout, revision: str) -> str | None:
+    """The commit a branch, tag, ``refs/pr/N`` or commit names, if its snapshot exists:
+    a commit id first, then the first of :func:`revision_refs` naming one."""
+    names = revision_refs(revision)
+    if names and COMMIT_RE.match(revision) and _is_real_dir(repo.snapshots / revision):
         return revision
-    commit = repo.read_ref(revision)
-    if commit is not None and _is_real_dir(repo.snapshots / commit):
-        return commit
+    for name in names:
+        commit = repo.read_ref(name)
+        if commit is not None and _is_real_dir(repo.snapshots / commit):
+            return commit
     return None
 
 

@@ -64,7 +64,7 @@ from cmh.hub.cache import (
 
 from ..._errors import StoreError, StoreUnavailable
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
-from ..._index import CommitIndex, FileEntry
+from ..._index import CommitIndex, FileEntry, revision_refs
 from ..local._folder import (
     ImportResult,
     InvalidNameError,
@@ -315,25 +315,23 @@ class BucketStore:
             return None
 
     def resolve_revision(self, folder: str, revision: str) -> str | None:
-        """The commit a branch, tag, ``refs/pr/N`` or commit id names, if its tree exists."""
+        """The commit a branch, tag, ``refs/pr/N`` or commit id names, if its tree exists:
+        a commit id first, then the first of :func:`revision_refs` naming one (spec 1.3)."""
+        names = revision_refs(revision)
+        if names and COMMIT_RE.match(revision) and self._has_tree(folder, revision):
+            return revision
+        for name in names:
+            ref = self.read_ref(folder, name)
+            if ref is not None and ref.commit and self._has_tree(folder, ref.commit):
+                return ref.commit
+        return None
+
+    def _has_tree(self, folder: str, commit: str) -> bool:
         try:
-            validate_revision(revision)
-        except LayoutError:
-            return None
-        if COMMIT_RE.match(revision):
-            try:
-                self.objects.head(self.tree_name(folder, revision))
-                return revision
-            except ObjectNotFound:
-                pass
-        ref = self.read_ref(folder, revision)
-        if ref is None or not ref.commit:
-            return None
-        try:
-            self.objects.head(self.tree_name(folder, ref.commit))
+            self.objects.head(self.tree_name(folder, commit))
         except ObjectNotFound:
-            return None
-        return ref.commit
+            return False
+        return True
 
     def repo_exists(self, folder: str) -> bool:
         """True when the repo has at least one ref or tree object."""
