@@ -94,3 +94,35 @@ def test_every_advertised_ref_and_its_short_name_is_a_revision(served) -> None:
     for missing in ("nosuch", "refs/heads/nosuch", "refs/tags/nosuch", "heads/main", "tags/t1"):
         status, headers, _ = _get(f"{url}/{REPO}/resolve/{quote(missing, safe='')}/config.json")
         assert (status, headers.get("X-Error-Code")) == (404, "RevisionNotFound"), missing
+
+
+def test_a_ref_file_reads_alike_in_a_folder_and_a_bucket(
+    seaweed_bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ref is 40 lowercase hex; ASCII whitespace around it is ignored, anything else
+    (other whitespace, other text, more than 4 KiB) makes it name no commit, in both kinds."""
+    from cmh.hub.cache import RepoLayout
+    from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    cases = {
+        "bare": (commit.encode(), commit),
+        "newline": (f"{commit}\n".encode(), commit),
+        "spaces": (f" \t{commit} \r\n\x0b\x0c".encode(), commit),
+        "two-newlines": (f"{commit}\n\n".encode(), commit),
+        "no-break-space": (f"{commit}\u00a0".encode(), None),
+        "upper": (commit.upper().encode(), None),
+        "words": (f"{commit} main".encode(), None),
+        "padded-5000": (commit.encode() + b" " * 5000, None),
+    }
+    repo = RepoLayout(tmp_path / "store", REPO)
+    repo.refs.mkdir(parents=True)
+    use_bucket(seaweed_bucket, tmp_path, monkeypatch)
+    bucket = BucketStore.open(seaweed_bucket.url)
+    folder = repo.folder_name
+    for name, (data, expected) in cases.items():
+        (repo.refs / name).write_bytes(data)
+        bucket.objects.put(bucket.ref_name(folder, name), data)
+        state = bucket.read_ref(folder, name)
+        assert repo.read_ref(name) == expected, name
+        assert state is not None and (state.commit or None) == expected, name

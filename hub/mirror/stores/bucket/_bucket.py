@@ -49,11 +49,13 @@ from cmh.hub.cache import (
     CUT_RECORDS,
     ETAG_RE,
     FILL_STATE,
+    MAX_REF_BYTES,
     READ_CHUNK,
     SYSTEM_CLOCK,
     Clock,
     LayoutError,
     git_blob_hasher,
+    parse_ref,
     parse_repo_folder,
     process_clock,
     record_number,
@@ -98,7 +100,6 @@ LEASE_POLL = 1.0
 MAX_REF_ATTEMPTS = 50
 MAX_TREE_BYTES = 64 << 20
 #: Largest ref object read (a ref is a commit id and a newline).
-MAX_REF_BYTES = 4 << 10
 #: Largest record, lease, validation or access object read (each is a small JSON or line).
 MAX_RECORD_BYTES = 1 << 20
 
@@ -298,8 +299,7 @@ class BucketStore:
             data, info = self.read_small(self.ref_name(folder, revision), MAX_REF_BYTES)
         except ObjectNotFound:
             return None
-        commit = data.decode("ascii", "replace").strip()
-        return RefState(commit, info.etag) if COMMIT_RE.match(commit) else RefState("", info.etag)
+        return RefState(parse_ref(data) or "", info.etag)  # as a folder's ref is read
 
     def read_tree(self, folder: str, commit: str) -> TreeObject | None:
         """The tree object of ``commit``, or ``None`` when there is none."""
