@@ -128,7 +128,8 @@ def _blob_of_link(link: Path, blobs: Path) -> str | None:
     return name
 
 
-def _regular_size(path: Path) -> int | None:
+def regular_size(path: Path) -> int | None:
+    """The size of the regular file at ``path`` (a link is not followed), else ``None``."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -222,7 +223,7 @@ def _entry(
             return None  # an LFS file must be named by its SHA-256
         # a blob that is a link, folder or device is never read (nor followed): it
         # counts as absent, listed by its recorded size and answered 503 when asked
-        size = _regular_size(source)
+        size = regular_size(source)
         recorded = _cached_size(cached)
         if recorded is not None:
             size = recorded
@@ -231,7 +232,7 @@ def _entry(
         if len(name) == 64:
             return FileEntry(rel, size, name, lfs_pointer_oid(name, size), name, source)
         return FileEntry(rel, size, name, name, None, source)
-    size = _regular_size(full)
+    size = regular_size(full)
     if size is None:
         return None
     _, sha256, git_oid = hash_blob(full, size)

@@ -162,6 +162,28 @@ def test_list_store(tmp_path: Path, tiny_src: Path) -> None:
     assert repos["model", REPO].refs[0].files == 6
 
 
+def test_scrub_reports_entries_whose_blob_is_gone_as_a_bucket_scrub_does(
+    tmp_path: Path, tiny_src: Path
+) -> None:
+    """A snapshot entry whose blob is absent, a symlink, or of another size than recorded
+    is reported (``(blob E missing)``, the bucket scrub's words); a clean store has none."""
+    store = tmp_path / "store"
+    result = add_folder(store, tiny_src, REPO)
+    assert scrub_store(store).broken_links == []
+    index = build_index(RepoLayout(store, REPO), result.commit)
+    gone, linked = index.files["config.json"], index.files["weights.bin"]
+    gone.source.unlink()
+    linked.source.unlink()
+    linked.source.symlink_to(gone.etag)
+    report = scrub_store(store, do_quarantine=False)
+    label = f"{REPO}@{result.commit}"
+    assert report.broken_links == [
+        f"{label}:config.json (blob {gone.etag} missing)",
+        f"{label}:weights.bin (blob {linked.etag} missing)",
+    ]
+    assert report.to_dict()["ok"]  # nothing bad was read: the blobs are not there
+
+
 def test_scrub_quarantines_a_corrupt_stamped_blob_and_names_the_tensor(
     tmp_path: Path, make_file
 ) -> None:
