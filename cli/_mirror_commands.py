@@ -124,7 +124,12 @@ def add(
             envelope("mirror add", **{**result.to_dict(), "ok": True, "exit_status": EXIT_OK})
         )
         return
-    what = "new commit" if result.created else "unchanged, no new commit"
+    if result.created:
+        what = "new commit"
+    elif result.ref_moved:  # a commit an import to another revision wrote (same tree, parent)
+        what = "existing commit, no new commit"
+    else:
+        what = "unchanged, no new commit"
     echo(
         f"{result.repo_type} {result.repo_id}@{result.revision} -> {result.commit} ({what}); "
         f"{plural(result.files, 'file')}, {human_bytes(result.total_bytes)}, "

@@ -98,15 +98,17 @@ def _position(digits: str) -> int:
 
 
 def _merge_touching(ranges: list[ByteRange]) -> list[ByteRange]:
-    """Overlapping or adjacent ranges merged (RFC 9110, 14.2); disjoint ones kept as sent."""
-    ordered = sorted(ranges, key=lambda r: r.start)
-    if all(a.end + 1 < b.start for a, b in itertools.pairwise(ordered)):
+    """Overlapping or adjacent ranges merged (RFC 9110, 14.2); the ranges left in the order
+    requested, a merged one at the place of its first-requested member."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i].start)
+    if all(ranges[a].end + 1 < ranges[b].start for a, b in itertools.pairwise(order)):
         return ranges
-    merged = [ordered[0]]
-    for r in ordered[1:]:
-        last = merged[-1]
-        if r.start <= last.end + 1:
-            merged[-1] = ByteRange(last.start, max(last.end, r.end))
+    merged: list[tuple[int, ByteRange]] = []  # (first-requested member's place, range)
+    for i in order:
+        r = ranges[i]
+        if merged and r.start <= merged[-1][1].end + 1:
+            place, last = merged[-1]
+            merged[-1] = (min(place, i), ByteRange(last.start, max(last.end, r.end)))
         else:
-            merged.append(r)
-    return merged
+            merged.append((i, r))
+    return [r for _, r in sorted(merged, key=lambda m: m[0])]

@@ -66,6 +66,22 @@ def _repo_id_hint(repo_id: str) -> str:
     return expected
 
 
+#: A ref file larger than this is not read (it names no commit), in a folder as in a bucket.
+MAX_REF_BYTES = 4 << 10
+_REF_SPACE = b" \t\n\r\x0b\x0c"
+
+
+def parse_ref(data: bytes) -> str | None:
+    """The commit a ref file's bytes name: 40 lowercase hex, with any ASCII whitespace
+    before or after it ignored (cmh writes a folder's ref bare, a bucket's with ``\n``;
+    other tools may add a newline); ``None`` for anything else, or more than
+    :data:`MAX_REF_BYTES` bytes."""
+    if len(data) > MAX_REF_BYTES:
+        return None
+    text = data.strip(_REF_SPACE)
+    return text.decode("ascii") if re.fullmatch(rb"[0-9a-f]{40}", text) else None
+
+
 def validate_revision(revision: str) -> str:
     """A branch, tag, ``refs/pr/N`` or commit: no empty, dot-dot or absolute parts."""
     return _slash_path(revision, "revision", 256, "\\\x00\n\r")
@@ -192,12 +208,13 @@ class RepoLayout:
         return self.refs.joinpath(*validate_revision(revision).split("/"))
 
     def read_ref(self, revision: str) -> str | None:
-        """The commit a ref names, or ``None`` when absent or not a commit."""
+        """The commit a ref names, or ``None`` when absent or not a commit (:func:`parse_ref`)."""
         try:
-            text = self.ref_path(revision).read_text().strip()
-        except (OSError, UnicodeDecodeError):
+            with self.ref_path(revision).open("rb") as f:
+                data = f.read(MAX_REF_BYTES + 1)
+        except OSError:
             return None
-        return text if COMMIT_RE.match(text) else None
+        return parse_ref(data)
 
     def write_ref(self, revision: str, commit: str) -> None:
         """Point ``refs/{revision}`` at ``commit`` atomically (temp file, fsync, rename)."""

@@ -2,9 +2,9 @@
 
 A snapshot is read without trusting it: each entry must be a symlink whose
 target is exactly ``blobs/{40 or 64 hex}`` of the same repo (or a regular file
-inside the snapshot, as a copy-mode cache holds), and the blob must be a
-regular file, not a symlink, inside the store. Anything else is left out of
-the index, so it can never be listed or served.
+inside the snapshot, as a copy-mode cache holds). Anything else is left out of
+the index, so it can never be listed or served. A blob that is missing or not a
+regular file (a symlink is never followed) keeps a link's entry, which answers 503.
 """
 
 from __future__ import annotations
@@ -61,17 +61,32 @@ class CommitIndex:
         return path in self.dir_oids
 
 
-def resolve_revision(repo: RepoLayout, revision: str) -> str | None:
-    """The commit a branch, tag, ``refs/pr/N`` or commit names, if its snapshot exists."""
+def revision_refs(revision: str) -> tuple[str, ...]:
+    """The stored refs (names below ``refs/``) a revision may name, in the order they are
+    looked up (spec 1.3), for every store kind: the name as given; then, for a plain name
+    ``X`` (not under ``refs/``), ``refs/heads/X`` and ``refs/tags/X``; for ``refs/heads/X``,
+    ``X`` (a plain name is a branch, spec 2.10). ``()`` for an invalid revision."""
     try:
         validate_revision(revision)
     except LayoutError:
-        return None
-    if COMMIT_RE.match(revision) and _is_real_dir(repo.snapshots / revision):
+        return ()
+    if revision.startswith("refs/heads/"):
+        return (revision, revision.removeprefix("refs/heads/"))
+    if revision.startswith("refs/"):
+        return (revision,)
+    return (revision, f"refs/heads/{revision}", f"refs/tags/{revision}")
+
+
+def resolve_revision(repo: RepoLayout, revision: str) -> str | None:
+    """The commit a branch, tag, ``refs/pr/N`` or commit names, if its snapshot exists:
+    a commit id first, then the first of :func:`revision_refs` naming one."""
+    names = revision_refs(revision)
+    if names and COMMIT_RE.match(revision) and _is_real_dir(repo.snapshots / revision):
         return revision
-    commit = repo.read_ref(revision)
-    if commit is not None and _is_real_dir(repo.snapshots / commit):
-        return commit
+    for name in names:
+        commit = repo.read_ref(name)
+        if commit is not None and _is_real_dir(repo.snapshots / commit):
+            return commit
     return None
 
 
@@ -113,7 +128,8 @@ def _blob_of_link(link: Path, blobs: Path) -> str | None:
     return name
 
 
-def _regular_size(path: Path) -> int | None:
+def regular_size(path: Path) -> int | None:
+    """The size of the regular file at ``path`` (a link is not followed), else ``None``."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -156,7 +172,9 @@ def build_index(repo: RepoLayout, commit: str) -> CommitIndex:
             except UnavailableEntry:
                 unavailable.add(rel)
                 continue
-            if entry is not None and not os.path.realpath(entry.source).startswith(real_repo):
+            if entry is not None and not (
+                os.path.realpath(entry.source.parent) + os.sep
+            ).startswith(real_repo):
                 entry = None  # reached through a symlinked folder that leaves the repo
             if entry is None:
                 skipped.append(rel)
@@ -189,11 +207,11 @@ def _entry(
 ) -> FileEntry | None:
     """The entry of one snapshot file, or ``None`` when it must not be served.
 
-    A link to a blob that is missing or whose size differs from the recorded
-    listing still gives an entry (with the recorded size): serving it then
-    fails its size check and answers 503 instead of pretending the file is
-    absent. A broken link without a recorded size is reported as unavailable
-    through :class:`UnavailableEntry`.
+    A link to a blob that is missing, not a regular file (a link, a folder), or whose
+    size differs from the recorded listing still gives an entry (with the recorded
+    size): serving it then fails its open (``O_NOFOLLOW``) or size check and answers
+    503 instead of pretending the file is absent. Such a link without a recorded size
+    is reported as unavailable through :class:`UnavailableEntry`.
     """
     if os.path.islink(full):
         name = _blob_of_link(full, repo.blobs)
@@ -203,9 +221,9 @@ def _entry(
         lfs_sha = cached.get("lfs_sha256") if cached else None
         if len(name) == 40 and isinstance(lfs_sha, str) and lfs_sha:
             return None  # an LFS file must be named by its SHA-256
-        size = _regular_size(source)
-        if size is None and os.path.lexists(source):
-            return None  # a blob that is a link, folder or device is never served
+        # a blob that is a link, folder or device is never read (nor followed): it
+        # counts as absent, listed by its recorded size and answered 503 when asked
+        size = regular_size(source)
         recorded = _cached_size(cached)
         if recorded is not None:
             size = recorded
@@ -214,7 +232,7 @@ def _entry(
         if len(name) == 64:
             return FileEntry(rel, size, name, lfs_pointer_oid(name, size), name, source)
         return FileEntry(rel, size, name, name, None, source)
-    size = _regular_size(full)
+    size = regular_size(full)
     if size is None:
         return None
     _, sha256, git_oid = hash_blob(full, size)

@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web import BaseRequest, RequestKey, StreamResponse
+from aiohttp.web import BaseRequest, RequestKey, Response, StreamResponse
 from cmh.hub.cache import SYSTEM_CLOCK, Clock
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -213,6 +213,19 @@ def redact_target(target: str) -> str:
     return f"{path}?{'&'.join(items)}"
 
 
+def _body_bytes(request: BaseRequest, response: StreamResponse) -> int:
+    """The body bytes of an answer no file delivery counted (documents, errors, pages):
+    aiohttp's ``body_length`` counts the status line and headers too (spec 2.8: body bytes).
+    """
+    if request.method == "HEAD" or response.status in (204, 304) or response.status < 200:
+        return 0
+    sent = max(response.body_length, 0)
+    if isinstance(response, Response) and isinstance(response.body, (bytes, bytearray)):
+        return min(len(response.body), sent)  # at most what went out (a client that left)
+    length = response.content_length
+    return min(length, sent) if length is not None else sent
+
+
 def _clip(value: str | None, limit: int = 512) -> str | None:
     return None if value is None else value[:limit]
 
@@ -225,7 +238,7 @@ class AccessLogger(AbstractAccessLogger):
             route = str(request.get(ROUTE_KEY, "invalid"))
             nbytes = request.get(BYTES_KEY)
             if not isinstance(nbytes, int):
-                nbytes = response.body_length
+                nbytes = _body_bytes(request, response)
             range_kind = str(request.get(RANGE_KEY, ""))
             info: dict[str, Any] = dict(request.get(INFO_KEY) or {})
         except Exception:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import io
 import os
 import secrets
@@ -90,9 +91,11 @@ class BodyCut(ConnectionResetError):
 
 
 def open_blob(path: Path, size: int) -> io.FileIO:
-    """Open a blob for reading without following a final symlink; check type and size."""
+    """Open a blob for reading without following a final symlink, nor blocking on a FIFO
+    or device put in its place (``O_NONBLOCK``, cleared once it is known regular); check
+    type and size."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise BlobUnavailable(f"blob unavailable: {exc.strerror}") from None
     f = io.FileIO(fd, "rb", closefd=True)
@@ -100,6 +103,7 @@ def open_blob(path: Path, size: int) -> io.FileIO:
     if not stat.S_ISREG(st.st_mode) or st.st_size != size:
         f.close()
         raise BlobUnavailable("blob is not a regular file of the expected size")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return f
 
 

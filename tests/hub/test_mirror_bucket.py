@@ -123,6 +123,24 @@ def test_unchanged_folder_creates_nothing_and_a_change_chains(
     ]
 
 
+def test_a_commit_another_revision_wrote_is_not_reported_new(
+    bucket: BucketStore, tmp_path: Path
+) -> None:
+    """The same tree on the same parent reached by a second ref: its tree object (and
+    created_at) is the first import's, and the import says it created nothing."""
+    sample(tmp_path / "a")
+    bucket.add_folder(tmp_path / "a", REPO)
+    bucket.add_folder(sample(tmp_path / "b", "b"), REPO)
+    tag = bucket.add_folder(tmp_path / "a", REPO, revision="tag1")
+    assert tag.created
+    written = bucket.objects.get(bucket.tree_name(FOLDER, tag.commit))
+    again = bucket.add_folder(tmp_path / "a", REPO)
+    assert again.commit == tag.commit and again.ref_moved
+    assert not again.created and again.parent == tag.parent
+    assert bucket.objects.get(bucket.tree_name(FOLDER, tag.commit)) == written
+    assert not dangling(bucket, FOLDER)
+
+
 def test_bad_names_are_refused_before_any_write(bucket: BucketStore, tmp_path: Path) -> None:
     src = sample(tmp_path / "src")
     for kwargs in ({"revision": "a" * 40}, {"revision": "../x"}, {"repo_type": "space"}):

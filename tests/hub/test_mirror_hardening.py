@@ -318,6 +318,49 @@ def test_a_blob_changed_after_indexing_is_never_served_under_its_name(
             assert got.get("X-Error-Code") == "BlobUnavailable", (how, headers)
 
 
+def test_a_blob_that_is_a_link_is_listed_and_answers_503_before_any_indexing(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """A blob swapped for a symlink before a worker first indexes its commit is treated
+    as after (spec 1.3): listed by its recorded size, answered 503 BlobUnavailable (never
+    the 404 a client caches as an absence), never followed, inside the store or out, and
+    never waited on (a FIFO)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "inside.bin").write_bytes(os.urandom(3000))
+    (src / "outside.bin").write_bytes(os.urandom(3000))
+    (src / "fifo.bin").write_bytes(os.urandom(3000))
+    (src / "twin.bin").write_bytes(os.urandom(3000))  # same size, in the store
+    store = tmp_path / "store"
+    commit = add(store, src)
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"S" * 3000)
+    inside, outside = blob_of(store, commit, "inside.bin"), blob_of(store, commit, "outside.bin")
+    inside.unlink()
+    os.symlink(blob_of(store, commit, "twin.bin").name, inside)
+    outside.unlink()
+    os.symlink(secret, outside)
+    fifo = blob_of(store, commit, "fifo.bin")
+    fifo.unlink()
+    os.mkfifo(fifo)  # never opened in a way that waits for a writer
+    server = mirror_server_factory(store)
+    status, _, body = get(f"{server.url}/api/models/{REPO}/tree/main")
+    assert status == 200
+    assert {e["path"]: e["size"] for e in json.loads(body)} == {
+        "fifo.bin": 3000,
+        "inside.bin": 3000,
+        "outside.bin": 3000,
+        "twin.bin": 3000,
+    }
+    for name in ("inside.bin", "outside.bin", "fifo.bin"):
+        for method in ("GET", "HEAD"):
+            for headers in ({}, {"Range": "bytes=0-9"}):
+                url = f"{server.url}/{REPO}/resolve/main/{name}"
+                status, got, body = get(url, headers, method)
+                assert (status, got.get("X-Error-Code")) == (503, "BlobUnavailable"), name
+                assert got.get("Retry-After") == "60" and b"SSSS" not in body
+
+
 def test_a_blob_changed_while_it_is_sent_is_cut_before_the_last_byte(
     mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
 ) -> None:
@@ -637,6 +680,28 @@ def test_tokens_naming_a_repo_the_store_lacks_are_warned_about(
     )
     assert {r["repo_id"]: r["private"] for r in doc["repos"]} == {REPO: False, PRIVATE: True}
     assert doc["warnings"] == []
+
+
+def test_access_log_and_metrics_count_body_bytes_of_documents_and_errors(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """``bytes`` and ``cmh_mirror_response_bytes_total`` are body bytes (spec 2.8), for an
+    error and a document as for a file: the status line and headers are not counted."""
+    server = mirror_server_factory(_small_store(tmp_path))
+    url = f"{server.url}/{REPO}/resolve/main/config.json"
+    status, _, refused = get(url, {"If-Match": '"nope"'})
+    assert status == 412 and refused
+    status, _, info = get(f"{server.url}/api/models/{REPO}")
+    assert status == 200 and info
+    assert get(f"{server.url}/api/models/{REPO}", method="HEAD")[0] == 200
+    assert [e["bytes"] for e in server.log(route="resolve")] == [len(refused)]
+    assert [(e["method"], e["bytes"]) for e in server.log(route="repo_info")] == [
+        ("GET", len(info)),
+        ("HEAD", 0),
+    ]
+    samples = server.metrics()
+    assert samples[("cmh_mirror_response_bytes_total", (("route", "resolve"),))] == len(refused)
+    assert samples[("cmh_mirror_response_bytes_total", (("route", "repo_info"),))] == len(info)
 
 
 # -- item 20: secrets in the access log ----------------------------------------------------

@@ -83,7 +83,6 @@ CASES: list[tuple[str, bytes]] = [
     ("invalid utf-8", _req(f"{R}/%ff%fe.json")),
     ("snapshot link absolute", _req(f"{R}/evil-abs.txt")),
     ("snapshot link relative", _req(f"{R}/evil-rel.txt")),
-    ("blob that is a link", _req(f"{R}/evil-blob.bin")),
     ("linked folder", _req(f"{R}/dirlink/secret.txt")),
     ("repo folder that is a link", _req("/evil/repo/resolve/main/secret.txt")),
     ("ref that is a link", _req(f"/{TINY}/resolve/evil/config.json")),
@@ -146,11 +145,25 @@ def test_hostile_request_is_refused(trapped, name: str, request_bytes: bytes) ->
     assert not any(k.lower().startswith("x-xet") for k in headers)
 
 
+def test_a_blob_that_is_a_link_outside_is_unavailable_never_followed(trapped) -> None:
+    """A snapshot link to a blob that is itself a link answers as an absent blob does
+    (spec 1.3: 503, not the 404 a client would cache), without a byte of the target."""
+    server, _ = trapped
+    for method in ("GET", "HEAD"):
+        status, headers, body = raw_request(
+            server.host, server.port, _req(f"{R}/evil-blob.bin", method)
+        )
+        assert (status, headers.get("x-error-code")) == (503, "BlobUnavailable")
+        assert CANARY.encode() not in body
+        assert CANARY not in " ".join(headers.values())
+
+
 def test_server_survived_and_never_answered_5xx(trapped) -> None:
     server, commit = trapped
     status, headers, _body = raw_request(server.host, server.port, _req(f"{R}/config.json"))
     assert status == 200 and headers["x-repo-commit"] == commit
-    assert not [e for e in server.log() if e["status"] >= 500]
+    unavailable = f"{R}/evil-blob.bin"  # an absent blob's 503 (spec 1.3), asked on purpose
+    assert not [e for e in server.log() if e["status"] >= 500 and e["target"] != unavailable]
 
 
 def test_private_repo_looks_exactly_like_a_missing_one(trapped) -> None:

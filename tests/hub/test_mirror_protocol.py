@@ -33,6 +33,10 @@ from mirror_support import MINILM_REPO, TINY_REPO, MirrorServer, hf_env, run_pyt
         ("bytes=4-5,0-1", 10, [(4, 5), (0, 1)]),  # order kept when disjoint
         ("bytes=0-3,2-5", 10, [(0, 5)]),  # overlapping ranges merged
         ("bytes=0-1,2-3", 10, [(0, 3)]),  # adjacent ranges merged
+        # a merged range takes the place of its first-requested member
+        ("bytes=20-25,0-4,3-8", 30, [(20, 25), (0, 8)]),
+        ("bytes=6-7,0-2,8-9,3-3", 10, [(6, 9), (0, 3)]),
+        ("bytes=7-8,0-1,3-4,2-2", 10, [(7, 8), (0, 4)]),
         ("bytes=0-1,20-30", 10, [(0, 1)]),  # unsatisfiable parts dropped
         (" BYTES = 1-2 ", 10, [(1, 2)]),
         ("items=0-1", 10, None),  # unknown unit: ignored
@@ -85,6 +89,14 @@ def test_ranges_over_http(mirror: MirrorServer, mirror_store) -> None:
         (f"bytes {n - 4}-{n - 1}/{n}", data[-4:]),
     ]
     assert int(headers["Content-Length"]) == len(body)
+    # merged ranges keep the place of their first-requested member, not the file's order
+    status, headers, body = _get(url, {"Range": "bytes=1000-1009,0-4,3-9"})
+    assert status == 206 and headers["Content-Type"].startswith("multipart/byteranges")
+    message = email.parser.BytesParser().parsebytes(
+        b"Content-Type: " + headers["Content-Type"].encode() + b"\r\n\r\n" + body
+    )
+    parts = [(p["Content-Range"], p.get_payload(decode=True)) for p in message.get_payload()]
+    assert parts == [(f"bytes 1000-1009/{n}", data[1000:1010]), (f"bytes 0-9/{n}", data[0:10])]
 
 
 def test_head_conditional_and_if_range(mirror: MirrorServer, mirror_store) -> None:

@@ -15,7 +15,7 @@ from cmh.hub.mirror._gitobjects import lfs_pointer_oid
 from cmh.hub.mirror._index import build_index
 from cmh.hub.mirror.stores.local._folder import StoreError, add_folder, list_store, scan_folder
 from cmh.hub.mirror.stores.local._scrub import QUARANTINE, scrub_store
-from mirror_support import write_tiny_repo
+from mirror_support import ManualClock, write_tiny_repo
 
 REPO = "org/tiny"
 
@@ -69,6 +69,28 @@ def test_reimport_unchanged_creates_nothing_and_change_makes_a_child(
     (tiny_src / "config.json").write_text('{"model_type": "tiny", "version": 1}\n')
     other = add_folder(tmp_path / "store2", tiny_src, REPO)
     assert other.commit == first.commit
+
+
+def test_a_commit_another_revision_wrote_keeps_its_record(tmp_path: Path) -> None:
+    """Two refs reaching the same tree on the same parent share one commit: the second
+    import moves its ref only, and the commit's record (its created_at) stays the first."""
+    store, clock = tmp_path / "store", ManualClock()
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, text in ((a, "a"), (b, "b")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    add_folder(store, a, REPO, clock=clock)
+    add_folder(store, b, REPO, clock=clock)
+    tag = add_folder(store, a, REPO, revision="tag1", clock=clock)
+    assert tag.created
+    record = RepoLayout(store, REPO).path / ".cmh" / "commits" / f"{tag.commit}.json"
+    written = record.read_bytes()
+    clock.advance(3600)
+    again = add_folder(store, a, REPO, clock=clock)
+    assert again.commit == tag.commit and again.ref_moved
+    assert not again.created and again.parent == tag.parent
+    assert record.read_bytes() == written
+    assert RepoLayout(store, REPO).read_ref("main") == tag.commit
 
 
 def test_store_is_a_stock_cache(tmp_path: Path, tiny_src: Path) -> None:
@@ -138,6 +160,28 @@ def test_list_store(tmp_path: Path, tiny_src: Path) -> None:
     assert set(repos) == {("model", REPO), ("dataset", "org/data")}
     assert [ref.name for ref in repos["model", REPO].refs] == ["v1"]
     assert repos["model", REPO].refs[0].files == 6
+
+
+def test_scrub_reports_entries_whose_blob_is_gone_as_a_bucket_scrub_does(
+    tmp_path: Path, tiny_src: Path
+) -> None:
+    """A snapshot entry whose blob is absent, a symlink, or of another size than recorded
+    is reported (``(blob E missing)``, the bucket scrub's words); a clean store has none."""
+    store = tmp_path / "store"
+    result = add_folder(store, tiny_src, REPO)
+    assert scrub_store(store).broken_links == []
+    index = build_index(RepoLayout(store, REPO), result.commit)
+    gone, linked = index.files["config.json"], index.files["weights.bin"]
+    gone.source.unlink()
+    linked.source.unlink()
+    linked.source.symlink_to(gone.etag)
+    report = scrub_store(store, do_quarantine=False)
+    label = f"{REPO}@{result.commit}"
+    assert report.broken_links == [
+        f"{label}:config.json (blob {gone.etag} missing)",
+        f"{label}:weights.bin (blob {linked.etag} missing)",
+    ]
+    assert report.to_dict()["ok"]  # nothing bad was read: the blobs are not there
 
 
 def test_scrub_quarantines_a_corrupt_stamped_blob_and_names_the_tensor(

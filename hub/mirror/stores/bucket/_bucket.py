@@ -49,11 +49,13 @@ from cmh.hub.cache import (
     CUT_RECORDS,
     ETAG_RE,
     FILL_STATE,
+    MAX_REF_BYTES,
     READ_CHUNK,
     SYSTEM_CLOCK,
     Clock,
     LayoutError,
     git_blob_hasher,
+    parse_ref,
     parse_repo_folder,
     process_clock,
     record_number,
@@ -64,7 +66,7 @@ from cmh.hub.cache import (
 
 from ..._errors import StoreError, StoreUnavailable
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
-from ..._index import CommitIndex, FileEntry
+from ..._index import CommitIndex, FileEntry, revision_refs
 from ..local._folder import (
     ImportResult,
     InvalidNameError,
@@ -98,7 +100,6 @@ LEASE_POLL = 1.0
 MAX_REF_ATTEMPTS = 50
 MAX_TREE_BYTES = 64 << 20
 #: Largest ref object read (a ref is a commit id and a newline).
-MAX_REF_BYTES = 4 << 10
 #: Largest record, lease, validation or access object read (each is a small JSON or line).
 MAX_RECORD_BYTES = 1 << 20
 
@@ -298,8 +299,7 @@ class BucketStore:
             data, info = self.read_small(self.ref_name(folder, revision), MAX_REF_BYTES)
         except ObjectNotFound:
             return None
-        commit = data.decode("ascii", "replace").strip()
-        return RefState(commit, info.etag) if COMMIT_RE.match(commit) else RefState("", info.etag)
+        return RefState(parse_ref(data) or "", info.etag)  # as a folder's ref is read
 
     def read_tree(self, folder: str, commit: str) -> TreeObject | None:
         """The tree object of ``commit``, or ``None`` when there is none."""
@@ -315,25 +315,23 @@ class BucketStore:
             return None
 
     def resolve_revision(self, folder: str, revision: str) -> str | None:
-        """The commit a branch, tag, ``refs/pr/N`` or commit id names, if its tree exists."""
+        """The commit a branch, tag, ``refs/pr/N`` or commit id names, if its tree exists:
+        a commit id first, then the first of :func:`revision_refs` naming one (spec 1.3)."""
+        names = revision_refs(revision)
+        if names and COMMIT_RE.match(revision) and self._has_tree(folder, revision):
+            return revision
+        for name in names:
+            ref = self.read_ref(folder, name)
+            if ref is not None and ref.commit and self._has_tree(folder, ref.commit):
+                return ref.commit
+        return None
+
+    def _has_tree(self, folder: str, commit: str) -> bool:
         try:
-            validate_revision(revision)
-        except LayoutError:
-            return None
-        if COMMIT_RE.match(revision):
-            try:
-                self.objects.head(self.tree_name(folder, revision))
-                return revision
-            except ObjectNotFound:
-                pass
-        ref = self.read_ref(folder, revision)
-        if ref is None or not ref.commit:
-            return None
-        try:
-            self.objects.head(self.tree_name(folder, ref.commit))
+            self.objects.head(self.tree_name(folder, commit))
         except ObjectNotFound:
-            return None
-        return ref.commit
+            return False
+        return True
 
     def repo_exists(self, folder: str) -> bool:
         """True when the repo has at least one ref or tree object."""
@@ -537,9 +535,11 @@ class BucketStore:
                 commit = named or commit_oid(tree, [parent] if parent else [])
                 obj = TreeObject(commit, tree, (parent,) if parent else (), self.storage_time(),
                                  tuple(_tree_files(files)))  # fmt: skip
-                created = True
-                self._put_tree(folder, obj)
-                created_commits.add(commit)
+                # False: the same tree on the same parent, written before by an import
+                # to another revision (its tree object, its created_at, is kept)
+                created = self._put_tree(folder, obj)
+                if created:
+                    created_commits.add(commit)
             checked_at = self._wait_for_no_lease(folder)
             self._put_tree(folder, obj)  # a pruner may have removed it meanwhile
             for f in files:
@@ -564,10 +564,14 @@ class BucketStore:
             f"{folder}/refs/{revision} kept moving: gave up after {MAX_REF_ATTEMPTS} attempts"
         )
 
-    def _put_tree(self, folder: str, obj: TreeObject) -> None:
+    def _put_tree(self, folder: str, obj: TreeObject) -> bool:
+        """Write ``obj`` unless its commit's tree object is there; True when written."""
         # A 412 means the same commit id: the same tree on the same parent.
-        with contextlib.suppress(PreconditionFailed):
+        try:
             self.objects.put_if_absent(self.tree_name(folder, obj.commit), obj.to_bytes())
+        except PreconditionFailed:
+            return False
+        return True
 
     def _wait_for_no_lease(self, folder: str) -> float:
         """Wait while a pruner holds the repo's lease; the monotonic time of the check

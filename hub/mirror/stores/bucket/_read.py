@@ -26,7 +26,14 @@ import io
 from typing import Any, BinaryIO
 
 from ..._history import MAX_HISTORY, CommitRecord, place_changes
-from ..._index import INDEX_BASE, MAX_INDEXED, CommitIndex, FileEntry, index_weight
+from ..._index import (
+    INDEX_BASE,
+    MAX_INDEXED,
+    CommitIndex,
+    FileEntry,
+    index_weight,
+    revision_refs,
+)
 from ..._memo import Memo
 from ._bucket import BucketStore, TreeObject
 from ._objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
@@ -135,21 +142,27 @@ class BucketReader:
         return io.BufferedReader(_ObjectReader(self.store, entry), buffer_size=1 << 20)
 
     def resolve(self, folder: str, revision: str) -> CommitIndex | None:
-        """The index of the commit a revision names (a commit id, or a ref read at most
+        """The index of the commit a revision names: a commit id, else the first of
+        :func:`revision_refs` naming a commit with a tree (each ref read at most
         ``ref_ttl`` seconds ago)."""
         from cmh.hub.cache import COMMIT_RE
 
-        if COMMIT_RE.match(revision):
+        names = revision_refs(revision)
+        if names and COMMIT_RE.match(revision):
             found = self.index(folder, revision)
             if found is not None:
                 return found
+        for name in names:
 
-        def load() -> str | None:
-            ref = self.store.read_ref(folder, revision)
-            return ref.commit if ref is not None and ref.commit else None
+            def load(name: str = name) -> str | None:
+                ref = self.store.read_ref(folder, name)
+                return ref.commit if ref is not None and ref.commit else None
 
-        commit = self._refs.get_or_compute(f"{folder}/{revision}", load)
-        return self.index(folder, commit) if commit else None
+            commit = self._refs.get_or_compute(f"{folder}/{name}", load)
+            index = self.index(folder, commit) if commit else None
+            if index is not None:
+                return index
+        return None
 
     def forget_ref(self, folder: str, revision: str) -> None:
         """Drop what is known of a ref and of the repo's existence (it was just moved)."""

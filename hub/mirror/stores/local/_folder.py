@@ -212,7 +212,11 @@ def add_folder(
             commit, created = parent, False
         else:
             commit = commit_oid(tree, [parent] if parent else [])
-            created = True
+            # the same tree on the same parent may have been written by an import to
+            # another revision: its snapshot and record (its created_at) are kept, only
+            # the ref moves (1.2 step 7: written unless present)
+            created = not _present(repo, commit, tree)
+        if created:
             for f in files:
                 repo.link_snapshot_file(commit, f.path, f.etag)
             _write_tree_cache(repo, commit, files)
@@ -236,13 +240,27 @@ def add_folder(
     )
 
 
-def _tree_of(repo: RepoLayout, commit: str) -> str | None:
+def _present(repo: RepoLayout, commit: str, tree: str) -> bool:
+    """Whether ``commit`` is stored whole: its snapshot folder and its record naming ``tree``
+    (the record is written last, 1.2 step 7)."""
+    return resolve_revision(repo, commit) == commit and _tree_of_record(repo, commit) == tree
+
+
+def _tree_of_record(repo: RepoLayout, commit: str) -> str | None:
+    """The tree id ``commit``'s record names (``None``: no readable record)."""
     try:
         data = json.loads(commit_meta_path(repo, commit).read_text())
         if isinstance(data, dict) and isinstance(data.get("tree"), str):
             return str(data["tree"])
     except (OSError, ValueError):
         pass
+    return None
+
+
+def _tree_of(repo: RepoLayout, commit: str) -> str | None:
+    recorded = _tree_of_record(repo, commit)
+    if recorded is not None:
+        return recorded
     try:
         index = build_index(repo, commit)
     except (OSError, LayoutError):

@@ -38,8 +38,9 @@ from cmh.hub.cache import (
 
 from cmh import atomic_write, usable_cpus
 
-from ..._index import build_index
+from ..._index import build_index, regular_size
 from ._folder import ProgressCallback
+from ._pull import upstream_record_path
 from ._verify import forget_record
 
 QUARANTINE = ".quarantine"
@@ -238,8 +239,7 @@ def scrub_store(
     for repo in iter_repos(store):
         for commit in repo.commits():
             with contextlib.suppress(OSError):
-                skipped = build_index(repo, commit).skipped
-                report.broken_links += [f"{_label(repo)}@{commit}:{p}" for p in skipped]
+                report.broken_links += _broken(repo, commit)
         names: list[str] = []
         with contextlib.suppress(OSError), os.scandir(repo.blobs) as it:
             names = sorted(
@@ -262,6 +262,22 @@ def scrub_store(
                 check = BlobCheck(**{**check.__dict__, "quarantined_to": where, "message": message})
             report.checks.append(check)
     return report
+
+
+def _broken(repo: RepoLayout, commit: str) -> list[str]:
+    """The snapshot entries of ``commit`` that 1.3 refuses, and those whose blob is absent,
+    not a regular file or of another size than recorded (``(blob E missing)``, as a bucket
+    scrub says); a missing blob of a pull-through commit is one not filled yet."""
+    index = build_index(repo, commit)
+    label = f"{_label(repo)}@{commit}"
+    out = [f"{label}:{p}" for p in index.skipped]
+    if upstream_record_path(repo, commit).exists():
+        return out
+    missing = {p: f"{label}:{p} (blob missing)" for p in index.unavailable}
+    for p, entry in index.files.items():
+        if entry.source.parent == repo.blobs and regular_size(entry.source) != entry.size:
+            missing[p] = f"{label}:{p} (blob {entry.etag} missing)"
+    return sorted(out + list(missing.values()))
 
 
 def _looks_safetensors(path: Path) -> bool:

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from cmh.hub.cache import CUT_MEMORY, Clock, process_clock, repo_folder_name
+from cmh.hub.cache import COMMIT_RE, CUT_MEMORY, Clock, process_clock, repo_folder_name
 
 from ..._errors import BlobUnavailable, StoreError
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, object_id, tree_oids
 from ..._history import CommitRecord, place_changes
-from ..._index import CommitIndex, FileEntry
+from ..._index import CommitIndex, FileEntry, revision_refs
 from ..._manifests import ManifestError, compute_streamed
 from .._base import HEADER_COPY_MARGIN, WEIGHT_FILES, Document, ScrubView
 from .._delivery import PROXY, BlobDelivery, BlobMismatch, BlobMissing
@@ -106,10 +106,15 @@ class MemoryStore:
         repo = self._repo(repo_type, repo_id)
         if repo is None:
             return None
+        names = revision_refs(revision)
         with self._lock:
-            commit = repo.refs.get(revision, revision)
-            held = repo.commits.get(commit)
-        return held[0] if held is not None else None
+            if names and revision in repo.commits and COMMIT_RE.match(revision):
+                return repo.commits[revision][0]
+            for name in names:  # the same lookup as every store kind (spec 1.3)
+                held = repo.commits.get(repo.refs.get(name, ""))
+                if held is not None:
+                    return held[0]
+        return None
 
     def refs(self, repo_type: str, repo_id: str) -> dict[str, str]:
         repo = self._repo(repo_type, repo_id)
