@@ -35,9 +35,9 @@ the file as a fill does (8 MiB parts, 3 PUTs at once, nothing else running), and
 floor: the machine's busy CPU seconds over the one node's whole cold run (clients and
 upstream included, from ``/proc/stat``) plus SeaweedFS's CPU seconds to store the file,
 over the cores (the fleet does both on the same cores; meaningful on a quiet machine
-only). Each cold run's CPU seconds per GiB of the file are printed for every process of the mirror (the
-one node; each replica and SeaweedFS), counted from ``/proc`` until the last client has
-the file, and the load average before and after.
+only). Each cold run's CPU seconds per GiB of the file are printed for every process of
+the mirror (the one node; each replica and SeaweedFS), counted from ``/proc`` until the
+last client has the file, and the load average before and after.
 Usage: ``python bench/pullthrough.py [--size-mib 1024] [--clients 8]
 [--work DIR] [--skip-olah] [--skip-fleet]`` (``DIR``: where the files, caches,
 SeaweedFS data and olah's venv go; default ``bench-work/`` of the checkout).
