@@ -309,8 +309,13 @@ def parse_strict_json(text: str) -> Any:
     return value
 
 
-#: A JSON string (to skip over), and a run of the characters a JSON number is made of.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: A JSON string (to skip over), or an unterminated one up to the end of the text (a
+#: lone backslash last included): every quote outside a string then starts a match, so
+#: the scan is one pass. Were an unterminated string no match, the scan would try again
+#: from each quote inside it, each time to the end: quadratic (``{"`` then ``\\"``
+#: repeated 40,000 times took 6 s). The JSON parser refuses such a text afterwards.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+#: A run of the characters a JSON number is made of.
 _NUMBER_RUN = re.compile(rf"[-+.0-9eE]{{{MAX_NUMBER_LENGTH + 1},}}")
 _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 _DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")

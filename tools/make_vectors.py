@@ -961,6 +961,13 @@ def more_containers(b: Builder) -> None:
             "2.2, 2.6",
         ),
         (
+            "header-unterminated-string",
+            b'{"' + b'\\"' * 2000,
+            b"",
+            'a header that ends inside a string holding 2,000 escaped quotes (\\")',
+            "2.2",
+        ),
+        (
             "empty-inside-another",
             '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
             '"e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}}',
@@ -1520,6 +1527,11 @@ def index_json_limits(
         index('{"total_size":1e400,"tiny":-1E-400,"pi":3.14159265358979323846264338327950288}'),
         "numbers past a double's range and precision: valid JSON numbers below the length limit",
         "ok",
+    )
+    with_index(
+        "dir-index-unterminated-string",
+        b'{"metadata":{"' + b'\\"' * 2000,
+        'an index that ends inside a string holding 2,000 escaped quotes (\\")',
     )
 
 
