@@ -790,6 +790,7 @@ def sign(paths: tuple[str, ...], key_path: str, as_json: bool) -> None:
         fields = {
             "outcome": "signed",
             "signer_key_id": result.signer_key_id,
+            "in_place": result.in_place,
             "record": record_document(result.record, time.time()),
         }
         return fields, f"signed   {path}  by key {result.signer_key_id}"
