@@ -82,10 +82,12 @@ def stamp(
 
     ``ttl`` is a duration (``"30d"``, seconds, ``timedelta``) or ``"never"``.
     When ``ttl`` is ``None`` and ``keep_ttl`` is true, a restamp keeps the
-    file's previous lifetime (counted again from now); a first stamp never
-    expires. ``sign_key`` adds an Ed25519 signature. Restamping a signed file
-    without a key removes its signature (it would no longer match the new
-    record); ``removed_signature_key_id`` then names the key that had signed.
+    file's previous lifetime (counted again from now): "never" when its
+    ``expires_at`` is 0, and 0 (expired at once) when its ``expires_at`` is not
+    after its ``stamped_at`` (spec 8.3); a first stamp never expires.
+    ``sign_key`` adds an Ed25519 signature. Restamping a signed file without a
+    key removes its signature (it would no longer match the new record);
+    ``removed_signature_key_id`` then names the key that had signed.
     ``hashing`` sets the threads and a progress callback (:class:`cmh.Hashing`).
     A lifetime that ends after the last time a record holds (2106-02-07) raises
     :class:`DurationError`; nothing is written.

@@ -482,3 +482,23 @@ def test_a_restamp_rewrites_a_file_whose_values_cannot_be_located(make_file: Mak
     assert cmh.verify(path, at=2_001).ok
     assert b"\\u0032" not in cmh.read_header(path).raw
     assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("expires_at", [900, 1_000], ids=["before-stamped_at", "at-stamped_at"])
+def test_a_restamp_keeps_a_lifetime_of_zero_from_a_record_expired_when_written(
+    make_file: MakeFile, expires_at: int
+) -> None:
+    """Spec 8.3: a previous expires_at not after its stamped_at (and not 0) is a kept
+    lifetime of 0: the restamped file expires at its new stamped_at, neither fresh nor
+    never (expires_at 0)."""
+    from cmh._record import Record
+
+    path = make_file()
+    old = cmh.stamp(path, ttl="1d", now=1_000).record
+    early = Record(expires_at, old.fingerprint, old.flags, old.stamped_at)
+    cmh.write_values_in_place(str(path), cmh.read_header(path), {KEY_RECORD: early.to_hex()})
+    assert cmh.verify(path, at=1_000).outcome is Outcome.EXPIRED
+    record = cmh.stamp(path, now=5_000).record
+    assert (record.stamped_at, record.expires_at) == (5_000, 5_000)
+    assert cmh.verify(path, at=5_000).outcome is Outcome.EXPIRED
+    assert cmh.stamp(path, ttl="1h", now=6_000).record.expires_at == 6_000 + 3_600
