@@ -162,7 +162,8 @@ def _refuse_directory(target: Target) -> tuple[int, str]:
     type=TTL,
     default=None,
     metavar="DURATION|never",
-    help="Lifetime from now: 90s, 12h, 30d, 1d12h, or never. "
+    help="Lifetime from now: 90s, 12h, 30d, 1d12h, or never. 0s expires the file at once "
+    "(expires_at = now); never stores expires_at = 0, which means never expires. "
     "Default: a restamp keeps the previous lifetime; a first stamp never expires.",
 )
 @click.option(
