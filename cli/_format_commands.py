@@ -162,7 +162,8 @@ def _refuse_directory(target: Target) -> tuple[int, str]:
     type=TTL,
     default=None,
     metavar="DURATION|never",
-    help="Lifetime from now: 90s, 12h, 30d, 1d12h, or never. "
+    help="Lifetime from now: 90s, 12h, 30d, 1d12h, or never. 0s expires the file at once "
+    "(expires_at = now); never stores expires_at = 0, which means never expires. "
     "Default: a restamp keeps the previous lifetime; a first stamp never expires.",
 )
 @click.option(
@@ -790,6 +791,7 @@ def sign(paths: tuple[str, ...], key_path: str, as_json: bool) -> None:
         fields = {
             "outcome": "signed",
             "signer_key_id": result.signer_key_id,
+            "in_place": result.in_place,
             "record": record_document(result.record, time.time()),
         }
         return fields, f"signed   {path}  by key {result.signer_key_id}"

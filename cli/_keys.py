@@ -67,11 +67,14 @@ def load_signing_key(path: str) -> Ed25519PrivateKey:
     """Load an Ed25519 private key, asking for its passphrase when it is encrypted."""
     from cmh import load_private_key, private_key_is_encrypted
 
-    _warn_if_readable_by_others(path)
-    passphrase = None
-    if private_key_is_encrypted(path):
-        passphrase = _passphrase(f"Passphrase for {path}", confirm=False)
-    return load_private_key(path, passphrase)
+    if not private_key_is_encrypted(path):
+        # What the file holds first (a public key is an error, with no word on its mode),
+        # then how it is kept.
+        key = load_private_key(path)
+        _warn_if_readable_by_others(path)
+        return key
+    _warn_if_readable_by_others(path)  # an encrypted private key: before the prompt
+    return load_private_key(path, _passphrase(f"Passphrase for {path}", confirm=False))
 
 
 def load_trusted_keys(paths: Sequence[str]) -> TrustedKeys | None:

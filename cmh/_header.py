@@ -12,12 +12,11 @@ file size before anything is read.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import struct
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, BinaryIO
@@ -81,6 +80,13 @@ class TensorEntry(TensorSpec):
     @property
     def nbytes(self) -> int:
         return self.end - self.begin
+
+    @property
+    def elements(self) -> int:
+        """How many elements the tensor holds: ``product(shape)``, read from its byte size
+        (which the header checked against the shape), so a shape with a dimension of 0
+        beside huge ones costs nothing."""
+        return 8 * self.nbytes // DTYPE_BITS[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -303,8 +309,13 @@ def parse_strict_json(text: str) -> Any:
     return value
 
 
-#: A JSON string (to skip over), and a run of the characters a JSON number is made of.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: A JSON string (to skip over), or an unterminated one up to the end of the text (a
+#: lone backslash last included): every quote outside a string then starts a match, so
+#: the scan is one pass. Were an unterminated string no match, the scan would try again
+#: from each quote inside it, each time to the end: quadratic (``{"`` then ``\\"``
+#: repeated 40,000 times took 6 s). The JSON parser refuses such a text afterwards.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+#: A run of the characters a JSON number is made of.
 _NUMBER_RUN = re.compile(rf"[-+.0-9eE]{{{MAX_NUMBER_LENGTH + 1},}}")
 _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 _DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
@@ -444,6 +455,36 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_U64
 
 
+def bounded_product(factors: Sequence[int], limit: int) -> int | None:
+    """The product of ``factors`` (non-negative integers), or ``None`` when it is more than
+    ``limit``. Linear in the number of factors: 0 when any factor is 0, else the product
+    stops growing once it passes ``limit`` (no number larger than ``limit`` times a factor
+    is ever made, so neither time nor an integer-digit limit depends on the factors)."""
+    if 0 in factors:
+        return 0
+    product = 1
+    for factor in factors:
+        product *= factor
+        if product > limit:
+            return None
+    return product
+
+
+#: Longest list shown whole in a message; a longer one shows its first items and its length.
+_BRIEF_ITEMS = 8
+
+
+def _brief(value: object) -> str:
+    """``value`` for a message, bounded: a long list shows its first items and its length,
+    and any text past 200 characters is cut (a header may hold a list of a million items)."""
+    if isinstance(value, list) and len(value) > _BRIEF_ITEMS:
+        head = ", ".join(_brief(v) for v in value[:_BRIEF_ITEMS])
+        text = f"[{head}, ... ({len(value)} items)]"
+    else:
+        text = repr(value)
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
 def _parse_tensor(name: str, info: object, path: str | None) -> TensorEntry:
     if not isinstance(info, Mapping):
         raise InvalidFileError(f"entry for tensor {name!r} is not a JSON object", path)
@@ -459,8 +500,8 @@ def _parse_tensor(name: str, info: object, path: str | None) -> TensorEntry:
     shape = info["shape"]
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise InvalidFileError(
-            f"tensor {name!r} has an invalid shape {shape!r} (a list of integers from 0 to "
-            "2^64-1, without sign, fraction or exponent)",
+            f"tensor {name!r} has an invalid shape {_brief(shape)} (a list of integers from 0 "
+            "to 2^64-1, without sign, fraction or exponent)",
             path,
         )
     offsets = info["data_offsets"]
@@ -471,20 +512,31 @@ def _parse_tensor(name: str, info: object, path: str | None) -> TensorEntry:
         or offsets[0] > offsets[1]
     ):
         raise InvalidFileError(
-            f"tensor {name!r} has invalid data_offsets {offsets!r} (two integers from 0 to "
-            "2^64-1, without sign, fraction or exponent, begin <= end)",
+            f"tensor {name!r} has invalid data_offsets {_brief(offsets)} (two integers from 0 "
+            "to 2^64-1, without sign, fraction or exponent, begin <= end)",
             path,
         )
     begin, end = int(offsets[0]), int(offsets[1])
-    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    nbytes, bits_per_element = end - begin, DTYPE_BITS[dtype]
+    # Spec 2.6 on numbers no larger than the offsets allow (2^64-1 elements at least, so
+    # a small mismatch is named exactly): the product stops growing once it is past them,
+    # and a shape of 200,000 dimensions of 2^64-1 is never multiplied out.
+    elements = bounded_product(shape, max(8 * nbytes // bits_per_element, MAX_U64))
+    if elements is None:
+        raise InvalidFileError(
+            f"tensor {name!r}: shape {_brief(shape)} of {dtype} holds more than 2^64-1 "
+            f"elements but data_offsets span {nbytes} bytes",
+            path,
+        )
+    bits = elements * bits_per_element
     if bits % 8:
         raise InvalidFileError(
-            f"tensor {name!r}: shape {shape} of {dtype} does not fill whole bytes", path
+            f"tensor {name!r}: shape {_brief(shape)} of {dtype} does not fill whole bytes", path
         )
-    if bits // 8 != end - begin:
+    if bits // 8 != nbytes:
         raise InvalidFileError(
-            f"tensor {name!r}: shape {shape} of {dtype} needs {bits // 8} bytes but "
-            f"data_offsets span {end - begin}",
+            f"tensor {name!r}: shape {_brief(shape)} of {dtype} needs {bits // 8} bytes but "
+            f"data_offsets span {nbytes}",
             path,
         )
     return TensorEntry(

@@ -125,6 +125,11 @@ def load_private_key(
             ) from exc
         raise SigningKeyError(f"{path}: key is not encrypted, but a passphrase was given") from exc
     except ValueError as exc:
+        if b"-----BEGIN PUBLIC KEY-----" in data and b"PRIVATE KEY-----" not in data:
+            raise SigningKeyError(
+                f"{path}: not a PEM private key: it holds a public key (sign with the "
+                "private key, the .key file `cmh keygen` wrote beside it)"
+            ) from exc
         raise SigningKeyError(f"{path}: not a PEM private key, or wrong passphrase") from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise SigningKeyError(f"{path}: not an Ed25519 private key")

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,10 +82,12 @@ def stamp(
 
     ``ttl`` is a duration (``"30d"``, seconds, ``timedelta``) or ``"never"``.
     When ``ttl`` is ``None`` and ``keep_ttl`` is true, a restamp keeps the
-    file's previous lifetime (counted again from now); a first stamp never
-    expires. ``sign_key`` adds an Ed25519 signature. Restamping a signed file
-    without a key removes its signature (it would no longer match the new
-    record); ``removed_signature_key_id`` then names the key that had signed.
+    file's previous lifetime (counted again from now): "never" when its
+    ``expires_at`` is 0, and 0 (expired at once) when its ``expires_at`` is not
+    after its ``stamped_at`` (spec 8.3); a first stamp never expires.
+    ``sign_key`` adds an Ed25519 signature. Restamping a signed file without a
+    key removes its signature (it would no longer match the new record);
+    ``removed_signature_key_id`` then names the key that had signed.
     ``hashing`` sets the threads and a progress callback (:class:`cmh.Hashing`).
     A lifetime that ends after the last time a record holds (2106-02-07) raises
     :class:`DurationError`; nothing is written.
@@ -179,17 +182,59 @@ def _new_values(
 
 
 def _stamp_rewrite(job: _StampJob) -> StampResult:
-    target, header, xxh3 = job.target, job.header, job.xxh3
+    """First stamp (rule 1): the layout is fixed with placeholder values of the final
+    widths, the tensors are hashed while the buffer is copied, and the values are then
+    filled in."""
+    started = time.perf_counter()
+    hashed: list[StampResult] = []  # what values_for learnt while the buffer was copied
+
+    def values_for(new_header: Header) -> dict[str, str]:
+        hash_started = time.perf_counter()
+        digests = hash_tensors(
+            job.target,
+            job.header,
+            xxh3=job.xxh3,
+            threads=job.hashing.threads,
+            progress=job.hashing.progress,
+        )
+        values, record, signer = _new_values(job, new_header, digests)
+        seconds = time.perf_counter() - hash_started
+        hashed.append(StampResult(job.target, record, tuple(digests), False, signer, seconds))
+        return values
+
+    written = _rewrite(
+        job.target, job.header, _placeholders(job), values_for, stamped_at=job.stamped_at
+    )
+    (result,) = hashed
+    record_own_stamp(job.target, written, result.record.fingerprint)
+    write_seconds = time.perf_counter() - started - result.hash_seconds
+    return dataclasses.replace(result, write_seconds=write_seconds)
+
+
+def _rewrite(
+    target: str,
+    header: Header,
+    placeholders: dict[str, str],
+    values_for: Callable[[Header], dict[str, str]],
+    *,
+    stamped_at: int | None,
+    unchanged_since: os.stat_result | None = None,
+) -> os.stat_result:
+    """Write ``target`` anew beside it and rename it over (rule 1); return its stat after.
+
+    The new header is ``header``'s tensors and metadata with the ``cmh*`` values
+    ``placeholders`` (of their final widths); the byte buffer is copied unchanged by the
+    kernel while ``values_for(new_header)`` runs (a stamp hashes the tensors there), and
+    the values it returns are written over the placeholders before the file is synced
+    and renamed. A source written since ``unchanged_since`` (else since it was opened)
+    is refused and the original is left as it was. With ``stamped_at``, the new file's
+    mtime is set to it.
+    """
     directory = os.path.dirname(os.path.abspath(target))
     _remove_dead_temporaries(directory, os.path.basename(target))
-    # The header is laid out with placeholder values of the final widths: the
-    # layout is fixed before hashing, and the values are filled in place after.
-    placeholders = _placeholders(job)
     metadata = {k: v for k, v in (header.metadata or {}).items() if k not in placeholders}
     metadata.update(placeholders)
     raw = _encode_header(header, metadata)
-    started = time.perf_counter()
-    hash_seconds = 0.0
     try:
         with open(target, "rb") as src, atomic_file(target, tag="stamp", suffix=".tmp") as dst:
             tmp = dst.name
@@ -201,7 +246,7 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
             new_header = parse_header(raw, new_size, path=tmp)
             # One pass: the kernel copies the buffer (and writes it back) while the
             # source, whose pages are already cached, is hashed beside it.
-            before = os.fstat(src.fileno())
+            before = unchanged_since or os.fstat(src.fileno())
             copy = BackgroundCopy(
                 src.fileno(),
                 dst.fileno(),
@@ -209,29 +254,21 @@ def _stamp_rewrite(job: _StampJob) -> StampResult:
                 new_header.data_start,
                 header.data_size,
             ).start()
-            hash_started = time.perf_counter()
             try:
-                digests = hash_tensors(
-                    target,
-                    header,
-                    xxh3=xxh3,
-                    threads=job.hashing.threads,
-                    progress=job.hashing.progress,
-                )
+                values = values_for(new_header)
             finally:
                 copy.join()
             if _changed(before, os.fstat(src.fileno())):
                 raise StampError(f"{target}: file changed while it was stamped; nothing written")
-            hash_seconds = time.perf_counter() - hash_started
-            values, record, signer = _new_values(job, new_header, digests)
-            os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
-            set_mtime_to_stamp(tmp, job.stamped_at)
-            written = os.fstat(dst.fileno())
+            if values != placeholders:
+                os.pwrite(dst.fileno(), _substitute(new_header, values), PREFIX_SIZE)
+            if stamped_at is not None:
+                set_mtime_to_stamp(tmp, stamped_at)
+            return os.fstat(dst.fileno())
     except OSError as exc:
-        raise StampError(f"{target}: stamp failed, original unchanged: {exc}") from exc
-    record_own_stamp(target, written, record.fingerprint)
-    write_seconds = time.perf_counter() - started - hash_seconds
-    return StampResult(target, record, tuple(digests), False, signer, hash_seconds, write_seconds)
+        raise StampError(
+            f"{target}: writing the new file failed, original unchanged: {exc}"
+        ) from exc
 
 
 def set_mtime_to_stamp(path: str, stamped_at: int) -> None:
@@ -323,16 +360,47 @@ def _stamp_in_place(job: _StampJob) -> StampResult:
     )
     hash_seconds = time.perf_counter() - hash_started
     values, record, signer = _new_values(job, header, digests)
-    try:
-        written = write_values_in_place(
-            target, header, values, unchanged_since=before, stamped_at=job.stamped_at
-        )
-    except _NotInPlace:
-        # The values could not be located unambiguously: fall back to a full rewrite.
-        return _stamp_rewrite(job)
+    written, in_place = write_values(
+        target, header, values, unchanged_since=before, stamped_at=job.stamped_at
+    )
     record_own_stamp(target, written, record.fingerprint)
     write_seconds = time.perf_counter() - hash_started - hash_seconds
-    return StampResult(target, record, tuple(digests), True, signer, hash_seconds, write_seconds)
+    return StampResult(
+        target, record, tuple(digests), in_place, signer, hash_seconds, write_seconds
+    )
+
+
+def write_values(
+    target: str,
+    header: Header,
+    values: dict[str, str],
+    *,
+    unchanged_since: os.stat_result,
+    stamped_at: int | None = None,
+) -> tuple[os.stat_result, bool]:
+    """Write the final ``cmh*`` ``values`` of a stamped file by rule 2 or rule 1 (spec 8).
+
+    In place (:func:`write_values_in_place`) when every value has a slot of its width
+    that can be located unambiguously; otherwise (a key or a value written with JSON
+    escapes, ``"cmh.s\\u0069g"``; a value also found elsewhere) the file is rewritten
+    beside and renamed over, its buffer copied unchanged. Returns the file's stat after
+    and whether it was written in place. Both stamp and sign write through here.
+    """
+    try:
+        written = write_values_in_place(
+            target, header, values, unchanged_since=unchanged_since, stamped_at=stamped_at
+        )
+    except _NotInPlace:
+        placeholders = dict(values)
+        return _rewrite(
+            target,
+            header,
+            placeholders,
+            lambda _new_header: values,
+            stamped_at=stamped_at,
+            unchanged_since=unchanged_since,
+        ), False
+    return written, True
 
 
 class _NotInPlace(StampError):
@@ -407,7 +475,11 @@ def _substitute(header: Header, values: dict[str, str]) -> bytes:
 
 
 def sign(path: str | os.PathLike[str], sign_key: Ed25519PrivateKey) -> StampResult:
-    """Sign the record of an already stamped file in place (no tensor byte is read).
+    """Sign the record of an already stamped file (no tensor byte is read).
+
+    The values are overwritten in place; when they cannot be located unambiguously
+    (written with JSON escapes, say), the file is rewritten beside and renamed over with
+    its buffer copied unchanged (spec 8.2), as a restamp does.
 
     The record keeps its fingerprint, expiry and stamp time; only the signed
     flag, ``cmh.sig`` and ``cmh.key`` change. The manifest must agree with the
@@ -443,7 +515,7 @@ def sign(path: str | os.PathLike[str], sign_key: Ed25519PrivateKey) -> StampResu
     }
     before = os.stat(target)
     was_checked = checked_fingerprint(target)[0] == old.fingerprint
-    written = write_values_in_place(target, header, values, unchanged_since=before)
+    written, in_place = write_values(target, header, values, unchanged_since=before)
     if was_checked:  # only the signature changed: the bytes checked before still are
         record_own_stamp(target, written, record.fingerprint)
-    return StampResult(target, record, (), in_place=True, signer_key_id=signer)
+    return StampResult(target, record, (), in_place=in_place, signer_key_id=signer)

@@ -8,6 +8,7 @@ and checked against the library's own answer.
 from __future__ import annotations
 
 import json
+import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -568,7 +569,12 @@ def test_sign(run, model: Path, garbage: Path, keys, tmp_path: Path) -> None:
     assert r.exit_code == 3 and r.json()["files"][0]["outcome"] == "invalid_file"
     assert run(["sign", model]).exit_code == 2
     r = run(["sign", model, "--key", public])
-    assert r.exit_code == 2 and "not a PEM private key" in r.stderr
+    assert r.exit_code == 2 and "not a PEM private key: it holds a public key" in r.stderr
+    # What the file is comes first: a public key (mode 0644) draws no warning on its mode.
+    assert "readable by others" not in r.stderr
+    os.chmod(private, 0o644)
+    r = run(["sign", model, "--key", private])
+    assert r.exit_code == 0 and "private key is readable by others" in r.stderr
 
 
 def test_sign_checkpoint_directory(run, tmp_path: Path, keys) -> None:
@@ -795,3 +801,21 @@ def test_inspect_never_exits_1_and_its_help_says_so(run, model: Path, keys) -> N
     shown = " ".join(run(["inspect", "--help"]).stdout.split())
     assert "Exit status: 0 shown, 2 usage error, 3 unreadable or not a safetensors file" in shown
     assert "1 a check failed" not in shown
+
+
+def test_ttl_zero_expires_at_once_while_never_stores_zero(tmp_path: Path) -> None:
+    """--ttl 0s writes expires_at = now (expired at once); --ttl never writes 0 (never)."""
+    import numpy as np
+    from cli_support import run_runner
+
+    model = tmp_path / "m.safetensors"
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(model))
+    r = run_runner(["stamp", model, "--ttl", "0s", "--json"])
+    record = r.json()["files"][0]["record"]
+    assert r.exit_code == 0 and record["expires_at"] == record["stamped_at"] != 0
+    assert record["expired"] is True
+    assert run_runner(["verify", model]).exit_code == 1
+    r = run_runner(["stamp", model, "--ttl", "never", "--json"])
+    assert r.json()["files"][0]["record"]["expires_at"] is None
+    help_text = run_runner(["stamp", "--help"]).stdout
+    assert "0s expires the file at once" in " ".join(help_text.split())

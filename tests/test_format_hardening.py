@@ -43,6 +43,12 @@ BAD_HEADERS = {
         '"z":{"dtype":"F32","shape":[18446744073709551616,0],"data_offsets":[2,2]}}'
     ),
     "metadata-null": '{"__metadata__":null,"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}',
+    # 240 dimensions of 2^64-1: a product past CPython's 4,300-digit limit for int -> str
+    "shape-product-over-4300-digits": (
+        '{"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
+        '"z":{"dtype":"U8","shape":[' + ",".join(["18446744073709551615"] * 240) + "],"
+        '"data_offsets":[2,2]}}'
+    ),
 }
 
 
@@ -187,3 +193,44 @@ def test_item13_inspect_reports_a_valid_signature(signed_model: tuple[Path, Path
     path, _, public = signed_model
     r = run_runner(["inspect", path, "--key", public])
     assert "valid, matches the record" in r.stdout
+
+
+# -- a shape whose product has thousands of digits -------------------------------------
+
+
+def test_a_huge_shape_product_is_invalid_for_sign_and_in_a_directory(tmp_path: Path) -> None:
+    """Every command, and a checkpoint directory holding such a shard, says invalid_file
+    (exit 3) where the message used to format the product and raise ValueError."""
+    private, _, _ = write_keypair(tmp_path / "k")
+    bad = BAD_HEADERS["shape-product-over-4300-digits"]
+    path = write_raw(tmp_path / "big.safetensors", bad, b"ab")
+    r = run_runner(["sign", path, "--key", private, "--json"])
+    assert r.exit_code == 3 and r.json()["files"][0]["outcome"] == "invalid_file"
+    with pytest.raises(cmh.InvalidFileError):
+        cmh.sign(path, load_private_key(private))
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    save_file(tensors(1), str(folder / "a.safetensors"), {"format": "pt"})
+    write_raw(folder / "b.safetensors", bad, b"ab")
+    before = (folder / "b.safetensors").read_bytes()
+    for command in (
+        ["verify"],
+        ["fingerprint"],
+        ["inspect"],
+        ["stamp"],
+        ["sign", "--key", private],
+    ):
+        r = run_runner([*command, folder, "--json"])
+        assert r.exit_code == 3, (command, r.stdout, r.stderr)
+    assert (folder / "b.safetensors").read_bytes() == before
+    assert cmh.verify(folder).outcome is Outcome.INVALID_FILE
+
+
+def test_a_huge_shape_product_is_judged_the_same_under_any_digit_limit(tmp_path: Path) -> None:
+    """No interpreter setting changes a verdict (spec 2.2): the lowest digit limit too."""
+    path = write_raw(
+        tmp_path / "big.safetensors", BAD_HEADERS["shape-product-over-4300-digits"], b"ab"
+    )
+    r = RUNNERS["subprocess"](["verify", path, "--json"], env={"PYTHONINTMAXSTRDIGITS": "640"})
+    assert r.exit_code == 3 and r.json()["outcome"] == "invalid_file"

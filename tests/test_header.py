@@ -11,7 +11,13 @@ import pytest
 
 import cmh
 from cmh._errors import InvalidFileError
-from cmh._header import MAX_HEADER_SIZE, read_header
+from cmh._header import (
+    _JSON_STRING,
+    MAX_HEADER_SIZE,
+    bounded_product,
+    parse_strict_json,
+    read_header,
+)
 
 
 def build(header: object, data: bytes = b"", raw: bytes | None = None) -> bytes:
@@ -165,3 +171,102 @@ def test_huge_length_is_refused_without_allocating(tmp_path: Path) -> None:
     path.write_bytes(struct.pack("<Q", (1 << 63) - 1))
     with pytest.raises(InvalidFileError, match="exceeds"):
         read_header(path)
+
+
+# -- shapes whose product is huge, unterminated strings: bounded work, typed errors ------
+
+#: 240 dimensions of 2^64-1: a product of 4,623 decimal digits, past CPython's default
+#: integer-digit limit (4,300), in a 5 KB header.
+HUGE_SHAPE = ",".join(["18446744073709551615"] * 240)
+
+
+def test_a_shape_whose_product_has_thousands_of_digits_is_invalid(tmp_path: Path) -> None:
+    path = tmp_path / "big.safetensors"
+    raw = '{"a":{"dtype":"U8","shape":[' + HUGE_SHAPE + '],"data_offsets":[0,0]}}'
+    path.write_bytes(build(None, raw=raw.encode()))
+    with pytest.raises(
+        InvalidFileError, match=r"more than 2\^64-1 elements but data_offsets span 0 bytes"
+    ) as info:
+        read_header(path)
+    message = str(info.value)
+    assert "240 items" in message and len(message) < 500  # the shape is not printed whole
+    assert cmh.verify(path).outcome is cmh.Outcome.INVALID_FILE
+
+
+def test_a_huge_shape_beside_a_zero_dimension_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "empty.safetensors"
+    raw = '{"a":{"dtype":"U8","shape":[' + HUGE_SHAPE + ',0],"data_offsets":[0,0]}}'
+    path.write_bytes(build(None, raw=raw.encode()))
+    (tensor,) = read_header(path).tensors
+    assert tensor.elements == 0 and len(tensor.shape) == 241
+
+
+def test_the_shape_check_stops_multiplying_past_the_offsets() -> None:
+    """The product stops once past what the offsets allow: linear, whatever the dimensions
+    (200,000 dimensions of 2^64-1 multiplied out took 95 s)."""
+    read: list[int] = []
+
+    class Counted(list[int]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for item in super().__iter__():
+                read.append(item)
+                yield item
+
+    shape = Counted([2**64 - 1] * 200_000)
+    assert bounded_product(shape, 2**64) is None
+    assert len(read) <= 2  # `0 in shape` does not iterate through __iter__ of a list
+    assert bounded_product([3, 0, 2**64 - 1], 1) == 0
+    assert bounded_product([2, 3], 6) == 6
+    assert bounded_product([2, 3], 5) is None
+
+
+@pytest.mark.parametrize(
+    "dtype,shape,offsets,message",
+    [
+        ("F4", "[5]", "[0,2]", "whole bytes"),  # 20 bits in 16
+        ("F6_E2M3", "[3]", "[0,3]", "whole bytes"),  # 18 bits
+        ("F6_E2M3", "[4]", "[0,3]", None),  # 24 bits: valid
+        ("F6_E3M2", "[8]", "[0,3]", "needs 6 bytes but data_offsets span 3"),
+        ("F4", "[4294967296, 4294967296, 4294967296]", "[0,2]", r"more than 2\^64-1 elements"),
+    ],
+)
+def test_sub_byte_dtypes_against_the_bounded_product(
+    tmp_path: Path, dtype: str, shape: str, offsets: str, message: str | None
+) -> None:
+    path = tmp_path / "f.safetensors"
+    raw = f'{{"a":{{"dtype":"{dtype}","shape":{shape},"data_offsets":{offsets}}}}}'
+    size = json.loads(offsets)[1]
+    path.write_bytes(build(None, bytes(size), raw=raw.encode()))
+    if message is None:
+        assert read_header(path).tensors[0].elements == json.loads(shape)[0]
+    else:
+        with pytest.raises(InvalidFileError, match=message):
+            read_header(path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"' + '\\"' * 20_000,  # one unterminated string full of escaped quotes
+        '{"' + '\\"' * 20_000 + "\\",  # ... ending in a lone backslash
+        '{"a":"x\\"","b":"' + '\\"' * 20_000,
+    ],
+)
+def test_an_unterminated_string_is_skipped_in_one_match(text: str) -> None:
+    """The string pattern matches an unterminated string to the end of the text, so the
+    scan of spec 2.2's limits is one pass. Before, an unterminated string was no match
+    and the scan started again at each quote inside it, each time to the end (quadratic:
+    19 s at 80 KB). Checked on the matches, not on a time, so it cannot flake."""
+    matches = list(_JSON_STRING.finditer(text))
+    assert matches and matches[-1].end() == len(text)
+    assert sum(m.end() - m.start() for m in matches) >= len(text) - 10
+    with pytest.raises(ValueError, match="Unterminated string"):
+        parse_strict_json(text)
+
+
+def test_an_unterminated_string_header_is_invalid(tmp_path: Path) -> None:
+    path = tmp_path / "q.safetensors"
+    path.write_bytes(build(None, raw=b'{"' + b'\\"' * 5000))
+    with pytest.raises(InvalidFileError, match="not valid JSON"):
+        read_header(path)
+    assert cmh.verify(path).outcome is cmh.Outcome.INVALID_FILE

@@ -409,3 +409,96 @@ def test_default_threads_follow_the_cpus_the_process_may_use() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "1"]
+
+
+def escape_in_header(path: Path, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` (the same JSON string, other escapes) in the header text."""
+    header = cmh.read_header(path)
+    text = header.raw.decode()
+    assert text.count(old) == 1
+    raw = text.replace(old, new).encode()
+    data = path.read_bytes()[header.data_start :]
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    assert cmh.read_header(path).metadata == header.metadata  # the same values
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["key", "record"],
+    ids=["key-cmh.s\\u0069g", "record-value-starting-with-an-escape"],
+)
+def test_sign_rewrites_a_file_whose_values_cannot_be_located(
+    make_file: MakeFile, keypair: tuple[Path, Path, str], spelling: str
+) -> None:
+    """Spec 8.2: values that cannot be located unambiguously (written with JSON escapes)
+    are written by a rewrite under rule 1, for sign as for a restamp; sign refused before."""
+    priv, pub, kid = keypair
+    path = make_file("sub/model.safetensors")
+    stamped = cmh.stamp(path, ttl="1d", now=1_000)
+    if spelling == "key":
+        escape_in_header(path, '"cmh.sig"', '"cmh.s\\u0069g"')
+    else:
+        first = stamped.record.to_hex()[0]
+        escape_in_header(path, f'"cmh":"{first}', f'"cmh":"\\u{ord(first):04x}')
+    tensors_before = load_file(str(path))
+    result = cmh.sign(path, load_private_key(priv))
+    assert not result.in_place and result.signer_key_id == kid
+    assert result.record.fingerprint == stamped.record.fingerprint
+    assert (result.record.expires_at, result.record.stamped_at) == (86_400 + 1_000, 1_000)
+    keys = TrustedKeys.load([pub])
+    verdict = cmh.verify(path, trusted_keys=keys, require_signature=True, at=1_001)
+    assert verdict.ok and verdict.signer_key_id == kid, verdict.message
+    loaded = load_file(str(path))
+    assert loaded.keys() == tensors_before.keys()
+    assert all(np.array_equal(loaded[k], tensors_before[k]) for k in loaded)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+    # Written plainly now: the next signature goes in place.
+    assert cmh.sign(path, load_private_key(priv)).in_place
+
+
+def test_the_sign_command_rewrites_a_file_whose_key_is_escaped(
+    make_file: MakeFile, keypair: tuple[Path, Path, str]
+) -> None:
+    from cli_support import run_runner
+
+    priv, pub, _ = keypair
+    path = make_file()
+    cmh.stamp(path)
+    escape_in_header(path, '"cmh.sig"', '"cmh.s\\u0069g"')
+    r = run_runner(["sign", path, "--key", priv, "--json"])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    entry = r.json()["files"][0]
+    assert entry["outcome"] == "signed" and entry["in_place"] is False
+    assert run_runner(["verify", path, "--key", pub]).exit_code == 0
+
+
+def test_a_restamp_rewrites_a_file_whose_values_cannot_be_located(make_file: MakeFile) -> None:
+    """The same writer as sign's: the values hashed once are written by a rewrite."""
+    path = make_file("sub/model.safetensors")
+    cmh.stamp(path, ttl="1d", now=1_000)
+    escape_in_header(path, '"cmh.sha256"', '"cmh.sha\\u0032\\u00356"')
+    result = cmh.stamp(path, ttl="2d", now=2_000)
+    assert not result.in_place and result.record.expires_at == 2_000 + 2 * 86_400
+    assert cmh.verify(path, at=2_001).ok
+    assert b"\\u0032" not in cmh.read_header(path).raw
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("expires_at", [900, 1_000], ids=["before-stamped_at", "at-stamped_at"])
+def test_a_restamp_keeps_a_lifetime_of_zero_from_a_record_expired_when_written(
+    make_file: MakeFile, expires_at: int
+) -> None:
+    """Spec 8.3: a previous expires_at not after its stamped_at (and not 0) is a kept
+    lifetime of 0: the restamped file expires at its new stamped_at, neither fresh nor
+    never (expires_at 0)."""
+    from cmh._record import Record
+
+    path = make_file()
+    old = cmh.stamp(path, ttl="1d", now=1_000).record
+    early = Record(expires_at, old.fingerprint, old.flags, old.stamped_at)
+    cmh.write_values_in_place(str(path), cmh.read_header(path), {KEY_RECORD: early.to_hex()})
+    assert cmh.verify(path, at=1_000).outcome is Outcome.EXPIRED
+    record = cmh.stamp(path, now=5_000).record
+    assert (record.stamped_at, record.expires_at) == (5_000, 5_000)
+    assert cmh.verify(path, at=5_000).outcome is Outcome.EXPIRED
+    assert cmh.stamp(path, ttl="1h", now=6_000).record.expires_at == 6_000 + 3_600

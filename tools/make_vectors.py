@@ -953,6 +953,21 @@ def more_containers(b: Builder) -> None:
             "2.6",
         ),
         (
+            "shape-product-4300-digits",
+            one("[" + ",".join(["18446744073709551615"] * 240) + "]", "[0,0]"),
+            b"",
+            "240 dimensions of 2^64-1 at [0,0]: a product of 4,623 decimal digits (more than "
+            "CPython converts to text by default); judged without writing it out",
+            "2.2, 2.6",
+        ),
+        (
+            "header-unterminated-string",
+            b'{"' + b'\\"' * 2000,
+            b"",
+            'a header that ends inside a string holding 2,000 escaped quotes (\\")',
+            "2.2",
+        ),
+        (
             "empty-inside-another",
             '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
             '"e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}}',
@@ -978,6 +993,15 @@ def more_containers(b: Builder) -> None:
     path = b.stamped("shape-u64-max", huge, None)
     b.positive(
         "shape-u64-max", "a dimension of 2^64-1 in a tensor of zero elements", "2.5, 5", path
+    )
+    # Positive: 240 dimensions of 2^64-1 and a 0 (a product of 0, whatever the others).
+    many = [("huge", "U8", [2**64 - 1] * 240 + [0], b""), ("w", "U8", [4], b"abcd")]
+    path = b.stamped("shape-u64-max-240", many, None)
+    b.positive(
+        "shape-u64-max-240",
+        "240 dimensions of 2^64-1, then a 0: zero elements",
+        "2.5, 2.6, 5",
+        path,
     )
 
 
@@ -1304,6 +1328,15 @@ def more_directories(
     folder = shard_dir("dir-invalid-shard", halves, mapping(halves))
     (folder / second).write_bytes(b"\x05\x00\x00")
     add("dir-invalid-shard", "a shard that is not a valid safetensors file", "invalid_file")
+    folder = shard_dir("dir-shard-huge-shape", halves, mapping(halves))
+    huge = '{"z":{"dtype":"U8","shape":[' + ",".join(["18446744073709551615"] * 240) + "],"
+    raw = (huge + '"data_offsets":[0,0]}}').encode()
+    (folder / second).write_bytes(struct.pack("<Q", len(raw)) + raw)
+    add(
+        "dir-shard-huge-shape",
+        "a shard whose tensor has 240 dimensions of 2^64-1 (a 4,623-digit product) at [0,0]",
+        "invalid_file",
+    )
     folder = shard_dir("dir-invalid-stray", halves, mapping(halves))
     (folder / "extra.safetensors").write_bytes(b"\x05\x00\x00")
     add(
@@ -1494,6 +1527,11 @@ def index_json_limits(
         index('{"total_size":1e400,"tiny":-1E-400,"pi":3.14159265358979323846264338327950288}'),
         "numbers past a double's range and precision: valid JSON numbers below the length limit",
         "ok",
+    )
+    with_index(
+        "dir-index-unterminated-string",
+        b'{"metadata":{"' + b'\\"' * 2000,
+        'an index that ends inside a string holding 2,000 escaped quotes (\\")',
     )
 
 

@@ -15,7 +15,6 @@ Both are pure functions of blob bytes, so each is computed once per blob
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
@@ -195,7 +194,7 @@ def _count(entry: FileEntry, opener: Opener) -> dict[str, int] | None:
         raise Unreadable(str(exc)) from None
     counts: dict[str, int] = {}
     for tensor in header.tensors:
-        counts[tensor.dtype] = counts.get(tensor.dtype, 0) + math.prod(tensor.shape)
+        counts[tensor.dtype] = counts.get(tensor.dtype, 0) + tensor.elements
     return counts
 
 
