@@ -49,7 +49,7 @@ from cmh.hub.cache import (
 from . import _chunked as chunked
 from ._answers import keep_resolver_answers
 from ._credentials import token_to_send
-from ._fetch import download_whole
+from ._fetch import discard_partials, download_whole, has_partials
 from ._http import HubClient, metadata_timeout
 from ._local import (
     LocalEntry,
@@ -777,6 +777,9 @@ class _Fetcher:
         linked = linked_etag(repo, commit, path) == remote.etag
         state = blob_state(repo, remote.etag, remote.size, recheck=was_corrupt)
         if state == "ok":
+            if has_partials(repo, remote.etag):  # left by a try that another one completed
+                with blob_lock(repo, remote.etag):
+                    discard_partials(repo, remote.etag)
             if not linked:
                 self._confirm(commit, path, remote)
             action = Action.KEPT if linked else Action.LINKED
@@ -785,6 +788,7 @@ class _Fetcher:
             # Another process may have installed it while we waited.
             state = blob_state(repo, remote.etag, remote.size, recheck=was_corrupt)
             if state == "ok":
+                discard_partials(repo, remote.etag)
                 self._confirm(commit, path, remote)
                 return FileResult(path, Action.LINKED, remote.etag, remote.size, 0, remote.size)
             corrupt = state == "corrupt" or was_corrupt
@@ -798,6 +802,7 @@ class _Fetcher:
                 # Wrong bytes, or a listing that names a blob the commit does not serve?
                 self._confirm(commit, path, remote)
                 raise
+            discard_partials(repo, remote.etag)  # e.g. a prefix an assembly did not need
             return result
 
     def _confirm(self, commit: str, path: str, remote: RemoteFile) -> None:

@@ -255,6 +255,38 @@ def test_retry_after_is_honoured_on_429(toy):
     assert min(gaps) >= 0.95, gaps  # the server asked for one second
 
 
+def _partials(layout: RepoLayout, etag: str) -> list[Path]:
+    names = (f"blobs/{etag}.incomplete", *(f".cmh/partial/{etag}.{n}" for n in (
+        "chunks", "chunks.log", "assembly", "assembly.log")))  # fmt: skip
+    return [layout.path / n for n in names if (layout.path / n).exists()]
+
+
+def test_partials_of_a_blob_that_is_complete_and_checked_are_discarded(toy):
+    """A blob another try completed (stock, another process) leaves nothing to resume:
+    the resolver that finds it checked removes its partials."""
+    res = toy.resolve()
+    etag = toy.published(res.commit)
+    for name in (f"blobs/{etag}.incomplete", f".cmh/partial/{etag}.chunks",
+                 f".cmh/partial/{etag}.chunks.log", f".cmh/partial/{etag}.assembly"):  # fmt: skip
+        (toy.layout.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (toy.layout.path / name).write_bytes(b"left over")
+    again = toy.resolve(policy=hub.Policy(revalidate=True))
+    assert again.state is hub.State.FRESH
+    assert _partials(toy.layout, etag) == []
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_a_download_refused_before_its_first_byte_leaves_no_empty_partial(toy, connections):
+    """An answer that ends the download before any byte (here a 403 on the file) leaves no
+    0-byte partial "for resuming": there is nothing to resume."""
+    toy.proxy.fail(f"/resolve/{toy.commits[1]}/{WEIGHTS}", 403, 100, {})
+    policy = hub.Policy(connections=connections, chunk_bytes=1 << 20)
+    with pytest.raises(hub.AccessError):
+        toy.resolve(policy=policy)
+    etag = toy.published(toy.commits[1])
+    assert _partials(toy.layout, etag) == []
+
+
 def test_refused_connection_is_not_retried(toy):
     """No connection at all (offline, Hub down): no retries, the cache answers at once."""
     toy.resolve()
