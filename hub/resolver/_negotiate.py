@@ -463,6 +463,17 @@ def _answer_stale(ask: _Ask, local: _Local, error: Exception, client: HubClient)
     usable: tuple[str, list[str]] | None = None
     if local.commit is not None and local.complete and not local.corrupt:
         usable = (local.commit, local.selection)
+    named = client.named
+    if named is not None and (usable is None or named != usable[0]):
+        # The Hub answered: it named another commit, whose listing or files could not be
+        # fetched. Not a Hub that could not be asked: the old commit is not served as if
+        # it were the revision's (stock fails here too), and the error says what happened.
+        raise HubUnreachableError(
+            f"{ask.where}: the Hub named commit {named[:12]}; its files could not be "
+            f"fetched: {error}",
+            getattr(error, "retry_after", None),
+            transient=getattr(error, "transient", True),
+        ) from None
     if usable is None or not ask.policy.stale_if_error:
         raise error
     why = _Why(

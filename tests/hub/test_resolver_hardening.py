@@ -287,6 +287,33 @@ def test_a_download_refused_before_its_first_byte_leaves_no_empty_partial(toy, c
     assert _partials(toy.layout, etag) == []
 
 
+def test_a_commit_the_hub_named_but_whose_files_failed_is_not_served_stale(toy):
+    """spec/resolver.md §3: stale-if-error is for a Hub that could not be asked. Once the
+    Hub named a new commit, files that cannot be fetched are an error that says so (exit
+    3 for ``cmh pull``), not the old snapshot "without the Hub"."""
+    c1 = toy.resolve().commit
+    c2 = toy.publish(2)
+    toy.proxy.fail(f"/resolve/{c2}/", 503, 1000, {})
+    with pytest.raises(hub.HubUnreachableError, match=f"the Hub named commit {c2[:12]}"):
+        toy.resolve(policy=hub.Policy(revalidate=True))
+    run = toy.pull("--revalidate", "--json")
+    assert run.exit_code == 3, run.output
+    doc = run.json()
+    assert doc["error_kind"] == "unreachable" and f"named commit {c2[:12]}" in doc["error"]
+    assert toy.layout.read_ref("main") == c1  # the old snapshot is still there, untouched
+
+
+def test_answers_that_keep_failing_are_named_not_called_no_answer(toy):
+    """Failed answers that use up the retries before ``HF_HUB_ETAG_TIMEOUT`` from the
+    process's start passed are reported by the last error, not as "no answer within"."""
+    toy.proxy.fail("/revision/", 503, 1000, {})
+    started = hub.Policy().clock.monotonic()
+    with pytest.raises(hub.HubUnreachableError) as caught:
+        toy.resolve(policy=hub.Policy(started=started))
+    message = str(caught.value)
+    assert "no answer within" not in message and "503" in message, message
+
+
 def test_refused_connection_is_not_retried(toy):
     """No connection at all (offline, Hub down): no retries, the cache answers at once."""
     toy.resolve()
