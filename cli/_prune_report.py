@@ -150,6 +150,7 @@ ITEM_WORDS = {
     "empty": "an empty folder",
     "abandoned": "a fill nobody holds any more",
     "blob-stored": "a fill whose blob is stored",
+    "blob-present": "a partial download whose blob is complete",
 }
 
 

@@ -4,7 +4,8 @@ Exit statuses: 0 resolved (including a stale snapshot served with a warning),
 1 refused by a check or the policy (content failed its ETag or manifest
 check, ``--strict`` and expired), 2 usage error (bad repo id or revision),
 3 the repo could not be obtained (not found, access refused, Hub unreachable
-with nothing cached, offline with nothing cached, a served safetensors file
+with nothing cached, a new commit the Hub named whose files could not be
+fetched, offline with nothing cached, a served safetensors file
 with an invalid header, no space left in the cache). With ``--json`` a
 failure (1 or 3) prints one document too: ``ok`` false, ``error_kind``, ``error``.
 """

@@ -419,6 +419,14 @@ def mark_verified(repo: RepoLayout, etag: str) -> None:
         marker.write_text(_stat_key(st))
 
 
+def discard_blob(repo: RepoLayout, etag: str) -> None:
+    """Delete blob ``etag`` and its verified marker (a blob that failed its check; the
+    caller holds the blob lock)."""
+    for path in (repo.blob_path(etag), _marker_path(repo, etag)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def blob_state(repo: RepoLayout, etag: str, size: int, *, recheck: bool = False) -> str:
     """``"missing"``, ``"ok"`` or ``"corrupt"`` for the cached blob ``etag``.
 

@@ -60,11 +60,13 @@ LEFTOVER = "leftover"
 EMPTY = "empty"
 ABANDONED = "abandoned"  # a fill with no live lease whose objects all outlived it
 BLOB_STORED = "blob-stored"  # a fill's state left beside the blob it filled
+BLOB_PRESENT = "blob-present"  # a partial download beside the complete blob it was for
 
 #: Every reason a plan gives a revision, and every reason it gives a housekeeping item.
 REVISION_REASONS = (EXPIRED, UNREFERENCED, BEYOND_KEEP_LATEST, UNUSED, OVER_SIZE, BROKEN)
 ITEM_REASONS = (ORPHAN, UNLINKED, STALE, DANGLING, INVALID, NOT_EXACT, REVISION_GONE,
-                BLOB_GONE, REPO_GONE, LEFTOVER, EMPTY, ABANDONED, BLOB_STORED)  # fmt: skip
+                BLOB_GONE, REPO_GONE, LEFTOVER, EMPTY, ABANDONED, BLOB_STORED,
+                BLOB_PRESENT)  # fmt: skip
 
 # Kinds of housekeeping items (each path relative to the cache root).
 KIND_BLOB = "blob"
@@ -561,7 +563,13 @@ class _RepoPlanner:
             (KIND_PARTIAL, self.repo.partials, ".cmh/partial/"),
         ):
             for e in entries:
-                if self.stale(e.mtime):
+                etag = etag_of(e.name)
+                if kind != KIND_TEMP and etag in self.repo.blobs and etag not in self.freed_blobs:
+                    # Nothing left to resume, whatever its age: the blob is complete (prune
+                    # does not hash it; a download in flight holds the blob lock, which
+                    # the executor takes).
+                    self.item(kind, prefix + e.name, BLOB_PRESENT, e.size)
+                elif self.stale(e.mtime):
                     self.item(kind, prefix + e.name, STALE, e.size)
 
     def _fills(self) -> None:

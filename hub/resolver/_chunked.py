@@ -121,7 +121,12 @@ def download_chunked(job: Job) -> tuple[bool, list[str]]:
         if integrity_failures:
             check.reset()
         try:
-            _transfer(job, chunks, done, check, source)
+            try:
+                _transfer(job, chunks, done, check, source)
+            except BaseException:
+                if not chunks.logged():  # no chunk finished: nothing to resume
+                    discard_chunks(job.repo, remote.etag)
+                raise
             check.finish()
         except InvalidRemoteFileError:
             discard_chunks(job.repo, remote.etag)

@@ -8,11 +8,13 @@ installed before :class:`~cmh.hub.cache.ContentCheck` accepts every byte.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
 from cmh.hub.cache import (
     ContentCheck,
+    RepoLayout,
     disk_full_error,
     feed_file,
     install_blob,
@@ -22,9 +24,35 @@ from cmh.hub.cache import (
 
 from . import _chunked as chunked
 from ._http import RangeNotSatisfied
+from ._partial import assembly_path
 from ._retry import no_answer_notice
 from ._transfer import Job, discard
 from ._types import AnswerTooLarge, HubUnreachableError, IntegrityError, InvalidRemoteFileError
+
+
+def partial_files(repo: RepoLayout, etag: str) -> tuple[Path, ...]:
+    """Every partial download of blob ``etag`` the resolver may leave: a whole download's
+    prefix (``blobs/{etag}.incomplete``), a chunked download and a tensor-level assembly
+    (``.cmh/partial/{etag}.chunks``, ``.assembly``), each with its log."""
+    chunks, assembly = chunked.chunks_path(repo, etag), assembly_path(repo, etag)
+    return (
+        partial_path(repo, etag),
+        chunks,
+        chunks.with_name(chunks.name + ".log"),
+        assembly,
+        assembly.with_name(assembly.name + ".log"),
+    )
+
+
+def has_partials(repo: RepoLayout, etag: str) -> bool:
+    """True when any partial download of blob ``etag`` is left (a few ``stat`` calls)."""
+    return any(p.exists() for p in partial_files(repo, etag))
+
+
+def discard_partials(repo: RepoLayout, etag: str) -> None:
+    """Remove every partial download of blob ``etag``, once the blob is in and checked:
+    nothing of it is left to resume (the caller holds the blob lock)."""
+    discard(*partial_files(repo, etag))
 
 
 def download_whole(job: Job) -> tuple[bool, list[str]]:
@@ -70,6 +98,16 @@ def download_whole(job: Job) -> tuple[bool, list[str]]:
     except InvalidRemoteFileError:
         discard(part)
         raise
+    finally:
+        _discard_if_empty(part)
+
+
+def _discard_if_empty(part: Path) -> None:
+    """An empty partial left by a failed try (an unexpected ``206``, a redirect loop, a
+    body that does not decode) holds nothing to resume: it is not kept."""
+    with contextlib.suppress(OSError):
+        if part.stat().st_size == 0:
+            part.unlink()
 
 
 def _download_whole(job: Job, part: Path) -> tuple[bool, list[str]]:
@@ -138,9 +176,10 @@ def _download_whole(job: Job, part: Path) -> tuple[bool, list[str]]:
     assert last_error is not None
     if isinstance(last_error, IntegrityError):
         raise IntegrityError(f"{remote.path}: {last_error}; refused, nothing installed")
+    kept = part.exists() and part.stat().st_size > 0
     raise HubUnreachableError(
         f"{remote.path}: download failed after {retry.attempts} attempts ({last_error}); "
-        f"{part.name} kept for resuming"
+        + (f"{part.name} kept for resuming" if kept else "nothing kept")
     )
 
 

@@ -72,6 +72,9 @@ MAX_MESSAGE = 1024
 MIN_TRANSFER_RATE = 16 << 10
 #: API answers a client keeps for :mod:`~cmh.hub.resolver._answers` (the first ones).
 MAX_ANSWERS_KEPT = 16
+#: How early a metadata deadline on the network clock counts as passed (the last try's
+#: socket timeout ends at it, give or take the scheduler).
+DEADLINE_SLACK = 0.1
 MAX_LISTED_FILES = 100_000
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
@@ -512,15 +515,28 @@ class HubClient:
             deadline = min(deadline, self.done_by)
         return budget, deadline, _network_now() + (deadline - now)
 
-    def _run_metadata(self, once: Callable[[], T], what: str, deadline: float) -> T:
-        """``once`` under the retry policy by ``deadline``; a Hub that gives no answer by
-        :attr:`answer_by` is told as such, and one that answers lifts it."""
+    def _run_metadata(
+        self, once: Callable[[], T], what: str, deadline: float, net_deadline: float
+    ) -> T:
+        """``once`` under the retry policy by ``deadline`` (``net_deadline`` on the network
+        clock); a Hub that gives no answer by :attr:`answer_by` is told as such, and one
+        that answers lifts it."""
         try:
             result = self.retry.run(once, what, deadline)
         except HubUnreachableError as exc:
             # The budget from the process's start ran out: not when no connection could
             # be made at all (refused, no such host), which is raised at once, untried again.
-            if exc.transient and self.answer_by is not None and deadline >= self.answer_by:
+            # Said only when that deadline really passed: answers that kept failing before
+            # it (5xx, truncated bodies) are named by the last error instead.
+            if (
+                exc.transient
+                and self.answer_by is not None
+                and deadline >= self.answer_by
+                and (
+                    self.retry.clock.monotonic() >= deadline
+                    or _network_now() >= net_deadline - DEADLINE_SLACK
+                )
+            ):
                 raise HubUnreachableError(
                     f"{self.endpoint}: no answer within HF_HUB_ETAG_TIMEOUT "
                     f"({metadata_timeout():g} s) of the process's start: {exc}",
@@ -575,7 +591,7 @@ class HubClient:
                 self.answers.append(ApiAnswer(str(response.request.url), headers, body))
             return obj, response
 
-        return self._run_metadata(once, f"GET {url}", deadline)
+        return self._run_metadata(once, f"GET {url}", deadline, net_deadline)
 
     def served(self, url: str) -> ServedFile:
         """HEAD ``url`` (a ``resolve`` URL) and read what it says the file is, as the stock
@@ -623,7 +639,7 @@ class HubClient:
                 )
             raise HubProtocolError(f"{url}: too many redirects")
 
-        return self._run_metadata(once, f"HEAD {url}", deadline)
+        return self._run_metadata(once, f"HEAD {url}", deadline, net_deadline)
 
     def revision(self, repo_id: str, repo_type: str, revision: str) -> RemoteRevision:
         """Resolve ``revision`` to a commit (one request); lists blobs if the Hub does."""

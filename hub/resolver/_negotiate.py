@@ -49,7 +49,7 @@ from cmh.hub.cache import (
 from . import _chunked as chunked
 from ._answers import keep_resolver_answers
 from ._credentials import check_sendable, token_to_send
-from ._fetch import download_whole
+from ._fetch import discard_partials, download_whole, has_partials
 from ._http import HubClient, metadata_timeout
 from ._local import (
     LocalEntry,
@@ -465,6 +465,17 @@ def _answer_stale(ask: _Ask, local: _Local, error: Exception, client: HubClient)
     usable: tuple[str, list[str]] | None = None
     if local.commit is not None and local.complete and not local.corrupt:
         usable = (local.commit, local.selection)
+    named = client.named
+    if named is not None and (usable is None or named != usable[0]):
+        # The Hub answered: it named another commit, whose listing or files could not be
+        # fetched. Not a Hub that could not be asked: the old commit is not served as if
+        # it were the revision's (stock fails here too), and the error says what happened.
+        raise HubUnreachableError(
+            f"{ask.where}: the Hub named commit {named[:12]}; its files could not be "
+            f"fetched: {error}",
+            getattr(error, "retry_after", None),
+            transient=getattr(error, "transient", True),
+        ) from None
     if usable is None or not ask.policy.stale_if_error:
         raise error
     why = _Why(
@@ -779,6 +790,9 @@ class _Fetcher:
         linked = linked_etag(repo, commit, path) == remote.etag
         state = blob_state(repo, remote.etag, remote.size, recheck=was_corrupt)
         if state == "ok":
+            if has_partials(repo, remote.etag):  # left by a try that another one completed
+                with blob_lock(repo, remote.etag):
+                    discard_partials(repo, remote.etag)
             if not linked:
                 self._confirm(commit, path, remote)
             action = Action.KEPT if linked else Action.LINKED
@@ -787,6 +801,7 @@ class _Fetcher:
             # Another process may have installed it while we waited.
             state = blob_state(repo, remote.etag, remote.size, recheck=was_corrupt)
             if state == "ok":
+                discard_partials(repo, remote.etag)
                 self._confirm(commit, path, remote)
                 return FileResult(path, Action.LINKED, remote.etag, remote.size, 0, remote.size)
             corrupt = state == "corrupt" or was_corrupt
@@ -800,6 +815,7 @@ class _Fetcher:
                 # Wrong bytes, or a listing that names a blob the commit does not serve?
                 self._confirm(commit, path, remote)
                 raise
+            discard_partials(repo, remote.etag)  # e.g. a prefix an assembly did not need
             return result
 
     def _confirm(self, commit: str, path: str, remote: RemoteFile) -> None:

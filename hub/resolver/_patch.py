@@ -37,18 +37,27 @@ costs one revalidation request, not ten.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import glob
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from cmh.hub.cache import COMMIT_RE, LayoutError, RepoLayout, blob_state
+from cmh.hub.cache import (
+    COMMIT_RE,
+    LayoutError,
+    RepoLayout,
+    blob_lock,
+    blob_state,
+    discard_blob,
+)
 
 from . import _window as window_state
 from ._local import hub_said_absent, one_file_listing
@@ -115,6 +124,8 @@ _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
 _recent = window_state.recent  # the revalidation window (tests clear it as a new process would)
 _warned: set[tuple[str, ...]] = set()  # warnings already logged (once per repo and process)
+#: An LFS file's ETag: the SHA-256 of its bytes.
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 def installed() -> bool:
@@ -521,16 +532,64 @@ Routed = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], Any]
 #: What ``routed`` returns to hand the call to the stock function, which the wrapper then
 #: calls outside any ``except`` block: its errors carry nothing of cmh (no ``__context__``).
 _STOCK: Any = object()
+#: What ``routed`` returns to hand the call to the stock function after the resolver failed
+#: (:func:`_fall_back`): the patched calls the stock function makes meanwhile for the same
+#: repo and cache go straight to stock (:func:`_handing_over`).
+_HANDED: Any = object()
+
+#: The calls handed to the stock function after the resolver failed, still under way, by
+#: (cache, repo type, repo id), and in this thread's context. Stock's ``snapshot_download``
+#: calls ``hf_hub_download`` once per file, in threads of its own pool (which do not inherit
+#: a context): without this each of them would run the resolver again, with all its retries,
+#: inside the stock call.
+_handed_over: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cmh_handed_over", default=False
+)
+_handing: dict[tuple[str, str, str], int] = {}
+
+
+def _hand_key(a: dict[str, Any]) -> tuple[str, str, str]:
+    return (str(cache_root(a.get("cache_dir"))), a.get("repo_type") or "model", str(a["repo_id"]))
+
+
+@contextlib.contextmanager
+def _handing_over(a: dict[str, Any]) -> Iterator[None]:
+    """Mark a call handed to the stock function after the resolver failed, while it runs."""
+    key = _hand_key(a)
+    with _lock:
+        _handing[key] = _handing.get(key, 0) + 1
+    token = _handed_over.set(True)
+    try:
+        yield
+    finally:
+        _handed_over.reset(token)
+        with _lock:
+            _handing[key] -= 1
+            if not _handing[key]:
+                del _handing[key]
+
+
+def _inside_a_hand_over(a: dict[str, Any]) -> bool:
+    """True for a call made inside a stock call cmh handed over (same thread, or the same
+    repo and cache while it runs): it goes straight to the stock function."""
+    if _handed_over.get():
+        return True
+    with _lock:
+        return _hand_key(a) in _handing
 
 
 def _wrapper(
     original: Callable[..., Any],
     routed: Routed,
-    handed: Callable[[dict[str, Any], Any], None] | None = None,
+    handed: Callable[[dict[str, Any], Any, Any], None] | None = None,
 ) -> Callable[..., Any]:
     """``original`` with its calls bound and run by ``routed`` in the cache they name
     (calls it cannot bind, and those ``routed`` hands back, go to ``original`` as they are;
-    ``handed`` sees what ``original`` returned to a handed-back call, and may refuse it)."""
+    ``handed`` sees what ``original`` returned to a handed-back call, and may refuse it).
+
+    A call made inside a stock call that was handed over after the resolver failed goes
+    straight to ``original`` (the resolver is not run again within it), and ``handed``
+    sees its answer too."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -538,12 +597,21 @@ def _wrapper(
         if a is None:
             return original(*args, **kwargs)
         with _in_cache(a.get("cache_dir"), a.get("repo_type"), a.get("repo_id")):
-            answer = routed(a, args, kwargs)
-            if answer is not _STOCK:
+            if handed is not None and _inside_a_hand_over(a):
+                answer = original(*args, **kwargs)
+                handed(a, answer, None)
                 return answer
-            answer = original(*args, **kwargs)
+            answer = routed(a, args, kwargs)
+            if answer is not _STOCK and answer is not _HANDED:
+                return answer
+            before = _blob_names(a) if handed is not None else None
+            if answer is _HANDED:
+                with _handing_over(a):
+                    answer = original(*args, **kwargs)
+            else:
+                answer = original(*args, **kwargs)
             if handed is not None:
-                handed(a, answer)
+                handed(a, answer, before)
             return answer
 
     wrapper.__cmh_original__ = original  # type: ignore[attr-defined]
@@ -586,7 +654,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except (ResolveError, OSError) as exc:
             _fall_back(f"{a['repo_id']}/{filename}", exc, _offline(a))
-            return _STOCK
+            return _HANDED
         if absent is not None:  # its cause as stock gives it (offline mode), nothing of cmh
             raise absent from absent.__cause__
         target = os.path.join(str(res.path), relative)
@@ -596,10 +664,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             _refuse_a_corrupt_blob(a, target)
         return target
 
-    def handed(a: dict[str, Any], found: Any) -> None:
-        # Offline, stock reads a cache the resolver could not vouch for: a file whose
-        # blob fails its check is still never returned.
-        if _offline(a) and isinstance(found, str):
+    def handed(a: dict[str, Any], found: Any, before: frozenset[str] | None) -> None:
+        # Whatever stock returned, read offline from a cache the resolver could not vouch
+        # for or fetched online, a file whose blob fails its check is never returned.
+        if isinstance(found, str):
             _refuse_a_corrupt_blob(a, found)
 
     return _wrapper(original, routed, handed)
@@ -620,10 +688,15 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except (ResolveError, OSError) as exc:
             _fall_back(str(a["repo_id"]), exc, _offline(a))
-            return _STOCK
+            return _HANDED
         return str(res.path)
 
-    return _wrapper(original, routed)
+    def handed(a: dict[str, Any], found: Any, before: frozenset[str] | None) -> None:
+        # What stock fetched into the snapshot it returns is checked as a routed file is.
+        if isinstance(found, str):
+            _refuse_corrupt_snapshot_blobs(a, found, before)
+
+    return _wrapper(original, routed, handed)
 
 
 def _wrap_try_to_load(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -644,19 +717,64 @@ def _served_as_found(res: Any) -> bool:
     return any(COMPLETENESS_UNKNOWN in w for w in res.warnings)
 
 
-def _refuse_a_corrupt_blob(a: dict[str, Any], found: str) -> None:
+def _refuse_a_corrupt_blob(
+    a: dict[str, Any], found: str, name: str | None = None, *, only_sha256: bool = False
+) -> None:
     """Raise when the cached file ``found`` is a blob that fails its check: offline the stock
-    error of a cache that cannot serve the call, else the resolver's ``IntegrityError``."""
-    if _blob_refused(a, found):
-        error = IntegrityError(f"{a['repo_id']}: cached {a['filename']} failed its check")
-        if _offline(a):
+    error of a cache that cannot serve the call, else the resolver's ``IntegrityError``.
+
+    Online the stock client has just fetched it (a call handed over): the blob and the
+    link ``found`` are deleted, as the resolver never keeps bytes that failed their check,
+    and only a blob named by a SHA-256 (an LFS file's ETag) is checked: a small file's ETag
+    is the git blob id on the Hub, but not necessarily on every server stock may talk to.
+    """
+    offline = _offline(a)
+    if _blob_refused(a, found, only_sha256=only_sha256 or not offline, discard=not offline):
+        what = name if name is not None else a["filename"]
+        error = IntegrityError(f"{a['repo_id']}: cached {what} failed its check")
+        if offline:
             raise _refused_offline(error) from error
         raise error
 
 
-def _blob_refused(a: dict[str, Any], found: str) -> bool:
+def _refuse_corrupt_snapshot_blobs(a: dict[str, Any], folder: str, before: Any) -> None:
+    """Check the blobs the stock ``snapshot_download`` fetched into the snapshot ``folder``:
+    every SHA-256 blob it links that was not in the cache before the call (``before``; all,
+    when unknown), through :func:`_refuse_a_corrupt_blob` (a blob already verified is not
+    read again). Online only: offline stock fetched nothing."""
+    if _offline(a) or not os.path.isdir(folder):
+        return
+    for top, _dirs, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(top, name)
+            etag = os.path.basename(os.path.realpath(path))
+            if before is not None and etag in before:
+                continue
+            _refuse_a_corrupt_blob(
+                a, path, os.path.relpath(path, folder).replace(os.sep, "/"), only_sha256=True
+            )
+
+
+def _blob_names(a: dict[str, Any]) -> frozenset[str] | None:
+    """The blobs of the call's repo in its cache now (``None``: unreadable)."""
+    try:
+        repo = RepoLayout(
+            cache_root(a.get("cache_dir")), a["repo_id"], a.get("repo_type") or "model"
+        )
+        return frozenset(os.listdir(repo.path / "blobs"))
+    except FileNotFoundError:
+        return frozenset()
+    except (OSError, LayoutError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _blob_refused(
+    a: dict[str, Any], found: str, *, only_sha256: bool = False, discard: bool = False
+) -> bool:
     """True when the cached file ``found`` is a link to its repo's blob and that blob
-    fails its check (hashed once per blob version; a verified marker spares the read)."""
+    fails its check (hashed once per blob version; a verified marker spares the read).
+    ``only_sha256``: a blob not named by a SHA-256 is not checked; ``discard``: a blob
+    that fails is deleted, with the link ``found``."""
     try:
         repo = RepoLayout(
             cache_root(a.get("cache_dir")), a["repo_id"], a.get("repo_type") or "model"
@@ -665,7 +783,15 @@ def _blob_refused(a: dict[str, Any], found: str) -> bool:
         etag = os.path.basename(blob)
         if not os.path.islink(found) or blob != os.path.realpath(repo.blob_path(etag)):
             return False  # not a blob of this cache's repo: read as stock reads it
+        if only_sha256 and not SHA256_RE.match(etag):
+            return False
         state = blob_state(repo, etag, os.stat(blob).st_size)
+        if state == "corrupt" and discard:
+            with blob_lock(repo, etag):
+                if blob_state(repo, etag, os.stat(blob).st_size) == "corrupt":
+                    discard_blob(repo, etag)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(found)
     except (OSError, LayoutError, KeyError, TypeError, ValueError):
         return False
     if state != "corrupt":

@@ -400,3 +400,33 @@ def test_a_store_keeps_a_revision_read_within_the_grace(
     [outcome] = report.repos
     assert (later in outcome.kept_in_use) is served
     assert (root / "models--org--r" / "snapshots" / later).exists() is served
+
+
+def test_partials_beside_their_complete_blob_go_whatever_their_age(built: Built) -> None:
+    """A partial download whose blob is present (another try completed it) holds nothing
+    to resume: it goes at once, as ``blob-present``; one whose blob is absent waits for
+    ``--stale-incomplete``."""
+    from cmh.hub.prune._plan import BLOB_PRESENT, STALE
+
+    layout = built.b.layout("org/stamped")
+    present = next(f.resolve().name for f in layout.snapshot_dir(built.stamped_v2).iterdir())
+    stamped = "models--org--stamped/"
+    fresh = NOW - 60  # a minute old: well within --stale-incomplete
+    beside = [
+        f"blobs/{present}.incomplete",
+        f"blobs/{present}.0a1b2c.incomplete",
+        f".cmh/partial/{present}.chunks",
+        f".cmh/partial/{present}.chunks.log",
+    ]
+    for name in (*beside, f".cmh/partial/{'d' * 64}.chunks"):
+        built.b.file(stamped + name, b"p" * 10, mtime=fresh)
+    plan, _ = prune(built)
+    why = {i.path: i.reason for repo in plan.repos for i in repo.items}
+    for name in beside:
+        assert why[stamped + name] == BLOB_PRESENT, name
+        assert not (built.root / stamped / name).exists()
+    assert why[stamped + "blobs/" + "c" * 64 + ".0a1b2c.incomplete"] == STALE
+    # No blob of its own: kept until stale, like the fresh `d` prefix beside it.
+    assert (built.root / stamped / ".cmh/partial" / ("d" * 64 + ".chunks")).exists()
+    assert (layout.blobs / present).exists()
+    assert stock_warnings(built.root) == []

@@ -255,6 +255,65 @@ def test_retry_after_is_honoured_on_429(toy):
     assert min(gaps) >= 0.95, gaps  # the server asked for one second
 
 
+def _partials(layout: RepoLayout, etag: str) -> list[Path]:
+    names = (f"blobs/{etag}.incomplete", *(f".cmh/partial/{etag}.{n}" for n in (
+        "chunks", "chunks.log", "assembly", "assembly.log")))  # fmt: skip
+    return [layout.path / n for n in names if (layout.path / n).exists()]
+
+
+def test_partials_of_a_blob_that_is_complete_and_checked_are_discarded(toy):
+    """A blob another try completed (stock, another process) leaves nothing to resume:
+    the resolver that finds it checked removes its partials."""
+    res = toy.resolve()
+    etag = toy.published(res.commit)
+    for name in (f"blobs/{etag}.incomplete", f".cmh/partial/{etag}.chunks",
+                 f".cmh/partial/{etag}.chunks.log", f".cmh/partial/{etag}.assembly"):  # fmt: skip
+        (toy.layout.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (toy.layout.path / name).write_bytes(b"left over")
+    again = toy.resolve(policy=hub.Policy(revalidate=True))
+    assert again.state is hub.State.FRESH
+    assert _partials(toy.layout, etag) == []
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_a_download_refused_before_its_first_byte_leaves_no_empty_partial(toy, connections):
+    """An answer that ends the download before any byte (here a 403 on the file) leaves no
+    0-byte partial "for resuming": there is nothing to resume."""
+    toy.proxy.fail(f"/resolve/{toy.commits[1]}/{WEIGHTS}", 403, 100, {})
+    policy = hub.Policy(connections=connections, chunk_bytes=1 << 20)
+    with pytest.raises(hub.AccessError):
+        toy.resolve(policy=policy)
+    etag = toy.published(toy.commits[1])
+    assert _partials(toy.layout, etag) == []
+
+
+def test_a_commit_the_hub_named_but_whose_files_failed_is_not_served_stale(toy):
+    """spec/resolver.md §3: stale-if-error is for a Hub that could not be asked. Once the
+    Hub named a new commit, files that cannot be fetched are an error that says so (exit
+    3 for ``cmh pull``), not the old snapshot "without the Hub"."""
+    c1 = toy.resolve().commit
+    c2 = toy.publish(2)
+    toy.proxy.fail(f"/resolve/{c2}/", 503, 1000, {})
+    with pytest.raises(hub.HubUnreachableError, match=f"the Hub named commit {c2[:12]}"):
+        toy.resolve(policy=hub.Policy(revalidate=True))
+    run = toy.pull("--revalidate", "--json")
+    assert run.exit_code == 3, run.output
+    doc = run.json()
+    assert doc["error_kind"] == "unreachable" and f"named commit {c2[:12]}" in doc["error"]
+    assert toy.layout.read_ref("main") == c1  # the old snapshot is still there, untouched
+
+
+def test_answers_that_keep_failing_are_named_not_called_no_answer(toy):
+    """Failed answers that use up the retries before ``HF_HUB_ETAG_TIMEOUT`` from the
+    process's start passed are reported by the last error, not as "no answer within"."""
+    toy.proxy.fail("/revision/", 503, 1000, {})
+    started = hub.Policy().clock.monotonic()
+    with pytest.raises(hub.HubUnreachableError) as caught:
+        toy.resolve(policy=hub.Policy(started=started))
+    message = str(caught.value)
+    assert "no answer within" not in message and "503" in message, message
+
+
 def test_refused_connection_is_not_retried(toy):
     """No connection at all (offline, Hub down): no retries, the cache answers at once."""
     toy.resolve()
