@@ -22,12 +22,14 @@ from bucket_support import Fault, S3Proxy, S3Request, aws_env_applied, isolated_
 from cmh.hub.mirror.stores.bucket import _splice
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
+from deadline_support import TEST_DEADLINE
 from mirror_support import MirrorServer, wait_for
 from seaweed import SeaweedBucket, SeaweedServer
 
 REPO = "cmh-test/splice"
 FOLDER = "models--cmh-test--splice"
 SIZE = 3 << 20
+HUGE = "cmh-test/splice-huge"
 
 
 def blob_get_agents(proxy: S3Proxy) -> list[str]:
@@ -92,11 +94,15 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def _get(
-    served: Served, rng: str | None, stop_after: int | None = None, path: str = "big.bin"
+    served: Served,
+    rng: str | None,
+    stop_after: int | None = None,
+    path: str = "big.bin",
+    repo: str = REPO,
 ) -> tuple[int, bytes | str]:
     conn = http.client.HTTPConnection(served.server.host, served.server.port, timeout=30)
     try:
-        conn.request("GET", f"/{REPO}/resolve/main/{path}", headers={"Range": rng} if rng else {})
+        conn.request("GET", f"/{repo}/resolve/main/{path}", headers={"Range": rng} if rng else {})
         r = conn.getresponse()
         if stop_after is not None:
             return r.status, r.read(stop_after)
@@ -259,3 +265,56 @@ def test_a_warm_get_asks_the_storage_for_its_bytes_alone(served: Served, tmp_pat
         assert asked == [("GET", f"/{where.bucket}/{where.key(served.blobs['warm.bin'])}")] * 3
     finally:
         server.stop()
+
+
+def _stalled_reader(served: Served, path: str, start: int) -> socket.socket:
+    """A client that asks for bytes ``start-`` of ``path``, reads the answer's head, then
+    reads nothing more (its receive buffer small, so the server's sends soon block)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(TEST_DEADLINE)
+    sock.connect((served.server.host, served.server.port))
+    sock.sendall(
+        f"GET /{HUGE}/resolve/main/{path} HTTP/1.1\r\nHost: x\r\nRange: bytes={start}-\r\n\r\n"
+        .encode()
+    )  # fmt: skip
+    return sock
+
+
+def _head(sock: socket.socket) -> bytes:
+    seen = b""
+    while b"\r\n\r\n" not in seen:
+        more = sock.recv(4096)
+        assert more, "the server closed the connection before the head"
+        seen += more
+    return seen.split(b"\r\n", 1)[0]
+
+
+def test_clients_that_read_nothing_never_hold_back_another_answer(
+    served: Served, tmp_path: Path
+) -> None:
+    """More stalled readers of large spliced bodies than the splice pool has threads (two,
+    here): each still gets its head, and another client then gets a large body whole. A
+    client that reads nothing holds no thread (its body waits on the event loop for its
+    socket), and a busy pool sends through Python rather than queue an answer's headers."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(24 << 20)  # far past what the sockets' buffers and a pipe hold
+    (src / "huge.bin").write_bytes(data)
+    served.store.add_folder(src, HUGE)
+    env = {**served.env, _splice.THREADS_ENV: "2"}
+    server = MirrorServer(served.store.url, tmp_path / "logs", env=env)
+    stalled: list[socket.socket] = []
+    try:
+        small = Served(served.store, server, served.storage, data, served.bad_name)
+        assert _get(small, None, path="huge.bin", repo=HUGE) == (200, data)  # known good from now
+        for i in range(6):
+            stalled.append(_stalled_reader(small, "huge.bin", i * 150_000))
+        assert [_head(s) for s in stalled] == [b"HTTP/1.1 206 Partial Content"] * 6
+        assert _get(small, None, path="huge.bin", repo=HUGE) == (200, data)
+        assert _get(small, "bytes=5000000-", path="huge.bin", repo=HUGE) == (206, data[5_000_000:])
+    finally:
+        for sock in stalled:
+            sock.close()
+        server.stop()
+    assert "Traceback" not in server.stderr_path.read_text()

@@ -49,6 +49,7 @@ from ..._memo import Memo
 from ..._ranges import ByteRange, is_whole, reaches_end
 from ..._send import CLIENT_LEFT, BlobUnavailable, frame
 from .._delivery import whole_prefix
+from . import _splice
 from ._objectstore import (
     ObjectInfo,
     ObjectNotFound,
@@ -353,7 +354,10 @@ async def _spliced(
 ) -> tuple[web.StreamResponse, int, str | None] | None:
     """One span of a body no byte of which Python must read, spliced from the storage's
     socket to the client's (:mod:`~cmh.hub.mirror.stores.bucket._splice`); with ``pending``
-    its last byte waits for that check. ``None`` when it cannot be spliced here."""
+    its last byte waits for that check. ``None`` when it cannot be spliced here, or while
+    every splice thread is taken (a busy pool never holds an answer's headers back)."""
+    if _splice.saturated():
+        return None
     _, start, length = piece
     reader = fetcher.reader
     url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
