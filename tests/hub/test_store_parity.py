@@ -757,6 +757,28 @@ def test_a_client_that_drops_mid_body_leaves_no_traceback(served: Served) -> Non
     assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
 
 
+def test_a_client_that_leaves_before_its_headers_leaves_no_traceback(served: Served) -> None:
+    """A client that sends its request and hangs up at once: the headers find the
+    connection closing. Every kind logs it as a client that left, with no byte sent (it
+    printed aiohttp's "Cannot write to closing transport" traceback, and no log line)."""
+    import socket
+
+    path = f"/{MINILM_REPO}/resolve/main/model.safetensors?early={uuid.uuid4().hex}"
+    server = served.server
+    with socket.create_connection((server.host, server.port), timeout=60) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)  # the server reads the request, then the end
+    entries: list[dict[str, Any]] = []
+    for _ in range(200):  # its log line follows the handler's end
+        entries = [e for e in server.log(route="resolve") if path in e["target"]]
+        if entries:
+            break
+        time.sleep(0.05)
+    assert len(entries) == 1, entries
+    assert entries[0]["bytes"] == 0 and entries[0].get("cut") == "client went away", entries
+    assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
+
+
 def _add(served: Served, src: Path, repo: str) -> str:
     """Import ``src`` as ``repo`` (``cmh mirror add``; a memory store's own call); its commit."""
     if served.kind == "memory":

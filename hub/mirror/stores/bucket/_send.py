@@ -303,10 +303,10 @@ async def proxy(
         raise BlobUnavailable("blob changed in the bucket: try again") from None
     except ObjectStoreError as exc:
         raise BlobUnavailable(f"blob unavailable: {exc}") from None
-    await response.prepare(request)
     sent = 0
     held = first
     try:
+        await response.prepare(request)  # a client gone before its headers left, too
         async for chunk in chunks:
             assert held is not None
             sent += await _write(response, held, hasher)
@@ -375,8 +375,8 @@ async def _spliced(
     try:
         if body.length != length:
             raise BlobUnavailable(f"blob unavailable: {where}: {body.length} bytes, not {length}")
-        await response.prepare(request)
         try:
+            await response.prepare(request)  # a client gone before its headers left, too
             await body.send_to(request.transport, length - 1 if pending else length)
             if pending is not None:
                 try:
