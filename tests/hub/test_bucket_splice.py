@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from bucket_support import Fault, S3Proxy, S3Request, aws_env_applied, isolated_aws_env
-from cmh.hub.mirror.stores.bucket import _splice
+from cmh.hub.mirror.stores.bucket import _send, _splice
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
 from deadline_support import TEST_DEADLINE
@@ -30,6 +30,7 @@ REPO = "cmh-test/splice"
 FOLDER = "models--cmh-test--splice"
 SIZE = 3 << 20
 HUGE = "cmh-test/splice-huge"
+RESET = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() sends a reset
 
 
 def blob_get_agents(proxy: S3Proxy) -> list[str]:
@@ -267,15 +268,17 @@ def test_a_warm_get_asks_the_storage_for_its_bytes_alone(served: Served, tmp_pat
         server.stop()
 
 
-def _stalled_reader(served: Served, path: str, start: int) -> socket.socket:
-    """A client that asks for bytes ``start-`` of ``path``, reads the answer's head, then
-    reads nothing more (its receive buffer small, so the server's sends soon block)."""
+def _stalled_reader(served: Served, path: str, start: int | str) -> socket.socket:
+    """A client that asks for bytes ``start-`` of ``path`` (or the ranges ``start`` names),
+    reads the answer's head, then reads nothing more (its receive buffer small, so the
+    server's sends soon block)."""
+    ranges = f"{start}-" if isinstance(start, int) else start
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(TEST_DEADLINE)
     sock.connect((served.server.host, served.server.port))
     sock.sendall(
-        f"GET /{HUGE}/resolve/main/{path} HTTP/1.1\r\nHost: x\r\nRange: bytes={start}-\r\n\r\n"
+        f"GET /{HUGE}/resolve/main/{path} HTTP/1.1\r\nHost: x\r\nRange: bytes={ranges}\r\n\r\n"
         .encode()
     )  # fmt: skip
     return sock
@@ -290,18 +293,25 @@ def _head(sock: socket.socket) -> bytes:
     return seen.split(b"\r\n", 1)[0]
 
 
+@pytest.fixture(scope="module")
+def huge(served: Served, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The bytes of ``huge.bin`` in the repo :data:`HUGE`: far more than the sockets'
+    buffers and a pipe hold."""
+    src = tmp_path_factory.mktemp("huge")
+    data = os.urandom(24 << 20)
+    (src / "huge.bin").write_bytes(data)
+    served.store.add_folder(src, HUGE)
+    return data
+
+
 def test_clients_that_read_nothing_never_hold_back_another_answer(
-    served: Served, tmp_path: Path
+    served: Served, huge: bytes, tmp_path: Path
 ) -> None:
     """More stalled readers of large spliced bodies than the splice pool has threads (two,
     here): each still gets its head, and another client then gets a large body whole. A
     client that reads nothing holds no thread (its body waits on the event loop for its
     socket), and a busy pool sends through Python rather than queue an answer's headers."""
-    src = tmp_path / "src"
-    src.mkdir()
-    data = os.urandom(24 << 20)  # far past what the sockets' buffers and a pipe hold
-    (src / "huge.bin").write_bytes(data)
-    served.store.add_folder(src, HUGE)
+    data = huge
     env = {**served.env, _splice.THREADS_ENV: "2"}
     server = MirrorServer(served.store.url, tmp_path / "logs", env=env)
     stalled: list[socket.socket] = []
@@ -318,3 +328,44 @@ def test_clients_that_read_nothing_never_hold_back_another_answer(
             sock.close()
         server.stop()
     assert "Traceback" not in server.stderr_path.read_text()
+
+
+def test_multi_range_answers_at_once_are_bounded(served: Served, huge: bytes) -> None:
+    """A multi-range body streams through Python: a worker sends at most
+    ``MAX_MULTI_RANGE`` at once, and one more answers ``503 MultiRangeBusy`` with
+    ``Retry-After`` until one of them ends."""
+    most = _send.MAX_MULTI_RANGE
+    ranges = "0-8388607,9000000-17388607"  # 16 MiB: the sends block on the full sockets
+    stalled = [_stalled_reader(served, "huge.bin", ranges) for _ in range(most)]
+    try:
+        heads = [_head(s) for s in stalled]
+        assert heads == [b"HTTP/1.1 206 Partial Content"] * most
+        conn = http.client.HTTPConnection(served.server.host, served.server.port, timeout=30)
+        conn.request("GET", f"/{HUGE}/resolve/main/huge.bin", headers={"Range": f"bytes={ranges}"})
+        busy = conn.getresponse()
+        assert busy.status == 503, busy.status
+        assert busy.getheader("X-Error-Code") == "MultiRangeBusy"
+        assert busy.getheader("Retry-After") == _send.MULTI_RANGE_RETRY
+        conn.close()
+        # a single range is no multi-range body: still answered
+        assert _get(served, "bytes=0-99", path="huge.bin", repo=HUGE) == (206, huge[:100])
+    finally:
+        for sock in stalled:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+            sock.close()  # a reset: the server's next write fails
+    two = [(0, 99), (1000, 1099)]
+    asked = {"Range": "bytes=" + ",".join(f"{a}-{b}" for a, b in two)}
+
+    def answered() -> bool:
+        c = http.client.HTTPConnection(served.server.host, served.server.port, timeout=30)
+        try:
+            c.request("GET", f"/{HUGE}/resolve/main/huge.bin", headers=asked)
+            r = c.getresponse()
+            body = r.read()
+        finally:
+            c.close()
+        return r.status == 206 and all(huge[a : b + 1] in body for a, b in two)
+
+    wait_for(answered, "a multi-range answer once the stalled ones left")
