@@ -16,11 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cmh import atomic_symlink, atomic_write
+from cmh import atomic_symlink, atomic_write, read_small_file
 
 REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
 PREFIX_REPO_TYPE = {v: k for k, v in REPO_TYPE_PREFIX.items()}
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
+#: Bytes a ref file may hold (a commit id and a newline; a bucket's ref object's bound).
+REF_MAX_BYTES = 4096
 #: A blob name (ETag): the git blob SHA-1 of a regular file, the SHA-256 of an LFS file.
 ETAG_PATTERN = r"[0-9a-f]{40}|[0-9a-f]{64}"
 ETAG_RE = re.compile(rf"^(?:{ETAG_PATTERN})\Z")
@@ -192,9 +194,19 @@ class RepoLayout:
         return self.refs.joinpath(*validate_revision(revision).split("/"))
 
     def read_ref(self, revision: str) -> str | None:
-        """The commit a ref names, or ``None`` when absent or not a commit."""
+        """The commit a ref names, or ``None`` when it is absent or unreadable: not a
+        regular file inside ``refs/`` (a symlink, itself or a folder on its way, a FIFO, a
+        device), over :data:`REF_MAX_BYTES`, or not a commit id. Never blocks, never
+        reads more than the bound."""
+        path = self.ref_path(revision)
+        folder = self.refs
+        for part in ("", *revision.split("/")[:-1]):  # refs/ and the folders below it
+            folder = folder / part if part else folder
+            if folder.is_symlink():
+                return None
         try:
-            text = self.ref_path(revision).read_text().strip()
+            data = read_small_file(path, REF_MAX_BYTES, follow_links=False)
+            text = data.decode("ascii").strip()
         except (OSError, UnicodeDecodeError):
             return None
         return text if COMMIT_RE.match(text) else None
