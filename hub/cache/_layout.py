@@ -74,8 +74,17 @@ def validate_revision(revision: str) -> str:
 
 
 def validate_relpath(path: str) -> str:
-    """A file path inside a repo: relative, ``/``-separated, no ``..``, backslash or NUL."""
-    return _slash_path(path, "path", 4096, "\\\x00")
+    """A file path inside a repo: relative, ``/``-separated, no ``..``, backslash, or control
+    character (``U+0000``-``U+001F``, ``U+007F``: the mirror refuses to serve such a path,
+    so an import refuses it, naming it, before it writes anything)."""
+    control = _CONTROL.search(path)
+    if control is not None:
+        code = f"U+{ord(control.group()):04X}"
+        raise LayoutError(f"invalid path {path!r}: a control character ({code}) in a file name")
+    return _slash_path(path, "path", 4096, "\\")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _slash_path(value: str, what: str, max_length: int, forbidden: str) -> str:

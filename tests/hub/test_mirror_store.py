@@ -239,3 +239,12 @@ def test_a_ref_is_read_only_from_a_small_regular_file_inside_refs(
                 assert conn.getresponse().status == status, name
             finally:
                 conn.close()
+
+
+@pytest.mark.parametrize("name", ["a\tb.txt", "sub/x\x7f.bin", "new\nline", "\x1f", "nul\x00"])
+def test_a_repo_path_holds_no_control_character(name: str) -> None:
+    from cmh.hub.cache import LayoutError, validate_relpath
+
+    with pytest.raises(LayoutError, match=r"control character \(U\+00[0-7][0-9A-F]\)"):
+        validate_relpath(name)
+    assert validate_relpath("sub/é ü.txt") == "sub/é ü.txt"

@@ -790,6 +790,39 @@ def _add(served: Served, src: Path, repo: str) -> str:
     return str(json.loads(out.stdout)["commit"])
 
 
+def test_a_file_name_with_a_control_character_is_refused_at_import(
+    served: Served, tmp_path: Path
+) -> None:
+    """Every kind refuses at import a file name the mirror would refuse to serve (a
+    newline in it: served 400, and a cmh pull-through refused the whole repo), naming
+    the file and the character, before anything is written."""
+    import http.client
+
+    repo = f"cmh-test/control-{uuid.uuid4().hex[:8]}"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "newline\nname.txt").write_text("x")
+    if served.kind == "memory":
+        from cmh.hub.mirror.stores import open_store
+
+        with pytest.raises(Exception, match="control character") as refused:
+            open_store(served.store).add_folder(src, repo)
+        said = str(refused.value)
+    else:
+        done = cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo],
+                   served.env, check=False)  # fmt: skip
+        assert done.returncode != 0
+        said = done.stderr
+    assert "newline\\nname.txt" in said and "U+000A" in said, said
+    conn = http.client.HTTPConnection(served.server.host, served.server.port, timeout=60)
+    try:
+        conn.request("GET", f"/api/models/{repo}")
+        assert conn.getresponse().status in (401, 404)  # nothing was imported
+    finally:
+        conn.close()
+
+
 def test_a_blob_whose_bytes_went_bad_is_never_sent_whole(served: Served, tmp_path: Path) -> None:
     """Every kind, the in-memory one too, refuses a blob whose stored bytes are not its
     name: a 503 before any byte, or a body cut before its last byte; never the whole."""
