@@ -79,7 +79,7 @@ STORAGE_CONNECTIONS = 256
 STORAGE_WAIT = 30.0
 #: Multi-range bodies a worker sends at once (each streams through Python); one more
 #: answers ``503 MultiRangeBusy`` with ``Retry-After``.
-MAX_MULTI_RANGE = 32
+MAX_MULTI_RANGE = 64
 MULTI_RANGE_RETRY = "5"
 #: Bytes a multi-range body reads from the storage at once (what a slow reader holds).
 MULTI_RANGE_CHUNK = 64 << 10
