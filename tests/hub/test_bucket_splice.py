@@ -7,6 +7,7 @@ which GETs were the spliced ones (their ``User-Agent`` is ``cmh``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import os
 import socket
@@ -369,3 +370,42 @@ def test_multi_range_answers_at_once_are_bounded(served: Served, huge: bytes) ->
         return r.status == 206 and all(huge[a : b + 1] in body for a, b in two)
 
     wait_for(answered, "a multi-range answer once the stalled ones left")
+
+
+def test_a_cancelled_body_keeps_its_client_descriptor_until_its_move_ends() -> None:
+    """A body whose handler is cancelled while a thread moves its bytes: the duplicate of
+    the client's descriptor that thread writes to stays open (the same socket) until the
+    move returns, so it can never write into a descriptor reused meanwhile."""
+
+    async def scenario() -> tuple[int, int | str]:
+        receiver = socket.create_server(("127.0.0.1", 0))
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_connection(asyncio.Protocol, *receiver.getsockname())
+        ours = os.fstat(transport.get_extra_info("socket").fileno()).st_ino
+        started, release = threading.Event(), threading.Event()
+        seen: list[int | str] = []
+
+        def move(client: int, count: int) -> int:
+            started.set()
+            release.wait(TEST_DEADLINE)
+            try:
+                seen.append(os.fstat(client).st_ino)
+            except OSError as exc:
+                seen.append(f"{exc.strerror}")
+            return count
+
+        task = asyncio.ensure_future(_splice.to_client(transport, move, 10))
+        await asyncio.to_thread(started.wait, TEST_DEADLINE)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for _ in range(4):  # descriptors closed and opened meanwhile may reuse its number
+            os.close(os.open(os.devnull, os.O_RDONLY))
+        release.set()
+        await asyncio.to_thread(lambda: wait_for(lambda: seen, "the move to end"))
+        transport.close()
+        receiver.close()
+        return ours, seen[0]
+
+    ours, seen = asyncio.run(scenario())
+    assert seen == ours

@@ -26,7 +26,7 @@ import select
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -86,14 +86,18 @@ def _ended(_: object) -> None:
         _jobs[0] -= 1
 
 
-async def in_thread(fn: Callable[..., T], *args: object) -> T:
-    """``fn(*args)`` in a thread of the pool, counted until it ends (even when its caller
-    was cancelled meanwhile), for :func:`saturated`."""
+def _submit(fn: Callable[..., T], *args: object) -> Future[T]:
+    """``fn(*args)`` handed to the pool, counted until it ends, for :func:`saturated`."""
     job = threads().submit(fn, *args)
     with _jobs_lock:
         _jobs[0] += 1
     job.add_done_callback(_ended)
-    return await asyncio.wrap_future(job)
+    return job
+
+
+async def in_thread(fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` in a thread of the pool (it runs on when its caller is cancelled)."""
+    return await asyncio.wrap_future(_submit(fn, *args))
 
 
 async def writable(fd: int, timeout: float) -> None:
@@ -165,17 +169,22 @@ async def to_client(
     else:
         raise ConnectionResetError("client took nothing")
     client = os.dup(sock.fileno())
+    job: Future[int] | None = None
     try:
         left = count
         while True:
-            left -= await in_thread(move, client, left)
+            job = _submit(move, client, left)
+            left -= await asyncio.wrap_future(job)
             if not left:
                 return
             if transport.is_closing():
                 raise ConnectionResetError("client went away")
             await writable(client, CLIENT_STALL)
     finally:
-        os.close(client)
+        if job is not None and not job.done():  # cancelled: its thread still uses ``client``
+            job.add_done_callback(lambda _: os.close(client))
+        else:
+            os.close(client)
 
 
 class StorageBody:
@@ -189,6 +198,11 @@ class StorageBody:
         self.sent = 0  # body bytes moved to the client so far
         self.pipe: tuple[int, int] | None = None  # read end, write end (made at first move)
         self.piped = 0  # body bytes in the pipe, read from the storage, not yet sent
+        # A move's thread may outlive its caller (cancelled): the socket and the pipe are
+        # closed by whichever of close() and that move ends last, never under a move.
+        self._guard = threading.Lock()
+        self._moving = False
+        self._closed = False
 
     @classmethod
     async def open(
@@ -278,6 +292,20 @@ class StorageBody:
         """Splice up to ``count`` next body bytes to the socket ``client``; how many, fewer
         only when the client's socket is full (the bytes read from the storage meanwhile
         wait in the body's pipe for the next call). Waits for the storage only."""
+        with self._guard:
+            if self._closed:
+                raise ConnectionResetError("the body was closed")
+            self._moving = True
+        try:
+            return self._move(client, count)
+        finally:
+            with self._guard:
+                self._moving = False
+                closed = self._closed
+            if closed:
+                self._release()
+
+    def _move(self, client: int, count: int) -> int:
         done = self._write_early(client, count)
         if self.early and done < count:
             return done
@@ -318,6 +346,14 @@ class StorageBody:
         return done
 
     def close(self) -> None:
+        """Close the storage's socket and the pipe (once a move under way ended)."""
+        with self._guard:
+            self._closed = True
+            if self._moving:
+                return
+        self._release()
+
+    def _release(self) -> None:
         self.sock.close()
         if self.pipe is not None:
             os.close(self.pipe[0])
