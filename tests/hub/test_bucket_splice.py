@@ -409,3 +409,42 @@ def test_a_cancelled_body_keeps_its_client_descriptor_until_its_move_ends() -> N
 
     ours, seen = asyncio.run(scenario())
     assert seen == ours
+
+
+def test_a_busy_splice_pool_streams_a_body_rather_than_queue_it(
+    served: Served, huge: bytes, tmp_path: Path
+) -> None:
+    """With every splice thread taken (one, here, waiting for a storage answer held back),
+    a large body is streamed through Python at once instead of waiting for a thread; the
+    held body is then sent whole too."""
+    held, release = threading.Event(), threading.Event()
+
+    def hook(request: S3Request) -> Fault | None:
+        spliced = request.method == "GET" and request.header("User-Agent") == "cmh"
+        if spliced and "/blobs/" in request.key and not release.is_set():
+            held.set()
+            release.wait(TEST_DEADLINE)
+        return None
+
+    storage = S3Proxy(served.storage.endpoint, hook=hook)
+    env = {**served.env, "AWS_ENDPOINT_URL": storage.endpoint, _splice.THREADS_ENV: "1"}
+    server = MirrorServer(served.store.url, tmp_path / "logs", env=env)
+    try:
+        busy = Served(served.store, server, storage, huge, served.bad_name)
+        assert _get(busy, "bytes=0-99", path="huge.bin", repo=HUGE) == (206, huge[:100])
+        first: list[tuple[int, bytes | str]] = []
+        waiting = threading.Thread(
+            target=lambda: first.append(_get(busy, None, path="huge.bin", repo=HUGE))
+        )
+        waiting.start()
+        try:
+            assert held.wait(TEST_DEADLINE)  # the pool's one thread waits for the storage
+            got = _get(busy, "bytes=1048576-", path="huge.bin", repo=HUGE)
+            assert got == (206, huge[1 << 20 :])
+        finally:
+            release.set()
+            waiting.join(TEST_DEADLINE)
+        assert first == [(200, huge)]
+    finally:
+        server.stop()
+        storage.stop()
