@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cmh import atomic_symlink, atomic_write
+from cmh import atomic_symlink, atomic_write, read_small_file
 
 REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
 PREFIX_REPO_TYPE = {v: k for k, v in REPO_TYPE_PREFIX.items()}
@@ -88,8 +88,17 @@ def validate_revision(revision: str) -> str:
 
 
 def validate_relpath(path: str) -> str:
-    """A file path inside a repo: relative, ``/``-separated, no ``..``, backslash or NUL."""
-    return _slash_path(path, "path", 4096, "\\\x00")
+    """A file path inside a repo: relative, ``/``-separated, no ``..``, backslash, or control
+    character (``U+0000``-``U+001F``, ``U+007F``: the mirror refuses to serve such a path,
+    so an import refuses it, naming it, before it writes anything)."""
+    control = _CONTROL.search(path)
+    if control is not None:
+        code = f"U+{ord(control.group()):04X}"
+        raise LayoutError(f"invalid path {path!r}: a control character ({code}) in a file name")
+    return _slash_path(path, "path", 4096, "\\")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _slash_path(value: str, what: str, max_length: int, forbidden: str) -> str:
@@ -208,10 +217,18 @@ class RepoLayout:
         return self.refs.joinpath(*validate_revision(revision).split("/"))
 
     def read_ref(self, revision: str) -> str | None:
-        """The commit a ref names, or ``None`` when absent or not a commit (:func:`parse_ref`)."""
+        """The commit a ref names, or ``None`` when it is absent or unreadable: not a
+        regular file inside ``refs/`` (a symlink, itself or a folder on its way, a FIFO, a
+        device), over :data:`MAX_REF_BYTES`, or not a commit id (:func:`parse_ref`). Never
+        blocks, never reads more than the bound."""
+        path = self.ref_path(revision)
+        folder = self.refs
+        for part in ("", *revision.split("/")[:-1]):  # refs/ and the folders below it
+            folder = folder / part if part else folder
+            if folder.is_symlink():
+                return None
         try:
-            with self.ref_path(revision).open("rb") as f:
-                data = f.read(MAX_REF_BYTES + 1)
+            data = read_small_file(path, MAX_REF_BYTES, follow_links=False)
         except OSError:
             return None
         return parse_ref(data)

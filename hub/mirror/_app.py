@@ -646,6 +646,11 @@ async def _resolve_filling(
         if source is not None:
             await _first_byte(source, fill, pieces)
         await response.prepare(request)
+    except ConnectionError:  # the client went away before its headers; the fill goes on
+        if source is not None:
+            source.close()
+        await _settle(request, state, route, entry, Sent(response, 0, CLIENT_LEFT))
+        return response
     except BaseException:  # a failed fill, a client gone (cancelled) before the headers
         if source is not None:
             source.close()  # its file, its subscription (send_filling closes it after)

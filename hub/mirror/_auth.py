@@ -23,9 +23,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cmh.hub.cache import LayoutError, validate_repo_id
+from cmh.hub.cache import SYSTEM_CLOCK, Clock, LayoutError, validate_repo_id
 
 from cmh import read_small_file
+
+from ._memo import Memo
 
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}\Z")
 
@@ -151,3 +153,48 @@ def unserved_grants(policy: AccessPolicy, repos: Iterable[tuple[str, str]]) -> l
         near = by_folded.get(key.casefold())
         out.append(UnservedGrant(key, near if near not in policy.private else None))
     return out
+
+
+#: Failed logins a client address may make before it must wait.
+LOGIN_FREE_FAILURES = 5
+#: Seconds of the first wait; each further failure doubles it, up to :data:`LOGIN_MAX_WAIT`.
+LOGIN_FIRST_WAIT = 1.0
+LOGIN_MAX_WAIT = 60.0
+#: Client addresses whose failures a worker keeps (least recently failed first out), and
+#: for how long after an address's last failure.
+LOGIN_CLIENTS = 4096
+LOGIN_FORGET_AFTER = 900.0
+
+
+class LoginThrottle:
+    """Failed token logins by client address (the login page, ``/-/login``): after
+    :data:`LOGIN_FREE_FAILURES`, each failure makes the address wait before its next try,
+    1 s doubling up to 60 s; a try while it waits is refused unchecked (``429`` with
+    ``Retry-After``). Bounded: :data:`LOGIN_CLIENTS` addresses, each forgotten
+    :data:`LOGIN_FORGET_AFTER` seconds after its last failure; on the worker's clock."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
+        # address -> (failures, monotonic time before which it may not try again)
+        self._failed: Memo[str, tuple[int, float]] = Memo(
+            LOGIN_CLIENTS, ttl=LOGIN_FORGET_AFTER, timer=clock.monotonic
+        )
+
+    def wait(self, client: str) -> float:
+        """Seconds ``client`` must still wait before its next try (0: it may try now)."""
+        kept = self._failed.get(client)
+        return max(0.0, kept[1] - self.clock.monotonic()) if kept is not None else 0.0
+
+    def failed(self, client: str) -> None:
+        kept = self._failed.get(client)
+        failures = (kept[0] if kept is not None else 0) + 1
+        over = failures - LOGIN_FREE_FAILURES
+        pause = min(LOGIN_MAX_WAIT, LOGIN_FIRST_WAIT * 2 ** min(over - 1, 16)) if over > 0 else 0.0
+        self._failed.put(client, (failures, self.clock.monotonic() + pause))
+
+    def passed(self, client: str) -> None:
+        self._failed.drop(client)
+
+    def clients(self) -> int:
+        """Addresses kept (for tests)."""
+        return len(self._failed)

@@ -179,8 +179,8 @@ async def send_body(
     """
     sender = _Sender(request, response, f)
     with _corked(request.transport):
-        await response.prepare(request)
-        try:
+        try:  # a client gone before its headers is a client that left, too
+            await response.prepare(request)
             return await _send_pieces(sender, ranges, tail, gate)
         except BodyCut:
             raise

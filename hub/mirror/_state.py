@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from aiohttp import web
 from cmh.hub.cache import Clock, process_clock
 
-from ._auth import AccessPolicy
+from ._auth import AccessPolicy, LoginThrottle
 from ._compute import ComputePool
 from ._connections import ConnectionGuard
 from ._derived import DerivedCache
@@ -68,6 +68,11 @@ class MirrorState:
     #: not pull through: the server passes the one it reads access from; else made on
     #: first use (see :attr:`cut_records`).
     records: PullThrough | None = None
+    #: Failed logins by client address, on :attr:`clock` (made with the state).
+    logins: LoginThrottle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logins = LoginThrottle(self.clock)
 
     @property
     def blobs(self) -> BlobDelivery:

@@ -7,6 +7,7 @@ which GETs were the spliced ones (their ``User-Agent`` is ``cmh``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import os
 import socket
@@ -19,15 +20,18 @@ from pathlib import Path
 
 import pytest
 from bucket_support import Fault, S3Proxy, S3Request, aws_env_applied, isolated_aws_env
-from cmh.hub.mirror.stores.bucket import _splice
+from cmh.hub.mirror.stores.bucket import _send, _splice
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
+from deadline_support import TEST_DEADLINE
 from mirror_support import MirrorServer, wait_for
 from seaweed import SeaweedBucket, SeaweedServer
 
 REPO = "cmh-test/splice"
 FOLDER = "models--cmh-test--splice"
 SIZE = 3 << 20
+HUGE = "cmh-test/splice-huge"
+RESET = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() sends a reset
 
 
 def blob_get_agents(proxy: S3Proxy) -> list[str]:
@@ -92,11 +96,15 @@ def served(seaweed: SeaweedServer, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def _get(
-    served: Served, rng: str | None, stop_after: int | None = None, path: str = "big.bin"
+    served: Served,
+    rng: str | None,
+    stop_after: int | None = None,
+    path: str = "big.bin",
+    repo: str = REPO,
 ) -> tuple[int, bytes | str]:
     conn = http.client.HTTPConnection(served.server.host, served.server.port, timeout=30)
     try:
-        conn.request("GET", f"/{REPO}/resolve/main/{path}", headers={"Range": rng} if rng else {})
+        conn.request("GET", f"/{repo}/resolve/main/{path}", headers={"Range": rng} if rng else {})
         r = conn.getresponse()
         if stop_after is not None:
             return r.status, r.read(stop_after)
@@ -259,3 +267,184 @@ def test_a_warm_get_asks_the_storage_for_its_bytes_alone(served: Served, tmp_pat
         assert asked == [("GET", f"/{where.bucket}/{where.key(served.blobs['warm.bin'])}")] * 3
     finally:
         server.stop()
+
+
+def _stalled_reader(served: Served, path: str, start: int | str) -> socket.socket:
+    """A client that asks for bytes ``start-`` of ``path`` (or the ranges ``start`` names),
+    reads the answer's head, then reads nothing more (its receive buffer small, so the
+    server's sends soon block)."""
+    ranges = f"{start}-" if isinstance(start, int) else start
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(TEST_DEADLINE)
+    sock.connect((served.server.host, served.server.port))
+    sock.sendall(
+        f"GET /{HUGE}/resolve/main/{path} HTTP/1.1\r\nHost: x\r\nRange: bytes={ranges}\r\n\r\n"
+        .encode()
+    )  # fmt: skip
+    return sock
+
+
+def _head(sock: socket.socket) -> bytes:
+    seen = b""
+    while b"\r\n\r\n" not in seen:
+        more = sock.recv(4096)
+        assert more, "the server closed the connection before the head"
+        seen += more
+    return seen.split(b"\r\n", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def huge(served: Served, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The bytes of ``huge.bin`` in the repo :data:`HUGE`: far more than the sockets'
+    buffers and a pipe hold."""
+    src = tmp_path_factory.mktemp("huge")
+    data = os.urandom(24 << 20)
+    (src / "huge.bin").write_bytes(data)
+    served.store.add_folder(src, HUGE)
+    return data
+
+
+def test_clients_that_read_nothing_never_hold_back_another_answer(
+    served: Served, huge: bytes, tmp_path: Path
+) -> None:
+    """More stalled readers of large spliced bodies than the splice pool has threads (two,
+    here): each still gets its head, and another client then gets a large body whole. A
+    client that reads nothing holds no thread (its body waits on the event loop for its
+    socket), and a busy pool sends through Python rather than queue an answer's headers."""
+    data = huge
+    env = {**served.env, _splice.THREADS_ENV: "2"}
+    server = MirrorServer(served.store.url, tmp_path / "logs", env=env)
+    stalled: list[socket.socket] = []
+    try:
+        small = Served(served.store, server, served.storage, data, served.bad_name)
+        assert _get(small, None, path="huge.bin", repo=HUGE) == (200, data)  # known good from now
+        for i in range(6):
+            stalled.append(_stalled_reader(small, "huge.bin", i * 150_000))
+        assert [_head(s) for s in stalled] == [b"HTTP/1.1 206 Partial Content"] * 6
+        assert _get(small, None, path="huge.bin", repo=HUGE) == (200, data)
+        assert _get(small, "bytes=5000000-", path="huge.bin", repo=HUGE) == (206, data[5_000_000:])
+    finally:
+        for sock in stalled:
+            sock.close()
+        server.stop()
+    assert "Traceback" not in server.stderr_path.read_text()
+
+
+def test_multi_range_answers_at_once_are_bounded(served: Served, huge: bytes) -> None:
+    """A multi-range body streams through Python: a worker sends at most
+    ``MAX_MULTI_RANGE`` at once, and one more answers ``503 MultiRangeBusy`` with
+    ``Retry-After`` until one of them ends."""
+    most = _send.MAX_MULTI_RANGE
+    ranges = "0-8388607,9000000-17388607"  # 16 MiB: the sends block on the full sockets
+    stalled = [_stalled_reader(served, "huge.bin", ranges) for _ in range(most)]
+    try:
+        heads = [_head(s) for s in stalled]
+        assert heads == [b"HTTP/1.1 206 Partial Content"] * most
+        conn = http.client.HTTPConnection(served.server.host, served.server.port, timeout=30)
+        conn.request("GET", f"/{HUGE}/resolve/main/huge.bin", headers={"Range": f"bytes={ranges}"})
+        busy = conn.getresponse()
+        assert busy.status == 503, busy.status
+        assert busy.getheader("X-Error-Code") == "MultiRangeBusy"
+        assert busy.getheader("Retry-After") == _send.MULTI_RANGE_RETRY
+        conn.close()
+        # a single range is no multi-range body: still answered
+        assert _get(served, "bytes=0-99", path="huge.bin", repo=HUGE) == (206, huge[:100])
+    finally:
+        for sock in stalled:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+            sock.close()  # a reset: the server's next write fails
+    two = [(0, 99), (1000, 1099)]
+    asked = {"Range": "bytes=" + ",".join(f"{a}-{b}" for a, b in two)}
+
+    def answered() -> bool:
+        c = http.client.HTTPConnection(served.server.host, served.server.port, timeout=30)
+        try:
+            c.request("GET", f"/{HUGE}/resolve/main/huge.bin", headers=asked)
+            r = c.getresponse()
+            body = r.read()
+        finally:
+            c.close()
+        return r.status == 206 and all(huge[a : b + 1] in body for a, b in two)
+
+    wait_for(answered, "a multi-range answer once the stalled ones left")
+
+
+def test_a_cancelled_body_keeps_its_client_descriptor_until_its_move_ends() -> None:
+    """A body whose handler is cancelled while a thread moves its bytes: the duplicate of
+    the client's descriptor that thread writes to stays open (the same socket) until the
+    move returns, so it can never write into a descriptor reused meanwhile."""
+
+    async def scenario() -> tuple[int, int | str]:
+        receiver = socket.create_server(("127.0.0.1", 0))
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_connection(asyncio.Protocol, *receiver.getsockname())
+        ours = os.fstat(transport.get_extra_info("socket").fileno()).st_ino
+        started, release = threading.Event(), threading.Event()
+        seen: list[int | str] = []
+
+        def move(client: int, count: int) -> int:
+            started.set()
+            release.wait(TEST_DEADLINE)
+            try:
+                seen.append(os.fstat(client).st_ino)
+            except OSError as exc:
+                seen.append(f"{exc.strerror}")
+            return count
+
+        task = asyncio.ensure_future(_splice.to_client(transport, move, 10))
+        await asyncio.to_thread(started.wait, TEST_DEADLINE)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for _ in range(4):  # descriptors closed and opened meanwhile may reuse its number
+            os.close(os.open(os.devnull, os.O_RDONLY))
+        release.set()
+        await asyncio.to_thread(lambda: wait_for(lambda: seen, "the move to end"))
+        transport.close()
+        receiver.close()
+        return ours, seen[0]
+
+    ours, seen = asyncio.run(scenario())
+    assert seen == ours
+
+
+def test_a_busy_splice_pool_streams_a_body_rather_than_queue_it(
+    served: Served, huge: bytes, tmp_path: Path
+) -> None:
+    """With every splice thread taken (one, here, waiting for a storage answer held back),
+    a large body is streamed through Python at once instead of waiting for a thread; the
+    held body is then sent whole too."""
+    held, release = threading.Event(), threading.Event()
+
+    def hook(request: S3Request) -> Fault | None:
+        spliced = request.method == "GET" and request.header("User-Agent") == "cmh"
+        if spliced and "/blobs/" in request.key and not release.is_set():
+            held.set()
+            release.wait(TEST_DEADLINE)
+        return None
+
+    storage = S3Proxy(served.storage.endpoint, hook=hook)
+    env = {**served.env, "AWS_ENDPOINT_URL": storage.endpoint, _splice.THREADS_ENV: "1"}
+    server = MirrorServer(served.store.url, tmp_path / "logs", env=env)
+    try:
+        busy = Served(served.store, server, storage, huge, served.bad_name)
+        assert _get(busy, "bytes=0-99", path="huge.bin", repo=HUGE) == (206, huge[:100])
+        first: list[tuple[int, bytes | str]] = []
+        waiting = threading.Thread(
+            target=lambda: first.append(_get(busy, None, path="huge.bin", repo=HUGE))
+        )
+        waiting.start()
+        try:
+            assert held.wait(TEST_DEADLINE)  # the pool's one thread waits for the storage
+            got = _get(busy, "bytes=1048576-", path="huge.bin", repo=HUGE)
+            assert got == (206, huge[1 << 20 :])
+        finally:
+            release.set()
+            waiting.join(TEST_DEADLINE)
+        assert first == [(200, huge)]
+    finally:
+        server.stop()
+        storage.stop()

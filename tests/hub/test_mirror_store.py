@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import subprocess
@@ -236,3 +237,58 @@ def test_import_replaces_a_corrupt_existing_blob(tmp_path: Path) -> None:
     second = add_folder(store, src, REPO)
     assert second.new_blobs == 2  # the new README and the repaired weights
     assert hashlib.sha256(entry.source.read_bytes()).hexdigest() == entry.etag
+
+
+def test_a_ref_is_read_only_from_a_small_regular_file_inside_refs(
+    tmp_path: Path, tiny_src: Path
+) -> None:
+    """A ref that is a symlink (or lies below a linked folder), a FIFO, or a file over the
+    bound is unreadable: the revision does not resolve. Nothing blocks, nothing is read
+    past the bound (a ref linked to a large file outside the store was read whole)."""
+    import threading
+
+    from mirror_support import MirrorServer
+
+    store = tmp_path / "store"
+    commit = add_folder(store, tiny_src, REPO).commit
+    repo = RepoLayout(store, REPO)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "ref").write_text(commit)
+    (repo.refs / "linked").symlink_to(outside / "ref")
+    (repo.refs / "big").write_text(commit + " " * 8192)
+    os.mkfifo(repo.refs / "fifo")
+    (outside / "pr").mkdir()
+    (outside / "pr" / "1").write_text(commit)
+    (repo.refs / "refs").mkdir()
+    (repo.refs / "refs" / "pr").symlink_to(outside / "pr")
+    (repo.refs / "plain").write_text(commit + "\n")
+    got: dict[str, str | None] = {}
+
+    def read_all() -> None:
+        for name in ("linked", "big", "fifo", "refs/pr/1", "plain"):
+            got[name] = repo.read_ref(name)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    reader.join(30)  # a FIFO opened for reading blocked here for ever
+    assert not reader.is_alive(), f"read_ref blocked after {sorted(got)}"
+    assert got == {"linked": None, "big": None, "fifo": None, "refs/pr/1": None, "plain": commit}
+    assert repo.refs_by_name() == {"main": commit, "plain": commit}
+    with MirrorServer(store, tmp_path / "logs") as server:
+        for name, status in (("linked", 404), ("fifo", 404), ("plain", 200)):
+            conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+            try:
+                conn.request("GET", f"/api/models/{REPO}/revision/{name}")
+                assert conn.getresponse().status == status, name
+            finally:
+                conn.close()
+
+
+@pytest.mark.parametrize("name", ["a\tb.txt", "sub/x\x7f.bin", "new\nline", "\x1f", "nul\x00"])
+def test_a_repo_path_holds_no_control_character(name: str) -> None:
+    from cmh.hub.cache import LayoutError, validate_relpath
+
+    with pytest.raises(LayoutError, match=r"control character \(U\+00[0-7][0-9A-F]\)"):
+        validate_relpath(name)
+    assert validate_relpath("sub/é ü.txt") == "sub/é ü.txt"

@@ -757,6 +757,28 @@ def test_a_client_that_drops_mid_body_leaves_no_traceback(served: Served) -> Non
     assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
 
 
+def test_a_client_that_leaves_before_its_headers_leaves_no_traceback(served: Served) -> None:
+    """A client that sends its request and hangs up at once: the headers find the
+    connection closing. Every kind logs it as a client that left, with no byte sent (it
+    printed aiohttp's "Cannot write to closing transport" traceback, and no log line)."""
+    import socket
+
+    path = f"/{MINILM_REPO}/resolve/main/model.safetensors?early={uuid.uuid4().hex}"
+    server = served.server
+    with socket.create_connection((server.host, server.port), timeout=60) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)  # the server reads the request, then the end
+    entries: list[dict[str, Any]] = []
+    for _ in range(200):  # its log line follows the handler's end
+        entries = [e for e in server.log(route="resolve") if path in e["target"]]
+        if entries:
+            break
+        time.sleep(0.05)
+    assert len(entries) == 1, entries
+    assert entries[0]["bytes"] == 0 and entries[0].get("cut") == "client went away", entries
+    assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
+
+
 def _add(served: Served, src: Path, repo: str) -> str:
     """Import ``src`` as ``repo`` (``cmh mirror add``; a memory store's own call); its commit."""
     if served.kind == "memory":
@@ -766,6 +788,39 @@ def _add(served: Served, src: Path, repo: str) -> str:
     out = cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo, "--json"],
               served.env)  # fmt: skip
     return str(json.loads(out.stdout)["commit"])
+
+
+def test_a_file_name_with_a_control_character_is_refused_at_import(
+    served: Served, tmp_path: Path
+) -> None:
+    """Every kind refuses at import a file name the mirror would refuse to serve (a
+    newline in it: served 400, and a cmh pull-through refused the whole repo), naming
+    the file and the character, before anything is written."""
+    import http.client
+
+    repo = f"cmh-test/control-{uuid.uuid4().hex[:8]}"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "newline\nname.txt").write_text("x")
+    if served.kind == "memory":
+        from cmh.hub.mirror.stores import open_store
+
+        with pytest.raises(Exception, match="control character") as refused:
+            open_store(served.store).add_folder(src, repo)
+        said = str(refused.value)
+    else:
+        done = cmh(["mirror", "add", str(src), "--store", served.store, "--repo", repo],
+                   served.env, check=False)  # fmt: skip
+        assert done.returncode != 0
+        said = done.stderr
+    assert "newline\\nname.txt" in said and "U+000A" in said, said
+    conn = http.client.HTTPConnection(served.server.host, served.server.port, timeout=60)
+    try:
+        conn.request("GET", f"/api/models/{repo}")
+        assert conn.getresponse().status in (401, 404)  # nothing was imported
+    finally:
+        conn.close()
 
 
 def test_a_blob_whose_bytes_went_bad_is_never_sent_whole(served: Served, tmp_path: Path) -> None:

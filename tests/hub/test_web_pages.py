@@ -1086,3 +1086,61 @@ def test_file_names_show_bidi_and_invisible_characters_as_code_points(tmp_path: 
     from cmh.hub.mirror.web._render import visible
 
     assert visible("\u202egnp.exe") == "[U+202E]gnp.exe" and visible("zéro.md") == "zéro.md"
+
+
+def _login_from(
+    server: MirrorServer, source: str, token: str, csrf: tuple[str, str]
+) -> tuple[int, str | None]:
+    """POST a login from the client address ``source``: the status and ``Retry-After``."""
+    import http.client
+
+    conn = http.client.HTTPConnection(
+        server.host, server.port, timeout=TEST_DEADLINE, source_address=(source, 0)
+    )
+    try:
+        body = urlencode({"token": token, "csrf": csrf[1]})
+        conn.request("POST", "/-/login", body=body, headers={
+            "Content-Type": "application/x-www-form-urlencoded", "Origin": server.url,
+            "Cookie": f"cmh_csrf={csrf[0]}"})  # fmt: skip
+        r = conn.getresponse()
+        r.read()
+        return r.status, r.getheader("Retry-After")
+    finally:
+        conn.close()
+
+
+def test_token_guesses_are_throttled_per_client_address(
+    tmp_path: Path, tiny_src: Path, process_clock: Any
+) -> None:
+    """Five unknown tokens from one address are answered; then each further failure makes
+    that address wait (1 s, doubling, up to 60 s, on the server's clock), and a try while
+    it waits gets ``429`` with ``Retry-After`` unchecked, a right token too. Another
+    address is not held back; a good login clears the address."""
+    from cmh.hub.mirror import _auth
+    from cmh.hub.mirror.stores.local._folder import add_folder
+
+    store = tmp_path / "store"
+    add_folder(store, tiny_src, "acme/secret")
+    tokens = tmp_path / "tokens.txt"
+    good = "right-token-0123456789"
+    tokens.write_text(f"{good} acme/secret\n")
+    with MirrorServer(store, tmp_path / "logs", tokens=tokens, clock=process_clock) as server:
+        csrf = _login_form(server)
+        here, there = "127.0.0.1", "127.0.0.2"
+        free = _auth.LOGIN_FREE_FAILURES
+        assert [_login_from(server, here, f"wrong-{i:08}", csrf) for i in range(free)] == [
+            (403, None)
+        ] * free
+        assert _login_from(server, here, "wrong-again1", csrf) == (403, None)  # waits 1 s now
+        assert _login_from(server, here, good, csrf) == (429, "1")
+        assert _login_from(server, there, good, csrf)[0] == 303  # another address
+        process_clock.advance(1)
+        assert _login_from(server, here, "wrong-again2", csrf) == (403, None)  # waits 2 s now
+        assert _login_from(server, here, "wrong-again3", csrf) == (429, "2")
+        for _ in range(10):  # each failure doubles the wait, up to its bound
+            process_clock.advance(_auth.LOGIN_MAX_WAIT)
+            assert _login_from(server, here, "wrong-again4", csrf)[0] == 403
+        assert _login_from(server, here, good, csrf) == (429, str(int(_auth.LOGIN_MAX_WAIT)))
+        process_clock.advance(_auth.LOGIN_MAX_WAIT)
+        assert _login_from(server, here, good, csrf)[0] == 303  # a good login clears it
+        assert _login_from(server, here, "wrong-again5", csrf) == (403, None)

@@ -677,9 +677,20 @@ async def _login(request: web.Request, who: Viewer) -> web.StreamResponse:
 
         state = request.app[STORE_KEY]
         options = request.app[WEB_KEY]
+        client = state.compute.client_of(request)
+        wait = state.logins.wait(client)
+        if wait > 0:  # refused unchecked: guessing tokens is bounded per address
+            seconds = math.ceil(wait)
+            response = _login_form(
+                request, who, f"too many unknown tokens: try again in {seconds} s", status=429
+            )
+            response.headers["Retry-After"] = str(seconds)
+            return response
         known = token is not None and viewer(state.policy, options.admin_tokens, token, None).known
         if token is None or not known:
+            state.logins.failed(client)
             return _login_form(request, who, "unknown token", status=403)
+        state.logins.passed(client)
         response = web.Response(status=303, headers={"Location": "/"})
         response.set_cookie(TOKEN_COOKIE, token, max_age=COOKIE_MAX_AGE, **_cookie_args(request))
         return response

@@ -44,11 +44,13 @@ import aiohttp
 from aiohttp import web
 from cmh.hub.cache import new_digest
 
+from ..._errors import HubError
 from ..._index import FileEntry
 from ..._memo import Memo
 from ..._ranges import ByteRange, is_whole, reaches_end
 from ..._send import CLIENT_LEFT, BlobUnavailable, frame
 from .._delivery import whole_prefix
+from . import _splice
 from ._objectstore import (
     ObjectInfo,
     ObjectNotFound,
@@ -71,6 +73,17 @@ MAX_REMEMBERED = 65536
 #: Bytes from which a body no byte of which Python must read is spliced from the storage's
 #: socket (a new connection) rather than streamed (pooled connections, one copy per chunk).
 SPLICE_FROM = 1 << 20
+#: Connections to the storage a worker's proxy opens at once; a GET waits for one at most
+#: :data:`STORAGE_WAIT` seconds (with the connect), then fails (``503 StoreUnavailable``).
+STORAGE_CONNECTIONS = 256
+STORAGE_WAIT = 30.0
+#: Multi-range bodies a worker sends at once (each streams through Python); one more
+#: answers ``503 MultiRangeBusy`` with ``Retry-After``.
+MAX_MULTI_RANGE = 64
+MULTI_RANGE_RETRY = "5"
+#: Bytes a multi-range body reads from the storage at once (what a slow reader holds).
+MULTI_RANGE_CHUNK = 64 << 10
+_multi_range = [0]  # multi-range bodies being sent by this worker (on its event loop)
 
 
 class ObjectFetcher:
@@ -87,15 +100,19 @@ class ObjectFetcher:
         self._session: aiohttp.ClientSession | None = None
 
     async def chunks(
-        self, name: str, start: int, end: int | None, etag: str
+        self, name: str, start: int, end: int | None, etag: str, most: int | None = None
     ) -> AsyncIterator[bytes]:
         """Bytes ``[start, end)`` (to the end with ``None``) of the object version
-        ``etag``; :class:`PreconditionFailed` when the object is another version,
-        :class:`ObjectNotFound` when it is gone, :class:`ObjectStoreError` otherwise."""
+        ``etag``, at most ``most`` bytes a chunk when given; :class:`PreconditionFailed`
+        when the object is another version, :class:`ObjectNotFound` when it is gone,
+        :class:`ObjectStoreError` otherwise (also when no storage connection was free
+        within :data:`STORAGE_WAIT`)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60),
-                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=STORAGE_WAIT, sock_connect=10, sock_read=60
+                ),
+                connector=aiohttp.TCPConnector(limit=STORAGE_CONNECTIONS),
                 auto_decompress=False,
             )
         url = self.reader.store.objects.presigned_get_url(name, SIGNED_FOR)
@@ -112,7 +129,7 @@ class ObjectFetcher:
                 if r.status != (200 if "Range" not in headers else 206):
                     raise ObjectStoreError(f"{where}: {r.status} {r.reason}")
                 while True:
-                    chunk = await r.content.readany()
+                    chunk = await (r.content.readany() if most is None else r.content.read(most))
                     if not chunk:
                         break
                     yield chunk
@@ -275,6 +292,35 @@ async def proxy(
     """Stream the entry's blob (or its ranges) from the storage: the response, the body
     bytes sent, and why the body was cut (``None`` when it was not). Raises
     :class:`BlobUnavailable` before anything is sent when the blob is missing, of the
+    wrong size, or known bad; a multi-range answer past :data:`MAX_MULTI_RANGE` of them
+    at once in this worker answers ``503 MultiRangeBusy`` before any storage request. A
+    cut body's connection is aborted before its last byte."""
+    if ranges is None or len(ranges) < 2:
+        return await _proxy(request, reader, fetcher, verifier, entry, headers, ranges)
+    if _multi_range[0] >= MAX_MULTI_RANGE:
+        raise HubError(
+            503, "MultiRangeBusy", "too many multi-range answers at once: try again",
+            {"Retry-After": MULTI_RANGE_RETRY},
+        )  # fmt: skip
+    _multi_range[0] += 1
+    try:
+        return await _proxy(request, reader, fetcher, verifier, entry, headers, ranges)
+    finally:
+        _multi_range[0] -= 1
+
+
+async def _proxy(
+    request: web.Request,
+    reader: BucketReader,
+    fetcher: ObjectFetcher,
+    verifier: ObjectVerifier,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[ByteRange] | None,
+) -> tuple[web.StreamResponse, int, str | None]:
+    """Stream the entry's blob (or its ranges) from the storage: the response, the body
+    bytes sent, and why the body was cut (``None`` when it was not). Raises
+    :class:`BlobUnavailable` before anything is sent when the blob is missing, of the
     wrong size, or known bad. A cut body's connection is aborted before its last byte."""
     info, ok = await ready(reader, verifier, entry)
     key = (info.name, info.etag)
@@ -302,10 +348,10 @@ async def proxy(
         raise BlobUnavailable("blob changed in the bucket: try again") from None
     except ObjectStoreError as exc:
         raise BlobUnavailable(f"blob unavailable: {exc}") from None
-    await response.prepare(request)
     sent = 0
     held = first
     try:
+        await response.prepare(request)  # a client gone before its headers left, too
         async for chunk in chunks:
             assert held is not None
             sent += await _write(response, held, hasher)
@@ -353,7 +399,10 @@ async def _spliced(
 ) -> tuple[web.StreamResponse, int, str | None] | None:
     """One span of a body no byte of which Python must read, spliced from the storage's
     socket to the client's (:mod:`~cmh.hub.mirror.stores.bucket._splice`); with ``pending``
-    its last byte waits for that check. ``None`` when it cannot be spliced here."""
+    its last byte waits for that check. ``None`` when it cannot be spliced here, or while
+    every splice thread is taken (a busy pool never holds an answer's headers back)."""
+    if _splice.saturated():
+        return None
     _, start, length = piece
     reader = fetcher.reader
     url = reader.store.objects.presigned_get_url(info.name, SIGNED_FOR)
@@ -371,8 +420,8 @@ async def _spliced(
     try:
         if body.length != length:
             raise BlobUnavailable(f"blob unavailable: {where}: {body.length} bytes, not {length}")
-        await response.prepare(request)
         try:
+            await response.prepare(request)  # a client gone before its headers left, too
             await body.send_to(request.transport, length - 1 if pending else length)
             if pending is not None:
                 try:
@@ -403,14 +452,16 @@ async def _pieces(
     fetcher: ObjectFetcher, info: ObjectInfo, pieces: list[tuple[bytes, int, int]]
 ) -> AsyncGenerator[tuple[bytes, bytes], None]:
     """``(prefix, data)`` chunks of every piece (a part's header rides with its first
-    chunk), each piece one ranged GET of the checked object version."""
+    chunk), each piece one ranged GET of the checked object version; a multi-range body
+    reads :data:`MULTI_RANGE_CHUNK` at most at once."""
+    most = MULTI_RANGE_CHUNK if len(pieces) > 1 else None
     for prefix, start, length in pieces:
         if length == 0:
             continue
         whole = start == 0 and length == info.size
         first = True
         async for data in fetcher.chunks(
-            info.name, start, None if whole else start + length, info.etag
+            info.name, start, None if whole else start + length, info.etag, most
         ):
             yield (prefix if first else b"", data)
             first = False

@@ -35,7 +35,6 @@ import contextlib
 import ctypes
 import fcntl
 import os
-import select
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -230,10 +229,11 @@ class SharedBody:
         the storage failed."""
         await _splice.to_client(transport, self._send, count)
 
-    def _send(self, client: int, count: int) -> None:
-        left = count - self._from_file(client, count)
-        if not left:
-            return
+    def _send(self, client: int, count: int) -> int:
+        """Move up to ``count`` bytes; how many, fewer only when the client's socket is full."""
+        done, stopped = self._from_file(client, count)
+        if done == count or not stopped:
+            return done
         if self.own is None:
             version = self.version
             at, end = self.start + self.sent, self.start + self.length
@@ -244,13 +244,15 @@ class SharedBody:
                 raise ObjectStoreError(f"{version.where}: {self.own.length} bytes, not {end - at}")
         before = self.own.sent
         try:
-            self.own.move(client, left)
+            self.own.move(client, count - done)
         finally:
             self.sent += self.own.sent - before
+        return done + self.own.sent - before
 
-    def _from_file(self, client: int, count: int) -> int:
-        """Send up to ``count`` bytes from the file while joined; how many. A body whose
-        read stopped returns early (it goes on with its own GET)."""
+    def _from_file(self, client: int, count: int) -> tuple[int, bool]:
+        """Send up to ``count`` bytes from the file while joined: how many, and whether the
+        read stopped (the body goes on with its own GET). Returns early, not stopped, when
+        the client's socket is full."""
         read, member = self.read, self.member
         done = 0
         fd = os.dup(read.fd)  # the file stays open while this thread reads it
@@ -272,7 +274,7 @@ class SharedBody:
                     if member.closed:
                         raise ConnectionResetError("client went away")
                     if not member.attached:
-                        return done
+                        return done, True
                     at = member.pos
                     n = min(count - done, read.arrived - at, CHUNK)
                     member.in_call = True
@@ -294,12 +296,9 @@ class SharedBody:
                 done += out
                 self.sent += out
                 read.drop_sent(fd)
-                if not out:
-                    try:
-                        _splice.wait_ready(client, select.POLLOUT, _splice.CLIENT_STALL, "client")
-                    except TimeoutError as exc:
-                        raise ConnectionResetError(str(exc)) from None
-            return done
+                if not out:  # the client's socket is full: its wait holds no thread
+                    return done, False
+            return done, False
         finally:
             os.close(fd)
 
@@ -364,16 +363,20 @@ class AloneBody:
         """As :meth:`StorageBody.send_to`."""
         await _splice.to_client(transport, self._send, count)
 
-    def _send(self, client: int, count: int) -> None:
-        left = count
-        while left and self.shared is None:
-            step = min(left, LOOK_EVERY)
-            self.body.move(client, step)
-            left -= step
+    def _send(self, client: int, count: int) -> int:
+        """Move up to ``count`` bytes; how many, fewer only when the client's socket is full."""
+        done = 0
+        while done < count and self.shared is None:
+            step = min(count - done, LOOK_EVERY)
+            moved = self.body.move(client, step)
+            done += moved
+            if moved < step:
+                return done
             self._look()
-        if left:
+        if done < count:
             assert self.shared is not None
-            self.shared._send(client, left)
+            done += self.shared._send(client, count - done)
+        return done
 
     def _look(self) -> None:
         """Move onto the announced shared read if it holds (or nearly holds) this body's
@@ -492,7 +495,7 @@ async def _run(read: SharedRead) -> None:
         return
     read.opened.set_result(None)
     try:
-        await read.loop.run_in_executor(_splice.threads(), read.fill, body)
+        await _splice.in_thread(read.fill, body)
     finally:
         _release(read)
 

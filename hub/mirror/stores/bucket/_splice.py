@@ -4,10 +4,15 @@ client's (``splice(2)`` through a pipe, in the kernel), no byte through Python.
 The control plane stays in :mod:`~cmh.hub.mirror.stores.bucket._send`: which object version,
 the check, the held-back last byte. This module opens one plain-HTTP GET of a presigned URL
 (:meth:`StorageBody.open`, a thread), reports its status before the client's headers go out,
-and moves a count of body bytes to the client's socket (:meth:`StorageBody.send_to`, a
-thread, waits bounded by :data:`STORAGE_STALL` and :data:`CLIENT_STALL`). The client's socket
-is used through a duplicate of its descriptor, so a transport closed meanwhile never lets
-bytes go to a reused descriptor. ``https`` storage, chunked answers and platforms without
+and moves a count of body bytes to the client's socket (:meth:`StorageBody.send_to`). A
+thread of the pool only ever waits for the storage (bounded by :data:`STORAGE_STALL`), never
+for a client: a move returns as soon as the client's socket is full, and the body waits for
+the socket to take bytes again on the event loop (at most :data:`CLIENT_STALL` each time),
+holding no thread; a client that reads nothing cannot fill the pool, and while the pool is
+busy (:func:`saturated`) the caller streams through Python instead of queueing for a thread,
+so a busy pool never delays an answer's headers. The client's socket is used through a
+duplicate of its descriptor, so a transport closed meanwhile never lets bytes go to a reused
+descriptor. ``https`` storage, chunked answers and platforms without
 ``os.splice`` raise :class:`SpliceUnavailable`: the caller streams through Python instead.
 """
 
@@ -19,8 +24,10 @@ import fcntl
 import os
 import select
 import socket
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
@@ -33,11 +40,17 @@ CLIENT_STALL = 300.0
 PIPE_SIZE = 1 << 20
 #: Bytes an answer's status line and headers may take.
 MAX_HEAD = 64 << 10
-#: Threads moving bodies at once (each waits in the kernel, holding no lock).
+#: Threads moving bodies at once (each waits only for the storage, holding no lock);
+#: ``CMH_SPLICE_THREADS`` sets another number (read when the pool is made).
 MAX_THREADS = 256
+THREADS_ENV = "CMH_SPLICE_THREADS"
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_MORE", 0)
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+T = TypeVar("T")
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_jobs = [0]  # jobs handed to the pool and not ended (under ``_jobs_lock``)
+_jobs_lock = threading.Lock()
 
 
 class SpliceUnavailable(Exception):
@@ -49,11 +62,61 @@ def available() -> bool:
 
 
 def threads() -> ThreadPoolExecutor:
-    """The pool whose threads move bodies (one per body, waiting in the kernel)."""
-    global _pool
+    """The pool whose threads open storage GETs and move bodies' ready bytes."""
+    global _pool, _pool_size
     if _pool is None:
-        _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="cmh-splice")
+        try:
+            size = int(os.environ.get(THREADS_ENV, "") or MAX_THREADS)
+        except ValueError:
+            size = MAX_THREADS
+        _pool_size = max(1, size)
+        _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="cmh-splice")
     return _pool
+
+
+def saturated() -> bool:
+    """Whether every thread of the pool is taken (a new job would wait in its queue)."""
+    threads()
+    with _jobs_lock:
+        return _jobs[0] >= _pool_size
+
+
+def _ended(_: object) -> None:
+    with _jobs_lock:
+        _jobs[0] -= 1
+
+
+def _submit(fn: Callable[..., T], *args: object) -> Future[T]:
+    """``fn(*args)`` handed to the pool, counted until it ends, for :func:`saturated`."""
+    job = threads().submit(fn, *args)
+    with _jobs_lock:
+        _jobs[0] += 1
+    job.add_done_callback(_ended)
+    return job
+
+
+async def in_thread(fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` in a thread of the pool (it runs on when its caller is cancelled)."""
+    return await asyncio.wrap_future(_submit(fn, *args))
+
+
+async def writable(fd: int, timeout: float) -> None:
+    """Wait on the event loop until the socket ``fd`` takes bytes (or failed: the next write
+    says how); :class:`ConnectionResetError` after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(fd, wake)
+    try:
+        await asyncio.wait_for(ready, timeout)
+    except asyncio.TimeoutError:
+        raise ConnectionResetError(f"client: took nothing for {timeout:.0f} s") from None
+    finally:
+        loop.remove_writer(fd)
 
 
 def wait_ready(fd: int, events: int, timeout: float, what: str) -> None:
@@ -86,11 +149,14 @@ def from_storage(source: int, pipe: int, count: int, where: str) -> int:
 
 
 async def to_client(
-    transport: asyncio.BaseTransport | None, move: Callable[[int, int], None], count: int
+    transport: asyncio.BaseTransport | None, move: Callable[[int, int], int], count: int
 ) -> None:
-    """Run ``move(client, count)`` in a body thread on a duplicate of the descriptor of the
-    client behind ``transport``, once the transport's own buffer (the response's headers)
-    is out; :class:`ConnectionResetError` when the client went away."""
+    """Move ``count`` bytes to the client behind ``transport``, once the transport's own
+    buffer (the response's headers) is out: ``move(client, left)`` runs in a thread of the
+    pool on a duplicate of the client's descriptor and returns how many bytes it moved,
+    fewer than ``left`` only when the client's socket is full; the body then waits on the
+    event loop, holding no thread, until the socket takes bytes again (at most
+    :data:`CLIENT_STALL`). :class:`ConnectionResetError` when the client went away."""
     sock = transport.get_extra_info("socket") if transport is not None else None
     if transport is None or sock is None or transport.is_closing():
         raise ConnectionResetError("client went away")
@@ -103,10 +169,22 @@ async def to_client(
     else:
         raise ConnectionResetError("client took nothing")
     client = os.dup(sock.fileno())
+    job: Future[int] | None = None
     try:
-        await asyncio.get_running_loop().run_in_executor(threads(), move, client, count)
+        left = count
+        while True:
+            job = _submit(move, client, left)
+            left -= await asyncio.wrap_future(job)
+            if not left:
+                return
+            if transport.is_closing():
+                raise ConnectionResetError("client went away")
+            await writable(client, CLIENT_STALL)
     finally:
-        os.close(client)
+        if job is not None and not job.done():  # cancelled: its thread still uses ``client``
+            job.add_done_callback(lambda _: os.close(client))
+        else:
+            os.close(client)
 
 
 class StorageBody:
@@ -118,6 +196,13 @@ class StorageBody:
         self.where = where
         self.early = early  # body bytes that came with the head (sent first)
         self.sent = 0  # body bytes moved to the client so far
+        self.pipe: tuple[int, int] | None = None  # read end, write end (made at first move)
+        self.piped = 0  # body bytes in the pipe, read from the storage, not yet sent
+        # A move's thread may outlive its caller (cancelled): the socket and the pipe are
+        # closed by whichever of close() and that move ends last, never under a move.
+        self._guard = threading.Lock()
+        self._moving = False
+        self._closed = False
 
     @classmethod
     async def open(
@@ -127,10 +212,9 @@ class StorageBody:
         (another version), :class:`ObjectNotFound`, :class:`ObjectStoreError` otherwise."""
         if not available() or urlsplit(url).scheme != "http":
             raise SpliceUnavailable(url)
-        loop = asyncio.get_running_loop()
         ranged = bool(start or end is not None)
-        return await loop.run_in_executor(
-            threads(), cls.connect, url, (start, end) if ranged else None, etag, where, name
+        return await in_thread(
+            cls.connect, url, (start, end) if ranged else None, etag, where, name
         )
 
     @classmethod
@@ -204,34 +288,47 @@ class StorageBody:
         :class:`ObjectStoreError` when the storage failed (``sent`` tells how far it got)."""
         await to_client(transport, self.move, count)
 
-    def move(self, client: int, count: int) -> None:
-        """Splice the next ``count`` body bytes to the socket ``client`` (blocking)."""
-        count -= self._write_early(client, count)
-        source = self.sock.fileno()
-        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    def move(self, client: int, count: int) -> int:
+        """Splice up to ``count`` next body bytes to the socket ``client``; how many, fewer
+        only when the client's socket is full (the bytes read from the storage meanwhile
+        wait in the body's pipe for the next call). Waits for the storage only."""
+        with self._guard:
+            if self._closed:
+                raise ConnectionResetError("the body was closed")
+            self._moving = True
         try:
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
-            left = count
-            while left:
-                got = from_storage(source, w, min(left, PIPE_SIZE), self.where)
-                left -= got
-                while got:
-                    try:
-                        out = os.splice(r, client, got, flags=_SPLICE_FLAGS)
-                    except BlockingIOError:
-                        try:
-                            wait_ready(client, select.POLLOUT, CLIENT_STALL, "client")
-                        except TimeoutError as exc:
-                            raise ConnectionResetError(str(exc)) from None
-                        continue
-                    except OSError as exc:  # EPIPE, ECONNRESET: the client went away
-                        raise ConnectionResetError(str(exc)) from None
-                    got -= out
-                    self.sent += out
+            return self._move(client, count)
         finally:
-            os.close(r)
-            os.close(w)
+            with self._guard:
+                self._moving = False
+                closed = self._closed
+            if closed:
+                self._release()
+
+    def _move(self, client: int, count: int) -> int:
+        done = self._write_early(client, count)
+        if self.early and done < count:
+            return done
+        if self.pipe is None:
+            self.pipe = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self.pipe[1], F_SETPIPE_SZ, PIPE_SIZE)
+        r, w = self.pipe
+        source = self.sock.fileno()
+        while done < count:
+            if not self.piped:  # never more than the caller asked (a last byte held back)
+                self.piped = from_storage(source, w, min(count - done, PIPE_SIZE), self.where)
+            while self.piped:
+                try:
+                    out = os.splice(r, client, self.piped, flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    return done
+                except OSError as exc:  # EPIPE, ECONNRESET: the client went away
+                    raise ConnectionResetError(str(exc)) from None
+                self.piped -= out
+                self.sent += out
+                done += out
+        return done
 
     def _write_early(self, client: int, count: int) -> int:
         """Send up to ``count`` of the body bytes that came with the head; how many."""
@@ -241,10 +338,7 @@ class StorageBody:
             try:
                 done += os.write(client, data[done:])
             except BlockingIOError:
-                try:
-                    wait_ready(client, select.POLLOUT, CLIENT_STALL, "client")
-                except TimeoutError as exc:
-                    raise ConnectionResetError(str(exc)) from None
+                break
             except OSError as exc:
                 raise ConnectionResetError(str(exc)) from None
         self.early = self.early[done:]
@@ -252,4 +346,16 @@ class StorageBody:
         return done
 
     def close(self) -> None:
+        """Close the storage's socket and the pipe (once a move under way ended)."""
+        with self._guard:
+            self._closed = True
+            if self._moving:
+                return
+        self._release()
+
+    def _release(self) -> None:
         self.sock.close()
+        if self.pipe is not None:
+            os.close(self.pipe[0])
+            os.close(self.pipe[1])
+            self.pipe = None

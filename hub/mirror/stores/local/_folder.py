@@ -183,9 +183,9 @@ def add_folder(
     (a blob already stored counts whole once checked): twice the folder's size in all.
     """
     check_import_names(repo_id, revision, repo_type)
+    listed = scan_folder(src)  # a name no client could ask for fails before any write
     store.mkdir(parents=True, exist_ok=True)
     repo = RepoLayout(store, repo_id, repo_type)
-    listed = scan_folder(src)
     files: list[SourceFile] = []
     for rel, path in listed:
         size, sha256, git_oid = hash_source(path, progress)

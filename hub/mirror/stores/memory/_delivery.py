@@ -40,9 +40,9 @@ class MemoryDelivery:
     ) -> Sent:
         data = await asyncio.get_running_loop().run_in_executor(None, self.read, entry)
         response, pieces, tail = frame(headers, ranges, entry.size)
-        await response.prepare(request)
         sent = 0
         try:
+            await response.prepare(request)  # a client gone before its headers left, too
             for prefix, offset, count in pieces:
                 if prefix:
                     await response.write(prefix)
