@@ -367,7 +367,11 @@ class AloneBody:
         """Move up to ``count`` bytes; how many, fewer only when the client's socket is full."""
         done = 0
         while done < count and self.shared is None:
-            step = min(count - done, LOOK_EVERY)
+            # Steps end on whole multiples of LOOK_EVERY of the body, also after a call
+            # that returned early (a full socket): a step that ran on past such a place
+            # could wait, in the storage, on its own GET stalled right there, never
+            # looking at a shared read that holds those bytes already.
+            step = min(count - done, LOOK_EVERY - self.body.sent % LOOK_EVERY)
             moved = self.body.move(client, step)
             done += moved
             if moved < step:
