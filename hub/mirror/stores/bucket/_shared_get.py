@@ -296,8 +296,8 @@ class SharedBody:
                 done += out
                 self.sent += out
                 read.drop_sent(fd)
-                if not out:  # the client's socket is full: its wait holds no thread
-                    return done, False
+                if not out and not _splice.briefly_writable(client):
+                    return done, False  # the client's socket stays full: its wait holds no thread
             return done, False
         finally:
             os.close(fd)

@@ -5,14 +5,15 @@ The control plane stays in :mod:`~cmh.hub.mirror.stores.bucket._send`: which obj
 the check, the held-back last byte. This module opens one plain-HTTP GET of a presigned URL
 (:meth:`StorageBody.open`, a thread), reports its status before the client's headers go out,
 and moves a count of body bytes to the client's socket (:meth:`StorageBody.send_to`). A
-thread of the pool only ever waits for the storage (bounded by :data:`STORAGE_STALL`), never
-for a client: a move returns as soon as the client's socket is full, and the body waits for
-the socket to take bytes again on the event loop (at most :data:`CLIENT_STALL` each time),
-holding no thread; a client that reads nothing cannot fill the pool, and while the pool is
-busy (:func:`saturated`) the caller streams through Python instead of queueing for a thread,
-so a busy pool never delays an answer's headers. The client's socket is used through a
-duplicate of its descriptor, so a transport closed meanwhile never lets bytes go to a reused
-descriptor. ``https`` storage, chunked answers and platforms without
+thread of the pool waits for the storage (bounded by :data:`STORAGE_STALL`) and for a
+client only briefly (:data:`CLIENT_BRIEF`): a move returns once the client's socket stays
+full, and the body waits for the socket to take bytes again on the event loop (at most
+:data:`CLIENT_STALL` each time), holding no thread. So a client that reads nothing cannot
+fill the pool, and one that reads keeps its body on the thread. While the pool is busy
+(:func:`saturated`) the caller streams through Python instead of queueing for a thread, so
+a busy pool never delays an answer's headers. The client's socket is used through a
+duplicate of its descriptor, so a transport closed meanwhile never lets bytes go to a
+reused descriptor. ``https`` storage, chunked answers and platforms without
 ``os.splice`` raise :class:`SpliceUnavailable`: the caller streams through Python instead.
 """
 
@@ -36,6 +37,11 @@ from ._objectstore import ObjectNotFound, ObjectStoreError, PreconditionFailed
 STORAGE_STALL = 60.0
 #: Seconds a client may take no byte before its body is given up (it went away).
 CLIENT_STALL = 300.0
+#: Seconds a move's thread waits for a full client socket to take bytes again before it
+#: gives the thread back (the body then waits on the event loop): a client that reads
+#: keeps its body on the thread, with no round trip through the loop per socket-full,
+#: while one that reads nothing holds a thread this long at most, once per wait.
+CLIENT_BRIEF = 0.05
 #: Bytes of the pipe between the two sockets (and of each splice call).
 PIPE_SIZE = 1 << 20
 #: Bytes an answer's status line and headers may take.
@@ -126,6 +132,16 @@ def wait_ready(fd: int, events: int, timeout: float, what: str) -> None:
     ready = poller.poll(timeout * 1000)
     if not ready:
         raise TimeoutError(f"{what}: nothing for {timeout:.0f} s")
+
+
+def briefly_writable(fd: int) -> bool:
+    """Whether the socket ``fd`` takes bytes (or failed: the next write says how) within
+    :data:`CLIENT_BRIEF` seconds (in a move's thread)."""
+    try:
+        wait_ready(fd, select.POLLOUT, CLIENT_BRIEF, "client")
+    except TimeoutError:
+        return False
+    return True
 
 
 def from_storage(source: int, pipe: int, count: int, where: str) -> int:
@@ -322,6 +338,8 @@ class StorageBody:
                 try:
                     out = os.splice(r, client, self.piped, flags=_SPLICE_FLAGS)
                 except BlockingIOError:
+                    if briefly_writable(client):
+                        continue
                     return done
                 except OSError as exc:  # EPIPE, ECONNRESET: the client went away
                     raise ConnectionResetError(str(exc)) from None
@@ -338,6 +356,8 @@ class StorageBody:
             try:
                 done += os.write(client, data[done:])
             except BlockingIOError:
+                if briefly_writable(client):
+                    continue
                 break
             except OSError as exc:
                 raise ConnectionResetError(str(exc)) from None
