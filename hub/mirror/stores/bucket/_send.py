@@ -36,8 +36,9 @@ GET to that version with ``If-Match``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from datetime import timedelta
 
 import aiohttp
@@ -280,6 +281,25 @@ async def ready(
     return info, ok
 
 
+@contextlib.contextmanager
+def _multi_range_slot(ranges: list[ByteRange] | None) -> Iterator[None]:
+    """Hold one of this worker's :data:`MAX_MULTI_RANGE` places while a multi-range body is
+    sent (no place for one range or none); ``503 MultiRangeBusy`` when none is free."""
+    if ranges is None or len(ranges) < 2:
+        yield
+        return
+    if _multi_range[0] >= MAX_MULTI_RANGE:
+        raise HubError(
+            503, "MultiRangeBusy", "too many multi-range answers at once: try again",
+            {"Retry-After": MULTI_RANGE_RETRY},
+        )  # fmt: skip
+    _multi_range[0] += 1
+    try:
+        yield
+    finally:
+        _multi_range[0] -= 1
+
+
 async def proxy(
     request: web.Request,
     reader: BucketReader,
@@ -295,98 +315,72 @@ async def proxy(
     wrong size, or known bad; a multi-range answer past :data:`MAX_MULTI_RANGE` of them
     at once in this worker answers ``503 MultiRangeBusy`` before any storage request. A
     cut body's connection is aborted before its last byte."""
-    if ranges is None or len(ranges) < 2:
-        return await _proxy(request, reader, fetcher, verifier, entry, headers, ranges)
-    if _multi_range[0] >= MAX_MULTI_RANGE:
-        raise HubError(
-            503, "MultiRangeBusy", "too many multi-range answers at once: try again",
-            {"Retry-After": MULTI_RANGE_RETRY},
-        )  # fmt: skip
-    _multi_range[0] += 1
-    try:
-        return await _proxy(request, reader, fetcher, verifier, entry, headers, ranges)
-    finally:
-        _multi_range[0] -= 1
-
-
-async def _proxy(
-    request: web.Request,
-    reader: BucketReader,
-    fetcher: ObjectFetcher,
-    verifier: ObjectVerifier,
-    entry: FileEntry,
-    headers: dict[str, str],
-    ranges: list[ByteRange] | None,
-) -> tuple[web.StreamResponse, int, str | None]:
-    """Stream the entry's blob (or its ranges) from the storage: the response, the body
-    bytes sent, and why the body was cut (``None`` when it was not). Raises
-    :class:`BlobUnavailable` before anything is sent when the blob is missing, of the
-    wrong size, or known bad. A cut body's connection is aborted before its last byte."""
-    info, ok = await ready(reader, verifier, entry)
-    key = (info.name, info.etag)
-    response, pieces, tail = frame(headers, ranges, entry.size)
-    hasher: hashlib._Hash | None = None
-    pending: asyncio.Task[bool] | None = None
-    if ok is None:
-        if is_whole(ranges, entry.size):
-            hasher = new_digest(entry.etag, entry.size)  # the body is the whole object
-        elif reaches_end(ranges, entry.size):
-            pending = verifier.check(fetcher, info, entry)  # its last byte waits for it
-        else:  # the range goes at once; the check runs beside it, for later requests
-            verifier.check(fetcher, info, entry).add_done_callback(_outcome_kept)
-    if hasher is None and len(pieces) == 1 and pieces[0][2] >= SPLICE_FROM:
-        spliced = await _spliced(request, fetcher, info, response, pieces[0], pending)
-        if spliced is not None:
-            return spliced
-    chunks = _pieces(fetcher, info, pieces)
-    try:
-        first = await chunks.__anext__()  # the storage answered before any header goes out
-    except StopAsyncIteration:
-        first = None
-    except (PreconditionFailed, ObjectNotFound):
-        reader.forget_blob(info.name)
-        raise BlobUnavailable("blob changed in the bucket: try again") from None
-    except ObjectStoreError as exc:
-        raise BlobUnavailable(f"blob unavailable: {exc}") from None
-    sent = 0
-    held = first
-    try:
-        await response.prepare(request)  # a client gone before its headers left, too
-        async for chunk in chunks:
-            assert held is not None
-            sent += await _write(response, held, hasher)
-            held = chunk
-    except ObjectStoreError as exc:
-        reader.forget_blob(info.name)
-        return response, sent, _cut(request, f"storage read failed: {exc}")
-    except ConnectionError:  # the client went away mid-body: nothing to report
-        await chunks.aclose()  # the storage read ends with it
-        return response, sent, CLIENT_LEFT
-    if held is not None:
-        if hasher is not None:
-            hasher.update(held[1])
-            good = hasher.hexdigest() == entry.etag
-            verifier.record(key, good)
-            if good:
-                _share(reader, info)
-        elif pending is not None:
-            try:
-                good = await asyncio.shield(pending)
-            except ObjectStoreError:
-                good = False
-        else:
-            good = True
-        if not good:
-            return response, sent, _cut(request, "blob does not match its name")
+    with _multi_range_slot(ranges):
+        info, ok = await ready(reader, verifier, entry)
+        key = (info.name, info.etag)
+        response, pieces, tail = frame(headers, ranges, entry.size)
+        hasher: hashlib._Hash | None = None
+        pending: asyncio.Task[bool] | None = None
+        if ok is None:
+            if is_whole(ranges, entry.size):
+                hasher = new_digest(entry.etag, entry.size)  # the body is the whole object
+            elif reaches_end(ranges, entry.size):
+                pending = verifier.check(fetcher, info, entry)  # its last byte waits for it
+            else:  # the range goes at once; the check runs beside it, for later requests
+                verifier.check(fetcher, info, entry).add_done_callback(_outcome_kept)
+        if hasher is None and len(pieces) == 1 and pieces[0][2] >= SPLICE_FROM:
+            spliced = await _spliced(request, fetcher, info, response, pieces[0], pending)
+            if spliced is not None:
+                return spliced
+        chunks = _pieces(fetcher, info, pieces)
         try:
-            sent += await _write(response, held, None)
-            if tail:
-                await response.write(tail)
-                sent += len(tail)
-            await response.write_eof()
-        except ConnectionError:
+            first = await chunks.__anext__()  # the storage answered before any header goes out
+        except StopAsyncIteration:
+            first = None
+        except (PreconditionFailed, ObjectNotFound):
+            reader.forget_blob(info.name)
+            raise BlobUnavailable("blob changed in the bucket: try again") from None
+        except ObjectStoreError as exc:
+            raise BlobUnavailable(f"blob unavailable: {exc}") from None
+        sent = 0
+        held = first
+        try:
+            await response.prepare(request)  # a client gone before its headers left, too
+            async for chunk in chunks:
+                assert held is not None
+                sent += await _write(response, held, hasher)
+                held = chunk
+        except ObjectStoreError as exc:
+            reader.forget_blob(info.name)
+            return response, sent, _cut(request, f"storage read failed: {exc}")
+        except ConnectionError:  # the client went away mid-body: nothing to report
+            await chunks.aclose()  # the storage read ends with it
             return response, sent, CLIENT_LEFT
-    return response, sent, None
+        if held is not None:
+            if hasher is not None:
+                hasher.update(held[1])
+                good = hasher.hexdigest() == entry.etag
+                verifier.record(key, good)
+                if good:
+                    _share(reader, info)
+            elif pending is not None:
+                try:
+                    good = await asyncio.shield(pending)
+                except ObjectStoreError:
+                    good = False
+            else:
+                good = True
+            if not good:
+                return response, sent, _cut(request, "blob does not match its name")
+            try:
+                sent += await _write(response, held, None)
+                if tail:
+                    await response.write(tail)
+                    sent += len(tail)
+                await response.write_eof()
+            except ConnectionError:
+                return response, sent, CLIENT_LEFT
+        return response, sent, None
 
 
 async def _spliced(
