@@ -1,7 +1,8 @@
 """A reader process for the prune concurrency test.
 
-``python prune_reader.py CACHE ENDPOINT SECONDS SEED REPO@REV ...`` resolves a
-random repo and revision with ``cmh.hub.hold`` in a loop, and reads every
+``python prune_reader.py CACHE ENDPOINT SECONDS MIN_READS SEED REPO@REV ...`` resolves
+a random repo and revision with ``cmh.hub.hold`` in a loop (for SECONDS, and at least
+MIN_READS times however busy the machine is), and reads every
 file of the resolved snapshot while holding it against pruning. Each file
 is checked against its blob name (SHA-256 or git blob SHA-1). Prints one JSON
 line: reads, files, failures (each a missing or wrong file seen while held).
@@ -27,14 +28,14 @@ def content_matches(path: Path) -> bool:
 
 
 def main() -> None:
-    cache, endpoint, seconds, seed, *targets = sys.argv[1:]
+    cache, endpoint, seconds, min_reads, seed, *targets = sys.argv[1:]
     import cmh.hub as hub
 
     rng = random.Random(int(seed))
     deadline = time.monotonic() + float(seconds)
     reads = files = 0
     failures: list[str] = []
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or reads < int(min_reads):
         repo_id, revision = rng.choice(targets).split("@")
         with hub.hold(repo_id, revision, cache_dir=cache, endpoint=endpoint) as res:
             # A pruner may run now, but not on this snapshot.

@@ -27,6 +27,7 @@ from resolver_support import write_checkpoint_repo
 
 READERS = 4
 SECONDS = 8.0
+MIN_READS = 6  # each reader's loop, however long a busy machine makes it take
 READER = Path(__file__).with_name("prune_reader.py")
 
 
@@ -52,6 +53,7 @@ def test_prune_loop_never_pulls_a_file_from_under_a_reader(
                 str(cache),
                 server.url,
                 str(SECONDS),
+                str(MIN_READS),
                 str(seed),
                 *targets,
             ],
@@ -88,7 +90,7 @@ def test_prune_loop_never_pulls_a_file_from_under_a_reader(
                 r.wait()
     failures = [f for res in results for f in res["failures"]]
     assert failures == []
-    assert all(res["reads"] > 5 for res in results), results
+    assert all(res["reads"] >= MIN_READS for res in results), results
     # The pruner did real work while readers ran, and met readers holding revisions.
     assert passes > 10 and removed > 5, (passes, removed)
     assert in_use + busy > 0
