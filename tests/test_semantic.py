@@ -210,7 +210,14 @@ def test_minilm_config_ignores_provenance_not_computation(minilm_copy: Path) -> 
 def test_minilm_tokenizer_canonical_content(minilm_copy: Path) -> None:
     before = fingerprint(minilm_copy)
     tok = minilm_copy / "tokenizer.json"
-    tok.write_text(json.dumps(dict(reversed(json.loads(tok.read_text()).items())), indent=1))
+    original = tok.read_text()
+    tok.write_text(json.dumps(json.loads(original), indent=1))  # layout: not content
+    assert fingerprint(minilm_copy).tokenizer == before.tokenizer
+    # member order is content in the tokenizer id (6): transformers gives new special
+    # tokens ids in file order; a false split for tokenizer.json, never a false share
+    tok.write_text(json.dumps(dict(reversed(json.loads(original).items())), indent=1))
+    assert fingerprint(minilm_copy).tokenizer != before.tokenizer
+    tok.write_text(original)
     tok_config = minilm_copy / "tokenizer_config.json"
     obj = json.loads(tok_config.read_text())
     obj.update(name_or_path="/elsewhere", is_local=True, chat_template="{{ messages }}")
@@ -613,7 +620,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(
         '{"name_or_path": "x", "model_max_length": 512, "do_lower_case": true}'
     )
-    canonical_tc = b'{"do_lower_case":true,"model_max_length":512}'
+    canonical_tc = b'{"model_max_length":512,"do_lower_case":true}'  # file order (6)
     tokenizer = hashlib.sha256(
         b"CMH-SEM-TOKENIZER-v3\n"
         + struct.pack("<I", 2)
@@ -625,7 +632,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         + b"[PAD]\n"
     ).hexdigest()
     files = [(n, str(tmp_path / n)) for n in ("vocab.txt", "tokenizer_config.json")]
-    assert files_hash(TOKENIZER_DOMAIN, files) == tokenizer and tokenizer in spec
+    assert files_hash(TOKENIZER_DOMAIN, files, ordered=True) == tokenizer and tokenizer in spec
 
     kv = hashlib.sha256(
         b"CMH-SEM-KEY-v3\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"") + lp(b"")

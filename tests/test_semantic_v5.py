@@ -118,3 +118,34 @@ def test_a_negative_zero_in_config_splits_kv(tmp_path: Path) -> None:
     assert _split(*dirs, "kv", "graph", "quant_weight") == dict.fromkeys(
         ("kv", "graph", "quant_weight"), True
     )
+
+
+# -- F1: member order in the tokenizer's JSON (6) -------------------------------------------
+
+
+def test_member_order_of_extra_special_tokens_splits_the_tokenizer(
+    minilm: Path, tmp_path: Path
+) -> None:
+    """transformers 5 collects extra_special_tokens (and top-level *_token members) in file
+    order and gives new tokens ids in that order; sorted members gave both one key."""
+    from transformers import AutoTokenizer
+
+    dirs = []
+    for name, tokens in (
+        ("a", {"image_token": "<image>", "audio_token": "<audio>"}),
+        ("b", {"audio_token": "<audio>", "image_token": "<image>"}),
+    ):
+        d = _copy(minilm, tmp_path / name)
+        _edit_json(d / "tokenizer_config.json", extra_special_tokens=tokens)
+        dirs.append(d)
+    text = "<image> <audio> a photo"
+    ids = [AutoTokenizer.from_pretrained(d)(text)["input_ids"] for d in dirs]
+    assert ids[0] != ids[1]
+    assert all(_split(*dirs, "tokenizer", "kv_text", "embedding", "generation").values())
+    assert not _split(*dirs, "kv")["kv"]  # K/V for given ids: not the tokenizer's order
+    # whitespace is no content: the same members re-indented keep the key
+    c = _copy(dirs[0], tmp_path / "c")
+    (c / "tokenizer_config.json").write_text(
+        json.dumps(json.loads((c / "tokenizer_config.json").read_text()))
+    )
+    assert not _split(dirs[0], c, "tokenizer")["tokenizer"]

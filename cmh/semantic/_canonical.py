@@ -488,8 +488,15 @@ def tokenizer_view_of_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
-    """The canonical content of one small file: canonical JSON, else the raw bytes."""
+def small_file_content(
+    path: str | os.PathLike[str], name: str, *, ordered: bool = False
+) -> bytes:
+    """The canonical content of one small file: canonical JSON, else the raw bytes.
+
+    ``ordered`` (the tokenizer id, 6) keeps every object's members in file order:
+    transformers collects ``extra_special_tokens`` and the top-level ``*_token`` members of
+    ``tokenizer_config.json`` in that order and gives new tokens ids in it.
+    """
     if not name.endswith(".json"):
         return read_small(path, name, MAX_SMALL_FILE_SIZE)
     value = read_json(path, name)
@@ -497,7 +504,7 @@ def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
     if dropped is not None and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in dropped}
     try:
-        return canonical_json(value)
+        return canonical_json(value, ordered=ordered)
     except NotAModelError as exc:
         raise NotAModelError(f"{name}: {exc.reason}", os.fspath(path)) from exc
 
@@ -542,15 +549,20 @@ def chat_template_view(value: Any) -> bytes | None:
 SmallFile = tuple[str, "str | os.PathLike[str] | bytes"]
 
 
-def files_hash(domain: bytes, files: Iterable[SmallFile]) -> str | None:
-    """SHA-256 of ``domain``, the file count and each file's name and canonical content."""
+def files_hash(
+    domain: bytes, files: Iterable[SmallFile], *, ordered: bool = False
+) -> str | None:
+    """SHA-256 of ``domain``, the file count and each file's name and canonical content
+    (JSON objects in file order when ``ordered``: the tokenizer id)."""
     items = sorted(((name.encode(), name, src) for name, src in files), key=lambda x: x[0])
     if not items:
         return None
     h = hashlib.sha256(domain)
     h.update(struct.pack("<I", len(items)))
     for encoded, name, src in items:
-        content = src if isinstance(src, bytes) else small_file_content(src, name)
+        content = (
+            src if isinstance(src, bytes) else small_file_content(src, name, ordered=ordered)
+        )
         h.update(struct.pack("<I", len(encoded)) + encoded)
         h.update(struct.pack("<Q", len(content)) + content)
     return h.hexdigest()

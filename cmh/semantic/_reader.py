@@ -324,7 +324,8 @@ class _SmallFiles:
         if tokenizer and config is not None:
             # config.json decides the tokenizer class: its deciding members join the id
             tokenizer.append((CONFIG_FILE, canonical_json(tokenizer_view_of_config(config))))
-        self.tokenizer = files_hash(TOKENIZER_DOMAIN, tokenizer)
+        # member order of the tokenizer's JSON decides token ids (6): kept
+        self.tokenizer = files_hash(TOKENIZER_DOMAIN, tokenizer, ordered=True)
         self.processor = files_hash(PROCESSOR_DOMAIN, [(n, files[n]) for n in groups.processor])
         self.embedding = files_hash(EMBEDDING_DOMAIN, [(n, files[n]) for n in groups.embedding])
         self.quant_config = files_hash(QUANT_DOMAIN, [(n, files[n]) for n in groups.quant])
