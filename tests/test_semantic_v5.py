@@ -149,3 +149,57 @@ def test_member_order_of_extra_special_tokens_splits_the_tokenizer(
         json.dumps(json.loads((c / "tokenizer_config.json").read_text()))
     )
     assert not _split(dirs[0], c, "tokenizer")["tokenizer"]
+
+
+# -- F4: a file is an input of every group a loader reads it for (1.2) ----------------------
+
+
+def _fast_tokenizer_at(minilm: Path, d: Path, where: str, hello: int) -> Path:
+    """MiniLM whose tokenizer is built from ``where`` (named by fast_tokenizer_files), with
+    the id of "hello" set to ``hello``."""
+    _copy(minilm, d)
+    _edit_json(d / "tokenizer_config.json", fast_tokenizer_files=[where])
+    tokenizer = json.loads((d / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"]["hello"] = hello
+    (d / where).parent.mkdir(parents=True, exist_ok=True)
+    (d / where).write_text(json.dumps(tokenizer))
+    return d
+
+
+@pytest.mark.parametrize(
+    "where", ["additional_chat_templates/tokenizer.1.0.0.json", "1_Pooling/tokenizer.1.0.0.json"]
+)
+def test_a_fast_tokenizer_file_in_a_generation_or_module_folder_splits_the_tokenizer(
+    minilm: Path, tmp_path: Path, where: str
+) -> None:
+    """The first matching rule placed these files in generation or embedding only."""
+    a = _fast_tokenizer_at(minilm, tmp_path / "a", where, 7592)
+    b = _fast_tokenizer_at(minilm, tmp_path / "b", where, 5)
+    if where.startswith("1_"):
+        from transformers import AutoTokenizer
+
+        ids = [AutoTokenizer.from_pretrained(d)("Hello world")["input_ids"] for d in (a, b)]
+        assert ids[0] != ids[1]  # transformers builds the tokenizer from that file
+    assert all(_split(a, b, "tokenizer", "kv_text").values())
+    assert where in fingerprint(a).files
+
+
+def test_a_module_folder_under_additional_chat_templates_splits_the_embedding(
+    minilm: Path, tmp_path: Path
+) -> None:
+    """sentence-transformers loads a module from additional_chat_templates/pool/: the
+    first matching rule placed its files in generation only."""
+    dirs = []
+    for name, mean in (("a", True), ("b", False)):
+        d = _copy(minilm, tmp_path / name)
+        modules = json.loads((d / "modules.json").read_text())
+        modules[1]["path"] = "additional_chat_templates/pool"
+        (d / "modules.json").write_text(json.dumps(modules))
+        pool = d / "additional_chat_templates" / "pool"
+        pool.mkdir(parents=True)
+        (d / "1_Pooling" / "config.json").rename(pool / "config.json")
+        _edit_json(pool / "config.json", pooling_mode_mean_tokens=mean,
+                   pooling_mode_cls_token=not mean)  # fmt: skip
+        shutil.rmtree(d / "1_Pooling")
+        dirs.append(d)
+    assert _split(*dirs, "embedding", "generation") == {"embedding": True, "generation": True}

@@ -228,20 +228,33 @@ def group_files(
 
 
 def _groups_of(path: str, modules: tuple[str, ...], tokenizer_only: set[str]) -> tuple[str, ...]:
-    """The groups of a non-code, non-inert path (1.2)."""
-    if path in GENERATION_FILES or path.startswith(GENERATION_FOLDER):
-        return ("generation",)
-    if "/" in path:
-        if path.startswith(modules):
-            return ("embedding",)  # a sentence-transformers module folder
-        return ("tokenizer", "processor", "embedding")  # not understood: every kind it may reach
-    if matches_any(path, SENTENCE_TRANSFORMERS_PATTERNS):
-        return ("embedding",)
-    if path in QUANT_FILES:
-        return ("processor", "quant")
-    if path in tokenizer_only or matches_any(path, TOKENIZER_ONLY_PATTERNS):
-        return ("tokenizer",)
-    return ("tokenizer", "processor")
+    """The groups of a non-code, non-inert path (1.2): the first rule's, plus ``generation``
+    for a generation file, ``embedding`` under a module folder and ``tokenizer`` for a name
+    ``fast_tokenizer_files`` lists, whichever rule came first (the loaders read the file
+    for each of these reasons)."""
+    generation = path in GENERATION_FILES or path.startswith(GENERATION_FOLDER)
+    module = "/" in path and path.startswith(modules)
+    first: tuple[str, ...]
+    if generation:
+        first = ("generation",)
+    elif module:
+        first = ("embedding",)  # a sentence-transformers module folder
+    elif "/" in path:
+        first = ("tokenizer", "processor", "embedding")  # not understood: all it may reach
+    elif matches_any(path, SENTENCE_TRANSFORMERS_PATTERNS):
+        first = ("embedding",)
+    elif path in QUANT_FILES:
+        first = ("processor", "quant")
+    elif path in tokenizer_only or matches_any(path, TOKENIZER_ONLY_PATTERNS):
+        first = ("tokenizer",)
+    else:
+        first = ("tokenizer", "processor")
+    added = {
+        "generation": generation,
+        "embedding": module,
+        "tokenizer": path in tokenizer_only,
+    }
+    return (*first, *(group for group, yes in added.items() if yes and group not in first))
 
 
 # -- code references ----------------------------------------------------------------------
