@@ -203,3 +203,105 @@ def test_a_module_folder_under_additional_chat_templates_splits_the_embedding(
         shutil.rmtree(d / "1_Pooling")
         dirs.append(d)
     assert _split(*dirs, "embedding", "generation") == {"embedding": True, "generation": True}
+
+
+# -- F3: paths the loaders open that no id covers (1.2) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        (".cache/tokenizer.1.0.0.json", "never read"),
+        ("sub/__pycache__/tokenizer.1.0.0.json", "never read"),
+        ("../tokenizer.1.0.0.json", "leaves the directory"),
+    ],
+)
+def test_a_fast_tokenizer_file_no_id_covers_leaves_no_tokenizer_key(
+    minilm: Path, tmp_path: Path, where: str, reason: str
+) -> None:
+    """transformers builds the tokenizer from .cache/tokenizer.1.0.0.json, which no id
+    covers (skipped folders are not read): two such directories shared every key."""
+    d = tmp_path / "m" / "model"
+    _fast_tokenizer_at(minilm, d, where, 5)
+    fp = fingerprint(d)
+    for kind in ("tokenizer", "kv_text", "embedding", "generation"):
+        with pytest.raises(CacheKindError, match=reason):
+            fp.cache_key(kind)
+    assert fp.cache_key("kv")  # K/V for given ids do not depend on the tokenizer
+    assert any(where in r for r in fp.to_dict()["missing_code"]["tokenizer"])
+    if where.startswith(".cache"):
+        from transformers import AutoTokenizer
+
+        ids = AutoTokenizer.from_pretrained(d)("Hello world")["input_ids"]
+        assert ids == [101, 5, 2088, 102]  # the file in .cache/ is the tokenizer
+
+
+@pytest.mark.parametrize("path", [".cache/pool", "/abs/pool", "../pool", "x/.git"])
+def test_a_module_folder_no_id_covers_leaves_no_embedding_key(
+    minilm: Path, tmp_path: Path, path: str
+) -> None:
+    d = _copy(minilm, tmp_path / "m")
+    modules = json.loads((d / "modules.json").read_text())
+    modules[1]["path"] = path
+    (d / "modules.json").write_text(json.dumps(modules))
+    fp = fingerprint(d)
+    with pytest.raises(CacheKindError, match="modules.json module 1 path"):
+        fp.cache_key("embedding")
+    assert fp.cache_key("generation") and fp.cache_key("tokenizer")
+    # a mirror's path map reads alike
+    from cmh.semantic import fingerprint_files
+
+    listing = {str(p.relative_to(d)): str(p) for p in d.rglob("*") if p.is_file()}
+    assert fingerprint_files(listing).to_dict()["missing_code"] == fp.to_dict()["missing_code"]
+
+
+# -- F5: special_tokens_map.json members transformers copies into the tokenizer (6, 1.2) ----
+
+
+def test_a_chat_template_in_special_tokens_map_splits_generation(
+    minilm: Path, tmp_path: Path
+) -> None:
+    """Without added_tokens_decoder in tokenizer_config.json (MiniLM), every member of
+    special_tokens_map.json becomes a tokenizer argument: its chat_template renders."""
+    from transformers import AutoTokenizer
+
+    dirs = []
+    for name, template in (
+        ("a", "{% for m in messages %}USER: {{ m['content'] }}\n{% endfor %}"),
+        ("b", "{% for m in messages %}{{ m['content'] | upper }}\n{% endfor %}"),
+    ):
+        d = _copy(minilm, tmp_path / name)
+        _edit_json(d / "special_tokens_map.json", chat_template=template)
+        dirs.append(d)
+    messages = [{"role": "user", "content": "hello there"}]
+    rendered = [
+        AutoTokenizer.from_pretrained(d).apply_chat_template(messages, tokenize=False)
+        for d in dirs
+    ]
+    assert rendered[0] != rendered[1]
+    assert all(_split(*dirs, "generation", "tokenizer").values())
+    assert "special_tokens_map.json" in fingerprint(dirs[0]).files
+
+
+def test_a_tokenizer_file_in_special_tokens_map_leaves_no_tokenizer_key(
+    minilm: Path, tmp_path: Path
+) -> None:
+    """transformers builds the tokenizer from the path special_tokens_map.json's
+    tokenizer_file names (any path): no id can cover it."""
+    from transformers import AutoTokenizer
+
+    d = _copy(minilm, tmp_path / "m")
+    tokenizer = json.loads((d / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"]["hello"] = 5
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(tokenizer))
+    _edit_json(d / "special_tokens_map.json", tokenizer_file=str(elsewhere))
+    assert AutoTokenizer.from_pretrained(d)("Hello world")["input_ids"] == [101, 5, 2088, 102]
+    fp = fingerprint(d)
+    with pytest.raises(CacheKindError, match="tokenizer_file"):
+        fp.cache_key("tokenizer")
+    # in tokenizer_config.json the member is overwritten by the directory's file: inert
+    e = _copy(minilm, tmp_path / "e")
+    _edit_json(e / "tokenizer_config.json", tokenizer_file=str(elsewhere))
+    assert AutoTokenizer.from_pretrained(e)("Hello world")["input_ids"] == [101, 7592, 2088, 102]
+    assert fingerprint(e).cache_key("tokenizer") == fingerprint(minilm).cache_key("tokenizer")

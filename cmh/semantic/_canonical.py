@@ -191,9 +191,13 @@ PROCESSOR_FILES: tuple[str, ...] = (
     "video_preprocessor_config.json",
 )
 
-#: Top-level members dropped from ``tokenizer_config.json`` and ``special_tokens_map.json``:
-#: where the tokenizer was loaded from, loader options, and the chat template (which
-#: renders messages to text, not text to tokens).
+#: Top-level members dropped from ``tokenizer_config.json`` and the processor files: where
+#: the tokenizer was loaded from, loader options (transformers sets every one of them from
+#: the directory or the caller after reading the file), and the chat template (which
+#: renders messages to text, not text to tokens; it is in ``generation``). Not from
+#: ``special_tokens_map.json``: without ``added_tokens_decoder`` in ``tokenizer_config.json``
+#: transformers copies every member of that file into the tokenizer's arguments last, so a
+#: ``tokenizer_file`` or ``chat_template`` there is read (6).
 TOKENIZER_DROPPED: frozenset[str] = frozenset(
     {
         "_commit_hash",
@@ -219,7 +223,6 @@ TOKENIZER_DROPPED: frozenset[str] = frozenset(
 
 _LOADER_JSON_DROPS: dict[str, frozenset[str]] = {
     "tokenizer_config.json": TOKENIZER_DROPPED,
-    "special_tokens_map.json": TOKENIZER_DROPPED,
     **dict.fromkeys(PROCESSOR_FILES, TOKENIZER_DROPPED),
 }
 
