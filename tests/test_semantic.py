@@ -476,7 +476,8 @@ def test_task_from_class(family: str | None, task: str | None) -> None:
 
 
 def test_problem_type_is_not_a_task(tmp_path: Path) -> None:
-    """``problem_type`` names a training loss: neither the task nor any id depends on it."""
+    """``problem_type`` is not a task: the task stays; but it is no longer inert (spec 5:
+    a text-classification pipeline applies softmax or sigmoid by it), so kv splits."""
     directory = write_model(tmp_path / "m", tensors())
     config = {**CONFIG, "architectures": ["ToyForSequenceClassification"]}
     (directory / "config.json").write_text(json.dumps(config))
@@ -486,7 +487,7 @@ def test_problem_type_is_not_a_task(tmp_path: Path) -> None:
     (directory / "config.json").write_text(json.dumps(config))
     after = fingerprint(directory)
     assert after.task == "sequence-classification"
-    assert after.keys() == before.keys()
+    assert after.weights == before.weights and not after.compatible(before, "kv")
 
 
 def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
@@ -556,8 +557,8 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     assert graph_hash(entries) == graph and graph in spec
 
     reduced = (
-        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"llama",'
-        b'"rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
+        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"id2label":{"0":"A"},'
+        b'"model_type":"llama","rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
     )
     config = hashlib.sha256(b"CMH-SEM-CONFIG-v3\n" + reduced).hexdigest()
     kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v3\n" + reduced).hexdigest()  # eos kept
@@ -576,8 +577,8 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     # a model type not shown to read both RoPE spellings alike keeps its spelling
     toy = hashlib.sha256(
         b"CMH-SEM-CONFIG-v3\n"
-        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"toy",'
-        b'"rope_theta":10000}'
+        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"id2label":{"0":"A"},'
+        b'"model_type":"toy","rope_theta":10000}'
     ).hexdigest()
     assert config_hash({**source, "model_type": "toy"}) == toy and toy in spec
     undtyped = tmp_path / "undtyped"  # no dtype in config.json: the load dtype (5)

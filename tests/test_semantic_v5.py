@@ -305,3 +305,42 @@ def test_a_tokenizer_file_in_special_tokens_map_leaves_no_tokenizer_key(
     _edit_json(e / "tokenizer_config.json", tokenizer_file=str(elsewhere))
     assert AutoTokenizer.from_pretrained(e)("Hello world")["input_ids"] == [101, 7592, 2088, 102]
     assert fingerprint(e).cache_key("tokenizer") == fingerprint(minilm).cache_key("tokenizer")
+
+
+# -- F6: labels are not inert (5, 9.2) ------------------------------------------------------
+
+
+@pytest.mark.heavy
+def test_labels_split_the_keys_over_the_config(minilm: Path, tmp_path: Path) -> None:
+    """from_pretrained sizes a classification head the checkpoint lacks by len(id2label)
+    (another graph), and pipelines read id2label/problem_type (label names, softmax or
+    sigmoid): they were on the inert config list, so every key was shared."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    dirs = []
+    for name, labels, problem in (
+        ("a", ["negative", "positive"], "single_label_classification"),
+        ("b", ["negative", "neutral", "positive"], "multi_label_classification"),
+    ):
+        d = _copy(minilm, tmp_path / name)
+        _edit_json(
+            d / "config.json",
+            id2label={str(i): label for i, label in enumerate(labels)},
+            label2id={label: i for i, label in enumerate(labels)},
+            problem_type=problem,
+        )
+        dirs.append(d)
+    shapes = []
+    for d in dirs:
+        inputs = AutoTokenizer.from_pretrained(d)(TEXT, return_tensors="pt")
+        with torch.no_grad():
+            model = AutoModelForSequenceClassification.from_pretrained(d).eval()
+            shapes.append(tuple(model(**inputs).logits.shape))
+    assert shapes == [(1, 2), (1, 3)]
+    kinds = ("kv", "kv_text", "graph", "quant_weight", "embedding", "generation")
+    assert _split(*dirs, *kinds) == dict.fromkeys(kinds, True)
+    renamed = _copy(dirs[0], tmp_path / "renamed")  # names only: a false split, kept
+    _edit_json(renamed / "config.json", id2label={"0": "NEG", "1": "POS"})
+    assert _split(dirs[0], renamed, "kv")["kv"]
+    assert not _split(dirs[0], renamed, "tokenizer")["tokenizer"]

@@ -93,10 +93,9 @@ CONFIG_DROPPED: frozenset[str] = frozenset(
         "mask_feature_prob",
         "mask_feature_length",
         "mask_feature_min_masks",
-        # label names and the training loss: no forward value depends on them
-        "id2label",
-        "label2id",
-        "problem_type",
+        # not id2label, label2id or problem_type: from_pretrained sizes a classification
+        # head the checkpoint lacks from len(id2label) (another graph), and pipelines read
+        # them (label names, softmax or sigmoid, the entailment id of zero-shot)
     }
 )
 
