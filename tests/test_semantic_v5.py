@@ -69,7 +69,12 @@ def test_numbers_a_loader_tells_apart_have_other_canonical_forms() -> None:
         b"-1152921504606846977n", b"1" + b"0" * 400 + b"n", b"-0", b"0",
     ]  # fmt: skip
     assert encoded[8:] == [
-        b"NaN", b'"NaN"', b"Infinity", b'"Infinity"', b"-Infinity", b'"-Infinity"'
+        b"NaN",
+        b'"NaN"',
+        b"Infinity",
+        b'"Infinity"',
+        b"-Infinity",
+        b'"-Infinity"',
     ]
     # what stays one value: an integer that is exactly a double is that double, as 1 is 1.0
     assert canonical_json(1000000000000000019884624838656) == canonical_json(1e30) == b"1e+30"
@@ -245,7 +250,7 @@ def test_a_module_folder_no_id_covers_leaves_no_embedding_key(
     modules[1]["path"] = path
     (d / "modules.json").write_text(json.dumps(modules))
     fp = fingerprint(d)
-    with pytest.raises(CacheKindError, match="modules.json module 1 path"):
+    with pytest.raises(CacheKindError, match=r"modules\.json module 1 path"):
         fp.cache_key("embedding")
     assert fp.cache_key("generation") and fp.cache_key("tokenizer")
     # a mirror's path map reads alike
@@ -275,8 +280,7 @@ def test_a_chat_template_in_special_tokens_map_splits_generation(
         dirs.append(d)
     messages = [{"role": "user", "content": "hello there"}]
     rendered = [
-        AutoTokenizer.from_pretrained(d).apply_chat_template(messages, tokenize=False)
-        for d in dirs
+        AutoTokenizer.from_pretrained(d).apply_chat_template(messages, tokenize=False) for d in dirs
     ]
     assert rendered[0] != rendered[1]
     assert all(_split(*dirs, "generation", "tokenizer").values())

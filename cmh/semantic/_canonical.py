@@ -490,9 +490,7 @@ def tokenizer_view_of_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def small_file_content(
-    path: str | os.PathLike[str], name: str, *, ordered: bool = False
-) -> bytes:
+def small_file_content(path: str | os.PathLike[str], name: str, *, ordered: bool = False) -> bytes:
     """The canonical content of one small file: canonical JSON, else the raw bytes.
 
     ``ordered`` (the tokenizer id, 6) keeps every object's members in file order:
@@ -551,9 +549,7 @@ def chat_template_view(value: Any) -> bytes | None:
 SmallFile = tuple[str, "str | os.PathLike[str] | bytes"]
 
 
-def files_hash(
-    domain: bytes, files: Iterable[SmallFile], *, ordered: bool = False
-) -> str | None:
+def files_hash(domain: bytes, files: Iterable[SmallFile], *, ordered: bool = False) -> str | None:
     """SHA-256 of ``domain``, the file count and each file's name and canonical content
     (JSON objects in file order when ``ordered``: the tokenizer id)."""
     items = sorted(((name.encode(), name, src) for name, src in files), key=lambda x: x[0])
@@ -562,9 +558,7 @@ def files_hash(
     h = hashlib.sha256(domain)
     h.update(struct.pack("<I", len(items)))
     for encoded, name, src in items:
-        content = (
-            src if isinstance(src, bytes) else small_file_content(src, name, ordered=ordered)
-        )
+        content = src if isinstance(src, bytes) else small_file_content(src, name, ordered=ordered)
         h.update(struct.pack("<I", len(encoded)) + encoded)
         h.update(struct.pack("<Q", len(content)) + content)
     return h.hexdigest()

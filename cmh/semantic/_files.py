@@ -451,11 +451,12 @@ def referenced_path_reasons(
             )
             if reason is not None:
                 tokenizer.append(reason)
-    if isinstance(special_tokens_map, dict) and special_tokens_map.get("tokenizer_file") is not None:
+    named = special_tokens_map.get("tokenizer_file") if isinstance(
+        special_tokens_map, dict) else None  # fmt: skip
+    if named is not None:
         tokenizer.append(
-            f"{SPECIAL_TOKENS_MAP_FILE} tokenizer_file: "
-            f"{special_tokens_map['tokenizer_file']!r} is opened by that path (absolute, or "
-            "relative to the working directory), not from the directory"
+            f"{SPECIAL_TOKENS_MAP_FILE} tokenizer_file: {named!r} is opened by that path "
+            "(absolute, or relative to the working directory), not from the directory"
         )
     embedding = [
         reason
