@@ -210,7 +210,14 @@ def test_minilm_config_ignores_provenance_not_computation(minilm_copy: Path) -> 
 def test_minilm_tokenizer_canonical_content(minilm_copy: Path) -> None:
     before = fingerprint(minilm_copy)
     tok = minilm_copy / "tokenizer.json"
-    tok.write_text(json.dumps(dict(reversed(json.loads(tok.read_text()).items())), indent=1))
+    original = tok.read_text()
+    tok.write_text(json.dumps(json.loads(original), indent=1))  # layout: not content
+    assert fingerprint(minilm_copy).tokenizer == before.tokenizer
+    # member order is content in the tokenizer id (6): transformers gives new special
+    # tokens ids in file order; a false split for tokenizer.json, never a false share
+    tok.write_text(json.dumps(dict(reversed(json.loads(original).items())), indent=1))
+    assert fingerprint(minilm_copy).tokenizer != before.tokenizer
+    tok.write_text(original)
     tok_config = minilm_copy / "tokenizer_config.json"
     obj = json.loads(tok_config.read_text())
     obj.update(name_or_path="/elsewhere", is_local=True, chat_template="{{ messages }}")
@@ -428,7 +435,8 @@ def test_canonical_json_numbers_and_order() -> None:
     )
     # tokenizer_config.json's "no limit" is 1e30 as an integer: its nearest double.
     assert canonical_json({"n": 1000000000000000019884624838656}) == b'{"n":1e+30}'
-    assert canonical_json([float("nan"), float("inf")]) == b'["NaN","Infinity"]'
+    # never the strings "NaN", "Infinity": bare tokens, which no RFC 8785 text holds (4)
+    assert canonical_json([float("nan"), float("inf"), "NaN"]) == b'[NaN,Infinity,"NaN"]'
     # Keys sort by UTF-16 code units (RFC 8785), not by code points.
     assert canonical_json({"\U0001f600": 1, "\uff61": 2}) == '{"😀":1,"｡":2}'.encode()
 
@@ -468,7 +476,8 @@ def test_task_from_class(family: str | None, task: str | None) -> None:
 
 
 def test_problem_type_is_not_a_task(tmp_path: Path) -> None:
-    """``problem_type`` names a training loss: neither the task nor any id depends on it."""
+    """``problem_type`` is not a task: the task stays; but it is no longer inert (spec 5:
+    a text-classification pipeline applies softmax or sigmoid by it), so kv splits."""
     directory = write_model(tmp_path / "m", tensors())
     config = {**CONFIG, "architectures": ["ToyForSequenceClassification"]}
     (directory / "config.json").write_text(json.dumps(config))
@@ -478,7 +487,7 @@ def test_problem_type_is_not_a_task(tmp_path: Path) -> None:
     (directory / "config.json").write_text(json.dumps(config))
     after = fingerprint(directory)
     assert after.task == "sequence-classification"
-    assert after.keys() == before.keys()
+    assert after.weights == before.weights and not after.compatible(before, "kv")
 
 
 def test_bad_inputs_get_typed_errors(tmp_path: Path) -> None:
@@ -548,8 +557,8 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     assert graph_hash(entries) == graph and graph in spec
 
     reduced = (
-        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"llama",'
-        b'"rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
+        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"id2label":{"0":"A"},'
+        b'"model_type":"llama","rope_parameters":{"rope_theta":10000,"rope_type":"default"}}'
     )
     config = hashlib.sha256(b"CMH-SEM-CONFIG-v3\n" + reduced).hexdigest()
     kv_config = hashlib.sha256(b"CMH-SEM-KV-CONFIG-v3\n" + reduced).hexdigest()  # eos kept
@@ -568,8 +577,8 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     # a model type not shown to read both RoPE spellings alike keeps its spelling
     toy = hashlib.sha256(
         b"CMH-SEM-CONFIG-v3\n"
-        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"model_type":"toy",'
-        b'"rope_theta":10000}'
+        b'{"dtype":"bfloat16","eos_token_id":2,"hidden_size":8,"id2label":{"0":"A"},'
+        b'"model_type":"toy","rope_theta":10000}'
     ).hexdigest()
     assert config_hash({**source, "model_type": "toy"}) == toy and toy in spec
     undtyped = tmp_path / "undtyped"  # no dtype in config.json: the load dtype (5)
@@ -612,7 +621,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(
         '{"name_or_path": "x", "model_max_length": 512, "do_lower_case": true}'
     )
-    canonical_tc = b'{"do_lower_case":true,"model_max_length":512}'
+    canonical_tc = b'{"model_max_length":512,"do_lower_case":true}'  # file order (6)
     tokenizer = hashlib.sha256(
         b"CMH-SEM-TOKENIZER-v3\n"
         + struct.pack("<I", 2)
@@ -624,7 +633,7 @@ def test_spec_test_vectors(tmp_path: Path) -> None:
         + b"[PAD]\n"
     ).hexdigest()
     files = [(n, str(tmp_path / n)) for n in ("vocab.txt", "tokenizer_config.json")]
-    assert files_hash(TOKENIZER_DOMAIN, files) == tokenizer and tokenizer in spec
+    assert files_hash(TOKENIZER_DOMAIN, files, ordered=True) == tokenizer and tokenizer in spec
 
     kv = hashlib.sha256(
         b"CMH-SEM-KEY-v3\n" + lp(b"kv") + lp(b"a" * 64) + lp(b"") + lp(b"") + lp(b"") + lp(b"")
@@ -653,7 +662,7 @@ def test_canonical_json_ignores_layout(value: dict[str, object], indent: int) ->
     """Member order and whitespace never change the canonical bytes; values always do."""
     reordered = json.loads(json.dumps(dict(reversed(list(value.items()))), indent=indent))
     assert canonical_json(reordered) == canonical_json(value)
-    assert json.loads(canonical_json(value)) == json.loads(canonical_json(reordered))
+    assert canonical_json(json.loads(json.dumps(value))) == canonical_json(value)
     changed = {**value, "\x00extra": 1}
     assert canonical_json(changed) != canonical_json(value)
 

@@ -527,7 +527,8 @@ def test_transformers_4_and_5_config_spellings(zoo: Zoo, tmp_path: Path) -> None
 
 
 def test_config_fields_that_do_not_change_kv(zoo: Zoo, tmp_path: Path) -> None:
-    """Labels and training-only fields (argued inert): same K cache, same kv id."""
+    """Token ids, generate() settings, labels: same K cache, yet kv splits (not argued
+    inert); training-only fields and provenance (argued inert): same kv id."""
     base = zoo / "llama"
     other = copy_model(base, tmp_path / "other")
     edit_config(
@@ -548,9 +549,14 @@ def test_config_fields_that_do_not_change_kv(zoo: Zoo, tmp_path: Path) -> None:
     # v3: token ids and generation settings are not argued inert (a forward pass may read
     # them, as qwen4_exp reads eos_token_id): a false split, never a false share.
     assert not a.compatible(b, "kv") and not a.compatible(b, "graph")
+    # labels and problem_type are not inert either (spec 5): a false split here, since
+    # AutoModelForCausalLM reads neither; a classification head or pipeline reads them
     labels_only = copy_model(base, tmp_path / "labels")
     edit_config(labels_only, id2label={"0": "A", "1": "B"}, problem_type="regression")
-    assert fingerprint(labels_only).keys() == a.keys()
+    assert not fingerprint(labels_only).compatible(a, "kv")
+    provenance_only = copy_model(base, tmp_path / "provenance")
+    edit_config(provenance_only, _name_or_path="/x", dropout_rate=0.5)
+    assert fingerprint(provenance_only).keys() == a.keys()
 
     padded = copy_model(base, tmp_path / "pad")  # RoBERTa derives positions from the pad id
     edit_config(padded, pad_token_id=3)
@@ -850,10 +856,11 @@ CHANGES_K: dict[str, bool] = {
 
 
 #: Whether the kv key stays equal: where K does not change and nothing outside the
-#: argued inert lists changed. ``eos-id`` and ``generation`` are v3's accepted false
-#: splits (every config field not argued inert is in kv: qwen4_exp reads eos in forward).
+#: argued inert lists changed. ``eos-id``, ``generation`` and ``labels`` are v3's accepted
+#: false splits (every config field not argued inert is in kv: qwen4_exp reads eos in
+#: forward; a head the checkpoint lacks is sized by len(id2label), pipelines read labels).
 KV_SHARED: dict[str, bool] = {
-    name: not changes and name not in ("eos-id", "generation")
+    name: not changes and name not in ("eos-id", "generation", "labels")
     for name, changes in CHANGES_K.items()
 }
 

@@ -1,10 +1,9 @@
 """Canonical JSON and the hashes of the small files: config, tokenizer, adapter config.
 
-JSON is canonicalized with RFC 8785 (JSON Canonicalization Scheme) after a
-pre-pass that makes every Python-readable JSON value representable: numbers
-are IEEE-754 doubles in RFC 8785, so an integer beyond 2**53 - 1 becomes its
-nearest double, and the non-standard ``NaN``/``Infinity`` tokens become
-strings. Fields that do not change what a model computes are dropped first
+JSON is canonicalized with RFC 8785 (JSON Canonicalization Scheme), with number
+forms for the values RFC 8785's doubles cannot tell apart (an integer beyond 2**53 - 1
+that is not a double, a negative zero, ``NaN``/``Infinity``): each is written in a form
+no RFC 8785 text holds. Fields that do not change what a model computes are dropped first
 (the lists below are normative: ``spec/semantic.md`` repeats them).
 """
 
@@ -94,10 +93,9 @@ CONFIG_DROPPED: frozenset[str] = frozenset(
         "mask_feature_prob",
         "mask_feature_length",
         "mask_feature_min_masks",
-        # label names and the training loss: no forward value depends on them
-        "id2label",
-        "label2id",
-        "problem_type",
+        # not id2label, label2id or problem_type: from_pretrained sizes a classification
+        # head the checkpoint lacks from len(id2label) (another graph), and pipelines read
+        # them (label names, softmax or sigmoid, the entailment id of zero-shot)
     }
 )
 
@@ -192,9 +190,13 @@ PROCESSOR_FILES: tuple[str, ...] = (
     "video_preprocessor_config.json",
 )
 
-#: Top-level members dropped from ``tokenizer_config.json`` and ``special_tokens_map.json``:
-#: where the tokenizer was loaded from, loader options, and the chat template (which
-#: renders messages to text, not text to tokens).
+#: Top-level members dropped from ``tokenizer_config.json`` and the processor files: where
+#: the tokenizer was loaded from, loader options (transformers sets every one of them from
+#: the directory or the caller after reading the file), and the chat template (which
+#: renders messages to text, not text to tokens; it is in ``generation``). Not from
+#: ``special_tokens_map.json``: without ``added_tokens_decoder`` in ``tokenizer_config.json``
+#: transformers copies every member of that file into the tokenizer's arguments last, so a
+#: ``tokenizer_file`` or ``chat_template`` there is read (6).
 TOKENIZER_DROPPED: frozenset[str] = frozenset(
     {
         "_commit_hash",
@@ -220,44 +222,86 @@ TOKENIZER_DROPPED: frozenset[str] = frozenset(
 
 _LOADER_JSON_DROPS: dict[str, frozenset[str]] = {
     "tokenizer_config.json": TOKENIZER_DROPPED,
-    "special_tokens_map.json": TOKENIZER_DROPPED,
     **dict.fromkeys(PROCESSOR_FILES, TOKENIZER_DROPPED),
 }
 
 
-def canonical_json(value: Any) -> bytes:
-    """RFC 8785 bytes of a parsed JSON value, after the number pre-pass.
+def canonical_json(value: Any, *, ordered: bool = False) -> bytes:
+    """Canonical bytes of a parsed JSON value (4): RFC 8785, with the number forms below.
+
+    Numbers that RFC 8785 (IEEE doubles) would merge with another value are written in a
+    form no RFC 8785 text holds, so two values a loader tells apart never share bytes: an
+    integer beyond 2**53 - 1 that is not exactly a double is its decimal digits followed by
+    ``n`` (``1152921504606846977n``); a double negative zero is ``-0``; ``NaN``,
+    ``Infinity`` and ``-Infinity`` are those bare tokens (never the strings). An integer
+    that is exactly a double is written as that double (``1e+30``). ``ordered`` keeps each
+    object's members in the order of the file (the tokenizer id, 6) instead of sorting them.
 
     Text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``) raises
     :class:`NotAModelError`: it has no UTF-8 form, so no canonical form.
     """
+    out: list[bytes] = []
     try:
-        return rfc8785.dumps(_representable(value))
+        _serialize(value, out, ordered)
     except rfc8785.CanonicalizationError as exc:
         raise NotAModelError(f"JSON text that is not valid Unicode: {exc}") from exc
+    return b"".join(out)
 
 
-def _representable(value: Any) -> Any:
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        if abs(value) <= SAFE_INTEGER:
-            return value
-        try:
-            return float(value)
-        except OverflowError:
-            return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _representable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_representable(v) for v in value]
-    raise TypeError(f"not a JSON value: {type(value).__name__}")
+def _serialize(value: Any, out: list[bytes], ordered: bool) -> None:
+    if value is None or isinstance(value, bool | str):
+        out.append(rfc8785.dumps(value))
+    elif isinstance(value, int):
+        out.append(_integer(value))
+    elif isinstance(value, float):
+        out.append(_double(value))
+    elif isinstance(value, Mapping):
+        items = [(str(k), v) for k, v in value.items()]
+        if not ordered:  # RFC 8785: members sorted by their UTF-16 code units
+            items.sort(key=lambda kv: kv[0].encode("utf-16-be", "surrogatepass"))
+        out.append(b"{")
+        for i, (key, item) in enumerate(items):
+            if i:
+                out.append(b",")
+            out.append(rfc8785.dumps(key))
+            out.append(b":")
+            _serialize(item, out, ordered)
+        out.append(b"}")
+    elif isinstance(value, list | tuple):
+        out.append(b"[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(b",")
+            _serialize(item, out, ordered)
+        out.append(b"]")
+    else:
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def _integer(value: int) -> bytes:
+    """An integer: its digits up to 2**53 - 1; beyond, the double it equals exactly (in
+    RFC 8785 form), else its exact digits and ``n`` (no double, so no RFC 8785 number)."""
+    if abs(value) <= SAFE_INTEGER:
+        return str(value).encode()
+    try:
+        as_double = float(value)
+    except OverflowError:
+        as_double = math.nan
+    if as_double == value:
+        return rfc8785.dumps(as_double)
+    return f"{value}n".encode()
+
+
+def _double(value: float) -> bytes:
+    """A double: RFC 8785 form, but ``-0`` for negative zero and the bare tokens ``NaN``,
+    ``Infinity``, ``-Infinity``, which RFC 8785 cannot write (and are never strings)."""
+    if math.isnan(value):
+        return b"NaN"
+    if math.isinf(value):
+        return b"Infinity" if value > 0 else b"-Infinity"
+    if value == 0 and math.copysign(1.0, value) < 0:
+        return b"-0"
+    return rfc8785.dumps(value)
 
 
 def read_json(path: str | os.PathLike[str], name: str) -> Any:
@@ -446,8 +490,13 @@ def tokenizer_view_of_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
-    """The canonical content of one small file: canonical JSON, else the raw bytes."""
+def small_file_content(path: str | os.PathLike[str], name: str, *, ordered: bool = False) -> bytes:
+    """The canonical content of one small file: canonical JSON, else the raw bytes.
+
+    ``ordered`` (the tokenizer id, 6) keeps every object's members in file order:
+    transformers collects ``extra_special_tokens`` and the top-level ``*_token`` members of
+    ``tokenizer_config.json`` in that order and gives new tokens ids in it.
+    """
     if not name.endswith(".json"):
         return read_small(path, name, MAX_SMALL_FILE_SIZE)
     value = read_json(path, name)
@@ -455,7 +504,7 @@ def small_file_content(path: str | os.PathLike[str], name: str) -> bytes:
     if dropped is not None and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in dropped}
     try:
-        return canonical_json(value)
+        return canonical_json(value, ordered=ordered)
     except NotAModelError as exc:
         raise NotAModelError(f"{name}: {exc.reason}", os.fspath(path)) from exc
 
@@ -500,15 +549,16 @@ def chat_template_view(value: Any) -> bytes | None:
 SmallFile = tuple[str, "str | os.PathLike[str] | bytes"]
 
 
-def files_hash(domain: bytes, files: Iterable[SmallFile]) -> str | None:
-    """SHA-256 of ``domain``, the file count and each file's name and canonical content."""
+def files_hash(domain: bytes, files: Iterable[SmallFile], *, ordered: bool = False) -> str | None:
+    """SHA-256 of ``domain``, the file count and each file's name and canonical content
+    (JSON objects in file order when ``ordered``: the tokenizer id)."""
     items = sorted(((name.encode(), name, src) for name, src in files), key=lambda x: x[0])
     if not items:
         return None
     h = hashlib.sha256(domain)
     h.update(struct.pack("<I", len(items)))
     for encoded, name, src in items:
-        content = src if isinstance(src, bytes) else small_file_content(src, name)
+        content = src if isinstance(src, bytes) else small_file_content(src, name, ordered=ordered)
         h.update(struct.pack("<I", len(encoded)) + encoded)
         h.update(struct.pack("<Q", len(content)) + content)
     return h.hexdigest()

@@ -10,6 +10,7 @@ normative and repeated, with the argument for each entry, in the spec.
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 CONFIG_FILE = "config.json"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+#: Folders never read as part of a model: version control and local tool state (1).
+SKIPPED_DIRS = frozenset({".git", ".cache", ".cmh", ".huggingface", "__pycache__"})
 
 #: The inert files: exact repository paths (top level) that no loader opens to compute an
 #: output. Nothing else is inert; with code in the directory not even these (1.2).
@@ -228,20 +232,33 @@ def group_files(
 
 
 def _groups_of(path: str, modules: tuple[str, ...], tokenizer_only: set[str]) -> tuple[str, ...]:
-    """The groups of a non-code, non-inert path (1.2)."""
-    if path in GENERATION_FILES or path.startswith(GENERATION_FOLDER):
-        return ("generation",)
-    if "/" in path:
-        if path.startswith(modules):
-            return ("embedding",)  # a sentence-transformers module folder
-        return ("tokenizer", "processor", "embedding")  # not understood: every kind it may reach
-    if matches_any(path, SENTENCE_TRANSFORMERS_PATTERNS):
-        return ("embedding",)
-    if path in QUANT_FILES:
-        return ("processor", "quant")
-    if path in tokenizer_only or matches_any(path, TOKENIZER_ONLY_PATTERNS):
-        return ("tokenizer",)
-    return ("tokenizer", "processor")
+    """The groups of a non-code, non-inert path (1.2): the first rule's, plus ``generation``
+    for a generation file, ``embedding`` under a module folder and ``tokenizer`` for a name
+    ``fast_tokenizer_files`` lists, whichever rule came first (the loaders read the file
+    for each of these reasons)."""
+    generation = path in GENERATION_FILES or path.startswith(GENERATION_FOLDER)
+    module = "/" in path and path.startswith(modules)
+    first: tuple[str, ...]
+    if generation:
+        first = ("generation",)
+    elif module:
+        first = ("embedding",)  # a sentence-transformers module folder
+    elif "/" in path:
+        first = ("tokenizer", "processor", "embedding")  # not understood: all it may reach
+    elif matches_any(path, SENTENCE_TRANSFORMERS_PATTERNS):
+        first = ("embedding",)
+    elif path in QUANT_FILES:
+        first = ("processor", "quant")
+    elif path in tokenizer_only or matches_any(path, TOKENIZER_ONLY_PATTERNS):
+        first = ("tokenizer",)
+    else:
+        first = ("tokenizer", "processor")
+    added = {
+        "generation": generation,
+        "embedding": module,
+        "tokenizer": path in tokenizer_only,
+    }
+    return (*first, *(group for group, yes in added.items() if yes and group not in first))
 
 
 # -- code references ----------------------------------------------------------------------
@@ -364,14 +381,89 @@ def _module_types(obj: Any, have: set[str]) -> list[str]:
     return reasons
 
 
-def module_dirs(obj: Any) -> tuple[str, ...]:
-    """The non-empty ``path`` members of ``modules.json`` (module folders)."""
-    dirs = [
-        entry["path"]
-        for entry in (obj if isinstance(obj, list) else [])
+def _module_paths(obj: Any) -> list[tuple[int, str]]:
+    return [
+        (i, entry["path"])
+        for i, entry in enumerate(obj if isinstance(obj, list) else [])
         if isinstance(entry, dict) and isinstance(entry.get("path"), str) and entry["path"]
     ]
-    return tuple(sorted(set(dirs)))
+
+
+def module_dirs(obj: Any) -> tuple[str, ...]:
+    """The non-empty ``path`` members of ``modules.json`` (module folders), normalized
+    (``./1_Pooling`` is ``1_Pooling``)."""
+    return tuple(sorted({posixpath.normpath(path) for _, path in _module_paths(obj)}))
+
+
+def fast_tokenizer_files(tokenizer_config: Any) -> list[str]:
+    """The paths ``tokenizer_config.json``'s ``fast_tokenizer_files`` lists (a tokenizer
+    loads one instead of ``tokenizer.json``), normalized (``./a.json`` is ``a.json``)."""
+    listed = _listed(tokenizer_config, "fast_tokenizer_files")
+    return [posixpath.normpath(name) for name in listed if isinstance(name, str) and name]
+
+
+def _listed(obj: Any, member: str) -> list[Any]:
+    """``obj[member]`` when ``obj`` is an object whose ``member`` is a list, else ``[]``."""
+    value = obj.get(member) if isinstance(obj, dict) else None
+    return value if isinstance(value, list) else []
+
+
+def outside_reason(where: str, path: str, *, folder: bool) -> str | None:
+    """Why a path a loader joins to the directory names no file this reader hashes, or None.
+
+    A loader opens ``directory/path``: an absolute path or one leaving the directory
+    (``..``) names another file, and one in a folder that is never read (1: ``.cache/``,
+    ``.git/``, ...) names a file no id covers. ``folder``: the path is a folder (every
+    component counts), not a file (its folders count).
+    """
+    if path.startswith("/"):
+        return f"{where}: {path!r} is an absolute path, outside the directory"
+    normal = posixpath.normpath(path)
+    if normal == ".." or normal.startswith("../"):
+        return f"{where}: {path!r} leaves the directory"
+    parts = normal.split("/") if folder else normal.split("/")[:-1]
+    skipped = sorted(set(parts) & SKIPPED_DIRS)
+    if skipped:
+        return f"{where}: {path!r} lies in {skipped[0]}/, a folder that is never read"
+    return None
+
+
+def referenced_path_reasons(
+    tokenizer_config: Any, special_tokens_map: Any, modules: Any
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Reasons (``tokenizer``, ``embedding``) for files the loaders open that no id covers.
+
+    - a ``fast_tokenizer_files`` entry outside the directory or in a skipped folder
+      (transformers builds the tokenizer from it);
+    - a ``tokenizer_file`` member of ``special_tokens_map.json`` that is not ``null``:
+      transformers copies every member of that file into the tokenizer's arguments (when
+      ``tokenizer_config.json`` has no ``added_tokens_decoder``) and builds the tokenizer
+      from the file it names, by that path (absolute, or relative to the working
+      directory), not from the directory;
+    - a ``modules.json`` module ``path`` outside the directory or in a skipped folder
+      (sentence-transformers loads the module from it).
+    """
+    tokenizer: list[str] = []
+    for path in _listed(tokenizer_config, "fast_tokenizer_files"):
+        if isinstance(path, str) and path:
+            reason = outside_reason(
+                f"{TOKENIZER_CONFIG_FILE} fast_tokenizer_files", path, folder=False
+            )
+            if reason is not None:
+                tokenizer.append(reason)
+    named = special_tokens_map.get("tokenizer_file") if isinstance(
+        special_tokens_map, dict) else None  # fmt: skip
+    if named is not None:
+        tokenizer.append(
+            f"{SPECIAL_TOKENS_MAP_FILE} tokenizer_file: {named!r} is opened by that path "
+            "(absolute, or relative to the working directory), not from the directory"
+        )
+    embedding = [
+        reason
+        for i, path in _module_paths(modules)
+        if (reason := outside_reason(f"{MODULES_FILE} module {i} path", path, folder=True))
+    ]
+    return tuple(sorted(set(tokenizer))), tuple(sorted(set(embedding)))
 
 
 def _unavailable(where: str, ref: object, have: set[str]) -> str | None:

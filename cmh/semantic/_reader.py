@@ -6,7 +6,7 @@ import json
 import os
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._checkpoint import DEFAULT_INDEX, INDEX_SUFFIX, parse_index
@@ -38,12 +38,16 @@ from ._files import (
     ADAPTER_CONFIG_FILE,
     CONFIG_FILE,
     MODULES_FILE,
+    SKIPPED_DIRS,
+    SPECIAL_TOKENS_MAP_FILE,
     TOKENIZER_CONFIG_FILE,
     GroupingInputs,
     auto_map_references,
+    fast_tokenizer_files,
     group_files,
     is_config_file,
     module_dirs,
+    referenced_path_reasons,
 )
 from ._model import ModelFingerprint
 from ._task import adapter_task, model_task
@@ -59,8 +63,6 @@ TRANSFORMERS_WEIGHTS = "transformers_weights"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 #: Mistral's native single file, read only by Mistral's own loaders.
 CONSOLIDATED_PREFIX = "consolidated"
-#: Folders never read as part of a model: version control and local tool state.
-SKIPPED_DIRS = frozenset({".git", ".cache", ".cmh", ".huggingface", "__pycache__"})
 #: Bound on the files listed under one model directory (a runaway tree is refused).
 MAX_FILES = 100_000
 
@@ -302,14 +304,27 @@ class _SmallFiles:
             if name != CONFIG_FILE and (is_config_file(name) or name == MODULES_FILE):
                 parsed[name] = read_json(files[name], name)
         tokenizer_config = parsed.get(TOKENIZER_CONFIG_FILE)
-        if not isinstance(tokenizer_config, dict):
-            tokenizer_config = None
-        self.refs = auto_map_references(parsed.items(), files)
+        refs = auto_map_references(parsed.items(), files)
+        # special_tokens_map.json: every member becomes a tokenizer argument when
+        # tokenizer_config.json has no added_tokens_decoder (chat_template, tokenizer_file)
+        if SPECIAL_TOKENS_MAP_FILE in files:
+            parsed[SPECIAL_TOKENS_MAP_FILE] = read_json(
+                files[SPECIAL_TOKENS_MAP_FILE], SPECIAL_TOKENS_MAP_FILE
+            )
+        # files the loaders open by a path no id covers (outside, in a skipped folder)
+        tokenizer_reasons, embedding_reasons = referenced_path_reasons(
+            tokenizer_config, parsed.get(SPECIAL_TOKENS_MAP_FILE), parsed.get(MODULES_FILE)
+        )
+        self.refs = replace(
+            refs,
+            missing_tokenizer_code=_merged(refs.missing_tokenizer_code, tokenizer_reasons),
+            missing_embedding_code=_merged(refs.missing_embedding_code, embedding_reasons),
+        )
         groups = group_files(
             files,
             inputs=GroupingInputs(
                 weight_files=weight_files,
-                tokenizer_only=tuple(_fast_tokenizer_files(tokenizer_config)),
+                tokenizer_only=tuple(fast_tokenizer_files(tokenizer_config)),
                 module_dirs=module_dirs(parsed.get(MODULES_FILE)),
             ),
         )
@@ -324,7 +339,8 @@ class _SmallFiles:
         if tokenizer and config is not None:
             # config.json decides the tokenizer class: its deciding members join the id
             tokenizer.append((CONFIG_FILE, canonical_json(tokenizer_view_of_config(config))))
-        self.tokenizer = files_hash(TOKENIZER_DOMAIN, tokenizer)
+        # member order of the tokenizer's JSON decides token ids (6): kept
+        self.tokenizer = files_hash(TOKENIZER_DOMAIN, tokenizer, ordered=True)
         self.processor = files_hash(PROCESSOR_DOMAIN, [(n, files[n]) for n in groups.processor])
         self.embedding = files_hash(EMBEDDING_DOMAIN, [(n, files[n]) for n in groups.embedding])
         self.quant_config = files_hash(QUANT_DOMAIN, [(n, files[n]) for n in groups.quant])
@@ -338,11 +354,8 @@ class _SmallFiles:
         self.generation = files_hash(GENERATION_DOMAIN, generation)
 
 
-def _fast_tokenizer_files(tokenizer_config: Mapping[str, Any] | None) -> list[str]:
-    """The file names ``fast_tokenizer_files`` lists (a tokenizer loads one instead of
-    ``tokenizer.json``): tokenizer inputs whatever they are named."""
-    listed = (tokenizer_config or {}).get("fast_tokenizer_files")
-    return [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
+def _merged(*reasons: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted({reason for group in reasons for reason in group}))
 
 
 @dataclass(frozen=True)
