@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -96,6 +97,37 @@ def test_compose_makes_the_parts_the_blob_and_refuses_a_changed_part(
         else:  # a storage that ignores it (moto's server): the copy is not confirmed
             assert not confirmed
     assert objects.list_uploads() == ()  # no upload left open
+
+
+def test_hashed_parts_are_named_only_by_a_record_of_the_blobs_size_and_parts(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a filled blob is composed, its parts are sent as the blob by the ETags of the
+    fill's ``hashed`` record (spec 8.6). A record is taken only when it is the blob's: its
+    size, one ETag per part, each one a plain token (it goes into ``If-Match``)."""
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    folder, etag = "models--t--hashed", "a" * 64
+    blob, fills = f"{folder}/blobs/{etag}", f"{folder}/.cmh/fills/{etag}"
+    size = 2 * PART + 5
+    assert _pull.hashed_parts(store, blob, size) is None  # no fill hashed it
+    good = {"size": size, "etags": ['"e0"', '"e1"', '"e2"']}
+    store.put_record(f"{fills}/hashed", json.dumps(good).encode())
+    named = [(f"{fills}/part-{n:06d}", f'"e{n}"') for n in range(3)]
+    assert _pull.hashed_parts(store, blob, size) == named
+    bad: list[Any] = [
+        {**good, "size": size + 1},
+        {**good, "etags": good["etags"][:2]},
+        {**good, "etags": ['"e0"', '"e1"\r\nX-Evil: 1', '"e2"']},
+        {**good, "etags": ['"e0"', "", '"e2"']},
+        {**good, "etags": ['"e0"', 7, '"e2"']},
+        [size, good["etags"]],
+    ]
+    for doc in bad:
+        store.put_record(f"{fills}/hashed", json.dumps(doc).encode())
+        assert _pull.hashed_parts(store, blob, size) is None, doc
+    store.put_record(f"{fills}/hashed", b"not json")
+    assert _pull.hashed_parts(store, blob, size) is None
 
 
 class _StillClock(Clock):
