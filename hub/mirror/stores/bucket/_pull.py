@@ -30,7 +30,9 @@ the whole blob matched, the parts become ``blobs/{etag}`` by the storage's own c
 ETag of the part that was hashed), so the bytes are uploaded once; a blob that fails
 its check is never made, so no wrong blob is ever visible under its name. The copies
 start only then, not during the transfer, where on a storage sharing the fill's cores
-they took CPU from the fill and its clients (issue 37). Until the blob is made, a
+they took CPU from the fill and its clients (issue 37; with ``https`` storage, where the
+parts cannot be spliced, each is still copied as soon as it is stored:
+:func:`copies_wait`). Until the blob is made, a
 request for it is sent the hashed parts (the ``hashed`` record, every replica; each
 part's GET pinned to its ETag and spliced to the client like a blob's, not read through
 Python: :func:`hashed_parts`). Then the check record is written and, once no body of
@@ -59,6 +61,7 @@ import os
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
@@ -812,6 +815,20 @@ def hashed_parts(store: BucketStore, blob: str, size: int) -> list[tuple[str, st
     return [(f"{fills}/part-{n:06d}", e) for n, e in enumerate(etags)]
 
 
+def copies_wait(objects: Any) -> bool:
+    """Whether a fill's copies into its blob wait for its last byte (issue 37): made as
+    each part is stored, they cost a storage on the fill's cores a third of its CPU during
+    the transfer (SeaweedFS: about 5 CPU-s per GiB), taken from the fill and its clients.
+    Only where the hashed parts can be sent meanwhile the way a blob is, spliced from the
+    storage's plain-HTTP answers (:mod:`._splice`); with ``https`` storage each part is
+    copied as soon as it is stored, as before: a request in the window would read the
+    parts through Python and hash them (measured: twice the CPU per GiB warm)."""
+    from ._splice import available
+
+    endpoint = getattr(getattr(objects, "settings", None), "endpoint", None)
+    return available() and isinstance(endpoint, str) and endpoint.startswith("http://")
+
+
 def reading_parts(blob: str) -> Any:
     """A context held while a body of ``blob`` is sent from its fill's hashed parts."""
     folder, _, etag = blob.rpartition("/blobs/")
@@ -840,11 +857,13 @@ class _PartWriter:
         fills: str,
         stored: list[tuple[str, str]],
         clock: Clock,
+        on_stored: Callable[[str, str], None] | None = None,
     ) -> None:
         self.objects = objects
         self.clock = clock
         self.fills = fills
         self.stored = stored
+        self.on_stored = on_stored  # told (name, ETag) of each part stored, in order
         self._queue: queue.Queue[Any] = queue.Queue()  # bounded by ``_held``
         self._error: list[BaseException] = []
         self._next = len(stored)  # the number of the next part handed over (resumed first)
@@ -888,6 +907,8 @@ class _PartWriter:
             while (first := len(self.stored)) in self._done:
                 name, etag, data = self._done.pop(first)
                 self.stored.append((name, etag))
+                if self.on_stored is not None:
+                    self.on_stored(name, etag)
                 _STORED_PARTS.keep(self.fills, first, data, self.clock.monotonic())
                 told += 1
             self._held -= told
@@ -917,8 +938,9 @@ class _PartWriter:
 
 
 class _PartCopier:
-    """Copies the parts of a fill whose hash matched into the blob's multipart upload
-    (:class:`Composition`, :data:`COPIES_AT_ONCE` threads), each as it is added. The
+    """Copies the parts of a fill into the blob's multipart upload (:class:`Composition`,
+    :data:`COPIES_AT_ONCE` threads), each as it is added: all of them once the hash
+    matched, or each as soon as it is stored where :func:`copies_wait` is false. The
     upload starts with the second part (a one-part blob is one copy). Nothing is visible
     under the blob's name until :meth:`finish`; a fill that fails calls :meth:`abandon`
     (a killed replica's upload is aborted by ``cmh prune``)."""
@@ -1054,6 +1076,10 @@ class _Fill:
         self.objects.warm_s3_client()  # the compose's client, made while the bytes stream
         try:
             self._resume()
+            if not copies_wait(self.objects):  # each part copied as soon as it is stored
+                self.copier = _PartCopier(Composition(self.objects, name))
+                for part_name, etag in self.stored:  # a previous holder's, re-read
+                    self.copier.add(part_name, etag)
             now = self.pull.store.clock.monotonic()
             _STORED_PARTS.start(self.fills, self.part, now)  # its readers here wait, no GET
             try:
@@ -1118,18 +1144,14 @@ class _Fill:
 
     def _compose(self, name: str) -> bool:
         """Make the blob of the parts stored (their hash matched): the storage copies them
-        into a multipart upload now (:data:`COPIES_AT_ONCE` at once), and it is completed
-        (a copy that failed on the way: one compose of them); whether the copies are known
-        to be the parts hashed. :class:`PreconditionFailed` when a part changed since it
-        was hashed.
-
-        The copies wait for the last byte (issue 37): made as each part was stored, they
-        cost a storage on the same cores a third of its CPU during the transfer, taken
-        from the fill and the clients; until the blob is made, requests for it are sent
-        the hashed parts by the same data plane as a blob (:func:`hashed_parts`)."""
-        self.copier = _PartCopier(Composition(self.objects, name))
-        for part_name, etag in self.stored:
-            self.copier.add(part_name, etag)
+        into a multipart upload now (:data:`COPIES_AT_ONCE` at once; already under way
+        when :func:`copies_wait` is false), and it is completed (a copy that failed on the
+        way: one compose of them); whether the copies are known to be the parts hashed.
+        :class:`PreconditionFailed` when a part changed since it was hashed."""
+        if self.copier is None:
+            self.copier = _PartCopier(Composition(self.objects, name))
+            for part_name, etag in self.stored:
+                self.copier.add(part_name, etag)
         copier, self.copier = self.copier, None
         made = copier.finish(len(self.stored))  # PreconditionFailed: a part changed
         if made is not None:
@@ -1151,7 +1173,10 @@ class _Fill:
         name = self.part_name(self.part)
         self.part += 1
         if self.writer is None:
-            self.writer = _PartWriter(self.objects, self.fills, self.stored, self.pull.store.clock)
+            on_stored = None if self.copier is None else self.copier.add
+            self.writer = _PartWriter(
+                self.objects, self.fills, self.stored, self.pull.store.clock, on_stored
+            )
         self.writer.put(name, data)
 
     def _flush_parts(self) -> None:
