@@ -537,6 +537,11 @@ async def _fill_or_deliver(
     if waited and await _run(_present, state, asked.entry):
         with contextlib.suppress(BlobMissing):
             return await _deliver(request, state, asked)
+    _note_range(request, asked.ranges, asked.range_header)
+    sent = await state.blobs.send_hashed(request, asked.entry, asked.headers, asked.ranges)
+    if sent is not None:  # a fill whose hash matched, its blob not made yet (spec 8.6)
+        await _settle(request, state, asked.route, asked.entry, sent)
+        return sent.response
     return await _resolve_filling(request, state, asked)  # sent as it arrives
 
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -96,6 +97,37 @@ def test_compose_makes_the_parts_the_blob_and_refuses_a_changed_part(
         else:  # a storage that ignores it (moto's server): the copy is not confirmed
             assert not confirmed
     assert objects.list_uploads() == ()  # no upload left open
+
+
+def test_hashed_parts_are_named_only_by_a_record_of_the_blobs_size_and_parts(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a filled blob is composed, its parts are sent as the blob by the ETags of the
+    fill's ``hashed`` record (spec 8.6). A record is taken only when it is the blob's: its
+    size, one ETag per part, each one a plain token (it goes into ``If-Match``)."""
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    folder, etag = "models--t--hashed", "a" * 64
+    blob, fills = f"{folder}/blobs/{etag}", f"{folder}/.cmh/fills/{etag}"
+    size = 2 * PART + 5
+    assert _pull.hashed_parts(store, blob, size) is None  # no fill hashed it
+    good = {"size": size, "etags": ['"e0"', '"e1"', '"e2"']}
+    store.put_record(f"{fills}/hashed", json.dumps(good).encode())
+    named = [(f"{fills}/part-{n:06d}", f'"e{n}"') for n in range(3)]
+    assert _pull.hashed_parts(store, blob, size) == named
+    bad: list[Any] = [
+        {**good, "size": size + 1},
+        {**good, "etags": good["etags"][:2]},
+        {**good, "etags": ['"e0"', '"e1"\r\nX-Evil: 1', '"e2"']},
+        {**good, "etags": ['"e0"', "", '"e2"']},
+        {**good, "etags": ['"e0"', 7, '"e2"']},
+        [size, good["etags"]],
+    ]
+    for doc in bad:
+        store.put_record(f"{fills}/hashed", json.dumps(doc).encode())
+        assert _pull.hashed_parts(store, blob, size) is None, doc
+    store.put_record(f"{fills}/hashed", b"not json")
+    assert _pull.hashed_parts(store, blob, size) is None
 
 
 class _StillClock(Clock):
@@ -521,6 +553,54 @@ def test_a_fill_has_its_compose_client_made_while_the_upstream_streams(
     assert index is not None
     with backend.opener(index.files["model.bin"]) as f:
         assert f.read() == data  # composed with that client
+
+
+@pytest.mark.parametrize("spliced", [True, False])
+def test_a_fills_copies_wait_for_its_last_byte_where_its_parts_can_be_spliced(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spliced: bool
+) -> None:
+    """Issue 37: the copies of the parts into the blob wait for the fill's last byte where
+    the hashed parts can be sent meanwhile by splice (plain-HTTP storage); where they
+    cannot (``https`` storage, no ``splice``: here, ``available`` made false), each part
+    is still copied as soon as it is stored, so the blob follows the last byte at once.
+    Either way the blob is the upstream's bytes."""
+    from cmh.hub.mirror.stores.bucket import _splice
+
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    if not spliced:
+        monkeypatch.setattr(_splice, "available", lambda: False)
+    backend = open_mirror_store(moto_bucket.url)
+    events: list[str] = []
+    lock = threading.Lock()
+    real_stored, real_add = _pull._PartWriter._stored, _pull._PartCopier.add
+
+    def stored(writer: Any, n: int, *args: Any) -> None:
+        with lock:
+            events.append(f"stored {n}")
+        real_stored(writer, n, *args)
+
+    def add(copier: Any, name: str, etag: str) -> None:
+        with lock:
+            events.append(f"copy {name.rsplit('-', 1)[-1]}")
+        real_add(copier, name, etag)
+
+    monkeypatch.setattr(_pull._PartWriter, "_stored", stored)
+    monkeypatch.setattr(_pull._PartCopier, "add", add)
+    data = os.urandom(2 * PART + 1000)
+    with HostileHub(files={"model.bin": data}) as hub:
+        upstream = Upstream(backend.pull_through(300.0), UpstreamConfig(hub.url))
+        upstream.prepare("model", "evil/repo", "main")
+        upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+    copies = [i for i, e in enumerate(events) if e.startswith("copy")]
+    assert len(copies) == 3 and events.index("stored 2") >= 0, events
+    if spliced:
+        assert min(copies) > events.index("stored 2"), events
+    else:
+        assert events.index("copy 000000") < events.index("stored 2"), events
+    index = backend.resolve("model", "evil/repo", COMMIT)
+    assert index is not None
+    with backend.opener(index.files["model.bin"]) as f:
+        assert f.read() == data
 
 
 @contextlib.contextmanager

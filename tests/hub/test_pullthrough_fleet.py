@@ -29,7 +29,7 @@ from bucket_support import S3_KINDS, Break, Fault, S3Proxy, S3Request, isolated_
 from cmh.hub.cache import Clock
 from cmh.hub.mirror._upstream import NEGATIVE_FOR, Upstream, UpstreamConfig
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
-from cmh.hub.mirror.stores.bucket._objectstore import ObjectStoreError
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, ObjectStoreError
 from cmh.hub.mirror.stores.bucket._pull import BucketPullThrough
 from cmh.hub.mirror.stores.bucket._read import BucketReader
 from cmh.hub.mirror.stores.local._folder import add_folder
@@ -877,39 +877,118 @@ def _last_part_put(proxy: S3Proxy) -> int:
     return found[0] if found else -1
 
 
-def test_a_fill_copies_each_part_into_the_blob_as_it_is_stored(
+def _get_answer(server: MirrorServer, repo: str) -> tuple[str, str | None]:
+    """GET a whole file: its outcome ("complete <sha>" or what went wrong) and its
+    ``X-Cmh-Filling`` header (``None``: not a filling answer)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=120)
+    try:
+        conn.request("GET", f"/{repo}/resolve/main/shard.bin")
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            return f"status {response.status}", None
+        outcome = f"complete {hashlib.sha256(body).hexdigest()}"
+        return outcome, response.headers.get("X-Cmh-Filling")
+    except (OSError, http.client.HTTPException) as exc:
+        return f"cut {type(exc).__name__}", None
+    finally:
+        conn.close()
+
+
+def _completions(proxy: S3Proxy) -> list[int]:
+    """Indexes in the exchanges of the multipart uploads completed."""
+    return [i for i, e in enumerate(proxy.exchanges)
+            if e.request.method == "POST" and "uploadId=" in e.request.path]  # fmt: skip
+
+
+def test_the_copies_wait_for_the_last_byte_and_the_hashed_parts_are_sent_meanwhile(
     any_fleet: Fleet, origin: dict[str, Any]
 ) -> None:
-    """Issue 37: the parts were copied into the blob only after the last byte, so for
-    seconds after a fill every request of the blob read its parts through Python. Now each
-    part is copied while the upstream's next bytes arrive (held here until the copies are
-    seen), and the blob exists right after the fill's hash matched: one copy per part,
-    nothing left behind (no parts, no upload), its check record that of the object made."""
+    """Issue 37: each part was copied into the blob as soon as it was stored, and on a
+    storage sharing the fill's cores those copies took a third of its CPU while the
+    clients waited for bytes. The copies now start once the whole hash matched (none
+    before the last part is stored). Until the blob is made (its upload's completion held
+    here), a GET of it is sent the parts as hashed, whole, not as a filling answer: at the
+    filling replica, and at another one (from the ``hashed`` record). The blob appears only
+    with the completion. The parts are not deleted while a body sent from them at the
+    filling replica is held mid-part; a body at the other replica (held meanwhile) whose
+    next part is then gone goes on from the blob. Nothing is left behind."""
     fleet = any_fleet
     sha = origin["blobs"][MID_REPO]
-    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"])
-    held = threading.Event()
+    folder = FOLDER[MID_REPO]
+    blob = f"{folder}/blobs/{sha}"
+    completing = threading.Event()  # the upload's completion goes on
+    hold = {"part-000001": threading.Event(), "part-000002": threading.Event()}
+    held = {name: threading.Event() for name in hold}  # a presigned GET of it is held
+    goes = {name: threading.Event() for name in hold}  # ... until this is set
+
+    def hook(request: S3Request) -> Fault | Break | None:
+        if request.method == "POST" and "uploadId=" in request.path:
+            completing.wait(TEST_DEADLINE)
+        for name, armed in hold.items():
+            if (armed.is_set() and request.method == "GET" and name in request.path
+                    and "X-Amz-Signature=" in request.path):  # fmt: skip
+                armed.clear()
+
+                def pause(name: str = name) -> None:
+                    held[name].set()
+                    goes[name].wait(TEST_DEADLINE)
+
+                return Break(Fault.PAUSE, pause)
+        return None
+
+    def get(server: MirrorServer, into: list[tuple[str, str | None]]) -> threading.Thread:
+        thread = threading.Thread(target=lambda: into.append(_get_answer(server, MID_REPO)))
+        thread.start()
+        return thread
+
+    proxy = S3Proxy(fleet.env["AWS_ENDPOINT_URL"], hook=hook)
     try:
         fleet.env["AWS_ENDPOINT_URL"] = proxy.endpoint
         replica = fleet.start()
+        other = fleet.start()
         store = fleet.store()
-        fleet.front.drip(after_bytes=24 << 20, until=held)  # parts 0 and 1 stored, then slow
-        thread, _, outcome = _start_get(replica, MID_REPO)
-        try:
-            wait_for(lambda: len(_part_copies(proxy)) >= 2, timeout=30,
-                     what="parts copied into the blob while the fill goes on")  # fmt: skip
-            assert _last_part_put(proxy) == -1  # the fill had not stored its last part yet
-        finally:
-            held.set()
-        thread.join(120)
-        assert outcome[0] == f"complete {sha}"
-        _wait_stored(store, sha)
-        assert len(_part_copies(proxy)) == 5  # 40 MiB: one copy of each 8 MiB part
-        folder = FOLDER[MID_REPO]
-        assert store.read_check(folder, sha) == store.objects.head(f"{folder}/blobs/{sha}").etag
+        assert _get_answer(replica, MID_REPO) == (f"complete {sha}", "1")  # the cold fill
+        wait_for(lambda: len(_part_copies(proxy)) == 5, timeout=TEST_DEADLINE,
+                 what="the five parts copied")  # fmt: skip
+        last_put = _last_part_put(proxy)
+        copies = [i for i, e in enumerate(proxy.exchanges)
+                  if e.request.method == "PUT"
+                  and e.request.header("x-amz-copy-source")]  # fmt: skip
+        assert last_put >= 0 and min(copies) > last_put, (last_put, copies)
+        with pytest.raises(ObjectNotFound):
+            store.objects.head(blob)  # not before the completion
+        assert "hashed" in _parts(store, MID_REPO)
+        for server in (replica, other):  # sent the hashed parts, not a filling answer
+            assert _get_answer(server, MID_REPO) == (f"complete {sha}", None)
+        elsewhere: list[tuple[str, str | None]] = []
+        here: list[tuple[str, str | None]] = []
+        hold["part-000001"].set()
+        threads = [get(other, elsewhere)]
+        assert held["part-000001"].wait(TEST_DEADLINE)
+        hold["part-000002"].set()
+        threads.append(get(replica, here))
+        assert held["part-000002"].wait(TEST_DEADLINE)
+        completing.set()  # the blob is made while both bodies are sent from the parts
+        wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=TEST_DEADLINE,
+                 what="the blob made")  # fmt: skip
+        assert store.read_check(folder, sha) == store.objects.head(blob).etag
+        time.sleep(1.0)  # the fill had time to delete the parts: it waits for the body
+        assert _stored_parts(store, MID_REPO, 5)
+        goes["part-000002"].set()
+        threads[1].join(TEST_DEADLINE)
+        assert here == [(f"complete {sha}", None)]
+        _wait_stored(store, sha)  # then the parts (and the record) are deleted
+        goes["part-000001"].set()  # its next part is gone: the rest comes from the blob
+        threads[0].join(TEST_DEADLINE)
+        assert elsewhere == [(f"complete {sha}", None)]
+        assert len(_part_copies(proxy)) == 5 and len(_completions(proxy)) == 1
         assert store.objects.list_uploads(folder) == ()
+        assert _cdn_gets(fleet.front, sha) == 1
     finally:
-        held.set()
+        completing.set()
+        for event in goes.values():
+            event.set()
         proxy.stop()
 
 

@@ -100,5 +100,17 @@ class BlobDelivery(Protocol):
         ``headers``. A body whose bytes turn out not to be the blob's is cut before its
         last byte (``Sent.cut``); a client that leaves ends it (:data:`CLIENT_LEFT`)."""
 
+    async def send_hashed(
+        self,
+        request: web.Request,
+        entry: FileEntry,
+        headers: dict[str, str],
+        ranges: list[ByteRange] | None,
+    ) -> Sent | None:
+        """Answer a ``GET`` of a blob the store does not hold yet, whose fill's whole hash
+        matched, as :meth:`send` would the blob (a bucket's fill parts, while the storage
+        makes the blob of them); ``None`` when the store has nothing so (the filling
+        answer sends it)."""
+
     async def close(self) -> None:
         """Release what the delivery holds (connections), when the server stops."""

@@ -387,7 +387,8 @@ class BucketStore:
 
     def fill_infos(self, folder: str) -> dict[str, dict[str, ObjectInfo]]:
         """The pull-through fills of a repo (one listing): blob name -> the objects of its
-        ``.cmh/fills/{etag}/`` (``lease``, ``part-NNNNNN``, ``failed``) by their own name."""
+        ``.cmh/fills/{etag}/`` (``lease``, ``part-NNNNNN``, ``hashed``, ``failed``) by their
+        own name."""
         base = f"{folder}/{FILL_STATE}/"
         out: dict[str, dict[str, ObjectInfo]] = {}
         for info in self.objects.list(f"{folder}/{FILL_STATE}"):

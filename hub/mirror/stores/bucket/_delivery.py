@@ -5,6 +5,7 @@ redirect to a presigned URL, or handed to nginx (``X-Accel-Redirect``)
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -13,7 +14,8 @@ from ..._index import FileEntry
 from ..._ranges import ByteRange
 from .._delivery import PROXY, REDIRECT, X_ACCEL, Sent, answered_whole
 from . import _send as bucket_send
-from ._objectstore import ObjectStore
+from ._objectstore import ObjectStore, ObjectStoreError
+from ._pull import PART, hashed_parts, reading_parts
 from ._read import BucketReader
 
 
@@ -68,6 +70,35 @@ class BucketDelivery:
             request, self.reader, self.fetcher, self.verifier, entry, headers, ranges
         )
         return Sent(response, sent, cut)
+
+    async def send_hashed(
+        self,
+        request: web.Request,
+        entry: FileEntry,
+        headers: dict[str, str],
+        ranges: list[ByteRange] | None,
+    ) -> Sent | None:
+        """A ``GET`` of a blob not made yet whose fill's whole hash matched: sent from the
+        fill's parts through the proxy's data plane, in every mode (a filling answer goes
+        through this process too; a client cannot be sent to a part); ``None`` when there
+        are no such parts or they cannot be sent so (the filling answer sends them)."""
+        if request.method != "GET":
+            return None
+        blob = entry.source.as_posix()
+        loop = asyncio.get_running_loop()
+        with reading_parts(blob):  # from before the look: the fill deletes no part under it
+            try:
+                parts = await loop.run_in_executor(
+                    None, hashed_parts, self.reader.store, blob, entry.size
+                )
+            except ObjectStoreError:
+                return None
+            if not parts:
+                return None
+            done = await bucket_send.proxy_parts(
+                request, self.reader, self.verifier, entry, headers, ranges, parts, PART
+            )
+        return None if done is None else Sent(*done)
 
     async def close(self) -> None:
         await self.fetcher.close()

@@ -311,8 +311,8 @@ class Composition:
     """``target`` made by the storage from part objects (:meth:`add`: each one a
     server-side copy into a multipart upload, pinned to the part's ETag with
     ``x-amz-copy-source-if-match``), visible only once :meth:`complete` is called;
-    :meth:`abort` leaves nothing. A fill copies each part as soon as it is stored, so its
-    blob exists right after its last byte (issue 37). Every part but the last must be at
+    :meth:`abort` leaves nothing. A fill copies its parts once their hash matched (issue
+    37: not during the transfer). Every part but the last must be at
     least 5 MiB. Parts may be copied from several threads at once (each its number);
     :meth:`complete` and :meth:`abort` once they are done."""
 

@@ -11,6 +11,7 @@ refs/{revision}                      moved after each validation
 .cmh/upstream/{commit}.json          {"fresh_until"}: for cmh prune --expired
 .cmh/fills/{etag}/lease              the filling replica's lease (conditional writes)
 .cmh/fills/{etag}/part-{n:06d}       bytes [n * PART, (n + 1) * PART) as they arrived
+.cmh/fills/{etag}/hashed             {"size", "etags"}: the whole hash matched, blob not made yet
 .cmh/fills/{etag}/failed             {"at", "error"}: a fill failed (aged by its Last-Modified)
                                      (cmh prune removes a fill's state once nobody holds it)
 .cmh/cuts/{etag}                     a filling body of the blob was cut (its Last-Modified)
@@ -27,8 +28,17 @@ once, :class:`~cmh.hub.mirror.stores._body_hash.SharedHash`). Once the digest of
 the whole blob matched, the parts become ``blobs/{etag}`` by the storage's own copy
 (:meth:`ObjectStore.compose`: a multipart upload of part copies, each pinned to the
 ETag of the part that was hashed), so the bytes are uploaded once; a blob that fails
-its check is never made, so no wrong blob is ever visible under its name. Then the
-check record is written, the parts and the lease deleted. A lease not renewed for
+its check is never made, so no wrong blob is ever visible under its name. The copies
+start only then, not during the transfer, where on a storage sharing the fill's cores
+they took CPU from the fill and its clients (issue 37; with ``https`` storage, where the
+parts cannot be spliced, each is still copied as soon as it is stored:
+:func:`copies_wait`). Until the blob is made, a
+request for it is sent the hashed parts (the ``hashed`` record, every replica; each
+part's GET pinned to its ETag and spliced to the client like a blob's, not read through
+Python: :func:`hashed_parts`). Then the check record is written and, once no body of
+this process is sent from them (:data:`PARTS_READ_WAIT` at most; a body whose part goes
+continues from the blob), the ``hashed`` record, the parts and the lease are deleted. A
+lease not renewed for
 its lifetime (on the storage's clock) is taken over; the new holder re-reads the
 stored parts (rebuilding the digest) and asks the upstream for the rest with
 ``Range``.
@@ -89,9 +99,12 @@ if TYPE_CHECKING:
 PART = 8 << 20
 #: Parts one fill uploads at once (each PUT on its own thread).
 PUTS_AT_ONCE = 3
-#: Parts one fill copies into its blob's upload at once, as they are stored (each on its
-#: own thread; the storage does the copy).
+#: Parts one fill copies into its blob's upload at once, once its hash matched (each on
+#: its own thread; the storage does the copy).
 COPIES_AT_ONCE = 3
+#: Seconds a fill whose blob is made waits for this process's bodies still sent from its
+#: parts before it deletes them (a body whose part is gone goes on from the blob).
+PARTS_READ_WAIT = 30.0
 #: Parts a fill may hold in memory besides those being uploaded (waiting for an upload,
 #: or stored after one still being uploaded): a fill holds at most
 #: ``PUTS_AT_ONCE + PARTS_AHEAD`` parts, and the one it is receiving.
@@ -710,6 +723,118 @@ class _StoredParts:
 _STORED_PARTS = _StoredParts(KEPT_SEGMENTS)
 
 
+class _HashedParts:
+    """The fills of this process whose hash matched and whose blob is not made yet: their
+    parts (name, storage ETag) as hashed, and how many bodies are sent from them here.
+
+    Between the last byte and the blob (the storage's copies take a while), a request
+    for the blob is answered from these parts by the proxy's data plane (each part's GET
+    spliced to the client, pinned to the ETag hashed, :func:`hashed_parts`), not through
+    Python; the fill deletes the parts only once no body here is sent from them (at most
+    :data:`PARTS_READ_WAIT`; a body whose part is gone goes on from the blob, made by
+    then)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._parts: dict[str, list[tuple[str, str]]] = {}
+        self._reading: dict[str, int] = {}
+
+    def publish(self, fills: str, parts: list[tuple[str, str]]) -> None:
+        with self._lock:
+            self._parts[fills] = list(parts)
+
+    def get(self, fills: str) -> list[tuple[str, str]] | None:
+        with self._lock:
+            return self._parts.get(fills)
+
+    def withdraw(self, fills: str) -> None:
+        """No new body is sent from the fill's parts (its blob is made, or it failed)."""
+        with self._lock:
+            self._parts.pop(fills, None)
+
+    @contextlib.contextmanager
+    def reading(self, fills: str) -> Any:
+        """Held while a body is sent from the fill's parts."""
+        with self._lock:
+            self._reading[fills] = self._reading.get(fills, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._reading.pop(fills) - 1
+                if left:
+                    self._reading[fills] = left
+                self._lock.notify_all()
+
+    def wait_read(self, fills: str, timeout: float, clock: Clock) -> None:
+        """Wait until no body here is sent from the fill's parts (at most ``timeout``)."""
+        deadline = clock.monotonic() + timeout
+        with self._lock:
+            while self._reading.get(fills) and (left := deadline - clock.monotonic()) > 0:
+                self._lock.wait(min(left, 1.0))
+
+
+_HASHED_PARTS = _HashedParts()
+
+
+def _valid_etag(etag: object) -> bool:
+    """A storage ETag as a record may hold one (it goes into an ``If-Match`` header)."""
+    return (
+        isinstance(etag, str) and 0 < len(etag) <= 200 and etag.isprintable()
+        and not any(c.isspace() for c in etag)
+    )  # fmt: skip
+
+
+def hashed_parts(store: BucketStore, blob: str, size: int) -> list[tuple[str, str]] | None:
+    """The parts (name, storage ETag) of the blob ``blob`` (``{repo}/blobs/{etag}``) whose
+    whole hash a fill matched, while the storage makes the blob of them (spec 8.6): this
+    process's fill's, else the ``hashed`` record another replica's fill wrote. ``None``
+    when there are none (no such fill, a record not the fleet's or not of ``size`` bytes).
+    Each part is read pinned to its ETag, so its bytes are those hashed."""
+    folder, _, etag = blob.rpartition("/blobs/")
+    fills = BucketStore.fill_name(folder, etag)
+    here = _HASHED_PARTS.get(fills)
+    if here is not None:
+        return here
+    if size <= 0:
+        return None
+    found = store.get_record(f"{fills}/hashed")
+    if found is None:
+        return None
+    try:
+        doc = json.loads(found[0])
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("size") != size:
+        return None
+    etags = doc.get("etags")
+    if not isinstance(etags, list) or len(etags) != (size + PART - 1) // PART:
+        return None
+    if not all(_valid_etag(e) for e in etags):
+        return None
+    return [(f"{fills}/part-{n:06d}", e) for n, e in enumerate(etags)]
+
+
+def copies_wait(objects: Any) -> bool:
+    """Whether a fill's copies into its blob wait for its last byte (issue 37): made as
+    each part is stored, they cost a storage on the fill's cores a third of its CPU during
+    the transfer (SeaweedFS: about 5 CPU-s per GiB), taken from the fill and its clients.
+    Only where the hashed parts can be sent meanwhile the way a blob is, spliced from the
+    storage's plain-HTTP answers (:mod:`._splice`); with ``https`` storage each part is
+    copied as soon as it is stored, as before: a request in the window would read the
+    parts through Python and hash them (measured: twice the CPU per GiB warm)."""
+    from ._splice import available
+
+    endpoint = getattr(getattr(objects, "settings", None), "endpoint", None)
+    return available() and isinstance(endpoint, str) and endpoint.startswith("http://")
+
+
+def reading_parts(blob: str) -> Any:
+    """A context held while a body of ``blob`` is sent from its fill's hashed parts."""
+    folder, _, etag = blob.rpartition("/blobs/")
+    return _HASHED_PARTS.reading(BucketStore.fill_name(folder, etag))
+
+
 def part_stored(fills: str) -> None:
     """A part of the fill ``fills`` is stored: wake this process's readers of it."""
     _PART_SIGNALS.notify(fills)
@@ -813,15 +938,12 @@ class _PartWriter:
 
 
 class _PartCopier:
-    """Copies each part of a fill into the blob's multipart upload as soon as it is
-    stored (:class:`Composition`, :data:`COPIES_AT_ONCE` threads), so that once the hash
-    matched only the upload's completion remains: the blob is in the store right after
-    the fill's last byte, and a request that follows is sent the blob, not its parts
-    (issue 37: composing after the last byte left the fleet's clients reading parts
-    through Python for seconds). The upload starts with the second part (a one-part blob
-    is one copy). Nothing is visible under the blob's name until :meth:`finish`; a fill
-    that fails calls :meth:`abandon` (a killed replica's upload is aborted by
-    ``cmh prune``)."""
+    """Copies the parts of a fill into the blob's multipart upload (:class:`Composition`,
+    :data:`COPIES_AT_ONCE` threads), each as it is added: all of them once the hash
+    matched, or each as soon as it is stored where :func:`copies_wait` is false. The
+    upload starts with the second part (a one-part blob is one copy). Nothing is visible
+    under the blob's name until :meth:`finish`; a fill that fails calls :meth:`abandon`
+    (a killed replica's upload is aborted by ``cmh prune``)."""
 
     _END = object()
 
@@ -840,7 +962,7 @@ class _PartCopier:
             thread.start()
 
     def add(self, name: str, etag: str) -> None:
-        """Part ``name`` (ETag ``etag``) is stored: copy it (parts are told in order)."""
+        """Copy part ``name`` (ETag ``etag``) (parts are told in order)."""
         with self._lock:
             self._told += 1
             if self._told == 1:
@@ -954,9 +1076,10 @@ class _Fill:
         self.objects.warm_s3_client()  # the compose's client, made while the bytes stream
         try:
             self._resume()
-            self.copier = _PartCopier(Composition(self.objects, name))
-            for part_name, etag in self.stored:  # a previous holder's, re-read
-                self.copier.add(part_name, etag)
+            if not copies_wait(self.objects):  # each part copied as soon as it is stored
+                self.copier = _PartCopier(Composition(self.objects, name))
+                for part_name, etag in self.stored:  # a previous holder's, re-read
+                    self.copier.add(part_name, etag)
             now = self.pull.store.clock.monotonic()
             _STORED_PARTS.start(self.fills, self.part, now)  # its readers here wait, no GET
             try:
@@ -976,6 +1099,7 @@ class _Fill:
                 )
                 self._failed(str(error))
                 raise failed(error, "fill failed")
+            self._hashed()  # served from the parts until the blob is made
             try:  # the parts become the blob, copied by the storage: no second upload
                 confirmed = self._compose(name)
             except PreconditionFailed:  # a part changed since it was hashed
@@ -983,6 +1107,9 @@ class _Fill:
                 self._failed(str(error))
                 raise failed(error, "fill failed") from None
             storage_etag = self.objects.head(name).etag
+        except BaseException:
+            _HASHED_PARTS.withdraw(self.fills)  # a part may change or go: no body from them
+            raise
         finally:
             if self.copier is not None:  # the fill failed or was lost: no upload left
                 self.copier.abandon()
@@ -992,27 +1119,48 @@ class _Fill:
             # the wait).
             keeper.join()
             _STORED_PARTS.end(self.fills)
-        if confirmed:  # else the first reader checks the blob (the parts were not pinned)
-            self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
+        try:
+            if confirmed:  # else the first reader checks the blob (the parts were not pinned)
+                self.pull.store.record_check(self.folder, self.f.etag, storage_etag)
+        finally:  # the blob is made: bodies start from it now
+            _HASHED_PARTS.withdraw(self.fills)
+        # Those sent from the parts here end first (a body whose part is gone, here after
+        # PARTS_READ_WAIT or at another replica, goes on from the blob).
+        _HASHED_PARTS.wait_read(self.fills, PARTS_READ_WAIT, self.pull.store.clock)
         self._delete_parts()
         with contextlib.suppress(ObjectStoreError):  # an earlier failure is history now
             self.objects.delete(f"{self.fills}/failed")
 
+    def _hashed(self) -> None:
+        """The whole hash matched: the parts may be sent as the blob until it is made, by
+        this process (:class:`_HashedParts`) and by every replica (the ``hashed`` record:
+        the size and each part's ETag as hashed; best effort, the other replicas read the
+        parts through their fill reader without it)."""
+        _HASHED_PARTS.publish(self.fills, self.stored)
+        if self.stored:
+            doc = {"size": self.f.size, "etags": [etag for _, etag in self.stored]}
+            with contextlib.suppress(ObjectStoreError):
+                self.pull.store.put_record(f"{self.fills}/hashed", json.dumps(doc).encode())
+
     def _compose(self, name: str) -> bool:
-        """Make the blob of the parts stored (their hash matched): the upload their copies
-        went to as each was stored, completed (the storage copied them during the fill, so
-        the blob is there right after the last byte), else one compose of them now;
-        whether the copies are known to be the parts hashed. :class:`PreconditionFailed`
-        when a part changed since it was hashed."""
+        """Make the blob of the parts stored (their hash matched): the storage copies them
+        into a multipart upload now (:data:`COPIES_AT_ONCE` at once; already under way
+        when :func:`copies_wait` is false), and it is completed (a copy that failed on the
+        way: one compose of them); whether the copies are known to be the parts hashed.
+        :class:`PreconditionFailed` when a part changed since it was hashed."""
+        if self.copier is None:
+            self.copier = _PartCopier(Composition(self.objects, name))
+            for part_name, etag in self.stored:
+                self.copier.add(part_name, etag)
         copier, self.copier = self.copier, None
-        if copier is not None:
-            made = copier.finish(len(self.stored))  # PreconditionFailed: a part changed
-            if made is not None:
-                return made[1]
+        made = copier.finish(len(self.stored))  # PreconditionFailed: a part changed
+        if made is not None:
+            return made[1]
         return self.objects.compose(self.stored, name)[1]
 
     def _failed(self, error: str) -> None:
         """Nothing wrong is kept: the parts deleted (no blob was made), the failure told."""
+        _HASHED_PARTS.withdraw(self.fills)
         self._delete_parts()
         said = printable(error)  # read strictly
         with contextlib.suppress(ObjectStoreError):
@@ -1038,6 +1186,8 @@ class _Fill:
             writer.finish()
 
     def _delete_parts(self) -> None:
+        with contextlib.suppress(ObjectStoreError):  # first: no body starts from the parts
+            self.objects.delete(f"{self.fills}/hashed")
         with contextlib.suppress(ObjectStoreError):
             for info in list(self.objects.list(self.fills)):
                 if "/part-" in info.name:

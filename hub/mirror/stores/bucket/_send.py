@@ -60,7 +60,7 @@ from ._objectstore import (
     PreconditionFailed,
 )
 from ._read import BucketReader
-from ._shared_get import Version, open_body
+from ._shared_get import AloneBody, SharedBody, Version, open_body
 from ._splice import SpliceUnavailable
 from ._xaccel import DEFAULT_PREFIX, accel_headers
 
@@ -479,3 +479,112 @@ def _cut(request: web.Request, reason: str) -> str:
     if transport is not None:
         transport.abort()
     return reason
+
+
+async def proxy_parts(
+    request: web.Request,
+    reader: BucketReader,
+    verifier: ObjectVerifier,
+    entry: FileEntry,
+    headers: dict[str, str],
+    ranges: list[ByteRange] | None,
+    parts: list[tuple[str, str]],
+    part_size: int,
+) -> tuple[web.StreamResponse, int, str | None] | None:
+    """Send the entry's blob (or its one range) from the parts of a fill whose whole hash
+    matched, before the storage made the blob of them (spec 8.6): each part's GET, pinned
+    with ``If-Match`` to the ETag hashed, spliced to the client in turn (the data plane
+    of a blob, :func:`_spliced`), so no byte goes through Python. ``None`` before
+    anything is sent when it cannot be done so (several ranges, a small body, a busy
+    splice pool, ``https`` storage, a part already gone): the caller answers as it would
+    without. A part that goes while its body is sent (the blob was made and the parts
+    deleted) is followed by the same bytes of the blob, once known good; else the body is
+    cut before its last byte."""
+    response, pieces, _ = frame(headers, ranges, entry.size)
+    if len(pieces) != 1 or pieces[0][2] < SPLICE_FROM or _splice.saturated():
+        return None
+    _, start, length = pieces[0]
+    end = start + length
+    store = reader.store
+
+    async def open_at(pos: int) -> tuple[AloneBody | SharedBody, int]:
+        """The body of the part holding byte ``pos``, up to that part's end (or ``end``)."""
+        n = pos // part_size
+        name, etag = parts[n]
+        size = min(part_size, entry.size - n * part_size)
+        url = store.objects.presigned_get_url(name, SIGNED_FOR)
+        version = Version(store.url, name, etag, size, url, f"GET {store.url}{name}")
+        at, count = pos - n * part_size, min(size, end - n * part_size) - (pos - n * part_size)
+        body = await open_body(version, at, count)
+        if body.length != count:
+            body.close()
+            raise ObjectStoreError(f"{version.where}: {body.length} bytes, not {count}")
+        return body, count
+
+    try:
+        body, count = await open_at(start)
+    except SpliceUnavailable:
+        return None
+    except ObjectStoreError:  # a part gone: the blob was made meanwhile (or the fill failed)
+        return None
+    sent = 0
+    pos = start
+    try:
+        await response.prepare(request)  # a client gone before its headers left, too
+        while True:
+            try:
+                await body.send_to(request.transport, count)
+            except ObjectStoreError:
+                pos += body.sent
+                sent += body.sent
+                break  # the rest from the blob
+            finally:
+                body.close()
+            pos += count
+            sent += count
+            if pos >= end:
+                break
+            try:
+                body, count = await open_at(pos)
+            except (SpliceUnavailable, ObjectStoreError):
+                break
+        if pos < end:
+            try:
+                sent += await _rest_from_blob(request, reader, verifier, entry, pos, end)
+            except (BlobUnavailable, ObjectStoreError, SpliceUnavailable) as exc:
+                return response, sent, _cut(request, f"parts gone and no blob: {exc}")
+        await response.write_eof()
+    except ConnectionError:
+        return response, sent, CLIENT_LEFT
+    return response, sent, None
+
+
+async def _rest_from_blob(
+    request: web.Request,
+    reader: BucketReader,
+    verifier: ObjectVerifier,
+    entry: FileEntry,
+    pos: int,
+    end: int,
+) -> int:
+    """Bytes ``[pos, end)`` of the entry's blob, known good, spliced to the client (a body
+    sent from a fill's parts whose parts went: the blob was made of them); the bytes sent.
+    :class:`BlobUnavailable` when the blob is not there or not known good yet."""
+    info, ok = await ready(reader, verifier, entry)
+    if not ok:
+        raise BlobUnavailable("blob not checked yet")
+    store = reader.store
+    url = store.objects.presigned_get_url(info.name, SIGNED_FOR)
+    where = f"GET {store.url}{info.name}"
+    version = Version(store.url, info.name, info.etag, info.size, url, where)
+    body = await open_body(version, pos, end - pos)
+    try:
+        if body.length != end - pos:
+            raise ObjectStoreError(f"{where}: {body.length} bytes, not {end - pos}")
+        try:
+            await body.send_to(request.transport, end - pos)
+        except ObjectStoreError:
+            raise BlobUnavailable(f"storage read failed after {body.sent} bytes") from None
+        return end - pos
+    finally:
+        body.close()

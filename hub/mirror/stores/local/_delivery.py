@@ -86,6 +86,16 @@ class FileDelivery:
         finally:
             f.close()
 
+    async def send_hashed(
+        self,
+        request: web.Request,
+        entry: FileEntry,
+        headers: dict[str, str],
+        ranges: list[ByteRange] | None,
+    ) -> Sent | None:
+        """Nothing: a fill here is sent by its filling answer alone."""
+        return None
+
     async def close(self) -> None:
         """Nothing held."""
 

@@ -59,5 +59,15 @@ class MemoryDelivery:
             return Sent(response, sent, CLIENT_LEFT)
         return Sent(response, sent)
 
+    async def send_hashed(
+        self,
+        request: web.Request,
+        entry: FileEntry,
+        headers: dict[str, str],
+        ranges: list[ByteRange] | None,
+    ) -> Sent | None:
+        """Nothing: a fill here is sent by its filling answer alone."""
+        return None
+
     async def close(self) -> None:
         """Nothing held."""
