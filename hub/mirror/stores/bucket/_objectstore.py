@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import os
 import re
 import threading
@@ -61,6 +62,10 @@ CREDENTIAL_TTL = timedelta(minutes=5)
 _EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+logger = logging.getLogger("cmh.hub.mirror")
+#: (location, key) of each listed key :meth:`ObjectStore._usable` refused: said once each.
+_SKIPPED: set[tuple[S3Location, str]] = set()
+_SKIPPED_LOCK = threading.Lock()
 
 
 class ObjectStoreError(CMHError):
@@ -392,6 +397,12 @@ def _composition_error(objects: ObjectStore, target: str, exc: Exception) -> NoR
             raise PreconditionFailed(f"COMPOSE {objects.location}{target}: a part changed",
                                      target) from None  # fmt: skip
     objects._upload_error("COMPOSE", target, exc)
+
+
+def _invalid_listed_path(exc: BaseException) -> bool:
+    """Whether obstore refused a listing for a key it cannot take as a path (an empty,
+    ``.`` or ``..`` segment): the listing is then done through botocore."""
+    return "invalid path" in str(exc).lower()
 
 
 def _same_etag(a: str, b: str) -> bool:
@@ -761,18 +772,67 @@ class ObjectStore:
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose name is under the folder ``prefix`` ("" for all), as the
-        storage pages them (ListObjectsV2, 1000 a page); order is the storage's."""
+        storage pages them (ListObjectsV2, 1000 a page); order is the storage's.
+
+        An object whose name cmh would never make (:meth:`_usable`: an empty, ``.`` or
+        ``..`` segment, a control character; another tool's) is left out and said once;
+        obstore refuses a whole listing holding such a key, so that listing is done again
+        through botocore from the last object listed."""
         import obstore
 
         full = self.location.prefix
         if prefix:
             full += _check_relpath(prefix.rstrip("/"), "list prefix", InvalidObjectName) + "/"
+        last: str | None = None
         try:
             for batch in obstore.list(self._store, full.rstrip("/") or None, chunk_size=1000):
                 for meta in batch:
-                    yield self._info(meta["path"][len(self.location.prefix) :], meta)
+                    last = meta["path"]
+                    name = last[len(self.location.prefix) :]
+                    if self._usable(name):
+                        yield self._info(name, meta)
         except self._errors() as exc:
-            self._fail("LIST", prefix, exc)
+            if not _invalid_listed_path(exc):
+                self._fail("LIST", prefix, exc)
+            yield from self._list_by_botocore(prefix, full, last)
+
+    def _list_by_botocore(self, prefix: str, full: str, after: str | None) -> Iterator[ObjectInfo]:
+        """:meth:`list` through botocore (which takes any key), after the key ``after``."""
+        import botocore.exceptions
+
+        client, start = self._s3_client(), self.location.prefix
+        options: dict[str, str] = {"Bucket": self.location.bucket, "Prefix": full}
+        if after is not None:
+            options["StartAfter"] = after
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(**options):
+                for listed in page.get("Contents", []):
+                    name = str(listed["Key"])[len(start) :]
+                    if self._usable(name):
+                        yield ObjectInfo(name, int(listed["Size"]), str(listed.get("ETag") or ""),
+                                         listed["LastModified"])  # fmt: skip
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            self._upload_error("LIST", prefix, exc)
+
+    def _usable(self, name: str, what: str = "object", key: str | None = None) -> bool:
+        """Whether a listed name is one cmh may use (:meth:`S3Location.key` takes it); one
+        that is not (its ``key``, by default the prefix and the name) is said once per
+        process (the log; a command's stderr), and never read or deleted."""
+        try:
+            _check_relpath(name, "object name", InvalidObjectName)
+        except InvalidObjectName:
+            key = self.location.prefix + name if key is None else key
+            with _SKIPPED_LOCK:
+                first = (self.location, key) not in _SKIPPED
+                _SKIPPED.add((self.location, key))
+            if first:
+                logger.warning(
+                    "s3://%s/%s: %s skipped: its name has an empty, '.' or '..' part or a "
+                    "control character (not cmh's: never read or deleted)",
+                    self.location.bucket, key, what,
+                )  # fmt: skip
+            return False
+        return True
 
     def warm_s3_client(self) -> None:
         """Make the botocore client (:meth:`compose`'s) on a background thread, once: loading
@@ -946,8 +1006,29 @@ class ObjectStore:
         try:
             result = obstore.list_with_delimiter(self._store, full.rstrip("/") or None)
         except self._errors() as exc:
-            self._fail("LIST", prefix, exc)
+            if not _invalid_listed_path(exc):
+                self._fail("LIST", prefix, exc)
+            return self._folders_by_botocore(prefix, full)
         return tuple(sorted(p[len(full) :].rstrip("/") for p in result["common_prefixes"]))
+
+    def _folders_by_botocore(self, prefix: str, full: str) -> tuple[str, ...]:
+        """:meth:`list_folders` through botocore, for a listing obstore refuses (a key it
+        takes as an invalid path): the usable folder names alone."""
+        import botocore.exceptions
+
+        client, out = self._s3_client(), []
+        try:
+            pages = client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.location.bucket, Prefix=full, Delimiter="/"):
+                for common in page.get("CommonPrefixes", []):
+                    key = str(common["Prefix"])
+                    folder = key[len(full) :].rstrip("/")
+                    name = f"{prefix.rstrip('/')}/{folder}" if prefix else folder
+                    if self._usable(name, "folder", key):
+                        out.append(folder)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            self._upload_error("LIST", prefix, exc)
+        return tuple(sorted(out))
 
     def presigned_get_url(self, name: str, expires_in: timedelta = timedelta(minutes=15)) -> str:
         """A URL that GETs the object (any single ``Range`` allowed) without credentials

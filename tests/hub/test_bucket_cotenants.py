@@ -1,0 +1,93 @@
+"""A bucket store shares its bucket with others: keys another tool writes under the prefix,
+names cmh never makes, a storage that fails while a client asks.
+
+Each test starts its own storage through the fixtures (moto, ministack, SeaweedFS).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from bucket_support import Bucket, use_bucket
+from cmh.hub.mirror.stores.bucket._bucket import BucketStore
+from cmh.hub.mirror.stores.bucket._objectstore import ObjectInfo
+from mirror_support import TINY_REPO, write_tiny_repo
+
+FOLDER = "models--cmh-test--tiny"
+#: Keys cmh never makes (an empty, ``.`` or ``..`` segment), relative to the prefix; moto
+#: and ministack take them as they are (SeaweedFS normalises ``//`` and refuses ``..``).
+JUNK = (f"{FOLDER}/blobs//x", f"{FOLDER}/trees/./x.json", "/x", "../up", f"{FOLDER}/..")
+
+
+@pytest.fixture(params=["moto", "ministack"])
+def junk_bucket(request: pytest.FixtureRequest) -> Bucket:
+    bucket: Bucket = request.getfixturevalue(f"{request.param}_bucket")
+    return bucket
+
+
+def _put_raw(store: BucketStore, key: str, data: bytes) -> None:
+    """Write ``key`` (relative to the prefix) as another tool would: no name check."""
+    objects = store.objects
+    objects._s3_client().put_object(
+        Bucket=objects.location.bucket, Key=objects.location.prefix + key, Body=data
+    )
+
+
+def _sorted(infos: Iterable[ObjectInfo]) -> list[ObjectInfo]:
+    return sorted(infos, key=lambda i: i.name)
+
+
+def _raw_keys(store: BucketStore) -> list[str]:
+    objects = store.objects
+    pages = objects._s3_client().get_paginator("list_objects_v2")
+    prefix = objects.location.prefix
+    return sorted(
+        str(o["Key"])[len(prefix) :]
+        for page in pages.paginate(Bucket=objects.location.bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
+    )
+
+
+def test_keys_cmh_never_makes_are_skipped_not_fatal(
+    junk_bucket: Bucket,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Was: one such key under the prefix made obstore refuse the whole listing ("invalid
+    path"): ls, scrub and prune failed, ``cmh serve`` would not start, a running one
+    answered 503. Such a key is left out of every listing and said once; it is never read
+    or deleted."""
+    from cmh.hub.mirror.stores.bucket._scrub import scrub_bucket
+    from cmh.hub.prune import PrunePolicy, execute_bucket_plan, plan_prune, scan_bucket
+
+    use_bucket(junk_bucket, tmp_path, monkeypatch)
+    store = BucketStore.open(junk_bucket.url)
+    store.add_folder(write_tiny_repo(tmp_path / "tiny", 1), TINY_REPO)
+    listed = _sorted(store.objects.list(""))
+    folders = store.objects.list_folders("")
+    blobs = store.blob_infos(FOLDER)
+    for key in JUNK:
+        _put_raw(store, key, b"junk")
+    assert set(JUNK) <= set(_raw_keys(store))  # the storage keeps them as they are
+    with caplog.at_level(logging.WARNING, "cmh.hub.mirror"):
+        assert _sorted(store.objects.list("")) == listed
+        in_folder = [i for i in listed if i.name.startswith(FOLDER)]
+        assert _sorted(store.objects.list(FOLDER)) == in_folder
+        assert store.objects.list_folders("") == folders
+        assert store.blob_infos(FOLDER) == blobs
+        assert [r[1] for r in store.repos()] == [TINY_REPO]
+        report = scrub_bucket(store)
+        assert not report.bad and not report.errors and not report.broken_links
+        plan = plan_prune(scan_bucket(store), PrunePolicy(unreferenced=True))
+        execute_bucket_plan(store, plan, settle=0)
+        store.objects.list("")  # again: said once
+        assert _sorted(store.objects.list("")) == listed
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    for key in JUNK[:2]:
+        assert sum(f"/{store.objects.location.prefix}{key}: object skipped" in s for s in said) == 1
+    assert set(JUNK) <= set(_raw_keys(store))  # never deleted
+
