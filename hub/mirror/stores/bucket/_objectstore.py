@@ -920,13 +920,21 @@ class ObjectStore:
     def abort_upload(self, name: str, upload_id: str) -> None:
         """Abort an incomplete multipart upload of ``name`` (its parts are freed); one
         already completed or aborted is not an error."""
+        self._abort_upload(self.location.key(name), name, upload_id)
+
+    def abort_listed_upload(self, upload: UploadInfo) -> None:
+        """Abort an upload :meth:`list_uploads` gave, by the key the storage listed under
+        the prefix, as it is: one whose name this store would never make (an empty, ``.``
+        or ``..`` segment: another tool's) is freed too. Only that upload id's parts go; no
+        object is read, written or deleted."""
+        self._abort_upload(self.location.prefix + upload.name, upload.name, upload.upload_id)
+
+    def _abort_upload(self, key: str, name: str, upload_id: str) -> None:
         import botocore.exceptions
 
         client = self._s3_client()
         try:
-            client.abort_multipart_upload(
-                Bucket=self.location.bucket, Key=self.location.key(name), UploadId=upload_id
-            )
+            client.abort_multipart_upload(Bucket=self.location.bucket, Key=key, UploadId=upload_id)
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
                 return
