@@ -21,7 +21,20 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The storage behind a store failed (answered with an error, or not at all)."""
+    """The storage behind a store failed (answered with an error, or not at all).
+
+    The message names what failed (bucket, prefix, key, endpoint): it is for the log and
+    the operator. A client is told only :attr:`kind`, what sort of failure it was.
+    """
+
+    def __init__(self, message: str, kind: str = "the storage failed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+#: What :class:`StoreUnavailable` tells a client for a store holding an object cmh cannot
+#: use (an invalid tree or record).
+INVALID_OBJECT = "the store holds an object that cannot be used"
 
 
 class StoreMissing(StoreError):

@@ -66,7 +66,7 @@ from cmh.hub.cache import (
     validate_revision,
 )
 
-from ..._errors import StoreError, StoreUnavailable
+from ..._errors import INVALID_OBJECT, StoreError, StoreUnavailable
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from ..._index import CommitIndex, FileEntry, revision_refs
 from ..local._folder import (
@@ -1014,6 +1014,8 @@ def _storage_errors() -> Iterator[None]:
     except (ObjectStoreError, BucketError) as exc:
         if isinstance(exc, StoreUnavailable):
             raise
+        if isinstance(exc, BucketError):
+            raise StoreUnavailable(str(exc), INVALID_OBJECT) from None
         raise StoreUnavailable(str(exc)) from None
 
 
