@@ -149,3 +149,66 @@ def test_a_failing_storage_is_named_to_no_client(
     logged = [r.getMessage() for r in caplog.records]
     logged = [line for line in logged if line.startswith("store unavailable")]
     assert len(logged) == 2 and all(proxy.endpoint in line and bucket in line for line in logged)
+
+
+#: Where the scrub is held while a re-import repairs the blob: its copy of the bad
+#: version to the quarantine, or the note it writes beside that copy.
+HOLDS = ("copy", "note")
+
+
+@pytest.mark.parametrize("hold", HOLDS)
+def test_scrub_never_quarantines_a_blob_a_re_import_repaired(
+    junk_bucket: Bucket, hold: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: scrub copied and deleted ``blobs/{etag}`` unpinned, after hashing every blob
+    of the repo. A re-import that uploaded the blob again meanwhile (a wrong-size object:
+    spec/hub-mirror.md 7.2 step 1) lost the good blob and its check record to the
+    quarantine (503 BlobUnavailable for a served file). Only the version hashed goes."""
+    import hashlib
+    import threading
+
+    from bucket_support import S3Proxy, S3Request
+    from cmh.hub.mirror.stores.bucket._scrub import scrub_bucket
+    from deadline_support import TEST_DEADLINE
+
+    use_bucket(junk_bucket, tmp_path, monkeypatch)
+    direct = BucketStore.open(junk_bucket.url)
+    src = write_tiny_repo(tmp_path / "tiny", 1)
+    direct.add_folder(src, TINY_REPO)
+    good = (src / "weights.bin").read_bytes()
+    etag = hashlib.sha256(good).hexdigest()
+    blob = direct.blob_name(FOLDER, etag)
+    direct.objects.put(blob, good[: len(good) // 2])  # it goes bad (short: the wrong size)
+    held, release = threading.Event(), threading.Event()
+
+    def holding(request: S3Request) -> None:
+        copy = request.header("x-amz-copy-source") or ""
+        if request.method != "PUT" or "/.quarantine/" not in request.key:
+            return None
+        if (hold == "copy" and etag in copy) or (hold == "note" and request.key.endswith(".json")):
+            held.set()
+            release.wait(TEST_DEADLINE)
+        return None
+
+    proxy = S3Proxy(junk_bucket.endpoint, holding)  # type: ignore[attr-defined]
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        scrubbing = BucketStore.open(junk_bucket.url)
+        out: list[object] = []
+        thread = threading.Thread(target=lambda: out.append(scrub_bucket(scrubbing, threads=2)))
+        thread.start()
+        assert held.wait(TEST_DEADLINE)  # the bad version was hashed; its quarantine is held
+        direct.add_folder(src, TINY_REPO)  # the re-import uploads the blob again
+        repaired = direct.objects.head(blob).etag
+        assert direct.objects.get(blob) == good and direct.read_check(FOLDER, etag) == repaired
+        release.set()
+        thread.join(TEST_DEADLINE)
+    finally:
+        release.set()
+        proxy.stop()
+    [report] = out
+    [bad] = report.bad  # type: ignore[attr-defined]
+    assert bad.blob == etag and bad.quarantined_to is None
+    assert "not quarantined: replaced since it was hashed" in bad.message
+    assert direct.objects.get(blob) == good  # the repaired blob is served
+    assert direct.read_check(FOLDER, etag) == repaired  # and its check record kept

@@ -622,14 +622,19 @@ class ObjectStore:
         start: int = 0,
         end: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        if_match: str | None = None,
     ) -> Iterator[bytes]:
         """Bytes ``[start, end)`` (to the end when ``end`` is None) in chunks of about
-        ``chunk_size``, one request."""
+        ``chunk_size``, one request; with ``if_match`` (an ETag as :meth:`head` or
+        :meth:`list` gave it) only from that version of the object, else
+        :class:`PreconditionFailed`."""
         import obstore
 
         self._check_range(start, end)
         key = self.location.key(name)
         options: Any = {} if start == 0 and end is None else {"range": self._range(start, end)}
+        if if_match is not None:
+            options["if_match"] = if_match
         try:
             result = obstore.get(self._store, key, options=options)
             yield from result.stream(chunk_size)
@@ -767,6 +772,37 @@ class ObjectStore:
             obstore.delete(self._store, key)
         except self._errors() as exc:
             self._fail("DELETE", name, exc)
+
+    def delete_if_match(self, name: str, etag: str) -> None:
+        """Delete an object only while its ETag is ``etag`` (a version known to be bad):
+        :class:`PreconditionFailed` when it changed (or is gone), and nothing is deleted.
+
+        A HEAD is compared first (some storages ignore a conditional DELETE); the DELETE
+        then carries ``If-Match`` too, so a storage that honours it (AWS) also refuses a
+        version written between the two."""
+        import botocore.exceptions
+
+        try:
+            now = self.head(name).etag
+        except ObjectNotFound:
+            raise PreconditionFailed(f"DELETE {self.location}{name}: it is gone", name) from None
+        if not _same_etag(now, etag):
+            raise PreconditionFailed(
+                f"DELETE {self.location}{name}: precondition failed: it was replaced", name
+            )
+        client = self._s3_client()
+        try:
+            client.delete_object(Bucket=self.location.bucket, Key=self.location.key(name),
+                                 IfMatch=etag)  # fmt: skip
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                raise PreconditionFailed(
+                    f"DELETE {self.location}{name}: precondition failed ({code})", name
+                ) from None
+            self._upload_error("DELETE", name, exc)
+        except botocore.exceptions.BotoCoreError as exc:
+            self._upload_error("DELETE", name, exc)
 
     # -- listing and URLs ---------------------------------------------------------------
 
