@@ -212,3 +212,44 @@ def test_scrub_never_quarantines_a_blob_a_re_import_repaired(
     assert "not quarantined: replaced since it was hashed" in bad.message
     assert direct.objects.get(blob) == good  # the repaired blob is served
     assert direct.read_check(FOLDER, etag) == repaired  # and its check record kept
+
+
+@pytest.mark.parametrize("kind", ["folder", "moto"])
+def test_the_operator_page_reads_a_bounded_quarantine(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: the operator page read every quarantine note whole (a bucket: up to 1000 of up
+    to 64 MiB each; a folder: any number, any size), whoever wrote them. It reads notes of
+    at most MAX_NOTE_BYTES, MAX_NOTES_BYTES in all, MAX_QUARANTINE_NOTES at most."""
+    import json
+
+    from cmh.hub.mirror.stores._base import MAX_NOTE_BYTES, MAX_NOTES_BYTES
+
+    def note(i: int, size: int) -> bytes:
+        head = json.dumps({"quarantined_at": i, "pad": ""}).encode()
+        return head[:-2] + b"x" * (size - len(head)) + head[-2:]
+
+    fits = MAX_NOTES_BYTES // MAX_NOTE_BYTES  # notes just under the per-note bound
+    notes = {
+        f"models--o--m/{i:064x}.{i}.json": note(i, MAX_NOTE_BYTES - 64) for i in range(fits + 4)
+    }
+    notes["models--o--m/big.json"] = note(10_000, MAX_NOTE_BYTES + 1)  # never read
+    if kind == "folder":
+        from cmh.hub.mirror.stores.local._store import LocalStore
+
+        for name, data in notes.items():
+            path = tmp_path / "store" / ".quarantine" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        view = LocalStore(tmp_path / "store").scrub_history()
+    else:
+        from cmh.hub.mirror.stores.bucket._store import BucketBackedStore
+
+        bucket = request.getfixturevalue(f"{kind}_bucket")
+        use_bucket(bucket, tmp_path, monkeypatch)
+        backend = BucketBackedStore.open(bucket.url)
+        for name, data in notes.items():
+            backend.bucket.objects.put(f".quarantine/{name}", data)
+        view = backend.scrub_history()
+    times = [n["quarantined_at"] for n in view.quarantined]
+    assert times == sorted(range(fits), reverse=True)  # the big one and those past the bound left
