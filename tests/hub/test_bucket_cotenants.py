@@ -253,3 +253,28 @@ def test_the_operator_page_reads_a_bounded_quarantine(
         view = backend.scrub_history()
     times = [n["quarantined_at"] for n in view.quarantined]
     assert times == sorted(range(fits), reverse=True)  # the big one and those past the bound left
+
+
+def test_scrub_without_quarantine_forgets_the_check_of_the_bad_version_alone(
+    junk_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: with ``--no-quarantine`` a bucket scrub left a check record naming the bad
+    version (replicas then sent it unchecked), where a folder scrub forgets it. The record
+    goes when it names the version found bad, and only then."""
+    import hashlib
+
+    from cmh.hub.mirror.stores.bucket._scrub import scrub_bucket
+
+    use_bucket(junk_bucket, tmp_path, monkeypatch)
+    store = BucketStore.open(junk_bucket.url)
+    src = write_tiny_repo(tmp_path / "tiny", 1)
+    store.add_folder(src, TINY_REPO)
+    etag = hashlib.sha256((src / "weights.bin").read_bytes()).hexdigest()
+    bad = store.objects.put(store.blob_name(FOLDER, etag), b"rotten")
+    store.record_check(FOLDER, etag, '"another-version"')
+    [check] = scrub_bucket(store, do_quarantine=False).bad
+    assert check.blob == etag and store.read_check(FOLDER, etag) == '"another-version"'
+    store.record_check(FOLDER, etag, bad)  # as a record of the bad version would
+    [check] = scrub_bucket(store, do_quarantine=False).bad
+    assert check.blob == etag and store.read_check(FOLDER, etag) is None
+    assert store.objects.get(store.blob_name(FOLDER, etag)) == b"rotten"  # left in place

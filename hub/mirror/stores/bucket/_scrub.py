@@ -75,16 +75,24 @@ def quarantine_blob(
         return _kept(check, REPAIRED)
     note = {**check.__dict__, "storage_etag": storage_etag, "quarantined_at": at}
     store.objects.put(dest + ".json", json.dumps(note, indent=1).encode())
-    record = store.get_record(store.check_name(folder, check.blob))
-    if record is not None and _names(record[0], storage_etag):  # no replica trusts it now
-        with contextlib.suppress(PreconditionFailed):
-            store.objects.delete_if_match(store.check_name(folder, check.blob), record[1].etag)
+    forget_check(store, folder, check.blob, storage_etag)
     try:
         store.objects.delete_if_match(blob, storage_etag)
     except PreconditionFailed:
         where = f"{store.url}{dest}"
         return _kept(check, f"{REPAIRED}; the version found bad was copied to {where}")
     return BlobCheck(**{**check.__dict__, "quarantined_to": f"{store.url}{dest}"})
+
+
+def forget_check(store: BucketStore, folder: str, etag: str, storage_etag: str) -> None:
+    """Delete the check record of blob ``etag`` if it names the version ``storage_etag``
+    (found bad: no replica trusts it now); a record of another version, a re-import's,
+    stays (the delete is pinned to the record read)."""
+    name = store.check_name(folder, etag)
+    record = store.get_record(name)
+    if record is not None and _names(record[0], storage_etag):
+        with contextlib.suppress(PreconditionFailed):
+            store.objects.delete_if_match(name, record[1].etag)
 
 
 def _names(record: bytes, storage_etag: str) -> bool:
@@ -105,13 +113,21 @@ def _kept(check: BlobCheck, why: str) -> BlobCheck:
 def _check_and_quarantine(
     store: BucketStore, folder: str, label: str, info: ObjectInfo, etag: str, quarantine: bool
 ) -> BlobCheck:
-    """Hash one blob and, when it is bad, quarantine that version at once."""
+    """Hash one blob and, when it is bad, quarantine that version at once (with
+    ``quarantine`` false, forget its check record alone, as a folder scrub does)."""
     check = check_blob(store, label, info, etag)
-    if check.ok or check.error is not None or not quarantine:
+    if check.ok or check.error is not None:
         return check
-    if not info.etag:
-        return _kept(check, "the storage gave the object no ETag to pin its deletion to")
-    return quarantine_blob(store, folder, check, info.etag)
+    try:
+        if not quarantine:
+            if info.etag:
+                forget_check(store, folder, etag, info.etag)
+            return check
+        if not info.etag:
+            return _kept(check, "the storage gave the object no ETag to pin its deletion to")
+        return quarantine_blob(store, folder, check, info.etag)
+    except ObjectStoreError as exc:  # the blob stays; the scrub goes on, as in a folder
+        return _kept(check, str(exc)) if quarantine else check
 
 
 def scrub_bucket(store: BucketStore, **options: Unpack[ScrubOptions]) -> ScrubReport:
