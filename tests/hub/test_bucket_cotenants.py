@@ -278,3 +278,26 @@ def test_scrub_without_quarantine_forgets_the_check_of_the_bad_version_alone(
     [check] = scrub_bucket(store, do_quarantine=False).bad
     assert check.blob == etag and store.read_check(FOLDER, etag) is None
     assert store.objects.get(store.blob_name(FOLDER, etag)) == b"rotten"  # left in place
+
+
+def test_a_listed_name_is_skipped_exactly_when_the_name_check_refuses_it() -> None:
+    """The listing's cheap check (every listed name goes through it) and the name check
+    every read and write goes through agree, on every name of up to six of ``a . / \\x01``."""
+    import itertools
+
+    from cmh.hub.mirror.stores.bucket._objectstore import (
+        InvalidObjectName,
+        _check_relpath,
+        _unusable,
+    )
+
+    def refused(name: str) -> bool:
+        try:
+            _check_relpath(name, "object name", InvalidObjectName)
+        except InvalidObjectName:
+            return True
+        return False
+
+    names = ["", "a\x7f", "a\nb", "trees/x.json", ".cmh/lease"]
+    names += ["".join(p) for k in range(1, 7) for p in itertools.product("a./\x01", repeat=k)]
+    assert [n for n in names if _unusable(n) != refused(n)] == []
