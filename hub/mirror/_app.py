@@ -33,7 +33,7 @@ from . import _hub_documents as hub_documents
 from ._auth import bearer_token
 from ._connections import STALLED_CUT, STALLED_KEY
 from ._cuts import RESTART_MESSAGE, appends_whole_body
-from ._errors import CLIENT_LEFT, BlobUnavailable, HubError, printable
+from ._errors import CLIENT_LEFT, BlobUnavailable, HubError, storage_failed
 from ._fingerprints import fingerprint_of
 from ._index import CommitIndex, FileEntry
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
@@ -403,7 +403,7 @@ def _store_errors() -> Iterator[None]:
     try:
         yield
     except StoreUnavailable as exc:
-        logger.warning("store unavailable: %s", printable(str(exc)))
+        storage_failed(exc, "store unavailable")
         raise HubError(503, "StoreUnavailable", f"store unavailable: {exc.kind}",
                        {"Retry-After": "5"}) from None  # fmt: skip
 

@@ -98,13 +98,14 @@ def test_a_failing_storage_is_named_to_no_client(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Was: ``503 StoreUnavailable`` carried cmh's whole storage error line (bucket,
-    prefix, key, the storage's internal address) in its body and ``X-Error-Message`` to
-    any client. A client is told what kind of failure it was; the log keeps the line."""
+    """Was: ``503 StoreUnavailable`` and ``503 BlobUnavailable`` carried cmh's whole
+    storage error line (bucket, prefix, key, the storage's internal address) in their body
+    and ``X-Error-Message`` to any client. A client is told what kind of failure it was;
+    the log keeps the line."""
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
-    from bucket_support import Fault, S3Proxy
+    from bucket_support import Fault, S3Proxy, S3Request
     from cmh.hub.mirror._app import make_app
     from cmh.hub.mirror._auth import AccessPolicy
     from cmh.hub.mirror._observe import Metrics
@@ -114,25 +115,34 @@ def test_a_failing_storage_is_named_to_no_client(
 
     use_bucket(moto_bucket, tmp_path, monkeypatch)
     BucketStore.open(moto_bucket.url).add_folder(write_tiny_repo(tmp_path / "tiny", 1), TINY_REPO)
-    down: list[bool] = []
-    proxy = S3Proxy(moto_bucket.endpoint, lambda request: Fault.LOSE if down else None)  # type: ignore[attr-defined]
+    down: list[str] = []  # "" (every request fails) or the part of the keys that fail
+
+    def failing(request: S3Request) -> Fault | None:
+        return Fault.LOSE if down and down[-1] in request.key else None
+
+    proxy = S3Proxy(moto_bucket.endpoint, failing)  # type: ignore[attr-defined]
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     backend = BucketBackedStore.open(moto_bucket.url, ref_ttl=0.0)
     state = MirrorState(backend, AccessPolicy({}), Metrics(None))
     bucket, prefix = backend.bucket.objects.location.bucket, backend.bucket.objects.location.prefix
     secret = (bucket, prefix.strip("/"), proxy.endpoint, proxy.endpoint.split("//")[1])
+    resolve = f"/{TINY_REPO}/resolve/main"
+    asked = [
+        (None, "/api/models"),
+        (None, f"{resolve}/config.json"),
+        ("/blobs/", f"{resolve}/weights.bin"),  # the blobs alone fail
+        ("", "/api/models"),  # nothing answers
+        ("", f"{resolve}/README.md"),
+    ]
 
-    async def run() -> list[tuple[int, str, str, str | None]]:
+    async def run() -> list[tuple[int, str, str | None]]:
         out = []
         async with TestClient(TestServer(make_app(state), host="127.0.0.1")) as client:
-            for path in ("/api/models", f"/{TINY_REPO}/resolve/main/config.json"):
+            for failing_keys, path in asked:
+                if failing_keys is not None:
+                    down.append(failing_keys)
                 answer = await asyncio.wait_for(client.get(path), TEST_DEADLINE)
-                out.append((answer.status, path, await answer.text(),
-                            answer.headers.get("X-Error-Message")))  # fmt: skip
-            down.append(True)  # the storage answers nothing from now on
-            for path in ("/api/models", f"/{TINY_REPO}/resolve/main/config.json"):
-                answer = await asyncio.wait_for(client.get(path), TEST_DEADLINE)
-                out.append((answer.status, path, await answer.text(),
+                out.append((answer.status, await answer.text(),
                             answer.headers.get("X-Error-Message")))  # fmt: skip
         return out
 
@@ -141,14 +151,15 @@ def test_a_failing_storage_is_named_to_no_client(
             answers = asyncio.run(run())
         finally:
             proxy.stop()
-    assert [a[0] for a in answers] == [200, 200, 503, 503], answers
-    for _, _, body, message in answers[2:]:
-        assert message == "store unavailable: the storage failed"
-        assert body == '{"error": "store unavailable: the storage failed"}'
+    assert [a[0] for a in answers] == [200, 200, 503, 503, 503], answers
+    told = ["blob unavailable", "store unavailable", "store unavailable"]
+    for (_, body, message), what in zip(answers[2:], told, strict=True):
+        assert message == f"{what}: the storage failed"
+        assert body == f'{{"error": "{what}: the storage failed"}}'
         assert not any(s in body or s in (message or "") for s in secret)
     logged = [r.getMessage() for r in caplog.records]
-    logged = [line for line in logged if line.startswith("store unavailable")]
-    assert len(logged) == 2 and all(proxy.endpoint in line and bucket in line for line in logged)
+    logged = [line for line in logged if line.startswith(("store unavailable", "blob unavail"))]
+    assert len(logged) >= 3 and all(proxy.endpoint in line and bucket in line for line in logged)
 
 
 #: Where the scrub is held while a re-import repairs the blob: its copy of the bad

@@ -27,7 +27,7 @@ from cmh.hub.cache import LayoutError, validate_relpath, validate_repo_id, valid
 
 from .._auth import repo_key
 from .._derived import NO_CARD
-from .._errors import printable
+from .._errors import STORAGE_FAILED, storage_failed
 from .._index import CommitIndex, FileEntry
 from .._observe import ROUTE_KEY
 from ..stores import StoreError
@@ -308,8 +308,8 @@ async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> we
         else:
             body = await loop.run_in_executor(threads, work)
     except StoreError as exc:  # the storage failed (StoreUnavailable): its names stay in the log
-        logger.warning("store unavailable: %s", printable(str(exc)))
-        kind = getattr(exc, "kind", "the storage failed")
+        storage_failed(exc, "store unavailable")
+        kind = getattr(exc, "kind", STORAGE_FAILED)
         raise PageError(503, f"the store cannot be read now: {kind}") from None
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
+from errno import EIO
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cmh.hub.cache import Clock, new_digest, repo_folder_name
 
-from ..._errors import StoreError, StoreMissing, StoreUnavailable
+from ..._errors import StoreError, StoreMissing, StoreUnavailable, storage_failed
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
 from .._base import HEADER_COPY_MARGIN, MAX_NOTE_BYTES, WEIGHT_FILES
@@ -180,7 +181,7 @@ class BucketBackedStore:
                     digest.update(chunk)
                     out.write(chunk)
         except ObjectStoreError as exc:
-            raise OSError(f"blob unavailable: {exc}") from None
+            raise OSError(EIO, storage_failed(exc, "blob unavailable")) from None
         if digest.hexdigest() != entry.etag or dest.stat().st_size != entry.size:
             raise OSError("blob does not match its name")
 
@@ -255,12 +256,12 @@ class BucketBackedStore:
         except (ValueError, ObjectTooLarge):
             pass  # an unreadable manifest: computed again
         except ObjectStoreError as exc:
-            raise OSError(f"store unavailable: {exc}") from None
+            raise OSError(EIO, storage_failed(exc, "store unavailable")) from None
         try:  # one pass over the storage's stream: no local copy of the blob
             chunks = self.bucket.objects.iter_chunks(entry.source.as_posix())
             doc = compute_streamed(chunks, entry.etag, entry.size)
         except ObjectStoreError as exc:
-            raise OSError(f"blob unavailable: {exc}") from None
+            raise OSError(EIO, storage_failed(exc, "blob unavailable")) from None
         self._keep_manifest(name, doc)
         return doc
 
