@@ -63,8 +63,10 @@ _EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 logger = logging.getLogger("cmh.hub.mirror")
-#: (location, key) of each listed key :meth:`ObjectStore._usable` refused: said once each.
+#: (location, key) of each listed key :meth:`ObjectStore._usable` refused: said once each,
+#: the first :data:`MAX_SKIPPED_SAID` (anyone who may write to the bucket makes them).
 _SKIPPED: set[tuple[S3Location, str]] = set()
+MAX_SKIPPED_SAID = 1000
 _SKIPPED_LOCK = threading.Lock()
 
 
@@ -870,8 +872,9 @@ class ObjectStore:
         if _unusable(name):
             key = self.location.prefix + name if key is None else key
             with _SKIPPED_LOCK:
-                first = (self.location, key) not in _SKIPPED
-                _SKIPPED.add((self.location, key))
+                first = (self.location, key) not in _SKIPPED and len(_SKIPPED) < MAX_SKIPPED_SAID
+                if first:
+                    _SKIPPED.add((self.location, key))
             if first:
                 logger.warning(
                     "s3://%s/%s: %s skipped: its name has an empty, '.' or '..' part or a "
