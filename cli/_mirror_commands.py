@@ -455,7 +455,7 @@ class _ServeOptions:
         "Bucket stores, with --upstream: seconds a replica's lease on a blob it fills lives "
         "without renewal (renewed every quarter of it); a dead replica's fill is taken over, "
         "and cmh prune removes its parts, after it. Every replica of a bucket should use the "
-        "same. Default: 30 (1 to 3600)."
+        "same. Default: 30 (2 to 3600)."
     ),
 )
 @click.option(
@@ -606,9 +606,11 @@ def _use_fleet_key(opt: _ServeOptions) -> None:
     os.environ[FLEET_KEY_ENV] = str(opt.fleet_key_file.resolve())
 
 
-#: Bounds of ``--fill-lease-ttl``: renewals every quarter of it need a second or so; a
-#: dead replica's fill waits this long before another replica takes it over.
-FILL_LEASE_TTL_RANGE = (1.0, 3600.0)
+#: Bounds of ``--fill-lease-ttl``: the holder renews every quarter of it, and the storage
+#: dates each renewal to the whole second (a lease's age may read up to a second too old,
+#: spec/hub-mirror.md 8.6), so below 2 s a live lease would be judged by its rounding; a
+#: dead replica's fill waits this long (and that second) before another takes it over.
+FILL_LEASE_TTL_RANGE = (2.0, 3600.0)
 
 
 def _fill_lease_ttl(value: float | None) -> float | None:

@@ -154,6 +154,21 @@ FILL_STATE = ".cmh/fills"
 #: seconds a fill lease lives without renewal, unless its holder wrote another lifetime in
 #: it (``cmh serve --fill-lease-ttl``); the pull-through and the pruner both judge by it
 FILL_LEASE_TTL = 30.0
+#: seconds by which an age measured between two storage times may exceed the true one: S3
+#: gives ``Last-Modified`` in whole seconds (cut, not rounded), so a lease renewed at 10.9 s
+#: reads as written at 10 s. A lease stays live until its measured age passes its lifetime
+#: plus this margin (:func:`lease_left`; spec/hub-mirror.md 8.6).
+LEASE_TIME_RESOLUTION = 1.0
+
+
+def lease_left(age: float, ttl: float) -> float:
+    """Seconds a lease (or a fill's state) of measured ``age`` has before it may be taken
+    over or judged abandoned: its lifetime ``ttl`` plus :data:`LEASE_TIME_RESOLUTION`
+    minus its age; negative once it has expired. The one rule every lease check (the
+    pull-through, ``cmh mirror add``, the pruner; folder and bucket) goes by."""
+    return ttl + LEASE_TIME_RESOLUTION - age
+
+
 #: where a mirror records, per repo, when a body of each blob was last cut (spec 8.3)
 CUT_RECORDS = ".cmh/cuts"
 #: seconds after a cut during which ranges of that blob are answered whole (200)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from . import _hub_documents as hub_documents
 from ._auth import bearer_token
 from ._connections import STALLED_CUT, STALLED_KEY
 from ._cuts import RESTART_MESSAGE, appends_whole_body
-from ._errors import CLIENT_LEFT, BlobUnavailable, HubError
+from ._errors import CLIENT_LEFT, BlobUnavailable, HubError, storage_failed
 from ._fingerprints import fingerprint_of
 from ._index import CommitIndex, FileEntry
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
@@ -57,6 +58,8 @@ _TRUE = {"1", "true", "yes", "on"}
 STALE_AFTER = 3.0
 #: Seconds a manifest request waits for a pull-through fill (under a client's 10 s timeout).
 MANIFEST_FILL_WAIT = 8.0
+
+logger = logging.getLogger("cmh.hub.mirror")
 
 
 def make_app(state: MirrorState, pages: Any = None) -> web.Application:
@@ -392,13 +395,16 @@ def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> 
 
 @contextlib.contextmanager
 def _store_errors() -> Iterator[None]:
-    """A store whose storage fails (or holds an invalid tree) answers 503."""
+    """A store whose storage fails (or holds an invalid tree) answers 503: the client is
+    told what kind of failure it was, never the storage's names (bucket, prefix, keys,
+    endpoint), which the log keeps."""
     from .stores import StoreUnavailable
 
     try:
         yield
     except StoreUnavailable as exc:
-        raise HubError(503, "StoreUnavailable", f"store unavailable: {exc}",
+        storage_failed(exc, "store unavailable")
+        raise HubError(503, "StoreUnavailable", f"store unavailable: {exc.kind}",
                        {"Retry-After": "5"}) from None  # fmt: skip
 
 

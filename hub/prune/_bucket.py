@@ -397,7 +397,7 @@ def _abort_uploads(store: BucketStore, plan: PrunePlan, report: PruneReport, clo
         if item is None or written is None or not upload_stale(written, plan.policy, plan.now):
             continue
         try:
-            store.objects.abort_upload(upload.name, upload.upload_id)
+            store.objects.abort_listed_upload(upload)
         except ObjectStoreError as exc:
             report.errors.append(str(exc))
             continue

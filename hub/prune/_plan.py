@@ -32,6 +32,7 @@ from cmh.hub.cache import (
     SYSTEM_CLOCK,
     VERIFIED_MARKERS,
     Clock,
+    lease_left,
 )
 
 from ._scan import REPO_TRASH, ROOT_TRASH, CacheScan, FillScan, RepoScan, etag_of
@@ -578,11 +579,12 @@ class _RepoPlanner:
         keeps it whole: its holder still writes parts and deletes them itself."""
         for f in self.repo.fills:
             lifetime = fill_lifetime(f, self.policy)
-            if f.lease_written is not None and self.now - f.lease_written <= lifetime:
+            written = f.lease_written
+            if written is not None and lease_left(self.now - written, lifetime) >= 0:
                 continue
             if f.etag in self.repo.blobs:
                 reason = BLOB_STORED
-            elif f.newest is None or self.now - f.newest > lifetime:
+            elif f.newest is None or lease_left(self.now - f.newest, lifetime) < 0:
                 reason = ABANDONED
             else:
                 continue  # a failure record its waiters still read, parts of a stalled holder

@@ -244,3 +244,31 @@ def test_releasing_a_lease_another_took_over_leaves_it_to_them(
     assert store.take_lease("org--x", "me", name="org--x/.cmh/lease-2", ttl=30.0)
     store.release_lease("org--x", name="org--x/.cmh/lease-2")  # still ours: deleted
     assert [i.name for i in store.objects.list("org--x/.cmh/lease-2")] == []
+
+
+def test_a_lease_within_a_second_past_its_lifetime_is_not_taken_over(
+    conformant: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a lease's age is the storage's clock (a scratch object's Last-Modified) less
+    the lease's Last-Modified, both in whole seconds, so it could read up to a second too
+    old and a lease renewed every quarter of a short lifetime was taken over while its
+    holder was alive (two upstream transfers). A lease is live until its measured age is
+    past its lifetime plus that second (spec/hub-mirror.md 7.2 step 4)."""
+    from cmh.hub.cache import LEASE_TIME_RESOLUTION
+    from mirror_support import ManualClock
+
+    use_bucket(conformant, tmp_path, monkeypatch)
+    clock = ManualClock()
+    holder, other = BucketStore.open(conformant.url), BucketStore.open(conformant.url, clock=clock)
+    probe = "org--x/.cmh/lease-probe"
+    assert holder.take_lease("org--x", "probe", name=probe, ttl=30.0)
+    # The other replica looks at the storage's clock now, before the lease below is
+    # written: on the injected clock the lease is then no older than the time moved.
+    assert other.lease_state("org--x", name=probe) is not None
+    ttl, lease = 0.25, "org--x/.cmh/fills/" + "c" * 64 + "/lease"
+    assert holder.take_lease("org--x", "holder", name=lease, ttl=ttl)
+    clock.advance(ttl + 0.5)  # under LEASE_CLOCK_RESYNC: no new look at the storage's clock
+    state = other.lease_state("org--x", name=lease)
+    assert state is not None and state.age <= ttl + 0.5 <= ttl + LEASE_TIME_RESOLUTION
+    assert not other.take_lease("org--x", "other", name=lease, ttl=ttl)
+    assert json.loads(holder.objects.get(lease))["owner"] == "holder"

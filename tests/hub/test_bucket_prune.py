@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from bucket_support import Bucket, history, use_bucket
+from cmh.hub.cache import lease_left
 from cmh.hub.mirror.stores.bucket import _bucket as bucket_module
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound
@@ -219,7 +220,7 @@ def test_expired_leases_are_taken_over_by_prune_and_mirror_add(
     """A lease older than its lifetime on the storage's clock (a killed pruner's): both a
     pruner and a writer take it over at once. The storage's clock is real (no test can
     move a Last-Modified time): this test waits until the storage itself says the lease
-    is older than its 1 s lifetime."""
+    is older than its 1 s lifetime (and the second of LEASE_TIME_RESOLUTION)."""
     store = open_store(seaweed_bucket, lease_ttl=1.0)
     folder = store.folder(REPO, "model")
     store.add_folder(src(tmp_path / "a", "a"), REPO)
@@ -228,7 +229,10 @@ def test_expired_leases_are_taken_over_by_prune_and_mirror_add(
     fresh = open_store(seaweed_bucket, lease_ttl=600.0)
     assert not fresh.take_lease(folder, "test")  # young: held
     deadline = time.monotonic() + TEST_DEADLINE
-    while (lease := store.lease_state(folder)) is not None and lease.age <= store.lease_ttl:
+    # Expired once its age is past the lifetime plus the storage's whole-second resolution.
+    while (lease := store.lease_state(folder)) is not None and lease_left(
+        lease.age, store.lease_ttl
+    ) >= 0:
         assert time.monotonic() < deadline, "the storage's clock did not move"
         time.sleep(0.1)  # the storage's clock moves on its own
     notices: list[str] = []

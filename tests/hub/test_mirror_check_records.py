@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.error import HTTPError
 from urllib.request import urlopen
 
@@ -288,3 +289,35 @@ def test_a_range_short_of_the_end_and_a_head_never_wait_on_the_check(tmp_path: P
     asyncio.run(run())
     time.sleep(0.1)
     assert read_record(record) is not None  # the check beside them was recorded
+
+
+def test_scrub_never_quarantines_a_blob_a_re_import_repaired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a folder scrub hashed every blob, then moved each bad one away by its name. A
+    re-import that replaced the bad file in between (under the blob lock) lost its good
+    blob to the quarantine (503 for a served file) and its check record. Only the version
+    hashed goes, as in a bucket store."""
+    from cmh.hub.mirror import add_folder
+    from cmh.hub.mirror.stores.local import _scrub as scrub
+
+    data = os.urandom(1 << 20)
+    store, blob = _store_with_blob(tmp_path, data)
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:  # it goes bad, same size
+        f.seek(4096)
+        f.write(b"\xff" * 16)
+    hashed = scrub._check
+
+    def hashed_then_re_imported(*args: Any) -> Any:
+        out = hashed(*args)
+        add_folder(store, tmp_path / "src", REPO)  # the re-import repairs the blob
+        return out
+
+    monkeypatch.setattr(scrub, "_check", hashed_then_re_imported)
+    report = scrub.scrub_store(store, threads=1)
+    [bad] = report.bad
+    assert bad.quarantined_to is None and "not quarantined: replaced since" in bad.message
+    assert blob.read_bytes() == data  # the repaired blob is served
+    record = record_path(blob, blob.name)
+    assert record is not None and read_record(record) == FileVersion.of(os.lstat(blob))

@@ -1283,9 +1283,10 @@ def _exists(store: BucketStore, name: str) -> bool:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--fill-lease-ttl", "0"), "0 seconds is not a lease lifetime: give 1 to 3600"),
+        (("--fill-lease-ttl", "0"), "0 seconds is not a lease lifetime: give 2 to 3600"),
         (("--fill-lease-ttl", "nan"), "nan seconds is not a lease lifetime"),
-        (("--fill-lease-ttl", "1e9"), "give 1 to 3600 seconds"),
+        (("--fill-lease-ttl", "1e9"), "give 2 to 3600 seconds"),
+        (("--fill-lease-ttl", "1"), "1 seconds is not a lease lifetime: give 2 to 3600"),
         (("--fill-lease-ttl", "soon"), "'soon' is not a valid float"),
     ],
 )

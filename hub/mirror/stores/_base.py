@@ -12,7 +12,7 @@ the kind (``stores.local``, ``stores.bucket``, ``stores.memory``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,50 @@ HEADER_COPY_MARGIN = 3600.0
 Document = dict[str, object]
 #: The file of a store's last scrub report, beside its quarantined blobs.
 LAST_SCRUB = "last-scrub.json"
+#: What the operator page reads of a store's quarantine, folder and bucket alike (anyone
+#: who may write to the store decides the notes' number and sizes): the last report up to
+#: :data:`MAX_LAST_SCRUB_BYTES`, at most :data:`MAX_QUARANTINE_NOTES` notes of at most
+#: :data:`MAX_NOTE_BYTES` each (a scrub writes a few KiB), :data:`MAX_NOTES_BYTES` in all
+#: (the newest are not chosen: a folder's are read by name, a bucket's as listed).
+MAX_LAST_SCRUB_BYTES = 64 << 20
+MAX_QUARANTINE_NOTES = 1000
+MAX_NOTE_BYTES = 1 << 20
+MAX_NOTES_BYTES = 16 << 20
+
+
+def gather_notes(found: Iterable[tuple[int, Callable[[], bytes | None]]]) -> list[Document]:
+    """The quarantine notes of ``found`` (each its size and a reader that gives its bytes,
+    or None when it cannot be read), newest first, within the bounds above: a note larger
+    than :data:`MAX_NOTE_BYTES` or not a JSON object is left out; reading stops at
+    :data:`MAX_QUARANTINE_NOTES` notes or :data:`MAX_NOTES_BYTES` bytes."""
+    import json
+
+    notes: list[Document] = []
+    total = 0
+    for size, read in found:
+        if size > MAX_NOTE_BYTES:
+            continue
+        if len(notes) >= MAX_QUARANTINE_NOTES or total + size > MAX_NOTES_BYTES:
+            break  # enough for one page
+        data = read()
+        if data is None or len(data) > MAX_NOTE_BYTES:
+            continue
+        total += len(data)
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            notes.append(doc)
+    notes.sort(key=lambda n: -_number(n.get("quarantined_at")))
+    return notes
+
+
+def _number(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from cmh.hub.cache import LayoutError, validate_relpath, validate_repo_id, valid
 
 from .._auth import repo_key
 from .._derived import NO_CARD
+from .._errors import STORAGE_FAILED, storage_failed
 from .._index import CommitIndex, FileEntry
 from .._observe import ROUTE_KEY
 from ..stores import StoreError
@@ -76,6 +78,8 @@ PAGE_HEADERS = {
 _TYPES = {"models": "model", "datasets": "dataset"}
 #: Commits listed in a repo page's side column (the rest on its commits page).
 MAX_SIDE_COMMITS = 10
+
+logger = logging.getLogger("cmh.hub.mirror")
 
 
 WEB_KEY = web.AppKey("cmh_web_options", WebOptions)
@@ -303,8 +307,10 @@ async def _page(request: web.Request, who: Viewer, build: Any, *args: Any) -> we
                 body = await loop.run_in_executor(threads, work)
         else:
             body = await loop.run_in_executor(threads, work)
-    except StoreError as exc:  # the storage failed (StoreUnavailable)
-        raise PageError(503, f"the store cannot be read now: {exc}") from None
+    except StoreError as exc:  # the storage failed (StoreUnavailable): its names stay in the log
+        storage_failed(exc, "store unavailable")
+        kind = getattr(exc, "kind", STORAGE_FAILED)
+        raise PageError(503, f"the store cannot be read now: {kind}") from None
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)
 
 

@@ -49,12 +49,14 @@ from cmh.hub.cache import (
     CUT_RECORDS,
     ETAG_RE,
     FILL_STATE,
+    LEASE_TIME_RESOLUTION,
     MAX_REF_BYTES,
     READ_CHUNK,
     SYSTEM_CLOCK,
     Clock,
     LayoutError,
     git_blob_hasher,
+    lease_left,
     parse_ref,
     parse_repo_folder,
     process_clock,
@@ -64,7 +66,7 @@ from cmh.hub.cache import (
     validate_revision,
 )
 
-from ..._errors import StoreError, StoreUnavailable
+from ..._errors import INVALID_OBJECT, StoreError, StoreUnavailable
 from ..._gitobjects import commit_oid, is_lfs, lfs_pointer_oid, tree_oids
 from ..._index import CommitIndex, FileEntry, revision_refs
 from ..local._folder import (
@@ -593,7 +595,7 @@ class BucketStore:
                     continue  # it went meanwhile: check again
                 seen_at = self.clock.monotonic()
             now = self.clock.monotonic()
-            remaining = self.lease_ttl - (seen.age + now - seen_at)
+            remaining = lease_left(seen.age + now - seen_at, self.lease_ttl)
             if remaining <= 0:
                 self.notice(
                     f"{self.url}{folder}: the lease of {seen.owner} expired "
@@ -729,7 +731,7 @@ class BucketStore:
             state = self.lease_state(folder, name=key)
             if state is None:
                 continue  # released meanwhile
-            if state.age <= ttl:
+            if lease_left(state.age, ttl) >= 0:  # live, allowing for whole-second times
                 return False
             try:
                 self._leases[key] = self.objects.put_if_match(key, doc, state.etag)
@@ -737,7 +739,8 @@ class BucketStore:
                 return False  # someone else took it over first
             self.notice(
                 f"{self.url}{key}: took over the lease {state.owner} left "
-                f"{state.age:.0f} s ago (expired after {ttl:.0f} s)"
+                f"{state.age:.0f} s ago (expired after {ttl:.0f} s, and "
+                f"{LEASE_TIME_RESOLUTION:.0f} s more for the storage's whole-second times)"
                 if math.isfinite(state.age)
                 else f"{self.url}{key}: took over {state.owner}"
             )
@@ -1012,6 +1015,8 @@ def _storage_errors() -> Iterator[None]:
     except (ObjectStoreError, BucketError) as exc:
         if isinstance(exc, StoreUnavailable):
             raise
+        if isinstance(exc, BucketError):
+            raise StoreUnavailable(str(exc), INVALID_OBJECT) from None
         raise StoreUnavailable(str(exc)) from None
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import os
 import re
 import threading
@@ -61,6 +62,12 @@ CREDENTIAL_TTL = timedelta(minutes=5)
 _EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+logger = logging.getLogger("cmh.hub.mirror")
+#: (location, key) of each listed key :meth:`ObjectStore._usable` refused: said once each,
+#: the first :data:`MAX_SKIPPED_SAID` (anyone who may write to the bucket makes them).
+_SKIPPED: set[tuple[S3Location, str]] = set()
+MAX_SKIPPED_SAID = 1000
+_SKIPPED_LOCK = threading.Lock()
 
 
 class ObjectStoreError(CMHError):
@@ -117,6 +124,19 @@ class InvalidRange(ObjectStoreError, ValueError):
 
 class SettingsError(ObjectStoreError):
     """The AWS settings are incomplete or contradictory."""
+
+
+def _unusable(name: str) -> bool:
+    """Whether :func:`_check_relpath` refuses ``name``, cheaply enough for every listed
+    name (a split only for a name with a segment starting with a dot)."""
+    return (
+        not name
+        or name[0] == "/"
+        or name[-1] == "/"
+        or "//" in name
+        or ((name[0] == "." or "/." in name) and any(s in (".", "..") for s in name.split("/")))
+        or _CONTROL_RE.search(name) is not None
+    )
 
 
 def _check_relpath(text: str, what: str, error: type[InvalidLocation]) -> str:
@@ -394,6 +414,12 @@ def _composition_error(objects: ObjectStore, target: str, exc: Exception) -> NoR
     objects._upload_error("COMPOSE", target, exc)
 
 
+def _invalid_listed_path(exc: BaseException) -> bool:
+    """Whether obstore refused a listing for a key it cannot take as a path (an empty,
+    ``.`` or ``..`` segment): the listing is then done through botocore."""
+    return "invalid path" in str(exc).lower()
+
+
 def _same_etag(a: str, b: str) -> bool:
     """Two ETags alike, quoted or not (servers differ in what they answer a copy)."""
     return a.strip('"') == b.strip('"')
@@ -611,14 +637,19 @@ class ObjectStore:
         start: int = 0,
         end: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        if_match: str | None = None,
     ) -> Iterator[bytes]:
         """Bytes ``[start, end)`` (to the end when ``end`` is None) in chunks of about
-        ``chunk_size``, one request."""
+        ``chunk_size``, one request; with ``if_match`` (an ETag as :meth:`head` or
+        :meth:`list` gave it) only from that version of the object, else
+        :class:`PreconditionFailed`."""
         import obstore
 
         self._check_range(start, end)
         key = self.location.key(name)
         options: Any = {} if start == 0 and end is None else {"range": self._range(start, end)}
+        if if_match is not None:
+            options["if_match"] = if_match
         try:
             result = obstore.get(self._store, key, options=options)
             yield from result.stream(chunk_size)
@@ -757,22 +788,101 @@ class ObjectStore:
         except self._errors() as exc:
             self._fail("DELETE", name, exc)
 
+    def delete_if_match(self, name: str, etag: str) -> None:
+        """Delete an object only while its ETag is ``etag`` (a version known to be bad):
+        :class:`PreconditionFailed` when it changed (or is gone), and nothing is deleted.
+
+        A HEAD is compared first (some storages ignore a conditional DELETE); the DELETE
+        then carries ``If-Match`` too, so a storage that honours it (AWS) also refuses a
+        version written between the two."""
+        import botocore.exceptions
+
+        try:
+            now = self.head(name).etag
+        except ObjectNotFound:
+            raise PreconditionFailed(f"DELETE {self.location}{name}: it is gone", name) from None
+        if not _same_etag(now, etag):
+            raise PreconditionFailed(
+                f"DELETE {self.location}{name}: precondition failed: it was replaced", name
+            )
+        client = self._s3_client()
+        try:
+            client.delete_object(Bucket=self.location.bucket, Key=self.location.key(name),
+                                 IfMatch=etag)  # fmt: skip
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                raise PreconditionFailed(
+                    f"DELETE {self.location}{name}: precondition failed ({code})", name
+                ) from None
+            self._upload_error("DELETE", name, exc)
+        except botocore.exceptions.BotoCoreError as exc:
+            self._upload_error("DELETE", name, exc)
+
     # -- listing and URLs ---------------------------------------------------------------
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose name is under the folder ``prefix`` ("" for all), as the
-        storage pages them (ListObjectsV2, 1000 a page); order is the storage's."""
+        storage pages them (ListObjectsV2, 1000 a page); order is the storage's.
+
+        An object whose name cmh would never make (:meth:`_usable`: an empty, ``.`` or
+        ``..`` segment, a control character; another tool's) is left out and said once;
+        obstore refuses a whole listing holding such a key, so that listing is done again
+        through botocore from the last object listed."""
         import obstore
 
         full = self.location.prefix
         if prefix:
             full += _check_relpath(prefix.rstrip("/"), "list prefix", InvalidObjectName) + "/"
+        last: str | None = None
         try:
             for batch in obstore.list(self._store, full.rstrip("/") or None, chunk_size=1000):
                 for meta in batch:
-                    yield self._info(meta["path"][len(self.location.prefix) :], meta)
+                    last = meta["path"]
+                    name = last[len(self.location.prefix) :]
+                    if self._usable(name):
+                        yield self._info(name, meta)
         except self._errors() as exc:
-            self._fail("LIST", prefix, exc)
+            if not _invalid_listed_path(exc):
+                self._fail("LIST", prefix, exc)
+            yield from self._list_by_botocore(prefix, full, last)
+
+    def _list_by_botocore(self, prefix: str, full: str, after: str | None) -> Iterator[ObjectInfo]:
+        """:meth:`list` through botocore (which takes any key), after the key ``after``."""
+        import botocore.exceptions
+
+        client, start = self._s3_client(), self.location.prefix
+        options: dict[str, str] = {"Bucket": self.location.bucket, "Prefix": full}
+        if after is not None:
+            options["StartAfter"] = after
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(**options):
+                for listed in page.get("Contents", []):
+                    name = str(listed["Key"])[len(start) :]
+                    if self._usable(name):
+                        yield ObjectInfo(name, int(listed["Size"]), str(listed.get("ETag") or ""),
+                                         listed["LastModified"])  # fmt: skip
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            self._upload_error("LIST", prefix, exc)
+
+    def _usable(self, name: str, what: str = "object", key: str | None = None) -> bool:
+        """Whether a listed name is one cmh may use (:meth:`S3Location.key` takes it); one
+        that is not (its ``key``, by default the prefix and the name) is said once per
+        process (the log; a command's stderr), and never read or deleted."""
+        if _unusable(name):
+            key = self.location.prefix + name if key is None else key
+            with _SKIPPED_LOCK:
+                first = (self.location, key) not in _SKIPPED and len(_SKIPPED) < MAX_SKIPPED_SAID
+                if first:
+                    _SKIPPED.add((self.location, key))
+            if first:
+                logger.warning(
+                    "s3://%s/%s: %s skipped: its name has an empty, '.' or '..' part or a "
+                    "control character (not cmh's: never read or deleted)",
+                    self.location.bucket, key, what,
+                )  # fmt: skip
+            return False
+        return True
 
     def warm_s3_client(self) -> None:
         """Make the botocore client (:meth:`compose`'s) on a background thread, once: loading
@@ -860,13 +970,21 @@ class ObjectStore:
     def abort_upload(self, name: str, upload_id: str) -> None:
         """Abort an incomplete multipart upload of ``name`` (its parts are freed); one
         already completed or aborted is not an error."""
+        self._abort_upload(self.location.key(name), name, upload_id)
+
+    def abort_listed_upload(self, upload: UploadInfo) -> None:
+        """Abort an upload :meth:`list_uploads` gave, by the key the storage listed under
+        the prefix, as it is: one whose name this store would never make (an empty, ``.``
+        or ``..`` segment: another tool's) is freed too. Only that upload id's parts go; no
+        object is read, written or deleted."""
+        self._abort_upload(self.location.prefix + upload.name, upload.name, upload.upload_id)
+
+    def _abort_upload(self, key: str, name: str, upload_id: str) -> None:
         import botocore.exceptions
 
         client = self._s3_client()
         try:
-            client.abort_multipart_upload(
-                Bucket=self.location.bucket, Key=self.location.key(name), UploadId=upload_id
-            )
+            client.abort_multipart_upload(Bucket=self.location.bucket, Key=key, UploadId=upload_id)
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
                 return
@@ -946,8 +1064,29 @@ class ObjectStore:
         try:
             result = obstore.list_with_delimiter(self._store, full.rstrip("/") or None)
         except self._errors() as exc:
-            self._fail("LIST", prefix, exc)
+            if not _invalid_listed_path(exc):
+                self._fail("LIST", prefix, exc)
+            return self._folders_by_botocore(prefix, full)
         return tuple(sorted(p[len(full) :].rstrip("/") for p in result["common_prefixes"]))
+
+    def _folders_by_botocore(self, prefix: str, full: str) -> tuple[str, ...]:
+        """:meth:`list_folders` through botocore, for a listing obstore refuses (a key it
+        takes as an invalid path): the usable folder names alone."""
+        import botocore.exceptions
+
+        client, out = self._s3_client(), []
+        try:
+            pages = client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.location.bucket, Prefix=full, Delimiter="/"):
+                for common in page.get("CommonPrefixes", []):
+                    key = str(common["Prefix"])
+                    folder = key[len(full) :].rstrip("/")
+                    name = f"{prefix.rstrip('/')}/{folder}" if prefix else folder
+                    if self._usable(name, "folder", key):
+                        out.append(folder)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            self._upload_error("LIST", prefix, exc)
+        return tuple(sorted(out))
 
     def presigned_get_url(self, name: str, expires_in: timedelta = timedelta(minutes=15)) -> str:
         """A URL that GETs the object (any single ``Range`` allowed) without credentials

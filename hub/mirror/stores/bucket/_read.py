@@ -23,8 +23,10 @@ of the bucket, rebuilt from it at will.
 from __future__ import annotations
 
 import io
+from errno import EIO
 from typing import Any, BinaryIO
 
+from ..._errors import storage_failed
 from ..._history import MAX_HISTORY, CommitRecord, place_changes
 from ..._index import (
     INDEX_BASE,
@@ -226,7 +228,7 @@ class _ObjectReader(io.RawIOBase):
         try:
             data = self._store.objects.get_range(self._name, self._pos, end)
         except ObjectStoreError as exc:
-            raise OSError(f"blob unavailable: {exc}") from None
+            raise OSError(EIO, storage_failed(exc, "blob unavailable")) from None
         view[: len(data)] = data
         self._pos += len(data)
         return len(data)

@@ -45,7 +45,7 @@ import aiohttp
 from aiohttp import web
 from cmh.hub.cache import new_digest
 
-from ..._errors import HubError
+from ..._errors import HubError, storage_failed
 from ..._index import FileEntry
 from ..._memo import Memo
 from ..._ranges import ByteRange, is_whole, reaches_end
@@ -186,6 +186,11 @@ class ObjectVerifier:
         return task
 
 
+def _storage_failed(exc: ObjectStoreError) -> BlobUnavailable:
+    """The 503 of a blob the storage failed to give: the storage's line to the log alone."""
+    return BlobUnavailable(f"blob unavailable: {storage_failed(exc, 'blob unavailable')}")
+
+
 async def _blob(reader: BucketReader, entry: FileEntry) -> ObjectInfo:
     name = entry.source.as_posix()
     loop = asyncio.get_running_loop()
@@ -194,7 +199,7 @@ async def _blob(reader: BucketReader, entry: FileEntry) -> ObjectInfo:
     except ObjectNotFound:
         raise BlobUnavailable("blob unavailable: not in the bucket") from None
     except ObjectStoreError as exc:
-        raise BlobUnavailable(f"blob unavailable: {exc}") from None
+        raise _storage_failed(exc) from None
     if info.size != entry.size:
         reader.forget_blob(name)
         raise BlobUnavailable("blob is not of the expected size")
@@ -251,7 +256,7 @@ async def x_accel(
             reader.forget_blob(info.name)
             raise BlobUnavailable("blob changed in the bucket: try again") from None
         except ObjectStoreError as exc:
-            raise BlobUnavailable(f"blob unavailable: {exc}") from None
+            raise _storage_failed(exc) from None
         if not ok:
             raise BlobUnavailable("blob does not match its name")
     out = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
@@ -341,7 +346,7 @@ async def proxy(
             reader.forget_blob(info.name)
             raise BlobUnavailable("blob changed in the bucket: try again") from None
         except ObjectStoreError as exc:
-            raise BlobUnavailable(f"blob unavailable: {exc}") from None
+            raise _storage_failed(exc) from None
         sent = 0
         held = first
         try:
@@ -410,10 +415,11 @@ async def _spliced(
         reader.forget_blob(info.name)
         raise BlobUnavailable("blob changed in the bucket: try again") from None
     except ObjectStoreError as exc:
-        raise BlobUnavailable(f"blob unavailable: {exc}") from None
+        raise _storage_failed(exc) from None
     try:
         if body.length != length:
-            raise BlobUnavailable(f"blob unavailable: {where}: {body.length} bytes, not {length}")
+            wrong = ObjectStoreError(f"{where}: {body.length} bytes, not {length}")
+            raise _storage_failed(wrong)
         try:
             await response.prepare(request)  # a client gone before its headers left, too
             await body.send_to(request.transport, length - 1 if pending else length)

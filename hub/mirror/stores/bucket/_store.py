@@ -6,15 +6,17 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
+from errno import EIO
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cmh.hub.cache import Clock, new_digest, repo_folder_name
 
-from ..._errors import StoreError, StoreMissing, StoreUnavailable
+from ..._errors import StoreError, StoreMissing, StoreUnavailable, storage_failed
 from ..._history import CommitRecord
 from ..._index import CommitIndex, FileEntry
-from .._base import HEADER_COPY_MARGIN, WEIGHT_FILES
+from .._base import HEADER_COPY_MARGIN, MAX_NOTE_BYTES, WEIGHT_FILES
 from .._delivery import PROXY, REDIRECT, X_ACCEL, BlobDelivery
 from .._sync import UNCHANGED, UPDATED, SyncRequest, SyncResult, default_sync_cache
 from ..local._folder import ImportOptions, ImportResult, RepoSummary
@@ -29,9 +31,6 @@ if TYPE_CHECKING:
     from .._base import ScrubView
     from ._delivery import BucketDelivery
 
-#: Quarantine notes the operator page reads from a bucket (the newest are not chosen:
-#: the storage lists by name).
-MAX_QUARANTINE_NOTES = 1000
 _WEIGHTS = WEIGHT_FILES  # one definition for every kind (stores._base)
 
 
@@ -182,7 +181,7 @@ class BucketBackedStore:
                     digest.update(chunk)
                     out.write(chunk)
         except ObjectStoreError as exc:
-            raise OSError(f"blob unavailable: {exc}") from None
+            raise OSError(EIO, storage_failed(exc, "blob unavailable")) from None
         if digest.hexdigest() != entry.etag or dest.stat().st_size != entry.size:
             raise OSError("blob does not match its name")
 
@@ -257,12 +256,12 @@ class BucketBackedStore:
         except (ValueError, ObjectTooLarge):
             pass  # an unreadable manifest: computed again
         except ObjectStoreError as exc:
-            raise OSError(f"store unavailable: {exc}") from None
+            raise OSError(EIO, storage_failed(exc, "store unavailable")) from None
         try:  # one pass over the storage's stream: no local copy of the blob
             chunks = self.bucket.objects.iter_chunks(entry.source.as_posix())
             doc = compute_streamed(chunks, entry.etag, entry.size)
         except ObjectStoreError as exc:
-            raise OSError(f"blob unavailable: {exc}") from None
+            raise OSError(EIO, storage_failed(exc, "blob unavailable")) from None
         self._keep_manifest(name, doc)
         return doc
 
@@ -313,26 +312,30 @@ class BucketBackedStore:
 
     def scrub_history(self) -> ScrubView:
         """The report kept by the last scrub (``.quarantine/last-scrub.json``) and the
-        notes beside the quarantined blobs (at most :data:`MAX_QUARANTINE_NOTES`)."""
-        from .._base import LAST_SCRUB, ScrubView
+        notes beside the quarantined blobs (within the bounds of
+        :func:`~cmh.hub.mirror.stores._base.gather_notes`)."""
+        from .._base import LAST_SCRUB, MAX_LAST_SCRUB_BYTES, ScrubView, gather_notes
         from ._bucket import QUARANTINE
 
+        objects = self.bucket.objects
+
+        def read(name: str) -> bytes | None:
+            with contextlib.suppress(ObjectNotFound, ObjectTooLarge):
+                return objects.get(name, limit=MAX_NOTE_BYTES)
+            return None
+
         last: dict[str, Any] | None = None
-        notes: list[dict[str, Any]] = []
         with _storage_errors():
             with contextlib.suppress(ObjectNotFound, ObjectTooLarge, ValueError):
-                data = json.loads(self.bucket.objects.get(f"{QUARANTINE}/{LAST_SCRUB}"))
+                data = json.loads(objects.get(f"{QUARANTINE}/{LAST_SCRUB}",
+                                              limit=MAX_LAST_SCRUB_BYTES))  # fmt: skip
                 last = data if isinstance(data, dict) else None
-            for info in self.bucket.objects.list(QUARANTINE):
-                if len(notes) >= MAX_QUARANTINE_NOTES:
-                    break
-                if not info.name.endswith(".json") or info.name.endswith("/" + LAST_SCRUB):
-                    continue
-                with contextlib.suppress(ObjectNotFound, ObjectTooLarge, ValueError):
-                    data = json.loads(self.bucket.objects.get(info.name))
-                    if isinstance(data, dict):
-                        notes.append(data)
-        notes.sort(key=lambda n: -float(n.get("quarantined_at") or 0))
+            listed = (
+                (info.size, partial(read, info.name))
+                for info in objects.list(QUARANTINE)
+                if info.name.endswith(".json") and info.name != f"{QUARANTINE}/{LAST_SCRUB}"
+            )
+            notes = gather_notes(listed)
         return ScrubView(last, notes)
 
     def record_upstream_freshness(

@@ -8,7 +8,10 @@ bad tensors are named), so a blob replaced by another valid, re-stamped file
 under the old name is caught by its name, and a tensor that differs is named.
 Bad blobs are moved to ``{store}/.quarantine/{repo folder}/`` with a note,
 where the mirror never looks: a file whose blob is quarantined answers 503
-until it is imported again.
+until it is imported again. Only the version hashed goes (as in a bucket): a blob
+whose file changed while it was hashed is not judged, and one a re-import replaced
+after it was hashed (under the blob lock, as the import writes) stays, with its
+check record.
 
 Problems are per blob: a blob that looks like a safetensors file but whose
 header cannot be used is reported as ``invalid_file`` (and still compared with
@@ -36,12 +39,12 @@ from cmh.hub.cache import (
     iter_repos,
 )
 
-from cmh import atomic_write, usable_cpus
+from cmh import FileVersion, atomic_write, usable_cpus
 
 from ..._index import build_index, regular_size
 from ._folder import ProgressCallback
 from ._pull import upstream_record_path
-from ._verify import forget_record
+from ._verify import read_record, record_path
 
 QUARANTINE = ".quarantine"
 
@@ -143,14 +146,15 @@ def _check_all(
     others: list[str],
     workers: int,
     progress: ProgressCallback | None,
-) -> list[BlobCheck]:
-    """Check every blob named; ``progress`` hears of each as soon as it is checked."""
-    results: list[BlobCheck] = []
+) -> list[tuple[BlobCheck, FileVersion | None]]:
+    """Check every blob named, each with the version hashed; ``progress`` hears of each as
+    soon as it is checked."""
+    results: list[tuple[BlobCheck, FileVersion | None]] = []
 
-    def done(check: BlobCheck) -> None:
-        results.append(check)
+    def done(checked: tuple[BlobCheck, FileVersion | None]) -> None:
+        results.append(checked)
         if progress is not None:
-            progress(check.size)
+            progress(checked[0].size)
 
     for name in stamped:
         done(_check(repo, name, workers))  # threads inside each file
@@ -160,7 +164,34 @@ def _check_all(
     return results
 
 
-def _check(repo: RepoLayout, name: str, threads: int | None) -> BlobCheck:
+#: A blob whose file changed while it was hashed: not judged by this scrub.
+REPLACED = "replaced while it was hashed (an import or a prune): checked by the next scrub"
+#: A bad blob replaced after it was hashed (a re-import repaired it): it stays.
+REPAIRED = "replaced since it was hashed (an import or a prune): checked by the next scrub"
+
+
+def _version(path: Path) -> FileVersion | None:
+    try:
+        return FileVersion.of(os.lstat(path))
+    except OSError:
+        return None
+
+
+def _check(
+    repo: RepoLayout, name: str, threads: int | None
+) -> tuple[BlobCheck, FileVersion | None]:
+    """Compare one blob with its name and, when stamped, with its manifest; and the
+    version of the file that was hashed (``None`` when it changed meanwhile)."""
+    before = _version(repo.blobs / name)
+    check = _check_bytes(repo, name, threads)
+    if check.error == UNREADABLE or before is None:
+        return check, None
+    if _version(repo.blobs / name) != before:
+        return BlobCheck(check.repo, name, check.size, check.method, True, (), REPLACED), None
+    return check, before
+
+
+def _check_bytes(repo: RepoLayout, name: str, threads: int | None) -> BlobCheck:
     """Compare one blob with its name and, when stamped, with its manifest."""
     from cmh import InvalidFileError
 
@@ -207,13 +238,33 @@ def _why(exc: OSError) -> str:
     return f"cannot read the blob: {exc.strerror or exc}"
 
 
-def quarantine(store: Path, repo: RepoLayout, check: BlobCheck, at: float) -> str:
-    """Move a bad blob out of the served tree at ``at`` (unix seconds); where it went."""
+class Replaced(OSError):
+    """The blob is no longer the version a scrub hashed (a re-import replaced it)."""
+
+
+def _forget(blob: Path, etag: str, version: FileVersion | None) -> None:
+    """Remove the check record of ``blob`` if it names ``version`` (found bad): a record
+    of another version, a re-import's, stays."""
+    record = record_path(blob, etag)
+    if record is not None and version is not None and read_record(record) == version:
+        with contextlib.suppress(FileNotFoundError):
+            record.unlink()
+
+
+def quarantine(
+    store: Path, repo: RepoLayout, check: BlobCheck, at: float, version: FileVersion
+) -> str:
+    """Move a bad blob, the version hashed, out of the served tree at ``at`` (unix
+    seconds); where it went. :class:`Replaced` (nothing moved) when the file is another
+    version now."""
     dest_dir = store / QUARANTINE / repo.folder_name
-    dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / f"{check.blob}.{int(at)}"
-    with blob_lock(repo, check.blob):
-        os.replace(repo.blobs / check.blob, dest)
+    blob = repo.blobs / check.blob
+    with blob_lock(repo, check.blob):  # as an import writes it
+        if _version(blob) != version:
+            raise Replaced(0, REPAIRED)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        os.replace(blob, dest)
     note = {**check.__dict__, "quarantined_at": at}
     atomic_write(dest.with_name(dest.name + ".json"), json.dumps(note, indent=1).encode())
     return str(dest)
@@ -248,15 +299,18 @@ def scrub_store(
         stamped = [n for n in names if len(n) == 64 and _looks_safetensors(repo.blobs / n)]
         others = [n for n in names if n not in set(stamped)]
         results = _check_all(repo, stamped, others, workers, progress)
-        for check in results:
+        for check, version in results:
+            blob = repo.blobs / check.blob
             if not check.ok:
                 # A bad blob loses the server's record of a good check (bit rot keeps the
                 # file's version): workers started after this scrub hash it again.
-                forget_record(repo.blobs / check.blob, check.blob)
-            if not check.ok and check.error != UNREADABLE and do_quarantine:
+                _forget(blob, check.blob, _version(blob) if version is None else version)
+            if not check.ok and check.error != UNREADABLE and do_quarantine and version:
                 try:
-                    where: str | None = quarantine(store, repo, check, clock.time())
+                    where: str | None = quarantine(store, repo, check, clock.time(), version)
                     message = check.message
+                except Replaced:
+                    where, message = None, f"{check.message}; not quarantined: {REPAIRED}"
                 except OSError as exc:
                     where, message = None, f"{check.message}; not quarantined: {_why(exc)}"
                 check = BlobCheck(**{**check.__dict__, "quarantined_to": where, "message": message})

@@ -77,14 +77,6 @@ def write_record(path: Path, version: FileVersion) -> None:
         atomic_write(path, json.dumps(asdict(version)).encode())
 
 
-def forget_record(blob: Path, etag: str) -> None:
-    """Remove the record of ``blob`` (scrub found it bad, prune removed it)."""
-    path = record_path(blob, etag)
-    if path is not None:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
 class BlobMismatch(OSError):
     """The blob's bytes do not hash to its name, or changed while they were checked."""
 
