@@ -972,7 +972,9 @@ def test_the_copies_wait_for_the_last_byte_and_the_hashed_parts_are_sent_meanwhi
         completing.set()  # the blob is made while both bodies are sent from the parts
         wait_for(lambda: _stored_sha(store, MID_REPO, sha) == sha, timeout=TEST_DEADLINE,
                  what="the blob made")  # fmt: skip
-        assert store.read_check(folder, sha) == store.objects.head(blob).etag
+        made = store.objects.head(blob).etag  # its check record follows the blob
+        wait_for(lambda: store.read_check(folder, sha) == made, timeout=TEST_DEADLINE,
+                 what="the blob's check record")  # fmt: skip
         time.sleep(1.0)  # the fill had time to delete the parts: it waits for the body
         assert _stored_parts(store, MID_REPO, 5)
         goes["part-000002"].set()
