@@ -60,6 +60,7 @@ from cmh.hub.cache import (
 )
 
 from . import _window as window_state
+from ._credentials import token_credential
 from ._local import hub_said_absent, one_file_listing
 from ._types import (
     DiskFullError,
@@ -361,9 +362,13 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
     endpoint, local_files_only = a.get("endpoint"), bool(a.get("local_files_only"))
     revision = _revision(a.get("revision")) or "main"
     root = cache_root(a.get("cache_dir"))
+    # The window is the credential's: what the Hub named to another token (or to none)
+    # is never used for this call (None: no header can be told, the resolve raises).
+    credential = token_credential(_token(a.get("token")))
+    where = (root, endpoint, repo_type, repo_id, revision)
     use = revision
-    if not local_files_only:
-        use = recent_commit(root, endpoint, repo_type, repo_id, revision) or revision
+    if not local_files_only and credential is not None:
+        use = recent_commit(*where, credential=credential) or revision
     if use == revision and not local_files_only and not COMMIT_RE.match(revision):
         # A fresh snapshot (its stamps) vouches for its commit, whichever file is asked.
         from ._negotiate import fresh_commit
@@ -373,8 +378,8 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
                 fresh_commit(RepoLayout(root, repo_id, repo_type), revision, current_policy())
                 or use
             )
-        if use != revision:  # the load's bare API calls are answered from the cache too
-            remember_loaded(root, endpoint, repo_type, repo_id, revision, use)
+        if use != revision and credential is not None:  # the load's bare API calls with
+            remember_loaded(*where, use, credential=credential)  # its credential: cache too
     policy = _policy_for(local_files_only)
     try:
         res = resolve(
@@ -388,11 +393,11 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
             policy=policy,
         )
     except NotFoundError as exc:
-        if exc.commit is not None and use == revision:
-            remember_commit(root, endpoint, repo_type, repo_id, revision, exc.commit)
+        if exc.commit is not None and use == revision and credential is not None:
+            remember_commit(*where, exc.commit, credential=credential)
         raise
-    if use == revision and res.state is not State.STALE_OFFLINE:
-        remember_commit(root, endpoint, repo_type, repo_id, revision, res.commit)
+    if use == revision and res.state is not State.STALE_OFFLINE and credential is not None:
+        remember_commit(*where, res.commit, credential=credential)
     # Not the caller's: a commit the window or the stamps chose (the caller named a branch),
     # a snapshot the stock client filled without a listing (stock serves it as it is).
     quiet = (COMPLETENESS_UNKNOWN, *((PINNED_KEPT,) if use != revision else ()))
