@@ -26,8 +26,9 @@ Fail safe: before patching, the signature of each original is checked for the
 parameters the wrapper reads; if one is missing the function is left alone and
 a :class:`RuntimeWarning` says so. At call time, anything the resolver does
 not handle (``local_dir``, ``dry_run``, ``force_download``, ``ignore_patterns``,
-unknown arguments, an unsupported repo type, errors other than integrity or
-policy refusals) goes to the original function unchanged.
+unknown arguments, an unsupported repo type, a cache the stock client would fill
+without symlinks, errors other than integrity or policy refusals) goes to the
+original function unchanged.
 
 Within one process, a branch resolved less than ``window`` seconds ago is used
 at the commit it named then, so a ``from_pretrained`` asking for ten files
@@ -625,7 +626,7 @@ def _wrapper(
 
 def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _stock_only(a):
+        if _stock_only(a) or _without_symlinks(a):
             return _STOCK
         repo_type = a.get("repo_type") or "model"
         names = repo_filename(a["filename"], a.get("subfolder"))
@@ -680,7 +681,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _stock_only(a) or a.get("ignore_patterns"):
+        if _stock_only(a) or a.get("ignore_patterns") or _without_symlinks(a):
             return _STOCK
         patterns = a.get("allow_patterns")
         try:
@@ -823,6 +824,76 @@ def _stock_only(a: dict[str, Any]) -> bool:
         or a.get("token") == ""  # stock sends "Bearer " (h11 refuses it): stock's outcome
         or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
     )
+
+
+#: Cache folders (resolved) where a symlink could not be made, probed once per process.
+_no_symlinks: dict[str, bool] = {}
+
+
+def _without_symlinks(a: dict[str, Any]) -> bool:
+    """True when the stock client would not use symlinks for the call's snapshot: the call
+    goes to the stock function, which fills (or reads) the cache as it does without
+    ``install()`` (plain files in ``snapshots/``, no ``blobs/``).
+
+    That is ``HF_HUB_DISABLE_SYMLINKS``, a cache folder where no symlink can be made
+    (huggingface_hub's own ``are_symlinks_supported``, probed as stock probes it; a folder
+    not made yet is probed in its nearest existing parent, so nothing is left behind), or
+    a snapshot of the revision that holds a plain file (filled by stock that way earlier:
+    stock keeps such files where they are, cmh would link them)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_DISABLE_SYMLINKS:
+        return True
+    try:
+        root = cache_root(a.get("cache_dir"))
+        if not _symlinks_supported(root):
+            return True
+        return _snapshot_has_plain_files(
+            RepoLayout(root, a["repo_id"], a.get("repo_type") or "model"),
+            _revision(a.get("revision")) or "main",
+        )
+    except (OSError, LayoutError, KeyError, TypeError, ValueError):
+        return False
+
+
+def _symlinks_supported(root: Any) -> bool:
+    key = str(root)
+    with _lock:
+        known = _no_symlinks.get(key)
+    if known is not None:
+        return not known
+    if os.path.isdir(root):
+        from huggingface_hub.file_download import are_symlinks_supported
+
+        supported = bool(are_symlinks_supported(root))
+    else:
+        import tempfile
+
+        parent = os.path.dirname(str(root))
+        while parent and not os.path.isdir(parent) and parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+        with tempfile.TemporaryDirectory(dir=parent) as probe:
+            try:
+                os.symlink("source", os.path.join(probe, "link"))
+                supported = True
+            except OSError:
+                supported = False
+        return supported  # not remembered: the folder stock makes is probed itself later
+    with _lock:
+        _no_symlinks[key] = not supported
+    return supported
+
+
+def _snapshot_has_plain_files(repo: RepoLayout, revision: str) -> bool:
+    """True when the snapshot ``revision`` names holds a regular file (not a link)."""
+    commit = revision if COMMIT_RE.match(revision) else repo.read_ref(revision)
+    if commit is None:
+        return False
+    for _top, _dirs, files in os.walk(repo.path / "snapshots" / commit):
+        for name in files:
+            if not os.path.islink(os.path.join(_top, name)):
+                return True
+    return False
 
 
 def _revision(value: Any) -> str | None:
