@@ -62,7 +62,7 @@ from cmh.hub.cache import (
 
 from . import _window as window_state
 from ._credentials import token_credential
-from ._local import hub_said_absent, one_file_listing
+from ._local import hub_said_absent, one_file_listing, publish_tree
 from ._types import (
     DiskFullError,
     IntegrityError,
@@ -695,6 +695,11 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
         except (ResolveError, OSError) as exc:
             _fall_back(str(a["repo_id"]), exc, _offline(a))
             return _HANDED
+        if not _offline(a) and res.state is not State.STALE_OFFLINE:
+            # Stock's online snapshot_download writes the commit's listing where
+            # get_cached_repo_tree reads it, also for a snapshot it had complete already.
+            root = cache_root(a.get("cache_dir"))
+            publish_tree(RepoLayout(root, a["repo_id"], a.get("repo_type") or "model"), res.commit)
         return str(res.path)
 
     def handed(a: dict[str, Any], found: Any, before: frozenset[str] | None) -> None:

@@ -113,3 +113,29 @@ def test_a_snapshot_stock_filled_without_symlinks_is_left_as_it_is(
     stock, installed = _both(monkeypatch, toy.server.url, tmp_path, calls, prepare)
     assert "link" not in stock.values()
     assert installed == stock
+
+
+@pytest.mark.parametrize("complete", [False, True], ids=["brings-more", "complete-already"])
+def test_the_stock_tree_listing_is_written_as_stock_writes_it(
+    toy: Any,  # noqa: F811 (a fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    complete: bool,
+) -> None:
+    """``get_cached_repo_tree`` after one-file downloads and a ``snapshot_download``: the
+    same files with the same ``blob_id`` (an LFS file's git object id, not its SHA-256),
+    also when the downloads had made the snapshot complete already (no listing was written)."""
+    import huggingface_hub as hf
+    from huggingface_hub import get_cached_repo_tree
+
+    names = sorted(p.relative_to(toy.src).as_posix() for p in toy.src.rglob("*") if p.is_file())
+
+    def calls(cache: Path) -> list[tuple[str, str]]:
+        for name in names if complete else ["config.json"]:
+            hf.hf_hub_download(REPO, name)
+        hf.snapshot_download(REPO, allow_patterns=None if complete else ["config.json", "*.safe*"])
+        return sorted((f.path, f.blob_id) for f in get_cached_repo_tree(REPO))
+
+    stock, installed = _both(monkeypatch, toy.server.url, tmp_path, calls)
+    assert any(len(blob_id) == 40 for _, blob_id in stock) and len(stock) == len(names)
+    assert installed == stock
