@@ -96,6 +96,12 @@ def write_answer(
     a request later; ``None``, a credential nobody can tell: not stored)."""
     if not COMMIT_RE.match(commit) or credential is None:
         return
+    if not (repo.path / "snapshots").is_dir():
+        # A repo folder with no snapshots/ is a corrupt repo to huggingface_hub's
+        # scan_cache_dir (and a cache folder made only for it, one that is there): an
+        # answer is kept only beside a snapshot (a bare API call on an empty cache
+        # writes nothing, as stock's).
+        return
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:

@@ -139,3 +139,34 @@ def test_the_stock_tree_listing_is_written_as_stock_writes_it(
     stock, installed = _both(monkeypatch, toy.server.url, tmp_path, calls)
     assert any(len(blob_id) == 40 for _, blob_id in stock) and len(stock) == len(names)
     assert installed == stock
+
+
+def _outcome(call: Callable[[], Any]) -> str:
+    try:
+        call()
+        return "answered"
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def test_bare_api_calls_on_an_empty_cache_write_nothing(
+    toy: Any,  # noqa: F811 (a fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """On an empty cache, ``model_info`` and ``file_exists`` (online) leave the cache as stock
+    leaves it: nothing, so ``scan_cache_dir`` raises stock's ``CacheNotFound`` (it reported
+    a corrupt repo: the hook's stored answers in a folder without ``snapshots/``)."""
+    from huggingface_hub import HfApi, scan_cache_dir
+
+    def calls(cache: Path) -> tuple[list[str], dict[str, str]]:
+        out = [
+            _outcome(lambda: HfApi().model_info(REPO)),
+            _outcome(lambda: HfApi().file_exists(REPO, "config.json")),
+            _outcome(lambda: scan_cache_dir(cache)),
+        ]
+        return out, _layout(cache)
+
+    stock, installed = _both(monkeypatch, toy.server.url, tmp_path, calls)
+    assert stock == (["answered", "answered", "CacheNotFound"], {}), stock
+    assert installed == stock
