@@ -187,6 +187,10 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
         o.get("progress"),
         o.get("on_total"),
     )
+    if ask.policy.offline and not os.path.lexists(repo.path):
+        # Nothing to read and nothing will be written: no lock, so no lock folder is made
+        # (stock's offline call on a cache without the repo leaves none either).
+        return _answer_offline(ask, _inspect_local(repo, revision, ask.patterns, ask.pinned))
     with repo_lock(repo, shared=True):
         local = _inspect_local(repo, revision, ask.patterns, ask.pinned)
         if ask.policy.offline:

@@ -170,3 +170,24 @@ def test_bare_api_calls_on_an_empty_cache_write_nothing(
     stock, installed = _both(monkeypatch, toy.server.url, tmp_path, calls)
     assert stock == (["answered", "answered", "CacheNotFound"], {}), stock
     assert installed == stock
+
+
+def test_offline_calls_on_an_empty_cache_write_nothing(
+    toy: Any,  # noqa: F811 (a fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """``local_files_only`` downloads on an empty cache raise stock's error and leave the
+    cache as stock leaves it: nothing (no ``.locks/`` folder, no ``cmh.repo.lock``)."""
+    import huggingface_hub as hf
+
+    def calls(cache: Path) -> tuple[list[str], dict[str, str]]:
+        out = [
+            _outcome(lambda: hf.hf_hub_download(REPO, "config.json", local_files_only=True)),
+            _outcome(lambda: hf.snapshot_download(REPO, local_files_only=True)),
+        ]
+        return out, _layout(cache)
+
+    stock, installed = _both(monkeypatch, toy.server.url, tmp_path, calls)
+    assert stock[1] == {}, stock
+    assert installed == stock
