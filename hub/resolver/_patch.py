@@ -436,29 +436,28 @@ def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
     logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 
 
-def _entry_not_found(commit: str, url: str) -> Exception:
-    """The stock client's error for a file the Hub said is absent at ``commit``, built by
-    the stock client's own ``hf_raise_for_status`` from the Hub's answer (nothing written:
-    the ``.no_exist`` marker that says so is there already)."""
+def _entry_not_found(repo: RepoLayout, commit: str, url: str, token: Any) -> Exception | None:
+    """The stock client's error for a file the Hub said is absent at ``commit``: its
+    ``hf_raise_for_status`` applied to the Hub's own answer to the same request, as the
+    client hook kept it (status, headers, message), with no request and nothing written.
+    ``None`` when no answer was kept for the request with this call's credential (the
+    stock function then asks the Hub)."""
     import httpx2
     from huggingface_hub import hf_raise_for_status
 
-    response = httpx2.Response(
-        404,
-        headers={
-            "X-Error-Code": "EntryNotFound",
-            "X-Error-Message": "Entry not found",
-            "X-Repo-Commit": commit,
-            "Content-Type": "application/json",
-        },
-        content=b'{"error":"Entry not found"}',
-        request=httpx2.Request("HEAD", url),
-    )
+    from ._session import absent_answer
+
+    credential = token_credential(_token(token))
+    stored = None if credential is None else absent_answer(repo, commit, url, credential)
+    if stored is None:
+        return None
+    headers = [(str(k), str(v)) for k, v in stored.get("headers", [])]
+    response = httpx2.Response(404, headers=headers, request=httpx2.Request("HEAD", url))
     try:
         hf_raise_for_status(response)
     except Exception as exc:  # the stock type (RemoteEntryNotFoundError) and message
         return exc
-    raise AssertionError("hf_raise_for_status accepted a 404")  # pragma: no cover
+    return None  # not an error to huggingface_hub: asked again
 
 
 def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
@@ -646,7 +645,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             if _offline(a):
                 absent = _local_entry_not_found(bool(a.get("local_files_only")))
             elif hub_said_absent(repo, exc.commit, filename):
-                absent = _entry_not_found(exc.commit, _stock_url(a, filename, repo_type))
+                url = _stock_url(a, filename, repo_type)
+                absent = _entry_not_found(repo, exc.commit, url, a.get("token"))
+                if absent is None:
+                    return _STOCK  # no answer of the Hub kept: it is asked, as by stock
             else:
                 # Only the Hub says a file is absent, as for the stock client: it is asked
                 # (one HEAD, which the client hook sends on): its 404, its .no_exist marker,

@@ -211,7 +211,26 @@ class FreshCacheTransport(httpx2.BaseTransport):
         if target is not None and target.kind == "resolve":
             with contextlib.suppress(OSError, ValueError, LayoutError):
                 self._follow_branch(request, target, response)
+                self._keep_absent(request, target, response)
         return response
+
+    def _keep_absent(
+        self, request: httpx2.Request, target: Target, response: httpx2.Response
+    ) -> None:
+        """Keep the Hub's ``404 EntryNotFound`` answer to a ``HEAD`` of a file (status and
+        headers, its message among them), under the commit it names, the URL as asked and
+        the request's credential: the next lookup of the missing file, answered from its
+        ``.no_exist`` marker, raises with the Hub's own message (:func:`absent_answer`)."""
+        named = response.headers.get("X-Repo-Commit", "")
+        if request.method != "HEAD" or response.status_code != 404 or not COMMIT_RE.match(named):
+            return
+        if response.headers.get("X-Error-Code") != "EntryNotFound":
+            return
+        repo = RepoLayout(
+            scoped_cache(target.repo_type, target.repo_id), target.repo_id, target.repo_type
+        )
+        key = f"HEAD {request.url.raw_path.decode()}"
+        write_answer(repo, named, key, 404, response.headers.items(), b"", credential_of(request))
 
     def _follow_branch(
         self, request: httpx2.Request, target: Target, response: httpx2.Response
@@ -318,14 +337,12 @@ class FreshCacheTransport(httpx2.BaseTransport):
         if entry is None and not hub_said_absent(repo, commit, path):
             return None  # only the Hub says a file is absent (stock asks it): sent on
         if entry is None:
-            headers = {
-                **common,
-                "X-Error-Code": "EntryNotFound",
-                "X-Error-Message": "Entry not found",
-                "Content-Type": "application/json",
-            }
-            body = b'{"error":"Entry not found"}'
-            return httpx2.Response(404, headers=headers, content=body, request=request)
+            # The Hub's own answer to this request, kept when it was given (its message);
+            # without one the Hub is asked, as stock asks it.
+            stored = absent_answer(repo, commit, request.url, credential_of(request))
+            if stored is None or request.method != "HEAD":
+                return None
+            return _replay(stored, request)
         if linked_etag(repo, commit, path) != entry.etag:
             return None
         if blob_state(repo, entry.etag, entry.size) != "ok":
@@ -399,6 +416,18 @@ class FreshCacheTransport(httpx2.BaseTransport):
 # -- stored answers ----------------------------------------------------------------------
 
 
+def absent_answer(
+    repo: RepoLayout, commit: str, url: httpx2.URL | str, credential: str
+) -> dict[str, Any] | None:
+    """The Hub's ``404 EntryNotFound`` to a ``HEAD`` of ``url`` at ``commit`` with
+    ``credential``, as :meth:`FreshCacheTransport._keep_absent` kept it, if it did."""
+    key = f"HEAD {httpx2.URL(url).raw_path.decode()}"
+    stored = read_answer(repo, commit, key, credential)
+    if stored is None or stored.get("status") != 404:
+        return None
+    return stored
+
+
 def _replay(stored: dict[str, Any], request: httpx2.Request) -> httpx2.Response:
     headers = [(str(k), str(v)) for k, v in stored.get("headers", [])]
     body = str(stored.get("body", "")).encode("utf-8")
@@ -470,4 +499,4 @@ def client_factory(previous: Callable[[], httpx2.Client]) -> Callable[[], httpx2
     return build
 
 
-__all__ = ["FreshCacheTransport", "Target", "client_factory", "parse_target"]
+__all__ = ["FreshCacheTransport", "Target", "absent_answer", "client_factory", "parse_target"]
