@@ -172,19 +172,22 @@ def test_bare_api_calls_on_an_empty_cache_write_nothing(
     assert installed == stock
 
 
-def test_offline_calls_on_an_empty_cache_write_nothing(
+def test_calls_that_find_nothing_on_an_empty_cache_write_nothing(
     toy: Any,  # noqa: F811 (a fixture)
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    """``local_files_only`` downloads on an empty cache raise stock's error and leave the
-    cache as stock leaves it: nothing (no ``.locks/`` folder, no ``cmh.repo.lock``)."""
+    """``local_files_only`` downloads on an empty cache, and online ones of a repo the Hub
+    does not have (a model, a space), raise stock's error and leave the cache as stock
+    leaves it: nothing (no ``.locks/`` folder, no ``cmh.repo.lock``)."""
     import huggingface_hub as hf
 
     def calls(cache: Path) -> tuple[list[str], dict[str, str]]:
         out = [
             _outcome(lambda: hf.hf_hub_download(REPO, "config.json", local_files_only=True)),
             _outcome(lambda: hf.snapshot_download(REPO, local_files_only=True)),
+            _outcome(lambda: hf.hf_hub_download("org/none", "config.json")),  # online: 404
+            _outcome(lambda: hf.hf_hub_download("org/sp", "app.py", repo_type="space")),
         ]
         return out, _layout(cache)
 
