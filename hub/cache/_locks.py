@@ -19,7 +19,7 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ._clock import SYSTEM_CLOCK, Clock
@@ -44,7 +44,12 @@ class LockFileRefused(OSError):
 
 @contextlib.contextmanager
 def flock(
-    path: Path, *, shared: bool = False, timeout: float | None = None, clock: Clock = SYSTEM_CLOCK
+    path: Path,
+    *,
+    shared: bool = False,
+    timeout: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    discard: Callable[[], bool] | None = None,
 ) -> Iterator[None]:
     """Hold an ``flock`` on ``path`` (created if needed).
 
@@ -53,6 +58,10 @@ def flock(
     A holder may delete the lock file (:func:`unlink_held`): a process that was
     waiting on the old file then locks the new one instead, so mutual exclusion
     survives lock-file cleanup.
+
+    ``discard``: asked when the block ends; when it says ``True`` and no other holder
+    has the lock (taken exclusive without waiting), the lock file is deleted while held
+    (:func:`unlink_held`), so a call that wrote nothing leaves no lock file behind.
     """
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     deadline = None if timeout is None else clock.monotonic() + timeout
@@ -81,9 +90,23 @@ def flock(
         yield
     finally:
         try:
+            if discard is not None and discard():
+                _discard_held(fd, path)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+def _discard_held(fd: int, path: Path) -> None:
+    """Delete the lock file ``fd`` holds when nobody else holds or waits on it: taken
+    exclusive without waiting (a shared lock held elsewhere refuses that; a waiter that
+    gets the old file afterwards sees it unlinked and locks a new one)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return
+    if _still_linked(fd, path):
+        unlink_held(path)
 
 
 def _open_lock_file(path: Path) -> int:
@@ -166,10 +189,18 @@ def blob_lock(
 
 
 def repo_lock(
-    repo: RepoLayout, *, shared: bool, timeout: float | None = None, clock: Clock = SYSTEM_CLOCK
+    repo: RepoLayout,
+    *,
+    shared: bool,
+    timeout: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    discard: Callable[[], bool] | None = None,
 ) -> contextlib.AbstractContextManager[None]:
-    """Shared while filling or reading, exclusive while deleting."""
-    return flock(repo.locks / "cmh.repo.lock", shared=shared, timeout=timeout, clock=clock)
+    """Shared while filling or reading, exclusive while deleting (``discard``: see
+    :func:`flock`)."""
+    return flock(
+        repo.locks / "cmh.repo.lock", shared=shared, timeout=timeout, clock=clock, discard=discard
+    )
 
 
 def revision_lock(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 
@@ -55,3 +56,31 @@ def check_sendable(token: str | None) -> None:
         import httpx2
 
         raise httpx2.LocalProtocolError(f"Illegal header value {value!r}")
+
+
+#: What :func:`credential_digest` answers for a request sent without ``Authorization``.
+NO_CREDENTIAL = ""
+
+
+def credential_digest(authorization: str | bytes | None) -> str:
+    """The credential an answer was obtained with, as the cache keeps it: ``""`` for a
+    request sent without ``Authorization``, else the SHA-256 of the header value sent (the
+    token itself is never kept, on disk or in memory). Answers remembered or stored by
+    install()'s hook are given again only to a request whose digest is the same (or to
+    any request, for an answer the Hub gave without a credential)."""
+    if authorization is None:
+        return NO_CREDENTIAL
+    if isinstance(authorization, str):
+        authorization = authorization.encode("utf-8", "surrogateescape")
+    return "sha256:" + hashlib.sha256(authorization).hexdigest()
+
+
+def token_credential(token: str | bool | None) -> str | None:
+    """:func:`credential_digest` of the ``Authorization`` header the stock client sends for
+    its ``token`` argument (:func:`token_to_send`); ``None`` when no header can be told
+    (``token=True`` with no token to be found: the call raises before any request)."""
+    try:
+        sent = token_to_send(token)
+    except Exception:
+        return None
+    return credential_digest(None if sent is None else f"Bearer {sent}")

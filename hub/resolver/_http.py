@@ -41,7 +41,7 @@ from cmh.hub.cache import (
 from cmh import __version__
 
 from ._answers import MAX_KEPT_BODY, ApiAnswer
-from ._credentials import default_endpoint
+from ._credentials import credential_digest, default_endpoint
 from ._multipart import MultipartParser
 from ._origins import MAX_REDIRECTS, OriginRule, UnsafeRedirect
 from ._retry import DEFAULT_RETRY, RetryPolicy
@@ -588,7 +588,8 @@ class HubClient:
                 raise HubProtocolError(f"{url} did not answer JSON") from exc
             if len(self.answers) < MAX_ANSWERS_KEPT and len(body) <= MAX_KEPT_BODY:
                 headers = tuple(response.headers.items())
-                self.answers.append(ApiAnswer(str(response.request.url), headers, body))
+                credential = credential_digest(response.request.headers.get("authorization"))
+                self.answers.append(ApiAnswer(str(response.request.url), headers, body, credential))
             return obj, response
 
         return self._run_metadata(once, f"GET {url}", deadline, net_deadline)

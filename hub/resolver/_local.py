@@ -49,6 +49,10 @@ class LocalEntry:
     path: str
     size: int
     etag: str
+    #: The git object id the listing gives (an LFS file's is not its ``etag``, the SHA-256).
+    blob_id: str = ""
+    #: Listed with an LFS pointer (``lfs_sha256``).
+    lfs: bool = False
 
 
 #: False while a resolve brings one file for ``hf_hub_download``: its listing is cmh's own.
@@ -88,11 +92,13 @@ def _read_tree_file(listing: Path) -> dict[str, LocalEntry] | None:
             return None
         out: dict[str, LocalEntry] = {}
         for path, info in data["files"].items():
+            lfs = bool(info.get("lfs_sha256"))
             etag = info.get("lfs_sha256") or info["blob_id"]
-            size = info.get("lfs_size") if info.get("lfs_sha256") else info["size"]
-            if not isinstance(etag, str) or not isinstance(size, int):
+            size = info.get("lfs_size") if lfs else info["size"]
+            blob_id = info["blob_id"]
+            if not all(isinstance(v, str) for v in (etag, blob_id)) or not isinstance(size, int):
                 return None
-            out[path] = LocalEntry(path, size, etag)
+            out[path] = LocalEntry(path, size, etag, blob_id, lfs)
         return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -125,7 +131,26 @@ def discard_tree(repo: RepoLayout, commit: str) -> None:
 
 def remote_files_from_tree(entries: dict[str, LocalEntry]) -> dict[str, RemoteFile]:
     """A cached listing seen as remote files (a commit's listing never changes)."""
-    return {p: RemoteFile(p, e.size, e.etag, len(e.etag) == 64, e.etag) for p, e in entries.items()}
+    return {
+        p: RemoteFile(p, e.size, e.etag, e.lfs, e.blob_id or e.etag) for p, e in entries.items()
+    }
+
+
+def publish_tree(repo: RepoLayout, commit: str) -> None:
+    """Write the stock ``trees/{commit}.json`` from cmh's own listing of ``commit`` when
+    only that one is there (a ``snapshot_download`` answered from the cache: stock's, online,
+    writes the listing it asked; a commit's listing never changes). Best effort."""
+    if not COMMIT_RE.match(commit) or _read_tree_file(repo.trees / f"{commit}.json") is not None:
+        return
+    own = _read_tree_file(_own_tree(repo, commit))
+    if own is None:
+        return
+    token = _stock_listing.set(True)
+    try:
+        with contextlib.suppress(OSError):
+            write_tree(repo, commit, remote_files_from_tree(own))
+    finally:
+        _stock_listing.reset(token)
 
 
 def hub_said_absent(repo: RepoLayout, commit: str, path: str) -> bool:

@@ -187,7 +187,27 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
         o.get("progress"),
         o.get("on_total"),
     )
-    with repo_lock(repo, shared=True):
+    if ask.policy.offline and not os.path.lexists(repo.path):
+        # Nothing to read and nothing will be written: no lock, so no lock folder is made
+        # (stock's offline call on a cache without the repo leaves none either).
+        return _answer_offline(ask, _inspect_local(repo, revision, ask.patterns, ask.pinned))
+    # Folders the lock makes that were not there: a resolve that writes nothing (a missing
+    # repo, a refusal) removes them again with its lock file, as stock leaves nothing.
+    made = [f for f in (repo.root, repo.root / ".locks", repo.locks) if not os.path.lexists(f)]
+    try:
+        return _resolve_locked(repo, ask, o)
+    finally:
+        if made and not os.path.lexists(repo.path):
+            for folder in reversed(made):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+
+
+def _resolve_locked(repo: RepoLayout, ask: _Ask, o: ResolveOptions) -> Resolution:
+    """:func:`resolve` under the shared repo lock (its file deleted again when the resolve
+    left no repo folder and nobody else holds it)."""
+    revision = ask.revision
+    with repo_lock(repo, shared=True, discard=lambda: not os.path.lexists(repo.path)):
         local = _inspect_local(repo, revision, ask.patterns, ask.pinned)
         if ask.policy.offline:
             return _answer_offline(ask, local)

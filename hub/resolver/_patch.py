@@ -26,8 +26,9 @@ Fail safe: before patching, the signature of each original is checked for the
 parameters the wrapper reads; if one is missing the function is left alone and
 a :class:`RuntimeWarning` says so. At call time, anything the resolver does
 not handle (``local_dir``, ``dry_run``, ``force_download``, ``ignore_patterns``,
-unknown arguments, an unsupported repo type, errors other than integrity or
-policy refusals) goes to the original function unchanged.
+unknown arguments, an unsupported repo type, a cache the stock client would fill
+without symlinks, errors other than integrity or policy refusals) goes to the
+original function unchanged.
 
 Within one process, a branch resolved less than ``window`` seconds ago is used
 at the commit it named then, so a ``from_pretrained`` asking for ten files
@@ -60,7 +61,8 @@ from cmh.hub.cache import (
 )
 
 from . import _window as window_state
-from ._local import hub_said_absent, one_file_listing
+from ._credentials import token_credential
+from ._local import hub_said_absent, one_file_listing, publish_tree
 from ._types import (
     DiskFullError,
     IntegrityError,
@@ -361,9 +363,13 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
     endpoint, local_files_only = a.get("endpoint"), bool(a.get("local_files_only"))
     revision = _revision(a.get("revision")) or "main"
     root = cache_root(a.get("cache_dir"))
+    # The window is the credential's: what the Hub named to another token (or to none)
+    # is never used for this call (None: no header can be told, the resolve raises).
+    credential = token_credential(_token(a.get("token")))
+    where = (root, endpoint, repo_type, repo_id, revision)
     use = revision
-    if not local_files_only:
-        use = recent_commit(root, endpoint, repo_type, repo_id, revision) or revision
+    if not local_files_only and credential is not None:
+        use = recent_commit(*where, credential=credential) or revision
     if use == revision and not local_files_only and not COMMIT_RE.match(revision):
         # A fresh snapshot (its stamps) vouches for its commit, whichever file is asked.
         from ._negotiate import fresh_commit
@@ -373,8 +379,8 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
                 fresh_commit(RepoLayout(root, repo_id, repo_type), revision, current_policy())
                 or use
             )
-        if use != revision:  # the load's bare API calls are answered from the cache too
-            remember_loaded(root, endpoint, repo_type, repo_id, revision, use)
+        if use != revision and credential is not None:  # the load's bare API calls with
+            remember_loaded(*where, use, credential=credential)  # its credential: cache too
     policy = _policy_for(local_files_only)
     try:
         res = resolve(
@@ -388,11 +394,11 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
             policy=policy,
         )
     except NotFoundError as exc:
-        if exc.commit is not None and use == revision:
-            remember_commit(root, endpoint, repo_type, repo_id, revision, exc.commit)
+        if exc.commit is not None and use == revision and credential is not None:
+            remember_commit(*where, exc.commit, credential=credential)
         raise
-    if use == revision and res.state is not State.STALE_OFFLINE:
-        remember_commit(root, endpoint, repo_type, repo_id, revision, res.commit)
+    if use == revision and res.state is not State.STALE_OFFLINE and credential is not None:
+        remember_commit(*where, res.commit, credential=credential)
     # Not the caller's: a commit the window or the stamps chose (the caller named a branch),
     # a snapshot the stock client filled without a listing (stock serves it as it is).
     quiet = (COMPLETENESS_UNKNOWN, *((PINNED_KEPT,) if use != revision else ()))
@@ -430,29 +436,28 @@ def _fall_back(what: str, exc: BaseException, offline: bool) -> None:
     logger.warning("cmh.hub.install: %s handed to the stock client: %s", what, exc)
 
 
-def _entry_not_found(commit: str, url: str) -> Exception:
-    """The stock client's error for a file the Hub said is absent at ``commit``, built by
-    the stock client's own ``hf_raise_for_status`` from the Hub's answer (nothing written:
-    the ``.no_exist`` marker that says so is there already)."""
+def _entry_not_found(repo: RepoLayout, commit: str, url: str, token: Any) -> Exception | None:
+    """The stock client's error for a file the Hub said is absent at ``commit``: its
+    ``hf_raise_for_status`` applied to the Hub's own answer to the same request, as the
+    client hook kept it (status, headers, message), with no request and nothing written.
+    ``None`` when no answer was kept for the request with this call's credential (the
+    stock function then asks the Hub)."""
     import httpx2
     from huggingface_hub import hf_raise_for_status
 
-    response = httpx2.Response(
-        404,
-        headers={
-            "X-Error-Code": "EntryNotFound",
-            "X-Error-Message": "Entry not found",
-            "X-Repo-Commit": commit,
-            "Content-Type": "application/json",
-        },
-        content=b'{"error":"Entry not found"}',
-        request=httpx2.Request("HEAD", url),
-    )
+    from ._session import absent_answer
+
+    credential = token_credential(_token(token))
+    stored = None if credential is None else absent_answer(repo, commit, url, credential)
+    if stored is None:
+        return None
+    headers = [(str(k), str(v)) for k, v in stored.get("headers", [])]
+    response = httpx2.Response(404, headers=headers, request=httpx2.Request("HEAD", url))
     try:
         hf_raise_for_status(response)
     except Exception as exc:  # the stock type (RemoteEntryNotFoundError) and message
         return exc
-    raise AssertionError("hf_raise_for_status accepted a 404")  # pragma: no cover
+    return None  # not an error to huggingface_hub: asked again
 
 
 def _stock_url(a: dict[str, Any], filename: str, repo_type: str) -> str:
@@ -620,7 +625,7 @@ def _wrapper(
 
 def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _stock_only(a):
+        if _stock_only(a) or _without_symlinks(a):
             return _STOCK
         repo_type = a.get("repo_type") or "model"
         names = repo_filename(a["filename"], a.get("subfolder"))
@@ -640,7 +645,10 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
             if _offline(a):
                 absent = _local_entry_not_found(bool(a.get("local_files_only")))
             elif hub_said_absent(repo, exc.commit, filename):
-                absent = _entry_not_found(exc.commit, _stock_url(a, filename, repo_type))
+                url = _stock_url(a, filename, repo_type)
+                absent = _entry_not_found(repo, exc.commit, url, a.get("token"))
+                if absent is None:
+                    return _STOCK  # no answer of the Hub kept: it is asked, as by stock
             else:
                 # Only the Hub says a file is absent, as for the stock client: it is asked
                 # (one HEAD, which the client hook sends on): its 404, its .no_exist marker,
@@ -675,7 +683,7 @@ def _wrap_hf_hub_download(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
     def routed(a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _stock_only(a) or a.get("ignore_patterns"):
+        if _stock_only(a) or a.get("ignore_patterns") or _without_symlinks(a):
             return _STOCK
         patterns = a.get("allow_patterns")
         try:
@@ -689,6 +697,11 @@ def _wrap_snapshot(original: Callable[..., Any]) -> Callable[..., Any]:
         except (ResolveError, OSError) as exc:
             _fall_back(str(a["repo_id"]), exc, _offline(a))
             return _HANDED
+        if not _offline(a) and res.state is not State.STALE_OFFLINE:
+            # Stock's online snapshot_download writes the commit's listing where
+            # get_cached_repo_tree reads it, also for a snapshot it had complete already.
+            root = cache_root(a.get("cache_dir"))
+            publish_tree(RepoLayout(root, a["repo_id"], a.get("repo_type") or "model"), res.commit)
         return str(res.path)
 
     def handed(a: dict[str, Any], found: Any, before: frozenset[str] | None) -> None:
@@ -818,6 +831,76 @@ def _stock_only(a: dict[str, Any]) -> bool:
         or a.get("token") == ""  # stock sends "Bearer " (h11 refuses it): stock's outcome
         or (a.get("repo_type") or "model") not in ("model", "dataset", "space")
     )
+
+
+#: Cache folders (resolved) where a symlink could not be made, probed once per process.
+_no_symlinks: dict[str, bool] = {}
+
+
+def _without_symlinks(a: dict[str, Any]) -> bool:
+    """True when the stock client would not use symlinks for the call's snapshot: the call
+    goes to the stock function, which fills (or reads) the cache as it does without
+    ``install()`` (plain files in ``snapshots/``, no ``blobs/``).
+
+    That is ``HF_HUB_DISABLE_SYMLINKS``, a cache folder where no symlink can be made
+    (huggingface_hub's own ``are_symlinks_supported``, probed as stock probes it; a folder
+    not made yet is probed in its nearest existing parent, so nothing is left behind), or
+    a snapshot of the revision that holds a plain file (filled by stock that way earlier:
+    stock keeps such files where they are, cmh would link them)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_DISABLE_SYMLINKS:
+        return True
+    try:
+        root = cache_root(a.get("cache_dir"))
+        if not _symlinks_supported(root):
+            return True
+        return _snapshot_has_plain_files(
+            RepoLayout(root, a["repo_id"], a.get("repo_type") or "model"),
+            _revision(a.get("revision")) or "main",
+        )
+    except (OSError, LayoutError, KeyError, TypeError, ValueError):
+        return False
+
+
+def _symlinks_supported(root: Any) -> bool:
+    key = str(root)
+    with _lock:
+        known = _no_symlinks.get(key)
+    if known is not None:
+        return not known
+    if os.path.isdir(root):
+        from huggingface_hub.file_download import are_symlinks_supported
+
+        supported = bool(are_symlinks_supported(root))
+    else:
+        import tempfile
+
+        parent = os.path.dirname(str(root))
+        while parent and not os.path.isdir(parent) and parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+        with tempfile.TemporaryDirectory(dir=parent) as probe:
+            try:
+                os.symlink("source", os.path.join(probe, "link"))
+                supported = True
+            except OSError:
+                supported = False
+        return supported  # not remembered: the folder stock makes is probed itself later
+    with _lock:
+        _no_symlinks[key] = not supported
+    return supported
+
+
+def _snapshot_has_plain_files(repo: RepoLayout, revision: str) -> bool:
+    """True when the snapshot ``revision`` names holds a regular file (not a link)."""
+    commit = revision if COMMIT_RE.match(revision) else repo.read_ref(revision)
+    if commit is None:
+        return False
+    for _top, _dirs, files in os.walk(repo.path / "snapshots" / commit):
+        for name in files:
+            if not os.path.islink(os.path.join(_top, name)):
+                return True
+    return False
 
 
 def _revision(value: Any) -> str | None:

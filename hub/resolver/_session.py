@@ -57,7 +57,7 @@ from cmh.hub.cache import COMMIT_RE, LayoutError, RepoLayout, blob_state, valida
 
 from .._ranges import RangeNotSatisfiable, parse_range
 from ._answers import read_answer, write_answer
-from ._credentials import SENDABLE_VALUE
+from ._credentials import SENDABLE_VALUE, credential_digest
 from ._local import hub_said_absent, linked_etag, read_tree, write_validation
 from ._window import (
     api_from_cache,
@@ -169,6 +169,16 @@ def _one_range(value: str | None, size: int) -> tuple[int, int] | bool | None:
     return ranges[0].start, ranges[0].end + 1
 
 
+def credential_of(request: httpx2.Request) -> str:
+    """:func:`~cmh.hub.resolver._credentials.credential_digest` of the ``Authorization``
+    header ``request`` carries (``""``: none). Every answer the hook gives from what it
+    remembered or stored goes through this: an answer obtained with one credential is
+    given only to a request with the same one (an answer obtained without a credential,
+    to any request)."""
+    sent = [value for name, value in request.headers.raw if name.lower() == b"authorization"]
+    return credential_digest(b", ".join(sent) if sent else None)
+
+
 def _sendable(request: httpx2.Request) -> bool:
     """True when every header value of ``request`` is one the HTTP client sends."""
     return all(SENDABLE_VALUE.fullmatch(value) for _, value in request.headers.raw)
@@ -201,7 +211,26 @@ class FreshCacheTransport(httpx2.BaseTransport):
         if target is not None and target.kind == "resolve":
             with contextlib.suppress(OSError, ValueError, LayoutError):
                 self._follow_branch(request, target, response)
+                self._keep_absent(request, target, response)
         return response
+
+    def _keep_absent(
+        self, request: httpx2.Request, target: Target, response: httpx2.Response
+    ) -> None:
+        """Keep the Hub's ``404 EntryNotFound`` answer to a ``HEAD`` of a file (status and
+        headers, its message among them), under the commit it names, the URL as asked and
+        the request's credential: the next lookup of the missing file, answered from its
+        ``.no_exist`` marker, raises with the Hub's own message (:func:`absent_answer`)."""
+        named = response.headers.get("X-Repo-Commit", "")
+        if request.method != "HEAD" or response.status_code != 404 or not COMMIT_RE.match(named):
+            return
+        if response.headers.get("X-Error-Code") != "EntryNotFound":
+            return
+        repo = RepoLayout(
+            scoped_cache(target.repo_type, target.repo_id), target.repo_id, target.repo_type
+        )
+        key = f"HEAD {request.url.raw_path.decode()}"
+        write_answer(repo, named, key, 404, response.headers.items(), b"", credential_of(request))
 
     def _follow_branch(
         self, request: httpx2.Request, target: Target, response: httpx2.Response
@@ -214,10 +243,13 @@ class FreshCacheTransport(httpx2.BaseTransport):
         root = scoped_cache(target.repo_type, target.repo_id)
         endpoint = f"{request.url.scheme}://{request.url.netloc.decode()}"
         where = (root, endpoint, target.repo_type, target.repo_id, target.revision)
-        known = recent_commit(*where) or loaded_commit(*where)
+        credential = credential_of(request)
+        known = recent_commit(*where, credential=credential) or loaded_commit(
+            *where, credential=credential
+        )
         if known is not None and known != named:
             logger.debug("cmh hook: %s moved to %s", target.revision, named[:12])
-            remember_commit(*where, named)
+            remember_commit(*where, named, credential=credential)
 
     # -- deciding ------------------------------------------------------------------------
 
@@ -226,35 +258,70 @@ class FreshCacheTransport(httpx2.BaseTransport):
             scoped_cache(target.repo_type, target.repo_id), target.repo_id, target.repo_type
         )
         endpoint = f"{request.url.scheme}://{request.url.netloc.decode()}"
-        commit = self._known_commit(repo, endpoint, target.revision)
+        credential = credential_of(request)
+        where = (repo.root, endpoint, repo.repo_type, repo.repo_id, target.revision)
+        named = recent_commit(*where, credential=credential)
+        commit = named or self._known_commit(repo, endpoint, target.revision, credential)
         if commit is None:
             if target.kind == "info":
                 return self._revalidate(request, repo, endpoint, target)
             return None
         if target.kind == "resolve":
+            # A file's bytes go only to a credential that read the repo at the commit: the
+            # Hub named the commit to it in the window, or it has the commit's repo info
+            # (stored, else asked now with the request's own headers).
+            if named is None and not self._readable(request, repo, target, commit):
+                return None
             return self._file(request, repo, commit, target.rest)
         return self._stored_or_asked(request, repo, target, commit)
 
-    def _known_commit(self, repo: RepoLayout, endpoint: str, revision: str) -> str | None:
+    def _readable(
+        self, request: httpx2.Request, repo: RepoLayout, target: Target, commit: str
+    ) -> bool:
+        """True when the request's credential read ``commit``'s repo info: a stored answer
+        it obtained, else the Hub's answer now (stored; any other answer: ``False``, and
+        the request goes to the Hub, which answers it as it answers stock)."""
+        credential = credential_of(request)
+        base = f"/api/{_PREFIX[target.repo_type]}/{target.repo_id}/revision/{commit}"
+        for key in (f"GET {base}", f"GET {base}?blobs=true"):
+            stored = read_answer(repo, commit, key, credential)
+            if stored is not None and stored.get("status") == 200:
+                return True
+        skipped = (b"range", b"if-range", b"if-none-match", b"if-match", b"if-modified-since")
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in skipped]
+        asked = httpx2.Request(
+            "GET",
+            request.url.copy_with(raw_path=base.encode()),
+            headers=headers,
+            extensions=request.extensions,
+        )
+        status, headers_got, body = _read_whole(self.inner.handle_request(asked))
+        if status != 200 or _sha_of(body, headers_got) != commit:
+            return False
+        write_answer(repo, commit, f"GET {base}", status, headers_got.items(), body, credential)
+        return True
+
+    def _known_commit(
+        self, repo: RepoLayout, endpoint: str, revision: str, credential: str
+    ) -> str | None:
         """The commit to answer ``revision`` from the cache with, or ``None`` (ask the Hub).
 
-        Outside a patched call (a bare API call), only a commit the Hub named in this
-        process's window, unless :func:`api_from_cache` allows the cache's own word."""
+        Not the window's commit (the caller looks that up first). Outside a patched call
+        (a bare API call), only a commit a patched call with the same ``credential``
+        answered from the cache, unless :func:`api_from_cache` allows the cache's own
+        word."""
         from ._negotiate import fresh_commit
 
         where = (repo.root, endpoint, repo.repo_type, repo.repo_id, revision)
-        remembered = recent_commit(*where)
-        if remembered is not None:
-            return remembered
         scoped = in_patched_call()
         if not (scoped or api_from_cache()):
             # As stock, the Hub is asked (ConnectError when it cannot be reached), unless
             # the call belongs to a load a patched call just answered from the cache.
-            return loaded_commit(*where)
+            return loaded_commit(*where, credential=credential)
         commit = revision if COMMIT_RE.match(revision) else None
         commit = commit or fresh_commit(repo, revision, current_policy())
         if commit is not None and scoped:
-            remember_loaded(*where, commit)
+            remember_loaded(*where, commit, credential=credential)
         return commit
 
     # -- answering from the cache ----------------------------------------------------------
@@ -270,14 +337,12 @@ class FreshCacheTransport(httpx2.BaseTransport):
         if entry is None and not hub_said_absent(repo, commit, path):
             return None  # only the Hub says a file is absent (stock asks it): sent on
         if entry is None:
-            headers = {
-                **common,
-                "X-Error-Code": "EntryNotFound",
-                "X-Error-Message": "Entry not found",
-                "Content-Type": "application/json",
-            }
-            body = b'{"error":"Entry not found"}'
-            return httpx2.Response(404, headers=headers, content=body, request=request)
+            # The Hub's own answer to this request, kept when it was given (its message);
+            # without one the Hub is asked, as stock asks it.
+            stored = absent_answer(repo, commit, request.url, credential_of(request))
+            if stored is None or request.method != "HEAD":
+                return None
+            return _replay(stored, request)
         if linked_etag(repo, commit, path) != entry.etag:
             return None
         if blob_state(repo, entry.etag, entry.size) != "ok":
@@ -306,7 +371,8 @@ class FreshCacheTransport(httpx2.BaseTransport):
     ) -> httpx2.Response | None:
         url = _rewritten(request.url, target, commit)
         key = f"{request.method} {url.raw_path.decode()}"
-        stored = read_answer(repo, commit, key)
+        credential = credential_of(request)
+        stored = read_answer(repo, commit, key, credential)
         if stored is not None:
             return _replay(stored, request)
         asked = httpx2.Request(
@@ -315,7 +381,7 @@ class FreshCacheTransport(httpx2.BaseTransport):
         response = self.inner.handle_request(asked)
         status, headers, body = _read_whole(response)
         if status == 200 or (status == 404 and headers.get("x-error-code") == "EntryNotFound"):
-            write_answer(repo, commit, key, status, headers.items(), body)
+            write_answer(repo, commit, key, status, headers.items(), body, credential)
         return _rebuilt(status, headers, body, request, response)
 
     def _revalidate(
@@ -326,9 +392,16 @@ class FreshCacheTransport(httpx2.BaseTransport):
         status, headers, body = _read_whole(response)
         if status == 200:
             commit = _sha_of(body, headers)
+            credential = credential_of(request)
             if commit is not None:
                 remember_commit(
-                    repo.root, endpoint, repo.repo_type, repo.repo_id, target.revision, commit
+                    repo.root,
+                    endpoint,
+                    repo.repo_type,
+                    repo.repo_id,
+                    target.revision,
+                    commit,
+                    credential=credential,
                 )
                 confirmed = repo.read_ref(target.revision) == commit and read_tree(repo, commit)
                 if confirmed:
@@ -336,11 +409,23 @@ class FreshCacheTransport(httpx2.BaseTransport):
                     write_validation(repo, target.revision, commit, at=at)
                 url = _rewritten(request.url, target, commit)
                 key = f"{request.method} {url.raw_path.decode()}"
-                write_answer(repo, commit, key, status, headers.items(), body)
+                write_answer(repo, commit, key, status, headers.items(), body, credential)
         return _rebuilt(status, headers, body, request, response)
 
 
 # -- stored answers ----------------------------------------------------------------------
+
+
+def absent_answer(
+    repo: RepoLayout, commit: str, url: httpx2.URL | str, credential: str
+) -> dict[str, Any] | None:
+    """The Hub's ``404 EntryNotFound`` to a ``HEAD`` of ``url`` at ``commit`` with
+    ``credential``, as :meth:`FreshCacheTransport._keep_absent` kept it, if it did."""
+    key = f"HEAD {httpx2.URL(url).raw_path.decode()}"
+    stored = read_answer(repo, commit, key, credential)
+    if stored is None or stored.get("status") != 404:
+        return None
+    return stored
 
 
 def _replay(stored: dict[str, Any], request: httpx2.Request) -> httpx2.Response:
@@ -414,4 +499,4 @@ def client_factory(previous: Callable[[], httpx2.Client]) -> Callable[[], httpx2
     return build
 
 
-__all__ = ["FreshCacheTransport", "Target", "client_factory", "parse_target"]
+__all__ = ["FreshCacheTransport", "Target", "absent_answer", "client_factory", "parse_target"]

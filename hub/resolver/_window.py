@@ -5,7 +5,10 @@ hook (:mod:`cmh.hub.resolver._session`) reads here; neither imports the other
 for it, so the two hooks have no import cycle:
 
 - the revalidation window: the commit the Hub named for a branch less than
-  ``window`` seconds ago (:func:`recent_commit`, :func:`remember_commit`);
+  ``window`` seconds ago (:func:`recent_commit`, :func:`remember_commit`), for the
+  credential it was asked with (:func:`~cmh.hub.resolver._credentials.credential_digest`
+  of the ``Authorization`` header sent): a request with another credential, or none,
+  is never answered from what that one obtained;
 - the cache folder a Hub request is answered from (:func:`scoped_cache`,
   set by :func:`in_cache` around every patched call);
 - the policy routed calls use (:func:`current_policy`);
@@ -35,8 +38,8 @@ DEFAULT_WINDOW = 10.0
 MAX_REMEMBERED = 4096
 
 _lock = threading.Lock()
-#: (cache, endpoint, repo type, repo id, revision) -> (commit, the policy clock's monotonic
-#: time when named).
+#: (cache, endpoint, repo type, repo id, revision, credential digest) -> (commit, the
+#: policy clock's monotonic time when named).
 recent: LRUCache[tuple[str, ...], tuple[str, float]] = LRUCache(MAX_REMEMBERED)
 _window = DEFAULT_WINDOW
 _policy: Policy | None = None
@@ -70,31 +73,45 @@ def api_from_cache() -> bool:
     return os.environ.get(API_FROM_CACHE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-#: (cache, endpoint, repo type, repo id, revision or commit) -> (commit, the policy clock's
-#: monotonic time) of a patched call answered from the cache without the Hub (a fresh
-#: snapshot); bounded like :data:`recent`.
+#: (cache, endpoint, repo type, repo id, revision or commit, credential digest) -> (commit,
+#: the policy clock's monotonic time) of a patched call answered from the cache without the
+#: Hub (a fresh snapshot); bounded like :data:`recent`.
 loaded: LRUCache[tuple[str, ...], tuple[str, float]] = LRUCache(MAX_REMEMBERED)
 
 
 def remember_loaded(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
+    root: Path,
+    endpoint: str | None,
+    repo_type: str,
+    repo_id: str,
+    revision: str,
+    commit: str,
+    *,
+    credential: str,
 ) -> None:
-    """Record that a patched call answered ``revision`` at ``commit`` from the cache now: the
-    bare API calls of the same load (transformers' template listing, peft's probes), made
-    within ``window`` seconds, are answered from the cache too (:func:`loaded_commit`)."""
+    """Record that a patched call made with ``credential`` answered ``revision`` at
+    ``commit`` from the cache now: the bare API calls of the same load (transformers'
+    template listing, peft's probes) made with the same credential within ``window``
+    seconds are answered from the cache too (:func:`loaded_commit`)."""
     now = current_policy().clock.monotonic()
     with _lock:
         for name in {revision, commit}:
-            loaded[_key(root, endpoint, repo_type, repo_id, name)] = (commit, now)
+            loaded[_key(root, endpoint, repo_type, repo_id, name, credential)] = (commit, now)
 
 
 def loaded_commit(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+    root: Path,
+    endpoint: str | None,
+    repo_type: str,
+    repo_id: str,
+    revision: str,
+    *,
+    credential: str,
 ) -> str | None:
-    """The commit a patched call answered ``revision`` with from the cache less than
-    ``window`` seconds ago, if one did."""
+    """The commit a patched call made with ``credential`` answered ``revision`` with from
+    the cache less than ``window`` seconds ago, if one did."""
     with _lock:
-        hit = loaded.get(_key(root, endpoint, repo_type, repo_id, revision))
+        hit = loaded.get(_key(root, endpoint, repo_type, repo_id, revision, credential))
     if hit is not None and current_policy().clock.monotonic() - hit[1] < _window:
         return hit[0]
     return None
@@ -164,33 +181,48 @@ def in_cache(cache_dir: Any, repo_type: Any, repo_id: Any) -> Iterator[Path]:
 
 
 def _key(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, credential: str
 ) -> tuple[str, ...]:
     where = (endpoint or default_endpoint()).rstrip("/")
-    return (str(Path(root).expanduser()), where, repo_type, repo_id, revision)
+    return (str(Path(root).expanduser()), where, repo_type, repo_id, revision, credential)
 
 
 def recent_commit(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str
+    root: Path,
+    endpoint: str | None,
+    repo_type: str,
+    repo_id: str,
+    revision: str,
+    *,
+    credential: str,
 ) -> str | None:
-    """The commit the Hub named for ``revision`` less than ``window`` seconds ago, if it did."""
+    """The commit the Hub named for ``revision`` less than ``window`` seconds ago, asked
+    with ``credential``, if it did."""
     with _lock:
-        hit = recent.get(_key(root, endpoint, repo_type, repo_id, revision))
+        hit = recent.get(_key(root, endpoint, repo_type, repo_id, revision, credential))
     if hit is not None and current_policy().clock.monotonic() - hit[1] < _window:
         return hit[0]
     return None
 
 
 def remember_commit(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, commit: str
+    root: Path,
+    endpoint: str | None,
+    repo_type: str,
+    repo_id: str,
+    revision: str,
+    commit: str,
+    *,
+    credential: str,
 ) -> None:
-    """Record that the Hub named ``commit`` for ``revision`` now (opens the window; for
-    the commit itself too: the calls of the same load that ask at the commit, such as
-    datasets' info and tree pages, are part of that revalidation)."""
+    """Record that the Hub named ``commit`` for ``revision`` now to a request made with
+    ``credential`` (opens the window for that credential only; for the commit itself too:
+    the calls of the same load that ask at the commit, such as datasets' info and tree
+    pages, are part of that revalidation)."""
     if COMMIT_RE.match(revision):
         return
     now = current_policy().clock.monotonic()
     with _lock:
-        recent[_key(root, endpoint, repo_type, repo_id, revision)] = (commit, now)
+        recent[_key(root, endpoint, repo_type, repo_id, revision, credential)] = (commit, now)
         if COMMIT_RE.match(commit):
-            recent[_key(root, endpoint, repo_type, repo_id, commit)] = (commit, now)
+            recent[_key(root, endpoint, repo_type, repo_id, commit, credential)] = (commit, now)

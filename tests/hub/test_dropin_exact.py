@@ -594,7 +594,7 @@ def test_resolve_keeps_the_stock_repo_info_and_tree_answers(
         if front:
             wanted.append(f"{base}/tree/{commit}?recursive=true&expand=false")
         for target in wanted:
-            kept = read_answer(repo, commit, f"GET {target}")
+            kept = read_answer(repo, commit, f"GET {target}", "")  # asked without a token
             assert kept is not None, target
             asked = httpx2.get(url + target, timeout=30)
             assert kept["status"] == asked.status_code == 200

@@ -290,3 +290,44 @@ def test_bare_calls_at_the_commit_the_hub_just_named_ask_nothing(
     toy.server.sync()
     asked = [e["target"] for e in toy.server.log()[mark:] if e["route"] not in ("health",)]
     assert asked == [], asked
+
+
+def _second_lookup_of_a_missing_file(cache: Path) -> list[tuple[str, list[str]]]:
+    """Two ``hf_hub_download`` of a file the repo lacks: each error's type and message
+    lines (the request id left out: each answer has its own)."""
+    import huggingface_hub
+
+    out = []
+    for _ in range(2):
+        try:
+            huggingface_hub.hf_hub_download(REPO, "nope.json")
+            out.append(("answered", []))
+        except Exception as exc:
+            lines = [line for line in str(exc).splitlines() if "Request ID" not in line]
+            out.append((type(exc).__name__, lines))
+    assert _no_exist(cache) == ["nope.json"]
+    return out
+
+
+def test_a_missing_file_asked_again_raises_with_the_hubs_own_message(
+    toy: Any,  # noqa: F811 (a fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The second lookup of a missing file, answered from its ``.no_exist`` marker, raises
+    what stock's second lookup raises (it asks the Hub again): the same type and the Hub's
+    own message line (``nope.json does not exist on main``), not a made-up one."""
+    import cmh.hub as hub
+    from cmh.hub.resolver import _window
+
+    aim_stock_client(monkeypatch, toy.server.url, tmp_path / "stock")
+    stock = _second_lookup_of_a_missing_file(tmp_path / "stock")
+    aim_stock_client(monkeypatch, toy.server.url, tmp_path / "installed")
+    assert hub.install()
+    try:
+        _window.forget()
+        installed = _second_lookup_of_a_missing_file(tmp_path / "installed")
+    finally:
+        hub.uninstall()
+    assert stock[0] == stock[1] and stock[0][0] == "RemoteEntryNotFoundError", stock
+    assert installed == stock

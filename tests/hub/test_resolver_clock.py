@@ -39,11 +39,15 @@ def test_revalidation_window_is_measured_on_the_installed_policys_clock() -> Non
     root = Path("/nonexistent/cache")
     _window.configure(10.0, hub.Policy(clock=clock))
     try:
-        _window.remember_commit(root, "http://127.0.0.1:9", "model", REPO, "main", COMMIT)
+        _window.remember_commit(
+            root, "http://127.0.0.1:9", "model", REPO, "main", COMMIT, credential=""
+        )
         clock.advance(9.5)
-        assert _window.recent_commit(root, "http://127.0.0.1:9", "model", REPO, "main") == COMMIT
+        where = (root, "http://127.0.0.1:9", "model", REPO, "main")
+        assert _window.recent_commit(*where, credential="") == COMMIT
+        assert _window.recent_commit(*where, credential="sha256:other") is None  # its own
         clock.advance(1.0)
-        assert _window.recent_commit(root, "http://127.0.0.1:9", "model", REPO, "main") is None
+        assert _window.recent_commit(*where, credential="") is None
     finally:
         _window.configure(_window.DEFAULT_WINDOW, None)
         _window.forget()
