@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -37,10 +37,10 @@ from ._fingerprints import fingerprint_of
 from ._index import CommitIndex, FileEntry
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range
-from ._routes import BadTarget, NoRoute, Route, parse_target
+from ._routes import BadTarget, NoRoute, Route, moved_target, parse_target
 from ._send import BodyCut, Pieces, frame
 from ._state import FILE_TYPE_KEY, SERVE_FILE_KEY, STALE_KEY, STORE_KEY, MirrorState, base_url
-from ._upstream import UpstreamError
+from ._upstream import UpstreamError, UpstreamRenamed
 from .stores import BlobMismatch, BlobMissing, Sent
 
 if TYPE_CHECKING:
@@ -230,8 +230,43 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     """Pull-through: make the route's revision answerable from the store (upstream.py).
 
     Only for a reader the mirror's own tokens admit; the client's credentials
-    are never passed on.
+    are never passed on. A repo the upstream names otherwise (another case of its id, a
+    renamed repo's old name) is answered as that repo (:func:`_moved`).
     """
+    try:
+        await _prepare(request, state, route, token)
+    except UpstreamRenamed as moved:
+        await _moved(request, state, route, token, moved.canonical)
+
+
+async def _moved(
+    request: web.Request, state: MirrorState, route: Route, token: str | None, canonical: str
+) -> None:
+    """The answer for a repo the upstream calls ``canonical``: what ``canonical`` answers
+    this reader (prepared and checked as if asked: a private repo's refusal, a gated one's
+    ``GatedRepo``) or, for a reader it opens, a ``307`` to the same target under the
+    upstream's name, relative, as the Hub sends a renamed repo's readers (stock clients
+    follow it, their token kept: same origin). Nothing is kept under the asked name, so
+    no spelling of a repo reads more than the repo's own name does."""
+    there = replace(route, repo_id=canonical)
+    try:
+        await _prepare(request, state, there, token)
+    except UpstreamRenamed:
+        message = f"the upstream names {route.repo_id} {canonical}, and {canonical} otherwise"
+        raise HubError(502, "UpstreamProtocolError", message) from None
+    await _run(_readable, state, there, token)
+    location = moved_target(request.raw_path, route, canonical)
+    what = f"{route.repo_id} is {canonical} at the upstream"
+    if location is None:  # not a target naming the repo where its route does: say so
+        raise HubError(404, "RepoNotFound", f"{what}: ask for {canonical}")
+    raise HubError(307, None, what, {"Location": location})
+
+
+async def _prepare(
+    request: web.Request, state: MirrorState, route: Route, token: str | None
+) -> None:
+    """:func:`_pull` for one name; :class:`UpstreamRenamed` when the upstream names the
+    repo otherwise."""
     assert state.upstream is not None
     if state.policy.names(route.repo_type, route.repo_id) and not state.policy.can_read(
         route.repo_type, route.repo_id, token
@@ -266,6 +301,8 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
             note = await _settled(pending, max(0.0, state.upstream_wait - STALE_AFTER))
         else:
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+    except UpstreamRenamed:
+        raise
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
     request[STALE_KEY] = note
@@ -286,6 +323,8 @@ async def _settled(pending: asyncio.Future[Any], wait: float) -> Any:
         pending.add_done_callback(lambda f: f.cancelled() or f.exception())
         message = "the upstream did not answer in time and nothing usable is cached"
         raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"}) from None
+    except UpstreamRenamed:
+        raise
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
 

@@ -97,6 +97,18 @@ class UpstreamError(HubError):
     """An answer the upstream decided: status, Hub ``X-Error-Code``, message, headers."""
 
 
+class UpstreamRenamed(UpstreamError):
+    """The upstream names the repo asked for otherwise: another case of its id (the Hub
+    matches repo ids without case) or a renamed repo's old name. Nothing is kept or served
+    under the asked name, so every spelling of a repo is one repo at the mirror, with one
+    access record and one copy of its bytes: the server sends a reader the repo opens to
+    the upstream's name (``app._moved``), as the Hub answers a renamed repo."""
+
+    def __init__(self, asked: str, canonical: str) -> None:
+        super().__init__(307, None, f"the upstream names {asked} {canonical}")
+        self.canonical = canonical
+
+
 @dataclass(frozen=True)
 class Outcome:
     """A failure as kept for the requests that share it: its answer and when it happened.
@@ -111,14 +123,21 @@ class Outcome:
     message: str
     headers: dict[str, str] = field(default_factory=dict)
     at: float = 0.0
+    #: The upstream's name of the repo (:class:`UpstreamRenamed`), else ``None``.
+    canonical: str | None = None
 
     @classmethod
     def of(cls, exc: HubError, at: float) -> Outcome:
         message = exc.message[:MAX_OUTCOME_MESSAGE]  # what is kept is bounded, too
-        return cls(exc.status, exc.code, message, dict(exc.headers), at)
+        canonical = exc.canonical if isinstance(exc, UpstreamRenamed) else None
+        return cls(exc.status, exc.code, message, dict(exc.headers), at, canonical)
 
     def error(self) -> UpstreamError:
         """A new error for this outcome (no traceback, no cause)."""
+        if self.canonical is not None:
+            renamed = UpstreamRenamed("", self.canonical)
+            renamed.message = self.message
+            return renamed
         return UpstreamError(self.status, self.code, self.message, dict(self.headers))
 
 
@@ -348,6 +367,7 @@ class Upstream:
         from cmh.hub.resolver import NoSuchEndpoint
 
         remote = client.revision(repo_id, repo_type, revision)
+        self._same_repo(repo_id, remote.repo_id)
         private = remote.private or (
             not remote.gated
             and not self.config.public_repos
@@ -370,6 +390,25 @@ class Upstream:
         if remote.files is not None:
             return remote.commit, remote.files
         return remote.commit, client.tree(repo_id, repo_type, remote.commit)
+
+    @staticmethod
+    def _same_repo(asked: str, named: str | None) -> None:
+        """Nothing is kept under a name the upstream does not call the repo's own:
+        :class:`UpstreamRenamed` when its answer names another (another case, an old
+        name), a typed 502 for a name no Hub gives. An answer naming none is taken as
+        the asked name's (the access policy compares names without case all the same)."""
+        from cmh.hub.cache import LayoutError, validate_repo_id
+
+        from ._errors import printable
+
+        if named is None or named == asked:
+            return
+        try:
+            validate_repo_id(named)
+        except LayoutError:
+            what = f"the upstream names {asked} {printable(named, 200)!r}, not a repo id"
+            raise UpstreamError(502, "UpstreamProtocolError", what) from None
+        raise UpstreamRenamed(asked, named)
 
     def _needs_token(self, repo_type: str, repo_id: str) -> bool:
         """True unless the upstream serves the repo without the mirror's token

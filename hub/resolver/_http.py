@@ -656,6 +656,7 @@ class HubClient:
             _files_from_siblings(obj.get("siblings")),
             private=obj.get("private") is True,
             gated=obj.get("gated") not in (None, False, "false", "False"),
+            repo_id=obj["id"] if isinstance(obj.get("id"), str) else None,
         )
 
     def auth_check(self, repo_id: str, repo_type: str) -> None:

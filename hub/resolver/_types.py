@@ -131,6 +131,10 @@ class RemoteRevision:
     #: What the answer says of access: ``private``, and ``gated`` (any value but false).
     private: bool = False
     gated: bool = False
+    #: The repo id the answer names (its ``id``), ``None`` when it names none: the Hub
+    #: answers every spelling of a repo id (another case, a renamed repo's old name) with
+    #: the repo's own one.
+    repo_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,117 @@
+"""Who reads a pulled-through repo, whatever name or revision asks for it.
+
+A real ``cmh serve --upstream`` over a folder and over a moto bucket, in front of
+:class:`hostile_upstream.HostileHub` (127.0.0.1, free ports); times from the server's
+injected clock. Each test failed on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx2
+import pytest
+from deadline_support import TEST_DEADLINE
+from hostile_upstream import HostileHub
+from mirror_support import MirrorServer, ProcessClock, hf_env, run_python
+
+KINDS = ["folder", "moto"]
+TEAM = "team-token-0001"
+SECRET = b'{"licensed": "weights only for our team"}\n'
+
+
+@contextmanager
+def _mirror(
+    kind: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    *args: str,
+    tokens: Path | None = None,
+    clock: ProcessClock | None = None,
+) -> Iterator[MirrorServer]:
+    """``cmh serve`` over a folder or a moto bucket prefix, with ``args``."""
+    from bucket_support import isolated_aws_env
+
+    store: Path | str = tmp_path / "pull"
+    env = dict(os.environ)
+    if kind == "folder":
+        Path(store).mkdir()
+    else:
+        bucket = request.getfixturevalue(f"{kind}_bucket")
+        store, env = bucket.url, {**env, **isolated_aws_env(bucket, tmp_path)}
+    with MirrorServer(
+        store, tmp_path / "logs", tokens=tokens, clock=clock, env=env, extra_args=args
+    ) as server:
+        yield server
+
+
+def _get(url: str, token: str | None = None, **kwargs: object) -> httpx2.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx2.get(url, headers=headers, timeout=TEST_DEADLINE, **kwargs)  # type: ignore[arg-type]
+
+
+VARIANT_SCRIPT = r"""
+import json
+from huggingface_hub import hf_hub_download
+path = hf_hub_download(sys.argv[1], "config.json")
+print(json.dumps({"body": open(path).read()}))
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_case_of_a_private_repo_is_the_repo_and_private(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Was (F1): the tokens file made ``acme/model`` private, but the upstream (as
+    huggingface.co) answers ``ACME/MODEL`` too: the mirror kept it as another, public repo
+    and served its bytes to anyone, and listed it. Now every case of a name is one repo:
+    a reader it is closed to gets the missing repo's answer; one it opens is sent (307) to
+    the upstream's name, and the store holds one copy, under that name."""
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"{TEAM} acme/model\n")
+    hub = HostileHub(repo_id="acme/model", files={"config.json": SECRET}, any_case=True)
+    with hub, _mirror(kind, request, tmp_path, "--upstream", hub.url, tokens=tokens) as s:
+        for name in ("ACME/MODEL", "Acme/Model", "acme/MODEL", "acme/model"):
+            for target in (f"/{name}/resolve/main/config.json", f"/api/models/{name}"):
+                answer = _get(s.url + target)
+                assert answer.status_code == 404, (target, answer.status_code)
+                assert answer.headers["X-Error-Code"] == "RepoNotFound"
+                assert SECRET not in answer.content and b"acme/model" not in answer.content
+        assert _get(f"{s.url}/api/models").json() == []
+        # The team reads it under any case: sent to the upstream's name, token kept.
+        moved = _get(f"{s.url}/ACME/MODEL/resolve/main/config.json?x=1", TEAM)
+        assert moved.status_code == 307
+        assert moved.headers["Location"] == "/acme/model/resolve/main/config.json?x=1"
+        moved = _get(f"{s.url}/api/models/Acme/Model/revision/main", TEAM)
+        assert moved.headers["Location"] == "/api/models/acme/model/revision/main"
+        read = _get(f"{s.url}/Acme/Model/resolve/main/config.json", TEAM, follow_redirects=True)
+        assert read.status_code == 200 and read.content == SECRET
+        env = hf_env(s.url, tmp_path / "home", token=TEAM)
+        code = VARIANT_SCRIPT.replace("sys.argv[1]", repr("ACME/Model"))
+        assert run_python(code, env)["body"] == SECRET.decode()  # the stock client follows
+        listed = [m["id"] for m in _get(f"{s.url}/api/models", TEAM).json()]
+        assert listed == ["acme/model"]  # one copy, under the upstream's name
+        if kind == "folder":
+            assert sorted(p.name for p in (tmp_path / "pull").glob("models--*")) == [
+                "models--acme--model"
+            ]
+
+
+def test_a_tokens_file_name_in_another_case_keeps_the_upstream_repo_private(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Was: in front of an upstream, a tokens file naming ``Acme/Model`` protected nothing
+    of the upstream's ``acme/model``, served to anyone. Names are compared without case
+    when an upstream is set (deny by default)."""
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"{TEAM} Acme/Model\n")
+    hub = HostileHub(repo_id="acme/model", files={"config.json": SECRET}, any_case=True)
+    with hub, _mirror("folder", request, tmp_path, "--upstream", hub.url, tokens=tokens) as s:
+        url = f"{s.url}/acme/model/resolve/main/config.json"
+        assert _get(url).status_code == 404
+        assert _get(url, TEAM).content == SECRET
+        assert _get(url).status_code == 404  # held now: still closed
+        assert _get(f"{s.url}/api/models").json() == []
