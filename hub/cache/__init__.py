@@ -61,7 +61,7 @@ from ._locks import (
     revision_lock,
     snapshot_in_use,
 )
-from ._records import record_number
+from ._records import json_value, record_number
 from ._usage import record_use, usage_path
 
 __all__ = [
@@ -110,6 +110,7 @@ __all__ = [
     "install_blob",
     "is_disk_full",
     "iter_repos",
+    "json_value",
     "new_digest",
     "parse_ref",
     "parse_repo_folder",

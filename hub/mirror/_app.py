@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
-from cmh.hub.cache import LayoutError, validate_relpath
+from cmh.hub.cache import LayoutError, json_value, validate_relpath
 
 from . import _catalog as catalog
 from . import _documents as documents
@@ -856,7 +856,7 @@ async def _read_paths_body(request: web.Request) -> tuple[list[str], object]:
     expand: object = False
     if request.content_type == "application/json":
         try:
-            data = await request.json()
+            data = json_value(await request.read())  # nesting too deep is not JSON here
         except ValueError:
             raise HubError(400, "BadRequest", "body is not JSON") from None
         raw = data.get("paths") if isinstance(data, dict) else None

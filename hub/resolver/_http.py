@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import email.utils
 import fcntl
-import json
 import logging
 import os
 import re
@@ -35,6 +34,7 @@ from cmh.hub.cache import (
     SYSTEM_CLOCK,
     Clock,
     LayoutError,
+    json_value,
     validate_relpath,
 )
 
@@ -583,9 +583,9 @@ class HubClient:
                 self._count(requests=sent, nbytes=received)
             raise_for_status(response)
             try:
-                obj = json.loads(body)
+                obj = json_value(body)
             except ValueError as exc:
-                raise HubProtocolError(f"{url} did not answer JSON") from exc
+                raise HubProtocolError(f"{url} did not answer JSON: {exc}") from exc
             if len(self.answers) < MAX_ANSWERS_KEPT and len(body) <= MAX_KEPT_BODY:
                 headers = tuple(response.headers.items())
                 self.answers.append(ApiAnswer(str(response.request.url), headers, body))
@@ -721,7 +721,7 @@ class HubClient:
         if response.status_code != 200:
             return None
         try:
-            doc = json.loads(content)
+            doc = json_value(content)
             tensors = doc["tensors"]
             if doc.get("schema") != "cmh-tensor-manifest/1" or not isinstance(tensors, list):
                 return None
@@ -1000,7 +1000,7 @@ def hub_message(response: httpx2.Response) -> str:
     if said:
         return _cut(said)
     try:
-        body = json.loads(response.content)
+        body = json_value(response.content)
     except (ValueError, httpx2.ResponseNotRead):
         return ""
     error = body.get("error") if isinstance(body, dict) else None

@@ -61,6 +61,7 @@ from cmh.hub.cache import (
     FILL_LEASE_TTL,
     SYSTEM_CLOCK,
     Clock,
+    json_value,
     new_digest,
 )
 
@@ -220,7 +221,7 @@ class BucketPullThrough:
         if body is None:  # not the fleet's: no validation, but claimed over by its ETag
             return {}, info.etag
         try:
-            doc = json.loads(body)
+            doc = json_value(body)
         except ValueError:
             return {}, ""
         return (doc if isinstance(doc, dict) else {}), info.etag
@@ -450,7 +451,7 @@ class BucketPullThrough:
             # restricted, and none of its words used (deny by default).
             body = self.store.unseal(name, data, info)
             try:
-                record = None if body is None else json.loads(body)
+                record = None if body is None else json_value(body)
             except ValueError:
                 record = None
             gated = isinstance(record, dict) and bool(record.get("gated"))
@@ -568,7 +569,7 @@ class BucketPullThrough:
         if self.store.storage_age(info.last_modified.timestamp()) >= NEGATIVE_FOR:
             return None
         try:
-            doc = json.loads(data)
+            doc = json_value(data)
         except ValueError:
             return None
         if not isinstance(doc, dict) or set(doc) != {"at", "error"}:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from cmh.hub.cache import Clock, new_digest, repo_folder_name
+from cmh.hub.cache import Clock, json_value, new_digest, repo_folder_name
 
 from ..._errors import StoreError, StoreMissing, StoreUnavailable
 from ..._history import CommitRecord
@@ -216,7 +216,7 @@ class BucketBackedStore:
         name = entry.source.as_posix()
         folder = entry.source.parent.parent.as_posix()
         try:
-            doc = json.loads(self.bucket.objects.get(manifest_name(folder, entry.etag)))
+            doc = json_value(self.bucket.objects.get(manifest_name(folder, entry.etag)))
             if entry.size < 8:
                 return False
             size = header_size_from_prefix(self.bucket.objects.get_range(name, 0, 8))
@@ -245,7 +245,7 @@ class BucketBackedStore:
 
         name = manifest_name(self._folder(repo_type, repo_id), entry.etag)
         try:
-            doc = json.loads(self.bucket.objects.get(name))
+            doc = json_value(self.bucket.objects.get(name))
             if (
                 isinstance(doc, dict)
                 and doc.get("schema") == SCHEMA
@@ -321,7 +321,7 @@ class BucketBackedStore:
         notes: list[dict[str, Any]] = []
         with _storage_errors():
             with contextlib.suppress(ObjectNotFound, ObjectTooLarge, ValueError):
-                data = json.loads(self.bucket.objects.get(f"{QUARANTINE}/{LAST_SCRUB}"))
+                data = json_value(self.bucket.objects.get(f"{QUARANTINE}/{LAST_SCRUB}"))
                 last = data if isinstance(data, dict) else None
             for info in self.bucket.objects.list(QUARANTINE):
                 if len(notes) >= MAX_QUARANTINE_NOTES:
@@ -329,7 +329,7 @@ class BucketBackedStore:
                 if not info.name.endswith(".json") or info.name.endswith("/" + LAST_SCRUB):
                     continue
                 with contextlib.suppress(ObjectNotFound, ObjectTooLarge, ValueError):
-                    data = json.loads(self.bucket.objects.get(info.name))
+                    data = json_value(self.bucket.objects.get(info.name))
                     if isinstance(data, dict):
                         notes.append(data)
         notes.sort(key=lambda n: -float(n.get("quarantined_at") or 0))
