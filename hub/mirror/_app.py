@@ -766,10 +766,40 @@ async def _start_fill(
             503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
             {"Retry-After": "30"},
         )  # fmt: skip
+    await _access_checked(request, state, route, index)
     failed = state.fills.recent_failure(entry.source)
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
         raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
     return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
+
+
+async def _access_checked(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> None:
+    """No file is fetched with the mirror's upstream token on the upstream's word on access
+    older than ``--fresh-for`` (a branch fresh by its stamps, a worker just started): the
+    repo's access is asked again (the commit's revision answer, and ``auth-check`` without
+    the token), then the reader's own access, before any fill starts."""
+    upstream = state.upstream
+    assert upstream is not None
+    if await _run(upstream.access_known, route.repo_type, route.repo_id):
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        note = await loop.run_in_executor(
+            state.revalidations, _prepare_checked, upstream, route.repo_type, route.repo_id,
+            index.commit,
+        )  # fmt: skip
+    except UpstreamError as exc:
+        status, code = (
+            (exc.status, exc.code) if exc.status != 307 else (502, "UpstreamProtocolError")
+        )
+        raise HubError(status, code, exc.message, exc.headers) from None
+    if note is not None:  # the upstream could not be asked: nothing is fetched for now
+        message = "upstream unavailable: who may read this repo cannot be confirmed"
+        raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
+    token = bearer_token(request.headers.get("Authorization"))
+    await _run(_readable, state, route, token)
 
 
 # -- repo info, tree, paths-info ------------------------------------------------------------

@@ -19,7 +19,9 @@ fleet under a lease, ``spec/hub-mirror.md`` 8.6):
 
 Freshness is the resolver's: a branch is fresh until the smallest CMH
 ``expires_at`` of its stamped safetensors files, otherwise ``fresh_for``
-seconds after its last validation. A commit id never revalidates. When the
+seconds after its last validation. A commit id never revalidates its content; who
+may read it is asked again once per ``fresh_for`` (:meth:`Upstream.access_known`), and
+no blob is filled on older word on access (``app._access_checked``). When the
 upstream cannot be asked, a revision that was fresh less than ``stale_for``
 seconds ago is served with a stale warning; otherwise the answer is a typed
 503. The upstream's refusals map to the Hub's typed errors.
@@ -238,6 +240,12 @@ class Upstream:
         self._failed: Memo[tuple[str, str, str], Outcome | str] = Memo(
             MAX_NEGATIVE, ttl=NEGATIVE_FOR, timer=lambda: self.clock.monotonic()
         )
+        #: The repos whose access this worker had the upstream's word on within
+        #: ``fresh_for`` (a revalidation of any of their revisions): a commit held of any
+        #: other is asked again before it is answered, and no file of it is filled before.
+        self._access_known: Memo[tuple[str, str], bool] = Memo(
+            MAX_NEGATIVE, ttl=max(config.fresh_for, 0.001), timer=lambda: self.clock.monotonic()
+        )
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -304,10 +312,19 @@ class Upstream:
 
     def fresh(self, repo_type: str, repo_id: str, revision: str) -> bool:
         """Whether the store answers ``revision`` without asking the upstream (a held
-        commit, or a branch within its freshness): read from the store only."""
-        if COMMIT_RE.match(revision):
-            return self.pull.held(repo_type, repo_id, revision) is not None  # never changes
+        commit whose repo's access was checked within ``fresh_for``, or a branch within
+        its freshness): read from the store and this worker's memory only."""
+        if COMMIT_RE.match(revision):  # its content never changes; who may read it may
+            held = self.pull.held(repo_type, repo_id, revision) is not None
+            return held and self.access_known(repo_type, repo_id)
         return self.clock.time() < self._known_expiry(repo_type, repo_id, revision)
+
+    def access_known(self, repo_type: str, repo_id: str) -> bool:
+        """Whether this worker had the upstream's word on who reads the repo (a revision
+        answer and, with an upstream token, the anonymous ``auth-check``) within
+        ``fresh_for``: nothing is filled for a reader, nor a held commit answered, on
+        older word."""
+        return self._access_known.get((repo_type, repo_id)) is not None
 
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The ``Warning`` for answering ``revision`` from the store while its revalidation
@@ -323,8 +340,9 @@ class Upstream:
         pinned = bool(COMMIT_RE.match(revision))
         # another thread (or replica) may have revalidated while we waited
         expiry = self._known_expiry(repo_type, repo_id, revision)
-        if pinned and expiry != float("-inf"):
-            return None
+        held = pinned and self.pull.held(repo_type, repo_id, revision) is not None
+        if held and self.access_known(repo_type, repo_id):
+            return None  # a held commit: only who may read it is asked, once per fresh_for
         if not pinned and self.clock.time() < expiry:
             return None
         if (
@@ -337,12 +355,15 @@ class Upstream:
         try:
             commit, files = self._listing(client, repo_type, repo_id, revision)
         except (NotFoundError, AccessError) as exc:
-            if expiry != float("-inf") and (isinstance(exc, AccessError) or exc.kind == "repo"):
+            kept = held or expiry != float("-inf")
+            if kept and (isinstance(exc, AccessError) or exc.kind == "repo"):
                 # A held repo the upstream no longer serves (made private, gated or deleted):
                 # private here too, every revision held of it, until it serves it again.
                 self.pull.record_access(repo_type, repo_id, True, False)
             raise typed(exc) from None
         except ResolveError as exc:
+            if held:  # a held commit's bytes never change: served as the access last known
+                return f"{STALE_WARNING}, {REVALIDATION_FAILED}"  # (and no file filled)
             usable = expiry != float("-inf")
             if usable and self.clock.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
@@ -385,6 +406,7 @@ class Upstream:
                 if files:
                     path = min(files)
                     client.served(client.file_url(repo_id, repo_type, remote.commit, path))
+        self._access_known.put((repo_type, repo_id), True)  # the upstream's word, just had
         if files is not None:
             return remote.commit, files
         if remote.files is not None:

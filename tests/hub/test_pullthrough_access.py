@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from deadline_support import TEST_DEADLINE
-from hostile_upstream import HostileHub
+from hostile_upstream import COMMIT, HostileHub
 from mirror_support import MirrorServer, ProcessClock, hf_env, run_python
 
 KINDS = ["folder", "moto"]
@@ -37,6 +37,7 @@ def _mirror(
 
     store: Path | str = tmp_path / "pull"
     env = dict(os.environ)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     if kind == "folder":
         Path(store).mkdir()
     else:
@@ -115,3 +116,84 @@ def test_a_tokens_file_name_in_another_case_keeps_the_upstream_repo_private(
         assert _get(url, TEAM).content == SECRET
         assert _get(url).status_code == 404  # held now: still closed
         assert _get(f"{s.url}/api/models").json() == []
+
+
+UPSTREAM_TOKEN = "hf_mirrors_upstream_token_0001"
+FILES = {"config.json": b"{}\n", "secret.txt": b"written after the repo went private\n"}
+
+
+def _upstream_token(tmp_path: Path) -> Path:
+    path = tmp_path / "upstream-token"
+    path.write_text(UPSTREAM_TOKEN + "\n")
+    return path
+
+
+def _make_private(hub: HostileHub) -> None:
+    """The upstream serves the repo to the mirror's token only from now on."""
+    hub.token_only = UPSTREAM_TOKEN
+    hub.revision_extra = {"private": True}
+
+
+def _fetched(hub: HostileHub, name: str) -> list[str | None]:
+    """The ``Authorization`` of each GET of ``name``'s bytes the upstream saw."""
+    return [s.authorization for s in hub.seen if s.method == "GET" and s.path.endswith(name)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_pinned_commit_is_not_served_on_access_older_than_fresh_for(
+    kind: str, request: pytest.FixtureRequest, process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """Was (F3): a commit pulled while the repo was public was never asked about again:
+    after the upstream made the repo private, anonymous requests pinned to the commit still
+    read it, its info said ``"private": false``, and a file never held was even fetched
+    then with the mirror's upstream token and handed over. Now who may read a held commit
+    is asked again once per ``--fresh-for`` (its content never is)."""
+    with HostileHub(files=FILES) as hub, _mirror(
+        kind, request, tmp_path, "--upstream", hub.url,
+        "--upstream-token-file", str(_upstream_token(tmp_path)), "--fresh-for", "30s",
+        clock=process_clock,
+    ) as s:  # fmt: skip
+        pinned = f"{s.url}/{hub.repo_id}/resolve/{COMMIT}"
+        assert _get(f"{s.url}/{hub.repo_id}/resolve/main/config.json").status_code == 200
+        assert _get(f"{pinned}/config.json").status_code == 200
+        _make_private(hub)
+        asked = len(hub.seen)
+        assert _get(f"{pinned}/config.json").status_code == 200  # within --fresh-for
+        assert len(hub.seen) == asked  # nothing asked: at most once per --fresh-for
+        process_clock.advance(31.5)  # past it (and the storage clock's 1 s resolution)
+        for target in (f"{pinned}/config.json", f"{pinned}/secret.txt"):
+            answer = _get(target)
+            assert (answer.status_code, answer.headers["X-Error-Code"]) == (404, "RepoNotFound")
+        info = _get(f"{s.url}/api/models/{hub.repo_id}/revision/{COMMIT}")
+        assert info.status_code == 404
+        assert _fetched(hub, "secret.txt") == []  # nothing fetched with the token for them
+        assert hub.repo_id not in [m["id"] for m in _get(f"{s.url}/api/models").json()]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_file_is_filled_on_access_this_worker_has_not_checked(
+    kind: str, request: pytest.FixtureRequest, process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """Was (F3): a fresh branch's file the store lacked was fetched with the mirror's
+    upstream token for any reader, on the word on access the branch's last validation had
+    (here another server's, before the upstream made the repo private). A fill now starts
+    only on word this worker had within ``--fresh-for``; else the access is asked first."""
+    token = _upstream_token(tmp_path)
+    args = ("--upstream", "", "--upstream-token-file", str(token), "--fresh-for", "1h")
+    with HostileHub(files=FILES) as hub:
+        args = ("--upstream", hub.url, *args[2:])
+        with _mirror(kind, request, tmp_path / "a", *args, clock=process_clock) as first:
+            assert _get(f"{first.url}/{hub.repo_id}/resolve/main/config.json").status_code == 200
+            store = first.store
+        _make_private(hub)
+        env = dict(os.environ)
+        if kind != "folder":
+            from bucket_support import isolated_aws_env
+
+            env |= isolated_aws_env(request.getfixturevalue(f"{kind}_bucket"), tmp_path / "a")
+        with MirrorServer(
+            store, tmp_path / "logs-b", clock=process_clock, env=env, extra_args=args
+        ) as second:  # main is fresh from the store's record: no revalidation
+            answer = _get(f"{second.url}/{hub.repo_id}/resolve/main/secret.txt")
+            assert (answer.status_code, answer.headers["X-Error-Code"]) == (404, "RepoNotFound")
+            assert _fetched(hub, "secret.txt") == []
