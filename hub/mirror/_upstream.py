@@ -446,16 +446,19 @@ class Upstream:
         the fill another process or replica runs.
 
         An upstream that cannot be reached (:class:`UpstreamUnreachable`: refused, reset,
-        timed out, 5xx) is tried again, with pauses doubling from :data:`FILL_RETRY_FIRST`
-        s, until :data:`FILL_RETRY_BUDGET` s of :attr:`clock` have passed; each try
-        resumes what the last one stored. Refusals (4xx), bad bytes (502) and a failing
-        store are final at once.
+        timed out, 5xx, a transfer too slow) is tried again, with pauses doubling from
+        :data:`FILL_RETRY_FIRST` s, while less than :data:`FILL_RETRY_BUDGET` s of
+        :attr:`clock` have passed; each try resumes what the last one stored. No try
+        starts after that, the resolver's own included (``done_by``); one under way ends
+        by its own limits (a blob arriving well is never cut). Refusals (4xx), bad bytes
+        (502) and a failing store are final at once.
         """
         start = self.clock.monotonic()
+        done_by = start + FILL_RETRY_BUDGET  # no try, nor the resolver's own, starts later
         pause = FILL_RETRY_FIRST
         while True:
             try:
-                self.pull.fill(self, repo_type, repo_id, commit, path)
+                self.pull.fill(self, repo_type, repo_id, commit, path, done_by=done_by)
                 return
             except UpstreamUnreachable as exc:
                 spent = self.clock.monotonic() - start

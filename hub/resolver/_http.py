@@ -759,8 +759,21 @@ class HubClient:
         :class:`Located` URL is asked where an earlier answer led; a failure
         there is transient (the next try goes through the ``resolve`` URL).
         """
-        with _asking(url) as (located, target):
+        with _asking(url) as (located, target), self._until_done():
             return self._stream(located, target, start, sink, end, on_restart, limit)
+
+    @contextlib.contextmanager
+    def _until_done(self) -> Iterator[None]:
+        """No transfer starts past :attr:`done_by` when it is set (a pull-through fill's
+        time for tries): :class:`HubUnreachableError` that is not ``transient`` (no further
+        try), no request made. One under way goes on under its own limits (its idle
+        timeout, :data:`MIN_TRANSFER_RATE`): a large blob arriving well is never cut."""
+        if self.done_by is not None and self.retry.clock.monotonic() >= self.done_by:
+            raise HubUnreachableError(
+                f"{self.endpoint}: the time given to this transfer's tries has passed",
+                transient=False,
+            )
+        yield
 
     def _stream(
         self,

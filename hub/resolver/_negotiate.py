@@ -199,7 +199,13 @@ def resolve(repo_id: str, revision: str = "main", **options: Unpack[ResolveOptio
         check_sendable(token)  # token="": stock's request fails before it is sent, so does this
         started = ask.policy.started
         answer_by = None if started is None else started + metadata_timeout()
-        client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock, answer_by=answer_by)
+        client = HubClient(
+            o.get("endpoint"),
+            token,
+            clock=ask.policy.clock,
+            answer_by=answer_by,
+            done_by=ask.policy.done_by,
+        )
         try:
             return _answer_online(client, ask, local)
         except HubUnreachableError as exc:

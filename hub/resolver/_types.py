@@ -74,6 +74,10 @@ class Policy:
     chunk_bytes: int = 16 << 20
     clock: Clock = field(default_factory=_process_clock, repr=False, compare=False)
     started: float | None = field(default=None, repr=False, compare=False)
+    #: The ``clock.monotonic()`` time past which no request or transfer try of the call
+    #: starts, and by which every API request is done (a pull-through fill's time for
+    #: tries; a transfer under way ends by its own limits); ``None``: no such time.
+    done_by: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.connections < 1 or self.chunk_bytes < 1 or self.max_workers < 1:

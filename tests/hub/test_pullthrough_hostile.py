@@ -1018,3 +1018,64 @@ def test_json_value_types_every_failure_as_value_error() -> None:
     for bad in (DEEP_JSON, b"{", b"\xff", DEEP_JSON.decode()):
         with pytest.raises(ValueError):
             json_value(bad)
+
+
+# -- a fill's total time ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["folder", "moto"])
+def test_a_fill_from_a_dripping_upstream_ends_by_its_total_time(
+    kind: str, request: pytest.FixtureRequest, process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """Was (F4): a fill from an upstream dripping its body gave up only after ~63 s and 6
+    upstream GETs, twice the 30 s spec 8.3 gives a fill: the retry loop's budget wrapped
+    the resolver's own tries (about 10 s each), which had no deadline. The fill's time
+    for tries now reaches the resolver's: once the server's clock passes it, the try
+    under way ends by its own limits and no other starts (the old code made 6)."""
+    import threading
+
+    from bucket_support import isolated_aws_env
+    from cmh.hub.mirror._upstream import FILL_RETRY_BUDGET
+
+    store: Path | str = tmp_path / "pull"
+    env = dict(os.environ)
+    if kind == "folder":
+        Path(store).mkdir()
+    else:
+        bucket = request.getfixturevalue(f"{kind}_bucket")
+        store, env = bucket.url, {**env, **isolated_aws_env(bucket, tmp_path)}
+    data = bytes(range(256)) * 16  # 4 KiB at 2 bytes a second: hours
+    with (
+        HostileHub(files={"config.json": b"{}\n", "w.bin": data}, drip=(1, 0.5)) as hub,
+        (
+            MirrorServer(
+                store,
+                tmp_path / "logs",
+                clock=process_clock,
+                env=env,
+                extra_args=("--upstream", hub.url),
+            )
+        ) as pull,
+    ):
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/w.bin"
+        outcome: list[str] = []
+
+        def client() -> None:
+            try:
+                with httpx2.stream("GET", url, timeout=TEST_DEADLINE) as answer:
+                    body = b"".join(answer.iter_bytes())
+                outcome.append(f"{answer.status_code} {len(body)} bytes")
+            except httpx2.HTTPError as exc:
+                outcome.append(type(exc).__name__)  # a body cut before its end
+
+        def gets() -> list[Any]:
+            return [s for s in hub.seen if s.method == "GET" and s.path.endswith("/w.bin")]
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        wait_for(lambda: bool(gets()), "the fill's first GET")
+        process_clock.advance(FILL_RETRY_BUDGET + 1)  # past the fill's time for tries
+        thread.join(TEST_DEADLINE)  # a guard: the old code's tries went on for about 60 s
+        assert not thread.is_alive() and outcome, outcome
+        assert outcome[0] != f"200 {len(data)} bytes"
+        assert len(gets()) == 1, gets()  # no try started past the total time
