@@ -197,3 +197,31 @@ def test_no_file_is_filled_on_access_this_worker_has_not_checked(
             answer = _get(f"{second.url}/{hub.repo_id}/resolve/main/secret.txt")
             assert (answer.status_code, answer.headers["X-Error-Code"]) == (404, "RepoNotFound")
             assert _fetched(hub, "secret.txt") == []
+
+
+def test_moved_target_names_the_upstreams_repo_where_each_route_names_its_repo() -> None:
+    from cmh.hub.mirror._routes import moved_target, parse_target
+
+    cases = {
+        "/ACME/Model/resolve/main/a%20b.txt?download=1": (
+            "/acme/model/resolve/main/a%20b.txt?download=1"
+        ),
+        "/datasets/ACME/Data/resolve/v1/x.csv": "/datasets/acme/data/resolve/v1/x.csv",
+        "/api/models/ACME/Model/revision/main": "/api/models/acme/model/revision/main",
+        "/api/datasets/ACME/Data/tree/main/sub": "/api/datasets/acme/data/tree/main/sub",
+        "/api/cmh/manifest/datasets/ACME/Data/resolve/main/w.safetensors": (
+            "/api/cmh/manifest/datasets/acme/data/resolve/main/w.safetensors"
+        ),
+        "/api/cmh/fingerprint/ACME/Model/main": "/api/cmh/fingerprint/acme/model/main",
+        "/GPT2/resolve/main/config.json": "/gpt2/resolve/main/config.json",
+    }
+    for target, expected in cases.items():
+        route = parse_target(target)
+        canonical = route.repo_id.lower()
+        assert moved_target(target, route, canonical) == expected, target
+    # A page's /raw/ names the repo where the API does; any other shape is not guessed at.
+    route = parse_target("/ACME/Model/resolve/main/config.json")
+    assert moved_target("/ACME/Model/raw/main/config.json", route, "acme/model") == (
+        "/acme/model/raw/main/config.json"
+    )
+    assert moved_target("/-/models/ACME/Model", route, "acme/model") is None
