@@ -328,7 +328,10 @@ class Upstream:
 
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The ``Warning`` for answering ``revision`` from the store while its revalidation
-        is still under way (a stalled upstream), or ``None`` when no usable copy is held."""
+        is still under way (a stalled upstream), or ``None`` when no usable copy is held
+        (a held commit always is: only its access was being asked)."""
+        if COMMIT_RE.match(revision) and self.pull.held(repo_type, repo_id, revision):
+            return STALE_WARNING
         expiry = self._known_expiry(repo_type, repo_id, revision)
         if expiry == float("-inf") or self.clock.time() >= expiry + self.config.stale_for:
             return None

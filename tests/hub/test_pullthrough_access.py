@@ -225,3 +225,29 @@ def test_moved_target_names_the_upstreams_repo_where_each_route_names_its_repo()
         "/acme/model/raw/main/config.json"
     )
     assert moved_target("/-/models/ACME/Model", route, "acme/model") is None
+
+
+def test_a_held_commit_is_answered_stale_while_its_access_check_stalls(
+    request: pytest.FixtureRequest, process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """A held commit whose access is asked again is not held up by a stalled upstream: it
+    is answered after 3 s as its access was last recorded, with the stale ``Warning``
+    (as a branch's usable copy is), and no file of it is filled meanwhile."""
+    with HostileHub(files=FILES) as hub, _mirror(
+        "folder", request, tmp_path, "--upstream", hub.url, "--fresh-for", "30s",
+        clock=process_clock,
+    ) as s:  # fmt: skip
+        pinned = f"{s.url}/{hub.repo_id}/resolve/{COMMIT}"
+        assert _get(f"{pinned}/config.json").status_code == 200
+        process_clock.advance(31.5)
+        hub.revision_delay = 12.0  # past the 3 s a usable copy waits (and the 10 s timeout)
+        answer = httpx2.get(f"{pinned}/config.json", timeout=60)  # 60 s: a guard only
+        assert answer.status_code == 200 and answer.content == b"{}\n"
+        # answered while the check went on (a check that failed would add 111)
+        assert answer.headers.get("Warning") == '110 cmh "Response is stale"'
+        missing = _get(f"{pinned}/secret.txt")
+        assert (missing.status_code, missing.headers["X-Error-Code"]) == (
+            503,
+            "UpstreamUnavailable",
+        )
+        assert _fetched(hub, "secret.txt") == []
