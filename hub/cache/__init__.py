@@ -63,7 +63,7 @@ from ._locks import (
     revision_lock,
     snapshot_in_use,
 )
-from ._records import record_number
+from ._records import json_value, record_number
 from ._usage import record_use, usage_path
 
 __all__ = [
@@ -113,6 +113,7 @@ __all__ = [
     "install_blob",
     "is_disk_full",
     "iter_repos",
+    "json_value",
     "lease_left",
     "new_digest",
     "parse_ref",

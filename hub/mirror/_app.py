@@ -20,12 +20,12 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
-from cmh.hub.cache import LayoutError, validate_relpath
+from cmh.hub.cache import LayoutError, json_value, validate_relpath
 
 from . import _catalog as catalog
 from . import _documents as documents
@@ -38,10 +38,10 @@ from ._fingerprints import fingerprint_of
 from ._index import CommitIndex, FileEntry
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range
-from ._routes import BadTarget, NoRoute, Route, parse_target
+from ._routes import BadTarget, NoRoute, Route, moved_target, parse_target
 from ._send import BodyCut, Pieces, frame
 from ._state import FILE_TYPE_KEY, SERVE_FILE_KEY, STALE_KEY, STORE_KEY, MirrorState, base_url
-from ._upstream import UpstreamError
+from ._upstream import UpstreamError, UpstreamRenamed
 from .stores import BlobMismatch, BlobMissing, Sent
 
 if TYPE_CHECKING:
@@ -233,8 +233,43 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
     """Pull-through: make the route's revision answerable from the store (upstream.py).
 
     Only for a reader the mirror's own tokens admit; the client's credentials
-    are never passed on.
+    are never passed on. A repo the upstream names otherwise (another case of its id, a
+    renamed repo's old name) is answered as that repo (:func:`_moved`).
     """
+    try:
+        await _prepare(request, state, route, token)
+    except UpstreamRenamed as moved:
+        await _moved(request, state, route, token, moved.canonical)
+
+
+async def _moved(
+    request: web.Request, state: MirrorState, route: Route, token: str | None, canonical: str
+) -> None:
+    """The answer for a repo the upstream calls ``canonical``: what ``canonical`` answers
+    this reader (prepared and checked as if asked: a private repo's refusal, a gated one's
+    ``GatedRepo``) or, for a reader it opens, a ``307`` to the same target under the
+    upstream's name, relative, as the Hub sends a renamed repo's readers (stock clients
+    follow it, their token kept: same origin). Nothing is kept under the asked name, so
+    no spelling of a repo reads more than the repo's own name does."""
+    there = replace(route, repo_id=canonical)
+    try:
+        await _prepare(request, state, there, token)
+    except UpstreamRenamed:
+        message = f"the upstream names {route.repo_id} {canonical}, and {canonical} otherwise"
+        raise HubError(502, "UpstreamProtocolError", message) from None
+    await _run(_readable, state, there, token)
+    location = moved_target(request.raw_path, route, canonical)
+    what = f"{route.repo_id} is {canonical} at the upstream"
+    if location is None:  # not a target naming the repo where its route does: say so
+        raise HubError(404, "RepoNotFound", f"{what}: ask for {canonical}")
+    raise HubError(307, None, what, {"Location": location})
+
+
+async def _prepare(
+    request: web.Request, state: MirrorState, route: Route, token: str | None
+) -> None:
+    """:func:`_pull` for one name; :class:`UpstreamRenamed` when the upstream names the
+    repo otherwise."""
     assert state.upstream is not None
     if state.policy.names(route.repo_type, route.repo_id) and not state.policy.can_read(
         route.repo_type, route.repo_id, token
@@ -269,6 +304,8 @@ async def _pull(request: web.Request, state: MirrorState, route: Route, token: s
             note = await _settled(pending, max(0.0, state.upstream_wait - STALE_AFTER))
         else:
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+    except UpstreamRenamed:
+        raise
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
     request[STALE_KEY] = note
@@ -289,6 +326,8 @@ async def _settled(pending: asyncio.Future[Any], wait: float) -> Any:
         pending.add_done_callback(lambda f: f.cancelled() or f.exception())
         message = "the upstream did not answer in time and nothing usable is cached"
         raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"}) from None
+    except UpstreamRenamed:
+        raise
     except UpstreamError as exc:
         raise HubError(exc.status, exc.code, exc.message, exc.headers) from None
 
@@ -738,10 +777,40 @@ async def _start_fill(
             503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
             {"Retry-After": "30"},
         )  # fmt: skip
+    await _access_checked(request, state, route, index)
     failed = state.fills.recent_failure(entry.source)
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)
         raise HubError(failed.status, failed.code, failed.message, {"Retry-After": "10"})
     return state.fills.start(route.repo_type, route.repo_id, index.commit, entry.path, entry.source)
+
+
+async def _access_checked(
+    request: web.Request, state: MirrorState, route: Route, index: CommitIndex
+) -> None:
+    """No file is fetched with the mirror's upstream token on the upstream's word on access
+    older than ``--fresh-for`` (a branch fresh by its stamps, a worker just started): the
+    repo's access is asked again (the commit's revision answer, and ``auth-check`` without
+    the token), then the reader's own access, before any fill starts."""
+    upstream = state.upstream
+    assert upstream is not None
+    if await _run(upstream.access_known, route.repo_type, route.repo_id):
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        note = await loop.run_in_executor(
+            state.revalidations, _prepare_checked, upstream, route.repo_type, route.repo_id,
+            index.commit,
+        )  # fmt: skip
+    except UpstreamError as exc:
+        status, code = (
+            (exc.status, exc.code) if exc.status != 307 else (502, "UpstreamProtocolError")
+        )
+        raise HubError(status, code, exc.message, exc.headers) from None
+    if note is not None:  # the upstream could not be asked: nothing is fetched for now
+        message = "upstream unavailable: who may read this repo cannot be confirmed"
+        raise HubError(503, "UpstreamUnavailable", message, {"Retry-After": "30"})
+    token = bearer_token(request.headers.get("Authorization"))
+    await _run(_readable, state, route, token)
 
 
 # -- repo info, tree, paths-info ------------------------------------------------------------
@@ -828,7 +897,7 @@ async def _read_paths_body(request: web.Request) -> tuple[list[str], object]:
     expand: object = False
     if request.content_type == "application/json":
         try:
-            data = await request.json()
+            data = json_value(await request.read())  # nesting too deep is not JSON here
         except ValueError:
             raise HubError(400, "BadRequest", "body is not JSON") from None
         raw = data.get("paths") if isinstance(data, dict) else None

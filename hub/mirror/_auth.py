@@ -9,8 +9,10 @@ spaces; ``#`` starts a comment. Models are named ``org/name``, datasets
     s3cr3t-bob-91c0             acme/private-model
 
 A private repo answers only to ``Authorization: Bearer <token>`` with a token
-that opens it; to anyone else it looks exactly like a missing repo. A repo
-named in the file that the store does not hold (a typo, another case) protects
+that opens it; to anyone else it looks exactly like a missing repo. Names are
+case-sensitive, except in front of an upstream (``AccessPolicy.fold``), which
+answers every case of a repo id as the one repo. A repo named in the file that
+the store does not hold (a typo, another case without an upstream) protects
 nothing: :func:`unserved_grants` finds them, and ``cmh serve`` and
 ``cmh mirror ls --tokens`` warn about each.
 """
@@ -49,20 +51,33 @@ class AccessPolicy:
     #: ``(repo_type, repo_id) -> bool``: also private (pull-through: the upstream marks
     #: the repo private or gated), opened only by a token the file grants it.
     restricted: Callable[[str, str], bool] | None = field(default=None, compare=False)
+    #: Names compared without case (``cmh serve --upstream``): the upstream, as huggingface.co
+    #: does, answers every case of a repo id with that one repo, so a name the tokens file
+    #: writes in one case keeps every case of it private (deny by default: a false split
+    #: would serve the repo's bytes to anyone under another case).
+    fold: bool = False
+
+    def _key(self, repo_type: str, repo_id: str) -> str:
+        key = repo_key(repo_type, repo_id)
+        return key.lower() if self.fold else key
+
+    def _opens(self, repos: frozenset[str], key: str) -> bool:
+        return key in ({r.lower() for r in repos} if self.fold else repos)
 
     @property
     def private(self) -> frozenset[str]:
-        """The repos the tokens file names (see :meth:`is_private` for every private repo)."""
+        """The repos the tokens file names, as it writes them (see :meth:`is_private` for
+        every private repo)."""
         return frozenset().union(*self.grants.values()) if self.grants else frozenset()
 
     def names(self, repo_type: str, repo_id: str) -> bool:
         """True for a repo the tokens file names (private at the mirror by the operator)."""
-        return repo_key(repo_type, repo_id) in self.private
+        return self._opens(self.private, self._key(repo_type, repo_id))
 
     def is_private(self, repo_type: str, repo_id: str) -> bool:
         """True for a repo the tokens file names or :attr:`restricted` says is private
         (both looked at for every name: a private repo takes the steps of a public one)."""
-        named = repo_key(repo_type, repo_id) in self.private
+        named = self.names(repo_type, repo_id)
         restricted = self.restricted is not None and self.restricted(repo_type, repo_id)
         return named or restricted
 
@@ -73,12 +88,12 @@ class AccessPolicy:
         for a public repo or no token), so the time of an answer does not tell a private
         repo from a public or missing one, nor which token nearly matched.
         """
-        key = repo_key(repo_type, repo_id)
+        key = self._key(repo_type, repo_id)
         private = self.is_private(repo_type, repo_id)
         offered = (token or "").encode()
         allowed = False
         for known, repos in self.grants.items():
-            if hmac.compare_digest(known.encode(), offered) and token and key in repos:
+            if hmac.compare_digest(known.encode(), offered) and token and self._opens(repos, key):
                 allowed = True
         return allowed or not private
 
@@ -151,6 +166,8 @@ def unserved_grants(policy: AccessPolicy, repos: Iterable[tuple[str, str]]) -> l
     out = []
     for key in sorted(policy.private - held):
         near = by_folded.get(key.casefold())
+        if near is not None and policy.fold:
+            continue  # names compared without case: the grant keeps the held repo private
         out.append(UnservedGrant(key, near if near not in policy.private else None))
     return out
 

@@ -14,13 +14,12 @@ Both are pure functions of blob bytes, so each is computed once per blob
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, BinaryIO
 
-from cmh.hub.cache import new_digest
+from cmh.hub.cache import json_value, new_digest
 
 from cmh import CMHError, read_header_from
 
@@ -203,7 +202,7 @@ def _shard_names(entry: FileEntry, opener: Opener) -> list[str] | None:
     if entry.size > MAX_INDEX_BYTES:
         return None
     try:
-        data = json.loads(_read(entry, opener, MAX_INDEX_BYTES))
+        data = json_value(_read(entry, opener, MAX_INDEX_BYTES))
     except ValueError:
         return None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 from cmh.hub.cache import (
     REPO_PART_RE,
@@ -195,3 +195,24 @@ def _api_route(segs: list[str], query: Query) -> Route:
                 path = _relpath(path_parts) if path_parts else ""
                 return Route("tree", repo_type, repo_id, revision, path, query)
     raise NoRoute("no such endpoint")
+
+
+def moved_target(target: str, route: Route, repo_id: str) -> str | None:
+    """``target`` (the raw request target ``route`` was parsed from: an API route or a
+    page's ``/raw/``) naming ``repo_id`` in place of the route's repo, query kept; ``None``
+    when the route's repo is not where its kind names it."""
+    raw_path, sep, raw_query = target.partition("?")
+    raw = raw_path.split("/")[1:]
+    segs = [_decode(s) for s in raw]
+    dataset = int(route.repo_type == "dataset")
+    if segs[:1] != ["api"]:
+        start = dataset  # /[datasets/]{repo}/...
+    elif segs[1:2] == ["cmh"]:
+        start = 3 + dataset  # /api/cmh/{manifest,fingerprint}/[datasets/]{repo}/...
+    else:
+        start = 2  # /api/{models,datasets}/{repo}/...
+    parts = route.repo_id.split("/")
+    if segs[start : start + len(parts)] != parts:
+        return None
+    named = [quote(p, safe="") for p in repo_id.split("/")]
+    return "/" + "/".join(raw[:start] + named + raw[start + len(parts) :]) + sep + raw_query

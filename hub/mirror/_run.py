@@ -163,6 +163,7 @@ def serve(config: ServeConfig) -> int:
             policy = load_tokens(config.tokens)  # fail before any worker starts
         except TokensFileError as exc:
             raise ServeError(str(exc)) from None
+        policy = replace(policy, fold=config.upstream is not None)  # as each worker's
         from .stores import StoreUnavailable
 
         try:
@@ -278,6 +279,8 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
     from ._state import RECORDS_FRESH_FOR, MirrorState
 
     policy = load_tokens(config.tokens) if config.tokens else AccessPolicy()
+    # With an upstream every case of a name is one repo (AccessPolicy.fold).
+    policy = replace(policy, fold=config.upstream is not None)
     clock = process_clock()  # the worker's one clock, passed to all that measures time
     store = _open_store(config, clock)  # each worker has its own client and caches
     pull = None
@@ -291,7 +294,7 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         # deny by default (upstream.py, "Access"): the access records of pull-through and
         # of `cmh mirror sync` keep what the upstream reads only with a token private
         policy = replace(policy, restricted=records.restricted)
-    metrics = Metrics(store, private=policy.private, restricted=policy.restricted, clock=clock)
+    metrics = Metrics(store, private=policy.private, restricted=policy.is_private, clock=clock)
     stream = _log_stream(config)
     configure(metrics, stream)
     assert config.max_connections is not None

@@ -19,7 +19,9 @@ fleet under a lease, ``spec/hub-mirror.md`` 8.6):
 
 Freshness is the resolver's: a branch is fresh until the smallest CMH
 ``expires_at`` of its stamped safetensors files, otherwise ``fresh_for``
-seconds after its last validation. A commit id never revalidates. When the
+seconds after its last validation. A commit id never revalidates its content; who
+may read it is asked again once per ``fresh_for`` (:meth:`Upstream.access_known`), and
+no blob is filled on older word on access (``app._access_checked``). When the
 upstream cannot be asked, a revision that was fresh less than ``stale_for``
 seconds ago is served with a stale warning; otherwise the answer is a typed
 503. The upstream's refusals map to the Hub's typed errors.
@@ -97,6 +99,18 @@ class UpstreamError(HubError):
     """An answer the upstream decided: status, Hub ``X-Error-Code``, message, headers."""
 
 
+class UpstreamRenamed(UpstreamError):
+    """The upstream names the repo asked for otherwise: another case of its id (the Hub
+    matches repo ids without case) or a renamed repo's old name. Nothing is kept or served
+    under the asked name, so every spelling of a repo is one repo at the mirror, with one
+    access record and one copy of its bytes: the server sends a reader the repo opens to
+    the upstream's name (``app._moved``), as the Hub answers a renamed repo."""
+
+    def __init__(self, asked: str, canonical: str) -> None:
+        super().__init__(307, None, f"the upstream names {asked} {canonical}")
+        self.canonical = canonical
+
+
 @dataclass(frozen=True)
 class Outcome:
     """A failure as kept for the requests that share it: its answer and when it happened.
@@ -111,14 +125,21 @@ class Outcome:
     message: str
     headers: dict[str, str] = field(default_factory=dict)
     at: float = 0.0
+    #: The upstream's name of the repo (:class:`UpstreamRenamed`), else ``None``.
+    canonical: str | None = None
 
     @classmethod
     def of(cls, exc: HubError, at: float) -> Outcome:
         message = exc.message[:MAX_OUTCOME_MESSAGE]  # what is kept is bounded, too
-        return cls(exc.status, exc.code, message, dict(exc.headers), at)
+        canonical = exc.canonical if isinstance(exc, UpstreamRenamed) else None
+        return cls(exc.status, exc.code, message, dict(exc.headers), at, canonical)
 
     def error(self) -> UpstreamError:
         """A new error for this outcome (no traceback, no cause)."""
+        if self.canonical is not None:
+            renamed = UpstreamRenamed("", self.canonical)
+            renamed.message = self.message
+            return renamed
         return UpstreamError(self.status, self.code, self.message, dict(self.headers))
 
 
@@ -219,6 +240,12 @@ class Upstream:
         self._failed: Memo[tuple[str, str, str], Outcome | str] = Memo(
             MAX_NEGATIVE, ttl=NEGATIVE_FOR, timer=lambda: self.clock.monotonic()
         )
+        #: The repos whose access this worker had the upstream's word on within
+        #: ``fresh_for`` (a revalidation of any of their revisions): a commit held of any
+        #: other is asked again before it is answered, and no file of it is filled before.
+        self._access_known: Memo[tuple[str, str], bool] = Memo(
+            MAX_NEGATIVE, ttl=max(config.fresh_for, 0.001), timer=lambda: self.clock.monotonic()
+        )
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -285,14 +312,26 @@ class Upstream:
 
     def fresh(self, repo_type: str, repo_id: str, revision: str) -> bool:
         """Whether the store answers ``revision`` without asking the upstream (a held
-        commit, or a branch within its freshness): read from the store only."""
-        if COMMIT_RE.match(revision):
-            return self.pull.held(repo_type, repo_id, revision) is not None  # never changes
+        commit whose repo's access was checked within ``fresh_for``, or a branch within
+        its freshness): read from the store and this worker's memory only."""
+        if COMMIT_RE.match(revision):  # its content never changes; who may read it may
+            held = self.pull.held(repo_type, repo_id, revision) is not None
+            return held and self.access_known(repo_type, repo_id)
         return self.clock.time() < self._known_expiry(repo_type, repo_id, revision)
+
+    def access_known(self, repo_type: str, repo_id: str) -> bool:
+        """Whether this worker had the upstream's word on who reads the repo (a revision
+        answer and, with an upstream token, the anonymous ``auth-check``) within
+        ``fresh_for``: nothing is filled for a reader, nor a held commit answered, on
+        older word."""
+        return self._access_known.get((repo_type, repo_id)) is not None
 
     def stale_note(self, repo_type: str, repo_id: str, revision: str) -> str | None:
         """The ``Warning`` for answering ``revision`` from the store while its revalidation
-        is still under way (a stalled upstream), or ``None`` when no usable copy is held."""
+        is still under way (a stalled upstream), or ``None`` when no usable copy is held
+        (a held commit always is: only its access was being asked)."""
+        if COMMIT_RE.match(revision) and self.pull.held(repo_type, repo_id, revision):
+            return STALE_WARNING
         expiry = self._known_expiry(repo_type, repo_id, revision)
         if expiry == float("-inf") or self.clock.time() >= expiry + self.config.stale_for:
             return None
@@ -304,8 +343,9 @@ class Upstream:
         pinned = bool(COMMIT_RE.match(revision))
         # another thread (or replica) may have revalidated while we waited
         expiry = self._known_expiry(repo_type, repo_id, revision)
-        if pinned and expiry != float("-inf"):
-            return None
+        held = pinned and self.pull.held(repo_type, repo_id, revision) is not None
+        if held and self.access_known(repo_type, repo_id):
+            return None  # a held commit: only who may read it is asked, once per fresh_for
         if not pinned and self.clock.time() < expiry:
             return None
         if (
@@ -318,12 +358,15 @@ class Upstream:
         try:
             commit, files = self._listing(client, repo_type, repo_id, revision)
         except (NotFoundError, AccessError) as exc:
-            if expiry != float("-inf") and (isinstance(exc, AccessError) or exc.kind == "repo"):
+            kept = held or expiry != float("-inf")
+            if kept and (isinstance(exc, AccessError) or exc.kind == "repo"):
                 # A held repo the upstream no longer serves (made private, gated or deleted):
                 # private here too, every revision held of it, until it serves it again.
                 self.pull.record_access(repo_type, repo_id, True, False)
             raise typed(exc) from None
         except ResolveError as exc:
+            if held:  # a held commit's bytes never change: served as the access last known
+                return f"{STALE_WARNING}, {REVALIDATION_FAILED}"  # (and no file filled)
             usable = expiry != float("-inf")
             if usable and self.clock.time() < expiry + self.config.stale_for:
                 return f"{STALE_WARNING}, {REVALIDATION_FAILED}"
@@ -348,6 +391,7 @@ class Upstream:
         from cmh.hub.resolver import NoSuchEndpoint
 
         remote = client.revision(repo_id, repo_type, revision)
+        self._same_repo(repo_id, remote.repo_id)
         private = remote.private or (
             not remote.gated
             and not self.config.public_repos
@@ -365,11 +409,31 @@ class Upstream:
                 if files:
                     path = min(files)
                     client.served(client.file_url(repo_id, repo_type, remote.commit, path))
+        self._access_known.put((repo_type, repo_id), True)  # the upstream's word, just had
         if files is not None:
             return remote.commit, files
         if remote.files is not None:
             return remote.commit, remote.files
         return remote.commit, client.tree(repo_id, repo_type, remote.commit)
+
+    @staticmethod
+    def _same_repo(asked: str, named: str | None) -> None:
+        """Nothing is kept under a name the upstream does not call the repo's own:
+        :class:`UpstreamRenamed` when its answer names another (another case, an old
+        name), a typed 502 for a name no Hub gives. An answer naming none is taken as
+        the asked name's (the access policy compares names without case all the same)."""
+        from cmh.hub.cache import LayoutError, validate_repo_id
+
+        from ._errors import printable
+
+        if named is None or named == asked:
+            return
+        try:
+            validate_repo_id(named)
+        except LayoutError:
+            what = f"the upstream names {asked} {printable(named, 200)!r}, not a repo id"
+            raise UpstreamError(502, "UpstreamProtocolError", what) from None
+        raise UpstreamRenamed(asked, named)
 
     def _needs_token(self, repo_type: str, repo_id: str) -> bool:
         """True unless the upstream serves the repo without the mirror's token
@@ -385,16 +449,19 @@ class Upstream:
         the fill another process or replica runs.
 
         An upstream that cannot be reached (:class:`UpstreamUnreachable`: refused, reset,
-        timed out, 5xx) is tried again, with pauses doubling from :data:`FILL_RETRY_FIRST`
-        s, until :data:`FILL_RETRY_BUDGET` s of :attr:`clock` have passed; each try
-        resumes what the last one stored. Refusals (4xx), bad bytes (502) and a failing
-        store are final at once.
+        timed out, 5xx, a transfer too slow) is tried again, with pauses doubling from
+        :data:`FILL_RETRY_FIRST` s, while less than :data:`FILL_RETRY_BUDGET` s of
+        :attr:`clock` have passed; each try resumes what the last one stored. No try
+        starts after that, the resolver's own included (``done_by``); one under way ends
+        by its own limits (a blob arriving well is never cut). Refusals (4xx), bad bytes
+        (502) and a failing store are final at once.
         """
         start = self.clock.monotonic()
+        done_by = start + FILL_RETRY_BUDGET  # no try, nor the resolver's own, starts later
         pause = FILL_RETRY_FIRST
         while True:
             try:
-                self.pull.fill(self, repo_type, repo_id, commit, path)
+                self.pull.fill(self, repo_type, repo_id, commit, path, done_by=done_by)
                 return
             except UpstreamUnreachable as exc:
                 spent = self.clock.monotonic() - start

@@ -30,6 +30,7 @@ from cmh.hub.cache import (
     Clock,
     RepoLayout,
     iter_repos,
+    json_value,
     parse_repo_folder,
     record_number,
     usage_path,
@@ -917,10 +918,8 @@ def _commit_record(path: Path) -> tuple[float | None, tuple[str, ...] | None]:
 
 def record_parents(text: bytes) -> tuple[str, ...] | None:
     """The ``parents`` of a commit record, ``None`` unless a list of commit ids."""
-    import json
-
     try:
-        data = json.loads(text)
+        data = json_value(text)
     except ValueError:
         return None
     parents = data.get("parents") if isinstance(data, dict) else None
@@ -993,7 +992,5 @@ def stamped_expiry_from(read: Callable[[int, int], bytes], size: int) -> int | N
 
 
 def _json_object(raw: bytes) -> dict[str, object] | None:
-    import json
-
-    value = json.loads(raw.decode("utf-8"))
+    value = json_value(raw.decode("utf-8"))
     return value if isinstance(value, dict) else None

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from cmh.hub.cache import COMMIT_RE, RepoLayout
+from cmh.hub.cache import COMMIT_RE, RepoLayout, json_value
 
 from cmh import atomic_write
 
@@ -144,7 +144,7 @@ def keep_resolver_answers(repo: RepoLayout, commit: str, answers: Iterable[ApiAn
 
 def _keep_revision(repo: RepoLayout, commit: str, base: str, answer: ApiAnswer) -> None:
     try:
-        doc = json.loads(answer.body)
+        doc = json_value(answer.body)
     except ValueError:
         return
     if not isinstance(doc, dict) or doc.get("sha") != commit:

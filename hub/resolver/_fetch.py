@@ -124,7 +124,9 @@ def _download_whole(job: Job, part: Path) -> tuple[bool, list[str]]:
     resumed = False
     integrity_failures = 0
     last_error: Exception | None = None
+    tries = 0
     for attempt in retry.tries():
+        tries = attempt + 1
         check.reset()
         try:
             existing = part.stat().st_size
@@ -159,7 +161,13 @@ def _download_whole(job: Job, part: Path) -> tuple[bool, list[str]]:
             check.finish()
         except HubUnreachableError as exc:
             last_error = exc
-            retry.wait(attempt, exc, f"GET {url}")
+            pause = retry.delay(attempt, exc)
+            done_by = job.client.done_by  # no try starts past it (the caller's own time)
+            if not exc.transient or (
+                done_by is not None and job.client.retry.clock.monotonic() + pause >= done_by
+            ):
+                break
+            retry.wait(attempt, exc, f"GET {url}", pause)
             continue
         except AnswerTooLarge:
             discard(part)  # refused: nothing of a body longer than listed is kept
@@ -178,8 +186,8 @@ def _download_whole(job: Job, part: Path) -> tuple[bool, list[str]]:
         raise IntegrityError(f"{remote.path}: {last_error}; refused, nothing installed")
     kept = part.exists() and part.stat().st_size > 0
     raise HubUnreachableError(
-        f"{remote.path}: download failed after {retry.attempts} attempts ({last_error}); "
-        + (f"{part.name} kept for resuming" if kept else "nothing kept")
+        f"{remote.path}: download failed after {tries} attempt{'s' * (tries != 1)} "
+        f"({last_error}); " + (f"{part.name} kept for resuming" if kept else "nothing kept")
     )
 
 

@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import email.utils
 import fcntl
-import json
 import logging
 import os
 import re
@@ -35,6 +34,7 @@ from cmh.hub.cache import (
     SYSTEM_CLOCK,
     Clock,
     LayoutError,
+    json_value,
     validate_relpath,
 )
 
@@ -583,9 +583,9 @@ class HubClient:
                 self._count(requests=sent, nbytes=received)
             raise_for_status(response)
             try:
-                obj = json.loads(body)
+                obj = json_value(body)
             except ValueError as exc:
-                raise HubProtocolError(f"{url} did not answer JSON") from exc
+                raise HubProtocolError(f"{url} did not answer JSON: {exc}") from exc
             if len(self.answers) < MAX_ANSWERS_KEPT and len(body) <= MAX_KEPT_BODY:
                 headers = tuple(response.headers.items())
                 credential = credential_digest(response.request.headers.get("authorization"))
@@ -657,6 +657,7 @@ class HubClient:
             _files_from_siblings(obj.get("siblings")),
             private=obj.get("private") is True,
             gated=obj.get("gated") not in (None, False, "false", "False"),
+            repo_id=obj["id"] if isinstance(obj.get("id"), str) else None,
         )
 
     def auth_check(self, repo_id: str, repo_type: str) -> None:
@@ -721,7 +722,7 @@ class HubClient:
         if response.status_code != 200:
             return None
         try:
-            doc = json.loads(content)
+            doc = json_value(content)
             tensors = doc["tensors"]
             if doc.get("schema") != "cmh-tensor-manifest/1" or not isinstance(tensors, list):
                 return None
@@ -759,8 +760,21 @@ class HubClient:
         :class:`Located` URL is asked where an earlier answer led; a failure
         there is transient (the next try goes through the ``resolve`` URL).
         """
-        with _asking(url) as (located, target):
+        with _asking(url) as (located, target), self._until_done():
             return self._stream(located, target, start, sink, end, on_restart, limit)
+
+    @contextlib.contextmanager
+    def _until_done(self) -> Iterator[None]:
+        """No transfer starts past :attr:`done_by` when it is set (a pull-through fill's
+        time for tries): :class:`HubUnreachableError` that is not ``transient`` (no further
+        try), no request made. One under way goes on under its own limits (its idle
+        timeout, :data:`MIN_TRANSFER_RATE`): a large blob arriving well is never cut."""
+        if self.done_by is not None and self.retry.clock.monotonic() >= self.done_by:
+            raise HubUnreachableError(
+                f"{self.endpoint}: the time given to this transfer's tries has passed",
+                transient=False,
+            )
+        yield
 
     def _stream(
         self,
@@ -1000,7 +1014,7 @@ def hub_message(response: httpx2.Response) -> str:
     if said:
         return _cut(said)
     try:
-        body = json.loads(response.content)
+        body = json_value(response.content)
     except (ValueError, httpx2.ResponseNotRead):
         return ""
     error = body.get("error") if isinstance(body, dict) else None

@@ -219,7 +219,13 @@ def _resolve_locked(repo: RepoLayout, ask: _Ask, o: ResolveOptions) -> Resolutio
         check_sendable(token)  # token="": stock's request fails before it is sent, so does this
         started = ask.policy.started
         answer_by = None if started is None else started + metadata_timeout()
-        client = HubClient(o.get("endpoint"), token, clock=ask.policy.clock, answer_by=answer_by)
+        client = HubClient(
+            o.get("endpoint"),
+            token,
+            clock=ask.policy.clock,
+            answer_by=answer_by,
+            done_by=ask.policy.done_by,
+        )
         try:
             return _answer_online(client, ask, local)
         except HubUnreachableError as exc:

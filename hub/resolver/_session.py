@@ -44,7 +44,6 @@ request on unchanged: the hook can only save requests, never change answers.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -53,7 +52,14 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import httpx2
-from cmh.hub.cache import COMMIT_RE, LayoutError, RepoLayout, blob_state, validate_repo_id
+from cmh.hub.cache import (
+    COMMIT_RE,
+    LayoutError,
+    RepoLayout,
+    blob_state,
+    json_value,
+    validate_repo_id,
+)
 
 from .._ranges import RangeNotSatisfiable, parse_range
 from ._answers import read_answer, write_answer
@@ -467,7 +473,7 @@ def _rebuilt(
 
 def _sha_of(body: bytes, headers: httpx2.Headers) -> str | None:
     try:
-        sha = json.loads(body).get("sha")
+        sha = json_value(body).get("sha")
     except (ValueError, AttributeError):
         sha = None
     if not isinstance(sha, str):

@@ -74,6 +74,10 @@ class Policy:
     chunk_bytes: int = 16 << 20
     clock: Clock = field(default_factory=_process_clock, repr=False, compare=False)
     started: float | None = field(default=None, repr=False, compare=False)
+    #: The ``clock.monotonic()`` time past which no request or transfer try of the call
+    #: starts, and by which every API request is done (a pull-through fill's time for
+    #: tries; a transfer under way ends by its own limits); ``None``: no such time.
+    done_by: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.connections < 1 or self.chunk_bytes < 1 or self.max_workers < 1:
@@ -131,6 +135,10 @@ class RemoteRevision:
     #: What the answer says of access: ``private``, and ``gated`` (any value but false).
     private: bool = False
     gated: bool = False
+    #: The repo id the answer names (its ``id``), ``None`` when it names none: the Hub
+    #: answers every spelling of a repo id (another case, a renamed repo's old name) with
+    #: the repo's own one.
+    repo_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from loop_server import LoopServer
 
 COMMIT = "c0ffee" + "0" * 34
 BODY = b"{}\n"  # what a Recorder serves (config.json of the default repo)
+#: Valid JSON no parser of this process can nest (``HostileHub.deep_json``).
+DEEP_JSON = b"[" * 200_000 + b"]" * 200_000
 
 
 def git_blob_id(data: bytes) -> str:
@@ -95,6 +97,16 @@ class HostileHub(LoopServer):
     #: ``(bytes, seconds)``: a file's GET body sent that many bytes at a time, with a pause
     #: between (a slow body that never idles long).
     drip: tuple[int, float] | None = None
+    #: Answer every case of ``repo_id`` as the repo itself, as huggingface.co does (its
+    #: answers name the repo ``repo_id``).
+    any_case: bool = False
+    #: Serve the repo only to ``Authorization: Bearer {token_only}``: anyone else gets the
+    #: Hub's ``401 RepoNotFound`` for every request (a repo made private).
+    token_only: str | None = None
+    #: Answer this API endpoint of the repo (``"revision"``, ``"tree"``, ``"auth-check"``)
+    #: with valid JSON nested 200,000 deep (400 KB: under every size bound), or with
+    #: ``"error"`` its revision with a ``404 RepoNotFound`` whose body is that.
+    deep_json: str | None = None
     seen: list[Seen] = field(default_factory=list)
     _bomb: bytes | None = None
 
@@ -129,7 +141,24 @@ class HostileHub(LoopServer):
     async def handler(self, request: web.Request) -> web.StreamResponse:
         self.seen.append(Seen(request.method, request.path, request.headers.get("Authorization")))
         path = request.path
+        if self.token_only is not None and (
+            request.headers.get("Authorization") != f"Bearer {self.token_only}"
+        ):
+            headers = {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"}
+            return web.json_response({"error": "Repository not found"}, status=401, headers=headers)
+        if self.any_case:  # every case of the repo's id names it
+            at = path.lower().find(f"/{self.repo_id.lower()}/")
+            if at >= 0:
+                end = at + len(self.repo_id) + 1
+                path = path[:at] + "/" + self.repo_id + path[end:]
         api = f"/api/models/{self.repo_id}/"
+        if self.deep_json is not None:
+            endpoint = "revision" if self.deep_json == "error" else self.deep_json
+            if path.startswith(api + endpoint):
+                if self.deep_json == "error":  # a refusal whose message is in the body
+                    headers = {"X-Error-Code": "RepoNotFound"}
+                    return web.Response(status=404, body=DEEP_JSON, headers=headers)
+                return web.Response(body=DEEP_JSON, content_type="application/json")
         if path.startswith(api + "revision/"):
             if self.revision_delay:  # a Hub slow to answer: the client's timeouts are real
                 await asyncio.sleep(self.revision_delay)

@@ -28,6 +28,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
+from aiohttp import web
 from hostile_upstream import DripOrHub
 from mirror_support import MirrorServer
 
@@ -63,6 +64,21 @@ TINY_TENSORS = 12_000
 PROBES = ("/api/models/evil/repo/tree/main", "/api/models/evil/repo/revision/main")
 
 
+class _ServingImports(DripOrHub):
+    """:class:`DripOrHub` that also says ``fp/m`` (imported into the store, not pulled
+    through) is public: the mirror asks who may read a held commit once per
+    ``--fresh-for``, and the upstream decides it in pull-through mode (spec 8.1)."""
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        prefix = "/api/models/fp/m/"
+        if request.path == prefix + "auth-check":
+            return web.json_response({})
+        if request.path.startswith(prefix + "revision/"):
+            sha = request.path.rsplit("/", 1)[1]
+            return web.json_response({"id": "fp/m", "sha": sha, "private": False})
+        return await super().handler(request)
+
+
 @dataclass
 class Served:
     server: MirrorServer
@@ -86,7 +102,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         (src / "config.json").write_text(f'{{"model_type": "bert", "version": {i}}}\n')
         commits.append(add_folder(store, src, "fp/m", revision=f"v{i}").commit)
     env = {**os.environ, "HF_HUB_ETAG_TIMEOUT": "60"}  # the drips stay in flight
-    upstream = DripOrHub().start()
+    upstream = _ServingImports().start()
     server = MirrorServer(store, tmp / "logs", extra_args=("--upstream", upstream.url), env=env)
     try:
         yield Served(server, upstream, commits)

@@ -197,18 +197,26 @@ def test_after_fresh_for_one_revalidation_request(
     assert [(r.method, r.path) for r in new] == [("GET", f"/api/models/{TINY_REPO}/revision/main")]
 
 
-def test_commit_pinned_request_never_revalidates(
+def test_commit_pinned_request_never_revalidates_its_content(
     front: HubLike, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
 ) -> None:
+    """A held commit's content is never asked again; who may read it is, once per
+    --fresh-for per repo: the commit's revision answer alone (spec 8.1)."""
     pull = fresh_pull(front.url)
     first = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/main/README.md", timeout=TEST_DEADLINE)
     commit = first.headers["X-Repo-Commit"]
     front.wait_idle()
-    process_clock.advance(FRESH_FOR + 1)
+    pinned = f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md"
     before = len(front.records())
-    again = httpx2.get(f"{pull.url}/{TINY_REPO}/resolve/{commit}/README.md", timeout=TEST_DEADLINE)
-    assert again.status_code == 200 and again.content == first.content
-    assert len(front.records()) == before
+    assert httpx2.get(pinned, timeout=TEST_DEADLINE).content == first.content
+    assert len(front.records()) == before  # within --fresh-for of main's validation
+    process_clock.advance(FRESH_FOR + 1)
+    for _ in range(2):
+        again = httpx2.get(pinned, timeout=TEST_DEADLINE)
+        assert again.status_code == 200 and again.content == first.content
+    front.wait_idle()
+    asked = [(r.method, r.path) for r in front.records()[before:]]
+    assert asked == [("GET", f"/api/models/{TINY_REPO}/revision/{commit}")]
 
 
 def test_upstream_down_serves_stale_with_warning_and_uncached_gets_typed_503(

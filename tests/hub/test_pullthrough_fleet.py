@@ -1159,11 +1159,13 @@ def test_fleet_keeps_local_pull_through_behaviour(
     status, _, body = _get(a, f"/api/cmh/manifest/{SMALL_REPO}/resolve/main/model.safetensors")
     assert status == 200 and len(json.loads(body)["tensors"]) == 4
     process_clock.advance(PAST_FRESH)  # --fresh-for passes on both replicas
-    # A commit id never revalidates.
+    # A commit id never revalidates its content; who may read it is asked again once per
+    # --fresh-for by each replica (the commit's revision answer: no listing, no file).
     before = len(fleet.front.records(origin="hub", path="/revision/"))
-    for server in (a, b):
+    for server in (a, b, a, b):
         assert _get(server, f"/api/models/{SMALL_REPO}/revision/{commit}")[0] == 200
-    assert len(fleet.front.records(origin="hub", path="/revision/")) == before
+    asked = fleet.front.records(origin="hub", path="/revision/")[before:]
+    assert [r.path for r in asked] == [f"/api/models/{SMALL_REPO}/revision/{commit}"] * 2
     # Both replicas asked at once for the stale branch: one revalidation for the fleet.
     with ThreadPoolExecutor(2) as pool:
         answers = list(

@@ -931,3 +931,151 @@ def test_a_revalidation_walking_an_endless_tree_ends_at_its_total_deadline(
         again = httpx2.get(url, timeout=TEST_DEADLINE)  # the negative cache's outcome
         assert (again.status_code, again.json()) == (503, answer.json())
         assert pages() == asked  # the walk has ended
+
+
+# -- JSON nested deeper than any parser goes ----------------------------------------------
+
+DEEP_SCRIPT = r"""
+import json, sys
+if sys.argv[1:] == ["cmh"]:
+    import cmh.hub
+    cmh.hub.install()
+from huggingface_hub import hf_hub_download
+try:
+    path = hf_hub_download("evil/repo", "config.json")
+    print(json.dumps({"returned": open(path).read()}))
+except BaseException as exc:
+    print(json.dumps({"raised": type(exc).__module__ + "." + type(exc).__name__}))
+"""
+
+
+@pytest.mark.parametrize("where", ["revision", "tree", "error"])
+def test_upstream_json_nested_too_deep_is_a_protocol_error(
+    where: str, mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was (F2): a revision or tree answer of valid JSON nested 200,000 deep (400 KB, under
+    every size bound) raised an untyped RecursionError: ``cmh pull`` exited 1 with a
+    traceback, ``cmh serve`` answered 500 and kept no outcome (each client asked again).
+    Now every upstream document goes through one parse (``cmh.hub.cache.json_value``): a
+    protocol error (exit 3, ``502 UpstreamProtocolError`` kept 10 s), or an error body whose
+    message cannot be read, which is read as none."""
+    hub = HostileHub(siblings=where != "tree", deep_json=where)
+    with hub:
+        result = _pull(hub, tmp_path / "cli")
+        assert not isinstance(result.exception, RecursionError), result.exception
+        assert "Traceback" not in result.output and "RecursionError" not in result.output
+        assert result.exit_code == 3, result.output
+        if where != "error":
+            assert "did not answer JSON: JSON nested deeper" in result.output, result.output
+        pull = _serve(mirror_server_factory, hub, tmp_path / "serve")
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/config.json"
+        hub.seen.clear()
+        answers = [httpx2.get(url, timeout=TEST_DEADLINE) for _ in range(5)]
+        expected = (404, "RepoNotFound") if where == "error" else (502, "UpstreamProtocolError")
+        assert {(a.status_code, a.headers.get("X-Error-Code")) for a in answers} == {expected}
+        assert len([s for s in hub.seen if "/revision/" in s.path]) == 1  # kept 10 s
+        assert "RecursionError" not in pull.stderr_text()
+        if where == "revision":  # the drop-in returns the file, as the stock client does
+            for mode in ("stock", "cmh"):
+                env = hf_env(hub.url, tmp_path / f"home-{mode}")
+                out = run_python(DEEP_SCRIPT.replace("sys.argv[1:]", repr([mode])), env)
+                assert out == {"returned": "{}\n"}, (mode, out)
+
+
+def test_an_auth_check_nested_too_deep_keeps_the_repo_private(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Was (F2): with an upstream token, an anonymous ``auth-check`` answer nested 200,000
+    deep raised RecursionError (a 500). An answer that cannot be read is no yes: the repo
+    is private at the mirror, as for a refusal."""
+    with HostileHub(deep_json="auth-check") as hub:
+        pull = _serve(mirror_server_factory, hub, tmp_path)
+        answer = httpx2.get(f"{pull.url}/{hub.repo_id}/resolve/main/config.json", timeout=60)
+        assert (answer.status_code, answer.headers["X-Error-Code"]) == (404, "RepoNotFound")
+        assert "RecursionError" not in pull.stderr_text()
+
+
+def test_a_paths_info_body_nested_too_deep_is_a_bad_request(mirror: MirrorServer) -> None:
+    """Was (F2): ``POST paths-info`` with a JSON body nested 200,000 deep answered 500 with a
+    RecursionError traceback in the log; it is a malformed body."""
+    from hostile_upstream import DEEP_JSON
+
+    answer = httpx2.post(
+        f"{mirror.url}/api/models/{TINY_REPO}/paths-info/main",
+        content=b'{"paths": ' + DEEP_JSON + b"}",
+        headers={"Content-Type": "application/json"},
+        timeout=TEST_DEADLINE,
+    )
+    assert (answer.status_code, answer.headers["X-Error-Code"]) == (400, "BadRequest")
+    assert "RecursionError" not in mirror.stderr_text()
+
+
+def test_json_value_types_every_failure_as_value_error() -> None:
+    from cmh.hub.cache import json_value
+    from hostile_upstream import DEEP_JSON
+
+    assert json_value(b'{"a": [1]}') == {"a": [1]}
+    for bad in (DEEP_JSON, b"{", b"\xff", DEEP_JSON.decode()):
+        with pytest.raises(ValueError):
+            json_value(bad)
+
+
+# -- a fill's total time ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["folder", "moto"])
+def test_a_fill_from_a_dripping_upstream_ends_by_its_total_time(
+    kind: str, request: pytest.FixtureRequest, process_clock: ProcessClock, tmp_path: Path
+) -> None:
+    """Was (F4): a fill from an upstream dripping its body gave up only after ~63 s and 6
+    upstream GETs, twice the 30 s spec 8.3 gives a fill: the retry loop's budget wrapped
+    the resolver's own tries (about 10 s each), which had no deadline. The fill's time
+    for tries now reaches the resolver's: once the server's clock passes it, the try
+    under way ends by its own limits and no other starts (the old code made 6)."""
+    import threading
+
+    from bucket_support import isolated_aws_env
+    from cmh.hub.mirror._upstream import FILL_RETRY_BUDGET
+
+    store: Path | str = tmp_path / "pull"
+    env = dict(os.environ)
+    if kind == "folder":
+        Path(store).mkdir()
+    else:
+        bucket = request.getfixturevalue(f"{kind}_bucket")
+        store, env = bucket.url, {**env, **isolated_aws_env(bucket, tmp_path)}
+    data = bytes(range(256)) * 16  # 4 KiB at 2 bytes a second: hours
+    with (
+        HostileHub(files={"config.json": b"{}\n", "w.bin": data}, drip=(1, 0.5)) as hub,
+        (
+            MirrorServer(
+                store,
+                tmp_path / "logs",
+                clock=process_clock,
+                env=env,
+                extra_args=("--upstream", hub.url),
+            )
+        ) as pull,
+    ):
+        url = f"{pull.url}/{hub.repo_id}/resolve/main/w.bin"
+        outcome: list[str] = []
+
+        def client() -> None:
+            try:
+                with httpx2.stream("GET", url, timeout=TEST_DEADLINE) as answer:
+                    body = b"".join(answer.iter_bytes())
+                outcome.append(f"{answer.status_code} {len(body)} bytes")
+            except httpx2.HTTPError as exc:
+                outcome.append(type(exc).__name__)  # a body cut before its end
+
+        def gets() -> list[Any]:
+            return [s for s in hub.seen if s.method == "GET" and s.path.endswith("/w.bin")]
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        wait_for(lambda: bool(gets()), "the fill's first GET")
+        process_clock.advance(FILL_RETRY_BUDGET + 1)  # past the fill's time for tries
+        thread.join(TEST_DEADLINE)  # a guard: the old code's tries went on for about 60 s
+        assert not thread.is_alive() and outcome, outcome
+        assert outcome[0] != f"200 {len(data)} bytes"
+        assert len(gets()) == 1, gets()  # no try started past the total time

@@ -56,7 +56,7 @@ def gather_notes(found: Iterable[tuple[int, Callable[[], bytes | None]]]) -> lis
     or None when it cannot be read), newest first, within the bounds above: a note larger
     than :data:`MAX_NOTE_BYTES` or not a JSON object is left out; reading stops at
     :data:`MAX_QUARANTINE_NOTES` notes or :data:`MAX_NOTES_BYTES` bytes."""
-    import json
+    from cmh.hub.cache import json_value
 
     notes: list[Document] = []
     total = 0
@@ -70,7 +70,7 @@ def gather_notes(found: Iterable[tuple[int, Callable[[], bytes | None]]]) -> lis
             continue
         total += len(data)
         try:
-            doc = json.loads(data)
+            doc = json_value(data)
         except ValueError:
             continue
         if isinstance(doc, dict):

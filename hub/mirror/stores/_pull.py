@@ -135,9 +135,19 @@ class PullThrough(Protocol):
     def recently_cut(self, repo_type: str, repo_id: str, etag: str) -> bool:
         """True when a body of ``etag`` was cut less than an hour ago."""
 
-    def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
+    def fill(
+        self,
+        upstream: Any,
+        repo_type: str,
+        repo_id: str,
+        commit: str,
+        path: str,
+        done_by: float | None = None,
+    ) -> None:
         """Bring the blob of ``path`` at ``commit`` into the store, or wait for the fill
-        another process runs (blocking); raises the upstream's typed error."""
+        another process runs (blocking); raises the upstream's typed error. ``done_by``
+        (``upstream.clock.monotonic()``): no upstream request or transfer try of the fill
+        starts past it (one under way ends by its own limits)."""
 
     def reader(
         self, repo_type: str, repo_id: str, entry: FileEntry, fill: asyncio.Future[None]

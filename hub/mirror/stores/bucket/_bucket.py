@@ -56,6 +56,7 @@ from cmh.hub.cache import (
     Clock,
     LayoutError,
     git_blob_hasher,
+    json_value,
     lease_left,
     parse_ref,
     parse_repo_folder,
@@ -183,7 +184,7 @@ class TreeObject:
     def from_bytes(cls, data: bytes, commit: str) -> TreeObject:
         """Parse and check a tree object (:class:`BucketError` when it is not one)."""
         try:
-            doc = json.loads(data)
+            doc = json_value(data)
             if not isinstance(doc, dict) or doc.get("format") != TREE_FORMAT:
                 raise ValueError("not a cmh-tree/1 object")
             if doc.get("commit") != commit:
@@ -705,7 +706,7 @@ class BucketStore:
             return LeaseState(info.etag, math.inf, "a lease not signed with the fleet key")
         owner = "an unknown pruner"
         with contextlib.suppress(ValueError, AttributeError):
-            owner = str(json.loads(body).get("owner") or owner)[:200]
+            owner = str(json_value(body).get("owner") or owner)[:200]
         base = self._lease_base = self._counted(self._lease_base, LEASE_CLOCK_RESYNC)
         now = base[0] + (self.clock.monotonic() - base[1])
         age = max(0.0, now - info.last_modified.timestamp())
@@ -885,7 +886,7 @@ class BucketStore:
         if record is None:
             return None
         try:
-            doc = json.loads(record[0])
+            doc = json_value(record[0])
         except ValueError:
             return None
         value = doc.get("storage_etag") if isinstance(doc, dict) else None

@@ -71,6 +71,7 @@ from cmh.hub.cache import (
     FILL_LEASE_TTL,
     SYSTEM_CLOCK,
     Clock,
+    json_value,
     new_digest,
 )
 
@@ -233,7 +234,7 @@ class BucketPullThrough:
         if body is None:  # not the fleet's: no validation, but claimed over by its ETag
             return {}, info.etag
         try:
-            doc = json.loads(body)
+            doc = json_value(body)
         except ValueError:
             return {}, ""
         return (doc if isinstance(doc, dict) else {}), info.etag
@@ -463,7 +464,7 @@ class BucketPullThrough:
             # restricted, and none of its words used (deny by default).
             body = self.store.unseal(name, data, info)
             try:
-                record = None if body is None else json.loads(body)
+                record = None if body is None else json_value(body)
             except ValueError:
                 record = None
             gated = isinstance(record, dict) and bool(record.get("gated"))
@@ -531,7 +532,15 @@ class BucketPullThrough:
         except ObjectNotFound:
             return False
 
-    def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
+    def fill(
+        self,
+        upstream: Any,
+        repo_type: str,
+        repo_id: str,
+        commit: str,
+        path: str,
+        done_by: float | None = None,
+    ) -> None:
         """Fill the blob under the fleet's lease, or wait while another replica holds it
         (taking it over once it expired); raise what a failed fill of it recorded."""
         from ..._upstream import UpstreamError, unavailable
@@ -550,7 +559,7 @@ class BucketPullThrough:
                 if self.store.take_lease(folder, self.owner, name=lease, ttl=self.lease_ttl):
                     try:
                         if not self._present(blob):  # filled between the look and the lease
-                            _Fill(self, upstream, folder, commit, f).run()
+                            _Fill(self, upstream, folder, commit, f, done_by).run()
                     except _LeaseLost:
                         continue  # the fill goes on elsewhere: wait for it (or take it back)
                     finally:
@@ -581,7 +590,7 @@ class BucketPullThrough:
         if self.store.storage_age(info.last_modified.timestamp()) >= NEGATIVE_FOR:
             return None
         try:
-            doc = json.loads(data)
+            doc = json_value(data)
         except ValueError:
             return None
         if not isinstance(doc, dict) or set(doc) != {"at", "error"}:
@@ -1040,11 +1049,18 @@ class _Fill:
     """One replica's fill of one blob under the lease: resume, stream, check, compose."""
 
     def __init__(
-        self, pull: BucketPullThrough, upstream: Any, folder: str, commit: str, f: TreeFile
+        self,
+        pull: BucketPullThrough,
+        upstream: Any,
+        folder: str,
+        commit: str,
+        f: TreeFile,
+        done_by: float | None = None,
     ) -> None:
         from cmh.hub.cache import parse_repo_folder
 
         self.pull, self.upstream, self.commit, self.f = pull, upstream, commit, f
+        self.done_by = done_by  # no try starts past it (upstream.clock)
         self.folder = folder
         parsed = parse_repo_folder(folder)
         assert parsed is not None  # the folder was made from a repo name
@@ -1258,7 +1274,7 @@ class _Fill:
 
         from ..._upstream import failed, typed, unavailable
 
-        client = self.upstream.client()
+        client = self.upstream.client(done_by=self.done_by)
         url = client.file_url(self.repo_id, self.repo_type, self.commit, self.f.path)
         try:
             for attempt in range(MAX_ATTEMPTS):
@@ -1286,9 +1302,9 @@ class _Fill:
                 try:
                     client.stream(url, start, sink, on_restart=restart, limit=self.f.size)
                     return
-                except HubUnreachableError:
-                    if attempt == MAX_ATTEMPTS - 1:
-                        raise
+                except HubUnreachableError as exc:
+                    if attempt == MAX_ATTEMPTS - 1 or not exc.transient:
+                        raise  # the last try, or the fill's time for tries has passed
                     self.pull.store.clock.sleep(min(2.0, 0.2 * (attempt + 1)))
         except (NotFoundError, AccessError) as exc:
             raise typed(exc) from None

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from cmh.hub.cache import Clock, new_digest, repo_folder_name
+from cmh.hub.cache import Clock, json_value, new_digest, repo_folder_name
 
 from ..._errors import StoreError, StoreMissing, StoreUnavailable, storage_failed
 from ..._history import CommitRecord
@@ -215,7 +215,7 @@ class BucketBackedStore:
         name = entry.source.as_posix()
         folder = entry.source.parent.parent.as_posix()
         try:
-            doc = json.loads(self.bucket.objects.get(manifest_name(folder, entry.etag)))
+            doc = json_value(self.bucket.objects.get(manifest_name(folder, entry.etag)))
             if entry.size < 8:
                 return False
             size = header_size_from_prefix(self.bucket.objects.get_range(name, 0, 8))
@@ -244,7 +244,7 @@ class BucketBackedStore:
 
         name = manifest_name(self._folder(repo_type, repo_id), entry.etag)
         try:
-            doc = json.loads(self.bucket.objects.get(name))
+            doc = json_value(self.bucket.objects.get(name))
             if (
                 isinstance(doc, dict)
                 and doc.get("schema") == SCHEMA
@@ -327,7 +327,7 @@ class BucketBackedStore:
         last: dict[str, Any] | None = None
         with _storage_errors():
             with contextlib.suppress(ObjectNotFound, ObjectTooLarge, ValueError):
-                data = json.loads(objects.get(f"{QUARANTINE}/{LAST_SCRUB}",
+                data = json_value(objects.get(f"{QUARANTINE}/{LAST_SCRUB}",
                                               limit=MAX_LAST_SCRUB_BYTES))  # fmt: skip
                 last = data if isinstance(data, dict) else None
             listed = (

@@ -200,18 +200,33 @@ class LocalPullThrough:
 
     # -- fills ---------------------------------------------------------------------------
 
-    def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
+    def fill(
+        self,
+        upstream: Any,
+        repo_type: str,
+        repo_id: str,
+        commit: str,
+        path: str,
+        done_by: float | None = None,
+    ) -> None:
         from cmh.hub.resolver import read_tree
 
         from ..._manifests import keep_for
 
         repo = self._repo(repo_type, repo_id)
-        self._resolve(upstream, repo, commit, [path])
+        self._resolve(upstream, repo, commit, [path], done_by)
         entry = (read_tree(repo, commit) or {}).get(path)
         if entry is not None:
             keep_for(repo, entry.etag, path)  # the tensor manifest, for resolvers downstream
 
-    def _resolve(self, upstream: Any, repo: RepoLayout, commit: str, paths: list[str]) -> None:
+    def _resolve(
+        self,
+        upstream: Any,
+        repo: RepoLayout,
+        commit: str,
+        paths: list[str],
+        done_by: float | None = None,
+    ) -> None:
         from cmh.hub.resolver import AccessError, NotFoundError, Policy, ResolveError, resolve
 
         from ..._upstream import failed, typed
@@ -227,7 +242,9 @@ class LocalPullThrough:
                 allow_patterns=[fnmatch_literal(p) for p in paths],
                 # One connection: the fill then writes blobs/{etag}.incomplete in order, which
                 # the clients of a filling blob read as it grows (FileTail).
-                policy=Policy(stale_if_error=False, connections=1),
+                policy=Policy(
+                    stale_if_error=False, connections=1, clock=upstream.clock, done_by=done_by
+                ),
             )
         except (NotFoundError, AccessError) as exc:
             raise typed(exc) from None

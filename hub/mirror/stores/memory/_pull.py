@@ -74,7 +74,15 @@ class MemoryRecords:
     ) -> None:
         self._refuse()
 
-    def fill(self, upstream: Any, repo_type: str, repo_id: str, commit: str, path: str) -> None:
+    def fill(
+        self,
+        upstream: Any,
+        repo_type: str,
+        repo_id: str,
+        commit: str,
+        path: str,
+        done_by: float | None = None,
+    ) -> None:
         self._refuse()
 
     def reader(
