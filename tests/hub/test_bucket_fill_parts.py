@@ -571,12 +571,17 @@ def test_a_fills_copies_wait_for_its_last_byte_where_its_parts_can_be_spliced(
         monkeypatch.setattr(_splice, "available", lambda: False)
     backend = open_mirror_store(moto_bucket.url)
     events: list[str] = []
-    lock = threading.Lock()
+    lock = threading.Condition()
     real_stored, real_add = _pull._PartWriter._stored, _pull._PartCopier.add
 
     def stored(writer: Any, n: int, *args: Any) -> None:
+        # The PUTs run 3 at once and may end in any order; parts are told stored in
+        # order, so each is let through after the one before it (else part 2's PUT
+        # could end before part 0's, and no copy could come before it either way).
         with lock:
+            lock.wait_for(lambda: n == 0 or f"stored {n - 1}" in events, TEST_DEADLINE)
             events.append(f"stored {n}")
+            lock.notify_all()
         real_stored(writer, n, *args)
 
     def add(copier: Any, name: str, etag: str) -> None:
