@@ -686,3 +686,34 @@ def test_a_fill_copies_the_upstreams_bytes_once_per_part(
     assert index is not None
     blob = open_store(moto_bucket).objects.get(index.files["model.bin"].source.as_posix())
     assert blob == data  # the parts PUT as joined are the blob
+
+
+def test_a_whole_read_of_a_blob_is_one_ranged_get(
+    moto_bucket: SeaweedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blob read to its end (a derived document, a test) is asked for in one ranged GET
+    from where the reader stands, not 8 KiB per request (``RawIOBase.readall``); a
+    bounded read still asks only for what it needs."""
+    from types import SimpleNamespace
+
+    from cmh.hub.mirror.stores.bucket._objectstore import ObjectStore
+    from cmh.hub.mirror.stores.bucket._read import BucketReader
+
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    data = os.urandom(3 * 2**20 + 5)
+    store.objects.put("models--org--m/blobs/x", data)
+    asked: list[tuple[int, int]] = []
+    real = ObjectStore.get_range
+
+    def get_range(objects: ObjectStore, name: str, start: int, end: int) -> bytes:
+        asked.append((start, end))
+        return real(objects, name, start, end)
+
+    monkeypatch.setattr(ObjectStore, "get_range", get_range)
+    entry: Any = SimpleNamespace(source=Path("models--org--m/blobs/x"), size=len(data))
+    with BucketReader(store).opener(entry) as f:
+        assert f.read(10) == data[:10]
+        assert f.read() == data[10:]
+        assert f.read() == b""
+    assert len(asked) == 2 and asked[-1][1] == len(data), asked
