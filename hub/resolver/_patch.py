@@ -76,6 +76,7 @@ from ._types import (
 )
 from ._window import (
     DEFAULT_WINDOW,
+    Asked,
     cache_root,
     current_policy,
     recent_commit,
@@ -366,10 +367,10 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
     # The window is the credential's: what the Hub named to another token (or to none)
     # is never used for this call (None: no header can be told, the resolve raises).
     credential = token_credential(_token(a.get("token")))
-    where = (root, endpoint, repo_type, repo_id, revision)
+    where = Asked(root, endpoint, repo_type, repo_id, revision)
     use = revision
     if not local_files_only and credential is not None:
-        use = recent_commit(*where, credential=credential) or revision
+        use = recent_commit(where, credential=credential) or revision
     if use == revision and not local_files_only and not COMMIT_RE.match(revision):
         # A fresh snapshot (its stamps) vouches for its commit, whichever file is asked.
         from ._negotiate import fresh_commit
@@ -380,7 +381,7 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
                 or use
             )
         if use != revision and credential is not None:  # the load's bare API calls with
-            remember_loaded(*where, use, credential=credential)  # its credential: cache too
+            remember_loaded(where, use, credential=credential)  # its credential: cache too
     policy = _policy_for(local_files_only)
     try:
         res = resolve(
@@ -395,10 +396,10 @@ def _route(a: dict[str, Any], patterns: list[str] | str | None) -> Any:
         )
     except NotFoundError as exc:
         if exc.commit is not None and use == revision and credential is not None:
-            remember_commit(*where, exc.commit, credential=credential)
+            remember_commit(where, exc.commit, credential=credential)
         raise
     if use == revision and res.state is not State.STALE_OFFLINE and credential is not None:
-        remember_commit(*where, res.commit, credential=credential)
+        remember_commit(where, res.commit, credential=credential)
     # Not the caller's: a commit the window or the stamps chose (the caller named a branch),
     # a snapshot the stock client filled without a listing (stock serves it as it is).
     quiet = (COMPLETENESS_UNKNOWN, *((PINNED_KEPT,) if use != revision else ()))

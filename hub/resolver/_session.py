@@ -66,6 +66,7 @@ from ._answers import read_answer, write_answer
 from ._credentials import SENDABLE_VALUE, credential_digest
 from ._local import hub_said_absent, linked_etag, read_tree, write_validation
 from ._window import (
+    Asked,
     api_from_cache,
     current_policy,
     in_patched_call,
@@ -248,14 +249,14 @@ class FreshCacheTransport(httpx2.BaseTransport):
             return
         root = scoped_cache(target.repo_type, target.repo_id)
         endpoint = f"{request.url.scheme}://{request.url.netloc.decode()}"
-        where = (root, endpoint, target.repo_type, target.repo_id, target.revision)
+        where = Asked(root, endpoint, target.repo_type, target.repo_id, target.revision)
         credential = credential_of(request)
-        known = recent_commit(*where, credential=credential) or loaded_commit(
-            *where, credential=credential
+        known = recent_commit(where, credential=credential) or loaded_commit(
+            where, credential=credential
         )
         if known is not None and known != named:
             logger.debug("cmh hook: %s moved to %s", target.revision, named[:12])
-            remember_commit(*where, named, credential=credential)
+            remember_commit(where, named, credential=credential)
 
     # -- deciding ------------------------------------------------------------------------
 
@@ -265,8 +266,8 @@ class FreshCacheTransport(httpx2.BaseTransport):
         )
         endpoint = f"{request.url.scheme}://{request.url.netloc.decode()}"
         credential = credential_of(request)
-        where = (repo.root, endpoint, repo.repo_type, repo.repo_id, target.revision)
-        named = recent_commit(*where, credential=credential)
+        where = Asked(repo.root, endpoint, repo.repo_type, repo.repo_id, target.revision)
+        named = recent_commit(where, credential=credential)
         commit = named or self._known_commit(repo, endpoint, target.revision, credential)
         if commit is None:
             if target.kind == "info":
@@ -318,16 +319,16 @@ class FreshCacheTransport(httpx2.BaseTransport):
         word."""
         from ._negotiate import fresh_commit
 
-        where = (repo.root, endpoint, repo.repo_type, repo.repo_id, revision)
+        where = Asked(repo.root, endpoint, repo.repo_type, repo.repo_id, revision)
         scoped = in_patched_call()
         if not (scoped or api_from_cache()):
             # As stock, the Hub is asked (ConnectError when it cannot be reached), unless
             # the call belongs to a load a patched call just answered from the cache.
-            return loaded_commit(*where, credential=credential)
+            return loaded_commit(where, credential=credential)
         commit = revision if COMMIT_RE.match(revision) else None
         commit = commit or fresh_commit(repo, revision, current_policy())
         if commit is not None and scoped:
-            remember_loaded(*where, commit, credential=credential)
+            remember_loaded(where, commit, credential=credential)
         return commit
 
     # -- answering from the cache ----------------------------------------------------------
@@ -400,15 +401,8 @@ class FreshCacheTransport(httpx2.BaseTransport):
             commit = _sha_of(body, headers)
             credential = credential_of(request)
             if commit is not None:
-                remember_commit(
-                    repo.root,
-                    endpoint,
-                    repo.repo_type,
-                    repo.repo_id,
-                    target.revision,
-                    commit,
-                    credential=credential,
-                )
+                asked = Asked(repo.root, endpoint, repo.repo_type, repo.repo_id, target.revision)
+                remember_commit(asked, commit, credential=credential)
                 confirmed = repo.read_ref(target.revision) == commit and read_tree(repo, commit)
                 if confirmed:
                     at = current_policy().clock.time()

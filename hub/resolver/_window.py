@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cachetools import LRUCache
 from cmh.hub.cache import COMMIT_RE
@@ -79,39 +79,32 @@ def api_from_cache() -> bool:
 loaded: LRUCache[tuple[str, ...], tuple[str, float]] = LRUCache(MAX_REMEMBERED)
 
 
-def remember_loaded(
-    root: Path,
-    endpoint: str | None,
-    repo_type: str,
-    repo_id: str,
-    revision: str,
-    commit: str,
-    *,
-    credential: str,
-) -> None:
+class Asked(NamedTuple):
+    """What a call asked for: the revision of a repo, at an endpoint, into a cache."""
+
+    root: Path
+    endpoint: str | None
+    repo_type: str
+    repo_id: str
+    revision: str
+
+
+def remember_loaded(where: Asked, commit: str, *, credential: str) -> None:
     """Record that a patched call made with ``credential`` answered ``revision`` at
     ``commit`` from the cache now: the bare API calls of the same load (transformers'
     template listing, peft's probes) made with the same credential within ``window``
     seconds are answered from the cache too (:func:`loaded_commit`)."""
     now = current_policy().clock.monotonic()
     with _lock:
-        for name in {revision, commit}:
-            loaded[_key(root, endpoint, repo_type, repo_id, name, credential)] = (commit, now)
+        for name in {where.revision, commit}:
+            loaded[_key(where, name, credential)] = (commit, now)
 
 
-def loaded_commit(
-    root: Path,
-    endpoint: str | None,
-    repo_type: str,
-    repo_id: str,
-    revision: str,
-    *,
-    credential: str,
-) -> str | None:
+def loaded_commit(where: Asked, *, credential: str) -> str | None:
     """The commit a patched call made with ``credential`` answered ``revision`` with from
     the cache less than ``window`` seconds ago, if one did."""
     with _lock:
-        hit = loaded.get(_key(root, endpoint, repo_type, repo_id, revision, credential))
+        hit = loaded.get(_key(where, where.revision, credential))
     if hit is not None and current_policy().clock.monotonic() - hit[1] < _window:
         return hit[0]
     return None
@@ -180,49 +173,31 @@ def in_cache(cache_dir: Any, repo_type: Any, repo_id: Any) -> Iterator[Path]:
         _scope.reset(token)
 
 
-def _key(
-    root: Path, endpoint: str | None, repo_type: str, repo_id: str, revision: str, credential: str
-) -> tuple[str, ...]:
-    where = (endpoint or default_endpoint()).rstrip("/")
-    return (str(Path(root).expanduser()), where, repo_type, repo_id, revision, credential)
+def _key(where: Asked, revision: str, credential: str) -> tuple[str, ...]:
+    endpoint = (where.endpoint or default_endpoint()).rstrip("/")
+    root = str(Path(where.root).expanduser())
+    return (root, endpoint, where.repo_type, where.repo_id, revision, credential)
 
 
-def recent_commit(
-    root: Path,
-    endpoint: str | None,
-    repo_type: str,
-    repo_id: str,
-    revision: str,
-    *,
-    credential: str,
-) -> str | None:
+def recent_commit(where: Asked, *, credential: str) -> str | None:
     """The commit the Hub named for ``revision`` less than ``window`` seconds ago, asked
     with ``credential``, if it did."""
     with _lock:
-        hit = recent.get(_key(root, endpoint, repo_type, repo_id, revision, credential))
+        hit = recent.get(_key(where, where.revision, credential))
     if hit is not None and current_policy().clock.monotonic() - hit[1] < _window:
         return hit[0]
     return None
 
 
-def remember_commit(
-    root: Path,
-    endpoint: str | None,
-    repo_type: str,
-    repo_id: str,
-    revision: str,
-    commit: str,
-    *,
-    credential: str,
-) -> None:
+def remember_commit(where: Asked, commit: str, *, credential: str) -> None:
     """Record that the Hub named ``commit`` for ``revision`` now to a request made with
     ``credential`` (opens the window for that credential only; for the commit itself too:
     the calls of the same load that ask at the commit, such as datasets' info and tree
     pages, are part of that revalidation)."""
-    if COMMIT_RE.match(revision):
+    if COMMIT_RE.match(where.revision):
         return
     now = current_policy().clock.monotonic()
     with _lock:
-        recent[_key(root, endpoint, repo_type, repo_id, revision, credential)] = (commit, now)
+        recent[_key(where, where.revision, credential)] = (commit, now)
         if COMMIT_RE.match(commit):
-            recent[_key(root, endpoint, repo_type, repo_id, commit, credential)] = (commit, now)
+            recent[_key(where, commit, credential)] = (commit, now)

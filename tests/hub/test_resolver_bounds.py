@@ -21,8 +21,8 @@ def test_the_resolver_revalidation_window_is_bounded() -> None:
     _window.forget()
     try:
         for i in range(_window.MAX_REMEMBERED + 500):
-            _window.remember_commit(Path("/c"), "http://127.0.0.1:1", "model", f"o/r{i}", "main",
-                                    "a" * 40, credential="")  # fmt: skip
+            where = _window.Asked(Path("/c"), "http://127.0.0.1:1", "model", f"o/r{i}", "main")
+            _window.remember_commit(where, "a" * 40, credential="")
             with _window.in_cache(Path("/c"), "model", f"o/r{i}"):
                 pass
         assert len(_window.recent) == _window.MAX_REMEMBERED

@@ -39,15 +39,13 @@ def test_revalidation_window_is_measured_on_the_installed_policys_clock() -> Non
     root = Path("/nonexistent/cache")
     _window.configure(10.0, hub.Policy(clock=clock))
     try:
-        _window.remember_commit(
-            root, "http://127.0.0.1:9", "model", REPO, "main", COMMIT, credential=""
-        )
+        where = _window.Asked(root, "http://127.0.0.1:9", "model", REPO, "main")
+        _window.remember_commit(where, COMMIT, credential="")
         clock.advance(9.5)
-        where = (root, "http://127.0.0.1:9", "model", REPO, "main")
-        assert _window.recent_commit(*where, credential="") == COMMIT
-        assert _window.recent_commit(*where, credential="sha256:other") is None  # its own
+        assert _window.recent_commit(where, credential="") == COMMIT
+        assert _window.recent_commit(where, credential="sha256:other") is None  # its own
         clock.advance(1.0)
-        assert _window.recent_commit(*where, credential="") is None
+        assert _window.recent_commit(where, credential="") is None
     finally:
         _window.configure(_window.DEFAULT_WINDOW, None)
         _window.forget()
