@@ -71,6 +71,20 @@ class Sent:
         return self.cut is not None and self.cut != CLIENT_LEFT
 
 
+class NoHashedParts:
+    """:meth:`BlobDelivery.send_hashed` of a store whose fills are sent by their filling
+    answer alone (a folder, memory): nothing."""
+
+    async def send_hashed(
+        self,
+        request: web.Request,
+        entry: FileEntry,
+        headers: dict[str, str],
+        ranges: list[ByteRange] | None,
+    ) -> Sent | None:
+        return None
+
+
 class BlobDelivery(Protocol):
     """Sends an entry's blob in one delivery mode (one object per worker and mode).
 

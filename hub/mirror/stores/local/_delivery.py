@@ -28,6 +28,7 @@ from .._delivery import (
     X_ACCEL,
     BlobMismatch,
     BlobMissing,
+    NoHashedParts,
     Sent,
     answered_whole,
     whole_prefix,
@@ -42,7 +43,7 @@ VERIFY_WAIT = 2.0
 BLOB_CHANGED = "blob changed"
 
 
-class FileDelivery:
+class FileDelivery(NoHashedParts):
     """Sends a folder store's blobs from this process (``proxy``) or through nginx
     (``x-accel``, the prefix of nginx's internal location)."""
 
@@ -85,16 +86,6 @@ class FileDelivery:
             return Sent(response, sent)
         finally:
             f.close()
-
-    async def send_hashed(
-        self,
-        request: web.Request,
-        entry: FileEntry,
-        headers: dict[str, str],
-        ranges: list[ByteRange] | None,
-    ) -> Sent | None:
-        """Nothing: a fill here is sent by its filling answer alone."""
-        return None
 
     async def close(self) -> None:
         """Nothing held."""

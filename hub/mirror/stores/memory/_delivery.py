@@ -11,13 +11,13 @@ from ..._errors import CLIENT_LEFT
 from ..._index import FileEntry
 from ..._ranges import ByteRange
 from ..._send import frame
-from .._delivery import Sent
+from .._delivery import NoHashedParts, Sent
 
 #: Bytes written at a time (the loop yields between writes).
 CHUNK = 1 << 20
 
 
-class MemoryDelivery:
+class MemoryDelivery(NoHashedParts):
     """Sends a memory store's blobs from this process (``proxy``): every body's bytes are
     those of a blob that hashed to its name just before (``read`` checks them, and raises
     :class:`~cmh.hub.mirror.stores.BlobMissing` or :class:`~cmh.hub.mirror.stores.BlobMismatch`)."""
@@ -58,16 +58,6 @@ class MemoryDelivery:
         except ConnectionError:
             return Sent(response, sent, CLIENT_LEFT)
         return Sent(response, sent)
-
-    async def send_hashed(
-        self,
-        request: web.Request,
-        entry: FileEntry,
-        headers: dict[str, str],
-        ranges: list[ByteRange] | None,
-    ) -> Sent | None:
-        """Nothing: a fill here is sent by its filling answer alone."""
-        return None
 
     async def close(self) -> None:
         """Nothing held."""
