@@ -811,7 +811,7 @@ def hashed_parts(store: BucketStore, blob: str, size: int) -> list[tuple[str, st
     if found is None:
         return None
     try:
-        doc = json.loads(found[0])
+        doc = json_value(found[0])
     except ValueError:
         return None
     if not isinstance(doc, dict) or doc.get("size") != size:

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING
 
-from cmh.hub.cache import new_digest
+from cmh.hub.cache import json_value, new_digest
 
 from cmh import usable_cpus
 
@@ -98,7 +98,7 @@ def forget_check(store: BucketStore, folder: str, etag: str, storage_etag: str) 
 def _names(record: bytes, storage_etag: str) -> bool:
     """Whether a check record names the object version ``storage_etag``."""
     try:
-        doc = json.loads(record)
+        doc = json_value(record)
     except ValueError:
         return False
     value = doc.get("storage_etag") if isinstance(doc, dict) else None
