@@ -759,8 +759,13 @@ def test_a_client_that_drops_mid_body_leaves_no_traceback(served: Served) -> Non
 
 def test_a_client_that_leaves_before_its_headers_leaves_no_traceback(served: Served) -> None:
     """A client that sends its request and hangs up at once: the headers find the
-    connection closing. Every kind logs it as a client that left, with no byte sent (it
-    printed aiohttp's "Cannot write to closing transport" traceback, and no log line)."""
+    connection closing. Every kind logs it as a client that left, with no traceback (it
+    printed aiohttp's "Cannot write to closing transport" traceback, and no log line).
+
+    Nearly always the server learns of the close before its headers, and sends nothing.
+    On a busy machine the client can be descheduled between its shutdown and its close;
+    the server's first write then lands in the client's socket buffer, and the close
+    resets the rest: the line then counts those bytes, still a cut short of the file."""
     import socket
 
     path = f"/{MINILM_REPO}/resolve/main/model.safetensors?early={uuid.uuid4().hex}"
@@ -775,7 +780,9 @@ def test_a_client_that_leaves_before_its_headers_leaves_no_traceback(served: Ser
             break
         time.sleep(0.05)
     assert len(entries) == 1, entries
-    assert entries[0]["bytes"] == 0 and entries[0].get("cut") == "client went away", entries
+    assert entries[0].get("cut") == "client went away", entries
+    # 0 unless the client was descheduled before its close (the docstring); never whole
+    assert entries[0]["bytes"] < (served.stamped_dir / "model.safetensors").stat().st_size, entries
     assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
 
 
