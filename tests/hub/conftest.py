@@ -29,6 +29,7 @@ from mirror_support import (
     MirrorStore,
     ProcessClock,
     build_mirror_store,
+    stop_servers,
     write_tiny_repo,
 )
 from motoserver import moto_bucket_fixture, moto_fixture, no_cas_bucket_fixture  # noqa: F401
@@ -75,8 +76,7 @@ def mirror_server_factory(tmp_path: Path) -> Iterator[Callable[..., MirrorServer
         return server
 
     yield start
-    for server in started:
-        server.stop()
+    stop_servers(started)
 
 
 @pytest.fixture
