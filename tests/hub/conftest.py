@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# The fleet fixtures ask for the test module's own ``origin`` (fleet_support.origin).
+from fleet_support import any_fleet_fixture, fleet_fixture  # noqa: F401 (fixtures)
 from ministackserver import ministack_bucket_fixture, ministack_fixture  # noqa: F401
 from mirror_support import (
     MirrorServer,
