@@ -199,6 +199,7 @@ TEST_OWNERS = (
     ("tests/hub/web_support.py", "cmh.hub.mirror"),
     ("tests/hub/bucket_support.py", "cmh.hub.mirror"),
     ("tests/hub/nginx_support.py", "cmh.hub.mirror"),
+    ("tests/hub/fleet_support.py", "cmh.hub.mirror"),
     ("tests/hub/test_semantic_*.py", "cmh"),
     ("tests/test_*.py", "cmh"),
     ("tests/format_support.py", "cmh"),

@@ -23,12 +23,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# The fleet fixtures ask for the test module's own ``origin`` (fleet_support.origin).
+from fleet_support import any_fleet_fixture, fleet_fixture  # noqa: F401 (fixtures)
 from ministackserver import ministack_bucket_fixture, ministack_fixture  # noqa: F401
 from mirror_support import (
     MirrorServer,
     MirrorStore,
     ProcessClock,
     build_mirror_store,
+    stop_servers,
     write_tiny_repo,
 )
 from motoserver import moto_bucket_fixture, moto_fixture, no_cas_bucket_fixture  # noqa: F401
@@ -75,8 +79,7 @@ def mirror_server_factory(tmp_path: Path) -> Iterator[Callable[..., MirrorServer
         return server
 
     yield start
-    for server in started:
-        server.stop()
+    stop_servers(started)
 
 
 @pytest.fixture

@@ -35,7 +35,6 @@ from aiohttp import web
 from cmh.hub.cache import CLOCK_FILE_ENV, TEST_HOOKS_ENV, Clock
 from cmh.hub.mirror.stores.local._folder import ImportResult, add_folder
 from deadline_support import TEST_DEADLINE
-from processes import stop_process
 
 START_TIMEOUT = TEST_DEADLINE
 _SAMPLE_RE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.e+-]+)$")
@@ -142,6 +141,7 @@ class MirrorServer:
         env = {k: v for k, v in given.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         env.update(clock.env if clock is not None else {})
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
+        self._terminated = False
         self.process = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True
         )
@@ -232,9 +232,22 @@ class MirrorServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def terminate(self) -> None:
+        """SIGTERM the server without waiting (:meth:`stop` then waits): servers stopped
+        together with :func:`stop_servers` spend their shutdowns at once."""
+        if self.process.poll() is None and not self._terminated:
+            self.process.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM the server and wait; returns its exit status."""
-        stop_process(self.process, timeout)
+        """SIGTERM the server (once: not again after :meth:`terminate`), wait ``timeout``
+        seconds, then SIGKILL; returns its exit status."""
+        self.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
         self._stderr.close()
@@ -380,6 +393,15 @@ def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float = TEST
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop_servers(servers: list[MirrorServer]) -> None:
+    """Stop every server: all are sent SIGTERM first, then each is waited for, so their
+    shutdowns (up to ``--graceful-timeout`` each) overlap instead of adding up."""
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.stop()
 
 
 class InProcessMirror:

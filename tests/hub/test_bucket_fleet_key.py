@@ -25,9 +25,9 @@ from cmh.hub.mirror import FleetKey, FleetKeyError, add_folder, read_fleet_key
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from cmh.hub.mirror.stores.bucket._pull import BucketPullThrough
 from cmh.hub.mirror.stores.bucket._read import BucketReader
+from fleet_support import Fleet, _cdn_ranges, _fleet, _get, _raw_get
 from hublike import running
 from mirror_support import MirrorServer
-from test_pullthrough_fleet import Fleet, _cdn_ranges, _fleet, _get, _raw_get
 
 REPO = "fleet/keyed"
 FOLDER = "models--fleet--keyed"

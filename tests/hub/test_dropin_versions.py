@@ -27,7 +27,7 @@ from bucket_support import use_bucket
 from client_versions import client_env
 from cmh.hub.mirror import BucketStore, ObjectNotFound, add_folder, open_store
 from hublike import running
-from mirror_support import MirrorServer, ctrl_c_as_from_a_terminal, hf_env, wait_for
+from mirror_support import MirrorServer, ctrl_c_as_from_a_terminal, hf_env, stop_servers, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -284,6 +284,5 @@ def test_every_release_through_a_two_replica_fleet_with_a_ctrl_c(
         _interrupt_during_fill(servers, replicas[0].url, home, version, ready)
         _phases(replicas[1].url, home, version, servers["truth"])
     finally:
-        for server in replicas:
-            server.stop()
+        stop_servers(replicas)
         front.clear_faults()

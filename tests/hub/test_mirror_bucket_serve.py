@@ -33,6 +33,7 @@ from mirror_support import (
     ProcessClock,
     hf_env,
     run_python,
+    stop_servers,
     write_tiny_repo,
 )
 from seaweed import SeaweedBucket, SeaweedServer
@@ -81,9 +82,7 @@ def replicas(
             ]  # fmt: skip
         yield servers
     finally:
-        for group in servers.values():
-            for server in group:
-                server.stop()
+        stop_servers([server for group in servers.values() for server in group])
 
 
 STOCK_SCRIPT = r"""
@@ -278,8 +277,7 @@ def test_killing_one_replica_fails_no_request_at_the_other(
             for f in futures:
                 f.result()
     finally:
-        for server in pair:
-            server.stop()
+        stop_servers(pair)
     survivor = results[1]
     assert before_kill > 0 and len(survivor) > 50
     assert [r for r in survivor if r != "ok"] == []  # zero failed requests at the survivor
@@ -539,8 +537,7 @@ def test_stock_clients_keep_loading_from_one_replica_while_the_other_is_killed(
         assert proc.returncode == 0, errors.read()[-3000:]
     finally:
         errors.close()
-        for server in pair:
-            server.stop()
+        stop_servers(pair)
     results = json.loads(out.strip().splitlines()[-1])
     killed, survivor = results[pair[0].url], results[pair[1].url]
     assert len(survivor) >= 8 and [r for r in survivor if r != "ok"] == []

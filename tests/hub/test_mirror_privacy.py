@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from cmh.cli.main import cli
 from deadline_support import TEST_DEADLINE
 from hublike import HubLike, running
-from mirror_support import TINY_REPO, MirrorServer
+from mirror_support import TINY_REPO, MirrorServer, stop_servers
 
 UPSTREAM_TOKEN = "hf_upstream_only_token_for_the_mirror_01"
 #: Text of ``cmh-test/tiny`` no anonymous answer may hold (its config, README, file names);
@@ -125,8 +125,7 @@ def _servers(
             started.append(MirrorServer(store, tmp_path / "logs", extra_args=args))  # type: ignore[arg-type]
         yield started
     finally:
-        for server in started:
-            server.stop()
+        stop_servers(started)
 
 
 def _token_file(tmp_path: Path) -> Path:
