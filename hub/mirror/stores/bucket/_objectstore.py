@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -59,6 +60,9 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 MAX_WHOLE_BYTES = 64 << 20
 # A refreshable credential (SSO, assumed role, instance role) is asked again this often.
 CREDENTIAL_TTL = timedelta(minutes=5)
+#: Times a PUT whose object does not hold the bytes sent (its ETag is not their MD5: a byte
+#: changed on the way) is written again, over that version only, before it fails.
+REWRITES = 2
 _EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -452,6 +456,11 @@ def _describe(exc: BaseException) -> tuple[str, int | None, str | None]:
     return first.removeprefix("Generic S3 error: ")[:300], None, None
 
 
+def _etag_value(etag: str) -> str:
+    """An ETag as the storage wrote it, without quotes or weak mark, lowercase."""
+    return etag.strip().removeprefix("W/").strip('"').lower()
+
+
 class ObjectStore:
     """The objects under one ``s3://bucket/prefix``.
 
@@ -483,6 +492,9 @@ class ObjectStore:
         self._botocore_made = threading.Lock()  # or warmed (:meth:`warm_s3_client`)
         self._warming = False
         self._copy_pins: bool | None = None  # whether copies honour their source's ETag
+        #: Whether the storage's ETag of a PUT object is the MD5 of its bytes (as S3's is,
+        #: but for SSE-KMS and SSE-C): None until a PUT tells (:meth:`_put`).
+        self._md5_etags: bool | None = None
         config: dict[str, Any] = {"region": settings.region}
         if settings.endpoint:
             config["endpoint"] = settings.endpoint
@@ -684,6 +696,39 @@ class ObjectStore:
     # -- writes -------------------------------------------------------------------------
 
     def _put(self, op: str, name: str, data: Any, **kwargs: Any) -> str:
+        """One PUT; for bytes, the object is proven to hold them: its ETag, the MD5 of
+        what the storage received, must be the MD5 of what was sent (a byte changed on
+        the way, over a plain ``http://`` link that nothing else checks, would otherwise
+        be stored, and everything read back after, a blob made of the fill's parts
+        included, trusted). A version that differs is written again over itself
+        (``If-Match`` on its ETag) up to :data:`REWRITES` times, then the PUT fails (the
+        object it created, for a create-only PUT, is deleted). A storage whose ETags are
+        not MD5s (SSE-KMS, SSE-C) is told by its first PUTs (none matches, also written
+        again) and not checked from then on."""
+        etag = self._put_once(op, name, data, **kwargs)
+        if not isinstance(data, (bytes, bytearray, memoryview)) or self._md5_etags is False:
+            return etag
+        sent = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        for _ in range(REWRITES):
+            if _etag_value(etag) == sent:
+                self._md5_etags = True
+                return etag
+            etag = self._put_once(op, name, data, mode={"e_tag": etag})  # that version only
+            if self._md5_etags is None and _etag_value(etag) != sent:
+                self._md5_etags = False  # twice: the storage's ETags are not MD5s
+                return etag
+        if _etag_value(etag) == sent:
+            self._md5_etags = True
+            return etag
+        if kwargs.get("mode") == "create":
+            with contextlib.suppress(ObjectStoreError):
+                self.delete(name)
+        raise ObjectStoreError(
+            f"{op} {self.location}{name}: the storage holds other bytes than those sent "
+            f"(ETag {etag}, not the MD5 {sent} of the body), {REWRITES + 1} times"
+        )
+
+    def _put_once(self, op: str, name: str, data: Any, **kwargs: Any) -> str:
         import obstore
 
         key = self.location.key(name)

@@ -1,0 +1,135 @@
+"""Bytes changed on the way to the storage: a PUT's object is proven to hold what was sent.
+
+The link between a replica and an ``http://`` storage (SeaweedFS, MinIO on a LAN) checks
+nothing but TCP's checksum, and none of the S3 implementations the tests run checks the
+signed ``x-amz-content-sha256`` against the body (AWS does). A fault-injecting proxy on
+that hop (:data:`bucket_support.Fault.CORRUPT_SENT`) inverts one byte of a PUT's body: the
+storage then holds other bytes than those sent, under an ETag that is their MD5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bucket_support import S3_KINDS, Fault, S3Proxy, S3Request, open_store, use_bucket
+from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
+from cmh.hub.mirror.stores import open_store as open_mirror_store
+from cmh.hub.mirror.stores.bucket import _pull
+from cmh.hub.mirror.stores.bucket._objectstore import (
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+)
+from hostile_upstream import COMMIT, HostileHub
+from seaweed import SeaweedBucket
+
+
+class Corrupting:
+    """A hook for :class:`S3Proxy`: PUTs whose key contains ``part`` reach the storage with
+    a byte changed: the first of each body to each key (told by the body's signed SHA-256),
+    so a write sent again arrives whole; ``every``: all of them."""
+
+    def __init__(self, part: str, every: bool = False) -> None:
+        self.part, self.every = part, every
+        self.writes: list[tuple[str, str | None]] = []  # one per PUT corrupted
+
+    @property
+    def corrupted(self) -> int:
+        return len(self.writes)
+
+    def __call__(self, request: S3Request) -> Fault | None:
+        if request.method != "PUT" or self.part not in request.key:
+            return None
+        write = (request.key, request.header("x-amz-content-sha256"))
+        if not self.every and write in self.writes:
+            return None
+        self.writes.append(write)
+        return Fault.CORRUPT_SENT
+
+
+@pytest.fixture(params=S3_KINDS)
+def bucket(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SeaweedBucket]:
+    found: SeaweedBucket = request.getfixturevalue(f"{request.param}_bucket")
+    use_bucket(found, tmp_path, monkeypatch)
+    yield found
+
+
+@contextlib.contextmanager
+def _through(
+    bucket: SeaweedBucket, hook: Corrupting, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[S3Proxy]:
+    """A proxy on the storage hop, named as the endpoint while it runs."""
+    proxy = S3Proxy(bucket.endpoint, hook)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", bucket.endpoint)
+
+
+def test_a_put_whose_bytes_changed_on_the_way_is_written_again(
+    bucket: SeaweedBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain, create-only and compare-and-swap PUTs alike: the first reaches the storage
+    changed, the object ends holding the bytes sent, and the ETag returned is theirs."""
+    hook = Corrupting("/wire-")
+    data = os.urandom(70_000)
+    with _through(bucket, hook, monkeypatch):
+        objects = ObjectStore.open(bucket.url)
+        plain = objects.put("wire-plain", data)
+        created = objects.put_if_absent("wire-created", data)
+        swapped = objects.put_if_match("wire-created", data[::-1], created)
+    assert hook.corrupted == 3
+    direct = open_store(bucket).objects
+    assert direct.get("wire-plain") == data
+    assert direct.get("wire-created") == data[::-1]
+    md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    assert plain.strip('"') == md5 and created.strip('"') == md5
+    assert swapped == direct.head("wire-created").etag
+
+
+def test_a_storage_that_keeps_changing_the_bytes_fails_the_put(
+    bucket: SeaweedBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every write of the object changed on the way: the PUT fails, typed, after its
+    rewrites, and a create-only PUT leaves no object behind."""
+    hook = Corrupting("/wire-bad", every=True)
+    with _through(bucket, hook, monkeypatch):
+        objects = ObjectStore.open(bucket.url)
+        objects.put("wire-good", b"a first PUT that arrives whole")  # the ETags are MD5s
+        with pytest.raises(ObjectStoreError, match="other bytes than those sent"):
+            objects.put_if_absent("wire-bad", os.urandom(5000))
+    assert hook.corrupted == 3
+    with pytest.raises(ObjectNotFound):
+        open_store(bucket).objects.head("wire-bad")
+
+
+def test_a_fill_whose_part_changed_on_the_way_makes_the_right_blob(
+    bucket: SeaweedBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull-through fill into the bucket whose first part reached the storage with a
+    byte changed made the blob of that part and wrote its check record: every replica
+    then served complete bodies that do not hash to their ETag. The part is written
+    again, and the blob holds the upstream's bytes."""
+    hook = Corrupting("/part-000000")
+    data = os.urandom(_pull.PART + 5000)
+    with _through(bucket, hook, monkeypatch):
+        backend = open_mirror_store(bucket.url)
+        with HostileHub(files={"model.bin": data}) as hub:
+            upstream = Upstream(backend.pull_through(300.0), UpstreamConfig(hub.url))
+            upstream.prepare("model", "evil/repo", "main")
+            upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+    assert hook.corrupted == 1
+    fresh = open_mirror_store(bucket.url)  # another replica: nothing in memory
+    index = fresh.resolve("model", "evil/repo", COMMIT)
+    assert index is not None
+    with fresh.opener(index.files["model.bin"]) as f:
+        assert hashlib.sha256(f.read()).hexdigest() == hashlib.sha256(data).hexdigest()
