@@ -133,3 +133,32 @@ def test_a_fill_whose_part_changed_on_the_way_makes_the_right_blob(
     assert index is not None
     with fresh.opener(index.files["model.bin"]) as f:
         assert hashlib.sha256(f.read()).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_an_unusable_tree_object_is_replaced_from_the_upstream(
+    bucket: SeaweedBucket,
+) -> None:
+    """A commit's tree object that is not a valid tree (written wrong, by a flip on the
+    way before PUTs were checked, or by a co-tenant) is written once and never again:
+    the pull-through repo then raised an untyped ``BucketError`` at every request (500
+    with a traceback), on every replica, for good. A revalidation now replaces it with
+    the upstream's listing, and the branch is served again."""
+    data = os.urandom(3000)
+    with HostileHub(files={"model.bin": data}) as hub:
+        first = open_mirror_store(bucket.url)
+        Upstream(first.pull_through(300.0), UpstreamConfig(hub.url)).prepare(
+            "model", "evil/repo", "main"
+        )
+        objects = open_store(bucket).objects
+        name = f"models--evil--repo/trees/{COMMIT}.json"
+        good = objects.get(name)
+        objects.put(name, good[:40] + b"\xff" + good[41:])  # not UTF-8: not a tree object
+        replica = open_mirror_store(bucket.url)  # nothing in memory
+        upstream = Upstream(replica.pull_through(300.0), UpstreamConfig(hub.url))
+        upstream.prepare("model", "evil/repo", "main")
+        upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+    index = replica.resolve("model", "evil/repo", "main")
+    assert index is not None and index.commit == COMMIT
+    assert open_store(bucket).objects.get(name) != good[:40] + b"\xff" + good[41:]
+    with replica.opener(index.files["model.bin"]) as f:
+        assert f.read() == data
