@@ -12,14 +12,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from bucket_support import S3_KINDS, Fault, S3Proxy, S3Request, open_store, use_bucket
+from bucket_support import S3_KINDS, Fault, S3Hook, S3Proxy, S3Request, open_store, use_bucket
 from cmh.hub.mirror._upstream import Upstream, UpstreamConfig
 from cmh.hub.mirror.stores import open_store as open_mirror_store
-from cmh.hub.mirror.stores.bucket import _pull
+from cmh.hub.mirror.stores.bucket import _objectstore, _pull
 from cmh.hub.mirror.stores.bucket._objectstore import (
     ObjectNotFound,
     ObjectStore,
@@ -63,7 +65,7 @@ def bucket(
 
 @contextlib.contextmanager
 def _through(
-    bucket: SeaweedBucket, hook: Corrupting, monkeypatch: pytest.MonkeyPatch
+    bucket: SeaweedBucket, hook: S3Hook, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[S3Proxy]:
     """A proxy on the storage hop, named as the endpoint while it runs."""
     proxy = S3Proxy(bucket.endpoint, hook)
@@ -162,3 +164,32 @@ def test_an_unusable_tree_object_is_replaced_from_the_upstream(
     assert open_store(bucket).objects.get(name) != good[:40] + b"\xff" + good[41:]
     with replica.opener(index.files["model.bin"]) as f:
         assert f.read() == data
+
+
+def test_a_small_read_the_storage_stalls_fails_within_its_quick_deadline(
+    bucket: SeaweedBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storage that takes a GET of a ref and answers nothing held the request for 4
+    minutes (60 s a try, 3 retries) and, as the store's reads run on the event loop's few
+    executor threads, every other request of the mirror with it. A small read (a HEAD, a
+    ref, a record: at most QUICK_BYTES) has its own deadline a try (10 s; 1 s here) and 2
+    retries: it fails, typed, while the storage still holds it (20 s)."""
+    monkeypatch.setattr(_objectstore, "QUICK_TIMEOUT", timedelta(seconds=1), raising=False)
+    open_store(bucket).objects.put("stalled-ref", b"c" * 40 + b"\n")
+    released = threading.Event()
+
+    def hold(request: S3Request) -> None:
+        if request.method == "GET" and request.key.endswith("/stalled-ref"):
+            released.wait(20)  # no byte, the connection open
+        return None
+
+    with _through(bucket, hold, monkeypatch):
+        objects = ObjectStore.open(bucket.url)
+        try:
+            assert objects.head("stalled-ref").size == 41  # a HEAD is not held
+            with pytest.raises(ObjectStoreError, match="stalled-ref"):
+                objects.get("stalled-ref", limit=4096)  # a ref's bound
+            failed_while_held = not released.is_set()
+        finally:
+            released.set()
+    assert failed_while_held

@@ -60,6 +60,13 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 MAX_WHOLE_BYTES = 64 << 20
 # A refreshable credential (SSO, assumed role, instance role) is asked again this often.
 CREDENTIAL_TTL = timedelta(minutes=5)
+#: A small request (a HEAD, a DELETE, a whole read or a PUT of at most :data:`QUICK_BYTES`:
+#: refs, records, leases, probes) has :data:`QUICK_TIMEOUT` a try and
+#: :data:`QUICK_RETRIES` retries, so a storage that stalls one fails it in about 30 s;
+#: the other requests (parts, blobs, tree objects, listings) keep ``timeout`` a try.
+QUICK_TIMEOUT = timedelta(seconds=10)
+QUICK_RETRIES = 2
+QUICK_BYTES = 1 << 20
 #: Times a PUT whose object does not hold the bytes sent (its ETag is not their MD5: a byte
 #: changed on the way) is written again, over that version only, before it fails.
 REWRITES = 2
@@ -510,25 +517,33 @@ class ObjectStore:
                 s for s in (creds.secret_access_key, creds.session_token, creds.access_key_id) if s
             )
             provider = _CredentialProvider(settings.credentials)
-        retry = {
-            "max_retries": max_retries,
-            "retry_timeout": timeout * (max_retries + 1),
-            "backoff": {
-                "init_backoff": timedelta(milliseconds=100),
-                "max_backoff": timedelta(seconds=2),
-            },
-        }
-        self._store: S3Store = S3Store(
-            location.bucket,
-            config=config,  # type: ignore[arg-type]
-            client_options={
-                "allow_http": bool(settings.endpoint and settings.endpoint.startswith("http://")),
-                "timeout": timeout,
-                "connect_timeout": timedelta(seconds=10),
-            },
-            retry_config=retry,  # type: ignore[arg-type]
-            credential_provider=provider,
-        )
+
+        def client(timeout: timedelta, retries: int) -> S3Store:
+            retry = {
+                "max_retries": retries,
+                "retry_timeout": timeout * (retries + 1),
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=100),
+                    "max_backoff": timedelta(seconds=2),
+                },
+            }
+            return S3Store(
+                location.bucket,
+                config=config,  # type: ignore[arg-type]
+                client_options={
+                    "allow_http": bool(
+                        settings.endpoint and settings.endpoint.startswith("http://")
+                    ),
+                    "timeout": timeout,
+                    "connect_timeout": min(timeout, timedelta(seconds=10)),
+                },
+                retry_config=retry,  # type: ignore[arg-type]
+                credential_provider=provider,
+            )
+
+        self._store: S3Store = client(timeout, max_retries)
+        #: For the small requests (:data:`QUICK_BYTES`): a stall fails them in seconds.
+        self._quick: S3Store = client(min(timeout, QUICK_TIMEOUT), min(max_retries, QUICK_RETRIES))
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> ObjectStore:
@@ -584,7 +599,7 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            return self._info(name, obstore.head(self._store, key))
+            return self._info(name, obstore.head(self._quick, key))
         except self._errors() as exc:
             self._fail("HEAD", name, exc)
 
@@ -594,7 +609,7 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            return self._info(name, await obstore.head_async(self._store, key))
+            return self._info(name, await obstore.head_async(self._quick, key))
         except self._errors() as exc:
             self._fail("HEAD", name, exc)
 
@@ -612,7 +627,8 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            result = obstore.get(self._store, key)
+            client = self._quick if limit <= QUICK_BYTES else self._store
+            result = obstore.get(client, key)
             info = self._info(name, result.meta)
             if info.size > limit:
                 raise ObjectTooLarge(
@@ -733,7 +749,9 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            return str(obstore.put(self._store, key, data, **kwargs)["e_tag"] or "")
+            small = isinstance(data, (bytes, bytearray, memoryview)) and len(data) <= QUICK_BYTES
+            client = self._quick if small else self._store
+            return str(obstore.put(client, key, data, **kwargs)["e_tag"] or "")
         except self._errors() as exc:
             self._fail(op, name, exc)
 
@@ -829,7 +847,7 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            obstore.delete(self._store, key)
+            obstore.delete(self._quick, key)
         except self._errors() as exc:
             self._fail("DELETE", name, exc)
 
