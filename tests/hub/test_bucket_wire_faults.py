@@ -193,3 +193,22 @@ def test_a_small_read_the_storage_stalls_fails_within_its_quick_deadline(
         finally:
             released.set()
     assert failed_while_held
+
+
+def test_a_fill_whose_upstream_body_ends_short_resumes_it(bucket: SeaweedBucket) -> None:
+    """An upstream answering ``200`` with a Content-Length 100 bytes short of the listed
+    size: a folder's fill resumes with ``Range`` (the resolver), a bucket's took the short
+    body as the whole, failed it as "bytes whose hash is not the listed" and wrote
+    ``failed``, every replica answering 502 for 10 s. It is resumed as a broken transfer."""
+    data = os.urandom(_pull.PART + 5000)
+    backend = open_mirror_store(bucket.url)
+    with HostileHub(files={"model.bin": data}, short_bodies=1) as hub:
+        upstream = Upstream(backend.pull_through(300.0), UpstreamConfig(hub.url))
+        upstream.prepare("model", "evil/repo", "main")
+        upstream.fill("model", "evil/repo", COMMIT, "model.bin")
+        gets = [s for s in hub.seen if s.method == "GET" and "/resolve/" in s.path]
+    assert hub.short_bodies == 0 and len(gets) == 2
+    index = backend.resolve("model", "evil/repo", COMMIT)
+    assert index is not None
+    with backend.opener(index.files["model.bin"]) as f:
+        assert f.read() == data

@@ -1320,11 +1320,20 @@ class _Fill:
 
                 try:
                     client.stream(url, start, sink, on_restart=restart, limit=self.f.size)
-                    return
                 except HubUnreachableError as exc:
                     if attempt == MAX_ATTEMPTS - 1 or not exc.transient:
                         raise  # the last try, or the fill's time for tries has passed
-                    self.pull.store.clock.sleep(min(2.0, 0.2 * (attempt + 1)))
+                else:
+                    if self.pos >= self.f.size:
+                        return
+                    # A body that ended whole but short of the listed size (a 200 or 206
+                    # whose Content-Length is less): resumed as a broken transfer is.
+                    if attempt == MAX_ATTEMPTS - 1:
+                        raise FillFailed(
+                            f"{self.f.path}: the upstream's body ended after {self.pos} of "
+                            f"{self.f.size} bytes, {MAX_ATTEMPTS} transfers"
+                        )
+                self.pull.store.clock.sleep(min(2.0, 0.2 * (attempt + 1)))
         except (NotFoundError, AccessError) as exc:
             raise typed(exc) from None
         except ResolveError as exc:
