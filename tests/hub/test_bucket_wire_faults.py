@@ -13,9 +13,11 @@ import contextlib
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from urllib.request import urlopen
 
 import pytest
 from bucket_support import S3_KINDS, Fault, S3Hook, S3Proxy, S3Request, open_store, use_bucket
@@ -27,7 +29,9 @@ from cmh.hub.mirror.stores.bucket._objectstore import (
     ObjectStore,
     ObjectStoreError,
 )
+from deadline_support import TEST_DEADLINE
 from hostile_upstream import COMMIT, HostileHub
+from mirror_support import MirrorServer, write_tiny_repo
 from seaweed import SeaweedBucket
 
 
@@ -212,3 +216,61 @@ def test_a_fill_whose_upstream_body_ends_short_resumes_it(bucket: SeaweedBucket)
     assert index is not None
     with backend.opener(index.files["model.bin"]) as f:
         assert f.read() == data
+
+
+class HoldingReads:
+    """A hook for :class:`S3Proxy`: GETs of keys ending in ``suffix`` get no answer (the
+    connection open) until :attr:`release` is set."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+        self.release = threading.Event()
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: S3Request) -> None:
+        if request.method == "GET" and request.key.endswith(self.suffix):
+            with self._lock:
+                self.held += 1
+            self.release.wait(TEST_DEADLINE)
+        return None
+
+
+def test_a_stalled_key_does_not_hold_the_mirrors_other_requests(
+    moto_bucket: SeaweedBucket,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mirror_server_factory: Callable[..., MirrorServer],
+) -> None:
+    """Twelve clients of a repo whose ref the storage takes and never answers: the store's
+    reads ran on the event loop's default executor (the cores + 4 threads: 6 on 2 cores),
+    so another repo's request waited until they failed (236 s in the prober's run). It is
+    answered while they are still held."""
+    use_bucket(moto_bucket, tmp_path, monkeypatch)
+    store = open_store(moto_bucket)
+    store.add_folder(write_tiny_repo(tmp_path / "a", 1), "org/a")
+    store.add_folder(write_tiny_repo(tmp_path / "b", 2), "org/b")
+    holding = HoldingReads("/models--org--a/refs/main")
+    done: list[int] = []
+    try:
+        with _through(moto_bucket, holding, monkeypatch):
+            server = mirror_server_factory(moto_bucket.url)
+
+            def client_of_a() -> None:
+                with contextlib.suppress(OSError):
+                    urlopen(f"{server.url}/org/a/resolve/main/config.json", timeout=120)
+                done.append(1)
+
+            threads = [threading.Thread(target=client_of_a, daemon=True) for _ in range(12)]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + TEST_DEADLINE
+            while holding.held < 6 and time.monotonic() < deadline:  # every default thread
+                time.sleep(0.05)
+            assert holding.held >= 6
+            with urlopen(f"{server.url}/org/b/resolve/main/config.json", timeout=120) as answer:
+                assert answer.status == 200
+            answered_while_held = not done and not holding.release.is_set()
+    finally:
+        holding.release.set()
+    assert answered_while_held, f"{len(done)} of the stalled requests ended first"
