@@ -146,6 +146,9 @@ class Fault(Enum):
     #: on the way, which a plain ``http://`` link does not catch), and the storage's answer
     #: is passed on.
     CORRUPT_SENT = "corrupt-sent"
+    #: The answer's body reaches the client with its middle byte inverted (a byte changed
+    #: on the way back).
+    CORRUPT_ANSWER = "corrupt-answer"
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,12 @@ class S3Proxy:
                     return
                 if fault is not None and fault.fault is Fault.LATE:
                     fault.before_cut()
+                    fault = None
+                if fault is not None and fault.fault is Fault.CORRUPT_ANSWER:
+                    if data:
+                        changed = bytearray(data)
+                        changed[len(data) // 2] ^= 0xFF
+                        data = bytes(changed)
                     fault = None
                 head = self.command == "HEAD"
                 self.send_response(resp.status)
