@@ -499,9 +499,12 @@ class ObjectStore:
         self._botocore_made = threading.Lock()  # or warmed (:meth:`warm_s3_client`)
         self._warming = False
         self._copy_pins: bool | None = None  # whether copies honour their source's ETag
-        #: Whether the storage's ETag of a PUT object is the MD5 of its bytes (as S3's is,
-        #: but for SSE-KMS and SSE-C): None until a PUT tells (:meth:`_put`).
-        self._md5_etags: bool | None = None
+        #: Whether a PUT's object is checked against the MD5 of its body (:meth:`_put`):
+        #: over plain ``http://`` only (TLS refuses a changed byte, and AWS checks the signed
+        #: body hash), and only while the storage's ETags are MD5s (as S3's are, but for
+        #: SSE-KMS and SSE-C): None until a PUT tells.
+        plain = bool(settings.endpoint and settings.endpoint.startswith("http://"))
+        self._md5_etags: bool | None = None if plain else False
         config: dict[str, Any] = {"region": settings.region}
         if settings.endpoint:
             config["endpoint"] = settings.endpoint
@@ -712,9 +715,9 @@ class ObjectStore:
     # -- writes -------------------------------------------------------------------------
 
     def _put(self, op: str, name: str, data: Any, **kwargs: Any) -> str:
-        """One PUT; for bytes, the object is proven to hold them: its ETag, the MD5 of
-        what the storage received, must be the MD5 of what was sent (a byte changed on
-        the way, over a plain ``http://`` link that nothing else checks, would otherwise
+        """One PUT; for bytes over a plain ``http://`` link, the object is proven to hold
+        them: its ETag, the MD5 of what the storage received, must be the MD5 of what was
+        sent (a byte changed on the way, which nothing else checks there, would otherwise
         be stored, and everything read back after, a blob made of the fill's parts
         included, trusted). A version that differs is written again over itself
         (``If-Match`` on its ETag) up to :data:`REWRITES` times, then the PUT fails (the
