@@ -729,10 +729,13 @@ class ObjectStore:
             return etag
         sent = hashlib.md5(data, usedforsecurity=False).hexdigest()
         for _ in range(REWRITES):
+            if not etag:  # the storage gave none: nothing to check against
+                return etag
             if _etag_value(etag) == sent:
                 self._md5_etags = True
                 return etag
-            etag = self._put_once(op, name, data, mode={"e_tag": etag})  # that version only
+            again = {**kwargs, "mode": {"e_tag": etag}}  # over that version only
+            etag = self._put_once(op, name, data, **again)
             if self._md5_etags is None and _etag_value(etag) != sent:
                 self._md5_etags = False  # twice: the storage's ETags are not MD5s
                 return etag
