@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 from ._upstream import UpstreamConfig
 
 SHUTDOWN_TIMEOUT = 2.0
+#: Threads of a worker's default executor, where the store is read (see ``main``).
+STORE_THREADS = 32
 #: Seconds past ``--graceful-timeout`` that aiohttp's own wait for a handler lasts: the
 #: guard shuts every connection down at the timeout, and the handlers it ends must end
 #: inside aiohttp's wait. (Had that wait timed out in the same instant, aiohttp would
@@ -341,6 +344,10 @@ def _run_worker(config: ServeConfig, sock: socket.socket, on_ready: Callable[[],
         await runner.setup()
         assert runner.server is not None
         loop = asyncio.get_running_loop()
+        # The store's reads (a bucket's are requests to the storage) run on the default
+        # executor: sized for waits, not for the cores (Python's default, the cores + 4,
+        # let a storage stalling one key's reads hold every thread on a small machine).
+        loop.set_default_executor(ThreadPoolExecutor(STORE_THREADS, "cmh-store"))
         protocol = guard.wrap(plain_errors(runner.server, handler_args))
         server = await loop.create_server(protocol, sock=sock, backlog=1024)
         sweeper = asyncio.create_task(guard.run())

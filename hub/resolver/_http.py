@@ -828,7 +828,9 @@ class HubClient:
         except httpx2.TransportError as exc:
             if not answered:
                 self._count(requests=1)
-            raise HubUnreachableError(f"transfer from {self.endpoint} failed: {exc}") from exc
+            raise HubUnreachableError(
+                f"transfer from {self.endpoint} failed: {_said(exc)}"
+            ) from exc
         except httpx2.DecodingError as exc:
             raise HubProtocolError(f"{url}: undecodable compressed answer: {exc}") from exc
 
@@ -916,7 +918,22 @@ def _unreachable(endpoint: str, exc: httpx2.TransportError) -> HubUnreachableErr
     no such host) is not asked again: the caller falls back to the cache at once.
     """
     transient = not isinstance(exc, httpx2.ConnectError)
-    return HubUnreachableError(f"cannot reach {endpoint}: {exc}", transient=transient)
+    if isinstance(exc, httpx2.RemoteProtocolError):  # reached: its answer was not HTTP
+        return HubUnreachableError(f"{endpoint}: {_said(exc)}", transient=transient)
+    return HubUnreachableError(f"cannot reach {endpoint}: {_said(exc)}", transient=transient)
+
+
+#: A Python ``bytes``/``bytearray`` repr in an HTTP library's message: its text is said.
+_BYTES_REPR_RE = re.compile(r"\b(?:bytearray\()?b(['\"])(.*?)\1\)?")
+
+
+def _said(exc: httpx2.TransportError) -> str:
+    """The HTTP library's message without Python's reprs; an answer that is not HTTP (a
+    header line without a colon, two Content-Lengths) is said to be one."""
+    said = _BYTES_REPR_RE.sub(lambda m: repr(m.group(2)), str(exc))
+    if isinstance(exc, httpx2.RemoteProtocolError):
+        return f"the answer broke the HTTP protocol: {said}"
+    return said
 
 
 def _at(sink: Callable[[int, bytes], None], start: int) -> Callable[[bytes], None]:

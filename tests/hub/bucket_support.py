@@ -142,6 +142,13 @@ class Fault(Enum):
     #: The headers are sent, then ``before_cut`` runs (it may block: a body held before its
     #: first byte), then the whole body.
     HOLD = "hold"
+    #: The request's body reaches the storage with its middle byte inverted (a byte changed
+    #: on the way, which a plain ``http://`` link does not catch), and the storage's answer
+    #: is passed on.
+    CORRUPT_SENT = "corrupt-sent"
+    #: The answer's body reaches the client with its middle byte inverted (a byte changed
+    #: on the way back).
+    CORRUPT_ANSWER = "corrupt-answer"
 
 
 @dataclass(frozen=True)
@@ -195,6 +202,12 @@ class S3Proxy:
                 fault = hook(request) if hook is not None else None
                 if isinstance(fault, Fault):
                     fault = Break(fault)
+                if fault is not None and fault.fault is Fault.CORRUPT_SENT:
+                    if body:
+                        changed = bytearray(body)
+                        changed[len(body) // 2] ^= 0xFF
+                        body = bytes(changed)
+                    fault = None
                 conn = http.client.HTTPConnection(host, port, timeout=TEST_DEADLINE)
                 try:
                     conn.request(self.command, self.path, body=body, headers=headers)
@@ -211,6 +224,12 @@ class S3Proxy:
                     return
                 if fault is not None and fault.fault is Fault.LATE:
                     fault.before_cut()
+                    fault = None
+                if fault is not None and fault.fault is Fault.CORRUPT_ANSWER:
+                    if data:
+                        changed = bytearray(data)
+                        changed[len(data) // 2] ^= 0xFF
+                        data = bytes(changed)
                     fault = None
                 head = self.command == "HEAD"
                 self.send_response(resp.status)

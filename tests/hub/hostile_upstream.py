@@ -84,6 +84,9 @@ class HostileHub(LoopServer):
     revision_extra: dict[str, Any] = field(default_factory=dict)
     #: Extra body bytes after each file's listed ones (a body longer than listed).
     overlong: int = 0
+    #: The next this many GETs of a file answer ``200`` with the body's last 100 bytes
+    #: missing, under a Content-Length that says so (a body shorter than listed).
+    short_bodies: int = 0
     #: Pad the revision answer with this many spaces, sent gzip-compressed (a gzip bomb).
     gzip_bomb: int = 0
     #: Tree pages: ``(pages, entries each)`` of generated files, chained by same-origin Links.
@@ -203,6 +206,9 @@ class HostileHub(LoopServer):
             headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": COMMIT}
             if request.method == "GET" and self.drip is not None:
                 return await self._drip(request, data, headers, *self.drip)
+            if request.method == "GET" and self.short_bodies > 0:
+                self.short_bodies -= 1
+                return web.Response(body=data[:-100], headers=headers)
             if request.method == "HEAD" or not self.overlong:
                 return web.Response(body=data, headers=headers)
             response = web.StreamResponse(headers=headers)

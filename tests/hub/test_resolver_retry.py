@@ -198,3 +198,37 @@ def test_a_retry_sleeps_the_pause_its_deadline_was_checked_against(
     # 0.025 slept after the first try (its draw low); the second try's pause (0.1, its
     # draw high) would end past the deadline: given up without sleeping it
     assert clock.now - start == pytest.approx(0.025, abs=1e-6)
+
+
+def test_an_answer_that_is_not_http_is_said_to_be_one() -> None:
+    """A Hub (or a proxy before it) answering with a header line that has no colon: the
+    error said "cannot reach http://...: illegal header line: bytearray(b'...')", for a
+    server that was reached, in Python's repr. It says the answer broke the protocol,
+    and the line as text."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_garbled() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed: the test is over
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Bad header without colon\r\n\r\n")
+
+    threading.Thread(target=answer_garbled, daemon=True).start()
+    try:
+        client = HubClient(f"http://127.0.0.1:{port}")
+        with pytest.raises(HubUnreachableError) as raised:
+            client.revision(REPO, "model", "main")
+    finally:
+        listener.close()
+    said = str(raised.value)
+    assert "the answer broke the HTTP protocol" in said, said
+    assert "'X-Bad header without colon'" in said and "bytearray" not in said, said
+    assert "cannot reach" not in said, said

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -59,6 +60,16 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 MAX_WHOLE_BYTES = 64 << 20
 # A refreshable credential (SSO, assumed role, instance role) is asked again this often.
 CREDENTIAL_TTL = timedelta(minutes=5)
+#: A small request (a HEAD, a DELETE, a whole read or a PUT of at most :data:`QUICK_BYTES`:
+#: refs, records, leases, probes) has :data:`QUICK_TIMEOUT` a try and
+#: :data:`QUICK_RETRIES` retries, so a storage that stalls one fails it in about 30 s;
+#: the other requests (parts, blobs, tree objects, listings) keep ``timeout`` a try.
+QUICK_TIMEOUT = timedelta(seconds=10)
+QUICK_RETRIES = 2
+QUICK_BYTES = 1 << 20
+#: Times a PUT whose object does not hold the bytes sent (its ETag is not their MD5: a byte
+#: changed on the way) is written again, over that version only, before it fails.
+REWRITES = 2
 _EXTRA_HINT = "s3:// stores need the s3 extra: pip install 'cmh[s3]'"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -452,6 +463,11 @@ def _describe(exc: BaseException) -> tuple[str, int | None, str | None]:
     return first.removeprefix("Generic S3 error: ")[:300], None, None
 
 
+def _etag_value(etag: str) -> str:
+    """An ETag as the storage wrote it, without quotes or weak mark, lowercase."""
+    return etag.strip().removeprefix("W/").strip('"').lower()
+
+
 class ObjectStore:
     """The objects under one ``s3://bucket/prefix``.
 
@@ -483,6 +499,12 @@ class ObjectStore:
         self._botocore_made = threading.Lock()  # or warmed (:meth:`warm_s3_client`)
         self._warming = False
         self._copy_pins: bool | None = None  # whether copies honour their source's ETag
+        #: Whether a PUT's object is checked against the MD5 of its body (:meth:`_put`):
+        #: over plain ``http://`` only (TLS refuses a changed byte, and AWS checks the signed
+        #: body hash), and only while the storage's ETags are MD5s (as S3's are, but for
+        #: SSE-KMS and SSE-C): None until a PUT tells.
+        plain = bool(settings.endpoint and settings.endpoint.startswith("http://"))
+        self._md5_etags: bool | None = None if plain else False
         config: dict[str, Any] = {"region": settings.region}
         if settings.endpoint:
             config["endpoint"] = settings.endpoint
@@ -498,25 +520,33 @@ class ObjectStore:
                 s for s in (creds.secret_access_key, creds.session_token, creds.access_key_id) if s
             )
             provider = _CredentialProvider(settings.credentials)
-        retry = {
-            "max_retries": max_retries,
-            "retry_timeout": timeout * (max_retries + 1),
-            "backoff": {
-                "init_backoff": timedelta(milliseconds=100),
-                "max_backoff": timedelta(seconds=2),
-            },
-        }
-        self._store: S3Store = S3Store(
-            location.bucket,
-            config=config,  # type: ignore[arg-type]
-            client_options={
-                "allow_http": bool(settings.endpoint and settings.endpoint.startswith("http://")),
-                "timeout": timeout,
-                "connect_timeout": timedelta(seconds=10),
-            },
-            retry_config=retry,  # type: ignore[arg-type]
-            credential_provider=provider,
-        )
+
+        def client(timeout: timedelta, retries: int) -> S3Store:
+            retry = {
+                "max_retries": retries,
+                "retry_timeout": timeout * (retries + 1),
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=100),
+                    "max_backoff": timedelta(seconds=2),
+                },
+            }
+            return S3Store(
+                location.bucket,
+                config=config,  # type: ignore[arg-type]
+                client_options={
+                    "allow_http": bool(
+                        settings.endpoint and settings.endpoint.startswith("http://")
+                    ),
+                    "timeout": timeout,
+                    "connect_timeout": min(timeout, timedelta(seconds=10)),
+                },
+                retry_config=retry,  # type: ignore[arg-type]
+                credential_provider=provider,
+            )
+
+        self._store: S3Store = client(timeout, max_retries)
+        #: For the small requests (:data:`QUICK_BYTES`): a stall fails them in seconds.
+        self._quick: S3Store = client(min(timeout, QUICK_TIMEOUT), min(max_retries, QUICK_RETRIES))
 
     @classmethod
     def open(cls, url: str, *, profile: str | None = None, **options: Any) -> ObjectStore:
@@ -572,7 +602,7 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            return self._info(name, obstore.head(self._store, key))
+            return self._info(name, obstore.head(self._quick, key))
         except self._errors() as exc:
             self._fail("HEAD", name, exc)
 
@@ -582,7 +612,7 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            return self._info(name, await obstore.head_async(self._store, key))
+            return self._info(name, await obstore.head_async(self._quick, key))
         except self._errors() as exc:
             self._fail("HEAD", name, exc)
 
@@ -600,7 +630,8 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            result = obstore.get(self._store, key)
+            client = self._quick if limit <= QUICK_BYTES else self._store
+            result = obstore.get(client, key)
             info = self._info(name, result.meta)
             if info.size > limit:
                 raise ObjectTooLarge(
@@ -684,11 +715,49 @@ class ObjectStore:
     # -- writes -------------------------------------------------------------------------
 
     def _put(self, op: str, name: str, data: Any, **kwargs: Any) -> str:
+        """One PUT; for bytes over a plain ``http://`` link, the object is proven to hold
+        them: its ETag, the MD5 of what the storage received, must be the MD5 of what was
+        sent (a byte changed on the way, which nothing else checks there, would otherwise
+        be stored, and everything read back after, a blob made of the fill's parts
+        included, trusted). A version that differs is written again over itself
+        (``If-Match`` on its ETag) up to :data:`REWRITES` times, then the PUT fails (the
+        object it created, for a create-only PUT, is deleted). A storage whose ETags are
+        not MD5s (SSE-KMS, SSE-C) is told by its first PUTs (none matches, also written
+        again) and not checked from then on."""
+        etag = self._put_once(op, name, data, **kwargs)
+        if not isinstance(data, (bytes, bytearray, memoryview)) or self._md5_etags is False:
+            return etag
+        sent = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        for _ in range(REWRITES):
+            if not etag:  # the storage gave none: nothing to check against
+                return etag
+            if _etag_value(etag) == sent:
+                self._md5_etags = True
+                return etag
+            again = {**kwargs, "mode": {"e_tag": etag}}  # over that version only
+            etag = self._put_once(op, name, data, **again)
+            if self._md5_etags is None and _etag_value(etag) != sent:
+                self._md5_etags = False  # twice: the storage's ETags are not MD5s
+                return etag
+        if _etag_value(etag) == sent:
+            self._md5_etags = True
+            return etag
+        if kwargs.get("mode") == "create":
+            with contextlib.suppress(ObjectStoreError):
+                self.delete(name)
+        raise ObjectStoreError(
+            f"{op} {self.location}{name}: the storage holds other bytes than those sent "
+            f"(ETag {etag}, not the MD5 {sent} of the body), {REWRITES + 1} times"
+        )
+
+    def _put_once(self, op: str, name: str, data: Any, **kwargs: Any) -> str:
         import obstore
 
         key = self.location.key(name)
         try:
-            return str(obstore.put(self._store, key, data, **kwargs)["e_tag"] or "")
+            small = isinstance(data, (bytes, bytearray, memoryview)) and len(data) <= QUICK_BYTES
+            client = self._quick if small else self._store
+            return str(obstore.put(client, key, data, **kwargs)["e_tag"] or "")
         except self._errors() as exc:
             self._fail(op, name, exc)
 
@@ -784,7 +853,7 @@ class ObjectStore:
 
         key = self.location.key(name)
         try:
-            obstore.delete(self._store, key)
+            obstore.delete(self._quick, key)
         except self._errors() as exc:
             self._fail("DELETE", name, exc)
 

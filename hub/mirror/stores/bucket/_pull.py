@@ -206,7 +206,7 @@ class BucketPullThrough:
         folder = self._folder(repo_type, repo_id)
         try:
             index = self.cache.resolve(folder, revision)
-        except ObjectStoreError:
+        except (ObjectStoreError, BucketError):  # an unusable tree: asked again, replaced
             return None
         if index is None or (COMMIT_RE.match(revision) and index.commit != revision):
             return None
@@ -216,7 +216,10 @@ class BucketPullThrough:
         with _storage_errors():
             from cmh.hub.resolver import RemoteFile
 
-            tree = self.cache.tree(self._folder(repo_type, repo_id), commit)
+            try:
+                tree = self.cache.tree(self._folder(repo_type, repo_id), commit)
+            except BucketError:  # unusable: the upstream's listing replaces it (install)
+                return None
             if tree is None:
                 return None
             return {
@@ -387,8 +390,24 @@ class BucketPullThrough:
                     entries.append(TreeFile(path, remote.size, remote.etag, remote.etag, None))
             tree = tree_oids({f.path: f.oid for f in entries})[""]
             obj = TreeObject(commit, tree, (), self.store.storage_time(), tuple(entries))
-            with contextlib.suppress(PreconditionFailed):
-                self.objects.put_if_absent(self.store.tree_name(folder, commit), obj.to_bytes())
+            name = self.store.tree_name(folder, commit)
+            try:
+                self.objects.put_if_absent(name, obj.to_bytes())
+            except PreconditionFailed:
+                self._replace_unusable_tree(folder, commit, name, obj)
+
+    def _replace_unusable_tree(self, folder: str, commit: str, name: str, obj: TreeObject) -> None:
+        """The tree object already there is the commit's (a commit never changes), unless
+        it cannot be used (not a valid tree object: written wrong, or by a co-tenant), which
+        would stay for good (written once): then the upstream's listing replaces it, over
+        that version only. Read through this replica's memory (no request when held)."""
+        try:
+            self.cache.tree(folder, commit)
+            return
+        except BucketError:
+            pass
+        with contextlib.suppress(PreconditionFailed, ObjectNotFound):  # replaced or gone
+            self.objects.put_if_match(name, obj.to_bytes(), self.objects.head(name).etag)
 
     def validated(
         self, repo_type: str, repo_id: str, revision: str, commit: str, *, pinned: bool
@@ -1301,11 +1320,20 @@ class _Fill:
 
                 try:
                     client.stream(url, start, sink, on_restart=restart, limit=self.f.size)
-                    return
                 except HubUnreachableError as exc:
                     if attempt == MAX_ATTEMPTS - 1 or not exc.transient:
                         raise  # the last try, or the fill's time for tries has passed
-                    self.pull.store.clock.sleep(min(2.0, 0.2 * (attempt + 1)))
+                else:
+                    if self.pos >= self.f.size:
+                        return
+                    # A body that ended whole but short of the listed size (a 200 or 206
+                    # whose Content-Length is less): resumed as a broken transfer is.
+                    if attempt == MAX_ATTEMPTS - 1:
+                        raise FillFailed(
+                            f"{self.f.path}: the upstream's body ended after {self.pos} of "
+                            f"{self.f.size} bytes, {MAX_ATTEMPTS} transfers"
+                        )
+                self.pull.store.clock.sleep(min(2.0, 0.2 * (attempt + 1)))
         except (NotFoundError, AccessError) as exc:
             raise typed(exc) from None
         except ResolveError as exc:

@@ -118,6 +118,12 @@ def _check_and_quarantine(
     check = check_blob(store, label, info, etag)
     if check.ok or check.error is not None:
         return check
+    # A read that does not hash to the name may have been changed on the way (a byte
+    # flipped between an http:// storage and here): the version is read once more, and
+    # only a second bad read takes it out of blobs/ (or forgets its check record).
+    check = check_blob(store, label, info, etag)
+    if check.ok or check.error is not None:
+        return check
     try:
         if not quarantine:
             if info.etag:
