@@ -45,6 +45,16 @@ TOKENIZER_CONFIG_MEMBERS: tuple[str, ...] = (
 )
 
 MAX_JSON_SIZE = 64 << 20
+#: Arrays and objects nested deeper than this in a JSON file are an error (4): a fixed
+#: bound, where Python's parser stops at a depth that moves with the caller's stack.
+MAX_JSON_DEPTH = 256
+#: An integer token of more digits is an error (4): Python's default bound, under which
+#: transformers' ``json.load`` refuses such a file too, applied whatever
+#: ``PYTHONINTMAXSTRDIGITS`` says.
+MAX_INTEGER_DIGITS = 4300
+#: Digits converted at once (under Python's least ``int``/``str`` bound, 640), so no
+#: conversion depends on the process's bound.
+_DIGIT_CHUNK = 600
 MAX_SMALL_FILE_SIZE = 512 << 20
 SAFE_INTEGER = (1 << 53) - 1
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -289,7 +299,7 @@ def _integer(value: int) -> bytes:
         as_double = math.nan
     if as_double == value:
         return rfc8785.dumps(as_double)
-    return f"{value}n".encode()
+    return f"{_decimal(value)}n".encode()
 
 
 def _double(value: float) -> bytes:
@@ -316,9 +326,16 @@ def read_json(path: str | os.PathLike[str], name: str) -> Any:
             f"{name} is not valid UTF-8 (at byte {exc.start})", os.fspath(path)
         ) from exc
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        value = json.loads(text, parse_int=_integer_token)
+    except RecursionError:
+        value = _TOO_DEEP
+    except ValueError as exc:
         raise NotAModelError(f"{name} is not valid JSON: {exc}", os.fspath(path)) from exc
+    if value is _TOO_DEEP or _deeper_than(value, MAX_JSON_DEPTH):
+        raise NotAModelError(
+            f"{name} is nested more than {MAX_JSON_DEPTH} arrays or objects deep",
+            os.fspath(path),
+        )
     if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
         raise NotAModelError(
             f"{name} holds a lone surrogate (an escaped \\ud800 without its pair): "
@@ -326,6 +343,46 @@ def read_json(path: str | os.PathLike[str], name: str) -> Any:
             os.fspath(path),
         )
     return value
+
+
+_TOO_DEEP = object()
+
+
+def _integer_token(token: str) -> int:
+    """The integer of a JSON number token without fraction or exponent (4): exact, at most
+    :data:`MAX_INTEGER_DIGITS` digits, whatever the process's ``int`` bound."""
+    negative = token.startswith("-")
+    digits = token[negative:]
+    if len(digits) > MAX_INTEGER_DIGITS:
+        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INTEGER_DIGITS})")
+    value = 0
+    for start in range(0, len(digits), _DIGIT_CHUNK):
+        chunk = digits[start : start + _DIGIT_CHUNK]
+        value = value * 10 ** len(chunk) + int(chunk)
+    return -value if negative else value
+
+
+def _decimal(value: int) -> str:
+    """The decimal digits of ``value`` (``-`` when negative), whatever the process's bound."""
+    magnitude, parts = abs(value), []
+    while magnitude >= 10**_DIGIT_CHUNK:
+        magnitude, low = divmod(magnitude, 10**_DIGIT_CHUNK)
+        parts.append(str(low).zfill(_DIGIT_CHUNK))
+    parts.append(str(magnitude))
+    return ("-" if value < 0 else "") + "".join(reversed(parts))
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than ``limit`` deep in ``value`` (iteratively)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def _has_lone_surrogate(value: Any) -> bool:
