@@ -172,3 +172,9 @@ def test_a_refused_name_does_the_same_work_as_an_unknown_one(tmp_path, monkeypat
         except HubError as exc:
             assert exc.status == 404
     assert looked == ["acme/private", "acme/unknown"]
+
+
+def test_a_query_reads_the_last_value_of_name_and_name_brackets() -> None:
+    query = parse_target("/api/models/o/n?blobs=true&expand[]=a&blobs[]=false&expand=b").query
+    assert query.get("blobs") == "false" and query.get("expand") == "b"
+    assert query.getall("expand") == ["a", "b"]
