@@ -139,3 +139,33 @@ def test_a_listed_size_is_bounded_at_1_pib() -> None:
                 pytest.raises(InvalidListing, match=says),
             ):
                 listing(hub)
+
+
+def test_a_json_true_is_no_listed_size() -> None:
+    """A spec-only reader's hostile upstream: ``"size": true`` in a revision's siblings
+    was taken as 1 byte (Python's bool is an int), and a mirror then listed the repo
+    without the file and answered it 503; an ``lfs.size`` of ``true`` replaced the size
+    in siblings and tree pages alike. ``true`` is no integer: the siblings are not the
+    listing (the tree is asked), a tree entry is malformed, an ``lfs.size`` is ignored."""
+    from cmh.hub.resolver import HubClient
+    from cmh.hub.resolver._types import InvalidListing
+    from hostile_upstream import BODY, HostileHub, oversized_entry
+
+    def listing(hub: HostileHub) -> dict[str, object]:
+        client = HubClient(hub.url, None)
+        remote = client.revision(hub.repo_id, "model", "main")
+        return remote.files or client.tree(hub.repo_id, "model", remote.commit)
+
+    for siblings in (True, False):
+        entry = oversized_entry(len(BODY))
+        entry["size"] = True
+        with (
+            HostileHub(siblings=siblings, tree_entries=[entry]) as hub,
+            pytest.raises(InvalidListing, match="malformed tree entry"),
+        ):
+            listing(hub)
+        lfs_true = oversized_entry(len(BODY), lfs=True)
+        lfs_true["lfs"]["size"] = True
+        with HostileHub(siblings=siblings, tree_entries=[lfs_true]) as hub:
+            size = listing(hub)["config.json"].size  # type: ignore[attr-defined]
+            assert size == len(BODY) and size is not True
