@@ -899,7 +899,8 @@ def _served_size(response: httpx2.Response) -> int | None:
     encoded = headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
     if not size and not response.is_redirect and not encoded:
         size = headers.get("Content-Length")
-    return int(size) if size and size.isdigit() else None
+    # ASCII digits only: str.isdigit() holds for "²" (int() then raises) and "١" (read as 1)
+    return int(size) if size and size.isascii() and size.isdigit() else None
 
 
 def _too_slow(timeout: float, got: int) -> str:
@@ -1031,7 +1032,7 @@ def retry_after(headers: httpx2.Headers) -> float | None:
     value = headers.get("Retry-After", "").strip()
     if not value:
         return None
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²".isdigit() holds; float("²") raises
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

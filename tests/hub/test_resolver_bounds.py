@@ -169,3 +169,29 @@ def test_a_json_true_is_no_listed_size() -> None:
         with HostileHub(siblings=siblings, tree_entries=[lfs_true]) as hub:
             size = listing(hub)["config.json"].size  # type: ignore[attr-defined]
             assert size == len(BODY) and size is not True
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [(b"120", 120), (b"0120", 120), (b"\xb2", None), (b"\xd9\xa1", None), (b"+1", None)],
+)
+def test_a_served_size_is_ascii_digits(value: bytes, size: int | None) -> None:
+    """A confirming HEAD's ``X-Linked-Size: ²`` (latin-1 0xB2) raised an untyped
+    ValueError (``"²".isdigit()`` holds, ``int("²")`` fails), and ``١`` (Arabic-Indic one)
+    was a size of 1; any value but ASCII digits gives no size (not compared, spec §4)."""
+    import httpx2
+    from cmh.hub.resolver._http import _served_size
+
+    assert _served_size(httpx2.Response(200, headers=[(b"X-Linked-Size", value)])) == size
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661"])
+def test_a_retry_after_is_ascii_digits(value: str) -> None:
+    """``Retry-After: ²`` raised an untyped ValueError; any value but ASCII digits or an
+    HTTP date asks for no wait."""
+    import httpx2
+    from cmh.hub.resolver._http import retry_after
+
+    headers = httpx2.Headers([(b"Retry-After", value.encode("utf-8"))])
+    assert retry_after(headers) is None
+    assert retry_after(httpx2.Headers({"Retry-After": "7"})) == 7.0
