@@ -34,7 +34,7 @@ TTL = int | float | timedelta | str | None
 def parse_duration(text: str) -> int:
     """Seconds in ``text``: ``90s``, ``12h``, ``30d``, ``1d12h``; a bare number is seconds."""
     value = text.strip().lower()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²".isdigit() holds; int("²") raises
         return int(value)
     if not value or _PART.sub("", value):
         raise DurationError(

@@ -189,6 +189,15 @@ def test_sizes_have_their_own_error() -> None:
     assert not isinstance(late.value, SizeError)
 
 
+@pytest.mark.parametrize("text", ["\u00b2", "\u00b2s"])
+def test_a_duration_that_is_not_ascii_digits_is_a_duration_error(text: str) -> None:
+    """``--fresh-for ²`` was a ValueError traceback ("²".isdigit() holds, int("²") raises)."""
+    from cmh import parse_duration
+
+    with pytest.raises(DurationError, match="invalid duration"):
+        parse_duration(text)
+
+
 def test_no_public_name_shadows_a_builtin() -> None:
     import builtins
     import importlib

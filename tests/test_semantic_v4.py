@@ -601,6 +601,9 @@ def test_spec_names_the_exact_lists() -> None:
     generation = names("1. **Generation files**", "and every file under")
     assert generation == set(_files.GENERATION_FILES)
     assert names("4. **Quantization sidecars**", "Runtimes build") == set(_files.QUANT_FILES)
+    # rule 5 is a list of names alone: a path fast_tokenizer_files names only adds tokenizer
+    tokenizer_only = names("5. **Tokenizer-only files**", "tokenizer files only")
+    assert tokenizer_only == set(_files.TOKENIZER_ONLY_PATTERNS)
 
 
 # -- false shares found by an outside prober (measured with torch) -----------------------

@@ -16,6 +16,7 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Mapping
+from itertools import accumulate
 from typing import Any
 
 import rfc8785
@@ -45,6 +46,16 @@ TOKENIZER_CONFIG_MEMBERS: tuple[str, ...] = (
 )
 
 MAX_JSON_SIZE = 64 << 20
+#: Arrays and objects nested deeper than this in a JSON file are an error (4): a fixed
+#: bound, where Python's parser stops at a depth that moves with the caller's stack.
+MAX_JSON_DEPTH = 256
+#: An integer token of more digits is an error (4): Python's default bound, under which
+#: transformers' ``json.load`` refuses such a file too, applied whatever
+#: ``PYTHONINTMAXSTRDIGITS`` says.
+MAX_INTEGER_DIGITS = 4300
+#: Digits converted at once (under Python's least ``int``/``str`` bound, 640), so no
+#: conversion depends on the process's bound.
+_DIGIT_CHUNK = 600
 MAX_SMALL_FILE_SIZE = 512 << 20
 SAFE_INTEGER = (1 << 53) - 1
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -289,7 +300,7 @@ def _integer(value: int) -> bytes:
         as_double = math.nan
     if as_double == value:
         return rfc8785.dumps(as_double)
-    return f"{value}n".encode()
+    return f"{_decimal(value)}n".encode()
 
 
 def _double(value: float) -> bytes:
@@ -315,10 +326,22 @@ def read_json(path: str | os.PathLike[str], name: str) -> Any:
         raise NotAModelError(
             f"{name} is not valid UTF-8 (at byte {exc.start})", os.fspath(path)
         ) from exc
+    # The text without its strings: what is left of valid JSON is numbers, literals,
+    # punctuation and whitespace, so its brackets give the nesting depth and its digit
+    # runs the integers (C-speed passes; a walk of a large tokenizer.json took seconds).
+    skeleton = _JSON_STRING.sub('""', text)
+    long_digits = _LONG_DIGITS.search(skeleton) is not None
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        value = json.loads(text, parse_int=_integer_token if long_digits else None)
+    except RecursionError:
+        value = _TOO_DEEP
+    except ValueError as exc:
         raise NotAModelError(f"{name} is not valid JSON: {exc}", os.fspath(path)) from exc
+    if value is _TOO_DEEP or _nesting(skeleton) > MAX_JSON_DEPTH:
+        raise NotAModelError(
+            f"{name} is nested more than {MAX_JSON_DEPTH} arrays or objects deep",
+            os.fspath(path),
+        )
     if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
         raise NotAModelError(
             f"{name} holds a lone surrogate (an escaped \\ud800 without its pair): "
@@ -326,6 +349,45 @@ def read_json(path: str | os.PathLike[str], name: str) -> Any:
             os.fspath(path),
         )
     return value
+
+
+_TOO_DEEP = object()
+#: A JSON string (of valid JSON: an escape is a backslash and the character after it).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+#: Digits Python may refuse to convert (its least bound is 640): parsed by chunks.
+_LONG_DIGITS = re.compile(f"[0-9]{{{_DIGIT_CHUNK}}}")
+_NESTING_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _integer_token(token: str) -> int:
+    """The integer of a JSON number token without fraction or exponent (4): exact, at most
+    :data:`MAX_INTEGER_DIGITS` digits, whatever the process's ``int`` bound."""
+    negative = token.startswith("-")
+    digits = token[negative:]
+    if len(digits) > MAX_INTEGER_DIGITS:
+        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INTEGER_DIGITS})")
+    value = 0
+    for start in range(0, len(digits), _DIGIT_CHUNK):
+        chunk = digits[start : start + _DIGIT_CHUNK]
+        value = value * 10 ** len(chunk) + int(chunk)
+    return -value if negative else value
+
+
+def _decimal(value: int) -> str:
+    """The decimal digits of ``value`` (``-`` when negative), whatever the process's bound."""
+    magnitude, parts = abs(value), []
+    while magnitude >= 10**_DIGIT_CHUNK:
+        magnitude, low = divmod(magnitude, 10**_DIGIT_CHUNK)
+        parts.append(str(low).zfill(_DIGIT_CHUNK))
+    parts.append(str(magnitude))
+    return ("-" if value < 0 else "") + "".join(reversed(parts))
+
+
+def _nesting(skeleton: str) -> int:
+    """How deep arrays and objects nest in JSON text whose strings were removed."""
+    brackets = _NOT_BRACKET.sub("", skeleton)
+    return max(accumulate(map(_NESTING_STEP.__getitem__, brackets)), default=0)
 
 
 def _has_lone_surrogate(value: Any) -> bool:

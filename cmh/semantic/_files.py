@@ -182,8 +182,9 @@ class GroupingInputs:
 
     #: The weight files of 1.1: covered by ``weights`` and ``graph``, in no group.
     weight_files: tuple[str, ...] = ()
-    #: Further top-level names only a tokenizer reads (``fast_tokenizer_files``).
-    tokenizer_only: tuple[str, ...] = ()
+    #: Paths ``tokenizer_config.json``'s ``fast_tokenizer_files`` names: inputs of the
+    #: tokenizer besides the groups their own rule gives them (never instead of those).
+    fast_tokenizer_files: tuple[str, ...] = ()
     #: sentence-transformers module folders (``modules.json`` ``path`` members).
     module_dirs: tuple[str, ...] = ()
 
@@ -192,7 +193,7 @@ def group_files(
     paths: Iterable[str],
     *,
     tokenizer_code: bool = False,
-    tokenizer_only: Iterable[str] = (),
+    fast_tokenizer_files: Iterable[str] = (),
     inputs: GroupingInputs | None = None,
 ) -> FileGroups:
     """Sort the repository paths of a model into the groups of the spec (1.2).
@@ -205,7 +206,7 @@ def group_files(
     """
     del tokenizer_code  # tokenizer code enters the tokenizer id as the code id (6)
     given = inputs or GroupingInputs()
-    extra = {*tokenizer_only, *given.tokenizer_only}
+    extra = {*fast_tokenizer_files, *given.fast_tokenizer_files}
     weights = set(given.weight_files)
     modules = tuple(d.strip("/") + "/" for d in given.module_dirs if d.strip("/"))
     all_paths = sorted(paths)
@@ -231,11 +232,13 @@ def group_files(
     return FileGroups(**{k: tuple(v) for k, v in groups.items()}, data=tuple(data))
 
 
-def _groups_of(path: str, modules: tuple[str, ...], tokenizer_only: set[str]) -> tuple[str, ...]:
+def _groups_of(path: str, modules: tuple[str, ...], fast_tokenizer: set[str]) -> tuple[str, ...]:
     """The groups of a non-code, non-inert path (1.2): the first rule's, plus ``generation``
     for a generation file, ``embedding`` under a module folder and ``tokenizer`` for a name
     ``fast_tokenizer_files`` lists, whichever rule came first (the loaders read the file
-    for each of these reasons)."""
+    for each of these reasons). Being listed there only adds ``tokenizer``: a processor
+    still reads ``preprocessor_config.json`` by its name whatever the tokenizer's config
+    lists, so a listed file keeps the groups of its own rule."""
     generation = path in GENERATION_FILES or path.startswith(GENERATION_FOLDER)
     module = "/" in path and path.startswith(modules)
     first: tuple[str, ...]
@@ -249,14 +252,14 @@ def _groups_of(path: str, modules: tuple[str, ...], tokenizer_only: set[str]) ->
         first = ("embedding",)
     elif path in QUANT_FILES:
         first = ("processor", "quant")
-    elif path in tokenizer_only or matches_any(path, TOKENIZER_ONLY_PATTERNS):
+    elif matches_any(path, TOKENIZER_ONLY_PATTERNS):
         first = ("tokenizer",)
     else:
         first = ("tokenizer", "processor")
     added = {
         "generation": generation,
         "embedding": module,
-        "tokenizer": path in tokenizer_only,
+        "tokenizer": path in fast_tokenizer,
     }
     return (*first, *(group for group, yes in added.items() if yes and group not in first))
 

@@ -324,7 +324,7 @@ class _SmallFiles:
             files,
             inputs=GroupingInputs(
                 weight_files=weight_files,
-                tokenizer_only=tuple(fast_tokenizer_files(tokenizer_config)),
+                fast_tokenizer_files=tuple(fast_tokenizer_files(tokenizer_config)),
                 module_dirs=module_dirs(parsed.get(MODULES_FILE)),
             ),
         )

@@ -451,9 +451,10 @@ def _store_errors() -> Iterator[None]:
 
 
 #: The Content-Type a file is answered with, when the caller chose one (``/raw/``).
-def _disposition(request: web.Request) -> str:
-    """``attachment`` for ``?download=true`` (or ``1``), else ``inline``."""
-    return "attachment" if request.query.get("download") in ("true", "1") else "inline"
+def _disposition(route: Route) -> str:
+    """``attachment`` for ``?download=true`` (or ``1``; the last ``download`` counts, spec 2),
+    else ``inline``."""
+    return "attachment" if route.query.get("download") in ("true", "1") else "inline"
 
 
 def _etag_in(header: str | None, etag: str) -> bool:
@@ -501,7 +502,7 @@ async def _resolve(
         "Accept-Ranges": "bytes",
         "Content-Type": request.get(FILE_TYPE_KEY, "application/octet-stream"),
         # ?download=true (the pages' download button) saves the file, as on the Hub.
-        "Content-Disposition": f"{_disposition(request)}; "
+        "Content-Disposition": f"{_disposition(route)}; "
         f"filename*=UTF-8''{quote(entry.path.rsplit('/', 1)[-1])}",
     }
     if request.get(STALE_KEY):

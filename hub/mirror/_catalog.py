@@ -65,7 +65,8 @@ def parse_query(pairs: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> L
         return values[key][-1] if key in values else None
 
     limit = last("limit")
-    if limit is not None and (not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT):
+    ascii_digits = limit is not None and limit.isascii() and limit.isdigit()  # not "²", "١"
+    if limit is not None and (not ascii_digits or not 1 <= int(limit) <= MAX_LIMIT):
         raise BadQuery(f"limit must be an integer from 1 to {MAX_LIMIT}")
     sort = last("sort")
     if sort is not None and sort not in SORT_KEYS:

@@ -40,10 +40,11 @@ class NoRoute(LookupError):
 
 
 class Query(dict[str, str]):
-    """Query parameters: the last value of each name, and every value with :meth:`getall`."""
+    """Query parameters: the last value of each name, ``name[]`` being ``name`` (spec 2), and
+    every value with :meth:`getall`."""
 
     def __init__(self, pairs: list[tuple[str, str]] | None = None) -> None:
-        super().__init__(pairs or [])
+        super().__init__((name.removesuffix("[]"), value) for name, value in pairs or [])
         self.pairs = tuple(pairs or [])
 
     def getall(self, name: str) -> list[str]:

@@ -87,7 +87,12 @@ class _Chunks:
         done = set()
         for entry in entries:
             word, _, number = entry.partition(" ")
-            if word == "chunk" and number.isdigit() and int(number) < self.count:
+            if (
+                word == "chunk"
+                and number.isascii()
+                and number.isdigit()
+                and int(number) < self.count
+            ):
                 done.add(int(number))
         return done
 

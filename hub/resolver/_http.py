@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 from urllib.parse import quote
 
 import httpcore2
@@ -901,7 +901,8 @@ def _served_size(response: httpx2.Response) -> int | None:
     encoded = headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
     if not size and not response.is_redirect and not encoded:
         size = headers.get("Content-Length")
-    return int(size) if size and size.isdigit() else None
+    # ASCII digits only: str.isdigit() holds for "²" (int() then raises) and "١" (read as 1)
+    return int(size) if size and size.isascii() and size.isdigit() else None
 
 
 def _too_slow(timeout: float, got: int) -> str:
@@ -1048,7 +1049,7 @@ def retry_after(headers: httpx2.Headers) -> float | None:
     value = headers.get("Retry-After", "").strip()
     if not value:
         return None
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²".isdigit() holds; float("²") raises
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -1135,7 +1136,7 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     if not isinstance(entry, dict) or entry.get("type") != "file":
         return None
     path, size, oid = entry.get("path"), entry.get("size"), entry.get("oid")
-    if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
+    if not isinstance(path, str) or not _is_integer(size):
         raise InvalidListing(f"malformed tree entry {str(entry)[:300]}")
     # ``xetHash`` says the Hub also stores the file in Xet; its ``resolve`` URL still
     # serves the bytes over HTTP, which is what the resolver uses: the field is ignored.
@@ -1143,9 +1144,15 @@ def _file_from_tree_entry(entry: Any) -> RemoteFile | None:
     if etag is None:
         raise HubProtocolError(f"{path}: tree entry has no usable oid")
     lfs = entry.get("lfs")
-    if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
+    if isinstance(lfs, dict) and _is_integer(lfs.get("size")):
         size = lfs["size"]
     return RemoteFile(listed_path(path), listed_size(path, size), etag[0], etag[1], str(oid))
+
+
+def _is_integer(value: Any) -> TypeGuard[int]:
+    """Whether a listed ``size`` is a JSON integer (``true`` is not one, though Python's
+    ``bool`` is an ``int``: taken as a size it listed a file as 1 byte)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
@@ -1157,13 +1164,13 @@ def _files_from_siblings(siblings: Any) -> dict[str, RemoteFile] | None:
         if not isinstance(s, dict):
             return None
         path, size, blob_id = s.get("rfilename"), s.get("size"), s.get("blobId")
-        if not isinstance(path, str) or not isinstance(size, int) or not isinstance(blob_id, str):
+        if not isinstance(path, str) or not _is_integer(size) or not isinstance(blob_id, str):
             return None
         etag = _etag_of(blob_id, s.get("lfs"))
         if etag is None:
             return None
         lfs = s.get("lfs")
-        if isinstance(lfs, dict) and isinstance(lfs.get("size"), int):
+        if isinstance(lfs, dict) and _is_integer(lfs.get("size")):
             size = lfs["size"]
         files[listed_path(path)] = RemoteFile(
             path, listed_size(path, size), etag[0], etag[1], blob_id

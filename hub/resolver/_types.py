@@ -97,7 +97,7 @@ def default_connections() -> int:
     value = os.environ.get("CMH_DOWNLOAD_CONNECTIONS", "").strip()
     if not value:
         return 8
-    if not value.isdigit() or not 1 <= int(value) <= 64:
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 64:
         raise ValueError(f"CMH_DOWNLOAD_CONNECTIONS={value!r}: a whole number from 1 to 64")
     return int(value)
 

@@ -172,7 +172,9 @@ class _Storage:
     """A plain-HTTP storage on 127.0.0.1 answering one GET with ``body``, written in
     ``piece``-byte writes ``pause`` seconds apart, then (``stall``) silent until stopped."""
 
-    def __init__(self, body: bytes, piece: int, pause: float, stall: bool = False) -> None:
+    def __init__(
+        self, body: bytes, piece: int, pause: float, stall: bool = False, length: str = ""
+    ) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/b/blobs/x?sig=1"
         self.done = threading.Event()
@@ -182,8 +184,9 @@ class _Storage:
             with conn:
                 while b"\r\n\r\n" not in conn.recv(65536):
                     pass
-                size = len(body) + (1 if stall else 0)  # a stalled body never ends
-                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
+                size = length or len(body) + (1 if stall else 0)  # a stalled body never ends
+                head = f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n"
+                conn.sendall(head.encode("latin-1"))
                 for at in range(0, len(body), piece):
                     conn.sendall(body[at : at + piece])
                     time.sleep(pause)
@@ -244,6 +247,19 @@ def test_a_silent_storage_fails_the_body_after_its_stall(monkeypatch: pytest.Mon
         storage.stop()
     assert isinstance(out.error, ObjectStoreError) and "nothing for" in str(out.error)
     assert out.got == data and out.sent == len(data)
+
+
+@pytest.mark.parametrize("length", ["12a", "-1", "\u00b2"])
+def test_a_malformed_content_length_of_the_storage_is_a_storage_error(length: str) -> None:
+    """A storage (or a proxy before it) answering ``Content-Length: 12a`` made the splice
+    data plane raise an untyped ValueError; it is a storage that failed, as any answer
+    that is not HTTP."""
+    storage = _Storage(b"x" * 12, 12, 0.0, length=length)
+    try:
+        with pytest.raises(ObjectStoreError, match="Content-Length"):
+            _splice.StorageBody.connect(storage.url, None, '"e"', "GET test", "b/blobs/x")
+    finally:
+        storage.stop()
 
 
 def test_a_warm_get_asks_the_storage_for_its_bytes_alone(served: Served, tmp_path: Path) -> None:

@@ -729,3 +729,29 @@ def test_access_log_redacts_secrets_in_query_strings(
     assert any("token=" in t and "REDACTED" in t for t in logged)
     assert any("blobs=true" in t for t in logged)  # harmless parameters are kept
     assert any("recursive=true" in t for t in logged)
+
+
+# -- a spec-only reader's third round: a repeated query parameter (spec 2) ----------------
+
+
+def test_the_last_value_of_a_repeated_parameter_counts_and_name_brackets_is_name(
+    mirror_server_factory: Callable[..., MirrorServer], tmp_path: Path
+) -> None:
+    """Spec 2: "`name[]` is the same parameter as `name`; where one value is read, the
+    last one counts". ``download`` was read first-wins from the raw query, and
+    ``blobs[]``/``recursive[]`` were ignored."""
+    server = mirror_server_factory(_small_store(tmp_path))
+    file = f"{server.url}/{REPO}/resolve/main/config.json"
+    for query, disposition in (
+        ("download=true&download=0", "inline"),
+        ("download=0&download=1", "attachment"),
+        ("download%5B%5D=true", "attachment"),
+        ("download=1&download%5B%5D=no", "inline"),
+    ):
+        status, headers, _ = get(f"{file}?{query}", method="HEAD")
+        assert status == 200
+        assert headers["Content-Disposition"].split(";")[0] == disposition, query
+    info = f"{server.url}/api/models/{REPO}/revision/main"
+    for query, listed in (("blobs%5B%5D=true", True), ("blobs=true&blobs%5B%5D=false", False)):
+        _, _, body = get(f"{info}?{query}")
+        assert ("blobId" in json.loads(body)["siblings"][0]) is listed, query

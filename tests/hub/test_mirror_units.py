@@ -172,3 +172,20 @@ def test_a_refused_name_does_the_same_work_as_an_unknown_one(tmp_path, monkeypat
         except HubError as exc:
             assert exc.status == 404
     assert looked == ["acme/private", "acme/unknown"]
+
+
+def test_a_query_reads_the_last_value_of_name_and_name_brackets() -> None:
+    query = parse_target("/api/models/o/n?blobs=true&expand[]=a&blobs[]=false&expand=b").query
+    assert query.get("blobs") == "false" and query.get("expand") == "b"
+    assert query.getall("expand") == ["a", "b"]
+
+
+@pytest.mark.parametrize("limit", ["\u00b2", "\u0661\u0660", "+5", "0"])
+def test_a_listing_limit_is_ascii_digits(limit: str) -> None:
+    """``?limit=%C2%B2`` answered 500 ("²".isdigit() holds, int("²") raises): a malformed
+    request never gets a 5xx (spec 2.7); "١٠" (Arabic-Indic ten) was a limit of 10."""
+    from cmh.hub.mirror._catalog import BadQuery, parse_query
+
+    with pytest.raises(BadQuery):
+        parse_query([("limit", limit)])
+    assert parse_query([("limit", "10")]).limit == 10

@@ -251,3 +251,35 @@ def test_a_held_commit_is_answered_stale_while_its_access_check_stalls(
             "UpstreamUnavailable",
         )
         assert _fetched(hub, "secret.txt") == []
+
+
+def test_the_307_is_error_shaped_and_store_alone_routes_read_the_name_asked(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """spec 8.2, as a reader written from it alone found it unstated: the 307 to the
+    upstream's name is an error-shaped answer (JSON body, X-Error-Message, no
+    X-Error-Code) on every route that prepares a revision, POST included; refs and
+    auth-check, answered from the store alone, read the name as asked."""
+    hub = HostileHub(repo_id="acme/model", files={"config.json": SECRET}, any_case=True)
+    with hub, _mirror("folder", request, tmp_path, "--upstream", hub.url) as s:
+        assert _get(f"{s.url}/acme/model/resolve/main/config.json").content == SECRET
+        what = "ACME/Model is acme/model at the upstream"
+        for method, target in (
+            ("GET", "/ACME/Model/resolve/refs%2Fpr%2F1/config.json?a=1&a=2"),
+            ("HEAD", "/ACME/Model/resolve/main/config.json"),
+            ("POST", "/api/models/ACME/Model/paths-info/main"),
+            ("GET", "/api/cmh/fingerprint/ACME/Model/main"),
+        ):
+            moved = httpx2.request(method, s.url + target, data={"paths": "config.json"},
+                                   timeout=TEST_DEADLINE)  # fmt: skip
+            assert moved.status_code == 307, target
+            assert moved.headers["Location"] == target.replace("ACME/Model", "acme/model")
+            assert moved.headers["X-Error-Message"] == what
+            assert "X-Error-Code" not in moved.headers
+            if method != "HEAD":
+                assert moved.json() == {"error": what}
+        for target in ("/api/models/ACME/Model/refs", "/api/models/ACME/Model/auth-check"):
+            answer = _get(s.url + target)
+            assert answer.status_code == 404, target
+            assert answer.headers["X-Error-Code"] == "RepoNotFound"
+        assert _get(f"{s.url}/api/models/acme/model/refs").status_code == 200

@@ -139,3 +139,59 @@ def test_a_listed_size_is_bounded_at_1_pib() -> None:
                 pytest.raises(InvalidListing, match=says),
             ):
                 listing(hub)
+
+
+def test_a_json_true_is_no_listed_size() -> None:
+    """A spec-only reader's hostile upstream: ``"size": true`` in a revision's siblings
+    was taken as 1 byte (Python's bool is an int), and a mirror then listed the repo
+    without the file and answered it 503; an ``lfs.size`` of ``true`` replaced the size
+    in siblings and tree pages alike. ``true`` is no integer: the siblings are not the
+    listing (the tree is asked), a tree entry is malformed, an ``lfs.size`` is ignored."""
+    from cmh.hub.resolver import HubClient
+    from cmh.hub.resolver._types import InvalidListing
+    from hostile_upstream import BODY, HostileHub, oversized_entry
+
+    def listing(hub: HostileHub) -> dict[str, object]:
+        client = HubClient(hub.url, None)
+        remote = client.revision(hub.repo_id, "model", "main")
+        return remote.files or client.tree(hub.repo_id, "model", remote.commit)
+
+    for siblings in (True, False):
+        entry = oversized_entry(len(BODY))
+        entry["size"] = True
+        with (
+            HostileHub(siblings=siblings, tree_entries=[entry]) as hub,
+            pytest.raises(InvalidListing, match="malformed tree entry"),
+        ):
+            listing(hub)
+        lfs_true = oversized_entry(len(BODY), lfs=True)
+        lfs_true["lfs"]["size"] = True
+        with HostileHub(siblings=siblings, tree_entries=[lfs_true]) as hub:
+            size = listing(hub)["config.json"].size  # type: ignore[attr-defined]
+            assert size == len(BODY) and size is not True
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [(b"120", 120), (b"0120", 120), (b"\xb2", None), (b"\xd9\xa1", None), (b"+1", None)],
+)
+def test_a_served_size_is_ascii_digits(value: bytes, size: int | None) -> None:
+    """A confirming HEAD's ``X-Linked-Size: ²`` (latin-1 0xB2) raised an untyped
+    ValueError (``"²".isdigit()`` holds, ``int("²")`` fails), and ``١`` (Arabic-Indic one)
+    was a size of 1; any value but ASCII digits gives no size (not compared, spec §4)."""
+    import httpx2
+    from cmh.hub.resolver._http import _served_size
+
+    assert _served_size(httpx2.Response(200, headers=[(b"X-Linked-Size", value)])) == size
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661"])
+def test_a_retry_after_is_ascii_digits(value: str) -> None:
+    """``Retry-After: ²`` raised an untyped ValueError; any value but ASCII digits or an
+    HTTP date asks for no wait."""
+    import httpx2
+    from cmh.hub.resolver._http import retry_after
+
+    headers = httpx2.Headers([(b"Retry-After", value.encode("utf-8"))])
+    assert retry_after(headers) is None
+    assert retry_after(httpx2.Headers({"Retry-After": "7"})) == 7.0

@@ -268,8 +268,13 @@ class StorageBody:
                 raise ObjectStoreError(f"{where}: {status}")
             if "chunked" in headers.get("transfer-encoding", "").lower():
                 raise SpliceUnavailable(where)
-            length = int(headers.get("content-length", "-1"))
-            if length < 0 or len(early) > length:
+            declared = headers.get("content-length")
+            if declared is None:
+                raise SpliceUnavailable(where)
+            if not (declared.isascii() and declared.isdigit()):  # "12a", "-1", "²"
+                raise ObjectStoreError(f"{where}: Content-Length {declared[:40]!r}")
+            length = int(declared)
+            if len(early) > length:
                 raise SpliceUnavailable(where)
         except BaseException:
             sock.close()
