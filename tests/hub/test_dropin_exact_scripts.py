@@ -131,9 +131,11 @@ def test_the_first_install_use_after_cmh_pull_asks_nothing(
     add_folder(tmp_path / "store", src, "org/minilm-stamped")
     server = mirror_server_factory(tmp_path / "store")
     env = dict(hf_env(server.url, tmp_path / "home"), AI_AGENT="1", T_REPO="org/minilm-stamped")
+    # cmh pull counts HF_HUB_ETAG_TIMEOUT from its process's start, imports included: at a
+    # load of 20 the imports alone took 10 s, and the pull gave up on an answering mirror
     pulled = subprocess.run(
         [sys.executable, "-m", "cmh.cli.main", "pull", "org/minilm-stamped"],
-        env=env, capture_output=True, text=True, timeout=120,
+        env={**env, "HF_HUB_ETAG_TIMEOUT": "60"}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert pulled.returncode == 0, pulled.stderr
     server.sync()
