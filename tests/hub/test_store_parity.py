@@ -91,6 +91,7 @@ class InProcessServer:
         self.loop.run_until_complete(site.start())
         self.host, self.port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
         self.url = f"http://{self.host}:{self.port}"
+        self.workers = 1  # one process logs every request (MirrorServer.sync)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
