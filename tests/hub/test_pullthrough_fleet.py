@@ -635,31 +635,32 @@ def test_upstream_flipping_a_byte_mid_fill_cuts_every_client_and_stores_nothing(
     fleet = any_fleet
     sha = origin["blobs"][MID_REPO]
     replicas = [fleet.start(), fleet.start()]
+    # Started now, not once the fill failed: the 10 s in which it must share the failure
+    # are real seconds of the storage's clock, and a start on a busy machine took more.
+    later = fleet.start(clock=process_clock)
     store = fleet.store()
     fleet.front.flip_byte(sha, offset=30 << 20)
     gets = [_start_get(replicas[i % 2], MID_REPO) for i in range(4)]
     for thread, _, _ in gets:
         thread.join(120)
-    outcomes = [g[2][0] for g in gets]
-    assert all(not o.startswith("complete") and not o.startswith("status 2") for o in outcomes), (
-        outcomes
-    )
-    assert all(g[1][0] < MID for g in gets)  # the last byte never sent
     # The fill ends after its clients were cut: the parts go, the failure is told.
     wait_for(
         lambda: _parts(store, MID_REPO) == ["failed"],
         timeout=TEST_DEADLINE,
         what="the failed fill's end",
     )
+    # A replica asked within 10 s shares the failure (the fleet's negative cache), asked
+    # at once; once they passed on the storage's clock, it fills the blob again, right.
+    assert not _raw_get(later, MID_REPO, [0]).startswith("complete")  # 502, or cut at byte 0
+    outcomes = [g[2][0] for g in gets]
+    assert all(not o.startswith("complete") and not o.startswith("status 2") for o in outcomes), (
+        outcomes
+    )
+    assert all(g[1][0] < MID for g in gets)  # the last byte never sent
     assert _stored_sha(store, MID_REPO, sha) is None  # nothing under the blob's name
     assert len(_cdn_ranges(fleet.front, sha)) == 1  # the failure was shared, not re-fetched
     said = f"fill of {MID_REPO}/shard.bin failed (502): "  # the operator is told
     wait_for(lambda: any(said in r.stderr_path.read_text() for r in replicas), what=said)
-    # A replica asked within 10 s shares the failure (the fleet's negative cache); asked
-    # once they passed on the storage's clock, it fills the blob again, right this time.
-    later = fleet.start(clock=process_clock)
-    assert not _raw_get(later, MID_REPO, [0]).startswith("complete")  # 502, or cut at byte 0
-    assert len(_cdn_ranges(fleet.front, sha)) == 1
     process_clock.advance(NEGATIVE_FOR + 1)
     thread, _, outcome = _start_get(later, MID_REPO)
     thread.join(120)
