@@ -22,6 +22,7 @@ like ``moto_bucket``).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ import pytest
 from client_versions import install_apart
 from deadline_support import TEST_DEADLINE
 from motoserver import ACCESS_KEY, SECRET_KEY, LocalS3Server, S3Bucket
-from processes import free_port, start_server
+from processes import on_a_free_port, start_server
 
 VERSION = "1.5.33"
 BUCKET = "cmh-ministack"
@@ -50,8 +51,13 @@ class MiniStackServer(LocalS3Server):
     bucket = BUCKET
 
     def __init__(self, installed: Path, log: Path) -> None:
-        self.port = free_port()
+        self.installed = installed
         self.log = log
+        self.process = on_a_free_port(self._start)
+
+    def _start(self, port: int) -> subprocess.Popen[bytes]:
+        self.port = port
+        installed, log = self.installed, self.log
         scratch = log.parent / f"ministack-{self.port}"  # its PID file and temporary files
         scratch.mkdir(parents=True, exist_ok=True)
         env = {
@@ -72,9 +78,7 @@ class MiniStackServer(LocalS3Server):
             "LOG_LEVEL": "WARNING",
         }
         argv = [sys.executable, "-m", "ministack"]
-        self.process = start_server(
-            argv, log, self.create_bucket, TEST_DEADLINE, env=env, cwd=scratch
-        )
+        return start_server(argv, log, self.create_bucket, TEST_DEADLINE, env=env, cwd=scratch)
 
 
 @pytest.fixture(scope="session", name="ministack")

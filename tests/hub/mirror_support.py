@@ -14,6 +14,7 @@ Used through the fixtures of ``tests/hub/conftest.py``::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -127,6 +128,7 @@ class MirrorServer:
         env: dict[str, str] | None = None,  # the server's environment (else this process's)
     ) -> None:
         self.store = store
+        self.workers = workers
         log_dir.mkdir(parents=True, exist_ok=True)
         self.access_log = log_dir / f"access-{uuid.uuid4().hex[:8]}.jsonl"
         self.stderr_path = self.access_log.with_suffix(".stderr")
@@ -174,16 +176,21 @@ class MirrorServer:
     # -- observation -------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Return once every request answered before this call is in the log and metrics."""
-        marker = uuid.uuid4().hex
-        with urlopen(f"{self.url}/health?sync={marker}", timeout=TEST_DEADLINE) as r:
-            r.read()
+        """Return once every request answered before this call is in the log and metrics.
+
+        A worker logs (and counts) a request after its answer's last byte is out, so a
+        client can have its answer before the line exists. A marker request logged by a
+        worker shows that worker's earlier answers logged; with several workers, markers
+        are asked (each on a new connection, which the kernel gives to any worker) until
+        every worker has logged one: the one that answered a first marker says nothing of
+        a descheduled other (a loaded run found a line missing after 40 requests)."""
         deadline = time.monotonic() + TEST_DEADLINE
-        while time.monotonic() < deadline:
-            if marker in self.access_log.read_text(errors="replace"):
-                return
-            time.sleep(0.01)
-        raise TimeoutError("access log did not catch up")
+        synced: set[int] = set()  # the workers (pids) that logged a marker
+        while len(synced) < self.workers:
+            marker = uuid.uuid4().hex
+            with urlopen(f"{self.url}/health?sync={marker}", timeout=TEST_DEADLINE) as r:
+                r.read()
+            synced.add(_logged_by(self.access_log, marker, deadline))
 
     def log(self, **match: Any) -> list[dict[str, Any]]:
         """Access-log entries (one per request, oldest first) whose fields equal ``match``."""
@@ -257,6 +264,18 @@ class MirrorServer:
             where = getattr(self, "url", self.access_log)
             print(f"-- stderr of the mirror at {where}:\n{said[-4000:]}")
         return self.process.returncode
+
+
+def _logged_by(access_log: Path, marker: str, deadline: float) -> int:
+    """The pid of the worker whose line in ``access_log`` carries ``marker`` (waited for
+    until ``deadline``, a ``time.monotonic()``)."""
+    while time.monotonic() < deadline:
+        for line in access_log.read_text(errors="replace").splitlines():
+            if marker in line:
+                with contextlib.suppress(ValueError):  # a line being written: look again
+                    return int(json.loads(line)["pid"])
+        time.sleep(0.01)
+    raise TimeoutError("access log did not catch up")
 
 
 def raw_request(

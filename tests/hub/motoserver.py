@@ -28,7 +28,7 @@ from urllib.request import Request, urlopen
 import pytest
 from bucket_support import S3Proxy
 from deadline_support import TEST_DEADLINE
-from processes import free_port, start_server, stop_process
+from processes import on_a_free_port, start_server, stop_process
 
 BUCKET = "cmh-moto"
 ACCESS_KEY = "moto-access"
@@ -92,11 +92,14 @@ class MotoServer(LocalS3Server):
     bucket = BUCKET
 
     def __init__(self, log: Path) -> None:
-        self.port = free_port()
         self.log = log
-        self.process = start_server(
-            [sys.executable, "-c", LAUNCHER, "-H", "127.0.0.1", "-p", str(self.port)],
-            log, self.create_bucket, TEST_DEADLINE,
+        self.process = on_a_free_port(self._start)
+
+    def _start(self, port: int) -> subprocess.Popen[bytes]:
+        self.port = port
+        return start_server(
+            [sys.executable, "-c", LAUNCHER, "-H", "127.0.0.1", "-p", str(port)],
+            self.log, self.create_bucket, TEST_DEADLINE,
         )  # fmt: skip
 
 

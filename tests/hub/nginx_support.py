@@ -9,18 +9,17 @@ message saying so, only when nginx is not installed (Debian: ``nginx-light``).
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from cmh.hub.mirror.stores.bucket._xaccel import nginx_bucket_server
 from cmh.hub.mirror.stores.local._xaccel import nginx_server
 from deadline_support import TEST_DEADLINE
-from processes import free_port, stop_process
+from processes import on_a_free_port, start_server, stop_process
 
 
 def find_nginx() -> str | None:
@@ -41,13 +40,18 @@ class Nginx:
         if nginx is None:
             pytest.skip("nginx is not installed (apt-get install nginx-light)")
         tmp.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.cached = cache
+        self._config = (nginx, store, upstream, tmp, storage)
+        self.process = on_a_free_port(self._start)
+
+    def _start(self, port: int) -> subprocess.Popen[bytes]:
+        nginx, store, upstream, tmp, storage = self._config
+        self.port = port
+        self.url = f"http://127.0.0.1:{self.port}"
         user = "user root;\n" if os.geteuid() == 0 else ""
         listen = f"127.0.0.1:{self.port}"
         if storage:
-            cached = str(tmp / "cache") if cache else None
+            cached = str(tmp / "cache") if self.cached else None
             server = nginx_bucket_server(listen, upstream, storage, cache=cached)
         else:
             assert store is not None
@@ -61,19 +65,23 @@ class Nginx:
             f"  fastcgi_temp_path {tmp}/fastcgi;\n  uwsgi_temp_path {tmp}/uwsgi;\n"
             f"  scgi_temp_path {tmp}/scgi;\n" + server + "}\n"
         )
-        self.process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp)],
-                                        stderr=subprocess.PIPE)  # fmt: skip
-        deadline = time.monotonic() + TEST_DEADLINE
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nginx exited: {self.process.stderr.read()!r}")  # type: ignore[union-attr]
+
+        def listening() -> None:  # this nginx, not another server that took the port
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TEST_DEADLINE)
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("nginx did not listen")
+                conn.request("HEAD", "/health")
+                server = conn.getresponse().getheader("Server") or ""
+            except http.client.HTTPException as exc:
+                raise ConnectionError(f"{self.url}: {exc!r}") from exc
+            finally:
+                conn.close()
+            if not server.startswith("nginx"):
+                raise ConnectionError(f"{self.url} is {server or 'another server'}")
+
+        # what nginx says before its error_log is open (a port taken: "bind() ... failed")
+        said = tmp / "nginx.out"
+        argv = [nginx, "-c", str(conf), "-p", str(tmp)]
+        return start_server(argv, said, listening, TEST_DEADLINE)
 
     def stop(self) -> None:
         stop_process(self.process, grace=5)

@@ -12,6 +12,9 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def stop_process(
@@ -40,6 +43,10 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
+class ExitedAtStart(RuntimeError):
+    """A server ended before it answered (its port taken since it was picked, say)."""
+
+
 def start_server(
     argv: Sequence[str],
     log: Path,
@@ -48,8 +55,10 @@ def start_server(
     **popen: object,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` (output appended to ``log``; dies with this process) and return once
-    ``ready()`` returns without an ``OSError``. :class:`RuntimeError` with the log's tail
-    when the process exits first or ``deadline`` seconds pass (the process is stopped)."""
+    ``ready()`` returns without an ``OSError`` while the process runs. :class:`RuntimeError`
+    with the log's tail when ``deadline`` seconds pass (the process is stopped), and
+    :class:`ExitedAtStart` when the process exits first (a ``ready()`` that succeeded then
+    may have reached another process on that port)."""
     with open(log, "ab") as out:
         process = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -59,10 +68,28 @@ def start_server(
     while True:
         try:
             ready()
-            return process
+            if process.poll() is None:
+                return process
+            problem: OSError | None = None
         except OSError as exc:
-            if process.poll() is not None or time.monotonic() > until:
-                stop_process(process, grace=5)
-                tail = log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{argv[0]} did not start: {tail}") from exc
-            time.sleep(0.2)
+            problem = exc
+        if process.poll() is not None or time.monotonic() > until:
+            stop_process(process, grace=5)
+            tail = log.read_text(errors="replace")[-2000:]
+            ended = ExitedAtStart if process.returncode is not None else RuntimeError
+            raise ended(f"{argv[0]} did not start: {tail}") from problem
+        time.sleep(0.2)
+
+
+def on_a_free_port(start: Callable[[int], T], tries: int = 3) -> T:
+    """``start(port)`` on a port free on 127.0.0.1 now; on another one when the server
+    exited at start (:class:`ExitedAtStart`): a port is free only when it is picked, and
+    another process may bind it before the server does (``bind(0)`` of the tests' other
+    servers on a busy machine, during the seconds an interpreter takes to start)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start(free_port())
+        except ExitedAtStart:
+            if attempt == tries:
+                raise
+    raise AssertionError("not reached")

@@ -31,8 +31,7 @@ from cmh.hub.mirror.stores.bucket._objectstore import ObjectNotFound, Preconditi
 from cmh.hub.mirror.stores.bucket._store import BucketBackedStore
 from deadline_support import TEST_DEADLINE
 from hostile_upstream import COMMIT, HostileHub
-from nginx_support import free_port
-from processes import stop_process
+from processes import free_port, stop_process
 from seaweed import SeaweedBucket
 
 PART = _pull.PART

@@ -34,6 +34,7 @@ from mirror_support import (
     hf_env,
     run_python,
     stop_servers,
+    wait_for,
     write_tiny_repo,
 )
 from seaweed import SeaweedBucket, SeaweedServer
@@ -260,7 +261,7 @@ def test_killing_one_replica_fails_no_request_at_the_other(
             return len(results[0]), len(results[1]), any(r != "ok" for r in results[0])
 
     def wait_until(done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + TEST_DEADLINE
         while not done():
             assert time.monotonic() < deadline, counts()
             time.sleep(0.02)
@@ -316,11 +317,11 @@ def test_a_corrupted_object_is_never_sent_complete_in_proxy_mode(
         # yet goes at once: test_a_small_range_of_an_unchecked_blob_reads_only_its_bytes).
         assert outcomes[0] not in (1000, 503) and outcomes[1:] == [503, 503], outcomes
         asked = f"bytes={end[0]}-{end[1]}"
-        for _ in range(100):  # logged once its handler kept the cut record (in the bucket)
-            log = server.log(route="resolve")  # in the order each answer ended
-            if any(e.get("range") == asked for e in log):
-                break
-            time.sleep(0.05)
+        # logged once its handler kept the cut record (in the bucket); in the order each
+        # answer ended
+        wait_for(lambda: any(e.get("range") == asked for e in server.log(route="resolve")),
+                 "the cut range's log line")  # fmt: skip
+        log = server.log(route="resolve")
         first = next(e for e in log if e.get("range") == asked)
         assert first.get("cut") == "blob does not match its name", log
         # a whole body of a version not checked yet is hashed as it goes: cut too
@@ -364,10 +365,8 @@ def test_a_cut_on_a_bucket_served_without_upstream_is_recorded_in_the_bucket(
         with pytest.raises(Exception) as cut:  # an incomplete read, whatever its type
             _get(url, None)
         assert not isinstance(cut.value, urllib.error.HTTPError)
-        for _ in range(100):  # its log line is written once the handler kept the record
-            if any(e.get("cut") for e in server.log(route="resolve")):
-                break
-            time.sleep(0.05)
+        # its log line is written once the handler kept the record
+        wait_for(lambda: any(e.get("cut") for e in server.log(route="resolve")), "the cut's line")
         assert store.objects.get(store.cut_name(folder, blob.etag))  # kept in the bucket
         store.objects.put(name, good)  # put right: a new object version
         restart = MirrorServer(where.url, tmp_path / "again", env={**os.environ, **env})

@@ -531,8 +531,8 @@ def test_slow_and_idle_clients_cannot_starve_the_server(
             answer += keep.recv(65536)
         assert answer.startswith(b"HTTP/1.1 200")
         # every slow, silent, dribbling and idle keep-alive connection is closed by the server
-        assert _wait_all_closed([*slow, *silent, keep], within=30) == []
-        assert _wait_all_closed(dribble, within=30, poke=True) == []
+        assert _wait_all_closed([*slow, *silent, keep], within=TEST_DEADLINE) == []
+        assert _wait_all_closed(dribble, within=TEST_DEADLINE, poke=True) == []
         assert get(f"{url}/health")[0] == 200
         metrics = get(f"{url}/metrics")[2].decode()
         for reason in ("evicted", "header_timeout", "idle"):

@@ -163,16 +163,20 @@ def test_stalled_bodies_are_cut_at_their_deadline_and_free_the_cap(
         env=where.env,
     ) as server:
         addr = (server.host, server.port)
+        asked = time.monotonic()  # no body started before: none has an earlier deadline
         stalled, early = zip(*(_stalled(addr, where.ranges) for _ in range(STALLED)), strict=True)
         try:
             # every connection is busy sending a body: a newcomer cannot get in
             assert _refused(addr)
-            # 5 s before the deadline nothing is cut: the guard's sweep runs every second
-            # of real time (its timer is the loop's), so two go by, sleeping
-            process_clock.advance(allowance - 5)
+            # The server's clock is real time plus the offset: the seconds the connections
+            # took (tens on a busy machine) already count towards the first deadlines.
+            took = time.monotonic() - asked
+            # 5 s before the first deadline nothing is cut: the guard's sweep runs every
+            # second of real time (its timer is the loop's), so two go by, sleeping
+            process_clock.advance(allowance - 5 - took)
             time.sleep(2.0)
             assert not any(_cut(s) for s in stalled)
-            process_clock.advance(10)  # past every body's deadline
+            process_clock.advance(10 + took)  # past every body's deadline, the last one's too
             wait_for(lambda: all(_cut(s) for s in stalled), "the stalled bodies to be cut")
             # each was cut, never given a whole body; the handlers ended (sender slots free)
             received = [body + _drain(s) for body, s in zip(early, stalled, strict=True)]
