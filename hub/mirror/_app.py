@@ -40,7 +40,15 @@ from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range
 from ._routes import BadTarget, NoRoute, Route, moved_target, parse_target
 from ._send import BodyCut, Pieces, frame
-from ._state import FILE_TYPE_KEY, SERVE_FILE_KEY, STALE_KEY, STORE_KEY, MirrorState, base_url
+from ._state import (
+    FILE_TYPE_KEY,
+    PENDING_KEY,
+    SERVE_FILE_KEY,
+    STALE_KEY,
+    STORE_KEY,
+    MirrorState,
+    base_url,
+)
 from ._upstream import UpstreamError, UpstreamRenamed
 from .stores import BlobMismatch, BlobMissing, Sent
 
@@ -301,9 +309,10 @@ async def _prepare(
         # A stalled upstream: answer from a usable stale copy while the revalidation goes on.
         note = await _run(state.upstream.stale_note, route.repo_type, route.repo_id, revision)
         if note is None:
-            note = await _settled(pending, max(0.0, state.upstream_wait - STALE_AFTER))
+            note = await _settled(pending, _left_of_upstream_wait(state))
         else:
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+            request[PENDING_KEY] = pending  # a blob not held waits for it (_start_fill)
     except UpstreamRenamed:
         raise
     except UpstreamError as exc:
@@ -315,6 +324,12 @@ def _prepare_checked(upstream: Upstream, repo_type: str, repo_id: str, revision:
     """``upstream.prepare``; a store whose storage fails meanwhile answers 503."""
     with _store_errors():
         return upstream.prepare(repo_type, repo_id, revision)
+
+
+def _left_of_upstream_wait(state: MirrorState) -> float:
+    """What is left of a request's wait for its revalidation once it waited
+    :data:`STALE_AFTER` (60 s in all, spec 8.2)."""
+    return max(0.0, state.upstream_wait - STALE_AFTER)
 
 
 async def _settled(pending: asyncio.Future[Any], wait: float) -> Any:
@@ -773,11 +788,21 @@ async def _start_fill(
     """Pull-through: start (or join) the fill of a blob the store lacks; its future.
     A 503/502 when the upstream just failed (negative cache, upstream.NEGATIVE_FOR)."""
     assert state.fills is not None
-    if request.get(STALE_KEY):  # the upstream just failed: a fill would fail too
-        raise HubError(
-            503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
-            {"Retry-After": "30"},
-        )  # fmt: skip
+    if request.get(STALE_KEY):
+        pending = request.get(PENDING_KEY)
+        # A stale copy without the blob is not usable: a revalidation still under way (a
+        # slow upstream, not a failed one) is waited for, 60 s in all, as with no stale copy
+        try:
+            unusable = pending is None or (
+                await _settled(pending, _left_of_upstream_wait(state)) is not None
+            )
+        except UpstreamRenamed:  # the stale copy's name is not the upstream's any more
+            unusable = True
+        if unusable:
+            raise HubError(  # the upstream failed: a fill would fail too
+                503, "UpstreamUnavailable", "upstream unavailable and the blob is not cached",
+                {"Retry-After": "30"},
+            )  # fmt: skip
     await _access_checked(request, state, route, index)
     failed = state.fills.recent_failure(entry.source)
     if failed is not None:  # negative cache: a fill of it just failed (upstream.NEGATIVE_FOR)

@@ -7,6 +7,7 @@ the pages never import the application module.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -95,6 +96,9 @@ class MirrorState:
 
 STORE_KEY = web.AppKey("cmh_mirror_state", MirrorState)
 STALE_KEY = web.RequestKey("cmh_stale_warning", str)  # the Warning of an answer served stale
+#: A stalled revalidation still under way (the request was answered stale after 3 s): a
+#: file whose blob the store lacks waits for it rather than being refused (spec 8.2).
+PENDING_KEY = web.RequestKey("cmh_pending_revalidation", asyncio.Future)
 #: The Content-Type a file answer gives (the pages' ``/raw/``); unset: bytes.
 FILE_TYPE_KEY = web.RequestKey("cmh_file_type", str)
 
