@@ -375,17 +375,24 @@ async def _run(func: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, func, *args)
 
 
+#: What the Hub answers anyone about a gated repo: its info and its listings (files with
+#: their sizes and ids, history, refs). Its files' bytes (``resolve``), ``auth-check`` and
+#: what cmh derives from the bytes (manifests, fingerprints) are for granted readers only.
+GATED_PUBLIC_KINDS = frozenset({"repo_info", "tree", "paths_info", "commits", "refs"})
+
+
 def _readable(state: MirrorState, route: Route, token: str | None) -> None:
     """RepoNotFound when the route's repo is missing or private and not opened; the Hub's
-    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`).
+    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`), except for
+    what the Hub shows anyone of a gated repo (:data:`GATED_PUBLIC_KINDS`).
 
     Every name takes the same steps (:func:`access_steps`), so a refused repo answers
     as fast as a missing one."""
     exists, readable, gated = access_steps(state, route.repo_type, route.repo_id, token)
     if not readable:
         closed = _closed(state, route, token, gated)
-        if not (route.kind == "repo_info" and closed.code == "GatedRepo" and exists):
-            raise closed  # a gated repo's info is public at the Hub (its files are not)
+        if not (route.kind in GATED_PUBLIC_KINDS and closed.code == "GatedRepo" and exists):
+            raise closed
     if not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
 
