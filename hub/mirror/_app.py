@@ -35,7 +35,7 @@ from ._connections import STALLED_CUT, STALLED_KEY
 from ._cuts import RESTART_MESSAGE, appends_whole_body
 from ._errors import CLIENT_LEFT, BlobUnavailable, HubError, storage_failed
 from ._fingerprints import fingerprint_of
-from ._index import CommitIndex, FileEntry
+from ._index import CommitIndex, FileEntry, branch_name
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range
 from ._routes import BadTarget, NoRoute, Route, moved_target, parse_target
@@ -283,7 +283,7 @@ async def _prepare(
     # A repo private or gated at the upstream is asked for anyway: the upstream's refusal of
     # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
     # token reads is kept but not served without a grant (_readable).
-    revision = route.revision or "main"
+    revision = branch_name(route.revision or "main")  # refs/heads/main is main
     with _store_errors():
         fresh = await _run(state.upstream.fresh, route.repo_type, route.repo_id, revision)
     if fresh:
@@ -432,6 +432,8 @@ def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> 
     """The index of the commit a route names; RepoNotFound also for a closed private repo."""
     _readable(state, route, token)
     revision = route.revision or "main"
+    if state.upstream is not None:  # the upstream's branch X, revalidated as X (_prepare)
+        revision = branch_name(revision)
     with _store_errors():
         index = state.backend.resolve(route.repo_type, route.repo_id, revision, used=used)
     if index is None:
