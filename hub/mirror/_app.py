@@ -567,7 +567,7 @@ async def _deliver(request: web.Request, state: MirrorState, asked: _Asked) -> w
     (stores.BlobDelivery); :class:`BlobMissing` when it does not hold it."""
     blobs = state.blobs
     try:
-        if request.method == "HEAD" and not blobs.redirects:
+        if request.method == "HEAD" and not blobs.redirects(request):
             return await _head(request, state, asked)
         _note_range(request, asked.ranges, asked.range_header)
         sent = await blobs.send(request, asked.entry, asked.headers, asked.ranges)
