@@ -35,7 +35,7 @@ from ._connections import STALLED_CUT, STALLED_KEY
 from ._cuts import RESTART_MESSAGE, appends_whole_body
 from ._errors import CLIENT_LEFT, BlobUnavailable, HubError, storage_failed
 from ._fingerprints import fingerprint_of
-from ._index import CommitIndex, FileEntry
+from ._index import CommitIndex, FileEntry, branch_name
 from ._observe import BYTES_KEY, CONTENT_TYPE, INFO_KEY, RANGE_KEY, ROUTE_KEY
 from ._ranges import ByteRange, RangeNotSatisfiable, parse_range
 from ._routes import BadTarget, NoRoute, Route, moved_target, parse_target
@@ -291,7 +291,7 @@ async def _prepare(
     # A repo private or gated at the upstream is asked for anyway: the upstream's refusal of
     # the mirror's token is everyone's answer (the mirror holds nothing of it), and what the
     # token reads is kept but not served without a grant (_readable).
-    revision = route.revision or "main"
+    revision = branch_name(route.revision or "main")  # refs/heads/main is main
     with _store_errors():
         fresh = await _run(state.upstream.fresh, route.repo_type, route.repo_id, revision)
     if fresh:
@@ -390,17 +390,24 @@ async def _run(func: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, func, *args)
 
 
+#: What the Hub answers anyone about a gated repo: its info and its listings (files with
+#: their sizes and ids, history, refs). Its files' bytes (``resolve``), ``auth-check`` and
+#: what cmh derives from the bytes (manifests, fingerprints) are for granted readers only.
+GATED_PUBLIC_KINDS = frozenset({"repo_info", "tree", "paths_info", "commits", "refs"})
+
+
 def _readable(state: MirrorState, route: Route, token: str | None) -> None:
     """RepoNotFound when the route's repo is missing or private and not opened; the Hub's
-    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`).
+    ``GatedRepo`` for a repo the upstream marks gated (see :func:`_closed`), except for
+    what the Hub shows anyone of a gated repo (:data:`GATED_PUBLIC_KINDS`).
 
     Every name takes the same steps (:func:`access_steps`), so a refused repo answers
     as fast as a missing one."""
     exists, readable, gated = access_steps(state, route.repo_type, route.repo_id, token)
     if not readable:
         closed = _closed(state, route, token, gated)
-        if not (route.kind == "repo_info" and closed.code == "GatedRepo" and exists):
-            raise closed  # a gated repo's info is public at the Hub (its files are not)
+        if not (route.kind in GATED_PUBLIC_KINDS and closed.code == "GatedRepo" and exists):
+            raise closed
     if not exists:
         raise HubError(404, "RepoNotFound", "Repository not found")
 
@@ -440,6 +447,8 @@ def _lookup(state: MirrorState, route: Route, token: str | None, used: bool) -> 
     """The index of the commit a route names; RepoNotFound also for a closed private repo."""
     _readable(state, route, token)
     revision = route.revision or "main"
+    if state.upstream is not None:  # the upstream's branch X, revalidated as X (_prepare)
+        revision = branch_name(revision)
     with _store_errors():
         index = state.backend.resolve(route.repo_type, route.repo_id, revision, used=used)
     if index is None:
@@ -574,7 +583,7 @@ async def _deliver(request: web.Request, state: MirrorState, asked: _Asked) -> w
     (stores.BlobDelivery); :class:`BlobMissing` when it does not hold it."""
     blobs = state.blobs
     try:
-        if request.method == "HEAD" and not blobs.redirects:
+        if request.method == "HEAD" and not blobs.redirects(request):
             return await _head(request, state, asked)
         _note_range(request, asked.ranges, asked.range_header)
         sent = await blobs.send(request, asked.entry, asked.headers, asked.ranges)

@@ -77,6 +77,13 @@ def revision_refs(revision: str) -> tuple[str, ...]:
     return (revision, f"refs/heads/{revision}", f"refs/tags/{revision}")
 
 
+def branch_name(revision: str) -> str:
+    """``X`` for ``refs/heads/X`` (the Hub's full name of branch ``X``), else ``revision``:
+    what a pull-through revalidates and keeps, so one branch is one ref whatever name
+    asked for it."""
+    return revision.removeprefix("refs/heads/") or revision
+
+
 def resolve_revision(repo: RepoLayout, revision: str) -> str | None:
     """The commit a branch, tag, ``refs/pr/N`` or commit names, if its snapshot exists:
     a commit id first, then the first of :func:`revision_refs` naming one."""

@@ -20,6 +20,26 @@ print(json.dumps({"gated": info.gated, "private": info.private, "sha": info.sha}
 """
 
 
+#: A gated repo's listings, public at the Hub: (method, target).
+LISTINGS = [
+    ("GET", f"/api/models/{TINY_REPO}/tree/main?recursive=true&expand=false"),
+    ("POST", f"/api/models/{TINY_REPO}/paths-info/main"),
+]
+PATHS = {"paths": "config.json", "expand": "false"}
+
+LIST_SCRIPT = r"""
+import json
+from huggingface_hub import HfApi, HfFileSystem
+api = HfApi()
+print(json.dumps({
+    "files": api.list_repo_files("cmh-test/tiny"),
+    "branches": [b.name for b in api.list_repo_refs("cmh-test/tiny").branches],
+    "commits": len(api.list_repo_commits("cmh-test/tiny")),
+    "ls": HfFileSystem().ls("cmh-test/tiny", detail=False),
+}))
+"""
+
+
 def _code(answer: httpx2.Response) -> tuple[int, str | None]:
     return answer.status_code, answer.headers.get("X-Error-Code")
 
@@ -67,6 +87,21 @@ def test_gated_repo_the_tokens_file_names_is_refused_as_the_hub_refuses_a_reader
         assert direct["gated"] == "manual"
         out = run_python(INFO_SCRIPT, hf_env(pull.url, tmp_path / "home"))
         assert out["gated"] == "manual" and out["private"] is False
+        # Its listings are public at the Hub too (was: 401 GatedRepo, so list_repo_files,
+        # list_repo_refs, HfFileSystem.ls raised GatedRepoError at the mirror only).
+        for method, target in LISTINGS:
+            at_hub, at_mirror = (
+                httpx2.request(method, f"{base}{target}", data=PATHS, timeout=TEST_DEADLINE)
+                for base in (hub.url, pull.url)
+            )
+            assert (at_mirror.status_code, at_hub.status_code) == (200, 200), target
+        listed = run_python(LIST_SCRIPT, hf_env(pull.url, tmp_path / "home"))
+        at_hub = run_python(LIST_SCRIPT, hf_env(hub.url, tmp_path / "home"))
+        # History and refs: the mirror knows what it pulled (main, its commit) only.
+        assert "main" in listed.pop("branches") and listed.pop("commits") >= 1
+        assert listed == {k: at_hub[k] for k in listed} and "config.json" in listed["files"]
+        derived = f"{pull.url}/api/cmh/manifest/{TINY_REPO}/resolve/main/weights.bin"
+        assert _code(httpx2.get(derived, timeout=TEST_DEADLINE)) == (401, "GatedRepo")
 
 
 def test_upstream_without_auth_check_decides_by_a_head_of_a_listed_file(

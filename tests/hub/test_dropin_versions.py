@@ -143,9 +143,9 @@ def _incomplete(home: Path) -> int:
     return max((p.stat().st_size for p in home.rglob("blobs/*.incomplete")), default=0)
 
 
-#: A release ``cmh.hub.install()`` does not support (older than 2.0, and without even
-#: ``constants.HF_HUB_CACHE``).
-UNSUPPORTED = "0.17.3"
+#: Releases ``cmh.hub.install()`` does not support (older than 2.0): 0.17.3 has not even
+#: ``constants.HF_HUB_CACHE``; 1.33.0 is the newest 1.x (no client factory hook).
+UNSUPPORTED = ["0.17.3", "1.33.0"]
 
 INSTALLING = r"""
 import warnings
@@ -160,14 +160,15 @@ print(json.dumps({"installed": installed, "warned": [str(w.message) for w in cau
 """
 
 
+@pytest.mark.parametrize("version", UNSUPPORTED)
 def test_install_leaves_a_release_it_does_not_support_to_itself(
-    servers: dict[str, Any], tmp_path: Path
+    servers: dict[str, Any], tmp_path: Path, version: str
 ) -> None:
     """Was: ``install()`` on 0.17.3 patched the download functions and returned True, and
     every download then failed (``constants`` has no ``HF_HUB_CACHE``). It now patches
     nothing, says so, returns False, and the stock client downloads as without it."""
     home = tmp_path / "home"
-    env = _env(servers["origin"].url, home, UNSUPPORTED)
+    env = _env(servers["origin"].url, home, version)
     for phase, extra in (("cold", {}), ("offline", {"HF_HUB_OFFLINE": "1"})):
         proc = subprocess.run(
             [sys.executable, "-c", INSTALLING + SCRIPT + REPORT],
@@ -175,10 +176,10 @@ def test_install_leaves_a_release_it_does_not_support_to_itself(
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         *_, files, report = (json.loads(line) for line in proc.stdout.strip().splitlines())
-        assert files == {"version": UNSUPPORTED, "files": servers["truth"]}, phase
+        assert files == {"version": version, "files": servers["truth"]}, phase
         assert report["installed"] is False
         assert [w for w in report["warned"] if "cmh.hub.install" in w] == [
-            f"cmh.hub.install: huggingface_hub {UNSUPPORTED} is not supported (cmh needs 2.0 "
+            f"cmh.hub.install: huggingface_hub {version} is not supported (cmh needs 2.0 "
             "or later): nothing patched, downloads go to the stock client unchanged"
         ]
     assert _blobs_are_their_names(home) == []

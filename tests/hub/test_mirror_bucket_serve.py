@@ -24,6 +24,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 from bucket_support import S3Proxy, S3Request, aws_env_applied, isolated_aws_env
+from client_versions import client_env
 from cmh.hub.mirror.stores.bucket._bucket import BucketStore
 from deadline_support import TEST_DEADLINE
 from mirror_support import (
@@ -117,6 +118,57 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+SAME_HOST_SCRIPT = r"""
+import json, os, hashlib
+import huggingface_hub
+from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+repo = os.environ["T_MINILM"]
+meta = get_hf_file_metadata(hf_hub_url(repo, "model.safetensors"))
+out = {"version": huggingface_hub.__version__, "commit": meta.commit_hash, "size": meta.size}
+for name in ("config.json", "model.safetensors"):
+    out[name] = hashlib.sha256(open(hf_hub_download(repo, name), "rb").read()).hexdigest()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version", ["1.33.0", "2.1.1"])
+def test_a_release_that_follows_same_host_redirects_downloads_in_redirect_mode(
+    version: str,
+    replicas: dict[str, list[MirrorServer]],
+    served_bucket: tuple[BucketStore, SeaweedBucket, dict[str, str]],
+    minilm_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """huggingface_hub 1.33, 2.0 and 2.1 follow a HEAD's redirect to any port of the host they
+    asked (their own token sent along) and read the storage's headers: the storage here
+    shares the mirror's host (127.0.0.1). Was: every download failed ("missing the
+    'X-Repo-Commit' header"). A HEAD is now answered with the file's headers when the
+    presigned URL is on the asked host; the GET still redirects."""
+    store, _, _ = served_bucket
+    commit = store.read_ref("models--sentence-transformers--all-MiniLM-L6-v2", "main")
+    assert commit is not None
+    env = client_env(hf_env(replicas["redirect"][0].url, tmp_path / "home"), version)
+    if env is None:
+        pytest.skip(f"huggingface_hub {version} cannot be installed here (no package index)")
+    out = run_python(SAME_HOST_SCRIPT, {**env, "T_MINILM": MINILM_REPO})
+    weights = minilm_dir / "model.safetensors"
+    # A HEAD sent to another host name than the storage's still gets the Hub's 302.
+    url = f"{replicas['redirect'][0].url}/{MINILM_REPO}/resolve/main/model.safetensors"
+    for host, status in (("127.0.0.1", 200), ("localhost", 302)):
+        head = http.client.HTTPConnection(host, replicas["redirect"][0].port, timeout=TEST_DEADLINE)
+        head.request("HEAD", url.split(str(replicas["redirect"][0].port), 1)[1])
+        answer = head.getresponse()
+        assert (answer.status, answer.getheader("X-Repo-Commit")) == (status, commit.commit)
+        head.close()
+    assert out == {
+        "version": version,
+        "commit": commit.commit,
+        "size": weights.stat().st_size,
+        "config.json": _sha256(minilm_dir / "config.json"),
+        "model.safetensors": _sha256(weights),
+    }
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_stock_client_loads_through_each_of_two_replicas(
     mode: str,
@@ -176,9 +228,13 @@ def test_transformers_loads_through_a_replica(
     env.update(T_MINILM=MINILM_REPO, T_LOCAL=str(minilm_dir))
     result = run_python(TRANSFORMERS_SCRIPT, env)
     assert result == {"model": "BertModel", "same_weights": True}
-    statuses = {e["status"] for e in server.log(route="resolve")[before:]}
-    # it came through this replica (404s: files transformers probes for and the repo lacks)
-    assert statuses - {404} == ({302} if mode == "redirect" else {200})
+    answered = server.log(route="resolve")[before:]
+    # it came through this replica (404s: files transformers probes for and the repo lacks);
+    # a redirect's HEAD gets the file's headers: the storage is on the asked host (127.0.0.1)
+    for method in ("GET", "HEAD"):
+        statuses = {e["status"] for e in answered if e["method"] == method}
+        redirected = method == "GET" and mode == "redirect"
+        assert statuses - {404} == ({302} if redirected else {200}), method
 
 
 def _commit_at(server: MirrorServer, repo: str) -> str:

@@ -180,7 +180,10 @@ def test_transformers_loads_minilm_through_pullthrough(
 
 
 def test_after_fresh_for_one_revalidation_request(
-    front: HubLike, fresh_pull: Callable[..., MirrorServer], process_clock: ProcessClock
+    front: HubLike,
+    fresh_pull: Callable[..., MirrorServer],
+    process_clock: ProcessClock,
+    tmp_path: Path,
 ) -> None:
     pull = fresh_pull(front.url)
     url = f"{pull.url}/{TINY_REPO}/resolve/main/config.json"
@@ -188,7 +191,22 @@ def test_after_fresh_for_one_revalidation_request(
     front.wait_idle()
     before = front.records()
     assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 200  # fresh: nothing asked
+    # refs/heads/main is main (was: another ref, asked upstream and kept beside main, so
+    # list_repo_refs listed main twice)
+    other_name = url.replace("/resolve/main/", "/resolve/refs%2Fheads%2Fmain/")
+    assert httpx2.get(other_name, timeout=TEST_DEADLINE).status_code == 200
     assert front.records() == before
+    refs = httpx2.get(f"{pull.url}/api/models/{TINY_REPO}/refs", timeout=TEST_DEADLINE).json()
+    assert [b["name"] for b in refs["branches"]] == ["main"]
+    # A refs/heads/main an older mirror kept (stale) is not read: the name is main's.
+    main = refs["branches"][0]["targetCommit"]
+    v1 = httpx2.get(f"{pull.url}/api/models/{TINY_REPO}/revision/v1", timeout=TEST_DEADLINE)
+    kept = tmp_path / "pull" / "models--cmh-test--tiny" / "refs" / "refs" / "heads" / "main"
+    kept.parent.mkdir(parents=True)
+    kept.write_text(v1.json()["sha"])
+    answer = httpx2.head(other_name, timeout=TEST_DEADLINE)
+    assert answer.headers["X-Repo-Commit"] == main != v1.json()["sha"]
+    before = front.records()
     process_clock.advance(FRESH_FOR + 1)
     for _ in range(3):
         assert httpx2.get(url, timeout=TEST_DEADLINE).status_code == 200

@@ -95,9 +95,9 @@ class BlobDelivery(Protocol):
     #: The mode's name (one of the store's ``deliveries``).
     mode: str
 
-    @property
-    def redirects(self) -> bool:
-        """True when the answer is a redirect (a ``HEAD`` is answered as its ``GET``)."""
+    def redirects(self, request: web.Request) -> bool:
+        """True when ``request``'s answer is a redirect (a ``HEAD`` is then answered as its
+        ``GET``, with the ``Location``)."""
 
     async def ready(self, entry: FileEntry) -> None:
         """Return when the blob can be sent (present, of its size, not known bad); reads

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -43,10 +44,18 @@ class BucketDelivery:
             raise ValueError(f"a bucket store has no {self.mode!r} delivery")
         self.fetcher = bucket_send.ObjectFetcher(self.reader)  # its session opens on first use
 
-    @property
-    def redirects(self) -> bool:
-        """True when the answer is a redirect (a ``HEAD`` is answered as a ``GET``)."""
-        return self.mode == REDIRECT
+    def redirects(self, request: web.Request) -> bool:
+        """True in ``redirect`` mode (a ``HEAD`` is then answered as its ``GET``, as the Hub
+        answers an LFS file's), except for a ``HEAD`` asked of the host the presigned URL
+        names (on another port): huggingface_hub 2.0, 2.1 and late 1.x take such a ``Location`` for
+        the Hub's own, follow it with the caller's token and read the storage's headers
+        (no ``X-Repo-Commit``: every download failed), so that ``HEAD`` is answered with
+        the file's headers and its ``GET`` with the redirect."""
+        if self.mode != REDIRECT:
+            return False
+        return request.method != "HEAD" or not _on_asked_host(
+            request, self.signer or self.reader.store.objects
+        )
 
     async def ready(self, entry: FileEntry) -> None:
         await bucket_send.ready(self.reader, self.verifier, entry)
@@ -102,3 +111,13 @@ class BucketDelivery:
 
     async def close(self) -> None:
         await self.fetcher.close()
+
+
+def _on_asked_host(request: web.Request, signer: ObjectStore) -> bool:
+    """Whether the URLs ``signer`` presigns name the host ``request`` was sent to (the
+    storage's endpoint; none: the provider's own hosts, never the mirror's)."""
+    endpoint = signer.settings.endpoint
+    if not endpoint:
+        return False
+    asked = urlsplit(f"//{request.host}").hostname
+    return bool(asked) and asked == urlsplit(endpoint).hostname

@@ -47,7 +47,8 @@ class FileDelivery(NoHashedParts):
     """Sends a folder store's blobs from this process (``proxy``) or through nginx
     (``x-accel``, the prefix of nginx's internal location)."""
 
-    redirects = False
+    def redirects(self, request: web.Request) -> bool:
+        return False
 
     def __init__(
         self, root: Path, verifier: BlobVerifier, mode: str = PROXY, prefix: str = DEFAULT_PREFIX

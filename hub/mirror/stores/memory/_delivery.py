@@ -22,7 +22,8 @@ class MemoryDelivery(NoHashedParts):
     those of a blob that hashed to its name just before (``read`` checks them, and raises
     :class:`~cmh.hub.mirror.stores.BlobMissing` or :class:`~cmh.hub.mirror.stores.BlobMismatch`)."""
 
-    redirects = False
+    def redirects(self, request: web.Request) -> bool:
+        return False
 
     def __init__(self, read: Callable[[FileEntry], bytes], mode: str) -> None:
         self.read = read
