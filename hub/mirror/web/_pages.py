@@ -219,7 +219,7 @@ async def _raw(request: web.Request, who: Viewer, target: HubTarget) -> web.Stre
     """``/{repo}/raw/{rev}/{path}``: the file's bytes, through the API's own resolve route
     (the same checks of the path, the same access rule with the viewer's token, the same
     delivery), text inline as text/plain."""
-    from .._routes import BadTarget, NoRoute, parse_target
+    from .._routes import BadTarget, NoRoute, Query, parse_target
     from .._state import FILE_TYPE_KEY, SERVE_FILE_KEY
 
     url = RepoUrls(target.repo_type, target.repo_id).resolve(target.revision or "main", target.path)
@@ -227,6 +227,9 @@ async def _raw(request: web.Request, who: Viewer, target: HubTarget) -> web.Stre
         route = parse_target(url)
     except (BadTarget, NoRoute) as exc:
         raise PageError(400, f"not a file address: {exc}") from None
+    download = request.query.get("download")  # a page reads a parameter's first value
+    if download is not None:  # the Download button: saved, not shown (Content-Disposition)
+        route = dataclasses.replace(route, query=Query([("download", download)]))
     request[FILE_TYPE_KEY] = raw_type(route.path)
     return await request.app[SERVE_FILE_KEY](request, route, who.token)
 
