@@ -18,15 +18,19 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
-	-$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
 # Three workers (the suite's servers bind free 127.0.0.1 ports and tmp folders only); a
-# test file stays on one worker, so its module-scoped servers start once.
+# test file stays on one worker, so its module-scoped servers start once. The project's
+# own modules are compiled first: the suite starts a thousand or so interpreters that
+# import cmh (cmh serve, the CLI), and where PYTHONDONTWRITEBYTECODE is set none of them
+# writes what it compiled (0.1 s of CPU each, 0.4 s instead of 0.3 s to import).
 test: $(STAMP) browser nginx
+	$(PY) -m compileall -q -j 0 cmh hub cli tests > /dev/null
 	$(PY) -m pytest -q -n 3 --dist loadfile
 
 # Debian packages the suite drives for real, installed with apt when missing (as root, or
