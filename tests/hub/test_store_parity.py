@@ -791,7 +791,7 @@ def test_a_client_that_leaves_before_its_headers_leaves_no_traceback(served: Ser
     assert len(entries) == 1, entries
     assert entries[0].get("cut") == "client went away", entries
     # 0 unless the client was descheduled before its close (the docstring); never whole
-    assert entries[0]["bytes"] < (served.stamped_dir / "model.safetensors").stat().st_size, entries
+    assert entries[0]["bytes"] < (served.minilm_dir / "model.safetensors").stat().st_size, entries
     assert "Traceback" not in server.stderr_text(), server.stderr_text()[-3000:]
 
 
