@@ -534,9 +534,7 @@ class ObjectStore:
                 location.bucket,
                 config=config,  # type: ignore[arg-type]
                 client_options={
-                    "allow_http": bool(
-                        settings.endpoint and settings.endpoint.startswith("http://")
-                    ),
+                    "allow_http": plain,
                     "timeout": timeout,
                     "connect_timeout": min(timeout, timedelta(seconds=10)),
                 },
